@@ -1,0 +1,630 @@
+"""Tests for delta.py (DelTA, arXiv 2605.21467), against shared/specs/delta.md §7 and independent formulas."""
+
+import math
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import delta  # noqa: E402
+from delta import (  # noqa: E402
+    delta_coefficients,
+    delta_coefficients_streaming,
+    delta_token_advantages,
+    proxy_vectors,
+)
+
+F64 = torch.float64
+
+
+# ----------------------------------------------------------------------------------------------------
+# Independent helpers (written here, not imported from delta.py)
+# ----------------------------------------------------------------------------------------------------
+def grpo_advantages(rewards, group_ids, eps=1e-6):
+    """GRPO: Â = (r − mean_group) / (unbiased std_group + ε); a group of one gets mean 0, std 1."""
+    r = torch.as_tensor(rewards, dtype=F64)
+    g = torch.as_tensor(group_ids)
+    out = torch.zeros_like(r)
+    for gid in torch.unique(g):
+        idx = (g == gid).nonzero().flatten()
+        rg = r[idx]
+        mean, std = (0.0, 1.0) if len(idx) == 1 else (rg.mean(), rg.std(unbiased=True))
+        out[idx] = (rg - mean) / (std + eps)
+    return out
+
+
+def ppo_dual_clip_token_loss(logp_new, logp_old, adv_tok, mask, clip_low=0.2, clip_high=0.28, clip_c=10.0):
+    """verl vanilla dual-clip PPO, per token, and its token-mean (spec §2.3 step 7)."""
+    ratio = torch.exp(torch.clamp(logp_new - logp_old, -20.0, 20.0))
+    l1 = -adv_tok * ratio
+    l2 = -adv_tok * torch.clamp(ratio, 1 - clip_low, 1 + clip_high)
+    lc = torch.maximum(l1, l2)
+    per_tok = torch.where(adv_tok < 0, torch.minimum(lc, -adv_tok * clip_c), lc)
+    return (per_tok * mask).sum() / mask.sum(), per_tok, ratio
+
+
+def np_reference(v, adv, mask, K=1, lam_min=0.8, lam_max=1.2, eps=1e-8):
+    """The spec's Appendix A numpy reference (independent of delta.py), returns λ̄ [B, T]."""
+    sig = lambda x: 1.0 / (1.0 + np.exp(-x))  # noqa: E731
+
+    def side_std(mm, sel):
+        c = max(sel.sum(), 1.0)
+        mu = (mm * sel).sum() / c
+        return np.sqrt(max((mm * mm * sel).sum() / c - mu ** 2, eps))
+
+    ps = (adv > 0).astype(float)[:, None]
+    ns = (adv < 0).astype(float)[:, None]
+    zs = 1 - ps - ns
+    pos, neg = ps * mask, ns * mask
+    ap, an = np.clip(adv, 0, None)[:, None], np.clip(-adv, 0, None)[:, None]
+    cen = lambda w: (w[..., None] * v).sum((0, 1)) / max(w.sum(), eps)  # noqa: E731
+
+    def margins(mp, mn):
+        dp = ((v - mp) ** 2).sum(-1)
+        dn = ((v - mn) ** 2).sum(-1)
+        return dn - dp, dp - dn
+
+    mu_p, mu_n = cen(ap * mask), cen(an * mask)
+    Mp, Mn = margins(mu_p, mu_n)
+    g_p, g_n = side_std(Mp, pos), side_std(Mn, neg)
+    for _ in range(K):
+        Mp, Mn = margins(mu_p, mu_n)
+        new_p = cen(sig(Mp / g_p) * ap * pos)
+        new_n = cen(sig(Mn / g_n) * an * neg)
+        g_p, g_n = side_std(Mp, pos), side_std(Mn, neg)
+        mu_p, mu_n = new_p, new_n
+    Mp, Mn = margins(mu_p, mu_n)
+    lam = ((lam_min + (lam_max - lam_min) * sig(Mp / g_p)) * ps
+           + (lam_min + (lam_max - lam_min) * sig(Mn / g_n)) * ns + lam_min * zs) * mask
+    return lam * mask.sum() / max(lam.sum(), eps)
+
+
+def random_batch(seed, B=12, T=9, H=6, dtype=F64, group=4, zero_groups=1):
+    """Random v, GRPO advantages (some all-equal groups -> Â = 0) and right-padded masks."""
+    g = torch.Generator().manual_seed(seed)
+    v = torch.randn(B, T, H, generator=g, dtype=F64) * torch.rand(B, T, 1, generator=g, dtype=F64)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = T
+    mask = (torch.arange(T)[None, :] < lengths[:, None]).to(F64)
+    rewards = torch.randint(0, 2, (B,), generator=g).to(F64)
+    n_groups = B // group
+    for gi in range(n_groups):  # make every group mixed, except `zero_groups` all-equal ones
+        sl = slice(gi * group, (gi + 1) * group)
+        if gi < zero_groups:
+            rewards[sl] = 1.0
+        else:
+            rewards[sl.start] = 1.0
+            rewards[sl.start + 1] = 0.0
+    adv = grpo_advantages(rewards, torch.arange(B) // group)
+    v = v.masked_fill(mask[..., None] == 0, 1e3)  # garbage on padding: must be ignored
+    return v.to(dtype), adv.to(dtype), mask.to(dtype)
+
+
+def split_chunks(v, adv, mask, sizes, trim=True):
+    """Uneven micro-batches; with trim, each chunk is cut to its own max length (T differs per chunk)."""
+    out, s = [], 0
+    for n in sizes:
+        vc, ac, mc = v[s:s + n], adv[s:s + n], mask[s:s + n]
+        if trim:
+            L = int(mc.sum(1).max())
+            vc, mc = vc[:, :L], mc[:, :L]
+        out.append((vc, ac, mc))
+        s += n
+    assert s == v.shape[0]
+    return out
+
+
+def unsplit(lams, T):
+    return torch.cat([torch.nn.functional.pad(l, (0, T - l.shape[1])) for l in lams])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Spec §7 worked example
+# ----------------------------------------------------------------------------------------------------
+W_EX = [[1.0, 0.0], [0.0, 1.0], [-1.0, 0.5]]
+H_EX = [[[0.5, 1.0], [1.5, -0.5], [0.2, 0.3]], [[0.4, 0.9], [-1.0, 0.8], [0.0, 0.0]]]
+Y_EX = [[1, 0, 2], [1, 2, 0]]
+MASK_EX = [[1, 1, 1], [1, 1, 0]]
+
+LAMBAR_EX = {
+    0: [[0.9702569388, 1.0812579089, 1.0042710500], [0.8968367927, 1.0473773096, 0.0]],
+    1: [[1.0054452327, 1.0738334961, 1.0217617913], [0.8541369371, 1.0448225428, 0.0]],
+    2: [[1.0247200607, 1.0725422126, 1.0269497875], [0.8519526633, 1.0238352759, 0.0]],
+}
+
+
+def example1():
+    W = torch.tensor(W_EX, dtype=F64)
+    h = torch.tensor(H_EX, dtype=F64)
+    y = torch.tensor(Y_EX)
+    mask = torch.tensor(MASK_EX, dtype=F64)
+    logp = torch.log_softmax(h @ W.T, dim=-1).gather(-1, y[..., None]).squeeze(-1)
+    v = proxy_vectors(h, logp, mask)
+    adv = grpo_advantages([1.0, 0.0], [0, 0])
+    return h, W, y, mask, logp, v, adv
+
+
+def test_example_inputs_and_proxy():
+    h, W, y, mask, logp, v, adv = example1()
+    assert torch.allclose(adv, torch.tensor([0.7071057812, -0.7071057812], dtype=F64), atol=1e-9)
+    p = torch.exp(logp)
+    exp_p = torch.tensor([[0.5064803911, 0.8517093232, 0.2700445302], [0.4916552361, 0.6099310476, 0]], dtype=F64)
+    exp_logp = torch.tensor([[-0.6802696706, -0.1605099803, -1.3091684070], [-0.7099775478, -0.4944093649, 0]],
+                            dtype=F64)
+    valid = mask.bool()
+    assert torch.allclose(p[valid], exp_p[valid], atol=1e-9)
+    assert torch.allclose(logp[valid], exp_logp[valid], atol=1e-9)
+    exp_v = torch.tensor([[[0.2467598045, 0.4935196089], [0.2224360152, -0.0741453384], [0.1459910940, 0.2189866409]],
+                          [[0.2033379056, 0.4575102875], [-0.3900689524, 0.3120551619], [0, 0]]], dtype=F64)
+    assert v.dtype == F64
+    assert torch.allclose(v, exp_v, atol=1e-9)
+
+
+@pytest.mark.parametrize("K", [0, 1, 2])
+def test_example_lambda_bar(K):
+    *_, mask, logp, v, adv = example1()
+    lb = delta_coefficients(v, adv, mask, K=K)
+    exp = torch.tensor(LAMBAR_EX[K], dtype=F64)
+    assert lb.dtype == F64
+    assert torch.allclose(lb, exp, atol=1e-9, rtol=0)
+    # the streamed path reproduces the printed numbers too (one response per micro-batch)
+    ls = delta_coefficients_streaming([(v[:1], adv[:1], mask[:1]), (v[1:], adv[1:], mask[1:])], K=K)
+    assert torch.allclose(torch.cat(ls), exp, atol=1e-9, rtol=0)
+    # the default is K = 1
+    if K == 1:
+        assert torch.equal(delta_coefficients(v, adv, mask), lb)
+
+
+def test_example_intermediates_via_stats():
+    *_, mask, logp, v, adv = example1()
+    mu_p0 = torch.tensor([0.2050623045, 0.2127869705], dtype=F64)
+    mu_n0 = torch.tensor([-0.0933655234, 0.3847827247], dtype=F64)
+    mu_p1 = torch.tensor([0.2049678748, 0.1757909071], dtype=F64)
+    mu_n1 = torch.tensor([-0.1869744353, 0.3618374287], dtype=F64)
+    g_p0, g_n0 = 0.07838580517602996, 0.15207145569132172
+
+    def cos(a, b):
+        return float(a @ b / (a.norm() * b.norm()))
+
+    # K = 0: final centroids are μ⁽⁰⁾, final temperatures γ⁽⁰⁾
+    _, s0 = delta_coefficients(v, adv, mask, K=0, return_stats=True)
+    assert s0["delta/gamma_pos"] == pytest.approx(g_p0, abs=1e-12)
+    assert s0["delta/gamma_neg"] == pytest.approx(g_n0, abs=1e-12)
+    assert s0["delta/mu_pos_norm"] == pytest.approx(float(mu_p0.norm()), abs=1e-9)
+    assert s0["delta/mu_neg_norm"] == pytest.approx(float(mu_n0.norm()), abs=1e-9)
+    assert s0["delta/cos_mu"] == pytest.approx(cos(mu_p0, mu_n0), abs=1e-8)
+
+    # K = 1: centroids μ⁽¹⁾, temperature lagged: γ⁽¹⁾ == γ⁽⁰⁾ exactly
+    lb1, s1 = delta_coefficients(v, adv, mask, K=1, return_stats=True)
+    assert s1["delta/gamma_pos"] == pytest.approx(g_p0, abs=1e-12)
+    assert s1["delta/gamma_neg"] == pytest.approx(g_n0, abs=1e-12)
+    assert s1["delta/mu_pos_norm"] == pytest.approx(float(mu_p1.norm()), abs=1e-9)
+    assert s1["delta/mu_neg_norm"] == pytest.approx(float(mu_n1.norm()), abs=1e-9)
+    assert s1["delta/cos_mu"] == pytest.approx(cos(mu_p1, mu_n1), abs=1e-8)
+    assert s1["delta/scale"] == pytest.approx(0.901683678526647, abs=1e-12)  # N/Z
+    lam = lb1 / s1["delta/scale"]
+    exp_lam = torch.tensor([[1.1150753381, 1.1909204099, 1.1331709951], [0.9472689342, 1.1587462075, 0]], dtype=F64)
+    assert torch.allclose(lam, exp_lam, atol=1e-9, rtol=0)
+    assert float(lam.sum()) == pytest.approx(5.54518188481576, abs=1e-12)  # Z
+    assert (s1["delta/n_pos"], s1["delta/n_neg"], s1["delta/n_zero"]) == (3.0, 2.0, 0.0)
+
+    # K = 2: γ⁽²⁾ is the population std of the margins at μ⁽¹⁾, i.e. of the K = 1 final margins Δ(*)
+    d_pos_star = np.array([0.1027674940, 0.2949246275, 0.1259282592])
+    d_neg_star = np.array([-0.0821285533, 0.3289111159])
+    _, s2 = delta_coefficients(v, adv, mask, K=2, return_stats=True)
+    assert s2["delta/gamma_pos"] == pytest.approx(float(d_pos_star.std()), abs=1e-9)
+    assert s2["delta/gamma_neg"] == pytest.approx(float(d_neg_star.std()), abs=1e-9)
+
+
+def test_example_weighted_adv_and_loss():
+    *_, mask, logp_old, v, adv = example1()
+    lb = delta_coefficients(v, adv, mask, K=1)
+    a_tok = delta_token_advantages(adv, lb, mask)
+    exp_adv = torch.tensor([[0.7109561367, 0.7593138731, 0.7224936696], [-0.6039651662, -0.7388000604, 0]],
+                           dtype=F64)
+    assert torch.allclose(a_tok, exp_adv, atol=1e-9, rtol=0)
+
+    delta_lp = torch.tensor([[0.1, -0.3, 0.05], [0.2, -0.1, 0.0]], dtype=F64)
+    logp_new = (logp_old + delta_lp).clone().requires_grad_(True)
+    dapo_adv = adv[:, None] * mask
+    loss_delta, tok_delta, ratio = ppo_dual_clip_token_loss(logp_new, logp_old, a_tok, mask)
+    loss_dapo, tok_dapo, _ = ppo_dual_clip_token_loss(logp_new, logp_old, dapo_adv, mask)
+
+    valid = mask.bool()
+    exp_ratio = torch.tensor([[1.1051709181, 0.7408182207, 1.0512710964], [1.2214027582, 0.9048374180, 1]], dtype=F64)
+    assert torch.allclose(ratio.detach()[valid], exp_ratio[valid], atol=1e-9)
+    exp_tok = torch.tensor([[-0.7857280463, -0.5625135524, -0.7595367122], [0.7376847198, 0.6684939391, 0]],
+                           dtype=F64)
+    assert torch.allclose(tok_delta.detach()[valid], exp_tok[valid], atol=1e-9)
+    assert loss_delta.item() == pytest.approx(-0.14031993040642649, abs=1e-12)
+    assert loss_dapo.item() == pytest.approx(-0.1090385482172839, abs=1e-12)
+    # per-token DelTA loss / DAPO loss == λ̄ (every clip branch unchanged)
+    assert torch.allclose(tok_delta.detach()[valid] / tok_dapo.detach()[valid], lb[valid], atol=1e-12)
+    # Eq. 8: token-mean DelTA loss == Σ λ ℓ_DAPO / Σ λ with the pre-normalisation λ
+    lam = torch.tensor([[1.1150753381, 1.1909204099, 1.1331709951], [0.9472689342, 1.1587462075, 0]], dtype=F64)
+    self_norm = float((lam * tok_dapo.detach() * mask).sum() / (lam * mask).sum())
+    assert loss_delta.item() == pytest.approx(self_norm, abs=1e-9)
+    # the gradient flows only through logp_new: dL_delta/dlogp = λ̄ · dL_dapo/dlogp
+    g_delta, = torch.autograd.grad(loss_delta, logp_new, retain_graph=True)
+    g_dapo, = torch.autograd.grad(loss_dapo, logp_new)
+    assert torch.allclose(g_delta, lb * g_dapo, atol=1e-14)
+    assert not lb.requires_grad and not a_tok.requires_grad
+
+
+def test_example2_zero_advantage_group():
+    h1, W, y1, mask1, _, _, _ = example1()
+    pad = 7.0  # arbitrary values in padded slots must not matter
+    h2 = torch.tensor([[[0.3, -0.2], [0.7, 0.7], [pad, pad]], [[1.0, 1.0], [pad, pad], [pad, pad]]], dtype=F64)
+    y2 = torch.tensor([[0, 1, 0], [2, 0, 0]])
+    mask2 = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=F64)
+    h, y, mask = torch.cat([h1, h2]), torch.cat([y1, y2]), torch.cat([mask1, mask2])
+    logp = torch.log_softmax(h @ W.T, dim=-1).gather(-1, y[..., None]).squeeze(-1)
+    v = proxy_vectors(h, logp, mask)
+    adv = grpo_advantages([1.0, 0.0, 1.0, 1.0], [0, 0, 1, 1])
+    assert torch.equal(adv[2:], torch.zeros(2, dtype=F64))
+
+    lb, st = delta_coefficients(v, adv, mask, K=1, return_stats=True)
+    exp = torch.tensor([[1.1227688471, 1.1991372152, 1.1409893559], [0.9538046559, 1.1667410255, 0],
+                        [0.8055196335, 0.8055196335, 0], [0.8055196335, 0, 0]], dtype=F64)
+    assert torch.allclose(lb, exp, atol=1e-9, rtol=0)
+    assert st["delta/scale"] == pytest.approx(1.0068995418832392, abs=1e-12)
+    assert st["delta/n_zero"] == 3.0
+    # group-1 centroids / temperatures unchanged by the zero-advantage group
+    _, st1 = delta_coefficients(v[:2], adv[:2], mask[:2], K=1, return_stats=True)
+    for key in ("delta/gamma_pos", "delta/gamma_neg", "delta/cos_mu", "delta/mu_pos_norm"):
+        assert st[key] == pytest.approx(st1[key], abs=1e-12)
+    a_tok = delta_token_advantages(adv, lb, mask)
+    exp_adv = torch.tensor([[0.7939163427, 0.8479168573, 0.8068001698], [-0.6744407863, -0.8250093243, 0],
+                            [0, 0, 0], [0, 0, 0]], dtype=F64)
+    assert torch.allclose(a_tok, exp_adv, atol=1e-9, rtol=0)
+    ls = delta_coefficients_streaming(split_chunks(v, adv, mask, [3, 1]), K=1)
+    assert torch.allclose(unsplit(ls, 3), exp, atol=1e-9, rtol=0)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Properties on random data
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("K", [0, 1, 3])
+def test_matches_numpy_reference_and_normalises(seed, K):
+    v, adv, mask = random_batch(seed)
+    lb, st = delta_coefficients(v, adv, mask, K=K, return_stats=True)
+    ref = np_reference(np.where(mask.numpy()[..., None] > 0, v.numpy(), 0.0), adv.numpy(), mask.numpy(), K=K)
+    assert np.allclose(lb.numpy(), ref, atol=1e-12, rtol=0)
+    # Σ λ̄·mask = Σ mask, λ̄ = 0 on padding, λ̄ > 0 on valid tokens
+    assert float((lb * mask).sum()) == pytest.approx(float(mask.sum()), abs=1e-10)
+    assert torch.all(lb[mask == 0] == 0)
+    assert torch.all(lb[mask == 1] > 0)
+    # pre-normalisation λ in [λ_min, λ_max]; Â = 0 tokens exactly λ_min
+    lam = lb / st["delta/scale"]
+    valid = mask == 1
+    assert torch.all(lam[valid] >= 0.8 - 1e-12) and torch.all(lam[valid] <= 1.2 + 1e-12)
+    zero_tok = valid & (adv == 0)[:, None]
+    assert zero_tok.any()
+    assert torch.allclose(lam[zero_tok], torch.full_like(lam[zero_tok], 0.8), atol=1e-12)
+    # stats agree with a direct computation from λ̄
+    for side, sel in (("pos", valid & (adv > 0)[:, None]), ("neg", valid & (adv < 0)[:, None])):
+        x = lb[sel]
+        assert st[f"delta/lam_{side}_mean"] == pytest.approx(float(x.mean()), abs=1e-12)
+        assert st[f"delta/lam_{side}_std"] == pytest.approx(float(x.std(unbiased=False)), abs=1e-9)
+        assert st[f"delta/lam_{side}_min"] == pytest.approx(float(x.min()), abs=1e-12)
+        assert st[f"delta/lam_{side}_max"] == pytest.approx(float(x.max()), abs=1e-12)
+        assert st[f"delta/n_{side}"] == float(sel.sum())
+    assert set(st) == set(delta.STAT_KEYS)
+    assert all(type(x) is float for x in st.values())
+
+
+def test_float32_path_and_custom_range():
+    v, adv, mask = random_batch(5)
+    lb32 = delta_coefficients(v.float(), adv.float(), mask.bool(), K=1, lam_min=0.5, lam_max=1.5)
+    lb64 = delta_coefficients(v, adv, mask, K=1, lam_min=0.5, lam_max=1.5)
+    assert lb32.dtype == torch.float32
+    assert torch.allclose(lb32.double(), lb64, atol=1e-5)
+    ref = np_reference(np.where(mask.numpy()[..., None] > 0, v.numpy(), 0.0), adv.numpy(), mask.numpy(),
+                       K=1, lam_min=0.5, lam_max=1.5)
+    assert np.allclose(lb64.numpy(), ref, atol=1e-12)
+    assert not np.allclose(ref, np_reference(np.where(mask.numpy()[..., None] > 0, v.numpy(), 0.0),
+                                             adv.numpy(), mask.numpy(), K=1), atol=1e-3)
+
+
+def test_scale_invariance_of_v():
+    # margins and γ both scale with c², so α, λ, λ̄ do not change (why the 1/temperature factor can be dropped)
+    v, adv, mask = random_batch(6)
+    assert torch.allclose(delta_coefficients(v * 0.37, adv, mask), delta_coefficients(v, adv, mask), atol=1e-12)
+
+
+def test_all_zero_advantages_gives_ones():
+    v, _, mask = random_batch(7)
+    adv = torch.zeros(v.shape[0], dtype=F64)
+    lb, st = delta_coefficients(v, adv, mask, return_stats=True)
+    assert torch.equal(lb, mask)
+    assert st["delta/fallback"] == 1.0 and st["delta/n_zero"] == float(mask.sum())
+    ls = delta_coefficients_streaming(split_chunks(v, adv, mask, [5, 7]))
+    assert torch.equal(unsplit(ls, v.shape[1]), mask)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_one_side_empty_gives_ones(sign):
+    v, adv, mask = random_batch(8)
+    adv = torch.where(adv * sign > 0, adv, torch.zeros_like(adv))  # only one side (plus zeros) left
+    assert (adv != 0).any()
+    lb, st = delta_coefficients(v, adv, mask, K=1, return_stats=True)
+    assert torch.equal(lb, mask)
+    assert st["delta/fallback"] == 1.0
+    assert math.isnan(st["delta/gamma_pos"]) and math.isnan(st["delta/cos_mu"])
+    side = "pos" if sign > 0 else "neg"
+    assert st[f"delta/lam_{side}_mean"] == 1.0
+    # a side present only through fully padded responses counts as empty
+    adv2 = adv.clone()
+    v2, mask2 = v.clone(), mask.clone()
+    mask2[-1] = 0
+    adv2[-1] = -sign
+    assert torch.equal(delta_coefficients(v2, adv2, mask2), mask2)
+    ls = delta_coefficients_streaming(split_chunks(v, adv, mask, [4, 4, 4]), K=1)
+    assert torch.equal(unsplit(ls, v.shape[1]), mask)
+
+
+def test_padding_garbage_is_ignored():
+    v, adv, mask = random_batch(9)
+    v_nan = v.masked_fill(mask[..., None] == 0, float("nan"))
+    lb = delta_coefficients(v, adv, mask)
+    assert torch.equal(delta_coefficients(v_nan, adv, mask), lb)
+    assert torch.all(lb[mask == 0] == 0)
+
+
+def test_proxy_vectors_padding_dtype_and_no_grad():
+    h = torch.randn(2, 4, 3, dtype=torch.bfloat16, requires_grad=True)
+    lp = torch.log(torch.rand(2, 4)).requires_grad_(True)
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]], dtype=torch.bool)
+    lp_nan = lp.detach().clone()
+    lp_nan[~mask] = float("nan")
+    v = proxy_vectors(h, lp_nan, mask)
+    assert v.dtype == torch.float32 and not v.requires_grad
+    assert torch.all(v[~mask] == 0)
+    exp = (1 - torch.exp(lp.detach()))[..., None] * h.detach().float()
+    assert torch.allclose(v[mask], exp[mask], atol=1e-6)
+    assert proxy_vectors(h.detach().double(), lp.detach().double(), mask).dtype == F64
+    assert not proxy_vectors(h, lp, mask).requires_grad
+
+
+def test_no_gradient_into_lambda():
+    v, adv, mask = random_batch(10)
+    v = v.masked_fill(mask[..., None] == 0, 0.0).requires_grad_(True)
+    lb = delta_coefficients(v, adv, mask)
+    assert not lb.requires_grad and lb.grad_fn is None
+    ls = delta_coefficients_streaming([(v[:5], adv[:5], mask[:5]), (v[5:], adv[5:], mask[5:])])
+    assert all(not x.requires_grad for x in ls)
+    # using λ̄ in a loss leaves v without a gradient path
+    loss = (lb * (v ** 2).sum(-1)).sum()
+    loss.backward()
+    assert torch.allclose(v.grad, 2 * lb[..., None] * v.detach())
+
+
+# ----------------------------------------------------------------------------------------------------
+# Streaming path
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("K", [0, 1, 2, 3])
+@pytest.mark.parametrize("dtype,tol", [(F64, 1e-12), (torch.float32, 1e-6)])
+def test_streaming_equals_whole_batch(K, dtype, tol):
+    for seed, sizes in ((11, [5, 1, 6]), (12, [1, 1, 10]), (13, [12])):
+        v, adv, mask = random_batch(seed, dtype=dtype)
+        lb, st = delta_coefficients(v, adv, mask, K=K, return_stats=True)
+        ls, st_s = delta_coefficients_streaming(split_chunks(v, adv, mask, sizes), K=K, return_stats=True)
+        assert all(x.dtype == dtype for x in ls)
+        assert torch.allclose(unsplit(ls, v.shape[1]), lb, atol=tol, rtol=0)
+        for key in delta.STAT_KEYS:
+            assert st_s[key] == pytest.approx(st[key], abs=max(tol, 1e-6 if dtype == torch.float32 else 1e-10))
+
+
+@pytest.mark.parametrize("K,expected_passes", [(0, 2), (1, 4), (2, 5), (3, 6)])
+def test_streaming_callable_passes_and_recompute(K, expected_passes):
+    v, adv, mask = random_batch(14)
+    chunks = split_chunks(v, adv, mask, [3, 4, 5])
+    calls = []
+
+    def make():
+        calls.append(1)
+        # a fresh generator each call, as when v is recomputed by re-running the forward pass
+        return ((c[0].clone(), c[1], c[2]) for c in chunks)
+
+    ls = delta_coefficients_streaming(make, K=K)
+    assert len(calls) == expected_passes
+    assert torch.allclose(unsplit(ls, v.shape[1]), delta_coefficients(v, adv, mask, K=K), atol=1e-12)
+
+
+def test_streaming_rejects_bad_chunks():
+    v, adv, mask = random_batch(15)
+    chunks = split_chunks(v, adv, mask, [6, 6])
+    with pytest.raises(ValueError, match="one-shot"):
+        delta_coefficients_streaming(iter(chunks))
+    with pytest.raises(ValueError, match="empty"):
+        delta_coefficients_streaming([])
+    state = {"n": 0}
+
+    def changing():  # advantages differ between passes
+        state["n"] += 1
+        return [(c[0], c[1] * state["n"], c[2]) for c in chunks]
+
+    with pytest.raises(ValueError, match="changed between passes"):
+        delta_coefficients_streaming(changing)
+    with pytest.raises(ValueError, match="expected 2"):
+        state2 = {"n": 0}
+
+        def shrinking():
+            state2["n"] += 1
+            return chunks if state2["n"] == 1 else chunks[:1]
+
+        delta_coefficients_streaming(shrinking)
+    with pytest.raises(ValueError, match="advantages"):
+        delta_coefficients_streaming([(v[:2], adv[:3], mask[:2])])
+
+
+class FakeAllReduce:
+    """all-reduce(SUM) between `n` threads: each rank deposits its tensor, all read the same sum."""
+
+    def __init__(self, n):
+        self.n = n
+        self.slots = [None] * n
+        self.barrier = threading.Barrier(n, timeout=60)
+        self.calls = [0] * n
+
+    def for_rank(self, rank):
+        def reduce_fn(t):
+            self.calls[rank] += 1
+            self.slots[rank] = t.clone()
+            self.barrier.wait()
+            total = self.slots[0].clone()
+            for s in self.slots[1:]:
+                total += s
+            self.barrier.wait()  # nobody overwrites a slot before everyone has summed
+            t.copy_(total)  # in place, like torch.distributed.all_reduce, and returns None
+        return reduce_fn
+
+
+def run_ranks(rank_chunks, K, use_reduce=True):
+    fake = FakeAllReduce(len(rank_chunks))
+    results, errors = [None] * len(rank_chunks), []
+
+    def work(r):
+        try:
+            results[r] = delta_coefficients_streaming(
+                rank_chunks[r], K=K, reduce_fn=fake.for_rank(r) if use_reduce else None, return_stats=True)
+        except Exception as e:  # pragma: no cover - surfaced below
+            errors.append(e)
+            fake.barrier.abort()
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(len(rank_chunks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results, fake
+
+
+@pytest.mark.parametrize("K", [0, 1, 2])
+def test_streaming_reduce_fn_two_ranks_equals_union(K):
+    v, adv, mask = random_batch(16, B=16, T=7, group=4, zero_groups=1)
+    # rank 0 holds rows 0..6, rank 1 rows 7..15 (a group split across ranks, uneven micro-batches)
+    rank_chunks = [split_chunks(v[:7], adv[:7], mask[:7], [3, 4]),
+                   split_chunks(v[7:], adv[7:], mask[7:], [2, 5, 2])]
+    (res0, st0), (res1, st1) = run_ranks(rank_chunks, K)[0]
+    lb, st = delta_coefficients(v, adv, mask, K=K, return_stats=True)
+    union = torch.cat([unsplit(res0, 7), unsplit(res1, 7)])
+    assert torch.allclose(union, lb, atol=1e-12, rtol=0)
+    for key in delta.STAT_KEYS:
+        if key.endswith(("_min", "_max")):
+            continue  # local per rank by design
+        assert st0[key] == pytest.approx(st[key], abs=1e-10)
+        assert st1[key] == pytest.approx(st[key], abs=1e-10)
+    assert min(st0["delta/lam_pos_min"], st1["delta/lam_pos_min"]) == pytest.approx(st["delta/lam_pos_min"], abs=1e-12)
+    assert max(st0["delta/lam_neg_max"], st1["delta/lam_neg_max"]) == pytest.approx(st["delta/lam_neg_max"], abs=1e-12)
+    # without the reduction each rank uses its own statistics (official code) and gets a different λ̄
+    (loc0, _), (loc1, _) = run_ranks(rank_chunks, K, use_reduce=False)[0]
+    assert not torch.allclose(torch.cat([unsplit(loc0, 7), unsplit(loc1, 7)]), lb, atol=1e-4)
+
+
+def test_streaming_reduce_fn_guard_is_global():
+    # rank 1 alone has only negative responses: locally it would fall back to λ̄ ≡ 1, globally it must not
+    v, adv, mask = random_batch(17, B=8, T=6, group=4, zero_groups=0)
+    order = torch.argsort(-adv)  # positives first, negatives last
+    v, adv, mask = v[order], adv[order], mask[order]
+    assert (adv[4:] < 0).all() and (adv[:4] > 0).any()
+    rank_chunks = [[(v[:4], adv[:4], mask[:4])], [(v[4:], adv[4:], mask[4:])]]
+    results, fake = run_ranks(rank_chunks, K=1)
+    (res0, st0), (res1, st1) = results
+    assert fake.calls[0] == fake.calls[1]
+    assert st0["delta/fallback"] == st1["delta/fallback"] == 0.0
+    lb = delta_coefficients(v, adv, mask, K=1)
+    assert torch.allclose(torch.cat([res0[0], res1[0]]), lb, atol=1e-12)
+    assert not torch.allclose(res1[0], mask[4:], atol=1e-3)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------------
+def test_validation_errors():
+    v, adv, mask = random_batch(18)
+    with pytest.raises(ValueError, match="v must"):
+        delta_coefficients(v[0], adv, mask)
+    with pytest.raises(ValueError, match="advantages"):
+        delta_coefficients(v, adv[:-1], mask)
+    with pytest.raises(ValueError, match="advantages"):
+        delta_coefficients(v, adv[:, None].expand(-1, v.shape[1]), mask)
+    with pytest.raises(ValueError, match="response_mask"):
+        delta_coefficients(v, adv, mask[:, :-1])
+    with pytest.raises(ValueError, match="response_mask"):
+        delta_coefficients(v, adv, mask * 0.5)
+    with pytest.raises(ValueError, match="K"):
+        delta_coefficients(v, adv, mask, K=-1)
+    with pytest.raises(ValueError, match="K"):
+        delta_coefficients(v, adv, mask, K=1.0)
+    with pytest.raises(ValueError, match="lam_min"):
+        delta_coefficients(v, adv, mask, lam_min=1.3, lam_max=1.2)
+    with pytest.raises(ValueError, match="lam_min"):
+        delta_coefficients_streaming([(v, adv, mask)], lam_min=1.3, lam_max=1.2)
+    with pytest.raises(ValueError, match="token_logprobs"):
+        proxy_vectors(v, adv, mask)
+    with pytest.raises(ValueError, match="hidden"):
+        proxy_vectors(v[0], mask, mask)
+    with pytest.raises(ValueError, match="lam_bar"):
+        delta_token_advantages(adv, v, mask)
+    bad = adv.clone()
+    bad[0] = float("nan")
+    with pytest.raises(ValueError, match="finite"):
+        delta_coefficients(v, bad, mask)
+
+
+def test_delta_token_advantages():
+    adv = torch.tensor([1.5, -0.5, 0.0], dtype=F64)
+    lb = torch.tensor([[1.1, 0.9], [0.7, 0.0], [0.8, 0.8]], dtype=F64)
+    mask = torch.tensor([[1, 1], [1, 0], [1, 1]], dtype=torch.bool)
+    exp = torch.tensor([[1.65, 1.35], [-0.35, 0.0], [0.0, 0.0]], dtype=F64)
+    assert torch.allclose(delta_token_advantages(adv, lb, mask), exp, atol=1e-15)
+    lb_pad = lb.clone()
+    lb_pad[1, 1] = 5.0  # masked out regardless of λ̄ there
+    assert torch.allclose(delta_token_advantages(adv, lb_pad, mask), exp, atol=1e-15)
+
+
+# ----------------------------------------------------------------------------------------------------
+# App. F: the proxy is the gradient of log p(y_t) w.r.t. the sampled token's lm_head row
+# ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_proxy_is_lm_head_row_gradient_on_tiny_qwen3(temperature):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=11, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=32,
+                      tie_word_embeddings=False)
+    model = Qwen3ForCausalLM(cfg).to(F64).eval()
+    W = model.lm_head.weight
+    assert model.model.embed_tokens.weight.data_ptr() != W.data_ptr()  # untied
+
+    P, L = 3, 4
+    ids = torch.randint(0, 11, (1, P + L))
+    captured = []
+    hook = model.lm_head.register_forward_pre_hook(lambda mod, args: captured.append(args[0]))
+    out = model(input_ids=ids, output_hidden_states=True)
+    hook.remove()
+    h_all = out.hidden_states[-1]
+    assert torch.equal(h_all, captured[0])  # post final-norm state == lm_head input
+
+    h = h_all[:, -L - 1:-1]  # position that predicts response token t
+    y = ids[:, -L:]
+    logp = torch.log_softmax(out.logits[:, -L - 1:-1] / temperature, dim=-1).gather(-1, y[..., None]).squeeze(-1)
+    mask = torch.ones(1, L, dtype=torch.bool)
+    v = proxy_vectors(h, logp, mask)
+    for t in range(L):
+        model.zero_grad(set_to_none=True)
+        logp[0, t].backward(retain_graph=True)
+        g_row = W.grad[y[0, t]]
+        assert torch.allclose(g_row * temperature, v[0, t], atol=1e-12, rtol=1e-10)
+        other = [j for j in range(11) if j != int(y[0, t])][0]
+        assert not torch.allclose(W.grad[other], v[0, t])
