@@ -1,0 +1,520 @@
+"""Tests for cscr.py against the hand-computed values of shared/specs/cscr.md §8 and independent formulas."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cscr  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------------
+# spec §8 worked example: one response of 8 tokens, lambda = 0.2
+# ---------------------------------------------------------------------------------------------------
+L0 = [-2.30, -0.40, -1.60, -0.20, -0.05, -0.90, -0.30, -1.10]
+LP = [-0.90, -0.25, -0.70, -0.18, -0.05, -0.80, -0.20, -0.60]
+LN = [-1.20, -0.30, -0.85, -0.22, -0.04, -1.00, -0.22, -0.70]
+S_MAX = [1.40, 0.15, 0.90, 0.02, 0.01, 0.10, 0.10, 0.50]
+W_A1 = [0.301194, 1, 0.496585, 1, 1, 1, 1, 0.740818]
+WT_A1 = [0.368512, 1.223504, 0.607574, 1.223504, 1.223504, 1.223504, 1.223504, 0.906394]
+
+
+def t(x):
+    return torch.tensor([x], dtype=torch.float64)
+
+
+def example(A=1.0, **kw):
+    return cscr.cscr_token_advantages(
+        torch.tensor([A], dtype=torch.float64), t(L0), t(LP), t(LN), torch.ones(1, 8), **kw
+    )
+
+
+def close(a, b, tol=1e-6):
+    return torch.allclose(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=tol, rtol=0)
+
+
+def test_sensitivity_max_example():
+    s = cscr.sensitivity(t(L0), t(LP), t(LN), torch.ones(1, 8))
+    assert close(s[0], S_MAX)
+
+
+def test_weights_example():
+    s = cscr.sensitivity(t(L0), t(LP), t(LN), torch.ones(1, 8))
+    w = cscr.credit_weights(s, torch.ones(1, 8), threshold=0.2, alpha=1.0)
+    assert close(w[0], W_A1)
+
+
+def test_example_alpha1_positive_and_negative():
+    adv, st = example(1.0, threshold=0.2, alpha=1.0, return_stats=True)
+    assert close(adv[0], WT_A1)
+    assert abs(st["cscr/w_bar_mean"] - 0.817325) < 1e-6
+    assert abs(adv.sum().item() - 8.0) < 1e-9
+    assert abs(st["cscr/eff_token_frac"] - 0.907926) < 1e-5  # spec: 0.9079
+    adv_neg = example(-0.5, threshold=0.2, alpha=1.0)
+    assert close(adv_neg[0], [-0.184256, -0.611752, -0.303787, -0.611752, -0.611752, -0.611752, -0.611752, -0.453197])
+    assert abs(adv_neg.sum().item() + 4.0) < 1e-9
+    assert (adv_neg < 0).all() and (adv > 0).all()
+
+
+def test_stats_example():
+    _, st = example(1.0, threshold=0.2, alpha=1.0, return_stats=True)
+    assert abs(st["cscr/w_mean"] - 0.817325) < 1e-6
+    assert abs(st["cscr/frac_w_lt_1"] - 3 / 8) < 1e-12
+    assert abs(st["cscr/w_tilde_max"] - 1.223504) < 1e-6
+    assert abs(st["cscr/inv_w_bar_max"] - 1 / 0.817325) < 1e-5
+    assert abs(st["cscr/s_pos_mean"] - sum(S_MAX) / 8) < 1e-9
+    assert st["cscr/s_neg_mean"] == 0.0  # no A < 0 row
+    assert st["cscr/num_tokens"] == 8
+    _, st_neg = example(-0.5, return_stats=True)
+    assert abs(st_neg["cscr/s_neg_mean"] - sum(S_MAX) / 8) < 1e-9 and st_neg["cscr/s_pos_mean"] == 0.0
+
+
+def test_alpha0_is_grpo():
+    assert torch.equal(example(1.0, alpha=0.0)[0], torch.ones(8, dtype=torch.float64))
+    assert torch.equal(example(-0.5, alpha=0.0)[0], torch.full((8,), -0.5, dtype=torch.float64))
+
+
+def test_alpha5_strong():
+    s = cscr.sensitivity(t(L0), t(LP), t(LN), torch.ones(1, 8))
+    w = cscr.credit_weights(s, torch.ones(1, 8), threshold=0.2, alpha=5.0)
+    assert close(w[0], [0.002479, 1, 0.030197, 1, 1, 1, 1, 0.223130])
+    adv, st = example(1.0, alpha=5.0, return_stats=True)
+    assert abs(st["cscr/w_bar_mean"] - 0.656976) < 1e-6
+    assert close(adv[0], [0.003773, 1.522126, 0.045964, 1.522126, 1.522126, 1.522126, 1.522126, 0.339632])
+    assert abs(adv.sum().item() - 8.0) < 1e-9
+    assert abs(st["cscr/eff_token_frac"] - 0.6837) < 5e-5
+
+
+def test_alpha5_with_floor():
+    s = cscr.sensitivity(t(L0), t(LP), t(LN), torch.ones(1, 8))
+    w = cscr.credit_weights(s, torch.ones(1, 8), threshold=0.2, alpha=5.0, w_min=0.5)
+    assert close(w[0], [0.5, 1, 0.5, 1, 1, 1, 1, 0.5])
+    adv = example(1.0, alpha=5.0, w_min=0.5)
+    assert close(adv[0], [0.615385, 1.230769, 0.615385, 1.230769, 1.230769, 1.230769, 1.230769, 0.615385])
+
+
+def test_mean_and_common_modes():
+    s_mean = cscr.sensitivity(t(L0), t(LP), t(LN), torch.ones(1, 8), mode="mean")
+    assert close(s_mean[0], [1.25, 0.125, 0.825, 0.02, 0.005, 0.10, 0.09, 0.45])
+    expected = [0.420093, 1.20048, 0.642571, 1.20048, 1.20048, 1.20048, 1.20048, 0.934935]
+    assert close(example(1.0, mode="mean")[0], expected)
+    s_common = cscr.sensitivity(t(L0), t(LP), t(LN), torch.ones(1, 8), mode="common")
+    # common = |D+ + D-|/2: differs from mean-abs only at indices 3 and 5 (both 0 there)
+    assert close(s_common[0], [1.25, 0.125, 0.825, 0.0, 0.005, 0.0, 0.09, 0.45])
+    assert close(example(1.0, mode="common")[0], expected)
+
+
+def test_padding_example():
+    m = torch.tensor([[1.0] * 8 + [0.0, 0.0]])
+    l0 = torch.tensor([L0 + [-float("inf"), 3.7]], dtype=torch.float64)
+    lp = torch.tensor([LP + [-float("inf"), -12.0]], dtype=torch.float64)
+    ln = torch.tensor([LN + [-float("inf"), float("nan")]], dtype=torch.float64)
+    adv = cscr.cscr_token_advantages(torch.tensor([1.0]), l0, lp, ln, m, threshold=0.2, alpha=1.0)
+    assert not torch.isnan(adv).any()
+    assert close(adv[0, :8], WT_A1)
+    assert torch.equal(adv[0, 8:], torch.zeros(2, dtype=adv.dtype))
+    assert abs(adv.sum().item() - 8.0) < 1e-9
+    s = cscr.sensitivity(l0, lp, ln, m.bool())
+    assert not torch.isnan(s).any() and torch.equal(s[0, 8:], torch.zeros(2, dtype=s.dtype))
+
+
+def test_zero_advantage_gives_zeros():
+    adv, st = example(0.0, return_stats=True)
+    assert torch.equal(adv, torch.zeros(1, 8, dtype=adv.dtype))
+    assert st["cscr/num_tokens"] == 0 and st["cscr/eff_token_frac"] == 0.0
+
+
+def test_other_weight_maps():
+    s = torch.tensor([S_MAX], dtype=torch.float64)
+    m = torch.ones(1, 8)
+    w = cscr.credit_weights(s, m, threshold=0.2, alpha=2.0, weight="inverse")
+    assert close(w[0], [1 / (1 + 2 * max(0.0, x - 0.2)) for x in S_MAX])
+    w = cscr.credit_weights(s, m, threshold=0.2, alpha=2.0, weight="exp_abs")
+    assert close(w[0], [math.exp(-2 * x) if x > 0.2 else 1.0 for x in S_MAX])
+
+
+# ---------------------------------------------------------------------------------------------------
+# sign / budget properties on random padded batches
+# ---------------------------------------------------------------------------------------------------
+
+
+def random_batch(B=12, T=15, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    m = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
+    l0 = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+    lp = l0 + torch.randn(B, T, generator=g, dtype=torch.float64)
+    ln = l0 + torch.randn(B, T, generator=g, dtype=torch.float64)
+    l0[~m], lp[~m], ln[~m] = -float("inf"), -float("inf"), float("nan")  # garbage on padding
+    A = torch.randn(B, generator=g, dtype=torch.float64)
+    A[[2, B - 1]] = 0.0  # rows with zero advantage
+    return A, l0, lp, ln, m
+
+
+@pytest.mark.parametrize("mode", ["max", "mean", "common"])
+@pytest.mark.parametrize("w_min,alpha,thr", [(0.0, 1.0, 0.2), (0.1, 4.0, 0.0), (0.0, 30.0, 0.5)])
+def test_sign_and_budget_random(mode, w_min, alpha, thr):
+    A, l0, lp, ln, m = random_batch()
+    adv = cscr.cscr_token_advantages(A, l0, lp, ln, m, threshold=thr, alpha=alpha, w_min=w_min, mode=mode)
+    assert adv.shape == m.shape and not torch.isnan(adv).any()
+    sign = torch.sign(A).unsqueeze(1).expand_as(adv)
+    assert torch.equal(torch.sign(adv)[m], sign[m])
+    assert torch.equal(adv[~m], torch.zeros_like(adv[~m]))
+    L = m.sum(1).double()
+    assert torch.allclose(adv.sum(1), L * A, atol=1e-9)
+    # a reallocation: some tokens get more than A_i when others are down-weighted
+    assert (adv.abs() > A.abs().unsqueeze(1) + 1e-12).any()
+
+
+def test_scope_ablations():
+    A, l0, lp, ln, m = random_batch(B=8, T=10, seed=3)
+    seq = cscr.cscr_token_advantages(A, l0, lp, ln, m)
+    g1 = cscr.cscr_token_advantages(A, l0, lp, ln, m, scope="group", group_size=1)
+    assert torch.allclose(seq, g1, atol=1e-12)
+    gb = cscr.cscr_token_advantages(A, l0, lp, ln, m, scope="group", group_size=8)
+    bb = cscr.cscr_token_advantages(A, l0, lp, ln, m, scope="batch")
+    assert torch.allclose(gb, bb, atol=1e-12)
+    # batch scope: the mean normalised weight over credit-carrying tokens is 1
+    act = m & (A != 0).unsqueeze(1)
+    wt = bb[act] / A.unsqueeze(1).expand_as(bb)[act]
+    assert abs(wt.mean().item() - 1.0) < 1e-9
+    assert not torch.allclose(seq, bb)
+
+
+def test_argument_validation():
+    A, l0, lp, ln, m = random_batch(B=4, T=5)
+    with pytest.raises(ValueError, match="alpha"):
+        cscr.cscr_token_advantages(A, l0, lp, ln, m, alpha=-1.0)
+    with pytest.raises(ValueError, match="w_min"):
+        cscr.cscr_token_advantages(A, l0, lp, ln, m, w_min=1.5)
+    with pytest.raises(ValueError, match="w_min"):
+        cscr.cscr_token_advantages(A, l0, lp, ln, m, w_min=-0.1)
+    with pytest.raises(ValueError, match="mode"):
+        cscr.cscr_token_advantages(A, l0, lp, ln, m, mode="kl")
+    with pytest.raises(ValueError, match="mode"):
+        cscr.sensitivity(l0, lp, ln, m, mode="differential")
+    with pytest.raises(ValueError, match="lp_correct"):
+        cscr.cscr_token_advantages(A, l0, lp[:, :3], ln, m)
+    with pytest.raises(ValueError, match="advantages"):
+        cscr.cscr_token_advantages(A[:3], l0, lp, ln, m)
+    with pytest.raises(ValueError, match="response_mask"):
+        cscr.cscr_token_advantages(A, l0, lp, ln, m[:, :2])
+    with pytest.raises(ValueError, match="weight"):
+        cscr.cscr_token_advantages(A, l0, lp, ln, m, weight="linear")
+    with pytest.raises(ValueError, match="group_size"):
+        cscr.cscr_token_advantages(A, l0, lp, ln, m, scope="group", group_size=3)
+    bad = l0.clone()
+    bad[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="finite"):
+        cscr.cscr_token_advantages(A, bad, lp, ln, m)
+
+
+# ---------------------------------------------------------------------------------------------------
+# threshold calibration
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("q", [0.0, 0.37, 0.8, 0.95, 1.0])
+def test_calibrate_threshold_matches_torch_quantile(q):
+    A, l0, lp, ln, m = random_batch(B=9, T=13, seed=5)
+    s = cscr.sensitivity(l0, lp, ln, m)
+    s_pad = s.clone()
+    s_pad[~m] = 100.0  # padding must be ignored
+    thr = cscr.calibrate_threshold(s_pad, m, q)
+    assert abs(thr - torch.quantile(s[m], q).item()) < 1e-12
+    assert cscr.calibrate_threshold(torch.tensor([[3.0, 1.0, 2.0, 9.0]]), torch.tensor([[1, 1, 1, 0]]), 0.5) == 2.0
+    with pytest.raises(ValueError, match="quantile"):
+        cscr.calibrate_threshold(s, m, 1.2)
+    with pytest.raises(ValueError, match="valid"):
+        cscr.calibrate_threshold(s, torch.zeros_like(m), 0.5)
+
+
+# ---------------------------------------------------------------------------------------------------
+# diagnostics (spec §7, §8 toy numbers)
+# ---------------------------------------------------------------------------------------------------
+
+
+def test_diagnostics_toy_example():
+    m = torch.ones(1, 8)
+    masks = cscr.shift_masks(t(L0), t(LP), t(LN), m, tau=0.05)
+    assert masks["affected"][0].nonzero().flatten().tolist() == [0, 1, 2, 5, 6, 7]
+    assert masks["reversal"][0].nonzero().flatten().tolist() == [5]
+    d = cscr.diagnostics(t(L0), t(LP), t(LN), m, torch.tensor([True]), tau=0.05, top_frac=3 / 8)
+    assert d["d1_num_affected"] == 6
+    assert abs(d["d1_same_direction_rate"] - 5 / 6) < 1e-12
+    assert abs(d["d2_sign_reversal_rate"] - 1 / 6) < 1e-12
+    assert abs(d["d4a_pearson"] - 0.989264) < 1e-6
+    assert d["d4b_k"] == 3 and d["d4b_topk_jaccard"] == 1.0
+    assert abs(d["d5_common_mode_share"] - 0.983364) < 1e-6
+    # D3 by hand: D+ - D- on affected tokens = [.3, .05, .15, .2, .02, .1] -> all > 0 -> 1.0 when correct
+    assert d["d3_polarity_outcome_consistency"] == 1.0
+    d_inc = cscr.diagnostics(t(L0), t(LP), t(LN), m, torch.tensor([False]), tau=0.05)
+    assert d_inc["d3_polarity_outcome_consistency"] == 0.0
+
+
+def test_topk_jaccard_partial_overlap():
+    # D+ = [3, 2, .1, .05], D- = [.1, 2, 3, .05] -> top-2 sets {0,1} and {1,2} -> Jaccard 1/3
+    l0 = torch.zeros(1, 4, dtype=torch.float64)
+    d = cscr.diagnostics(l0, torch.tensor([[3.0, 2.0, 0.1, 0.05]]), torch.tensor([[0.1, 2.0, 3.0, 0.05]]),
+                         torch.ones(1, 4), torch.tensor([True]), top_k=2)
+    assert d["d4b_k"] == 2 and abs(d["d4b_topk_jaccard"] - 1 / 3) < 1e-12
+    # top_frac: ceil(0.5 * 4) = 2 gives the same sets
+    d2 = cscr.diagnostics(l0, torch.tensor([[3.0, 2.0, 0.1, 0.05]]), torch.tensor([[0.1, 2.0, 3.0, 0.05]]),
+                          torch.ones(1, 4), torch.tensor([True]), top_frac=0.5)
+    assert d2["d4b_k"] == 2 and abs(d2["d4b_topk_jaccard"] - 1 / 3) < 1e-12
+
+
+def test_spearman_and_pearson_independent():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(50, generator=g, dtype=torch.float64)
+    y = x + 0.5 * torch.randn(50, generator=g, dtype=torch.float64)
+    xm, ym = x - x.mean(), y - y.mean()
+    assert abs(cscr.pearson(x, y) - float((xm @ ym) / (xm.norm() * ym.norm()))) < 1e-12
+    # Spearman without ties = 1 - 6 sum d^2 / (n (n^2 - 1))
+    rx = x.argsort().argsort().double()
+    ry = y.argsort().argsort().double()
+    n = 50
+    assert abs(cscr.spearman(x, y) - (1 - 6 * ((rx - ry) ** 2).sum().item() / (n * (n * n - 1)))) < 1e-12
+    # ties get average ranks: x = [1,1,2,3] -> ranks [1.5,1.5,3,4], y = [1,3,2,4] -> [1,3,2,4];
+    # by hand: centred [-1,-1,.5,1.5] and [-1.5,.5,-.5,1.5], cov 3, norms^2 4.5 and 5 -> 3/sqrt(22.5)
+    a = torch.tensor([1.0, 1.0, 2.0, 3.0])
+    b = torch.tensor([1.0, 3.0, 2.0, 4.0])
+    assert abs(cscr.spearman(a, b) - 3 / math.sqrt(22.5)) < 1e-12
+    assert math.isnan(cscr.pearson(torch.ones(4), torch.arange(4.0)))
+
+
+def test_full_vocab_overlap_toy():
+    p0 = torch.tensor([0.5, 0.2, 0.2, 0.1])
+    pp = torch.tensor([0.7, 0.1, 0.15, 0.05])
+    pn = torch.tensor([0.65, 0.15, 0.10, 0.10])
+    o = cscr.full_vocab_overlap(p0, pp, pn)
+    assert abs(o["cosine"].item() - 0.911685) < 1e-6
+    assert abs(o["kl_pos"].item() - 0.088406) < 1e-6
+    assert abs(o["kl_neg"].item() - 0.058070) < 1e-6
+    # batched positions and a zero-probability entry (0 log 0 = 0)
+    P0 = torch.stack([p0, torch.tensor([0.5, 0.5, 0.0, 0.0])])
+    Pp = torch.stack([pp, torch.tensor([0.25, 0.75, 0.0, 0.0])])
+    Pn = torch.stack([pn, torch.tensor([0.75, 0.25, 0.0, 0.0])])
+    o2 = cscr.full_vocab_overlap(P0, Pp, Pn)
+    assert o2["cosine"].shape == (2,)
+    assert abs(o2["cosine"][1].item() + 1.0) < 1e-6  # g+ = -g-
+    assert abs(o2["kl_pos"][1].item() - (0.25 * math.log(0.5) + 0.75 * math.log(1.5))) < 1e-6
+    # sampled token 0 (spec §8): D+ = log(.7/.5), D- = log(.65/.5)
+    assert abs(math.log(0.7 / 0.5) - 0.336472) < 1e-6 and abs(math.log(0.65 / 0.5) - 0.262364) < 1e-6
+
+
+def test_classify_token():
+    for s in ["Wait", " So", " Let", " Therefore", "Hmm", ",", ".", "\n\n", " ", "**", "$", " the", "\\boxed{"]:
+        assert cscr.classify_token(s) == "surface", s
+    for s in [" 3", "42", " +", " =", " x", "\\frac", " triangle", "^", " -"]:
+        assert cscr.classify_token(s) == "content", s
+
+
+def test_diagnostics_d6_d7():
+    A, l0, lp, ln, m = random_batch(B=6, T=20, seed=7)
+    s = cscr.sensitivity(l0, lp, ln, m)
+    surf = s > cscr.calibrate_threshold(s, m, 0.5)  # surface = the more sensitive half (by construction)
+    ent = s * 2.0 + 1.0  # perfectly correlated
+    top1 = 1.0 - s  # 1 - top1 = s
+    d = cscr.diagnostics(l0, lp, ln, m, torch.ones(6, dtype=torch.bool), token_classes=surf, entropy=ent,
+                         top1_prob=top1, sens_top_frac=0.1)
+    assert d["d6_surface_share_top"] == 1.0
+    assert abs(d["d6_surface_share_all"] - surf[m].double().mean().item()) < 1e-12
+    assert abs(d["d6_s_mean_surface"] - s[m & surf].mean().item()) < 1e-9
+    assert abs(d["d6_s_mean_content"] - s[m & ~surf].mean().item()) < 1e-9
+    assert abs(d["d7_pearson_s_entropy"] - 1.0) < 1e-9 and abs(d["d7_spearman_s_1_minus_top1"] - 1.0) < 1e-9
+    # list-of-strings form gives the same profile
+    classes = [["surface" if surf[i, j] else "content" for j in range(int(m[i].sum()))] for i in range(6)]
+    d2 = cscr.diagnostics(l0, lp, ln, m, torch.ones(6, dtype=torch.bool), token_classes=classes, sens_top_frac=0.1)
+    assert d2["d6_surface_share_top"] == d["d6_surface_share_top"]
+    assert d2["d6_s_mean_surface"] == d["d6_s_mean_surface"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# build_condition_prompts (spec §3)
+# ---------------------------------------------------------------------------------------------------
+
+CHATML = (
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nCompute 37+48-12.\n"
+    "Put the final answer in \\boxed{}.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+)
+
+
+def diff_middles(a, b):
+    """The differing middles of two strings after removing their common prefix and suffix."""
+    i = 0
+    while i < min(len(a), len(b)) and a[i] == b[i]:
+        i += 1
+    j = 0
+    while j < min(len(a), len(b)) - i and a[-1 - j] == b[-1 - j]:
+        j += 1
+    return a[i : len(a) - j], b[i : len(b) - j]
+
+
+@pytest.mark.parametrize("template,kw,middles", [
+    ("verdict", {}, ("", "IN")),
+    ("reference", {"reference": "73"}, ("", "IN")),
+    ("answer", {"response_answer": "\\frac{1}{2}"}, ("", "not ")),
+])
+def test_condition_prompts_minimal_pair_chatml(template, kw, middles):
+    pc, pn = cscr.build_condition_prompts(CHATML, template=template, **kw)
+    assert diff_middles(pc, pn) == middles
+    # the note ends the user turn: everything from the user's <|im_end|> on is unchanged
+    q = CHATML.rfind("<|im_end|>", 0, CHATML.rfind("<|im_start|>assistant"))
+    for p in (pc, pn):
+        assert p.startswith(CHATML[:q]) and p.endswith(CHATML[q:])
+        assert len(p) > len(CHATML)
+        assert p.count("<|im_start|>") == CHATML.count("<|im_start|>")
+    assert "CORRECT" in pc or "is the correct" in pc
+    if template == "reference":
+        assert "73" in pc and "73" in pn
+    if template == "answer":
+        assert "\\frac{1}{2} is not the correct" in pn
+
+
+def test_condition_prompts_plain_text():
+    p = "Compute 37+48-12.\n"
+    pc, pn = cscr.build_condition_prompts(p)
+    assert pc == "Compute 37+48-12.\n" + cscr.CONDITION_TEMPLATES["verdict"][0] + "\n"
+    assert pn == "Compute 37+48-12.\n" + cscr.CONDITION_TEMPLATES["verdict"][1] + "\n"
+    assert diff_middles(pc, pn) == ("", "IN")
+    # no trailing whitespace: the last line stays the ending
+    pc2, _ = cscr.build_condition_prompts("Problem: 1+1\nAnswer:")
+    assert pc2.startswith("Problem: 1+1\n") and pc2.endswith("\nAnswer:")
+    # anchor: placed right after the problem
+    pc3, _ = cscr.build_condition_prompts(CHATML, anchor="Compute 37+48-12.")
+    assert pc3.startswith(CHATML[: CHATML.find("Compute 37+48-12.") + 17] + "\n\nNote:")
+    assert pc3.endswith("\nPut the final answer in \\boxed{}.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    # custom templates with placeholders (LaTeX braces in values need no escaping)
+    pc4, pn4 = cscr.build_condition_prompts(p, reference="\\frac{1}{2}", template=("ref {reference} yes", "ref {reference} no"))
+    assert "ref \\frac{1}{2} yes" in pc4 and "ref \\frac{1}{2} no" in pn4
+
+
+def test_condition_prompts_errors():
+    with pytest.raises(ValueError, match="reference"):
+        cscr.build_condition_prompts(CHATML, template="reference")
+    with pytest.raises(ValueError, match="response_answer"):
+        cscr.build_condition_prompts(CHATML, template="answer")
+    with pytest.raises(ValueError, match="template"):
+        cscr.build_condition_prompts(CHATML, template="hint")
+    with pytest.raises(ValueError, match="anchor"):
+        cscr.build_condition_prompts(CHATML, anchor="not there")
+
+
+# ---------------------------------------------------------------------------------------------------
+# condition_logprobs on a tiny random Qwen3 (left padding, position ids, temperature)
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import Tokenizer, decoders, models
+
+    chars = list("0123456789 +-=.:\n") + [chr(c) for c in range(97, 123)]
+    vocab = {tok: i for i, tok in enumerate(["<pad>", "<s>", "</s>", "<unk>"] + chars)}
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tk.decoder = decoders.Fuse()
+    tok = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tk, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    cfg = transformers.Qwen3Config(
+        vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, max_position_embeddings=512, initializer_range=0.3,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(cfg).eval()
+    return model, tok
+
+
+def naive_logprobs(model, tok, prompt, resp, temperature):
+    """Independent reference: one unpadded sequence, default positions, full log_softmax + gather."""
+    p = tok(prompt, add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([p + resp])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0].double() / temperature
+    logp = torch.log_softmax(logits, -1)
+    return torch.tensor([logp[len(p) - 1 + k, r].item() for k, r in enumerate(resp)], dtype=torch.float64)
+
+
+def test_condition_logprobs_matches_naive(tiny):
+    model, tok = tiny
+    problems = ["Compute 37+48-12.\n", "Compute 1+2.\n", "What is 7 times 6.\n"]
+    resp_text = ["73", "3 is it", "42.\n"]
+    resp = [tok(r, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for r in resp_text]
+    T = max(len(r) for r in resp)
+    resp_ids = torch.full((3, T), -100, dtype=torch.long)  # garbage padding must be harmless
+    mask = torch.zeros(3, T)
+    for i, r in enumerate(resp):
+        resp_ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    pairs = [cscr.build_condition_prompts(p) for p in problems]
+    pc, pn = [a for a, _ in pairs], [b for _, b in pairs]
+    assert len({len(tok(x, add_special_tokens=False)["input_ids"]) for x in pc}) == 3  # left padding exercised
+    temp = 0.7
+    calls = []
+
+    def counting_fn(*args):
+        calls.append(args[1].shape)
+        return cscr.default_logprob_fn(*args)
+
+    lp_c, lp_n = cscr.condition_logprobs(model, tok, pc, pn, resp_ids, mask, temperature=temp, logprob_fn=counting_fn)
+    assert lp_c.shape == (3, T) and len(calls) == 2
+    for i in range(3):
+        L = len(resp[i])
+        assert torch.allclose(lp_c[i, :L].double(), naive_logprobs(model, tok, pc[i], resp[i], temp), atol=2e-5)
+        assert torch.allclose(lp_n[i, :L].double(), naive_logprobs(model, tok, pn[i], resp[i], temp), atol=2e-5)
+        assert torch.equal(lp_c[i, L:], torch.zeros(T - L)) and torch.equal(lp_n[i, L:], torch.zeros(T - L))
+    assert not torch.allclose(lp_c, lp_n)  # the verdict changes the log-probs
+    # micro-batching gives the same result
+    lp_c1, lp_n1 = cscr.condition_logprobs(model, tok, pc, pn, resp_ids, mask, temperature=temp, micro_batch_size=1)
+    assert torch.allclose(lp_c1, lp_c, atol=1e-5) and torch.allclose(lp_n1, lp_n, atol=1e-5)
+
+    # the comparison is sensitive to the padding: attending to the left pad tokens changes the padded rows.
+    # (Dropping only the position ids does not: RoPE scores depend on position differences, so a uniform
+    # left-padding offset changes Qwen3's log-probs by float noise only; they are passed anyway.)
+    def attend_pads_fn(model_, input_ids, attention_mask, response_mask, temperature):
+        return cscr.default_logprob_fn(model_, input_ids, torch.ones_like(attention_mask), response_mask, temperature)
+
+    lp_bad, _ = cscr.condition_logprobs(model, tok, pc, pn, resp_ids, mask, temperature=temp, logprob_fn=attend_pads_fn)
+    assert (lp_bad - lp_c)[mask.bool()].abs().max() > 1e-3
+
+
+def test_condition_logprobs_errors(tiny):
+    model, tok = tiny
+    ids = torch.ones(2, 3, dtype=torch.long)
+    mask = torch.ones(2, 3)
+    with pytest.raises(ValueError, match="prompts"):
+        cscr.condition_logprobs(model, tok, ["a\n"], ["b\n", "c\n"], ids, mask)
+    with pytest.raises(ValueError, match="temperature"):
+        cscr.condition_logprobs(model, tok, ["a\n"] * 2, ["b\n"] * 2, ids, mask, temperature=0.0)
+    with pytest.raises(ValueError, match="response_mask"):
+        cscr.condition_logprobs(model, tok, ["a\n"] * 2, ["b\n"] * 2, ids, mask[:, :2])
+
+
+def test_diagnose_smoke(tiny, tmp_path):
+    model, tok = tiny
+    problems = ["Compute 1+2.", "Compute 3+4.", "Compute 10-5."]
+    answers = ["3", "7", "5"]
+    rep = cscr.diagnose(
+        model, tok, problems, answers, 5, grade_fn=lambda text, ref: len(text) % 2 == 0,
+        max_new_tokens=6, micro_batch_size=2, gen_batch_size=3, output_dir=str(tmp_path), template="answer",
+    )
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["num_correct"] == rep["num_correct"]
+    d = rep["diagnostics"]
+    assert rep["config"]["num_trajectories"] == 5
+    assert 1 <= rep["mean_response_length"] <= 6
+    assert d["num_valid_tokens"] == round(rep["mean_response_length"] * 5)
+    for k in ("d4a_pearson", "d4b_topk_jaccard", "d5_common_mode_share", "d4c_cosine_mean", "d6_surface_share_all"):
+        assert d[k] is None or -1.0 - 1e-9 <= d[k] <= 1.0 + 1e-9, k
+    if d["d1_same_direction_rate"] is not None:
+        assert abs(d["d1_same_direction_rate"] + d["d2_sign_reversal_rate"] - 1.0) < 1e-12
+    assert d["d4c_kl_pos_mean"] >= 0 and d["d4c_kl_neg_mean"] >= 0
+    assert " is not the correct final answer." in rep["example_condition_prompts"][1]
+    assert len(rep["most_sensitive_tokens"]) == min(20, d["num_valid_tokens"])
