@@ -1,0 +1,371 @@
+r"""Tests for verify.py: the bug_cases.md verify cases (C01-C13, and the verify half of C28), the policy
+choices documented in verify.py's docstring, and the time-out / threading / batch machinery.
+
+Placeholder names from bug_cases.md: `extract_answer` -> `extract_boxed`, `is_correct` -> `verify`.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import verify as V  # noqa: E402
+from verify import extract_boxed, grade_batch, reward, summarize, verify, verify_with_reason  # noqa: E402
+
+is_correct = verify  # bug_cases.md placeholder name
+extract_answer = extract_boxed  # bug_cases.md placeholder name
+
+# An input that math-verify 0.9.0 grinds on for well over 30 s without a time-out (measured: killed at
+# 30 s with parsing_timeout=None / timeout_seconds=None): an integer reference against a power tower.
+SLOW_RESPONSE = r"The answer is \boxed{9^{9^{9}}}."
+SLOW_REFERENCE = "2"
+
+
+def boxed(s: str) -> str:
+    return r"\boxed{" + s + "}"
+
+
+# ------------------------------------------------------------------------------------------------
+# bug_cases.md, verify cases
+# ------------------------------------------------------------------------------------------------
+
+
+def test_C01_nested_braces():
+    r = r"So the probability is \boxed{\frac{2}{7}}."
+    assert extract_answer(r) == r"\frac{2}{7}"  # the naive [^}]* regex gives \frac{2
+    assert is_correct(r, r"\frac{2}{7}")
+    assert not is_correct(r, r"\frac{2}{9}")
+
+
+def test_C02_braceless_last_box_far_from_end():
+    assert extract_boxed(r"Thus the total is $\boxed 9$.") == "9"
+    assert is_correct(r"Thus the total is $\boxed 9$.", "9")  # a)
+    r = r"A first guess was \boxed 4 but that fails. Rechecking, the count is \boxed{6}."
+    assert extract_boxed(r) == "6"
+    assert is_correct(r, "6") and not is_correct(r, "4")  # b)
+    long_tail = r"The sum is \boxed{42}." + " Let me double check this reasoning once more." * 10
+    assert len(long_tail) - long_tail.index("}") > 400
+    assert is_correct(long_tail, "42")  # c)
+
+
+def test_C03_hedging_empty_box_two_boxes():
+    assert verify_with_reason(r"The answer is \boxed{1, 2, 3, 4, 5, 6}.", "4") == (False, "ok")  # a)
+    assert verify_with_reason(r"The answer is \boxed{}.", "7") == (False, "empty_box")  # b), no exception
+    two = r"It is \boxed{3} or maybe \boxed{8}."
+    assert extract_boxed(two) == "8"
+    assert not is_correct(two, "3")  # c) the earlier box does not count
+    assert is_correct(two, "8")  # d) math-verify 0.9.0 alone merges the two boxes into {3, 8}: False
+
+
+def test_C05_no_box_no_reward():
+    a = "Since 3*104 = 312, we subtract and get the count.\n\nFinal Answer: **58**"
+    b = "Maybe the answer is 42."
+    for resp, ref in ((a, "58"), (b, "42")):
+        assert extract_answer(resp) is None
+        assert verify_with_reason(resp, ref) == (False, "no_box")
+        assert reward(resp, ref) == 0.0
+    assert not is_correct(a, "312")
+
+
+def test_C06_different_equations_do_not_match():
+    assert not is_correct(r"The line is \boxed{x+3y+7=0}.", "2x-y+5=0")  # bare gold parsed to 0: True
+    assert is_correct(r"The line is \boxed{y=2x+5}.", "2x-y+5=0")
+
+
+def test_C08_percentages():
+    assert all(is_correct(r"\boxed{%s}" % p, r"50\%") for p in ["50", "0.5", r"50\%"])
+    assert not is_correct(boxed("50"), "0.5")  # the percent rule needs a % in the reference
+    assert not is_correct(boxed("0.6"), r"50\%")
+
+
+def test_C10_units_and_degrees():
+    assert is_correct(r"\boxed{15\text{ cm}^2}", "15")
+    assert is_correct(r"\boxed{30^\circ}", "30")
+    assert is_correct(r"\boxed{30^{\circ}}", "30")
+    assert not is_correct(r"\boxed{31^\circ}", "30")
+
+
+def test_C11_tuple_with_left_right_order_matters():
+    ref = r"\left( 2, \frac{\pi}{3} \right)"
+    assert is_correct(r"\boxed{(2, \frac{\pi}{3})}", ref)
+    assert not is_correct(r"\boxed{(\frac{\pi}{3}, 2)}", ref)
+
+
+@pytest.mark.parametrize(
+    "ref, pred, expected",
+    [
+        ("[2,5)", r"[2,5)", True),
+        ("[2,5)", r"(2,5)", False),
+        ("[2,5)", r"[2,5]", False),
+        (r"[\sqrt{3}, \infty)", r"t \geq \sqrt{3}", True),  # math-verify 0.9.0 gold-first: False
+        (r"t \geq \sqrt{3}", r"[\sqrt{3}, \infty)", True),
+        ("3", "x = 3", True),
+    ],
+)
+def test_C12_intervals_inequalities_assignments(ref, pred, expected):
+    assert is_correct(boxed(pred), ref) is expected
+
+
+def test_C12_gold_first_is_used():
+    # verify(gold, pred) is not symmetric: with the arguments swapped, the interval reference would
+    # accept this inequality only by luck of the conversion; a wrong inequality must still fail.
+    assert not is_correct(boxed(r"t \geq \sqrt{2}"), r"[\sqrt{3}, \infty)")
+    assert not is_correct(boxed(r"t > \sqrt{3}"), r"[\sqrt{3}, \infty)")  # open vs closed end
+
+
+def test_C13_notation_variants():
+    assert is_correct(r"\boxed{\frac{\pi}{4}}", r"\dfrac{\pi}{4}")
+    assert is_correct(r"\boxed{\tfrac{\pi}{4}}", r"\dfrac{\pi}{4}")
+    assert is_correct(r"\boxed{-2+e^{5}}", "e^{5}-2")
+    assert is_correct(r"\boxed{0.5}", r"\frac{1}{2}")
+    assert not is_correct(r"\boxed{\frac{\pi}{3}}", r"\dfrac{\pi}{4}")
+    # unboxed plain text scores 0 under the boxed-only policy
+    assert verify_with_reason("pi/4", r"\dfrac{\pi}{4}") == (False, "no_box")
+
+
+def test_C28_stop_string_verify_part():
+    # The apply_stop half lives in rollout.py; here: the raw continuation's last box is the made-up 9.
+    raw = "2+3 = 5, so \\boxed{5}.\n\nQuestion: What is 4+5?\nAnswer: 4+5 = 9, so \\boxed{9}."
+    assert not is_correct(raw, "5")
+    assert is_correct(raw[: raw.index("\n\nQuestion:")], "5")
+
+
+# ------------------------------------------------------------------------------------------------
+# extraction
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (r"\boxed{\frac{\sqrt{2}}{2}}", r"\frac{\sqrt{2}}{2}"),
+        (r"\fbox{12}", "12"),
+        (r"\boxed {6}", "6"),
+        (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),  # escaped braces are not counted
+        (r"$\boxed{-3}$ and then \boxed 7.", "7"),
+        (r"\[\boxed 9\]", "9"),
+        (r"\boxed \frac{1}{2} done", r"\frac{1}{2}"),
+        (r"\boxed{ }", ""),
+        (r"\boxed{3} ... \boxed{4", None),  # the last box is unclosed (cut-off output): no answer
+        (r"\boxedanswer{3}", None),  # not the \boxed command
+        ("no box at all", None),
+    ],
+)
+def test_extract_boxed(text, expected):
+    assert extract_boxed(text) == expected
+
+
+def test_extract_boxed_rejects_non_str():
+    with pytest.raises(ValueError, match="text"):
+        extract_boxed(None)
+
+
+# ------------------------------------------------------------------------------------------------
+# policy choices (verify.py docstring)
+# ------------------------------------------------------------------------------------------------
+
+
+def test_fractions_vs_decimals():
+    assert is_correct(boxed("0.5"), r"\frac{1}{2}")
+    assert is_correct(boxed(r"\frac{1}{2}"), "0.5")
+    assert is_correct(boxed("0.333333"), r"\frac{1}{3}")  # equal after rounding to 6 places
+    assert not is_correct(boxed("0.333"), r"\frac{1}{3}")
+
+
+def test_nested_braces_value():
+    assert is_correct(r"so \boxed{\frac{\sqrt{2}}{2}}", r"\frac{1}{\sqrt{2}}")
+
+
+def test_dfrac():
+    assert is_correct(boxed(r"\dfrac{3}{4}"), r"\frac{3}{4}")
+    assert is_correct(boxed(r"\frac34"), r"\dfrac{3}{4}")
+
+
+def test_equation_vs_value():
+    assert is_correct(boxed("x=3"), "3")
+    assert is_correct(boxed("3"), "x=3")
+    assert not is_correct(boxed("x=4"), "3")
+
+
+def test_hedging_never_scores():
+    for pred in [r"3 \text{ or } 4", "3 or 4", r"3 \vee 4", r"3 \text{ (or 4)}", r"\text{3 or 4}"]:
+        for ref in ("3", "4"):
+            assert verify_with_reason(boxed(pred), ref) == (False, "hedged"), (pred, ref)
+    assert not is_correct(boxed(r"3 \pm 1"), "2")
+    # alternatives are fine when the reference itself is a list of values
+    assert is_correct(boxed(r"3 \text{ or } 4"), "3, 4")
+    assert is_correct(boxed(r"x = 3 \text{ or } x = 4"), r"x=3 \text{ or } x=4")
+
+
+def test_sets_and_multi_answers():
+    assert is_correct(boxed("69, 84"), "69,84")  # olympiadbench multi-answer
+    assert is_correct(boxed("84, 69"), "69,84")  # unordered
+    assert not is_correct(boxed("69"), "69,84")
+    assert is_correct(boxed(r"\{84, 69\}"), "69,84")
+
+
+def test_thousands_separators_and_leading_zeros():
+    assert is_correct(boxed("1450000"), "1,450,000")  # GSM8K
+    assert is_correct(boxed("1,450,000"), "1450000")
+    assert not is_correct(boxed("1450001"), "1,450,000")
+    assert is_correct(boxed("32348"), r"\$32,\!348")  # MATH
+    assert is_correct(boxed(r"1\,000"), "1000")  # math-verify alone reads 1\,000 as 1*0
+    assert is_correct(boxed(r"\frac{1}{29322216}"), r"\dfrac{1}{29,\!322,\!216}")
+    assert is_correct(boxed("25"), "025")  # AIME
+    assert is_correct(boxed("025"), "25")
+    assert not is_correct(boxed("26"), "025")
+
+
+def test_scientific_notation_and_python_forms():
+    assert is_correct(boxed(r"4.5 \times 10^{33}"), "4.5e33")  # minerva; 0.9.0 reads e as Euler's number
+    assert not is_correct(boxed(r"4.6 \times 10^{33}"), "4.5e33")
+    assert is_correct(boxed(r"-\frac{1}{3}"), "-1./3")
+    assert is_correct(boxed(r"\arcsin(10/13)"), "np.arcsin(10/13)")
+
+
+def test_single_letter_variables_are_not_units():
+    # math-verify 0.9.0's unit stripping makes all of these True
+    assert not is_correct(boxed("2"), "2t")
+    assert not is_correct(boxed("2s"), "2t")
+    assert not is_correct(boxed("a+b+d"), "a + b + c")
+    assert is_correct(boxed("a+b+c"), "a + b + c")
+    assert not is_correct(boxed(r"4\sqrt{3}"), r"4 \sqrt{3} h")
+    assert is_correct(boxed(r"10 \text{ m}/\text{s}"), "10")
+
+
+def test_hmmt_product_form():
+    ref = r"2^{25} \cdot 26!"
+    assert is_correct(boxed(r"2^{25} \cdot 26!"), ref)
+    assert is_correct(boxed(r"26! \cdot 2^{25}"), ref)
+    assert not is_correct(boxed(r"2^{25} \cdot 26! + 1"), ref)
+
+
+def test_reference_wrapping_is_removed():
+    assert V.normalize_reference(r"\boxed{7}") == "7"
+    assert V.normalize_reference(r"$\frac{1}{2}$") == r"\frac{1}{2}"
+    assert is_correct(boxed("7"), r"\boxed{7}")
+    assert is_correct(boxed("x_{0} + y"), r"x_{0}+$ $y")  # stray $ inside a reference (minerva 72)
+
+
+def test_bad_input_raises():
+    with pytest.raises(ValueError, match="response"):
+        verify(None, "3")
+    with pytest.raises(ValueError, match="reference"):
+        verify(boxed("3"), "   ")
+    with pytest.raises(ValueError, match="timeout"):
+        verify(boxed("3"), "3", timeout=0)
+    with pytest.raises(ValueError, match="length"):
+        grade_batch([boxed("3")], ["3", "4"])
+    with pytest.raises(ValueError, match=r"references\[1\]"):
+        grade_batch([boxed("3"), boxed("4")], ["3", ""])
+    with pytest.raises(ValueError, match="num_workers"):
+        grade_batch([boxed("3")], ["3"], num_workers=0)
+
+
+def test_reward_is_binary_float():
+    assert reward(boxed("6"), "6") == 1.0 and isinstance(reward(boxed("6"), "6"), float)
+    assert reward(boxed("7"), "6") == 0.0
+
+
+# ------------------------------------------------------------------------------------------------
+# machinery: time-outs, threads, batches, counting
+# ------------------------------------------------------------------------------------------------
+
+
+def _run_in_thread(fn, limit_s: float = 60.0):
+    """Run fn in a non-main thread; return its result. The join limit is a hang guard, not a timing check."""
+    out = {}
+
+    def target():
+        try:
+            out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test thread
+            out["error"] = e
+
+    t = threading.Thread(target=target)
+    t.start()
+    t.join(limit_s)
+    assert not t.is_alive(), "grading call did not return: the wall-clock limit failed"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def test_timeout_scores_zero_and_is_counted():
+    V.reset_grader_stats()
+    assert verify_with_reason(SLOW_RESPONSE, SLOW_REFERENCE, timeout=1) == (False, "timeout")
+    assert V.grader_stats()["timeout"] == 1
+    assert reward(SLOW_RESPONSE, SLOW_REFERENCE, timeout=1) == 0.0
+    assert V.grader_stats()["timeout"] == 2
+    assert verify(boxed("5"), "5")  # the worker is still usable
+
+
+def test_timeout_from_non_main_thread():
+    # math-verify's own signal.alarm time-outs raise off the main thread; ours must not.
+    assert _run_in_thread(lambda: verify_with_reason(SLOW_RESPONSE, SLOW_REFERENCE, timeout=1)) == (False, "timeout")
+    assert _run_in_thread(lambda: verify_with_reason(boxed(r"\frac{2}{7}"), r"\frac{2}{7}")) == (True, "ok")
+
+
+def test_hard_kill_path_when_worker_timer_is_off():
+    # With the worker's own timer disabled, only the parent's kill at timeout + KILL_GRACE can stop it.
+    V.reset_grader_stats()
+    assert _run_in_thread(lambda: V._grade_extracted(SLOW_REFERENCE, "9^{9^{9}}", 1.0, _soft_timer=False)) == (
+        False,
+        "timeout",
+    )
+    assert V.grader_stats()["timeout"] == 1
+    assert verify_with_reason(boxed("5"), "5") == (True, "ok")  # a fresh worker was started
+
+
+def test_worker_crash_is_counted_as_error(monkeypatch):
+    V.reset_grader_stats()
+    pool = V._pool()
+    w = pool.acquire(1)
+    w.proc.kill()  # the worker dies (e.g. OOM-killed) while it is handed out
+    w.proc.wait()
+    monkeypatch.setattr(pool, "acquire", lambda limit: w)
+    assert verify_with_reason(boxed("5"), "5") == (False, "error")
+    assert V.grader_stats()["error"] == 1
+    monkeypatch.undo()
+    assert verify_with_reason(boxed("5"), "5") == (True, "ok")  # a fresh worker replaces the dead one
+
+
+def test_grade_batch_matches_single_calls_and_summarize():
+    responses = [
+        boxed("6"),
+        boxed("7"),
+        "no box here, 6",
+        boxed(""),
+        boxed(r"3 \text{ or } 6"),
+        SLOW_RESPONSE,
+        boxed(r"\frac{1}{2}"),
+    ]
+    references = ["6", "6", "6", "6", "6", SLOW_REFERENCE, "0.5"]
+    expected = [
+        (True, "ok"),
+        (False, "ok"),
+        (False, "no_box"),
+        (False, "empty_box"),
+        (False, "hedged"),
+        (False, "timeout"),
+        (True, "ok"),
+    ]
+    assert grade_batch(responses, references, timeout=1) == expected
+    assert grade_batch(responses, references, timeout=1, num_workers=2) == expected
+    s = summarize(expected)
+    assert s["total"] == 7 and s["correct"] == 2
+    assert (s["ok"], s["no_box"], s["empty_box"], s["hedged"], s["timeout"], s["parse_error"], s["error"]) == (
+        3, 1, 1, 1, 1, 0, 0,
+    )
+    with pytest.raises(ValueError, match="reason"):
+        summarize([(True, "bogus")])
+
+
+def test_parse_error_reason():
+    # a reference math-verify cannot extract anything from
+    assert verify_with_reason(boxed("3"), r"\frac{1}{") == (False, "parse_error")
