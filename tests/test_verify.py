@@ -112,8 +112,10 @@ def test_C12_intervals_inequalities_assignments(ref, pred, expected):
 
 
 def test_C12_gold_first_is_used():
-    # verify(gold, pred) is not symmetric: with the arguments swapped, the interval reference would
-    # accept this inequality only by luck of the conversion; a wrong inequality must still fail.
+    # math_verify.verify is not symmetric: a value prediction against an equation reference is False
+    # gold-first (the reference 2x+z=1 is not an assignment), but True with the arguments swapped
+    # (an equation prediction is judged by its right-hand side).
+    assert not is_correct(boxed("1"), "2x+z=1")
     assert not is_correct(boxed(r"t \geq \sqrt{2}"), r"[\sqrt{3}, \infty)")
     assert not is_correct(boxed(r"t > \sqrt{3}"), r"[\sqrt{3}, \infty)")  # open vs closed end
 
@@ -147,6 +149,7 @@ def test_C28_stop_string_verify_part():
         (r"\fbox{12}", "12"),
         (r"\boxed {6}", "6"),
         (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),  # escaped braces are not counted
+        (r"\boxed{\left\{ 1, 2 \right.} end", r"\left\{ 1, 2 \right."),  # ... even unbalanced ones
         (r"$\boxed{-3}$ and then \boxed 7.", "7"),
         (r"\[\boxed 9\]", "9"),
         (r"\boxed \frac{1}{2} done", r"\frac{1}{2}"),
@@ -175,6 +178,15 @@ def test_fractions_vs_decimals():
     assert is_correct(boxed(r"\frac{1}{2}"), "0.5")
     assert is_correct(boxed("0.333333"), r"\frac{1}{3}")  # equal after rounding to 6 places
     assert not is_correct(boxed("0.333"), r"\frac{1}{3}")
+
+
+def test_small_magnitudes_compare_relatively():
+    # math-verify 0.9.0's absolute 6-decimal tolerance makes all of these True
+    assert not is_correct(boxed(r"3.88 \times 10^{-19}"), "2.88e-19")
+    assert not is_correct(boxed(r"4 \times 10^{-7}"), "1e-7")
+    assert not is_correct(boxed(r"10^{-8}"), "0")
+    assert is_correct(boxed(r"2.88 \times 10^{-19}"), "2.88e-19")
+    assert is_correct(boxed("0.033333"), r"\frac{1}{30}")  # the 6-decimal rule still holds near 1
 
 
 def test_nested_braces_value():
@@ -303,6 +315,15 @@ def test_timeout_scores_zero_and_is_counted():
     assert reward(SLOW_RESPONSE, SLOW_REFERENCE, timeout=1) == 0.0
     assert V.grader_stats()["timeout"] == 2
     assert verify(boxed("5"), "5")  # the worker is still usable
+
+
+def test_worker_timer_keeps_the_worker():
+    # The worker's own timer answers "timeout" without a kill: the same process serves the next call.
+    assert verify(boxed("5"), "5")
+    pids = {w.proc.pid for w in V._pool()._idle}
+    assert verify_with_reason(SLOW_RESPONSE, SLOW_REFERENCE, timeout=1) == (False, "timeout")
+    assert verify(boxed("5"), "5")
+    assert {w.proc.pid for w in V._pool()._idle} == pids
 
 
 def test_timeout_from_non_main_thread():
