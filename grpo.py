@@ -1,0 +1,646 @@
+"""GRPO with token-level credit assignment (GRPO, DelTA, CSCR): the trainer and its command line.
+
+One readable loop per step (this file is the only one that imports the others)::
+
+    prompts --rollout.generate--> G responses each --verify--> binary rewards
+      --group_advantages--> sequence advantages Â_i            (GRPO, Shao et al. 2024, Eq. 3 / DAPO)
+      --credit (--credit grpo|delta|cscr)--> token advantages Â_{i,t}
+      --policy_loss--> clipped surrogate, token-mean            (DAPO, Yu et al. 2025, Eq. 8)
+      --AdamW step
+
+What is implemented, and what is left out on purpose:
+
+* Old log-probs come from this trainer's own forward pass (θ_old = the weights before the step's first update),
+  never from the sampler, so the ratio is exactly 1 at the first update and sampler numerics do not leak in.
+* The loss is the PPO clipped surrogate with DAPO's asymmetric clip (``--epsilon``, ``--epsilon_high``), an
+  optional dual clip for negative advantages (``--dual_clip``), and an optional k3 KL penalty to a frozen
+  reference (``--beta``, off by default as in TRL, verl's DAPO recipe and DelTA).
+* ``--loss_type dapo`` (default) is the token-mean over the whole mini-batch: Σ loss·mask / Σ mask. With DelTA's
+  normalised coefficients (mean 1) this *is* the paper's self-normalised surrogate Σλℓ / Σλ (DelTA Eq. 8).
+* Token credit: ``grpo`` broadcasts Â_i to every token; ``delta`` multiplies by DelTA's λ̄_{i,t} (delta.py);
+  ``cscr`` reallocates each response's credit away from counterfactually sensitive tokens (cscr.py).
+* No entropy bonus, no reward shaping, no dynamic sampling: rewards are binary (verify.py).
+* The loss value itself is not a progress signal (with one update per rollout it is ~0 at θ_old): watch the
+  reward and the held-out accuracy in ``metrics.jsonl``.
+
+Run ``python grpo.py --help`` for every flag; each is a field of ``GRPOConfig`` below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+import evaluate
+import rollout
+import verify
+
+CREDITS = ("grpo", "delta", "cscr")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Configuration: one dataclass, from which the argparse flags are generated (TRL's flag vocabulary).
+# ----------------------------------------------------------------------------------------------------------
+def _f(default, help, choices=None):
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass
+class GRPOConfig:
+    # model and data
+    model: str = _f("toy", "'toy' (built-in), a local folder or a Hugging Face hub id")
+    data: str = _f("toy", "training problems: a jsonl file of {id, problem, answer} rows, or 'toy'")
+    eval_data: str = _f("", "held-out problems for the before/after evaluation (default: toy test split for "
+                            "--data toy, none otherwise)")
+    prompt_template: str = _f("auto", "prompt template: auto (none for the toy, qwen_math otherwise), "
+                                      "none, qwen_math, r1", ["auto", *rollout.PROMPT_TEMPLATES])
+    output_dir: str = _f("", "where config.json, metrics.jsonl, samples/ and checkpoints go "
+                             "(default runs/<credit>)")
+    # credit assignment
+    credit: str = _f("grpo", "token credit: grpo (broadcast), delta (DelTA), cscr (CSCR)", list(CREDITS))
+    delta_k: int = _f(1, "DelTA refinement iterations K (paper default 1)")
+    delta_lam_min: float = _f(0.8, "DelTA λ_min")
+    delta_lam_max: float = _f(1.2, "DelTA λ_max")
+    delta_impl: str = _f("normal", "DelTA statistics: normal (whole batch) or memory_efficient (streamed over "
+                                   "micro-batches with sufficient statistics)", ["normal", "memory_efficient"])
+    cscr_template: str = _f("verdict", "CSCR privileged context (cscr.py): verdict, reference, answer")
+    cscr_mode: str = _f("max", "CSCR sensitivity: max(|Δ+|,|Δ−|), mean, common", ["max", "mean", "common"])
+    cscr_threshold: float = _f(0.2, "CSCR sensitivity threshold λ in nats")
+    cscr_threshold_quantile: float | None = _f(None, "if set, calibrate the threshold once as this quantile of "
+                                                    "s over the first rollout batch (e.g. 0.8)")
+    cscr_alpha: float = _f(1.0, "CSCR decay strength α")
+    cscr_w_min: float = _f(0.0, "CSCR weight floor")
+    # rollout
+    num_generations: int = _f(8, "G, responses per prompt (group size)")
+    num_prompts_per_step: int = _f(16, "prompts per step; the rollout batch is num_prompts_per_step × G")
+    max_completion_length: int = _f(64, "response budget in tokens (longer responses are truncated)")
+    temperature: float = _f(1.0, "sampling temperature; the trainer's log-probs use the same temperature")
+    top_p: float = _f(1.0, "nucleus sampling mass")
+    # optimisation
+    max_steps: int = _f(100, "training steps (one rollout batch each)")
+    learning_rate: float = _f(5e-4, "AdamW learning rate (5e-4 suits the toy; use ~1e-6 for full fine-tuning "
+                                    "of a real model, ~1e-5 with LoRA)")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    max_grad_norm: float = _f(1.0, "gradient clipping (0 = off)")
+    num_iterations: int = _f(1, "μ: passes over each rollout batch (PPO epochs)")
+    num_mini_batches: int = _f(1, "optimizer steps per pass: the rollout batch is split into this many mini-batches")
+    micro_batch_size: int = _f(0, "rows per forward/backward (0 = whole mini-batch); gradients are identical")
+    epsilon: float = _f(0.2, "lower clip ε_low: ratio ≥ 1−ε for negative advantages")
+    epsilon_high: float = _f(0.28, "upper clip ε_high: ratio ≤ 1+ε_high for positive advantages (DAPO)")
+    dual_clip: float | None = _f(None, "dual-clip constant c for negative advantages (e.g. 10; off by default)")
+    beta: float = _f(0.0, "k3 KL coefficient to a frozen reference (0 = no reference model)")
+    loss_type: str = _f("dapo", "loss aggregation: dapo (token-mean over the batch), grpo (per-sequence mean, "
+                                "then mean), dr_grpo (sum / (B·max_completion_length))", ["dapo", "grpo", "dr_grpo"])
+    scale_rewards: str = _f("group", "advantage: group = (r−mean)/(std+1e-6) per group; none = r−mean (Dr. GRPO)",
+                            ["group", "none"])
+    mask_truncated_completions: bool = _f(False, "exclude responses that hit max_completion_length from the loss")
+    # evaluation, logging, checkpoints
+    eval_num_generations: int = _f(8, "k for the held-out avg@k before and after training (0 = skip)")
+    eval_steps: int = _f(0, "also evaluate every this many steps (0 = only before and after)")
+    logging_steps: int = _f(1, "print a metrics line every this many steps")
+    num_samples_to_log: int = _f(2, "groups written to samples/step_*.jsonl each logging step")
+    save_steps: int = _f(50, "save_pretrained a checkpoint every this many steps (and at the end)")
+    seed: int = _f(0, "random seed (data order, sampling, initialisation of the run)")
+    num_threads: int = _f(0, "torch CPU threads (0 = 1 for models under 10M parameters, else torch's default)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """argparse flags generated from ``GRPOConfig`` (name, type, default, help, choices)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    for f in dataclasses.fields(GRPOConfig):
+        kind = f.type if isinstance(f.type, str) else f.type.__name__
+        kw = dict(default=f.default, help=f.metadata["help"])
+        if kind == "bool":
+            ap.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, **kw)
+            continue
+        base = kind.split("|")[0].strip()
+        kw["type"] = {"int": int, "float": float, "str": str}[base]
+        if f.metadata["choices"]:
+            kw["choices"] = f.metadata["choices"]
+        ap.add_argument(f"--{f.name}", **kw)
+    return ap
+
+
+def check_config(cfg: GRPOConfig) -> None:
+    """Reject settings that cannot work, with a one-line message naming the flag."""
+    def bad(msg):
+        raise SystemExit(f"grpo.py: error: {msg}")
+
+    if cfg.num_generations < 1:
+        bad("--num_generations must be >= 1")
+    if cfg.num_generations == 1 and cfg.scale_rewards == "group":
+        bad("--num_generations 1 with --scale_rewards group gives every response advantage 0 (a group of one "
+            "has no spread); use --num_generations >= 2")
+    if (cfg.num_prompts_per_step * cfg.num_generations) % cfg.num_mini_batches:
+        bad("--num_mini_batches must divide num_prompts_per_step × num_generations")
+    for name in ("num_prompts_per_step", "max_completion_length", "num_iterations", "num_mini_batches"):
+        if getattr(cfg, name) < 1:
+            bad(f"--{name} must be >= 1")
+    if cfg.max_steps < 0 or cfg.micro_batch_size < 0 or cfg.learning_rate <= 0:
+        bad("--max_steps and --micro_batch_size must be >= 0 and --learning_rate > 0")
+    if not (0 <= cfg.epsilon < 1) or cfg.epsilon_high < 0:
+        bad("--epsilon must be in [0, 1) and --epsilon_high >= 0")
+    if cfg.dual_clip is not None and cfg.dual_clip <= 1:
+        bad("--dual_clip must be > 1 (verl uses 3, DelTA 10)")
+    if cfg.delta_lam_min > cfg.delta_lam_max or cfg.delta_lam_min < 0 or cfg.delta_k < 0:
+        bad("DelTA needs 0 <= --delta_lam_min <= --delta_lam_max and --delta_k >= 0")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The math: pure functions on tensors
+# ----------------------------------------------------------------------------------------------------------
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "std", eps: float = 1e-6) -> torch.Tensor:
+    """GRPO group-normalised advantages Â_i = (r_i − mean_g) / (std_g + eps).
+
+    Args:
+        rewards: ``[N]`` rewards ordered group by group (N = num_groups × group_size).
+        group_size: G.
+        scale: ``"std"`` divides by the unbiased group std (as DelTA's official code and verl do; TRL too);
+            ``"none"`` gives r − mean (Dr. GRPO, Liu et al. 2025, which removes the difficulty bias).
+        eps: added to the std (1e-6, DelTA's code).
+    Returns:
+        ``[N]`` float advantages. A group whose rewards are all equal gets exactly 0 (no NaN, and no
+        amplified float residue: NeMo-RL #4161); a group of one gets 0.
+    Raises:
+        ValueError: N not a multiple of ``group_size``, or an unknown ``scale``.
+    Source: GRPO (Shao et al. 2024) §4.1.2; DelTA spec §1.
+    """
+    if group_size < 1 or rewards.dim() != 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards must be 1-D with a length divisible by group_size={group_size}, "
+                         f"got shape {tuple(rewards.shape)}")
+    if scale not in ("std", "none"):
+        raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
+    r = rewards.float().view(-1, group_size)
+    centred = r - r.mean(-1, keepdim=True)
+    if scale == "std" and group_size > 1:
+        centred = centred / (r.std(-1, keepdim=True, unbiased=True) + eps)
+    # exact zeros where the group has no spread (or only one member)
+    flat = (r.max(-1, keepdim=True).values - r.min(-1, keepdim=True).values) == 0
+    return torch.where(flat, torch.zeros_like(centred), centred).view(-1)
+
+
+def policy_loss(logp, old_logp, advantages, response_mask, epsilon=0.2, epsilon_high=0.28, dual_clip=None,
+                loss_type="dapo", max_completion_length=None, ref_logp=None, beta=0.0, num_tokens=None,
+                num_sequences=None):
+    """Clipped surrogate loss (to minimise) and its statistics.
+
+    Per token (PPO, Schulman et al. 2017, Eq. 7, with DAPO's asymmetric clip, Yu et al. 2025, Eq. 8)::
+
+        ratio  = exp(clamp(logp − old_logp, −20, 20))
+        ℓ      = max(−Â·ratio, −Â·clip(ratio, 1−ε, 1+ε_high))
+        ℓ      = min(ℓ, −Â·c)     where Â < 0, if dual_clip=c (Ye et al. 2020; verl's clip_ratio_c)
+        ℓ     += β·k3,  k3 = exp(ref − logp) − (ref − logp) − 1   (Schulman's k3 KL estimator, if β > 0)
+
+    Aggregation (``loss_type``):
+        ``dapo``: Σ ℓ·mask / Σ mask over the whole batch (token-mean; DelTA and TRL's default);
+        ``grpo``: mean over sequences of the per-sequence token-mean (the original GRPO 1/|o_i|);
+        ``dr_grpo``: Σ ℓ·mask / (B · max_completion_length) (Dr. GRPO's constant normaliser).
+
+    Args:
+        logp, old_logp: ``[B, T]`` log-probs (nats) of the response tokens under the policy and θ_old.
+        advantages: ``[B]`` (broadcast to every token) or ``[B, T]`` (token credit, e.g. DelTA's Â·λ̄).
+        response_mask: ``[B, T]`` 1 on response tokens (EOS included), 0 on padding.
+        ref_logp: ``[B, T]`` reference log-probs, needed when ``beta > 0``.
+        num_tokens / num_sequences: the normaliser's counts over the *whole mini-batch* when this call sees only
+            a micro-batch (so the gradient does not depend on the micro-batch size); default: this batch's.
+    Returns:
+        (loss: scalar tensor, stats: dict of floats: ``clip_ratio/low_mean`` (ratio < 1−ε with Â < 0),
+        ``clip_ratio/high_mean`` (ratio > 1+ε_high with Â > 0), ``clip_ratio/region_mean`` (either),
+        ``clip_ratio/dual_mean`` (dual clip active), ``kl`` (mean k3), ``num_tokens``; fractions are token-means
+        over this call's tokens).
+    Raises:
+        ValueError: shape mismatch, unknown ``loss_type``, ``dr_grpo`` without ``max_completion_length``, or
+        ``beta > 0`` without ``ref_logp``.
+    """
+    mask = response_mask.to(logp.dtype)
+    if logp.shape != old_logp.shape or logp.shape != mask.shape:
+        raise ValueError(f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and response_mask "
+                         f"{tuple(mask.shape)} must have the same [B, T] shape")
+    if advantages.dim() == 1:
+        advantages = advantages[:, None]
+    if advantages.shape[0] != logp.shape[0] or advantages.shape[1] not in (1, logp.shape[1]):
+        raise ValueError(f"advantages must be [B] or [B, T], got {tuple(advantages.shape)} for logp "
+                         f"{tuple(logp.shape)}")
+    if loss_type not in ("dapo", "grpo", "dr_grpo"):
+        raise ValueError(f"loss_type must be dapo, grpo or dr_grpo, got {loss_type!r}")
+    if loss_type == "dr_grpo" and not max_completion_length:
+        raise ValueError("loss_type='dr_grpo' needs max_completion_length")
+    if beta > 0 and ref_logp is None:
+        raise ValueError("beta > 0 needs ref_logp")
+    adv = advantages.to(logp.dtype).expand_as(logp)
+    # padded positions may hold anything (e.g. -inf): zero them before exp so no NaN reaches the gradient
+    log_ratio = torch.where(mask > 0, logp - old_logp, torch.zeros_like(logp)).clamp(-20.0, 20.0)
+    ratio = torch.exp(log_ratio)
+    loss_unclipped = -adv * ratio
+    loss_clipped = -adv * ratio.clamp(1.0 - epsilon, 1.0 + epsilon_high)
+    per_token = torch.maximum(loss_unclipped, loss_clipped)
+    dual_active = torch.zeros_like(mask, dtype=torch.bool)
+    if dual_clip is not None:
+        # Dual clip bounds the loss of a negative-advantage token whose ratio exploded: ℓ ≤ −Â·c
+        dual_bound = -adv * dual_clip
+        dual_active = (adv < 0) & (per_token > dual_bound)
+        per_token = torch.where(adv < 0, torch.minimum(per_token, dual_bound), per_token)
+    kl = None
+    if beta > 0:
+        d = torch.where(mask > 0, ref_logp - logp, torch.zeros_like(logp)).clamp(-20.0, 20.0)
+        kl = torch.exp(d) - d - 1.0  # k3 ≥ 0, unbiased for KL(π‖π_ref) under samples from π
+        per_token = per_token + beta * kl
+    per_token = per_token * mask
+    if loss_type == "dapo":
+        denom = mask.sum() if num_tokens is None else num_tokens
+        loss = per_token.sum() / max(float(denom), 1.0)
+    elif loss_type == "grpo":
+        per_seq = per_token.sum(-1) / mask.sum(-1).clamp(min=1.0)
+        loss = per_seq.sum() / float(logp.shape[0] if num_sequences is None else num_sequences)
+    else:
+        loss = per_token.sum() / (float(logp.shape[0] if num_sequences is None else num_sequences)
+                                  * max_completion_length)
+    with torch.no_grad():
+        n = mask.sum().clamp(min=1.0)
+        low = ((ratio < 1.0 - epsilon) & (adv < 0)).to(mask.dtype) * mask
+        high = ((ratio > 1.0 + epsilon_high) & (adv > 0)).to(mask.dtype) * mask
+        stats = {"clip_ratio/low_mean": (low.sum() / n).item(), "clip_ratio/high_mean": (high.sum() / n).item(),
+                 "clip_ratio/region_mean": ((low + high).sum() / n).item(),
+                 "clip_ratio/dual_mean": ((dual_active.to(mask.dtype) * mask).sum() / n).item(),
+                 "kl": ((kl * mask).sum() / n).item() if kl is not None else 0.0,
+                 "num_tokens": mask.sum().item()}
+    return loss, stats
+
+
+def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    # Left padding shifts every prompt: positions must count real tokens only, as generate() does.
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=1.0, return_hidden=False):
+    """Log-probs (nats) of the response tokens under temperature-scaled logits: ``[B, T]``, 0 on padding.
+
+    ``input_ids``/``attention_mask`` are ``[B, P + T]`` (left-padded prompt, right-padded response) and the
+    response occupies the last T positions (T = ``response_mask.shape[1]``). Position ids are recomputed from
+    the attention mask, so left padding gives the same log-probs as an unpadded sequence.
+
+    Memory: only the T + 1 last positions are projected to the vocabulary (``logits_to_keep``), and the
+    log-softmax is never materialised: log p(y) = z_y − logsumexp(z), computed one row at a time in float32.
+
+    With ``return_hidden=True`` also returns ``[B, T, H]``: the input of the LM head at the position that
+    predicts each response token (captured by a forward pre-hook, detached), which DelTA's proxy needs
+    (delta.proxy_vectors, DelTA App. F). It comes from the same forward pass: no extra cost.
+    """
+    T = response_mask.shape[1]
+    captured = {}
+    handle = None
+    if return_hidden:
+        head = model.get_output_embeddings()
+        handle = head.register_forward_pre_hook(lambda mod, args: captured.__setitem__("h", args[0].detach()))
+    try:
+        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=_position_ids(attention_mask),
+                    logits_to_keep=T + 1, use_cache=False)
+    finally:
+        if handle is not None:
+            handle.remove()
+    logits = out.logits[:, -(T + 1):-1]  # position p predicts token p+1: [B, T, V]
+    targets = input_ids[:, -T:]
+    rows = []
+    for i in range(logits.shape[0]):  # one row at a time keeps the float32 copy small (V can be 152k)
+        z = logits[i].float() / temperature
+        rows.append(z.gather(-1, targets[i, :, None]).squeeze(-1) - torch.logsumexp(z, -1))
+    logp = torch.stack(rows) * response_mask.to(torch.float32)
+    if return_hidden:
+        return logp, captured["h"][:, -(T + 1):-1]
+    return logp
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Credit assignment: sequence advantages -> token advantages (the --credit hook)
+# ----------------------------------------------------------------------------------------------------------
+def _micro_slices(n: int, size: int):
+    size = size or n
+    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+class Credit:
+    """Turns sequence advantages ``[N]`` into token advantages ``[N, T]``, once per rollout batch.
+
+    Computed under ``torch.no_grad()`` from θ_old and held fixed across every mini-batch and ``num_iterations``
+    epoch of the step (DelTA spec §2.4; CSCR spec §4).
+    """
+
+    def __init__(self, cfg: GRPOConfig, tokenizer):
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.cscr_threshold = cfg.cscr_threshold
+
+    def needs_hidden(self) -> bool:
+        return self.cfg.credit == "delta"
+
+    @torch.no_grad()
+    def __call__(self, model, batch: rollout.Rollout, adv, old_logp, hidden, problems, answers):
+        mask = batch.response_mask
+        if self.cfg.credit == "grpo":
+            return adv[:, None] * mask, {}
+        if self.cfg.credit == "delta":
+            return self._delta(adv, old_logp, hidden, mask)
+        return self._cscr(model, batch, adv, old_logp, problems, answers)
+
+    def _delta(self, adv, old_logp, hidden, mask):
+        import delta
+
+        c = self.cfg
+        kw = dict(K=c.delta_k, lam_min=c.delta_lam_min, lam_max=c.delta_lam_max, return_stats=True)
+        if c.delta_impl == "normal":
+            v = delta.proxy_vectors(hidden, old_logp, mask)  # DelTA App. F: v = (1 − p(y_t))·h_t
+            lam_bar, stats = delta.delta_coefficients(v, adv, mask, **kw)
+        else:
+            # streamed sufficient statistics (DelTA spec §2.5), one chunk per micro-batch of hidden states
+            chunks = [(delta.proxy_vectors(hidden[s], old_logp[s], mask[s]), adv[s], mask[s])
+                      for s in _micro_slices(len(adv), c.micro_batch_size)]
+            parts, stats = delta.delta_coefficients_streaming(chunks, **kw)
+            lam_bar = torch.cat(parts)
+        self.last_weights = lam_bar
+        return delta.delta_token_advantages(adv, lam_bar, mask), stats
+
+    def _cscr(self, model, batch, adv, old_logp, problems, answers):
+        import cscr
+
+        c = self.cfg
+        mask = batch.response_mask
+        rows = (adv != 0).nonzero().flatten().tolist()  # no scoring for zero-advantage responses
+        lp_pos = torch.zeros_like(old_logp)
+        lp_neg = torch.zeros_like(old_logp)
+        if rows:
+            pairs = [cscr.build_condition_prompts(batch.prompts[i], reference=answers[i],
+                                                  response_answer=verify.extract_boxed(batch.texts[i]) or "",
+                                                  template=c.cscr_template) for i in rows]
+            lp_c, lp_i = cscr.condition_logprobs(
+                model, self.tokenizer, [p for p, _ in pairs], [q for _, q in pairs], batch.response_ids[rows],
+                mask[rows], temperature=c.temperature, micro_batch_size=c.micro_batch_size or None,
+                logprob_fn=token_logprobs, add_special_tokens=True)
+            lp_pos[rows], lp_neg[rows] = lp_c, lp_i
+            if c.cscr_threshold_quantile is not None and not getattr(self, "_calibrated", False):
+                # spec §5: calibrate λ once, as a quantile of s over the first rollout batch, then freeze
+                s = cscr.sensitivity(old_logp[rows], lp_c, lp_i, mask[rows], mode=c.cscr_mode)
+                self.cscr_threshold = cscr.calibrate_threshold(s, mask[rows], c.cscr_threshold_quantile)
+                self._calibrated = True
+        token_adv, stats = cscr.cscr_token_advantages(
+            adv, old_logp, lp_pos, lp_neg, mask, threshold=self.cscr_threshold, alpha=c.cscr_alpha,
+            w_min=c.cscr_w_min, mode=c.cscr_mode, return_stats=True)
+        stats["cscr/threshold"] = float(self.cscr_threshold)
+        self.last_weights = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask, mode=c.cscr_mode)
+        return token_adv, stats
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The training loop
+# ----------------------------------------------------------------------------------------------------------
+class PromptSampler:
+    """Walks the training set in a seeded random order, epoch after epoch; its position is checkpointable."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.position = n, seed, 0
+
+    def take(self, k: int) -> list[int]:
+        out = []
+        while len(out) < k:
+            epoch, i = divmod(self.position, self.n)
+            order = list(range(self.n))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            out.append(order[i])
+            self.position += 1
+        return out
+
+
+def _versions() -> dict:
+    return evaluate.library_versions()
+
+
+def _log_eval(res: dict, k: int) -> dict:
+    keep = ("greedy", f"avg@{k}", f"pass@{k}", "sample/mean_length", "sample/truncation_rate", "sample/boxed_rate")
+    return {f"eval/{key}": res[key] for key in keep if key in res}
+
+
+def _token_strings(tokenizer, ids):
+    return [tokenizer.decode([t]) for t in ids]
+
+
+def write_samples(path, tokenizer, batch, rewards, adv, token_adv, weights, credit, groups):
+    """samples/step_*.jsonl: prompts, responses, rewards, advantages; with DelTA/CSCR the extreme tokens."""
+    G = batch.group_size
+    with open(path, "w") as f:
+        for g in range(groups):
+            for i in range(g * G, (g + 1) * G):
+                m = batch.response_mask[i].bool()
+                rec = {"prompt": batch.prompts[i], "response": batch.texts[i], "reward": rewards[i].item(),
+                       "advantage": adv[i].item(), "finish_reason": batch.finish_reasons[i]}
+                if weights is not None and m.any() and adv[i] != 0:
+                    toks = _token_strings(tokenizer, batch.response_ids[i][m].tolist())
+                    w = weights[i][m].tolist()
+                    order = sorted(range(len(w)), key=lambda j: w[j])
+                    name = "lambda_bar" if credit == "delta" else "sensitivity"
+                    rec[f"highest_{name}"] = [(toks[j], round(w[j], 4)) for j in order[::-1][:5]]
+                    rec[f"lowest_{name}"] = [(toks[j], round(w[j], 4)) for j in order[:5]]
+                    rec["token_advantages"] = [round(x, 4) for x in token_adv[i][m].tolist()]
+                f.write(json.dumps(rec) + "\n")
+
+
+def train(cfg: GRPOConfig) -> dict:
+    """Run GRPO training as configured; returns the final metrics (also written to ``metrics.jsonl``)."""
+    from tqdm import tqdm
+
+    check_config(cfg)
+    out_dir = cfg.output_dir or os.path.join("runs", cfg.credit)
+    os.makedirs(os.path.join(out_dir, "samples"), exist_ok=True)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+
+    # --- data first: a bad row stops the run before any model is loaded ---
+    rows = evaluate.load_problems(cfg.data, split="train")
+    eval_source = cfg.eval_data or ("toy" if cfg.data == "toy" else "")
+    eval_rows = evaluate.load_problems(eval_source, split="test") if eval_source else []
+
+    model, tokenizer = rollout.load_model_and_tokenizer(cfg.model)
+    n_params = sum(p.numel() for p in model.parameters())
+    if cfg.num_threads or n_params < 10_000_000:
+        # tiny models: one thread avoids thread-synchronisation overhead that dominates their small matmuls
+        torch.set_num_threads(cfg.num_threads or 1)
+    template = rollout.resolve_template(cfg.prompt_template, cfg.model)
+    stop_ids = rollout.stop_token_ids(tokenizer, template)
+    ref_model = None
+    if cfg.beta > 0:  # frozen copy of the initial policy
+        import copy
+
+        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate,
+                                  weight_decay=cfg.weight_decay)
+    credit = Credit(cfg, tokenizer)
+    sampler = PromptSampler(len(rows), cfg.seed)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump({"config": dataclasses.asdict(cfg), "prompt_template": template, "num_parameters": n_params,
+                   "versions": _versions()}, f, indent=1)
+    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    metrics_file = open(metrics_path, "a")
+
+    def log(record):
+        # NaN/inf (e.g. a DelTA side statistic on a batch with no positive responses) become null: strict JSON
+        record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        metrics_file.write(json.dumps(record) + "\n")
+        metrics_file.flush()
+
+    def run_eval(step):
+        if not eval_rows or not cfg.eval_num_generations:
+            return {}
+        res = evaluate.evaluate_rows(model, tokenizer, eval_rows, template, cfg.eval_num_generations,
+                                     cfg.temperature, cfg.top_p, cfg.max_completion_length, seed=cfg.seed + 12345)
+        record = {"step": step, **_log_eval(res, cfg.eval_num_generations)}
+        log(record)
+        tqdm.write(f"[eval step {step}] " + " ".join(f"{k[5:]}={v:.3f}" for k, v in record.items() if k != "step"))
+        return record
+
+    first_eval = run_eval(0)
+    G = cfg.num_generations
+    last = {}
+    bar = tqdm(range(cfg.max_steps), desc=f"GRPO[{cfg.credit}]", dynamic_ncols=True)
+    for step in bar:
+        t0 = time.time()
+        # 1. rollout: G responses for each of the step's prompts
+        idx = sampler.take(cfg.num_prompts_per_step)
+        problems = [rows[i]["problem"] for i in idx]
+        prompts = [rollout.apply_template(p, template) for p in problems]
+        batch = rollout.generate(model, tokenizer, prompts, G, cfg.max_completion_length, cfg.temperature,
+                                 cfg.top_p, seed=cfg.seed * 100_003 + step, stop_ids=stop_ids)
+        answers = [rows[i]["answer"] for i in idx for _ in range(G)]
+        t_gen = time.time() - t0
+        # 2. verify: binary reward, every grader failure counted
+        graded = verify.grade_batch(batch.texts, answers)
+        rewards = torch.tensor([float(ok) for ok, _ in graded])
+        # 3. group advantages (GRPO) ...
+        adv = group_advantages(rewards, G, scale="std" if cfg.scale_rewards == "group" else "none")
+        mask = batch.response_mask
+        if cfg.mask_truncated_completions:
+            mask = mask * torch.tensor([r == "stop" for r in batch.finish_reasons], dtype=mask.dtype)[:, None]
+            batch.response_mask = mask
+        # 4. old log-probs at θ_old (no grad), and the hidden states DelTA needs from the same forward pass
+        device = next(model.parameters()).device
+        input_ids, attn = batch.input_ids.to(device), batch.attention_mask.to(device)
+        model.eval()
+        with torch.no_grad():
+            old_parts, hid_parts, ref_parts = [], [], []
+            for s in _micro_slices(len(adv), cfg.micro_batch_size):
+                o = token_logprobs(model, input_ids[s], attn[s], mask[s].to(device), cfg.temperature,
+                                   return_hidden=credit.needs_hidden())
+                if credit.needs_hidden():
+                    o, h = o
+                    hid_parts.append(h.float())
+                old_parts.append(o)
+                if ref_model is not None:
+                    ref_parts.append(token_logprobs(ref_model, input_ids[s], attn[s], mask[s].to(device),
+                                                    cfg.temperature))
+            old_logp = torch.cat(old_parts).cpu()
+            hidden = torch.cat(hid_parts).cpu() if hid_parts else None
+            ref_logp = torch.cat(ref_parts).cpu() if ref_parts else None
+        # 5. ... and token advantages (the credit hook)
+        token_adv, credit_stats = credit(model, batch, adv, old_logp, hidden, problems, answers)
+        # 6. policy update: num_iterations passes × num_mini_batches optimizer steps, micro-batched backward
+        model.train()
+        N = len(adv)
+        mb_size = N // cfg.num_mini_batches
+        loss_sum, grad_norms, agg, skipped = 0.0, [], {}, 0
+        for epoch in range(cfg.num_iterations):
+            perm = torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed + 7919 * step + epoch))
+            for mb in range(cfg.num_mini_batches):
+                mb_idx = perm[mb * mb_size:(mb + 1) * mb_size] if cfg.num_mini_batches > 1 else torch.arange(N)
+                # the loss normaliser is computed once over the whole mini-batch (not per micro-batch)
+                n_tok, n_seq = mask[mb_idx].sum().item(), len(mb_idx)
+                optimizer.zero_grad(set_to_none=True)
+                for s in _micro_slices(len(mb_idx), cfg.micro_batch_size):
+                    j = mb_idx[s]
+                    logp = token_logprobs(model, input_ids[j], attn[j], mask[j].to(device), cfg.temperature)
+                    loss, stats = policy_loss(
+                        logp, old_logp[j].to(device), token_adv[j].to(device), mask[j].to(device), cfg.epsilon,
+                        cfg.epsilon_high, cfg.dual_clip, cfg.loss_type, cfg.max_completion_length,
+                        ref_logp=ref_logp[j].to(device) if ref_logp is not None else None, beta=cfg.beta,
+                        num_tokens=n_tok, num_sequences=n_seq)
+                    loss.backward()
+                    loss_sum += loss.item()
+                    for k, v in stats.items():  # token-weighted means across micro-batches
+                        agg[k] = agg.get(k, 0.0) + (v * stats["num_tokens"] if k != "num_tokens" else v)
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))
+                if not torch.isfinite(grad_norm):
+                    skipped += 1
+                    optimizer.zero_grad(set_to_none=True)
+                    tqdm.write(f"[warn] step {step}: non-finite gradient norm, update skipped")
+                    continue
+                optimizer.step()
+                grad_norms.append(grad_norm.item())
+        n_all = max(agg.pop("num_tokens", 1.0), 1.0)
+        # 7. log
+        lengths = batch.response_lengths.float()
+        zero_std = (rewards.view(-1, G).max(-1).values == rewards.view(-1, G).min(-1).values).float().mean()
+        record = {"step": step + 1, "reward": rewards.mean().item(), "reward_std": rewards.std().item() if N > 1 else 0.0,
+                  "accuracy": rewards.mean().item(), "frac_reward_zero_std": zero_std.item(),
+                  "completions/mean_length": lengths.mean().item(),
+                  "completions/clipped_ratio": batch.finish_reasons.count("length") / N,
+                  "loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
+                  "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
+                  **{k: v / n_all for k, v in agg.items()},
+                  **{f"verify/{k}": v for k, v in verify.summarize(graded).items() if k not in ("total", "correct")},
+                  **credit_stats, "step_time": time.time() - t0, "generation_time": t_gen}
+        log(record)
+        last = record
+        bar.set_postfix(reward=f"{record['reward']:.3f}", len=f"{record['completions/mean_length']:.1f}")
+        if cfg.logging_steps and (step + 1) % cfg.logging_steps == 0:
+            write_samples(os.path.join(out_dir, "samples", f"step_{step + 1:06d}.jsonl"), tokenizer, batch, rewards,
+                          adv, token_adv, getattr(credit, "last_weights", None), cfg.credit,
+                          min(cfg.num_samples_to_log, cfg.num_prompts_per_step))
+        if record["completions/clipped_ratio"] > 0.5 and step < 3:
+            tqdm.write(f"[warn] {record['completions/clipped_ratio']:.0%} of responses hit --max_completion_length "
+                       f"{cfg.max_completion_length}: they rarely score; raise it")
+        if cfg.eval_steps and (step + 1) % cfg.eval_steps == 0 and step + 1 < cfg.max_steps:
+            run_eval(step + 1)
+        if cfg.save_steps and (step + 1) % cfg.save_steps == 0 and step + 1 < cfg.max_steps:
+            save_model(model, tokenizer, os.path.join(out_dir, f"checkpoint-{step + 1}"))
+    final_eval = run_eval(cfg.max_steps) if cfg.max_steps else first_eval
+    save_model(model, tokenizer, os.path.join(out_dir, "final"))
+    metrics_file.close()
+    summary = {"before": first_eval, "after": final_eval, "last_step": last}
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    return summary
+
+
+def save_model(model, tokenizer, path):
+    """``save_pretrained`` (safetensors) of the model and tokenizer, written to a temp folder then renamed."""
+    import shutil
+
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    cfg = GRPOConfig(**vars(args))
+    try:
+        summary = train(cfg)
+    except (ValueError, FileNotFoundError) as e:  # bad data file / model name: one clear line, no traceback
+        raise SystemExit(f"grpo.py: error: {e}")
+    b, a = summary["before"], summary["after"]
+    if b and a:
+        k = cfg.eval_num_generations
+        print(f"held-out avg@{k}: {b[f'eval/avg@{k}']:.3f} -> {a[f'eval/avg@{k}']:.3f}   "
+              f"greedy: {b['eval/greedy']:.3f} -> {a['eval/greedy']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+"""The built-in toy: a verifiable arithmetic task and a tiny Qwen3 "base model", no download needed.
+
+Why a toy? So the whole RLVR pipeline (sample -> verify -> advantage -> credit -> clipped surrogate) runs on a
+2-core CPU in minutes, through exactly the code paths a real model uses:
+
+* Problems are short multi-step arithmetic, e.g. ``Compute 37+48-12.``, with an integer answer, in the same
+  jsonl schema as ``../shared/data`` (``{id, problem, answer, source}``), generated deterministically from a
+  seed, with disjoint train and held-out (``test``) splits.
+* A correct response is a short worked solution ending in ``\\boxed{N}``::
+
+      37+48=85. 85-12=73. \\boxed{73}
+
+  so the toy is graded by the same ``verify.py`` as real math.
+* The model is a real ``transformers`` ``Qwen3ForCausalLM`` (about 1M parameters) with a character-level
+  tokenizer built with the ``tokenizers`` library and wrapped as ``PreTrainedTokenizerFast``.
+* A short supervised warm-up on worked solutions *with injected mistakes* (an intermediate result off by a
+  few units, carried through to the box) turns it into a "base model" that is right only part of the time
+  when sampling at temperature 1.0, so RL has signal to learn from: it must learn to put its probability on
+  the correct digits.
+* The warmed-up model is saved with ``save_pretrained`` to a cache folder on first use
+  (``$RLVR_TOY_CACHE`` or ``~/.cache/rlvr-credit/``); afterwards ``--model toy`` loads it with the ordinary
+  ``from_pretrained`` path, exactly as a hub id or a local folder is loaded.
+
+Command line: ``python toy.py`` builds (or rebuilds with ``--force``) the cached model and prints its path;
+``python toy.py --write_data DIR`` writes the two splits as jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+TOY_VERSION = "v1"  # bump when the task, tokenizer, model or warm-up changes: the cache folder is keyed on it
+SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+# Every character the task can produce; the tokenizer is character level.
+CHARS = list("0123456789+-*=. \n\\{}") + sorted(set("Computeboxed"))
+
+# The task: 1-3 operations (+ or -) on operands in this range, intermediate results kept non-negative.
+TASK = dict(num_ops=(1, 2, 2, 3), operand_range=(1, 19))
+# Warm-up settings. The mistake rate sets the base model's sampled accuracy (issue target: 20-60%).
+WARMUP = dict(steps=500, batch_size=64, learning_rate=3e-3, mistake_prob=0.35, seed=0)
+MODEL = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=32, max_position_embeddings=128)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The task
+# ----------------------------------------------------------------------------------------------------------
+def _make_problem(rng: random.Random) -> tuple[str, list[tuple[int, str, int, int]], int]:
+    """One problem: ``a op b op c ...`` (``TASK`` sets the size) with non-negative intermediate results.
+
+    Returns (problem text, steps [(left, op, right, result)], answer).
+    """
+    n_ops = rng.choice(TASK["num_ops"])
+    value = rng.randint(*TASK["operand_range"])
+    expr, steps = str(value), []
+    for _ in range(n_ops):
+        operand = rng.randint(*TASK["operand_range"])
+        op = "+" if value < operand or rng.random() < 0.5 else "-"
+        result = value + operand if op == "+" else value - operand
+        steps.append((value, op, operand, result))
+        expr += f"{op}{operand}"
+        value = result
+    return f"Compute {expr}.", steps, value
+
+
+def make_split(split: str, n: int | None = None, seed: int = 0) -> list[dict]:
+    """The toy problems of one split as ``{id, problem, answer, source}`` rows.
+
+    Args:
+        split: ``"train"`` (5000 problems by default) or ``"test"`` (200 held-out problems by default).
+        n: number of problems (default by split).
+        seed: base seed; the same seed always gives the same problems.
+    Raises:
+        ValueError: unknown split.
+    The splits are disjoint: held-out problem texts are removed from the training split.
+    """
+    if split not in ("train", "test"):
+        raise ValueError(f"toy split must be 'train' or 'test', got {split!r}")
+    test_rng = random.Random(f"toy-test-{seed}")
+    test, seen = [], set()
+    while len(test) < (n if split == "test" and n else 200):
+        problem, _, answer = _make_problem(test_rng)
+        if problem not in seen:
+            seen.add(problem)
+            test.append({"id": f"toy-test-{len(test)}", "problem": problem, "answer": str(answer), "source": "toy"})
+    if split == "test":
+        return test
+    rng, rows = random.Random(f"toy-train-{seed}"), []
+    while len(rows) < (n or 5000):
+        problem, _, answer = _make_problem(rng)
+        if problem not in seen:  # keep held-out problems out of training
+            rows.append({"id": f"toy-train-{len(rows)}", "problem": problem, "answer": str(answer), "source": "toy"})
+    return rows
+
+
+def load_split(split: str) -> list[dict]:
+    """``make_split(split)`` with the default size and seed (what ``--data toy`` and ``--benchmarks toy`` use)."""
+    return make_split(split)
+
+
+def worked_solution(steps: list[tuple[int, str, int, int]], rng: random.Random | None = None,
+                    mistake_prob: float = 0.0) -> str:
+    """The worked solution text, e.g. ``37+48=85. 85-12=73. \\boxed{73}``.
+
+    With ``mistake_prob > 0`` each step's result is, with that probability, off by 1-10 and the wrong value
+    is carried into the next step and the box: a plausible-looking but wrong solution.
+    """
+    parts, carried = [], None
+    for left, op, right, result in steps:
+        left = carried if carried is not None else left
+        result = left + right if op == "+" else left - right
+        if rng is not None and rng.random() < mistake_prob:
+            result += rng.choice([-1, 1]) * rng.randint(1, 10)
+        parts.append(f"{left}{op}{right}={result}.")
+        carried = result
+    return " ".join(parts) + f" \\boxed{{{carried}}}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Tokenizer and model
+# ----------------------------------------------------------------------------------------------------------
+def build_tokenizer():
+    """A character-level ``PreTrainedTokenizerFast`` (one token per character, BOS prepended, pad/eos/bos/unk)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    specials = list(SPECIAL_TOKENS.values())
+    vocab = {tok: i for i, tok in enumerate(specials + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL_TOKENS["unk_token"]))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # every char is a token
+    tok.decoder = decoders.Fuse()  # join characters back without spaces
+    bos = SPECIAL_TOKENS["bos_token"]
+    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, vocab[bos])])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, padding_side="left", **SPECIAL_TOKENS)
+
+
+def build_model(tokenizer, seed: int = 0, **overrides):
+    """A randomly initialised float32 ``Qwen3ForCausalLM`` sized for the toy (about 1M parameters)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         tie_word_embeddings=False, rope_theta=10000.0, **{**MODEL, **overrides})
+    return Qwen3ForCausalLM(config).float()
+
+
+def warm_up(model, tokenizer, steps: int, batch_size: int, learning_rate: float, mistake_prob: float,
+            seed: int = 0, log_every: int = 100) -> list[float]:
+    """Supervised warm-up on worked solutions with injected mistakes; returns the loss every ``log_every`` steps.
+
+    The loss is the token-mean cross-entropy (nats) over response tokens (solution + EOS), prompts masked out.
+    """
+    from tqdm import trange
+
+    rng = random.Random(f"toy-warmup-{seed}")
+    torch.manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * max(0.05, 1 - s / steps))
+    held_out = {row["problem"] for row in make_split("test")}
+    model.train()
+    losses = []
+    bar = trange(steps, desc="toy warm-up", leave=False, mininterval=2.0)
+    for step in bar:
+        ids, labels = [], []
+        while len(ids) < batch_size:
+            problem, chain, _ = _make_problem(rng)
+            if problem in held_out:
+                continue
+            p = tokenizer(problem + "\n")["input_ids"]
+            r = tokenizer(worked_solution(chain, rng, mistake_prob), add_special_tokens=False)["input_ids"]
+            r = r + [tokenizer.eos_token_id]
+            ids.append(p + r)
+            labels.append([-100] * len(p) + r)
+        width = max(map(len, ids))
+        input_ids = torch.tensor([x + [tokenizer.pad_token_id] * (width - len(x)) for x in ids])
+        label_ids = torch.tensor([x + [-100] * (width - len(x)) for x in labels])
+        attn = (label_ids != -100) | (torch.arange(width)[None] < torch.tensor([len(x) for x in ids])[:, None])
+        loss = model(input_ids=input_ids, attention_mask=attn.long(), labels=label_ids).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % log_every == 0 or step == steps - 1:
+            losses.append(loss.item())
+            bar.set_postfix(loss=f"{loss.item():.3f}")
+    model.eval()
+    return losses
+
+
+def cache_dir() -> Path:
+    """Where the warmed-up toy model lives: ``$RLVR_TOY_CACHE`` or ``~/.cache/rlvr-credit/toy-<version>``."""
+    root = os.environ.get("RLVR_TOY_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "rlvr-credit")
+    return Path(root) / f"toy-{TOY_VERSION}"
+
+
+def build_toy_model(path: str | os.PathLike, warmup_steps: int | None = None, seed: int = 0) -> str:
+    """Build, warm up and ``save_pretrained`` the toy model and tokenizer into ``path``; returns the path.
+
+    ``warmup_steps=0`` saves the randomly initialised model (tests use it: fast, same loading path).
+    The folder is written to a temporary sibling first and renamed into place, so a killed build never
+    leaves a half-written model behind.
+    """
+    path = Path(path)
+    tokenizer = build_tokenizer()
+    model = build_model(tokenizer, seed=seed)
+    steps = WARMUP["steps"] if warmup_steps is None else warmup_steps
+    if steps > 0:
+        warm_up(model, tokenizer, steps=steps, batch_size=WARMUP["batch_size"],
+                learning_rate=WARMUP["learning_rate"], mistake_prob=WARMUP["mistake_prob"], seed=seed)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "toy_info.json").write_text(json.dumps({"version": TOY_VERSION, "warmup_steps": steps, "seed": seed,
+                                                   "warmup": WARMUP, "model": MODEL}, indent=1))
+    if path.exists():
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+    return str(path)
+
+
+def ensure_toy_model(force: bool = False) -> str:
+    """Path of the cached, warmed-up toy model; builds it on first use (about a minute on 2 CPU cores)."""
+    path = cache_dir()
+    if force or not (path / "config.json").exists():
+        t0 = time.time()
+        print(f"[toy] building the toy base model in {path} (supervised warm-up, once) ...", flush=True)
+        build_toy_model(path)
+        print(f"[toy] done in {time.time() - t0:.0f}s", flush=True)
+    return str(path)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--force", action="store_true", help="rebuild the cached toy model")
+    ap.add_argument("--write_data", metavar="DIR", help="write toy_train.jsonl and toy_test.jsonl to DIR")
+    args = ap.parse_args(argv)
+    if args.write_data:
+        out = Path(args.write_data)
+        out.mkdir(parents=True, exist_ok=True)
+        for split in ("train", "test"):
+            with open(out / f"toy_{split}.jsonl", "w") as f:
+                f.writelines(json.dumps(row) + "\n" for row in make_split(split))
+        print(f"wrote {out}/toy_train.jsonl and {out}/toy_test.jsonl")
+        return
+    print(ensure_toy_model(force=args.force))
+
+
+if __name__ == "__main__":
+    main()
