@@ -64,8 +64,8 @@ exposed as an option whose default is the spec's primary reading:
  10  weight floor (spec §5 suggests 0.1 for safety)            ``w_min``                            ``0.0`` (the §8 example)
  11  renormalisation scope ([S2]: within each sequence)        ``scope``, ``group_size``            ``"sequence"``; ablations
                                                                                                     ``"group"``, ``"batch"``
- 12  (was: eps guard) w/w_bar is computed scale-free from      -                                    -
-     log-weights, so no eps is needed (exact budget)
+ 12  w/w_bar is computed scale-free (log-weights shifted by     (no option: exact, no eps)           -
+     the row maximum), so underflowing weights keep the budget
  13  "affected token" threshold for D1-D3 (spec §7, §11)       ``tau`` (diagnostics)                ``0.05`` nats
  14  top-k fraction for D4b (spec §7)                          ``top_frac`` / ``top_k``             ``0.1``
  15  "most sensitive" fraction for D6 (spec §7)                ``sens_top_frac``                    ``0.05``
@@ -288,8 +288,11 @@ def _position_ids(attention_mask):
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+_POS_CHUNK = 1024  # positions per float32 chunk of [b, chunk, V] (bounds memory for long responses)
+
+
 def _response_logits(model, input_ids, attention_mask, num_response_tokens):
-    """Float32 logits [b, T, V] predicting the last ``T`` tokens of ``input_ids`` ([prompt | response])."""
+    """Logits [b, T, V] (model dtype) predicting the last ``T`` tokens of ``input_ids`` ([prompt | response])."""
     T = num_response_tokens
     kwargs = {}
     try:  # only compute the T+1 logits we need when the model supports it (HF causal LMs do)
@@ -306,16 +309,17 @@ def _response_logits(model, input_ids, attention_mask, num_response_tokens):
     )
     logits = out.logits if hasattr(out, "logits") else out[0]
     # logits at position j predict token j+1: positions L-T-1 .. L-2 predict the T response tokens.
-    return logits[:, -(T + 1) : -1, :].float()
+    return logits[:, -(T + 1) : -1, :]
 
 
 def default_logprob_fn(model, input_ids, attention_mask, response_mask, temperature):
     """Default per-token log-probs of the response part of left-padded ``[prompt | response]`` inputs.
 
-    log pi(y_t | ., y_<t) = z_t[y_t]/temp - logsumexp(z_t/temp)  (nats), computed with a logsumexp and a
-    gather so that no [B, T, V] log-softmax is materialised (the [B, T, V] logits slice still is: bound it
-    with ``micro_batch_size``).  Position ids = cumsum(attention_mask) - 1, so left padding is harmless.
-    The trainer's own old-log-prob pass (l0) must use the same convention, or D+/D- pick up the difference.
+    log pi(y_t | ., y_<t) = z_t[y_t]/temp - logsumexp(z_t/temp)  (nats), computed in float32 with a
+    logsumexp and a gather, in chunks of positions, so that no float32 [B, T, V] tensor is materialised
+    (the model's own [B, T, V] logits still are: bound them with ``micro_batch_size``).  Position ids =
+    cumsum(attention_mask) - 1 (left padding starts at 0).  The trainer's own old-log-prob pass (l0) should
+    use the same forward convention, or D+/D- pick up the difference.
 
     Args:
         model: a causal LM returning ``.logits`` [B, L, V].
@@ -328,10 +332,14 @@ def default_logprob_fn(model, input_ids, attention_mask, response_mask, temperat
         FloatTensor [B, T] (float32), 0 where ``response_mask`` is 0.
     """
     T = response_mask.shape[1]
-    logits = _response_logits(model, input_ids, attention_mask, T) / temperature
+    logits = _response_logits(model, input_ids, attention_mask, T)
     targets = input_ids[:, -T:]
-    lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
-    return torch.where(_as_mask(response_mask), lp, torch.zeros((), dtype=lp.dtype, device=lp.device))
+    lp = torch.zeros(targets.shape, dtype=torch.float32, device=logits.device)
+    for c in range(0, T, _POS_CHUNK):
+        z = logits[:, c : c + _POS_CHUNK].float() / temperature
+        tgt = targets[:, c : c + _POS_CHUNK].unsqueeze(-1)
+        lp[:, c : c + _POS_CHUNK] = z.gather(-1, tgt).squeeze(-1) - torch.logsumexp(z, dim=-1)
+    return torch.where(_as_mask(response_mask).to(lp.device), lp, torch.zeros((), dtype=lp.dtype, device=lp.device))
 
 
 def _tokenize_prompts(tokenizer, prompts, add_special_tokens):
@@ -387,8 +395,9 @@ def condition_logprobs(
     with the trainer's forward, with the same weights and position-id convention).  The caller passes only
     the responses whose sequence advantage is non-zero (for A_i = 0 CSCR gives 0 anyway, spec §6 step 2).
 
-    Inputs are built as left-padded ``[prompt | response]`` rows (prompts tokenised one by one and padded
-    with ``tokenizer.pad_token_id``; response ids reused unchanged), attention mask 0 on padding, position
+    Inputs are built as left-padded ``[prompt | response]`` rows (prompts tokenised one by one and
+    left-padded here with ``tokenizer.pad_token_id``, whatever ``tokenizer.padding_side`` says; response ids
+    reused unchanged), attention mask 0 on padding, position
     ids = cumsum(mask) - 1.  Runs under ``torch.no_grad()``; with ``eval_mode`` the model is put in eval
     mode for the passes (no dropout noise in D) and restored afterwards.
 
@@ -1113,6 +1122,7 @@ def diagnose(
     marker=DEFAULT_MARKER,
     turn_end=DEFAULT_TURN_END,
     num_examples=20,
+    return_tensors=False,
 ):
     """Sample on-policy trajectories, re-score them under c+ and c-, and report D1-D7 (spec §7).
 
@@ -1137,10 +1147,13 @@ def diagnose(
         template: condition template (see ``build_condition_prompts``); "answer" uses ``answer_fn``
             (default: last \\boxed{} else last number).
         output_dir: if given, writes ``report.json`` there (and PNG plots when matplotlib is installed).
+        return_tensors: also return a dict of the per-token tensors ([N, T]: response_ids, response_mask,
+            lp_base, lp_correct, lp_incorrect, entropy, top1_prob, surface, fv_cosine, fv_kl_pos, fv_kl_neg;
+            [N]: correct) and the prompts (prompts, prompts_correct, prompts_incorrect).
         other args: sampling and diagnostics options, see ``diagnostics``.
 
     Returns:
-        dict report (JSON-safe: nan -> None).
+        dict report (JSON-safe: nan -> None), or ``(report, tensors)`` with ``return_tensors``.
 
     Raises:
         ValueError: bad sizes, no pad token, temperature <= 0.
@@ -1218,42 +1231,52 @@ def diagnose(
         for a in range(0, N, micro_batch_size):
             z = slice(a, min(a + micro_batch_size, N))
             r, mz = resp_ids[z].to(device), mask[z].to(device)
-            probs = {}
+            logits = {}
             for k in ctx:
                 inp, attn = _build_inputs(tok_ids[k][z], r, mz, pad_id)
-                logits = _response_logits(model, inp, attn, T) / temperature
-                logp = torch.log_softmax(logits, dim=-1)
-                lp[k][z] = logp.gather(-1, r.unsqueeze(-1)).squeeze(-1).cpu()
-                probs[k] = logp.exp()
-                if k == "base":
-                    ent[z] = -(probs[k] * logp).sum(-1).cpu()
-                    top1[z] = probs[k].max(-1).values.cpu()
-            o = full_vocab_overlap(probs["base"], probs["pos"], probs["neg"])
-            for k in fv:
-                fv[k][z] = o[k].cpu()
+                logits[k] = _response_logits(model, inp, attn, T)
+            for c in range(0, T, _POS_CHUNK):  # float32 work in chunks of positions
+                cz = slice(c, min(c + _POS_CHUNK, T))
+                tgt = r[:, cz].unsqueeze(-1)
+                probs = {}
+                for k in ctx:
+                    logp = torch.log_softmax(logits[k][:, cz].float() / temperature, dim=-1)
+                    lp[k][z, cz] = logp.gather(-1, tgt).squeeze(-1).cpu()
+                    probs[k] = logp.exp()
+                    if k == "base":
+                        ent[z, cz] = -(probs[k] * logp).sum(-1).cpu()
+                        top1[z, cz] = probs[k].max(-1).values.cpu()
+                o = full_vocab_overlap(probs["base"], probs["pos"], probs["neg"])
+                for k in fv:
+                    fv[k][z, cz] = o[k].cpu()
+            del logits, probs
     if was_training:
         model.train()
     for k in lp:
         lp[k] = torch.where(mask, lp[k], torch.zeros(()))
-    # 4. token classes and diagnostics
-    tok_text = [[tokenizer.decode([t]) for t in r] for r in responses]
-    classes = [[classify_token(x) for x in row] for row in tok_text]
+    # 4. token classes (decoded once per distinct id) and diagnostics
+    uniq = sorted(set(resp_ids[mask].tolist()))
+    text_of = {i: tokenizer.decode([i]) for i in uniq}
+    lookup = torch.zeros(max(uniq) + 1, dtype=torch.bool)
+    for i in uniq:
+        lookup[i] = classify_token(text_of[i]) == "surface"
+    surf = lookup[resp_ids.clamp(min=0, max=max(uniq))] & mask
     diag = diagnostics(lp["base"], lp["pos"], lp["neg"], mask, correct, tau=tau, top_frac=top_frac,
-                       token_classes=classes, entropy=ent, top1_prob=top1, sens_top_frac=sens_top_frac)
-    diag["d4c_cosine_mean"] = float(fv["cosine"][mask].double().mean())
-    diag["d4c_kl_pos_mean"] = float(fv["kl_pos"][mask].double().mean())
-    diag["d4c_kl_neg_mean"] = float(fv["kl_neg"][mask].double().mean())
+                       token_classes=surf, entropy=ent, top1_prob=top1, sens_top_frac=sens_top_frac)
+    for k, name in (("cosine", "d4c_cosine_mean"), ("kl_pos", "d4c_kl_pos_mean"), ("kl_neg", "d4c_kl_neg_mean")):
+        diag[name] = float(fv[k][mask].double().mean())
     s = sensitivity(lp["base"], lp["pos"], lp["neg"], mask)
     A = torch.where(correct, 1.0, -1.0)
     thr = calibrate_threshold(s, mask, 0.8)
     _, stats = cscr_token_advantages(A, lp["base"], lp["pos"], lp["neg"], mask, threshold=thr, return_stats=True)
-    flat = [(float(s[i, j]), i, j) for i in range(N) for j in range(len(responses[i]))]
-    flat.sort(reverse=True)
-    examples = [
-        {"row": i, "t": j, "token": tok_text[i][j], "class": classes[i][j], "s": sv,
-         "delta_pos": float(lp["pos"][i, j] - lp["base"][i, j]), "delta_neg": float(lp["neg"][i, j] - lp["base"][i, j])}
-        for sv, i, j in flat[:num_examples]
-    ]
+    top = torch.topk(torch.where(mask, s, torch.full((), -1.0)).flatten(), min(num_examples, int(mask.sum())))
+    examples = []
+    for sv, f in zip(top.values.tolist(), top.indices.tolist()):
+        i, j = divmod(f, T)
+        tid = int(resp_ids[i, j])
+        examples.append({"row": i, "t": j, "token": text_of[tid], "class": "surface" if bool(surf[i, j]) else "content",
+                         "s": sv, "delta_pos": float(lp["pos"][i, j] - lp["base"][i, j]),
+                         "delta_neg": float(lp["neg"][i, j] - lp["base"][i, j])})
     report = {
         "config": {"num_trajectories": N, "template": name if name != "custom" else list(_resolve_template(template)[1]),
                    "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
@@ -1273,11 +1296,17 @@ def diagnose(
         os.makedirs(output_dir, exist_ok=True)
         with open(os.path.join(output_dir, "report.json"), "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2, ensure_ascii=False)
-        _plots(output_dir, lp, mask, s, classes)
+        _plots(output_dir, lp, mask, s, surf)
+    if return_tensors:
+        tensors = {"response_ids": resp_ids, "response_mask": mask, "lp_base": lp["base"], "lp_correct": lp["pos"],
+                   "lp_incorrect": lp["neg"], "entropy": ent, "top1_prob": top1, "surface": surf, "correct": correct,
+                   "fv_cosine": fv["cosine"], "fv_kl_pos": fv["kl_pos"], "fv_kl_neg": fv["kl_neg"],
+                   "prompts": ctx["base"], "prompts_correct": ctx["pos"], "prompts_incorrect": ctx["neg"]}
+        return report, tensors
     return report
 
 
-def _plots(output_dir, lp, mask, s, classes):
+def _plots(output_dir, lp, mask, s, surf):
     """Scatter of D+ vs D- and histogram of s by token class (only if matplotlib is installed)."""
     try:
         import matplotlib
@@ -1300,10 +1329,6 @@ def _plots(output_dir, lp, mask, s, classes):
     fig.tight_layout()
     fig.savefig(os.path.join(output_dir, "delta_scatter.png"), dpi=120)
     plt.close(fig)
-    surf = torch.zeros_like(mask)
-    for i, row in enumerate(classes):
-        for j, c in enumerate(row):
-            surf[i, j] = c == "surface"
     fig, ax = plt.subplots(figsize=(6, 4))
     for sel, label in ((mask & surf, "surface"), (mask & ~surf, "content")):
         if int(sel.sum()):

@@ -501,16 +501,17 @@ def test_diagnose_smoke(tiny, tmp_path):
     model, tok = tiny
     problems = ["Compute 1+2.", "Compute 3+4.", "Compute 10-5."]
     answers = ["3", "7", "5"]
-    rep = cscr.diagnose(
+    rep, ten = cscr.diagnose(
         model, tok, problems, answers, 5, grade_fn=lambda text, ref: len(text) % 2 == 0,
         max_new_tokens=6, micro_batch_size=2, gen_batch_size=3, output_dir=str(tmp_path), template="answer",
+        temperature=0.9, return_tensors=True,
     )
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved["num_correct"] == rep["num_correct"]
     d = rep["diagnostics"]
-    assert rep["config"]["num_trajectories"] == 5
-    assert 1 <= rep["mean_response_length"] <= 6
-    assert d["num_valid_tokens"] == round(rep["mean_response_length"] * 5)
+    mask = ten["response_mask"]
+    assert rep["config"]["num_trajectories"] == 5 and mask.shape[0] == 5
+    assert d["num_valid_tokens"] == int(mask.sum()) and 1 <= mask.sum(1).min() and mask.sum(1).max() <= 6
     for k in ("d4a_pearson", "d4b_topk_jaccard", "d5_common_mode_share", "d4c_cosine_mean", "d6_surface_share_all"):
         assert d[k] is None or -1.0 - 1e-9 <= d[k] <= 1.0 + 1e-9, k
     if d["d1_same_direction_rate"] is not None:
@@ -518,3 +519,21 @@ def test_diagnose_smoke(tiny, tmp_path):
     assert d["d4c_kl_pos_mean"] >= 0 and d["d4c_kl_neg_mean"] >= 0
     assert " is not the correct final answer." in rep["example_condition_prompts"][1]
     assert len(rep["most_sensitive_tokens"]) == min(20, d["num_valid_tokens"])
+    # the three passes agree with condition_logprobs and with an unpadded per-sequence computation
+    lc, ln = cscr.condition_logprobs(model, tok, ten["prompts_correct"], ten["prompts_incorrect"],
+                                     ten["response_ids"], mask, temperature=0.9)
+    assert torch.allclose(lc, ten["lp_correct"], atol=1e-5) and torch.allclose(ln, ten["lp_incorrect"], atol=1e-5)
+    L0 = int(mask[0].sum())
+    r0 = ten["response_ids"][0, :L0].tolist()
+    assert torch.allclose(ten["lp_base"][0, :L0].double(), naive_logprobs(model, tok, ten["prompts"][0], r0, 0.9), atol=2e-5)
+    # D4c at one position against an independent recomputation
+    def dist(prompt):
+        p = tok(prompt, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            return torch.softmax(model(input_ids=torch.tensor([p + r0])).logits[0, len(p) - 1].double() / 0.9, -1)
+    o = cscr.full_vocab_overlap(dist(ten["prompts"][0]), dist(ten["prompts_correct"][0]), dist(ten["prompts_incorrect"][0]))
+    assert abs(o["cosine"].item() - ten["fv_cosine"][0, 0].item()) < 1e-4
+    assert abs(o["kl_pos"].item() - ten["fv_kl_pos"][0, 0].item()) < 1e-5
+    p0 = dist(ten["prompts"][0])
+    assert abs(ten["entropy"][0, 0].item() + (p0 * p0.log()).sum().item()) < 1e-5
+    assert abs(ten["top1_prob"][0, 0].item() - p0.max().item()) < 1e-6
