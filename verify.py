@@ -27,45 +27,56 @@ Reasons
 ``"parse_error"``  the reference or the prediction gave no math object (only math-verify's raw-string
                    fallback) and the two strings differ. False. (Identical unparsable strings are "ok".)
 ``"timeout"``      the wall-clock limit was reached. False.
-``"error"``        the worker raised or died (counted; details logged). False.
+``"error"``        math-verify raised (it runs with ``raise_on_error=True``), or the worker died (counted;
+                   details logged). False.
 
 Every graded call is counted by reason in a process-wide counter (:func:`grader_stats`); time-outs and
 errors are also logged at WARNING level, so they are never silently turned into a score.
 
-Policy choices (each with the bug_cases.md case it comes from)
---------------------------------------------------------------
+Policy choices (each with the bug_cases.md case or data rule it comes from)
+-------------------------------------------------------------------------
 - **Last box wins**, anywhere in the text (no "last 300 characters" window); the brace-less ``\boxed 9``
   counts (C02). Two boxes are not "hedging": only the last counts, so ``\boxed{3} or maybe \boxed{8}``
   is graded as ``8`` (C03 c/d). A last box that is unclosed gives ``None`` / ``"no_box"``: a truncated
-  answer does not fall back to an earlier box.
-- **Hedging inside one box never scores.** Several values in one box form a *set*, and a set never equals
-  a single value: ``\boxed{1, 2, 3, 4, 5, 6}`` vs ``4`` is False (C03 a). The alternative connectives
-  ``\vee`` / ``\lor`` are rewritten to commas (math-verify 0.9.0 reads ``3 \vee 4`` as ``4``), and
-  math-verify already turns "or"/"and" between values into a set. An empty box never scores (C03 b).
-  Nothing is ever compared by substring containment.
-- **Equations vs values**: a prediction equation is judged by its right-hand side when the reference is a
-  value (``\boxed{x = 3}`` vs ``3`` is True), and a reference assignment ``x=3`` accepts ``3`` (C12 row 6;
-  math-verify's rule). Two *different* equations never match, a rearranged copy of the same equation
-  does: ``y=2x+5`` vs ``2x-y+5=0`` is True, ``x+3y+7=0`` is False (C06).
+  answer does not fall back to an earlier box. No box at all scores 0, however right the text is (C05).
+- **Hedging never scores** (C03). Several values in one box form a *set*, and a set never equals a single
+  value: ``\boxed{1, 2, 3, 4, 5, 6}`` vs ``4`` is False (C03 a). A box that offers alternatives with the
+  word "or" (also inside ``\text{...}``, e.g. ``3 \text{ (or 4)}``) or ``\vee``/``\lor`` gets reason
+  ``"hedged"`` unless the reference itself says "or" or is a set/interval: ``\boxed{3 \text{ or } 4}``
+  vs ``3, 4`` is True, vs ``3`` is hedged. An empty box never scores (C03 b). Nothing is ever compared by
+  substring containment.
+- **Equations vs values**: a prediction equation is judged by its last right-hand side when the reference
+  is a value (``\boxed{x = 3}`` vs ``3`` is True; so is ``\boxed{2+2=4}`` vs ``4``), and a reference
+  assignment ``x=3`` accepts ``3`` (C12 row 6; math-verify's rule). Two *different* equations never
+  match, a rearranged copy does: ``y=2x+5`` vs ``2x-y+5=0`` is True, ``x+3y+7=0`` is False (C06). A value
+  never matches a non-assignment equation reference (``1`` vs ``2x+z=1`` is False, gold first).
 - **Percentages**: a reference ``50\%`` accepts ``50``, ``0.5`` and ``50\%`` (the Qwen2.5-Math
   ``include_percentage`` rule, C08). A reference ``0.5`` does not accept ``50``.
-- **Units and degrees** are ignored: ``15\text{ cm}^2`` == ``15``, ``30^\circ`` == ``30`` (C10). Degrees
-  are *not* converted to radians (``30^\circ`` != ``\frac{\pi}{6}``).
+- **Units and degrees** (C10): ``15\text{ cm}^2`` == ``15``, ``30^\circ`` == ``30``, ``5\text{ apples}``
+  == ``5``, ``10 \text{ m}/\text{s}`` == ``10``. Degrees are *not* converted to radians (``30^\circ`` !=
+  ``\frac{\pi}{6}``). math-verify's own unit stripping is switched off (``units=False``) because it also
+  strips single-letter variables that look like units: with it ``2t`` == ``2``, ``2t`` == ``2s`` and
+  ``a+b+c`` == ``a+b+d`` all verify. We strip only a trailing ``\text{..}``/``\mbox{..}``/``\mathrm{..}``
+  group (optionally squared/cubed), a degree mark, or a multi-letter unit word after a number (``10
+  cm``). So a bare single-letter unit is a variable (``5 m`` != ``5``), and so is a bare noun (``5
+  apples`` != ``5``): write units in ``\text{}``.
 - **Sets vs tuples**: a parenthesised pair is an ordered point and its order matters:
   ``(\frac{\pi}{3}, 2)`` != ``\left( 2, \frac{\pi}{3} \right)`` (C11). A bare comma list (olympiadbench
-  multi-answers such as ``69,84``) is an unordered set: ``84, 69`` matches, a single ``69`` does not.
-  Sets and tuples are not interchangeable (math-verify ``strict=True``).
+  multi-answers such as ``69,84``; hmmt 10) is an unordered set: ``84, 69`` and ``\{69, 84\}`` match, a
+  single ``69`` does not. Sets and tuples are not interchangeable (math-verify ``strict=True``).
 - **Intervals vs inequalities**: interval endpoints must match exactly, ``[2,5)`` != ``(2,5)`` != ``[2,5]``
   (C12). An inequality in one variable matches the equivalent interval in *both* directions:
   ``t \geq \sqrt{3}`` vs reference ``[\sqrt{3}, \infty)`` is True. math-verify 0.9.0 only converts when
   the prediction is the set; we pass ``allow_set_relation_comp=True`` so the prediction's inequality is
   converted to a set when the reference is a set (C12 row 4), keeping gold first.
-- **Thousands separators**: ``1,450,000`` == ``1450000`` and ``\$32,\!348`` == ``32348`` (GSM8K/MATH data
-  rules; math-verify reads ``d,ddd`` groups as one number). Thin-space separators ``1\,000`` /
-  ``1\ 000`` / ``1~000`` are removed first (math-verify reads ``1\,000`` as ``1*0``). Consequence: a
-  list whose later items have exactly three digits (``5,125``) reads as one number.
+- **Thousands separators** (GSM8K and MATH data rules): ``1,450,000`` == ``1450000`` and
+  ``\$32,\!348`` == ``32348``: math-verify reads ``d,ddd`` groups as one number, so a list whose later
+  items all have exactly three digits (``5,125``) also reads as one number. Typeset separators
+  ``1\,000``, ``1\ 000``, ``1~000``, ``1{,}000``, ``29,\!322`` are removed first (math-verify reads
+  ``1\,000`` as ``1*0`` and misses ``,\!`` inside ``\frac``).
 - **Leading zeros**: AIME ``025`` == ``25`` (data README, aime24).
-- **Notation**: ``\dfrac`` and ``\tfrac`` == ``\frac``; reordered sums ``-2+e^{5}`` == ``e^{5}-2`` (C13).
+- **Notation**: ``\dfrac`` and ``\tfrac`` == ``\frac``; reordered sums ``-2+e^{5}`` == ``e^{5}-2`` (C13);
+  products in any order (hmmt ``2^{25} \cdot 26!``).
 - **Fractions vs decimals**: a decimal matches a fraction when they agree after rounding to 6 decimal
   places (math-verify ``float_rounding=6``): ``\frac{1}{2}`` == ``0.5`` (C13), ``\frac{1}{3}`` ==
   ``0.333333`` but != ``0.333``.
@@ -73,18 +84,19 @@ Policy choices (each with the bug_cases.md case it comes from)
   values below about 1e-7 equal (``2.88\times10^{-19}`` == ``3.88\times10^{-19}``; minerva 264, 265,
   267 in the oracle test). We add a relative check: two variable-free numbers more than
   :data:`REL_TOL` (0.1 %) apart never verify, whatever their size. Percentages are exempt (C08).
-- **Scientific e-notation** (minerva references such as ``4.5e33``, ``1.24e-8``) is rewritten to
-  ``4.5\times10^{33}``; math-verify 0.9.0 otherwise reads the ``e`` as Euler's number.
-- **Stray ``$``** inside an answer (minerva 72 has ``...+$ $\dot{x}_{0}...``) are removed; escaped ``\$``
-  (currency) is kept.
+- **Reference/answer spellings** rewritten on both sides (minerva data): e-notation ``4.5e33`` ->
+  ``4.5\times10^{33}`` (math-verify reads the ``e`` as Euler's number), ``np.arcsin(..)`` ->
+  ``\arcsin(..)``, Python floats ``-1./3`` -> ``-1/3``, stray unescaped ``$`` removed (minerva 72),
+  operator-name subscripts ``m_{\max}``/``M_{\odot}`` -> ``m_{max}``/``M_{odot}`` (they do not parse
+  otherwise), trailing sentence punctuation dropped.
 - The prediction is parsed with LaTeX extraction only; the reference also with math-verify's plain
-  expression extraction (references like ``np.arcsin(10/13)``). So a prediction whose LaTeX does not
-  parse is only compared as an exact string; math-verify never digs a number out of it.
+  expression extraction. So math-verify never digs a number out of an unparsable prediction; such a
+  prediction is compared as an exact string only, and reported as ``"parse_error"`` if it differs.
 
 Time-outs
 ---------
-Grading one (response, reference) pair - parse of the reference, parse of the prediction, verify - has
-one wall-clock budget ``timeout`` (default :data:`DEFAULT_TIMEOUT` seconds). math-verify's own
+Grading one (response, reference) pair - parse of the reference, parse of the prediction, every verify
+call - has one wall-clock budget ``timeout`` (default :data:`DEFAULT_TIMEOUT` seconds). math-verify's own
 ``signal.alarm`` time-outs are disabled (``parsing_timeout=None``, ``timeout_seconds=None``) because they
 raise off the main thread. Instead the work runs in a long-lived worker *process* (a fresh interpreter
 started with ``subprocess``: no fork, so it is safe next to torch's threads, and unlike the
@@ -147,7 +159,7 @@ REASONS = ("ok", "no_box", "empty_box", "hedged", "parse_error", "timeout", "err
 
 # `\boxed` / `\fbox` as a whole control word (not `\boxedanswer`).
 _BOX_RE = re.compile(r"\\(?:boxed|fbox)(?![A-Za-z])")
-_TRAILING_PUNCT = ".,;:!?"
+_TRAILING_PUNCT = ".,;:"  # not "!": `\boxed 5!` is a factorial
 
 
 def _braced_content(text: str, open_pos: int) -> tuple[str, int] | None:
@@ -288,27 +300,33 @@ _UNIT_SEP_RE = re.compile(r"(?:\s|\\[,;: ]|~|/|\\cdot|\\times)+$")
 
 
 def _strip_units(s: str) -> str:
-    """Remove trailing units (see _TRAILING_UNIT_RE); keeps ``s`` if nothing would remain."""
+    """Remove trailing units (see _TRAILING_UNIT_RE) while a value remains before them.
+
+    The rest must end like a value (a letter, digit, ``}``, ``)``, ``]``, ``!``), so ``x = \\text{red}`` or
+    ``\\text{A} + \\text{B}`` keep their text, and a lone ``\\text{Monday}`` is never stripped.
+    """
     for _ in range(4):
         m = _TRAILING_UNIT_RE.search(s)
-        if m is None or m.start() == 0:
+        if m is None:
             break
-        rest = s[: m.start()]
-        rest2 = _UNIT_SEP_RE.sub("", rest) if m.group(0).strip() else rest
-        if not re.search(r"[\w}]", rest2):
+        rest = _UNIT_SEP_RE.sub("", s[: m.start()])
+        if not re.search(r"[\w})\]!]$", rest):
             break
-        s = rest2
+        s = rest
     return s
 
 
 def normalize_answer(s: str) -> str:
     r"""Normalise one answer string (reference or box content) before it is wrapped and parsed.
 
-    Applied identically to both sides, so it can only make equal answers equal, never favour one side:
-    removes stray unescaped ``$``; rewrites e-notation ``4.5e33`` to ``4.5\times10^{33}``; removes
-    thin-space thousands separators (``1\,000`` -> ``1000``); rewrites ``\vee``/``\lor`` to ``,``.
-    Comma thousands separators (``1,450,000``), leading zeros (``025``), ``\dfrac`` and units are left to
-    math-verify, which handles them (see the module docstring for the policy and its cases).
+    Applied identically to both sides (the reference after :func:`normalize_reference` unwraps it), so it
+    never favours one side. In order: stray unescaped ``$`` removed; e-notation ``4.5e33`` ->
+    ``4.5\times10^{33}``; typeset thousands separators removed (``1\,000``, ``29,\!322``); trailing
+    sentence punctuation dropped; ``\vee``/``\lor`` -> ``\text{ or }``; ``np.arcsin`` -> ``\arcsin``;
+    ``-1./3`` -> ``-1/3``; ``m_{\max}`` -> ``m_{max}``; trailing units stripped (``15\text{ cm}^2`` ->
+    ``15``, ``30^\circ`` -> ``30``; single-letter variables are kept). Comma thousands separators
+    (``1,450,000``), leading zeros (``025``), ``\dfrac`` and percentages are left to math-verify, which
+    handles them. The module docstring gives each rule's case.
 
     Args:
         s: answer string (str).
@@ -416,7 +434,8 @@ class _SoftTimeout(BaseException):
 
 
 def _worker_main(fd: int) -> None:  # pragma: no cover - runs in the child process
-    """Loop of the grading worker: receive ("grade", id, ref, pred, timeout, soft_timer), reply ("done", ...)."""
+    """Grading worker loop: receive ("grade", id, ref, pred, hedged, timeout, soft_timer) or ("exit",);
+    reply ("done", id, correct, reason, detail). Runs as ``python verify.py --grading-worker FD``."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
@@ -470,7 +489,7 @@ def _worker_main(fd: int) -> None:  # pragma: no cover - runs in the child proce
     def grade(ref: str, pred: str, hedged: bool) -> tuple[bool, str, str]:
         gold = gold_cache.get(ref)
         if gold is None:
-            gold = parse(_wrap(ref), extraction_config=gold_cfg, parsing_timeout=None)
+            gold = parse(_wrap(ref), extraction_config=gold_cfg, parsing_timeout=None, raise_on_error=True)
             if any(isinstance(g, (Basic, MatrixBase)) for g in gold):
                 gold_cache[ref] = gold
                 if len(gold_cache) > GOLD_CACHE_SIZE:
@@ -480,14 +499,21 @@ def _worker_main(fd: int) -> None:  # pragma: no cover - runs in the child proce
         if hedged and not any(isinstance(g, Set) for g in gold):
             # "3 (or 4)": alternatives can only match a reference that is itself a set of values (C03)
             return False, "hedged", ""
-        p = parse(_wrap(pred), extraction_config=pred_cfg, parsing_timeout=None)
+        p = parse(_wrap(pred), extraction_config=pred_cfg, parsing_timeout=None, raise_on_error=True)
         # gold first (C12); allow_set_relation_comp: inequality prediction vs interval gold (C12 row 4)
         pct = "%" in ref or "%" in pred  # C08: 50\% == 50 is intended, exempt from the relative check
+        failure = None
         for g, x in itertools.product(gold, p):  # what math_verify.verify(gold_list, pred_list) does
-            if mv_verify(g, x, timeout_seconds=None, allow_set_relation_comp=True) and (
-                pct or not _relative_mismatch(g, x)
-            ):
+            try:
+                # raise_on_error: an internal error is reported as "error", not silently scored False
+                same = mv_verify(g, x, timeout_seconds=None, allow_set_relation_comp=True, raise_on_error=True)
+            except Exception as e:  # noqa: BLE001 - another pair may still verify
+                failure = f"{type(e).__name__}: {e}"[:300]
+                continue
+            if same and (pct or not _relative_mismatch(g, x)):
                 return True, "ok", ""
+        if failure is not None:
+            return False, "error", failure
         # A side without any math object was compared as an exact string only: report it.
         if not any(isinstance(g, (Basic, MatrixBase)) for g in gold):
             return False, "parse_error", "reference"
@@ -514,7 +540,8 @@ def _worker_main(fd: int) -> None:  # pragma: no cover - runs in the child proce
         except _SoftTimeout:
             result = (False, "timeout", "worker timer")
         except Exception as e:  # noqa: BLE001 - reported to the parent and counted as "error"
-            result = (False, "error", f"{type(e).__name__}: {e}"[:300])
+            # only the type: str() of a sympy object can itself hang, and the timer is disarmed here
+            result = (False, "error", type(e).__name__)
         try:
             conn.send(("done", req_id, *result))
         except (BrokenPipeError, OSError):

@@ -153,6 +153,7 @@ def test_C28_stop_string_verify_part():
         (r"$\boxed{-3}$ and then \boxed 7.", "7"),
         (r"\[\boxed 9\]", "9"),
         (r"\boxed \frac{1}{2} done", r"\frac{1}{2}"),
+        (r"so $\boxed 5!$", "5!"),  # a factorial, not punctuation
         (r"\boxed{ }", ""),
         (r"\boxed{3} ... \boxed{4", None),  # the last box is unclosed (cut-off output): no answer
         (r"\boxedanswer{3}", None),  # not the \boxed command
@@ -255,6 +256,31 @@ def test_hmmt_product_form():
     assert is_correct(boxed(r"2^{25} \cdot 26!"), ref)
     assert is_correct(boxed(r"26! \cdot 2^{25}"), ref)
     assert not is_correct(boxed(r"2^{25} \cdot 26! + 1"), ref)
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        (r"5\text{ cm}^2", "5"),
+        (r"10 \text{ m}/\text{s}", "10"),
+        (r"30^{\circ}", "30"),
+        ("7 hours.", "7"),
+        (r"x = \text{red}", r"x = \text{red}"),  # text after a relation is a value, not a unit
+        (r"\text{Monday}", r"\text{Monday}"),  # nothing would remain
+        ("2t", "2t"),  # single-letter variables are never units
+        ("5!", "5!"),
+        ("4.5e33", r"4.5\times10^{33}"),
+        ("1.24e-8", r"1.24\times10^{-8}"),
+        (r"1\,000\,000", "1000000"),
+        (r"\frac{1}{29,\!322,\!216}", r"\frac{1}{29322216}"),
+        ("np.arcsin(10/13)", r"\arcsin(10/13)"),
+        ("-1./3", "-1/3"),
+        (r"m_{\max }=n^{2}-n-1", "m_{max}=n^{2}-n-1"),
+        (r"3 \vee 4", r"3  \text{ or }  4"),
+    ],
+)
+def test_normalize_answer(raw, expected):
+    assert V.normalize_answer(raw) == expected
 
 
 def test_reference_wrapping_is_removed():
