@@ -40,8 +40,9 @@ import torch
 
 TOY_VERSION = "v1"  # bump when the task, tokenizer, model or warm-up changes: the cache folder is keyed on it
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
-# Every character the task can produce; the tokenizer is character level.
-CHARS = list("0123456789+-*=. \n\\{}") + sorted(set("Computeboxed"))
+# The tokenizer is character level over printable ASCII and newline, so any English text (e.g. CSCR's
+# privileged verdict notes) tokenizes without <unk>.
+CHARS = [chr(i) for i in range(32, 127)] + ["\n"]
 
 # The task: 1-3 operations (+ or -) on operands in this range, intermediate results kept non-negative.
 TASK = dict(num_ops=(1, 2, 2, 3), operand_range=(1, 19))

@@ -1,0 +1,262 @@
+"""GRPO math (advantages, loss, log-probs), rollout masks, data validation and an end-to-end toy run."""
+
+import itertools
+import json
+import math
+
+import pytest
+import torch
+
+import evaluate
+import grpo
+import rollout
+import toy
+
+
+# ------------------------------------------------------------------------------------------------ advantages
+def test_group_advantages_hand_values():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0])
+    a = grpo.group_advantages(r, 4)
+    # group 1: mean 0.5, unbiased std sqrt(1/3) = 0.57735; (1-0.5)/(0.57735+1e-6)
+    s = math.sqrt(1 / 3)
+    exp1 = [0.5 / (s + 1e-6), -0.5 / (s + 1e-6), -0.5 / (s + 1e-6), 0.5 / (s + 1e-6)]
+    # group 2: mean 0.75, std 0.5: (1-0.75)/0.5 = 0.5, (0-0.75)/0.5 = -1.5
+    exp2 = [0.25 / (0.5 + 1e-6)] * 3 + [-0.75 / (0.5 + 1e-6)]
+    exp2 = [exp2[0], exp2[1], exp2[3], exp2[2]]
+    torch.testing.assert_close(a, torch.tensor(exp1 + exp2), atol=1e-6, rtol=0)
+
+
+def test_group_advantages_dr_grpo_and_degenerate_groups():
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    torch.testing.assert_close(grpo.group_advantages(r, 4, scale="none"), torch.tensor([0.75, -0.25, -0.25, -0.25]))
+    # all-equal groups, with a non-dyadic value: exactly zero, no NaN, no amplified residue
+    same = torch.tensor([0.1, 0.1, 0.1, 0.7, 0.7, 0.7])
+    a = grpo.group_advantages(same, 3)
+    assert torch.equal(a, torch.zeros(6))
+    assert torch.equal(grpo.group_advantages(torch.tensor([1.0, 0.0]), 1), torch.zeros(2))  # groups of one
+    with pytest.raises(ValueError):
+        grpo.group_advantages(torch.ones(5), 2)
+    with pytest.raises(ValueError):
+        grpo.group_advantages(torch.ones(4), 2, scale="batch")
+
+
+# ------------------------------------------------------------------------------------------------ policy loss
+# Hand example: two responses, the second with one padded position.
+LOG_RATIO = torch.tensor([[0.3, -0.3, 0.05], [-0.4, 3.0, 0.0]])
+MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+ADV = torch.tensor([1.0, -0.5])
+# per token, computed by hand with ε = 0.2, ε_high = 0.28:
+#   A=+1: r=e^0.3=1.3499 > 1.28 -> high clip: -1.28 ; r=e^-0.3=0.7408 (lower clip inactive for A>0): -0.740818
+#         r=e^0.05=1.05127: -1.051271
+#   A=-0.5: r=e^-0.4=0.6703 < 0.8 -> low clip: 0.5*0.8 = 0.4 ; r=e^3=20.0855: 0.5*20.0855 = 10.042768
+#           (dual clip c=10 caps it at 0.5*10 = 5)
+ROW1 = [-1.28, -math.exp(-0.3), -math.exp(0.05)]
+ROW2 = [0.4, 0.5 * math.exp(3.0)]
+
+
+def _loss(**kw):
+    old = torch.zeros(2, 3)
+    return grpo.policy_loss(old + LOG_RATIO, old, ADV, MASK, epsilon=0.2, epsilon_high=0.28, **kw)
+
+
+def test_policy_loss_dapo_both_clips():
+    loss, stats = _loss(loss_type="dapo")
+    assert loss.item() == pytest.approx((sum(ROW1) + sum(ROW2)) / 5, abs=1e-6)
+    assert stats["clip_ratio/low_mean"] == pytest.approx(1 / 5)
+    assert stats["clip_ratio/high_mean"] == pytest.approx(1 / 5)
+    assert stats["clip_ratio/region_mean"] == pytest.approx(2 / 5)
+    assert stats["clip_ratio/dual_mean"] == 0.0
+
+
+def test_policy_loss_dual_clip_each_loss_type():
+    row2 = [0.4, 5.0]
+    loss, stats = _loss(loss_type="dapo", dual_clip=10.0)
+    assert loss.item() == pytest.approx((sum(ROW1) + sum(row2)) / 5, abs=1e-6)
+    assert stats["clip_ratio/dual_mean"] == pytest.approx(1 / 5)
+    loss, _ = _loss(loss_type="grpo", dual_clip=10.0)
+    assert loss.item() == pytest.approx((sum(ROW1) / 3 + sum(row2) / 2) / 2, abs=1e-6)
+    loss, _ = _loss(loss_type="dr_grpo", dual_clip=10.0, max_completion_length=4)
+    assert loss.item() == pytest.approx((sum(ROW1) + sum(row2)) / (2 * 4), abs=1e-6)
+
+
+def test_policy_loss_token_advantages_and_padding_nan():
+    old = torch.zeros(2, 3)
+    logp = old + LOG_RATIO
+    logp[1, 2] = -float("inf")  # padding may hold anything
+    loss_b, _ = grpo.policy_loss(logp, old, ADV, MASK)
+    loss_t, _ = grpo.policy_loss(logp, old, ADV[:, None].expand(2, 3).clone(), MASK)
+    assert torch.isfinite(loss_b) and loss_b.item() == pytest.approx(loss_t.item())
+
+
+def test_policy_loss_gradient_is_reinforce_at_ratio_one():
+    # at θ_old (ratio 1) the DAPO gradient w.r.t. logp is −Â·mask / Σmask
+    logp = torch.randn(2, 3, requires_grad=True)
+    loss, _ = grpo.policy_loss(logp, logp.detach(), ADV, MASK)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, -ADV[:, None] * MASK / MASK.sum())
+
+
+def test_policy_loss_k3_kl():
+    logp = torch.log(torch.tensor([[0.5, 0.25, 0.2], [0.1, 0.9, 1.0]]))
+    ref = torch.log(torch.tensor([[0.25, 0.25, 0.4], [0.2, 0.9, 1.0]]))
+    zero_adv = torch.zeros(2)
+    loss, stats = grpo.policy_loss(logp, logp, zero_adv, MASK, ref_logp=ref, beta=0.1)
+    d = ref - logp
+    k3 = (torch.exp(d) - d - 1) * MASK
+    assert stats["kl"] == pytest.approx((k3.sum() / 5).item())
+    assert loss.item() == pytest.approx(0.1 * (k3.sum() / 5).item())
+    _, stats = grpo.policy_loss(logp, logp, zero_adv, MASK, ref_logp=logp, beta=0.1)
+    assert stats["kl"] == 0.0  # policy == reference
+
+
+def test_policy_loss_errors():
+    old = torch.zeros(2, 3)
+    with pytest.raises(ValueError):
+        grpo.policy_loss(old, old, ADV, MASK, loss_type="bnpo")
+    with pytest.raises(ValueError):
+        grpo.policy_loss(old, old, ADV, MASK, loss_type="dr_grpo")
+    with pytest.raises(ValueError):
+        grpo.policy_loss(old, old[:1], ADV, MASK)
+    with pytest.raises(ValueError):
+        grpo.policy_loss(old, old, ADV, MASK, beta=0.1)
+
+
+# ------------------------------------------------------------------------------------------------ log-probs
+@pytest.fixture(scope="module")
+def tiny(tiny_model_path):
+    return rollout.load_model_and_tokenizer(tiny_model_path)
+
+
+def _naive_logprobs(model, ids_list, resp_len, temperature):
+    """Unpadded, full log_softmax + gather, one sequence at a time."""
+    out = []
+    for ids in ids_list:
+        ids = torch.tensor(ids)[None]
+        logits = model(input_ids=ids).logits[0].float() / temperature
+        lp = torch.log_softmax(logits, -1)[:-1].gather(-1, ids[0, 1:, None]).squeeze(-1)
+        out.append(lp[-resp_len:])
+    return out
+
+
+def test_token_logprobs_left_padding_matches_naive(tiny):
+    model, tok = tiny
+    prompts = ["Compute 3+4.\n", "Compute 12+7-5.\n"]
+    responses = ["3+4=7. \\boxed{7}", "12+7=19."]
+    p_ids = [tok(p)["input_ids"] for p in prompts]
+    r_ids = [tok(r, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for r in responses]
+    T = max(map(len, r_ids))
+    P = max(map(len, p_ids))
+    pad = tok.pad_token_id
+    input_ids = torch.tensor([[pad] * (P - len(p)) + p + r + [pad] * (T - len(r)) for p, r in zip(p_ids, r_ids)])
+    attn = torch.tensor([[0] * (P - len(p)) + [1] * (len(p) + len(r)) + [0] * (T - len(r))
+                         for p, r in zip(p_ids, r_ids)])
+    mask = torch.tensor([[1.0] * len(r) + [0.0] * (T - len(r)) for r in r_ids])
+    with torch.no_grad():
+        lp, hidden = grpo.token_logprobs(model, input_ids, attn, mask, temperature=0.7, return_hidden=True)
+        for i, (p, r) in enumerate(zip(p_ids, r_ids)):
+            naive = _naive_logprobs(model, [p + r], len(r), 0.7)[0]
+            torch.testing.assert_close(lp[i, :len(r)], naive, atol=1e-5, rtol=1e-5)
+            assert torch.all(lp[i, len(r):] == 0)
+            # hidden = input of lm_head at the positions predicting the response tokens
+            hs = model(input_ids=torch.tensor([p + r]), output_hidden_states=True).hidden_states[-1][0]
+            torch.testing.assert_close(hidden[i, :len(r)], hs[len(p) - 1:len(p) + len(r) - 1], atol=1e-5, rtol=1e-5)
+
+
+def test_response_mask_includes_eos_when_pad_equals_eos():
+    eos = 5
+    ids = torch.tensor([[7, 8, eos, eos, eos], [7, 8, 9, 9, 9], [eos, eos, eos, eos, eos]])
+    mask, stopped = rollout.response_mask_from_ids(ids, [eos])
+    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
+    assert stopped.tolist() == [True, False, True]
+
+
+def test_generate_layout_and_eos_in_mask(tiny):
+    model, tok = tiny
+    prompts = ["Compute 3+4.\n", "Compute 12+7-5.\n"]
+    ro = rollout.generate(model, tok, prompts, num_generations=3, max_new_tokens=12, seed=1)
+    assert ro.input_ids.shape[0] == 6 and ro.prompts == [prompts[0]] * 3 + [prompts[1]] * 3
+    assert ro.input_ids.shape[1] == ro.prompt_length + ro.response_ids.shape[1]
+    for i in range(6):
+        n = int(ro.response_mask[i].sum())
+        if ro.finish_reasons[i] == "stop":
+            assert ro.response_ids[i, n - 1].item() == tok.eos_token_id  # EOS is trained
+        else:
+            assert n == 12
+    # same seed, same rollout
+    again = rollout.generate(model, tok, prompts, num_generations=3, max_new_tokens=12, seed=1)
+    assert torch.equal(again.response_ids, ro.response_ids)
+
+
+# ------------------------------------------------------------------------------------------------ evaluation
+def test_pass_at_k_matches_brute_force():
+    for n in range(1, 7):
+        for c in range(n + 1):
+            outcomes = [1] * c + [0] * (n - c)
+            for k in range(1, n + 1):
+                subsets = list(itertools.combinations(range(n), k))
+                brute = sum(any(outcomes[i] for i in s) for s in subsets) / len(subsets)
+                assert evaluate.pass_at_k(n, c, k) == pytest.approx(brute, abs=1e-12)
+    with pytest.raises(ValueError):
+        evaluate.pass_at_k(4, 1, 5)  # k > n refused
+    with pytest.raises(ValueError):
+        evaluate.pass_at_k(4, 5, 1)
+
+
+def test_bad_rows_name_file_line_and_field(tmp_path):
+    p = tmp_path / "train.jsonl"
+    p.write_text('{"problem": "1+1", "answer": "2"}\n'
+                 'not json\n'
+                 '{"problem": "2+2"}\n'
+                 '{"problem": "3+3", "answer": "  "}\n')
+    with pytest.raises(ValueError) as e:
+        evaluate.load_problems(str(p))
+    msg = str(e.value)
+    assert f"{p}:2: not valid JSON" in msg
+    assert f"{p}:3: field 'answer' is missing" in msg
+    assert f"{p}:4: field 'answer' is empty" in msg
+    with pytest.raises(FileNotFoundError):
+        evaluate.load_problems(str(tmp_path / "nope.jsonl"))
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"problem": "x"}\n')
+    with pytest.raises(SystemExit) as e:
+        grpo.main(["--data", str(bad), "--output_dir", str(tmp_path / "o")])
+    assert "bad.jsonl:1: field 'answer' is missing" in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        grpo.main(["--num_generations", "1", "--output_dir", str(tmp_path / "o")])
+    assert "--num_generations" in str(e.value)
+    with pytest.raises(SystemExit) as e:
+        grpo.main(["--model", str(tmp_path / "no_such_model"), "--output_dir", str(tmp_path / "o")])
+    assert "cannot load model" in str(e.value)
+    with pytest.raises(SystemExit):
+        grpo.main(["--loss_type", "bogus"])  # argparse choices
+
+
+def test_toy_splits_are_deterministic_and_disjoint():
+    train, test = toy.make_split("train"), toy.make_split("test")
+    assert len(test) == 200 and toy.make_split("test") == test
+    assert not {r["problem"] for r in train} & {r["problem"] for r in test}
+    for row in test[:20]:  # the reference answer is the arithmetic value of the expression
+        assert eval(row["problem"][len("Compute "):-1]) == int(row["answer"])
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+def test_three_grpo_steps_change_parameters_and_log(toy_model_path, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    before = {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(toy_model_path).state_dict().items()}
+    out = tmp_path / "run"
+    grpo.main(["--model", toy_model_path, "--prompt_template", "none", "--max_steps", "3",
+               "--num_prompts_per_step", "8", "--num_generations", "4", "--eval_num_generations", "0",
+               "--output_dir", str(out), "--save_steps", "0"])
+    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in lines] == [1, 2, 3]
+    for key in ("reward", "accuracy", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std",
+                "loss", "clip_ratio/low_mean", "kl", "grad_norm", "step_time"):
+        assert key in lines[0]
+    after = AutoModelForCausalLM.from_pretrained(out / "final").state_dict()
+    changed = [k for k in before if not torch.equal(before[k], after[k])]
+    assert changed, "no parameter changed after three GRPO steps"
+    assert (out / "config.json").exists() and list((out / "samples").glob("step_*.jsonl"))
