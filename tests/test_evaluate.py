@@ -1,0 +1,407 @@
+"""evaluate.py: benchmark loaders and name resolution, the Hugging Face mapping (fake `datasets`), protocol
+presets, metrics and the question-weighted overall row by hand, markdown/--compare output, and resuming an
+interrupted run on a tiny random model."""
+
+import json
+import math
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+import evaluate
+import rollout
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+COUNTS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 400, "minerva": 272, "olympiadbench": 675,
+          "gsm8k": 1319, "hmmt_feb25": 30}
+
+
+# ------------------------------------------------------------------------------------------------------
+# Loaders and name resolution
+# ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", sorted(COUNTS))
+def test_real_benchmark_files_load_with_expected_counts(name):
+    rows = evaluate.load_problems(name, data_dir=SHARED_DATA)
+    assert len(rows) == COUNTS[name]
+    for r in rows:
+        assert {"id", "problem", "answer", "source"} <= set(r)
+        assert all(isinstance(r[k], str) and r[k].strip() for k in ("id", "problem", "answer"))
+        assert r["source"] == name
+    assert len({r["id"] for r in rows}) == len(rows)
+
+
+def test_loaders_return_answers_as_the_files_give_them():
+    # the verifier compares 2,125 with 2125 and 025 with 25: the loader must not touch them
+    gsm = evaluate.load_problems("gsm8k", data_dir=SHARED_DATA)
+    assert sum("," in r["answer"] for r in gsm) == 14
+    aime = evaluate.load_problems("aime24", data_dir=SHARED_DATA)
+    assert {"025", "073", "023", "045", "033", "080", "055"} <= {r["answer"] for r in aime}
+
+
+def test_all_resolves_to_the_eight_files_in_order():
+    pairs = evaluate.resolve_benchmarks("all", SHARED_DATA)
+    assert [n for n, _ in pairs] == list(evaluate.BENCHMARKS) == list(COUNTS)
+    assert all(Path(s) == SHARED_DATA / f"{n}.jsonl" for n, s in pairs)
+
+
+def test_name_path_and_toy_resolution(tmp_path):
+    f = tmp_path / "mine.jsonl"
+    f.write_text(json.dumps({"id": "a", "problem": "1+1?", "answer": "2"}) + "\n")
+    pairs = evaluate.resolve_benchmarks(f"math500, toy,{f}", SHARED_DATA)
+    assert pairs == [("math500", str(SHARED_DATA / "math500.jsonl")), ("toy", "toy"), ("mine", str(f))]
+    assert [len(evaluate.load_benchmark(n, s)) for n, s in pairs] == [400, 200, 1]
+    # a known name with no local file goes to the hub
+    assert evaluate.resolve_benchmarks("aime25", tmp_path) == [("aime25", "hf")]
+    with pytest.raises(ValueError, match="unknown benchmark 'mathh500'"):
+        evaluate.resolve_benchmarks("mathh500", SHARED_DATA)
+    with pytest.raises(FileNotFoundError, match="nope.jsonl"):
+        evaluate.resolve_benchmarks(str(tmp_path / "nope.jsonl"), SHARED_DATA)
+    with pytest.raises(ValueError, match="more than once"):
+        evaluate.resolve_benchmarks("all,math500", SHARED_DATA)
+
+
+def test_data_dir_default_and_env_override(tmp_path, monkeypatch):
+    monkeypatch.delenv("RLVR_DATA_DIR", raising=False)
+    assert evaluate.default_data_dir() == Path(evaluate.__file__).resolve().parent.parent / "shared" / "data"
+    (tmp_path / "math500.jsonl").write_text("".join(
+        json.dumps({"id": str(i), "problem": f"p{i}", "answer": str(i)}) + "\n" for i in range(3)))
+    monkeypatch.setenv("RLVR_DATA_DIR", str(tmp_path))
+    assert evaluate.default_data_dir() == tmp_path
+    assert [r["answer"] for r in evaluate.load_problems("math500")] == ["0", "1", "2"]
+
+
+# ------------------------------------------------------------------------------------------------------
+# Hugging Face mapping (a fake `datasets` module) and the offline error
+# ------------------------------------------------------------------------------------------------------
+FAKE_HUB = {
+    "openai/gsm8k": [{"question": "How many?", "answer": "Add them.\n#### 1,234"},
+                     {"question": "And now?", "answer": "So #### 7"}],
+    "Hothan/OlympiadBench": [{"id": 1606, "question": "Find x.", "final_answer": ["$\\frac{1}{2 n+2}$"]},
+                             {"id": 1607, "question": "Find y.", "final_answer": ["$69$,$84$"]}],
+    "math-ai/amc23": [{"id": 0, "question": "Cities?", "answer": 27.0}],
+    "HuggingFaceH4/MATH-500": [{"problem": "Define p.", "answer": "p - q", "unique_id": "test/algebra/1.json"}],
+    "HuggingFaceH4/aime_2024": [{"id": 60, "problem": "Aya walks.", "answer": "204"}],
+    "math-ai/minervamath": [{"question": "Magellan?", "answer": "The size is \\boxed{1.6} cm."}],
+}
+
+
+def _fake_datasets(calls, fail=None):
+    mod = types.ModuleType("datasets")
+
+    def load_dataset(path, name=None, split=None):
+        calls.append((path, name, split))
+        if fail is not None:
+            raise fail
+        return list(FAKE_HUB[path])
+
+    mod.load_dataset = load_dataset
+    return mod
+
+
+def test_hub_mapping_converts_rows_like_the_local_files(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setitem(sys.modules, "datasets", _fake_datasets(calls))
+    empty = tmp_path  # no local files: every name goes to the hub
+    gsm = evaluate.load_problems("gsm8k", data_dir=empty)
+    assert calls[-1] == ("openai/gsm8k", "main", "test")
+    assert gsm == [{"id": "0", "problem": "How many?", "answer": "1,234", "source": "gsm8k"},
+                   {"id": "1", "problem": "And now?", "answer": "7", "source": "gsm8k"}]
+    oly = evaluate.load_problems("olympiadbench", data_dir=empty)
+    assert calls[-1] == ("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train")
+    assert [(r["id"], r["problem"], r["answer"]) for r in oly] == [
+        ("1606", "Find x.", "\\frac{1}{2 n+2}"), ("1607", "Find y.", "69,84")]
+    amc = evaluate.load_problems("amc23", data_dir=empty)
+    assert (amc[0]["problem"], amc[0]["answer"]) == ("Cities?", "27")  # 27.0 -> "27"
+    math500 = evaluate.load_problems("math500", data_dir=empty)
+    assert calls[-1] == ("HuggingFaceH4/MATH-500", None, "test")
+    assert (math500[0]["id"], math500[0]["answer"]) == ("test/algebra/1.json", "p - q")
+    aime = evaluate.load_benchmark("aime24", "hf", empty)
+    assert calls[-1] == ("HuggingFaceH4/aime_2024", None, "train") and aime[0]["id"] == "60"
+    assert evaluate.load_problems("minerva", data_dir=empty)[0]["answer"] == "1.6"  # a solution: its box
+    # a local file wins over the hub
+    n_calls = len(calls)
+    assert len(evaluate.load_problems("gsm8k", data_dir=SHARED_DATA)) == 1319 and len(calls) == n_calls
+
+
+def test_every_benchmark_has_a_hub_mapping():
+    assert set(evaluate.HF_DATASETS) == set(evaluate.BENCHMARKS)
+    for spec in evaluate.HF_DATASETS.values():
+        assert "/" in spec["path"] and spec["split"] in ("train", "test")
+
+
+def test_offline_error_names_the_missing_file_and_the_hub_id(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setitem(sys.modules, "datasets", _fake_datasets(calls, fail=ConnectionError("no network")))
+    with pytest.raises(FileNotFoundError, match="no local file and cannot download: math500") as e:
+        evaluate.load_problems("math500", data_dir=tmp_path)
+    assert "HuggingFaceH4/MATH-500" in str(e.value) and "ConnectionError" in str(e.value)
+    assert str(tmp_path / "math500.jsonl") in str(e.value)
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed: import fails
+    with pytest.raises(FileNotFoundError, match="no local file and cannot download: aime25.*datasets"):
+        evaluate.main(["--benchmarks", "aime25", "--data_dir", str(tmp_path), "--model", "no-such-model"])
+
+
+def test_bad_hub_rows_are_reported(tmp_path, monkeypatch):
+    mod = types.ModuleType("datasets")
+    mod.load_dataset = lambda path, name=None, split=None: [{"question": "q", "answer": "no hashes"}]
+    monkeypatch.setitem(sys.modules, "datasets", mod)
+    with pytest.raises(ValueError, match="####"):
+        evaluate.load_problems("gsm8k", data_dir=tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Protocol presets
+# ------------------------------------------------------------------------------------------------------
+def test_presets_and_explicit_overrides():
+    d = evaluate.resolve_settings("delta")
+    assert (d["num_samples"], d["temperature"], d["top_p"], d["max_new_tokens"], d["greedy"]) == (16, 1.0, 0.7,
+                                                                                                   30000, False)
+    g = evaluate.resolve_settings("greedy")
+    assert (g["num_samples"], g["temperature"], g["greedy"]) == (0, 0.0, True)
+    base = evaluate.resolve_settings(None)
+    assert base == evaluate.DEFAULT_SETTINGS
+    # an explicit flag beats the preset; unset (None) flags fall back to preset, then defaults
+    o = evaluate.resolve_settings("delta", top_p=0.95, num_samples=4, max_new_tokens=None, greedy=True)
+    assert (o["num_samples"], o["top_p"], o["max_new_tokens"], o["temperature"], o["greedy"]) == (4, 0.95, 30000,
+                                                                                                  1.0, True)
+    assert o["seed"] == 0 and o["chunk_size"] == evaluate.DEFAULT_SETTINGS["chunk_size"]
+    assert evaluate.resolve_settings("greedy", max_new_tokens=64)["max_new_tokens"] == 64
+
+
+def test_cli_flags_default_to_none_so_presets_apply():
+    args = evaluate.build_parser().parse_args(["--protocol", "delta", "--top_p", "0.9"])
+    flags = {k: getattr(args, k) for k in evaluate.DEFAULT_SETTINGS}
+    assert flags["top_p"] == 0.9 and all(v is None for k, v in flags.items() if k != "top_p")
+    s = evaluate.resolve_settings(args.protocol, **flags)
+    assert (s["top_p"], s["num_samples"], s["max_new_tokens"]) == (0.9, 16, 30000)
+    assert evaluate.build_parser().parse_args(["--no-greedy"]).greedy is False
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(protocol="delta2"), "unknown protocol"),
+    (dict(protocol="greedy", num_samples=4), "identical"),
+    (dict(num_samples=0, greedy=False), "nothing to evaluate"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(temperature=-1.0), "temperature"),
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(num_samples=-2), "num_samples"),
+])
+def test_bad_settings_are_refused(kwargs, match):
+    protocol = kwargs.pop("protocol", None)
+    with pytest.raises(ValueError, match=match):
+        evaluate.resolve_settings(protocol, **kwargs)
+
+
+def test_pass_k_list_and_refusal_of_k_above_n():
+    assert evaluate.default_pass_ks(16) == [1, 2, 4, 8, 16]
+    assert evaluate.default_pass_ks(6) == [1, 2, 4, 6]
+    assert evaluate.default_pass_ks(0) == []
+    with pytest.raises(ValueError, match=r"refused k = \[8\]"):
+        evaluate.check_pass_ks([1, 8], 4)
+    with pytest.raises(ValueError, match="num_samples=4"):  # refused before any model is loaded
+        evaluate.main(["--benchmarks", "toy", "--num_samples", "4", "--pass_k", "2,8", "--model", "no-such-model"])
+
+
+# ------------------------------------------------------------------------------------------------------
+# Metrics by hand
+# ------------------------------------------------------------------------------------------------------
+def _rec(pid, mode, sample, correct, length=10, finish="stop", boxed=True, reason=None):
+    return {"id": pid, "mode": mode, "sample": sample, "correct": correct, "length": length, "finish_reason": finish,
+            "extracted": "1" if boxed else None, "reason": reason or ("ok" if boxed else "no_box")}
+
+
+def test_metrics_by_hand():
+    rows = [{"id": i, "problem": "p", "answer": "1"} for i in ("a", "b", "c")]
+    recs = [_rec("a", "greedy", 0, True, length=5), _rec("b", "greedy", 0, False, length=7, finish="length",
+                                                         boxed=False),
+            _rec("c", "greedy", 0, False, length=9, reason="timeout")]
+    correct = {"a": [True] * 4, "b": [False, True, False, False], "c": [False] * 4}
+    for pid, flags in correct.items():
+        for s, ok in enumerate(flags):
+            recs.append(_rec(pid, "sample", s, ok, length=10 * (s + 1), finish="length" if s == 3 else "stop",
+                             boxed=s != 2, reason="parse_error" if (pid, s) == ("c", 0) else None))
+    m = evaluate.compute_metrics(recs, rows, num_samples=4, greedy=True)
+    assert m["num_problems"] == 3
+    assert m["greedy"] == pytest.approx(1 / 3)
+    assert m["avg@4"] == pytest.approx(5 / 12)  # 4 + 1 + 0 correct of 12
+    assert m["pass@1"] == pytest.approx((1 + 1 / 4 + 0) / 3)
+    # pass@2 of problem b (n=4, c=1): 1 - C(3,2)/C(4,2) = 1 - 3/6
+    assert m["pass@2"] == pytest.approx((1 + (1 - math.comb(3, 2) / math.comb(4, 2)) + 0) / 3)
+    assert m["pass@4"] == pytest.approx(2 / 3)
+    assert m["greedy/mean_length"] == pytest.approx(7) and m["greedy/max_length"] == 9
+    assert m["greedy/truncation_rate"] == pytest.approx(1 / 3) and m["greedy/boxed_rate"] == pytest.approx(2 / 3)
+    assert m["greedy/timeout"] == 1 and m["greedy/no_box"] == 1
+    assert m["sample/mean_length"] == pytest.approx(25) and m["sample/max_length"] == 40
+    assert m["sample/truncation_rate"] == pytest.approx(1 / 4) and m["sample/boxed_rate"] == pytest.approx(3 / 4)
+    assert m["sample/parse_error"] == 1 and m["sample/no_box"] == 3
+    with pytest.raises(ValueError, match="missing response record"):
+        evaluate.compute_metrics(recs[:-1], rows, num_samples=4, greedy=True)
+    with pytest.raises(ValueError, match="refused"):
+        evaluate.compute_metrics(recs, rows, num_samples=4, greedy=True, pass_ks=[8])
+
+
+def test_overall_is_question_count_weighted():
+    x = {"num_problems": 30, "greedy": 0.5, "avg@4": 0.2, "sample/max_length": 100, "sample/timeout": 1,
+         "sample/mean_length": 50.0}
+    y = {"num_problems": 10, "greedy": 0.1, "avg@4": 0.6, "sample/max_length": 300, "sample/timeout": 2,
+         "sample/mean_length": 10.0, "only_here": 1.0}
+    o = evaluate.overall_metrics({"x": x, "y": y})
+    assert o["greedy"] == pytest.approx((30 * 0.5 + 10 * 0.1) / 40)  # 0.4, not the plain mean 0.3
+    assert o["avg@4"] == pytest.approx(0.3)  # not the plain mean 0.4
+    assert o["sample/mean_length"] == pytest.approx(40.0)
+    assert o["sample/max_length"] == 300 and o["sample/timeout"] == 3 and o["num_problems"] == 40
+    assert "only_here" not in o
+    with pytest.raises(ValueError):
+        evaluate.overall_metrics({})
+
+
+# ------------------------------------------------------------------------------------------------------
+# Markdown table and --compare
+# ------------------------------------------------------------------------------------------------------
+def _result(model, math500, aime24, temperature=1.0):
+    b = {"math500": {"num_problems": 400, "greedy": math500[0], "avg@4": math500[1], "sample/mean_length": 300.0,
+                     "sample/max_length": 900, "sample/truncation_rate": 0.05, "sample/boxed_rate": 0.9,
+                     "sample/timeout": 1, "sample/parse_error": 2, "greedy/parse_error": 1},
+         "aime24": {"num_problems": 30, "greedy": aime24[0], "avg@4": aime24[1], "sample/mean_length": 800.0,
+                    "sample/max_length": 1000, "sample/truncation_rate": 0.5, "sample/boxed_rate": 0.4,
+                    "sample/timeout": 0, "sample/parse_error": 0, "greedy/parse_error": 0}}
+    return {"model": model, "protocol": None, "prompt_template": "qwen_math",
+            "settings": {"temperature": temperature, "num_samples": 4}, "benchmarks": b,
+            "overall": evaluate.overall_metrics(b)}
+
+
+def test_markdown_table():
+    table = evaluate.format_table(_result("m", (0.5, 0.25), (0.1, 0.0)))
+    lines = table.splitlines()
+    assert lines[0].startswith("| benchmark | problems | greedy | avg@4 | mean len (sample) |")
+    assert lines[2] == "| math500 | 400 | 50.0 | 25.0 | 300.0 | 900 | 5.0 | 90.0 | 1 | 3 |"
+    assert lines[3] == "| aime24 | 30 | 10.0 | 0.0 | 800.0 | 1000 | 50.0 | 40.0 | 0 | 0 |"
+    # overall greedy = (400*0.5 + 30*0.1)/430 = 47.2 %
+    assert lines[4].startswith("| **overall** | 430 | 47.2 | 23.3 | ")
+
+
+def test_compare_prints_both_and_the_difference(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_result("base", (0.5, 0.25), (0.1, 0.0))))
+    b.write_text(json.dumps(_result("delta", (0.6, 0.2), (0.0, 0.05), temperature=0.6)))
+    evaluate.main(["--compare", str(a), str(b)])
+    out = capsys.readouterr().out
+    assert "| benchmark | problems | greedy A | greedy B | greedy Δ | avg@4 A | avg@4 B | avg@4 Δ |" in out
+    assert "| math500 | 400 | 50.0 | 60.0 | +10.0 | 25.0 | 20.0 | -5.0 |" in out
+    assert "| aime24 | 30 | 10.0 | 0.0 | -10.0 | 0.0 | 5.0 | +5.0 |" in out
+    # overall greedy: A (200+3)/430 = 47.2, B (240+0)/430 = 55.8
+    assert "| **overall** | 430 | 47.2 | 55.8 | +8.6 |" in out
+    assert "model: base vs delta" in out and "temperature: 1.0 vs 0.6" in out
+
+
+def test_compare_with_different_benchmark_sets_uses_shared_overall():
+    a = _result("a", (0.5, 0.25), (0.1, 0.0))
+    b = _result("b", (0.6, 0.2), (0.0, 0.05))
+    del b["benchmarks"]["aime24"]
+    out = evaluate.format_compare(a, b)
+    assert "| aime24 | 30 | 10.0 | – | – |" in out
+    assert "| **overall (shared)** | 400 | 50.0 | 60.0 | +10.0 |" in out
+
+
+def test_plot_is_skipped_without_matplotlib(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert evaluate.plot_results(_result("m", (0.5, 0.2), (0.1, 0.0)), tmp_path) == []
+    assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------------------------------------------
+# End to end on a tiny random model: outputs, resume after an interruption, settings hash
+# ------------------------------------------------------------------------------------------------------
+@pytest.fixture()
+def counting_generate(monkeypatch):
+    calls = []
+    real = rollout.generate
+
+    def wrapper(model, tokenizer, prompts, num_generations, max_new_tokens, temperature=1.0, top_p=1.0, seed=0,
+                stop_ids=None, batch_size=None):
+        calls.append({"prompts": list(prompts), "n": num_generations, "temperature": temperature, "seed": seed})
+        return real(model, tokenizer, prompts, num_generations, max_new_tokens, temperature, top_p, seed, stop_ids,
+                    batch_size)
+
+    monkeypatch.setattr(rollout, "generate", wrapper)
+    return calls
+
+
+def _without_run(path):
+    res = json.loads(Path(path).read_text())
+    res.pop("run")
+    return res
+
+
+def test_resume_generates_only_missing_chunks_and_matches_uninterrupted_run(tmp_path, tiny_model_path,
+                                                                             counting_generate, capsys):
+    import toy
+
+    data = tmp_path / "four.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in toy.make_split("test", n=4)))
+    out = tmp_path / "out"
+    argv = ["--model", tiny_model_path, "--benchmarks", str(data), "--prompt_template", "none", "--num_samples",
+            "2", "--max_new_tokens", "6", "--chunk_size", "2", "--output_dir", str(out), "--no_progress",
+            "--grade_workers", "1"]
+    res = evaluate.main(argv)
+    # 4 problems in chunks of 2, greedy then sample: 4 generate calls, 4 + 8 records
+    assert [(c["temperature"], len(c["prompts"]), c["n"]) for c in counting_generate] == \
+        [(0.0, 2, 1), (0.0, 2, 1), (1.0, 2, 2), (1.0, 2, 2)]
+    first_calls = list(counting_generate)
+    responses = out / "four_responses.jsonl"
+    full_text = responses.read_text()
+    lines = full_text.splitlines(keepends=True)
+    assert len(lines) == 12
+    uninterrupted = _without_run(out / "results.json")
+    assert set(res["benchmarks"]["four"]) >= {"greedy", "avg@2", "pass@1", "pass@2", "sample/mean_length",
+                                              "sample/max_length", "sample/truncation_rate", "sample/boxed_rate",
+                                              "sample/timeout", "sample/parse_error", "greedy/truncation_rate"}
+    assert uninterrupted["settings"]["seed"] == 0 and uninterrupted["prompt_template"] == "none"
+    assert "torch" in uninterrupted["versions"] and "| four | 4 |" in capsys.readouterr().out
+    assert (out / "results.md").read_text().startswith("| benchmark |")
+
+    # interrupted inside the first sample chunk (3 of its 4 records written): that chunk and the next are redone
+    counting_generate.clear()
+    responses.write_text("".join(lines[:7]))
+    evaluate.main(argv)
+    assert [(c["temperature"], c["seed"], c["prompts"]) for c in counting_generate] == \
+        [(c["temperature"], c["seed"], c["prompts"]) for c in first_calls[2:]]
+    assert responses.read_text() == full_text
+    assert _without_run(out / "results.json") == uninterrupted
+    assert json.loads((out / "results.json").read_text())["run"]["reused_responses"]["four"] == 4
+
+    # interrupted at a chunk boundary, with half a line written: only the last chunk is redone
+    counting_generate.clear()
+    responses.write_text("".join(lines[:8]) + lines[8][:25])
+    evaluate.main(argv)
+    assert [(c["temperature"], c["seed"]) for c in counting_generate] == \
+        [(first_calls[3]["temperature"], first_calls[3]["seed"])]
+    assert responses.read_text() == full_text
+    assert _without_run(out / "results.json") == uninterrupted
+
+    # complete: nothing is generated
+    counting_generate.clear()
+    evaluate.main(argv)
+    assert counting_generate == []
+
+    # other settings in the same folder are refused, --overwrite starts again
+    with pytest.raises(ValueError, match="different settings"):
+        evaluate.main(argv + ["--temperature", "0.7"])
+    evaluate.main(argv + ["--temperature", "0.7", "--overwrite"])
+    assert len(counting_generate) == 4
+    assert json.loads((out / "results.json").read_text())["settings"]["temperature"] == 0.7
+
+
+def test_evaluate_rows_keeps_the_trainer_keys(tiny_model_path):
+    import toy
+
+    model, tokenizer = rollout.load_model_and_tokenizer(tiny_model_path)
+    rows = toy.make_split("test", n=3)
+    res = evaluate.evaluate_rows(model, tokenizer, rows, "none", num_samples=2, max_new_tokens=4, seed=1)
+    for key in ("greedy", "avg@2", "pass@2", "sample/mean_length", "sample/truncation_rate", "sample/boxed_rate"):
+        assert key in res
+    assert len(res["responses"]) == 3 + 6
+    assert res["sample/mean_length"] == pytest.approx(
+        sum(r["length"] for r in res["responses"] if r["mode"] == "sample") / 6)
