@@ -431,6 +431,54 @@ def _token_strings(tokenizer, ids):
     return [tokenizer.decode([t]) for t in ids]
 
 
+def old_logprobs(model, input_ids, attention_mask, response_mask, cfg: GRPOConfig, need_hidden=False,
+                 ref_model=None):
+    """θ_old log-probs ``[N, T]`` (no grad, eval mode), micro-batched; also the LM-head inputs ``[N, T, H]`` when
+    ``need_hidden`` (DelTA, same forward pass) and the reference log-probs when ``ref_model`` is given."""
+    device = input_ids.device
+    old_parts, hid_parts, ref_parts = [], [], []
+    model.eval()
+    with torch.no_grad():
+        for s in _micro_slices(len(input_ids), cfg.micro_batch_size):
+            m = response_mask[s].to(device)
+            o = token_logprobs(model, input_ids[s], attention_mask[s], m, cfg.temperature, return_hidden=need_hidden)
+            if need_hidden:
+                o, h = o
+                hid_parts.append(h.float().cpu())
+            old_parts.append(o.cpu())
+            if ref_model is not None:
+                ref_parts.append(token_logprobs(ref_model, input_ids[s], attention_mask[s], m, cfg.temperature).cpu())
+    return (torch.cat(old_parts), torch.cat(hid_parts) if hid_parts else None,
+            torch.cat(ref_parts) if ref_parts else None)
+
+
+def backward_minibatch(model, input_ids, attention_mask, response_mask, old_logp, token_adv, ref_logp, mb_idx,
+                       cfg: GRPOConfig):
+    """Accumulate the gradient of one mini-batch's loss (rows ``mb_idx``), ``cfg.micro_batch_size`` rows at a time.
+
+    The normaliser of ``cfg.loss_type`` (token count for ``dapo``, sequence count for ``grpo``/``dr_grpo``) is
+    computed once over the whole mini-batch and passed to every micro-batch, so the summed gradient equals the
+    whole-mini-batch gradient whatever the micro-batch size (trl#3021, PR #6024; OpenRLHF's loss_utils).
+    Returns (loss value, token-weighted sums of the ``policy_loss`` statistics with their ``num_tokens``).
+    """
+    device = input_ids.device
+    n_tok, n_seq = response_mask[mb_idx].sum().item(), len(mb_idx)
+    loss_total, agg = 0.0, {}
+    for s in _micro_slices(len(mb_idx), cfg.micro_batch_size):
+        j = mb_idx[s]
+        m = response_mask[j].to(device)
+        logp = token_logprobs(model, input_ids[j], attention_mask[j], m, cfg.temperature)
+        loss, stats = policy_loss(logp, old_logp[j].to(device), token_adv[j].to(device), m, cfg.epsilon,
+                                  cfg.epsilon_high, cfg.dual_clip, cfg.loss_type, cfg.max_completion_length,
+                                  ref_logp=ref_logp[j].to(device) if ref_logp is not None else None, beta=cfg.beta,
+                                  num_tokens=n_tok, num_sequences=n_seq)
+        loss.backward()
+        loss_total += loss.item()
+        for k, v in stats.items():  # token-weighted, so the step's statistics are token-means
+            agg[k] = agg.get(k, 0.0) + (v * stats["num_tokens"] if k != "num_tokens" else v)
+    return loss_total, agg
+
+
 def write_samples(path, tokenizer, batch, rewards, adv, token_adv, weights, credit, groups):
     """samples/step_*.jsonl: prompts, responses, rewards, advantages; with DelTA/CSCR the extreme tokens."""
     G = batch.group_size
@@ -530,22 +578,7 @@ def train(cfg: GRPOConfig) -> dict:
         # 4. old log-probs at θ_old (no grad), and the hidden states DelTA needs from the same forward pass
         device = next(model.parameters()).device
         input_ids, attn = batch.input_ids.to(device), batch.attention_mask.to(device)
-        model.eval()
-        with torch.no_grad():
-            old_parts, hid_parts, ref_parts = [], [], []
-            for s in _micro_slices(len(adv), cfg.micro_batch_size):
-                o = token_logprobs(model, input_ids[s], attn[s], mask[s].to(device), cfg.temperature,
-                                   return_hidden=credit.needs_hidden())
-                if credit.needs_hidden():
-                    o, h = o
-                    hid_parts.append(h.float())
-                old_parts.append(o)
-                if ref_model is not None:
-                    ref_parts.append(token_logprobs(ref_model, input_ids[s], attn[s], mask[s].to(device),
-                                                    cfg.temperature))
-            old_logp = torch.cat(old_parts).cpu()
-            hidden = torch.cat(hid_parts).cpu() if hid_parts else None
-            ref_logp = torch.cat(ref_parts).cpu() if ref_parts else None
+        old_logp, hidden, ref_logp = old_logprobs(model, input_ids, attn, mask, cfg, credit.needs_hidden(), ref_model)
         # 5. ... and token advantages (the credit hook)
         token_adv, credit_stats = credit(model, batch, adv, old_logp, hidden, problems, answers)
         # 6. policy update: num_iterations passes × num_mini_batches optimizer steps, micro-batched backward
@@ -557,26 +590,17 @@ def train(cfg: GRPOConfig) -> dict:
             perm = torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed + 7919 * step + epoch))
             for mb in range(cfg.num_mini_batches):
                 mb_idx = perm[mb * mb_size:(mb + 1) * mb_size] if cfg.num_mini_batches > 1 else torch.arange(N)
-                # the loss normaliser is computed once over the whole mini-batch (not per micro-batch)
-                n_tok, n_seq = mask[mb_idx].sum().item(), len(mb_idx)
                 optimizer.zero_grad(set_to_none=True)
-                for s in _micro_slices(len(mb_idx), cfg.micro_batch_size):
-                    j = mb_idx[s]
-                    logp = token_logprobs(model, input_ids[j], attn[j], mask[j].to(device), cfg.temperature)
-                    loss, stats = policy_loss(
-                        logp, old_logp[j].to(device), token_adv[j].to(device), mask[j].to(device), cfg.epsilon,
-                        cfg.epsilon_high, cfg.dual_clip, cfg.loss_type, cfg.max_completion_length,
-                        ref_logp=ref_logp[j].to(device) if ref_logp is not None else None, beta=cfg.beta,
-                        num_tokens=n_tok, num_sequences=n_seq)
-                    loss.backward()
-                    loss_sum += loss.item()
-                    for k, v in stats.items():  # token-weighted means across micro-batches
-                        agg[k] = agg.get(k, 0.0) + (v * stats["num_tokens"] if k != "num_tokens" else v)
+                loss, stats = backward_minibatch(model, input_ids, attn, mask, old_logp, token_adv, ref_logp,
+                                                 mb_idx, cfg)
+                loss_sum += loss
+                for k, v in stats.items():
+                    agg[k] = agg.get(k, 0.0) + v
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))
-                if not torch.isfinite(grad_norm):
-                    skipped += 1
+                if not (math.isfinite(loss) and torch.isfinite(grad_norm)):
+                    skipped += 1  # a non-finite loss or gradient never reaches the weights
                     optimizer.zero_grad(set_to_none=True)
-                    tqdm.write(f"[warn] step {step}: non-finite gradient norm, update skipped")
+                    tqdm.write(f"[warn] step {step + 1}: non-finite loss or gradient norm, update skipped")
                     continue
                 optimizer.step()
                 grad_norms.append(grad_norm.item())

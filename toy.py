@@ -45,9 +45,9 @@ SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>",
 CHARS = [chr(i) for i in range(32, 127)] + ["\n"]
 
 # The task: 1-3 operations (+ or -) on operands in this range, intermediate results kept non-negative.
-TASK = dict(num_ops=(1, 2, 2, 3), operand_range=(1, 19))
+TASK = dict(num_ops=(1, 2), operand_range=(1, 19))
 # Warm-up settings. The mistake rate sets the base model's sampled accuracy (issue target: 20-60%).
-WARMUP = dict(steps=500, batch_size=64, learning_rate=3e-3, mistake_prob=0.35, seed=0)
+WARMUP = dict(steps=800, batch_size=32, learning_rate=5e-3, mistake_prob=0.1, shortcut_prob=0.5, seed=0)
 MODEL = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, head_dim=32, max_position_embeddings=128)
 
@@ -109,12 +109,19 @@ def load_split(split: str) -> list[dict]:
 
 
 def worked_solution(steps: list[tuple[int, str, int, int]], rng: random.Random | None = None,
-                    mistake_prob: float = 0.0) -> str:
+                    mistake_prob: float = 0.0, shortcut_prob: float = 0.0) -> str:
     """The worked solution text, e.g. ``37+48=85. 85-12=73. \\boxed{73}``.
 
     With ``mistake_prob > 0`` each step's result is, with that probability, off by 1-10 and the wrong value
     is carried into the next step and the box: a plausible-looking but wrong solution.
+    With ``shortcut_prob > 0`` the solution is, with that probability, a bare guess ``\\boxed{N}`` without the
+    worked steps, right only one time in five: the base model learns a "guess" habit that RL can unlearn
+    (showing the work is what earns reward), besides sharpening its arithmetic.
     """
+    if rng is not None and rng.random() < shortcut_prob:
+        answer = steps[-1][3]
+        guess = answer if rng.random() < 0.2 else answer + rng.choice([-1, 1]) * rng.randint(1, 10)
+        return f"\\boxed{{{guess}}}"
     parts, carried = [], None
     for left, op, right, result in steps:
         left = carried if carried is not None else left
@@ -156,8 +163,9 @@ def build_model(tokenizer, seed: int = 0, **overrides):
 
 
 def warm_up(model, tokenizer, steps: int, batch_size: int, learning_rate: float, mistake_prob: float,
-            seed: int = 0, log_every: int = 100) -> list[float]:
-    """Supervised warm-up on worked solutions with injected mistakes; returns the loss every ``log_every`` steps.
+            shortcut_prob: float = 0.0, seed: int = 0, log_every: int = 100) -> list[float]:
+    """Supervised warm-up on worked solutions with injected mistakes and guesses (see ``worked_solution``);
+    returns the loss every ``log_every`` steps.
 
     The loss is the token-mean cross-entropy (nats) over response tokens (solution + EOS), prompts masked out.
     """
@@ -178,7 +186,8 @@ def warm_up(model, tokenizer, steps: int, batch_size: int, learning_rate: float,
             if problem in held_out:
                 continue
             p = tokenizer(problem + "\n")["input_ids"]
-            r = tokenizer(worked_solution(chain, rng, mistake_prob), add_special_tokens=False)["input_ids"]
+            r = tokenizer(worked_solution(chain, rng, mistake_prob, shortcut_prob),
+                          add_special_tokens=False)["input_ids"]
             r = r + [tokenizer.eos_token_id]
             ids.append(p + r)
             labels.append([-100] * len(p) + r)
@@ -219,7 +228,8 @@ def build_toy_model(path: str | os.PathLike, warmup_steps: int | None = None, se
     steps = WARMUP["steps"] if warmup_steps is None else warmup_steps
     if steps > 0:
         warm_up(model, tokenizer, steps=steps, batch_size=WARMUP["batch_size"],
-                learning_rate=WARMUP["learning_rate"], mistake_prob=WARMUP["mistake_prob"], seed=seed)
+                learning_rate=WARMUP["learning_rate"], mistake_prob=WARMUP["mistake_prob"],
+                shortcut_prob=WARMUP["shortcut_prob"], seed=seed)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     path.parent.mkdir(parents=True, exist_ok=True)
