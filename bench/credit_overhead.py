@@ -1,0 +1,487 @@
+"""Cost of token credit assignment: GRPO vs DelTA vs CSCR, same training steps, side by side.
+
+What it measures
+----------------
+For each credit (``--credits``, default ``grpo,delta,cscr``; every ``delta`` entry is run once per
+``--delta_impls``, default ``normal,memory_efficient``) it runs ``grpo.train`` for ``--steps`` steps with the
+same model, data, seed and therefore the same prompts (and, at step 1, the same rollout). The runs are
+INTERLEAVED, ``grpo, delta, delta(memory_efficient), cscr, grpo, delta, ...`` for ``--repeats`` rounds, so a
+slow drift of the machine's load hits every credit alike. Each run is a fresh ``train()`` in a fresh process
+(forked from a fork server that has already imported torch/transformers, so a run starts in about a second).
+
+Per step it reads ``metrics.jsonl`` (``step_time``: the whole step; ``generation_time``: the rollout part) and,
+through a timing wrapper around ``grpo.Credit.__call__`` installed in the child process only (grpo.py is not
+changed), the time of the credit hook itself. The first step of every run is excluded (warm-up: grading
+worker start, allocator growth, first-call overheads). Reported per credit, over the pooled remaining steps:
+
+* median seconds per step, and the ratio of medians against GRPO;
+* median seconds per step excluding generation (``step_time − generation_time``: old log-probs, credit,
+  forward/backward, optimizer, grading, logging), where the credit overhead lives, and its ratio;
+* median seconds in the credit hook (DelTA: λ̄ from the cached hidden states; CSCR: the two conditioned
+  forward passes + weights; GRPO: a broadcast);
+* the spread of the per-round ratio (each round's median against the same round's GRPO median), which shows
+  how much of a ratio is noise;
+* peak memory. CPU: the increase of the process's resident set during ``train()``: the peak RSS counter
+  (``VmHWM``) is reset just before ``train()`` by writing ``5`` to ``/proc/self/clear_refs`` and read after
+  it, minus ``VmRSS`` before it (falls back to ``ru_maxrss`` if the reset is refused). Unlike tracemalloc it
+  sees torch's allocations; it includes everything ``train()`` allocates (data, model, optimizer, activations,
+  glibc caching), so it is an honest upper bound of the working set, identical in kind for every credit.
+  CUDA: ``torch.cuda.max_memory_allocated`` over ``train()`` (reset before it).
+
+Goals checked (reported, never enforced): DelTA ≤ 1.10× GRPO seconds per step, CSCR ≤ 1.6×.
+
+Results: a markdown table on stdout and a JSON file (``--out``, default ``bench/results/credit_overhead.json``)
+with the machine (CPU model, cores, torch threads, load average, GPU), library versions, git commit, date,
+the exact command, the configuration, every step's raw timings and the summary.
+
+Usage (the default run takes a few minutes on 2 CPU cores)::
+
+    python bench/credit_overhead.py
+    python bench/credit_overhead.py --steps 4 --repeats 2 --credits grpo,cscr
+    python bench/credit_overhead.py --profile cscr   # cProfile one extra run, print the top functions
+
+With ``--model toy`` the cached warmed-up toy model (``toy.ensure_toy_model``'s folder) is copied to a private
+temporary folder first, so a concurrent rebuild of the cache cannot change the model mid-benchmark; if there is
+no cached model, a private one is built with ``--toy_warmup_steps`` supervised steps (default 200; reward must
+be non-zero somewhere, or zero-advantage batches skip the credit code paths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+GOALS = {"delta": 1.10, "cscr": 1.6}  # max allowed s/step ratio against GRPO (whole step)
+# imported once by the fork server, so that each run's fresh process starts without paying for them
+PRELOAD = ["torch", "transformers", "transformers.models.auto.modeling_auto", "transformers.generation.utils",
+           "transformers.models.auto.tokenization_auto", "transformers.models.qwen3.modeling_qwen3",
+           "grpo", "delta", "cscr", "rollout", "verify", "evaluate", "toy"]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Child process: one fresh train() run
+# ----------------------------------------------------------------------------------------------------------
+def _proc_status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the kernel's peak-RSS counter (VmHWM) of this process; False where not supported."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def run_one(spec: dict) -> dict:
+    """One ``grpo.train`` run as described by ``spec``; returns per-step timings and peak memory.
+
+    Runs in a child process: installs a timing wrapper on ``grpo.Credit.__call__`` (this process only).
+    """
+    import resource
+
+    import torch
+
+    import grpo
+
+    cuda = torch.cuda.is_available()
+    hook = []
+    original = grpo.Credit.__call__
+
+    def timed_call(self, model, batch, adv, *args, **kwargs):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = original(self, model, batch, adv, *args, **kwargs)
+        if cuda:
+            torch.cuda.synchronize()
+        hook.append({"credit_time": time.perf_counter() - t0, "rows_nonzero_adv": int((adv != 0).sum()),
+                     "response_width": int(batch.response_mask.shape[1])})
+        return out
+
+    grpo.Credit.__call__ = timed_call
+
+    # CPU time of this process per step (less sensitive than wall time to other processes sharing the cores):
+    # a step runs from its rollout.generate call to its write_samples call (logging_steps=1), both looked up
+    # by grpo.train at call time. It excludes the grading worker's CPU (a separate process, same for every
+    # credit) and the first lines of the step (prompt sampling), which come before generate.
+    marks = []
+    original_generate, original_write = grpo.rollout.generate, grpo.write_samples
+
+    def generate(*a, **k):
+        c0 = time.process_time()
+        out = original_generate(*a, **k)
+        marks.append({"cpu_start": c0, "cpu_generation": time.process_time() - c0})
+        return out
+
+    def write_samples(*a, **k):
+        marks[-1]["cpu_end"] = time.process_time()
+        return original_write(*a, **k)
+
+    grpo.rollout.generate, grpo.write_samples = generate, write_samples
+    cfg = grpo.GRPOConfig(**spec["config"])
+    profiler = None
+    if spec.get("profile"):
+        import cProfile
+
+        profiler = cProfile.Profile()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    rss_before = _proc_status_kib("VmRSS")
+    reset_ok = _reset_peak_rss()
+    maxrss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
+    grpo.train(cfg)
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(spec["profile"])
+    wall = time.perf_counter() - t0
+    if reset_ok and _proc_status_kib("VmHWM") is not None:
+        peak_kib, how = _proc_status_kib("VmHWM"), "VmHWM after clear_refs reset"
+    else:  # no reset possible: the lifetime peak, meaningful only if the process peaked during train()
+        peak_kib, how = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "ru_maxrss (no reset)"
+    steps = []
+    with open(os.path.join(cfg.output_dir, "metrics.jsonl")) as f:
+        for line in f:
+            rec = json.loads(line)
+            if "step_time" in rec:
+                steps.append({k: rec.get(k) for k in ("step", "step_time", "generation_time", "reward",
+                                                      "frac_reward_zero_std", "completions/mean_length")})
+    for s, h, m in zip(steps, hook, marks):
+        s.update(h)
+        s["cpu_step_time"] = m["cpu_end"] - m["cpu_start"]
+        s["cpu_generation_time"] = m["cpu_generation"]
+    return {
+        "wall_time": wall,
+        "steps": steps,
+        "rss_before_mib": (rss_before or 0) / 1024,
+        "peak_rss_increase_mib": (peak_kib - (rss_before or maxrss_before)) / 1024,
+        "rss_method": how,
+        "cuda_max_allocated_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+        "torch_threads": torch.get_num_threads(),
+        "pid": os.getpid(),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Parent: model snapshot, interleaved schedule, summary
+# ----------------------------------------------------------------------------------------------------------
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def prepare_model(args, workdir: Path) -> tuple[str, dict]:
+    """The model path every run loads, and a description of where it came from."""
+    if args.model != "toy":
+        return args.model, {"source": args.model}
+    import toy
+
+    src = toy.cache_dir()
+    dst = workdir / "toy_model"
+    for _ in range(5):  # copy the cached model; retry if a concurrent rebuild replaced it while copying
+        try:
+            before = os.stat(src).st_ino
+            if not (src / "config.json").exists():
+                break
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(src, dst)
+            if os.stat(src).st_ino == before and (dst / "model.safetensors").exists():
+                info = json.loads((dst / "toy_info.json").read_text()) if (dst / "toy_info.json").exists() else {}
+                return str(dst), {"source": f"snapshot of the cached toy model {src}", "toy_info": info,
+                                  "weights_sha256": _sha256(dst / "model.safetensors")}
+        except (OSError, shutil.Error):
+            pass
+        time.sleep(2)
+    print(f"[bench] no usable cached toy model at {src}: building a private one "
+          f"({args.toy_warmup_steps} warm-up steps) ...", flush=True)
+    t0 = time.time()
+    toy.build_toy_model(dst, warmup_steps=args.toy_warmup_steps)
+    info = json.loads((dst / "toy_info.json").read_text())
+    print(f"[bench] built in {time.time() - t0:.0f}s", flush=True)
+    return str(dst), {"source": f"private build, {args.toy_warmup_steps} warm-up steps", "toy_info": info,
+                      "weights_sha256": _sha256(dst / "model.safetensors")}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_description() -> dict:
+    import torch
+
+    import evaluate
+
+    desc = {"cpu_model": _cpu_model(), "cpu_count": os.cpu_count(),
+            "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "platform": platform.platform(), "torch_default_threads": torch.get_num_threads(),
+            "versions": evaluate.library_versions(),
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    try:
+        with open("/proc/meminfo") as f:
+            desc["mem_total_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return desc
+
+
+def git_state() -> dict:
+    def git(*a):
+        return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()
+
+    try:
+        dirty = [l[3:] for l in git("status", "--porcelain").splitlines() if l[3:].endswith(".py")]
+        return {"commit": git("rev-parse", "HEAD"), "dirty_python_files": dirty}
+    except OSError:
+        return {}
+
+
+def row_specs(args) -> list[tuple[str, dict]]:
+    """(row name, GRPOConfig overrides) for every benchmarked credit, in schedule order."""
+    rows = []
+    for credit in args.credits.split(","):
+        credit = credit.strip()
+        if credit == "delta":
+            for impl in args.delta_impls.split(","):
+                rows.append(("delta" if impl == "normal" else f"delta[{impl}]", {"credit": "delta", "delta_impl": impl}))
+        else:
+            rows.append((credit, {"credit": credit}))
+    return rows
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def summarize(runs: dict, baseline: str) -> dict:
+    """Per row: medians over pooled steps (first step of every run dropped), ratios vs ``baseline``."""
+    out = {}
+    for name, rs in runs.items():
+        steps = [s for r in rs for s in r["steps"][1:]]
+        per_round = [[s for s in r["steps"][1:]] for r in rs]
+        out[name] = {
+            "steps_timed": len(steps),
+            "s_per_step": median([s["step_time"] for s in steps]),
+            "s_per_step_train": median([s["step_time"] - s["generation_time"] for s in steps]),
+            "s_generation": median([s["generation_time"] for s in steps]),
+            "cpu_s_per_step": median([s["cpu_step_time"] for s in steps]),
+            "cpu_s_per_step_train": median([s["cpu_step_time"] - s["cpu_generation_time"] for s in steps]),
+            "s_credit_hook": median([s.get("credit_time", float("nan")) for s in steps]),
+            "round_s_per_step": [median([s["step_time"] for s in st]) for st in per_round],
+            "round_s_per_step_train": [median([s["step_time"] - s["generation_time"] for s in st]) for st in per_round],
+            "mean_completion_length": statistics.fmean(s["completions/mean_length"] for s in steps) if steps else None,
+            "mean_reward": statistics.fmean(s["reward"] for s in steps) if steps else None,
+            "mean_rows_nonzero_adv": statistics.fmean(s.get("rows_nonzero_adv", 0) for s in steps) if steps else None,
+            "peak_rss_increase_mib": median([r["peak_rss_increase_mib"] for r in rs]),
+            "cuda_max_allocated_mib": (median([r["cuda_max_allocated_mib"] for r in rs])
+                                       if rs and rs[0]["cuda_max_allocated_mib"] is not None else None),
+        }
+    base = out.get(baseline)
+    for name, s in out.items():
+        if base is None:
+            continue
+        s["ratio_s_per_step"] = s["s_per_step"] / base["s_per_step"]
+        s["ratio_s_per_step_train"] = s["s_per_step_train"] / base["s_per_step_train"]
+        s["ratio_cpu_s_per_step"] = s["cpu_s_per_step"] / base["cpu_s_per_step"]
+        s["ratio_cpu_s_per_step_train"] = s["cpu_s_per_step_train"] / base["cpu_s_per_step_train"]
+        s["round_ratio_s_per_step"] = [a / b for a, b in zip(s["round_s_per_step"], base["round_s_per_step"])]
+        s["round_ratio_s_per_step_train"] = [a / b for a, b in zip(s["round_s_per_step_train"],
+                                                                   base["round_s_per_step_train"])]
+        mem, bmem = ("cuda_max_allocated_mib", base["cuda_max_allocated_mib"]) if base["cuda_max_allocated_mib"] \
+            else ("peak_rss_increase_mib", base["peak_rss_increase_mib"])
+        s["ratio_memory"] = s[mem] / bmem if bmem else None
+        goal = GOALS.get(name.split("[")[0])
+        if goal is not None:
+            s["goal_ratio_s_per_step"] = goal
+            s["goal_met"] = s["ratio_s_per_step"] <= goal  # the goal is on wall-clock seconds per step
+            s["goal_met_cpu_time"] = s["ratio_cpu_s_per_step"] <= goal
+    return out
+
+
+def markdown_table(summary: dict, cuda: bool) -> str:
+    mem = "CUDA max alloc MiB" if cuda else "peak RSS +MiB"
+    head = ["credit", "s/step", "× GRPO (rounds)", "s/step excl. gen", "× GRPO (rounds)", "CPU s/step", "× GRPO",
+            "CPU s/step excl. gen", "× GRPO", "credit hook s", mem, "mean len", "rows Â≠0", "goal (wall / CPU)"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+
+    def ratio(s, key, rounds=None):
+        x = s.get(key)
+        if x is None:
+            return ""
+        xs = s.get(rounds, []) if rounds else []
+        return f"{x:.2f}" + (f" ({min(xs):.2f}–{max(xs):.2f})" if len(xs) > 1 else "")
+
+    for name, s in summary.items():
+        goal = s.get("goal_ratio_s_per_step")
+        goal_txt = (f"≤ {goal:.2f}×: {'met' if s['goal_met'] else 'NOT met'} / "
+                    f"{'met' if s['goal_met_cpu_time'] else 'NOT met'}") if goal else ""
+        m = s["cuda_max_allocated_mib"] if cuda else s["peak_rss_increase_mib"]
+        lines.append("| " + " | ".join([
+            name, f"{s['s_per_step']:.3f}", ratio(s, "ratio_s_per_step", "round_ratio_s_per_step"),
+            f"{s['s_per_step_train']:.3f}", ratio(s, "ratio_s_per_step_train", "round_ratio_s_per_step_train"),
+            f"{s['cpu_s_per_step']:.3f}", ratio(s, "ratio_cpu_s_per_step"),
+            f"{s['cpu_s_per_step_train']:.3f}", ratio(s, "ratio_cpu_s_per_step_train"),
+            f"{s['s_credit_hook']:.3f}", f"{m:.0f}", f"{s['mean_completion_length']:.1f}",
+            f"{s['mean_rows_nonzero_adv']:.0f}", goal_txt]) + " |")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--steps", type=int, default=6, help="training steps per run (the first is not timed)")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (one run per credit each)")
+    ap.add_argument("--credits", default="grpo,delta,cscr", help="comma-separated credits; grpo is the baseline")
+    ap.add_argument("--delta_impls", default="normal,memory_efficient",
+                    help="DelTA implementations to run for each 'delta' in --credits (one row each)")
+    ap.add_argument("--num_prompts_per_step", type=int, default=16)
+    ap.add_argument("--num_generations", type=int, default=8)
+    ap.add_argument("--max_completion_length", type=int, default=64)
+    ap.add_argument("--model", default="toy", help="'toy' (snapshot of the cached toy model) or a model folder")
+    ap.add_argument("--data", default="toy", help="training problems ('toy' or a jsonl file)")
+    ap.add_argument("--learning_rate", type=float, default=5e-4, help="as grpo.py (the toy's default)")
+    ap.add_argument("--micro_batch_size", type=int, default=0, help="as grpo.py (0 = whole batch)")
+    ap.add_argument("--seed", type=int, default=0, help="the same seed for every run")
+    ap.add_argument("--toy_warmup_steps", type=int, default=200,
+                    help="warm-up steps of the private toy model built when no cached one exists")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "credit_overhead.json"),
+                    help="JSON results file ('' = do not write)")
+    ap.add_argument("--profile", default="", metavar="CREDIT",
+                    help="after the benchmark, cProfile one extra run of this row name and print the top functions")
+    ap.add_argument("--keep_runs", action="store_true", help="keep the runs' output folders (printed)")
+    return ap
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    command = shlex.join(["python", *(sys.argv if argv is None else [__file__, *argv])])
+    rows = row_specs(args)
+    names = [n for n, _ in rows]
+    if "grpo" not in names:
+        raise SystemExit("credit_overhead.py: error: --credits must include grpo (the baseline)")
+    if args.profile and args.profile not in names:
+        raise SystemExit(f"credit_overhead.py: error: --profile must be one of the rows {names}")
+    if args.steps < 2 or args.repeats < 1:
+        raise SystemExit("credit_overhead.py: error: --steps must be >= 2 (step 1 is not timed), --repeats >= 1")
+    # no progress bars (train's, transformers' loading bar): tqdm reads this when imported, so set it before the
+    # fork server starts and imports anything
+    os.environ["TQDM_DISABLE"] = "1"
+    workdir = Path(tempfile.mkdtemp(prefix="credit_overhead-"))
+    model_path, model_info = prepare_model(args, workdir)
+    base_cfg = dict(model=model_path, data=args.data, prompt_template="none" if args.model == "toy" else "auto",
+                    num_generations=args.num_generations, num_prompts_per_step=args.num_prompts_per_step,
+                    max_completion_length=args.max_completion_length, max_steps=args.steps,
+                    learning_rate=args.learning_rate, micro_batch_size=args.micro_batch_size, seed=args.seed,
+                    eval_num_generations=0, save_steps=0, logging_steps=1)
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    load_start = os.getloadavg()
+    runs = {n: [] for n in names}
+    t_start = time.time()
+    print(f"[bench] {len(rows)} rows × {args.repeats} rounds × {args.steps} steps; model {model_info['source']}",
+          flush=True)
+    profile = None
+    pool = ctx.Pool(1, maxtasksperchild=1)  # one task per process: every run starts fresh
+    try:
+        for r in range(args.repeats):
+            for name, over in rows:
+                cfg = {**base_cfg, **over, "output_dir": str(workdir / f"r{r}_{name}")}
+                res = pool.apply(run_one, ({"config": cfg},))
+                runs[name].append(res)
+                st = res["steps"][1:]
+                print(f"[bench] round {r + 1}/{args.repeats} {name:<24} median s/step "
+                      f"{median([s['step_time'] for s in st]):.3f} (excl. gen "
+                      f"{median([s['step_time'] - s['generation_time'] for s in st]):.3f}), "
+                      f"peak RSS +{res['peak_rss_increase_mib']:.0f} MiB, run {res['wall_time']:.1f}s", flush=True)
+        if args.profile:
+            over = dict(rows)[args.profile]
+            prof_path = str(workdir / f"profile_{args.profile}.prof")
+            cfg = {**base_cfg, **over, "output_dir": str(workdir / f"profile_{args.profile}")}
+            pool.apply(run_one, ({"config": cfg, "profile": prof_path},))
+            import io
+            import pstats
+
+            buf = io.StringIO()
+            pstats.Stats(prof_path, stream=buf).sort_stats("cumulative").print_stats(40)
+            profile = buf.getvalue()
+            print(profile)
+    finally:
+        pool.close()
+        pool.join()
+    total = time.time() - t_start
+    import torch
+
+    cuda = torch.cuda.is_available()
+    summary = summarize(runs, "grpo")
+    table = markdown_table(summary, cuda)
+    print()
+    print(table)
+    print(f"\n{args.steps - 1} timed steps per run (step 1 excluded) × {args.repeats} interleaved rounds; medians "
+          f"over pooled steps; (a–b) = range of the per-round ratio; CPU = this process's CPU time (excludes "
+          f"the grading worker). Total {total:.0f}s; load average "
+          f"{load_start[0]:.2f} -> {os.getloadavg()[0]:.2f}.")
+    machine = machine_description()
+    machine["torch_threads_in_train"] = sorted({r["torch_threads"] for rs in runs.values() for r in rs})
+    machine["load_average_start"], machine["load_average_end"] = list(load_start), list(os.getloadavg())
+    result = {"benchmark": "credit_overhead", "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+              "command": command, "python": sys.executable, "git": git_state(), "machine": machine, "model": model_info,
+              "settings": {**vars(args), "train_config": {k: v for k, v in base_cfg.items() if k != "model"}},
+              "memory_method": ("torch.cuda.max_memory_allocated over train()" if cuda else
+                                "peak RSS increase over train(): VmHWM (reset via /proc/self/clear_refs before "
+                                "train) minus VmRSS before train, fresh forked process per run"),
+              "goals": {"delta": "s/step ≤ 1.10× GRPO", "cscr": "s/step ≤ 1.6× GRPO"},
+              "summary": summary, "table_markdown": table, "total_seconds": total, "profile": profile,
+              "runs": {n: [{k: v for k, v in r.items() if k != "pid"} for r in rs] for n, rs in runs.items()}}
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1, ensure_ascii=False)
+            f.write("\n")
+        print(f"wrote {args.out}")
+    if args.keep_runs:
+        print(f"runs kept in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()
