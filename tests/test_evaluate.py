@@ -311,9 +311,28 @@ def test_plot_is_skipped_without_matplotlib(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_plot_writes_one_png_per_benchmark_and_overall(tmp_path):
+    pytest.importorskip("matplotlib")
+    paths = evaluate.plot_results(_result("m", (0.5, 0.2), (0.1, 0.0)), tmp_path)
+    assert sorted(Path(p).name for p in paths) == ["aime24.png", "math500.png", "overall.png"]
+    assert all(Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
 # ------------------------------------------------------------------------------------------------------
 # End to end on a tiny random model: outputs, resume after an interruption, settings hash
 # ------------------------------------------------------------------------------------------------------
+def test_chunks_are_length_sorted_and_fixed_by_the_data():
+    rows = [{"id": str(i), "problem": "x" * n, "answer": "1"} for i, n in enumerate([5, 2, 9, 2, 7])]
+    chunks = evaluate.make_chunks(rows, 2)
+    assert [[r["id"] for r in c] for c in chunks] == [["1", "3"], ["0", "4"], ["2"]]  # ties keep file order
+    assert evaluate.make_chunks(list(reversed(rows)), 2)[0] == [rows[3], rows[1]]
+    keys = [evaluate.chunk_key(i, c) for i, c in enumerate(chunks)]
+    assert len(set(keys)) == 3 and evaluate.chunk_key(0, chunks[0]) == keys[0]
+    assert evaluate.chunk_key(0, [dict(chunks[0][0], answer="2"), chunks[0][1]]) != keys[0]
+    seeds = {evaluate.chunk_seed(0, b, m, c) for b in ("x", "y") for m in ("greedy", "sample") for c in range(3)}
+    assert len(seeds) == 12 and evaluate.chunk_seed(0, "x", "sample", 1) == evaluate.chunk_seed(0, "x", "sample", 1)
+
+
 @pytest.fixture()
 def counting_generate(monkeypatch):
     calls = []
@@ -340,7 +359,9 @@ def test_resume_generates_only_missing_chunks_and_matches_uninterrupted_run(tmp_
     import toy
 
     data = tmp_path / "four.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in toy.make_split("test", n=4)))
+    # file order = length order, so the chunks (made after a length sort) are problems {0, 1} and {2, 3}
+    problems = sorted(toy.make_split("test", n=4), key=lambda r: len(r["problem"]))
+    data.write_text("".join(json.dumps(r) + "\n" for r in problems))
     out = tmp_path / "out"
     argv = ["--model", tiny_model_path, "--benchmarks", str(data), "--prompt_template", "none", "--num_samples",
             "2", "--max_new_tokens", "6", "--chunk_size", "2", "--output_dir", str(out), "--no_progress",
