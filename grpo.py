@@ -86,8 +86,8 @@ class GRPOConfig:
     temperature: float = _f(1.0, "sampling temperature; the trainer's log-probs use the same temperature")
     top_p: float = _f(1.0, "nucleus sampling mass")
     # optimisation
-    max_steps: int = _f(100, "training steps (one rollout batch each)")
-    learning_rate: float = _f(5e-4, "AdamW learning rate (5e-4 suits the toy; use ~1e-6 for full fine-tuning "
+    max_steps: int = _f(60, "training steps (one rollout batch each)")
+    learning_rate: float = _f(3e-4, "AdamW learning rate (3e-4 suits the toy; use ~1e-6 for full fine-tuning "
                                     "of a real model, ~1e-5 with LoRA)")
     weight_decay: float = _f(0.0, "AdamW weight decay")
     max_grad_norm: float = _f(1.0, "gradient clipping (0 = off)")

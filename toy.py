@@ -38,16 +38,16 @@ from pathlib import Path
 
 import torch
 
-TOY_VERSION = "v1"  # bump when the task, tokenizer, model or warm-up changes: the cache folder is keyed on it
+TOY_VERSION = "v2"  # bump when the task, tokenizer, model or warm-up changes: the cache folder is keyed on it
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
 # The tokenizer is character level over printable ASCII and newline, so any English text (e.g. CSCR's
 # privileged verdict notes) tokenizes without <unk>.
 CHARS = [chr(i) for i in range(32, 127)] + ["\n"]
 
 # The task: 1-3 operations (+ or -) on operands in this range, intermediate results kept non-negative.
-TASK = dict(num_ops=(1, 2), operand_range=(1, 19))
+TASK = dict(num_ops=(1, 2), operand_range=(1, 9))
 # Warm-up settings. The mistake rate sets the base model's sampled accuracy (issue target: 20-60%).
-WARMUP = dict(steps=800, batch_size=32, learning_rate=5e-3, mistake_prob=0.1, shortcut_prob=0.5, seed=0)
+WARMUP = dict(steps=1500, batch_size=32, learning_rate=5e-3, mistake_prob=0.2, shortcut_prob=0.3, seed=0)
 MODEL = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, head_dim=32, max_position_embeddings=128)
 
