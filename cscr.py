@@ -1123,6 +1123,8 @@ def diagnose(
     turn_end=DEFAULT_TURN_END,
     num_examples=20,
     return_tensors=False,
+    stop_ids=None,
+    add_special_tokens=True,
 ):
     """Sample on-policy trajectories, re-score them under c+ and c-, and report D1-D7 (spec §7).
 
@@ -1150,6 +1152,10 @@ def diagnose(
         return_tensors: also return a dict of the per-token tensors ([N, T]: response_ids, response_mask,
             lp_base, lp_correct, lp_incorrect, entropy, top1_prob, surface, fv_cosine, fv_kl_pos, fv_kl_neg;
             [N]: correct) and the prompts (prompts, prompts_correct, prompts_incorrect).
+        stop_ids: extra token ids that end a sampled response (e.g. ``<|im_end|>`` for ChatML templates),
+            added to the tokenizer's and generation config's EOS ids.
+        add_special_tokens: tokenizer setting for all three contexts (True, as the trainer's rollouts: the
+            toy tokenizer prepends BOS, Qwen's adds nothing).
         other args: sampling and diagnostics options, see ``diagnostics``.
 
     Returns:
@@ -1186,7 +1192,7 @@ def diagnose(
     with torch.no_grad():
         for a in range(0, num_trajectories, gen_batch_size):
             chunk = prompts[a : a + gen_batch_size]
-            ids = _tokenize_prompts(tokenizer, chunk, False)
+            ids = _tokenize_prompts(tokenizer, chunk, add_special_tokens)
             P = max(len(x) for x in ids)
             inp = torch.full((len(ids), P), pad_id, dtype=torch.long)
             attn = torch.zeros((len(ids), P), dtype=torch.long)
@@ -1196,7 +1202,7 @@ def diagnose(
             out = model.generate(
                 input_ids=inp.to(device), attention_mask=attn.to(device), do_sample=True,
                 temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
-                pad_token_id=pad_id, eos_token_id=sorted(eos) if eos else None,
+                pad_token_id=pad_id, eos_token_id=sorted(eos | set(stop_ids or ())) or None,
             )
             for row in out[:, P:].tolist():
                 resp = []
@@ -1222,7 +1228,7 @@ def diagnose(
         for p, ref, t in zip(prompts, refs, texts)
     ]
     ctx = {"base": prompts, "pos": [c[0] for c in cond], "neg": [c[1] for c in cond]}
-    tok_ids = {k: _tokenize_prompts(tokenizer, v, False) for k, v in ctx.items()}
+    tok_ids = {k: _tokenize_prompts(tokenizer, v, add_special_tokens) for k, v in ctx.items()}
     lp = {k: torch.zeros((N, T), dtype=torch.float32) for k in ctx}
     ent = torch.zeros((N, T))
     top1 = torch.zeros((N, T))
@@ -1373,7 +1379,8 @@ def main(argv=None):
     ap.add_argument("--num_trajectories", type=int, default=400, help="paper: 400")
     ap.add_argument("--output_dir", default="runs/cscr_diagnose")
     ap.add_argument("--template", default="verdict", choices=sorted(CONDITION_TEMPLATES))
-    ap.add_argument("--prompt_template", default="none", choices=["none"], help="none: problem + '\\n'")
+    ap.add_argument("--prompt_template", default="auto", choices=["auto", "none", "qwen_math", "r1"],
+                    help="the training prompt template (rollout.py); auto: none for the toy, qwen_math otherwise")
     ap.add_argument("--max_new_tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top_p", type=float, default=1.0)
@@ -1389,6 +1396,9 @@ def main(argv=None):
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    import rollout  # the project's prompt templates and stop tokens (CLI only; the library needs torch alone)
+
+    prompt_template = rollout.resolve_template(args.prompt_template, args.model)
     model_path = _import_toy().ensure_toy_model() if args.model == "toy" else args.model
     rows = _import_toy().load_split("train") if args.data == "toy" else _read_jsonl(args.data)
     try:
@@ -1403,7 +1413,8 @@ def main(argv=None):
     report = diagnose(
         model, tokenizer, [r["problem"] for r in rows], [r["answer"] for r in rows], args.num_trajectories,
         grade_fn=lambda text, ref: bool(verify.verify(text, ref)),
-        prompt_fn=lambda p: p + "\n",  # --prompt_template none
+        prompt_fn=lambda p: rollout.apply_template(p, prompt_template),
+        stop_ids=rollout.stop_token_ids(tokenizer, prompt_template),
         template=args.template, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
         top_p=args.top_p, top_k=args.top_k, seed=args.seed, gen_batch_size=args.gen_batch_size,
         micro_batch_size=args.micro_batch_size, tau=args.tau, top_frac=args.top_frac, output_dir=args.output_dir,
