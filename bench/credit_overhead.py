@@ -4,9 +4,12 @@ What it measures
 ----------------
 For each credit (``--credits``, default ``grpo,delta,cscr``; every ``delta`` entry is run once per
 ``--delta_impls``, default ``normal,memory_efficient``) it runs ``grpo.train`` for ``--steps`` steps with the
-same model, data, seed and therefore the same prompts (and, at step 1, the same rollout). The runs are
+same model, data, seed and therefore the same prompts; by default (``--learning_rate 1e-30``, see its help) the
+updates are computed and applied but leave the float32 weights unchanged, so every credit also gets the identical
+rollouts at every step and the comparison is shape for shape (the output says whether that held). The runs are
 INTERLEAVED, ``grpo, delta, delta(memory_efficient), cscr, grpo, delta, ...`` for ``--repeats`` rounds, so a
-slow drift of the machine's load hits every credit alike. Each run is a fresh ``train()`` in a fresh process
+slow drift of the machine's load hits every credit alike; an untimed warm-up round (2 steps per row) comes first
+(``--no-warmup_round`` skips it). Each run is a fresh ``train()`` in a fresh process
 (forked from a fork server that has already imported torch/transformers, so a run starts in about a second).
 
 Per step it reads ``metrics.jsonl`` (``step_time``: the whole step; ``generation_time``: the rollout part) and,
@@ -17,6 +20,10 @@ worker start, allocator growth, first-call overheads). Reported per credit, over
 * median seconds per step, and the ratio of medians against GRPO;
 * median seconds per step excluding generation (``step_time − generation_time``: old log-probs, credit,
   forward/backward, optimizer, grading, logging), where the credit overhead lives, and its ratio;
+* the same two medians in CPU seconds of the run's process (``time.process_time`` from the step's
+  ``rollout.generate`` call to its ``write_samples`` call, through wrappers installed in the child only):
+  much less sensitive than wall time to other processes sharing the cores, but blind to the grading worker
+  (a separate process doing the same work for every credit);
 * median seconds in the credit hook (DelTA: λ̄ from the cached hidden states; CSCR: the two conditioned
   forward passes + weights; GRPO: a broadcast);
 * the spread of the per-round ratio (each round's median against the same round's GRPO median), which shows
@@ -28,7 +35,8 @@ worker start, allocator growth, first-call overheads). Reported per credit, over
   glibc caching), so it is an honest upper bound of the working set, identical in kind for every credit.
   CUDA: ``torch.cuda.max_memory_allocated`` over ``train()`` (reset before it).
 
-Goals checked (reported, never enforced): DelTA ≤ 1.10× GRPO seconds per step, CSCR ≤ 1.6×.
+Goals checked (reported, never enforced): DelTA ≤ 1.10× GRPO seconds per step, CSCR ≤ 1.6× (wall clock; the
+CPU-time verdict is shown next to it).
 
 Results: a markdown table on stdout and a JSON file (``--out``, default ``bench/results/credit_overhead.json``)
 with the machine (CPU model, cores, torch threads, load average, GPU), library versions, git commit, date,
@@ -42,8 +50,9 @@ Usage (the default run takes a few minutes on 2 CPU cores)::
 
 With ``--model toy`` the cached warmed-up toy model (``toy.ensure_toy_model``'s folder) is copied to a private
 temporary folder first, so a concurrent rebuild of the cache cannot change the model mid-benchmark; if there is
-no cached model, a private one is built with ``--toy_warmup_steps`` supervised steps (default 200; reward must
-be non-zero somewhere, or zero-advantage batches skip the credit code paths).
+no cached model, a benchmark-only one is built once with ``--toy_warmup_steps`` supervised steps (default 200:
+the cost of a step hardly depends on the warm-up, but reward must be non-zero somewhere, or zero-advantage
+batches skip the credit code paths) and kept under ``$TMPDIR/credit_overhead_toy/`` for later runs.
 """
 
 from __future__ import annotations
@@ -202,36 +211,53 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _snapshot(src: Path, dst: Path) -> bool:
+    """Copy a saved model folder; False if it is missing or was replaced while copying (concurrent rebuild)."""
+    for _ in range(5):
+        try:
+            if not (src / "config.json").exists():
+                return False
+            before = os.stat(src).st_ino
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(src, dst)
+            if os.stat(src).st_ino == before and (dst / "model.safetensors").exists():
+                return True
+        except (OSError, shutil.Error):
+            pass
+        time.sleep(2)
+    return False
+
+
 def prepare_model(args, workdir: Path) -> tuple[str, dict]:
-    """The model path every run loads, and a description of where it came from."""
+    """The model path every run loads, and a description of where it came from.
+
+    ``--model toy``: a private copy of the cached toy model (``toy.cache_dir()``), or, when there is none, of a
+    benchmark-only toy built with ``--toy_warmup_steps`` warm-up steps and kept in
+    ``$TMPDIR/credit_overhead_toy/toy-<version>-warmup<steps>`` for later benchmark runs (never in the project's
+    toy cache, whose model is warmed up fully).
+    """
     if args.model != "toy":
         return args.model, {"source": args.model}
     import toy
 
-    src = toy.cache_dir()
     dst = workdir / "toy_model"
-    for _ in range(5):  # copy the cached model; retry if a concurrent rebuild replaced it while copying
-        try:
-            before = os.stat(src).st_ino
-            if not (src / "config.json").exists():
-                break
-            shutil.rmtree(dst, ignore_errors=True)
-            shutil.copytree(src, dst)
-            if os.stat(src).st_ino == before and (dst / "model.safetensors").exists():
-                info = json.loads((dst / "toy_info.json").read_text()) if (dst / "toy_info.json").exists() else {}
-                return str(dst), {"source": f"snapshot of the cached toy model {src}", "toy_info": info,
-                                  "weights_sha256": _sha256(dst / "model.safetensors")}
-        except (OSError, shutil.Error):
-            pass
-        time.sleep(2)
-    print(f"[bench] no usable cached toy model at {src}: building a private one "
-          f"({args.toy_warmup_steps} warm-up steps) ...", flush=True)
-    t0 = time.time()
-    toy.build_toy_model(dst, warmup_steps=args.toy_warmup_steps)
-    info = json.loads((dst / "toy_info.json").read_text())
-    print(f"[bench] built in {time.time() - t0:.0f}s", flush=True)
-    return str(dst), {"source": f"private build, {args.toy_warmup_steps} warm-up steps", "toy_info": info,
-                      "weights_sha256": _sha256(dst / "model.safetensors")}
+    src = toy.cache_dir()
+    if _snapshot(src, dst):
+        source = f"snapshot of the cached toy model {src}"
+    else:
+        private = (Path(tempfile.gettempdir()) / "credit_overhead_toy"
+                   / f"toy-{toy.TOY_VERSION}-warmup{args.toy_warmup_steps}")
+        if not (private / "config.json").exists():
+            print(f"[bench] no cached toy model at {src}: building a benchmark-only one in {private} "
+                  f"({args.toy_warmup_steps} warm-up steps, once) ...", flush=True)
+            t0 = time.time()
+            toy.build_toy_model(private, warmup_steps=args.toy_warmup_steps)
+            print(f"[bench] built in {time.time() - t0:.0f}s", flush=True)
+        if not _snapshot(private, dst):
+            raise SystemExit(f"credit_overhead.py: error: could not copy the toy model from {private}")
+        source = f"benchmark-only toy model ({args.toy_warmup_steps} warm-up steps) {private}"
+    info = json.loads((dst / "toy_info.json").read_text()) if (dst / "toy_info.json").exists() else {}
+    return str(dst), {"source": source, "toy_info": info, "weights_sha256": _sha256(dst / "model.safetensors")}
 
 
 def _cpu_model() -> str:
@@ -264,14 +290,18 @@ def machine_description() -> dict:
 
 
 def git_state() -> dict:
+    """The repository's commit and its uncommitted .py files (None where this is not a git checkout)."""
     def git(*a):
-        return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        r = subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True)
+        if r.returncode:
+            raise OSError(r.stderr.strip())
+        return r.stdout
 
     try:
         dirty = [l[3:] for l in git("status", "--porcelain").splitlines() if l[3:].endswith(".py")]
-        return {"commit": git("rev-parse", "HEAD"), "dirty_python_files": dirty}
-    except OSError:
-        return {}
+        return {"commit": git("rev-parse", "HEAD").strip(), "dirty_python_files": dirty}
+    except OSError as e:
+        return {"commit": None, "note": f"not a git checkout ({str(e)[:100]})"}
 
 
 def row_specs(args) -> list[tuple[str, dict]]:
@@ -279,9 +309,15 @@ def row_specs(args) -> list[tuple[str, dict]]:
     rows = []
     for credit in args.credits.split(","):
         credit = credit.strip()
+        if credit not in ("grpo", "delta", "cscr"):
+            raise SystemExit(f"credit_overhead.py: error: unknown credit {credit!r} in --credits (grpo, delta, cscr)")
         if credit == "delta":
             for impl in args.delta_impls.split(","):
-                rows.append(("delta" if impl == "normal" else f"delta[{impl}]", {"credit": "delta", "delta_impl": impl}))
+                if impl not in ("normal", "memory_efficient"):
+                    raise SystemExit(f"credit_overhead.py: error: unknown DelTA implementation {impl!r} in "
+                                     "--delta_impls (normal, memory_efficient)")
+                name = "delta" if impl == "normal" else f"delta[{impl}]"
+                rows.append((name, {"credit": "delta", "delta_impl": impl}))
         else:
             rows.append((credit, {"credit": credit}))
     return rows
@@ -377,7 +413,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max_completion_length", type=int, default=64)
     ap.add_argument("--model", default="toy", help="'toy' (snapshot of the cached toy model) or a model folder")
     ap.add_argument("--data", default="toy", help="training problems ('toy' or a jsonl file)")
-    ap.add_argument("--learning_rate", type=float, default=5e-4, help="as grpo.py (the toy's default)")
+    ap.add_argument("--learning_rate", type=float, default=1e-30,
+                    help="tiny on purpose: every update is computed and applied, but far too small to change a "
+                         "float32 weight, so every credit samples the identical rollouts (same shapes, same "
+                         "rewards); with e.g. 5e-4 (grpo.py's default) rollouts diverge after step 1 and response "
+                         "lengths, hence cost and memory, differ between credits for reasons other than credit")
     ap.add_argument("--micro_batch_size", type=int, default=0, help="as grpo.py (0 = whole batch)")
     ap.add_argument("--seed", type=int, default=0, help="the same seed for every run")
     ap.add_argument("--toy_warmup_steps", type=int, default=200,
@@ -386,6 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="JSON results file ('' = do not write)")
     ap.add_argument("--profile", default="", metavar="CREDIT",
                     help="after the benchmark, cProfile one extra run of this row name and print the top functions")
+    ap.add_argument("--warmup_round", action=argparse.BooleanOptionalAction, default=True,
+                    help="first run every row once for 2 untimed steps: a cold machine (GPU clocks and kernel "
+                         "caches, file cache) otherwise slows whichever run comes first")
     ap.add_argument("--keep_runs", action="store_true", help="keep the runs' output folders (printed)")
     return ap
 
@@ -421,6 +464,12 @@ def main(argv=None) -> dict:
     profile = None
     pool = ctx.Pool(1, maxtasksperchild=1)  # one task per process: every run starts fresh
     try:
+        if args.warmup_round:
+            t0 = time.time()
+            for name, over in rows:
+                cfg = {**base_cfg, **over, "max_steps": 2, "output_dir": str(workdir / f"warmup_{name}")}
+                pool.apply(run_one, ({"config": cfg},))
+            print(f"[bench] warm-up round (2 untimed steps per row): {time.time() - t0:.0f}s", flush=True)
         for r in range(args.repeats):
             for name, over in rows:
                 cfg = {**base_cfg, **over, "output_dir": str(workdir / f"r{r}_{name}")}
@@ -451,24 +500,31 @@ def main(argv=None) -> dict:
 
     cuda = torch.cuda.is_available()
     summary = summarize(runs, "grpo")
+    widths = {n: [[st.get("response_width") for st in r["steps"]] for r in rs] for n, rs in runs.items()}
+    lengths = {n: [[st["completions/mean_length"] for st in r["steps"]] for r in rs] for n, rs in runs.items()}
+    identical = all(widths[n] == widths["grpo"] and lengths[n] == lengths["grpo"] for n in names)
     table = markdown_table(summary, cuda)
     print()
     print(table)
     print(f"\n{args.steps - 1} timed steps per run (step 1 excluded) × {args.repeats} interleaved rounds; medians "
           f"over pooled steps; (a–b) = range of the per-round ratio; CPU = this process's CPU time (excludes "
-          f"the grading worker). Total {total:.0f}s; load average "
+          f"the grading worker). Same rollouts for every credit (learning rate {args.learning_rate:g}): "
+          f"{'yes' if identical else 'NO'}. "
+          f"Total {total:.0f}s; load average "
           f"{load_start[0]:.2f} -> {os.getloadavg()[0]:.2f}.")
     machine = machine_description()
     machine["torch_threads_in_train"] = sorted({r["torch_threads"] for rs in runs.values() for r in rs})
     machine["load_average_start"], machine["load_average_end"] = list(load_start), list(os.getloadavg())
-    result = {"benchmark": "credit_overhead", "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    result = {"benchmark": "credit_overhead", "date": date,
               "command": command, "python": sys.executable, "git": git_state(), "machine": machine, "model": model_info,
               "settings": {**vars(args), "train_config": {k: v for k, v in base_cfg.items() if k != "model"}},
               "memory_method": ("torch.cuda.max_memory_allocated over train()" if cuda else
                                 "peak RSS increase over train(): VmHWM (reset via /proc/self/clear_refs before "
                                 "train) minus VmRSS before train, fresh forked process per run"),
               "goals": {"delta": "s/step ≤ 1.10× GRPO", "cscr": "s/step ≤ 1.6× GRPO"},
-              "summary": summary, "table_markdown": table, "total_seconds": total, "profile": profile,
+              "identical_rollouts": identical, "summary": summary, "table_markdown": table, "total_seconds": total,
+              "profile": profile,
               "runs": {n: [{k: v for k, v in r.items() if k != "pid"} for r in rs] for n, rs in runs.items()}}
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
