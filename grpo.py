@@ -29,11 +29,13 @@ Run ``python grpo.py --help`` for every flag; each is a field of ``GRPOConfig`` 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
 import os
 import random
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -65,6 +67,25 @@ class GRPOConfig:
                                       "none, qwen_math, r1", ["auto", *rollout.PROMPT_TEMPLATES])
     output_dir: str = _f("", "where config.json, metrics.jsonl, samples/ and checkpoints go "
                              "(default runs/<credit>)")
+    # model loading, LoRA and memory (see README "Scaling up")
+    torch_dtype: str = _f("auto", "weights dtype: auto (bfloat16 on a GPU, float32 on the CPU), bfloat16, float32",
+                          ["auto", "bfloat16", "float32"])
+    attn_implementation: str = _f("sdpa", "attention kernel: sdpa (PyTorch's), eager, or flash_attention_2 (needs "
+                                          "the flash-attn package)")
+    trust_remote_code: bool = _f(False, "run model code shipped with a hub repository (off: transformers' own "
+                                        "architectures only)")
+    use_peft: bool = _f(False, "train LoRA adapters (peft) instead of every weight; with --beta > 0 the reference "
+                               "is the same model with the adapter disabled (no second copy)")
+    lora_r: int = _f(16, "LoRA rank r")
+    lora_alpha: int = _f(32, "LoRA scaling α (the update is (α/r)·B·A)")
+    lora_dropout: float = _f(0.05, "dropout on the LoRA branch's input (training passes only)")
+    lora_target_modules: str = _f("q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+                                  "comma-separated module names that get LoRA adapters (default: every linear layer "
+                                  "of attention and MLP), or all-linear")
+    gradient_checkpointing: bool = _f(False, "keep only each layer's input and recompute the layer in the backward "
+                                             "pass (non-reentrant): far less activation memory, ~1 extra forward")
+    ref_on_cpu: bool = _f(False, "full fine-tuning with --beta > 0: keep the frozen reference copy on the CPU "
+                                 "(frees a copy of the weights on the GPU; its forward passes are slower)")
     # credit assignment
     credit: str = _f("grpo", "token credit: grpo (broadcast), delta (DelTA), cscr (CSCR)", list(CREDITS))
     delta_k: int = _f(1, "DelTA refinement iterations K (paper default 1)")
@@ -108,7 +129,10 @@ class GRPOConfig:
     eval_steps: int = _f(0, "also evaluate every this many steps (0 = only before and after)")
     logging_steps: int = _f(1, "print a metrics line every this many steps")
     num_samples_to_log: int = _f(2, "groups written to samples/step_*.jsonl each logging step")
-    save_steps: int = _f(50, "save_pretrained a checkpoint every this many steps (and at the end)")
+    save_steps: int = _f(50, "write a resumable checkpoint-<step>/ every this many steps (weights or adapter, "
+                             "optimizer, RNG, data position); final/ is always written at the end")
+    resume: bool = _f(False, "continue exactly where the run in --output_dir stopped: from its latest complete "
+                             "checkpoint-<step>/ (half-written ones are ignored); starts afresh if there is none")
     seed: int = _f(0, "random seed (data order, sampling, initialisation of the run)")
     num_threads: int = _f(0, "torch CPU threads (0 = 1 for models under 10M parameters, else torch's default)")
 
@@ -154,6 +178,11 @@ def check_config(cfg: GRPOConfig) -> None:
         bad("--dual_clip must be > 1 (verl uses 3, DelTA 10)")
     if cfg.delta_lam_min > cfg.delta_lam_max or cfg.delta_lam_min < 0 or cfg.delta_k < 0:
         bad("DelTA needs 0 <= --delta_lam_min <= --delta_lam_max and --delta_k >= 0")
+    if cfg.use_peft and (cfg.lora_r < 1 or cfg.lora_alpha <= 0 or not 0 <= cfg.lora_dropout < 1
+                         or not cfg.lora_target_modules.strip(",").strip()):
+        bad("--use_peft needs --lora_r >= 1, --lora_alpha > 0, 0 <= --lora_dropout < 1 and --lora_target_modules")
+    if cfg.save_steps < 0:
+        bad("--save_steps must be >= 0")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -446,8 +475,10 @@ def old_logprobs(model, input_ids, attention_mask, response_mask, cfg: GRPOConfi
                 o, h = o
                 hid_parts.append(h.float().cpu())
             old_parts.append(o.cpu())
-            if ref_model is not None:
-                ref_parts.append(token_logprobs(ref_model, input_ids[s], attention_mask[s], m, cfg.temperature).cpu())
+            if ref_model is not None:  # the reference may live elsewhere (--ref_on_cpu)
+                rd = _device_of(ref_model)
+                ref_parts.append(token_logprobs(ref_model, input_ids[s].to(rd), attention_mask[s].to(rd), m.to(rd),
+                                                cfg.temperature).cpu())
     return (torch.cat(old_parts), torch.cat(hid_parts) if hid_parts else None,
             torch.cat(ref_parts) if ref_parts else None)
 
@@ -479,6 +510,278 @@ def backward_minibatch(model, input_ids, attention_mask, response_mask, old_logp
     return loss_total, agg
 
 
+def policy_update(model, optimizer, input_ids, attention_mask, response_mask, old_logp, token_adv, ref_logp,
+                  cfg: GRPOConfig, step: int):
+    """Step 6 of the loop: ``cfg.num_iterations`` passes × ``cfg.num_mini_batches`` optimizer steps on one rollout batch.
+
+    Each optimizer step accumulates the mini-batch gradient with ``backward_minibatch`` (micro-batched, exact
+    whole-mini-batch normaliser), clips it to ``cfg.max_grad_norm`` and applies AdamW. A mini-batch whose loss or
+    gradient norm is not finite (NaN/inf) is skipped: its gradient is discarded before it reaches the weights or
+    the optimizer's moments, a warning is printed and it is counted. The mini-batch order of pass ``e`` comes from
+    a generator seeded with ``(cfg.seed, step, e)``, so a resumed run makes the same updates.
+
+    Args:
+        input_ids, attention_mask: ``[N, P + T]`` on the model's device; response_mask, old_logp, token_adv
+        (``[N, T]``) and ref_logp (``[N, T]`` or None) on any device.
+        step: 0-based step index (seeds the mini-batch permutation).
+    Returns:
+        (sum of the mini-batch losses, list of the applied updates' pre-clip gradient norms, token-weighted
+        statistic sums of ``backward_minibatch`` with their ``num_tokens``, number of skipped updates).
+    """
+    from tqdm import tqdm
+
+    model.train()
+    N = input_ids.shape[0]
+    mb_size = N // cfg.num_mini_batches
+    loss_sum, grad_norms, agg, skipped = 0.0, [], {}, 0
+    for epoch in range(cfg.num_iterations):
+        perm = torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed + 7919 * step + epoch))
+        for mb in range(cfg.num_mini_batches):
+            mb_idx = perm[mb * mb_size:(mb + 1) * mb_size] if cfg.num_mini_batches > 1 else torch.arange(N)
+            optimizer.zero_grad(set_to_none=True)
+            loss, stats = backward_minibatch(model, input_ids, attention_mask, response_mask, old_logp, token_adv,
+                                             ref_logp, mb_idx, cfg)
+            loss_sum += loss
+            for k, v in stats.items():
+                agg[k] = agg.get(k, 0.0) + v
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))
+            if not (math.isfinite(loss) and torch.isfinite(grad_norm)):
+                skipped += 1  # a non-finite loss or gradient never reaches the weights
+                optimizer.zero_grad(set_to_none=True)
+                tqdm.write(f"[warn] step {step + 1}: non-finite loss or gradient norm, update skipped")
+                continue
+            optimizer.step()
+            grad_norms.append(grad_norm.item())
+    return loss_sum, grad_norms, agg, skipped
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Scale: LoRA, gradient checkpointing, the reference model, out-of-memory errors
+# ----------------------------------------------------------------------------------------------------------
+def _device_of(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+class AdapterDisabledReference:
+    """The KL reference of a LoRA run: the policy itself, called with its adapter disabled.
+
+    The base weights are frozen, so with the adapter off the model *is* the initial policy: no second copy of the
+    weights (TRL does the same). Callable like a model, so ``token_logprobs(ref, ...)`` and ``old_logprobs``
+    work unchanged.
+    """
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, *args, **kwargs):
+        with self.model.disable_adapter():
+            return self.model(*args, **kwargs)
+
+    def parameters(self):
+        return self.model.parameters()
+
+
+def prepare_model(model, cfg: GRPOConfig):
+    """Turn on gradient checkpointing and wrap the model with LoRA adapters as ``cfg`` asks; returns the policy.
+
+    * ``cfg.gradient_checkpointing``: ``gradient_checkpointing_enable(use_reentrant=False)``: each decoder layer
+      keeps only its input and is recomputed in the backward pass (training mode only; generation and the
+      no-grad passes are untouched). Non-reentrant checkpointing restores the RNG, so dropout masks match.
+    * ``cfg.use_peft``: ``peft.get_peft_model`` with ``LoraConfig(r, lora_alpha, lora_dropout, target_modules)``;
+      only the adapters require gradients. With checkpointing, ``enable_input_require_grads`` makes the
+      embeddings' output require grad, so the recomputed frozen layers still pass gradients to the adapters.
+    Raises:
+        ValueError: no module matches ``cfg.lora_target_modules`` (peft's message).
+    """
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if not cfg.use_peft:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    if cfg.gradient_checkpointing:
+        model.enable_input_require_grads()
+    targets = cfg.lora_target_modules.strip()
+    targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
+    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=targets, bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
+
+
+def reference_model(model, cfg: GRPOConfig):
+    """The frozen reference for the k3 KL term (``cfg.beta > 0``), or None.
+
+    LoRA: ``AdapterDisabledReference`` (no copy). Full fine-tuning: a frozen copy of the initial policy, on the
+    policy's device, or loaded again onto the CPU with ``--ref_on_cpu`` (the copy never touches the GPU).
+    Call it before any update (and before loading a checkpoint's weights into the policy).
+    """
+    if cfg.beta <= 0:
+        return None
+    if cfg.use_peft:
+        return AdapterDisabledReference(model)
+    if cfg.ref_on_cpu:
+        dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+        ref, _ = rollout.load_model_and_tokenizer(cfg.model, dtype=dtype, device="cpu",
+                                                  attn_implementation=cfg.attn_implementation,
+                                                  trust_remote_code=cfg.trust_remote_code)
+        return ref.eval().requires_grad_(False)
+    import copy
+
+    return copy.deepcopy(model).eval().requires_grad_(False)
+
+
+OOM_HINT = ("out of memory during {where} ({err}). Lower the memory of a step with: --micro_batch_size 1 (rows "
+            "per forward/backward; the gradient is unchanged), --gradient_checkpointing (recompute activations), "
+            "--use_peft (LoRA: no full gradients or AdamW state), a smaller --max_completion_length, or fewer "
+            "--num_prompts_per_step / --num_generations; with --beta > 0 and full fine-tuning, --ref_on_cpu")
+
+
+@contextlib.contextmanager
+def oom_guard(where: str):
+    """Re-raise an out-of-memory error (``torch.OutOfMemoryError`` or a RuntimeError saying "out of memory") as
+    a one-line ``SystemExit`` that names the flags lowering memory; any other error passes through unchanged."""
+    try:
+        yield
+    except RuntimeError as e:
+        oom_type = getattr(torch, "OutOfMemoryError", None)
+        if (oom_type is not None and isinstance(e, oom_type)) or "out of memory" in str(e).lower():
+            raise SystemExit("grpo.py: error: " + OOM_HINT.format(where=where, err=str(e).strip().splitlines()[0]
+                                                                  if str(e).strip() else type(e).__name__)) from None
+        raise
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Checkpoints: written complete or not at all, resumed exactly
+# ----------------------------------------------------------------------------------------------------------
+TRAINER_STATE = "trainer_state.json"  # written last into a checkpoint: its presence marks the folder complete
+_CKPT_RE = re.compile(r"checkpoint-(\d+)")
+
+
+def latest_checkpoint(output_dir: str) -> str | None:
+    """The complete checkpoint with the highest step in ``output_dir``, or None.
+
+    Only folders named exactly ``checkpoint-<step>`` that hold ``trainer_state.json`` count: a save in progress
+    (or killed) lives in ``checkpoint-<step>.tmp-*`` and a folder without the marker was never completed.
+    """
+    best, best_step = None, -1
+    if not os.path.isdir(output_dir):
+        return None
+    for name in os.listdir(output_dir):
+        m = _CKPT_RE.fullmatch(name)
+        path = os.path.join(output_dir, name)
+        if m and int(m.group(1)) > best_step and os.path.isfile(os.path.join(path, TRAINER_STATE)):
+            best, best_step = path, int(m.group(1))
+    return best
+
+
+def _replace_dir(tmp: str, path: str) -> None:
+    # os.replace cannot overwrite a non-empty folder: move the old one aside first (its name has .tmp, so it is
+    # never taken for a checkpoint), then swap in the new one and delete the old one.
+    import shutil
+
+    old = None
+    if os.path.exists(path):
+        old = f"{path}.tmp-old-{os.getpid()}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def save_checkpoint(path: str, model, tokenizer, optimizer, state: dict) -> None:
+    """Write a resumable checkpoint into ``path`` (e.g. ``<output_dir>/checkpoint-<step>``), atomically.
+
+    Contents: the model (``save_pretrained``, safetensors) or, for a peft model, the adapter only
+    (``adapter_model.safetensors`` + ``adapter_config.json``); the tokenizer; ``optimizer.pt`` (AdamW moments
+    and step counts); ``rng_state.pt`` (python, torch CPU and every CUDA device); and last ``trainer_state.json``
+    (``state``: step, sampler position, metrics.jsonl length, counters, the CSCR threshold). Everything is
+    written into a temporary sibling ``<name>.tmp-*`` that is renamed into place when complete, so a crash
+    during the save leaves the previous checkpoints intact and no half-written ``checkpoint-<step>``.
+    """
+    import tempfile
+
+    parent, name = os.path.split(os.path.abspath(path))
+    tmp = tempfile.mkdtemp(prefix=name + ".tmp-", dir=parent)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+    torch.save(_rng_state(), os.path.join(tmp, "rng_state.pt"))
+    with open(os.path.join(tmp, TRAINER_STATE), "w") as f:
+        json.dump(state, f, indent=1)
+    _replace_dir(tmp, path)
+
+
+def _load_full_weights(model, folder: str) -> None:
+    """Copy a ``save_pretrained`` folder's safetensors weights (one file or shards) into ``model`` in place."""
+    from safetensors.torch import load_file
+
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    own, loaded = model.state_dict(), set()
+    for name in files:
+        sd = load_file(os.path.join(folder, name))
+        unexpected = model.load_state_dict(sd, strict=False).unexpected_keys
+        if unexpected:
+            raise ValueError(f"checkpoint {folder} has weights the model does not: {unexpected[:3]}")
+        loaded |= set(sd)
+    # a key save_pretrained left out is fine only if it is tied to a loaded one (e.g. lm_head = embed_tokens)
+    ptrs = {own[k].data_ptr() for k in loaded}
+    missing = [k for k in own if k not in loaded and own[k].data_ptr() not in ptrs]
+    if missing:
+        raise ValueError(f"checkpoint {folder} lacks weights: {missing[:3]}")
+
+
+def load_checkpoint(path: str, model, optimizer, cfg: GRPOConfig) -> dict:
+    """Restore a ``save_checkpoint`` folder into ``model`` (weights or adapter) and ``optimizer`` in place, and the
+    RNG states; returns its trainer state (the caller restores the sampler, counters and metrics).
+
+    Raises:
+        ValueError: the checkpoint was written with(out) ``--use_peft`` while this run is not, or its weights do
+        not match the model.
+    """
+    with open(os.path.join(path, TRAINER_STATE)) as f:
+        state = json.load(f)
+    if bool(state.get("use_peft")) != cfg.use_peft:
+        raise ValueError(f"checkpoint {path} was written {'with' if state.get('use_peft') else 'without'} "
+                         f"--use_peft; resume it with the same setting")
+    if cfg.use_peft:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        sd = load_file(os.path.join(path, "adapter_model.safetensors"))
+        res = set_peft_model_state_dict(model, sd)
+        if getattr(res, "unexpected_keys", None):
+            raise ValueError(f"adapter in {path} does not match --lora_* settings: {res.unexpected_keys[:3]}")
+    else:
+        _load_full_weights(model, path)
+    optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), map_location="cpu", weights_only=True))
+    rng = torch.load(os.path.join(path, "rng_state.pt"), weights_only=True)
+    random.setstate(tuple(x if not isinstance(x, list) else tuple(x) for x in rng["python"]))
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+    return state
+
+
+def _read_metrics(path: str) -> list[str]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return f.read().splitlines(keepends=True)
+
+
 def write_samples(path, tokenizer, batch, rewards, adv, token_adv, weights, credit, groups):
     """samples/step_*.jsonl: prompts, responses, rewards, advantages; with DelTA/CSCR the extreme tokens."""
     G = batch.group_size
@@ -500,7 +803,15 @@ def write_samples(path, tokenizer, batch, rewards, adv, token_adv, weights, cred
 
 
 def train(cfg: GRPOConfig) -> dict:
-    """Run GRPO training as configured; returns the final metrics (also written to ``metrics.jsonl``)."""
+    """Run GRPO training as configured; returns the final metrics (also written to ``metrics.jsonl``).
+
+    With ``cfg.resume`` it continues from the latest complete checkpoint in the output folder: weights (or
+    adapter), AdamW state, RNG states, the data position, the CSCR threshold and the skipped-update counter are
+    restored, ``metrics.jsonl`` is cut back to its length at the checkpoint (so no step is logged twice) and then
+    appended to, and the "before" evaluation is not run again (it is read back from ``metrics.jsonl``). Every
+    source of randomness in a step is seeded from the step index, so the resumed run logs and learns exactly what
+    the uninterrupted run would have.
+    """
     from tqdm import tqdm
 
     check_config(cfg)
@@ -513,27 +824,48 @@ def train(cfg: GRPOConfig) -> dict:
     rows = evaluate.load_problems(cfg.data, split="train")
     eval_source = cfg.eval_data or ("toy" if cfg.data == "toy" else "")
     eval_rows = evaluate.load_problems(eval_source, split="test") if eval_source else []
+    resume_from = latest_checkpoint(out_dir) if cfg.resume else None
+    if cfg.resume and resume_from is None:
+        tqdm.write(f"[resume] no complete checkpoint in {out_dir}: starting from step 0")
+    elif not cfg.resume and latest_checkpoint(out_dir):
+        tqdm.write(f"[note] {out_dir} already holds checkpoints; this run starts from step 0 "
+                   f"(pass --resume to continue from {latest_checkpoint(out_dir)})")
 
-    model, tokenizer = rollout.load_model_and_tokenizer(cfg.model)
+    model, tokenizer = rollout.load_model_and_tokenizer(cfg.model, dtype=cfg.torch_dtype,
+                                                        attn_implementation=cfg.attn_implementation,
+                                                        trust_remote_code=cfg.trust_remote_code)
     n_params = sum(p.numel() for p in model.parameters())
     if cfg.num_threads or n_params < 10_000_000:
         # tiny models: one thread avoids thread-synchronisation overhead that dominates their small matmuls
         torch.set_num_threads(cfg.num_threads or 1)
     template = rollout.resolve_template(cfg.prompt_template, cfg.model)
     stop_ids = rollout.stop_token_ids(tokenizer, template)
-    ref_model = None
-    if cfg.beta > 0:  # frozen copy of the initial policy
-        import copy
-
-        ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate,
-                                  weight_decay=cfg.weight_decay)
+    model = prepare_model(model, cfg)  # LoRA adapters, gradient checkpointing
+    ref_model = reference_model(model, cfg)  # frozen initial policy for --beta > 0 (before any weight changes)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
     credit = Credit(cfg, tokenizer)
     sampler = PromptSampler(len(rows), cfg.seed)
+    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    start_step, skipped_total = 0, 0
+    if resume_from:
+        state = load_checkpoint(resume_from, model, optimizer, cfg)
+        start_step, skipped_total = state["step"], state["skipped_updates_total"]
+        sampler.position = state["sampler_position"]
+        credit.cscr_threshold = state["cscr_threshold"]
+        credit._calibrated = state["cscr_calibrated"]
+        lines = _read_metrics(metrics_path)
+        if len(lines) < state["metrics_lines"]:
+            raise ValueError(f"{metrics_path} has {len(lines)} lines, fewer than the {state['metrics_lines']} "
+                             f"recorded by {resume_from}")
+        with open(metrics_path + ".tmp", "w") as f:  # drop lines logged after the checkpoint: no step twice
+            f.writelines(lines[:state["metrics_lines"]])
+        os.replace(metrics_path + ".tmp", metrics_path)
+        tqdm.write(f"[resume] from {resume_from}: step {start_step}, {state['metrics_lines']} metrics lines kept")
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump({"config": dataclasses.asdict(cfg), "prompt_template": template, "num_parameters": n_params,
-                   "versions": _versions()}, f, indent=1)
-    metrics_path = os.path.join(out_dir, "metrics.jsonl")
+                   "num_trainable_parameters": sum(p.numel() for p in trainable),
+                   "resumed_from": resume_from, "versions": _versions()}, f, indent=1)
     metrics_file = open(metrics_path, "a")
 
     def log(record):
@@ -545,111 +877,117 @@ def train(cfg: GRPOConfig) -> dict:
     def run_eval(step):
         if not eval_rows or not cfg.eval_num_generations:
             return {}
-        res = evaluate.evaluate_rows(model, tokenizer, eval_rows, template, cfg.eval_num_generations,
-                                     cfg.temperature, cfg.top_p, cfg.max_completion_length, seed=cfg.seed + 12345)
+        with oom_guard(f"the evaluation at step {step}"):
+            res = evaluate.evaluate_rows(model, tokenizer, eval_rows, template, cfg.eval_num_generations,
+                                         cfg.temperature, cfg.top_p, cfg.max_completion_length, seed=cfg.seed + 12345)
         record = {"step": step, **_log_eval(res, cfg.eval_num_generations)}
         log(record)
         tqdm.write(f"[eval step {step}] " + " ".join(f"{k[5:]}={v:.3f}" for k, v in record.items() if k != "step"))
         return record
 
-    first_eval = run_eval(0)
+    if start_step == 0:
+        first_eval = run_eval(0)
+    else:  # the "before" evaluation was logged by the interrupted run
+        logged = [json.loads(l) for l in _read_metrics(metrics_path) if l.strip()]
+        first_eval = next((r for r in logged if r.get("step") == 0 and any(k.startswith("eval/") for k in r)), {})
     G = cfg.num_generations
     last = {}
-    bar = tqdm(range(cfg.max_steps), desc=f"GRPO[{cfg.credit}]", dynamic_ncols=True)
-    for step in bar:
-        t0 = time.time()
-        # 1. rollout: G responses for each of the step's prompts
-        idx = sampler.take(cfg.num_prompts_per_step)
-        problems = [rows[i]["problem"] for i in idx]
-        prompts = [rollout.apply_template(p, template) for p in problems]
-        batch = rollout.generate(model, tokenizer, prompts, G, cfg.max_completion_length, cfg.temperature,
-                                 cfg.top_p, seed=cfg.seed * 100_003 + step, stop_ids=stop_ids)
-        answers = [rows[i]["answer"] for i in idx for _ in range(G)]
-        t_gen = time.time() - t0
-        # 2. verify: binary reward, every grader failure counted
-        graded = verify.grade_batch(batch.texts, answers)
-        rewards = torch.tensor([float(ok) for ok, _ in graded])
-        # 3. group advantages (GRPO) ...
-        adv = group_advantages(rewards, G, scale="std" if cfg.scale_rewards == "group" else "none")
-        mask = batch.response_mask
-        if cfg.mask_truncated_completions:
-            mask = mask * torch.tensor([r == "stop" for r in batch.finish_reasons], dtype=mask.dtype)[:, None]
-            batch.response_mask = mask
-        # 4. old log-probs at θ_old (no grad), and the hidden states DelTA needs from the same forward pass
-        device = next(model.parameters()).device
-        input_ids, attn = batch.input_ids.to(device), batch.attention_mask.to(device)
-        old_logp, hidden, ref_logp = old_logprobs(model, input_ids, attn, mask, cfg, credit.needs_hidden(), ref_model)
-        # 5. ... and token advantages (the credit hook)
-        token_adv, credit_stats = credit(model, batch, adv, old_logp, hidden, problems, answers)
-        # 6. policy update: num_iterations passes × num_mini_batches optimizer steps, micro-batched backward
-        model.train()
-        N = len(adv)
-        mb_size = N // cfg.num_mini_batches
-        loss_sum, grad_norms, agg, skipped = 0.0, [], {}, 0
-        for epoch in range(cfg.num_iterations):
-            perm = torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed + 7919 * step + epoch))
-            for mb in range(cfg.num_mini_batches):
-                mb_idx = perm[mb * mb_size:(mb + 1) * mb_size] if cfg.num_mini_batches > 1 else torch.arange(N)
-                optimizer.zero_grad(set_to_none=True)
-                loss, stats = backward_minibatch(model, input_ids, attn, mask, old_logp, token_adv, ref_logp,
-                                                 mb_idx, cfg)
-                loss_sum += loss
-                for k, v in stats.items():
-                    agg[k] = agg.get(k, 0.0) + v
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))
-                if not (math.isfinite(loss) and torch.isfinite(grad_norm)):
-                    skipped += 1  # a non-finite loss or gradient never reaches the weights
-                    optimizer.zero_grad(set_to_none=True)
-                    tqdm.write(f"[warn] step {step + 1}: non-finite loss or gradient norm, update skipped")
-                    continue
-                optimizer.step()
-                grad_norms.append(grad_norm.item())
-        n_all = max(agg.pop("num_tokens", 1.0), 1.0)
-        # 7. log
-        lengths = batch.response_lengths.float()
-        zero_std = (rewards.view(-1, G).max(-1).values == rewards.view(-1, G).min(-1).values).float().mean()
-        record = {"step": step + 1, "reward": rewards.mean().item(), "reward_std": rewards.std().item() if N > 1 else 0.0,
-                  "accuracy": rewards.mean().item(), "frac_reward_zero_std": zero_std.item(),
-                  "completions/mean_length": lengths.mean().item(),
-                  "completions/clipped_ratio": batch.finish_reasons.count("length") / N,
-                  "loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
-                  "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
-                  **{k: v / n_all for k, v in agg.items()},
-                  **{f"verify/{k}": v for k, v in verify.summarize(graded).items() if k not in ("total", "correct")},
-                  **credit_stats, "step_time": time.time() - t0, "generation_time": t_gen}
-        log(record)
-        last = record
-        bar.set_postfix(reward=f"{record['reward']:.3f}", len=f"{record['completions/mean_length']:.1f}")
-        if cfg.logging_steps and (step + 1) % cfg.logging_steps == 0:
-            write_samples(os.path.join(out_dir, "samples", f"step_{step + 1:06d}.jsonl"), tokenizer, batch, rewards,
-                          adv, token_adv, getattr(credit, "last_weights", None), cfg.credit,
-                          min(cfg.num_samples_to_log, cfg.num_prompts_per_step))
-        if record["completions/clipped_ratio"] > 0.5 and step < 3:
-            tqdm.write(f"[warn] {record['completions/clipped_ratio']:.0%} of responses hit --max_completion_length "
-                       f"{cfg.max_completion_length}: they rarely score; raise it")
-        if cfg.eval_steps and (step + 1) % cfg.eval_steps == 0 and step + 1 < cfg.max_steps:
-            run_eval(step + 1)
-        if cfg.save_steps and (step + 1) % cfg.save_steps == 0 and step + 1 < cfg.max_steps:
-            save_model(model, tokenizer, os.path.join(out_dir, f"checkpoint-{step + 1}"))
-    final_eval = run_eval(cfg.max_steps) if cfg.max_steps else first_eval
+    bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{cfg.credit}]", dynamic_ncols=True,
+               initial=start_step, total=cfg.max_steps)
+    try:
+        for step in bar:
+            with oom_guard(f"step {step + 1}"):
+                last = _train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sampler, rows,
+                                   template, stop_ids, log, out_dir, skipped_total, tqdm)
+            skipped_total = last["skipped_updates_total"]
+            bar.set_postfix(reward=f"{last['reward']:.3f}", len=f"{last['completions/mean_length']:.1f}")
+            if cfg.eval_steps and (step + 1) % cfg.eval_steps == 0 and step + 1 < cfg.max_steps:
+                run_eval(step + 1)
+            if cfg.save_steps and (step + 1) % cfg.save_steps == 0 and step + 1 < cfg.max_steps:
+                metrics_file.flush()
+                save_checkpoint(os.path.join(out_dir, f"checkpoint-{step + 1}"), model, tokenizer, optimizer,
+                                {"step": step + 1, "sampler_position": sampler.position,
+                                 "metrics_lines": len(_read_metrics(metrics_path)),
+                                 "skipped_updates_total": skipped_total, "cscr_threshold": float(credit.cscr_threshold),
+                                 "cscr_calibrated": bool(getattr(credit, "_calibrated", False)),
+                                 "use_peft": cfg.use_peft, "model": cfg.model, "seed": cfg.seed})
+        final_eval = run_eval(cfg.max_steps) if cfg.max_steps else first_eval
+    finally:
+        metrics_file.close()
     save_model(model, tokenizer, os.path.join(out_dir, "final"))
-    metrics_file.close()
     summary = {"before": first_eval, "after": final_eval, "last_step": last}
     with open(os.path.join(out_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary
 
 
+def _train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sampler, rows, template, stop_ids, log,
+                out_dir, skipped_total, tqdm) -> dict:
+    """One step of the loop (rollout -> verify -> advantages -> credit -> update -> log); returns its record."""
+    t0 = time.time()
+    G = cfg.num_generations
+    # 1. rollout: G responses for each of the step's prompts
+    idx = sampler.take(cfg.num_prompts_per_step)
+    problems = [rows[i]["problem"] for i in idx]
+    prompts = [rollout.apply_template(p, template) for p in problems]
+    batch = rollout.generate(model, tokenizer, prompts, G, cfg.max_completion_length, cfg.temperature,
+                             cfg.top_p, seed=cfg.seed * 100_003 + step, stop_ids=stop_ids)
+    answers = [rows[i]["answer"] for i in idx for _ in range(G)]
+    t_gen = time.time() - t0
+    # 2. verify: binary reward, every grader failure counted
+    graded = verify.grade_batch(batch.texts, answers)
+    rewards = torch.tensor([float(ok) for ok, _ in graded])
+    # 3. group advantages (GRPO) ...
+    adv = group_advantages(rewards, G, scale="std" if cfg.scale_rewards == "group" else "none")
+    mask = batch.response_mask
+    if cfg.mask_truncated_completions:
+        mask = mask * torch.tensor([r == "stop" for r in batch.finish_reasons], dtype=mask.dtype)[:, None]
+        batch.response_mask = mask
+    # 4. old log-probs at θ_old (no grad), and the hidden states DelTA needs from the same forward pass
+    device = next(model.parameters()).device
+    input_ids, attn = batch.input_ids.to(device), batch.attention_mask.to(device)
+    old_logp, hidden, ref_logp = old_logprobs(model, input_ids, attn, mask, cfg, credit.needs_hidden(), ref_model)
+    # 5. ... and token advantages (the credit hook)
+    token_adv, credit_stats = credit(model, batch, adv, old_logp, hidden, problems, answers)
+    # 6. policy update: num_iterations passes × num_mini_batches optimizer steps, micro-batched backward
+    loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, input_ids, attn, mask, old_logp,
+                                                       token_adv, ref_logp, cfg, step)
+    N = len(adv)
+    n_all = max(agg.pop("num_tokens", 1.0), 1.0)
+    # 7. log
+    lengths = batch.response_lengths.float()
+    zero_std = (rewards.view(-1, G).max(-1).values == rewards.view(-1, G).min(-1).values).float().mean()
+    record = {"step": step + 1, "reward": rewards.mean().item(), "reward_std": rewards.std().item() if N > 1 else 0.0,
+              "accuracy": rewards.mean().item(), "frac_reward_zero_std": zero_std.item(),
+              "completions/mean_length": lengths.mean().item(),
+              "completions/clipped_ratio": batch.finish_reasons.count("length") / N,
+              "loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
+              "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
+              "skipped_updates_total": skipped_total + skipped,
+              **{k: v / n_all for k, v in agg.items()},
+              **{f"verify/{k}": v for k, v in verify.summarize(graded).items() if k not in ("total", "correct")},
+              **credit_stats, "step_time": time.time() - t0, "generation_time": t_gen}
+    log(record)
+    if cfg.logging_steps and (step + 1) % cfg.logging_steps == 0:
+        write_samples(os.path.join(out_dir, "samples", f"step_{step + 1:06d}.jsonl"), tokenizer, batch, rewards,
+                      adv, token_adv, getattr(credit, "last_weights", None), cfg.credit,
+                      min(cfg.num_samples_to_log, cfg.num_prompts_per_step))
+    if record["completions/clipped_ratio"] > 0.5 and step < 3:
+        tqdm.write(f"[warn] {record['completions/clipped_ratio']:.0%} of responses hit --max_completion_length "
+                   f"{cfg.max_completion_length}: they rarely score; raise it")
+    return record
+
+
 def save_model(model, tokenizer, path):
-    """``save_pretrained`` (safetensors) of the model and tokenizer, written to a temp folder then renamed."""
+    """``save_pretrained`` (safetensors) of the model (a peft model: its adapter) and tokenizer, written to a
+    temporary folder and renamed into place."""
     import shutil
 
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
+    _replace_dir(tmp, path)
 
 
 def main(argv=None):

@@ -78,11 +78,21 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device: str | None 
     """Load a causal LM and its tokenizer with ``from_pretrained``: ``"toy"``, a local folder or a hub id.
 
     ``"toy"`` resolves to the cached warmed-up toy model (built on first use, see toy.py), then goes through
-    exactly the same ``from_pretrained`` path. ``dtype="auto"`` is bfloat16 on a GPU and float32 on the CPU.
-    The tokenizer pads on the left (generation) and gets a pad token (EOS) if it has none.
+    exactly the same ``from_pretrained`` path. The tokenizer pads on the left (generation) and gets a pad token
+    (EOS) if it has none.
+
+    Args:
+        dtype: ``"auto"`` (bfloat16 on a GPU, float32 on the CPU), ``"bfloat16"`` or ``"float32"``
+            (``"float16"`` is accepted too).
+        device: ``"cuda"``, ``"cuda:1"``, ``"cpu"``...; default: CUDA when available. On a GPU the weights are
+            loaded straight onto it (``device_map``), never materialised in CPU memory first.
+        attn_implementation: ``"sdpa"``, ``"eager"``, ``"flash_attention_2"``...; None: transformers' default.
+        trust_remote_code: allow a hub repository's own model code.
     Raises:
-        ValueError: a name that is neither a folder nor a loadable hub id (one line, not a deep traceback).
+        ValueError: an unknown dtype, flash attention without the flash-attn package (or on the CPU), or a name
+        that is neither a folder nor a loadable hub id (one line, not a deep traceback).
     """
+    import importlib.util
     import os
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -95,12 +105,25 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device: str | None 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if dtype == "auto":
         dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    if dtype not in ("bfloat16", "float32", "float16"):
+        raise ValueError(f"dtype (--torch_dtype) must be auto, bfloat16 or float32, got {dtype!r}")
+    if attn_implementation and attn_implementation.startswith("flash_attention"):
+        pkg = "flash_attn_interface" if attn_implementation == "flash_attention_3" else "flash_attn"
+        if importlib.util.find_spec(pkg) is None:
+            raise ValueError(f"--attn_implementation {attn_implementation} needs the {pkg} package "
+                             f"(pip install flash-attn); use --attn_implementation sdpa")
+        if not device.startswith("cuda"):
+            raise ValueError(f"--attn_implementation {attn_implementation} runs on a GPU only; use sdpa on the CPU")
     kwargs = dict(dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
+    if device.startswith("cuda"):
+        kwargs["device_map"] = device  # load shard by shard onto the GPU
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs).to(device)
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        if not device.startswith("cuda"):
+            model = model.to(device)
     except OSError as e:  # missing folder / unknown hub id / no network
         where = "local folder" if os.path.isdir(path) else "hub id (or folder that does not exist)"
         raise ValueError(f"cannot load model {name!r} as a {where}: {str(e).splitlines()[0]}") from None
