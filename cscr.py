@@ -146,6 +146,9 @@ CONDITION_TEMPLATES = {
         _VERIFIER_LINE + "\nVerdict: {answer} is the correct final answer.",
         _VERIFIER_LINE + "\nVerdict: {answer} is not the correct final answer.",
     ),
+    # Variant A without the verifier sentence: the same minimal pair at a quarter of the length. Not from the
+    # paper; it makes the two extra scoring passes cheap when the tokenizer is character level (the toy).
+    "verdict_short": ("Verdict: CORRECT.", "Verdict: INCORRECT."),
 }
 _TEMPLATE_ALIASES = {"A": "verdict", "B": "reference", "C": "answer"}
 
