@@ -93,7 +93,8 @@ class GRPOConfig:
     delta_lam_max: float = _f(1.2, "DelTA λ_max")
     delta_impl: str = _f("normal", "DelTA statistics: normal (whole batch) or memory_efficient (streamed over "
                                    "micro-batches with sufficient statistics)", ["normal", "memory_efficient"])
-    cscr_template: str = _f("verdict", "CSCR privileged context (cscr.py): verdict, reference, answer")
+    cscr_template: str = _f("verdict", "CSCR privileged context (cscr.py): verdict, reference, answer, "
+                                        "verdict_short")
     cscr_mode: str = _f("max", "CSCR sensitivity: max(|Δ+|,|Δ−|), mean, common", ["max", "mean", "common"])
     cscr_threshold: float = _f(0.2, "CSCR sensitivity threshold λ in nats")
     cscr_threshold_quantile: float | None = _f(None, "if set, calibrate the threshold once as this quantile of "
@@ -558,6 +559,18 @@ def policy_update(model, optimizer, input_ids, attention_mask, response_mask, ol
 # ----------------------------------------------------------------------------------------------------------
 # Scale: LoRA, gradient checkpointing, the reference model, out-of-memory errors
 # ----------------------------------------------------------------------------------------------------------
+def build_optimizer(params, cfg: GRPOConfig) -> torch.optim.AdamW:
+    """AdamW over ``params`` with ``cfg.learning_rate`` and ``cfg.weight_decay``; its moments have the dtype of each
+    parameter (bfloat16 weights -> bfloat16 moments). On a GPU the fused kernel is used: one pass, no per-step
+    temporary copies of the parameters (torch's default multi-tensor path would allocate up to a copy of every
+    trainable weight at each step: 16 GB for a full Qwen3-8B). On the CPU: torch's default implementation.
+    """
+    params = list(params)
+    fused = bool(params) and all(p.device.type == "cuda" for p in params)
+    return torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                             **({"fused": True} if fused else {}))
+
+
 def _device_of(model) -> torch.device:
     return next(model.parameters()).device
 
@@ -843,7 +856,7 @@ def train(cfg: GRPOConfig) -> dict:
     model = prepare_model(model, cfg)  # LoRA adapters, gradient checkpointing
     ref_model = reference_model(model, cfg)  # frozen initial policy for --beta > 0 (before any weight changes)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+    optimizer = build_optimizer(trainable, cfg)
     credit = Credit(cfg, tokenizer)
     sampler = PromptSampler(len(rows), cfg.seed)
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
