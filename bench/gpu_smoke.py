@@ -26,10 +26,10 @@ What it does (no download, no generation, one process, < 8 minutes on one H200 /
 
 For each step it prints and records seconds (old log-probs / credit / update / total), tokens per second,
 ``torch.cuda.max_memory_allocated`` (and reserved) since the step began, the memory held before the step
-(weights, adapters, optimizer state), the loss and gradient norm, and ``ok`` (finite loss and gradient norm,
-the trainable weights changed). Results go to ``$OUT/gpu_smoke.json`` if ``$OUT`` is set, else
-``bench/results/gpu_smoke.json`` (``--out DIR`` overrides; ``--tiny`` writes ``gpu_smoke_tiny.json``),
-rewritten after every step so a time-out keeps what was measured.
+(weights, adapters, optimizer state) and after it (gradients freed), the loss and gradient norm, and ``ok``
+(finite loss and gradient norm, the trainable weights changed); memory in GB = 10^9 bytes. Results go to
+``$OUT/gpu_smoke.json`` if ``$OUT`` is set, else ``bench/results/gpu_smoke.json`` (``--out DIR`` overrides;
+``--tiny`` writes ``gpu_smoke_tiny.json``), rewritten after every step so a time-out keeps what was measured.
 
 Needs only torch, transformers (with Qwen3: >= 4.51) and peft; prints their versions first.
 
@@ -164,7 +164,7 @@ def _sync():
 
 
 def _gb(x):
-    return round(x / 2**30, 3)
+    return round(x / 1e9, 3)  # GB = 10^9 bytes, as in the README's memory table
 
 
 def train_step(model, optimizer, batch, credit_name, cfg):
@@ -280,7 +280,7 @@ def main(argv=None) -> dict:
                 raise
             r = {"ok": False, "error": str(e).splitlines()[0]}
             optimizer.zero_grad(set_to_none=True)
-        r.update(label=label, mode=mode, credit=credit_name, static_gb=_gb(static))
+        r.update(label=label, mode=mode, credit=credit_name, static_gb=_gb(static), after_gb=_gb(mem()))
         if cuda:
             r["peak_allocated_gb"] = _gb(torch.cuda.max_memory_allocated())
             r["peak_reserved_gb"] = _gb(torch.cuda.max_memory_reserved())
