@@ -436,14 +436,20 @@ class PromptSampler:
 
     def __init__(self, n: int, seed: int):
         self.n, self.seed, self.position = n, seed, 0
+        self._epoch, self._order = None, []  # derived from (seed, epoch); only `position` is checkpointed
+
+    def _order_of(self, epoch: int) -> list[int]:
+        if epoch != self._epoch:
+            self._order = list(range(self.n))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(self._order)
+            self._epoch = epoch
+        return self._order
 
     def take(self, k: int) -> list[int]:
         out = []
         while len(out) < k:
             epoch, i = divmod(self.position, self.n)
-            order = list(range(self.n))
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-            out.append(order[i])
+            out.append(self._order_of(epoch)[i])
             self.position += 1
         return out
 
