@@ -99,25 +99,35 @@ def default_data_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parent.parent / "shared" / "data"
 
 
-def _check_rows(rows: list, where: str) -> list[dict]:
-    """Validate ``{problem, answer}`` rows (numbers become strings); one ValueError listing every bad row."""
+def _row_errors(row, label: str) -> list[str]:
+    """What is wrong with one ``{problem, answer}`` row (JSON numbers become strings in place), as messages
+    starting with ``label`` (``file:line`` or ``source[i]``)."""
+    if not isinstance(row, dict):
+        return [f"{label}: expected a JSON object, got {type(row).__name__}"]
     errors = []
-    for i, row in enumerate(rows):
-        if not isinstance(row, dict):
-            errors.append(f"{where}[{i}]: expected an object, got {type(row).__name__}")
-            continue
-        for key in REQUIRED_FIELDS:
-            value = row.get(key)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                value = row[key] = _number_to_str(value)
-            if not isinstance(value, str) or not value.strip():
-                what = "missing" if key not in row else "empty" if isinstance(value, str) else "not a string"
-                errors.append(f"{where}[{i}]: field '{key}' is {what}")
+    for key in REQUIRED_FIELDS:
+        value = row.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = row[key] = _number_to_str(value)  # e.g. a numeric answer written as a JSON number
+        if not isinstance(value, str) or not value.strip():
+            what = "missing" if key not in row else "empty" if isinstance(value, str) else "not a string"
+            errors.append(f"{label}: field '{key}' is {what}")
+    return errors
+
+
+def _raise_if_bad(errors: list[str], rows: list, where) -> None:
+    """One ValueError listing the first ten bad rows (and how many more), or for an empty source."""
     if errors:
         more = f"\n... and {len(errors) - 10} more" if len(errors) > 10 else ""
         raise ValueError(f"{len(errors)} bad row(s) in {where}:\n" + "\n".join(errors[:10]) + more)
     if not rows:
         raise ValueError(f"{where}: no rows")
+
+
+def _check_rows(rows: list, where: str) -> list[dict]:
+    """Validate ``{problem, answer}`` rows (numbers become strings); one ValueError listing every bad row."""
+    errors = [e for i, row in enumerate(rows) for e in _row_errors(row, f"{where}[{i}]")]
+    _raise_if_bad(errors, rows, where)
     return rows
 
 
@@ -173,25 +183,14 @@ def _load_jsonl(path: Path) -> list[dict]:
             except json.JSONDecodeError as e:
                 errors.append(f"{path}:{lineno}: not valid JSON ({e.msg})")
                 continue
+            errors += _row_errors(row, f"{path}:{lineno}")
             if not isinstance(row, dict):
-                errors.append(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
                 continue
-            for key in REQUIRED_FIELDS:
-                value = row.get(key)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    value = row[key] = _number_to_str(value)  # e.g. a numeric answer written as a JSON number
-                if not isinstance(value, str) or not value.strip():
-                    what = "missing" if key not in row else "empty" if isinstance(value, str) else "not a string"
-                    errors.append(f"{path}:{lineno}: field '{key}' is {what}")
             row.setdefault("id", f"{path.stem}-{lineno}")
             row["id"] = str(row["id"])
             row.setdefault("source", path.stem)
             rows.append(row)
-    if errors:
-        more = f"\n... and {len(errors) - 10} more" if len(errors) > 10 else ""
-        raise ValueError(f"{len(errors)} bad row(s) in {path}:\n" + "\n".join(errors[:10]) + more)
-    if not rows:
-        raise ValueError(f"{path}: no rows")
+    _raise_if_bad(errors, rows, path)
     return rows
 
 
