@@ -894,7 +894,8 @@ def train(cfg: GRPOConfig) -> dict:
         json.dump({"config": dataclasses.asdict(cfg), "prompt_template": template, "num_parameters": n_params,
                    "num_trainable_parameters": sum(p.numel() for p in trainable),
                    "resumed_from": resume_from, "versions": _versions()}, f, indent=1)
-    metrics_file = open(metrics_path, "a")
+    # a resumed run appends to the (truncated) log; a run from step 0 starts a new one instead of mixing two runs
+    metrics_file = open(metrics_path, "a" if resume_from else "w")
 
     def log(record):
         # NaN/inf (e.g. a DelTA side statistic on a batch with no positive responses) become null: strict JSON
