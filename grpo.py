@@ -960,7 +960,8 @@ def _train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sampl
     problems = [rows[i]["problem"] for i in idx]
     prompts = [rollout.apply_template(p, template) for p in problems]
     batch = rollout.generate(model, tokenizer, prompts, G, cfg.max_completion_length, cfg.temperature,
-                             cfg.top_p, seed=cfg.seed * 100_003 + step, stop_ids=stop_ids)
+                             cfg.top_p, seed=cfg.seed * 100_003 + step, stop_ids=stop_ids,
+                             stop_strings=rollout.template_stop_strings(template))
     answers = [rows[i]["answer"] for i in idx for _ in range(G)]
     t_gen = time.time() - t0
     # 2. verify: binary reward, every grader failure counted

@@ -18,24 +18,25 @@ from dataclasses import dataclass, field
 import torch
 
 # ----------------------------------------------------------------------------------------------------------
-# Prompt templates for base models (anchors §C5). Each maps a problem to the text the model continues, and
-# names the extra stop strings whose token ids end a response besides the tokenizer's EOS.
+# Prompt templates for base models (anchors §C5). Each maps a problem to the text the model continues, names the
+# special tokens that end a response besides the tokenizer's EOS, and the stop *strings* that end it too: a base
+# model often runs on into an invented next question whose box would be graded instead (bug case C28).
 # ----------------------------------------------------------------------------------------------------------
 QWEN_MATH_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 PROMPT_TEMPLATES = {
     # The raw problem and a newline (the toy uses this; understand-r1-zero's "no" template).
-    "none": ("{problem}\n", []),
+    "none": ("{problem}\n", [], ["\n\nQuestion:", "\n\nProblem:"]),
     # Qwen2.5-Math "qwen25-math-cot" ChatML written by hand (not the tokenizer's chat template, which adds
     # Qwen3's <think> handling). A base model must stop on <|im_end|> *and* <|endoftext|> (Qwen3#927).
     "qwen_math": ("<|im_start|>system\n" + QWEN_MATH_SYSTEM + "<|im_end|>\n<|im_start|>user\n{problem}<|im_end|>\n"
-                  "<|im_start|>assistant\n", ["<|im_end|>", "<|endoftext|>"]),
+                  "<|im_start|>assistant\n", ["<|im_end|>", "<|endoftext|>"], []),
     # DeepSeek-R1-Zero's plain conversation; the answer ends with </answer>.
     "r1": ("A conversation between User and Assistant. The User asks a question, and the Assistant solves it. "
            "The Assistant first thinks about the reasoning process in the mind and then provides the User with "
            "the answer. The reasoning process is enclosed within <think> </think> and answer is enclosed within "
            "<answer> </answer> tags, respectively, i.e., <think> reasoning process here </think> <answer> answer "
            "here </answer>. The final answer is put in \\boxed{}.\nUser: {problem}\nAssistant: <think>",
-           ["</answer>"]),
+           [], ["</answer>"]),
 }
 
 
@@ -59,12 +60,45 @@ def apply_template(problem: str, template: str) -> str:
     return PROMPT_TEMPLATES[template][0].replace("{problem}", problem)
 
 
+def template_stop_strings(template: str) -> list[str]:
+    """The stop strings of ``template`` (text after the first one is cut from the response, see ``generate``)."""
+    return list(PROMPT_TEMPLATES.get(template, ("", [], []))[2])
+
+
+def cut_at_stop_strings(response_ids: torch.Tensor, response_mask: torch.Tensor, texts: list[str], tokenizer,
+                        stop_strings: list[str]) -> list[bool]:
+    """Cut each response after the first stop string it contains (bug case C28), in place.
+
+    The mask is shortened to the fewest tokens whose decoded text contains the stop string (found by bisection),
+    the text is cut right after it. Returns, per row, whether a stop string was found.
+    """
+    found = []
+    for i, text in enumerate(texts):
+        ends = [text.find(s) + len(s) for s in stop_strings if s and s in text]
+        if not ends:
+            found.append(False)
+            continue
+        cut = min(ends)
+        ids = response_ids[i][response_mask[i].bool()].tolist()
+        lo, hi = 1, len(ids)  # smallest k with len(decode(ids[:k])) >= cut
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if len(tokenizer.decode(ids[:mid], skip_special_tokens=True)) >= cut:
+                hi = mid
+            else:
+                lo = mid + 1
+        response_mask[i, lo:] = 0
+        texts[i] = text[:cut]
+        found.append(True)
+    return found
+
+
 def stop_token_ids(tokenizer, template: str = "none") -> list[int]:
     """Every token id that ends a response: the tokenizer's EOS plus the template's stop tokens that exist."""
     ids = []
     eos = tokenizer.eos_token_id
     ids += eos if isinstance(eos, list) else ([eos] if eos is not None else [])
-    for text in PROMPT_TEMPLATES.get(template, ("", []))[1]:
+    for text in PROMPT_TEMPLATES.get(template, ("", [], []))[1]:
         tid = tokenizer.convert_tokens_to_ids(text)
         if tid is not None and tid != tokenizer.unk_token_id:
             ids.append(tid)
@@ -177,7 +211,7 @@ def response_mask_from_ids(response_ids: torch.Tensor, stop_ids: list[int]) -> t
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], num_generations: int, max_new_tokens: int,
              temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, stop_ids: list[int] | None = None,
-             batch_size: int | None = None) -> Rollout:
+             batch_size: int | None = None, stop_strings: list[str] | None = None) -> Rollout:
     """Sample ``num_generations`` responses for each prompt with Hugging Face ``generate``.
 
     Args:
@@ -189,6 +223,8 @@ def generate(model, tokenizer, prompts: list[str], num_generations: int, max_new
         seed: seeds torch's RNG so the same seed gives the same rollout.
         stop_ids: token ids that end a response (default: ``stop_token_ids(tokenizer)``).
         batch_size: rows per ``generate`` call (default: all at once).
+        stop_strings: a response is cut after the first of these strings it contains (``template_stop_strings``):
+            its mask ends at the token that completes the string, its text right after the string.
     Returns:
         a ``Rollout`` with N = len(prompts) * num_generations rows.
     Raises:
@@ -224,6 +260,10 @@ def generate(model, tokenizer, prompts: list[str], num_generations: int, max_new
     response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, pad_id))
     texts = tokenizer.batch_decode([r[m.bool()] for r, m in zip(response_ids, response_mask)],
                                    skip_special_tokens=True)
+    if stop_strings:
+        cut = cut_at_stop_strings(response_ids, response_mask, texts, tokenizer, stop_strings)
+        stopped = stopped | torch.tensor(cut, dtype=torch.bool)
+        response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, pad_id))
     return Rollout(
         input_ids=torch.cat([enc["input_ids"], response_ids], 1),
         attention_mask=torch.cat([enc["attention_mask"], response_mask.long()], 1),

@@ -123,3 +123,21 @@ def test_C30_unbiased_pass_at_k_and_avg_at_k():
     assert sum(evaluate.pass_at_k(1, 1, 1) for _ in range(50)) / 164 == pytest.approx(0.304878, abs=1e-6)
     with pytest.raises(ValueError):
         evaluate.pass_at_k(1, 1, 10)  # one greedy sample: pass@10 refused
+
+
+def test_C28_stop_strings_cut_a_run_on_continuation():
+    import toy
+    import verify
+
+    tok = toy.build_tokenizer()
+    raw = "2+3 = 5, so \\boxed{5}.\n\nQuestion: What is 4+5?\nAnswer: 4+5 = 9, so \\boxed{9}."
+    ids = torch.tensor([tok(raw, add_special_tokens=False)["input_ids"]])
+    mask = torch.ones_like(ids, dtype=torch.float)
+    texts = [raw]
+    assert not verify.verify(raw, "5")  # the invented follow-up's box would be graded
+    found = rollout.cut_at_stop_strings(ids, mask, texts, tok, rollout.template_stop_strings("none"))
+    assert found == [True]
+    assert texts[0] == "2+3 = 5, so \\boxed{5}.\n\nQuestion:" and verify.verify(texts[0], "5")
+    # the mask ends at the token that completes the stop string (character tokenizer: one token per character)
+    assert int(mask.sum()) == len(texts[0]) and mask[0, len(texts[0]):].sum() == 0
+    assert rollout.template_stop_strings("r1") == ["</answer>"]
