@@ -470,15 +470,6 @@ def overall_metrics(benchmarks: dict[str, dict]) -> dict:
 # ----------------------------------------------------------------------------------------------------------
 # Generation + grading
 # ----------------------------------------------------------------------------------------------------------
-def sampler_stop_ids(model, tokenizer, template: str) -> list[int]:
-    """Every id that ends a response: rollout.stop_token_ids (tokenizer EOS + template stops) plus the
-    model's ``generation_config.eos_token_id`` (base models often list a second EOS there)."""
-    ids = set(rollout.stop_token_ids(tokenizer, template))
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids.update(eos if isinstance(eos, (list, tuple)) else [eos] if isinstance(eos, int) else [])
-    return sorted(ids)
-
-
 def generate_records(model, tokenizer, rows: list[dict], template: str, mode: str, n: int, temperature: float,
                      top_p: float, max_new_tokens: int, seed: int, stop_ids: list[int], batch_size: int,
                      num_workers: int = 1, grade_timeout: float = 5.0) -> list[dict]:
@@ -525,13 +516,13 @@ def evaluate_rows(model, tokenizer, rows: list[dict], template: str, num_samples
         greedy: also one greedy response per problem.
         num_workers: grading worker processes.
         pass_ks: the ks of pass@k (default 1, 2, 4, ..., n).
-        stop_ids: ids that end a response (default :func:`sampler_stop_ids`).
+        stop_ids: ids that end a response (default :func:`rollout.stop_token_ids` with the model).
     Returns:
         the metrics of :func:`compute_metrics` and ``"responses"``: every record with its grade.
     Raises:
         ValueError: see compute_metrics and rollout.generate.
     """
-    stops = stop_ids or sampler_stop_ids(model, tokenizer, template)
+    stops = stop_ids or rollout.stop_token_ids(tokenizer, template, model)
     records = []
     runs = ([("greedy", 1)] if greedy else []) + ([("sample", num_samples)] if num_samples else [])
     for mode, n in runs:
@@ -878,7 +869,7 @@ def main(argv=None):
     if args.num_threads or n_params < 10_000_000:
         torch.set_num_threads(args.num_threads or 1)  # tiny models: thread sync costs more than it gives
     template = rollout.resolve_template(args.prompt_template, args.model)
-    stop_ids = sampler_stop_ids(model, tokenizer, template)
+    stop_ids = rollout.stop_token_ids(tokenizer, template, model)
     generation = {"model": args.model, "prompt_template": template, "stop_ids": stop_ids, "chunking": "by-length",
                   **{k: settings[k] for k in DEFAULT_SETTINGS}}
     run_hash = settings_hash(generation)

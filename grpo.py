@@ -454,10 +454,6 @@ class PromptSampler:
         return out
 
 
-def _versions() -> dict:
-    return evaluate.library_versions()
-
-
 def _log_eval(res: dict, k: int) -> dict:
     keep = ("greedy", f"avg@{k}", f"pass@{k}", "sample/mean_length", "sample/truncation_rate", "sample/boxed_rate")
     return {f"eval/{key}": res[key] for key in keep if key in res}
@@ -862,7 +858,7 @@ def train(cfg: GRPOConfig) -> dict:
         # tiny models: one thread avoids thread-synchronisation overhead that dominates their small matmuls
         torch.set_num_threads(cfg.num_threads or 1)
     template = rollout.resolve_template(cfg.prompt_template, cfg.model)
-    stop_ids = rollout.stop_token_ids(tokenizer, template)
+    stop_ids = rollout.stop_token_ids(tokenizer, template, model)
     model = prepare_model(model, cfg)  # LoRA adapters, gradient checkpointing
     ref_model = reference_model(model, cfg)  # frozen initial policy for --beta > 0 (before any weight changes)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -893,7 +889,7 @@ def train(cfg: GRPOConfig) -> dict:
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump({"config": dataclasses.asdict(cfg), "prompt_template": template, "num_parameters": n_params,
                    "num_trainable_parameters": sum(p.numel() for p in trainable),
-                   "resumed_from": resume_from, "versions": _versions()}, f, indent=1)
+                   "resumed_from": resume_from, "versions": evaluate.library_versions()}, f, indent=1)
     # a resumed run appends to the (truncated) log; a run from step 0 starts a new one instead of mixing two runs
     metrics_file = open(metrics_path, "a" if resume_from else "w")
 

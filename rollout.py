@@ -13,7 +13,7 @@ importance ratio is exactly 1 at the first update (sampler and trainer numerics 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -93,11 +93,13 @@ def cut_at_stop_strings(response_ids: torch.Tensor, response_mask: torch.Tensor,
     return found
 
 
-def stop_token_ids(tokenizer, template: str = "none") -> list[int]:
-    """Every token id that ends a response: the tokenizer's EOS plus the template's stop tokens that exist."""
+def stop_token_ids(tokenizer, template: str = "none", model=None) -> list[int]:
+    """Every token id that ends a response: the tokenizer's EOS, the model's ``generation_config.eos_token_id``
+    (base models often list a second EOS there; bug case C26) and the template's stop tokens that exist."""
     ids = []
-    eos = tokenizer.eos_token_id
-    ids += eos if isinstance(eos, list) else ([eos] if eos is not None else [])
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for eos in (tokenizer.eos_token_id, gen_eos):
+        ids += list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
     for text in PROMPT_TEMPLATES.get(template, ("", [], []))[1]:
         tid = tokenizer.convert_tokens_to_ids(text)
         if tid is not None and tid != tokenizer.unk_token_id:
@@ -185,7 +187,6 @@ class Rollout:
     texts: list[str]  # decoded responses, special tokens removed
     prompts: list[str]  # the prompt text of each row
     group_size: int
-    extras: dict = field(default_factory=dict)
 
     @property
     def response_lengths(self) -> torch.Tensor:
@@ -205,7 +206,7 @@ def response_mask_from_ids(response_ids: torch.Tensor, stop_ids: list[int]) -> t
     first = torch.where(stopped, is_stop.float().argmax(-1), torch.full_like(stopped, response_ids.shape[1],
                                                                            dtype=torch.long))
     positions = torch.arange(response_ids.shape[1], device=response_ids.device)[None]
-    return (positions <= first[:, None]).float() * (positions < response_ids.shape[1]), stopped
+    return (positions <= first[:, None]).float(), stopped
 
 
 @torch.no_grad()
@@ -221,7 +222,7 @@ def generate(model, tokenizer, prompts: list[str], num_generations: int, max_new
         temperature: 0 means greedy decoding.
         top_p: nucleus sampling mass (1.0 = off).
         seed: seeds torch's RNG so the same seed gives the same rollout.
-        stop_ids: token ids that end a response (default: ``stop_token_ids(tokenizer)``).
+        stop_ids: token ids that end a response (default: ``stop_token_ids(tokenizer, model=model)``).
         batch_size: rows per ``generate`` call (default: all at once).
         stop_strings: a response is cut after the first of these strings it contains (``template_stop_strings``):
             its mask ends at the token that completes the string, its text right after the string.
@@ -232,7 +233,7 @@ def generate(model, tokenizer, prompts: list[str], num_generations: int, max_new
     """
     if not prompts or num_generations < 1 or max_new_tokens < 1:
         raise ValueError("generate needs prompts, num_generations >= 1 and max_new_tokens >= 1")
-    stop_ids = stop_ids or stop_token_ids(tokenizer)
+    stop_ids = stop_ids or stop_token_ids(tokenizer, model=model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
     device = next(model.parameters()).device
     rows = [p for p in prompts for _ in range(num_generations)]

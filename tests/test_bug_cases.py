@@ -141,3 +141,14 @@ def test_C28_stop_strings_cut_a_run_on_continuation():
     # the mask ends at the token that completes the stop string (character tokenizer: one token per character)
     assert int(mask.sum()) == len(texts[0]) and mask[0, len(texts[0]):].sum() == 0
     assert rollout.template_stop_strings("r1") == ["</answer>"]
+
+
+def test_C26_generation_config_eos_ids_are_stop_ids():
+    import types
+
+    import toy
+
+    tok = toy.build_tokenizer()
+    model = types.SimpleNamespace(generation_config=types.SimpleNamespace(eos_token_id=[tok.eos_token_id, 7]))
+    assert rollout.stop_token_ids(tok, "none", model) == sorted({tok.eos_token_id, 7})
+    assert rollout.stop_token_ids(tok, "none") == [tok.eos_token_id]
