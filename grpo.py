@@ -93,6 +93,9 @@ class GRPOConfig:
     delta_lam_max: float = _f(1.2, "DelTA λ_max")
     delta_impl: str = _f("normal", "DelTA statistics: normal (whole batch) or memory_efficient (streamed over "
                                    "micro-batches with sufficient statistics)", ["normal", "memory_efficient"])
+    delta_scope: str = _f("global", "with several processes (torchrun): global all-reduces DelTA's sufficient "
+                                    "statistics, so λ̄ does not depend on the number of processes; local keeps them "
+                                    "per process, as DelTA's official code does", ["global", "local"])
     cscr_template: str = _f("verdict", "CSCR privileged context (cscr.py): verdict, reference, answer, "
                                         "verdict_short")
     cscr_mode: str = _f("max", "CSCR sensitivity: max(|Δ+|,|Δ−|), mean, common", ["max", "mean", "common"])
@@ -386,7 +389,17 @@ class Credit:
 
         c = self.cfg
         kw = dict(K=c.delta_k, lam_min=c.delta_lam_min, lam_max=c.delta_lam_max, return_stats=True)
-        if c.delta_impl == "normal":
+        if _distributed() and c.delta_scope == "global":
+            # DelTA spec §2.5: every statistic is a sum or a count, so summing them over processes gives the
+            # λ̄ of the whole batch, whatever the number of processes (the official code keeps them per process)
+            chunks = [(delta.proxy_vectors(hidden[s], old_logp[s], mask[s]), adv[s], mask[s])
+                      for s in _micro_slices(len(adv), c.micro_batch_size if c.delta_impl != "normal" else 0)]
+            parts, stats = delta.delta_coefficients_streaming(chunks, reduce_fn=all_reduce_sum, **kw)
+            lam_bar = torch.cat(parts)
+            for key in [k for k in stats if k.endswith(("_min", "_max"))]:  # these two are per process: pool them
+                values = [v for v in all_gather_objects(stats[key]) if math.isfinite(v)]
+                stats[key] = (min if key.endswith("_min") else max)(values) if values else float("nan")
+        elif c.delta_impl == "normal":
             v = delta.proxy_vectors(hidden, old_logp, mask)  # DelTA App. F: v = (1 − p(y_t))·h_t
             lam_bar, stats = delta.delta_coefficients(v, adv, mask, **kw)
         else:
@@ -418,7 +431,9 @@ class Credit:
             if c.cscr_threshold_quantile is not None and not getattr(self, "_calibrated", False):
                 # spec §5: calibrate λ once, as a quantile of s over the first rollout batch, then freeze
                 s = cscr.sensitivity(old_logp[rows], lp_c, lp_i, mask[rows], mode=c.cscr_mode)
-                self.cscr_threshold = cscr.calibrate_threshold(s, mask[rows], c.cscr_threshold_quantile)
+                # the quantile of every process's valid tokens (one value for all processes)
+                s = torch.cat(all_gather_objects(s[mask[rows].bool()].cpu()))[None]
+                self.cscr_threshold = cscr.calibrate_threshold(s, torch.ones_like(s), c.cscr_threshold_quantile)
                 self._calibrated = True
         token_adv, stats = cscr.cscr_token_advantages(
             adv, old_logp, lp_pos, lp_neg, mask, threshold=self.cscr_threshold, alpha=c.cscr_alpha,
@@ -492,11 +507,16 @@ def backward_minibatch(model, input_ids, attention_mask, response_mask, old_logp
 
     The normaliser of ``cfg.loss_type`` (token count for ``dapo``, sequence count for ``grpo``/``dr_grpo``) is
     computed once over the whole mini-batch and passed to every micro-batch, so the summed gradient equals the
-    whole-mini-batch gradient whatever the micro-batch size (trl#3021, PR #6024; OpenRLHF's loss_utils).
-    Returns (loss value, token-weighted sums of the ``policy_loss`` statistics with their ``num_tokens``).
+    whole-mini-batch gradient whatever the micro-batch size (trl#3021, PR #6024; OpenRLHF's loss_utils). Under
+    torchrun the counts are summed over processes, and FSDP sums the gradients (``shard_model``), so the multi-process
+    gradient is the single-process gradient of the global mini-batch (trl PR #3231; verl multiplies by dp_size).
+    Returns (this process's loss value, token-weighted sums of the ``policy_loss`` statistics with their
+    ``num_tokens``).
     """
     device = input_ids.device
-    n_tok, n_seq = response_mask[mb_idx].sum().item(), len(mb_idx)
+    counts = all_reduce_sum(torch.tensor([response_mask[mb_idx].sum().item(), float(len(mb_idx))],
+                                         dtype=torch.float64))
+    n_tok, n_seq = counts[0].item(), int(counts[1].item())
     loss_total, agg = 0.0, {}
     for s in _micro_slices(len(mb_idx), cfg.micro_batch_size):
         j = mb_idx[s]
@@ -545,11 +565,14 @@ def policy_update(model, optimizer, input_ids, attention_mask, response_mask, ol
             optimizer.zero_grad(set_to_none=True)
             loss, stats = backward_minibatch(model, input_ids, attention_mask, response_mask, old_logp, token_adv,
                                              ref_logp, mb_idx, cfg)
+            loss = all_reduce_sum(torch.tensor(loss, dtype=torch.float64)).item()  # Σ of the processes' parts
             loss_sum += loss
             for k, v in stats.items():
                 agg[k] = agg.get(k, 0.0) + v
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))
-            if not (math.isfinite(loss) and torch.isfinite(grad_norm)):
+            if hasattr(grad_norm, "full_tensor"):  # FSDP2: the global norm as a DTensor
+                grad_norm = grad_norm.full_tensor()
+            if not (math.isfinite(loss) and torch.isfinite(grad_norm)):  # both global: every process agrees
                 skipped += 1  # a non-finite loss or gradient never reaches the weights
                 optimizer.zero_grad(set_to_none=True)
                 tqdm.write(f"[warn] step {step + 1}: non-finite loss or gradient norm, update skipped")
@@ -670,6 +693,133 @@ def oom_guard(where: str):
 
 
 # ----------------------------------------------------------------------------------------------------------
+# Many processes: torchrun + FSDP2 (torch.distributed.fsdp.fully_shard). One process: every helper is a no-op.
+# ----------------------------------------------------------------------------------------------------------
+def init_distributed() -> tuple[int, int]:
+    """Join the process group ``torchrun`` describes in the environment; returns (rank, world_size).
+
+    Without torchrun (no ``WORLD_SIZE``, or 1) nothing happens: (0, 1). Otherwise the backend is NCCL on GPUs
+    (process ``LOCAL_RANK`` takes GPU ``LOCAL_RANK``) and gloo on the CPU. Calling it again is harmless.
+    """
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return 0, 1
+    if not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size()
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if _distributed() else 0
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if _distributed() else 1
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Σ over processes of ``t``, as a new tensor on ``t``'s device (``t`` itself with one process).
+
+    NCCL reduces GPU tensors only and gloo CPU tensors only: ``t`` is copied to the backend's device and back.
+    """
+    if not _distributed():
+        return t
+    import torch.distributed as dist
+
+    comm = t.to("cuda" if dist.get_backend() == "nccl" else "cpu", copy=True)
+    dist.all_reduce(comm)
+    return comm.to(t.device)
+
+
+def all_gather_objects(obj) -> list:
+    """``[obj of process 0, obj of process 1, ...]`` (picklable objects); ``[obj]`` with one process."""
+    if not _distributed():
+        return [obj]
+    import torch.distributed as dist
+
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def shard_model(model):
+    """FSDP2: shard each decoder layer, then the rest (embeddings, final norm, LM head), across the processes.
+
+    Each process keeps 1/world_size of every weight, gradient and AdamW moment; a layer's full weights are gathered
+    just before its forward and backward and freed after. Full fine-tuning and LoRA alike (the frozen base weights
+    are sharded too; only the adapters get gradients and optimizer state). Gradients are *summed* over processes,
+    not averaged: each process's loss is already divided by the global normaliser (``backward_minibatch``), so the
+    sum is exactly the single-process gradient of the whole batch. Call it before ``build_optimizer``.
+    """
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    # the decoder-layer classes: transformers lists them in _no_split_modules (e.g. Qwen3DecoderLayer)
+    names = set()
+    for m in model.modules():
+        names |= set(getattr(m, "_no_split_modules", None) or [])
+    for m in [m for m in model.modules() if type(m).__name__ in names]:
+        fully_shard(m)
+    # the root is the transformers model: a peft wrapper's generate() calls it directly, bypassing the wrapper
+    fully_shard(model.get_base_model() if hasattr(model, "get_base_model") else model)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)  # sum, not mean (see above)
+            m.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no pre-multiplied sum)
+    return model
+
+
+@contextlib.contextmanager
+def gathered_weights(model):
+    """Sampling and no-grad scoring under FSDP2: gather every sharded weight once, run any number of forward passes
+    with no communication, then free the full weights (a no-op without FSDP).
+
+    Why: with FSDP every layer's forward is a collective, so all processes would have to run exactly the same
+    forward passes, but generation stops at different lengths on different processes and CSCR scores only the
+    responses with a non-zero advantage. Cost: one full copy of the weights per process while it lasts (as the
+    inference engine of TRL's or verl's colocated mode holds). Every process must enter it.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    mods = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in mods:
+        m.unshard()
+        m.set_reshard_after_forward(False, recurse=False)
+    try:
+        yield
+    finally:
+        for m in mods:
+            m.reshard()
+            m.set_reshard_after_forward(True, recurse=False)
+
+
+def _full_state_dicts(model, optimizer):
+    """(model, optimizer) state dicts with full, unsharded CPU tensors, keyed by parameter name (torch's
+    distributed-checkpoint API: the same format with one process and with FSDP2). Under FSDP2 every process must
+    call it; only process 0 gets them (the others get (None, None))."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    if not _distributed():
+        return None, get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    sd, osd = get_model_state_dict(model, options=opts), get_optimizer_state_dict(model, optimizer, options=opts)
+    return (sd, osd) if _rank() == 0 else (None, None)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # Checkpoints: written complete or not at all, resumed exactly
 # ----------------------------------------------------------------------------------------------------------
 TRAINER_STATE = "trainer_state.json"  # written last into a checkpoint: its presence marks the folder complete
@@ -724,14 +874,21 @@ def save_checkpoint(path: str, model, tokenizer, optimizer, state: dict) -> None
     (``state``: step, sampler position, metrics.jsonl length, counters, the CSCR threshold). Everything is
     written into a temporary sibling ``<name>.tmp-*`` that is renamed into place when complete, so a crash
     during the save leaves the previous checkpoints intact and no half-written ``checkpoint-<step>``.
+
+    The optimizer state is saved keyed by parameter name with full tensors (``_full_state_dicts``), so a checkpoint
+    written by N processes resumes in M. Under torchrun every process must call this (the shards are gathered);
+    process 0 writes the files (``--output_dir`` must be on a filesystem every process sees, for ``--resume``).
     """
     import tempfile
 
+    model_sd, optim_sd = _full_state_dicts(model, optimizer)
+    if _rank() != 0:
+        return
     parent, name = os.path.split(os.path.abspath(path))
     tmp = tempfile.mkdtemp(prefix=name + ".tmp-", dir=parent)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, **({"state_dict": model_sd} if model_sd is not None else {}))
     tokenizer.save_pretrained(tmp)
-    torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+    torch.save(optim_sd, os.path.join(tmp, "optimizer.pt"))
     torch.save(_rng_state(), os.path.join(tmp, "rng_state.pt"))
     with open(os.path.join(tmp, TRAINER_STATE), "w") as f:
         json.dump(state, f, indent=1)
@@ -766,10 +923,20 @@ def load_checkpoint(path: str, model, optimizer, cfg: GRPOConfig) -> dict:
     """Restore a ``save_checkpoint`` folder into ``model`` (weights or adapter) and ``optimizer`` in place, and the
     RNG states; returns its trainer state (the caller restores the sampler, counters and metrics).
 
+    One process only; under torchrun ``train`` calls ``load_checkpoint_weights`` before sharding the model and
+    ``load_checkpoint_optimizer`` after building the optimizer.
     Raises:
         ValueError: the checkpoint was written with(out) ``--use_peft`` while this run is not, or its weights do
         not match the model.
     """
+    state = load_checkpoint_weights(path, model, cfg)
+    load_checkpoint_optimizer(path, model, optimizer)
+    return state
+
+
+def load_checkpoint_weights(path: str, model, cfg: GRPOConfig) -> dict:
+    """The weights (or adapter) of a ``save_checkpoint`` folder into the *unsharded* ``model``; returns the trainer
+    state. Raises ValueError as ``load_checkpoint``."""
     with open(os.path.join(path, TRAINER_STATE)) as f:
         state = json.load(f)
     if bool(state.get("use_peft")) != cfg.use_peft:
@@ -785,13 +952,28 @@ def load_checkpoint(path: str, model, optimizer, cfg: GRPOConfig) -> dict:
             raise ValueError(f"adapter in {path} does not match --lora_* settings: {res.unexpected_keys[:3]}")
     else:
         _load_full_weights(model, path)
-    optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), map_location="cpu", weights_only=True))
+    return state
+
+
+def load_checkpoint_optimizer(path: str, model, optimizer) -> None:
+    """The AdamW state and RNG states of a ``save_checkpoint`` folder. Under FSDP2 (after ``shard_model``) every
+    process calls it: process 0 reads the full state and each process keeps its own shard."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    many = _distributed()
+    osd = {}
+    if _rank() == 0:
+        osd = torch.load(os.path.join(path, "optimizer.pt"), map_location="cpu", weights_only=True)
+    set_optimizer_state_dict(model, optimizer, osd,
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=many))
+    for group in optimizer.param_groups:  # the state-dict round trip turns AdamW's betas tuple into a list
+        if isinstance(group.get("betas"), list):
+            group["betas"] = tuple(group["betas"])
     rng = torch.load(os.path.join(path, "rng_state.pt"), weights_only=True)
     random.setstate(tuple(x if not isinstance(x, list) else tuple(x) for x in rng["python"]))
     torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
+    if "cuda" in rng and torch.cuda.is_available() and not many:
         torch.cuda.set_rng_state_all(rng["cuda"])
-    return state
 
 
 def _read_metrics(path: str) -> list[str]:
@@ -830,14 +1012,29 @@ def train(cfg: GRPOConfig) -> dict:
     appended to, and the "before" evaluation is not run again (it is read back from ``metrics.jsonl``). Every
     source of randomness in a step is seeded from the step index, so the resumed run logs and learns exactly what
     the uninterrupted run would have.
+
+    Under ``torchrun --nproc_per_node N`` (README "Many GPUs"): the model is sharded with FSDP2
+    (``shard_model``), each process samples and scores ``num_prompts_per_step / N`` whole groups of the step, the
+    loss normalisers and DelTA's statistics are summed over processes (the update equals the single-process one),
+    and process 0 alone writes metrics (gathered from every process), samples and checkpoints.
     """
     from tqdm import tqdm
 
     check_config(cfg)
+    rank, world = init_distributed()
+    main = rank == 0
+    if cfg.num_prompts_per_step % world:
+        raise SystemExit(f"grpo.py: error: --num_prompts_per_step {cfg.num_prompts_per_step} must be a multiple of "
+                         f"the number of processes ({world}): each process takes whole groups")
+    if (cfg.num_prompts_per_step // world * cfg.num_generations) % cfg.num_mini_batches:
+        raise SystemExit("grpo.py: error: --num_mini_batches must divide each process's rows "
+                         f"(num_prompts_per_step / {world} × num_generations)")
     out_dir = cfg.output_dir or os.path.join("runs", cfg.credit)
-    os.makedirs(os.path.join(out_dir, "samples"), exist_ok=True)
+    if main:
+        os.makedirs(os.path.join(out_dir, "samples"), exist_ok=True)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
+    say = tqdm.write if main else (lambda *a, **k: None)
 
     # --- data first: a bad row stops the run before any model is loaded ---
     rows = evaluate.load_problems(cfg.data, split="train")
@@ -845,12 +1042,13 @@ def train(cfg: GRPOConfig) -> dict:
     eval_rows = evaluate.load_problems(eval_source, split="test") if eval_source else []
     resume_from = latest_checkpoint(out_dir) if cfg.resume else None
     if cfg.resume and resume_from is None:
-        tqdm.write(f"[resume] no complete checkpoint in {out_dir}: starting from step 0")
+        say(f"[resume] no complete checkpoint in {out_dir}: starting from step 0")
     elif not cfg.resume and latest_checkpoint(out_dir):
-        tqdm.write(f"[note] {out_dir} already holds checkpoints; this run starts from step 0 "
-                   f"(pass --resume to continue from {latest_checkpoint(out_dir)})")
+        say(f"[note] {out_dir} already holds checkpoints; this run starts from step 0 "
+            f"(pass --resume to continue from {latest_checkpoint(out_dir)})")
 
-    model, tokenizer = rollout.load_model_and_tokenizer(cfg.model, dtype=cfg.torch_dtype,
+    device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+    model, tokenizer = rollout.load_model_and_tokenizer(cfg.model, dtype=cfg.torch_dtype, device=device,
                                                         attn_implementation=cfg.attn_implementation,
                                                         trust_remote_code=cfg.trust_remote_code)
     n_params = sum(p.numel() for p in model.parameters())
@@ -861,19 +1059,24 @@ def train(cfg: GRPOConfig) -> dict:
     stop_ids = rollout.stop_token_ids(tokenizer, template, model)
     model = prepare_model(model, cfg)  # LoRA adapters, gradient checkpointing
     ref_model = reference_model(model, cfg)  # frozen initial policy for --beta > 0 (before any weight changes)
+    state = load_checkpoint_weights(resume_from, model, cfg) if resume_from else None
+    if world > 1:
+        model = shard_model(model)
+        if ref_model is not None and not cfg.use_peft and not cfg.ref_on_cpu:
+            shard_model(ref_model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(trainable, cfg)
     if any(p.dtype == torch.bfloat16 for p in trainable):
         # bf16 has 8 significant bits: an update below ~2^-9 of a weight rounds to nothing (no master copy here)
-        tqdm.write("[warn] full fine-tuning with bfloat16 weights: AdamW updates smaller than ~0.2-0.4% of a weight "
-                   "are rounded away (at --learning_rate 1e-6 almost all are); prefer --use_peft (float32 adapters) "
-                   "or --torch_dtype float32 if memory allows")
+        say("[warn] full fine-tuning with bfloat16 weights: AdamW updates smaller than ~0.2-0.4% of a weight "
+            "are rounded away (at --learning_rate 1e-6 almost all are); prefer --use_peft (float32 adapters) "
+            "or --torch_dtype float32 if memory allows")
     credit = Credit(cfg, tokenizer)
     sampler = PromptSampler(len(rows), cfg.seed)
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
     start_step, skipped_total = 0, 0
     if resume_from:
-        state = load_checkpoint(resume_from, model, optimizer, cfg)
+        load_checkpoint_optimizer(resume_from, model, optimizer)
         start_step, skipped_total = state["step"], state["skipped_updates_total"]
         sampler.position = state["sampler_position"]
         credit.cscr_threshold = state["cscr_threshold"]
@@ -882,18 +1085,22 @@ def train(cfg: GRPOConfig) -> dict:
         if len(lines) < state["metrics_lines"]:
             raise ValueError(f"{metrics_path} has {len(lines)} lines, fewer than the {state['metrics_lines']} "
                              f"recorded by {resume_from}")
-        with open(metrics_path + ".tmp", "w") as f:  # drop lines logged after the checkpoint: no step twice
-            f.writelines(lines[:state["metrics_lines"]])
-        os.replace(metrics_path + ".tmp", metrics_path)
-        tqdm.write(f"[resume] from {resume_from}: step {start_step}, {state['metrics_lines']} metrics lines kept")
-    with open(os.path.join(out_dir, "config.json"), "w") as f:
-        json.dump({"config": dataclasses.asdict(cfg), "prompt_template": template, "num_parameters": n_params,
-                   "num_trainable_parameters": sum(p.numel() for p in trainable),
-                   "resumed_from": resume_from, "versions": evaluate.library_versions()}, f, indent=1)
+        if main:
+            with open(metrics_path + ".tmp", "w") as f:  # drop lines logged after the checkpoint: no step twice
+                f.writelines(lines[:state["metrics_lines"]])
+            os.replace(metrics_path + ".tmp", metrics_path)
+        say(f"[resume] from {resume_from}: step {start_step}, {state['metrics_lines']} metrics lines kept")
+    if main:
+        with open(os.path.join(out_dir, "config.json"), "w") as f:
+            json.dump({"config": dataclasses.asdict(cfg), "prompt_template": template, "num_parameters": n_params,
+                       "num_trainable_parameters": sum(p.numel() for p in trainable), "num_processes": world,
+                       "resumed_from": resume_from, "versions": evaluate.library_versions()}, f, indent=1)
     # a resumed run appends to the (truncated) log; a run from step 0 starts a new one instead of mixing two runs
-    metrics_file = open(metrics_path, "a" if resume_from else "w")
+    metrics_file = open(metrics_path, "a" if resume_from else "w") if main else None
 
     def log(record):
+        if not main:
+            return
         # NaN/inf (e.g. a DelTA side statistic on a batch with no positive responses) become null: strict JSON
         record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         metrics_file.write(json.dumps(record) + "\n")
@@ -902,12 +1109,17 @@ def train(cfg: GRPOConfig) -> dict:
     def run_eval(step):
         if not eval_rows or not cfg.eval_num_generations:
             return {}
-        with oom_guard(f"the evaluation at step {step}"):
-            res = evaluate.evaluate_rows(model, tokenizer, eval_rows, template, cfg.eval_num_generations,
-                                         cfg.temperature, cfg.top_p, cfg.max_completion_length, seed=cfg.seed + 12345)
-        record = {"step": step, **_log_eval(res, cfg.eval_num_generations)}
+        k = cfg.eval_num_generations
+        with oom_guard(f"the evaluation at step {step}"), gathered_weights(model):
+            # each process evaluates every world-th problem; the graded responses are pooled
+            res = evaluate.evaluate_rows(model, tokenizer, eval_rows[rank::world], template, k, cfg.temperature,
+                                         cfg.top_p, cfg.max_completion_length, seed=cfg.seed + 12345)
+        if world > 1:
+            records = [r for part in all_gather_objects(res["responses"]) for r in part]
+            res = evaluate.compute_metrics(records, eval_rows, k, True)
+        record = {"step": step, **_log_eval(res, k)}
         log(record)
-        tqdm.write(f"[eval step {step}] " + " ".join(f"{k[5:]}={v:.3f}" for k, v in record.items() if k != "step"))
+        say(f"[eval step {step}] " + " ".join(f"{k[5:]}={v:.3f}" for k, v in record.items() if k != "step"))
         return record
 
     if start_step == 0:
@@ -915,103 +1127,128 @@ def train(cfg: GRPOConfig) -> dict:
     else:  # the "before" evaluation was logged by the interrupted run
         logged = [json.loads(l) for l in _read_metrics(metrics_path) if l.strip()]
         first_eval = next((r for r in logged if r.get("step") == 0 and any(k.startswith("eval/") for k in r)), {})
-    G = cfg.num_generations
     last = {}
     bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{cfg.credit}]", dynamic_ncols=True,
-               initial=start_step, total=cfg.max_steps)
+               initial=start_step, total=cfg.max_steps, disable=not main)
     try:
         for step in bar:
             with oom_guard(f"step {step + 1}"):
                 last = _train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sampler, rows,
-                                   template, stop_ids, log, out_dir, skipped_total, tqdm)
+                                   template, stop_ids, log, out_dir, skipped_total, say)
             skipped_total = last["skipped_updates_total"]
             bar.set_postfix(reward=f"{last['reward']:.3f}", len=f"{last['completions/mean_length']:.1f}")
             if cfg.eval_steps and (step + 1) % cfg.eval_steps == 0 and step + 1 < cfg.max_steps:
                 run_eval(step + 1)
             if cfg.save_steps and (step + 1) % cfg.save_steps == 0 and step + 1 < cfg.max_steps:
-                metrics_file.flush()
+                if main:
+                    metrics_file.flush()
                 save_checkpoint(os.path.join(out_dir, f"checkpoint-{step + 1}"), model, tokenizer, optimizer,
                                 {"step": step + 1, "sampler_position": sampler.position,
-                                 "metrics_lines": len(_read_metrics(metrics_path)),
+                                 "metrics_lines": len(_read_metrics(metrics_path)) if main else 0,
                                  "skipped_updates_total": skipped_total, "cscr_threshold": float(credit.cscr_threshold),
                                  "cscr_calibrated": bool(getattr(credit, "_calibrated", False)),
                                  "use_peft": cfg.use_peft, "model": cfg.model, "seed": cfg.seed})
         final_eval = run_eval(cfg.max_steps) if cfg.max_steps else first_eval
     finally:
-        metrics_file.close()
+        if main:
+            metrics_file.close()
     save_model(model, tokenizer, os.path.join(out_dir, "final"))
     summary = {"before": first_eval, "after": final_eval, "last_step": last}
-    with open(os.path.join(out_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    if main:
+        with open(os.path.join(out_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()  # nobody leaves before process 0 has written final/
     return summary
 
 
 def _train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sampler, rows, template, stop_ids, log,
-                out_dir, skipped_total, tqdm) -> dict:
+                out_dir, skipped_total, say) -> dict:
     """One step of the loop (rollout -> verify -> advantages -> credit -> update -> log); returns its record."""
     t0 = time.time()
     G = cfg.num_generations
-    # 1. rollout: G responses for each of the step's prompts
-    idx = sampler.take(cfg.num_prompts_per_step)
+    rank, world = _rank(), _world_size()
+    # 1. rollout: G responses for each of the step's prompts. Every process walks the same prompt order and takes
+    #    its own whole groups (group statistics never cross processes).
+    per_rank = cfg.num_prompts_per_step // world
+    idx = sampler.take(cfg.num_prompts_per_step)[rank * per_rank:(rank + 1) * per_rank]
     problems = [rows[i]["problem"] for i in idx]
     prompts = [rollout.apply_template(p, template) for p in problems]
-    batch = rollout.generate(model, tokenizer, prompts, G, cfg.max_completion_length, cfg.temperature,
-                             cfg.top_p, seed=cfg.seed * 100_003 + step, stop_ids=stop_ids,
-                             stop_strings=rollout.template_stop_strings(template))
     answers = [rows[i]["answer"] for i in idx for _ in range(G)]
-    t_gen = time.time() - t0
-    # 2. verify: binary reward, every grader failure counted
-    graded = verify.grade_batch(batch.texts, answers)
-    rewards = torch.tensor([float(ok) for ok, _ in graded])
-    # 3. group advantages (GRPO) ...
-    adv = group_advantages(rewards, G, scale="std" if cfg.scale_rewards == "group" else "none")
-    mask = batch.response_mask
-    if cfg.mask_truncated_completions:
-        mask = mask * torch.tensor([r == "stop" for r in batch.finish_reasons], dtype=mask.dtype)[:, None]
-        batch.response_mask = mask
-    # 4. old log-probs at θ_old (no grad), and the hidden states DelTA needs from the same forward pass
     device = next(model.parameters()).device
-    input_ids, attn = batch.input_ids.to(device), batch.attention_mask.to(device)
-    old_logp, hidden, ref_logp = old_logprobs(model, input_ids, attn, mask, cfg, credit.needs_hidden(), ref_model)
-    # 5. ... and token advantages (the credit hook)
-    token_adv, credit_stats = credit(model, batch, adv, old_logp, hidden, problems, answers)
+    with gathered_weights(model):  # FSDP2: full weights for sampling and no-grad scoring, no collectives inside
+        batch = rollout.generate(model, tokenizer, prompts, G, cfg.max_completion_length, cfg.temperature,
+                                 cfg.top_p, seed=cfg.seed * 100_003 + step + 1_000_003 * rank, stop_ids=stop_ids,
+                                 stop_strings=rollout.template_stop_strings(template))
+        t_gen = time.time() - t0
+        # 2. verify: binary reward, every grader failure counted
+        graded = verify.grade_batch(batch.texts, answers)
+        rewards = torch.tensor([float(ok) for ok, _ in graded])
+        # 3. group advantages (GRPO) ...
+        adv = group_advantages(rewards, G, scale="std" if cfg.scale_rewards == "group" else "none")
+        mask = batch.response_mask
+        if cfg.mask_truncated_completions:
+            mask = mask * torch.tensor([r == "stop" for r in batch.finish_reasons], dtype=mask.dtype)[:, None]
+            batch.response_mask = mask
+        # 4. old log-probs at θ_old (no grad), and the hidden states DelTA needs from the same forward pass
+        input_ids, attn = batch.input_ids.to(device), batch.attention_mask.to(device)
+        old_logp, hidden, ref_logp = old_logprobs(model, input_ids, attn, mask, cfg, credit.needs_hidden(),
+                                                  ref_model)
+        # 5. ... and token advantages (the credit hook)
+        token_adv, credit_stats = credit(model, batch, adv, old_logp, hidden, problems, answers)
     # 6. policy update: num_iterations passes × num_mini_batches optimizer steps, micro-batched backward
     loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, input_ids, attn, mask, old_logp,
                                                        token_adv, ref_logp, cfg, step)
-    N = len(adv)
+    # 7. log: the batch statistics of every process, pooled
+    keys = sorted(agg)
+    agg = dict(zip(keys, all_reduce_sum(torch.tensor([agg[k] for k in keys], dtype=torch.float64)).tolist()))
     n_all = max(agg.pop("num_tokens", 1.0), 1.0)
-    # 7. log
-    lengths = batch.response_lengths.float()
+    pooled = all_gather_objects((rewards.tolist(), batch.response_lengths.tolist(), batch.finish_reasons, graded))
+    rewards = torch.tensor([r for part in pooled for r in part[0]])
+    lengths = torch.tensor([n for part in pooled for n in part[1]], dtype=torch.float)
+    finish_reasons = [f for part in pooled for f in part[2]]
+    graded_all = [g for part in pooled for g in part[3]]
+    N = len(rewards)
     zero_std = (rewards.view(-1, G).max(-1).values == rewards.view(-1, G).min(-1).values).float().mean()
     record = {"step": step + 1, "reward": rewards.mean().item(), "reward_std": rewards.std().item() if N > 1 else 0.0,
               "accuracy": rewards.mean().item(), "frac_reward_zero_std": zero_std.item(),
               "completions/mean_length": lengths.mean().item(),
-              "completions/clipped_ratio": batch.finish_reasons.count("length") / N,
+              "completions/clipped_ratio": finish_reasons.count("length") / N,
               "loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
               "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
               "skipped_updates_total": skipped_total + skipped,
               **{k: v / n_all for k, v in agg.items()},
-              **{f"verify/{k}": v for k, v in verify.summarize(graded).items() if k not in ("total", "correct")},
+              **{f"verify/{k}": v for k, v in verify.summarize(graded_all).items() if k not in ("total", "correct")},
               **credit_stats, "step_time": time.time() - t0, "generation_time": t_gen}
     log(record)
-    if cfg.logging_steps and (step + 1) % cfg.logging_steps == 0:
-        write_samples(os.path.join(out_dir, "samples", f"step_{step + 1:06d}.jsonl"), tokenizer, batch, rewards,
-                      adv, token_adv, getattr(credit, "last_weights", None), cfg.credit,
-                      min(cfg.num_samples_to_log, cfg.num_prompts_per_step))
+    if rank == 0 and cfg.logging_steps and (step + 1) % cfg.logging_steps == 0:
+        write_samples(os.path.join(out_dir, "samples", f"step_{step + 1:06d}.jsonl"), tokenizer, batch,
+                      rewards[:len(adv)], adv, token_adv, getattr(credit, "last_weights", None), cfg.credit,
+                      min(cfg.num_samples_to_log, per_rank))
     if record["completions/clipped_ratio"] > 0.5 and step < 3:
-        tqdm.write(f"[warn] {record['completions/clipped_ratio']:.0%} of responses hit --max_completion_length "
-                   f"{cfg.max_completion_length}: they rarely score; raise it")
+        say(f"[warn] {record['completions/clipped_ratio']:.0%} of responses hit --max_completion_length "
+            f"{cfg.max_completion_length}: they rarely score; raise it")
     return record
 
 
 def save_model(model, tokenizer, path):
     """``save_pretrained`` (safetensors) of the model (a peft model: its adapter) and tokenizer, written to a
-    temporary folder and renamed into place."""
+    temporary folder and renamed into place. Under FSDP2 every process calls it and process 0 writes the gathered
+    full weights: the folder loads with ``from_pretrained`` (or peft) with no torch.distributed."""
     import shutil
 
+    sd = None
+    if _distributed():
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if _rank() != 0:
+            return
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    model.save_pretrained(tmp, **({"state_dict": sd} if sd is not None else {}))
     tokenizer.save_pretrained(tmp)
     _replace_dir(tmp, path)
 

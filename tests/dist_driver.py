@@ -1,0 +1,55 @@
+"""Entry script of tests/test_distributed.py: ``grpo.main`` with batch-invariant rollouts.
+
+Run as ``python tests/dist_driver.py <grpo flags>`` or ``torchrun --nproc_per_node N tests/dist_driver.py ...``.
+
+Why the patch: HF sampling draws the random numbers of a whole batch at once, so the same prompt gets different
+responses when it shares a batch with other prompts, and a step split over two processes would not sample what one
+process samples. Here each prompt's group is generated on its own, seeded from the prompt text and the step, so
+every process count sees the same rollouts and the test compares only what distribution changes: the loss
+normalisers, the summed gradients, DelTA's statistics, the logging and the checkpoint.
+"""
+
+import os
+import sys
+import zlib
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import grpo  # noqa: E402
+import rollout  # noqa: E402
+
+_generate = rollout.generate
+
+
+def _pad(t, width, value, left):
+    pad = (width - t.shape[1], 0) if left else (0, width - t.shape[1])
+    return torch.nn.functional.pad(t, pad, value=value)
+
+
+def per_prompt_generate(model, tokenizer, prompts, num_generations, max_new_tokens, temperature=1.0, top_p=1.0,
+                        seed=0, stop_ids=None, batch_size=None, stop_strings=None):
+    step_seed = seed % 1_000_003  # grpo seeds a step with seed*100_003 + step + 1_000_003*rank: drop the rank
+    parts = [_generate(model, tokenizer, [p], num_generations, max_new_tokens, temperature, top_p,
+                       seed=zlib.crc32(p.encode()) + step_seed, stop_ids=stop_ids, stop_strings=stop_strings)
+             for p in prompts]
+    P = max(r.prompt_length for r in parts)
+    T = max(r.response_ids.shape[1] for r in parts)
+    pad = tokenizer.pad_token_id
+    cat = lambda f: torch.cat([f(r) for r in parts])  # noqa: E731
+    prompt_ids = cat(lambda r: _pad(r.input_ids[:, :r.prompt_length], P, pad, True))
+    prompt_attn = cat(lambda r: _pad(r.attention_mask[:, :r.prompt_length], P, 0, True))
+    response_ids = cat(lambda r: _pad(r.response_ids, T, pad, False))
+    response_mask = cat(lambda r: _pad(r.response_mask, T, 0, False))
+    return rollout.Rollout(input_ids=torch.cat([prompt_ids, response_ids], 1),
+                           attention_mask=torch.cat([prompt_attn, response_mask.long()], 1),
+                           response_ids=response_ids, response_mask=response_mask, prompt_length=P,
+                           finish_reasons=[f for r in parts for f in r.finish_reasons],
+                           texts=[t for r in parts for t in r.texts], prompts=[q for r in parts for q in r.prompts],
+                           group_size=num_generations)
+
+
+if __name__ == "__main__":
+    rollout.generate = per_prompt_generate
+    grpo.main(sys.argv[1:])

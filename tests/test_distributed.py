@@ -1,0 +1,97 @@
+"""torchrun + FSDP2 on the CPU (gloo): two processes make the same update as one process with the same global batch.
+
+Each case launches ``tests/dist_driver.py`` (grpo.main with batch-invariant rollouts, see its docstring) once as a
+plain process and once under ``torchrun --nproc_per_node 2``, for 2 steps on the toy, and compares the saved
+weights (``final/``, written once by process 0 in the save_pretrained format). Marked ``multiprocess``.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DRIVER = os.path.join(ROOT, "tests", "dist_driver.py")
+FLAGS = ["--prompt_template", "none", "--num_prompts_per_step", "4", "--num_generations", "4", "--max_completion_length", "24",
+         "--max_steps", "2", "--eval_num_generations", "0", "--learning_rate", "1e-3", "--save_steps", "0"]
+
+
+def _run(out, model, nproc, *extra):
+    cmd = [sys.executable, DRIVER] if nproc == 1 else \
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), DRIVER]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    res = subprocess.run(cmd + ["--model", str(model), "--output_dir", str(out), *FLAGS, *extra], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return out
+
+
+def _weights(folder):
+    name = "adapter_model.safetensors" if os.path.exists(os.path.join(folder, "adapter_model.safetensors")) \
+        else "model.safetensors"
+    return load_file(os.path.join(folder, name))
+
+
+def _max_diff(a, b):
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def _metrics(out):
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.mark.parametrize("credit", ["grpo", "delta"])
+def test_two_processes_equal_one_process(toy_model_path, tmp_path, credit):
+    one = _run(tmp_path / "one", toy_model_path, 1, "--credit", credit)
+    two = _run(tmp_path / "two", toy_model_path, 2, "--credit", credit)
+    w0, w1, w2 = _weights(toy_model_path), _weights(one / "final"), _weights(two / "final")
+    assert _max_diff(w0, w1) > 1e-4  # the two steps really moved the weights
+    assert _max_diff(w1, w2) < 1e-5
+    # metrics pooled over both processes equal the single process's
+    for a, b in zip(_metrics(one), _metrics(two)):
+        for key in ("reward", "completions/mean_length", "loss", "grad_norm", "delta/lam_pos_max"):
+            if key in a:
+                assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
+    # written once, in the save_pretrained format: loads with no torch.distributed
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(two / "final")
+    assert torch.equal(model.state_dict()["model.norm.weight"], w2["model.norm.weight"])
+
+
+def test_delta_scope_local_keeps_statistics_per_process(toy_model_path, tmp_path):
+    """--delta_scope local (the official code's per-process statistics) is a different update on 2 processes:
+    the all-reduce of the global scope is what makes 2 processes equal 1."""
+    one = _run(tmp_path / "one", toy_model_path, 1, "--credit", "delta")
+    local = _run(tmp_path / "local", toy_model_path, 2, "--credit", "delta", "--delta_scope", "local")
+    assert _max_diff(_weights(one / "final"), _weights(local / "final")) > 1e-4
+
+
+def test_two_processes_lora(toy_model_path, tmp_path):
+    lora = ["--use_peft", "--lora_dropout", "0"]  # dropout masks depend on how rows are split: off for the check
+    one = _run(tmp_path / "one", toy_model_path, 1, *lora)
+    two = _run(tmp_path / "two", toy_model_path, 2, *lora)
+    w1, w2 = _weights(one / "final"), _weights(two / "final")
+    assert all("lora_" in k for k in w2)  # the adapter only
+    assert max(w1[k].abs().max().item() for k in w1 if "lora_B" in k) > 1e-4
+    assert _max_diff(w1, w2) < 1e-5
+
+
+def test_two_processes_resume(toy_model_path, tmp_path):
+    """A checkpoint written by 2 processes resumes (in 2 processes) to exactly the uninterrupted run."""
+    full = _run(tmp_path / "full", toy_model_path, 2, "--credit", "delta", "--save_steps", "1")
+    shutil.copytree(full / "checkpoint-1", tmp_path / "resumed" / "checkpoint-1")
+    shutil.copy(full / "metrics.jsonl", tmp_path / "resumed" / "metrics.jsonl")
+    resumed = _run(tmp_path / "resumed", toy_model_path, 2, "--credit", "delta", "--resume")
+    assert _max_diff(_weights(full / "final"), _weights(resumed / "final")) == 0.0
+    assert _metrics(resumed) == [{**m, "step_time": r["step_time"], "generation_time": r["generation_time"]}
+                                 for m, r in zip(_metrics(full), _metrics(resumed))]
