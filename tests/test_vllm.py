@@ -352,6 +352,12 @@ def test_vllm_matches_hf_on_the_same_weights(fresh):
     hf, vl = _greedy_both(llm, model, tok, prompts, stop)
     _assert_same_rollout(hf, vl)
     assert "stop" in vl.finish_reasons
+    # vLLM stops on the given stop ids only, as HF does: with "Q" as the only stop id both run past EOS
+    only_q = [tok.convert_tokens_to_ids("Q")]
+    kw = dict(num_generations=1, max_new_tokens=MAX_NEW, temperature=0.0, stop_ids=only_q)
+    hf_q, vl_q = rollout.generate(model, tok, prompts, **kw), rollout.generate_vllm(llm, tok, prompts, **kw)
+    _assert_same_rollout(hf_q, vl_q)
+    assert (vl_q.response_ids == tok.eos_token_id).any()  # EOS was generated and did not end the response
     # sampling: layout, EOS in the mask, reproducible by seed, rows of a group differ
     G = 4
     ro = rollout.generate_vllm(llm, tok, prompts, G, MAX_NEW, temperature=1.0, seed=3, stop_ids=stop)
