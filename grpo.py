@@ -110,6 +110,13 @@ class GRPOConfig:
     max_completion_length: int = _f(64, "response budget in tokens (longer responses are truncated)")
     temperature: float = _f(1.0, "sampling temperature; the trainer's log-probs use the same temperature")
     top_p: float = _f(1.0, "nucleus sampling mass")
+    use_vllm: bool = _f(False, "sample the rollouts with vLLM, colocated in this process (pip install -r "
+                               "requirements-vllm.txt); the weights are pushed to it before every rollout and "
+                               "every log-prob still comes from the trainer's forward pass")
+    vllm_gpu_memory_utilization: float = _f(0.3, "fraction of the GPU's memory vLLM takes (its weights + KV cache); "
+                                                 "the rest is the trainer's")
+    vllm_enable_sleep_mode: bool = _f(False, "free vLLM's weights and KV cache during the policy update "
+                                             "(llm.sleep(level=2)); they are restored before the next rollout")
     # optimisation
     max_steps: int = _f(60, "training steps (one rollout batch each)")
     learning_rate: float = _f(3e-4, "AdamW learning rate (3e-4 suits the toy; use ~1e-6 for full fine-tuning "
@@ -187,6 +194,10 @@ def check_config(cfg: GRPOConfig) -> None:
         bad("--use_peft needs --lora_r >= 1, --lora_alpha > 0, 0 <= --lora_dropout < 1 and --lora_target_modules")
     if cfg.save_steps < 0:
         bad("--save_steps must be >= 0")
+    if not 0 < cfg.vllm_gpu_memory_utilization <= 1:
+        bad("--vllm_gpu_memory_utilization must be in (0, 1]")
+    if cfg.vllm_enable_sleep_mode and not cfg.use_vllm:
+        bad("--vllm_enable_sleep_mode needs --use_vllm")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -712,6 +723,10 @@ def init_distributed() -> tuple[int, int]:
     return dist.get_rank(), dist.get_world_size()
 
 
+def _rank_from_env() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
 def _distributed() -> bool:
     import torch.distributed as dist
 
@@ -1071,6 +1086,15 @@ def train(cfg: GRPOConfig) -> dict:
         say("[warn] full fine-tuning with bfloat16 weights: AdamW updates smaller than ~0.2-0.4% of a weight "
             "are rounded away (at --learning_rate 1e-6 almost all are); prefer --use_peft (float32 adapters) "
             "or --torch_dtype float32 if memory allows")
+    llm = None
+    if cfg.use_vllm:  # after the policy is on the GPU: vLLM's memory check then counts the trainer's weights
+        import toy
+
+        llm = rollout.create_vllm_engine(toy.ensure_toy_model() if cfg.model == "toy" else cfg.model,
+                                         gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+                                         enable_sleep_mode=cfg.vllm_enable_sleep_mode, seed=cfg.seed,
+                                         dtype=str(next(model.parameters()).dtype).replace("torch.", ""),
+                                         trust_remote_code=cfg.trust_remote_code)
     credit = Credit(cfg, tokenizer)
     sampler = PromptSampler(len(rows), cfg.seed)
     metrics_path = os.path.join(out_dir, "metrics.jsonl")
@@ -1134,7 +1158,7 @@ def train(cfg: GRPOConfig) -> dict:
         for step in bar:
             with oom_guard(f"step {step + 1}"):
                 last = _train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sampler, rows,
-                                   template, stop_ids, log, out_dir, skipped_total, say)
+                                   template, stop_ids, log, out_dir, skipped_total, say, llm)
             skipped_total = last["skipped_updates_total"]
             bar.set_postfix(reward=f"{last['reward']:.3f}", len=f"{last['completions/mean_length']:.1f}")
             if cfg.eval_steps and (step + 1) % cfg.eval_steps == 0 and step + 1 < cfg.max_steps:
@@ -1161,12 +1185,19 @@ def train(cfg: GRPOConfig) -> dict:
         import torch.distributed as dist
 
         dist.barrier()  # nobody leaves before process 0 has written final/
+    if llm is not None:
+        import gc
+
+        del llm  # free the engine before the process group goes (vLLM's shutdown touches it)
+        gc.collect()
     return summary
 
 
 def _train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sampler, rows, template, stop_ids, log,
-                out_dir, skipped_total, say) -> dict:
-    """One step of the loop (rollout -> verify -> advantages -> credit -> update -> log); returns its record."""
+                out_dir, skipped_total, say, llm=None) -> dict:
+    """One step of the loop (rollout -> verify -> advantages -> credit -> update -> log); returns its record.
+
+    ``llm``: the vLLM engine of ``--use_vllm`` (None: HF ``generate``)."""
     t0 = time.time()
     G = cfg.num_generations
     rank, world = _rank(), _world_size()
@@ -1178,10 +1209,21 @@ def _train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sampl
     prompts = [rollout.apply_template(p, template) for p in problems]
     answers = [rows[i]["answer"] for i in idx for _ in range(G)]
     device = next(model.parameters()).device
+    seed = cfg.seed * 100_003 + step + 1_000_003 * rank
     with gathered_weights(model):  # FSDP2: full weights for sampling and no-grad scoring, no collectives inside
-        batch = rollout.generate(model, tokenizer, prompts, G, cfg.max_completion_length, cfg.temperature,
-                                 cfg.top_p, seed=cfg.seed * 100_003 + step + 1_000_003 * rank, stop_ids=stop_ids,
-                                 stop_strings=rollout.template_stop_strings(template))
+        if llm is not None:
+            # the engine must sample from the current policy: push the weights (changed by the last optimizer
+            # step, or by a resume) right before the rollout; it wakes the engine if it sleeps
+            rollout.sync_weights(model, llm)
+            batch = rollout.generate_vllm(llm, tokenizer, prompts, G, cfg.max_completion_length, cfg.temperature,
+                                          cfg.top_p, seed=seed, stop_ids=stop_ids,
+                                          stop_strings=rollout.template_stop_strings(template))
+            if cfg.vllm_enable_sleep_mode:
+                llm.sleep(level=2)  # drop its weights and KV cache: the next sync_weights reloads them
+        else:
+            batch = rollout.generate(model, tokenizer, prompts, G, cfg.max_completion_length, cfg.temperature,
+                                     cfg.top_p, seed=seed, stop_ids=stop_ids,
+                                     stop_strings=rollout.template_stop_strings(template))
         t_gen = time.time() - t0
         # 2. verify: binary reward, every grader failure counted
         graded = verify.grade_batch(batch.texts, answers)
@@ -1260,6 +1302,13 @@ def main(argv=None):
         summary = train(cfg)
     except (ValueError, FileNotFoundError) as e:  # bad data file / model name: one clear line, no traceback
         raise SystemExit(f"grpo.py: error: {e}")
+    finally:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    if _rank_from_env() != 0:
+        return
     b, a = summary["before"], summary["after"]
     if b and a:
         k = cfg.eval_num_generations
