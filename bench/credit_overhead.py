@@ -58,16 +58,10 @@ batches skip the credit code paths) and kept under ``$TMPDIR/credit_overhead_toy
 from __future__ import annotations
 
 import argparse
-import datetime
-import hashlib
-import json
-import multiprocessing as mp
 import os
-import platform
 import shlex
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -77,231 +71,21 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench import _common  # noqa: E402  (shared benchmark helpers: run_one, memory, provenance)
+from bench._common import PRELOAD, git_state, machine_description, median, run_one  # noqa: E402,F401
+
 GOALS = {"delta": 1.10, "cscr": 1.6}  # max allowed s/step ratio against GRPO (whole step)
-# imported once by the fork server, so that each run's fresh process starts without paying for them
-PRELOAD = ["torch", "transformers", "transformers.models.auto.modeling_auto", "transformers.generation.utils",
-           "transformers.models.auto.tokenization_auto", "transformers.models.qwen3.modeling_qwen3",
-           "grpo", "delta", "cscr", "rollout", "verify", "evaluate", "toy"]
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Child process: one fresh train() run
-# ----------------------------------------------------------------------------------------------------------
-def _proc_status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def _reset_peak_rss() -> bool:
-    """Reset the kernel's peak-RSS counter (VmHWM) of this process; False where not supported."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def run_one(spec: dict) -> dict:
-    """One ``grpo.train`` run as described by ``spec``; returns per-step timings and peak memory.
-
-    Runs in a child process: installs a timing wrapper on ``grpo.Credit.__call__`` (this process only).
-    """
-    import resource
-
-    import torch
-
-    import grpo
-
-    cuda = torch.cuda.is_available()
-    hook = []
-    original = grpo.Credit.__call__
-
-    def timed_call(self, model, batch, adv, *args, **kwargs):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = original(self, model, batch, adv, *args, **kwargs)
-        if cuda:
-            torch.cuda.synchronize()
-        hook.append({"credit_time": time.perf_counter() - t0, "rows_nonzero_adv": int((adv != 0).sum()),
-                     "response_width": int(batch.response_mask.shape[1])})
-        return out
-
-    grpo.Credit.__call__ = timed_call
-
-    # CPU time of this process per step (less sensitive than wall time to other processes sharing the cores):
-    # a step runs from its rollout.generate call to its write_samples call (logging_steps=1), both looked up
-    # by grpo.train at call time. It excludes the grading worker's CPU (a separate process, same for every
-    # credit) and the first lines of the step (prompt sampling), which come before generate.
-    marks = []
-    original_generate, original_write = grpo.rollout.generate, grpo.write_samples
-
-    def generate(*a, **k):
-        c0 = time.process_time()
-        out = original_generate(*a, **k)
-        marks.append({"cpu_start": c0, "cpu_generation": time.process_time() - c0})
-        return out
-
-    def write_samples(*a, **k):
-        marks[-1]["cpu_end"] = time.process_time()
-        return original_write(*a, **k)
-
-    grpo.rollout.generate, grpo.write_samples = generate, write_samples
-    cfg = grpo.GRPOConfig(**spec["config"])
-    profiler = None
-    if spec.get("profile"):
-        import cProfile
-
-        profiler = cProfile.Profile()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    rss_before = _proc_status_kib("VmRSS")
-    reset_ok = _reset_peak_rss()
-    maxrss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.perf_counter()
-    if profiler is not None:
-        profiler.enable()
-    grpo.train(cfg)
-    if profiler is not None:
-        profiler.disable()
-        profiler.dump_stats(spec["profile"])
-    wall = time.perf_counter() - t0
-    if reset_ok and _proc_status_kib("VmHWM") is not None:
-        peak_kib, how = _proc_status_kib("VmHWM"), "VmHWM after clear_refs reset"
-    else:  # no reset possible: the lifetime peak, meaningful only if the process peaked during train()
-        peak_kib, how = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "ru_maxrss (no reset)"
-    steps = []
-    with open(os.path.join(cfg.output_dir, "metrics.jsonl")) as f:
-        for line in f:
-            rec = json.loads(line)
-            if "step_time" in rec:
-                steps.append({k: rec.get(k) for k in ("step", "step_time", "generation_time", "reward",
-                                                      "frac_reward_zero_std", "completions/mean_length")})
-    for s, h, m in zip(steps, hook, marks):
-        s.update(h)
-        s["cpu_step_time"] = m["cpu_end"] - m["cpu_start"]
-        s["cpu_generation_time"] = m["cpu_generation"]
-    return {
-        "wall_time": wall,
-        "steps": steps,
-        "rss_before_mib": (rss_before or 0) / 1024,
-        "peak_rss_increase_mib": (peak_kib - (rss_before or maxrss_before)) / 1024,
-        "rss_method": how,
-        "cuda_max_allocated_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
-        "torch_threads": torch.get_num_threads(),
-        "pid": os.getpid(),
-    }
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Parent: model snapshot, interleaved schedule, summary
-# ----------------------------------------------------------------------------------------------------------
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _snapshot(src: Path, dst: Path) -> bool:
-    """Copy a saved model folder; False if it is missing or was replaced while copying (concurrent rebuild)."""
-    for _ in range(5):
-        try:
-            if not (src / "config.json").exists():
-                return False
-            before = os.stat(src).st_ino
-            shutil.rmtree(dst, ignore_errors=True)
-            shutil.copytree(src, dst)
-            if os.stat(src).st_ino == before and (dst / "model.safetensors").exists():
-                return True
-        except (OSError, shutil.Error):
-            pass
-        time.sleep(2)
-    return False
 
 
 def prepare_model(args, workdir: Path) -> tuple[str, dict]:
     """The model path every run loads, and a description of where it came from.
 
     ``--model toy``: a private copy of the cached toy model (``toy.cache_dir()``), or, when there is none, of a
-    benchmark-only toy built with ``--toy_warmup_steps`` warm-up steps and kept in
-    ``$TMPDIR/credit_overhead_toy/toy-<version>-warmup<steps>`` for later benchmark runs (never in the project's
-    toy cache, whose model is warmed up fully).
+    benchmark-only toy built with ``--toy_warmup_steps`` warm-up steps (see ``_common.prepare_toy_model``).
     """
     if args.model != "toy":
         return args.model, {"source": args.model}
-    import toy
-
-    dst = workdir / "toy_model"
-    src = toy.cache_dir()
-    if _snapshot(src, dst):
-        source = f"snapshot of the cached toy model {src}"
-    else:
-        private = (Path(tempfile.gettempdir()) / "credit_overhead_toy"
-                   / f"toy-{toy.TOY_VERSION}-warmup{args.toy_warmup_steps}")
-        if not (private / "config.json").exists():
-            print(f"[bench] no cached toy model at {src}: building a benchmark-only one in {private} "
-                  f"({args.toy_warmup_steps} warm-up steps, once) ...", flush=True)
-            t0 = time.time()
-            toy.build_toy_model(private, warmup_steps=args.toy_warmup_steps)
-            print(f"[bench] built in {time.time() - t0:.0f}s", flush=True)
-        if not _snapshot(private, dst):
-            raise SystemExit(f"credit_overhead.py: error: could not copy the toy model from {private}")
-        source = f"benchmark-only toy model ({args.toy_warmup_steps} warm-up steps) {private}"
-    info = json.loads((dst / "toy_info.json").read_text()) if (dst / "toy_info.json").exists() else {}
-    return str(dst), {"source": source, "toy_info": info, "weights_sha256": _sha256(dst / "model.safetensors")}
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_description() -> dict:
-    import torch
-
-    import evaluate
-
-    desc = {"cpu_model": _cpu_model(), "cpu_count": os.cpu_count(),
-            "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-            "platform": platform.platform(), "torch_default_threads": torch.get_num_threads(),
-            "versions": evaluate.library_versions(),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-    try:
-        with open("/proc/meminfo") as f:
-            desc["mem_total_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return desc
-
-
-def git_state() -> dict:
-    """The repository's commit and its uncommitted .py files (None where this is not a git checkout)."""
-    def git(*a):
-        r = subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True)
-        if r.returncode:
-            raise OSError(r.stderr.strip())
-        return r.stdout
-
-    try:
-        dirty = [l[3:] for l in git("status", "--porcelain").splitlines() if l[3:].endswith(".py")]
-        return {"commit": git("rev-parse", "HEAD").strip(), "dirty_python_files": dirty}
-    except OSError as e:
-        return {"commit": None, "note": f"not a git checkout ({str(e)[:100]})"}
+    return _common.prepare_toy_model(workdir, args.toy_warmup_steps, "credit_overhead.py")
 
 
 def row_specs(args) -> list[tuple[str, dict]]:
@@ -321,10 +105,6 @@ def row_specs(args) -> list[tuple[str, dict]]:
         else:
             rows.append((credit, {"credit": credit}))
     return rows
-
-
-def median(xs):
-    return statistics.median(xs) if xs else float("nan")
 
 
 def summarize(runs: dict, baseline: str) -> dict:
@@ -454,15 +234,13 @@ def main(argv=None) -> dict:
                     max_completion_length=args.max_completion_length, max_steps=args.steps,
                     learning_rate=args.learning_rate, micro_batch_size=args.micro_batch_size, seed=args.seed,
                     eval_num_generations=0, save_steps=0, logging_steps=1)
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(PRELOAD)
     load_start = os.getloadavg()
     runs = {n: [] for n in names}
     t_start = time.time()
     print(f"[bench] {len(rows)} rows × {args.repeats} rounds × {args.steps} steps; model {model_info['source']}",
           flush=True)
     profile = None
-    pool = ctx.Pool(1, maxtasksperchild=1)  # one task per process: every run starts fresh
+    pool = _common.forkserver_pool(PRELOAD)  # one task per process: every run starts fresh
     try:
         if args.warmup_round:
             t0 = time.time()
@@ -515,8 +293,7 @@ def main(argv=None) -> dict:
     machine = machine_description()
     machine["torch_threads_in_train"] = sorted({r["torch_threads"] for rs in runs.values() for r in rs})
     machine["load_average_start"], machine["load_average_end"] = list(load_start), list(os.getloadavg())
-    date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-    result = {"benchmark": "credit_overhead", "date": date,
+    result = {"benchmark": "credit_overhead", "date": _common.now_iso(),
               "command": command, "python": sys.executable, "git": git_state(), "machine": machine, "model": model_info,
               "settings": {**vars(args), "train_config": {k: v for k, v in base_cfg.items() if k != "model"}},
               "memory_method": ("torch.cuda.max_memory_allocated over train()" if cuda else
@@ -527,11 +304,7 @@ def main(argv=None) -> dict:
               "profile": profile,
               "runs": {n: [{k: v for k, v in r.items() if k != "pid"} for r in rs] for n, rs in runs.items()}}
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1, ensure_ascii=False)
-            f.write("\n")
-        print(f"wrote {args.out}")
+        _common.write_json(args.out, result)
     if args.keep_runs:
         print(f"runs kept in {workdir}")
     else:
