@@ -1210,35 +1210,38 @@ def _train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sampl
     answers = [rows[i]["answer"] for i in idx for _ in range(G)]
     device = next(model.parameters()).device
     seed = cfg.seed * 100_003 + step + 1_000_003 * rank
-    with gathered_weights(model):  # FSDP2: full weights for sampling and no-grad scoring, no collectives inside
-        if llm is not None:
-            # the engine must sample from the current policy: push the weights (changed by the last optimizer
-            # step, or by a resume) right before the rollout; it wakes the engine if it sleeps
+    stop_strings = rollout.template_stop_strings(template)
+    if llm is not None:
+        # the engine must sample from the current policy: push the weights (changed by the last optimizer step, or
+        # by a resume) right before the rollout; it wakes the engine if it sleeps. FSDP2: full fine-tuning gathers
+        # one weight at a time (DTensor.full_tensor); LoRA merges its adapters into the gathered base weights.
+        with gathered_weights(model) if cfg.use_peft else contextlib.nullcontext():
             rollout.sync_weights(model, llm)
-            batch = rollout.generate_vllm(llm, tokenizer, prompts, G, cfg.max_completion_length, cfg.temperature,
-                                          cfg.top_p, seed=seed, stop_ids=stop_ids,
-                                          stop_strings=rollout.template_stop_strings(template))
-            if cfg.vllm_enable_sleep_mode:
-                llm.sleep(level=2)  # drop its weights and KV cache: the next sync_weights reloads them
-        else:
+        batch = rollout.generate_vllm(llm, tokenizer, prompts, G, cfg.max_completion_length, cfg.temperature,
+                                      cfg.top_p, seed=seed, stop_ids=stop_ids, stop_strings=stop_strings)
+        if cfg.vllm_enable_sleep_mode:
+            llm.sleep(level=2)  # drop its weights and KV cache for the update: the next sync_weights reloads them
+    else:
+        with gathered_weights(model):  # FSDP2: sampling runs a different number of forwards on each process
             batch = rollout.generate(model, tokenizer, prompts, G, cfg.max_completion_length, cfg.temperature,
-                                     cfg.top_p, seed=seed, stop_ids=stop_ids,
-                                     stop_strings=rollout.template_stop_strings(template))
-        t_gen = time.time() - t0
-        # 2. verify: binary reward, every grader failure counted
-        graded = verify.grade_batch(batch.texts, answers)
-        rewards = torch.tensor([float(ok) for ok, _ in graded])
-        # 3. group advantages (GRPO) ...
-        adv = group_advantages(rewards, G, scale="std" if cfg.scale_rewards == "group" else "none")
-        mask = batch.response_mask
-        if cfg.mask_truncated_completions:
-            mask = mask * torch.tensor([r == "stop" for r in batch.finish_reasons], dtype=mask.dtype)[:, None]
-            batch.response_mask = mask
-        # 4. old log-probs at θ_old (no grad), and the hidden states DelTA needs from the same forward pass
-        input_ids, attn = batch.input_ids.to(device), batch.attention_mask.to(device)
-        old_logp, hidden, ref_logp = old_logprobs(model, input_ids, attn, mask, cfg, credit.needs_hidden(),
-                                                  ref_model)
-        # 5. ... and token advantages (the credit hook)
+                                     cfg.top_p, seed=seed, stop_ids=stop_ids, stop_strings=stop_strings)
+    t_gen = time.time() - t0
+    # 2. verify: binary reward, every grader failure counted
+    graded = verify.grade_batch(batch.texts, answers)
+    rewards = torch.tensor([float(ok) for ok, _ in graded])
+    # 3. group advantages (GRPO) ...
+    adv = group_advantages(rewards, G, scale="std" if cfg.scale_rewards == "group" else "none")
+    mask = batch.response_mask
+    if cfg.mask_truncated_completions:
+        mask = mask * torch.tensor([r == "stop" for r in batch.finish_reasons], dtype=mask.dtype)[:, None]
+        batch.response_mask = mask
+    # 4. old log-probs at θ_old (no grad), and the hidden states DelTA needs from the same forward pass (every
+    #    process runs the same number of micro-batches, so FSDP's per-layer gathers line up)
+    input_ids, attn = batch.input_ids.to(device), batch.attention_mask.to(device)
+    old_logp, hidden, ref_logp = old_logprobs(model, input_ids, attn, mask, cfg, credit.needs_hidden(), ref_model)
+    # 5. ... and token advantages (the credit hook; CSCR scores only rows with Â ≠ 0, a different number on each
+    #    process, hence the gathered weights)
+    with gathered_weights(model) if cfg.credit == "cscr" else contextlib.nullcontext():
         token_adv, credit_stats = credit(model, batch, adv, old_logp, hidden, problems, answers)
     # 6. policy update: num_iterations passes × num_mini_batches optimizer steps, micro-batched backward
     loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, input_ids, attn, mask, old_logp,
