@@ -770,7 +770,7 @@ def all_gather_objects(obj) -> list:
     return out
 
 
-def shard_model(model):
+def shard_model(model, compute_dtype: torch.dtype | None = None):
     """FSDP2: shard each decoder layer, then the rest (embeddings, final norm, LM head), across the processes.
 
     Each process keeps 1/world_size of every weight, gradient and AdamW moment; a layer's full weights are gathered
@@ -778,17 +778,25 @@ def shard_model(model):
     are sharded too; only the adapters get gradients and optimizer state). Gradients are *summed* over processes,
     not averaged: each process's loss is already divided by the global normaliser (``backward_minibatch``), so the
     sum is exactly the single-process gradient of the whole batch. Call it before ``build_optimizer``.
+
+    ``compute_dtype`` (e.g. bfloat16 for float32 weights): FSDP2's mixed precision: the stored shards, gradients
+    and AdamW state stay in the weights' dtype (float32 master weights, so small updates are not rounded away),
+    the gathered weights used by forward and backward are cast to ``compute_dtype``, gradients are reduced in
+    float32. ``train`` uses it for ``--torch_dtype float32`` on GPUs.
     """
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    mp = {} if compute_dtype is None else \
+        {"mp_policy": MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)}
 
     # the decoder-layer classes: transformers lists them in _no_split_modules (e.g. Qwen3DecoderLayer)
     names = set()
     for m in model.modules():
         names |= set(getattr(m, "_no_split_modules", None) or [])
     for m in [m for m in model.modules() if type(m).__name__ in names]:
-        fully_shard(m)
+        fully_shard(m, **mp)
     # the root is the transformers model: a peft wrapper's generate() calls it directly, bypassing the wrapper
-    fully_shard(model.get_base_model() if hasattr(model, "get_base_model") else model)
+    fully_shard(model.get_base_model() if hasattr(model, "get_base_model") else model, **mp)
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)  # sum, not mean (see above)
@@ -1075,10 +1083,13 @@ def train(cfg: GRPOConfig) -> dict:
     model = prepare_model(model, cfg)  # LoRA adapters, gradient checkpointing
     ref_model = reference_model(model, cfg)  # frozen initial policy for --beta > 0 (before any weight changes)
     state = load_checkpoint_weights(resume_from, model, cfg) if resume_from else None
+    # float32 weights on several GPUs: float32 master weights and AdamW state (sharded), bfloat16 compute
+    compute_dtype = torch.bfloat16 if world > 1 and cfg.torch_dtype == "float32" and device.startswith("cuda") \
+        else None
     if world > 1:
-        model = shard_model(model)
+        model = shard_model(model, compute_dtype)
         if ref_model is not None and not cfg.use_peft and not cfg.ref_on_cpu:
-            shard_model(ref_model)
+            shard_model(ref_model, compute_dtype)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(trainable, cfg)
     if any(p.dtype == torch.bfloat16 for p in trainable):
@@ -1093,7 +1104,7 @@ def train(cfg: GRPOConfig) -> dict:
         llm = rollout.create_vllm_engine(toy.ensure_toy_model() if cfg.model == "toy" else cfg.model,
                                          gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
                                          enable_sleep_mode=cfg.vllm_enable_sleep_mode, seed=cfg.seed,
-                                         dtype=str(next(model.parameters()).dtype).replace("torch.", ""),
+                                         dtype=str(compute_dtype or next(model.parameters()).dtype).removeprefix("torch."),
                                          trust_remote_code=cfg.trust_remote_code)
     credit = Credit(cfg, tokenizer)
     sampler = PromptSampler(len(rows), cfg.seed)

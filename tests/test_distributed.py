@@ -95,3 +95,42 @@ def test_two_processes_resume(toy_model_path, tmp_path):
     assert _max_diff(_weights(full / "final"), _weights(resumed / "final")) == 0.0
     assert _metrics(resumed) == [{**m, "step_time": r["step_time"], "generation_time": r["generation_time"]}
                                  for m, r in zip(_metrics(full), _metrics(resumed))]
+
+
+MIXED_DRIVER = r"""
+import sys
+import torch
+import grpo, rollout
+
+grpo.init_distributed()
+torch.manual_seed(0)
+model, tok = rollout.load_model_and_tokenizer(sys.argv[1], device="cpu")
+before = {n: p.detach().clone() for n, p in model.named_parameters()}
+grpo.shard_model(model, compute_dtype=torch.bfloat16)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+ids = tok(["Compute 3+4.\n3+4=7. \\boxed{7}"] * 2, return_tensors="pt")
+out = model(**ids)
+loss = out.logits.float().logsumexp(-1).mean()
+loss.backward()
+opt.step()
+params = dict(model.named_parameters())
+res = ("RESULT", out.logits.dtype, {p.dtype for p in params.values()}, {p.grad.dtype for p in params.values()},
+      all(type(p).__name__ == "DTensor" for p in params.values()),
+      max((params[n].full_tensor() - before[n]).abs().max().item() for n in before) > 1e-4)
+if torch.distributed.get_rank() == 0:
+    print(*res, flush=True)
+torch.distributed.destroy_process_group()
+"""
+
+
+def test_mixed_precision_keeps_float32_master_weights(toy_model_path, tmp_path):
+    """shard_model(compute_dtype=bfloat16) (used for --torch_dtype float32 on several GPUs): forward and backward in
+    bfloat16, float32 sharded weights, gradients and update."""
+    driver = tmp_path / "mixed.py"
+    driver.write_text(MIXED_DRIVER)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          str(driver), str(toy_model_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = [l for l in res.stdout.splitlines() if l.startswith("RESULT")]
+    assert lines == ["RESULT torch.bfloat16 {torch.float32} {torch.float32} True True"], res.stdout[-2000:]
