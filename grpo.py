@@ -22,6 +22,9 @@ What is implemented, and what is left out on purpose:
 * No entropy bonus, no reward shaping, no dynamic sampling: rewards are binary (verify.py).
 * The loss value itself is not a progress signal (with one update per rollout it is ~0 at θ_old): watch the
   reward and the held-out accuracy in ``metrics.jsonl``.
+* Rollouts come from HF ``generate`` or, with ``--use_vllm``, from a colocated vLLM engine (rollout.py); under
+  ``torchrun --nproc_per_node N`` the model is sharded with FSDP2 and each process takes whole groups, with the
+  loss normalisers and DelTA's statistics summed over processes (see "Many processes" below).
 
 Run ``python grpo.py --help`` for every flag; each is a field of ``GRPOConfig`` below.
 """
