@@ -201,6 +201,15 @@ def check_config(cfg: GRPOConfig) -> None:
         bad("--vllm_gpu_memory_utilization must be in (0, 1]")
     if cfg.vllm_enable_sleep_mode and not cfg.use_vllm:
         bad("--vllm_enable_sleep_mode needs --use_vllm")
+    if cfg.vllm_enable_sleep_mode and not torch.cuda.is_available():
+        bad("--vllm_enable_sleep_mode needs a GPU (vLLM's CPU backend has no sleep mode)")
+    if cfg.use_vllm:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            bad("--use_vllm needs vLLM, which this environment lacks: make a separate virtual environment with "
+                "`pip install -r requirements-vllm.txt` and then `pip uninstall -y torchvision torchaudio "
+                "torchcodec` (README, \"Fast rollouts with vLLM\")")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1002,6 +1011,31 @@ def load_checkpoint_optimizer(path: str, model, optimizer) -> None:
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
+# Flags that may change between a run and its --resume: when it stops, what it logs and saves, and how it samples
+# (vLLM or HF draw different random numbers, but from the same policy). Everything else decides the updates.
+RESUME_MAY_CHANGE = {"resume", "max_steps", "save_steps", "logging_steps", "eval_steps", "eval_num_generations",
+                     "num_samples_to_log", "num_threads", "output_dir", "use_vllm", "vllm_gpu_memory_utilization",
+                     "vllm_enable_sleep_mode", "micro_batch_size", "gradient_checkpointing"}
+
+
+def _check_resume_config(path: str, cfg: GRPOConfig) -> None:
+    """Refuse to resume a run with different training settings (its metrics.jsonl would mix two runs).
+
+    Raises:
+        ValueError: naming each changed flag with its old and new value.
+    """
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        old = json.load(f).get("config", {})
+    new = dataclasses.asdict(cfg)
+    changed = [f"--{k} {old[k]!r} -> {new[k]!r}" for k in sorted(new)
+               if k in old and k not in RESUME_MAY_CHANGE and old[k] != new[k]]
+    if changed:
+        raise ValueError(f"--resume with settings that differ from {path}: {', '.join(changed)}; resume with the "
+                         f"same settings, or start a new run in another --output_dir")
+
+
 def _read_metrics(path: str) -> list[str]:
     if not os.path.exists(path):
         return []
@@ -1128,6 +1162,8 @@ def train(cfg: GRPOConfig) -> dict:
                 f.writelines(lines[:state["metrics_lines"]])
             os.replace(metrics_path + ".tmp", metrics_path)
         say(f"[resume] from {resume_from}: step {start_step}, {state['metrics_lines']} metrics lines kept")
+    if resume_from:
+        _check_resume_config(os.path.join(out_dir, "config.json"), cfg)
     if main:
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump({"config": dataclasses.asdict(cfg), "prompt_template": template, "num_parameters": n_params,

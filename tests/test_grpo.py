@@ -1,5 +1,6 @@
 """GRPO math (advantages, loss, log-probs), rollout masks, data validation and an end-to-end toy run."""
 
+import dataclasses
 import itertools
 import json
 import math
@@ -260,3 +261,21 @@ def test_three_grpo_steps_change_parameters_and_log(toy_model_path, tmp_path):
     changed = [k for k in before if not torch.equal(before[k], after[k])]
     assert changed, "no parameter changed after three GRPO steps"
     assert (out / "config.json").exists() and list((out / "samples").glob("step_*.jsonl"))
+
+
+def test_resume_refuses_changed_training_settings(tmp_path):
+    path = tmp_path / "config.json"
+    cfg = grpo.GRPOConfig(credit="delta", learning_rate=3e-4)
+    path.write_text(json.dumps({"config": dataclasses.asdict(cfg)}))
+    grpo._check_resume_config(str(path), dataclasses.replace(cfg, max_steps=100, resume=True, use_vllm=True))
+    with pytest.raises(ValueError, match=r"--credit 'delta' -> 'grpo', --learning_rate 0.0003 -> 0.001"):
+        grpo._check_resume_config(str(path), dataclasses.replace(cfg, credit="grpo", learning_rate=1e-3))
+
+
+def test_use_vllm_without_vllm_is_one_clear_line():
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    with pytest.raises(SystemExit, match="--use_vllm needs vLLM.*requirements-vllm.txt.*uninstall"):
+        grpo.check_config(grpo.GRPOConfig(use_vllm=True))
