@@ -247,6 +247,11 @@ def main(argv=None) -> dict:
     if args.steps < 2 or args.repeats < 1 or args.num_generations < 2 or args.num_prompts_per_step < 1:
         raise SystemExit(f"{PROG}: error: need --steps >= 2 (step 1 is not timed), --repeats >= 1, "
                          f"--num_generations >= 2 and --num_prompts_per_step >= 1")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise SystemExit(f"{PROG}: error: --plot needs matplotlib: pip install -r requirements-bench.txt") from None
     os.environ["TQDM_DISABLE"] = "1"  # read by tqdm when imported: set before the fork server imports anything
     workdir = Path(tempfile.mkdtemp(prefix="scaling-"))
     load_start = os.getloadavg()

@@ -55,7 +55,11 @@ credit, update; ``generation_time`` its rollout part); TRL from a ``TrainerCallb
 ``_generate_and_score_completions``, so generation is inside the step; its generation time is read by a timing
 wrapper around the trainer's ``_generate``). The first step of every run is excluded (grading-worker start,
 allocator growth). CPU seconds per step (``time.process_time`` over the same span) are reported next to wall
-seconds: much less sensitive to other processes sharing the cores.
+seconds: much less sensitive to other processes sharing the cores. A second table splits each step into
+generation, grading, the separate old-log-prob pass, the update (forward with grad, loss, backward, clip, AdamW)
+and the rest, from timing wrappers installed in the run's process only (ours: ``verify.grade_batch``,
+``grpo.old_logprobs``, ``grpo.policy_update``; TRL: ``_calculate_rewards`` and
+``_generate_and_score_completions``, the update being the rest of the step).
 
 Runs alternate (ours, TRL, ours, TRL, ...; ``--rounds`` pairs), each in a fresh process forked from a server that
 has already imported torch/transformers/trl, so slow machine drift hits both alike. Round r uses seed
@@ -78,7 +82,7 @@ by the project itself).
 
 Usage::
 
-    python bench/vs_trl.py                      # 2 rounds × 30 steps (about 4 minutes on 2 CPU cores)
+    python bench/vs_trl.py                      # 2 rounds × 30 steps (about 3.5 minutes on 2 CPU cores)
     python bench/vs_trl.py --steps 60 --rounds 3
     python bench/vs_trl.py --profile            # also cProfile one run of each, print the top functions
 """
@@ -137,6 +141,20 @@ def _evaluate(model, tokenizer, spec) -> dict:
             "eval_seconds": time.perf_counter() - t0}
 
 
+def _timed(owner, name: str, sink: list):
+    """Replace ``owner.name`` (looked up at call time by its callers) by a wrapper appending each call's seconds."""
+    original = getattr(owner, name)
+
+    def wrapper(*a, **k):
+        t0 = time.perf_counter()
+        out = original(*a, **k)
+        sink.append(time.perf_counter() - t0)
+        return out
+
+    setattr(owner, name, wrapper)
+    return original
+
+
 def _load(path):
     import rollout
 
@@ -191,6 +209,11 @@ def run_ours(spec: dict) -> dict:
         return out
 
     grpo.rollout.generate, grpo._train_step = generate, train_step
+    # where a step's time goes (each wrapper appends one entry per step)
+    parts = {"grading": [], "old_logprobs": [], "update": []}
+    originals = [(grpo.verify, "grade_batch", _timed(grpo.verify, "grade_batch", parts["grading"])),
+                 (grpo, "old_logprobs", _timed(grpo, "old_logprobs", parts["old_logprobs"])),
+                 (grpo, "policy_update", _timed(grpo, "policy_update", parts["update"]))]
     out_dir = spec["output_dir"]
     cfg = grpo.GRPOConfig(
         model=spec["model"], data="toy", prompt_template=TEMPLATE, output_dir=out_dir, torch_dtype="float32",
@@ -205,6 +228,8 @@ def run_ours(spec: dict) -> dict:
         _profiled(spec, lambda: grpo.train(cfg))
     wall = time.perf_counter() - t0
     grpo.rollout.generate, grpo._train_step = original_generate, original_step  # the evaluation is not recorded
+    for owner, name, fn in originals:
+        setattr(owner, name, fn)
     threads = torch.get_num_threads()
     steps = []
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
@@ -214,8 +239,9 @@ def run_ours(spec: dict) -> dict:
                 steps.append({"step": rec["step"], "step_time": rec["step_time"],
                               "generation_time": rec["generation_time"], "reward": rec["reward"],
                               "mean_length": rec["completions/mean_length"]})
-    for s, c in zip(steps, cpu):
+    for i, (s, c) in enumerate(zip(steps, cpu)):
         s["cpu_step_time"] = c
+        s.update({f"{k}_time": v[i] for k, v in parts.items()})
     model, tokenizer = _load(os.path.join(out_dir, "final"))
     return {"trainer": "ours", "seed": spec["seed"], "wall_time": wall, "steps": steps, **mem.as_dict(),
             "torch_threads": threads, "prompts": prompts_per_step, "after": _evaluate(model, tokenizer, spec)}
@@ -258,11 +284,12 @@ def run_trl(spec: dict) -> dict:
     order = grpo.PromptSampler(len(train_rows), spec["seed"]).take(P * steps)  # our trainer's exact order
     dataset = Dataset.from_list([{"prompt": rollout.apply_template(train_rows[i]["problem"], TEMPLATE),
                                   "answer": train_rows[i]["answer"]} for i in order])
-    prompts_per_step, rewards_per_step = [], []
+    prompts_per_step, rewards_per_step, lengths_per_step = [], [], []
 
-    def reward(prompts, completions, answer, **kwargs):
+    def reward(prompts, completions, answer, completion_ids, **kwargs):
         # the same grader call as grpo.py's step (binary: 1.0 iff verify.reward(completion, answer) == 1.0)
         prompts_per_step.append(list(prompts[::G]))
+        lengths_per_step.append(statistics.fmean(len(c) for c in completion_ids))  # tokens, EOS included
         r = [float(ok) for ok, _ in verify.grade_batch(list(completions), list(answer))]
         rewards_per_step.append(statistics.fmean(r))
         return r
@@ -295,12 +322,19 @@ def run_trl(spec: dict) -> dict:
             return out
 
         trainer._generate = timed_generate
+        parts = {"grading": [], "generate_and_score": []}
+        _timed(trainer, "_calculate_rewards", parts["grading"])
+        _timed(trainer, "_generate_and_score_completions", parts["generate_and_score"])
         _profiled(spec, trainer.train)
     wall = time.perf_counter() - t0
-    steps = [{"step": i + 1, **t, "generation_time": g, "reward": r}
-             for i, (t, g, r) in enumerate(zip(times, gen_times, rewards_per_step))]
-    for s in steps:
+    steps = [{"step": i + 1, **t, "generation_time": g, "reward": r, "mean_length": n}
+             for i, (t, g, r, n) in enumerate(zip(times, gen_times, rewards_per_step, lengths_per_step))]
+    for i, s in enumerate(steps):
         s.pop("torch_threads")
+        s["grading_time"] = parts["grading"][i]
+        s["old_logprobs_time"] = 0.0  # TRL 1.16 skips it when each rollout batch is used by one optimizer step
+        # the rest of the step: forward with grad, loss, backward, clip, optimizer step
+        s["update_time"] = s["step_time"] - parts["generate_and_score"][i]
     trained = trainer.accelerator.unwrap_model(trainer.model)
     eval_tok = AutoTokenizer.from_pretrained(spec["model"])  # a fresh tokenizer, as ours gets from _load
     eval_tok.padding_side = "left"
@@ -327,9 +361,17 @@ def summarize(runs: list[dict], k: int) -> dict:
             "s_generation": median([s["generation_time"] for s in st]),
             "s_per_step_excl_generation": median([s["step_time"] - s["generation_time"] for s in st]),
             "cpu_s_per_step": median([s["cpu_step_time"] for s in st]),
+            "breakdown_s": {
+                "generation": median([s["generation_time"] for s in st]),
+                "grading": median([s["grading_time"] for s in st]),
+                "old_logprobs": median([s["old_logprobs_time"] for s in st]),
+                "update": median([s["update_time"] for s in st]),
+                "other": median([s["step_time"] - s["generation_time"] - s["grading_time"] - s["old_logprobs_time"]
+                                 - s["update_time"] for s in st])},
             "round_s_per_step": [median([s["step_time"] for s in r["steps"][1:]]) for r in rs],
             "peak_rss_increase_mib": median([r["peak_rss_increase_mib"] for r in rs]),
             "mean_train_reward": statistics.fmean(s["reward"] for r in rs for s in r["steps"]) if rs else None,
+            "mean_completion_length": statistics.fmean(s["mean_length"] for r in rs for s in r["steps"]) if rs else None,
             f"avg@{k}_after": [r["after"][f"avg@{k}"] for r in rs],
             "greedy_after": [r["after"]["greedy"] for r in rs],
             f"mean_avg@{k}_after": statistics.fmean(r["after"][f"avg@{k}"] for r in rs) if rs else None,
@@ -347,7 +389,7 @@ def summarize(runs: list[dict], k: int) -> dict:
 def markdown_tables(summary: dict, runs: list[dict], before: dict, k: int) -> str:
     o, t = summary["ours"], summary["trl"]
     head = ["trainer", "s/step", "× TRL (rounds)", "generation s", "× TRL", "excl. generation s", "× TRL",
-            "CPU s/step", "× TRL", "peak RSS +MiB", "train reward", f"avg@{k} before → after (mean)",
+            "CPU s/step", "× TRL", "peak RSS +MiB", "mean length", "train reward", f"avg@{k} before → after (mean)",
             "greedy before → after (mean)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, s in (("ours (grpo.py)", o), ("TRL GRPOTrainer", t)):
@@ -361,9 +403,18 @@ def markdown_tables(summary: dict, runs: list[dict], before: dict, k: int) -> st
             f"{s['s_per_step_excl_generation']:.3f}",
             f"{o['ratio_s_per_step_excl_generation_vs_trl']:.2f}" if is_ours else "1.00",
             f"{s['cpu_s_per_step']:.3f}", f"{o['ratio_cpu_s_per_step_vs_trl']:.2f}" if is_ours else "1.00",
-            f"{s['peak_rss_increase_mib']:.0f}", f"{s['mean_train_reward']:.3f}",
+            f"{s['peak_rss_increase_mib']:.0f}", f"{s['mean_completion_length']:.1f}",
+            f"{s['mean_train_reward']:.3f}",
             f"{before[f'avg@{k}']:.3f} → {s[f'mean_avg@{k}_after']:.3f}",
             f"{before['greedy']:.3f} → {s['mean_greedy_after']:.3f}"]) + " |")
+    lines += ["", "Where a step's seconds go (medians): generation = sampling (HF generate, decoding); grading = the "
+              "verifier; old log-probs = the separate no-grad θ_old forward pass; update = forward with grad, loss, "
+              "backward, clip, AdamW; other = the rest (advantages, tensors, bookkeeping).", "",
+              "| trainer | generation | grading | old log-probs | update | other | step |", "|---|---|---|---|---|---|---|"]
+    for name, s in (("ours (grpo.py)", o), ("TRL GRPOTrainer", t)):
+        b = s["breakdown_s"]
+        lines.append(f"| {name} | {b['generation']:.3f} | {b['grading']:.3f} | {b['old_logprobs']:.3f} | "
+                     f"{b['update']:.3f} | {b['other']:.3f} | {s['s_per_step']:.3f} |")
     lines += ["", "| round | seed | trainer | s/step | CPU s/step | train reward | avg@%d after | greedy after | "
               "run s |" % k, "|---|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(runs):
