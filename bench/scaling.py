@@ -39,10 +39,11 @@ default otherwise) is available with ``--num_threads 0``; the default is 1 becau
 other processes a second torch thread can make the small decode steps many times slower (measured here: 64 new
 tokens × 8 rows on the 30M model took 2.8 s with 1 thread and 46 s with 2 at load average 4).
 
-Default grid (fits about 5 minutes on a quiet 2-core CPU): a length sweep on the toy (64, 256, 1024 tokens), a
-size sweep at 64 tokens (toy, 30M, 120M) and 30M at 256 tokens; 2 prompts × 2 responses per step; 3 steps per
-run (2 timed). 120M × 1024 and 30M × 1024 cost minutes per step on 2 CPU cores; pass them with ``--cells`` on a
-bigger machine (e.g. ``--cells toy:1024,30m:1024,120m:256,120m:1024``).
+Default grid (about 4.5 minutes on the project's 2-core CPU): a length sweep on the toy (64, 256, 1024 tokens), a
+size sweep at 64 tokens (toy, 30M, 120M) and 30M at 128 tokens; 2 prompts × 2 responses per step; 3 steps per
+run (2 timed), one run per credit and cell. 30M × 256 takes about 12 s per step there, 120M × 256 about 40 s, and
+120M × 1024 several minutes: pass such cells with ``--cells`` on a bigger machine (e.g.
+``--cells toy:1024,30m:1024,120m:256,120m:1024 --repeats 2``).
 
 Results: a markdown table on stdout and JSON (``--out``, default ``bench/results/scaling.json``) with the machine,
 library versions, git commit, exact command, model configurations, every step's timings and the summary;
@@ -83,7 +84,7 @@ SIZES = {
     "120m": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=14, num_attention_heads=12,
                  num_key_value_heads=4, head_dim=64),
 }
-DEFAULT_CELLS = "toy:64,toy:256,toy:1024,30m:64,30m:256,120m:64"
+DEFAULT_CELLS = "toy:64,toy:256,toy:1024,30m:64,30m:128,120m:64"
 CREDITS = ("grpo", "delta", "cscr")
 
 
