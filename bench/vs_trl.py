@@ -46,8 +46,8 @@ Known differences that remain (neither changes the cost of a step measurably): T
 std + 1e-4, ours by std + 1e-6 (binary rewards: std ≥ 0.35 when non-zero); TRL seeds its sampler differently, so
 the sampled responses differ (same prompts); ours cuts a response after a prompt template's stop string (none
 occurs on the toy). TRL 1.16 skips the separate old-log-prob forward pass when one optimizer step uses each
-rollout batch once (``old_per_token_logps = per_token_logps.detach()``); ours always runs it (see the profile
-section of the output).
+rollout batch once (``old_per_token_logps = per_token_logps.detach()``); ours always runs it (see the breakdown
+table of the output).
 
 Seconds per step: ours from ``metrics.jsonl`` ``step_time`` (rollout, grading, advantages, old log-probs,
 credit, update; ``generation_time`` its rollout part); TRL from a ``TrainerCallback``, ``on_step_begin`` to
