@@ -1203,7 +1203,7 @@ def train(cfg: GRPOConfig) -> dict:
         first_eval = next((r for r in logged if r.get("step") == 0 and any(k.startswith("eval/") for k in r)), {})
     last = {}
     bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{cfg.credit}]", dynamic_ncols=True,
-               initial=start_step, total=cfg.max_steps, disable=not main)
+               initial=start_step, total=cfg.max_steps, **({} if main else {"disable": True}))
     try:
         for step in bar:
             with oom_guard(f"step {step + 1}"):
