@@ -575,7 +575,6 @@ def policy_update(model, optimizer, input_ids, attention_mask, response_mask, ol
         (sum of the mini-batch losses, list of the applied updates' pre-clip gradient norms, token-weighted
         statistic sums of ``backward_minibatch`` with their ``num_tokens``, number of skipped updates).
     """
-    from tqdm import tqdm
 
     model.train()
     N = input_ids.shape[0]
@@ -592,19 +591,76 @@ def policy_update(model, optimizer, input_ids, attention_mask, response_mask, ol
             loss_sum += loss
             for k, v in stats.items():
                 agg[k] = agg.get(k, 0.0) + v
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))
-            if hasattr(grad_norm, "full_tensor"):  # FSDP2: the global norm as a DTensor
-                grad_norm = grad_norm.full_tensor()
-            if not (math.isfinite(loss) and torch.isfinite(grad_norm)):  # both global: every process agrees
-                skipped += 1  # a non-finite loss or gradient never reaches the weights
-                optimizer.zero_grad(set_to_none=True)
-                tqdm.write(f"[warn] step {step + 1}: non-finite loss or gradient norm, update skipped")
-                continue
-            optimizer.step()
-            grad_norms.append(grad_norm.item())
+            grad_norm = _clip_and_step(model, optimizer, loss, cfg, step)
+            if grad_norm is None:
+                skipped += 1
+            else:
+                grad_norms.append(grad_norm)
     # free the gradients now: otherwise they stay allocated through the next rollout (16 GB for a full Qwen3-8B)
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, grad_norms, agg, skipped
+
+
+def _clip_and_step(model, optimizer, loss: float, cfg: GRPOConfig, step: int) -> float | None:
+    """Clip the accumulated gradient to ``cfg.max_grad_norm`` and apply AdamW; returns the pre-clip norm, or None
+    (and discards the gradient, with a warning) when the loss or the norm is not finite."""
+    from tqdm import tqdm
+
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm or float("inf"))
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: the global norm as a DTensor
+        grad_norm = grad_norm.full_tensor()
+    if not (math.isfinite(loss) and torch.isfinite(grad_norm)):  # both global: every process agrees
+        optimizer.zero_grad(set_to_none=True)  # a non-finite loss or gradient never reaches the weights
+        tqdm.write(f"[warn] step {step + 1}: non-finite loss or gradient norm, update skipped")
+        return None
+    optimizer.step()
+    return grad_norm.item()
+
+
+def on_policy_update(model, optimizer, input_ids, attention_mask, response_mask, credit_fn, need_hidden,
+                     cfg: GRPOConfig, step: int):
+    """The update when each rollout batch is used once, in one mini-batch and one micro-batch, with no reference
+    model (``can_update_on_policy``): one forward pass fewer than ``old_logprobs`` + ``policy_update``.
+
+    θ_old is θ at the only update, so θ_old's log-probs are the training forward's own, detached (the ratio is
+    exactly 1 and the gradient is the same; TRL does the same when μ = 1). The token credit is computed from
+    them (and, for DelTA, from the LM-head inputs captured by that forward) between the forward and the backward.
+    With dropout (e.g. LoRA's), θ_old's log-probs then carry the same dropout mask as the update.
+
+    Args:
+        credit_fn: ``(old_logp [N, T], hidden [N, T, H] or None) -> (token advantages [N, T], stats dict)``.
+    Returns:
+        (loss, [grad norm] or [], token-weighted statistic sums with ``num_tokens``, skipped updates 0/1,
+        token advantages, credit stats, old log-probs ``[N, T]``).
+    """
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    mask = response_mask.to(input_ids.device)
+    out = token_logprobs(model, input_ids, attention_mask, mask, cfg.temperature, return_hidden=need_hidden)
+    logp, hidden = out if need_hidden else (out, None)
+    old_logp = logp.detach()
+    with torch.no_grad():
+        token_adv, credit_stats = credit_fn(old_logp.cpu(), hidden.float().cpu() if need_hidden else None)
+    counts = all_reduce_sum(torch.tensor([mask.sum().item(), float(len(mask))], dtype=torch.float64))
+    loss, stats = policy_loss(logp, old_logp, token_adv.to(logp.device), mask, cfg.epsilon, cfg.epsilon_high,
+                              cfg.dual_clip, cfg.loss_type, cfg.max_completion_length, num_tokens=counts[0].item(),
+                              num_sequences=int(counts[1].item()))
+    loss.backward()
+    loss_value = all_reduce_sum(torch.tensor(loss.item(), dtype=torch.float64)).item()
+    grad_norm = _clip_and_step(model, optimizer, loss_value, cfg, step)
+    optimizer.zero_grad(set_to_none=True)
+    agg = {k: (v * stats["num_tokens"] if k != "num_tokens" else v) for k, v in stats.items()}
+    return (loss_value, [] if grad_norm is None else [grad_norm], agg, int(grad_norm is None), token_adv,
+            credit_stats, old_logp.cpu())
+
+
+def can_update_on_policy(cfg: GRPOConfig, num_rows: int, has_reference: bool) -> bool:
+    """Whether ``on_policy_update`` applies: ``num_iterations`` 1, one mini-batch, the whole batch in one
+    micro-batch, no KL reference, and not CSCR under FSDP (its scoring passes need gathered weights, which cannot
+    be taken in the middle of a forward/backward)."""
+    return (cfg.num_iterations == 1 and cfg.num_mini_batches == 1 and not has_reference
+            and (cfg.micro_batch_size == 0 or cfg.micro_batch_size >= num_rows)
+            and not (cfg.credit == "cscr" and _distributed()))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1285,17 +1341,24 @@ def _train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sampl
     if cfg.mask_truncated_completions:
         mask = mask * torch.tensor([r == "stop" for r in batch.finish_reasons], dtype=mask.dtype)[:, None]
         batch.response_mask = mask
-    # 4. old log-probs at θ_old (no grad), and the hidden states DelTA needs from the same forward pass (every
-    #    process runs the same number of micro-batches, so FSDP's per-layer gathers line up)
     input_ids, attn = batch.input_ids.to(device), batch.attention_mask.to(device)
-    old_logp, hidden, ref_logp = old_logprobs(model, input_ids, attn, mask, cfg, credit.needs_hidden(), ref_model)
-    # 5. ... and token advantages (the credit hook; CSCR scores only rows with Â ≠ 0, a different number on each
-    #    process, hence the gathered weights)
-    with gathered_weights(model) if cfg.credit == "cscr" else contextlib.nullcontext():
-        token_adv, credit_stats = credit(model, batch, adv, old_logp, hidden, problems, answers)
-    # 6. policy update: num_iterations passes × num_mini_batches optimizer steps, micro-batched backward
-    loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, input_ids, attn, mask, old_logp,
-                                                       token_adv, ref_logp, cfg, step)
+    if can_update_on_policy(cfg, len(adv), ref_model is not None):
+        # 4-6 in one forward: θ_old's log-probs are the training forward's own (on_policy_update says why)
+        (loss_sum, grad_norms, agg, skipped, token_adv, credit_stats, old_logp) = on_policy_update(
+            model, optimizer, input_ids, attn, mask,
+            lambda old, hid: credit(model, batch, adv, old, hid, problems, answers), credit.needs_hidden(), cfg, step)
+    else:
+        # 4. old log-probs at θ_old (no grad), and the hidden states DelTA needs from the same forward pass (every
+        #    process runs the same number of micro-batches, so FSDP's per-layer gathers line up)
+        old_logp, hidden, ref_logp = old_logprobs(model, input_ids, attn, mask, cfg, credit.needs_hidden(),
+                                                  ref_model)
+        # 5. ... and token advantages (the credit hook; CSCR scores only rows with Â ≠ 0, a different number on
+        #    each process, hence the gathered weights)
+        with gathered_weights(model) if cfg.credit == "cscr" else contextlib.nullcontext():
+            token_adv, credit_stats = credit(model, batch, adv, old_logp, hidden, problems, answers)
+        # 6. policy update: num_iterations passes × num_mini_batches optimizer steps, micro-batched backward
+        loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, input_ids, attn, mask, old_logp,
+                                                           token_adv, ref_logp, cfg, step)
     # 7. log: the batch statistics of every process, pooled
     keys = sorted(agg)
     agg = dict(zip(keys, all_reduce_sum(torch.tensor([agg[k] for k in keys], dtype=torch.float64)).tolist()))

@@ -92,3 +92,43 @@ def test_delta_streaming_equals_whole_batch_in_trainer(rollout_batch):
                                            need_hidden=True)
         out.append(grpo.Credit(cfg, tok)(model, batch, adv, old, hidden, None, None)[0])
     torch.testing.assert_close(out[0], out[1], atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("credit", ["grpo", "delta", "cscr"])
+def test_on_policy_update_equals_separate_old_logprob_pass(toy_model_path, credit):
+    """on_policy_update (θ_old's log-probs and the credit taken from the training forward) makes the same AdamW
+    update, token advantages and statistics as old_logprobs + Credit + policy_update."""
+    import copy
+
+    model, tok = rollout.load_model_and_tokenizer(toy_model_path)
+    rows = toy.make_split("train")[:4]
+    batch = rollout.generate(model, tok, [r["problem"] + "\n" for r in rows], 4, 48, seed=3)
+    N = batch.input_ids.shape[0]
+    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4)), 4)
+    answers = [r["answer"] for r in rows for _ in range(4)]
+    cfg = grpo.GRPOConfig(credit=credit, max_completion_length=48)
+    assert grpo.can_update_on_policy(cfg, N, has_reference=False)
+    assert not grpo.can_update_on_policy(grpo.GRPOConfig(num_iterations=2), N, has_reference=False)
+    assert not grpo.can_update_on_policy(grpo.GRPOConfig(micro_batch_size=4), N, has_reference=False)
+    results = []
+    for fused in (False, True):
+        m = copy.deepcopy(model)
+        opt = grpo.build_optimizer(m.parameters(), cfg)
+        credit_hook = grpo.Credit(cfg, tok)
+        if fused:
+            loss, norms, _, _, token_adv, _, old = grpo.on_policy_update(
+                m, opt, batch.input_ids, batch.attention_mask, batch.response_mask,
+                lambda o, h: credit_hook(m, batch, adv, o, h, None, answers), credit_hook.needs_hidden(), cfg, 0)
+        else:
+            old, hidden, _ = grpo.old_logprobs(m, batch.input_ids, batch.attention_mask, batch.response_mask, cfg,
+                                               need_hidden=credit_hook.needs_hidden())
+            token_adv, _ = credit_hook(m, batch, adv, old, hidden, None, answers)
+            loss, norms, _, _ = grpo.policy_update(m, opt, batch.input_ids, batch.attention_mask,
+                                                   batch.response_mask, old, token_adv, None, cfg, 0)
+        results.append((loss, norms, token_adv, old, [p.detach().clone() for p in m.parameters()]))
+    (l0, n0, a0, o0, w0), (l1, n1, a1, o1, w1) = results
+    assert n0[0] > 0 and l0 == pytest.approx(l1, abs=1e-6) and n0[0] == pytest.approx(n1[0], rel=1e-5)
+    torch.testing.assert_close(o1, o0, atol=1e-5, rtol=0)
+    torch.testing.assert_close(a1, a0, atol=1e-5, rtol=1e-5)
+    for p, q in zip(w0, w1):
+        torch.testing.assert_close(q, p, atol=1e-6, rtol=0)
