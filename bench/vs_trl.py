@@ -213,7 +213,9 @@ def run_ours(spec: dict) -> dict:
     parts = {"grading": [], "old_logprobs": [], "update": []}
     originals = [(grpo.verify, "grade_batch", _timed(grpo.verify, "grade_batch", parts["grading"])),
                  (grpo, "old_logprobs", _timed(grpo, "old_logprobs", parts["old_logprobs"])),
-                 (grpo, "policy_update", _timed(grpo, "policy_update", parts["update"]))]
+                 (grpo, "policy_update", _timed(grpo, "policy_update", parts["update"])),
+                 # the on-policy path (grpo.can_update_on_policy): no separate old-log-prob pass, one update call
+                 (grpo, "on_policy_update", _timed(grpo, "on_policy_update", parts["update"]))]
     out_dir = spec["output_dir"]
     cfg = grpo.GRPOConfig(
         model=spec["model"], data="toy", prompt_template=TEMPLATE, output_dir=out_dir, torch_dtype="float32",
@@ -241,7 +243,7 @@ def run_ours(spec: dict) -> dict:
                               "mean_length": rec["completions/mean_length"]})
     for i, (s, c) in enumerate(zip(steps, cpu)):
         s["cpu_step_time"] = c
-        s.update({f"{k}_time": v[i] for k, v in parts.items()})
+        s.update({f"{k}_time": v[i] if i < len(v) else 0.0 for k, v in parts.items()})  # a part not run: 0
     model, tokenizer = _load(os.path.join(out_dir, "final"))
     return {"trainer": "ours", "seed": spec["seed"], "wall_time": wall, "steps": steps, **mem.as_dict(),
             "torch_threads": threads, "prompts": prompts_per_step, "after": _evaluate(model, tokenizer, spec)}
