@@ -1220,6 +1220,10 @@ def train(cfg: GRPOConfig) -> dict:
         say(f"[resume] from {resume_from}: step {start_step}, {state['metrics_lines']} metrics lines kept")
     if resume_from:
         _check_resume_config(os.path.join(out_dir, "config.json"), cfg)
+    if world > 1:
+        import torch.distributed as dist
+
+        dist.barrier()  # every process has read the old config.json before process 0 rewrites it
     if main:
         with open(os.path.join(out_dir, "config.json"), "w") as f:
             json.dump({"config": dataclasses.asdict(cfg), "prompt_template": template, "num_parameters": n_params,
