@@ -412,25 +412,25 @@ class Credit:
 
         c = self.cfg
         kw = dict(K=c.delta_k, lam_min=c.delta_lam_min, lam_max=c.delta_lam_max, return_stats=True)
-        if _distributed() and c.delta_scope == "global":
-            # DelTA spec §2.5: every statistic is a sum or a count, so summing them over processes gives the
-            # λ̄ of the whole batch, whatever the number of processes (the official code keeps them per process)
-            chunks = [(delta.proxy_vectors(hidden[s], old_logp[s], mask[s]), adv[s], mask[s])
-                      for s in _micro_slices(len(adv), c.micro_batch_size if c.delta_impl != "normal" else 0)]
-            parts, stats = delta.delta_coefficients_streaming(chunks, reduce_fn=all_reduce_sum, **kw)
-            lam_bar = torch.cat(parts)
-            for key in [k for k in stats if k.endswith(("_min", "_max"))]:  # these two are per process: pool them
-                values = [v for v in all_gather_objects(stats[key]) if math.isfinite(v)]
-                stats[key] = (min if key.endswith("_min") else max)(values) if values else float("nan")
-        elif c.delta_impl == "normal":
+        pooled = _distributed() and c.delta_scope == "global"
+        if c.delta_impl == "normal" and not pooled:
             v = delta.proxy_vectors(hidden, old_logp, mask)  # DelTA App. F: v = (1 − p(y_t))·h_t
             lam_bar, stats = delta.delta_coefficients(v, adv, mask, **kw)
         else:
-            # streamed sufficient statistics (DelTA spec §2.5), one chunk per micro-batch of hidden states
+            # streamed sufficient statistics (DelTA spec §2.5), one chunk per micro-batch of hidden states (one
+            # chunk for the normal implementation). Every statistic is a sum or a count, so with --delta_scope
+            # global summing them over processes gives the λ̄ of the whole batch whatever the number of processes
+            # (the official code keeps them per process).
+            size = c.micro_batch_size if c.delta_impl == "memory_efficient" else 0
             chunks = [(delta.proxy_vectors(hidden[s], old_logp[s], mask[s]), adv[s], mask[s])
-                      for s in _micro_slices(len(adv), c.micro_batch_size)]
-            parts, stats = delta.delta_coefficients_streaming(chunks, **kw)
+                      for s in _micro_slices(len(adv), size)]
+            parts, stats = delta.delta_coefficients_streaming(chunks, reduce_fn=all_reduce_sum if pooled else None,
+                                                              **kw)
             lam_bar = torch.cat(parts)
+            if pooled:
+                for key in [k for k in stats if k.endswith(("_min", "_max"))]:  # per process: pool them too
+                    values = [v for v in all_gather_objects(stats[key]) if math.isfinite(v)]
+                    stats[key] = (min if key.endswith("_min") else max)(values) if values else float("nan")
         self.last_weights = lam_bar
         return delta.delta_token_advantages(adv, lam_bar, mask), stats
 
@@ -537,9 +537,7 @@ def backward_minibatch(model, input_ids, attention_mask, response_mask, old_logp
     ``num_tokens``).
     """
     device = input_ids.device
-    counts = all_reduce_sum(torch.tensor([response_mask[mb_idx].sum().item(), float(len(mb_idx))],
-                                         dtype=torch.float64))
-    n_tok, n_seq = counts[0].item(), int(counts[1].item())
+    n_tok, n_seq = _global_counts(response_mask[mb_idx])
     loss_total, agg = 0.0, {}
     for s in _micro_slices(len(mb_idx), cfg.micro_batch_size):
         j = mb_idx[s]
@@ -551,9 +549,22 @@ def backward_minibatch(model, input_ids, attention_mask, response_mask, old_logp
                                   num_tokens=n_tok, num_sequences=n_seq)
         loss.backward()
         loss_total += loss.item()
-        for k, v in stats.items():  # token-weighted, so the step's statistics are token-means
-            agg[k] = agg.get(k, 0.0) + (v * stats["num_tokens"] if k != "num_tokens" else v)
+        _add_token_weighted(agg, stats)
     return loss_total, agg
+
+
+def _global_counts(response_mask: torch.Tensor) -> tuple[float, int]:
+    """(response tokens, sequences) of a ``[B, T]`` mask, summed over processes: the loss normalisers."""
+    counts = all_reduce_sum(torch.tensor([response_mask.sum().item(), float(len(response_mask))],
+                                         dtype=torch.float64))
+    return counts[0].item(), int(counts[1].item())
+
+
+def _add_token_weighted(agg: dict, stats: dict) -> None:
+    """Add ``policy_loss`` statistics to ``agg`` weighted by their token count, so that the step's statistics
+    come out as token-means after dividing by the summed ``num_tokens``."""
+    for k, v in stats.items():
+        agg[k] = agg.get(k, 0.0) + (v * stats["num_tokens"] if k != "num_tokens" else v)
 
 
 def policy_update(model, optimizer, input_ids, attention_mask, response_mask, old_logp, token_adv, ref_logp,
@@ -575,7 +586,6 @@ def policy_update(model, optimizer, input_ids, attention_mask, response_mask, ol
         (sum of the mini-batch losses, list of the applied updates' pre-clip gradient norms, token-weighted
         statistic sums of ``backward_minibatch`` with their ``num_tokens``, number of skipped updates).
     """
-
     model.train()
     N = input_ids.shape[0]
     mb_size = N // cfg.num_mini_batches
@@ -641,15 +651,16 @@ def on_policy_update(model, optimizer, input_ids, attention_mask, response_mask,
     old_logp = logp.detach()
     with torch.no_grad():
         token_adv, credit_stats = credit_fn(old_logp.cpu(), hidden.float().cpu() if need_hidden else None)
-    counts = all_reduce_sum(torch.tensor([mask.sum().item(), float(len(mask))], dtype=torch.float64))
+    n_tok, n_seq = _global_counts(mask)
     loss, stats = policy_loss(logp, old_logp, token_adv.to(logp.device), mask, cfg.epsilon, cfg.epsilon_high,
-                              cfg.dual_clip, cfg.loss_type, cfg.max_completion_length, num_tokens=counts[0].item(),
-                              num_sequences=int(counts[1].item()))
+                              cfg.dual_clip, cfg.loss_type, cfg.max_completion_length, num_tokens=n_tok,
+                              num_sequences=n_seq)
     loss.backward()
     loss_value = all_reduce_sum(torch.tensor(loss.item(), dtype=torch.float64)).item()
     grad_norm = _clip_and_step(model, optimizer, loss_value, cfg, step)
     optimizer.zero_grad(set_to_none=True)
-    agg = {k: (v * stats["num_tokens"] if k != "num_tokens" else v) for k, v in stats.items()}
+    agg = {}
+    _add_token_weighted(agg, stats)
     return (loss_value, [] if grad_norm is None else [grad_norm], agg, int(grad_norm is None), token_adv,
             credit_stats, old_logp.cpu())
 
@@ -900,14 +911,21 @@ def _full_state_dicts(model, optimizer):
     """(model, optimizer) state dicts with full, unsharded CPU tensors, keyed by parameter name (torch's
     distributed-checkpoint API: the same format with one process and with FSDP2). Under FSDP2 every process must
     call it; only process 0 gets them (the others get (None, None))."""
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
-                                                         get_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     if not _distributed():
         return None, get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True))
-    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
-    sd, osd = get_model_state_dict(model, options=opts), get_optimizer_state_dict(model, optimizer, options=opts)
+    sd = _gathered_model_state(model)
+    osd = get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return (sd, osd) if _rank() == 0 else (None, None)
+
+
+def _gathered_model_state(model) -> dict:
+    """Under FSDP2: the model's full (unsharded) state dict on process 0's CPU ({} on the others); every process
+    must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1403,9 +1421,7 @@ def save_model(model, tokenizer, path):
 
     sd = None
     if _distributed():
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        sd = _gathered_model_state(model)
         if _rank() != 0:
             return
     tmp = path + ".tmp"

@@ -385,3 +385,14 @@ def write_json(path: str, result: dict) -> None:
         json.dump(result, f, indent=1, ensure_ascii=False)
         f.write("\n")
     print(f"wrote {path}")
+
+
+def finish(result: dict, out: str, workdir, keep: bool, kept: str = "runs") -> dict:
+    """End of every benchmark: write ``result`` to ``out`` (if given), then keep or delete ``workdir``."""
+    if out:
+        write_json(out, result)
+    if keep:
+        print(f"{kept} kept in {workdir}")
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return result

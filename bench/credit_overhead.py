@@ -60,7 +60,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import shutil
 import statistics
 import sys
 import tempfile
@@ -303,13 +302,7 @@ def main(argv=None) -> dict:
               "identical_rollouts": identical, "summary": summary, "table_markdown": table, "total_seconds": total,
               "profile": profile,
               "runs": {n: [{k: v for k, v in r.items() if k != "pid"} for r in rs] for n, rs in runs.items()}}
-    if args.out:
-        _common.write_json(args.out, result)
-    if args.keep_runs:
-        print(f"runs kept in {workdir}")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return result
+    return _common.finish(result, args.out, workdir, args.keep_runs)
 
 
 if __name__ == "__main__":

@@ -61,7 +61,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import shutil
 import statistics
 import sys
 import tempfile
@@ -329,13 +328,7 @@ def main(argv=None) -> dict:
         "plot": plot_path,
         "runs": [{"size": s, "length": L, "credit": c, **{k: v for k, v in r.items() if k != "pid"}}
                  for (s, L, c), rs in runs.items() for r in rs]}
-    if args.out:
-        _common.write_json(args.out, result)
-    if args.keep_runs:
-        print(f"models and runs kept in {workdir}")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return result
+    return _common.finish(result, args.out, workdir, args.keep_runs, kept="models and runs")
 
 
 if __name__ == "__main__":

@@ -93,7 +93,6 @@ import argparse
 import io
 import os
 import shlex
-import shutil
 import statistics
 import sys
 import tempfile
@@ -556,13 +555,7 @@ def main(argv=None) -> dict:
         "same_prompts": same_prompts, "before": before, "summary": summary, "table_markdown": table,
         "total_seconds": total, "profiles": profiles or None,
         "runs": [{k2: v for k2, v in r.items() if k2 != "prompts"} for r in runs]}
-    if args.out:
-        _common.write_json(args.out, result)
-    if args.keep_runs:
-        print(f"runs kept in {workdir}")
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return result
+    return _common.finish(result, args.out, workdir, args.keep_runs)
 
 
 # the TRL settings recorded in the JSON (the ones that decide the equivalence)
