@@ -61,7 +61,7 @@ BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench"
 # The same benchmarks on the Hugging Face hub (used when the local file is missing and the machine is online).
 # ``problem`` may list several field names: the first one present is used. ``id`` None = the row number.
 # The hub copies can differ from the local files (see ../shared/data/README.md): math500 has all 500
-# problems there (400 here), OlympiadBench's OE_TO_maths_en_COMP subset 674 rows (675 here).
+# problems there too, OlympiadBench's OE_TO_maths_en_COMP subset 674 rows (675 here).
 HF_DATASETS = {
     "aime24": dict(path="HuggingFaceH4/aime_2024", config=None, split="train", problem="problem",
                    answer="answer", id="id"),

@@ -14,7 +14,7 @@ import evaluate
 import rollout
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-COUNTS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 400, "minerva": 272, "olympiadbench": 675,
+COUNTS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272, "olympiadbench": 675,
           "gsm8k": 1319, "hmmt_feb25": 30}
 
 
@@ -51,7 +51,7 @@ def test_name_path_and_toy_resolution(tmp_path):
     f.write_text(json.dumps({"id": "a", "problem": "1+1?", "answer": "2"}) + "\n")
     pairs = evaluate.resolve_benchmarks(f"math500, toy,{f}", SHARED_DATA)
     assert pairs == [("math500", str(SHARED_DATA / "math500.jsonl")), ("toy", "toy"), ("mine", str(f))]
-    assert [len(evaluate.load_benchmark(n, s)) for n, s in pairs] == [400, 200, 1]
+    assert [len(evaluate.load_benchmark(n, s)) for n, s in pairs] == [500, 200, 1]
     # a known name with no local file goes to the hub
     assert evaluate.resolve_benchmarks("aime25", tmp_path) == [("aime25", "hf")]
     with pytest.raises(ValueError, match="unknown benchmark 'mathh500'"):

@@ -29,7 +29,7 @@ FILES = {
     "amc23": 40,
     "gsm8k": 1319,
     "hmmt_feb25": 30,
-    "math500": 400,
+    "math500": 500,
     "minerva": 272,
     "olympiadbench": 675,
 }
