@@ -50,6 +50,7 @@ import sys
 import time
 from pathlib import Path
 
+import policy
 import rollout
 import verify
 
@@ -533,6 +534,23 @@ def evaluate_rows(model, tokenizer, rows: list[dict], template: str, num_samples
     return out
 
 
+def heldout(model, tokenizer, rows: list[dict], template: str, k: int, temperature: float, top_p: float,
+            max_new_tokens: int, seed: int) -> dict:
+    """The trainer's held-out evaluation, as ``eval/`` metrics: greedy accuracy, avg@k, pass@k and sample
+    statistics of :func:`evaluate_rows`. Under torchrun each process evaluates every world-th problem and the graded
+    responses are pooled (every process gets the same numbers)."""
+    import distributed
+
+    rank, world = distributed.rank(), distributed.world_size()
+    res = evaluate_rows(model, tokenizer, rows[rank::world], template, k, temperature, top_p, max_new_tokens,
+                        seed=seed)
+    if world > 1:
+        res = compute_metrics([r for part in distributed.all_gather_objects(res["responses"]) for r in part], rows,
+                              k, True)
+    keep = ("greedy", f"avg@{k}", f"pass@{k}", "sample/mean_length", "sample/truncation_rate", "sample/boxed_rate")
+    return {f"eval/{key}": res[key] for key in keep if key in res}
+
+
 def library_versions() -> dict:
     """Versions of the libraries that decide the numbers (saved next to every result)."""
     import importlib.metadata as md
@@ -864,7 +882,7 @@ def main(argv=None):
 
     import torch
 
-    model, tokenizer = rollout.load_model_and_tokenizer(args.model)
+    model, tokenizer = policy.load_model_and_tokenizer(args.model)
     n_params = sum(p.numel() for p in model.parameters())
     if args.num_threads or n_params < 10_000_000:
         torch.set_num_threads(args.num_threads or 1)  # tiny models: thread sync costs more than it gives

@@ -113,66 +113,6 @@ def stop_token_ids(tokenizer, template: str = "none", model=None) -> list[int]:
     return sorted(set(ids))
 
 
-def load_model_and_tokenizer(name: str, dtype: str = "auto", device: str | None = None,
-                              attn_implementation: str | None = None, trust_remote_code: bool = False):
-    """Load a causal LM and its tokenizer with ``from_pretrained``: ``"toy"``, a local folder or a hub id.
-
-    ``"toy"`` resolves to the cached warmed-up toy model (built on first use, see toy.py), then goes through
-    exactly the same ``from_pretrained`` path. The tokenizer pads on the left (generation) and gets a pad token
-    (EOS) if it has none.
-
-    Args:
-        dtype: ``"auto"`` (bfloat16 on a GPU, float32 on the CPU), ``"bfloat16"`` or ``"float32"``
-            (``"float16"`` is accepted too).
-        device: ``"cuda"``, ``"cuda:1"``, ``"cpu"``...; default: CUDA when available. On a GPU the weights are
-            loaded straight onto it (``device_map``), never materialised in CPU memory first.
-        attn_implementation: ``"sdpa"``, ``"eager"``, ``"flash_attention_2"``...; None: transformers' default.
-        trust_remote_code: allow a hub repository's own model code.
-    Raises:
-        ValueError: an unknown dtype, flash attention without the flash-attn package (or on the CPU), or a name
-        that is neither a folder nor a loadable hub id (one line, not a deep traceback).
-    """
-    import importlib.util
-    import os
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = name
-    if name == "toy":
-        import toy
-
-        path = toy.ensure_toy_model()
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if dtype == "auto":
-        dtype = "bfloat16" if device.startswith("cuda") else "float32"
-    if dtype not in ("bfloat16", "float32", "float16"):
-        raise ValueError(f"dtype (--torch_dtype) must be auto, bfloat16 or float32, got {dtype!r}")
-    if attn_implementation and attn_implementation.startswith("flash_attention"):
-        pkg = "flash_attn_interface" if attn_implementation == "flash_attention_3" else "flash_attn"
-        if importlib.util.find_spec(pkg) is None:
-            raise ValueError(f"--attn_implementation {attn_implementation} needs the {pkg} package "
-                             f"(pip install flash-attn); use --attn_implementation sdpa")
-        if not device.startswith("cuda"):
-            raise ValueError(f"--attn_implementation {attn_implementation} runs on a GPU only; use sdpa on the CPU")
-    kwargs = dict(dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
-    if attn_implementation:
-        kwargs["attn_implementation"] = attn_implementation
-    if device.startswith("cuda"):
-        kwargs["device_map"] = device  # load shard by shard onto the GPU
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-        if not device.startswith("cuda"):
-            model = model.to(device)
-    except OSError as e:  # missing folder / unknown hub id / no network
-        where = "local folder" if os.path.isdir(path) else "hub id (or folder that does not exist)"
-        raise ValueError(f"cannot load model {name!r} as a {where}: {str(e).splitlines()[0]}") from None
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
-
-
 @dataclass
 class Rollout:
     """Sampled responses laid out for the trainer (N = num prompts × G rows, ordered group by group).
@@ -260,6 +200,30 @@ def generate(model, tokenizer, prompts: list[str], num_generations: int, max_new
     width = max(o.shape[1] for o in outs)
     response_ids = torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=pad_id) for o in outs])
     return _build_rollout(enc, response_ids, rows, num_generations, tokenizer, stop_ids, pad_id, stop_strings)
+
+
+def sample(model, tokenizer, prompts: list[str], num_generations: int, max_new_tokens: int, temperature: float,
+           top_p: float, *, seed: int, stop_ids: list[int], stop_strings: list[str], llm=None,
+           sleep_after: bool = False) -> Rollout:
+    """A training step's rollout from the *current* policy: ``generate_vllm`` when a vLLM engine is given (the
+    policy's weights are pushed into it first, ``sync_weights``; with ``sleep_after`` it then frees its memory for
+    the update), else HF ``generate``. Under FSDP2 both read the gathered full weights (distributed.py)."""
+    import contextlib
+
+    import distributed
+
+    if llm is None:
+        with distributed.gathered_weights(model):  # sampling runs a different number of forwards on each process
+            return generate(model, tokenizer, prompts, num_generations, max_new_tokens, temperature, top_p,
+                            seed=seed, stop_ids=stop_ids, stop_strings=stop_strings)
+    # LoRA under FSDP2: the adapters are merged into the gathered base weights
+    with distributed.gathered_weights(model) if hasattr(model, "peft_config") else contextlib.nullcontext():
+        sync_weights(model, llm)
+    batch = generate_vllm(llm, tokenizer, prompts, num_generations, max_new_tokens, temperature, top_p, seed=seed,
+                          stop_ids=stop_ids, stop_strings=stop_strings)
+    if sleep_after:
+        llm.sleep(level=2)  # drop its weights and KV cache for the update: the next sync_weights reloads them
+    return batch
 
 
 def _encode_prompts(tokenizer, prompts: list[str], num_generations: int):

@@ -180,7 +180,7 @@ def run_one(spec: dict) -> dict:
 
     ``spec``: ``config`` (``GRPOConfig`` fields), optional ``profile`` (path: cProfile the run into it), optional
     ``patches`` (see ``install_patches``). Runs in a child process: installs a timing wrapper on
-    ``grpo.Credit.__call__`` and CPU-time wrappers on ``rollout.generate`` / ``write_samples`` (this process
+    ``grpo.Credit.__call__`` and CPU-time wrappers on ``rollout.generate`` / ``RunFolder.log_step`` (this process
     only; grpo.py is not changed).
     """
     import torch
@@ -207,11 +207,13 @@ def run_one(spec: dict) -> dict:
     grpo.Credit.__call__ = timed_call
 
     # CPU time of this process per step (less sensitive than wall time to other processes sharing the cores):
-    # a step runs from its rollout.generate call to its write_samples call (logging_steps=1), both looked up
-    # by grpo.train at call time. It excludes the grading worker's CPU (a separate process, same for every
+    # a step runs from its rollout.generate call to its metrics line (checkpoint.RunFolder.log_step), both looked
+    # up at call time. It excludes the grading worker's CPU (a separate process, same for every
     # credit) and the first lines of the step (prompt sampling), which come before generate.
     marks = []
-    original_generate, original_write = grpo.rollout.generate, grpo.write_samples
+    import checkpoint
+
+    original_generate, original_log = grpo.rollout.generate, checkpoint.RunFolder.log_step
 
     def generate(*a, **k):
         c0 = time.process_time()
@@ -219,11 +221,11 @@ def run_one(spec: dict) -> dict:
         marks.append({"cpu_start": c0, "cpu_generation": time.process_time() - c0})
         return out
 
-    def write_samples(*a, **k):
+    def log_step(*a, **k):
         marks[-1]["cpu_end"] = time.process_time()
-        return original_write(*a, **k)
+        return original_log(*a, **k)
 
-    grpo.rollout.generate, grpo.write_samples = generate, write_samples
+    grpo.rollout.generate, checkpoint.RunFolder.log_step = generate, log_step
     cfg = grpo.GRPOConfig(**spec["config"])
     profiler = None
     if spec.get("profile"):

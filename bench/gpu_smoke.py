@@ -6,7 +6,7 @@ What it does (no download, no generation, one process, < 8 minutes on one H200 /
    MLP 12288, 32 query / 8 key-value heads of 128, vocabulary 151,936, untied head: 8.19 B parameters) in
    bfloat16 directly on the GPU (``torch.device("cuda")`` as the default device: 16 GB of weights are never
    built on the CPU), with SDPA attention.
-2. Wraps it with LoRA (``grpo.prepare_model``: r=16, α=32, dropout 0.05 on q,k,v,o,gate,up,down) and
+2. Wraps it with LoRA (``policy.prepare_model``: r=16, α=32, dropout 0.05 on q,k,v,o,gate,up,down) and
    non-reentrant gradient checkpointing, exactly as ``grpo.py --use_peft --gradient_checkpointing`` does.
 3. Makes one rollout batch without sampling: 4 prompts × 8 responses, random token ids, prompts of 96-128
    tokens (left-padded), responses of 1024 tokens of which some end early (right-padded, masked); fixed binary
@@ -19,7 +19,7 @@ What it does (no download, no generation, one process, < 8 minutes on one H200 /
                     "incorrect" note of 24 random tokens: the two conditioned passes, tokenizer-free) and
                     ``cscr.cscr_token_advantages``
      update  ``grpo.policy_update`` -> ``backward_minibatch`` (micro-batches with the whole-mini-batch
-             normaliser, gradient checkpointing) -> clip -> AdamW (``grpo.build_optimizer``)
+             normaliser, gradient checkpointing) -> clip -> AdamW (``policy.build_optimizer``)
    after one untimed-for-the-table warm-up GRPO step (CUDA context, cuBLAS, allocator growth).
 5. Then the same model without adapters (``unload``), every weight trainable (full fine-tuning, bfloat16
    weights and AdamW moments, fused AdamW): one GRPO step.
@@ -227,6 +227,7 @@ def main(argv=None) -> dict:
     if info["peft"] is None:
         raise SystemExit("gpu_smoke.py: peft is not installed (pip install peft)")
     import grpo
+    import policy
 
     cuda = torch.cuda.is_available() and not args.tiny
     if not args.tiny and not cuda:
@@ -297,10 +298,10 @@ def main(argv=None) -> dict:
     modes = [m for m in args.modes.split(",") if m]
     credits = [c for c in args.credits.split(",") if c]
     if "lora" in modes:
-        model = grpo.prepare_model(model, cfg)  # LoRA + gradient checkpointing, as grpo.py does
+        model = policy.prepare_model(model, cfg)  # LoRA + gradient checkpointing, as grpo.py does
         trainable = [p for p in model.parameters() if p.requires_grad]
         result["lora_parameters"] = sum(p.numel() for p in trainable)
-        optimizer = grpo.build_optimizer(trainable, cfg)
+        optimizer = policy.build_optimizer(trainable, cfg)
         result["warmup"] = measure("warm-up", "lora", "grpo", model, optimizer)
         save()
         for c in credits:
@@ -315,7 +316,7 @@ def main(argv=None) -> dict:
         elif not args.no_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.requires_grad_(True)
-        optimizer = grpo.build_optimizer(model.parameters(), cfg)
+        optimizer = policy.build_optimizer(model.parameters(), cfg)
         result["runs"].append(measure("step", "full", "grpo", model, optimizer))
         save()
     save()

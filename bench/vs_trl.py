@@ -155,9 +155,9 @@ def _timed(owner, name: str, sink: list):
 
 
 def _load(path):
-    import rollout
+    import policy
 
-    return rollout.load_model_and_tokenizer(path, dtype="float32", device="cpu")
+    return policy.load_model_and_tokenizer(path, dtype="float32", device="cpu")
 
 
 def evaluate_only(spec: dict) -> dict:
@@ -195,7 +195,7 @@ def run_ours(spec: dict) -> dict:
     _quiet()
     torch.set_num_threads(spec["num_threads"])
     prompts_per_step, cpu = [], []
-    original_generate, original_step = grpo.rollout.generate, grpo._train_step
+    original_generate, original_step = grpo.rollout.generate, grpo.train_step
 
     def generate(model, tokenizer, prompts, *a, **k):
         prompts_per_step.append(list(prompts))
@@ -207,14 +207,12 @@ def run_ours(spec: dict) -> dict:
         cpu.append(time.process_time() - c0)
         return out
 
-    grpo.rollout.generate, grpo._train_step = generate, train_step
+    grpo.rollout.generate, grpo.train_step = generate, train_step
     # where a step's time goes (each wrapper appends one entry per step)
     parts = {"grading": [], "old_logprobs": [], "update": []}
     originals = [(grpo.verify, "grade_batch", _timed(grpo.verify, "grade_batch", parts["grading"])),
                  (grpo, "old_logprobs", _timed(grpo, "old_logprobs", parts["old_logprobs"])),
-                 (grpo, "policy_update", _timed(grpo, "policy_update", parts["update"])),
-                 # the on-policy path (grpo.can_update_on_policy): no separate old-log-prob pass, one update call
-                 (grpo, "on_policy_update", _timed(grpo, "on_policy_update", parts["update"]))]
+                 (grpo, "policy_update", _timed(grpo, "policy_update", parts["update"]))]
     out_dir = spec["output_dir"]
     cfg = grpo.GRPOConfig(
         model=spec["model"], data="toy", prompt_template=TEMPLATE, output_dir=out_dir, torch_dtype="float32",
@@ -228,7 +226,7 @@ def run_ours(spec: dict) -> dict:
     with _common.PeakMemory() as mem:
         _profiled(spec, lambda: grpo.train(cfg))
     wall = time.perf_counter() - t0
-    grpo.rollout.generate, grpo._train_step = original_generate, original_step  # the evaluation is not recorded
+    grpo.rollout.generate, grpo.train_step = original_generate, original_step  # the evaluation is not recorded
     for owner, name, fn in originals:
         setattr(owner, name, fn)
     threads = torch.get_num_threads()
@@ -546,7 +544,7 @@ def main(argv=None) -> dict:
         "trl_optimizer": trl_run.get("optimizer"), "trl_lr_scheduler": trl_run.get("lr_scheduler"),
         "memory_method": _common.MEMORY_METHOD_CPU + " (model load through the end of training)",
         "timing_method": {"ours": "metrics.jsonl step_time (generation_time: the rollout.generate part); CPU: "
-                                  "time.process_time around grpo._train_step",
+                                  "time.process_time around grpo.train_step",
                           "trl": "TrainerCallback on_step_begin -> on_step_end (generation inside "
                                  "training_step/_prepare_inputs); generation: wrapper around trainer._generate; "
                                  "CPU: time.process_time over the same span"},

@@ -1,6 +1,5 @@
 """Shared fixtures: the toy model (warmed up, cached) and a tiny random toy model (fast)."""
 
-import os
 import sys
 from pathlib import Path
 

@@ -1,12 +1,13 @@
 """--credit delta / cscr through the trainer: end-to-end runs, logged metrics, micro-batch invariance."""
 
-import dataclasses
 import json
 
 import pytest
 import torch
 
+import checkpoint
 import grpo
+import policy
 import rollout
 import toy
 
@@ -48,7 +49,7 @@ def test_cscr_end_to_end_logs_weights(toy_model_path, tmp_path):
 @pytest.fixture(scope="module")
 def rollout_batch(toy_model_path):
     torch.manual_seed(0)
-    model, tok = rollout.load_model_and_tokenizer(toy_model_path)
+    model, tok = policy.load_model_and_tokenizer(toy_model_path)
     rows = toy.make_split("train")[:4]
     batch = rollout.generate(model, tok, [r["problem"] + "\n" for r in rows], 4, 48, seed=3)
     return model, tok, rows, batch
@@ -94,41 +95,69 @@ def test_delta_streaming_equals_whole_batch_in_trainer(rollout_batch):
     torch.testing.assert_close(out[0], out[1], atol=1e-6, rtol=1e-5)
 
 
+def _one_step(model, tok, cfg, rows, out_dir, monkeypatch, from_training_forward):
+    """One grpo.train_step from ``model`` with stage 4's branch forced on or off (None: as grpo decides); returns
+    (record, weights, the credit hook's arguments)."""
+    if from_training_forward is not None:
+        monkeypatch.setattr(grpo, "can_update_on_policy", lambda *a, **k: from_training_forward)
+    hook, seen = grpo.Credit(cfg, tok), {}
+    real_call = grpo.Credit.__call__
+
+    def spy(self, model, batch, adv, old_logp, hidden, problems, answers):
+        seen.update(batch=batch, old_logp=old_logp.clone())
+        out = real_call(self, model, batch, adv, old_logp, hidden, problems, answers)
+        seen["token_adv"] = out[0].clone()
+        return out
+
+    monkeypatch.setattr(grpo.Credit, "__call__", spy)
+    run = checkpoint.RunFolder(str(out_dir))
+    run.open_metrics(None)
+    record = grpo.train_step(0, cfg, model, tok, policy.build_optimizer(model.parameters(), cfg), None, hook,
+                             grpo.PromptSampler(len(rows), 0), rows, "none", rollout.stop_token_ids(tok, "none", model),
+                             run)
+    run.close()
+    return record, [p.detach().clone() for p in model.parameters()], seen
+
+
 @pytest.mark.parametrize("credit", ["grpo", "delta", "cscr"])
-def test_on_policy_update_equals_separate_old_logprob_pass(toy_model_path, credit):
-    """on_policy_update (θ_old's log-probs and the credit taken from the training forward) makes the same AdamW
-    update, token advantages and statistics as old_logprobs + Credit + policy_update."""
+def test_theta_old_from_the_training_forward_gives_the_same_update(toy_model_path, tmp_path, monkeypatch, credit):
+    """Stage 4's branch (θ_old's log-probs taken from the training forward, which stage 6 then reuses) makes the
+    same AdamW update, token advantages and statistics as the separate no-grad pass."""
     import copy
 
-    model, tok = rollout.load_model_and_tokenizer(toy_model_path)
-    rows = toy.make_split("train")[:4]
-    batch = rollout.generate(model, tok, [r["problem"] + "\n" for r in rows], 4, 48, seed=3)
-    N = batch.input_ids.shape[0]
-    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4)), 4)
-    answers = [r["answer"] for r in rows for _ in range(4)]
-    cfg = grpo.GRPOConfig(credit=credit, max_completion_length=48)
-    assert grpo.can_update_on_policy(cfg, N, has_reference=False)
-    assert not grpo.can_update_on_policy(grpo.GRPOConfig(num_iterations=2), N, has_reference=False)
-    assert not grpo.can_update_on_policy(grpo.GRPOConfig(micro_batch_size=4), N, has_reference=False)
-    results = []
-    for fused in (False, True):
-        m = copy.deepcopy(model)
-        opt = grpo.build_optimizer(m.parameters(), cfg)
-        credit_hook = grpo.Credit(cfg, tok)
-        if fused:
-            loss, norms, _, _, token_adv, _, old = grpo.on_policy_update(
-                m, opt, batch.input_ids, batch.attention_mask, batch.response_mask,
-                lambda o, h: credit_hook(m, batch, adv, o, h, None, answers), credit_hook.needs_hidden(), cfg, 0)
-        else:
-            old, hidden, _ = grpo.old_logprobs(m, batch.input_ids, batch.attention_mask, batch.response_mask, cfg,
-                                               need_hidden=credit_hook.needs_hidden())
-            token_adv, _ = credit_hook(m, batch, adv, old, hidden, None, answers)
-            loss, norms, _, _ = grpo.policy_update(m, opt, batch.input_ids, batch.attention_mask,
-                                                   batch.response_mask, old, token_adv, None, cfg, 0)
-        results.append((loss, norms, token_adv, old, [p.detach().clone() for p in m.parameters()]))
-    (l0, n0, a0, o0, w0), (l1, n1, a1, o1, w1) = results
-    assert n0[0] > 0 and l0 == pytest.approx(l1, abs=1e-6) and n0[0] == pytest.approx(n1[0], rel=1e-5)
-    torch.testing.assert_close(o1, o0, atol=1e-5, rtol=0)
-    torch.testing.assert_close(a1, a0, atol=1e-5, rtol=1e-5)
+    model, tok = policy.load_model_and_tokenizer(toy_model_path)
+    rows = toy.make_split("train")[:8]
+    cfg = grpo.GRPOConfig(credit=credit, num_prompts_per_step=4, num_generations=4, max_completion_length=48)
+    assert grpo.can_update_on_policy(cfg, 16, has_reference=False, model=model)
+    assert not grpo.can_update_on_policy(grpo.GRPOConfig(num_iterations=2), 16, has_reference=False, model=model)
+    assert not grpo.can_update_on_policy(grpo.GRPOConfig(micro_batch_size=4), 16, has_reference=False, model=model)
+    assert not grpo.can_update_on_policy(cfg, 16, has_reference=True, model=model)
+    results = [_one_step(copy.deepcopy(model), tok, cfg, rows, tmp_path / str(fused), monkeypatch, fused)
+               for fused in (False, True)]
+    (r0, w0, s0), (r1, w1, s1) = results
+    assert r0["grad_norm"] > 0 and r1["grad_norm"] == pytest.approx(r0["grad_norm"], rel=1e-5)
+    assert r1["loss"] == pytest.approx(r0["loss"], abs=1e-6) and r1["reward"] == r0["reward"]
+    torch.testing.assert_close(s1["old_logp"], s0["old_logp"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(s1["token_adv"], s0["token_adv"], atol=1e-5, rtol=1e-5)
     for p, q in zip(w0, w1):
         torch.testing.assert_close(q, p, atol=1e-6, rtol=0)
+
+
+def test_cscr_with_dropout_scores_l0_in_eval_mode_like_l_pm(toy_model_path, tmp_path, monkeypatch):
+    """With dropout (LoRA's, here 0.5) a training-mode forward is noisy: CSCR's ℓ0 must come from an eval-mode pass
+    like its ℓ±, so the branch that takes θ_old from the training forward is off for CSCR (not for GRPO/DelTA)."""
+    import copy
+
+    model, tok = policy.load_model_and_tokenizer(toy_model_path)
+    model = policy.prepare_model(model, grpo.GRPOConfig(use_peft=True, lora_dropout=0.5))
+    assert policy.has_dropout(model)
+    cscr_cfg = grpo.GRPOConfig(credit="cscr", num_prompts_per_step=4, num_generations=4, max_completion_length=48)
+    assert not grpo.can_update_on_policy(cscr_cfg, 16, has_reference=False, model=model)
+    assert grpo.can_update_on_policy(grpo.GRPOConfig(credit="delta"), 16, has_reference=False, model=model)
+    _, _, seen = _one_step(copy.deepcopy(model), tok, cscr_cfg, toy.make_split("train")[:8], tmp_path, monkeypatch,
+                           None)
+    b = seen["batch"]
+    model.eval()
+    with torch.no_grad():
+        l0 = grpo.token_logprobs(model, b.input_ids, b.attention_mask, b.response_mask)
+    torch.testing.assert_close(seen["old_logp"], l0, atol=1e-6, rtol=0)

@@ -100,13 +100,13 @@ def test_two_processes_resume(toy_model_path, tmp_path):
 MIXED_DRIVER = r"""
 import sys
 import torch
-import grpo, rollout
+import distributed, grpo, policy, rollout
 
-grpo.init_distributed()
+distributed.init_distributed()
 torch.manual_seed(0)
-model, tok = rollout.load_model_and_tokenizer(sys.argv[1], device="cpu")
+model, tok = policy.load_model_and_tokenizer(sys.argv[1], device="cpu")
 before = {n: p.detach().clone() for n, p in model.named_parameters()}
-grpo.shard_model(model, compute_dtype=torch.bfloat16)
+distributed.shard_model(model, compute_dtype=torch.bfloat16)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 ids = tok(["Compute 3+4.\n3+4=7. \\boxed{7}"] * 2, return_tensors="pt")
 out = model(**ids)

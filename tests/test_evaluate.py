@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import evaluate
+import policy
 import rollout
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -418,7 +419,7 @@ def test_resume_generates_only_missing_chunks_and_matches_uninterrupted_run(tmp_
 def test_evaluate_rows_keeps_the_trainer_keys(tiny_model_path):
     import toy
 
-    model, tokenizer = rollout.load_model_and_tokenizer(tiny_model_path)
+    model, tokenizer = policy.load_model_and_tokenizer(tiny_model_path)
     rows = toy.make_split("test", n=3)
     res = evaluate.evaluate_rows(model, tokenizer, rows, "none", num_samples=2, max_new_tokens=4, seed=1)
     for key in ("greedy", "avg@2", "pass@2", "sample/mean_length", "sample/truncation_rate", "sample/boxed_rate"):

@@ -8,8 +8,10 @@ import math
 import pytest
 import torch
 
+import checkpoint
 import evaluate
 import grpo
+import policy
 import rollout
 import toy
 
@@ -125,7 +127,7 @@ def test_policy_loss_errors():
 # ------------------------------------------------------------------------------------------------ log-probs
 @pytest.fixture(scope="module")
 def tiny(tiny_model_path):
-    return rollout.load_model_and_tokenizer(tiny_model_path)
+    return policy.load_model_and_tokenizer(tiny_model_path)
 
 
 def _naive_logprobs(model, ids_list, resp_len, temperature):
@@ -267,9 +269,10 @@ def test_resume_refuses_changed_training_settings(tmp_path):
     path = tmp_path / "config.json"
     cfg = grpo.GRPOConfig(credit="delta", learning_rate=3e-4)
     path.write_text(json.dumps({"config": dataclasses.asdict(cfg)}))
-    grpo._check_resume_config(str(path), dataclasses.replace(cfg, max_steps=100, resume=True, use_vllm=True))
+    checkpoint.check_resume_config(str(path), dataclasses.asdict(
+        dataclasses.replace(cfg, max_steps=100, resume=True, use_vllm=True)))
     with pytest.raises(ValueError, match=r"--credit 'delta' -> 'grpo', --learning_rate 0.0003 -> 0.001"):
-        grpo._check_resume_config(str(path), dataclasses.replace(cfg, credit="grpo", learning_rate=1e-3))
+        checkpoint.check_resume_config(str(path), dataclasses.asdict(dataclasses.replace(cfg, credit="grpo", learning_rate=1e-3)))
 
 
 def test_use_vllm_without_vllm_is_one_clear_line():

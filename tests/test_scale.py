@@ -10,7 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import checkpoint
 import grpo
+import policy
 import rollout
 import toy
 
@@ -19,7 +21,7 @@ REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0])  # two groups o
 
 
 def _load(path, **kw):
-    return rollout.load_model_and_tokenizer(str(path), **kw)
+    return policy.load_model_and_tokenizer(str(path), **kw)
 
 
 @pytest.fixture(scope="module")
@@ -41,11 +43,11 @@ def _train_lora(tiny_model_path, batch, steps=2, **kw):
     model, tok = _load(tiny_model_path)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     cfg = grpo.GRPOConfig(use_peft=True, micro_batch_size=3, learning_rate=1e-2, **kw)
-    model = grpo.prepare_model(model, cfg)
+    model = policy.prepare_model(model, cfg)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.learning_rate)
     adv = grpo.group_advantages(REWARDS, 4)
     token_adv = adv[:, None] * batch.response_mask
-    ref = grpo.reference_model(model, cfg)  # None unless beta > 0
+    ref = policy.reference_model(model, cfg)  # None unless beta > 0
     for step in range(steps):
         old, _, ref_lp = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, cfg,
                                            ref_model=ref)
@@ -84,11 +86,11 @@ def test_loading_flags_dtype_attention_and_reference_on_cpu(tiny_model_path, fix
         grpo.build_parser().parse_args(["--torch_dtype", "int8"])
     # full fine-tuning with --beta > 0 and --ref_on_cpu: a separate frozen copy loaded on the CPU
     cfg = grpo.GRPOConfig(model=str(tiny_model_path), beta=0.1, ref_on_cpu=True)
-    ref = grpo.reference_model(m32, cfg)
+    ref = policy.reference_model(m32, cfg)
     assert ref is not m32 and not any(p.requires_grad for p in ref.parameters())
-    assert grpo._device_of(ref).type == "cpu"
+    assert next(ref.parameters()).device.type == "cpu"
     torch.testing.assert_close(_logp(ref, fixed_batch), _logp(m32, fixed_batch), atol=0, rtol=0)
-    assert grpo.reference_model(m32, grpo.GRPOConfig()) is None  # beta = 0: no reference at all
+    assert policy.reference_model(m32, grpo.GRPOConfig()) is None  # beta = 0: no reference at all
 
 
 def test_bf16_lora_run_on_cpu_end_to_end(tiny_model_path, tmp_path):
@@ -111,7 +113,7 @@ def test_peft_wrapper_keeps_hidden_hook_and_logits_to_keep(tiny_model_path, fixe
     lp0, h0 = grpo.token_logprobs(plain.eval(), fixed_batch.input_ids, fixed_batch.attention_mask,
                                   fixed_batch.response_mask, return_hidden=True)
     model, _ = _load(tiny_model_path)
-    peft_model = grpo.prepare_model(model, grpo.GRPOConfig(use_peft=True)).eval()
+    peft_model = policy.prepare_model(model, grpo.GRPOConfig(use_peft=True)).eval()
     with torch.no_grad():  # a fresh adapter (B = 0) is the identity: same log-probs, same LM-head inputs
         lp1, h1 = grpo.token_logprobs(peft_model, fixed_batch.input_ids, fixed_batch.attention_mask,
                                       fixed_batch.response_mask, return_hidden=True)
@@ -137,7 +139,7 @@ def test_lora_step_changes_only_adapters_and_saved_adapter_reloads(tiny_model_pa
     lora_b = [v for k, v in after.items() if "lora_B" in k]
     assert lora_b and all(v.abs().sum() > 0 for v in lora_b)  # B starts at 0: every adapter was updated
     # the saved adapter (final/ and checkpoints use save_model/save_pretrained) reloads with peft
-    grpo.save_model(model, tok, str(tmp_path / "adapter"))
+    checkpoint.save_model(model, tok, str(tmp_path / "adapter"))
     assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
     base, _ = _load(tiny_model_path)
     loaded = PeftModel.from_pretrained(base, tmp_path / "adapter")
@@ -149,8 +151,8 @@ def test_lora_step_changes_only_adapters_and_saved_adapter_reloads(tiny_model_pa
 
 def test_lora_reference_is_the_adapter_disabled_model(tiny_model_path, fixed_batch):
     model, _, cfg, _ = _train_lora(tiny_model_path, fixed_batch, beta=0.1)
-    ref = grpo.reference_model(model, cfg)
-    assert isinstance(ref, grpo.AdapterDisabledReference) and ref.model is model  # no second copy
+    ref = policy.reference_model(model, cfg)
+    assert isinstance(ref, policy.AdapterDisabledReference) and ref.model is model  # no second copy
     b = fixed_batch
     old, _, ref_lp = grpo.old_logprobs(model, b.input_ids, b.attention_mask, b.response_mask, cfg, ref_model=ref)
     plain, _ = _load(tiny_model_path)
@@ -172,7 +174,7 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_path, fixed_b
         torch.manual_seed(0)  # same LoRA initialisation and same dropout masks in both runs
         model, _ = _load(tiny_model_path)
         cfg = grpo.GRPOConfig(use_peft=use_peft, gradient_checkpointing=gc, micro_batch_size=3)
-        model = grpo.prepare_model(model, cfg)
+        model = policy.prepare_model(model, cfg)
         if use_peft:  # B = 0 at initialisation would give A no gradient: make every adapter live
             gen = torch.Generator().manual_seed(1)
             with torch.no_grad():
@@ -214,16 +216,16 @@ def test_checkpoint_roundtrip_restores_weights_optimizer_rng(tiny_model_path, tm
     torch.manual_seed(6)
     state = {"step": 7, "sampler_position": 123, "metrics_lines": 9, "skipped_updates_total": 2,
              "cscr_threshold": 0.37, "cscr_calibrated": True, "use_peft": False}
-    grpo.save_checkpoint(str(tmp_path / "checkpoint-7"), model, tok, opt, state)
+    checkpoint.save_checkpoint(str(tmp_path / "checkpoint-7"), model, tok, opt, state)
     expected = (random.random(), torch.rand(3))
-    assert grpo.latest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-7")
+    assert checkpoint.latest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-7")
     assert not list(tmp_path.glob("*.tmp*"))
 
     model2, _ = _load(tiny_model_path)
     opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-3)
     random.seed(0)
     torch.manual_seed(0)
-    assert grpo.load_checkpoint(str(tmp_path / "checkpoint-7"), model2, opt2, grpo.GRPOConfig()) == state
+    assert checkpoint.load_checkpoint(str(tmp_path / "checkpoint-7"), model2, opt2, use_peft=False) == state
     assert random.random() == expected[0] and torch.equal(torch.rand(3), expected[1])
     for p, q in zip(model.parameters(), model2.parameters()):
         assert torch.equal(p, q)
@@ -233,7 +235,7 @@ def test_checkpoint_roundtrip_restores_weights_optimizer_rng(tiny_model_path, tm
         for k in s1["state"][i]:
             assert torch.equal(torch.as_tensor(s1["state"][i][k]), torch.as_tensor(s2["state"][i][k]))
     with pytest.raises(ValueError, match="use_peft"):
-        grpo.load_checkpoint(str(tmp_path / "checkpoint-7"), model2, opt2, grpo.GRPOConfig(use_peft=True))
+        checkpoint.load_checkpoint(str(tmp_path / "checkpoint-7"), model2, opt2, use_peft=True)
 
     # a save killed half-way leaves only a .tmp folder: ignored, the earlier checkpoint stays the latest
     real_save = torch.save
@@ -246,13 +248,13 @@ def test_checkpoint_roundtrip_restores_weights_optimizer_rng(tiny_model_path, tm
     torch.save = crash_on_optimizer
     try:
         with pytest.raises(KeyboardInterrupt):
-            grpo.save_checkpoint(str(tmp_path / "checkpoint-9"), model, tok, opt, {**state, "step": 9})
+            checkpoint.save_checkpoint(str(tmp_path / "checkpoint-9"), model, tok, opt, {**state, "step": 9})
     finally:
         torch.save = real_save
     assert not (tmp_path / "checkpoint-9").exists() and list(tmp_path.glob("checkpoint-9.tmp-*"))
     (tmp_path / "checkpoint-11").mkdir()  # no completion marker
     shutil.copy(tmp_path / "checkpoint-7" / "optimizer.pt", tmp_path / "checkpoint-11")
-    assert grpo.latest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-7")
+    assert checkpoint.latest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-7")
 
 
 def _run(out, model_path, *extra):
@@ -282,22 +284,22 @@ def test_resume_reproduces_the_uninterrupted_run(toy_model_path, tmp_path, monke
     _run(tmp_path / "whole", toy_model_path, *common)
 
     out = tmp_path / "resumed"
-    real_write = grpo.write_samples
+    real_write = checkpoint.RunFolder.write_samples
 
-    def crash_at_step_4(path, *a, **kw):  # dies after step 4 was logged, i.e. after checkpoint-3
-        if path.endswith("step_000004.jsonl"):
+    def crash_at_step_4(self, step, *a, **kw):  # dies after step 4 was logged, i.e. after checkpoint-3
+        if step == 4:
             raise RuntimeError("simulated crash")
-        return real_write(path, *a, **kw)
+        return real_write(self, step, *a, **kw)
 
-    monkeypatch.setattr(grpo, "write_samples", crash_at_step_4)
+    monkeypatch.setattr(checkpoint.RunFolder, "write_samples", crash_at_step_4)
     with pytest.raises(RuntimeError, match="simulated crash"):
         _run(out, toy_model_path, *common)
-    monkeypatch.setattr(grpo, "write_samples", real_write)
+    monkeypatch.setattr(checkpoint.RunFolder, "write_samples", real_write)
     assert [r["step"] for r in _metrics(out)] == [0, 1, 2, 3, 4]
     # litter a crashed run can leave: a half-written save and a folder without the completion marker
     shutil.copytree(out / "checkpoint-3", out / "checkpoint-6.tmp-x1y2")
     (out / "checkpoint-5").mkdir()
-    assert grpo.latest_checkpoint(str(out)) == str(out / "checkpoint-3")
+    assert checkpoint.latest_checkpoint(str(out)) == str(out / "checkpoint-3")
     _run(out, toy_model_path, *common, "--resume")
 
     whole, resumed = _metrics(tmp_path / "whole"), _metrics(out)
@@ -355,7 +357,7 @@ def test_out_of_memory_names_the_memory_flags(tiny_model_path, tmp_path, monkeyp
     for flag in ("--micro_batch_size", "--gradient_checkpointing", "--use_peft", "--max_completion_length"):
         assert flag in msg
     with pytest.raises(RuntimeError, match="not memory"):  # other errors pass through unchanged
-        with grpo.oom_guard("step 1"):
+        with policy.oom_guard("step 1"):
             raise RuntimeError("not memory")
 
 

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import grpo
+import policy
 import rollout
 import toy
 
@@ -130,7 +131,7 @@ def test_sync_weights_tied_embeddings_pushed_once():
 def test_sync_weights_lora_pushes_merged_base_names_then_unmerges():
     cfg = grpo.GRPOConfig(use_peft=True, lora_r=4, lora_alpha=8, lora_dropout=0.0)
     plain_names = {n for n, _ in _toy_model().named_parameters()}
-    model = grpo.prepare_model(_toy_model(), cfg)
+    model = policy.prepare_model(_toy_model(), cfg)
     torch.manual_seed(1)
     with torch.no_grad():  # a trained adapter: B != 0, so the merged weight differs from the base weight
         for name, p in model.named_parameters():
@@ -206,12 +207,12 @@ DIST_DRIVER = r"""
 import gc, sys
 import torch, torch.distributed as dist
 torch.set_num_threads(1)
-import rollout, toy
+import policy, rollout, toy
 
 def main(path):
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    model, tok = rollout.load_model_and_tokenizer(path, device="cpu")
+    model, tok = policy.load_model_and_tokenizer(path, device="cpu")
     llm = rollout.create_vllm_engine(path, dtype="float32", max_model_len=128, seed=rank,
                                      kv_cache_memory_bytes=32 * 2 ** 20)
     backend = llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend
@@ -275,7 +276,7 @@ def engine(toy_model_path):
 @pytest.fixture
 def fresh(engine, toy_model_path):
     """The toy policy loaded from disk (float32, CPU) and synced into the shared engine."""
-    model, tok = rollout.load_model_and_tokenizer(toy_model_path, device="cpu")
+    model, tok = policy.load_model_and_tokenizer(toy_model_path, device="cpu")
     rollout.sync_weights(model, engine)
     return engine, model, tok
 
@@ -415,7 +416,7 @@ def test_sync_weights_after_a_lora_step(fresh):
     prompts = _prompts()
     stop = rollout.stop_token_ids(tok, "none", model)
     cfg = grpo.GRPOConfig(use_peft=True, lora_r=8, lora_alpha=16, lora_dropout=0.0)
-    model = grpo.prepare_model(model, cfg)
+    model = policy.prepare_model(model, cfg)
     model.eval()
     before, _ = _greedy_both(llm, model, tok, prompts, stop)
     ro = rollout.generate_vllm(llm, tok, prompts, 4, MAX_NEW, temperature=1.0, seed=0, stop_ids=stop)
@@ -441,7 +442,7 @@ def test_sync_weights_after_a_lora_step(fresh):
 # fine-tuning gathers each sharded weight with DTensor.full_tensor while pushing).
 TRAIN_DRIVER = r"""
 import sys
-import grpo, rollout, toy
+import distributed, grpo, policy, rollout, toy
 
 checks = []
 real_sync = rollout.sync_weights
@@ -451,7 +452,7 @@ def checked_sync(model, llm):
     tok = _tok()
     prompts = [rollout.apply_template(r["problem"], "none") for r in toy.make_split("test")[:3]]
     stop = rollout.stop_token_ids(tok, "none")
-    with grpo.gathered_weights(model):
+    with distributed.gathered_weights(model):
         hf = rollout.generate(model, tok, prompts, 1, 24, temperature=0.0, stop_ids=stop)
     vl = rollout.generate_vllm(llm, tok, prompts, 1, 24, temperature=0.0, stop_ids=stop)
     checks.append(hf.texts == vl.texts)
@@ -463,7 +464,7 @@ def _tok():
 
 rollout.sync_weights = checked_sync
 grpo.main(["--model", sys.argv[1]] + sys.argv[2:])
-print(f"SYNC_CHECKS rank={grpo._rank_from_env()} {checks}", flush=True)
+print(f"SYNC_CHECKS rank={distributed.rank_from_env()} {checks}", flush=True)
 """
 
 

@@ -1,0 +1,340 @@
+"""The run folder of grpo.py: checkpoints written complete or not at all, resumed exactly, and the run's logs.
+
+A run folder (``--output_dir``) holds::
+
+    config.json          the flags, prompt template, versions (written at the start; read back by --resume)
+    metrics.jsonl        one JSON line per step and per evaluation
+    samples/step_*.jsonl a few logged groups per step
+    checkpoint-<step>/   resumable: weights or LoRA adapter, tokenizer, optimizer.pt, rng_state.pt,
+                         trainer_state.json (written last: its presence marks the folder complete)
+    final/               save_pretrained folder of the trained policy (loads with from_pretrained or peft)
+    summary.json         the before/after evaluation and the last step's record
+
+Every folder is written into a temporary sibling ``<name>.tmp-*`` and renamed into place when complete, so a crash
+leaves the previous checkpoints intact and no half-written ``checkpoint-<step>``. Under torchrun every process calls
+the save functions (the FSDP2 shards are gathered, distributed.py) and process 0 writes.
+
+Nothing here knows about credit rules: the trainer hands over its state as a dict. Left out on purpose: keeping
+only the last N checkpoints, asynchronous or sharded (per-process) checkpoint files, and cloud storage.
+Read next: grpo.py ``train``, which calls these.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import tempfile
+
+import torch
+
+import distributed
+
+TRAINER_STATE = "trainer_state.json"  # written last into a checkpoint: its presence marks the folder complete
+_CKPT_RE = re.compile(r"checkpoint-(\d+)")
+
+# Flags that may change between a run and its --resume: when it stops, what it logs and saves, and how it samples
+# (vLLM or HF draw different random numbers, but from the same policy). Everything else decides the updates.
+RESUME_MAY_CHANGE = {"resume", "max_steps", "save_steps", "logging_steps", "eval_steps", "eval_num_generations",
+                     "num_samples_to_log", "num_threads", "output_dir", "use_vllm", "vllm_gpu_memory_utilization",
+                     "vllm_enable_sleep_mode", "micro_batch_size", "gradient_checkpointing"}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Checkpoints
+# ----------------------------------------------------------------------------------------------------------
+def latest_checkpoint(output_dir: str) -> str | None:
+    """The complete checkpoint with the highest step in ``output_dir``, or None.
+
+    Only folders named exactly ``checkpoint-<step>`` that hold ``trainer_state.json`` count: a save in progress
+    (or killed) lives in ``checkpoint-<step>.tmp-*`` and a folder without the marker was never completed.
+    """
+    best, best_step = None, -1
+    if not os.path.isdir(output_dir):
+        return None
+    for name in os.listdir(output_dir):
+        m = _CKPT_RE.fullmatch(name)
+        path = os.path.join(output_dir, name)
+        if m and int(m.group(1)) > best_step and os.path.isfile(os.path.join(path, TRAINER_STATE)):
+            best, best_step = path, int(m.group(1))
+    return best
+
+
+def _replace_dir(tmp: str, path: str) -> None:
+    # os.replace cannot overwrite a non-empty folder: move the old one aside first (its name has .tmp, so it is
+    # never taken for a checkpoint), then swap in the new one and delete the old one.
+    old = None
+    if os.path.exists(path):
+        old = f"{path}.tmp-old-{os.getpid()}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    if old:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save_model(model, tokenizer, path: str) -> None:
+    """``save_pretrained`` (safetensors) of the model (a peft model: its adapter) and tokenizer, written to a
+    temporary folder and renamed into place. Under FSDP2 every process calls it and process 0 writes the gathered
+    full weights: the folder loads with ``from_pretrained`` (or peft) with no torch.distributed."""
+    sd = distributed.gathered_model_state(model)
+    if distributed.rank() != 0:
+        return
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, **({"state_dict": sd} if sd is not None else {}))
+    tokenizer.save_pretrained(tmp)
+    _replace_dir(tmp, path)
+
+
+def save_checkpoint(path: str, model, tokenizer, optimizer, state: dict) -> None:
+    """Write a resumable checkpoint into ``path`` (e.g. ``<output_dir>/checkpoint-<step>``), atomically.
+
+    Contents: the model (``save_pretrained``, safetensors) or, for a peft model, the adapter only; the tokenizer;
+    ``optimizer.pt`` (AdamW moments and step counts, keyed by parameter name with full tensors, so a checkpoint
+    written by N processes resumes in M); ``rng_state.pt`` (python, torch CPU and every CUDA device); and last
+    ``trainer_state.json`` (``state``: step, sampler position, metrics.jsonl length, counters...).
+    Under torchrun every process must call this; process 0 writes (``--output_dir`` must be on a filesystem every
+    process sees, for ``--resume``).
+    """
+    model_sd = distributed.gathered_model_state(model)
+    optim_sd = distributed.full_optimizer_state(model, optimizer)
+    if distributed.rank() != 0:
+        return
+    parent, name = os.path.split(os.path.abspath(path))
+    tmp = tempfile.mkdtemp(prefix=name + ".tmp-", dir=parent)
+    model.save_pretrained(tmp, **({"state_dict": model_sd} if model_sd is not None else {}))
+    tokenizer.save_pretrained(tmp)
+    torch.save(optim_sd, os.path.join(tmp, "optimizer.pt"))
+    rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state_all()
+    torch.save(rng, os.path.join(tmp, "rng_state.pt"))
+    with open(os.path.join(tmp, TRAINER_STATE), "w") as f:
+        json.dump(state, f, indent=1)
+    _replace_dir(tmp, path)
+
+
+def _load_full_weights(model, folder: str) -> None:
+    """Copy a ``save_pretrained`` folder's safetensors weights (one file or shards) into ``model`` in place."""
+    from safetensors.torch import load_file
+
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    own, loaded = model.state_dict(), set()
+    for name in files:
+        sd = load_file(os.path.join(folder, name))
+        unexpected = model.load_state_dict(sd, strict=False).unexpected_keys
+        if unexpected:
+            raise ValueError(f"checkpoint {folder} has weights the model does not: {unexpected[:3]}")
+        loaded |= set(sd)
+    # a key save_pretrained left out is fine only if it is tied to a loaded one (e.g. lm_head = embed_tokens)
+    ptrs = {own[k].data_ptr() for k in loaded}
+    missing = [k for k in own if k not in loaded and own[k].data_ptr() not in ptrs]
+    if missing:
+        raise ValueError(f"checkpoint {folder} lacks weights: {missing[:3]}")
+
+
+def load_checkpoint_weights(path: str, model, use_peft: bool) -> dict:
+    """The weights (or adapter) of a ``save_checkpoint`` folder into the *unsharded* ``model``; returns the trainer
+    state. Raises ValueError: written with(out) ``--use_peft`` while this run is not, or weights that do not
+    match the model."""
+    with open(os.path.join(path, TRAINER_STATE)) as f:
+        state = json.load(f)
+    if bool(state.get("use_peft")) != use_peft:
+        raise ValueError(f"checkpoint {path} was written {'with' if state.get('use_peft') else 'without'} "
+                         f"--use_peft; resume it with the same setting")
+    if use_peft:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        res = set_peft_model_state_dict(model, load_file(os.path.join(path, "adapter_model.safetensors")))
+        if getattr(res, "unexpected_keys", None):
+            raise ValueError(f"adapter in {path} does not match --lora_* settings: {res.unexpected_keys[:3]}")
+    else:
+        _load_full_weights(model, path)
+    return state
+
+
+def load_checkpoint_optimizer(path: str, model, optimizer) -> None:
+    """The AdamW state and RNG states of a ``save_checkpoint`` folder. Under FSDP2 (after sharding) every process
+    calls it: process 0 reads the full state and each process keeps its own shard."""
+    many = distributed.is_distributed()
+    osd = {}
+    if distributed.rank() == 0:
+        osd = torch.load(os.path.join(path, "optimizer.pt"), map_location="cpu", weights_only=True)
+    distributed.load_full_optimizer_state(model, optimizer, osd)
+    rng = torch.load(os.path.join(path, "rng_state.pt"), weights_only=True)
+    random.setstate(tuple(x if not isinstance(x, list) else tuple(x) for x in rng["python"]))
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available() and not many:
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def load_checkpoint(path: str, model, optimizer, use_peft: bool) -> dict:
+    """``load_checkpoint_weights`` then ``load_checkpoint_optimizer`` (one process); returns the trainer state.
+    Under torchrun the weights are loaded before sharding and the optimizer after (grpo.py ``train``)."""
+    state = load_checkpoint_weights(path, model, use_peft)
+    load_checkpoint_optimizer(path, model, optimizer)
+    return state
+
+
+def check_resume_config(path: str, config: dict) -> None:
+    """Refuse to resume a run with different training settings (its metrics.jsonl would mix two runs).
+
+    Args:
+        path: the run's ``config.json``; config: this run's flags (``dataclasses.asdict``).
+    Raises:
+        ValueError: naming each changed flag with its old and new value.
+    """
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        old = json.load(f).get("config", {})
+    changed = [f"--{k} {old[k]!r} -> {config[k]!r}" for k in sorted(config)
+               if k in old and k not in RESUME_MAY_CHANGE and old[k] != config[k]]
+    if changed:
+        raise ValueError(f"--resume with settings that differ from {path}: {', '.join(changed)}; resume with the "
+                         f"same settings, or start a new run in another --output_dir")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The run's logs
+# ----------------------------------------------------------------------------------------------------------
+class RunFolder:
+    """config.json, metrics.jsonl, samples/ and summary.json of one run; only process 0 writes (``main``)."""
+
+    def __init__(self, path: str, main: bool = True, resume: bool = False, say=print):
+        """Open the run folder ``path``; with ``resume`` find the checkpoint to continue from (``resume_from``,
+        None when there is none: the run starts from step 0)."""
+        self.path, self.main, self._metrics = path, main, None
+        if main:
+            os.makedirs(os.path.join(path, "samples"), exist_ok=True)
+        latest = latest_checkpoint(path)
+        self.resume_from = latest if resume else None
+        if resume and latest is None:
+            say(f"[resume] no complete checkpoint in {path}: starting from step 0")
+        elif not resume and latest:
+            say(f"[note] {path} already holds checkpoints; this run starts from step 0 "
+                f"(pass --resume to continue from {latest})")
+
+    def start(self, config: dict, info: dict, resume_state: dict | None) -> None:
+        """Begin logging: with a resumed run, refuse changed settings (``check_resume_config``); write config.json
+        (``config`` = the flags, plus ``info``); open metrics.jsonl (``open_metrics``). Every process calls it."""
+        if self.resume_from:
+            check_resume_config(os.path.join(self.path, "config.json"), config)
+        distributed.barrier()  # every process has read the old config.json before process 0 rewrites it
+        self.write_json("config.json", {"config": config, **info, "resumed_from": self.resume_from})
+        self.open_metrics(resume_state, self.resume_from)
+
+    @property
+    def metrics_path(self) -> str:
+        return os.path.join(self.path, "metrics.jsonl")
+
+    def metrics_lines(self) -> list[str]:
+        if not os.path.exists(self.metrics_path):
+            return []
+        with open(self.metrics_path) as f:
+            return f.read().splitlines(keepends=True)
+
+    def read_metrics(self) -> list[dict]:
+        return [json.loads(line) for line in self.metrics_lines() if line.strip()]
+
+    def write_json(self, name: str, obj: dict) -> None:
+        if self.main:
+            with open(os.path.join(self.path, name), "w") as f:
+                json.dump(obj, f, indent=1)
+
+    def open_metrics(self, resume_state: dict | None, checkpoint: str | None = None) -> None:
+        """Start metrics.jsonl: a run from step 0 starts a new file (never mixing two runs); a resumed run first
+        drops the lines logged after its checkpoint (no step twice), then appends.
+
+        Raises:
+            ValueError: metrics.jsonl has fewer lines than the checkpoint recorded.
+        """
+        if resume_state is not None:
+            lines, keep = self.metrics_lines(), resume_state["metrics_lines"]
+            if len(lines) < keep:
+                raise ValueError(f"{self.metrics_path} has {len(lines)} lines, fewer than the {keep} recorded by "
+                                 f"{checkpoint}")
+            if self.main:
+                with open(self.metrics_path + ".tmp", "w") as f:
+                    f.writelines(lines[:keep])
+                os.replace(self.metrics_path + ".tmp", self.metrics_path)
+        if self.main:
+            self._metrics = open(self.metrics_path, "a" if resume_state is not None else "w")
+
+    def log(self, record: dict) -> None:
+        """Append one record; NaN/inf (e.g. a DelTA side statistic of a batch with no positive response) become
+        null, so every line is strict JSON."""
+        if not self.main:
+            return
+        import math
+
+        record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.flush()
+
+    def close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+
+    def samples_path(self, step: int) -> str:
+        return os.path.join(self.path, "samples", f"step_{step:06d}.jsonl")
+
+    def log_step(self, step: int, group_size: int, rewards, lengths, finish_reasons: list[str],
+                 verify_counts: dict, token_stats: dict, extra: dict) -> dict:
+        """Pool one training step's statistics over processes, append them to metrics.jsonl; returns the record.
+
+        Args (each process passes its own): rewards ``[n]`` (group by group), lengths ``[n]`` (tokens, EOS
+        included), finish_reasons, verify_counts (``verify.summarize`` counts: summed over processes),
+        token_stats (token-weighted sums with their ``num_tokens``, e.g. the clip fractions: pooled into
+        token-means), extra (values that are already global: loss, gradient norm, credit statistics, timings).
+        Every process must call it.
+        """
+        keys = sorted(token_stats)
+        sums = distributed.all_reduce_sum(torch.tensor([token_stats[k] for k in keys], dtype=torch.float64))
+        sums = dict(zip(keys, sums.tolist()))
+        n_tok = max(sums.pop("num_tokens", 1.0), 1.0)
+        counts = {k: v for k, v in verify_counts.items() if k not in ("total", "correct")}
+        summed = distributed.all_reduce_sum(torch.tensor(list(counts.values()), dtype=torch.float64)).tolist()
+        pooled = distributed.all_gather_objects((rewards.tolist(), lengths.tolist(), finish_reasons))
+        r = torch.tensor([x for part in pooled for x in part[0]])
+        lengths = torch.tensor([x for part in pooled for x in part[1]], dtype=torch.float)
+        finish = [x for part in pooled for x in part[2]]
+        groups = r.view(-1, group_size)
+        record = {"step": step, "reward": r.mean().item(), "reward_std": r.std().item() if len(r) > 1 else 0.0,
+                  "accuracy": r.mean().item(),
+                  "frac_reward_zero_std": (groups.max(-1).values == groups.min(-1).values).float().mean().item(),
+                  "completions/mean_length": lengths.mean().item(),
+                  "completions/clipped_ratio": finish.count("length") / len(r),
+                  **{k: v / n_tok for k, v in sums.items()},
+                  **{f"verify/{k}": int(v) for k, v in zip(counts, summed)}, **extra}
+        self.log(record)
+        return record
+
+    def write_samples(self, step: int, tokenizer, batch, rewards, adv, token_adv, weights, weight_name: str,
+                      groups: int) -> None:
+        """samples/step_*.jsonl: the first ``groups`` groups of this process's batch: prompts, responses, rewards,
+        advantages; with per-token ``weights`` ``[n, T]`` (e.g. DelTA's λ̄) the five highest and lowest tokens
+        under ``highest_<weight_name>`` / ``lowest_<weight_name>`` and the token advantages ``[n, T]``."""
+        with open(self.samples_path(step), "w") as f:
+            for i in range(groups * batch.group_size):
+                m = batch.response_mask[i].bool()
+                rec = {"prompt": batch.prompts[i], "response": batch.texts[i], "reward": rewards[i].item(),
+                       "advantage": adv[i].item(), "finish_reason": batch.finish_reasons[i]}
+                if weights is not None and m.any() and adv[i] != 0:
+                    toks = [tokenizer.decode([t]) for t in batch.response_ids[i][m].tolist()]
+                    w = weights[i][m].tolist()
+                    order = sorted(range(len(w)), key=lambda j: w[j])
+                    rec[f"highest_{weight_name}"] = [(toks[j], round(w[j], 4)) for j in order[::-1][:5]]
+                    rec[f"lowest_{weight_name}"] = [(toks[j], round(w[j], 4)) for j in order[:5]]
+                    rec["token_advantages"] = [round(x, 4) for x in token_adv[i][m].tolist()]
+                f.write(json.dumps(rec) + "\n")

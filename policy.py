@@ -1,0 +1,230 @@
+"""The policy model of grpo.py: loading it, wrapping it for training, and the pieces that live next to it.
+
+* ``load_model_and_tokenizer``: ``from_pretrained`` of ``"toy"`` (toy.py), a local folder or a hub id, in the
+  dtype and on the device asked for; the tokenizer pads on the left;
+* ``prepare_model``: gradient checkpointing and LoRA adapters (peft);
+* ``reference_model``: the frozen initial policy for the k3 KL term (``--beta > 0``);
+* ``build_optimizer``: AdamW; ``oom_guard``: out-of-memory errors as one line naming the flags that help;
+* ``build``: all of the above in the order that matters for the trainer, with ``--resume``'s weights and
+  torchrun's sharding (checkpoint.py, distributed.py) in between.
+
+Left out on purpose: quantised base weights (QLoRA), DoRA and other adapter types, DeepSpeed, learning-rate
+schedules. Read next: grpo.py ``train``, which calls ``build``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import math
+import os
+
+import torch
+
+import checkpoint
+import distributed
+
+
+def model_path(name: str) -> str:
+    """The folder or hub id ``from_pretrained`` gets for ``--model name``: ``"toy"`` is the toy's folder."""
+    if name == "toy":
+        import toy
+
+        return toy.ensure_toy_model()
+    return name
+
+
+def load_model_and_tokenizer(name: str, dtype: str = "auto", device: str | None = None,
+                              attn_implementation: str | None = None, trust_remote_code: bool = False):
+    """Load a causal LM and its tokenizer with ``from_pretrained``: ``"toy"``, a local folder or a hub id.
+
+    ``"toy"`` resolves to the cached warmed-up toy model (built on first use, see toy.py), then goes through
+    exactly the same ``from_pretrained`` path. The tokenizer pads on the left (generation) and gets a pad token
+    (EOS) if it has none.
+
+    Args:
+        dtype: ``"auto"`` (bfloat16 on a GPU, float32 on the CPU), ``"bfloat16"`` or ``"float32"``
+            (``"float16"`` is accepted too).
+        device: ``"cuda"``, ``"cuda:1"``, ``"cpu"``...; default: CUDA when available. On a GPU the weights are
+            loaded straight onto it (``device_map``), never materialised in CPU memory first.
+        attn_implementation: ``"sdpa"``, ``"eager"``, ``"flash_attention_2"``...; None: transformers' default.
+        trust_remote_code: allow a hub repository's own model code.
+    Raises:
+        ValueError: an unknown dtype, flash attention without the flash-attn package (or on the CPU), or a name
+        that is neither a folder nor a loadable hub id (one line, not a deep traceback).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = model_path(name)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
+    if dtype not in ("bfloat16", "float32", "float16"):
+        raise ValueError(f"dtype (--torch_dtype) must be auto, bfloat16 or float32, got {dtype!r}")
+    if attn_implementation and attn_implementation.startswith("flash_attention"):
+        pkg = "flash_attn_interface" if attn_implementation == "flash_attention_3" else "flash_attn"
+        if importlib.util.find_spec(pkg) is None:
+            raise ValueError(f"--attn_implementation {attn_implementation} needs the {pkg} package "
+                             f"(pip install flash-attn); use --attn_implementation sdpa")
+        if not device.startswith("cuda"):
+            raise ValueError(f"--attn_implementation {attn_implementation} runs on a GPU only; use sdpa on the CPU")
+    kwargs = dict(dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
+    if device.startswith("cuda"):
+        kwargs["device_map"] = device  # load shard by shard onto the GPU
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        if not device.startswith("cuda"):
+            model = model.to(device)
+    except OSError as e:  # missing folder / unknown hub id / no network
+        where = "local folder" if os.path.isdir(path) else "hub id (or folder that does not exist)"
+        raise ValueError(f"cannot load model {name!r} as a {where}: {str(e).splitlines()[0]}") from None
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def prepare_model(model, cfg):
+    """Gradient checkpointing (non-reentrant: it restores the RNG, so dropout masks match) and LoRA adapters
+    (``peft.get_peft_model``; only the adapters require gradients) as ``cfg`` asks; returns the policy.
+
+    With both, ``enable_input_require_grads`` makes the embeddings' output require grad (as peft and TRL do).
+    Raises ValueError when no module matches ``cfg.lora_target_modules`` (peft's message).
+    """
+    if cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if not cfg.use_peft:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    if cfg.gradient_checkpointing:
+        model.enable_input_require_grads()
+    targets = cfg.lora_target_modules.strip()
+    targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
+    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=targets, bias="none", task_type="CAUSAL_LM")
+    return get_peft_model(model, lora)
+
+
+class AdapterDisabledReference:
+    """The KL reference of a LoRA run: the policy itself, called with its adapter disabled (the base weights are
+    frozen, so that *is* the initial policy: no second copy, as in TRL). Callable like a model."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, *args, **kwargs):
+        with self.model.disable_adapter():
+            return self.model(*args, **kwargs)
+
+    def parameters(self):
+        return self.model.parameters()
+
+
+def reference_model(model, cfg):
+    """The frozen reference for the k3 KL term (``cfg.beta > 0``), or None. LoRA: ``AdapterDisabledReference``.
+    Full fine-tuning: a frozen copy of the initial policy, on its device, or loaded again onto the CPU with
+    ``--ref_on_cpu``. Call it before any update (and before loading a checkpoint's weights into the policy)."""
+    if cfg.beta <= 0:
+        return None
+    if cfg.use_peft:
+        return AdapterDisabledReference(model)
+    if cfg.ref_on_cpu:
+        dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+        ref, _ = load_model_and_tokenizer(cfg.model, dtype=dtype, device="cpu",
+                                                  attn_implementation=cfg.attn_implementation,
+                                                  trust_remote_code=cfg.trust_remote_code)
+        return ref.eval().requires_grad_(False)
+    import copy
+
+    return copy.deepcopy(model).eval().requires_grad_(False)
+
+
+def build_optimizer(params, cfg) -> torch.optim.AdamW:
+    """AdamW (moments in each parameter's dtype). On a GPU the fused kernel: no per-step temporary copy of every
+    trainable weight (16 GB for a full Qwen3-8B with torch's default multi-tensor path)."""
+    params = list(params)
+    fused = bool(params) and all(p.device.type == "cuda" for p in params)
+    return torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
+                             **({"fused": True} if fused else {}))
+
+
+OOM_HINT = ("out of memory during {where} ({err}). Lower the memory of a step with: --micro_batch_size 1 (rows "
+            "per forward/backward; the gradient is unchanged), --gradient_checkpointing (recompute activations), "
+            "--use_peft (LoRA: no full gradients or AdamW state), a smaller --max_completion_length, or fewer "
+            "--num_prompts_per_step / --num_generations; with --beta > 0 and full fine-tuning, --ref_on_cpu")
+
+
+@contextlib.contextmanager
+def oom_guard(where: str):
+    """Re-raise an out-of-memory error as a one-line ``SystemExit`` naming the flags that lower memory."""
+    try:
+        yield
+    except RuntimeError as e:
+        if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():
+            err = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise SystemExit("grpo.py: error: " + OOM_HINT.format(where=where, err=err)) from None
+        raise
+
+
+
+
+def clip_and_step(model, optimizer, loss: float, max_grad_norm: float, step: int) -> float | None:
+    """Clip the accumulated gradient to ``max_grad_norm`` (0: no clipping) and apply the optimizer; returns the
+    pre-clip norm, or None (the gradient discarded, with a warning) when the loss or the norm is not finite."""
+    from tqdm import tqdm
+
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: the global norm as a DTensor
+        grad_norm = grad_norm.full_tensor()
+    if not (math.isfinite(loss) and torch.isfinite(grad_norm)):  # both global: every process agrees
+        optimizer.zero_grad(set_to_none=True)  # a non-finite loss or gradient never reaches the weights
+        tqdm.write(f"[warn] step {step + 1}: non-finite loss or gradient norm, update skipped")
+        return None
+    optimizer.step()
+    return grad_norm.item()
+
+
+def has_dropout(model) -> bool:
+    """Whether a training-mode forward of ``model`` differs from an eval-mode one: an ``nn.Dropout`` with p > 0
+    (e.g. LoRA's) or attention dropout in the config (applied inside the attention kernel)."""
+    p_attn = getattr(getattr(model, "config", None), "attention_dropout", 0.0) or 0.0
+    return p_attn > 0 or any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+
+
+def build(cfg, resume_from: str | None = None, say=print):
+    """The trainer's policy, in the order that matters: load the weights (``cfg.model``, ``cfg.torch_dtype``...),
+    LoRA / gradient checkpointing, the frozen reference (before any weight changes), the weights of ``resume_from``
+    (a checkpoint folder), FSDP2 sharding under torchrun, AdamW over the trainable weights.
+
+    Returns:
+        (model, tokenizer, ref_model or None, optimizer, the checkpoint's trainer state or None, compute dtype
+        (bfloat16 when float32 weights are sharded over GPUs, else None)).
+    """
+    world = distributed.world_size()
+    device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+    model, tokenizer = load_model_and_tokenizer(cfg.model, dtype=cfg.torch_dtype, device=device,
+                                                attn_implementation=cfg.attn_implementation,
+                                                trust_remote_code=cfg.trust_remote_code)
+    if cfg.num_threads or sum(p.numel() for p in model.parameters()) < 10_000_000:
+        torch.set_num_threads(cfg.num_threads or 1)  # tiny models: thread sync costs more than it gives
+    model = prepare_model(model, cfg)
+    ref_model = reference_model(model, cfg)
+    state = checkpoint.load_checkpoint_weights(resume_from, model, cfg.use_peft) if resume_from else None
+    # float32 weights on several GPUs: float32 master weights and AdamW state (sharded), bfloat16 compute
+    compute_dtype = torch.bfloat16 if world > 1 and cfg.torch_dtype == "float32" and device.startswith("cuda") \
+        else None
+    if world > 1:
+        model = distributed.shard_model(model, compute_dtype)
+        if ref_model is not None and not cfg.use_peft and not cfg.ref_on_cpu:
+            distributed.shard_model(ref_model, compute_dtype)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if any(p.dtype == torch.bfloat16 for p in trainable):
+        # bf16 has 8 significant bits: an update below ~2^-9 of a weight rounds to nothing (no master copy here)
+        say("[warn] full fine-tuning with bfloat16 weights: AdamW updates smaller than ~0.2-0.4% of a weight "
+            "are rounded away (at --learning_rate 1e-6 almost all are); prefer --use_peft (float32 adapters) "
+            "or --torch_dtype float32 if memory allows")
+    return model, tokenizer, ref_model, build_optimizer(trainable, cfg), state, compute_dtype
