@@ -2,6 +2,7 @@
 
 import math
 import sys
+import textwrap
 import threading
 from pathlib import Path
 
@@ -628,3 +629,44 @@ def test_proxy_is_lm_head_row_gradient_on_tiny_qwen3(temperature):
         assert torch.allclose(g_row * temperature, v[0, t], atol=1e-12, rtol=1e-10)
         other = [j for j in range(11) if j != int(y[0, t])][0]
         assert not torch.allclose(W.grad[other], v[0, t])
+
+
+# ----------------------------------------------------------------------------------------------------
+# The usage example that ends delta.py's header runs as written (so it cannot rot)
+# ----------------------------------------------------------------------------------------------------
+def test_header_example_runs_on_tiny_qwen3():
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    _, marker, example = delta.__doc__.partition("\nExample")
+    assert marker and example.count("\n") > 5  # the header ends with the example
+    code = textwrap.dedent(example.split("\n", 1)[1])
+    assert "delta.delta_coefficients(" in code and "delta.delta_token_advantages(" in code
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+    model = Qwen3ForCausalLM(cfg).eval()
+    B, P, T = 4, 3, 5
+    input_ids = torch.randint(0, 64, (B, P + T))
+    response_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]).bool()
+    advantages = torch.tensor([0.9, -0.9, 0.5, 0.0])
+    ns = {"model": model, "input_ids": input_ids, "attention_mask": torch.ones(B, P + T, dtype=torch.long),
+          "response_mask": response_mask, "advantages": advantages}
+    exec(compile(code, "delta.__doc__ example", "exec"), ns)
+    lam_bar, adv_tok = ns["lam_bar"], ns["adv_tok"]
+
+    # independently: h from a forward pre-hook on lm_head, log p(y_t) from the full log-softmax
+    captured = []
+    hook = model.lm_head.register_forward_pre_hook(lambda mod, args: captured.append(args[0]))
+    with torch.no_grad():
+        logits = model(input_ids=input_ids).logits
+    hook.remove()
+    h = captured[0][:, P - 1:-1]  # the position that predicts response token t
+    logp = torch.log_softmax(logits[:, P - 1:-1], -1).gather(-1, input_ids[:, P:, None]).squeeze(-1)
+    v = (1 - logp.exp())[..., None] * h * response_mask[..., None]
+    assert torch.allclose(ns["v"], v, atol=1e-6)
+    assert torch.allclose(lam_bar, delta_coefficients(v, advantages, response_mask), atol=1e-6)
+    assert lam_bar.shape == (B, T) and torch.all(lam_bar[~response_mask] == 0)
+    assert float(lam_bar[response_mask].mean()) == pytest.approx(1.0, abs=1e-5)
+    assert not torch.allclose(lam_bar[response_mask], torch.ones(int(response_mask.sum())))  # not the guard
+    assert torch.allclose(adv_tok, advantages[:, None] * lam_bar * response_mask, atol=1e-7)
