@@ -195,20 +195,12 @@ def check_config(cfg: GRPOConfig, world: int = 1) -> None:
 # The maths: pure functions on tensors
 # ----------------------------------------------------------------------------------------------------------
 def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "std", eps: float = 1e-6) -> torch.Tensor:
-    """GRPO group-normalised advantages Â_i = (r_i − mean_g) / (std_g + eps).
+    """GRPO group-normalised advantages Â_i = (r_i − mean_g) / (std_g + eps) (GRPO §4.1.2; DelTA spec §1).
 
-    Args:
-        rewards: ``[N]`` rewards ordered group by group (N = num_groups × group_size).
-        group_size: G.
-        scale: ``"std"`` divides by the unbiased group std (as DelTA's official code and verl do; TRL too);
-            ``"none"`` gives r − mean (Dr. GRPO, Liu et al. 2025, which removes the difficulty bias).
-        eps: added to the std (1e-6, DelTA's code).
-    Returns:
-        ``[N]`` float advantages. A group whose rewards are all equal gets exactly 0 (no NaN, and no
-        amplified float residue: NeMo-RL #4161); a group of one gets 0.
-    Raises:
-        ValueError: N not a multiple of ``group_size``, or an unknown ``scale``.
-    Source: GRPO (Shao et al. 2024) §4.1.2; DelTA spec §1.
+    ``rewards`` ``[N]`` group by group (N = groups × G). ``scale="std"`` divides by the unbiased group std (DelTA's
+    code, verl, TRL); ``"none"`` gives r − mean (Dr. GRPO, Liu et al. 2025). Returns ``[N]`` floats; a group whose
+    rewards are all equal (or of one member) gets exactly 0, no float residue (NeMo-RL #4161).
+    Raises ValueError: N not a multiple of ``group_size``, or an unknown ``scale``.
     """
     if group_size < 1 or rewards.dim() != 1 or rewards.numel() % group_size:
         raise ValueError(f"rewards must be 1-D with a length divisible by group_size={group_size}, "
@@ -241,21 +233,14 @@ def policy_loss(logp, old_logp, advantages, response_mask, epsilon=0.2, epsilon_
         ``grpo``: mean over sequences of the per-sequence token-mean (the original GRPO 1/|o_i|);
         ``dr_grpo``: Σ ℓ·mask / (B · max_completion_length) (Dr. GRPO's constant normaliser).
 
-    Args:
-        logp, old_logp: ``[B, T]`` log-probs (nats) of the response tokens under the policy and θ_old.
-        advantages: ``[B]`` (broadcast to every token) or ``[B, T]`` (token credit, e.g. DelTA's Â·λ̄).
-        response_mask: ``[B, T]`` 1 on response tokens (EOS included), 0 on padding.
-        ref_logp: ``[B, T]`` reference log-probs, needed when ``beta > 0``.
-        num_tokens / num_sequences: the normaliser's counts over the *whole mini-batch* when this call sees only
-            a micro-batch (so the gradient does not depend on the micro-batch size); default: this batch's.
-    Returns:
-        (loss: scalar tensor, stats: dict of floats: ``clip_ratio/low_mean`` (ratio < 1−ε with Â < 0),
-        ``clip_ratio/high_mean`` (ratio > 1+ε_high with Â > 0), ``clip_ratio/region_mean`` (either),
-        ``clip_ratio/dual_mean`` (dual clip active), ``kl`` (mean k3), ``num_tokens``; fractions are token-means
-        over this call's tokens).
-    Raises:
-        ValueError: shape mismatch, unknown ``loss_type``, ``dr_grpo`` without ``max_completion_length``, or
-        ``beta > 0`` without ``ref_logp``.
+    Args: ``logp``, ``old_logp`` ``[B, T]`` (nats, policy and θ_old); ``advantages`` ``[B]`` (broadcast) or
+    ``[B, T]`` (token credit, e.g. Â·λ̄); ``response_mask`` ``[B, T]`` (EOS included); ``ref_logp`` ``[B, T]`` when
+    β > 0; ``num_tokens`` / ``num_sequences``: the normaliser's counts over the whole mini-batch when this call
+    sees a micro-batch (the gradient then does not depend on the micro-batch size).
+    Returns (loss, stats): token-means over this call of ``clip_ratio/low_mean`` (ratio < 1−ε, Â < 0),
+    ``clip_ratio/high_mean`` (ratio > 1+ε_high, Â > 0), ``clip_ratio/region_mean``, ``clip_ratio/dual_mean``, ``kl``;
+    and ``num_tokens``. Raises ValueError: shapes, ``loss_type``, ``dr_grpo`` without ``max_completion_length``,
+    β > 0 without ``ref_logp``.
     """
     mask = response_mask.to(logp.dtype)
     if logp.shape != old_logp.shape or logp.shape != mask.shape:
@@ -313,18 +298,13 @@ def policy_loss(logp, old_logp, advantages, response_mask, epsilon=0.2, epsilon_
 
 
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=1.0, return_hidden=False):
-    """Log-probs (nats) of the response tokens under temperature-scaled logits: ``[B, T]``, 0 on padding.
+    """log π(y_t | x, y_<t) (nats) of the response tokens under logits / temperature: ``[B, T]``, 0 on padding.
 
-    ``input_ids``/``attention_mask`` are ``[B, P + T]`` (left-padded prompt, right-padded response) and the
-    response occupies the last T positions (T = ``response_mask.shape[1]``). Position ids are recomputed from
-    the attention mask, so left padding gives the same log-probs as an unpadded sequence.
-
-    Memory: only the T + 1 last positions are projected to the vocabulary (``logits_to_keep``), and the
-    log-softmax is never materialised: log p(y) = z_y − logsumexp(z), computed one row at a time in float32.
-
-    With ``return_hidden=True`` also returns ``[B, T, H]``: the input of the LM head at the position that
-    predicts each response token (captured by a forward pre-hook, detached), which DelTA's proxy needs
-    (delta.proxy_vectors, DelTA App. F). It comes from the same forward pass: no extra cost.
+    ``input_ids``/``attention_mask`` ``[B, P + T]``: left-padded prompt, right-padded response in the last T
+    positions; position ids count real tokens only, so padding changes nothing. Only the T + 1 last positions are
+    projected to the vocabulary, and log p(y) = z_y − logsumexp(z) row by row in float32 (no [B, T, V] softmax).
+    ``return_hidden``: also the LM head's input ``[B, T, H]`` at the positions that predict the response tokens
+    (a forward pre-hook, detached), which DelTA's proxy needs (App. F): from the same forward, at no extra cost.
     """
     T = response_mask.shape[1]
     captured = {}
