@@ -6,8 +6,11 @@ Placeholder names from bug_cases.md: `extract_answer` -> `extract_boxed`, `is_co
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -343,13 +346,19 @@ def test_timeout_scores_zero_and_is_counted():
     assert verify(boxed("5"), "5")  # the worker is still usable
 
 
+def _worker_pid() -> int:
+    """PID of a grading worker (the only one after V.shutdown() and one verify call)."""
+    return V._POOL.schedule(os.getpid).result(timeout=60)
+
+
 def test_worker_timer_keeps_the_worker():
     # The worker's own timer answers "timeout" without a kill: the same process serves the next call.
-    assert verify(boxed("5"), "5")
-    pids = {w.proc.pid for w in V._pool()._idle}
+    V.shutdown()
+    assert verify(boxed("5"), "5")  # starts a pool of one worker
+    pid = _worker_pid()
     assert verify_with_reason(SLOW_RESPONSE, SLOW_REFERENCE, timeout=1) == (False, "timeout")
     assert verify(boxed("5"), "5")
-    assert {w.proc.pid for w in V._pool()._idle} == pids
+    assert _worker_pid() == pid
 
 
 def test_timeout_from_non_main_thread():
@@ -359,27 +368,39 @@ def test_timeout_from_non_main_thread():
 
 
 def test_hard_kill_path_when_worker_timer_is_off():
-    # With the worker's own timer disabled, only the parent's kill at timeout + KILL_GRACE can stop it.
+    # With the worker's own timer disabled, only the kill at timeout + KILL_GRACE can stop it.
+    V.shutdown()
+    assert verify(boxed("5"), "5")
+    pid = _worker_pid()
     V.reset_grader_stats()
-    assert _run_in_thread(lambda: V._grade_extracted(SLOW_REFERENCE, "9^{9^{9}}", 1.0, _soft_timer=False)) == (
-        False,
-        "timeout",
-    )
+    slow = _run_in_thread(lambda: V._grade_extracted([SLOW_REFERENCE], ["9^{9^{9}}"], 1.0, _soft_timer=False))
+    assert slow == [(False, "timeout")]
     assert V.grader_stats()["timeout"] == 1
-    assert verify_with_reason(boxed("5"), "5") == (True, "ok")  # a fresh worker was started
+    assert verify_with_reason(boxed("5"), "5") == (True, "ok")
+    assert _worker_pid() != pid  # a fresh worker replaced the killed one
 
 
 def test_worker_crash_is_counted_as_error(monkeypatch):
+    V.shutdown()
+    assert verify(boxed("5"), "5")
+    pid = _worker_pid()
+    submitted, out = [], []
+    submit = V._submit
+    monkeypatch.setattr(V, "_submit", lambda *args: submitted.append(submit(*args)) or submitted[-1])
     V.reset_grader_stats()
-    pool = V._pool()
-    w = pool.acquire(1)
-    w.proc.kill()  # the worker dies (e.g. OOM-killed) while it is handed out
-    w.proc.wait()
-    monkeypatch.setattr(pool, "acquire", lambda limit: w)
-    assert verify_with_reason(boxed("5"), "5") == (False, "error")
+    caller = threading.Thread(target=lambda: out.append(verify_with_reason(SLOW_RESPONSE, SLOW_REFERENCE, 60)))
+    caller.start()
+    for _ in range(600):  # hang guard, not a timing check: wait until the worker has taken the pair
+        if submitted and submitted[0][0].running():
+            break
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)  # the worker dies (e.g. OOM-killed) while it grades
+    caller.join(60)
+    assert out == [(False, "error")]
     assert V.grader_stats()["error"] == 1
     monkeypatch.undo()
     assert verify_with_reason(boxed("5"), "5") == (True, "ok")  # a fresh worker replaces the dead one
+    assert _worker_pid() != pid
 
 
 def test_grade_batch_matches_single_calls_and_summarize():
