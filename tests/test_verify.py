@@ -7,7 +7,9 @@ Placeholder names from bug_cases.md: `extract_answer` -> `extract_boxed`, `is_co
 from __future__ import annotations
 
 import os
+import resource
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -380,6 +382,18 @@ def test_hard_kill_path_when_worker_timer_is_off():
     assert _worker_pid() != pid  # a fresh worker replaced the killed one
 
 
+def test_worker_stuck_in_c_code_is_killed_and_replaced():
+    # A huge integer power runs in C: it hears neither the worker's timer nor SIGTERM, only SIGKILL.
+    V.shutdown()
+    assert verify(boxed("5"), "5")
+    pid = _worker_pid()
+    pool = V._POOL
+    stuck = pool.schedule(pow, args=(9, 9**9), timeout=1.0 + V.KILL_GRACE)
+    assert _run_in_thread(lambda: V._collect(stuck, pool)) == (False, "timeout", "worker killed")
+    assert verify_with_reason(boxed("5"), "5") == (True, "ok")
+    assert _worker_pid() != pid
+
+
 def test_worker_crash_is_counted_as_error(monkeypatch):
     V.shutdown()
     assert verify(boxed("5"), "5")
@@ -401,6 +415,64 @@ def test_worker_crash_is_counted_as_error(monkeypatch):
     monkeypatch.undo()
     assert verify_with_reason(boxed("5"), "5") == (True, "ok")  # a fresh worker replaces the dead one
     assert _worker_pid() != pid
+
+
+def test_worker_memory_limit():
+    assert verify(boxed("5"), "5")
+    soft, _ = V._POOL.schedule(resource.getrlimit, args=(resource.RLIMIT_AS,)).result(timeout=60)
+    # WORKER_MEMORY_LIMIT on top of what the worker maps after start-up (a bare interpreter here)
+    assert V.WORKER_MEMORY_LIMIT <= soft <= V.WORKER_MEMORY_LIMIT + (2 << 30)
+
+
+def test_spawned_worker_does_not_rerun_callers_main(tmp_path):
+    # Workers are spawned: the caller's script is re-imported in the worker as __mp_main__, so its
+    # `if __name__ == "__main__":` block (e.g. grpo.py's training) must not run there.
+    log = tmp_path / "log.txt"
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(V.__file__).parent)!r})\n"
+        "import verify\n"
+        f"open({str(log)!r}, 'a').write(__name__ + '\\n')\n"
+        "if __name__ == '__main__':\n"
+        f"    open({str(log)!r}, 'a').write('train\\n')\n"
+        "    print(verify.verify_with_reason(r'\\boxed{x = 3}', '3'))\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "(True, 'ok')"
+    lines = log.read_text().split()
+    assert "__mp_main__" in lines  # the worker did import the script ...
+    assert lines.count("train") == 1  # ... but ran its main block only in the caller
+
+
+def test_grade_answer_called_directly():
+    # The grading rules without any process: extract, normalise, then the pure function.
+    V.shutdown()
+
+    def judge(response: str, reference: str) -> tuple[bool, str, str]:
+        content = extract_boxed(response)
+        ref, pred = V.normalize_reference(reference), V.normalize_answer(content)
+        return V.grade_answer(ref, pred, V.is_hedged(content, reference))
+
+    assert judge(r"\boxed{x = 3}", "3") == (True, "ok", "")  # an equation is judged by its right-hand side
+    assert judge(r"\boxed{3 \text{ or } 4}", "3") == (False, "hedged", "")
+    assert judge(r"\boxed{3 \text{ or } 4}", "3, 4") == (True, "ok", "")  # the reference is a set
+    assert judge(r"\boxed{x+3y+7=0}", "2x-y+5=0") == (False, "ok", "")  # different lines (C06)
+    assert judge(r"\boxed{3.88 \times 10^{-19}}", "2.88e-19") == (False, "ok", "")  # relative check
+    assert judge(r"\boxed{15\text{ cm}^2}", "15") == (True, "ok", "")
+    assert judge(r"\boxed{3}", r"\frac{1}{") == (False, "parse_error", "reference")
+    assert V._POOL is None  # no worker was started
+
+
+def test_relative_mismatch_helper():
+    from sympy import Float, Rational, Symbol
+
+    assert V._relative_mismatch(Float("2.88e-19"), Float("3.88e-19"))  # 35 % apart
+    assert not V._relative_mismatch(Rational(1, 2), Float("0.5"))
+    assert not V._relative_mismatch(Rational(1, 3), Float("0.3334"))  # 0.02 % apart, within REL_TOL
+    assert V._relative_mismatch(Rational(1, 3), Float("0.334"))  # 0.2 % apart
+    assert not V._relative_mismatch(Symbol("x"), Float("1"))  # not a number: left to math-verify
 
 
 def test_grade_batch_matches_single_calls_and_summarize():
