@@ -718,20 +718,16 @@ def _raise_soft_timeout(signum, frame):
 
 def _start_worker() -> None:  # pragma: no cover - runs in the worker process
     """Pool initializer, run once in every new worker: memory limit, quiet logs, timer, imports."""
-    try:
+    try:  # RLIMIT_AS: WORKER_MEMORY_LIMIT on top of what the worker maps already (interpreter, caller's imports)
         import resource
 
-        try:  # what the worker maps already: the interpreter and the caller's re-imported script (torch)
-            with open("/proc/self/statm") as f:
-                in_use = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-        except OSError:
-            in_use = 0
+        with open("/proc/self/statm") as f:
+            limit = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") + WORKER_MEMORY_LIMIT
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        limit = in_use + WORKER_MEMORY_LIMIT
         limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
         if soft == resource.RLIM_INFINITY or soft > limit:
             resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    except (ImportError, ValueError, OSError):
+    except (ImportError, OSError, ValueError):  # no /proc (not Linux): no limit
         pass
     logging.basicConfig(level=logging.ERROR)
     # math-verify logs a warning per call when its signal time-outs are off; we enforce our own.
