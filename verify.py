@@ -1,19 +1,21 @@
-r"""Answer grader for RLVR rewards and evaluation, built on math-verify 0.9.0.
+r"""Answer grader for RLVR rewards and evaluation: is the last ``\boxed{}`` of a response the reference?
 
-A response is graded in three steps:
+Built on math-verify 0.9.0 (sympy). A response is graded in three steps, in this file's order:
 
-1. **Extract** (here, pure string code): the content of the *last* ``\boxed{...}`` (or ``\fbox{...}``,
-   or the brace-less ``\boxed 9``) in the response, braces matched by counting. No box -> score 0,
-   reason ``"no_box"``; there is never a fallback to "some number in the text" (bug_cases C05).
-   Only that box's content is passed on, so an earlier box can never be merged with the last one (C03 c/d).
-2. **Normalise** both strings with the same rules (:func:`normalize_answer`; the reference additionally
-   through :func:`normalize_reference`), then **wrap** each as ``\boxed{...}`` before ``math_verify.parse``.
-   The bare reference string is never parsed: bare ``2x-y+5=0`` parses to ``0`` and bare
-   ``\left( 2, \frac{\pi}{3} \right)`` to ``2`` (C06, C08, C11, C12, C13).
-3. **Compare** with ``math_verify.verify(gold, pred)``, the reference (gold) ALWAYS first: verify is not
-   symmetric by design (C12; Math-Verify #25).
+1. **Extract** (:func:`extract_boxed`): the content of the *last* ``\boxed{...}`` (or ``\fbox{...}``, or the
+   brace-less ``\boxed 9``), braces matched by counting. No box -> reason ``"no_box"``; there is never a
+   fallback to "some number in the text" (bug_cases C05), and an earlier box is never merged in (C03 c/d).
+2. **Normalise** (:func:`normalize_answer`, the reference also through :func:`normalize_reference`): the same
+   rules on both sides (units, thousands separators, e-notation, ...).
+3. **Grade** (:func:`grade_answer`, a pure function): wrap each side as ``\boxed{...}`` (the bare reference is
+   never parsed: bare ``2x-y+5=0`` parses to ``0``; C06, C08, C11-C13), ``math_verify.parse`` both and
+   ``math_verify.verify(gold, pred)`` with the reference (gold) ALWAYS first (verify is not symmetric; C12,
+   Math-Verify #25), plus a relative check for tiny numbers. Its docstring lists every grading rule with the
+   case it comes from; call it directly to see how an answer is judged.
 
-Every parse/verify runs in a separate grading worker process with a wall-clock limit (below).
+Step 3 runs in worker processes with a wall-clock limit per pair (:data:`DEFAULT_TIMEOUT` s): math-verify can
+grind for minutes (``9^{9^{9}}`` vs ``2``), and its own ``signal.alarm`` time-outs only work on the main
+thread. That machinery (a pebble ``ProcessPool``) is the last section of the file.
 
 Reasons
 -------
@@ -33,101 +35,49 @@ Reasons
 Every graded call is counted by reason in a process-wide counter (:func:`grader_stats`); time-outs and
 errors are also logged at WARNING level, so they are never silently turned into a score.
 
-Policy choices (each with the bug_cases.md case or data rule it comes from)
--------------------------------------------------------------------------
-- **Last box wins**, anywhere in the text (no "last 300 characters" window); the brace-less ``\boxed 9``
-  counts (C02). Two boxes are not "hedging": only the last counts, so ``\boxed{3} or maybe \boxed{8}``
-  is graded as ``8`` (C03 c/d). A last box that is unclosed gives ``None`` / ``"no_box"``: a truncated
-  answer does not fall back to an earlier box. No box at all scores 0, however right the text is (C05).
-- **Hedging never scores** (C03). Several values in one box form a *set*, and a set never equals a single
-  value: ``\boxed{1, 2, 3, 4, 5, 6}`` vs ``4`` is False (C03 a). A box that offers alternatives with the
-  word "or" (also inside ``\text{...}``, e.g. ``3 \text{ (or 4)}``) or ``\vee``/``\lor`` gets reason
-  ``"hedged"`` unless the reference itself says "or" or is a set/interval: ``\boxed{3 \text{ or } 4}``
-  vs ``3, 4`` is True, vs ``3`` is hedged. An empty box never scores (C03 b). Nothing is ever compared by
-  substring containment.
-- **Equations vs values**: a prediction equation is judged by its last right-hand side when the reference
-  is a value (``\boxed{x = 3}`` vs ``3`` is True; so is ``\boxed{2+2=4}`` vs ``4``), and a reference
-  assignment ``x=3`` accepts ``3`` (C12 row 6; math-verify's rule). Two *different* equations never
-  match, a rearranged copy does: ``y=2x+5`` vs ``2x-y+5=0`` is True, ``x+3y+7=0`` is False (C06). A value
-  never matches a non-assignment equation reference (``1`` vs ``2x+z=1`` is False, gold first).
-- **Percentages**: a reference ``50\%`` accepts ``50``, ``0.5`` and ``50\%`` (the Qwen2.5-Math
-  ``include_percentage`` rule, C08). A reference ``0.5`` does not accept ``50``.
-- **Units and degrees** (C10): ``15\text{ cm}^2`` == ``15``, ``30^\circ`` == ``30``, ``5\text{ apples}``
-  == ``5``, ``10 \text{ m}/\text{s}`` == ``10``. Degrees are *not* converted to radians (``30^\circ`` !=
-  ``\frac{\pi}{6}``). math-verify's own unit stripping is switched off (``units=False``) because it also
-  strips single-letter variables that look like units: with it ``2t`` == ``2``, ``2t`` == ``2s`` and
-  ``a+b+c`` == ``a+b+d`` all verify. We strip only a trailing ``\text{..}``/``\mbox{..}``/``\mathrm{..}``
-  group (optionally squared/cubed), a degree mark, or a multi-letter unit word after a number (``10
-  cm``). So a bare single-letter unit is a variable (``5 m`` != ``5``), and so is a bare noun (``5
-  apples`` != ``5``): write units in ``\text{}``.
-- **Sets vs tuples**: a parenthesised pair is an ordered point and its order matters:
-  ``(\frac{\pi}{3}, 2)`` != ``\left( 2, \frac{\pi}{3} \right)`` (C11). A bare comma list (olympiadbench
-  multi-answers such as ``69,84``; hmmt 10) is an unordered set: ``84, 69`` and ``\{69, 84\}`` match, a
-  single ``69`` does not. Sets and tuples are not interchangeable (math-verify ``strict=True``).
-- **Intervals vs inequalities**: interval endpoints must match exactly, ``[2,5)`` != ``(2,5)`` != ``[2,5]``
-  (C12). An inequality in one variable matches the equivalent interval in *both* directions:
-  ``t \geq \sqrt{3}`` vs reference ``[\sqrt{3}, \infty)`` is True. math-verify 0.9.0 only converts when
-  the prediction is the set; we pass ``allow_set_relation_comp=True`` so the prediction's inequality is
-  converted to a set when the reference is a set (C12 row 4), keeping gold first.
-- **Thousands separators** (GSM8K and MATH data rules): ``1,450,000`` == ``1450000`` and
-  ``\$32,\!348`` == ``32348``: math-verify reads ``d,ddd`` groups as one number, so a list whose later
-  items all have exactly three digits (``5,125``) also reads as one number. Typeset separators
-  ``1\,000``, ``1\ 000``, ``1~000``, ``1{,}000``, ``29,\!322`` are removed first (math-verify reads
-  ``1\,000`` as ``1*0`` and misses ``,\!`` inside ``\frac``).
-- **Leading zeros**: AIME ``025`` == ``25`` (data README, aime24).
-- **Notation**: ``\dfrac`` and ``\tfrac`` == ``\frac``; reordered sums ``-2+e^{5}`` == ``e^{5}-2`` (C13);
-  products in any order (hmmt ``2^{25} \cdot 26!``).
-- **Fractions vs decimals**: a decimal matches a fraction when they agree after rounding to 6 decimal
-  places (math-verify ``float_rounding=6``): ``\frac{1}{2}`` == ``0.5`` (C13), ``\frac{1}{3}`` ==
-  ``0.333333`` but != ``0.333``.
-- **Small magnitudes**: that 6-decimal rule is an absolute tolerance, so math-verify 0.9.0 finds all
-  values below about 1e-7 equal (``2.88\times10^{-19}`` == ``3.88\times10^{-19}``; minerva 264, 265,
-  267 in the oracle test). We add a relative check: two variable-free numbers more than
-  :data:`REL_TOL` (0.1 %) apart never verify, whatever their size. Percentages are exempt (C08).
-- **Reference/answer spellings** rewritten on both sides (minerva data): e-notation ``4.5e33`` ->
-  ``4.5\times10^{33}`` (math-verify reads the ``e`` as Euler's number), ``np.arcsin(..)`` ->
-  ``\arcsin(..)``, Python floats ``-1./3`` -> ``-1/3``, stray unescaped ``$`` removed (minerva 72),
-  operator-name subscripts ``m_{\max}``/``M_{\odot}`` -> ``m_{max}``/``M_{odot}`` (they do not parse
-  otherwise), trailing sentence punctuation dropped.
-- The prediction is parsed with LaTeX extraction only; the reference also with math-verify's plain
-  expression extraction. So math-verify never digs a number out of an unparsable prediction; such a
-  prediction is compared as an exact string only, and reported as ``"parse_error"`` if it differs.
+Left out on purpose
+-------------------
+- Partial credit, format rewards, length penalties: the reward is binary (1.0 iff correct).
+- Answers outside a box ("Final Answer: **58**"), answer-extraction heuristics and LLM judges (C05).
+- Unit conversion (``15\text{ cm}`` vs ``0.15\text{ m}``) and degrees-to-radians: units are stripped, not
+  converted.
+- A grading server or remote workers: one local process pool per trainer process.
 
-Time-outs
----------
-Grading one (response, reference) pair - parse of the reference, parse of the prediction, every verify
-call - has one wall-clock budget ``timeout`` (default :data:`DEFAULT_TIMEOUT` seconds). math-verify's own
-``signal.alarm`` time-outs are disabled (``parsing_timeout=None``, ``timeout_seconds=None``) because they
-raise off the main thread. Instead the work runs in a long-lived worker *process* (a fresh interpreter
-started with ``subprocess``: no fork, so it is safe next to torch's threads, and unlike the
-``multiprocessing`` "spawn" context it does not re-import the caller's ``__main__`` script). The worker
-arms its own timer (``setitimer`` in its main thread) and answers ``"timeout"`` at ``timeout``; if the
-worker does not answer within ``timeout + KILL_GRACE`` (e.g. stuck in C code), the parent kills it and a
-new one is started lazily on the next call. So every call returns within about ``timeout + KILL_GRACE``
-seconds plus one worker start-up, from any thread. Workers are started lazily, reused across calls and
-batches, and shut down at interpreter exit.
+Read next: ``shared/specs/bug_cases.md`` (the cases C01-C13, C28 cited here), ``tests/test_verify.py`` (every
+rule as an example), ``tests/test_oracle.py`` (every benchmark reference), math-verify's README (its ``parse``
+and ``verify`` options) and pebble's ``ProcessPool`` documentation (the time-outs).
 
-Public API: :func:`extract_boxed`, :func:`normalize_answer`, :func:`normalize_reference`, :func:`verify`,
-:func:`verify_with_reason`, :func:`reward`, :func:`grade_batch`, :func:`summarize`, :func:`grader_stats`,
-:func:`reset_grader_stats`, :func:`shutdown`.
+How to call it from any trainer (this file plus ``pip install "math-verify[antlr4_13_2]==0.9.0" pebble``; the
+workers are spawned and re-import the calling script, so guard its entry point with ``if __name__ ==
+"__main__":`` as for any multiprocessing program)::
+
+    import verify
+    graded = verify.grade_batch(responses, references)       # [(correct, reason)], one per response
+    rewards = [1.0 if correct else 0.0 for correct, _ in graded]
+    metrics = verify.summarize(graded)                        # {"total", "correct", "no_box", "timeout", ...}
+
+    verify.reward(response, reference)                        # one response: 1.0 or 0.0
+    verify.grade_answer("3", "x = 3", hedged=False)           # the rules alone, in-process: (True, "ok", "")
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
+import concurrent.futures
+import functools
 import itertools
 import logging
 import math
+import multiprocessing
 import os
 import re
-import socket
-import subprocess
-import sys
+import signal
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from multiprocessing.connection import Connection
+from concurrent.futures import Future, wait
 from typing import Sequence
+
+from pebble import ProcessExpired, ProcessPool
 
 logger = logging.getLogger(__name__)
 
@@ -135,19 +85,20 @@ DEFAULT_TIMEOUT = 5.0
 """Default wall-clock limit, in seconds, for grading one (response, reference) pair."""
 
 KILL_GRACE = 1.0
-"""Seconds the parent waits beyond ``timeout`` before it kills an unresponsive worker."""
+"""Seconds beyond ``timeout`` after which an unresponsive worker is killed (and replaced)."""
 
 STARTUP_TIMEOUT = 120.0
-"""Seconds allowed for a worker to start (import sympy and math-verify); not part of ``timeout``."""
+"""Seconds allowed for the first worker of a pool to start (import sympy and math-verify); not in ``timeout``."""
 
 WORKER_MEMORY_LIMIT = 4 << 30
-"""Address-space limit (bytes) of a worker, so a pathological input fails instead of exhausting RAM."""
+"""Address space (bytes) a worker may map beyond what it holds after start-up (RLIMIT_AS), so a pathological
+input fails instead of exhausting RAM."""
 
 GOLD_CACHE_SIZE = 4096
-"""Parsed references cached per worker (a group of G responses shares one reference)."""
+"""Parsed references cached per process (a group of G responses shares one reference)."""
 
 REL_TOL = 1e-3
-"""Two numbers further apart than this, relative to the larger, never verify (see the module docstring)."""
+"""Two numbers further apart than this, relative to the larger, never verify (see :func:`grade_answer`)."""
 
 REASONS = ("ok", "no_box", "empty_box", "hedged", "parse_error", "timeout", "error")
 """Every reason :func:`verify_with_reason` can return; see the module docstring."""
@@ -391,16 +342,26 @@ def normalize_reference(reference: str) -> str:
     return r
 
 
+def is_hedged(content: str, reference: str) -> bool:
+    r"""True if the box content offers alternatives ("or", ``\vee``, ``\lor``) and the reference does not (C03).
+
+    Checked on the raw strings, before normalisation (stripping ``\text{ (or 4)}`` as a unit would hide the
+    hedge); :func:`grade_answer` then rejects a hedged answer unless the reference parses to a set.
+    """
+    return bool(_HEDGE_RE.search(content)) and not _HEDGE_RE.search(reference)
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. Grading rules (pure: math-verify and sympy in the calling process, no time-out)
+# ----------------------------------------------------------------------------------------------
+
+
 def _wrap(s: str) -> str:
     # Convention 1: never parse a bare string; `\boxed{...}` selects math-verify's boxed extraction.
     return "\\boxed{" + s + "}"
 
 
-# ----------------------------------------------------------------------------------------------
-# 3. Grading worker (a separate interpreter; the only place math-verify is imported)
-# ----------------------------------------------------------------------------------------------
-
-
+@functools.cache
 def _latex_config():
     """math-verify's default LaTeX extraction, except ``units=False`` (units are stripped by _strip_units)."""
     from latex2sympy2_extended.latex2sympy2 import NormalizationConfig
@@ -412,6 +373,7 @@ def _latex_config():
     return LatexExtractionConfig(normalization_config=norm)
 
 
+@functools.cache
 def _gold_config() -> list:
     """math-verify extraction config for the (wrapped) reference: LaTeX, then plain expressions."""
     from math_verify import ExprExtractionConfig
@@ -419,294 +381,165 @@ def _gold_config() -> list:
     return [_latex_config(), ExprExtractionConfig()]
 
 
+@functools.cache
 def _pred_config() -> list:
     """math-verify extraction config for the (wrapped) box content: LaTeX only, no number digging."""
     return [_latex_config()]
 
 
-def _is_hedged(pred: str, ref: str) -> bool:
-    """True if the prediction offers alternatives ("or", ``\\vee``, ``\\lor``) and the reference does not."""
-    return bool(_HEDGE_RE.search(pred)) and not _HEDGE_RE.search(ref)
-
-
-class _SoftTimeout(BaseException):
-    """Raised by the worker's timer. A BaseException, so math-verify's ``except Exception`` can't eat it."""
-
-
-def _worker_main(fd: int) -> None:  # pragma: no cover - runs in the child process
-    """Grading worker loop: receive ("grade", id, ref, pred, hedged, timeout, soft_timer) or ("exit",);
-    reply ("done", id, correct, reason, detail). Runs as ``python verify.py --grading-worker FD``."""
-    import signal
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's business
-    try:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        limit = WORKER_MEMORY_LIMIT if hard == resource.RLIM_INFINITY else min(WORKER_MEMORY_LIMIT, hard)
-        if soft == resource.RLIM_INFINITY or soft > limit:
-            resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-    except (ImportError, ValueError, OSError):
-        pass
-
-    conn = Connection(fd)
-    logging.basicConfig(level=logging.ERROR)
-    # math-verify logs a warning per call when its signal time-outs are off; we enforce our own.
-    for name in ("math_verify", "latex2sympy2_extended"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+@functools.lru_cache(maxsize=GOLD_CACHE_SIZE)
+def _parse_gold(reference: str) -> list:
+    """``math_verify.parse`` of the wrapped reference; cached, as a group of G responses shares one reference."""
     from math_verify import parse
-    from math_verify import verify as mv_verify
-    from sympy import Basic, MatrixBase, Set, Tuple
+
+    return parse(_wrap(reference), extraction_config=_gold_config(), parsing_timeout=None, raise_on_error=True)
+
+
+def _number(e) -> float | None:
+    """The value of a variable-free real scalar sympy expression, else None."""
+    from sympy import Basic, Set, Tuple
     from sympy.core.relational import Relational
 
-    gold_cfg, pred_cfg = _gold_config(), _pred_config()
-    gold_cache: collections.OrderedDict[str, list] = collections.OrderedDict()
+    if not isinstance(e, Basic) or isinstance(e, (Set, Relational, Tuple)) or e.free_symbols:
+        return None
+    try:
+        v = complex(e.evalf(30))
+    except Exception:  # noqa: BLE001 - not a number
+        return None
+    return v.real if v.imag == 0 and math.isfinite(v.real) else None
 
-    def on_alarm(signum, frame):
-        raise _SoftTimeout()
 
-    signal.signal(signal.SIGALRM, on_alarm)
+def _relative_mismatch(g, x) -> bool:
+    """True if gold ``g`` and prediction ``x`` are numbers more than :data:`REL_TOL` apart, relative to the larger.
 
-    def number(e) -> float | None:
-        """The value of a variable-free real scalar expression, else None."""
-        if not isinstance(e, Basic) or isinstance(e, (Set, Relational, Tuple)) or e.free_symbols:
-            return None
+    math-verify compares numbers to 6 decimal places (or chops tiny differences), an *absolute* tolerance:
+    every value below ~1e-7 equals every other (2.88e-19 == 3.88e-19, minerva 264).
+    """
+    a, b = _number(g), _number(x)
+    if a is None or b is None:
+        return False
+    return abs(a - b) > REL_TOL * max(abs(a), abs(b))
+
+
+def grade_answer(reference: str, prediction: str, hedged: bool) -> tuple[bool, str, str]:
+    r"""Judge one prediction against one reference: the grading rules, as a pure function.
+
+    No time-out, no process: runs in the caller for as long as math-verify takes (seconds to minutes on a
+    pathological input). :func:`verify_with_reason` runs this same function in a worker with a wall-clock
+    limit. To judge a response by hand::
+
+        content = extract_boxed(response)
+        grade_answer(normalize_reference(reference), normalize_answer(content), is_hedged(content, reference))
+
+    Args:
+        reference: the normalised reference (:func:`normalize_reference`), e.g. ``"3"``.
+        prediction: the normalised, non-empty box content (:func:`normalize_answer`), e.g. ``"x = 3"``.
+        hedged: :func:`is_hedged` of the raw box content and the raw reference.
+
+    Returns:
+        ``(correct, reason, detail)``: reason ``"ok"`` (``correct`` is the verdict), ``"hedged"``,
+        ``"parse_error"`` (detail ``"reference"`` or ``"prediction"``: that side gave no math object) or
+        ``"error"`` (detail: math-verify's exception while verifying). ``correct`` is True only with ``"ok"``.
+
+    Raises:
+        Whatever ``math_verify.parse`` raises (it runs with ``raise_on_error=True``); the worker reports it
+        as reason ``"error"``.
+
+    The rules (each with the bug_cases.md case or data rule it comes from; the first and the unit and
+    spelling rules are applied by :func:`extract_boxed` and :func:`normalize_answer` before this function):
+
+    - **Last box wins**, anywhere in the text (no "last 300 characters" window); the brace-less ``\boxed 9``
+      counts (C02). Two boxes are not "hedging": only the last counts, so ``\boxed{3} or maybe \boxed{8}``
+      is graded as ``8`` (C03 c/d). A last box that is unclosed gives ``None`` / ``"no_box"``: a truncated
+      answer does not fall back to an earlier box. No box at all scores 0, however right the text is (C05).
+    - **Hedging never scores** (C03). Several values in one box form a *set*, and a set never equals a single
+      value: ``\boxed{1, 2, 3, 4, 5, 6}`` vs ``4`` is False (C03 a). A box that offers alternatives with the
+      word "or" (also inside ``\text{...}``, e.g. ``3 \text{ (or 4)}``) or ``\vee``/``\lor`` gets reason
+      ``"hedged"`` unless the reference itself says "or" or is a set/interval: ``\boxed{3 \text{ or } 4}``
+      vs ``3, 4`` is True, vs ``3`` is hedged. An empty box never scores (C03 b). Nothing is ever compared by
+      substring containment.
+    - **Equations vs values**: a prediction equation is judged by its last right-hand side when the reference
+      is a value (``\boxed{x = 3}`` vs ``3`` is True; so is ``\boxed{2+2=4}`` vs ``4``), and a reference
+      assignment ``x=3`` accepts ``3`` (C12 row 6; math-verify's rule). Two *different* equations never
+      match, a rearranged copy does: ``y=2x+5`` vs ``2x-y+5=0`` is True, ``x+3y+7=0`` is False (C06). A value
+      never matches a non-assignment equation reference (``1`` vs ``2x+z=1`` is False, gold first).
+    - **Percentages**: a reference ``50\%`` accepts ``50``, ``0.5`` and ``50\%`` (the Qwen2.5-Math
+      ``include_percentage`` rule, C08). A reference ``0.5`` does not accept ``50``.
+    - **Units and degrees** (C10): ``15\text{ cm}^2`` == ``15``, ``30^\circ`` == ``30``, ``5\text{ apples}``
+      == ``5``, ``10 \text{ m}/\text{s}`` == ``10``. Degrees are *not* converted to radians (``30^\circ`` !=
+      ``\frac{\pi}{6}``). math-verify's own unit stripping is switched off (``units=False``) because it also
+      strips single-letter variables that look like units: with it ``2t`` == ``2``, ``2t`` == ``2s`` and
+      ``a+b+c`` == ``a+b+d`` all verify. We strip only a trailing ``\text{..}``/``\mbox{..}``/``\mathrm{..}``
+      group (optionally squared/cubed), a degree mark, or a multi-letter unit word after a number (``10
+      cm``). So a bare single-letter unit is a variable (``5 m`` != ``5``), and so is a bare noun (``5
+      apples`` != ``5``): write units in ``\text{}``.
+    - **Sets vs tuples**: a parenthesised pair is an ordered point and its order matters:
+      ``(\frac{\pi}{3}, 2)`` != ``\left( 2, \frac{\pi}{3} \right)`` (C11). A bare comma list (olympiadbench
+      multi-answers such as ``69,84``; hmmt 10) is an unordered set: ``84, 69`` and ``\{69, 84\}`` match, a
+      single ``69`` does not. Sets and tuples are not interchangeable (math-verify ``strict=True``).
+    - **Intervals vs inequalities**: interval endpoints must match exactly, ``[2,5)`` != ``(2,5)`` != ``[2,5]``
+      (C12). An inequality in one variable matches the equivalent interval in *both* directions:
+      ``t \geq \sqrt{3}`` vs reference ``[\sqrt{3}, \infty)`` is True. math-verify 0.9.0 only converts when
+      the prediction is the set; we pass ``allow_set_relation_comp=True`` so the prediction's inequality is
+      converted to a set when the reference is a set (C12 row 4), keeping gold first.
+    - **Thousands separators** (GSM8K and MATH data rules): ``1,450,000`` == ``1450000`` and
+      ``\$32,\!348`` == ``32348``: math-verify reads ``d,ddd`` groups as one number, so a list whose later
+      items all have exactly three digits (``5,125``) also reads as one number. Typeset separators
+      ``1\,000``, ``1\ 000``, ``1~000``, ``1{,}000``, ``29,\!322`` are removed first (math-verify reads
+      ``1\,000`` as ``1*0`` and misses ``,\!`` inside ``\frac``).
+    - **Leading zeros**: AIME ``025`` == ``25`` (data README, aime24).
+    - **Notation**: ``\dfrac`` and ``\tfrac`` == ``\frac``; reordered sums ``-2+e^{5}`` == ``e^{5}-2`` (C13);
+      products in any order (hmmt ``2^{25} \cdot 26!``).
+    - **Fractions vs decimals**: a decimal matches a fraction when they agree after rounding to 6 decimal
+      places (math-verify ``float_rounding=6``): ``\frac{1}{2}`` == ``0.5`` (C13), ``\frac{1}{3}`` ==
+      ``0.333333`` but != ``0.333``.
+    - **Small magnitudes**: that 6-decimal rule is an absolute tolerance, so math-verify 0.9.0 finds all
+      values below about 1e-7 equal (``2.88\times10^{-19}`` == ``3.88\times10^{-19}``; minerva 264, 265,
+      267 in the oracle test). We add a relative check: two variable-free numbers more than
+      :data:`REL_TOL` (0.1 %) apart never verify, whatever their size. Percentages are exempt (C08).
+    - **Reference/answer spellings** rewritten on both sides (minerva data): e-notation ``4.5e33`` ->
+      ``4.5\times10^{33}`` (math-verify reads the ``e`` as Euler's number), ``np.arcsin(..)`` ->
+      ``\arcsin(..)``, Python floats ``-1./3`` -> ``-1/3``, stray unescaped ``$`` removed (minerva 72),
+      operator-name subscripts ``m_{\max}``/``M_{\odot}`` -> ``m_{max}``/``M_{odot}`` (they do not parse
+      otherwise), trailing sentence punctuation dropped.
+    - The prediction is parsed with LaTeX extraction only; the reference also with math-verify's plain
+      expression extraction. So math-verify never digs a number out of an unparsable prediction; such a
+      prediction is compared as an exact string only, and reported as ``"parse_error"`` if it differs.
+    """
+    from math_verify import parse
+    from math_verify import verify as mv_verify
+    from sympy import Basic, MatrixBase, Set
+
+    # math-verify's own signal.alarm time-outs are off (they raise off the main thread): the worker times us
+    gold = _parse_gold(reference)
+    if hedged and not any(isinstance(g, Set) for g in gold):
+        # "3 (or 4)": alternatives can only match a reference that is itself a set of values (C03)
+        return False, "hedged", ""
+    pred = parse(_wrap(prediction), extraction_config=_pred_config(), parsing_timeout=None, raise_on_error=True)
+    pct = "%" in reference or "%" in prediction  # C08: 50\% == 50 is intended, exempt from the relative check
+    failure = None
+    for g, x in itertools.product(gold, pred):  # what math_verify.verify(gold_list, pred_list) does
         try:
-            v = complex(e.evalf(30))
-        except Exception:  # noqa: BLE001 - not a number
-            return None
-        return v.real if v.imag == 0 and math.isfinite(v.real) else None
-
-    def _relative_mismatch(g, x) -> bool:
-        # math-verify compares numbers to 6 decimal places (or chops tiny differences), an *absolute*
-        # tolerance: every value below ~1e-7 equals every other (2.88e-19 == 3.88e-19, minerva 264).
-        # Two numbers more than REL_TOL apart (relative) are never equal.
-        a, b = number(g), number(x)
-        if a is None or b is None:
-            return False
-        return abs(a - b) > REL_TOL * max(abs(a), abs(b))
-
-    def grade(ref: str, pred: str, hedged: bool) -> tuple[bool, str, str]:
-        gold = gold_cache.get(ref)
-        if gold is None:
-            gold = parse(_wrap(ref), extraction_config=gold_cfg, parsing_timeout=None, raise_on_error=True)
-            if any(isinstance(g, (Basic, MatrixBase)) for g in gold):
-                gold_cache[ref] = gold
-                if len(gold_cache) > GOLD_CACHE_SIZE:
-                    gold_cache.popitem(last=False)
-        else:
-            gold_cache.move_to_end(ref)
-        if hedged and not any(isinstance(g, Set) for g in gold):
-            # "3 (or 4)": alternatives can only match a reference that is itself a set of values (C03)
-            return False, "hedged", ""
-        p = parse(_wrap(pred), extraction_config=pred_cfg, parsing_timeout=None, raise_on_error=True)
-        # gold first (C12); allow_set_relation_comp: inequality prediction vs interval gold (C12 row 4)
-        pct = "%" in ref or "%" in pred  # C08: 50\% == 50 is intended, exempt from the relative check
-        failure = None
-        for g, x in itertools.product(gold, p):  # what math_verify.verify(gold_list, pred_list) does
-            try:
-                # raise_on_error: an internal error is reported as "error", not silently scored False
-                same = mv_verify(g, x, timeout_seconds=None, allow_set_relation_comp=True, raise_on_error=True)
-            except Exception as e:  # noqa: BLE001 - another pair may still verify
-                failure = f"{type(e).__name__}: {e}"[:300]
-                continue
-            if same and (pct or not _relative_mismatch(g, x)):
-                return True, "ok", ""
-        if failure is not None:
-            return False, "error", failure
-        # A side without any math object was compared as an exact string only: report it.
-        if not any(isinstance(g, (Basic, MatrixBase)) for g in gold):
-            return False, "parse_error", "reference"
-        if not any(isinstance(x, (Basic, MatrixBase)) for x in p):
-            return False, "parse_error", "prediction"
-        return False, "ok", ""
-
-    conn.send(("ready", os.getpid()))
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return  # parent gone
-        if msg[0] == "exit":
-            return
-        _, req_id, ref, pred, hedged, timeout, soft_timer = msg
-        try:
-            try:
-                if soft_timer:
-                    signal.setitimer(signal.ITIMER_REAL, timeout)
-                result = grade(ref, pred, hedged)
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-        except _SoftTimeout:
-            result = (False, "timeout", "worker timer")
-        except Exception as e:  # noqa: BLE001 - reported to the parent and counted as "error"
-            # only the type: str() of a sympy object can itself hang, and the timer is disarmed here
-            result = (False, "error", type(e).__name__)
-        try:
-            conn.send(("done", req_id, *result))
-        except (BrokenPipeError, OSError):
-            return
-
-
-class _WorkerDied(Exception):
-    pass
-
-
-class _HardTimeout(Exception):
-    pass
-
-
-class _Worker:
-    """Parent-side handle of one grading worker process."""
-
-    def __init__(self) -> None:
-        parent_sock, child_sock = socket.socketpair()
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, os.path.abspath(__file__), "--grading-worker", str(child_sock.fileno())],
-                pass_fds=(child_sock.fileno(),),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-            )
-        finally:
-            child_sock.close()
-        self.conn = Connection(parent_sock.detach())
-        self._next_id = 0
-        if not self.conn.poll(STARTUP_TIMEOUT):
-            self.kill()
-            raise RuntimeError(f"verify.py grading worker did not start within {STARTUP_TIMEOUT} s")
-        try:
-            msg = self.conn.recv()
-        except (EOFError, OSError) as e:
-            self.kill()
-            raise RuntimeError("verify.py grading worker failed to start (is math-verify installed? see stderr)") from e
-        if msg[0] != "ready":
-            self.kill()
-            raise RuntimeError(f"verify.py grading worker sent {msg!r} instead of 'ready'")
-
-    @property
-    def alive(self) -> bool:
-        return self.proc.poll() is None and not self.conn.closed
-
-    def grade(
-        self, ref: str, pred: str, hedged: bool, timeout: float, soft_timer: bool = True
-    ) -> tuple[bool, str, str]:
-        self._next_id += 1
-        req_id = self._next_id
-        try:
-            self.conn.send(("grade", req_id, ref, pred, hedged, float(timeout), soft_timer))
-            deadline = timeout + KILL_GRACE
-            while True:
-                if not self.conn.poll(deadline):
-                    raise _HardTimeout()
-                msg = self.conn.recv()
-                if msg[0] == "done" and msg[1] == req_id:
-                    return bool(msg[2]), msg[3], msg[4]
-        except (EOFError, OSError, BrokenPipeError) as e:
-            self.kill()
-            raise _WorkerDied(str(e)) from e
-        except _HardTimeout:
-            self.kill()
-            raise
-
-    def kill(self) -> None:
-        try:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        except Exception:  # noqa: BLE001 - best effort
-            pass
-        try:
-            self.conn.close()
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        if self.alive:
-            try:
-                self.conn.send(("exit",))
-                self.proc.wait(timeout=2)
-            except Exception:  # noqa: BLE001 - fall through to kill
-                pass
-        self.kill()
-
-
-class _WorkerPool:
-    """Lazily started, reused workers; at most ``limit`` at a time; safe from any thread."""
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._idle: list[_Worker] = []
-        self._all: set[_Worker] = set()
-        self._n = 0  # started + starting
-        self._pid = os.getpid()
-
-    def acquire(self, limit: int) -> _Worker:
-        with self._cv:
-            while True:
-                if self._idle:
-                    return self._idle.pop()
-                if self._n < limit:
-                    self._n += 1
-                    break
-                self._cv.wait()
-        try:
-            w = _Worker()
-        except BaseException:
-            with self._cv:
-                self._n -= 1
-                self._cv.notify()
-            raise
-        with self._cv:
-            self._all.add(w)
-        return w
-
-    def release(self, w: _Worker) -> None:
-        with self._cv:
-            if w.alive:
-                self._idle.append(w)
-            else:  # killed after a time-out or crash: a fresh one starts on the next acquire
-                self._all.discard(w)
-                self._n -= 1
-            self._cv.notify()
-
-    def close(self) -> None:
-        with self._cv:
-            workers = list(self._all)
-            self._idle.clear()
-            self._all.clear()
-            self._n = 0
-        if os.getpid() != self._pid:
-            return  # forked copy: the workers belong to the parent
-        for w in workers:
-            w.close()
-
-
-_POOL_LOCK = threading.Lock()
-_POOL: _WorkerPool | None = None
-
-
-def _pool() -> _WorkerPool:
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None or _POOL._pid != os.getpid():  # new, or we are a forked child
-            _POOL = _WorkerPool()
-        return _POOL
-
-
-def shutdown() -> None:
-    """Stop all grading workers now (they restart lazily on the next call). Also runs at exit."""
-    global _POOL
-    with _POOL_LOCK:
-        pool, _POOL = _POOL, None
-    if pool is not None:
-        pool.close()
-
-
-atexit.register(shutdown)
+            # gold first (C12); allow_set_relation_comp: inequality prediction vs interval gold (C12 row 4);
+            # raise_on_error: an internal error is reported as "error", not silently scored False
+            same = mv_verify(g, x, timeout_seconds=None, allow_set_relation_comp=True, raise_on_error=True)
+        except Exception as e:  # noqa: BLE001 - another pair may still verify
+            failure = f"{type(e).__name__}: {e}"[:300]
+            continue
+        if same and (pct or not _relative_mismatch(g, x)):
+            return True, "ok", ""
+    if failure is not None:
+        return False, "error", failure
+    # A side without any math object was compared as an exact string only: report it.
+    if not any(isinstance(g, (Basic, MatrixBase)) for g in gold):
+        return False, "parse_error", "reference"
+    if not any(isinstance(x, (Basic, MatrixBase)) for x in pred):
+        return False, "parse_error", "prediction"
+    return False, "ok", ""
 
 
 # ----------------------------------------------------------------------------------------------
-# 4. Public grading API
+# 4. Public grading API (extract and normalise here; grade_answer in a worker, with a time-out)
 # ----------------------------------------------------------------------------------------------
 
 _STATS: collections.Counter[str] = collections.Counter()
@@ -732,39 +565,37 @@ def _check_timeout(timeout: float) -> float:
 
 
 def _grade_extracted(
-    reference: str, content: str | None, timeout: float, max_workers: int = 1, _soft_timer: bool = True
-) -> tuple[bool, str]:
-    """Grade box content (already extracted) against a reference; counts and logs the reason.
+    references: Sequence[str],
+    contents: Sequence[str | None],
+    timeout: float,
+    num_workers: int = 1,
+    _soft_timer: bool = True,
+) -> list[tuple[bool, str]]:
+    """Grade box contents (already extracted) against references; count every reason, log time-outs and errors.
 
-    ``_soft_timer=False`` disables the worker's own timer so the parent's kill path is exercised (tests).
+    All pairs are queued on the worker pool at once and collected in order. ``_soft_timer=False`` turns the
+    worker's own timer off so that only the kill path can stop it (tests).
     """
-    ref = normalize_reference(reference)
-    if content is None:
-        result = (False, "no_box")
-    else:
-        pred = normalize_answer(content)
-        if not pred:
-            result = (False, "empty_box")
-        else:
-            pool = _pool()
-            w = pool.acquire(max_workers)
-            try:
-                hedged = _is_hedged(content, reference)  # on the raw strings: units stripping may drop "(or 4)"
-                correct, reason, detail = w.grade(ref, pred, hedged, timeout, soft_timer=_soft_timer)
-                result = (correct, reason)
-                if reason in ("timeout", "error"):
-                    logger.warning("verify: %s (%s) for prediction %.80r vs reference %.80r", reason, detail, pred, ref)
-            except _HardTimeout:
-                result = (False, "timeout")
-                logger.warning("verify: timeout (worker killed) for prediction %.80r vs reference %.80r", pred, ref)
-            except _WorkerDied as e:
-                result = (False, "error")
-                logger.warning("verify: grading worker died (%s) for prediction %.80r", e, pred)
-            finally:
-                pool.release(w)
-    with _STATS_LOCK:
-        _STATS[result[1]] += 1
-    return result
+    jobs = []
+    for reference, content in zip(references, contents):
+        ref = normalize_reference(reference)
+        pred = None if content is None else normalize_answer(content)
+        if pred is None:
+            jobs.append((ref, pred, (False, "no_box", "")))
+        elif not pred:
+            jobs.append((ref, pred, (False, "empty_box", "")))
+        else:  # hedging is checked on the raw strings: units stripping may drop "(or 4)"
+            hedged = is_hedged(content, reference)
+            jobs.append((ref, pred, _submit(ref, pred, hedged, timeout, num_workers, _soft_timer)))
+    results = []
+    for ref, pred, job in jobs:
+        correct, reason, detail = _collect(*job) if isinstance(job[0], Future) else job
+        if reason in ("timeout", "error"):
+            logger.warning("verify: %s (%s) for prediction %.80r vs reference %.80r", reason, detail, pred, ref)
+        with _STATS_LOCK:
+            _STATS[reason] += 1
+        results.append((correct, reason))
+    return results
 
 
 def verify_with_reason(response: str, reference: str, timeout: float = DEFAULT_TIMEOUT) -> tuple[bool, str]:
@@ -774,7 +605,7 @@ def verify_with_reason(response: str, reference: str, timeout: float = DEFAULT_T
         response: model response text (str); its last ``\boxed{}`` is the answer.
         reference: reference answer (str), bare (``\frac{2}{7}``) or wrapped (``$...$``, ``\boxed{}``).
         timeout: wall-clock limit in seconds for grading this pair (default :data:`DEFAULT_TIMEOUT`);
-            the call returns within about ``timeout + KILL_GRACE`` s (plus one worker start-up).
+            the call returns within about ``timeout + KILL_GRACE`` s once a worker has taken it (section 5).
 
     Returns:
         ``(correct, reason)``, reason in :data:`REASONS` (module docstring). ``correct`` is True only with
@@ -782,14 +613,14 @@ def verify_with_reason(response: str, reference: str, timeout: float = DEFAULT_T
 
     Raises:
         ValueError: ``response`` or ``reference`` is not a str, ``reference`` is empty, ``timeout`` <= 0.
-        RuntimeError: the grading worker cannot start (math-verify missing).
+        RuntimeError: the grading workers cannot start (math-verify missing; section 5).
 
     Source: bug_cases.md Conventions 1; C01-C13.
     """
     if not isinstance(response, str):
         raise ValueError(f"response must be a str, got {type(response).__name__}")
     timeout = _check_timeout(timeout)
-    return _grade_extracted(reference, extract_boxed(response), timeout)
+    return _grade_extracted([reference], [extract_boxed(response)], timeout)[0]
 
 
 def verify(response: str, reference: str, timeout: float = DEFAULT_TIMEOUT) -> bool:
@@ -808,14 +639,15 @@ def grade_batch(
     timeout: float = DEFAULT_TIMEOUT,
     num_workers: int = 1,
 ) -> list[tuple[bool, str]]:
-    """Grade many (response, reference) pairs, reusing the grading worker(s).
+    """Grade many (response, reference) pairs in parallel in the grading worker(s).
 
     Args:
         responses: N response strings.
         references: N reference strings (e.g. each prompt's reference repeated G times).
         timeout: per-pair wall-clock limit in seconds (see :func:`verify_with_reason`).
-        num_workers: worker processes used in parallel (1 for the trainer's ~128 responses per step; up to
-            the CPU count for evaluate.py). Workers are kept for later calls.
+        num_workers: worker processes to grade with (1 for the trainer's ~128 responses per step; up to the
+            CPU count for evaluate.py). The pool grows to the largest number asked for and is kept for
+            later calls, so a later call may use more workers than it asks for.
 
     Returns:
         N ``(correct, reason)`` tuples in input order; aggregate them with :func:`summarize`.
@@ -837,15 +669,7 @@ def grade_batch(
             normalize_reference(r)
         except ValueError as e:
             raise ValueError(f"references[{i}]: {e}") from None
-    contents = [extract_boxed(r) for r in responses]
-
-    def one(i: int) -> tuple[bool, str]:
-        return _grade_extracted(references[i], contents[i], timeout, max_workers=num_workers)
-
-    if num_workers == 1 or len(responses) <= 1:
-        return [one(i) for i in range(len(responses))]
-    with ThreadPoolExecutor(max_workers=num_workers) as ex:
-        return list(ex.map(one, range(len(responses))))
+    return _grade_extracted(references, [extract_boxed(r) for r in responses], timeout, num_workers)
 
 
 def summarize(results: Sequence[tuple[bool, str]]) -> dict[str, int]:
@@ -870,7 +694,131 @@ def summarize(results: Sequence[tuple[bool, str]]) -> dict[str, int]:
     return out
 
 
-if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--grading-worker":
-    # The grading worker: `python verify.py --grading-worker FD` (started by _Worker, never by hand).
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
-    _worker_main(int(sys.argv[2]))
+# ----------------------------------------------------------------------------------------------
+# 5. Process machinery: worker processes and time-outs (pebble.ProcessPool)
+# ----------------------------------------------------------------------------------------------
+# One wall-clock budget `timeout` per pair covers both parses and every verify call. math-verify's own
+# signal.alarm time-outs are off (they raise off the main thread); grade_answer runs in a pebble worker:
+# - soft limit: the worker's own timer (setitimer, its main thread) answers "timeout"; the worker stays warm.
+# - hard limit: a worker silent at `timeout + KILL_GRACE` (stuck in C code) is killed by pebble (SIGTERM, then
+#   SIGKILL 3 s later) and replaced; the other workers keep running. So a call returns within about
+#   timeout + KILL_GRACE (+3 s for a worker deaf to SIGTERM) once a worker has taken it, from any thread.
+# Workers are spawned, never forked (the trainer holds torch's threads). Spawn re-imports the calling script
+# as `__mp_main__` (its `if __name__ == "__main__":` block does not run), so a worker also holds the script's
+# imports (torch); WORKER_MEMORY_LIMIT counts from there. Workers start lazily, are reused, and stop at exit.
+
+
+class _SoftTimeout(BaseException):
+    """Raised by the worker's timer. A BaseException, so math-verify's ``except Exception`` can't eat it."""
+
+
+def _raise_soft_timeout(signum, frame):
+    raise _SoftTimeout()
+
+
+def _start_worker() -> None:  # pragma: no cover - runs in the worker process
+    """Pool initializer, run once in every new worker: memory limit, quiet logs, timer, imports."""
+    try:  # RLIMIT_AS: WORKER_MEMORY_LIMIT on top of what the worker maps already (interpreter, caller's imports)
+        import resource
+
+        with open("/proc/self/statm") as f:
+            limit = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") + WORKER_MEMORY_LIMIT
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        limit = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+        if soft == resource.RLIM_INFINITY or soft > limit:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    except (ImportError, OSError, ValueError):  # no /proc (not Linux): no limit
+        pass
+    logging.basicConfig(level=logging.ERROR)
+    # math-verify logs a warning per call when its signal time-outs are off; we enforce our own.
+    for name in ("math_verify", "latex2sympy2_extended"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    signal.signal(signal.SIGALRM, _raise_soft_timeout)
+    _gold_config(), _pred_config()  # import math-verify and sympy now, not inside a pair's time budget
+
+
+def _grade_in_worker(
+    reference: str, prediction: str, hedged: bool, timeout: float, soft_timer: bool
+) -> tuple[bool, str, str]:  # pragma: no cover - runs in the worker process
+    """:func:`grade_answer` under the worker's own timer; every failure becomes a reason."""
+    try:
+        try:
+            if soft_timer:
+                signal.setitimer(signal.ITIMER_REAL, timeout)
+            return grade_answer(reference, prediction, hedged)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _SoftTimeout:
+        return False, "timeout", "worker timer"
+    except Exception as e:  # noqa: BLE001 - reported to the parent and counted as "error"
+        # only the type: str() of a sympy object can itself hang, and the timer is disarmed here
+        return False, "error", type(e).__name__
+
+
+_POOL_LOCK = threading.Lock()
+_POOL: ProcessPool | None = None
+_POOL_WORKERS = 0
+_POOL_PID = 0
+
+
+def _start_pool(workers: int) -> ProcessPool:
+    """A pool of ``workers`` spawned workers, once one of them is up (else RuntimeError, like a missing import)."""
+    pool = ProcessPool(max_workers=workers, initializer=_start_worker, context=multiprocessing.get_context("spawn"))
+    try:
+        pool.schedule(os.getpid).result(timeout=STARTUP_TIMEOUT)
+    except Exception as e:
+        pool.stop()
+        threading.Thread(target=pool.join, daemon=True).start()
+        raise RuntimeError(  # their error is on stderr; the usual causes:
+            "verify.py: grading workers failed to start: is math-verify installed, and is the calling script's "
+            "entry point guarded by `if __name__ == '__main__':` (a spawned worker re-imports it)?"
+        ) from e
+    return pool
+
+
+def _submit(
+    reference: str, prediction: str, hedged: bool, timeout: float, num_workers: int, soft_timer: bool
+) -> tuple[Future, ProcessPool]:
+    """Queue one pair on the pool (started, grown to ``num_workers`` or replaced when broken, here)."""
+    global _POOL, _POOL_WORKERS, _POOL_PID
+    with _POOL_LOCK:  # schedule under the lock: a pool being replaced never receives new pairs
+        if _POOL_PID != os.getpid():  # first use, or a forked child: the parent's pool is not ours
+            _POOL, _POOL_WORKERS, _POOL_PID = None, 0, os.getpid()
+        if _POOL is None or not _POOL.active or _POOL_WORKERS < num_workers:
+            old, _POOL = _POOL, None
+            if old is not None:  # let it finish what it has, then stop, without blocking this call
+                old.close()
+                threading.Thread(target=old.join, daemon=True).start()
+            _POOL_WORKERS = max(_POOL_WORKERS, num_workers)
+            _POOL = _start_pool(_POOL_WORKERS)
+        args = (reference, prediction, hedged, timeout, soft_timer)
+        return _POOL.schedule(_grade_in_worker, args=args, timeout=timeout + KILL_GRACE), _POOL
+
+
+def _collect(future: Future, pool: ProcessPool) -> tuple[bool, str, str]:
+    """Wait for a pair's verdict; a worker killed at its time-out or dead becomes a reason."""
+    while not wait([future], timeout=1.0).done:
+        if not pool.active:  # stopped by shutdown() or broken: no worker will answer
+            future.cancel()
+            return False, "error", "grading pool stopped"
+    try:
+        return future.result()
+    except concurrent.futures.TimeoutError:
+        return False, "timeout", "worker killed"
+    except ProcessExpired as e:
+        return False, "error", f"worker died: {e}"
+    except Exception as e:  # noqa: BLE001 - e.g. the pool broke while the pair waited
+        return False, "error", f"{type(e).__name__}: {e}"[:300]
+
+
+def shutdown() -> None:
+    """Stop all grading workers now (they restart lazily on the next call). Also runs at exit."""
+    global _POOL
+    with _POOL_LOCK:
+        pool, _POOL = _POOL, None
+    if pool is not None and _POOL_PID == os.getpid():
+        pool.stop()
+        pool.join()
+
+
+atexit.register(shutdown)

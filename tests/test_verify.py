@@ -6,8 +6,13 @@ Placeholder names from bug_cases.md: `extract_answer` -> `extract_boxed`, `is_co
 
 from __future__ import annotations
 
+import os
+import resource
+import signal
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -343,13 +348,19 @@ def test_timeout_scores_zero_and_is_counted():
     assert verify(boxed("5"), "5")  # the worker is still usable
 
 
+def _worker_pid() -> int:
+    """PID of a grading worker (the only one after V.shutdown() and one verify call)."""
+    return V._POOL.schedule(os.getpid).result(timeout=60)
+
+
 def test_worker_timer_keeps_the_worker():
     # The worker's own timer answers "timeout" without a kill: the same process serves the next call.
-    assert verify(boxed("5"), "5")
-    pids = {w.proc.pid for w in V._pool()._idle}
+    V.shutdown()
+    assert verify(boxed("5"), "5")  # starts a pool of one worker
+    pid = _worker_pid()
     assert verify_with_reason(SLOW_RESPONSE, SLOW_REFERENCE, timeout=1) == (False, "timeout")
     assert verify(boxed("5"), "5")
-    assert {w.proc.pid for w in V._pool()._idle} == pids
+    assert _worker_pid() == pid
 
 
 def test_timeout_from_non_main_thread():
@@ -359,27 +370,110 @@ def test_timeout_from_non_main_thread():
 
 
 def test_hard_kill_path_when_worker_timer_is_off():
-    # With the worker's own timer disabled, only the parent's kill at timeout + KILL_GRACE can stop it.
+    # With the worker's own timer disabled, only the kill at timeout + KILL_GRACE can stop it.
+    V.shutdown()
+    assert verify(boxed("5"), "5")
+    pid = _worker_pid()
     V.reset_grader_stats()
-    assert _run_in_thread(lambda: V._grade_extracted(SLOW_REFERENCE, "9^{9^{9}}", 1.0, _soft_timer=False)) == (
-        False,
-        "timeout",
-    )
+    slow = _run_in_thread(lambda: V._grade_extracted([SLOW_REFERENCE], ["9^{9^{9}}"], 1.0, _soft_timer=False))
+    assert slow == [(False, "timeout")]
     assert V.grader_stats()["timeout"] == 1
-    assert verify_with_reason(boxed("5"), "5") == (True, "ok")  # a fresh worker was started
+    assert verify_with_reason(boxed("5"), "5") == (True, "ok")
+    assert _worker_pid() != pid  # a fresh worker replaced the killed one
+
+
+def test_worker_deaf_to_signals_is_killed_and_replaced():
+    # A worker stuck in C code that never checks for signals hears neither its own timer nor SIGTERM; here
+    # simulated by ignoring SIGTERM and sleeping. Only SIGKILL stops it (pebble sends it after SIGTERM).
+    V.shutdown()
+    assert verify(boxed("5"), "5")
+    pool, pid = V._POOL, _worker_pid()
+    pool.schedule(signal.signal, args=(signal.SIGTERM, signal.SIG_IGN)).result(timeout=60)
+    stuck = pool.schedule(time.sleep, args=(600,), timeout=1.0 + V.KILL_GRACE)
+    assert _run_in_thread(lambda: V._collect(stuck, pool)) == (False, "timeout", "worker killed")
+    assert verify_with_reason(boxed("5"), "5") == (True, "ok")
+    assert _worker_pid() != pid
 
 
 def test_worker_crash_is_counted_as_error(monkeypatch):
+    V.shutdown()
+    assert verify(boxed("5"), "5")
+    pid = _worker_pid()
+    submitted, out = [], []
+    submit = V._submit
+    monkeypatch.setattr(V, "_submit", lambda *args: submitted.append(submit(*args)) or submitted[-1])
     V.reset_grader_stats()
-    pool = V._pool()
-    w = pool.acquire(1)
-    w.proc.kill()  # the worker dies (e.g. OOM-killed) while it is handed out
-    w.proc.wait()
-    monkeypatch.setattr(pool, "acquire", lambda limit: w)
-    assert verify_with_reason(boxed("5"), "5") == (False, "error")
+    caller = threading.Thread(target=lambda: out.append(verify_with_reason(SLOW_RESPONSE, SLOW_REFERENCE, 60)))
+    caller.start()
+    for _ in range(600):  # hang guard, not a timing check: wait until the worker has taken the pair
+        if submitted and submitted[0][0].running():
+            break
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)  # the worker dies (e.g. OOM-killed) while it grades
+    caller.join(60)
+    assert out == [(False, "error")]
     assert V.grader_stats()["error"] == 1
     monkeypatch.undo()
     assert verify_with_reason(boxed("5"), "5") == (True, "ok")  # a fresh worker replaces the dead one
+    assert _worker_pid() != pid
+
+
+def test_worker_memory_limit():
+    assert verify(boxed("5"), "5")
+    soft, _ = V._POOL.schedule(resource.getrlimit, args=(resource.RLIMIT_AS,)).result(timeout=60)
+    # WORKER_MEMORY_LIMIT on top of what the worker maps after start-up (a bare interpreter here)
+    assert V.WORKER_MEMORY_LIMIT <= soft <= V.WORKER_MEMORY_LIMIT + (2 << 30)
+
+
+def test_spawned_worker_does_not_rerun_callers_main(tmp_path):
+    # Workers are spawned: the caller's script is re-imported in the worker as __mp_main__, so its
+    # `if __name__ == "__main__":` block (e.g. grpo.py's training) must not run there.
+    log = tmp_path / "log.txt"
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(V.__file__).parent)!r})\n"
+        "import verify\n"
+        f"open({str(log)!r}, 'a').write(__name__ + '\\n')\n"
+        "if __name__ == '__main__':\n"
+        f"    open({str(log)!r}, 'a').write('train\\n')\n"
+        "    print(verify.verify_with_reason(r'\\boxed{x = 3}', '3'))\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "(True, 'ok')"
+    lines = log.read_text().split()
+    assert "__mp_main__" in lines  # the worker did import the script ...
+    assert lines.count("train") == 1  # ... but ran its main block only in the caller
+
+
+def test_grade_answer_called_directly():
+    # The grading rules without any process: extract, normalise, then the pure function.
+    V.shutdown()
+
+    def judge(response: str, reference: str) -> tuple[bool, str, str]:
+        content = extract_boxed(response)
+        ref, pred = V.normalize_reference(reference), V.normalize_answer(content)
+        return V.grade_answer(ref, pred, V.is_hedged(content, reference))
+
+    assert judge(r"\boxed{x = 3}", "3") == (True, "ok", "")  # an equation is judged by its right-hand side
+    assert judge(r"\boxed{3 \text{ or } 4}", "3") == (False, "hedged", "")
+    assert judge(r"\boxed{3 \text{ or } 4}", "3, 4") == (True, "ok", "")  # the reference is a set
+    assert judge(r"\boxed{x+3y+7=0}", "2x-y+5=0") == (False, "ok", "")  # different lines (C06)
+    assert judge(r"\boxed{3.88 \times 10^{-19}}", "2.88e-19") == (False, "ok", "")  # relative check
+    assert judge(r"\boxed{15\text{ cm}^2}", "15") == (True, "ok", "")
+    assert judge(r"\boxed{3}", r"\frac{1}{") == (False, "parse_error", "reference")
+    assert V._POOL is None  # no worker was started
+
+
+def test_relative_mismatch_helper():
+    from sympy import Float, Rational, Symbol
+
+    assert V._relative_mismatch(Float("2.88e-19"), Float("3.88e-19"))  # 35 % apart
+    assert not V._relative_mismatch(Rational(1, 2), Float("0.5"))
+    assert not V._relative_mismatch(Rational(1, 3), Float("0.3334"))  # 0.02 % apart, within REL_TOL
+    assert V._relative_mismatch(Rational(1, 3), Float("0.334"))  # 0.2 % apart
+    assert not V._relative_mismatch(Symbol("x"), Float("1"))  # not a number: left to math-verify
 
 
 def test_grade_batch_matches_single_calls_and_summarize():
