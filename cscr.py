@@ -1272,8 +1272,8 @@ def diagnose(
     surf = lookup[resp_ids.clamp(min=0, max=max(uniq))] & mask
     diag = diagnostics(lp["base"], lp["pos"], lp["neg"], mask, correct, tau=tau, top_frac=top_frac,
                        token_classes=surf, entropy=ent, top1_prob=top1, sens_top_frac=sens_top_frac)
-    for k, name in (("cosine", "d4c_cosine_mean"), ("kl_pos", "d4c_kl_pos_mean"), ("kl_neg", "d4c_kl_neg_mean")):
-        diag[name] = float(fv[k][mask].double().mean())
+    for k in fv:  # d4c_cosine_mean, d4c_kl_pos_mean, d4c_kl_neg_mean (a loop variable "name" overwrote the template's)
+        diag[f"d4c_{k}_mean"] = float(fv[k][mask].double().mean())
     s = sensitivity(lp["base"], lp["pos"], lp["neg"], mask)
     A = torch.where(correct, 1.0, -1.0)
     thr = calibrate_threshold(s, mask, 0.8)

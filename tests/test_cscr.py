@@ -537,3 +537,14 @@ def test_diagnose_smoke(tiny, tmp_path):
     p0 = dist(ten["prompts"][0])
     assert abs(ten["entropy"][0, 0].item() + (p0 * p0.log()).sum().item()) < 1e-5
     assert abs(ten["top1_prob"][0, 0].item() - p0.max().item()) < 1e-6
+
+
+@pytest.mark.parametrize("template,expected", [("verdict", "verdict"), ("C", "answer"),
+                                               (("ok {reference}", "not ok {reference}"), ["ok {reference}", "not ok {reference}"])])
+def test_report_config_names_the_template_used(tiny, tmp_path, template, expected):
+    # bug: the config's "template" was a loop variable reused later ("d4c_kl_neg_mean"), not the template used
+    model, tok = tiny
+    rep = cscr.diagnose(model, tok, ["Compute 1+2."], ["3"], 2, grade_fn=lambda text, ref: True, max_new_tokens=3,
+                        template=template, output_dir=str(tmp_path))
+    assert rep["config"]["template"] == expected
+    assert json.loads((tmp_path / "report.json").read_text())["config"]["template"] == expected
