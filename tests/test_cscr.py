@@ -2,6 +2,7 @@
 
 import math
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -169,6 +170,28 @@ def test_sign_and_budget_random(mode, w_min, alpha, thr):
     assert (adv.abs() > A.abs().unsqueeze(1) + 1e-12).any()
 
 
+def test_budget_exact_when_every_weight_underflows():
+    # every s is ~40 nats above lambda: with alpha = 30 each w = exp(-30 (s - 0.2)) underflows to 0 in float32 and
+    # float64, yet w_t / w_bar_i is well defined: it equals L_i * softmax_t(-alpha * s_t) (an independent formula)
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        lp0 = -torch.rand(3, 6, generator=g, dtype=torch.float64)
+        lp_pos = lp0 - 40 - torch.rand(3, 6, generator=g, dtype=torch.float64)
+        lp_neg = lp0 - 1.0
+        m = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] + [0] * 5], dtype=torch.bool)
+        A = torch.tensor([1.5, -0.5, 2.0], dtype=torch.float64)
+        s = cscr.sensitivity(lp0.to(dtype), lp_pos.to(dtype), lp_neg.to(dtype), m)
+        assert (cscr.credit_weights(s, m, threshold=0.2, alpha=30.0)[m] == 0).all()  # all underflow
+        adv = cscr.cscr_token_advantages(A.to(dtype), lp0.to(dtype), lp_pos.to(dtype), lp_neg.to(dtype), m,
+                                         threshold=0.2, alpha=30.0)
+        for i in range(3):
+            L = int(m[i].sum())
+            expected = A[i] * L * torch.softmax(-30.0 * (lp0 - lp_pos)[i, :L].abs(), 0)
+            assert torch.allclose(adv[i, :L].double(), expected, rtol=1e-4, atol=1e-6)
+            assert abs(adv[i].double().sum().item() - L * A[i].item()) < 1e-4 * L
+        assert torch.equal(adv[~m], torch.zeros_like(adv[~m]))
+
+
 def test_scope_ablations():
     A, lp0, lp_pos, lp_neg, m = random_batch(B=8, T=10, seed=3)
     seq = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m)
@@ -210,6 +233,8 @@ def test_argument_validation():
     bad[0, 0] = float("nan")
     with pytest.raises(ValueError, match="finite"):
         cscr.cscr_token_advantages(A, bad, lp_pos, lp_neg, m)
+    with pytest.raises(ValueError, match="overflows"):  # alpha * (s - lambda) = 5e308 is inf: no weight at all
+        cscr.cscr_token_advantages(A, lp0, lp0 + 5.0, lp_neg, m, threshold=0.0, alpha=1e308)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -394,3 +419,98 @@ def test_condition_logprobs_errors(tiny):
         cscr.condition_logprobs(model, tok, ["a\n"] * 2, ["b\n"] * 2, ids, mask, temperature=0.0)
     with pytest.raises(ValueError, match="response_mask"):
         cscr.condition_logprobs(model, tok, ["a\n"] * 2, ["b\n"] * 2, ids, mask[:, :2])
+
+
+# ---------------------------------------------------------------------------------------------------
+# the tokenisation rule and the header's usage example (cscr.__doc__)
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def toy_tiny(tiny_model_path):
+    """The toy architecture, randomly initialised, with the toy tokenizer: its default call prepends a BOS."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_path).eval(), AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+@pytest.mark.parametrize("which", ["toy_tokenizer_adds_bos", "char_tokenizer_adds_nothing"])
+def test_conditioned_prompts_get_the_rollout_special_tokens(which, request):
+    import rollout
+
+    model, tok = request.getfixturevalue("toy_tiny" if which == "toy_tokenizer_adds_bos" else "tiny")
+    batch = rollout.generate(model, tok, ["Compute 7+5-3.\n", "Compute 12+30.\n"], num_generations=2,
+                             max_new_tokens=3, seed=0)
+    P = batch.prompt_length
+    plain = [ids[a.bool()].tolist() for ids, a in zip(batch.input_ids[:, :P], batch.attention_mask[:, :P])]
+    pairs = [cscr.build_condition_prompts(p) for p in batch.prompts]
+    seen = []  # the prompt part of every row the two conditioned passes feed to the model
+
+    def spy(model_, input_ids, attention_mask, response_mask, temperature):
+        T = response_mask.shape[1]
+        seen.extend(ids[a.bool()].tolist() for ids, a in zip(input_ids[:, :-T], attention_mask[:, :-T]))
+        return cscr.default_logprob_fn(model_, input_ids, attention_mask, response_mask, temperature)
+
+    cscr.condition_logprobs(model, tok, [p for p, _ in pairs], [q for _, q in pairs], batch.response_ids,
+                            batch.response_mask, logprob_fn=spy)
+    assert len(seen) == 2 * len(plain)
+    bos_expected = which == "toy_tokenizer_adds_bos"
+    special = {tok.bos_token_id, tok.eos_token_id} - {None}
+
+    def edges(ids):  # the special tokens a row starts with and ends with
+        i, j = 0, len(ids)
+        while i < j and ids[i] in special:
+            i += 1
+        while j > i and ids[j - 1] in special:
+            j -= 1
+        return ids[:i], ids[j:]
+
+    for k, cond in enumerate(seen):
+        x = plain[k % len(plain)]
+        assert (x[0] == tok.bos_token_id) == bos_expected  # the rollout's own treatment of the plain prompt
+        assert (cond[0] == tok.bos_token_id) == bos_expected  # ... and the conditioned prompt's: the same
+        assert edges(cond) == edges(x)
+        assert cond == tok(pairs[k % len(plain)][k // len(plain)])["input_ids"]
+    with pytest.raises(TypeError):  # no per-caller override of the rule
+        cscr.condition_logprobs(model, tok, [p for p, _ in pairs], [q for _, q in pairs], batch.response_ids,
+                                batch.response_mask, add_special_tokens=False)
+
+
+def usage_example():
+    """The indented code block after "Usage from any trainer" in cscr.py's header."""
+    doc = cscr.__doc__
+    block = doc[doc.index("Usage from any trainer"):]
+    lines = []
+    for line in block[block.index("::\n") + 3 :].splitlines():
+        if line.strip() and not line.startswith("    "):
+            break
+        lines.append(line)
+    return textwrap.dedent("\n".join(lines))
+
+
+def test_header_usage_example_runs(toy_tiny):
+    import rollout
+
+    model, tokenizer = toy_tiny
+    code = usage_example()
+    assert "cscr.condition_logprobs" in code and "cscr.cscr_token_advantages" in code
+    batch = rollout.generate(model, tokenizer, ["Compute 7+5-3.\n", "Compute 12+30.\n"], num_generations=2,
+                             max_new_tokens=6, seed=1)
+    m = batch.response_mask.bool()
+    # the trainer's plain old-log-prob pass over the rollout's own rows
+    lp0 = cscr.default_logprob_fn(model, batch.input_ids, batch.attention_mask, batch.response_mask, 1.0)
+    advantages = torch.tensor([1.0, -1.0, 0.5, 0.0])
+    ns = {"model": model, "tokenizer": tokenizer, "prompts": batch.prompts, "response_ids": batch.response_ids,
+          "response_mask": batch.response_mask, "lp0": lp0, "advantages": advantages}
+    exec(code, ns)
+    token_adv = ns["token_adv"]
+    L = m.sum(1)
+    assert token_adv.shape == m.shape
+    assert torch.allclose(token_adv.sum(1).double(), (L * advantages).double(), atol=1e-5)  # budget kept
+    assert torch.equal(torch.sign(token_adv)[m], torch.sign(advantages)[:, None].expand_as(m)[m])  # sign kept
+    for i in range(len(batch.prompts)):  # each pass against an unpadded reference, tokenised as the rollout was
+        n, resp = int(L[i]), batch.response_ids[i, : int(L[i])].tolist()
+        p_pos, p_neg = cscr.build_condition_prompts(batch.prompts[i])
+        assert torch.allclose(lp0[i, :n].double(), naive_logprobs(model, tokenizer, batch.prompts[i], resp, 1.0), atol=2e-5)
+        assert torch.allclose(ns["lp_pos"][i, :n].double(), naive_logprobs(model, tokenizer, p_pos, resp, 1.0), atol=2e-5)
+        assert torch.allclose(ns["lp_neg"][i, :n].double(), naive_logprobs(model, tokenizer, p_neg, resp, 1.0), atol=2e-5)

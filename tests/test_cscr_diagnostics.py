@@ -162,3 +162,15 @@ def test_report_config_names_the_template_used(tiny, tmp_path, template, expecte
                                     max_new_tokens=3, template=template, output_dir=str(tmp_path))
     assert rep["config"]["template"] == expected
     assert json.loads((tmp_path / "report.json").read_text())["config"]["template"] == expected
+
+
+def test_cli_writes_report(tiny_model_path, tmp_path):
+    out = tmp_path / "diag"
+    rep = cscr_diagnostics.main(["--model", str(tiny_model_path), "--data", "toy", "--num_trajectories", "4",
+                                 "--max_new_tokens", "4", "--prompt_template", "none", "--template", "reference",
+                                 "--output_dir", str(out)])
+    saved = json.loads((out / "report.json").read_text())
+    assert saved == json.loads(json.dumps(rep))
+    assert saved["config"]["template"] == "reference" and saved["config"]["num_trajectories"] == 4
+    assert "Correct final answer:" in saved["example_condition_prompts"][0]
+    assert saved["diagnostics"]["num_valid_tokens"] >= 4
