@@ -404,14 +404,14 @@ class Credit:
             pairs = [cscr.build_condition_prompts(batch.prompts[i], reference=answers[i],
                                                   response_answer=verify.extract_boxed(batch.texts[i]) or "",
                                                   template=c.cscr_template) for i in rows]
-            lp_c, lp_i = cscr.condition_logprobs(
+            # the prompt texts are tokenised by cscr's rule, tokenizer(prompt), as the rollout tokenised them
+            lp_pos[rows], lp_neg[rows] = cscr.condition_logprobs(
                 model, self.tokenizer, [p for p, _ in pairs], [q for _, q in pairs], batch.response_ids[rows],
                 mask[rows], temperature=c.temperature, micro_batch_size=c.micro_batch_size or None,
-                logprob_fn=token_logprobs, add_special_tokens=True)
-            lp_pos[rows], lp_neg[rows] = lp_c, lp_i
+                logprob_fn=token_logprobs)
             if c.cscr_threshold_quantile is not None and not self.cscr_calibrated:
                 # spec §5: calibrate λ once, as a quantile of s over the first rollout batch, then freeze
-                s = cscr.sensitivity(old_logp[rows], lp_c, lp_i, mask[rows], mode=c.cscr_mode)
+                s = cscr.sensitivity(old_logp[rows], lp_pos[rows], lp_neg[rows], mask[rows], mode=c.cscr_mode)
                 # the quantile of every process's valid tokens (one value for all processes)
                 s = torch.cat(distributed.all_gather_objects(s[mask[rows].bool()].cpu()))[None]
                 self.cscr_threshold = cscr.calibrate_threshold(s, torch.ones_like(s), c.cscr_threshold_quantile)

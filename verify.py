@@ -812,10 +812,11 @@ def _collect(future: Future, pool: ProcessPool) -> tuple[bool, str, str]:
 
 
 def shutdown() -> None:
-    """Stop all grading workers now (they restart lazily on the next call). Also runs at exit."""
-    global _POOL
+    """Stop all grading workers now (they restart lazily on the next call, as many as it asks for). Also runs
+    at exit."""
+    global _POOL, _POOL_WORKERS
     with _POOL_LOCK:
-        pool, _POOL = _POOL, None
+        pool, _POOL, _POOL_WORKERS = _POOL, None, 0
     if pool is not None and _POOL_PID == os.getpid():
         pool.stop()
         pool.join()

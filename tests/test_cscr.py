@@ -1,8 +1,8 @@
 """Tests for cscr.py against the hand-computed values of shared/specs/cscr.md §8 and independent formulas."""
 
-import json
 import math
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -15,12 +15,12 @@ import cscr  # noqa: E402
 # ---------------------------------------------------------------------------------------------------
 # spec §8 worked example: one response of 8 tokens, lambda = 0.2
 # ---------------------------------------------------------------------------------------------------
-L0 = [-2.30, -0.40, -1.60, -0.20, -0.05, -0.90, -0.30, -1.10]
-LP = [-0.90, -0.25, -0.70, -0.18, -0.05, -0.80, -0.20, -0.60]
-LN = [-1.20, -0.30, -0.85, -0.22, -0.04, -1.00, -0.22, -0.70]
+LP0 = [-2.30, -0.40, -1.60, -0.20, -0.05, -0.90, -0.30, -1.10]
+LP_POS = [-0.90, -0.25, -0.70, -0.18, -0.05, -0.80, -0.20, -0.60]
+LP_NEG = [-1.20, -0.30, -0.85, -0.22, -0.04, -1.00, -0.22, -0.70]
 S_MAX = [1.40, 0.15, 0.90, 0.02, 0.01, 0.10, 0.10, 0.50]
 W_A1 = [0.301194, 1, 0.496585, 1, 1, 1, 1, 0.740818]
-WT_A1 = [0.368512, 1.223504, 0.607574, 1.223504, 1.223504, 1.223504, 1.223504, 0.906394]
+W_TILDE_A1 = [0.368512, 1.223504, 0.607574, 1.223504, 1.223504, 1.223504, 1.223504, 0.906394]
 
 
 def t(x):
@@ -29,7 +29,7 @@ def t(x):
 
 def example(A=1.0, **kw):
     return cscr.cscr_token_advantages(
-        torch.tensor([A], dtype=torch.float64), t(L0), t(LP), t(LN), torch.ones(1, 8), **kw
+        torch.tensor([A], dtype=torch.float64), t(LP0), t(LP_POS), t(LP_NEG), torch.ones(1, 8), **kw
     )
 
 
@@ -38,19 +38,19 @@ def close(a, b, tol=1e-6):
 
 
 def test_sensitivity_max_example():
-    s = cscr.sensitivity(t(L0), t(LP), t(LN), torch.ones(1, 8))
+    s = cscr.sensitivity(t(LP0), t(LP_POS), t(LP_NEG), torch.ones(1, 8))
     assert close(s[0], S_MAX)
 
 
 def test_weights_example():
-    s = cscr.sensitivity(t(L0), t(LP), t(LN), torch.ones(1, 8))
+    s = cscr.sensitivity(t(LP0), t(LP_POS), t(LP_NEG), torch.ones(1, 8))
     w = cscr.credit_weights(s, torch.ones(1, 8), threshold=0.2, alpha=1.0)
     assert close(w[0], W_A1)
 
 
 def test_example_alpha1_positive_and_negative():
     adv, st = example(1.0, threshold=0.2, alpha=1.0, return_stats=True)
-    assert close(adv[0], WT_A1)
+    assert close(adv[0], W_TILDE_A1)
     assert abs(st["cscr/w_bar_mean"] - 0.817325) < 1e-6
     assert abs(adv.sum().item() - 8.0) < 1e-9
     assert abs(st["cscr/eff_token_frac"] - 0.907926) < 1e-5  # spec: 0.9079
@@ -79,7 +79,7 @@ def test_alpha0_is_grpo():
 
 
 def test_alpha5_strong():
-    s = cscr.sensitivity(t(L0), t(LP), t(LN), torch.ones(1, 8))
+    s = cscr.sensitivity(t(LP0), t(LP_POS), t(LP_NEG), torch.ones(1, 8))
     w = cscr.credit_weights(s, torch.ones(1, 8), threshold=0.2, alpha=5.0)
     assert close(w[0], [0.002479, 1, 0.030197, 1, 1, 1, 1, 0.223130])
     adv, st = example(1.0, alpha=5.0, return_stats=True)
@@ -90,7 +90,7 @@ def test_alpha5_strong():
 
 
 def test_alpha5_with_floor():
-    s = cscr.sensitivity(t(L0), t(LP), t(LN), torch.ones(1, 8))
+    s = cscr.sensitivity(t(LP0), t(LP_POS), t(LP_NEG), torch.ones(1, 8))
     w = cscr.credit_weights(s, torch.ones(1, 8), threshold=0.2, alpha=5.0, w_min=0.5)
     assert close(w[0], [0.5, 1, 0.5, 1, 1, 1, 1, 0.5])
     adv = example(1.0, alpha=5.0, w_min=0.5)
@@ -98,11 +98,11 @@ def test_alpha5_with_floor():
 
 
 def test_mean_and_common_modes():
-    s_mean = cscr.sensitivity(t(L0), t(LP), t(LN), torch.ones(1, 8), mode="mean")
+    s_mean = cscr.sensitivity(t(LP0), t(LP_POS), t(LP_NEG), torch.ones(1, 8), mode="mean")
     assert close(s_mean[0], [1.25, 0.125, 0.825, 0.02, 0.005, 0.10, 0.09, 0.45])
     expected = [0.420093, 1.20048, 0.642571, 1.20048, 1.20048, 1.20048, 1.20048, 0.934935]
     assert close(example(1.0, mode="mean")[0], expected)
-    s_common = cscr.sensitivity(t(L0), t(LP), t(LN), torch.ones(1, 8), mode="common")
+    s_common = cscr.sensitivity(t(LP0), t(LP_POS), t(LP_NEG), torch.ones(1, 8), mode="common")
     # common = |D+ + D-|/2: differs from mean-abs only at indices 3 and 5 (both 0 there)
     assert close(s_common[0], [1.25, 0.125, 0.825, 0.0, 0.005, 0.0, 0.09, 0.45])
     assert close(example(1.0, mode="common")[0], expected)
@@ -110,15 +110,15 @@ def test_mean_and_common_modes():
 
 def test_padding_example():
     m = torch.tensor([[1.0] * 8 + [0.0, 0.0]])
-    l0 = torch.tensor([L0 + [-float("inf"), 3.7]], dtype=torch.float64)
-    lp = torch.tensor([LP + [-float("inf"), -12.0]], dtype=torch.float64)
-    ln = torch.tensor([LN + [-float("inf"), float("nan")]], dtype=torch.float64)
-    adv = cscr.cscr_token_advantages(torch.tensor([1.0]), l0, lp, ln, m, threshold=0.2, alpha=1.0)
+    lp0 = torch.tensor([LP0 + [-float("inf"), 3.7]], dtype=torch.float64)
+    lp_pos = torch.tensor([LP_POS + [-float("inf"), -12.0]], dtype=torch.float64)
+    lp_neg = torch.tensor([LP_NEG + [-float("inf"), float("nan")]], dtype=torch.float64)
+    adv = cscr.cscr_token_advantages(torch.tensor([1.0]), lp0, lp_pos, lp_neg, m, threshold=0.2, alpha=1.0)
     assert not torch.isnan(adv).any()
-    assert close(adv[0, :8], WT_A1)
+    assert close(adv[0, :8], W_TILDE_A1)
     assert torch.equal(adv[0, 8:], torch.zeros(2, dtype=adv.dtype))
     assert abs(adv.sum().item() - 8.0) < 1e-9
-    s = cscr.sensitivity(l0, lp, ln, m.bool())
+    s = cscr.sensitivity(lp0, lp_pos, lp_neg, m.bool())
     assert not torch.isnan(s).any() and torch.equal(s[0, 8:], torch.zeros(2, dtype=s.dtype))
 
 
@@ -146,20 +146,20 @@ def random_batch(B=12, T=15, seed=0):
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     m = torch.arange(T).unsqueeze(0) < lengths.unsqueeze(1)
-    l0 = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
-    lp = l0 + torch.randn(B, T, generator=g, dtype=torch.float64)
-    ln = l0 + torch.randn(B, T, generator=g, dtype=torch.float64)
-    l0[~m], lp[~m], ln[~m] = -float("inf"), -float("inf"), float("nan")  # garbage on padding
+    lp0 = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+    lp_pos = lp0 + torch.randn(B, T, generator=g, dtype=torch.float64)
+    lp_neg = lp0 + torch.randn(B, T, generator=g, dtype=torch.float64)
+    lp0[~m], lp_pos[~m], lp_neg[~m] = -float("inf"), -float("inf"), float("nan")  # garbage on padding
     A = torch.randn(B, generator=g, dtype=torch.float64)
     A[[2, B - 1]] = 0.0  # rows with zero advantage
-    return A, l0, lp, ln, m
+    return A, lp0, lp_pos, lp_neg, m
 
 
 @pytest.mark.parametrize("mode", ["max", "mean", "common"])
 @pytest.mark.parametrize("w_min,alpha,thr", [(0.0, 1.0, 0.2), (0.1, 4.0, 0.0), (0.0, 30.0, 0.5)])
 def test_sign_and_budget_random(mode, w_min, alpha, thr):
-    A, l0, lp, ln, m = random_batch()
-    adv = cscr.cscr_token_advantages(A, l0, lp, ln, m, threshold=thr, alpha=alpha, w_min=w_min, mode=mode)
+    A, lp0, lp_pos, lp_neg, m = random_batch()
+    adv = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, threshold=thr, alpha=alpha, w_min=w_min, mode=mode)
     assert adv.shape == m.shape and not torch.isnan(adv).any()
     sign = torch.sign(A).unsqueeze(1).expand_as(adv)
     assert torch.equal(torch.sign(adv)[m], sign[m])
@@ -170,13 +170,35 @@ def test_sign_and_budget_random(mode, w_min, alpha, thr):
     assert (adv.abs() > A.abs().unsqueeze(1) + 1e-12).any()
 
 
+def test_budget_exact_when_every_weight_underflows():
+    # every s is ~40 nats above lambda: with alpha = 30 each w = exp(-30 (s - 0.2)) underflows to 0 in float32 and
+    # float64, yet w_t / w_bar_i is well defined: it equals L_i * softmax_t(-alpha * s_t) (an independent formula)
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        lp0 = -torch.rand(3, 6, generator=g, dtype=torch.float64)
+        lp_pos = lp0 - 40 - torch.rand(3, 6, generator=g, dtype=torch.float64)
+        lp_neg = lp0 - 1.0
+        m = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] + [0] * 5], dtype=torch.bool)
+        A = torch.tensor([1.5, -0.5, 2.0], dtype=torch.float64)
+        s = cscr.sensitivity(lp0.to(dtype), lp_pos.to(dtype), lp_neg.to(dtype), m)
+        assert (cscr.credit_weights(s, m, threshold=0.2, alpha=30.0)[m] == 0).all()  # all underflow
+        adv = cscr.cscr_token_advantages(A.to(dtype), lp0.to(dtype), lp_pos.to(dtype), lp_neg.to(dtype), m,
+                                         threshold=0.2, alpha=30.0)
+        for i in range(3):
+            L = int(m[i].sum())
+            expected = A[i] * L * torch.softmax(-30.0 * (lp0 - lp_pos)[i, :L].abs(), 0)
+            assert torch.allclose(adv[i, :L].double(), expected, rtol=1e-4, atol=1e-6)
+            assert abs(adv[i].double().sum().item() - L * A[i].item()) < 1e-4 * L
+        assert torch.equal(adv[~m], torch.zeros_like(adv[~m]))
+
+
 def test_scope_ablations():
-    A, l0, lp, ln, m = random_batch(B=8, T=10, seed=3)
-    seq = cscr.cscr_token_advantages(A, l0, lp, ln, m)
-    g1 = cscr.cscr_token_advantages(A, l0, lp, ln, m, scope="group", group_size=1)
+    A, lp0, lp_pos, lp_neg, m = random_batch(B=8, T=10, seed=3)
+    seq = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m)
+    g1 = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, scope="group", group_size=1)
     assert torch.allclose(seq, g1, atol=1e-12)
-    gb = cscr.cscr_token_advantages(A, l0, lp, ln, m, scope="group", group_size=8)
-    bb = cscr.cscr_token_advantages(A, l0, lp, ln, m, scope="batch")
+    gb = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, scope="group", group_size=8)
+    bb = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, scope="batch")
     assert torch.allclose(gb, bb, atol=1e-12)
     # batch scope: the mean normalised weight over credit-carrying tokens is 1
     act = m & (A != 0).unsqueeze(1)
@@ -186,31 +208,33 @@ def test_scope_ablations():
 
 
 def test_argument_validation():
-    A, l0, lp, ln, m = random_batch(B=4, T=5)
+    A, lp0, lp_pos, lp_neg, m = random_batch(B=4, T=5)
     with pytest.raises(ValueError, match="alpha"):
-        cscr.cscr_token_advantages(A, l0, lp, ln, m, alpha=-1.0)
+        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, alpha=-1.0)
     with pytest.raises(ValueError, match="w_min"):
-        cscr.cscr_token_advantages(A, l0, lp, ln, m, w_min=1.5)
+        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, w_min=1.5)
     with pytest.raises(ValueError, match="w_min"):
-        cscr.cscr_token_advantages(A, l0, lp, ln, m, w_min=-0.1)
+        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, w_min=-0.1)
     with pytest.raises(ValueError, match="mode"):
-        cscr.cscr_token_advantages(A, l0, lp, ln, m, mode="kl")
+        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, mode="kl")
     with pytest.raises(ValueError, match="mode"):
-        cscr.sensitivity(l0, lp, ln, m, mode="differential")
-    with pytest.raises(ValueError, match="lp_correct"):
-        cscr.cscr_token_advantages(A, l0, lp[:, :3], ln, m)
+        cscr.sensitivity(lp0, lp_pos, lp_neg, m, mode="differential")
+    with pytest.raises(ValueError, match="lp_pos"):
+        cscr.cscr_token_advantages(A, lp0, lp_pos[:, :3], lp_neg, m)
     with pytest.raises(ValueError, match="advantages"):
-        cscr.cscr_token_advantages(A[:3], l0, lp, ln, m)
+        cscr.cscr_token_advantages(A[:3], lp0, lp_pos, lp_neg, m)
     with pytest.raises(ValueError, match="response_mask"):
-        cscr.cscr_token_advantages(A, l0, lp, ln, m[:, :2])
+        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m[:, :2])
     with pytest.raises(ValueError, match="weight"):
-        cscr.cscr_token_advantages(A, l0, lp, ln, m, weight="linear")
+        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, weight="linear")
     with pytest.raises(ValueError, match="group_size"):
-        cscr.cscr_token_advantages(A, l0, lp, ln, m, scope="group", group_size=3)
-    bad = l0.clone()
+        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, scope="group", group_size=3)
+    bad = lp0.clone()
     bad[0, 0] = float("nan")
     with pytest.raises(ValueError, match="finite"):
-        cscr.cscr_token_advantages(A, bad, lp, ln, m)
+        cscr.cscr_token_advantages(A, bad, lp_pos, lp_neg, m)
+    with pytest.raises(ValueError, match="overflows"):  # alpha * (s - lambda) = 5e308 is inf: no weight at all
+        cscr.cscr_token_advantages(A, lp0, lp0 + 5.0, lp_neg, m, threshold=0.0, alpha=1e308)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -220,8 +244,8 @@ def test_argument_validation():
 
 @pytest.mark.parametrize("q", [0.0, 0.37, 0.8, 0.95, 1.0])
 def test_calibrate_threshold_matches_torch_quantile(q):
-    A, l0, lp, ln, m = random_batch(B=9, T=13, seed=5)
-    s = cscr.sensitivity(l0, lp, ln, m)
+    A, lp0, lp_pos, lp_neg, m = random_batch(B=9, T=13, seed=5)
+    s = cscr.sensitivity(lp0, lp_pos, lp_neg, m)
     s_pad = s.clone()
     s_pad[~m] = 100.0  # padding must be ignored
     thr = cscr.calibrate_threshold(s_pad, m, q)
@@ -231,107 +255,6 @@ def test_calibrate_threshold_matches_torch_quantile(q):
         cscr.calibrate_threshold(s, m, 1.2)
     with pytest.raises(ValueError, match="valid"):
         cscr.calibrate_threshold(s, torch.zeros_like(m), 0.5)
-
-
-# ---------------------------------------------------------------------------------------------------
-# diagnostics (spec §7, §8 toy numbers)
-# ---------------------------------------------------------------------------------------------------
-
-
-def test_diagnostics_toy_example():
-    m = torch.ones(1, 8)
-    masks = cscr.shift_masks(t(L0), t(LP), t(LN), m, tau=0.05)
-    assert masks["affected"][0].nonzero().flatten().tolist() == [0, 1, 2, 5, 6, 7]
-    assert masks["reversal"][0].nonzero().flatten().tolist() == [5]
-    d = cscr.diagnostics(t(L0), t(LP), t(LN), m, torch.tensor([True]), tau=0.05, top_frac=3 / 8)
-    assert d["d1_num_affected"] == 6
-    assert abs(d["d1_same_direction_rate"] - 5 / 6) < 1e-12
-    assert abs(d["d2_sign_reversal_rate"] - 1 / 6) < 1e-12
-    assert abs(d["d4a_pearson"] - 0.989264) < 1e-6
-    assert d["d4b_k"] == 3 and d["d4b_topk_jaccard"] == 1.0
-    assert abs(d["d5_common_mode_share"] - 0.983364) < 1e-6
-    # D3 by hand: D+ - D- on affected tokens = [.3, .05, .15, .2, .02, .1] -> all > 0 -> 1.0 when correct
-    assert d["d3_polarity_outcome_consistency"] == 1.0
-    d_inc = cscr.diagnostics(t(L0), t(LP), t(LN), m, torch.tensor([False]), tau=0.05)
-    assert d_inc["d3_polarity_outcome_consistency"] == 0.0
-
-
-def test_topk_jaccard_partial_overlap():
-    # D+ = [3, 2, .1, .05], D- = [.1, 2, 3, .05] -> top-2 sets {0,1} and {1,2} -> Jaccard 1/3
-    l0 = torch.zeros(1, 4, dtype=torch.float64)
-    d = cscr.diagnostics(l0, torch.tensor([[3.0, 2.0, 0.1, 0.05]]), torch.tensor([[0.1, 2.0, 3.0, 0.05]]),
-                         torch.ones(1, 4), torch.tensor([True]), top_k=2)
-    assert d["d4b_k"] == 2 and abs(d["d4b_topk_jaccard"] - 1 / 3) < 1e-12
-    # top_frac: ceil(0.5 * 4) = 2 gives the same sets
-    d2 = cscr.diagnostics(l0, torch.tensor([[3.0, 2.0, 0.1, 0.05]]), torch.tensor([[0.1, 2.0, 3.0, 0.05]]),
-                          torch.ones(1, 4), torch.tensor([True]), top_frac=0.5)
-    assert d2["d4b_k"] == 2 and abs(d2["d4b_topk_jaccard"] - 1 / 3) < 1e-12
-
-
-def test_spearman_and_pearson_independent():
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(50, generator=g, dtype=torch.float64)
-    y = x + 0.5 * torch.randn(50, generator=g, dtype=torch.float64)
-    xm, ym = x - x.mean(), y - y.mean()
-    assert abs(cscr.pearson(x, y) - float((xm @ ym) / (xm.norm() * ym.norm()))) < 1e-12
-    # Spearman without ties = 1 - 6 sum d^2 / (n (n^2 - 1))
-    rx = x.argsort().argsort().double()
-    ry = y.argsort().argsort().double()
-    n = 50
-    assert abs(cscr.spearman(x, y) - (1 - 6 * ((rx - ry) ** 2).sum().item() / (n * (n * n - 1)))) < 1e-12
-    # ties get average ranks: x = [1,1,2,3] -> ranks [1.5,1.5,3,4], y = [1,3,2,4] -> [1,3,2,4];
-    # by hand: centred [-1,-1,.5,1.5] and [-1.5,.5,-.5,1.5], cov 3, norms^2 4.5 and 5 -> 3/sqrt(22.5)
-    a = torch.tensor([1.0, 1.0, 2.0, 3.0])
-    b = torch.tensor([1.0, 3.0, 2.0, 4.0])
-    assert abs(cscr.spearman(a, b) - 3 / math.sqrt(22.5)) < 1e-12
-    assert math.isnan(cscr.pearson(torch.ones(4), torch.arange(4.0)))
-
-
-def test_full_vocab_overlap_toy():
-    p0 = torch.tensor([0.5, 0.2, 0.2, 0.1])
-    pp = torch.tensor([0.7, 0.1, 0.15, 0.05])
-    pn = torch.tensor([0.65, 0.15, 0.10, 0.10])
-    o = cscr.full_vocab_overlap(p0, pp, pn)
-    assert abs(o["cosine"].item() - 0.911685) < 1e-6
-    assert abs(o["kl_pos"].item() - 0.088406) < 1e-6
-    assert abs(o["kl_neg"].item() - 0.058070) < 1e-6
-    # batched positions and a zero-probability entry (0 log 0 = 0)
-    P0 = torch.stack([p0, torch.tensor([0.5, 0.5, 0.0, 0.0])])
-    Pp = torch.stack([pp, torch.tensor([0.25, 0.75, 0.0, 0.0])])
-    Pn = torch.stack([pn, torch.tensor([0.75, 0.25, 0.0, 0.0])])
-    o2 = cscr.full_vocab_overlap(P0, Pp, Pn)
-    assert o2["cosine"].shape == (2,)
-    assert abs(o2["cosine"][1].item() + 1.0) < 1e-6  # g+ = -g-
-    assert abs(o2["kl_pos"][1].item() - (0.25 * math.log(0.5) + 0.75 * math.log(1.5))) < 1e-6
-    # sampled token 0 (spec §8): D+ = log(.7/.5), D- = log(.65/.5)
-    assert abs(math.log(0.7 / 0.5) - 0.336472) < 1e-6 and abs(math.log(0.65 / 0.5) - 0.262364) < 1e-6
-
-
-def test_classify_token():
-    for s in ["Wait", " So", " Let", " Therefore", "Hmm", ",", ".", "\n\n", " ", "**", "$", " the", "\\boxed{"]:
-        assert cscr.classify_token(s) == "surface", s
-    for s in [" 3", "42", " +", " =", " x", "\\frac", " triangle", "^", " -"]:
-        assert cscr.classify_token(s) == "content", s
-
-
-def test_diagnostics_d6_d7():
-    A, l0, lp, ln, m = random_batch(B=6, T=20, seed=7)
-    s = cscr.sensitivity(l0, lp, ln, m)
-    surf = s > cscr.calibrate_threshold(s, m, 0.5)  # surface = the more sensitive half (by construction)
-    ent = s * 2.0 + 1.0  # perfectly correlated
-    top1 = 1.0 - s  # 1 - top1 = s
-    d = cscr.diagnostics(l0, lp, ln, m, torch.ones(6, dtype=torch.bool), token_classes=surf, entropy=ent,
-                         top1_prob=top1, sens_top_frac=0.1)
-    assert d["d6_surface_share_top"] == 1.0
-    assert abs(d["d6_surface_share_all"] - surf[m].double().mean().item()) < 1e-12
-    assert abs(d["d6_s_mean_surface"] - s[m & surf].mean().item()) < 1e-9
-    assert abs(d["d6_s_mean_content"] - s[m & ~surf].mean().item()) < 1e-9
-    assert abs(d["d7_pearson_s_entropy"] - 1.0) < 1e-9 and abs(d["d7_spearman_s_1_minus_top1"] - 1.0) < 1e-9
-    # list-of-strings form gives the same profile
-    classes = [["surface" if surf[i, j] else "content" for j in range(int(m[i].sum()))] for i in range(6)]
-    d2 = cscr.diagnostics(l0, lp, ln, m, torch.ones(6, dtype=torch.bool), token_classes=classes, sens_top_frac=0.1)
-    assert d2["d6_surface_share_top"] == d["d6_surface_share_top"]
-    assert d2["d6_s_mean_surface"] == d["d6_s_mean_surface"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -361,37 +284,37 @@ def diff_middles(a, b):
     ("answer", {"response_answer": "\\frac{1}{2}"}, ("", "not ")),
 ])
 def test_condition_prompts_minimal_pair_chatml(template, kw, middles):
-    pc, pn = cscr.build_condition_prompts(CHATML, template=template, **kw)
-    assert diff_middles(pc, pn) == middles
+    p_pos, p_neg = cscr.build_condition_prompts(CHATML, template=template, **kw)
+    assert diff_middles(p_pos, p_neg) == middles
     # the note ends the user turn: everything from the user's <|im_end|> on is unchanged
     q = CHATML.rfind("<|im_end|>", 0, CHATML.rfind("<|im_start|>assistant"))
-    for p in (pc, pn):
+    for p in (p_pos, p_neg):
         assert p.startswith(CHATML[:q]) and p.endswith(CHATML[q:])
         assert len(p) > len(CHATML)
         assert p.count("<|im_start|>") == CHATML.count("<|im_start|>")
-    assert "CORRECT" in pc or "is the correct" in pc
+    assert "CORRECT" in p_pos or "is the correct" in p_pos
     if template == "reference":
-        assert "73" in pc and "73" in pn
+        assert "73" in p_pos and "73" in p_neg
     if template == "answer":
-        assert "\\frac{1}{2} is not the correct" in pn
+        assert "\\frac{1}{2} is not the correct" in p_neg
 
 
 def test_condition_prompts_plain_text():
     p = "Compute 37+48-12.\n"
-    pc, pn = cscr.build_condition_prompts(p)
-    assert pc == "Compute 37+48-12.\n" + cscr.CONDITION_TEMPLATES["verdict"][0] + "\n"
-    assert pn == "Compute 37+48-12.\n" + cscr.CONDITION_TEMPLATES["verdict"][1] + "\n"
-    assert diff_middles(pc, pn) == ("", "IN")
+    p_pos, p_neg = cscr.build_condition_prompts(p)
+    assert p_pos == "Compute 37+48-12.\n" + cscr.CONDITION_TEMPLATES["verdict"][0] + "\n"
+    assert p_neg == "Compute 37+48-12.\n" + cscr.CONDITION_TEMPLATES["verdict"][1] + "\n"
+    assert diff_middles(p_pos, p_neg) == ("", "IN")
     # no trailing whitespace: the last line stays the ending
-    pc2, _ = cscr.build_condition_prompts("Problem: 1+1\nAnswer:")
-    assert pc2.startswith("Problem: 1+1\n") and pc2.endswith("\nAnswer:")
+    p_pos2, _ = cscr.build_condition_prompts("Problem: 1+1\nAnswer:")
+    assert p_pos2.startswith("Problem: 1+1\n") and p_pos2.endswith("\nAnswer:")
     # anchor: placed right after the problem
-    pc3, _ = cscr.build_condition_prompts(CHATML, anchor="Compute 37+48-12.")
-    assert pc3.startswith(CHATML[: CHATML.find("Compute 37+48-12.") + 17] + "\n\nNote:")
-    assert pc3.endswith("\nPut the final answer in \\boxed{}.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    p_pos3, _ = cscr.build_condition_prompts(CHATML, anchor="Compute 37+48-12.")
+    assert p_pos3.startswith(CHATML[: CHATML.find("Compute 37+48-12.") + 17] + "\n\nNote:")
+    assert p_pos3.endswith("\nPut the final answer in \\boxed{}.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
     # custom templates with placeholders (LaTeX braces in values need no escaping)
-    pc4, pn4 = cscr.build_condition_prompts(p, reference="\\frac{1}{2}", template=("ref {reference} yes", "ref {reference} no"))
-    assert "ref \\frac{1}{2} yes" in pc4 and "ref \\frac{1}{2} no" in pn4
+    p_pos4, p_neg4 = cscr.build_condition_prompts(p, reference="\\frac{1}{2}", template=("ref {reference} yes", "ref {reference} no"))
+    assert "ref \\frac{1}{2} yes" in p_pos4 and "ref \\frac{1}{2} no" in p_neg4
 
 
 def test_condition_prompts_errors():
@@ -433,8 +356,9 @@ def tiny():
 
 
 def naive_logprobs(model, tok, prompt, resp, temperature):
-    """Independent reference: one unpadded sequence, default positions, full log_softmax + gather."""
-    p = tok(prompt, add_special_tokens=False)["input_ids"]
+    """Independent reference: one unpadded sequence, default positions, full log_softmax + gather; the prompt is
+    tokenised by the tokenisation rule, ``tok(prompt)``, as the rollout does."""
+    p = tok(prompt)["input_ids"]
     ids = torch.tensor([p + resp])
     with torch.no_grad():
         logits = model(input_ids=ids).logits[0].double() / temperature
@@ -454,8 +378,8 @@ def test_condition_logprobs_matches_naive(tiny):
         resp_ids[i, : len(r)] = torch.tensor(r)
         mask[i, : len(r)] = 1
     pairs = [cscr.build_condition_prompts(p) for p in problems]
-    pc, pn = [a for a, _ in pairs], [b for _, b in pairs]
-    assert len({len(tok(x, add_special_tokens=False)["input_ids"]) for x in pc}) == 3  # left padding exercised
+    prompts_pos, prompts_neg = [a for a, _ in pairs], [b for _, b in pairs]
+    assert len({len(tok(x)["input_ids"]) for x in prompts_pos}) == 3  # left padding exercised
     temp = 0.7
     calls = []
 
@@ -463,17 +387,17 @@ def test_condition_logprobs_matches_naive(tiny):
         calls.append(args[1].shape)
         return cscr.default_logprob_fn(*args)
 
-    lp_c, lp_n = cscr.condition_logprobs(model, tok, pc, pn, resp_ids, mask, temperature=temp, logprob_fn=counting_fn)
-    assert lp_c.shape == (3, T) and len(calls) == 2
+    lp_pos, lp_neg = cscr.condition_logprobs(model, tok, prompts_pos, prompts_neg, resp_ids, mask, temperature=temp, logprob_fn=counting_fn)
+    assert lp_pos.shape == (3, T) and len(calls) == 2
     for i in range(3):
         L = len(resp[i])
-        assert torch.allclose(lp_c[i, :L].double(), naive_logprobs(model, tok, pc[i], resp[i], temp), atol=2e-5)
-        assert torch.allclose(lp_n[i, :L].double(), naive_logprobs(model, tok, pn[i], resp[i], temp), atol=2e-5)
-        assert torch.equal(lp_c[i, L:], torch.zeros(T - L)) and torch.equal(lp_n[i, L:], torch.zeros(T - L))
-    assert not torch.allclose(lp_c, lp_n)  # the verdict changes the log-probs
+        assert torch.allclose(lp_pos[i, :L].double(), naive_logprobs(model, tok, prompts_pos[i], resp[i], temp), atol=2e-5)
+        assert torch.allclose(lp_neg[i, :L].double(), naive_logprobs(model, tok, prompts_neg[i], resp[i], temp), atol=2e-5)
+        assert torch.equal(lp_pos[i, L:], torch.zeros(T - L)) and torch.equal(lp_neg[i, L:], torch.zeros(T - L))
+    assert not torch.allclose(lp_pos, lp_neg)  # the verdict changes the log-probs
     # micro-batching gives the same result
-    lp_c1, lp_n1 = cscr.condition_logprobs(model, tok, pc, pn, resp_ids, mask, temperature=temp, micro_batch_size=1)
-    assert torch.allclose(lp_c1, lp_c, atol=1e-5) and torch.allclose(lp_n1, lp_n, atol=1e-5)
+    lp_pos1, lp_neg1 = cscr.condition_logprobs(model, tok, prompts_pos, prompts_neg, resp_ids, mask, temperature=temp, micro_batch_size=1)
+    assert torch.allclose(lp_pos1, lp_pos, atol=1e-5) and torch.allclose(lp_neg1, lp_neg, atol=1e-5)
 
     # the comparison is sensitive to the padding: attending to the left pad tokens changes the padded rows.
     # (Dropping only the position ids does not: RoPE scores depend on position differences, so a uniform
@@ -481,8 +405,8 @@ def test_condition_logprobs_matches_naive(tiny):
     def attend_pads_fn(model_, input_ids, attention_mask, response_mask, temperature):
         return cscr.default_logprob_fn(model_, input_ids, torch.ones_like(attention_mask), response_mask, temperature)
 
-    lp_bad, _ = cscr.condition_logprobs(model, tok, pc, pn, resp_ids, mask, temperature=temp, logprob_fn=attend_pads_fn)
-    assert (lp_bad - lp_c)[mask.bool()].abs().max() > 1e-3
+    lp_bad, _ = cscr.condition_logprobs(model, tok, prompts_pos, prompts_neg, resp_ids, mask, temperature=temp, logprob_fn=attend_pads_fn)
+    assert (lp_bad - lp_pos)[mask.bool()].abs().max() > 1e-3
 
 
 def test_condition_logprobs_errors(tiny):
@@ -497,43 +421,96 @@ def test_condition_logprobs_errors(tiny):
         cscr.condition_logprobs(model, tok, ["a\n"] * 2, ["b\n"] * 2, ids, mask[:, :2])
 
 
-def test_diagnose_smoke(tiny, tmp_path):
-    model, tok = tiny
-    problems = ["Compute 1+2.", "Compute 3+4.", "Compute 10-5."]
-    answers = ["3", "7", "5"]
-    rep, ten = cscr.diagnose(
-        model, tok, problems, answers, 5, grade_fn=lambda text, ref: len(text) % 2 == 0,
-        max_new_tokens=6, micro_batch_size=2, gen_batch_size=3, output_dir=str(tmp_path), template="answer",
-        temperature=0.9, return_tensors=True,
-    )
-    saved = json.loads((tmp_path / "report.json").read_text())
-    assert saved["num_correct"] == rep["num_correct"]
-    d = rep["diagnostics"]
-    mask = ten["response_mask"]
-    assert rep["config"]["num_trajectories"] == 5 and mask.shape[0] == 5
-    assert d["num_valid_tokens"] == int(mask.sum()) and 1 <= mask.sum(1).min() and mask.sum(1).max() <= 6
-    for k in ("d4a_pearson", "d4b_topk_jaccard", "d5_common_mode_share", "d4c_cosine_mean", "d6_surface_share_all"):
-        assert d[k] is None or -1.0 - 1e-9 <= d[k] <= 1.0 + 1e-9, k
-    if d["d1_same_direction_rate"] is not None:
-        assert abs(d["d1_same_direction_rate"] + d["d2_sign_reversal_rate"] - 1.0) < 1e-12
-    assert d["d4c_kl_pos_mean"] >= 0 and d["d4c_kl_neg_mean"] >= 0
-    assert " is not the correct final answer." in rep["example_condition_prompts"][1]
-    assert len(rep["most_sensitive_tokens"]) == min(20, d["num_valid_tokens"])
-    # the three passes agree with condition_logprobs and with an unpadded per-sequence computation
-    lc, ln = cscr.condition_logprobs(model, tok, ten["prompts_correct"], ten["prompts_incorrect"],
-                                     ten["response_ids"], mask, temperature=0.9)
-    assert torch.allclose(lc, ten["lp_correct"], atol=1e-5) and torch.allclose(ln, ten["lp_incorrect"], atol=1e-5)
-    L0 = int(mask[0].sum())
-    r0 = ten["response_ids"][0, :L0].tolist()
-    assert torch.allclose(ten["lp_base"][0, :L0].double(), naive_logprobs(model, tok, ten["prompts"][0], r0, 0.9), atol=2e-5)
-    # D4c at one position against an independent recomputation
-    def dist(prompt):
-        p = tok(prompt, add_special_tokens=False)["input_ids"]
-        with torch.no_grad():
-            return torch.softmax(model(input_ids=torch.tensor([p + r0])).logits[0, len(p) - 1].double() / 0.9, -1)
-    o = cscr.full_vocab_overlap(dist(ten["prompts"][0]), dist(ten["prompts_correct"][0]), dist(ten["prompts_incorrect"][0]))
-    assert abs(o["cosine"].item() - ten["fv_cosine"][0, 0].item()) < 1e-4
-    assert abs(o["kl_pos"].item() - ten["fv_kl_pos"][0, 0].item()) < 1e-5
-    p0 = dist(ten["prompts"][0])
-    assert abs(ten["entropy"][0, 0].item() + (p0 * p0.log()).sum().item()) < 1e-5
-    assert abs(ten["top1_prob"][0, 0].item() - p0.max().item()) < 1e-6
+# ---------------------------------------------------------------------------------------------------
+# the tokenisation rule and the header's usage example (cscr.__doc__)
+# ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def toy_tiny(tiny_model_path):
+    """The toy architecture, randomly initialised, with the toy tokenizer: its default call prepends a BOS."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_path).eval(), AutoTokenizer.from_pretrained(tiny_model_path)
+
+
+@pytest.mark.parametrize("which", ["toy_tokenizer_adds_bos", "char_tokenizer_adds_nothing"])
+def test_conditioned_prompts_get_the_rollout_special_tokens(which, request):
+    import rollout
+
+    model, tok = request.getfixturevalue("toy_tiny" if which == "toy_tokenizer_adds_bos" else "tiny")
+    batch = rollout.generate(model, tok, ["Compute 7+5-3.\n", "Compute 12+30.\n"], num_generations=2,
+                             max_new_tokens=3, seed=0)
+    P = batch.prompt_length
+    plain = [ids[a.bool()].tolist() for ids, a in zip(batch.input_ids[:, :P], batch.attention_mask[:, :P])]
+    pairs = [cscr.build_condition_prompts(p) for p in batch.prompts]
+    seen = []  # the prompt part of every row the two conditioned passes feed to the model
+
+    def spy(model_, input_ids, attention_mask, response_mask, temperature):
+        T = response_mask.shape[1]
+        seen.extend(ids[a.bool()].tolist() for ids, a in zip(input_ids[:, :-T], attention_mask[:, :-T]))
+        return cscr.default_logprob_fn(model_, input_ids, attention_mask, response_mask, temperature)
+
+    cscr.condition_logprobs(model, tok, [p for p, _ in pairs], [q for _, q in pairs], batch.response_ids,
+                            batch.response_mask, logprob_fn=spy)
+    assert len(seen) == 2 * len(plain)
+    bos_expected = which == "toy_tokenizer_adds_bos"
+    special = {tok.bos_token_id, tok.eos_token_id} - {None}
+
+    def edges(ids):  # the special tokens a row starts with and ends with
+        i, j = 0, len(ids)
+        while i < j and ids[i] in special:
+            i += 1
+        while j > i and ids[j - 1] in special:
+            j -= 1
+        return ids[:i], ids[j:]
+
+    for k, cond in enumerate(seen):
+        x = plain[k % len(plain)]
+        assert (x[0] == tok.bos_token_id) == bos_expected  # the rollout's own treatment of the plain prompt
+        assert (cond[0] == tok.bos_token_id) == bos_expected  # ... and the conditioned prompt's: the same
+        assert edges(cond) == edges(x)
+        assert cond == tok(pairs[k % len(plain)][k // len(plain)])["input_ids"]
+    with pytest.raises(TypeError):  # no per-caller override of the rule
+        cscr.condition_logprobs(model, tok, [p for p, _ in pairs], [q for _, q in pairs], batch.response_ids,
+                                batch.response_mask, add_special_tokens=False)
+
+
+def usage_example():
+    """The indented code block after "Usage from any trainer" in cscr.py's header."""
+    doc = cscr.__doc__
+    block = doc[doc.index("Usage from any trainer"):]
+    lines = []
+    for line in block[block.index("::\n") + 3 :].splitlines():
+        if line.strip() and not line.startswith("    "):
+            break
+        lines.append(line)
+    return textwrap.dedent("\n".join(lines))
+
+
+def test_header_usage_example_runs(toy_tiny):
+    import rollout
+
+    model, tokenizer = toy_tiny
+    code = usage_example()
+    assert "cscr.condition_logprobs" in code and "cscr.cscr_token_advantages" in code
+    batch = rollout.generate(model, tokenizer, ["Compute 7+5-3.\n", "Compute 12+30.\n"], num_generations=2,
+                             max_new_tokens=6, seed=1)
+    m = batch.response_mask.bool()
+    # the trainer's plain old-log-prob pass over the rollout's own rows
+    lp0 = cscr.default_logprob_fn(model, batch.input_ids, batch.attention_mask, batch.response_mask, 1.0)
+    advantages = torch.tensor([1.0, -1.0, 0.5, 0.0])
+    ns = {"model": model, "tokenizer": tokenizer, "prompts": batch.prompts, "response_ids": batch.response_ids,
+          "response_mask": batch.response_mask, "lp0": lp0, "advantages": advantages}
+    exec(code, ns)
+    token_adv = ns["token_adv"]
+    L = m.sum(1)
+    assert token_adv.shape == m.shape
+    assert torch.allclose(token_adv.sum(1).double(), (L * advantages).double(), atol=1e-5)  # budget kept
+    assert torch.equal(torch.sign(token_adv)[m], torch.sign(advantages)[:, None].expand_as(m)[m])  # sign kept
+    for i in range(len(batch.prompts)):  # each pass against an unpadded reference, tokenised as the rollout was
+        n, resp = int(L[i]), batch.response_ids[i, : int(L[i])].tolist()
+        p_pos, p_neg = cscr.build_condition_prompts(batch.prompts[i])
+        assert torch.allclose(lp0[i, :n].double(), naive_logprobs(model, tokenizer, batch.prompts[i], resp, 1.0), atol=2e-5)
+        assert torch.allclose(ns["lp_pos"][i, :n].double(), naive_logprobs(model, tokenizer, p_pos, resp, 1.0), atol=2e-5)
+        assert torch.allclose(ns["lp_neg"][i, :n].double(), naive_logprobs(model, tokenizer, p_neg, resp, 1.0), atol=2e-5)

@@ -1,0 +1,715 @@
+"""CSCR diagnostics D1-D7: do "correct" and "incorrect" privileged prompts move a response's tokens apart?
+
+Paper: CSCR, He, Wu, Wang, arXiv 2607.27888 (2026), its diagnostic study [S2]: 400 on-policy trajectories, each
+re-scored under c+ ("this response is correct") and c- ("... incorrect"), sampled-token and full-vocabulary
+shifts compared at the same prefix.  Spec: ``shared/specs/cscr.md`` §7 (definitions) and §8 (toy numbers).  The
+method is in ``cscr.py``; this file is the analysis behind it: ``diagnostics`` on tensors, ``diagnose`` on a
+model, and a CLI.  Quantities as in cscr.py: d_pos = lp_pos - lp0, d_neg = lp_neg - lp0, s = max(|d_pos|,
+|d_neg|); affected = |d_pos| > tau and |d_neg| > tau (tau = 0.05 nats).  Definitions [I] (spec §7):
+
+    D1  same-direction rate       P[sign d_pos = sign d_neg | affected]                   paper [S2]: 91.4-95.8 %
+    D2  sign-reversal rate        1 - D1
+    D3  polarity-outcome          share of affected tokens whose d_pos - d_neg has the sign the true outcome
+        consistency               predicts (> 0 if correct, < 0 if not); 0.5 = no information    paper: ~58 %
+    D4a signal correlation        Pearson / Spearman of d_pos and d_neg over valid tokens
+    D4b top-k overlap             Jaccard of the top 10 % tokens by |d_pos| and by |d_neg|
+    D4c full-vocabulary overlap   mean cosine of the OPSD forward-KL gradients p0 - p+ and p0 - p- per position
+    D5  common-mode share         sum cm^2 / (sum cm^2 + sum df^2), cm = (d_pos + d_neg)/2, df = (d_pos - d_neg)/2
+    D6  token-class profile       mean s and share of the top 5 % most sensitive tokens: surface form vs content
+    D7  substitutability          correlation of s with the base entropy H(p0) and with 1 - p0(top-1)
+
+Inferred choices [I] (spec §7, §11): the "affected" threshold ``tau`` (0.05 nats); the D4b fraction ``top_frac``
+/ ``top_k`` (0.1); the D6 fraction ``sens_top_frac`` (0.05); the surface-form vs content heuristic
+(``classify_token``, ``DISCOURSE_MARKERS``, ``FUNCTION_WORDS``); D3 counts a zero d_pos - d_neg as inconsistent;
+D4c uses g = p0 - p per position (``full_vocab_overlap``, also KL(p+ || p0), KL(p- || p0)); ``diagnose`` keeps a
+response's EOS token, shuffles the problems with the seed and cycles them, and template C's answer is the last
+\\boxed{...} (else the last number).  All prompts, plain and conditioned, are tokenised by cscr.py's
+TOKENISATION RULE (``tokenizer(prompt)``, as the rollout does).
+
+Run (writes DIR/report.json, plus delta_scatter.png and s_by_class.png when matplotlib is installed)::
+
+    python cscr_diagnostics.py --model toy --data toy --num_trajectories 64 --output_dir runs/cscr_diagnose
+    python cscr_diagnostics.py --model Qwen/Qwen3-1.7B --data problems.jsonl --num_trajectories 400 \\
+        --max_new_tokens 4096 --dtype bfloat16      # jsonl rows with "problem" and "answer"
+
+or from Python: ``report = diagnose(model, tokenizer, problems, answers, 400, grade_fn=...)``, or
+``diagnostics(lp0, lp_pos, lp_neg, response_mask, correct)`` on log-probs you already have.
+
+Left out on purpose: training (CSCR itself is cscr.py, the trainer grpo.py); confidence intervals and repeated
+seeds; the RLCSD-style differential signal (spec §4, "not CSCR").  Read next: spec §7, ``cscr.py``, and
+``tests/test_cscr_diagnostics.py`` (the spec §8 toy numbers).  Imports torch and cscr; transformers, matplotlib
+and the project's rollout, toy and verify only inside the CLI and the plots.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+
+import torch
+
+import cscr
+
+__all__ = ["shift_masks", "pearson", "spearman", "full_vocab_overlap", "classify_token", "DISCOURSE_MARKERS",
+           "FUNCTION_WORDS", "diagnostics", "diagnose", "PAPER_REFERENCE", "main"]
+
+# ---- Spec §7: the diagnostics on tensors (D1-D7) -----------------------------------------------------------------
+
+
+def shift_masks(lp0, lp_pos, lp_neg, response_mask, tau=0.05):
+    """Per-token masks behind D1/D2 (spec §7).
+
+    affected = |d_pos| > tau and |d_neg| > tau (valid tokens only); same = affected and sign d_pos = sign d_neg;
+    reversal = affected and sign d_pos != sign d_neg.
+
+    Returns:
+        dict of bool [B, T]: "affected", "same", "reversal".
+
+    Raises:
+        ValueError: tau < 0, shape mismatch.
+    """
+    if not tau >= 0:
+        raise ValueError(f"tau must be >= 0, got {tau!r}")
+    d_pos, d_neg, m = cscr._shifts(lp0, lp_pos, lp_neg, response_mask)
+    aff = m & (d_pos.abs() > tau) & (d_neg.abs() > tau)
+    same = aff & (torch.sign(d_pos) == torch.sign(d_neg))
+    return {"affected": aff, "same": same, "reversal": aff & ~same}
+
+
+def pearson(x, y):
+    """Pearson correlation of two 1-D tensors (float64); nan when either is constant or has < 2 values."""
+    x, y = x.double().reshape(-1), y.double().reshape(-1)
+    if x.numel() != y.numel():
+        raise ValueError("x and y must have the same number of elements")
+    if x.numel() < 2:
+        return float("nan")
+    x, y = x - x.mean(), y - y.mean()
+    den = torch.sqrt((x * x).sum() * (y * y).sum())
+    return float((x * y).sum() / den) if float(den) > 0 else float("nan")
+
+
+def _rank(x):
+    """Ranks (0-based) of a 1-D tensor, ties get their average rank."""
+    v, idx = x.double().sort()
+    _, inv, counts = torch.unique_consecutive(v, return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).double()
+    avg = ends - (counts.double() + 1.0) / 2.0  # average of 0-based ranks start..end-1
+    r = torch.empty_like(v)
+    r[idx] = avg[inv]
+    return r
+
+
+def spearman(x, y):
+    """Spearman rank correlation (Pearson of average ranks) of two 1-D tensors."""
+    x, y = x.reshape(-1), y.reshape(-1)
+    if x.numel() != y.numel():
+        raise ValueError("x and y must have the same number of elements")
+    if x.numel() < 2:
+        return float("nan")
+    return pearson(_rank(x), _rank(y))
+
+
+def _top_k(n, frac, k):
+    if k is not None:
+        if not (isinstance(k, int) and k >= 1):
+            raise ValueError(f"top_k must be a positive int, got {k!r}")
+        return min(k, n)
+    if not (0 < frac <= 1):
+        raise ValueError(f"top fraction must be in (0, 1], got {frac!r}")
+    return max(1, min(n, math.ceil(frac * n - 1e-9)))
+
+
+def full_vocab_overlap(p0, p_pos, p_neg, eps=1e-12):
+    """Full-vocabulary overlap of the two conditioned distributions at the same prefix (spec §7 D4c, §8).
+
+    Per position: the OPSD forward-KL gradient w.r.t. the student logits, g+ = p0 - p+ and g- = p0 - p-
+    [I]; their cosine; and KL(p+ || p0), KL(p- || p0) in nats (0 log 0 = 0).
+
+    Args:
+        p0, p_pos, p_neg: [..., V] probability vectors (same shape) of the base, c+ and c- contexts.
+        eps: guard on the norms.
+
+    Returns:
+        dict of tensors of shape [...]: "cosine", "kl_pos", "kl_neg".
+
+    Raises:
+        ValueError: shape mismatch.
+    """
+    if not (torch.is_tensor(p0) and torch.is_tensor(p_pos) and torch.is_tensor(p_neg)):
+        raise ValueError("p0, p_pos and p_neg must be tensors")
+    if p_pos.shape != p0.shape or p_neg.shape != p0.shape:
+        raise ValueError(f"p_pos {tuple(p_pos.shape)} and p_neg {tuple(p_neg.shape)} must match p0 {tuple(p0.shape)}")
+    dt = torch.promote_types(p0.dtype, torch.float32)
+    p0, pp, pn = p0.to(dt), p_pos.to(dt), p_neg.to(dt)
+    g_pos, g_neg = p0 - pp, p0 - pn
+    cos = (g_pos * g_neg).sum(-1) / (g_pos.norm(dim=-1) * g_neg.norm(dim=-1)).clamp(min=eps)
+
+    def kl(p, q):  # KL(p || q) = sum p log p - p log q
+        return (torch.xlogy(p, p) - torch.xlogy(p, q)).sum(-1)
+
+    return {"cosine": cos, "kl_pos": kl(pp, p0), "kl_neg": kl(pn, p0)}
+
+
+# D6 heuristic word lists [I]: discourse markers named by spec §7 plus common reasoning fillers, and a
+# small set of function words (highly substitutable surface forms).  Edit these to change the profile.
+DISCOURSE_MARKERS = frozenset(
+    """wait so let let's lets therefore hmm thus hence now okay ok alright well actually but however first
+    next then also alternatively finally yes no right perhaps maybe hold on check verify recall note""".split()
+)
+FUNCTION_WORDS = frozenset(
+    """the a an is are was were be been to of and or in on at for with by from as that this it its we i me
+    us our you he she they them which what when where if than there here can could should would will do
+    does did not""".split()
+)
+_PUNCT = set(".,;:!?'\"`()[]{}\u2019\u201c\u201d")
+_FORMAT_TOKENS = {"$", "$$", "\\[", "\\]", "\\(", "\\)", "<think>", "</think>", "```", "**", "##", "###",
+                  "####", "---", "- ", "* ", "\\boxed", "\\boxed{", "\\text", "\\text{", "\\quad", "\\,"}
+
+
+def classify_token(text):
+    """Surface-form vs content class of one decoded token (spec §7 D6, heuristic [I]).
+
+    "surface": whitespace/newlines only; punctuation only (``.,;:!?'"`()[]{}``); formatting (markdown
+    ``**``, ``##``, ``---``, bullets, ``$``, ``\\[``, ``\\boxed``, ``<think>``...); discourse markers
+    (``DISCOURSE_MARKERS``: Wait, So, Let, Therefore, Hmm, ...) and function words (``FUNCTION_WORDS``),
+    compared case-insensitively after stripping whitespace and punctuation.
+    "content": anything with a digit or a maths operator (``+ - * / = ^ < > % | \\ _``, single ``*``/``-``),
+    and every other word piece (variables, problem entities); special tokens are surface.
+
+    Args:
+        text: str, one decoded token (e.g. ``tokenizer.decode([id])``).
+
+    Returns:
+        "surface" or "content".
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a str, got {type(text).__name__}")
+    t = text.strip()
+    if not t:
+        return "surface"  # whitespace / newlines
+    if t in _FORMAT_TOKENS or (t.startswith("<|") and t.endswith("|>")):
+        return "surface"  # formatting, special tokens
+    if any(c.isdigit() for c in t):
+        return "content"  # numbers
+    if len(t) >= 2 and len(set(t)) == 1 and t[0] in "*#-=_~`":
+        return "surface"  # markdown rules / emphasis (**, ###, ---, ===)
+    if all(c in _PUNCT for c in t):
+        return "surface"  # punctuation
+    if any(c in "+-*/=^<>%|\\_" for c in t):
+        return "content"  # operators, LaTeX commands
+    word = "".join(c for c in t if c not in _PUNCT).lower()
+    if word in DISCOURSE_MARKERS or word in FUNCTION_WORDS:
+        return "surface"
+    return "content"  # variables, entities, other words
+
+
+def _surface_mask(token_classes, shape, device):
+    if torch.is_tensor(token_classes):
+        if token_classes.shape != shape:
+            raise ValueError(f"token_classes shape {tuple(token_classes.shape)} != {tuple(shape)}")
+        return token_classes.to(device=device).bool()
+    if len(token_classes) != shape[0]:
+        raise ValueError(f"token_classes must have B = {shape[0]} rows")
+    out = torch.zeros(shape, dtype=torch.bool)
+    for i, row in enumerate(token_classes):
+        if len(row) > shape[1]:
+            raise ValueError(f"token_classes row {i} is longer than T = {shape[1]}")
+        for j, c in enumerate(row):
+            if c not in ("surface", "content"):
+                raise ValueError(f"token_classes entries must be 'surface' or 'content', got {c!r}")
+            out[i, j] = c == "surface"
+    return out.to(device)
+
+
+def diagnostics(
+    lp0,
+    lp_pos,
+    lp_neg,
+    response_mask,
+    correct,
+    tau=0.05,
+    top_frac=0.1,
+    token_classes=None,
+    entropy=None,
+    top1_prob=None,
+    *,
+    top_k=None,
+    sens_top_frac=0.05,
+    mode="max",
+):
+    """Diagnostics D1-D7 of spec §7 (pooled over all valid tokens of the batch).
+
+    Source: [S] most affected tokens shift in the same direction under both conditions, reversals are rare,
+    the induced signals overlap, large shifts sit on substitutable surface-form tokens; [S2] 91.4-95.8 %
+    same direction, polarity agrees with the true outcome about 58 % of the time.  Definitions [I], spec §7,
+    with affected = |d_pos| > tau and |d_neg| > tau:
+
+    - D1 ``d1_same_direction_rate`` = P[sign d_pos = sign d_neg | affected]; ``d1_num_affected``.
+    - D2 ``d2_sign_reversal_rate`` = 1 - D1 (nan without affected tokens).
+    - D3 ``d3_polarity_outcome_consistency``: fraction of affected tokens whose d_pos - d_neg is > 0 on correct
+      trajectories and < 0 on incorrect ones (a zero difference counts as inconsistent) [I].
+    - D4a ``d4a_pearson``, ``d4a_spearman`` of d_pos and d_neg over valid tokens.
+    - D4b ``d4b_topk_jaccard`` of the top-k tokens by |d_pos| and by |d_neg|, k = ceil(top_frac * N) or ``top_k``;
+      ``d4b_k``.  (D4c needs full distributions: ``full_vocab_overlap``.)
+    - D5 ``d5_common_mode_share`` = sum cm^2 / (sum cm^2 + sum df^2), cm = (d_pos + d_neg)/2, df = (d_pos - d_neg)/2.
+    - D6 (needs ``token_classes``): ``d6_s_mean_surface``, ``d6_s_mean_content``, ``d6_surface_share_top``
+      (share of surface tokens among the top ``sens_top_frac`` tokens by s), ``d6_surface_share_all`` (base
+      rate), ``d6_top_k``.
+    - D7 (needs ``entropy`` / ``top1_prob``): ``d7_pearson_s_entropy``, ``d7_spearman_s_entropy``,
+      ``d7_pearson_s_1_minus_top1``, ``d7_spearman_s_1_minus_top1``.
+    - Also ``num_valid_tokens``, ``s_mean``, ``s_q50``, ``s_q80``, ``s_q95``, ``mean_delta_pos``,
+      ``mean_delta_neg``.
+
+    Args:
+        lp0, lp_pos, lp_neg: [B, T] sampled-token log-probs (nats).
+        response_mask: [B, T] bool/float.
+        correct: [B] bool, the verifier's outcome of each trajectory.
+        tau: "affected" threshold, nats.  top_frac / top_k: D4b set size.
+        token_classes: [B, T] bool tensor (True = surface) or B lists of "surface"/"content" strings.
+        entropy: [B, T] entropy of the base next-token distribution (nats).  top1_prob: [B, T] base top-1
+            probability.
+        sens_top_frac: fraction of most sensitive tokens for D6.  mode: sensitivity mode for s (D6, D7).
+
+    Returns:
+        dict of floats / ints (nan where a quantity is undefined, e.g. a constant input to a correlation).
+
+    Raises:
+        ValueError: shape mismatches, bad tau / fractions / mode, no valid token.
+    """
+    d_pos, d_neg, m = cscr._shifts(lp0, lp_pos, lp_neg, response_mask)
+    B, T = m.shape
+    if not torch.is_tensor(correct) or correct.shape != (B,):
+        raise ValueError(f"correct must be a [B] = [{B}] tensor")
+    n = int(m.sum())
+    if n == 0:
+        raise ValueError("response_mask has no valid token")
+    nan = float("nan")
+    out = {"num_valid_tokens": n}
+    masks = shift_masks(lp0, lp_pos, lp_neg, response_mask, tau)
+    n_aff = int(masks["affected"].sum())
+    # D1 / D2
+    d1 = int(masks["same"].sum()) / n_aff if n_aff else nan
+    out.update(d1_num_affected=n_aff, d1_same_direction_rate=d1, d2_sign_reversal_rate=1.0 - d1 if n_aff else nan)
+    # D3: differential d_pos - d_neg should be > 0 for correct and < 0 for incorrect trajectories (Bayes null)
+    diff = d_pos - d_neg
+    want = torch.where(correct.bool().to(m.device), 1.0, -1.0).unsqueeze(1).to(diff.dtype)
+    consistent = masks["affected"] & (torch.sign(diff) == want)
+    out["d3_polarity_outcome_consistency"] = int(consistent.sum()) / n_aff if n_aff else nan
+    # D4a
+    xp, xn = d_pos[m], d_neg[m]
+    out["d4a_pearson"] = pearson(xp, xn)
+    out["d4a_spearman"] = spearman(xp, xn)
+    # D4b: Jaccard of the top-k sets by |d_pos| and |d_neg| (pooled valid tokens)
+    k = _top_k(n, top_frac, top_k)
+    a = set(torch.topk(xp.abs(), k).indices.tolist())
+    b = set(torch.topk(xn.abs(), k).indices.tolist())
+    out["d4b_k"] = k
+    out["d4b_topk_jaccard"] = len(a & b) / len(a | b)
+    # D5: common-mode share
+    cm, df = 0.5 * (xp + xn), 0.5 * (xp - xn)
+    tot = float((cm**2).sum() + (df**2).sum())
+    out["d5_common_mode_share"] = float((cm**2).sum()) / tot if tot > 0 else nan
+    # sensitivity summary
+    s = cscr.sensitivity(lp0, lp_pos, lp_neg, response_mask, mode=mode)
+    sv = s[m].double()
+    out["s_mean"] = float(sv.mean())
+    for q in (50, 80, 95):
+        out[f"s_q{q}"] = cscr.calibrate_threshold(s, m, q / 100)
+    out["mean_delta_pos"] = float(xp.double().mean())
+    out["mean_delta_neg"] = float(xn.double().mean())
+    # D6: token-class profile
+    if token_classes is not None:
+        sm = _surface_mask(token_classes, m.shape, m.device)[m]
+        ks = _top_k(n, sens_top_frac, None)
+        top = torch.topk(sv, ks).indices
+        out["d6_s_mean_surface"] = float(sv[sm].mean()) if int(sm.sum()) else nan
+        out["d6_s_mean_content"] = float(sv[~sm].mean()) if int((~sm).sum()) else nan
+        out["d6_surface_share_top"] = float(sm[top].double().mean())
+        out["d6_surface_share_all"] = float(sm.double().mean())
+        out["d6_top_k"] = ks
+    # D7: substitutability
+    for name, x in (("entropy", entropy), ("1_minus_top1", None if top1_prob is None else 1.0 - top1_prob)):
+        if x is None:
+            continue
+        if x.shape != m.shape:
+            raise ValueError(f"{'entropy' if name == 'entropy' else 'top1_prob'} must have shape {tuple(m.shape)}")
+        xv = x.to(m.device)[m]
+        out[f"d7_pearson_s_{name}"] = pearson(sv, xv)
+        out[f"d7_spearman_s_{name}"] = spearman(sv, xv)
+    return out
+
+
+# ---- The on-policy study and its CLI (the paper's diagnostic section [S2]: 400 trajectories; spec §7) ------------
+
+PAPER_REFERENCE = {  # [S2] numbers to compare a run with
+    "d1_same_direction_rate": "0.914-0.958 (range over settings)",
+    "d3_polarity_outcome_consistency": "about 0.58",
+    "num_trajectories": 400,
+}
+
+
+def _extract_answer(text):
+    """Last \\boxed{...} content (brace-matched), else the last number, else '' (template C, [I])."""
+    i = text.rfind("\\boxed{")
+    if i >= 0:
+        j, depth = i + len("\\boxed{"), 1
+        k = j
+        while k < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[k], 0)
+            k += 1
+        if depth == 0:
+            return text[j : k - 1].strip()
+    nums = re.findall(r"-?\d+(?:\.\d+)?(?:/\d+)?", text)
+    return nums[-1] if nums else ""
+
+
+def _eos_ids(tokenizer, model):
+    ids = set()
+    for v in (getattr(tokenizer, "eos_token_id", None), getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
+        if isinstance(v, int):
+            ids.add(v)
+        elif isinstance(v, (list, tuple)):
+            ids.update(int(x) for x in v)
+    return ids
+
+
+def _json_safe(x):
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def diagnose(
+    model,
+    tokenizer,
+    problems,
+    answers,
+    num_trajectories,
+    *,
+    grade_fn,
+    prompt_fn=None,
+    template="verdict",
+    max_new_tokens=64,
+    temperature=1.0,
+    top_p=1.0,
+    top_k=0,
+    seed=0,
+    gen_batch_size=16,
+    micro_batch_size=8,
+    tau=0.05,
+    top_frac=0.1,
+    sens_top_frac=0.05,
+    answer_fn=None,
+    output_dir=None,
+    marker=cscr.DEFAULT_MARKER,
+    turn_end=cscr.DEFAULT_TURN_END,
+    num_examples=20,
+    return_tensors=False,
+    stop_ids=None,
+):
+    """Sample on-policy trajectories, re-score them under c+ and c-, and report D1-D7 (spec §7).
+
+    Paper ([S2]): 400 on-policy trajectories re-scored under both conditions, sampled-token and
+    full-vocabulary shifts compared at the same prefix.  Steps:
+
+    1. Problems are shuffled with ``seed`` and cycled until ``num_trajectories`` prompts; one response each
+       with ``model.generate`` (left padding, ``do_sample``, ``temperature``/``top_p``/``top_k``; top_k 0 =
+       off).  A response is cut after its first EOS token, which it keeps [I].
+    2. ``grade_fn(response_text, reference) -> bool`` gives the outcome.
+    3. Three no-grad passes per micro-batch (plain prompt x, x + c+, x + c-) with the same weights, every prompt
+       tokenised by cscr.py's TOKENISATION RULE (``tokenizer(prompt)``, as for sampling): sampled-token log-probs
+       lp0, lp_pos, lp_neg at ``temperature``, base entropy and top-1 probability (D7), and per-position
+       full-vocabulary cosine / KLs (D4c, ``full_vocab_overlap``).
+    4. Tokens are classified with ``classify_token`` (D6); ``diagnostics`` gives D1-D7.
+
+    Args:
+        model, tokenizer: HF causal LM and tokenizer (``pad_token_id`` required).
+        problems, answers: lists of str of the same length.
+        num_trajectories: int >= 1.
+        grade_fn: callable(response_text, reference) -> bool.
+        prompt_fn: callable(problem) -> prompt text; default ``problem + "\\n"``.
+        template: condition template (see ``build_condition_prompts``); "answer" uses ``answer_fn``
+            (default: last \\boxed{} else last number).
+        output_dir: if given, writes ``report.json`` there (and PNG plots when matplotlib is installed).
+        return_tensors: also return a dict of the per-token tensors ([N, T]: response_ids, response_mask,
+            lp0, lp_pos, lp_neg, entropy, top1_prob, surface, fv_cosine, fv_kl_pos, fv_kl_neg;
+            [N]: correct) and the prompts (prompts, prompts_pos, prompts_neg).
+        stop_ids: extra token ids that end a sampled response (e.g. ``<|im_end|>`` for ChatML templates),
+            added to the tokenizer's and generation config's EOS ids.
+        other args: sampling and diagnostics options, see ``diagnostics``.
+
+    Returns:
+        dict report (JSON-safe: nan -> None), or ``(report, tensors)`` with ``return_tensors``.
+
+    Raises:
+        ValueError: bad sizes, no pad token, temperature <= 0.
+    """
+    if len(problems) != len(answers) or not problems:
+        raise ValueError("problems and answers must be non-empty lists of the same length")
+    if not (isinstance(num_trajectories, int) and num_trajectories >= 1):
+        raise ValueError(f"num_trajectories must be a positive int, got {num_trajectories!r}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    pad_id = tokenizer.pad_token_id
+    if pad_id is None:
+        raise ValueError("tokenizer.pad_token_id must be set")
+    prompt_fn = prompt_fn or (lambda p: p + "\n")
+    answer_fn = answer_fn or _extract_answer
+    name, notes = cscr._resolve_template(template)
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+
+    # 1. sample on-policy trajectories
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(problems), generator=gen).tolist()
+    idx = [order[i % len(order)] for i in range(num_trajectories)]
+    prompts = [prompt_fn(problems[i]) for i in idx]
+    refs = [answers[i] for i in idx]
+    eos = _eos_ids(tokenizer, model)
+    torch.manual_seed(seed)
+    responses = []
+    with torch.no_grad():
+        for a in range(0, num_trajectories, gen_batch_size):
+            chunk = prompts[a : a + gen_batch_size]
+            ids = cscr._tokenize_prompts(tokenizer, chunk)
+            P = max(len(x) for x in ids)
+            inp = torch.full((len(ids), P), pad_id, dtype=torch.long)
+            attn = torch.zeros((len(ids), P), dtype=torch.long)
+            for i, x in enumerate(ids):
+                inp[i, P - len(x) :] = torch.tensor(x)
+                attn[i, P - len(x) :] = 1
+            out = model.generate(
+                input_ids=inp.to(device), attention_mask=attn.to(device), do_sample=True,
+                temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
+                pad_token_id=pad_id, eos_token_id=sorted(eos | set(stop_ids or ())) or None,
+            )
+            for row in out[:, P:].tolist():
+                resp = []
+                for t in row:
+                    resp.append(t)
+                    if t in eos:
+                        break
+                responses.append(resp or [row[0]])
+    T = max(len(r) for r in responses)
+    N = num_trajectories
+    resp_ids = torch.full((N, T), pad_id, dtype=torch.long)
+    mask = torch.zeros((N, T), dtype=torch.bool)
+    for i, r in enumerate(responses):
+        resp_ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = True
+    texts = [tokenizer.decode(r, skip_special_tokens=True) for r in responses]
+    # 2. grade
+    correct = torch.tensor([bool(grade_fn(t, ref)) for t, ref in zip(texts, refs)])
+    # 3. three passes (same weights), sampled-token log-probs + full-vocab quantities
+    cond = [
+        cscr.build_condition_prompts(p, reference=ref, response_answer=answer_fn(t), template=template,
+                                marker=marker, turn_end=turn_end)
+        for p, ref, t in zip(prompts, refs, texts)
+    ]
+    ctx = {"0": prompts, "pos": [c[0] for c in cond], "neg": [c[1] for c in cond]}  # x, x + c+, x + c-
+    tok_ids = {k: cscr._tokenize_prompts(tokenizer, v) for k, v in ctx.items()}
+    lp = {k: torch.zeros((N, T), dtype=torch.float32) for k in ctx}
+    ent = torch.zeros((N, T))
+    top1 = torch.zeros((N, T))
+    fv = {k: torch.zeros((N, T)) for k in ("cosine", "kl_pos", "kl_neg")}
+    with torch.no_grad():
+        for a in range(0, N, micro_batch_size):
+            z = slice(a, min(a + micro_batch_size, N))
+            r, mz = resp_ids[z].to(device), mask[z].to(device)
+            logits = {}
+            for k in ctx:
+                inp, attn = cscr._build_inputs(tok_ids[k][z], r, mz, pad_id)
+                logits[k] = cscr._response_logits(model, inp, attn, T)
+            for c in range(0, T, cscr._POS_CHUNK):  # float32 work in chunks of positions
+                cz = slice(c, min(c + cscr._POS_CHUNK, T))
+                tgt = r[:, cz].unsqueeze(-1)
+                probs = {}
+                for k in ctx:
+                    logp = torch.log_softmax(logits[k][:, cz].float() / temperature, dim=-1)
+                    lp[k][z, cz] = logp.gather(-1, tgt).squeeze(-1).cpu()
+                    probs[k] = logp.exp()
+                    if k == "0":
+                        ent[z, cz] = -(probs[k] * logp).sum(-1).cpu()
+                        top1[z, cz] = probs[k].max(-1).values.cpu()
+                o = full_vocab_overlap(probs["0"], probs["pos"], probs["neg"])
+                for k in fv:
+                    fv[k][z, cz] = o[k].cpu()
+            del logits, probs
+    if was_training:
+        model.train()
+    lp0, lp_pos, lp_neg = (torch.where(mask, lp[k], torch.zeros(())) for k in ("0", "pos", "neg"))
+    # 4. token classes (decoded once per distinct id) and diagnostics
+    uniq = sorted(set(resp_ids[mask].tolist()))
+    text_of = {i: tokenizer.decode([i]) for i in uniq}
+    lookup = torch.zeros(max(uniq) + 1, dtype=torch.bool)
+    for i in uniq:
+        lookup[i] = classify_token(text_of[i]) == "surface"
+    surf = lookup[resp_ids.clamp(min=0, max=max(uniq))] & mask
+    diag = diagnostics(lp0, lp_pos, lp_neg, mask, correct, tau=tau, top_frac=top_frac,
+                       token_classes=surf, entropy=ent, top1_prob=top1, sens_top_frac=sens_top_frac)
+    for k in fv:  # d4c_cosine_mean, d4c_kl_pos_mean, d4c_kl_neg_mean
+        diag[f"d4c_{k}_mean"] = float(fv[k][mask].double().mean())
+    s = cscr.sensitivity(lp0, lp_pos, lp_neg, mask)
+    A = torch.where(correct, 1.0, -1.0)
+    thr = cscr.calibrate_threshold(s, mask, 0.8)
+    _, stats = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, mask, threshold=thr, return_stats=True)
+    top = torch.topk(torch.where(mask, s, torch.full((), -1.0)).flatten(), min(num_examples, int(mask.sum())))
+    examples = []
+    for sv, f in zip(top.values.tolist(), top.indices.tolist()):
+        i, j = divmod(f, T)
+        tid = int(resp_ids[i, j])
+        examples.append({"row": i, "t": j, "token": text_of[tid], "class": "surface" if bool(surf[i, j]) else "content",
+                         "s": sv, "delta_pos": float(lp_pos[i, j] - lp0[i, j]),
+                         "delta_neg": float(lp_neg[i, j] - lp0[i, j])})
+    report = {
+        "config": {"num_trajectories": N, "template": name if name != "custom" else list(notes),
+                   "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+                   "seed": seed, "tau": tau, "top_frac": top_frac, "sens_top_frac": sens_top_frac},
+        "num_correct": int(correct.sum()),
+        "accuracy": float(correct.double().mean()),
+        "mean_response_length": float(mask.sum(1).double().mean()),
+        "diagnostics": diag,
+        "suggested_threshold_q80": thr,
+        "cscr_stats_at_q80_alpha1": stats,
+        "most_sensitive_tokens": examples,
+        "example_condition_prompts": list(cond[0]),
+        "paper_reference": PAPER_REFERENCE,
+    }
+    report = _json_safe(report)
+    if output_dir is not None:
+        os.makedirs(output_dir, exist_ok=True)
+        with open(os.path.join(output_dir, "report.json"), "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2, ensure_ascii=False)
+        _plots(output_dir, lp0, lp_pos, lp_neg, mask, s, surf)
+    if return_tensors:
+        tensors = {"response_ids": resp_ids, "response_mask": mask, "lp0": lp0, "lp_pos": lp_pos,
+                   "lp_neg": lp_neg, "entropy": ent, "top1_prob": top1, "surface": surf, "correct": correct,
+                   "fv_cosine": fv["cosine"], "fv_kl_pos": fv["kl_pos"], "fv_kl_neg": fv["kl_neg"],
+                   "prompts": ctx["0"], "prompts_pos": ctx["pos"], "prompts_neg": ctx["neg"]}
+        return report, tensors
+    return report
+
+
+def _plots(output_dir, lp0, lp_pos, lp_neg, mask, s, surf):
+    """Scatter of d_pos vs d_neg and histogram of s by token class (only if matplotlib is installed)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    d_pos = (lp_pos - lp0)[mask].numpy()
+    d_neg = (lp_neg - lp0)[mask].numpy()
+    fig, ax = plt.subplots(figsize=(5, 5))
+    ax.scatter(d_pos, d_neg, s=3, alpha=0.3)
+    lim = float(max(abs(d_pos).max(), abs(d_neg).max(), 1e-3))
+    ax.plot([-lim, lim], [-lim, lim], lw=0.5, color="gray")
+    ax.axhline(0, lw=0.5, color="gray")
+    ax.axvline(0, lw=0.5, color="gray")
+    ax.set_xlabel("d_pos = lp_pos − lp0 (nats)")
+    ax.set_ylabel("d_neg = lp_neg − lp0 (nats)")
+    ax.set_title("CSCR diagnostic: shifts under c+ and c−")
+    fig.tight_layout()
+    fig.savefig(os.path.join(output_dir, "delta_scatter.png"), dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for sel, label in ((mask & surf, "surface"), (mask & ~surf, "content")):
+        if int(sel.sum()):
+            ax.hist(s[sel].numpy(), bins=50, alpha=0.5, label=label, density=True)
+    ax.set_xlabel("sensitivity s (nats)")
+    ax.set_ylabel("density")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(output_dir, "s_by_class.png"), dpi=120)
+    plt.close(fig)
+
+
+def _read_jsonl(path):
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                row = json.loads(line)
+                for key in ("problem", "answer"):
+                    if key not in row:
+                        raise ValueError(f"{path}:{n}: missing field {key!r}")
+                rows.append(row)
+    return rows
+
+
+def _import_toy():
+    try:
+        import toy
+    except ImportError as e:
+        raise SystemExit(f"--model/--data toy needs the project's toy.py (import failed: {e})") from e
+    return toy
+
+
+def main(argv=None):
+    """CLI: ``python cscr_diagnostics.py --model M --data D --num_trajectories N [options]``."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description="CSCR diagnostics (spec §7): re-score on-policy trajectories under c+ / c-.")
+    ap.add_argument("--model", required=True, help="model folder (transformers) or 'toy'")
+    ap.add_argument("--data", required=True, help="jsonl file with {id, problem, answer, source} rows, or 'toy'")
+    ap.add_argument("--num_trajectories", type=int, default=400, help="paper: 400")
+    ap.add_argument("--output_dir", default="runs/cscr_diagnose")
+    ap.add_argument("--template", default="verdict", choices=sorted(cscr.CONDITION_TEMPLATES))
+    ap.add_argument("--prompt_template", default="auto", choices=["auto", "none", "qwen_math", "r1"],
+                    help="the training prompt template (rollout.py); auto: none for the toy, qwen_math otherwise")
+    ap.add_argument("--max_new_tokens", type=int, default=64)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top_p", type=float, default=1.0)
+    ap.add_argument("--top_k", type=int, default=0, help="0 = off")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gen_batch_size", type=int, default=16)
+    ap.add_argument("--micro_batch_size", type=int, default=8)
+    ap.add_argument("--tau", type=float, default=0.05)
+    ap.add_argument("--top_frac", type=float, default=0.1)
+    ap.add_argument("--device", default=None, help="default: cuda if available else cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    args = ap.parse_args(argv)
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import rollout  # the project's prompt templates and stop tokens
+
+    prompt_template = rollout.resolve_template(args.prompt_template, args.model)
+    model_path = _import_toy().ensure_toy_model() if args.model == "toy" else args.model
+    rows = _import_toy().load_split("train") if args.data == "toy" else _read_jsonl(args.data)
+    try:
+        import verify
+    except ImportError as e:
+        raise SystemExit(f"the grader needs the project's verify.py (import failed: {e})") from e
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, args.dtype)).to(device)
+    report = diagnose(
+        model, tokenizer, [r["problem"] for r in rows], [r["answer"] for r in rows], args.num_trajectories,
+        grade_fn=lambda text, ref: bool(verify.verify(text, ref)),
+        prompt_fn=lambda p: rollout.apply_template(p, prompt_template),
+        stop_ids=rollout.stop_token_ids(tokenizer, prompt_template),
+        template=args.template, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+        top_p=args.top_p, top_k=args.top_k, seed=args.seed, gen_batch_size=args.gen_batch_size,
+        micro_batch_size=args.micro_batch_size, tau=args.tau, top_frac=args.top_frac, output_dir=args.output_dir,
+    )
+    d = report["diagnostics"]
+    print(json.dumps({k: d.get(k) for k in ("d1_same_direction_rate", "d3_polarity_outcome_consistency",
+                                             "d4a_pearson", "d4b_topk_jaccard", "d4c_cosine_mean",
+                                             "d5_common_mode_share", "d6_surface_share_top")}, indent=2))
+    print(f"report: {os.path.join(args.output_dir, 'report.json')}")
+    return report
+
+
+if __name__ == "__main__":
+    main()
