@@ -213,7 +213,8 @@ class RunFolder:
     def __init__(self, path: str, main: bool = True, resume: bool = False, say=print):
         """Open the run folder ``path``; with ``resume`` find the checkpoint to continue from (``resume_from``,
         None when there is none: the run starts from step 0)."""
-        self.path, self.main, self._metrics = path, main, None
+        self.path, self.main, self._metrics, self.config, self.say = path, main, None, {}, say
+        self.skipped_updates_total = 0  # non-finite updates skipped so far (kept across --resume)
         if main:
             os.makedirs(os.path.join(path, "samples"), exist_ok=True)
         latest = latest_checkpoint(path)
@@ -224,13 +225,21 @@ class RunFolder:
             say(f"[note] {path} already holds checkpoints; this run starts from step 0 "
                 f"(pass --resume to continue from {latest})")
 
-    def start(self, config: dict, info: dict, resume_state: dict | None) -> None:
+    def start(self, config: dict, model, info: dict, resume_state: dict | None) -> None:
         """Begin logging: with a resumed run, refuse changed settings (``check_resume_config``); write config.json
-        (``config`` = the flags, plus ``info``); open metrics.jsonl (``open_metrics``). Every process calls it."""
+        (``config`` = the flags, ``info``, the model's sizes, library versions); open metrics.jsonl
+        (``open_metrics``). Every process calls it."""
+        import evaluate
+
+        self.config = config
         if self.resume_from:
             check_resume_config(os.path.join(self.path, "config.json"), config)
+            self.skipped_updates_total = resume_state["skipped_updates_total"]
         distributed.barrier()  # every process has read the old config.json before process 0 rewrites it
-        self.write_json("config.json", {"config": config, **info, "resumed_from": self.resume_from})
+        self.write_json("config.json", {
+            "config": config, **info, "num_parameters": sum(p.numel() for p in model.parameters()),
+            "num_trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "resumed_from": self.resume_from, "versions": evaluate.library_versions()})
         self.open_metrics(resume_state, self.resume_from)
 
     @property
@@ -270,21 +279,44 @@ class RunFolder:
         if self.main:
             self._metrics = open(self.metrics_path, "a" if resume_state is not None else "w")
 
-    def log(self, record: dict) -> None:
-        """Append one record; NaN/inf (e.g. a DelTA side statistic of a batch with no positive response) become
-        null, so every line is strict JSON."""
+    def log(self, record: dict, echo: str = "") -> dict:
+        """Append one record (and return it); NaN/inf (e.g. a DelTA side statistic of a batch with no positive
+        response) become null, so every line is strict JSON. ``echo``: also print it after this prefix."""
         if not self.main:
-            return
+            return record
         import math
 
-        record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        self._metrics.write(json.dumps(record) + "\n")
+        self._metrics.write(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+                                        for k, v in record.items()}) + "\n")
         self._metrics.flush()
+        if echo:
+            self.say(echo + " " + " ".join(f"{k.split('/', 1)[-1]}={v:.3f}" for k, v in record.items() if k != "step"))
+        return record
 
     def close(self) -> None:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+
+    def logged_eval(self, step: int) -> dict:
+        """The evaluation record logged at ``step`` (a resumed run reads its "before" evaluation back), or {}."""
+        return next((r for r in self.read_metrics() if r.get("step") == step and any(k.startswith("eval/") for k in r)),
+                    {})
+
+    def save_checkpoint(self, step: int, model, tokenizer, optimizer, state: dict) -> None:
+        """``save_checkpoint`` into ``checkpoint-<step>``; the trainer ``state`` gains the step, the number of
+        metrics.jsonl lines so far (``--resume`` cuts the log back to them), the skipped-update count and the run's
+        ``use_peft``, ``model`` and ``seed``. Every process calls it."""
+        state = {"step": step, "metrics_lines": len(self.metrics_lines()) if self.main else 0,
+                 "skipped_updates_total": self.skipped_updates_total, "use_peft": self.config.get("use_peft", False),
+                 "model": self.config.get("model"), "seed": self.config.get("seed"), **state}
+        save_checkpoint(os.path.join(self.path, f"checkpoint-{step}"), model, tokenizer, optimizer, state)
+
+    def finish(self, model, tokenizer, summary: dict) -> None:
+        """Write ``final/`` (``save_model``) and summary.json; every process calls it and waits for process 0."""
+        save_model(model, tokenizer, os.path.join(self.path, "final"))
+        self.write_json("summary.json", summary)
+        distributed.barrier()  # nobody leaves before process 0 has written final/
 
     def samples_path(self, step: int) -> str:
         return os.path.join(self.path, "samples", f"step_{step:06d}.jsonl")
@@ -303,6 +335,8 @@ class RunFolder:
         sums = distributed.all_reduce_sum(torch.tensor([token_stats[k] for k in keys], dtype=torch.float64))
         sums = dict(zip(keys, sums.tolist()))
         n_tok = max(sums.pop("num_tokens", 1.0), 1.0)
+        self.skipped_updates_total += extra.get("skipped_updates", 0)
+        extra = {**extra, "skipped_updates_total": self.skipped_updates_total}
         counts = {k: v for k, v in verify_counts.items() if k not in ("total", "correct")}
         summed = distributed.all_reduce_sum(torch.tensor(list(counts.values()), dtype=torch.float64)).tolist()
         pooled = distributed.all_gather_objects((rewards.tolist(), lengths.tolist(), finish_reasons))

@@ -244,12 +244,12 @@ def _build_inputs(prompt_ids, response_ids, response_mask, pad_id):
 
 
 def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids, response_mask, temperature=1.0,
-                       micro_batch_size=None, logprob_fn=None, *, eval_mode=True):
+                       micro_batch_size=None, logprob_fn=None, *, advantages=None, eval_mode=True):
     """Log-probs lp_pos, lp_neg of each fixed sampled response under its c+ and its c- prompt (spec §4).
 
     Source: abstract [S] (re-score a fixed trajectory under two opposing outcome conditions); spec §4 (rollout-
-    time weights, no grad), §6 step 2.  lp0 is the trainer's old-log-prob pass.  Pass only the responses with a
-    non-zero advantage (CSCR gives 0 for A_i = 0 anyway).
+    time weights, no grad), §6 step 2.  lp0 is the trainer's old-log-prob pass.  With ``advantages`` [B], only
+    the rows with A_i != 0 are scored (the others stay 0: CSCR gives them no credit anyway).
 
     TOKENISATION RULE (one rule for every caller, no option): a str prompt is tokenised with
     ``tokenizer(prompt)``, the tokenizer's default call with its special tokens (e.g. a BOS), exactly as the
@@ -262,7 +262,7 @@ def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids,
         model: causal LM (``model(input_ids=, attention_mask=, position_ids=)`` -> ``.logits``); tokenizer: with a
             ``pad_token_id``.  prompts_pos, prompts_neg: B prompts each (str or token ids).
         response_ids: LongTensor [B, T], right-padded responses.  response_mask: [B, T] bool/float.
-        temperature: float > 0, the sampling temperature.  micro_batch_size: rows per pass (None: all B).
+        temperature: float > 0, the sampling temperature.  micro_batch_size: rows per pass (None: all).
         logprob_fn: ``fn(model, input_ids, attention_mask, response_mask, temperature) -> [b, T]``, e.g. the
             trainer's own token log-prob function; default ``default_logprob_fn``.
 
@@ -286,7 +286,8 @@ def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids,
     if pad_id is None:
         raise ValueError("tokenizer.pad_token_id must be set (e.g. tokenizer.pad_token = tokenizer.eos_token)")
     logprob_fn = logprob_fn or default_logprob_fn
-    mb = micro_batch_size or max(B, 1)
+    rows = torch.arange(B) if advantages is None else (torch.as_tensor(advantages).cpu() != 0).nonzero().flatten()
+    mb = micro_batch_size or max(len(rows), 1)
     try:
         device = next(model.parameters()).device
     except (StopIteration, AttributeError):
@@ -299,11 +300,11 @@ def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids,
         outs = []
         with torch.no_grad():
             for prompts in (prompts_pos, prompts_neg):
-                ids = _tokenize_prompts(tokenizer, prompts)
+                ids = _tokenize_prompts(tokenizer, [prompts[i] for i in rows.tolist()])
                 lp = torch.zeros(response_ids.shape, dtype=torch.float32, device=response_ids.device)
-                for a in range(0, B, mb):
-                    z = slice(a, min(a + mb, B))
-                    inp, attn = _build_inputs(ids[z], response_ids[z].to(device), m[z].to(device), pad_id)
+                for a in range(0, len(rows), mb):
+                    z = rows[a:a + mb].to(response_ids.device)
+                    inp, attn = _build_inputs(ids[a:a + mb], response_ids[z].to(device), m[z].to(device), pad_id)
                     out = logprob_fn(model, inp, attn, m[z].to(device), temperature)
                     lp[z] = torch.where(m[z], out.float().to(lp.device), torch.zeros((), device=lp.device))
                 outs.append(lp)

@@ -11,11 +11,8 @@ One training step (``train_step``) is seven stages, in the order of the papers::
     6. update       clipped surrogate, token-mean, AdamW            policy_loss        DAPO (Yu et al. 2025) Eq. 8
     7. log          metrics.jsonl, samples/                         checkpoint.RunFolder
 
-The file follows that order: config and CLI; the maths (``group_advantages``, ``policy_loss``,
-``token_logprobs``); the credit hook (``Credit``); one step (``train_step``, ``old_logprobs``, ``policy_update``);
-the loop (``train``).
-
-What is implemented, and what is left out on purpose:
+The file follows that order: config and CLI; the maths (``group_advantages``, ``policy_loss``, ``token_logprobs``);
+the credit hook (``Credit``); one step (``train_step``, ``old_logprobs``, ``policy_update``); the loop (``train``).
 
 * θ_old's log-probs come from this trainer's own forward pass, never from the sampler, so the ratio is exactly 1 at
   the first update and sampler numerics do not leak in. When the batch is used for one update only, stage 4 takes
@@ -25,13 +22,11 @@ What is implemented, and what is left out on purpose:
   ``--loss_type dapo`` (default) is the token-mean over the mini-batch; with DelTA's normalised λ̄ (mean 1 over the
   rollout batch) it is the paper's self-normalised surrogate Σλℓ / Σλ (DelTA Eq. 8) over the rollout batch; with
   several mini-batches each one is only approximately self-normalised, as in DelTA's official code.
-* No entropy bonus, no reward shaping (rewards are binary), no dynamic sampling, no learning-rate schedule. The
-  loss value is not a progress signal (≈ 0 at θ_old): watch the reward and the held-out accuracy.
-* Infrastructure lives behind one-line calls: the policy model (loading, LoRA, KL reference) in policy.py, torchrun
+* Left out on purpose: entropy bonus, reward shaping (rewards are binary), dynamic sampling, learning-rate
+  schedules. The loss value is no progress signal (≈ 0 at θ_old): watch the reward and the held-out accuracy.
+* Infrastructure sits behind one-line calls: the policy model (loading, LoRA, KL reference) in policy.py, torchrun
   + FSDP2 in distributed.py, checkpoints and the run folder's logs in checkpoint.py, held-out evaluation in
-  evaluate.py.
-
-Read next: delta.py and cscr.py (the credit), then rollout.py and verify.py.
+  evaluate.py. Read next: delta.py and cscr.py (the credit), then rollout.py and verify.py.
 """
 
 from __future__ import annotations
@@ -39,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import gc
 import os
 import random
 import time
@@ -53,14 +49,9 @@ import policy
 import rollout
 import verify
 
-CREDITS = ("grpo", "delta", "cscr")
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Configuration: one dataclass, from which the argparse flags are generated (TRL's flag vocabulary)
-# ----------------------------------------------------------------------------------------------------------
+# --- Configuration: one dataclass, from which the argparse flags are generated (TRL's flag vocabulary) --------
 def _f(default, help, choices=None):
-    return field(default=default, metadata={"help": help, "choices": choices})
+    return field(default=default, metadata={"help": help, **({"choices": choices} if choices else {})})
 
 
 @dataclass
@@ -84,7 +75,7 @@ class GRPOConfig:
     gradient_checkpointing: bool = _f(False, "recompute each layer in the backward pass (less activation memory)")
     ref_on_cpu: bool = _f(False, "full fine-tuning with --beta > 0: keep the frozen reference on the CPU")
     # credit assignment
-    credit: str = _f("grpo", "token credit: grpo (broadcast), delta (DelTA), cscr (CSCR)", list(CREDITS))
+    credit: str = _f("grpo", "token credit: grpo (broadcast), delta (DelTA), cscr (CSCR)", ["grpo", "delta", "cscr"])
     delta_k: int = _f(1, "DelTA refinement iterations K")
     delta_lam_min: float = _f(0.8, "DelTA λ_min")
     delta_lam_max: float = _f(1.2, "DelTA λ_max")
@@ -140,15 +131,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for f in dataclasses.fields(GRPOConfig):
-        kind = f.type if isinstance(f.type, str) else f.type.__name__
-        kw = dict(default=f.default, help=f.metadata["help"])
+        kind = (f.type if isinstance(f.type, str) else f.type.__name__).split("|")[0].strip()  # "float | None"
+        kw = dict(default=f.default, **f.metadata)  # help, and choices where the field has them
         if kind == "bool":
             ap.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, **kw)
-            continue
-        kw["type"] = {"int": int, "float": float, "str": str}[kind.split("|")[0].strip()]
-        if f.metadata["choices"]:
-            kw["choices"] = f.metadata["choices"]
-        ap.add_argument(f"--{f.name}", **kw)
+        else:
+            ap.add_argument(f"--{f.name}", type={"int": int, "float": float, "str": str}[kind], **kw)
     return ap
 
 
@@ -167,8 +155,7 @@ def check_config(cfg: GRPOConfig, world: int = 1) -> None:
          f"of the number of processes ({world}): each process takes whole groups"),
         (cfg.num_mini_batches >= 1 and rows % cfg.num_mini_batches, "--num_mini_batches must divide "
          "num_prompts_per_step × num_generations" + (f" / {world} processes" if world > 1 else "")),
-        (cfg.max_steps < 0, "--max_steps must be >= 0"),
-        (cfg.micro_batch_size < 0, "--micro_batch_size must be >= 0"),
+        *[(getattr(cfg, n) < 0, f"--{n} must be >= 0") for n in ("max_steps", "micro_batch_size", "save_steps")],
         (cfg.learning_rate <= 0, f"--learning_rate must be > 0, got {cfg.learning_rate}"),
         (not (0 <= cfg.epsilon < 1) or cfg.epsilon_high < 0, "--epsilon must be in [0, 1) and --epsilon_high >= 0"),
         (cfg.dual_clip is not None and cfg.dual_clip <= 1, "--dual_clip must be > 1 (verl uses 3, DelTA 10)"),
@@ -177,7 +164,6 @@ def check_config(cfg: GRPOConfig, world: int = 1) -> None:
         (cfg.use_peft and (cfg.lora_r < 1 or cfg.lora_alpha <= 0 or not 0 <= cfg.lora_dropout < 1
                            or not cfg.lora_target_modules.strip(",").strip()),
          "--use_peft needs --lora_r >= 1, --lora_alpha > 0, 0 <= --lora_dropout < 1 and --lora_target_modules"),
-        (cfg.save_steps < 0, "--save_steps must be >= 0"),
         (not 0 < cfg.vllm_gpu_memory_utilization <= 1, "--vllm_gpu_memory_utilization must be in (0, 1]"),
         (cfg.vllm_enable_sleep_mode and not cfg.use_vllm, "--vllm_enable_sleep_mode needs --use_vllm"),
         (cfg.vllm_enable_sleep_mode and not torch.cuda.is_available(),
@@ -191,9 +177,7 @@ def check_config(cfg: GRPOConfig, world: int = 1) -> None:
             raise SystemExit(f"grpo.py: error: {message}")
 
 
-# ----------------------------------------------------------------------------------------------------------
-# The maths: pure functions on tensors
-# ----------------------------------------------------------------------------------------------------------
+# --- The maths: pure functions on tensors ---------------------------------------------------------------------
 def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "std", eps: float = 1e-6) -> torch.Tensor:
     """GRPO group-normalised advantages Â_i = (r_i − mean_g) / (std_g + eps) (GRPO §4.1.2; DelTA spec §1).
 
@@ -243,20 +227,18 @@ def policy_loss(logp, old_logp, advantages, response_mask, epsilon=0.2, epsilon_
     β > 0 without ``ref_logp``.
     """
     mask = response_mask.to(logp.dtype)
-    if logp.shape != old_logp.shape or logp.shape != mask.shape:
-        raise ValueError(f"logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)} and response_mask "
-                         f"{tuple(mask.shape)} must have the same [B, T] shape")
-    if advantages.dim() == 1:
-        advantages = advantages[:, None]
-    if advantages.shape[0] != logp.shape[0] or advantages.shape[1] not in (1, logp.shape[1]):
-        raise ValueError(f"advantages must be [B] or [B, T], got {tuple(advantages.shape)} for logp "
-                         f"{tuple(logp.shape)}")
-    if loss_type not in ("dapo", "grpo", "dr_grpo"):
-        raise ValueError(f"loss_type must be dapo, grpo or dr_grpo, got {loss_type!r}")
-    if loss_type == "dr_grpo" and not max_completion_length:
-        raise ValueError("loss_type='dr_grpo' needs max_completion_length")
-    if beta > 0 and ref_logp is None:
-        raise ValueError("beta > 0 needs ref_logp")
+    advantages = advantages[:, None] if advantages.dim() == 1 else advantages
+    for bad, message in [
+            (logp.shape != old_logp.shape or logp.shape != mask.shape, f"logp {tuple(logp.shape)}, old_logp "
+             f"{tuple(old_logp.shape)} and response_mask {tuple(mask.shape)} must have the same [B, T] shape"),
+            (advantages.shape[0] != logp.shape[0] or advantages.shape[1] not in (1, logp.shape[-1]),
+             f"advantages must be [B] or [B, T], got {tuple(advantages.shape)} for logp {tuple(logp.shape)}"),
+            (loss_type not in ("dapo", "grpo", "dr_grpo"),
+             f"loss_type must be dapo, grpo or dr_grpo, got {loss_type!r}"),
+            (loss_type == "dr_grpo" and not max_completion_length, "loss_type='dr_grpo' needs max_completion_length"),
+            (beta > 0 and ref_logp is None, "beta > 0 needs ref_logp")]:
+        if bad:
+            raise ValueError(message)
     adv = advantages.to(logp.dtype).expand_as(logp)
     # padded positions may hold anything (e.g. -inf): zero them before exp so no NaN reaches the gradient
     log_ratio = torch.where(mask > 0, logp - old_logp, torch.zeros_like(logp)).clamp(-20.0, 20.0)
@@ -332,33 +314,21 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
     return logp
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Credit assignment: sequence advantages Â_i -> token advantages Â_{i,t} (the --credit hook)
-# ----------------------------------------------------------------------------------------------------------
-def _micro_slices(n: int, size: int) -> list[slice]:
-    size = size or n
-    return [slice(i, min(i + size, n)) for i in range(0, n, size)]
-
-
+# --- Credit assignment: sequence advantages Â_i -> token advantages Â_{i,t} (the --credit hook) ---------------
 class Credit:
-    """Turns sequence advantages ``[N]`` into token advantages ``[N, T]``, once per rollout batch.
-
-    Computed under ``torch.no_grad()`` from θ_old and held fixed across every mini-batch and ``num_iterations``
-    epoch of the step (DelTA spec §2.4; CSCR spec §4). ``last_weights`` keeps the per-token weights of the last
-    call (λ̄ for DelTA, the sensitivity s for CSCR) for the samples log.
-    """
+    """Sequence advantages ``[N]`` -> token advantages ``[N, T]``, once per rollout batch, without gradient, from
+    θ_old; fixed for every mini-batch and epoch of the step (DelTA spec §2.4; CSCR spec §4). ``last_weights``: the
+    last call's per-token weights (λ̄ for DelTA, the sensitivity s for CSCR), for the samples log."""
 
     def __init__(self, cfg: GRPOConfig, tokenizer):
-        self.cfg, self.tokenizer = cfg, tokenizer
-        self.cscr_threshold = cfg.cscr_threshold
-        self.cscr_calibrated = False
-        self.last_weights = None
+        self.cfg, self.tokenizer, self.last_weights = cfg, tokenizer, None
+        self.cscr_threshold, self.cscr_calibrated = cfg.cscr_threshold, False
 
     def needs_hidden(self) -> bool:
         return self.cfg.credit == "delta"
 
     @torch.no_grad()
-    def __call__(self, model, batch: rollout.Rollout, adv, old_logp, hidden, problems, answers):
+    def __call__(self, model, batch: rollout.Rollout, adv, old_logp, hidden, answers):
         """Args: batch (its response_mask ``[N, T]``), adv ``[N]``, old_logp ``[N, T]``, hidden ``[N, T, H]`` (DelTA)
         or None, answers (the reference of each row, CSCR). Returns (token advantages ``[N, T]``, stats)."""
         mask = batch.response_mask
@@ -383,57 +353,46 @@ class Credit:
             # processes gives the λ̄ of the whole batch, whatever the number of processes.
             size = c.micro_batch_size if c.delta_impl == "memory_efficient" else 0
             chunks = [(delta.proxy_vectors(hidden[s], old_logp[s], mask[s]), adv[s], mask[s])
-                      for s in _micro_slices(len(adv), size)]
+                      for s in torch.arange(len(adv)).split(size or len(adv))]
             parts, stats = delta.delta_coefficients_streaming(
                 chunks, reduce_fn=distributed.all_reduce_sum if pooled else None, **kw)
             lam_bar = torch.cat(parts)
-            if pooled:
-                stats = distributed.pool_min_max(stats)  # the extremes are per process: pool them too
+            stats = distributed.pool_min_max(stats) if pooled else stats  # extremes are per process: pool them
         self.last_weights = lam_bar
         return delta.delta_token_advantages(adv, lam_bar, mask), stats  # Ã = Â·λ̄ (spec §2.3 step 7)
 
     def _cscr(self, model, batch, adv, old_logp, answers):
         import cscr
 
-        c = self.cfg
-        mask = batch.response_mask
-        rows = (adv != 0).nonzero().flatten().tolist()  # no scoring for zero-advantage responses
-        lp_pos = torch.zeros_like(old_logp)
-        lp_neg = torch.zeros_like(old_logp)
-        if rows:
-            pairs = [cscr.build_condition_prompts(batch.prompts[i], reference=answers[i],
-                                                  response_answer=verify.extract_boxed(batch.texts[i]) or "",
-                                                  template=c.cscr_template) for i in rows]
-            # the prompt texts are tokenised by cscr's rule, tokenizer(prompt), as the rollout tokenised them
-            lp_pos[rows], lp_neg[rows] = cscr.condition_logprobs(
-                model, self.tokenizer, [p for p, _ in pairs], [q for _, q in pairs], batch.response_ids[rows],
-                mask[rows], temperature=c.temperature, micro_batch_size=c.micro_batch_size or None,
-                logprob_fn=token_logprobs)
-            if c.cscr_threshold_quantile is not None and not self.cscr_calibrated:
-                # spec §5: calibrate λ once, as a quantile of s over the first rollout batch, then freeze
-                s = cscr.sensitivity(old_logp[rows], lp_pos[rows], lp_neg[rows], mask[rows], mode=c.cscr_mode)
-                # the quantile of every process's valid tokens (one value for all processes)
-                s = torch.cat(distributed.all_gather_objects(s[mask[rows].bool()].cpu()))[None]
-                self.cscr_threshold = cscr.calibrate_threshold(s, torch.ones_like(s), c.cscr_threshold_quantile)
-                self.cscr_calibrated = True
+        c, mask = self.cfg, batch.response_mask
+        # spec §3: the two privileged prompts x + c+, x + c− of every response
+        pairs = [cscr.build_condition_prompts(prompt, reference=ref, response_answer=verify.extract_boxed(text) or "",
+                                              template=c.cscr_template)
+                 for prompt, ref, text in zip(batch.prompts, answers, batch.texts)]
+        # spec §4: ℓ+, ℓ− of the responses with Â ≠ 0 (no grad, eval mode; prompts tokenised as the rollout's)
+        lp_pos, lp_neg = cscr.condition_logprobs(
+            model, self.tokenizer, [p for p, _ in pairs], [q for _, q in pairs], batch.response_ids, mask,
+            temperature=c.temperature, micro_batch_size=c.micro_batch_size or None, logprob_fn=token_logprobs,
+            advantages=adv)
+        s = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask, mode=c.cscr_mode)  # s_t = max(|Δ+|, |Δ−|)
+        if c.cscr_threshold_quantile is not None and not self.cscr_calibrated:
+            # spec §5: λ = a quantile of s over the first batch's scored tokens (every process's), then frozen
+            s_all = torch.cat(distributed.all_gather_objects(s[mask.bool() & (adv != 0)[:, None]].cpu()))[None]
+            self.cscr_threshold = cscr.calibrate_threshold(s_all, torch.ones_like(s_all), c.cscr_threshold_quantile)
+            self.cscr_calibrated = True
+        # spec §5: w_t = max(w_min, exp(−α·max(0, s_t − λ))), Â_{i,t} = Â_i·w_t / mean_t(w) (sign and budget kept)
         token_adv, stats = cscr.cscr_token_advantages(
             adv, old_logp, lp_pos, lp_neg, mask, threshold=self.cscr_threshold, alpha=c.cscr_alpha,
             w_min=c.cscr_w_min, mode=c.cscr_mode, return_stats=True)
-        stats["cscr/threshold"] = float(self.cscr_threshold)
-        self.last_weights = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask, mode=c.cscr_mode)
-        return token_adv, stats
+        self.last_weights = s
+        return token_adv, {**stats, "cscr/threshold": float(self.cscr_threshold)}
 
 
-# ----------------------------------------------------------------------------------------------------------
-# One step: rollout -> verify -> advantages -> θ_old -> credit -> update -> log
-# ----------------------------------------------------------------------------------------------------------
+# --- One step: rollout -> verify -> advantages -> θ_old -> credit -> update -> log ----------------------------
 def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sampler, rows, template, stop_ids,
-               run: checkpoint.RunFolder, skipped_total=0, llm=None) -> dict:
-    """One step of the loop (the seven stages of the module header); returns its metrics record.
-
-    ``llm``: the vLLM engine of ``--use_vllm`` (None: HF ``generate``). Under torchrun each process runs this on its
-    own whole groups; sums cross processes through distributed.py.
-    """
+               run: checkpoint.RunFolder, llm=None) -> dict:
+    """One step: the seven stages of the module header; returns its metrics record. ``llm``: the vLLM engine of
+    ``--use_vllm`` (None: HF ``generate``). Under torchrun each process runs it on its own whole groups."""
     t0 = time.time()
     G = cfg.num_generations
     rank, world = distributed.rank(), distributed.world_size()
@@ -441,8 +400,7 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
     #    its own whole groups (group statistics never cross processes).
     per_rank = cfg.num_prompts_per_step // world
     idx = sampler.take(cfg.num_prompts_per_step)[rank * per_rank:(rank + 1) * per_rank]
-    problems = [rows[i]["problem"] for i in idx]
-    prompts = [rollout.apply_template(p, template) for p in problems]
+    prompts = [rollout.apply_template(rows[i]["problem"], template) for i in idx]
     answers = [rows[i]["answer"] for i in idx for _ in range(G)]
     batch = rollout.sample(model, tokenizer, prompts, G, cfg.max_completion_length, cfg.temperature, cfg.top_p,
                            seed=cfg.seed * 100_003 + step + 1_000_003 * rank, stop_ids=stop_ids,
@@ -466,31 +424,27 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
         # one update at θ_old = θ: the training forward's own log-probs, detached, are θ_old's; stage 6 reuses
         # that forward for its loss (one forward pass fewer, the same update; TRL does the same when μ = 1)
         model.train()
-        out = token_logprobs(model, input_ids, attn, mask.to(device), cfg.temperature,
-                             return_hidden=credit.needs_hidden())
-        logp, hidden = out if credit.needs_hidden() else (out, None)
+        logp, hidden = token_logprobs(model, input_ids, attn, mask.to(device), cfg.temperature, return_hidden=True)
         old_logp, ref_logp = logp.detach().cpu(), None
-        hidden = hidden.float().cpu() if hidden is not None else None
+        hidden = hidden.float().cpu() if credit.needs_hidden() else None
     else:
         old_logp, hidden, ref_logp = old_logprobs(model, input_ids, attn, mask, cfg, credit.needs_hidden(),
                                                   ref_model)
     # 5. token advantages Â_{i,t} (CSCR scores only rows with Â ≠ 0, a different number on each process: its
     #    scoring passes need the gathered weights under FSDP2)
     with distributed.gathered_weights(model) if cfg.credit == "cscr" else contextlib.nullcontext():
-        token_adv, credit_stats = credit(model, batch, adv, old_logp, hidden, problems, answers)
+        token_adv, credit_stats = credit(model, batch, adv, old_logp, hidden, answers)
     # 6. policy update: num_iterations passes × num_mini_batches AdamW steps, micro-batched backward
     loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, input_ids, attn, mask, old_logp, token_adv,
                                                        ref_logp, cfg, step, logp=logp)
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
-    record = run.log_step(step + 1, G, rewards, batch.response_lengths, batch.finish_reasons,
-                          verify.summarize(graded), agg, {
-                              "loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
-                              "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
-                              "skipped_updates_total": skipped_total + skipped, **credit_stats,
-                              "step_time": time.time() - t0, "generation_time": t_gen})
+    record = run.log_step(step + 1, G, rewards, batch.response_lengths, batch.finish_reasons, verify.summarize(graded),
+                          agg, {"loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
+                                "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
+                                **credit_stats, "step_time": time.time() - t0, "generation_time": t_gen})
     if rank == 0 and cfg.logging_steps and (step + 1) % cfg.logging_steps == 0:
-        run.write_samples(step + 1, tokenizer, batch, rewards, adv, token_adv, credit.last_weights,
-                          "lambda_bar" if cfg.credit == "delta" else "sensitivity", min(cfg.num_samples_to_log, per_rank))
+        run.write_samples(step + 1, tokenizer, batch, rewards, adv, token_adv, credit.last_weights, "lambda_bar"
+                          if cfg.credit == "delta" else "sensitivity", min(cfg.num_samples_to_log, per_rank))
     return record
 
 
@@ -499,23 +453,19 @@ def old_logprobs(model, input_ids, attention_mask, response_mask, cfg: GRPOConfi
     """Stage 4: θ_old log-probs ``[N, T]`` (no grad, eval mode), micro-batched; also the LM-head inputs
     ``[N, T, H]`` when ``need_hidden`` (DelTA, same forward pass) and the reference log-probs when ``ref_model`` is
     given (else None). Every process runs the same number of micro-batches, so FSDP's per-layer gathers line up."""
-    device = input_ids.device
-    old_parts, hid_parts, ref_parts = [], [], []
+    old, hid, ref = [], [], []
     model.eval()
     with torch.no_grad():
-        for s in _micro_slices(len(input_ids), cfg.micro_batch_size):
-            m = response_mask[s].to(device)
-            o = token_logprobs(model, input_ids[s], attention_mask[s], m, cfg.temperature, return_hidden=need_hidden)
-            if need_hidden:
-                o, h = o
-                hid_parts.append(h.float().cpu())
-            old_parts.append(o.cpu())
+        for s in torch.arange(len(input_ids)).split(cfg.micro_batch_size or len(input_ids)):
+            m = response_mask[s].to(input_ids.device)
+            out = token_logprobs(model, input_ids[s], attention_mask[s], m, cfg.temperature, return_hidden=need_hidden)
+            old.append((out[0] if need_hidden else out).cpu())
+            hid += [out[1].float().cpu()] if need_hidden else []
             if ref_model is not None:  # the reference may live elsewhere (--ref_on_cpu)
                 rd = next(ref_model.parameters()).device
-                ref_parts.append(token_logprobs(ref_model, input_ids[s].to(rd), attention_mask[s].to(rd), m.to(rd),
-                                                cfg.temperature).cpu())
-    return (torch.cat(old_parts), torch.cat(hid_parts) if hid_parts else None,
-            torch.cat(ref_parts) if ref_parts else None)
+                ref.append(token_logprobs(ref_model, input_ids[s].to(rd), attention_mask[s].to(rd), m.to(rd),
+                                          cfg.temperature).cpu())
+    return torch.cat(old), torch.cat(hid) if hid else None, torch.cat(ref) if ref else None
 
 
 def can_update_on_policy(cfg: GRPOConfig, num_rows: int, has_reference: bool, model=None) -> bool:
@@ -525,7 +475,8 @@ def can_update_on_policy(cfg: GRPOConfig, num_rows: int, has_reference: bool, mo
     ℓ± come from eval-mode passes, so ℓ0 must too, or s_t would measure dropout noise."""
     return (cfg.num_iterations == 1 and cfg.num_mini_batches == 1 and not has_reference
             and (cfg.micro_batch_size == 0 or cfg.micro_batch_size >= num_rows)
-            and not (cfg.credit == "cscr" and (distributed.is_distributed() or (model is not None and policy.has_dropout(model)))))
+            and not (cfg.credit == "cscr" and (distributed.is_distributed() or
+                                               (model is not None and policy.has_dropout(model)))))
 
 
 def policy_update(model, optimizer, input_ids, attention_mask, response_mask, old_logp, token_adv, ref_logp,
@@ -572,19 +523,14 @@ def backward_minibatch(model, input_ids, attention_mask, response_mask, old_logp
     mini-batch (and over processes), so the summed gradient does not depend on the micro-batch size or the number of
     processes (trl#3021; FSDP sums the gradients). Returns (loss, token-weighted ``policy_loss`` statistic sums).
     """
-    device = input_ids.device
+    device, loss_total, agg = input_ids.device, 0.0, {}
     counts = distributed.all_reduce_sum(torch.tensor([response_mask[mb_idx].sum().item(), float(len(mb_idx))],
                                                      dtype=torch.float64))
     n_tok, n_seq = counts[0].item(), int(counts[1].item())
-    loss_total, agg = 0.0, {}
-    for s in _micro_slices(len(mb_idx), cfg.micro_batch_size):
-        j = mb_idx[s]
+    for j in mb_idx.split(cfg.micro_batch_size or len(mb_idx)):
         m = response_mask[j].to(device)
-        if logp is None:
-            mb_logp = token_logprobs(model, input_ids[j], attention_mask[j], m, cfg.temperature)
-        else:  # stage 4 ran this forward already (one micro-batch holding every row)
-            assert len(j) == len(logp), "a precomputed logp covers the whole batch in one micro-batch"
-            mb_logp = logp
+        # stage 4 may have run this forward already (``logp``: one micro-batch holding every row)
+        mb_logp = token_logprobs(model, input_ids[j], attention_mask[j], m, cfg.temperature) if logp is None else logp
         loss, stats = policy_loss(mb_logp, old_logp[j].to(device), token_adv[j].to(device), m, cfg.epsilon,
                                   cfg.epsilon_high, cfg.dual_clip, cfg.loss_type, cfg.max_completion_length,
                                   ref_logp=ref_logp[j].to(device) if ref_logp is not None else None, beta=cfg.beta,
@@ -596,26 +542,21 @@ def backward_minibatch(model, input_ids, attention_mask, response_mask, old_logp
     return loss_total, agg
 
 
-# ----------------------------------------------------------------------------------------------------------
-# The loop
-# ----------------------------------------------------------------------------------------------------------
+# --- The loop -------------------------------------------------------------------------------------------------
 class PromptSampler:
-    """Walks the training set in a seeded random order, epoch after epoch; its position is checkpointable."""
+    """Walks the training set in a seeded random order, epoch after epoch; ``position`` is all a checkpoint keeps."""
 
     def __init__(self, n: int, seed: int):
-        self.n, self.seed, self.position = n, seed, 0
-        self._epoch, self._order = None, []  # derived from (seed, epoch); only `position` is checkpointed
+        self.n, self.seed, self.position, self._orders = n, seed, 0, {}
 
     def take(self, k: int) -> list[int]:
         out = []
-        while len(out) < k:
-            epoch, i = divmod(self.position, self.n)
-            if epoch != self._epoch:
-                self._order = list(range(self.n))
-                random.Random(self.seed * 1_000_003 + epoch).shuffle(self._order)
-                self._epoch = epoch
-            out.append(self._order[i])
-            self.position += 1
+        for epoch, i in (divmod(p, self.n) for p in range(self.position, self.position + k)):
+            if epoch not in self._orders:  # each epoch's order comes from (seed, epoch) alone
+                self._orders = {epoch: list(range(self.n))}
+                random.Random(self.seed * 1_000_003 + epoch).shuffle(self._orders[epoch])
+            out.append(self._orders[epoch][i])
+        self.position += k
         return out
 
 
@@ -629,67 +570,47 @@ def train(cfg: GRPOConfig) -> dict:
 
     rank, world = distributed.init_distributed()
     check_config(cfg, world)
-    main = rank == 0
-    say = tqdm.write if main else (lambda *a, **k: None)
+    say = tqdm.write if rank == 0 else (lambda *a, **k: None)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-
     # data first: a bad row stops the run before any model is loaded
     rows = evaluate.load_problems(cfg.data, split="train")
-    eval_source = cfg.eval_data or ("toy" if cfg.data == "toy" else "")
+    eval_source = cfg.eval_data or ("toy" if cfg.data == "toy" else "")  # the toy's held-out split by default
     eval_rows = evaluate.load_problems(eval_source, split="test") if eval_source else []
-    run = checkpoint.RunFolder(cfg.output_dir or os.path.join("runs", cfg.credit), main, cfg.resume, say)
-    resume_from = run.resume_from
-
-    # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), sharding and AdamW
-    model, tokenizer, ref_model, optimizer, state, compute_dtype = policy.build(cfg, resume_from, say)
+    run = checkpoint.RunFolder(cfg.output_dir or os.path.join("runs", cfg.credit), rank == 0, cfg.resume, say)
+    # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), sharding, AdamW (and --resume's state)
+    model, tokenizer, ref_model, optimizer, state, compute_dtype = policy.build(cfg, run.resume_from, say)
     template = rollout.resolve_template(cfg.prompt_template, cfg.model)
     stop_ids = rollout.stop_token_ids(tokenizer, template, model)
-    llm = None
-    if cfg.use_vllm:  # after the policy is on the GPU: vLLM's memory check then counts the trainer's weights
-        llm = rollout.create_vllm_engine(
-            policy.model_path(cfg.model), gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-            enable_sleep_mode=cfg.vllm_enable_sleep_mode, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
-            dtype=str(compute_dtype or next(model.parameters()).dtype).removeprefix("torch."))
-    credit = Credit(cfg, tokenizer)
-    sampler = PromptSampler(len(rows), cfg.seed)
-    start_step, skipped_total = 0, 0
-    if resume_from:
-        checkpoint.load_checkpoint_optimizer(resume_from, model, optimizer)
-        start_step, skipped_total = state["step"], state["skipped_updates_total"]
-        sampler.position = state["sampler_position"]
-        credit.cscr_threshold, credit.cscr_calibrated = state["cscr_threshold"], state["cscr_calibrated"]
-        say(f"[resume] from {resume_from}: step {start_step}, {state['metrics_lines']} metrics lines kept")
-    run.start(dataclasses.asdict(cfg), {
-        "prompt_template": template, "num_parameters": sum(p.numel() for p in model.parameters()),
-        "num_trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        "num_processes": world, "versions": evaluate.library_versions()}, state)
+    llm = rollout.create_vllm_engine(  # after the policy is on the GPU: vLLM's memory check counts it
+        policy.model_path(cfg.model), gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        enable_sleep_mode=cfg.vllm_enable_sleep_mode, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
+        dtype=str(compute_dtype or next(model.parameters()).dtype).removeprefix("torch.")) if cfg.use_vllm else None
+    credit, sampler = Credit(cfg, tokenizer), PromptSampler(len(rows), cfg.seed)
+    start_step = state["step"] if state else 0
+    if state:  # --resume: where the data order and CSCR's calibration stood
+        sampler.position, credit.cscr_threshold, credit.cscr_calibrated = (state[k] for k in (
+            "sampler_position", "cscr_threshold", "cscr_calibrated"))
+    run.start(dataclasses.asdict(cfg), model, {"prompt_template": template, "num_processes": world}, state)
 
-    def run_eval(step):
+    def run_eval(step):  # held-out greedy, avg@k, pass@k
         if not eval_rows or not cfg.eval_num_generations:
             return {}
-        with policy.oom_guard(f"the evaluation at step {step}"), distributed.gathered_weights(model):
+        with policy.oom_guard(f"the evaluation at step {step}"):
             record = {"step": step, **evaluate.heldout(model, tokenizer, eval_rows, template,
                                                        cfg.eval_num_generations, cfg.temperature, cfg.top_p,
                                                        cfg.max_completion_length, seed=cfg.seed + 12345)}
-        run.log(record)
-        say(f"[eval step {step}] " + " ".join(f"{k[5:]}={v:.3f}" for k, v in record.items() if k != "step"))
-        return record
+        return run.log(record, echo=f"[eval step {step}]")
 
-    if start_step == 0:
-        first_eval = run_eval(0)
-    else:  # the "before" evaluation was logged by the interrupted run
-        first_eval = next((r for r in run.read_metrics()
-                           if r.get("step") == 0 and any(k.startswith("eval/") for k in r)), {})
+    first_eval = run_eval(0) if start_step == 0 else run.logged_eval(0)  # a resumed run logged it already
     last = {}
     bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{cfg.credit}]", dynamic_ncols=True,
-               initial=start_step, total=cfg.max_steps, **({} if main else {"disable": True}))
+               initial=start_step, total=cfg.max_steps, **({} if rank == 0 else {"disable": True}))
     try:
         for step in bar:
             with policy.oom_guard(f"step {step + 1}"):
                 last = train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sampler, rows,
-                                  template, stop_ids, run, skipped_total, llm)
-            skipped_total = last["skipped_updates_total"]
+                                  template, stop_ids, run, llm)
             bar.set_postfix(reward=f"{last['reward']:.3f}", len=f"{last['completions/mean_length']:.1f}")
             if last["completions/clipped_ratio"] > 0.5 and step < 3:
                 say(f"[warn] {last['completions/clipped_ratio']:.0%} of responses hit --max_completion_length "
@@ -697,24 +618,16 @@ def train(cfg: GRPOConfig) -> dict:
             if cfg.eval_steps and (step + 1) % cfg.eval_steps == 0 and step + 1 < cfg.max_steps:
                 run_eval(step + 1)
             if cfg.save_steps and (step + 1) % cfg.save_steps == 0 and step + 1 < cfg.max_steps:
-                checkpoint.save_checkpoint(
-                    os.path.join(run.path, f"checkpoint-{step + 1}"), model, tokenizer, optimizer,
-                    {"step": step + 1, "sampler_position": sampler.position,
-                     "metrics_lines": len(run.metrics_lines()) if main else 0,
-                     "skipped_updates_total": skipped_total, "cscr_threshold": float(credit.cscr_threshold),
-                     "cscr_calibrated": credit.cscr_calibrated, "use_peft": cfg.use_peft, "model": cfg.model,
-                     "seed": cfg.seed})
-        final_eval = run_eval(cfg.max_steps) if cfg.max_steps else first_eval
+                run.save_checkpoint(step + 1, model, tokenizer, optimizer, {
+                    "sampler_position": sampler.position, "cscr_threshold": float(credit.cscr_threshold),
+                    "cscr_calibrated": credit.cscr_calibrated})
+        summary = {"before": first_eval, "after": run_eval(cfg.max_steps) if cfg.max_steps else first_eval,
+                   "last_step": last}
     finally:
         run.close()
-    checkpoint.save_model(model, tokenizer, os.path.join(run.path, "final"))
-    summary = {"before": first_eval, "after": final_eval, "last_step": last}
-    run.write_json("summary.json", summary)
-    distributed.barrier()  # nobody leaves before process 0 has written final/
-    if llm is not None:
-        import gc
-
-        del llm  # free the engine before the process group goes (vLLM's shutdown touches it)
+    run.finish(model, tokenizer, summary)  # final/ (save_pretrained) and summary.json
+    if llm is not None:  # free the engine before the process group goes (vLLM's shutdown touches it)
+        del llm
         gc.collect()
     return summary
 
@@ -727,10 +640,8 @@ def main(argv=None):
         raise SystemExit(f"grpo.py: error: {e}")
     finally:
         distributed.close()
-    if distributed.rank_from_env() != 0:
-        return
     b, a, k = summary["before"], summary["after"], cfg.eval_num_generations
-    if b and a:
+    if b and a and distributed.rank_from_env() == 0:
         print(f"held-out avg@{k}: {b[f'eval/avg@{k}']:.3f} -> {a[f'eval/avg@{k}']:.3f}   "
               f"greedy: {b['eval/greedy']:.3f} -> {a['eval/greedy']:.3f}")
 

@@ -198,7 +198,8 @@ def has_dropout(model) -> bool:
 def build(cfg, resume_from: str | None = None, say=print):
     """The trainer's policy, in the order that matters: load the weights (``cfg.model``, ``cfg.torch_dtype``...),
     LoRA / gradient checkpointing, the frozen reference (before any weight changes), the weights of ``resume_from``
-    (a checkpoint folder), FSDP2 sharding under torchrun, AdamW over the trainable weights.
+    (a checkpoint folder), FSDP2 sharding under torchrun, AdamW over the trainable weights, then the optimizer and
+    RNG states of ``resume_from``.
 
     Returns:
         (model, tokenizer, ref_model or None, optimizer, the checkpoint's trainer state or None, compute dtype
@@ -212,7 +213,7 @@ def build(cfg, resume_from: str | None = None, say=print):
     if cfg.num_threads or sum(p.numel() for p in model.parameters()) < 10_000_000:
         torch.set_num_threads(cfg.num_threads or 1)  # tiny models: thread sync costs more than it gives
     model = prepare_model(model, cfg)
-    ref_model = reference_model(model, cfg)
+    ref_model = reference_model(model, cfg)  # before any weight changes
     state = checkpoint.load_checkpoint_weights(resume_from, model, cfg.use_peft) if resume_from else None
     # float32 weights on several GPUs: float32 master weights and AdamW state (sharded), bfloat16 compute
     compute_dtype = torch.bfloat16 if world > 1 and cfg.torch_dtype == "float32" and device.startswith("cuda") \
@@ -227,4 +228,8 @@ def build(cfg, resume_from: str | None = None, say=print):
         say("[warn] full fine-tuning with bfloat16 weights: AdamW updates smaller than ~0.2-0.4% of a weight "
             "are rounded away (at --learning_rate 1e-6 almost all are); prefer --use_peft (float32 adapters) "
             "or --torch_dtype float32 if memory allows")
-    return model, tokenizer, ref_model, build_optimizer(trainable, cfg), state, compute_dtype
+    optimizer = build_optimizer(trainable, cfg)
+    if resume_from:  # AdamW's state and the RNG states (after sharding: each process keeps its shard)
+        checkpoint.load_checkpoint_optimizer(resume_from, model, optimizer)
+        say(f"[resume] from {resume_from}: step {state['step']}, {state['metrics_lines']} metrics lines kept")
+    return model, tokenizer, ref_model, optimizer, state, compute_dtype

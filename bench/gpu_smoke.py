@@ -186,7 +186,7 @@ def train_step(model, optimizer, batch, credit_name, cfg):
     t1 = time.time()
     stats = {}
     if credit_name in ("grpo", "delta"):
-        token_adv, stats = credit(model, SimpleNamespace(response_mask=mask), adv, old, hidden, None, None)
+        token_adv, stats = credit(model, SimpleNamespace(response_mask=mask), adv, old, hidden, None)
     else:  # CSCR, tokenizer-free: the two conditioned passes on prompt-variant ids, then the weights
         rows = (adv != 0).nonzero().flatten().tolist()
         lp_pos, lp_neg = torch.zeros_like(old), torch.zeros_like(old)

@@ -70,7 +70,7 @@ def test_gradient_does_not_depend_on_micro_batch_size(rollout_batch, credit, los
                               max_completion_length=48)
         old, hidden, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, cfg,
                                            need_hidden=credit == "delta")
-        token_adv, _ = grpo.Credit(cfg, tok)(model, batch, adv, old, hidden, None, answers)
+        token_adv, _ = grpo.Credit(cfg, tok)(model, batch, adv, old, hidden, answers)
         # a perturbed "old" policy so that ratios differ from 1 and the clip branches matter
         old = old + 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * batch.response_mask
         model.zero_grad(set_to_none=True)
@@ -91,7 +91,7 @@ def test_delta_streaming_equals_whole_batch_in_trainer(rollout_batch):
         cfg = grpo.GRPOConfig(credit="delta", delta_impl=impl, micro_batch_size=3)
         old, hidden, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, cfg,
                                            need_hidden=True)
-        out.append(grpo.Credit(cfg, tok)(model, batch, adv, old, hidden, None, None)[0])
+        out.append(grpo.Credit(cfg, tok)(model, batch, adv, old, hidden, None)[0])
     torch.testing.assert_close(out[0], out[1], atol=1e-6, rtol=1e-5)
 
 
@@ -103,9 +103,9 @@ def _one_step(model, tok, cfg, rows, out_dir, monkeypatch, from_training_forward
     hook, seen = grpo.Credit(cfg, tok), {}
     real_call = grpo.Credit.__call__
 
-    def spy(self, model, batch, adv, old_logp, hidden, problems, answers):
+    def spy(self, model, batch, adv, old_logp, hidden, answers):
         seen.update(batch=batch, old_logp=old_logp.clone())
-        out = real_call(self, model, batch, adv, old_logp, hidden, problems, answers)
+        out = real_call(self, model, batch, adv, old_logp, hidden, answers)
         seen["token_adv"] = out[0].clone()
         return out
 

@@ -333,28 +333,6 @@ def test_condition_prompts_errors():
 # ---------------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    transformers = pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, decoders, models
-
-    chars = list("0123456789 +-=.:\n") + [chr(c) for c in range(97, 123)]
-    vocab = {tok: i for i, tok in enumerate(["<pad>", "<s>", "</s>", "<unk>"] + chars)}
-    tk = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    tk.decoder = decoders.Fuse()
-    tok = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tk, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
-    )
-    cfg = transformers.Qwen3Config(
-        vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=8, max_position_embeddings=512, initializer_range=0.3,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = transformers.Qwen3ForCausalLM(cfg).eval()
-    return model, tok
-
-
 def naive_logprobs(model, tok, prompt, resp, temperature):
     """Independent reference: one unpadded sequence, default positions, full log_softmax + gather; the prompt is
     tokenised by the tokenisation rule, ``tok(prompt)``, as the rollout does."""
@@ -398,6 +376,15 @@ def test_condition_logprobs_matches_naive(tiny):
     # micro-batching gives the same result
     lp_pos1, lp_neg1 = cscr.condition_logprobs(model, tok, prompts_pos, prompts_neg, resp_ids, mask, temperature=temp, micro_batch_size=1)
     assert torch.allclose(lp_pos1, lp_pos, atol=1e-5) and torch.allclose(lp_neg1, lp_neg, atol=1e-5)
+
+    # with advantages, only the rows with A != 0 are scored (one pass over them), the others stay 0
+    calls.clear()
+    lp_pos2, lp_neg2 = cscr.condition_logprobs(model, tok, prompts_pos, prompts_neg, resp_ids, mask, temperature=temp,
+                                               logprob_fn=counting_fn, advantages=torch.tensor([0.5, 0.0, -0.5]))
+    assert [shape[0] for shape in calls] == [2, 2]
+    assert torch.equal(lp_pos2[1], torch.zeros(T)) and torch.equal(lp_neg2[1], torch.zeros(T))
+    for i, (p, q) in enumerate([(lp_pos2, lp_pos), (lp_neg2, lp_neg)]):
+        torch.testing.assert_close(p[[0, 2]], q[[0, 2]], atol=1e-5, rtol=0)
 
     # the comparison is sensitive to the padding: attending to the left pad tokens changes the padded rows.
     # (Dropping only the position ids does not: RoPE scores depend on position differences, so a uniform

@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cscr  # noqa: E402
 import cscr_diagnostics  # noqa: E402
-from test_cscr import LP0, LP_NEG, LP_POS, naive_logprobs, random_batch, t, tiny  # noqa: E402, F401 (tiny: fixture)
+from test_cscr import LP0, LP_NEG, LP_POS, naive_logprobs, random_batch, t  # noqa: E402
 
 
 def test_diagnostics_toy_example():
