@@ -204,6 +204,20 @@ def check_resume_config(path: str, config: dict) -> None:
                          f"same settings, or start a new run in another --output_dir")
 
 
+def library_versions() -> dict:
+    """Versions of the libraries that decide the numbers (saved next to every result)."""
+    import importlib.metadata as md
+    import sys
+
+    versions = {"python": sys.version.split()[0]}
+    for pkg in ("torch", "transformers", "peft", "math-verify", "vllm", "numpy", "datasets"):
+        try:
+            versions[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return versions
+
+
 # ----------------------------------------------------------------------------------------------------------
 # The run's logs
 # ----------------------------------------------------------------------------------------------------------
@@ -229,8 +243,6 @@ class RunFolder:
         """Begin logging: with a resumed run, refuse changed settings (``check_resume_config``); write config.json
         (``config`` = the flags, ``info``, the model's sizes, library versions); open metrics.jsonl
         (``open_metrics``). Every process calls it."""
-        import evaluate
-
         self.config = config
         if self.resume_from:
             check_resume_config(os.path.join(self.path, "config.json"), config)
@@ -239,7 +251,7 @@ class RunFolder:
         self.write_json("config.json", {
             "config": config, **info, "num_parameters": sum(p.numel() for p in model.parameters()),
             "num_trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-            "resumed_from": self.resume_from, "versions": evaluate.library_versions()})
+            "resumed_from": self.resume_from, "versions": library_versions()})
         self.open_metrics(resume_state, self.resume_from)
 
     @property

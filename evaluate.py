@@ -50,6 +50,7 @@ import sys
 import time
 from pathlib import Path
 
+import checkpoint
 import policy
 import rollout
 import verify
@@ -551,19 +552,6 @@ def heldout(model, tokenizer, rows: list[dict], template: str, k: int, temperatu
     return {f"eval/{key}": res[key] for key in keep if key in res}
 
 
-def library_versions() -> dict:
-    """Versions of the libraries that decide the numbers (saved next to every result)."""
-    import importlib.metadata as md
-
-    versions = {"python": sys.version.split()[0]}
-    for pkg in ("torch", "transformers", "peft", "math-verify", "vllm", "numpy", "datasets"):
-        try:
-            versions[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            pass
-    return versions
-
-
 # ----------------------------------------------------------------------------------------------------------
 # Resumable runs
 # ----------------------------------------------------------------------------------------------------------
@@ -895,7 +883,7 @@ def main(argv=None):
     results = {"model": args.model, "protocol": args.protocol, "prompt_template": template,
                "settings": {**{k: settings[k] for k in DEFAULT_SETTINGS}, "pass_k": pass_ks, "stop_ids": stop_ids,
                             "limit": args.limit, "grade_timeout": args.grade_timeout},
-               "settings_hash": run_hash, "versions": library_versions(), "benchmarks": {},
+               "settings_hash": run_hash, "versions": checkpoint.library_versions(), "benchmarks": {},
                "run": {"seconds": {}, "reused_responses": {}}}
     t_start = time.time()
     for name, source in benches:

@@ -336,12 +336,12 @@ def cpu_model() -> str:
 
 
 def library_versions(extra: tuple[str, ...] = ()) -> dict:
-    """``evaluate.library_versions()`` plus the versions of ``extra`` distributions that are installed."""
+    """``checkpoint.library_versions()`` plus the versions of ``extra`` distributions that are installed."""
     import importlib.metadata as md
 
-    import evaluate
+    import checkpoint
 
-    versions = evaluate.library_versions()
+    versions = checkpoint.library_versions()
     for pkg in extra:
         try:
             versions[pkg] = md.version(pkg)
