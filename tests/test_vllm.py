@@ -462,9 +462,10 @@ def _tok():
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(sys.argv[1])
 
-rollout.sync_weights = checked_sync
-grpo.main(["--model", sys.argv[1]] + sys.argv[2:])
-print(f"SYNC_CHECKS rank={distributed.rank_from_env()} {checks}", flush=True)
+if __name__ == "__main__":  # verify.py's grading workers are spawned and re-import this script
+    rollout.sync_weights = checked_sync
+    grpo.main(["--model", sys.argv[1]] + sys.argv[2:])
+    print(f"SYNC_CHECKS rank={distributed.rank_from_env()} {checks}", flush=True)
 """
 
 
