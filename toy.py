@@ -4,7 +4,7 @@ Why a toy? So the whole RLVR pipeline (sample -> verify -> advantage -> credit -
 2-core CPU in minutes, through exactly the code paths a real model uses:
 
 * Problems are short multi-step arithmetic, e.g. ``Compute 37+48-12.``, with an integer answer, in the same
-  jsonl schema as ``../shared/data`` (``{id, problem, answer, source}``), generated deterministically from a
+  jsonl schema as ``data/`` (``{id, problem, answer, source}``), generated deterministically from a
   seed, with disjoint train and held-out (``test``) splits.
 * A correct response is a short worked solution ending in ``\\boxed{N}``::
 

@@ -8,7 +8,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-SHARED_DATA = ROOT.parent / "shared" / "data"
 
 torch.set_num_threads(1)  # tiny models: threads cost more than they give, and keep CI predictable
 
