@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import dataclasses
 import gc
+import importlib.util
 import os
 import random
 import time
@@ -127,18 +128,13 @@ class GRPOConfig:
     num_threads: int = _f(0, "torch CPU threads (0: 1 for models under 10M parameters, else torch's default)")
 
 
-class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):  # "(default: ...)" after each flag, unless it is empty
-    def _get_help_string(self, action):
-        return action.help if action.default in ("", None) else super()._get_help_string(action)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """argparse flags generated from ``GRPOConfig`` (name, type, default, help, choices)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=_DefaultsHelp)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for f in dataclasses.fields(GRPOConfig):
         kind = (f.type if isinstance(f.type, str) else f.type.__name__).split("|")[0].strip()  # "float | None"
         kw = dict(default=f.default, **f.metadata)  # help, and choices where the field has them
+        kw["help"] += " (default: %(default)s)" if f.default not in ("", None) else ""  # empty: the help says
         if kind == "bool":
             ap.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, **kw)
         else:
@@ -148,8 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_config(cfg: GRPOConfig, world: int = 1) -> None:
     """Reject settings that cannot work, with a one-line message naming the flag (``SystemExit``)."""
-    import importlib.util
-
     rows = cfg.num_prompts_per_step // max(world, 1) * cfg.num_generations  # one process's rollout rows
     problems = [
         (cfg.num_generations < 1, "--num_generations must be >= 1"),
@@ -487,14 +481,13 @@ def can_update_on_policy(cfg: GRPOConfig, num_rows: int, has_reference: bool, mo
 
 def policy_update(model, optimizer, input_ids, attention_mask, response_mask, old_logp, token_adv, ref_logp,
                   cfg: GRPOConfig, step: int, logp=None):
-    """Stage 6: ``num_iterations`` passes × ``num_mini_batches`` AdamW steps on one rollout batch.
-
-    Each step accumulates the mini-batch's gradient (``backward_minibatch``), clips it and applies AdamW; a step whose
-    loss or gradient norm is not finite is skipped and counted. Pass ``e`` permutes the rows with a generator seeded
-    by ``(seed, step, e)``, so a resumed run makes the same updates. ``input_ids``/``attention_mask`` ``[N, P + T]``
-    on the model's device, the ``[N, T]`` tensors anywhere; ``logp``: the ``[N, T]`` log-probs of the training
-    forward stage 4 already ran (``can_update_on_policy``), reused by the only micro-batch.
-    Returns (Σ mini-batch losses, applied pre-clip gradient norms, token-weighted statistic sums, skipped updates).
+    """Stage 6: ``num_iterations`` passes × ``num_mini_batches`` AdamW steps on one rollout batch. Each step
+    accumulates the mini-batch's gradient (``backward_minibatch``), clips it and applies AdamW; one whose loss or
+    gradient norm is not finite is skipped and counted. Pass ``e`` permutes the rows with a generator seeded by
+    ``(seed, step, e)``, so a resumed run makes the same updates. ``input_ids``/``attention_mask`` ``[N, P + T]`` on
+    the model's device, the ``[N, T]`` tensors anywhere; ``logp``: the ``[N, T]`` log-probs of the training forward
+    stage 4 already ran (``can_update_on_policy``), reused by the only micro-batch. Returns (Σ mini-batch losses,
+    applied pre-clip gradient norms, token-weighted statistic sums, skipped updates).
     """
     model.train()
     N = input_ids.shape[0]
