@@ -14,7 +14,7 @@ torch.set_num_threads(1)  # tiny models: threads cost more than they give, and k
 
 @pytest.fixture(scope="session")
 def toy_model_path():
-    """The warmed-up toy base model (built once into the cache, about two minutes on 2 cores)."""
+    """The warmed-up toy base model that ships in toy_model/ (toy.py)."""
     import toy
 
     return toy.ensure_toy_model()
