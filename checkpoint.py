@@ -5,10 +5,14 @@ A run folder (``--output_dir``) holds::
     config.json          the flags, prompt template, versions (written at the start; read back by --resume)
     metrics.jsonl        one JSON line per step and per evaluation
     samples/step_*.jsonl a few logged groups per step
-    checkpoint-<step>/   resumable: weights or LoRA adapter, tokenizer, optimizer.pt, rng_state.pt,
+    checkpoint-<step>/   resumable: weights or LoRA adapter, tokenizer, run_info.json, optimizer.pt, rng_state.pt,
                          trainer_state.json (written last: its presence marks the folder complete)
-    final/               save_pretrained folder of the trained policy (loads with from_pretrained or peft)
+    final/               save_pretrained folder of the trained policy and run_info.json (its prompt template, base
+                         model, credit): evaluate.py --model <run>/final uses the template it was trained with
     summary.json         the before/after evaluation and the last step's record
+
+A new run refuses a folder that holds an earlier one (``--resume`` continues it, ``--overwrite_output_dir`` deletes
+it first), and nothing is written before the model has loaded, so a run that fails to start leaves no folder.
 
 Every folder is written into a temporary sibling ``<name>.tmp-*`` and renamed into place when complete, so a crash
 leaves the previous checkpoints intact and no half-written ``checkpoint-<step>``. Under torchrun every process calls
@@ -39,7 +43,7 @@ _CKPT_RE = re.compile(r"checkpoint-(\d+)")
 # (vLLM or HF draw different random numbers, but from the same policy). Everything else decides the updates.
 RESUME_MAY_CHANGE = {"resume", "max_steps", "save_steps", "logging_steps", "eval_steps", "eval_num_generations",
                      "num_samples_to_log", "num_threads", "output_dir", "use_vllm", "vllm_gpu_memory_utilization",
-                     "vllm_enable_sleep_mode", "micro_batch_size", "gradient_checkpointing"}
+                     "vllm_enable_sleep_mode", "micro_batch_size", "gradient_checkpointing", "overwrite_output_dir"}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -75,27 +79,44 @@ def _replace_dir(tmp: str, path: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def save_model(model, tokenizer, path: str) -> None:
+def save_model(model, tokenizer, path: str, info: dict | None = None) -> None:
     """``save_pretrained`` (safetensors) of the model (a peft model: its adapter) and tokenizer, written to a
     temporary folder and renamed into place. Under FSDP2 every process calls it and process 0 writes the gathered
-    full weights: the folder loads with ``from_pretrained`` (or peft) with no torch.distributed."""
+    full weights: the folder loads with ``from_pretrained`` (or peft) with no torch.distributed. ``info`` is written
+    as ``run_info.json`` (how the model was trained, e.g. its prompt template)."""
     sd = distributed.gathered_model_state(model)
     if distributed.rank() != 0:
         return
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, **({"state_dict": sd} if sd is not None else {}))
-    tokenizer.save_pretrained(tmp)
+    _save_model_folder(tmp, model, tokenizer, sd, info)
     _replace_dir(tmp, path)
 
 
-def save_checkpoint(path: str, model, tokenizer, optimizer, state: dict) -> None:
+def _save_model_folder(folder: str, model, tokenizer, state_dict: dict | None, info: dict | None) -> None:
+    """``save_pretrained`` of model (or adapter) and tokenizer, and ``info`` as ``run_info.json`` (how the model
+    was trained: its prompt template, base model, credit)."""
+    model.save_pretrained(folder, **({"state_dict": state_dict} if state_dict is not None else {}))
+    tokenizer.save_pretrained(folder)
+    if not info:
+        return
+    with open(os.path.join(folder, "run_info.json"), "w") as f:
+        json.dump(info, f, indent=1)
+    adapter = os.path.join(folder, "adapter_config.json")
+    if os.path.exists(adapter) and info.get("base_model"):  # name the base model as the user did ("toy", a hub
+        with open(adapter) as f:                            # id), not by this machine's cache path
+            config = json.load(f)
+        with open(adapter, "w") as f:
+            json.dump({**config, "base_model_name_or_path": info["base_model"]}, f, indent=2, sort_keys=True)
+
+
+def save_checkpoint(path: str, model, tokenizer, optimizer, state: dict, info: dict | None = None) -> None:
     """Write a resumable checkpoint into ``path`` (e.g. ``<output_dir>/checkpoint-<step>``), atomically.
 
     Contents: the model (``save_pretrained``, safetensors) or, for a peft model, the adapter only; the tokenizer;
     ``optimizer.pt`` (AdamW moments and step counts, keyed by parameter name with full tensors, so a checkpoint
-    written by N processes resumes in M); ``rng_state.pt`` (python, torch CPU and every CUDA device); and last
-    ``trainer_state.json`` (``state``: step, sampler position, metrics.jsonl length, counters...).
+    written by N processes resumes in M); ``rng_state.pt`` (python, torch CPU and every CUDA device); ``info`` as
+    ``run_info.json``; and last ``trainer_state.json`` (``state``: step, sampler position, metrics.jsonl length...).
     Under torchrun every process must call this; process 0 writes (``--output_dir`` must be on a filesystem every
     process sees, for ``--resume``).
     """
@@ -105,8 +126,7 @@ def save_checkpoint(path: str, model, tokenizer, optimizer, state: dict) -> None
         return
     parent, name = os.path.split(os.path.abspath(path))
     tmp = tempfile.mkdtemp(prefix=name + ".tmp-", dir=parent)
-    model.save_pretrained(tmp, **({"state_dict": model_sd} if model_sd is not None else {}))
-    tokenizer.save_pretrained(tmp)
+    _save_model_folder(tmp, model, tokenizer, model_sd, info)
     torch.save(optim_sd, os.path.join(tmp, "optimizer.pt"))
     rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -224,35 +244,66 @@ def library_versions() -> dict:
 class RunFolder:
     """config.json, metrics.jsonl, samples/ and summary.json of one run; only process 0 writes (``main``)."""
 
-    def __init__(self, path: str, main: bool = True, resume: bool = False, say=print):
-        """Open the run folder ``path``; with ``resume`` find the checkpoint to continue from (``resume_from``,
-        None when there is none: the run starts from step 0)."""
-        self.path, self.main, self._metrics, self.config, self.say = path, main, None, {}, say
-        self.skipped_updates_total = 0  # non-finite updates skipped so far (kept across --resume)
-        if main:
-            os.makedirs(os.path.join(path, "samples"), exist_ok=True)
-        latest = latest_checkpoint(path)
-        self.resume_from = latest if resume else None
-        if resume and latest is None:
-            say(f"[resume] no complete checkpoint in {path}: starting from step 0")
-        elif not resume and latest:
-            say(f"[note] {path} already holds checkpoints; this run starts from step 0 "
-                f"(pass --resume to continue from {latest})")
+    def __init__(self, path: str, config: dict, main: bool = True, say=print):
+        """Open the run folder ``path`` for a run with flags ``config`` (``dataclasses.asdict`` of the trainer's),
+        deciding what happens to what is already there, before any model is loaded:
 
-    def start(self, config: dict, model, info: dict, resume_state: dict | None) -> None:
-        """Begin logging: with a resumed run, refuse changed settings (``check_resume_config``); write config.json
-        (``config`` = the flags, ``info``, the model's sizes, library versions); open metrics.jsonl
-        (``open_metrics``). Every process calls it."""
-        self.config = config
-        if self.resume_from:
-            check_resume_config(os.path.join(self.path, "config.json"), config)
-            self.skipped_updates_total = resume_state["skipped_updates_total"]
+        * nothing there (or an empty folder): a new run;
+        * ``config["resume"]``: continue from its latest complete checkpoint (``resume_from``), after checking that
+          the checkpoint, metrics.jsonl and config.json fit together and the training settings did not change;
+        * ``config["overwrite_output_dir"]``: a new run; the earlier one is deleted by ``start`` (after the model
+          loaded, so a run that fails to start loses nothing);
+        * otherwise an earlier run there stops this one: ValueError naming both ways forward.
+        Nothing is written here: a run that fails before ``start`` leaves no folder behind.
+        Raises ValueError: see above, each case in one line that says what to do.
+        """
+        self.path, self.config, self.main, self.say, self._metrics = path, config, main, say, None
+        self.skipped_updates_total = 0  # non-finite updates skipped so far (kept across --resume)
+        self.resume_from, self.resume_state, self.model_info = None, None, {}
+        earlier = sorted(os.listdir(path)) if os.path.isdir(path) else []
+        if config.get("resume"):
+            self.resume_from = latest_checkpoint(path)
+            if self.resume_from is None and earlier:
+                raise ValueError(f"--resume: {path} holds no complete checkpoint-<step>/ (the run stopped before its "
+                                 f"first --save_steps); start it again with --overwrite_output_dir")
+            if self.resume_from is None:
+                say(f"[resume] {path} is empty: starting from step 0")
+            else:
+                self._check_resumable()
+        elif earlier and not config.get("overwrite_output_dir"):
+            raise ValueError(f"{path} already holds a run ({', '.join(earlier[:4])}{', ...' if len(earlier) > 4 else ''}"
+                             f"): pass --resume to continue it, or --overwrite_output_dir to delete it and start "
+                             f"again (or choose another --output_dir)")
+
+    def _check_resumable(self) -> None:
+        """The checkpoint, metrics.jsonl and config.json of ``resume_from`` describe one run with these settings."""
+        with open(os.path.join(self.resume_from, TRAINER_STATE)) as f:
+            self.resume_state = json.load(f)
+        have, keep = len(self.metrics_lines()), self.resume_state["metrics_lines"]
+        if have < keep:
+            raise ValueError(f"cannot --resume from {self.resume_from}: {self.metrics_path} has {have} lines, fewer "
+                             f"than the {keep} logged when that checkpoint was written (another run wrote here since);"
+                             f" start again with --overwrite_output_dir or use another --output_dir")
+        check_resume_config(os.path.join(self.path, "config.json"), self.config)
+        self.skipped_updates_total = self.resume_state["skipped_updates_total"]
+
+    def start(self, model, info: dict) -> None:
+        """Begin the run's logs: delete an earlier run (``--overwrite_output_dir``), write config.json (the flags,
+        ``info``, the model's sizes, library versions), open metrics.jsonl (``open_metrics``). ``info`` must name
+        the ``prompt_template``: it is also written as ``run_info.json`` into every saved model folder, so
+        ``--prompt_template auto`` finds it there (rollout.resolve_template). Every process calls it."""
+        self.model_info = {"prompt_template": info["prompt_template"], "base_model": self.config.get("model"),
+                           "credit": self.config.get("credit")}
         distributed.barrier()  # every process has read the old config.json before process 0 rewrites it
+        if self.main:
+            if self.config.get("overwrite_output_dir") and not self.config.get("resume"):
+                shutil.rmtree(self.path, ignore_errors=True)
+            os.makedirs(os.path.join(self.path, "samples"), exist_ok=True)
         self.write_json("config.json", {
-            "config": config, **info, "num_parameters": sum(p.numel() for p in model.parameters()),
+            "config": self.config, **info, "num_parameters": sum(p.numel() for p in model.parameters()),
             "num_trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "resumed_from": self.resume_from, "versions": library_versions()})
-        self.open_metrics(resume_state, self.resume_from)
+        self.open_metrics(self.resume_state, self.resume_from)
 
     @property
     def metrics_path(self) -> str:
@@ -274,20 +325,13 @@ class RunFolder:
 
     def open_metrics(self, resume_state: dict | None, checkpoint: str | None = None) -> None:
         """Start metrics.jsonl: a run from step 0 starts a new file (never mixing two runs); a resumed run first
-        drops the lines logged after its checkpoint (no step twice), then appends.
-
-        Raises:
-            ValueError: metrics.jsonl has fewer lines than the checkpoint recorded.
-        """
-        if resume_state is not None:
-            lines, keep = self.metrics_lines(), resume_state["metrics_lines"]
-            if len(lines) < keep:
-                raise ValueError(f"{self.metrics_path} has {len(lines)} lines, fewer than the {keep} recorded by "
-                                 f"{checkpoint}")
-            if self.main:
-                with open(self.metrics_path + ".tmp", "w") as f:
-                    f.writelines(lines[:keep])
-                os.replace(self.metrics_path + ".tmp", self.metrics_path)
+        drops the lines logged after its checkpoint (no step twice; ``_check_resumable`` made sure they exist),
+        then appends."""
+        if resume_state is not None and self.main:
+            lines = self.metrics_lines()[:resume_state["metrics_lines"]]
+            with open(self.metrics_path + ".tmp", "w") as f:
+                f.writelines(lines)
+            os.replace(self.metrics_path + ".tmp", self.metrics_path)
         if self.main:
             self._metrics = open(self.metrics_path, "a" if resume_state is not None else "w")
 
@@ -322,11 +366,12 @@ class RunFolder:
         state = {"step": step, "metrics_lines": len(self.metrics_lines()) if self.main else 0,
                  "skipped_updates_total": self.skipped_updates_total, "use_peft": self.config.get("use_peft", False),
                  "model": self.config.get("model"), "seed": self.config.get("seed"), **state}
-        save_checkpoint(os.path.join(self.path, f"checkpoint-{step}"), model, tokenizer, optimizer, state)
+        save_checkpoint(os.path.join(self.path, f"checkpoint-{step}"), model, tokenizer, optimizer, state,
+                        self.model_info)
 
     def finish(self, model, tokenizer, summary: dict) -> None:
         """Write ``final/`` (``save_model``) and summary.json; every process calls it and waits for process 0."""
-        save_model(model, tokenizer, os.path.join(self.path, "final"))
+        save_model(model, tokenizer, os.path.join(self.path, "final"), self.model_info)
         self.write_json("summary.json", summary)
         distributed.barrier()  # nobody leaves before process 0 has written final/
 

@@ -1,7 +1,7 @@
 """CSCR: Counterfactual Sensitivity Credit Reallocation, a GRPO extension that moves credit off sensitive tokens.
 
 Paper: He, Wu, Wang, "Not All Tokens Deserve Equal Credit: Counterfactual Sensitivity Credit Reallocation for
-Long-CoT Reasoning", arXiv 2607.27888 (2026).  Spec: ``shared/specs/cscr.md`` ("spec §N").  The paper's full text
+Long-CoT Reasoning", arXiv 2607.27888 (2026).  Spec: ``docs/specs/cscr.md`` ("spec §N").  The paper's full text
 was NOT available, only its abstract [S] and digests of the full PDF [S2]; the rest is our reading [I], exposed
 as an option whose default is the spec's primary reading.
 

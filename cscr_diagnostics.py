@@ -2,7 +2,7 @@
 
 Paper: CSCR, He, Wu, Wang, arXiv 2607.27888 (2026), its diagnostic study [S2]: 400 on-policy trajectories, each
 re-scored under c+ ("this response is correct") and c- ("... incorrect"), sampled-token and full-vocabulary
-shifts compared at the same prefix.  Spec: ``shared/specs/cscr.md`` §7 (definitions) and §8 (toy numbers).  The
+shifts compared at the same prefix.  Spec: ``docs/specs/cscr.md`` §7 (definitions) and §8 (toy numbers).  The
 method is in ``cscr.py``; this file is the analysis behind it: ``diagnostics`` on tensors, ``diagnose`` on a
 model, and a CLI.  Quantities as in cscr.py: d_pos = lp_pos - lp0, d_neg = lp_neg - lp0, s = max(|d_pos|,
 |d_neg|); affected = |d_pos| > tau and |d_neg| > tau (tau = 0.05 nats).  Definitions [I] (spec §7):

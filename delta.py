@@ -2,7 +2,7 @@
 
 Source: Kaiyi Zhang, Wei Wu, Yankai Lin, "DelTA: Discriminative Token Credit Assignment for Reinforcement
 Learning from Verifiable Rewards", arXiv 2605.21467 (2026); official code RUCBM/DelTA
-(verl-DelTA/verl/workers/actor/dp_actor.py, ``compute_log_prob_h``). Spec: shared/specs/delta.md ("spec §x").
+(verl-DelTA/verl/workers/actor/dp_actor.py, ``compute_log_prob_h``). Spec: docs/specs/delta.md ("spec §x").
 
 What DelTA does
 * Discriminator view (Sec. 3.1, App. C). At θ_old every PPO ratio is 1, so the DAPO token-mean update is

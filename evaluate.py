@@ -57,12 +57,12 @@ import verify
 
 REQUIRED_FIELDS = ("problem", "answer")
 
-# The eight benchmark files of ../shared/data, in the order they are reported (``--benchmarks all``).
+# The eight benchmark files of data/, in the order they are reported (``--benchmarks all``).
 BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench", "gsm8k", "hmmt_feb25")
 
 # The same benchmarks on the Hugging Face hub (used when the local file is missing and the machine is online).
 # ``problem`` may list several field names: the first one present is used. ``id`` None = the row number.
-# The hub copies can differ from the local files (see ../shared/data/README.md): math500 has all 500
+# The hub copies can differ from the local files (see data/README.md): math500 has all 500
 # problems there too, OlympiadBench's OE_TO_maths_en_COMP subset 674 rows (675 here).
 HF_DATASETS = {
     "aime24": dict(path="HuggingFaceH4/aime_2024", config=None, split="train", problem="problem",
@@ -96,9 +96,9 @@ PROTOCOLS = {
 # Data
 # ----------------------------------------------------------------------------------------------------------
 def default_data_dir() -> Path:
-    """``$RLVR_DATA_DIR``, else ``../shared/data`` next to the folder that holds this file (the repo root)."""
+    """``$RLVR_DATA_DIR``, else the repository's ``data/`` folder (the benchmarks and the MATH training set)."""
     env = os.environ.get("RLVR_DATA_DIR")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "shared" / "data"
+    return Path(env) if env else Path(__file__).resolve().parent / "data"
 
 
 def _row_errors(row, label: str) -> list[str]:
@@ -145,7 +145,8 @@ def load_problems(source: str, split: str = "train", data_dir: str | os.PathLike
 
     ``source`` is resolved in this order: ``"toy"`` (the toy task's ``split``); an existing file (jsonl, one
     JSON object per line with string ``problem`` and ``answer``; ``id`` defaults to ``<stem>-<line>``,
-    ``source`` to the file stem); a benchmark name of :data:`BENCHMARKS` (``<data_dir>/<name>.jsonl`` when it
+    ``source`` to the file stem); a training set's name (``<data_dir>/train/<name>.jsonl``, e.g.
+    ``math_train``); a benchmark name of :data:`BENCHMARKS` (``<data_dir>/<name>.jsonl`` when it
     exists, else the Hugging Face dataset of :data:`HF_DATASETS`, see :func:`load_hf_benchmark`). Rows are
     returned as the source gives them (answers like ``2,125`` or ``025`` are compared by verify.py).
 
@@ -166,6 +167,9 @@ def load_problems(source: str, split: str = "train", data_dir: str | os.PathLike
 
         return toy.load_split(split)
     path = Path(source)
+    train = Path(data_dir or default_data_dir()) / "train" / f"{source}.jsonl"
+    if not path.is_file() and train.is_file():  # a training set's name, e.g. math_train
+        return _load_jsonl(train)
     if not path.is_file():
         if source in HF_DATASETS:
             local = Path(data_dir or default_data_dir()) / f"{source}.jsonl"
@@ -197,7 +201,7 @@ def _load_jsonl(path: Path) -> list[dict]:
 
 
 def _hf_answer(name: str, raw) -> str:
-    """The reference answer of a hub row, converted with the rules of ../shared/data/README.md."""
+    """The reference answer of a hub row, converted with the rules of data/README.md."""
     if name == "gsm8k":  # the text after '####' in the worked answer
         if not isinstance(raw, str) or "####" not in raw:
             raise ValueError(f"gsm8k: field 'answer' has no '####': {str(raw)[:80]!r}")
@@ -215,7 +219,7 @@ def _hf_answer(name: str, raw) -> str:
 
 def load_hf_benchmark(name: str, local_path: str | os.PathLike | None = None) -> list[dict]:
     """Load benchmark ``name`` from the Hugging Face hub (``datasets.load_dataset``) as ``{id, problem, answer,
-    source}`` rows; ids, problems and answers follow the conversion rules of ../shared/data/README.md.
+    source}`` rows; ids, problems and answers follow the conversion rules of data/README.md.
 
     ``datasets`` is imported here, only when needed (it is not a requirement of this repository).
     Args:
@@ -237,6 +241,8 @@ def load_hf_benchmark(name: str, local_path: str | os.PathLike | None = None) ->
         raise FileNotFoundError(f"no local file and cannot download: {name} ({local}; the hub copy {hub} needs "
                                 f"the 'datasets' package: pip install datasets)") from None
     try:
+        if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("1", "true", "yes", "on"):
+            policy.require_hub(spec["path"], "benchmark")  # no network: fail now, not after the client's retries
         ds = datasets.load_dataset(spec["path"], spec["config"], split=spec["split"])
     except Exception as e:  # offline, unknown id, hub error: one clear line instead of a deep traceback
         first = str(e).splitlines()[0] if str(e) else ""
@@ -811,7 +817,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma-separated: all (the eight benchmarks), toy, a benchmark name (" + ", ".join(BENCHMARKS)
                     + ") or a .jsonl path")
     ap.add_argument("--data_dir", default=None,
-                    help="folder of <name>.jsonl benchmark files (default: $RLVR_DATA_DIR or ../shared/data)")
+                    help="folder of <name>.jsonl benchmark files (default: $RLVR_DATA_DIR or data/)")
     ap.add_argument("--protocol", choices=sorted(PROTOCOLS), default=None,
                     help="preset: delta = avg@16, T=1.0, top-p 0.7, 30k tokens; greedy = one greedy response")
     ap.add_argument("--prompt_template", default="auto", help="none | qwen_math | r1 | auto (as in training)")
@@ -831,8 +837,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--grade_timeout", type=float, default=5.0, help="seconds per graded response")
     ap.add_argument("--num_threads", type=int, default=None,
                     help="torch CPU threads (default: 1 for models under 10M parameters)")
-    ap.add_argument("--output_dir", default="eval_results")
-    ap.add_argument("--overwrite", action="store_true", help="discard responses saved with other settings")
+    ap.add_argument("--output_dir", default=None,
+                    help="where results.json, results.md and the responses go (default: eval_results/<model>-<hash "
+                         "of the settings>); results of other benchmarks with the same settings there are kept")
+    ap.add_argument("--overwrite", action="store_true", help="discard responses and results saved in --output_dir with other settings")
     ap.add_argument("--no_plot", action="store_true", help="skip the PNG bar charts")
     ap.add_argument("--no_progress", action="store_true", help="no progress bar")
     ap.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
@@ -874,11 +882,13 @@ def main(argv=None):
     n_params = sum(p.numel() for p in model.parameters())
     if args.num_threads or n_params < 10_000_000:
         torch.set_num_threads(args.num_threads or 1)  # tiny models: thread sync costs more than it gives
-    template = rollout.resolve_template(args.prompt_template, args.model)
+    template = rollout.resolve_template(args.prompt_template, args.model, print)
     stop_ids = rollout.stop_token_ids(tokenizer, template, model)
     generation = {"model": args.model, "prompt_template": template, "stop_ids": stop_ids, "chunking": "by-length",
                   **{k: settings[k] for k in DEFAULT_SETTINGS}}
     run_hash = settings_hash(generation)
+    args.output_dir = args.output_dir or os.path.join("eval_results", f"{_model_slug(args.model)}-{run_hash[:8]}")
+    earlier = _earlier_results(args.output_dir, run_hash, args.overwrite)
     os.makedirs(args.output_dir, exist_ok=True)
     results = {"model": args.model, "protocol": args.protocol, "prompt_template": template,
                "settings": {**{k: settings[k] for k in DEFAULT_SETTINGS}, "pass_k": pass_ks, "stop_ids": stop_ids,
@@ -903,6 +913,7 @@ def main(argv=None):
         results["benchmarks"][name] = metrics
         results["run"]["seconds"][name] = round(time.time() - t0, 2)
         results["run"]["reused_responses"][name] = reused
+    results["benchmarks"] = {**earlier, **results["benchmarks"]}  # the folder's other benchmarks, same settings
     results["overall"] = overall_metrics(results["benchmarks"])
     results["run"]["seconds"]["total"] = round(time.time() - t_start, 2)
     table = format_table(results)
@@ -923,5 +934,30 @@ def main(argv=None):
     return results
 
 
+def _model_slug(name: str) -> str:
+    """A folder name for ``--model``: ``toy``, ``Qwen3-8B-Base`` (a hub id), ``delta-final`` (``runs/delta/final``)."""
+    parts = Path(name.rstrip("/")).parts
+    return "-".join(parts[-2:]) if os.path.isdir(name) else parts[-1]
+
+
+def _earlier_results(output_dir: str, run_hash: str, overwrite: bool) -> dict:
+    """The benchmarks of an earlier ``results.json`` in ``output_dir`` made with the same settings (kept in the new
+    one); with other settings, a ValueError, unless ``overwrite`` (then they are dropped)."""
+    path = os.path.join(output_dir, "results.json")
+    if not os.path.exists(path):
+        return {}
+    with open(path, encoding="utf-8") as f:
+        old = json.load(f)
+    if old.get("settings_hash") == run_hash:
+        return old.get("benchmarks", {})
+    if overwrite:
+        return {}
+    raise ValueError(f"{path} holds results made with different settings (model {old.get('model')}, protocol "
+                     f"{old.get('protocol')}): choose another --output_dir, or pass --overwrite to replace them")
+
+
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ValueError, OSError) as e:  # bad data, model, folder or flag: one line, as grpo.py does
+        raise SystemExit(f"evaluate.py: error: {e}")

@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import dataclasses
 import gc
+import importlib.util
 import os
 import random
 import time
@@ -122,17 +123,18 @@ class GRPOConfig:
     num_samples_to_log: int = _f(2, "groups written to each samples/step_*.jsonl")
     save_steps: int = _f(50, "write a resumable checkpoint-<step>/ every this many steps (final/ always)")
     resume: bool = _f(False, "continue from the latest complete checkpoint-<step>/ in --output_dir")
+    overwrite_output_dir: bool = _f(False, "delete the earlier run in --output_dir and start again")
     seed: int = _f(0, "random seed (data order, sampling)")
     num_threads: int = _f(0, "torch CPU threads (0: 1 for models under 10M parameters, else torch's default)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """argparse flags generated from ``GRPOConfig`` (name, type, default, help, choices)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for f in dataclasses.fields(GRPOConfig):
         kind = (f.type if isinstance(f.type, str) else f.type.__name__).split("|")[0].strip()  # "float | None"
         kw = dict(default=f.default, **f.metadata)  # help, and choices where the field has them
+        kw["help"] += " (default: %(default)s)" if f.default not in ("", None) else ""  # empty: the help says
         if kind == "bool":
             ap.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, **kw)
         else:
@@ -142,8 +144,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def check_config(cfg: GRPOConfig, world: int = 1) -> None:
     """Reject settings that cannot work, with a one-line message naming the flag (``SystemExit``)."""
-    import importlib.util
-
     rows = cfg.num_prompts_per_step // max(world, 1) * cfg.num_generations  # one process's rollout rows
     problems = [
         (cfg.num_generations < 1, "--num_generations must be >= 1"),
@@ -412,7 +412,7 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
     rewards = torch.tensor([float(ok) for ok, _ in graded])
     # 3. group advantages Â_i (GRPO)
     adv = group_advantages(rewards, G, scale="std" if cfg.scale_rewards == "group" else "none")
-    mask = batch.response_mask
+    mask, lengths = batch.response_mask, batch.response_lengths  # lengths logged as sampled, masked or not
     if cfg.mask_truncated_completions:
         mask = mask * torch.tensor([r == "stop" for r in batch.finish_reasons], dtype=mask.dtype)[:, None]
         batch.response_mask = mask
@@ -438,7 +438,7 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
     loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, input_ids, attn, mask, old_logp, token_adv,
                                                        ref_logp, cfg, step, logp=logp)
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
-    record = run.log_step(step + 1, G, rewards, batch.response_lengths, batch.finish_reasons, verify.summarize(graded),
+    record = run.log_step(step + 1, G, rewards, lengths, batch.finish_reasons, verify.summarize(graded),
                           agg, {"loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
                                 "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
                                 **credit_stats, "step_time": time.time() - t0, "generation_time": t_gen})
@@ -481,14 +481,13 @@ def can_update_on_policy(cfg: GRPOConfig, num_rows: int, has_reference: bool, mo
 
 def policy_update(model, optimizer, input_ids, attention_mask, response_mask, old_logp, token_adv, ref_logp,
                   cfg: GRPOConfig, step: int, logp=None):
-    """Stage 6: ``num_iterations`` passes × ``num_mini_batches`` AdamW steps on one rollout batch.
-
-    Each step accumulates the mini-batch's gradient (``backward_minibatch``), clips it and applies AdamW; a step whose
-    loss or gradient norm is not finite is skipped and counted. Pass ``e`` permutes the rows with a generator seeded
-    by ``(seed, step, e)``, so a resumed run makes the same updates. ``input_ids``/``attention_mask`` ``[N, P + T]``
-    on the model's device, the ``[N, T]`` tensors anywhere; ``logp``: the ``[N, T]`` log-probs of the training
-    forward stage 4 already ran (``can_update_on_policy``), reused by the only micro-batch.
-    Returns (Σ mini-batch losses, applied pre-clip gradient norms, token-weighted statistic sums, skipped updates).
+    """Stage 6: ``num_iterations`` passes × ``num_mini_batches`` AdamW steps on one rollout batch. Each step
+    accumulates the mini-batch's gradient (``backward_minibatch``), clips it and applies AdamW; one whose loss or
+    gradient norm is not finite is skipped and counted. Pass ``e`` permutes the rows with a generator seeded by
+    ``(seed, step, e)``, so a resumed run makes the same updates. ``input_ids``/``attention_mask`` ``[N, P + T]`` on
+    the model's device, the ``[N, T]`` tensors anywhere; ``logp``: the ``[N, T]`` log-probs of the training forward
+    stage 4 already ran (``can_update_on_policy``), reused by the only micro-batch. Returns (Σ mini-batch losses,
+    applied pre-clip gradient norms, token-weighted statistic sums, skipped updates).
     """
     model.train()
     N = input_ids.shape[0]
@@ -577,10 +576,11 @@ def train(cfg: GRPOConfig) -> dict:
     rows = evaluate.load_problems(cfg.data, split="train")
     eval_source = cfg.eval_data or ("toy" if cfg.data == "toy" else "")  # the toy's held-out split by default
     eval_rows = evaluate.load_problems(eval_source, split="test") if eval_source else []
-    run = checkpoint.RunFolder(cfg.output_dir or os.path.join("runs", cfg.credit), rank == 0, cfg.resume, say)
+    run = checkpoint.RunFolder(cfg.output_dir or os.path.join("runs", cfg.credit), dataclasses.asdict(cfg), rank == 0,
+                               say)  # an earlier run there: --resume, --overwrite_output_dir, or a one-line error
     # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), sharding, AdamW (and --resume's state)
     model, tokenizer, ref_model, optimizer, state, compute_dtype = policy.build(cfg, run.resume_from, say)
-    template = rollout.resolve_template(cfg.prompt_template, cfg.model)
+    template = rollout.resolve_template(cfg.prompt_template, cfg.model, say)
     stop_ids = rollout.stop_token_ids(tokenizer, template, model)
     llm = rollout.create_vllm_engine(  # after the policy is on the GPU: vLLM's memory check counts it
         policy.model_path(cfg.model), gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
@@ -591,7 +591,7 @@ def train(cfg: GRPOConfig) -> dict:
     if state:  # --resume: where the data order and CSCR's calibration stood
         sampler.position, credit.cscr_threshold, credit.cscr_calibrated = (state[k] for k in (
             "sampler_position", "cscr_threshold", "cscr_calibrated"))
-    run.start(dataclasses.asdict(cfg), model, {"prompt_template": template, "num_processes": world}, state)
+    run.start(model, {"prompt_template": template, "num_processes": world})
 
     def run_eval(step):  # held-out greedy, avg@k, pass@k
         if not eval_rows or not cfg.eval_num_generations:
@@ -636,7 +636,7 @@ def main(argv=None):
     cfg = GRPOConfig(**vars(build_parser().parse_args(argv)))
     try:
         summary = train(cfg)
-    except (ValueError, FileNotFoundError) as e:  # bad data file / model name: one clear line, no traceback
+    except (ValueError, OSError) as e:  # bad data file / model name / folder: one clear line, no traceback
         raise SystemExit(f"grpo.py: error: {e}")
     finally:
         distributed.close()

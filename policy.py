@@ -26,21 +26,49 @@ import distributed
 
 
 def model_path(name: str) -> str:
-    """The folder or hub id ``from_pretrained`` gets for ``--model name``: ``"toy"`` is the toy's folder."""
+    """The folder or hub id ``from_pretrained`` gets for ``--model name``: ``"toy"`` is the toy's folder.
+
+    Raises ValueError (one line) for a path that does not exist (``/x``, ``./x``, ``~/x``, or with two or more
+    ``/``: a hub id has at most one), instead of the hub's "Repo id must be in the form ..." message.
+    """
     if name == "toy":
         import toy
 
         return toy.ensure_toy_model()
-    return name
+    looks_like_path = name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
+    if looks_like_path and not os.path.isdir(os.path.expanduser(name)):
+        raise ValueError(f"model folder {name} does not exist")
+    return os.path.expanduser(name) if looks_like_path else name
+
+
+def require_hub(name: str, what: str = "model") -> None:
+    """Fail in seconds, with one line, when ``name`` must be downloaded from the Hugging Face hub and cannot be:
+    ``HF_HUB_OFFLINE`` is set, or the hub's host does not answer within 3 s (instead of waiting through the hub
+    client's retries). Call it after a cache-only load of ``name`` failed."""
+    import socket
+    from urllib.parse import urlparse
+
+    fix = (f"download it on a machine with network (huggingface-cli download {name}) and pass its folder, "
+           f"e.g. --{'model' if what == 'model' else 'benchmarks'} /path/to/{name.split('/')[-1]}")
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
+        raise ValueError(f"{what} {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: {fix}")
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.create_connection((host, 443), timeout=3).close()
+    except OSError as e:
+        raise ValueError(f"cannot reach {host} to download {what} {name!r} ({type(e).__name__}: no network?): "
+                         f"{fix}") from None
 
 
 def load_model_and_tokenizer(name: str, dtype: str = "auto", device: str | None = None,
                               attn_implementation: str | None = None, trust_remote_code: bool = False):
     """Load a causal LM and its tokenizer with ``from_pretrained``: ``"toy"``, a local folder or a hub id.
 
-    ``"toy"`` resolves to the cached warmed-up toy model (built on first use, see toy.py), then goes through
-    exactly the same ``from_pretrained`` path. The tokenizer pads on the left (generation) and gets a pad token
-    (EOS) if it has none.
+    ``"toy"`` resolves to the toy model's folder (toy.py), then goes through exactly the same ``from_pretrained``
+    path. A folder holding a LoRA adapter (``adapter_config.json``, e.g. a ``--use_peft`` run's ``final/``) loads
+    its base model (``base_model_name_or_path``, which may be ``toy``) with the adapter on top. A hub id is looked
+    up in the local cache first; a download is tried only when the hub answers (``require_hub``). The tokenizer
+    pads on the left (generation) and gets a pad token (EOS) if it has none.
 
     Args:
         dtype: ``"auto"`` (bfloat16 on a GPU, float32 on the CPU), ``"bfloat16"`` or ``"float32"``
@@ -50,8 +78,8 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device: str | None 
         attn_implementation: ``"sdpa"``, ``"eager"``, ``"flash_attention_2"``...; None: transformers' default.
         trust_remote_code: allow a hub repository's own model code.
     Raises:
-        ValueError: an unknown dtype, flash attention without the flash-attn package (or on the CPU), or a name
-        that is neither a folder nor a loadable hub id (one line, not a deep traceback).
+        ValueError: an unknown dtype, flash attention without the flash-attn package (or on the CPU), a folder
+        that does not exist, a hub id that cannot be loaded (one line, not a deep traceback).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -68,23 +96,49 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device: str | None 
                              f"(pip install flash-attn); use --attn_implementation sdpa")
         if not device.startswith("cuda"):
             raise ValueError(f"--attn_implementation {attn_implementation} runs on a GPU only; use sdpa on the CPU")
+    adapter = os.path.join(path, "adapter_config.json")
+    if os.path.isfile(adapter):  # a LoRA run's folder: its base model, then the adapter
+        import json
+
+        from peft import PeftModel
+
+        with open(adapter) as f:
+            base = json.load(f)["base_model_name_or_path"]
+        model, _ = load_model_and_tokenizer(base, dtype, device, attn_implementation, trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = PeftModel.from_pretrained(model, path)
+        return model, _left_padded(tokenizer)
     kwargs = dict(dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     if device.startswith("cuda"):
         kwargs["device_map"] = device  # load shard by shard onto the GPU
+
+    def load(**extra):
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **extra)
+        return AutoModelForCausalLM.from_pretrained(path, **kwargs, **extra), tok
+
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-        if not device.startswith("cuda"):
-            model = model.to(device)
-    except OSError as e:  # missing folder / unknown hub id / no network
-        where = "local folder" if os.path.isdir(path) else "hub id (or folder that does not exist)"
+        try:
+            model, tokenizer = load(local_files_only=True)  # a folder, or a hub id already in the cache
+        except OSError:
+            if os.path.isdir(path):
+                raise
+            require_hub(path)
+            model, tokenizer = load()
+    except OSError as e:  # a folder without a model, an unknown hub id
+        where = "folder" if os.path.isdir(path) else "hub id"
         raise ValueError(f"cannot load model {name!r} as a {where}: {str(e).splitlines()[0]}") from None
+    if not device.startswith("cuda"):
+        model = model.to(device)
+    return model, _left_padded(tokenizer)
+
+
+def _left_padded(tokenizer):
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model, tokenizer
+    return tokenizer
 
 
 def prepare_model(model, cfg):

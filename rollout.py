@@ -44,12 +44,33 @@ PROMPT_TEMPLATES = {
 }
 
 
-def resolve_template(template: str, model_name: str) -> str:
-    """``"auto"`` means ``"none"`` for the toy and ``"qwen_math"`` for any other model; other names pass through."""
+def resolve_template(template: str, model_name: str, say=None) -> str:
+    """The prompt template to use. ``"auto"``: the one a trained model folder names in its ``run_info.json``
+    (grpo.py writes it into ``final/`` and every checkpoint), ``"none"`` for the toy (``toy``, or a folder with the
+    toy's ``toy_info.json``), ``"qwen_math"`` for any other model; other names pass through. ``say``: a print
+    function that is told the template and why.
+
+    Raises:
+        ValueError: an unknown template name.
+    """
+    import json
+    import os
+
+    why = "--prompt_template"
     if template == "auto":
-        return "none" if model_name == "toy" else "qwen_math"
+        folder = os.path.expanduser(model_name) if os.path.isdir(os.path.expanduser(model_name)) else ""
+        info = os.path.join(folder, "run_info.json")
+        if folder and os.path.isfile(info):
+            with open(info) as f:
+                template, why = json.load(f)["prompt_template"], f"auto: the template it was trained with, {info}"
+        elif model_name == "toy" or folder and os.path.isfile(os.path.join(folder, "toy_info.json")):
+            template, why = "none", "auto: the toy"
+        else:
+            template, why = "qwen_math", "auto: a real model"
     if template not in PROMPT_TEMPLATES:
         raise ValueError(f"unknown prompt template {template!r}; choose from {sorted(PROMPT_TEMPLATES)} or auto")
+    if say:
+        say(f"[template] {template} ({why})")
     return template
 
 

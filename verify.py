@@ -43,11 +43,11 @@ Left out on purpose
   converted.
 - A grading server or remote workers: one local process pool per trainer process.
 
-Read next: ``shared/specs/bug_cases.md`` (the cases C01-C13, C28 cited here), ``tests/test_verify.py`` (every
+Read next: ``docs/specs/bug_cases.md`` (the cases C01-C13, C28 cited here), ``tests/test_verify.py`` (every
 rule as an example), ``tests/test_oracle.py`` (every benchmark reference), math-verify's README (its ``parse``
 and ``verify`` options) and pebble's ``ProcessPool`` documentation (the time-outs).
 
-How to call it from any trainer (this file plus ``pip install "math-verify[antlr4_13_2]==0.9.0" pebble``; the
+How to call it from any trainer (this file plus ``pip install math-verify==0.9.0 antlr4-python3-runtime==4.13.2 pebble``; the
 workers are spawned and re-import the calling script, so guard its entry point with ``if __name__ ==
 "__main__":`` as for any multiprocessing program)::
 
@@ -312,7 +312,7 @@ def normalize_reference(reference: str) -> str:
     re-wrapped as ``\boxed{...}`` before parsing, never parsed bare (C06, C08, C11, C12, C13).
 
     Args:
-        reference: reference answer (str), e.g. a ``answer`` field of shared/data/*.jsonl.
+        reference: reference answer (str), e.g. an ``answer`` field of data/*.jsonl.
 
     Returns:
         The normalised reference (non-empty str).

@@ -8,14 +8,13 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-SHARED_DATA = ROOT.parent / "shared" / "data"
 
 torch.set_num_threads(1)  # tiny models: threads cost more than they give, and keep CI predictable
 
 
 @pytest.fixture(scope="session")
 def toy_model_path():
-    """The warmed-up toy base model (built once into the cache, about two minutes on 2 cores)."""
+    """The warmed-up toy base model that ships in toy_model/ (toy.py)."""
     import toy
 
     return toy.ensure_toy_model()

@@ -1,4 +1,4 @@
-"""The trainer/rollout/evaluation cases of shared/specs/bug_cases.md (C16-C30), each with its expected value.
+"""The trainer/rollout/evaluation cases of docs/specs/bug_cases.md (C16-C30), each with its expected value.
 
 The verifier cases (C01-C13, C28's grading half) are in tests/test_verify.py.
 """

@@ -1,4 +1,4 @@
-"""Tests for cscr.py against the hand-computed values of shared/specs/cscr.md §8 and independent formulas."""
+"""Tests for cscr.py against the hand-computed values of docs/specs/cscr.md §8 and independent formulas."""
 
 import math
 import sys

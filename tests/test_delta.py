@@ -1,4 +1,4 @@
-"""Tests for delta.py (DelTA, arXiv 2605.21467), against shared/specs/delta.md §7 and independent formulas."""
+"""Tests for delta.py (DelTA, arXiv 2605.21467), against docs/specs/delta.md §7 and independent formulas."""
 
 import math
 import sys

@@ -14,7 +14,7 @@ import evaluate
 import policy
 import rollout
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"  # the benchmarks the repository ships
 COUNTS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272, "olympiadbench": 675,
           "gsm8k": 1319, "hmmt_feb25": 30}
 
@@ -24,7 +24,7 @@ COUNTS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 27
 # ------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(COUNTS))
 def test_real_benchmark_files_load_with_expected_counts(name):
-    rows = evaluate.load_problems(name, data_dir=SHARED_DATA)
+    rows = evaluate.load_problems(name, data_dir=DATA)
     assert len(rows) == COUNTS[name]
     for r in rows:
         assert {"id", "problem", "answer", "source"} <= set(r)
@@ -33,39 +33,45 @@ def test_real_benchmark_files_load_with_expected_counts(name):
     assert len({r["id"] for r in rows}) == len(rows)
 
 
+def test_the_training_set_ships_and_loads_by_name():
+    rows = evaluate.load_problems("math_train")  # data/train/math_train.jsonl
+    assert len(rows) == 7470 and rows == evaluate.load_problems(str(DATA / "train" / "math_train.jsonl"))
+    assert {r["source"] for r in rows} == {"math_train"}
+
+
 def test_loaders_return_answers_as_the_files_give_them():
     # the verifier compares 2,125 with 2125 and 025 with 25: the loader must not touch them
-    gsm = evaluate.load_problems("gsm8k", data_dir=SHARED_DATA)
+    gsm = evaluate.load_problems("gsm8k", data_dir=DATA)
     assert sum("," in r["answer"] for r in gsm) == 14
-    aime = evaluate.load_problems("aime24", data_dir=SHARED_DATA)
+    aime = evaluate.load_problems("aime24", data_dir=DATA)
     assert {"025", "073", "023", "045", "033", "080", "055"} <= {r["answer"] for r in aime}
 
 
 def test_all_resolves_to_the_eight_files_in_order():
-    pairs = evaluate.resolve_benchmarks("all", SHARED_DATA)
+    pairs = evaluate.resolve_benchmarks("all", DATA)
     assert [n for n, _ in pairs] == list(evaluate.BENCHMARKS) == list(COUNTS)
-    assert all(Path(s) == SHARED_DATA / f"{n}.jsonl" for n, s in pairs)
+    assert all(Path(s) == DATA / f"{n}.jsonl" for n, s in pairs)
 
 
 def test_name_path_and_toy_resolution(tmp_path):
     f = tmp_path / "mine.jsonl"
     f.write_text(json.dumps({"id": "a", "problem": "1+1?", "answer": "2"}) + "\n")
-    pairs = evaluate.resolve_benchmarks(f"math500, toy,{f}", SHARED_DATA)
-    assert pairs == [("math500", str(SHARED_DATA / "math500.jsonl")), ("toy", "toy"), ("mine", str(f))]
+    pairs = evaluate.resolve_benchmarks(f"math500, toy,{f}", DATA)
+    assert pairs == [("math500", str(DATA / "math500.jsonl")), ("toy", "toy"), ("mine", str(f))]
     assert [len(evaluate.load_benchmark(n, s)) for n, s in pairs] == [500, 200, 1]
     # a known name with no local file goes to the hub
     assert evaluate.resolve_benchmarks("aime25", tmp_path) == [("aime25", "hf")]
     with pytest.raises(ValueError, match="unknown benchmark 'mathh500'"):
-        evaluate.resolve_benchmarks("mathh500", SHARED_DATA)
+        evaluate.resolve_benchmarks("mathh500", DATA)
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
-        evaluate.resolve_benchmarks(str(tmp_path / "nope.jsonl"), SHARED_DATA)
+        evaluate.resolve_benchmarks(str(tmp_path / "nope.jsonl"), DATA)
     with pytest.raises(ValueError, match="more than once"):
-        evaluate.resolve_benchmarks("all,math500", SHARED_DATA)
+        evaluate.resolve_benchmarks("all,math500", DATA)
 
 
 def test_data_dir_default_and_env_override(tmp_path, monkeypatch):
     monkeypatch.delenv("RLVR_DATA_DIR", raising=False)
-    assert evaluate.default_data_dir() == Path(evaluate.__file__).resolve().parent.parent / "shared" / "data"
+    assert evaluate.default_data_dir() == Path(evaluate.__file__).resolve().parent / "data" == DATA
     (tmp_path / "math500.jsonl").write_text("".join(
         json.dumps({"id": str(i), "problem": f"p{i}", "answer": str(i)}) + "\n" for i in range(3)))
     monkeypatch.setenv("RLVR_DATA_DIR", str(tmp_path))
@@ -103,6 +109,7 @@ def _fake_datasets(calls, fail=None):
 
 def test_hub_mapping_converts_rows_like_the_local_files(tmp_path, monkeypatch):
     calls = []
+    monkeypatch.setattr(evaluate.policy, "require_hub", lambda *a, **k: None)  # as if the hub answered
     monkeypatch.setitem(sys.modules, "datasets", _fake_datasets(calls))
     empty = tmp_path  # no local files: every name goes to the hub
     gsm = evaluate.load_problems("gsm8k", data_dir=empty)
@@ -123,7 +130,7 @@ def test_hub_mapping_converts_rows_like_the_local_files(tmp_path, monkeypatch):
     assert evaluate.load_problems("minerva", data_dir=empty)[0]["answer"] == "1.6"  # a solution: its box
     # a local file wins over the hub
     n_calls = len(calls)
-    assert len(evaluate.load_problems("gsm8k", data_dir=SHARED_DATA)) == 1319 and len(calls) == n_calls
+    assert len(evaluate.load_problems("gsm8k", data_dir=DATA)) == 1319 and len(calls) == n_calls
 
 
 def test_every_benchmark_has_a_hub_mapping():
@@ -134,6 +141,7 @@ def test_every_benchmark_has_a_hub_mapping():
 
 def test_offline_error_names_the_missing_file_and_the_hub_id(tmp_path, monkeypatch):
     calls = []
+    monkeypatch.setattr(evaluate.policy, "require_hub", lambda *a, **k: None)  # the hub answers, the download fails
     monkeypatch.setitem(sys.modules, "datasets", _fake_datasets(calls, fail=ConnectionError("no network")))
     with pytest.raises(FileNotFoundError, match="no local file and cannot download: math500") as e:
         evaluate.load_problems("math500", data_dir=tmp_path)
@@ -144,7 +152,27 @@ def test_offline_error_names_the_missing_file_and_the_hub_id(tmp_path, monkeypat
         evaluate.main(["--benchmarks", "aime25", "--data_dir", str(tmp_path), "--model", "no-such-model"])
 
 
+def test_no_network_fails_at_once_in_one_line(tmp_path, monkeypatch):
+    # the hub's host refuses the connection (as on a machine without network): no retries, one line naming the fix
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    calls = []
+    monkeypatch.setitem(sys.modules, "datasets", _fake_datasets(calls))
+    with pytest.raises(FileNotFoundError, match=r"no local file and cannot download: math500 .*cannot reach "
+                                                r"127\.0\.0\.1 .*no network") as e:
+        evaluate.load_problems("math500", data_dir=tmp_path)
+    assert calls == [] and "\n" not in str(e.value)  # the download was not even tried
+    with pytest.raises(ValueError, match=r"cannot reach 127\.0\.0\.1 to download model 'no-org/no-model'.*folder"):
+        policy.load_model_and_tokenizer("no-org/no-model")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # honoured: the local cache only, and a message that says so
+    with pytest.raises(ValueError, match="not in the local Hugging Face cache and HF_HUB_OFFLINE is set"):
+        policy.load_model_and_tokenizer("no-org/no-model")
+    with pytest.raises(ValueError, match="model folder /no/such/folder does not exist"):
+        policy.load_model_and_tokenizer("/no/such/folder")
+
+
 def test_bad_hub_rows_are_reported(tmp_path, monkeypatch):
+    monkeypatch.setattr(evaluate.policy, "require_hub", lambda *a, **k: None)
     mod = types.ModuleType("datasets")
     mod.load_dataset = lambda path, name=None, split=None: [{"question": "q", "answer": "no hashes"}]
     monkeypatch.setitem(sys.modules, "datasets", mod)
@@ -427,3 +455,44 @@ def test_evaluate_rows_keeps_the_trainer_keys(tiny_model_path):
     assert len(res["responses"]) == 3 + 6
     assert res["sample/mean_length"] == pytest.approx(
         sum(r["length"] for r in res["responses"] if r["mode"] == "sample") / 6)
+
+
+def test_default_folder_keeps_each_settings_and_model_apart(tmp_path, tiny_model_path, monkeypatch, capsys):
+    """The README's two evaluation commands (other settings) no longer write the same results.json: the default
+    folder is eval_results/<model>-<settings hash>; the same settings in one folder keep every benchmark."""
+    import toy
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in toy.make_split("test", n=2)))
+    argv = ["--model", tiny_model_path, "--prompt_template", "none", "--num_samples", "1", "--max_new_tokens", "4",
+            "--no_progress", "--no_plot", "--grade_workers", "1"]
+    first = evaluate.main(argv + ["--benchmarks", str(tmp_path / "a.jsonl")])
+    evaluate.main(argv + ["--benchmarks", str(tmp_path / "b.jsonl")])  # same settings: the same folder, kept
+    other = evaluate.main(argv + ["--benchmarks", str(tmp_path / "a.jsonl"), "--temperature", "0.5"])
+    slug = evaluate._model_slug(tiny_model_path)  # the folder's last two parts, e.g. "tiny0-model"
+    assert slug == "-".join(Path(tiny_model_path).parts[-2:])
+    assert sorted(p.name for p in (tmp_path / "eval_results").iterdir()) == sorted(
+        f"{slug}-{r['settings_hash'][:8]}" for r in (first, other))
+    same = json.loads((tmp_path / "eval_results" / f"{slug}-{first['settings_hash'][:8]}" / "results.json").read_text())
+    assert sorted(same["benchmarks"]) == ["a", "b"] and same["overall"]["num_problems"] == 4
+    assert other["settings_hash"] != first["settings_hash"]
+    assert "[template] none (--prompt_template)" in capsys.readouterr().out
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    """evaluate.py's errors read like grpo.py's: one line, no traceback (missing data folder, --compare on missing
+    files, a model folder that does not exist)."""
+    import subprocess
+
+    root = Path(evaluate.__file__).resolve().parent
+    env = {**__import__("os").environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}
+    for argv, expected in [
+            (["--benchmarks", "math500", "--data_dir", str(tmp_path / "missing")], "no local file and cannot download"),
+            (["--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")], "a.json"),
+            (["--model", str(tmp_path / "no_model"), "--benchmarks", "toy"], "does not exist")]:
+        res = subprocess.run([sys.executable, "evaluate.py", *argv], cwd=root, env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr
+        lines = [line for line in res.stderr.strip().splitlines() if line.startswith("evaluate.py: error:")]
+        assert len(lines) == 1 and expected in lines[0], res.stderr

@@ -232,7 +232,10 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "--num_generations" in str(e.value)
     with pytest.raises(SystemExit) as e:
         grpo.main(["--model", str(tmp_path / "no_such_model"), "--output_dir", str(tmp_path / "o")])
-    assert "cannot load model" in str(e.value)
+    assert f"model folder {tmp_path / 'no_such_model'} does not exist" in str(e.value)
+    assert not (tmp_path / "o").exists()  # a run that fails to start leaves no folder behind
+    with pytest.raises(SystemExit, match=r"--learning_rate must be > 0, got -1.0$"):
+        grpo.main(["--learning_rate", "-1"])
     with pytest.raises(SystemExit):
         grpo.main(["--loss_type", "bogus"])  # argparse choices
 
@@ -282,3 +285,68 @@ def test_use_vllm_without_vllm_is_one_clear_line():
         pytest.skip("vllm is installed here")
     with pytest.raises(SystemExit, match="--use_vllm needs vLLM.*requirements-vllm.txt.*uninstall"):
         grpo.check_config(grpo.GRPOConfig(use_vllm=True))
+
+
+# ------------------------------------------------------------------------------------------------ the first hour
+TINY_RUN = ["--prompt_template", "none", "--max_steps", "1", "--num_prompts_per_step", "2", "--num_generations", "2",
+            "--max_completion_length", "8", "--eval_num_generations", "0", "--save_steps", "0"]
+
+
+def test_help_shows_each_default_once(capsys):
+    with pytest.raises(SystemExit):
+        grpo.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "(default: )" not in text and "(default: None)" not in text
+    assert "--logging_steps LOGGING_STEPS write samples/step_*.jsonl every this many steps" in text
+    assert "--learning_rate LEARNING_RATE AdamW learning rate" in text and "(default: 0.0003)" in text
+
+
+def test_output_folder_of_an_earlier_run(tiny_model_path, tmp_path):
+    """A new run refuses a folder that holds an earlier one and names both ways forward; --overwrite_output_dir
+    deletes the old run first; --resume on a folder it cannot continue says why and what to do."""
+    out = tmp_path / "run"
+    argv = ["--model", tiny_model_path, "--output_dir", str(out), *TINY_RUN]
+    grpo.main(argv)
+    (out / "samples" / "step_000057.jsonl").write_text("{}\n")  # litter of an older, longer run
+    with pytest.raises(SystemExit, match=r"already holds a run \(config.json, final, metrics.jsonl, samples.*"
+                                         r"--resume to continue it, or --overwrite_output_dir to delete it"):
+        grpo.main(argv)
+    grpo.main(argv + ["--overwrite_output_dir"])
+    assert sorted(p.name for p in (out / "samples").iterdir()) == ["step_000001.jsonl"]
+    with pytest.raises(SystemExit, match="holds no complete checkpoint-<step>/.*--overwrite_output_dir"):
+        grpo.main(argv + ["--resume"])  # it stopped before its first --save_steps
+    grpo.main(argv + ["--overwrite_output_dir", "--max_steps", "2", "--save_steps", "1"])
+    (out / "metrics.jsonl").write_text("")  # another run started here after checkpoint-1 was written
+    with pytest.raises(SystemExit, match=r"cannot --resume from .*checkpoint-1: .*metrics.jsonl has 0 lines, fewer "
+                                         r"than the 1 .*--overwrite_output_dir"):
+        grpo.main(argv + ["--max_steps", "3", "--save_steps", "1", "--resume"])
+
+
+def test_logged_lengths_do_not_depend_on_masking_truncated_responses(toy_model_path, tmp_path):
+    """--mask_truncated_completions drops truncated responses from the loss, not from the logged lengths."""
+    argv = ["--model", toy_model_path, "--prompt_template", "none", "--max_steps", "2", "--num_prompts_per_step",
+            "4", "--num_generations", "4", "--max_completion_length", "14", "--eval_num_generations", "0",
+            "--save_steps", "0"]
+    logged = []
+    for flag in ([], ["--mask_truncated_completions"]):
+        grpo.main(argv + ["--output_dir", str(tmp_path / str(len(flag)))] + flag)
+        logged.append([json.loads(line) for line in (tmp_path / str(len(flag)) / "metrics.jsonl").open()])
+    assert logged[0][0]["completions/clipped_ratio"] > 0.5  # most responses hit the 14-token budget
+    assert logged[1][0]["completions/mean_length"] == logged[0][0]["completions/mean_length"] > 10
+
+
+def test_trained_folder_says_its_template(tiny_model_path, tmp_path, capsys):
+    """final/ (and every checkpoint) carries run_info.json: --prompt_template auto uses the template it was trained
+    with, and says so."""
+    out = tmp_path / "run"
+    grpo.main(["--model", tiny_model_path, "--output_dir", str(out), *TINY_RUN, "--prompt_template", "r1",
+               "--max_steps", "2", "--save_steps", "1"])
+    for folder in (out / "final", out / "checkpoint-1"):
+        assert json.loads((folder / "run_info.json").read_text())["prompt_template"] == "r1"
+        assert rollout.resolve_template("auto", str(folder)) == "r1"
+    said = []
+    assert rollout.resolve_template("auto", str(out / "final"), said.append) == "r1"
+    assert said == [f"[template] r1 (auto: the template it was trained with, {out / 'final' / 'run_info.json'})"]
+    assert rollout.resolve_template("auto", tiny_model_path) == "none"  # the toy's folder (toy_info.json)
+    assert rollout.resolve_template("auto", "Qwen/Qwen3-8B-Base") == "qwen_math"
+    assert "[template] r1 (--prompt_template)" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-r"""Oracle check of verify.py on every reference of the eight benchmark files in ../shared/data.
+r"""Oracle check of verify.py on every reference of the eight benchmark files in data/.
 
 For every row: the response ``\boxed{<answer>}`` must verify as correct against ``<answer>``. For integer
 answers (also ``1,450,000`` and AIME ``025``) ``\boxed{<n>}`` must be correct and ``\boxed{<n+1>}`` must
@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import verify as V  # noqa: E402
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-# Row counts from shared/data/README.md: the check must not silently run on a truncated file.
+DATA = Path(__file__).resolve().parents[1] / "data"
+# Row counts from data/README.md: the check must not silently run on a truncated file.
 FILES = {
     "aime24": 30,
     "aime25": 30,

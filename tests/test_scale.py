@@ -373,3 +373,22 @@ def test_gpu_smoke_script_runs_tiny_on_cpu(tmp_path):
     assert [r["credit"] for r in result["runs"]] == ["grpo", "delta", "cscr", "grpo"]
     for r in result["runs"]:
         assert r["ok"], r
+
+
+def test_lora_run_names_its_base_model_as_given_and_its_folder_loads(toy_model_path, tmp_path):
+    """A --use_peft run's final/ names its base model as the user did ("toy", not this machine's cache path), and
+    --model <run>/final loads that base model with the adapter on top: the trained policy, and its template."""
+    out = tmp_path / "lora"
+    grpo.main(["--model", "toy", "--use_peft", "--lora_dropout", "0", "--max_steps", "2", "--num_prompts_per_step",
+               "4", "--num_generations", "4", "--max_completion_length", "24", "--learning_rate", "0.01",
+               "--eval_num_generations", "0", "--save_steps", "0", "--output_dir", str(out)])
+    saved = json.loads((out / "final" / "adapter_config.json").read_text())
+    assert saved["base_model_name_or_path"] == "toy"
+    model, tok = policy.load_model_and_tokenizer(str(out / "final"))
+    assert hasattr(model, "peft_config")  # the adapter is on
+    base, _ = policy.load_model_and_tokenizer(toy_model_path)
+    batch = rollout.generate(base, tok, ["Compute 1+2.\n"], 2, 12, seed=0)
+    trained = grpo.token_logprobs(model.eval(), batch.input_ids, batch.attention_mask, batch.response_mask)
+    plain = grpo.token_logprobs(base.eval(), batch.input_ids, batch.attention_mask, batch.response_mask)
+    assert (trained - plain).abs().max() > 1e-4  # the adapter's update is there
+    assert rollout.resolve_template("auto", str(out / "final")) == "none"
