@@ -529,13 +529,16 @@ def vllm_weight_name(name: str) -> str | None:
     * ``base_model.model.`` prefix: dropped;
     * ``.base_layer.`` infix of a LoRA-wrapped layer (holding the merged weight during ``sync_weights``): dropped;
     * ``lora_A``/``lora_B``/``lora_embedding_*``/``lora_magnitude_vector`` tensors: None (they are merged in);
-    * ``modules_to_save``: ``X.modules_to_save.<adapter>.weight`` -> ``X.weight`` (the trained copy), and
-      ``X.original_module.weight`` -> None;
+    * ``modules_to_save``: ``X.modules_to_save.<adapter>.weight`` -> ``X.weight`` (a copy of the module, one per
+      adapter: ``sync_weights`` pushes the active adapter's only), and ``X.original_module.weight`` -> None;
+    * ``trainable_token_indices``: ``X.token_adapter.base_layer.weight`` -> ``X.weight`` (the embedding, holding the
+      trained rows during ``sync_weights``), ``X.token_adapter.trainable_tokens_delta.<adapter>`` -> None (merged);
     * wrapper parts ``_orig_mod``, ``_fsdp_wrapped_module``, ``_checkpoint_wrapped_module``: dropped.
 
     Examples: ``base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight`` ->
     ``model.layers.0.self_attn.q_proj.weight``; ``...q_proj.lora_A.default.weight`` -> None; a plain model's
-    names pass through unchanged.
+    names pass through unchanged. The name alone cannot tell which adapter is active: ``sync_weights`` decides
+    which tensors to push from the modules (``_weights_not_in_use``).
     Raises:
         ValueError: an empty name.
     """
@@ -544,11 +547,11 @@ def vllm_weight_name(name: str) -> str | None:
     if name.startswith(_PEFT_PREFIX):
         name = name[len(_PEFT_PREFIX):]
     parts = [p for p in name.split(".") if p not in _WRAPPER_PARTS]
-    if any(p.startswith("lora_") for p in parts) or "original_module" in parts:
+    if any(p.startswith(("lora_", "trainable_tokens_")) for p in parts) or "original_module" in parts:
         return None
     out, i = [], 0
     while i < len(parts):
-        if parts[i] == "base_layer":
+        if parts[i] in ("base_layer", "token_adapter"):
             i += 1
         elif parts[i] == "modules_to_save":
             i += 2  # skip the adapter name too
@@ -558,17 +561,63 @@ def vllm_weight_name(name: str) -> str | None:
     return ".".join(out)
 
 
-def _vllm_weights(model):
-    """``(vLLM name, tensor)`` pairs of ``model``'s parameters, one at a time (no state_dict copy).
+def _weights_not_in_use(model) -> set[int]:
+    """``id``s of the parameters of a merged PEFT ``model`` that its forward does not compute with, or that are
+    already merged into a base weight: none of them may reach the engine.
 
-    Tied parameters appear once (``named_parameters`` removes duplicates; vLLM ties ``lm_head`` to the embedding
-    itself when the config says so). FSDP2 ``DTensor`` shards are gathered with ``full_tensor()``, a collective:
-    every rank must iterate in the same order (i.e. call ``sync_weights`` together).
+    * ``modules_to_save``: every adapter has its own copy of the module (and the frozen original is kept); the
+      forward uses the active adapter's copy only, so the other copies (a frozen reference adapter's, say) are not
+      in use. When the active adapter has no copy of a module, the forward uses the frozen original, which the
+      engine already holds from the checkpoint (its name maps to None).
+    * tuner layers (LoRA, trainable tokens, IA3...): their adapter tensors (``lora_A``/``lora_B``,
+      ``trainable_tokens_delta``...) are merged into the base layer by ``merge_adapter()``; the base layer is pushed.
+
+    Raises:
+        RuntimeError: a tuner layer with an active adapter is not merged (the engine would get the base weight).
     """
+    if not hasattr(model, "peft_config"):
+        return set()
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import ModulesToSaveWrapper
+
+    unused = set()
+    for module_name, module in model.named_modules():
+        if isinstance(module, ModulesToSaveWrapper):
+            in_use = module.original_module if module.disable_adapters or not module.active_adapters else \
+                module.modules_to_save[module.active_adapters[0]]
+            unused |= {id(p) for p in module.parameters()} - {id(p) for p in in_use.parameters()}
+        elif isinstance(module, BaseTunerLayer):
+            active = set(module.active_adapters) & module._get_available_adapters()
+            if active and not module.merged and not module.disable_adapters:
+                raise RuntimeError(f"sync_weights: adapter {sorted(active)} of {module_name} is not merged into its "
+                                   "base weight (call model.merge_adapter() first)")
+            unused |= {id(p) for p in module.parameters()} - {id(p) for p in module.get_base_layer().parameters()}
+    return unused
+
+
+def _vllm_weights(model):
+    """``(vLLM name, tensor)`` pairs of the weights ``model``'s forward computes with, one at a time (no state_dict
+    copy), exactly one tensor per engine name.
+
+    A merged PEFT model's adapter tensors and the ``modules_to_save`` copies of inactive adapters are left out
+    (``_weights_not_in_use``); the rest are named by ``vllm_weight_name``. Tied parameters appear once
+    (``named_parameters`` removes duplicates; vLLM ties ``lm_head`` to the embedding itself when the config says
+    so). FSDP2 ``DTensor`` shards are gathered with ``full_tensor()``, a collective: every rank must iterate in the
+    same order (i.e. call ``sync_weights`` together).
+
+    Raises:
+        RuntimeError: two parameters map to the same engine name (the engine would keep whichever came last), or
+            see ``_weights_not_in_use``.
+    """
+    unused = _weights_not_in_use(model)
+    source = {}  # engine name -> trainer parameter name
     for name, param in model.named_parameters():
-        target = vllm_weight_name(name)
+        target = None if id(param) in unused else vllm_weight_name(name)
         if target is None:
             continue
+        if target in source:
+            raise RuntimeError(f"sync_weights: {source[target]} and {name} both map to the engine weight {target}")
+        source[target] = name
         tensor = param.detach()
         full = getattr(tensor, "full_tensor", None)
         yield target, (full() if callable(full) else tensor)
@@ -617,9 +666,11 @@ def sync_weights(model, llm) -> int:
     """Copy the policy's current weights into the vLLM engine; call it after every optimizer step.
 
     Steps: wake the engine's weights if it sleeps (``llm.wake_up(tags=["weights"])``); for a PEFT model
-    ``merge_adapter()``; push every parameter under its vLLM name (``vllm_weight_name``: LoRA tensors skipped, the
-    merged ``base_layer`` weights pushed under the base names) with ``LLM.collective_rpc("reload_weights", ...)``
-    (``_load_into_engine`` says why that API); ``unmerge_adapter()`` only after vLLM has copied everything
+    ``merge_adapter()`` (the active adapter: LoRA and trainable tokens into the base weights); push the weights the
+    policy computes with, one tensor per engine name (``_vllm_weights``: adapter tensors skipped, the merged
+    ``base_layer`` weights and the active adapter's ``modules_to_save`` copy pushed under the base names, never a
+    frozen adapter's copy) with ``LLM.collective_rpc("reload_weights", ...)`` (``_load_into_engine`` says why that
+    API); ``unmerge_adapter()`` only after vLLM has copied everything
     (trl#2856: unmerging before the engine consumed the tensors sent the base weights); then
     ``llm.reset_prefix_cache()`` (cached KV blocks were computed with the old weights) and, if the engine slept,
     ``llm.wake_up(tags=["kv_cache"])``. The parameters are streamed one at a time: no state_dict copy.
@@ -630,7 +681,7 @@ def sync_weights(model, llm) -> int:
     Returns:
         the number of tensors pushed.
     Raises:
-        RuntimeError: see ``_load_into_engine``.
+        RuntimeError: see ``_load_into_engine`` and ``_vllm_weights``.
 
     With LoRA on bf16 weights, merge then unmerge rounds the frozen base weights twice per call (W + ΔW - ΔW is not
     exactly W in bf16); in float32 the round trip is exact to ~1e-7 relative.

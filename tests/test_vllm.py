@@ -40,6 +40,9 @@ VLLM_NAME_CASES = [
     # modules_to_save: the trained copy under the base name, the frozen original skipped
     ("base_model.model.lm_head.modules_to_save.default.weight", "lm_head.weight"),
     ("base_model.model.lm_head.original_module.weight", None),
+    # trainable_token_indices: the embedding (trained rows merged in) under its base name, the delta skipped
+    ("base_model.model.model.embed_tokens.token_adapter.base_layer.weight", "model.embed_tokens.weight"),
+    ("base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta.default", None),
     # wrapper parts (torch.compile, FSDP1, activation checkpointing)
     ("_orig_mod.model.layers.1.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weight"),
     ("model.layers.1._fsdp_wrapped_module._checkpoint_wrapped_module.mlp.up_proj.weight",
@@ -160,6 +163,81 @@ def test_sync_weights_lora_pushes_merged_base_names_then_unmerges():
             torch.testing.assert_close(p.detach(), base_before[name], atol=1e-6, rtol=0)
     assert all(p.requires_grad for n, p in model.named_parameters() if "lora_" in n)
     assert llm.events == [("reload_weights",), ("reset_prefix_cache",)]
+
+
+def _peft_toy(config, *more_adapters):
+    """The toy with a PEFT adapter "default" from ``config`` (a dict for ``peft.LoraConfig``) and, frozen next to
+    it, ``(name, config)`` adapters (as some users keep a reference copy); every adapter tensor randomised so that
+    the adapters and their modules_to_save copies all differ from each other and from the base model."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_toy_model(), LoraConfig(**config))
+    for name, cfg in more_adapters:
+        model.add_adapter(name, LoraConfig(**cfg))
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name or "trainable_tokens_delta" in name or "modules_to_save" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def test_sync_weights_pushes_the_active_adapters_modules_to_save_copy_once():
+    plain_names = {n for n, _ in _toy_model().named_parameters()}
+    lora = dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"])
+    ref = dict(lora, target_modules=["q_proj"])
+    model = _peft_toy(lora, ("ref", ref))
+    head = model.base_model.model.lm_head
+    copies = {a: head.modules_to_save[a].weight.detach().clone() for a in ("default", "ref")}
+    original = head.original_module.weight.detach().clone()
+    assert not torch.equal(copies["default"], copies["ref"])
+    v_proj = model.base_model.model.model.layers[0].self_attn.v_proj
+    for active in ("default", "ref"):
+        model.set_adapter(active)
+        llm = FakeEngine()  # it refuses a name pushed twice
+        n = rollout.sync_weights(model, llm)
+        assert set(llm.loaded) == plain_names and n == len(plain_names)  # nothing the engine does not have
+        torch.testing.assert_close(llm.loaded["lm_head.weight"], copies[active], atol=0, rtol=0)
+        # v_proj: the default adapter's LoRA merged in, or (ref has none there) the base weight
+        w = v_proj.base_layer.weight
+        expected_v = w + 2.0 * v_proj.lora_B["default"].weight @ v_proj.lora_A["default"].weight \
+            if active == "default" else w
+        torch.testing.assert_close(llm.loaded["model.layers.0.self_attn.v_proj.weight"], expected_v.detach(),
+                                   atol=1e-6, rtol=1e-6)
+    assert torch.equal(head.original_module.weight, original)  # the frozen original is neither changed nor pushed
+
+
+def test_sync_weights_merges_trainable_tokens_into_the_embedding():
+    plain_names = {n for n, _ in _toy_model().named_parameters()}
+    rows = [3, 5]
+    model = _peft_toy(dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj"],
+                           trainable_token_indices={"embed_tokens": rows}))
+    emb = model.base_model.model.model.embed_tokens.token_adapter
+    base = emb.base_layer.weight.detach().clone()
+    delta = emb.trainable_tokens_delta["default"].detach().clone()
+    assert not torch.equal(base[rows], delta)
+    llm = FakeEngine()
+    rollout.sync_weights(model, llm)
+    assert set(llm.loaded) == plain_names
+    expected = base.clone()
+    expected[rows] = delta  # peft's trainable tokens replace the rows of the listed ids
+    torch.testing.assert_close(llm.loaded["model.embed_tokens.weight"], expected, atol=0, rtol=0)
+    assert torch.equal(emb.base_layer.weight, base)  # unmerged again
+
+
+def test_vllm_weights_refuses_an_unmerged_adapter_and_a_name_twice():
+    model = _peft_toy(dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj"]))
+    with pytest.raises(RuntimeError, match=r"\['default'\] of .*layers\.0\.self_attn\.q_proj is not merged"):
+        list(rollout._vllm_weights(model))
+
+    class Wrapped(torch.nn.Module):  # "weight" and "_orig_mod.weight" are both the engine's "weight"
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(2))
+            self._orig_mod = torch.nn.Linear(2, 2)
+
+    with pytest.raises(RuntimeError, match="weight and _orig_mod.weight both map to the engine weight weight"):
+        list(rollout._vllm_weights(Wrapped()))
 
 
 def test_sync_weights_wakes_a_sleeping_engine_weights_first():
