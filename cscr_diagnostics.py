@@ -472,6 +472,8 @@ def diagnose(
     idx = [order[i % len(order)] for i in range(num_trajectories)]
     prompts = [prompt_fn(problems[i]) for i in idx]
     refs = [answers[i] for i in idx]
+    import rollout
+
     eos = _eos_ids(tokenizer, model)
     torch.manual_seed(seed)
     responses = []
@@ -485,11 +487,12 @@ def diagnose(
             for i, x in enumerate(ids):
                 inp[i, P - len(x) :] = torch.tensor(x)
                 attn[i, P - len(x) :] = 1
-            out = model.generate(
-                input_ids=inp.to(device), attention_mask=attn.to(device), do_sample=True,
-                temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new_tokens,
-                pad_token_id=pad_id, eos_token_id=sorted(eos | set(stop_ids or ())) or None,
-            )
+            # exactly softmax(logits/T) with top-p (and top_k), whatever the checkpoint's generation_config holds
+            config = rollout.sampling_config(max_new_tokens, temperature, top_p, sorted(eos | set(stop_ids or ())),
+                                             pad_id)
+            config.top_k = top_k
+            with rollout.generation_config_set_aside(model, config):
+                out = model.generate(input_ids=inp.to(device), attention_mask=attn.to(device), generation_config=config)
             for row in out[:, P:].tolist():
                 resp = []
                 for t in row:

@@ -188,7 +188,7 @@ def sampling_config(max_new_tokens: int, temperature: float, top_p: float, stop_
     changes the distribution is neutral: no repetition, n-gram or length penalty, no min-p / typical / epsilon /
     eta / top-h / top-k truncation, no banned, suppressed, biased or forced token, no minimum length (it would
     forbid EOS), no beam search, no watermark, no classifier-free guidance; fields left unset (None) are off,
-    because ``generate`` runs with this config alone (``_generation_config_set_aside``). A response ends on
+    because ``generate`` runs with this config alone (``generation_config_set_aside``). A response ends on
     ``stop_ids`` or after ``max_new_tokens`` tokens, nothing else (no stop strings, no time limit).
     """
     from transformers import GenerationConfig
@@ -205,7 +205,7 @@ def sampling_config(max_new_tokens: int, temperature: float, top_p: float, stop_
 
 
 @contextlib.contextmanager
-def _generation_config_set_aside(model, config):
+def generation_config_set_aside(model, config):
     """Make ``config`` the model's ``generation_config`` for the duration of the block, then put the checkpoint's back.
 
     Passing ``generate(generation_config=config)`` alone is not enough: transformers fills every field the passed
@@ -261,7 +261,7 @@ def generate(model, tokenizer, prompts: list[str], num_generations: int, max_new
     was_training = model.training
     model.eval()
     outs, bs = [], batch_size or len(rows)
-    with _generation_config_set_aside(model, config):
+    with generation_config_set_aside(model, config):
         for i in range(0, len(rows), bs):
             ids = enc["input_ids"][i:i + bs].to(device)
             out = model.generate(input_ids=ids, attention_mask=enc["attention_mask"][i:i + bs].to(device),
