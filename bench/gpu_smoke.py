@@ -116,7 +116,7 @@ def gpu_info() -> dict | None:
             "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "driver": None}
     try:
         r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name,memory.total", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=30)
+                           capture_output=True, text=True, timeout=30, check=False)
         info["driver"], info["nvidia_smi_name"], info["nvidia_smi_memory"] = (
             x.strip() for x in r.stdout.splitlines()[0].split(","))
     except (OSError, subprocess.SubprocessError, IndexError, ValueError):
@@ -138,19 +138,22 @@ def provenance(command: str) -> dict:
 
 
 def build_model(args, device, dtype):
-    """Randomly initialised Qwen3ForCausalLM built directly on ``device`` in ``dtype``."""
+    """Randomly initialised Qwen3ForCausalLM built directly on ``device`` in ``dtype``; returns (model, seconds
+    the build took, imports excluded)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(**(TINY if args.tiny else QWEN3_8B), attn_implementation=args.attn_implementation)
     torch.manual_seed(args.seed)
     old = torch.get_default_dtype()
+    t0 = time.time()
     torch.set_default_dtype(dtype)  # parameters are created in bfloat16, not built in float32 and cast
     try:
         with torch.device(device):
             model = Qwen3ForCausalLM(config)
     finally:
         torch.set_default_dtype(old)
-    return model
+    _sync()
+    return model, time.time() - t0
 
 
 def make_batch(args, vocab, device):
@@ -278,8 +281,6 @@ def main(argv=None) -> dict:
     print("versions:", json.dumps({**info, "gpu": prov["gpu"]}), flush=True)
     if info["peft"] is None:
         raise SystemExit("gpu_smoke.py: peft is not installed (pip install peft)")
-    import transformers  # noqa: F401  (imported before the model's build is timed)
-
     import grpo
     import policy
 
@@ -325,11 +326,9 @@ def main(argv=None) -> dict:
             r["peak_reserved_gb"] = _gb(torch.cuda.max_memory_reserved())
         return r
 
-    t0 = time.time()
-    model = build_model(args, device, dtype)
-    _sync()
+    model, build_seconds = build_model(args, device, dtype)
     n_params = sum(p.numel() for p in model.parameters())
-    result["model"] = {"parameters": n_params, "build_seconds": round(time.time() - t0, 1),
+    result["model"] = {"parameters": n_params, "build_seconds": round(build_seconds, 1),
                        "weights_gb": _gb(mem()), "config": TINY if args.tiny else QWEN3_8B}
     print(f"model: {n_params / 1e9:.3f} B parameters, built in {result['model']['build_seconds']} s, "
           f"{_gb(mem())} GB on {device}", flush=True)
@@ -337,10 +336,10 @@ def main(argv=None) -> dict:
     n_resp = int(batch.response_mask.sum())
     result["response_tokens"] = n_resp
     n_tok = int(batch.attention_mask.sum())
-    result["kv_cache"] = guarded(kv_cache_prefill, model, batch)
-    kv = result["kv_cache"]
+    kv = result["kv_cache"] = guarded(kv_cache_prefill, model, batch)
     print(f"[kv cache] prefill of {N} rows: " + (f"{kv['cache_gb']} GB cache, {kv['mb_per_token']} MB per token, "
-          f"peak {kv.get('peak_allocated_gb', 0):.2f} GB" if "error" not in kv else f"FAILED: {kv['error']}"), flush=True)
+          f"peak {kv.get('peak_allocated_gb', 0):.2f} GB" if "error" not in kv else f"FAILED: {kv['error']}"),
+          flush=True)
     save()
 
     def measure(label, mode, credit_name, model, optimizer):
