@@ -15,7 +15,8 @@ runs it once, on one H200 (139 GiB) in about 7 minutes (``--budget``), in this o
          checkpoint half-way): it runs, learns (held-out avg@k before/after, reward per step), writes its folder
   vllm   the same two runs with --use_vllm if the device's Python has vLLM; else recorded as absent
 
-Output, in ``$OUT`` (else ``--out``, else ./gpu_check_out), four files (at most 8 come back from the device):
+Output, in ``--out``, else ``$OUT`` (the device sets it), else ./gpu_check_out: four files (at most 8 come back
+from the device):
   gpu_check.json    everything: the command, the environment, each part (command, status ok / failed / timeout /
                     skipped / absent, exit code, seconds, time limit, the end of its log, its results; the toy
                     runs' metrics.jsonl lines and summary.json embedded)
@@ -27,11 +28,15 @@ Prepare, here, once (wheels, commit stamp, the warmed-up toy model in .toy/; bot
 
     bash bench/gpu_wheels.sh
 
-The device call (the `run` tool of this workplace; one H200, 15 minutes of device time in all: this leaves room
-for a rerun of what failed, e.g. ``--parts toy,vllm --budget 240``)::
+The device call (the `run` tool of this workplace; one H200, 15 minutes of device time in all, a start costs one
+to two; the results come back under the reply's files_at)::
 
     run(command="PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --budget 420", carry=[".whl", ".toy"],
         timeout_s=480)
+
+That leaves room for one rerun of what failed, called at once while the machine is still warm (30 s), e.g.
+``run(command="PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --parts toy --budget 150", carry=[".whl", ".toy"],
+timeout_s=200)``; then give the machine back.
 
 On the CPU (tests/test_bench.py): ``python bench/gpu_check.py --tiny --out /tmp/gpu_check`` runs the same parts on a
 tiny model config, a short toy run on a small held-out set, no vLLM.
@@ -80,7 +85,7 @@ MIN_PART_S = 15  # a child with less time than this left is skipped, not started
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--out", default=None, help="output folder (default $OUT, else ./gpu_check_out)")
+    ap.add_argument("--out", default=None, help="output folder (default: $OUT, else ./gpu_check_out)")
     ap.add_argument("--tiny", action="store_true", help="CPU: tiny model config, short toy runs, no vLLM")
     ap.add_argument("--parts", default=",".join(PARTS), help="which of smoke,toy,vllm to run (setup always runs)")
     ap.add_argument("--budget", type=float, default=420, help="seconds for the whole check (children are cut)")
@@ -267,6 +272,8 @@ def smoke(check: Check) -> None:
     """bench/gpu_smoke.py (Qwen3-8B shape; --tiny: the tiny config on the CPU); its JSON is embedded."""
     cmd = [sys.executable, "bench/gpu_smoke.py", "--out", str(check.out)] + (["--tiny"] if check.args.tiny else [])
     rec = check.child("smoke", "gpu_smoke.py", cmd, "smoke")
+    if rec["status"] == "ok":  # its step lines, for the call's reply (the full output is in gpu_check.log)
+        print("   " + "\n   ".join(rec["log_tail"][-9:-1]), flush=True)
     path = check.out / ("gpu_smoke_tiny.json" if check.args.tiny else "gpu_smoke.json")
     if path.exists():  # also after a time-out: the script rewrites it after every step
         rec["result"] = json.loads(path.read_text())
