@@ -1,17 +1,19 @@
 """GPU smoke test at Qwen3-8B scale: one training step per credit through grpo.py's own functions.
 
-What it does (no download, no generation, one process, < 8 minutes on one H200 / H100 / A100-80GB)
-------------------------------------------------------------------------------------------------
+What it does (no download, no generation, one process, about two minutes on one H200 / H100 / A100-80GB)
+------------------------------------------------------------------------------------------------------------
 1. Builds a randomly initialised model with the public **Qwen3-8B-Base** architecture (36 layers, hidden 4096,
    MLP 12288, 32 query / 8 key-value heads of 128, vocabulary 151,936, untied head: 8.19 B parameters) in
    bfloat16 directly on the GPU (``torch.device("cuda")`` as the default device: 16 GB of weights are never
    built on the CPU), with SDPA attention.
-2. Wraps it with LoRA (``policy.prepare_model``: r=16, α=32, dropout 0.05 on q,k,v,o,gate,up,down) and
+2. Measures the rollout's KV cache: one prefill of the whole batch (below) with ``use_cache=True`` and only the
+   last position's logits, as generation's first step does: the cache's bytes per token and the peak memory.
+3. Wraps it with LoRA (``policy.prepare_model``: r=16, α=32, dropout 0.05 on q,k,v,o,gate,up,down) and
    non-reentrant gradient checkpointing, exactly as ``grpo.py --use_peft --gradient_checkpointing`` does.
-3. Makes one rollout batch without sampling: 4 prompts × 8 responses, random token ids, prompts of 96-128
+4. Makes one rollout batch without sampling: 4 prompts × 8 responses, random token ids, prompts of 96-128
    tokens (left-padded), responses of 1024 tokens of which some end early (right-padded, masked); fixed binary
    rewards with both signs in every group.
-4. Runs one training step per credit, the trainer's step minus rollout and grading:
+5. Runs one training step per credit, the trainer's step minus rollout and grading:
      old log-probs (and, for DelTA, the LM-head inputs from the same pass) ... ``grpo.old_logprobs``
      credit  grpo:  ``grpo.Credit`` (broadcast)
              delta: ``grpo.Credit`` -> delta.py (``--delta_impl memory_efficient`` streaming by default)
@@ -21,17 +23,20 @@ What it does (no download, no generation, one process, < 8 minutes on one H200 /
      update  ``grpo.policy_update`` -> ``backward_minibatch`` (micro-batches with the whole-mini-batch
              normaliser, gradient checkpointing) -> clip -> AdamW (``policy.build_optimizer``)
    after one untimed-for-the-table warm-up GRPO step (CUDA context, cuBLAS, allocator growth).
-5. Then the same model without adapters (``unload``), every weight trainable (full fine-tuning, bfloat16
-   weights and AdamW moments, fused AdamW): one GRPO step.
+6. Then the same model without adapters (``unload``), every weight trainable (full fine-tuning, bfloat16
+   weights and AdamW moments, fused AdamW), micro-batches of 2 rows as docs/scaling.md recommends: one GRPO step.
 
-For each step it prints and records seconds (old log-probs / credit / update / total), tokens per second,
-``torch.cuda.max_memory_allocated`` (and reserved) since the step began, the memory held before the step
-(weights, adapters, optimizer state) and after it (gradients freed), the loss and gradient norm, and ``ok``
-(finite loss and gradient norm, the trainable weights changed); memory in GB = 10^9 bytes. Results go to
+For each step it prints and records seconds (old log-probs / credit / update / total), tokens per second (all
+tokens, and response tokens), ``torch.cuda.max_memory_allocated`` (and reserved) since the step began, the memory
+held before the step (weights, adapters, optimizer state) and after it (gradients freed), the loss and gradient
+norm, DelTA's LM-head inputs (size and device) and ``ok`` (finite loss and gradient norm, the trainable weights
+changed); memory in GB = 10^9 bytes, as in docs/scaling.md's memory table. The JSON also records the command,
+the machine (CPU, GPU, CUDA, driver), the library versions and the git commit (``provenance``). Results go to
 ``$OUT/gpu_smoke.json`` if ``$OUT`` is set, else ``bench/results/gpu_smoke.json`` (``--out DIR`` overrides;
 ``--tiny`` writes ``gpu_smoke_tiny.json``), rewritten after every step so a time-out keeps what was measured.
 
-Needs only torch, transformers (with Qwen3: >= 4.51) and peft; prints their versions first.
+Needs only torch, transformers (with Qwen3: >= 4.51) and peft; prints their versions first. bench/gpu_check.py
+runs it as the first part of the GPU check (docs/scaling.md, "How to run the GPU check").
 
 Usage::
 
@@ -46,7 +51,8 @@ import argparse
 import json
 import math
 import os
-import platform
+import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -63,6 +69,11 @@ QWEN3_8B = dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, 
                 tie_word_embeddings=False, rope_theta=1e6)
 TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
             vocab_size=512, head_dim=16, max_position_embeddings=256, tie_word_embeddings=False, rope_theta=1e4)
+# versions recorded next to checkpoint.library_versions()'s (torch, transformers, peft, math-verify, vllm, ...)
+EXTRA_PACKAGES = ("latex2sympy2_extended", "antlr4-python3-runtime", "pebble", "sympy", "tokenizers", "accelerate",
+                  "safetensors", "huggingface-hub", "tqdm")
+# written by bench/gpu_wheels.sh: the commit of a tree copied without its .git (the device machine's copy)
+GIT_STAMP = ROOT / ".whl" / "git_state.json"
 
 
 def parse_args(argv=None):
@@ -76,6 +87,8 @@ def parse_args(argv=None):
     ap.add_argument("--response_length", type=int, default=None, help="default 1024 (tiny: 24)")
     ap.add_argument("--prompt_length", type=int, default=None, help="longest prompt, default 128 (tiny: 12)")
     ap.add_argument("--micro_batch_size", type=int, default=None, help="default 4 (tiny: 3)")
+    ap.add_argument("--full_micro_batch_size", type=int, default=2,
+                    help="rows per forward/backward of the full fine-tuning step (docs/scaling.md: 2 for 8B)")
     ap.add_argument("--delta_impl", default="memory_efficient", choices=["normal", "memory_efficient"])
     ap.add_argument("--attn_implementation", default="sdpa")
     ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
@@ -92,34 +105,55 @@ def parse_args(argv=None):
     return args
 
 
-def versions() -> dict:
-    import transformers
-
-    out = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-           "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+def gpu_info() -> dict | None:
+    """The GPU as torch and ``nvidia-smi`` see it: name, memory, compute capability, CUDA, cuDNN and the driver's
+    version (None without CUDA; the driver None when ``nvidia-smi`` cannot be run)."""
+    if not torch.cuda.is_available():
+        return None
+    p = torch.cuda.get_device_properties(0)
+    info = {"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1), "capability": f"{p.major}.{p.minor}",
+            "multiprocessors": p.multi_processor_count, "count": torch.cuda.device_count(),
+            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "driver": None}
     try:
-        import peft
+        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name,memory.total", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30, check=False)
+        info["driver"], info["nvidia_smi_name"], info["nvidia_smi_memory"] = (
+            x.strip() for x in r.stdout.splitlines()[0].split(","))
+    except (OSError, subprocess.SubprocessError, IndexError, ValueError):
+        pass
+    return info
 
-        out["peft"] = peft.__version__
-    except ImportError:
-        out["peft"] = None
-    return out
+
+def provenance(command: str) -> dict:
+    """What every result of the GPU check records: the command, when it started, the machine (CPU, memory,
+    library versions; ``bench/_common.machine_description``), the GPU (``gpu_info``) and the git commit, taken from
+    ``GIT_STAMP`` when the tree is no git checkout (the device machine gets a copy without .git)."""
+    from bench import _common
+
+    git = _common.git_state()
+    if git.get("commit") is None and GIT_STAMP.exists():
+        git = {**json.loads(GIT_STAMP.read_text()), "source": str(GIT_STAMP.relative_to(ROOT))}
+    return {"command": command, "started": _common.now_iso(),
+            "machine": _common.machine_description(EXTRA_PACKAGES), "gpu": gpu_info(), "git": git}
 
 
 def build_model(args, device, dtype):
-    """Randomly initialised Qwen3ForCausalLM built directly on ``device`` in ``dtype``."""
+    """Randomly initialised Qwen3ForCausalLM built directly on ``device`` in ``dtype``; returns (model, seconds
+    the build took, imports excluded)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     config = Qwen3Config(**(TINY if args.tiny else QWEN3_8B), attn_implementation=args.attn_implementation)
     torch.manual_seed(args.seed)
     old = torch.get_default_dtype()
+    t0 = time.time()
     torch.set_default_dtype(dtype)  # parameters are created in bfloat16, not built in float32 and cast
     try:
         with torch.device(device):
             model = Qwen3ForCausalLM(config)
     finally:
         torch.set_default_dtype(old)
-    return model
+    _sync()
+    return model, time.time() - t0
 
 
 def make_batch(args, vocab, device):
@@ -167,6 +201,21 @@ def _gb(x):
     return round(x / 1e9, 3)  # GB = 10^9 bytes, as in the README's memory table
 
 
+def kv_cache_prefill(model, batch):
+    """One prefill of every row of ``batch`` with the KV cache on and only the last position's logits, as
+    generation's first step does (no grad). Returns the cache's size, its bytes per token (docs/scaling.md:
+    2 (K, V) × layers × KV heads × head_dim × 2 bytes in bf16) and the prefill's peak memory (CUDA)."""
+    model.eval()
+    with torch.no_grad():
+        out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=True, logits_to_keep=1)
+    tensors = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    positions = batch.input_ids.numel()  # the cache holds every position, padding included
+    return {"rows": batch.input_ids.shape[0], "positions": positions, "cache_gb": _gb(nbytes),
+            "mb_per_token": round(nbytes / positions / 1e6, 4), "dtype": str(tensors[0].dtype).replace("torch.", ""),
+            "ok": len(tensors) == 2 * model.config.num_hidden_layers}
+
+
 def train_step(model, optimizer, batch, credit_name, cfg):
     """One trainer step without rollout; returns timings and statistics."""
     import cscr
@@ -181,6 +230,9 @@ def train_step(model, optimizer, batch, credit_name, cfg):
     credit = grpo.Credit(cfg, None)
     old, hidden, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, mask, cfg,
                                        need_hidden=credit.needs_hidden())
+    # DelTA's LM-head inputs [N, T, H] (docs/scaling.md: float32, on the CPU)
+    held = None if hidden is None else {"gb": _gb(hidden.numel() * hidden.element_size()),
+                                        "device": str(hidden.device), "dtype": str(hidden.dtype).replace("torch.", "")}
     _sync()
     t["old_logprobs"] = time.time() - t0
     t1 = time.time()
@@ -216,14 +268,17 @@ def train_step(model, optimizer, batch, credit_name, cfg):
     keep = {k: float(v) for k, v in stats.items() if isinstance(v, (int, float)) and k.split("/")[-1] in
             ("lam_pos_mean", "lam_neg_mean", "w_mean", "frac_w_lt_1", "eff_token_frac")}
     return {"seconds": {k: round(v, 3) for k, v in t.items()}, "loss": loss_sum, "grad_norm": grad_norm,
-            "skipped": skipped, "weights_changed": changed, "ok": bool(ok), "credit_stats": keep}
+            "skipped": skipped, "weights_changed": changed, "ok": bool(ok), "credit_stats": keep,
+            **({"delta_hidden": held} if held else {})}
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     t_start = time.time()
-    info = versions()
-    print("versions:", json.dumps(info), flush=True)
+    command = "python bench/gpu_smoke.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    prov = provenance(command.strip())
+    info = {k: prov["machine"]["versions"].get(k) for k in ("python", "torch", "transformers", "peft")}
+    print("versions:", json.dumps({**info, "gpu": prov["gpu"]}), flush=True)
     if info["peft"] is None:
         raise SystemExit("gpu_smoke.py: peft is not installed (pip install peft)")
     import grpo
@@ -244,9 +299,8 @@ def main(argv=None) -> dict:
                           micro_batch_size=args.micro_batch_size, num_generations=args.num_generations,
                           num_prompts_per_step=args.num_prompts, max_completion_length=args.response_length,
                           delta_impl=args.delta_impl, learning_rate=1e-5, attn_implementation=args.attn_implementation)
-    result = {"versions": info, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-              "args": vars(args), "command": " ".join(sys.argv), "path": str(out_path),
-              "rows": N, "response_tokens": int(0), "runs": []}
+    result = {"benchmark": "gpu_smoke", **prov, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
+              "args": vars(args), "path": str(out_path), "rows": N, "response_tokens": 0, "runs": []}
 
     def save():
         result["total_seconds"] = round(time.time() - t_start, 1)
@@ -255,11 +309,26 @@ def main(argv=None) -> dict:
     def mem():
         return torch.cuda.memory_allocated() if cuda else 0
 
-    t0 = time.time()
-    model = build_model(args, device, dtype)
-    _sync()
+    def guarded(fn, *a):  # out of memory: record it and carry on with the next measurement
+        if cuda:
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        static = mem()
+        try:
+            r = fn(*a)
+        except RuntimeError as e:
+            if "out of memory" not in str(e).lower():
+                raise
+            r = {"ok": False, "error": str(e).splitlines()[0]}
+        r.update(static_gb=_gb(static), after_gb=_gb(mem()))
+        if cuda:
+            r["peak_allocated_gb"] = _gb(torch.cuda.max_memory_allocated())
+            r["peak_reserved_gb"] = _gb(torch.cuda.max_memory_reserved())
+        return r
+
+    model, build_seconds = build_model(args, device, dtype)
     n_params = sum(p.numel() for p in model.parameters())
-    result["model"] = {"parameters": n_params, "build_seconds": round(time.time() - t0, 1),
+    result["model"] = {"parameters": n_params, "build_seconds": round(build_seconds, 1),
                        "weights_gb": _gb(mem()), "config": TINY if args.tiny else QWEN3_8B}
     print(f"model: {n_params / 1e9:.3f} B parameters, built in {result['model']['build_seconds']} s, "
           f"{_gb(mem())} GB on {device}", flush=True)
@@ -267,26 +336,23 @@ def main(argv=None) -> dict:
     n_resp = int(batch.response_mask.sum())
     result["response_tokens"] = n_resp
     n_tok = int(batch.attention_mask.sum())
+    kv = result["kv_cache"] = guarded(kv_cache_prefill, model, batch)
+    print(f"[kv cache] prefill of {N} rows: " + (f"{kv['cache_gb']} GB cache, {kv['mb_per_token']} MB per token, "
+          f"peak {kv.get('peak_allocated_gb', 0):.2f} GB" if "error" not in kv else f"FAILED: {kv['error']}"),
+          flush=True)
+    save()
 
     def measure(label, mode, credit_name, model, optimizer):
-        if cuda:
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-        static = mem()
-        c = grpo.GRPOConfig(**{**cfg.__dict__, "credit": credit_name, "use_peft": mode == "lora"})
-        try:
-            r = train_step(model, optimizer, batch, credit_name, c)
-        except RuntimeError as e:  # out of memory: record it and carry on with the next measurement
-            if "out of memory" not in str(e).lower():
-                raise
-            r = {"ok": False, "error": str(e).splitlines()[0]}
+        c = grpo.GRPOConfig(**{**cfg.__dict__, "credit": credit_name, "use_peft": mode == "lora",
+                               "micro_batch_size": args.micro_batch_size if mode == "lora" else
+                               args.full_micro_batch_size})
+        r = guarded(train_step, model, optimizer, batch, credit_name, c)
+        if "error" in r:
             optimizer.zero_grad(set_to_none=True)
-        r.update(label=label, mode=mode, credit=credit_name, static_gb=_gb(static), after_gb=_gb(mem()))
-        if cuda:
-            r["peak_allocated_gb"] = _gb(torch.cuda.max_memory_allocated())
-            r["peak_reserved_gb"] = _gb(torch.cuda.max_memory_reserved())
+        r.update(label=label, mode=mode, credit=credit_name, micro_batch_size=c.micro_batch_size)
         if "seconds" in r:
             r["tokens_per_second"] = round(n_tok / r["seconds"]["total"], 1)
+            r["response_tokens_per_second"] = round(n_resp / r["seconds"]["total"], 1)
         print(f"[{label}] {mode:4s} {credit_name:5s} " + (
             f"{r['seconds']['total']:7.2f} s (old {r['seconds']['old_logprobs']:.2f}, credit "
             f"{r['seconds']['credit']:.2f}, update {r['seconds']['update']:.2f})  peak "
@@ -319,9 +385,9 @@ def main(argv=None) -> dict:
         optimizer = policy.build_optimizer(model.parameters(), cfg)
         result["runs"].append(measure("step", "full", "grpo", model, optimizer))
         save()
+    result["all_ok"] = all(r["ok"] for r in result["runs"]) and result["kv_cache"]["ok"]
     save()
-    ok = all(r["ok"] for r in result["runs"])
-    print(f"done in {result['total_seconds']} s; all ok: {ok}; results: {out_path}", flush=True)
+    print(f"done in {result['total_seconds']} s; all ok: {result['all_ok']}; results: {out_path}", flush=True)
     return result
 
 

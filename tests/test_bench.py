@@ -1,4 +1,5 @@
-"""Smoke test of bench/scaling.py (the benchmark-only patches and the summary), on a tiny grid.
+"""Smoke tests of bench/scaling.py (the benchmark-only patches and the summary), on a tiny grid, and of the GPU
+check (bench/gpu_check.py, bench/gpu_smoke.py, bench/gpu_wheels.sh) on the CPU with --tiny.
 
 Checks what the benchmark's numbers rely on, not timings: every response really has the forced length, the random
 rewards give every response a non-zero advantage (so DelTA's and CSCR's hooks run on every row), the runs of one
@@ -6,8 +7,16 @@ cell see identical rollouts, and the summary's ratios are computed against the s
 No trl needed.
 """
 
+import importlib.metadata
+import importlib.util
 import json
+import os
+import re
+import shlex
+import subprocess
 import sys
+import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench import scaling  # noqa: E402
+from bench import gpu_check, gpu_smoke, scaling  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -59,3 +68,118 @@ def test_bad_cells_rejected():
     with pytest.raises(SystemExit, match="bad --cells entry"):
         scaling.parse_cells("giant:64")
     assert scaling.parse_cells("toy:64, 30m:256,toy:64") == [("toy", 64), ("30m", 256)]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# bench/gpu_check.py (the GPU check, issue #17) and bench/gpu_smoke.py, on the CPU with --tiny: every part runs
+# through the same code as on the device; what it records is checked against its sources (the run folders, the
+# tiny config), and a child past its time limit is stopped with its whole process group.
+# ----------------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def random_toy_root(tmp_path_factory):
+    """A folder holding toy-<version>/ with the randomly initialised toy (no warm-up), for RLVR_TOY_CACHE."""
+    import toy
+
+    root = tmp_path_factory.mktemp("toy_cache")
+    toy.build_toy_model(root / f"toy-{toy.TOY_VERSION}", warmup_steps=0)
+    return root
+
+
+@pytest.mark.slow
+def test_gpu_check_tiny_runs_every_part(tmp_path, random_toy_root):
+    out, work = tmp_path / "out", tmp_path / "work"
+    res = gpu_check.main(["--tiny", "--out", str(out), "--work", str(work), "--wheels", "", "--toy_credits", "delta",
+                          "--toy_cache", str(random_toy_root), "--budget", "900"])
+    status = {(p["part"], p["label"]): p["status"] for p in res["parts"]}
+    assert status == {("setup", "install wheels"): "skipped", ("setup", "environment"): "ok",
+                      ("smoke", "gpu_smoke.py"): "ok", ("toy", "toy delta"): "ok",
+                      ("vllm", "probe"): "ok",
+                      ("vllm", "--use_vllm"): "absent" if importlib.util.find_spec("vllm") is None else "skipped"}
+    assert res["ok"] is True and res["problems"] == []
+    # four files, as they come back from the device (at most 8), rewritten after every part
+    assert sorted(os.listdir(out)) == ["gpu_check.json", "gpu_check.log", "gpu_smoke_tiny.json", "toy_runs.tar.gz"]
+    saved = json.loads((out / "gpu_check.json").read_text())
+    assert [p["status"] for p in saved["parts"]] == [p["status"] for p in res["parts"]] and saved["ok"] is True
+    log = (out / "gpu_check.log").read_text()
+    assert all(f"===== {p['part']} / {p['label']}: {p['command']}" in log for p in saved["parts"] if "rc" in p)
+
+    env = saved["environment"]  # from the child, with the children's environment
+    assert env["machine"]["versions"]["torch"] == importlib.metadata.version("torch")
+    assert env["machine"]["versions"]["math-verify"] == importlib.metadata.version("math-verify")
+    assert env["grading"]["ok"] is True and env["grading"]["right"][0] is True
+    assert all(i["ok"] for i in env["imports"].values()) and env["gpu"] is None
+    assert env["git"]["commit"] and len(env["git"]["commit"]) == 40
+
+    smoke = next(p for p in saved["parts"] if p["part"] == "smoke")["result"]
+    assert smoke == json.loads((out / "gpu_smoke_tiny.json").read_text())
+    assert smoke["all_ok"] is True and smoke["command"].startswith("python bench/gpu_smoke.py")
+    assert [(r["mode"], r["credit"], r["micro_batch_size"]) for r in smoke["runs"]] == [
+        ("lora", "grpo", 3), ("lora", "delta", 3), ("lora", "cscr", 3), ("full", "grpo", 2)]
+    # KV cache per token by hand from the tiny config: K and V × layers × KV heads × head_dim × 4 bytes (float32)
+    t = gpu_smoke.TINY
+    per_token = 2 * t["num_hidden_layers"] * t["num_key_value_heads"] * t["head_dim"] * 4
+    assert smoke["kv_cache"]["mb_per_token"] == round(per_token / 1e6, 4)
+    assert smoke["kv_cache"]["positions"] == smoke["rows"] * (12 + 24)  # --tiny: prompts 12, responses 24
+    hidden = smoke["runs"][1]["delta_hidden"]  # [N, T, H] float32 on the CPU
+    assert hidden == {"gb": round(smoke["rows"] * 24 * t["hidden_size"] * 4 / 1e9, 3), "device": "cpu",
+                      "dtype": "float32"}
+
+    with tarfile.open(out / "toy_runs.tar.gz") as tar:
+        names = tar.getnames()
+        assert {n.split("/")[0] for n in names} == {"toy_delta"}
+        for credit in ("delta",):  # the device runs cscr too (--toy_credits delta,cscr), the same code
+            run = next(p for p in saved["parts"] if p["label"] == f"toy {credit}")["run"]
+            lines = tar.extractfile(f"toy_{credit}/metrics.jsonl").read().decode().splitlines()
+            assert run["metrics"] == [json.loads(line) for line in lines]  # embedded = the run's own file
+            assert run["summary"] == json.loads(tar.extractfile(f"toy_{credit}/summary.json").read())
+            assert json.loads(tar.extractfile(f"toy_{credit}/config.json").read())["config"]["credit"] == credit
+            assert run["steps"] == 2 and run["summary"]["last_step"]["step"] == 2
+            assert run["heldout_metric"] == "eval/avg@1" and isinstance(run["learned"], bool)
+            assert {"final", "checkpoint-1", "metrics.jsonl", "summary.json"} <= set(run["files"])
+    assert not any("/final" in n or "/checkpoint-" in n for n in names)  # no weights come back
+
+
+def test_gpu_check_stops_a_child_past_its_limit(tmp_path, monkeypatch):
+    monkeypatch.setitem(gpu_check.LIMITS, "smoke", (2, 2))
+    monkeypatch.setattr(gpu_check, "MIN_PART_S", 0)
+    check = gpu_check.Check(gpu_check.parse_args(["--tiny", "--out", str(tmp_path / "out"),
+                                                  "--work", str(tmp_path / "w")]), [])
+    pid_file = tmp_path / "grandchild.pid"
+    sleeper = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+               "time.sleep(120)']); open(sys.argv[1], 'w').write(str(p.pid)); time.sleep(120)")
+    rec = check.child("smoke", "sleeper", [sys.executable, "-c", sleeper, str(pid_file)], "smoke")
+    assert rec["status"] == "timeout" and rec["timeout_s"] == 2 and rec["rc"] is not None
+    grandchild = int(pid_file.read_text())
+    for _ in range(50):  # gone, or a zombie waiting for init to reap it
+        state = subprocess.run(["ps", "-o", "stat=", "-p", str(grandchild)], capture_output=True, text=True,
+                               check=False).stdout
+        if not state.strip() or state.strip().startswith("Z"):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the child's own child {grandchild} survived the time-out")
+    check.deadline = time.time()  # no budget left: the next child is skipped, never started
+    rec = check.child("smoke", "never", [sys.executable, "-c", "open('started', 'w')"], "smoke")
+    assert rec["status"] == "skipped" and "budget spent" in rec["reason"] and "rc" not in rec
+    saved = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
+    assert [(p["label"], p["status"]) for p in saved["parts"]] == [("sleeper", "timeout"), ("never", "skipped")]
+
+
+def test_gpu_check_device_call_and_wheel_pins():
+    # the device call written in gpu_check.py's header parses with gpu_check's own flags and fits the tool
+    doc = gpu_check.__doc__
+    call = re.search(r'run\(command="([^"]+)", carry=(\[[^\]]*\]),\s*timeout_s=(\d+)\)', doc)
+    command, carry, timeout_s = call.group(1), json.loads(call.group(2)), int(call.group(3))
+    words = shlex.split(command)
+    assert len(command) < 2000 and words[1:3] == ["python3", "bench/gpu_check.py"]
+    args = gpu_check.parse_args(words[3:])
+    assert timeout_s >= args.budget + 30 and timeout_s <= 600 and carry == [".whl", ".toy"]
+    # the wheels carried to the device are requirements.txt's pins (and math-verify's own pin)
+    script = (REPO / "bench" / "gpu_wheels.sh").read_text()
+    pins = dict(p.split("==") for p in re.search(r"PINS=\(([^)]*)\)", script).group(1).split())
+    req = {re.split(r"[\[=]", line)[0]: line for line in (REPO / "requirements.txt").read_text().splitlines()
+           if "==" in line and not line.startswith("#")}
+    assert req["math-verify"] == f"math-verify[antlr4_13_2]=={pins['math-verify']}"
+    assert pins["antlr4-python3-runtime"] == "4.13.2" and req["pebble"] == f"pebble=={pins['pebble']}"
+    if importlib.util.find_spec("math_verify") is not None:
+        assert f"latex2sympy2_extended=={pins['latex2sympy2_extended']}" in importlib.metadata.requires("math-verify")
