@@ -24,18 +24,19 @@ from the device):
   gpu_smoke.json    bench/gpu_smoke.py's own results (docs/scaling.md's memory table: see "How to run the GPU check")
   toy_runs.tar.gz   the toy run folders (config.json, metrics.jsonl, summary.json, samples/), without weights
 
-Prepare, here, once (wheels, commit stamp, the warmed-up toy model in .toy/; both folders are ignored by git)::
+Prepare, on a machine with pip, once (wheels and the commit stamp in .whl/, ignored by git; the toy model ships in
+toy_model/ and travels with the tree)::
 
     bash bench/gpu_wheels.sh
 
 The device call (the `run` tool of this workplace; one H200, 15 minutes of device time in all, a start costs one
 to two; the results come back under the reply's files_at)::
 
-    run(command="PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --budget 420", carry=[".whl", ".toy"],
+    run(command="PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --budget 420", carry=[".whl"],
         timeout_s=480)
 
 That leaves room for one rerun of what failed, called at once while the machine is still warm (30 s), e.g.
-``run(command="PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --parts toy --budget 150", carry=[".whl", ".toy"],
+``run(command="PYTHONUNBUFFERED=1 python3 bench/gpu_check.py --parts toy --budget 150", carry=[".whl"],
 timeout_s=200)``; then give the machine back.
 
 On the CPU (tests/test_bench.py): ``python bench/gpu_check.py --tiny --out /tmp/gpu_check`` runs the same parts on a
@@ -92,8 +93,8 @@ def parse_args(argv=None):
     ap.add_argument("--wheels", default=str(REPO / ".whl"), help="folder of wheels to install first ('' = none)")
     ap.add_argument("--site", default=os.path.join(tempfile.gettempdir(), "gpu_check_site"),
                     help="where the wheels are installed (pip --target)")
-    ap.add_argument("--toy_cache", default=None, help="folder holding toy-<version>/ (default $RLVR_TOY_CACHE, "
-                    "else ./.toy if it exists, else toy.py's default)")
+    ap.add_argument("--toy_cache", default=None, help="folder holding toy-<version>/ to train instead of the shipped "
+                    "toy_model/ (default $RLVR_TOY_CACHE if set)")
     ap.add_argument("--toy_steps", type=int, default=None, help="steps of each toy run (default 10, tiny: 2)")
     ap.add_argument("--toy_credits", default="delta,cscr", help="the toy runs' --credit values, in order")
     ap.add_argument("--work", default=None, help="folder for the toy run folders (default: a temporary one)")
@@ -285,9 +286,7 @@ def toy_cache_root(args) -> str | None:
     """The folder holding toy-<version>/ for the children (``RLVR_TOY_CACHE``), or None for toy.py's default."""
     if args.toy_cache:
         return str(Path(args.toy_cache).resolve())
-    if os.environ.get("RLVR_TOY_CACHE"):
-        return os.environ["RLVR_TOY_CACHE"]
-    return str(REPO / ".toy") if (REPO / ".toy").is_dir() else None
+    return os.environ.get("RLVR_TOY_CACHE") or None
 
 
 def toy_runs(check: Check, part: str, extra_flags: list[str], limit_key: str) -> None:
@@ -296,8 +295,8 @@ def toy_runs(check: Check, part: str, extra_flags: list[str], limit_key: str) ->
     reported, with the command that prepares it."""
     import toy
 
-    root = check.env.get("RLVR_TOY_CACHE")
-    model_dir = Path(root) / f"toy-{toy.TOY_VERSION}" if root else toy.cache_dir()
+    root = check.env.get("RLVR_TOY_CACHE")  # --toy_cache: that folder's build; else the shipped toy_model/
+    model_dir = Path(root) / f"toy-{toy.TOY_VERSION}" if root else toy.SHIPPED
     tiny = check.args.tiny
     size = (["--num_prompts_per_step", "2", "--num_generations", "4", "--max_completion_length", "24",
              "--eval_num_generations", "1", "--eval_data", str(tiny_eval_set(check.work))] if tiny
@@ -305,13 +304,12 @@ def toy_runs(check: Check, part: str, extra_flags: list[str], limit_key: str) ->
     for credit in [c for c in check.args.toy_credits.split(",") if c]:
         label = f"{part} {credit}"
         run_dir = check.work / f"{part}_{credit}"
-        cmd = [sys.executable, "grpo.py", "--model", "toy", "--credit", credit, "--max_steps",
+        cmd = [sys.executable, "grpo.py", "--model", str(model_dir), "--credit", credit, "--max_steps",
                str(check.args.toy_steps), "--save_steps", str(max(1, check.args.toy_steps // 2)), *TOY_FLAGS,
                *size, *extra_flags, "--output_dir", str(run_dir)]
         if not (model_dir / "config.json").exists():
             check.record({"part": part, "label": label, "command": shlex.join(cmd), "status": "skipped",
-                           "reason": f"no toy model at {model_dir}: run bash bench/gpu_wheels.sh before the call "
-                                     f"and carry .toy (its warm-up must not run here)"})
+                           "reason": f"no toy model at {model_dir} (its warm-up must not run here)"})
             continue
         shutil.rmtree(run_dir, ignore_errors=True)
         rec = check.child(part, label, cmd, limit_key)

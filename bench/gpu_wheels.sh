@@ -4,17 +4,15 @@
 #
 #   .whl/*.whl            the pure-Python packages the project needs that the device lacks, at requirements.txt's
 #                         pins: math-verify 0.9.0 and its own dependencies latex2sympy2_extended 1.11.0 (pinned by
-#                         math-verify) and antlr4-python3-runtime 4.13.2 (requirements.txt's [antlr4_13_2] extra;
+#                         math-verify) and antlr4-python3-runtime 4.13.2 (requirements.txt's pin;
 #                         sympy is there), and pebble 5.2.3 (verify.py's grading workers). gpu_check.py installs
 #                         them there with pip --no-index --no-deps --target and puts them first on PYTHONPATH.
 #   .whl/git_state.json   the commit being checked (the device's copy of the tree has no .git)
-#   .toy/toy-v2/          a copy of the warmed-up toy model (RLVR_TOY_CACHE=.toy): the toy's warm-up (about
-#                         7 minutes on a CPU) must not run on the device
 #
-# Both folders are ignored by git (.whl by .gitignore, .toy by .git/info/exclude, added here), so the device call
-# names them in `carry` (see bench/gpu_check.py's header for the call). Run from anywhere:
+# The toy model needs nothing: it ships in toy_model/ and travels with the tree. .whl is ignored by git, so the
+# device call names it in `carry` (see bench/gpu_check.py's header for the call). Run from anywhere:
 #
-#   bash bench/gpu_wheels.sh               # with the project's Python active (it reads toy.cache_dir())
+#   bash bench/gpu_wheels.sh
 #   bash bench/gpu_wheels.sh --with-peft   # also carry peft 0.21.2 (requirements.txt's pin) over the device's peft
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,17 +42,7 @@ stamp = {"commit": git("rev-parse", "HEAD").strip(), "dirty_python_files": dirty
 open(".whl/git_state.json", "w").write(json.dumps(stamp, indent=1) + "\n")
 EOF
 
-# 3. the warmed-up toy model, from this machine's cache ($RLVR_TOY_CACHE or ~/.cache/rlvr-credit)
-src=$("$PYTHON" -c "import toy; print(toy.cache_dir())")
-if [[ ! -f "$src/config.json" ]]; then
-  echo "gpu_wheels.sh: no warmed-up toy model at $src: build it first with 'python toy.py' (about 7 minutes)" >&2
-  exit 1
-fi
-rm -rf .toy && mkdir -p .toy && cp -r "$src" .toy/
-exclude=$(git rev-parse --git-path info/exclude)
-mkdir -p "$(dirname "$exclude")"
-grep -qx '/.toy/' "$exclude" 2>/dev/null || echo '/.toy/' >>"$exclude"
-git check-ignore -q .toy/x && git check-ignore -q .whl/x.whl || { echo "gpu_wheels.sh: .toy or .whl not ignored" >&2; exit 1; }
+git check-ignore -q .whl/x.whl || { echo "gpu_wheels.sh: .whl is not ignored by git" >&2; exit 1; }
 
-ls -l .whl .toy/*
-du -sh .whl .toy
+ls -l .whl
+du -sh .whl

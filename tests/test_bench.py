@@ -173,13 +173,13 @@ def test_gpu_check_device_call_and_wheel_pins():
     words = shlex.split(command)
     assert len(command) < 2000 and words[1:3] == ["python3", "bench/gpu_check.py"]
     args = gpu_check.parse_args(words[3:])
-    assert timeout_s >= args.budget + 30 and timeout_s <= 600 and carry == [".whl", ".toy"]
+    assert timeout_s >= args.budget + 30 and timeout_s <= 600 and carry == [".whl"]
     # the wheels carried to the device are requirements.txt's pins (and math-verify's own pin)
     script = (REPO / "bench" / "gpu_wheels.sh").read_text()
     pins = dict(p.split("==") for p in re.search(r"PINS=\(([^)]*)\)", script).group(1).split())
     req = {re.split(r"[\[=]", line)[0]: line for line in (REPO / "requirements.txt").read_text().splitlines()
            if "==" in line and not line.startswith("#")}
-    assert req["math-verify"] == f"math-verify[antlr4_13_2]=={pins['math-verify']}"
-    assert pins["antlr4-python3-runtime"] == "4.13.2" and req["pebble"] == f"pebble=={pins['pebble']}"
+    assert req["math-verify"] == f"math-verify=={pins['math-verify']}" and req["pebble"] == f"pebble=={pins['pebble']}"
+    assert req["antlr4-python3-runtime"] == f"antlr4-python3-runtime=={pins['antlr4-python3-runtime']}"
     if importlib.util.find_spec("math_verify") is not None:
         assert f"latex2sympy2_extended=={pins['latex2sympy2_extended']}" in importlib.metadata.requires("math-verify")
