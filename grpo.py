@@ -107,6 +107,7 @@ class GRPOConfig:
     num_iterations: int = _f(1, "μ: passes over each rollout batch (PPO epochs)")
     num_mini_batches: int = _f(1, "optimizer steps per pass (the rollout batch is split into mini-batches)")
     micro_batch_size: int = _f(0, "rows per forward/backward (0 = whole mini-batch); gradients are identical")
+    padding_free: bool = _f(True, "micro-batches of similar length, each cut to its own longest row (same loss)")
     epsilon: float = _f(0.2, "lower clip ε_low: ratio ≥ 1−ε for negative advantages")
     epsilon_high: float = _f(0.28, "upper clip ε_high: ratio ≤ 1+ε_high for positive advantages (DAPO)")
     dual_clip: float | None = _f(None, "dual-clip constant c for negative advantages (e.g. 10)")
@@ -396,8 +397,7 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
     t0 = time.time()
     G = cfg.num_generations
     rank, world = distributed.rank(), distributed.world_size()
-    # 1. rollout: G responses for each of the step's prompts. Every process walks the same prompt order and takes
-    #    its own whole groups (group statistics never cross processes).
+    # 1. rollout: G responses per prompt; every process takes its own whole groups of the same prompt order
     per_rank = cfg.num_prompts_per_step // world
     idx = sampler.take(cfg.num_prompts_per_step)[rank * per_rank:(rank + 1) * per_rank]
     prompts = [rollout.apply_template(rows[i]["problem"], template) for i in idx]
@@ -416,27 +416,19 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
     if cfg.mask_truncated_completions:
         mask = mask * torch.tensor([r == "stop" for r in batch.finish_reasons], dtype=mask.dtype)[:, None]
         batch.response_mask = mask
-    device = next(model.parameters()).device
-    input_ids, attn = batch.input_ids.to(device), batch.attention_mask.to(device)
-    # 4. θ_old's log-probs, no grad (and the LM-head inputs h_t DelTA needs, from the same forward)
-    logp = None
-    if can_update_on_policy(cfg, len(adv), ref_model is not None, model):
-        # one update at θ_old = θ: the training forward's own log-probs, detached, are θ_old's; stage 6 reuses
-        # that forward for its loss (one forward pass fewer, the same update; TRL does the same when μ = 1)
-        model.train()
-        logp, hidden = token_logprobs(model, input_ids, attn, mask.to(device), cfg.temperature, return_hidden=True)
-        old_logp, ref_logp = logp.detach().cpu(), None
-        hidden = hidden.float().cpu() if credit.needs_hidden() else None
-    else:
-        old_logp, hidden, ref_logp = old_logprobs(model, input_ids, attn, mask, cfg, credit.needs_hidden(),
-                                                  ref_model)
+    input_ids, attn = (x.to(next(model.parameters()).device) for x in (batch.input_ids, batch.attention_mask))
+    # 4. θ_old's log-probs, no grad (and the LM-head inputs h_t DelTA needs, from the same forward). For one update
+    #    at θ_old = θ, they come from the training forward itself, whose graphs stage 6 reuses (one forward fewer)
+    graphs = [] if can_update_on_policy(cfg, len(adv), ref_model is not None, model) else None
+    old_logp, hidden, ref_logp = old_logprobs(model, input_ids, attn, mask, cfg, credit.needs_hidden(), ref_model,
+                                              graphs)
     # 5. token advantages Â_{i,t} (CSCR scores only rows with Â ≠ 0, a different number on each process: its
     #    scoring passes need the gathered weights under FSDP2)
     with distributed.gathered_weights(model) if cfg.credit == "cscr" else contextlib.nullcontext():
         token_adv, credit_stats = credit(model, batch, adv, old_logp, hidden, answers)
     # 6. policy update: num_iterations passes × num_mini_batches AdamW steps, micro-batched backward
     loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, input_ids, attn, mask, old_logp, token_adv,
-                                                       ref_logp, cfg, step, logp=logp)
+                                                       ref_logp, cfg, step, logp=graphs)
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
     record = run.log_step(step + 1, G, rewards, lengths, batch.finish_reasons, verify.summarize(graded),
                           agg, {"loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
@@ -449,30 +441,39 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
 
 
 def old_logprobs(model, input_ids, attention_mask, response_mask, cfg: GRPOConfig, need_hidden=False,
-                 ref_model=None):
-    """Stage 4: θ_old log-probs ``[N, T]`` (no grad, eval mode), micro-batched; also the LM-head inputs
-    ``[N, T, H]`` when ``need_hidden`` (DelTA, same forward pass) and the reference log-probs when ``ref_model`` is
-    given (else None). Every process runs the same number of micro-batches, so FSDP's per-layer gathers line up."""
-    old, hid, ref = [], [], []
-    model.eval()
-    with torch.no_grad():
-        for s in torch.arange(len(input_ids)).split(cfg.micro_batch_size or len(input_ids)):
-            m = response_mask[s].to(input_ids.device)
-            out = token_logprobs(model, input_ids[s], attention_mask[s], m, cfg.temperature, return_hidden=need_hidden)
-            old.append((out[0] if need_hidden else out).cpu())
-            hid += [out[1].float().cpu()] if need_hidden else []
+                 ref_model=None, graphs: list | None = None):
+    """Stage 4: θ_old log-probs ``[N, T]`` (no grad, eval mode), micro-batched (``rollout.micro_batches``); also the
+    LM-head inputs ``[N, T, H]`` when ``need_hidden`` (DelTA, same forward pass) and the reference log-probs when
+    ``ref_model`` is given (else None). ``graphs`` (a list): the training forward instead (train mode, with grad,
+    TRL's choice when μ = 1), its log-probs per micro-batch appended for ``policy_update``. Every process runs the
+    same number of micro-batches, so FSDP's per-layer gathers line up."""
+    (N, T), device = response_mask.shape, input_ids.device
+    old, hid, ref = torch.zeros(N, T), None, torch.zeros(N, T) if ref_model is not None else None
+    model.train(graphs is not None)
+    with torch.set_grad_enabled(graphs is not None):
+        for j, cols, t in rollout.micro_batches(torch.arange(N), attention_mask, cfg.micro_batch_size, T,
+                                                cfg.padding_free):
+            m = response_mask[j, :t].to(device)
+            out = token_logprobs(model, input_ids[j][:, cols], attention_mask[j][:, cols], m, cfg.temperature,
+                                 return_hidden=need_hidden)
+            lp, h = out if need_hidden else (out, None)
+            old[j, :t] = lp.detach().cpu()
+            if graphs is not None:
+                graphs.append(lp)
+            if need_hidden:
+                hid = torch.zeros(N, T, h.shape[-1]) if hid is None else hid
+                hid[j, :t] = h.float().cpu()
             if ref_model is not None:  # the reference may live elsewhere (--ref_on_cpu)
                 rd = next(ref_model.parameters()).device
-                ref.append(token_logprobs(ref_model, input_ids[s].to(rd), attention_mask[s].to(rd), m.to(rd),
-                                          cfg.temperature).cpu())
-    return torch.cat(old), torch.cat(hid) if hid else None, torch.cat(ref) if ref else None
+                ref[j, :t] = token_logprobs(ref_model, input_ids[j][:, cols].to(rd), attention_mask[j][:, cols].to(rd),
+                                           m.to(rd), cfg.temperature).cpu()
+    return old, hid, ref
 
 
 def can_update_on_policy(cfg: GRPOConfig, num_rows: int, has_reference: bool, model=None) -> bool:
     """Whether stage 4 may take θ_old's log-probs from the training forward: ``num_iterations`` 1, one mini-batch,
-    the whole batch in one micro-batch and no KL reference. Not for CSCR under FSDP (its scoring passes need
-    gathered weights, which cannot be taken in the middle of a forward/backward), nor for CSCR with dropout: its
-    ℓ± come from eval-mode passes, so ℓ0 must too, or s_t would measure dropout noise."""
+    ``micro_batch_size`` 0 (or ≥ the batch) and no KL reference. Not for CSCR under FSDP (its scoring passes need
+    gathered weights, not available inside a forward/backward) or with dropout (its ℓ± come from eval mode)."""
     return (cfg.num_iterations == 1 and cfg.num_mini_batches == 1 and not has_reference
             and (cfg.micro_batch_size == 0 or cfg.micro_batch_size >= num_rows)
             and not (cfg.credit == "cscr" and (distributed.is_distributed() or
@@ -485,9 +486,9 @@ def policy_update(model, optimizer, input_ids, attention_mask, response_mask, ol
     accumulates the mini-batch's gradient (``backward_minibatch``), clips it and applies AdamW; one whose loss or
     gradient norm is not finite is skipped and counted. Pass ``e`` permutes the rows with a generator seeded by
     ``(seed, step, e)``, so a resumed run makes the same updates. ``input_ids``/``attention_mask`` ``[N, P + T]`` on
-    the model's device, the ``[N, T]`` tensors anywhere; ``logp``: the ``[N, T]`` log-probs of the training forward
-    stage 4 already ran (``can_update_on_policy``), reused by the only micro-batch. Returns (Σ mini-batch losses,
-    applied pre-clip gradient norms, token-weighted statistic sums, skipped updates).
+    the model's device, the ``[N, T]`` tensors anywhere; ``logp``: the graphs of the training forward stage 4
+    already ran (``can_update_on_policy``), one per micro-batch, reused by the only update. Returns (Σ mini-batch
+    losses, applied pre-clip gradient norms, token-weighted statistic sums, skipped updates).
     """
     model.train()
     N = input_ids.shape[0]
@@ -526,18 +527,19 @@ def backward_minibatch(model, input_ids, attention_mask, response_mask, old_logp
     counts = distributed.all_reduce_sum(torch.tensor([response_mask[mb_idx].sum().item(), float(len(mb_idx))],
                                                      dtype=torch.float64))
     n_tok, n_seq = counts[0].item(), int(counts[1].item())
-    for j in mb_idx.split(cfg.micro_batch_size or len(mb_idx)):
-        m = response_mask[j].to(device)
-        # stage 4 may have run this forward already (``logp``: one micro-batch holding every row)
-        mb_logp = token_logprobs(model, input_ids[j], attention_mask[j], m, cfg.temperature) if logp is None else logp
-        loss, stats = policy_loss(mb_logp, old_logp[j].to(device), token_adv[j].to(device), m, cfg.epsilon,
+    plan = rollout.micro_batches(mb_idx, attention_mask, cfg.micro_batch_size, response_mask.shape[1], cfg.padding_free)
+    for k, (j, cols, t) in enumerate(plan):  # ``logp``: stage 4's graphs, one per micro-batch of the same plan
+        m = response_mask[j, :t].to(device)
+        mb_logp = logp[k] if logp else token_logprobs(model, input_ids[j][:, cols], attention_mask[j][:, cols], m,
+                                                      cfg.temperature)
+        loss, stats = policy_loss(mb_logp, old_logp[j, :t].to(device), token_adv[j, :t].to(device), m, cfg.epsilon,
                                   cfg.epsilon_high, cfg.dual_clip, cfg.loss_type, cfg.max_completion_length,
-                                  ref_logp=ref_logp[j].to(device) if ref_logp is not None else None, beta=cfg.beta,
-                                  num_tokens=n_tok, num_sequences=n_seq)
+                                  ref_logp=ref_logp[j, :t].to(device) if ref_logp is not None else None,
+                                  beta=cfg.beta, num_tokens=n_tok, num_sequences=n_seq)
         loss.backward()
         loss_total += loss.item()
-        for k, v in stats.items():  # token-weighted, so that Σ / Σ num_tokens is the step's token-mean
-            agg[k] = agg.get(k, 0.0) + (v * stats["num_tokens"] if k != "num_tokens" else v)
+        for key, v in stats.items():  # token-weighted, so that Σ / Σ num_tokens is the step's token-mean
+            agg[key] = agg.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
     return loss_total, agg
 
 
@@ -560,11 +562,8 @@ class PromptSampler:
 
 
 def train(cfg: GRPOConfig) -> dict:
-    """Run GRPO training as configured; returns the before/after evaluation and the last step's record.
-
-    ``--resume`` continues from the latest complete checkpoint (checkpoint.py) exactly: every source of randomness
-    in a step is seeded from the step index. Under ``torchrun`` each process takes whole groups (distributed.py).
-    """
+    """Run GRPO training as configured; returns the before/after evaluation and the last step's record. --resume
+    continues exactly (checkpoint.py: every random draw is seeded by the step); torchrun: see distributed.py."""
     from tqdm import tqdm
 
     rank, world = distributed.init_distributed()
