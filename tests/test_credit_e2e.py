@@ -1,5 +1,6 @@
 """--credit delta / cscr through the trainer: end-to-end runs, logged metrics, micro-batch invariance."""
 
+import dataclasses
 import json
 
 import pytest
@@ -110,8 +111,8 @@ def _one_step(model, tok, cfg, rows, out_dir, monkeypatch, from_training_forward
         return out
 
     monkeypatch.setattr(grpo.Credit, "__call__", spy)
-    run = checkpoint.RunFolder(str(out_dir))
-    run.open_metrics(None)
+    run = checkpoint.RunFolder(str(out_dir), dataclasses.asdict(cfg))
+    run.start(model, {"prompt_template": "none"})
     record = grpo.train_step(0, cfg, model, tok, policy.build_optimizer(model.parameters(), cfg), None, hook,
                              grpo.PromptSampler(len(rows), 0), rows, "none", rollout.stop_token_ids(tok, "none", model),
                              run)
