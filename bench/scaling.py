@@ -50,10 +50,18 @@ library versions, git commit, exact command, model configurations, every step's 
 ``--plot FILE.png`` also draws seconds per step against length and size (needs matplotlib,
 ``requirements-bench.txt``).
 
+Padding: ``--update_lengths 64:1024`` measures something else: the policy update alone (θ_old's log-probs from the
+training forward, the credit, loss, backward, AdamW; what ``grpo.train_step`` runs after grading) of one rollout
+batch whose responses run from 64 to 1024 tokens (evenly spaced, shuffled; random tokens, prompts of 12-24 tokens,
+half of each group correct), with ``--padding_free`` and with ``--no-padding_free``, alternating in fresh
+processes: seconds per update, response tokens per second and the peak memory of each. ``--cells`` then gives the
+model sizes (their lengths are ignored).
+
 Usage::
 
     python bench/scaling.py
     python bench/scaling.py --cells toy:64,toy:512,30m:512 --credits grpo,delta --steps 4 --repeats 2
+    python bench/scaling.py --update_lengths 64:1024 --cells toy:0,30m:0 --num_prompts_per_step 4 --num_generations 4
 """
 
 from __future__ import annotations
@@ -106,6 +114,112 @@ def build_random_model(size: str, path: str, max_positions: int, seed: int = 0) 
                                                     "num_hidden_layers", "num_attention_heads",
                                                     "num_key_value_heads", "head_dim", "max_position_embeddings",
                                                     "tie_word_embeddings")}}
+
+
+def update_only(spec: dict) -> dict:
+    """Child: ``spec["steps"]`` policy updates of one synthetic rollout batch whose response lengths are spread over
+    ``spec["lengths"]`` (see the module docstring), with ``spec["padding_free"]``; seconds and peak memory."""
+    import random
+
+    import torch
+
+    import grpo
+    import policy
+    import rollout
+
+    torch.set_num_threads(spec["num_threads"] or torch.get_num_threads())
+    model, tok = policy.load_model_and_tokenizer(spec["model"], dtype="float32", device="cpu")
+    rng, G, n = random.Random(spec["seed"]), spec["num_generations"], spec["num_prompts_per_step"]
+    lo, hi = spec["lengths"]
+    N = n * G
+    lengths = [round(lo + (hi - lo) * i / max(N - 1, 1)) for i in range(N)]
+    rng.shuffle(lengths)
+    prompt_lens = [rng.randint(12, 24) for _ in range(N)]
+    P, T, vocab = max(prompt_lens), max(lengths), len(tok) - 4  # ids 4.. are ordinary characters
+    ids = torch.full((N, P + T), tok.pad_token_id)
+    attn = torch.zeros(N, P + T, dtype=torch.long)
+    for i, (p, t) in enumerate(zip(prompt_lens, lengths)):
+        ids[i, P - p:P + t] = torch.tensor([4 + rng.randrange(vocab) for _ in range(p + t)])
+        attn[i, P - p:P + t] = 1
+    mask = attn[:, P:].float()
+    batch = rollout.Rollout(input_ids=ids, attention_mask=attn, response_ids=ids[:, P:], response_mask=mask,
+                            prompt_length=P, finish_reasons=["stop"] * N, texts=[""] * N, prompts=[""] * N,
+                            group_size=G)
+    adv = grpo.group_advantages(torch.tensor([float(i % 2) for i in range(N)]), G)
+    cfg = grpo.GRPOConfig(model=spec["model"], credit=spec["credit"], learning_rate=1e-30, max_completion_length=T,
+                          micro_batch_size=spec["micro_batch_size"], padding_free=spec["padding_free"])
+    optimizer, credit = policy.build_optimizer(model.parameters(), cfg), grpo.Credit(cfg, tok)
+    times = []
+    with _common.PeakMemory() as mem:
+        for step in range(spec["steps"]):
+            t0 = time.perf_counter()
+            graphs = [] if grpo.can_update_on_policy(cfg, N, False, model) else None
+            old, hidden, _ = grpo.old_logprobs(model, ids, attn, mask, cfg, credit.needs_hidden(), None, graphs)
+            token_adv, _ = credit(model, batch, adv, old, hidden, None)
+            grpo.policy_update(model, optimizer, ids, attn, mask, old, token_adv, None, cfg, step, logp=graphs)
+            times.append(time.perf_counter() - t0)
+    return {"padding_free": spec["padding_free"], "seconds": times, "response_tokens": int(mask.sum()),
+            "padded_response_tokens": N * T, "batch_shape": [N, P + T], **mem.as_dict()}
+
+
+def update_lengths_main(args, command: str, cells) -> dict:
+    """``--update_lengths``: the update with and without ``--padding_free`` on each size of ``--cells``."""
+    lo, _, hi = args.update_lengths.partition(":")
+    if not (lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi)):
+        raise SystemExit(f"{PROG}: error: --update_lengths must be LO:HI with 1 <= LO <= HI, got {args.update_lengths}")
+    credit = args.credits.split(",")[0].strip() or "grpo"
+    workdir = Path(tempfile.mkdtemp(prefix="scaling-update-"))
+    sizes = [s for s in SIZES if any(c[0] == s for c in cells)]
+    load_start, t_start, rows, runs = os.getloadavg(), time.time(), [], []
+    pool = _common.forkserver_pool(_common.PRELOAD)
+    try:
+        for size in sizes:
+            path = str(workdir / f"model_{size}")
+            info = pool.apply(build_random_model, (size, path, int(hi) + 64, 0))
+            by_mode = {True: [], False: []}
+            for r in range(args.repeats):
+                for pf in (True, False):
+                    spec = {"model": path, "lengths": (int(lo), int(hi)), "seed": args.seed + r, "credit": credit,
+                            "num_generations": args.num_generations, "num_prompts_per_step": args.num_prompts_per_step,
+                            "micro_batch_size": args.micro_batch_size, "padding_free": pf, "steps": args.steps,
+                            "num_threads": args.num_threads}
+                    res = pool.apply(update_only, (spec,))
+                    runs.append({"size": size, "round": r, **res})
+                    by_mode[pf].append(res)
+                    print(f"[bench] {size} {'padding-free' if pf else 'padded':<12} round {r + 1}: update "
+                          f"{median(res['seconds'][1:]):.3f} s, peak RSS +{res['peak_rss_increase_mib']:.0f} MiB",
+                          flush=True)
+            for pf in (True, False):
+                rs = by_mode[pf]
+                sec = median([x for r in rs for x in r["seconds"][1:]])
+                rows.append({"size": size, "parameters": info["num_parameters"], "padding_free": pf, "s_update": sec,
+                             "response_tokens_per_s": rs[0]["response_tokens"] / sec,
+                             "peak_rss_increase_mib": median([r["peak_rss_increase_mib"] for r in rs]),
+                             "round_s_update": [median(r["seconds"][1:]) for r in rs]})
+            rows[-2]["speedup"] = rows[-1]["s_update"] / rows[-2]["s_update"]
+    finally:
+        pool.close()
+        pool.join()
+    head = "| model (params) | update | s/update (rounds) | response tokens/s | speed-up | peak RSS +MiB |"
+    lines = [head, "|---|---|---|---|---|---|"]
+    for r in rows:
+        rr = r["round_s_update"]
+        lines.append(f"| {r['size']} ({r['parameters'] / 1e6:.2f}M) | {'padding-free' if r['padding_free'] else 'padded'}"
+                     f" | {r['s_update']:.3f} ({min(rr):.3f}–{max(rr):.3f}) | {r['response_tokens_per_s']:.0f} | "
+                     f"{r.get('speedup', 1.0):.2f}× | {r['peak_rss_increase_mib']:.0f} |")
+    table = "\n".join(lines)
+    total = time.time() - t_start
+    print(f"\n{table}\n\n{args.num_prompts_per_step}×{args.num_generations} responses of {lo}–{hi} tokens "
+          f"({runs[0]['response_tokens']} response tokens, padded to {runs[0]['padded_response_tokens']}), credit "
+          f"{credit}, {args.steps - 1} timed updates per run (the first is not timed) × {args.repeats} round(s). "
+          f"Total {total:.0f}s; load average {load_start[0]:.2f} -> {os.getloadavg()[0]:.2f}.")
+    machine = _common.machine_description(())
+    machine["load_average_start"], machine["load_average_end"] = list(load_start), list(os.getloadavg())
+    result = {"benchmark": "scaling --update_lengths", "date": _common.now_iso(), "command": command,
+              "python": sys.executable, "git": _common.git_state(), "machine": machine, "settings": vars(args),
+              "memory_method": _common.MEMORY_METHOD_CPU + " (over the updates)", "summary": rows,
+              "table_markdown": table, "total_seconds": total, "runs": runs}
+    return _common.finish(result, args.out, workdir, args.keep_runs, kept="models")
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -233,12 +347,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="JSON results file ('' = do not write)")
     ap.add_argument("--plot", default="", metavar="FILE.png", help="also plot s/step against length (matplotlib)")
     ap.add_argument("--keep_runs", action="store_true", help="keep the models and runs' output folders (printed)")
+    ap.add_argument("--update_lengths", default="", metavar="LO:HI",
+                    help="instead: the update alone, responses of LO to HI tokens, with and without --padding_free")
     return ap
 
 
 def main(argv=None) -> dict:
     args = build_parser().parse_args(argv)
     command = shlex.join(["python", *(sys.argv if argv is None else [__file__, *argv])])
+    if args.update_lengths:
+        return update_lengths_main(args, command, [(c.partition(":")[0], 0) for c in args.cells.split(",")])
     cells = parse_cells(args.cells)
     credits = [c.strip() for c in args.credits.split(",") if c.strip()]
     if any(c not in CREDITS for c in credits) or "grpo" not in credits:

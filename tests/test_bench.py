@@ -183,3 +183,14 @@ def test_gpu_check_device_call_and_wheel_pins():
     assert req["antlr4-python3-runtime"] == f"antlr4-python3-runtime=={pins['antlr4-python3-runtime']}"
     if importlib.util.find_spec("math_verify") is not None:
         assert f"latex2sympy2_extended=={pins['latex2sympy2_extended']}" in importlib.metadata.requires("math-verify")
+
+
+def test_scaling_update_lengths_runs_both_modes_on_the_same_batch(tmp_path):
+    res = scaling.main(["--update_lengths", "4:20", "--cells", "toy:0", "--num_prompts_per_step", "2",
+                        "--num_generations", "2", "--steps", "2", "--out", ""])
+    rows = {r["padding_free"]: r for r in res["summary"]}
+    assert set(rows) == {True, False} and rows[True]["speedup"] == pytest.approx(
+        rows[False]["s_update"] / rows[True]["s_update"])
+    runs = res["runs"]
+    assert {r["response_tokens"] for r in runs} == {4 + 9 + 15 + 20}  # lengths evenly spread over 4..20
+    assert all(r["padded_response_tokens"] == 4 * 20 and len(r["seconds"]) == 2 for r in runs)

@@ -84,6 +84,57 @@ def test_gradient_does_not_depend_on_micro_batch_size(rollout_batch, credit, los
     torch.testing.assert_close(grads[1], grads[2], atol=1e-6, rtol=1e-4)
 
 
+@pytest.mark.parametrize("credit", ["grpo", "delta", "cscr"])
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+def test_padding_free_gives_the_padded_loss_and_gradient(rollout_batch, credit, loss_type):
+    """--padding_free (rows sorted by length, each micro-batch cut to its own longest prompt and response) gives the
+    padded computation's old log-probs, token advantages, loss and gradient to float32 rounding (1e-6 relative)."""
+    model, tok, rows, batch = rollout_batch
+    N = batch.input_ids.shape[0]
+    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4)), 4)
+    answers = [r["answer"] for r in rows for _ in range(4)]
+    for mbs in (1, 2, 0):
+        out = []
+        for padding_free in (False, True):
+            cfg = grpo.GRPOConfig(credit=credit, loss_type=loss_type, micro_batch_size=mbs, dual_clip=10.0,
+                                  max_completion_length=48, padding_free=padding_free)
+            old, hidden, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
+                                               cfg, need_hidden=credit == "delta")
+            token_adv, _ = grpo.Credit(cfg, tok)(model, batch, adv, old, hidden, answers)
+            perturbed = old + 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * \
+                batch.response_mask  # ratios away from 1: every clip branch matters
+            model.zero_grad(set_to_none=True)
+            model.train()
+            loss, _ = grpo.backward_minibatch(model, batch.input_ids, batch.attention_mask, batch.response_mask,
+                                              perturbed, token_adv, None, torch.arange(N), cfg)
+            grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+            out.append((old, token_adv, loss, grad))
+        (old0, adv0, loss0, g0), (old1, adv1, loss1, g1) = out
+        torch.testing.assert_close(old1, old0, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(adv1, adv0, rtol=1e-6, atol=1e-6)
+        # the loss is a token-mean of terms of size ~|Â|, positive and negative: 1e-6 relative to that scale
+        assert loss1 == pytest.approx(loss0, rel=1e-6, abs=1e-6 * float(adv0.abs().max())) and g0.abs().sum() > 0
+        assert (g1 - g0).norm() <= 1e-6 * g0.norm() and (g1 - g0).abs().max() <= 1e-6 * g0.abs().max()
+
+
+def test_padding_free_micro_batches_cover_each_row_once_at_its_own_width(rollout_batch):
+    _, _, _, batch = rollout_batch
+    N, T = batch.response_mask.shape
+    lengths = batch.attention_mask.sum(1)
+    for size in (0, 1, 3):
+        plan = rollout.micro_batches(torch.arange(N), batch.attention_mask, size, T, padding_free=True)
+        assert sorted(torch.cat([j for j, _, _ in plan]).tolist()) == list(range(N))
+        assert len(plan) == (min(rollout.PADDING_FREE_BUCKETS, N) if size == 0 else -(-N // size))
+        for j, cols, t in plan:  # no column is padding in every row of its micro-batch
+            ids, att = batch.input_ids[j][:, cols], batch.attention_mask[j][:, cols]
+            assert att[:, 0].any() and att[:, -1].any() and t == int(batch.attention_mask[j, -T:].sum(1).max())
+            assert int(att.sum()) == int(lengths[j].sum())  # nothing real was cut
+        widths = [cols.stop - cols.start for _, cols, _ in plan]
+        assert sum(w * len(j) for w, (j, _, _) in zip(widths, plan)) <= N * batch.input_ids.shape[1]
+    plain = rollout.micro_batches(torch.arange(N), batch.attention_mask, 2, T, padding_free=False)
+    assert [j.tolist() for j, _, _ in plain] == [[i, i + 1] for i in range(0, N, 2)]
+
+
 def test_delta_streaming_equals_whole_batch_in_trainer(rollout_batch):
     model, tok, rows, batch = rollout_batch
     adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0] * 2), 4)
