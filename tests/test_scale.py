@@ -318,18 +318,23 @@ def test_resume_reproduces_the_uninterrupted_run(toy_model_path, tmp_path, monke
 
 # ------------------------------------------------------------------------------------------------ faults
 def test_non_finite_loss_is_skipped_counted_and_training_continues(toy_model_path, tmp_path, monkeypatch):
-    real_loss, calls = grpo.policy_loss, [0]
+    real_loss, real_step, steps_of_calls = grpo.policy_loss, grpo.train_step, []
 
-    def nan_on_second_step(*a, **kw):
+    def counting_step(step, *a, **kw):
+        steps_of_calls.append([])
+        return real_step(step, *a, **kw)
+
+    def nan_on_second_step(*a, **kw):  # every micro-batch's loss of step 2 (padding-free: several per step)
         loss, stats = real_loss(*a, **kw)
-        calls[0] += 1
-        return (loss * float("nan") if calls[0] == 2 else loss), stats
+        steps_of_calls[-1].append(loss)
+        return (loss * float("nan") if len(steps_of_calls) == 2 else loss), stats
 
+    monkeypatch.setattr(grpo, "train_step", counting_step)
     monkeypatch.setattr(grpo, "policy_loss", nan_on_second_step)
     out = tmp_path / "nan"
     _run(out, toy_model_path, "--max_steps", "3", "--save_steps", "1", "--eval_num_generations", "0")
     lines = _metrics(out)
-    assert calls[0] == 3
+    assert len(steps_of_calls) == 3 and all(steps_of_calls)
     assert [l["skipped_updates"] for l in lines] == [0, 1, 0]
     assert [l["skipped_updates_total"] for l in lines] == [0, 1, 1]
     assert lines[1]["loss"] is None and lines[2]["loss"] is not None
