@@ -4,7 +4,7 @@ A run folder (``--output_dir``) holds::
 
     config.json          the flags, prompt template, versions (written at the start; read back by --resume)
     metrics.jsonl        one JSON line per step and per evaluation
-    samples/step_*.jsonl a few logged groups per step
+    samples/step_*.jsonl a few logged groups per step, token by token with each token's credit (report.py)
     checkpoint-<step>/   resumable: weights or LoRA adapter, tokenizer, run_info.json, optimizer.pt, rng_state.pt,
                          trainer_state.json (written last: its presence marks the folder complete)
     final/               save_pretrained folder of the trained policy and run_info.json (its prompt template, base
@@ -38,6 +38,9 @@ import distributed
 
 TRAINER_STATE = "trainer_state.json"  # written last into a checkpoint: its presence marks the folder complete
 _CKPT_RE = re.compile(r"checkpoint-(\d+)")
+# Per-token weights that multiply the sequence advantage directly (DelTA: Ã = Â·λ̄): samples/ shows them as the
+# credit of a response with Â = 0 too. CSCR's logged weight, the sensitivity s, is not a multiplier.
+MULTIPLIER_WEIGHTS = {"lambda_bar"}
 
 # Flags that may change between a run and its --resume: when it stops, what it logs and saves, and how it samples
 # (vLLM or HF draw different random numbers, but from the same policy). Everything else decides the updates.
@@ -413,17 +416,31 @@ class RunFolder:
 
     def write_samples(self, step: int, tokenizer, batch, rewards, adv, token_adv, weights, weight_name: str,
                       groups: int) -> None:
-        """samples/step_*.jsonl: the first ``groups`` groups of this process's batch: prompts, responses, rewards,
-        advantages; with per-token ``weights`` ``[n, T]`` (e.g. DelTA's λ̄) the five highest and lowest tokens
-        under ``highest_<weight_name>`` / ``lowest_<weight_name>`` and the token advantages ``[n, T]``."""
+        """samples/step_*.jsonl: the first ``groups`` groups of this process's batch, one JSON line per response.
+
+        Every line: ``prompt``, ``response``, ``reward``, ``advantage`` (Â_i), ``finish_reason``; ``tokens`` (the
+        response's tokens, each decoded on its own, EOS included) and ``credit`` (per token, Â_{i,t} / Â_i: 1 for
+        GRPO, λ̄ for DelTA, the normalised weight w̃ for CSCR; report.py paints it on the tokens). A row with Â_i = 0
+        has no token advantage to divide: its ``credit`` is the weight itself when the weight multiplies Â
+        (``MULTIPLIER_WEIGHTS``: DelTA's λ̄), else 1; a response ``--mask_truncated_completions`` left out of the
+        loss gets 0. With per-token ``weights`` ``[n, T]`` (λ̄, CSCR's sensitivity s) and Â_i ≠ 0 also the five
+        highest and lowest tokens under ``highest_<weight_name>`` / ``lowest_<weight_name>`` and the token
+        advantages ``[n, T]``."""
         with open(self.samples_path(step), "w") as f:
             for i in range(groups * batch.group_size):
-                m = batch.response_mask[i].bool()
+                m = live = batch.response_mask[i].bool()
+                if not live.any() and batch.finish_reasons[i] == "length":  # truncated and masked out of the
+                    m = torch.ones_like(live)                                  # loss: every position is a token
+                toks = [tokenizer.decode([t]) for t in batch.response_ids[i][m].tolist()]
+                a, w = adv[i].item(), weights[i][m].tolist() if weights is not None else None
+                if a != 0:
+                    credit = (token_adv[i][m] / a).tolist()
+                else:
+                    credit = w if weight_name in MULTIPLIER_WEIGHTS and w is not None else [1.0] * len(toks)
                 rec = {"prompt": batch.prompts[i], "response": batch.texts[i], "reward": rewards[i].item(),
-                       "advantage": adv[i].item(), "finish_reason": batch.finish_reasons[i]}
-                if weights is not None and m.any() and adv[i] != 0:
-                    toks = [tokenizer.decode([t]) for t in batch.response_ids[i][m].tolist()]
-                    w = weights[i][m].tolist()
+                       "advantage": a, "finish_reason": batch.finish_reasons[i], "tokens": toks,
+                       "credit": [round(c, 4) for c in credit]}
+                if w is not None and live.any() and a != 0:
                     order = sorted(range(len(w)), key=lambda j: w[j])
                     rec[f"highest_{weight_name}"] = [(toks[j], round(w[j], 4)) for j in order[::-1][:5]]
                     rec[f"lowest_{weight_name}"] = [(toks[j], round(w[j], 4)) for j in order[:5]]
