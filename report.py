@@ -132,14 +132,19 @@ def load_runs(paths: list[str], say=print) -> list[Run]:
 
 
 # --- The colour of a credit -------------------------------------------------------------------------------------
-def credit_range(runs: list[Run]) -> float:
+def credit_range(runs: list[Run], largest: float = 2.0) -> float:
     """R > 1: the colour scale runs from 1/R (darkest purple) through 1 (white) to R (darkest orange), on a log
-    scale (half and double the sequence advantage are equally far from it). R covers 99.5% of the tokens that
-    carry a gradient (Â ≠ 0) in any run, rounded up to a value a colour bar can label."""
+    scale (half and double the sequence advantage are equally far from white). R covers 99.5% of the tokens that
+    carry a gradient (Â ≠ 0) in any run, rounded up to a value a colour bar can label, and is at most ``largest``
+    (CSCR's w̃ can be ~0: the scale would leave DelTA's λ̄ ∈ [0.8, 1.2] white); beyond it, the end colour."""
     dev = sorted(abs(math.log(max(c, 1e-6))) for run in runs for rows in run.samples.values() for row in rows
                  if row.get("advantage") for c in row.get("credit", ()))
     top = math.exp(dev[int(0.995 * (len(dev) - 1))]) if dev else 1.0
-    return next((R for R in (1.1, 1.2, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 10.0) if R >= top), 10.0)
+    return min(next((R for R in (1.1, 1.2, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 10.0) if R >= top), 10.0), largest)
+
+
+def _scale_label(v: float, R: float) -> str:
+    return ("≤" if v == 1 / R else "≥" if v == R else "") + f"{v:.2f}"
 
 
 def position(c: float, R: float) -> float:
@@ -220,19 +225,20 @@ def colour_bar(R: float, width: int = 420) -> str:
     """The legend's colour bar: 1/R ... 1 ... R, with labelled ticks."""
     stops = "".join(f'<stop offset="{k / 40:.3f}" stop-color="{colour(k / 20 - 1)}"/>' for k in range(41))
     ticks = sorted({1 / R, 1 / math.sqrt(R), 1.0, math.sqrt(R), R})
+    m = 16  # room for the end labels
     marks = "".join(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="20" y2="26" stroke="#555"/>'
-                    f'<text x="{x:.1f}" y="38" class="xl">{v:.2f}</text>'
-                    for v in ticks for x in [8 + (position(v, R) + 1) / 2 * (width - 16)])
+                    f'<text x="{x:.1f}" y="38" class="xl">{_scale_label(v, R)}</text>'
+                    for v in ticks for x in [m + (position(v, R) + 1) / 2 * (width - 2 * m)])
     return (f'<svg viewBox="0 0 {width} 44" width="{width}" height="44" role="img" aria-label="colour scale">'
             f'<defs><linearGradient id="cbar">{stops}</linearGradient></defs>'
-            f'<rect x="8" y="2" width="{width - 16}" height="18" rx="3" fill="url(#cbar)" stroke="#bbb"/>'
+            f'<rect x="{m}" y="2" width="{width - 2 * m}" height="18" rx="3" fill="url(#cbar)" stroke="#bbb"/>'
             f'{marks}</svg>')
 
 
 def histogram(values: list[float], R: float, ymax: float, width: int = 330, height: int = 130, bins: int = 40) -> str:
     """The distribution of ``values`` (credits) over the colour scale's range (log axis 1/R ... R), bars painted
     with the scale; ``ymax``: the shared top (fraction of tokens); a taller bar is cut and labelled."""
-    L, B, T = 8, 22, 14
+    L, B, T = 16, 22, 14
     counts = [0] * bins
     for c in values:
         counts[min(bins - 1, int((position(c, R) + 1) / 2 * bins))] += 1
@@ -251,7 +257,7 @@ def histogram(values: list[float], R: float, ymax: float, width: int = 330, heig
     for v in sorted({1 / R, 1 / math.sqrt(R), 1.0, math.sqrt(R), R}):
         x = L + (position(v, R) + 1) / 2 * (width - 2 * L)
         out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{height - B}" y2="{height - B + 4}" stroke="#555"/>'
-                   f'<text x="{x:.1f}" y="{height - 6}" class="xl">{v:.2f}</text>')
+                   f'<text x="{x:.1f}" y="{height - 6}" class="xl">{_scale_label(v, R)}</text>')
     out.append(f'<line x1="{L}" x2="{width - L}" y1="{height - B}" y2="{height - B}" stroke="#999"/>')
     return "".join(out) + "</svg>"
 
@@ -372,8 +378,9 @@ def _token_text(tok: str) -> str:
 def response(row: dict, R: float, symbol: str) -> str:
     """One logged response: reward, Â, and its tokens painted by their credit (value in each title)."""
     a, ok = row["advantage"], row["reward"] > 0
-    meta = (f'<span class="{"ok" if ok else "bad"}">{"✓" if ok else "✗"} {row["reward"]:g}</span> '
-            f'Â {a:+.2f}' + ('<br><span class="muted">truncated</span>' if row.get("finish_reason") == "length" else ""))
+    adv = f"{a:+.2f}".replace("-", "−")  # a typographic minus
+    meta = (f'<span class="{"ok" if ok else "bad"}">{"✓" if ok else "✗"} {row["reward"]:g}</span> Â {adv}'
+            + ('<br><span class="muted">truncated</span>' if row.get("finish_reason") == "length" else ""))
     if "tokens" in row:
         body = "".join(f'<i class="c{level(c, R) + LEVELS}" title="{symbol} {c:.4f}">{_token_text(t)}</i>'
                        for t, c in zip(row["tokens"], row["credit"]))
@@ -424,7 +431,8 @@ def step_section(step: int, runs: list[Run], colours: dict, R: float, is_open: b
         for run in runs:
             rows, note = groups[run.name].get(prompt), ""
             if rows is None:
-                near = sorted((abs(s - step), s) for s, rs in run.samples.items() if any(r["prompt"] == prompt for r in rs))
+                near = sorted((abs(s - step), s) for s, rs in run.samples.items()
+                              if any(r["prompt"] == prompt for r in rs))
                 if near:
                     rows, note = _groups(run, near[0][1])[prompt], f" (step {near[0][1]})"
             sym = SYMBOL.get(run.credit, "credit")
@@ -496,14 +504,15 @@ def legend(runs: list[Run], R: float) -> str:
              'less of the penalty. Hover a token for its exact value.</p>']
     if "delta" in credits:
         lines.append('<p><b>DelTA</b>: c = λ̄<sub>i,t</sub> (Eq. 8): λ = λ<sub>min</sub> + (λ<sub>max</sub> − '
-                     'λ<sub>min</sub>)·α with α = σ(Δ/γ) the soft assignment of the token\'s own-side margin Δ, '
+                     'λ<sub>min</sub>)·α, α = σ(Δ/γ) the soft assignment of the token\'s own-side margin Δ, '
                      'rescaled to mean 1 over the batch: orange tokens sit on their side of the discriminator '
                      '(the contrastive ones), purple tokens look like both sides.</p>')
     if "cscr" in credits:
         lines.append('<p><b>CSCR</b>: c = w̃<sub>t</sub> = w<sub>t</sub> / mean<sub>t</sub>(w), w<sub>t</sub> = '
-                     'max(w<sub>min</sub>, exp(−α·max(0, s<sub>t</sub> − λ))): purple tokens are counterfactually '
-                     'sensitive (s<sub>t</sub> &gt; λ, their log-probability moves under the privileged notes c±), '
-                     'and the credit they lose goes to the others (Σ<sub>t</sub> c = L<sub>i</sub>).</p>')
+                     'max(w<sub>min</sub>, exp(−α·max(0, s<sub>t</sub> − λ))): purple tokens are '
+                     'counterfactually sensitive (s<sub>t</sub> &gt; λ: their log-probability moves under the '
+                     'privileged notes c±), and the credit they lose goes to the others (Σ<sub>t</sub> c = '
+                     'L<sub>i</sub>).</p>')
     lines.append('<p class="muted">Faded responses have Â<sub>i</sub> = 0 (the whole group scored alike): they '
                  'get no gradient; DelTA\'s λ̄ is shown for them as computed, the other credits as 1. Colours are '
                  'on a log scale shared by all runs; the histograms count the tokens of responses with Â ≠ 0.</p>')
@@ -511,14 +520,17 @@ def legend(runs: list[Run], R: float) -> str:
             f'<span>more credit than Â →</span></div></div><div>{"".join(lines)}</div></div>')
 
 
-def build_report(runs: list[Run], steps: str = "auto") -> tuple[str, dict]:
+def build_report(runs: list[Run], steps: str = "auto", scale: float | None = None) -> tuple[str, dict]:
     """The HTML page of ``runs`` (loaded with ``load_runs``) and what it holds ({runs, steps_shown, steps_logged,
-    responses, tokens}). ``steps``: see ``pick_steps``."""
+    responses, tokens, scale}). ``steps``: see ``pick_steps``; ``scale``: the colour scale's end R (1/R ... R),
+    None: ``credit_range``. Raises ValueError: ``steps`` names no logged step, or ``scale`` <= 1."""
     colours = {run.name: RUN_COLOURS[k % len(RUN_COLOURS)] for k, run in enumerate(runs)}
-    R = credit_range(runs)
+    if scale is not None and not scale > 1:
+        raise ValueError(f"--scale {scale}: the colour scale's end must be > 1 (it runs from 1/R to R)")
+    R = scale or credit_range(runs)
     logged, shown = pick_steps(runs, steps)
-    palette = "".join(f".c{k + LEVELS}{{background:{colour(k / LEVELS)}{';color:#fff' if abs(k) > 0.62 * LEVELS else ''}}}"
-                      for k in range(-LEVELS, LEVELS + 1))
+    palette = "".join(f".c{k + LEVELS}{{background:{colour(k / LEVELS)}"  # dark colours get white text
+                      f"{';color:#fff' if abs(k) > 0.62 * LEVELS else ''}}}" for k in range(-LEVELS, LEVELS + 1))
     sections = [step_section(s, runs, colours, R, s in (shown[0], shown[-1])) for s in shown]
     note = ("" if len(shown) == len(logged) else
             f' <small>{len(shown)} of {len(logged)} logged steps (a size budget); <code>--steps all</code> shows every '
@@ -528,7 +540,8 @@ def build_report(runs: list[Run], steps: str = "auto") -> tuple[str, dict]:
             f'{names}. Built by report.py from each run folder\'s metrics.jsonl, summary.json and samples/.</p>'
             f'{run_table(runs, colours)}{legend(runs, R)}'
             f'<h2>Curves <small>metrics.jsonl, one colour per run</small></h2>{curves(runs, colours)}'
-            f'<h2>Credit per token <small>each run\'s logged tokens, one scale</small></h2>'
+            f'<h2>Credit per token <small>every logged token of a response with Â ≠ 0, on the colour scale\'s '
+            f'log axis, one axis for all runs</small></h2>'
             f'{histograms(runs, colours, R)}'
             f'<h2>Responses, token by token{note}</h2>'
             + ("".join(sections) or '<p class="muted">No run has logged responses.</p>') +
@@ -538,7 +551,8 @@ def build_report(runs: list[Run], steps: str = "auto") -> tuple[str, dict]:
             f'<style>{CSS}{palette}</style></head><body><main>{body}</main></body></html>')
     info = {"runs": len(runs), "steps_logged": len(logged), "steps_shown": len(shown),
             "responses": sum(len(run.samples.get(s, [])) for run in runs for s in shown),
-            "tokens": sum(len(r.get("tokens", ())) for run in runs for s in shown for r in run.samples.get(s, []))}
+            "tokens": sum(len(r.get("tokens", ())) for run in runs for s in shown for r in run.samples.get(s, [])),
+            "scale": R}
     return page, info
 
 
@@ -548,13 +562,15 @@ def main(argv=None) -> str:
     ap.add_argument("--output", default="report.html", help="the HTML file to write (default: %(default)s)")
     ap.add_argument("--steps", default="auto", help="whose responses to show: auto (all while the page stays a few "
                     "MB, else evenly spaced), all, or step numbers like 1,30,60 (default: %(default)s)")
+    ap.add_argument("--scale", type=float, default=None, help="the colour scale's end R: credits from 1/R to R "
+                    "(default: what covers 99.5%% of the tokens, at most 2)")
     args = ap.parse_args(argv)
     t0 = time.time()
     runs = load_runs(args.runs, say=lambda line: print(line, file=sys.stderr))
     if not runs:
         raise SystemExit("report.py: error: none of the folders is a run of grpo.py; nothing to report")
     try:
-        page, info = build_report(runs, args.steps)
+        page, info = build_report(runs, args.steps, args.scale)
     except ValueError as e:
         raise SystemExit(f"report.py: error: {e}")
     with open(args.output, "w", encoding="utf-8") as f:

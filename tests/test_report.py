@@ -164,7 +164,8 @@ def _write_run(folder, credit, steps, rows_of, evals=True):
             rec.update({f"delta/lam_{side}_{k}": v for side in ("pos", "neg")
                         for k, v in (("mean", 1.0), ("std", 0.1), ("min", 0.8), ("max", 1.2))})
         if credit == "cscr":
-            rec.update({"cscr/w_mean": 0.9, "cscr/frac_w_lt_1": 0.2, "cscr/w_tilde_max": 1.3, "cscr/eff_token_frac": 0.95})
+            rec.update({"cscr/w_mean": 0.9, "cscr/frac_w_lt_1": 0.2, "cscr/w_tilde_max": 1.3,
+                        "cscr/eff_token_frac": 0.95})
         lines.append(rec)
     if evals:
         lines.append({"step": steps[-1], "eval/avg@8": 0.8, "eval/greedy": 0.95})
