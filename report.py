@@ -289,7 +289,7 @@ def curves(runs: list[Run], colours: dict) -> str:
     """The small multiples: one chart per metric, every run that logged it in its colour."""
     evals = sorted({k for run in runs for r in run.metrics for k in r if re.fullmatch(r"eval/avg@\d+", k)})
     charts = [("training reward", "mean over the step's rollout batch", _series(runs, colours, "reward")),
-              *[(f"held-out {k[5:]}", "before, during (--eval_steps) and after training", _series(runs, colours, k))
+              *[(f"held-out {k[5:]}", "step 0, every --eval_steps, last", _series(runs, colours, k))
                 for k in evals],
               ("mean response length", "tokens, EOS included", _series(runs, colours, "completions/mean_length")),
               ("DelTA λ̄, tokens of Â > 0", "mean and min–max", _band_series(runs, colours, "pos")),
@@ -467,7 +467,8 @@ table.runs{border-collapse:collapse;font-variant-numeric:tabular-nums;font-size:
 table.runs th{font-weight:600;text-align:left;color:var(--muted);font-size:12px}
 table.runs th,table.runs td{padding:5px 14px 5px 0;border-bottom:1px solid var(--line);white-space:nowrap}
 td.num{text-align:right}
-.chip{display:inline-block;width:10px;height:10px;border-radius:2px;margin-right:6px}
+.chip{display:inline-block;width:10px;height:10px;border-radius:2px;margin:0 5px 0 8px}
+td .chip,figcaption .chip,.colhead .chip{margin-left:0}
 .legend{display:grid;grid-template-columns:auto 1fr;gap:6px 28px;align-items:start;background:var(--panel);
 padding:14px 18px;border-radius:8px;margin-top:18px}
 .legend p{margin:0 0 6px;font-size:13px}
@@ -536,10 +537,13 @@ def build_report(runs: list[Run], steps: str = "auto", scale: float | None = Non
             f' <small>{len(shown)} of {len(logged)} logged steps (a size budget); <code>--steps all</code> shows every '
             f'one</small>')
     names = ", ".join(html.escape(run.name) for run in runs)
+    chips = " ".join(f'<span class="chip" style="background:{colours[run.name]}"></span>{html.escape(run.name)}'
+                     for run in runs)
     body = (f'<h1>Where the credit goes</h1><p class="muted">{len(runs)} run{"s" * (len(runs) != 1)} of grpo.py: '
             f'{names}. Built by report.py from each run folder\'s metrics.jsonl, summary.json and samples/.</p>'
             f'{run_table(runs, colours)}{legend(runs, R)}'
-            f'<h2>Curves <small>metrics.jsonl, one colour per run</small></h2>{curves(runs, colours)}'
+            f'<h2>Curves <small>metrics.jsonl against the training step: {chips}</small></h2>'
+            f'{curves(runs, colours)}'
             f'<h2>Credit per token <small>every logged token of a response with Â ≠ 0, on the colour scale\'s '
             f'log axis, one axis for all runs</small></h2>'
             f'{histograms(runs, colours, R)}'
