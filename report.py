@@ -34,7 +34,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-SYMBOL = {"grpo": "1", "delta": "λ̄", "cscr": "w̃"}  # the credit c = Â_{i,t} / Â_i of each --credit, as hovered
+SYMBOL = {"grpo": "c", "delta": "λ̄", "cscr": "w̃"}  # the credit c = Â_{i,t} / Â_i of each --credit, as hovered
 RUN_COLOURS = ["#0072b2", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#d55e00", "#555555"]  # Okabe-Ito
 # The token scale (ColorBrewer PuOr): purple = less than the sequence advantage, orange = more, white = exactly Â.
 LESS = ["#ffffff", "#e7e4f1", "#c9c3e0", "#a79dce", "#8073ac", "#5e3f96", "#3f1f73"]
@@ -235,14 +235,20 @@ def colour_bar(R: float, width: int = 420) -> str:
             f'{marks}</svg>')
 
 
-def histogram(values: list[float], R: float, ymax: float, width: int = 330, height: int = 130, bins: int = 40) -> str:
-    """The distribution of ``values`` (credits) over the colour scale's range (log axis 1/R ... R), bars painted
-    with the scale; ``ymax``: the shared top (fraction of tokens); a taller bar is cut and labelled."""
-    L, B, T = 16, 22, 14
+def bin_counts(values: list[float], R: float, bins: int = 40) -> list[int]:
+    """How many of ``values`` (credits) fall in each of ``bins`` equal bins of the colour scale's log axis 1/R ... R;
+    values beyond an end count in its bin."""
     counts = [0] * bins
     for c in values:
         counts[min(bins - 1, int((position(c, R) + 1) / 2 * bins))] += 1
-    n, w = max(len(values), 1), (width - 2 * L) / bins
+    return counts
+
+
+def histogram(counts: list[int], R: float, ymax: float, width: int = 330, height: int = 130) -> str:
+    """The bars of ``bin_counts``, painted with the colour scale; ``ymax``: the shared top (fraction of tokens); a
+    taller bar is cut and labelled with its height."""
+    L, B, T, bins = 16, 22, 14, len(counts)
+    n, w = max(sum(counts), 1), (width - 2 * L) / bins
     out = [f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">']
     for k, cnt in enumerate(counts):
         if not cnt:
@@ -312,15 +318,10 @@ def histograms(runs: list[Run], colours: dict, R: float) -> str:
     data = {k: v for k, v in data.items() if v}
     if not data:
         return '<p class="muted">No logged tokens with a non-zero advantage.</p>'
-    tops = {}
-    for name, vals in data.items():
-        counts = {}
-        for c in vals:
-            k = min(39, int((position(c, R) + 1) / 2 * 40))
-            counts[k] = counts.get(k, 0) + 1
-        tops[name] = (max(counts.values()) / len(vals), len(counts))
-    spread = [top for top, nbins in tops.values() if nbins > 2]  # a spike (GRPO: every credit 1) is cut instead
-    ymax = max(spread or [top for top, _ in tops.values()])
+    counts = {name: bin_counts(vals, R) for name, vals in data.items()}
+    tops = [(max(c) / len(data[name]), sum(k > 0 for k in c)) for name, c in counts.items()]
+    spread = [top for top, filled in tops if filled > 2]  # a spike (GRPO: every credit 1) is cut instead
+    ymax = max(spread or [top for top, _ in tops])
     figs = []
     for run in runs:
         vals = data.get(run.name)
@@ -330,7 +331,7 @@ def histograms(runs: list[Run], colours: dict, R: float) -> str:
         figs.append(f'<figure><figcaption><span class="chip" style="background:{colours[run.name]}"></span>'
                     f'{html.escape(run.name)} <small>{SYMBOL.get(run.credit, "credit")} · {len(vals):,} tokens · '
                     f'mean {sum(vals) / len(vals):.3f} · &lt;1: {below:.0%} · &gt;1: {above:.0%}</small></figcaption>'
-                    f'{histogram(vals, R, ymax)}</figure>')
+                    f'{histogram(counts[run.name], R, ymax)}</figure>')
     return f'<div class="grid">{"".join(figs)}</div>'
 
 
@@ -363,7 +364,7 @@ def run_table(runs: list[Run], colours: dict) -> str:
                     f'<b>{html.escape(run.name)}</b></td><td>{html.escape(run.credit or "?")}</td>'
                     f'<td class="num">{len(steps)}</td><td class="num">{change(avg)}</td>'
                     f'<td class="num">{change("eval/greedy")}</td><td class="num">{reward}</td>'
-                    f'<td class="num">{length}</td><td class="num">{n:,} of {len(run.samples)} steps</td>'
+                    f'<td class="num">{length}</td><td class="num">{n:,} ({len(run.samples)} steps)</td>'
                     f'<td class="muted">{html.escape(run.path)}</td></tr>')
     k = next((k[5:] for run in runs for k in _eval(run, "after") if re.fullmatch(r"eval/avg@\d+", k)), "avg@k")
     return ('<table class="runs"><thead><tr><th>run</th><th>credit</th><th>steps</th>'
@@ -382,7 +383,7 @@ def response(row: dict, R: float, symbol: str) -> str:
     meta = (f'<span class="{"ok" if ok else "bad"}">{"✓" if ok else "✗"} {row["reward"]:g}</span> Â {adv}'
             + ('<br><span class="muted">truncated</span>' if row.get("finish_reason") == "length" else ""))
     if "tokens" in row:
-        body = "".join(f'<i class="c{level(c, R) + LEVELS}" title="{symbol} {c:.4f}">{_token_text(t)}</i>'
+        body = "".join(f'<i class="c{level(c, R) + LEVELS}" title="{symbol}={c:.4f}">{_token_text(t)}</i>'
                        for t, c in zip(row["tokens"], row["credit"]))
     else:
         body = html.escape(row["response"], quote=False)

@@ -152,6 +152,16 @@ def test_colour_scale_is_logarithmic_and_centred_at_one():
                                                          for k in (1, 3, 5)]
 
 
+def test_histogram_bins_on_the_log_axis():
+    # R = 2, 40 bins over log2 c ∈ [−1, 1]: 0.5 -> bin 0, 1 -> bin 20, √2 -> bin 30, 2 -> bin 39 (the last);
+    # 0.25 and 4 lie beyond the ends and count in the end bins
+    counts = report.bin_counts([0.5, 0.25, 1.0, math.sqrt(2) * 1.0001, 2.0, 4.0], 2.0)
+    assert {k: v for k, v in enumerate(counts) if v} == {0: 2, 20: 1, 30: 1, 39: 2}
+    svg = report.histogram(counts, 2.0, ymax=0.25)
+    assert svg.count("<rect") == 4 and "33.3% of tokens" in svg and "16.7% of tokens" in svg
+    assert svg.count(">33%</text>") == 2  # the bars above the shared top (25%) are cut and labelled
+
+
 # ------------------------------------------------------------------------------------------------ hand-made runs
 def _write_run(folder, credit, steps, rows_of, evals=True):
     """A run folder as grpo.py writes it, with ``rows_of(step)`` as each step's logged responses."""
@@ -209,8 +219,8 @@ def test_report_paints_every_logged_token_with_its_credit(three_runs, tmp_path):
     for run, credits in expect.items():
         toks = [t for t in page.tokens if t["run"] == run]
         assert len(toks) == 2 * len(credits)  # every token of both steps
-        assert [float(t["title"].split()[-1]) for t in toks] == credits * 2
-        assert toks[0]["title"].startswith(report.SYMBOL[run])
+        assert [float(t["title"].split("=")[-1]) for t in toks] == credits * 2
+        assert toks[0]["title"].startswith(report.SYMBOL[run] + "=")
         assert [t["class"] for t in toks] == [f"c{report.level(c, R) + report.LEVELS}" for c in credits] * 2
         assert "".join(t["text"] for t in toks[:2]) == "ab"
     assert f".c{2 * report.LEVELS}{{background:{report.MORE[-1]}" in text  # credit ≥ R: the darkest orange
@@ -226,7 +236,7 @@ def test_runs_with_other_prompts_and_zero_advantage(tmp_path):
     page_text = report.build_report(report.load_runs([a, b], say=lambda _: None))[0]
     assert page_text.count("not among this run's logged prompts") == 2
     assert 'class="resp zero" title="Â = 0: no gradient"' in page_text
-    assert [t["title"] for t in Page(page_text).tokens if t["run"] == "a"] == ["λ̄ 0.9000", "λ̄ 1.1000"]
+    assert [t["title"] for t in Page(page_text).tokens if t["run"] == "a"] == ["λ̄=0.9000", "λ̄=1.1000"]
 
 
 def test_bad_folders_get_one_line_and_the_others_are_reported(three_runs, tmp_path, capsys):
@@ -436,7 +446,7 @@ def test_report_renders_in_headless_chromium(toy_runs, tmp_path):
     for run, rows in samples.items():
         toks = [t for t in page.tokens if t["run"] == run]
         assert len(toks) == sum(len(r["tokens"]) for r in rows)
-        assert [float(t["title"].split()[-1]) for t in toks[:len(rows[0]["credit"])]] == pytest.approx(
+        assert [float(t["title"].split("=")[-1]) for t in toks[:len(rows[0]["credit"])]] == pytest.approx(
             sorted(rows[:4], key=lambda r: -r["advantage"])[0]["credit"], abs=1e-4)
     shot = tmp_path / "report.png"
     subprocess.run([*flags, "--hide-scrollbars", "--window-size=1400,1200", f"--screenshot={shot}", out.as_uri()],
