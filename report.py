@@ -379,7 +379,7 @@ def _token_text(tok: str) -> str:
 def response(row: dict, R: float, symbol: str) -> str:
     """One logged response: reward, Â, and its tokens painted by their credit (value in each title)."""
     a, ok = row["advantage"], row["reward"] > 0
-    adv = f"{a:+.2f}".replace("-", "−")  # a typographic minus
+    adv = f"{a:+.2f}".replace("-", "−") if a else "0"  # a typographic minus
     meta = (f'<span class="{"ok" if ok else "bad"}">{"✓" if ok else "✗"} {row["reward"]:g}</span> Â {adv}'
             + ('<br><span class="muted">truncated</span>' if row.get("finish_reason") == "length" else ""))
     if "tokens" in row:
@@ -534,9 +534,8 @@ def build_report(runs: list[Run], steps: str = "auto", scale: float | None = Non
     palette = "".join(f".c{k + LEVELS}{{background:{colour(k / LEVELS)}"  # dark colours get white text
                       f"{';color:#fff' if abs(k) > 0.62 * LEVELS else ''}}}" for k in range(-LEVELS, LEVELS + 1))
     sections = [step_section(s, runs, colours, R, s in (shown[0], shown[-1])) for s in shown]
-    note = ("" if len(shown) == len(logged) else
-            f' <small>{len(shown)} of {len(logged)} logged steps (a size budget); <code>--steps all</code> shows every '
-            f'one</small>')
+    why = f"--steps {html.escape(steps)}" if steps != "auto" else "a size budget; <code>--steps all</code> shows all"
+    note = "" if len(shown) == len(logged) else f' <small>{len(shown)} of {len(logged)} logged steps ({why})</small>'
     names = ", ".join(html.escape(run.name) for run in runs)
     chips = " ".join(f'<span class="chip" style="background:{colours[run.name]}"></span>{html.escape(run.name)}'
                      for run in runs)
