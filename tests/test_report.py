@@ -71,10 +71,6 @@ def _self_contained(text):
 
 
 # ------------------------------------------------------------------------------------------------ samples/
-class _Batch(types.SimpleNamespace):
-    pass
-
-
 @pytest.fixture
 def char_tokenizer(tiny):
     return tiny[1]
@@ -87,8 +83,9 @@ def _batch(tok, texts, finish, T):
         r = r + ([tok.eos_token_id] if f == "stop" else [])
         rows.append(r + [tok.pad_token_id] * (T - len(r)))
         mask.append([1.0] * len(r) + [0.0] * (T - len(r)))
-    return _Batch(response_ids=torch.tensor(rows), response_mask=torch.tensor(mask), prompts=["p:"] * len(texts),
-                  texts=texts, finish_reasons=finish, group_size=len(texts))
+    return types.SimpleNamespace(response_ids=torch.tensor(rows), response_mask=torch.tensor(mask),
+                                 prompts=["p:"] * len(texts), texts=texts, finish_reasons=finish,
+                                 group_size=len(texts))
 
 
 @pytest.mark.parametrize("weight_name", ["lambda_bar", "sensitivity", None])
