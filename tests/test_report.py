@@ -416,8 +416,13 @@ def test_report_to_errors_before_the_model_loads(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------ in a browser
-def _chromium():
-    return next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+@pytest.fixture(scope="module")
+def chromium():
+    """Chromium's executable; the test skips (before the toy runs are made) when there is none."""
+    exe = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+    if exe is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install -y chromium)")
+    return exe
 
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -425,15 +430,12 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 
 @pytest.mark.browser
-def test_report_renders_in_headless_chromium(toy_runs, tmp_path):
+def test_report_renders_in_headless_chromium(chromium, toy_runs, tmp_path):
     """The page of three toy runs (grpo, delta, cscr) as Chromium renders it: every run, every token span with
     its value, and a screenshot."""
-    exe = _chromium()
-    if exe is None:
-        pytest.skip("no chromium on PATH (Debian: apt-get install -y chromium)")
     out = tmp_path / "report.html"
     report.main([*toy_runs, "--output", str(out)])
-    flags = [exe, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    flags = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
     dom = subprocess.run([*flags, "--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=120,
                          check=True).stdout
     page = Page(dom)
