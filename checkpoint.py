@@ -3,8 +3,9 @@
 A run folder (``--output_dir``) holds::
 
     config.json          the flags, prompt template, versions (written at the start; read back by --resume)
-    metrics.jsonl        one JSON line per step and per evaluation
-    samples/step_*.jsonl a few logged groups per step
+    metrics.jsonl        one JSON line per step and per evaluation (also sent to the --report_to trackers)
+    samples/step_*.jsonl a few logged groups per step, token by token with each token's credit (report.py)
+    tensorboard/         event files, with --report_to tensorboard
     checkpoint-<step>/   resumable: weights or LoRA adapter, tokenizer, run_info.json, optimizer.pt, rng_state.pt,
                          trainer_state.json (written last: its presence marks the folder complete)
     final/               save_pretrained folder of the trained policy and run_info.json (its prompt template, base
@@ -25,7 +26,9 @@ Read next: grpo.py ``train``, which calls these.
 
 from __future__ import annotations
 
+import importlib
 import json
+import math
 import os
 import random
 import re
@@ -38,12 +41,16 @@ import distributed
 
 TRAINER_STATE = "trainer_state.json"  # written last into a checkpoint: its presence marks the folder complete
 _CKPT_RE = re.compile(r"checkpoint-(\d+)")
+# Per-token weights that multiply the sequence advantage directly (DelTA: Ã = Â·λ̄): samples/ shows them as the
+# credit of a response with Â = 0 too. CSCR's logged weight, the sensitivity s, is not a multiplier.
+MULTIPLIER_WEIGHTS = {"lambda_bar"}
 
 # Flags that may change between a run and its --resume: when it stops, what it logs and saves, and how it samples
 # (vLLM or HF draw different random numbers, but from the same policy). Everything else decides the updates.
 RESUME_MAY_CHANGE = {"resume", "max_steps", "save_steps", "logging_steps", "eval_steps", "eval_num_generations",
                      "num_samples_to_log", "num_threads", "output_dir", "use_vllm", "vllm_gpu_memory_utilization",
-                     "vllm_enable_sleep_mode", "micro_batch_size", "gradient_checkpointing", "overwrite_output_dir"}
+                     "vllm_enable_sleep_mode", "micro_batch_size", "padding_free", "gradient_checkpointing", "overwrite_output_dir",
+                     "report_to"}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -239,6 +246,63 @@ def library_versions() -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------
+# Experiment trackers (--report_to, TRL's flag and names): the same values as metrics.jsonl, under the same names
+# ----------------------------------------------------------------------------------------------------------
+TRACKERS = {"tensorboard": ("torch.utils.tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
+            "trackio": ("trackio", "trackio")}  # --report_to name: (module imported, package to install)
+
+
+def import_trackers(report_to: str) -> dict:
+    """The modules of ``--report_to`` (``none``, or names from ``TRACKERS`` comma-separated), imported now, before
+    any model loads; none of them is imported unless asked for. Raises ValueError naming an unknown tracker or the
+    package to install."""
+    names = [n.strip() for n in (report_to or "none").split(",") if n.strip() not in ("", "none")]
+    unknown = [n for n in names if n not in TRACKERS]
+    if unknown:
+        raise ValueError(f"--report_to {report_to}: unknown tracker {unknown[0]!r}; choose none, or any of "
+                         f"{', '.join(TRACKERS)} (comma-separated)")
+    modules = {}
+    for name in names:
+        module, package = TRACKERS[name]
+        try:
+            modules[name] = importlib.import_module(module)
+        except ImportError:
+            raise ValueError(f"--report_to {name} needs the {package} package: pip install {package}") from None
+    return modules
+
+
+class Tracker:
+    """One open experiment tracker: ``log(values, step)``, ``close()``.
+
+    tensorboard: event files in ``<run>/tensorboard/`` (``tensorboard --logdir <run>``); a resumed run purges the
+    events after its checkpoint's step, as metrics.jsonl drops those lines. wandb and trackio share one API
+    (``init(project, name, config)``, ``run.log(values, step=)``, ``run.finish()``): the project is
+    ``$WANDB_PROJECT`` / ``$TRACKIO_PROJECT`` (default ``rlvr-credit``), the run is named after its folder.
+    """
+
+    def __init__(self, name: str, module, path: str, config: dict, first_step: int):
+        self.name = name
+        if name == "tensorboard":
+            self.run = module.SummaryWriter(os.path.join(path, "tensorboard"), purge_step=first_step or None)
+        else:
+            self.run = module.init(project=os.environ.get(f"{name.upper()}_PROJECT", "rlvr-credit"),
+                                   name=os.path.basename(os.path.abspath(path)), config=config)
+
+    def log(self, values: dict, step: int) -> None:
+        if self.name == "tensorboard":
+            for k, v in values.items():
+                self.run.add_scalar(k, v, global_step=step)
+        else:
+            self.run.log(values, step=step)
+
+    def close(self) -> None:
+        if self.name == "tensorboard":
+            self.run.close()
+        else:
+            self.run.finish()
+
+
+# ----------------------------------------------------------------------------------------------------------
 # The run's logs
 # ----------------------------------------------------------------------------------------------------------
 class RunFolder:
@@ -254,12 +318,14 @@ class RunFolder:
         * ``config["overwrite_output_dir"]``: a new run; the earlier one is deleted by ``start`` (after the model
           loaded, so a run that fails to start loses nothing);
         * otherwise an earlier run there stops this one: ValueError naming both ways forward.
+        The trackers of ``config["report_to"]`` are imported here (``import_trackers``) and opened by ``start``.
         Nothing is written here: a run that fails before ``start`` leaves no folder behind.
-        Raises ValueError: see above, each case in one line that says what to do.
+        Raises ValueError: see above, and an unknown or missing tracker; each case in one line that says what to do.
         """
         self.path, self.config, self.main, self.say, self._metrics = path, config, main, say, None
         self.skipped_updates_total = 0  # non-finite updates skipped so far (kept across --resume)
         self.resume_from, self.resume_state, self.model_info = None, None, {}
+        self._tracker_modules, self.trackers = import_trackers(config.get("report_to", "none")), []
         earlier = sorted(os.listdir(path)) if os.path.isdir(path) else []
         if config.get("resume"):
             self.resume_from = latest_checkpoint(path)
@@ -304,6 +370,10 @@ class RunFolder:
             "num_trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "resumed_from": self.resume_from, "versions": library_versions()})
         self.open_metrics(self.resume_state, self.resume_from)
+        if self.main:  # after the old run was deleted: a tracker may write into the folder
+            first = self.resume_state["step"] + 1 if self.resume_state else 0
+            self.trackers = [Tracker(name, module, self.path, self.config, first)
+                             for name, module in self._tracker_modules.items()]
 
     @property
     def metrics_path(self) -> str:
@@ -337,14 +407,16 @@ class RunFolder:
 
     def log(self, record: dict, echo: str = "") -> dict:
         """Append one record (and return it); NaN/inf (e.g. a DelTA side statistic of a batch with no positive
-        response) become null, so every line is strict JSON. ``echo``: also print it after this prefix."""
+        response) become null, so every line is strict JSON; the ``--report_to`` trackers get its finite numbers
+        under the same names at its ``step``. ``echo``: also print it after this prefix."""
         if not self.main:
             return record
-        import math
-
         self._metrics.write(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
                                         for k, v in record.items()}) + "\n")
         self._metrics.flush()
+        values = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
+        for tracker in self.trackers:  # --report_to: the same values, under the same names, at the same step
+            tracker.log(values, record["step"])
         if echo:
             self.say(echo + " " + " ".join(f"{k.split('/', 1)[-1]}={v:.3f}" for k, v in record.items() if k != "step"))
         return record
@@ -353,6 +425,9 @@ class RunFolder:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
+        for tracker in self.trackers:
+            tracker.close()
+        self.trackers = []
 
     def logged_eval(self, step: int) -> dict:
         """The evaluation record logged at ``step`` (a resumed run reads its "before" evaluation back), or {}."""
@@ -413,17 +488,31 @@ class RunFolder:
 
     def write_samples(self, step: int, tokenizer, batch, rewards, adv, token_adv, weights, weight_name: str,
                       groups: int) -> None:
-        """samples/step_*.jsonl: the first ``groups`` groups of this process's batch: prompts, responses, rewards,
-        advantages; with per-token ``weights`` ``[n, T]`` (e.g. DelTA's λ̄) the five highest and lowest tokens
-        under ``highest_<weight_name>`` / ``lowest_<weight_name>`` and the token advantages ``[n, T]``."""
+        """samples/step_*.jsonl: the first ``groups`` groups of this process's batch, one JSON line per response.
+
+        Every line: ``prompt``, ``response``, ``reward``, ``advantage`` (Â_i), ``finish_reason``; ``tokens`` (the
+        response's tokens, each decoded on its own, EOS included) and ``credit`` (per token, Â_{i,t} / Â_i: 1 for
+        GRPO, λ̄ for DelTA, the normalised weight w̃ for CSCR; report.py paints it on the tokens). A row with Â_i = 0
+        has no token advantage to divide: its ``credit`` is the weight itself when the weight multiplies Â
+        (``MULTIPLIER_WEIGHTS``: DelTA's λ̄), else 1; a response ``--mask_truncated_completions`` left out of the
+        loss gets 0. With per-token ``weights`` ``[n, T]`` (λ̄, CSCR's sensitivity s) and Â_i ≠ 0 also the five
+        highest and lowest tokens under ``highest_<weight_name>`` / ``lowest_<weight_name>`` and the token
+        advantages ``[n, T]``."""
         with open(self.samples_path(step), "w") as f:
             for i in range(groups * batch.group_size):
-                m = batch.response_mask[i].bool()
+                m = live = batch.response_mask[i].bool()
+                if not live.any() and batch.finish_reasons[i] == "length":  # truncated and masked out of the
+                    m = torch.ones_like(live)                                  # loss: every position is a token
+                toks = [tokenizer.decode([t]) for t in batch.response_ids[i][m].tolist()]
+                a, w = adv[i].item(), weights[i][m].tolist() if weights is not None else None
+                if a != 0:
+                    credit = (token_adv[i][m] / a).tolist()
+                else:
+                    credit = w if weight_name in MULTIPLIER_WEIGHTS and w is not None else [1.0] * len(toks)
                 rec = {"prompt": batch.prompts[i], "response": batch.texts[i], "reward": rewards[i].item(),
-                       "advantage": adv[i].item(), "finish_reason": batch.finish_reasons[i]}
-                if weights is not None and m.any() and adv[i] != 0:
-                    toks = [tokenizer.decode([t]) for t in batch.response_ids[i][m].tolist()]
-                    w = weights[i][m].tolist()
+                       "advantage": a, "finish_reason": batch.finish_reasons[i], "tokens": toks,
+                       "credit": [round(c, 4) for c in credit]}
+                if w is not None and live.any() and a != 0:
                     order = sorted(range(len(w)), key=lambda j: w[j])
                     rec[f"highest_{weight_name}"] = [(toks[j], round(w[j], 4)) for j in order[::-1][:5]]
                     rec[f"lowest_{weight_name}"] = [(toks[j], round(w[j], 4)) for j in order[:5]]

@@ -125,6 +125,7 @@ class GRPOConfig:
     save_steps: int = _f(50, "write a resumable checkpoint-<step>/ every this many steps (final/ always)")
     resume: bool = _f(False, "continue from the latest complete checkpoint-<step>/ in --output_dir")
     overwrite_output_dir: bool = _f(False, "delete the earlier run in --output_dir and start again")
+    report_to: str = _f("none", "also log every metric to: none, or tensorboard, wandb, trackio (comma-separated)")
     seed: int = _f(0, "random seed (data order, sampling)")
     num_threads: int = _f(0, "torch CPU threads (0: 1 for models under 10M parameters, else torch's default)")
 
@@ -395,8 +396,7 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
     """One step: the seven stages of the module header; returns its metrics record. ``llm``: the vLLM engine of
     ``--use_vllm`` (None: HF ``generate``). Under torchrun each process runs it on its own whole groups."""
     t0 = time.time()
-    G = cfg.num_generations
-    rank, world = distributed.rank(), distributed.world_size()
+    G, rank, world = cfg.num_generations, distributed.rank(), distributed.world_size()
     # 1. rollout: G responses per prompt; every process takes its own whole groups of the same prompt order
     per_rank = cfg.num_prompts_per_step // world
     idx = sampler.take(cfg.num_prompts_per_step)[rank * per_rank:(rank + 1) * per_rank]

@@ -1,0 +1,453 @@
+"""report.py (the HTML run report), the per-token samples it reads, and --report_to's experiment trackers.
+
+The page is checked with Python's html.parser here; `python -m pytest -q -m browser` renders it in headless
+Chromium (left out of the default run, pytest.ini; .ci/run installs Debian's chromium and runs it).
+"""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import types
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import torch
+
+import checkpoint
+import grpo
+import report
+
+
+# ------------------------------------------------------------------------------------------------ page parsing
+class Page(HTMLParser):
+    """The parts of a report page the tests look at: token spans (with their run, title and class), run columns,
+    the summary table's run names, and anything that would load from elsewhere."""
+
+    def __init__(self, text):
+        super().__init__()
+        self.tokens, self.columns, self.table_runs, self.external, self.scripts = [], [], [], [], 0
+        self._run, self._depth, self._tok, self._in_row = None, 0, None, False
+        self._stack = []
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag not in ("br", "meta", "line", "rect", "circle", "polygon", "stop", "polyline"):
+            self._stack.append((tag, a))
+        if tag == "script":
+            self.scripts += 1
+        for k in ("src", "href"):
+            if a.get(k) and not a[k].startswith("#"):
+                self.external.append(a[k])
+        if tag == "div" and "data-run" in a:
+            self.columns.append(a["data-run"])
+        if tag == "i" and "title" in a:
+            run = next((x["data-run"] for t, x in reversed(self._stack) if "data-run" in x), None)
+            self._tok = {"run": run, "title": a["title"], "class": a.get("class", ""), "text": ""}
+
+    def handle_endtag(self, tag):
+        if tag == "i" and self._tok is not None:
+            self.tokens.append(self._tok)
+            self._tok = None
+        while self._stack:
+            t, _ = self._stack.pop()
+            if t == tag:
+                break
+
+    def handle_data(self, data):
+        if self._tok is not None:
+            self._tok["text"] += data
+        if self._stack and self._stack[-1][0] == "b" and any(a.get("class") == "run" for _, a in self._stack):
+            self.table_runs.append(data)
+
+
+def _self_contained(text):
+    low = text.lower()
+    return not any(s in low for s in ("<script", "<link", "@import", "url(http", "src=\"http", "href=\"http"))
+
+
+# ------------------------------------------------------------------------------------------------ samples/
+@pytest.fixture
+def char_tokenizer(tiny):
+    return tiny[1]
+
+
+def _batch(tok, texts, finish, T):
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    rows, mask = [], []
+    for r, f in zip(ids, finish):
+        r = r + ([tok.eos_token_id] if f == "stop" else [])
+        rows.append(r + [tok.pad_token_id] * (T - len(r)))
+        mask.append([1.0] * len(r) + [0.0] * (T - len(r)))
+    return types.SimpleNamespace(response_ids=torch.tensor(rows), response_mask=torch.tensor(mask),
+                                 prompts=["p:"] * len(texts), texts=texts, finish_reasons=finish,
+                                 group_size=len(texts))
+
+
+@pytest.mark.parametrize("weight_name", ["lambda_bar", "sensitivity", None])
+def test_samples_hold_tokens_and_credit(tmp_path, char_tokenizer, weight_name):
+    """tokens: each response token decoded alone (EOS included); credit: Â_{i,t}/Â_i on rows with Â ≠ 0; on
+    Â = 0 rows DelTA's λ̄ (a multiplier of Â) or 1 (CSCR's sensitivity is not one; GRPO has no weights)."""
+    tok = char_tokenizer
+    batch = _batch(tok, ["1+2=3", "7", "ab", "9 9"], ["stop", "stop", "stop", "length"], T=6)
+    adv = torch.tensor([2.0, -0.5, 0.0, 1.0])
+    weights = torch.tensor([[0.8, 1.2, 1.0, 0.9, 1.1, 1.0], [1.1, 0.7, 0, 0, 0, 0], [0.9, 1.3, 1.05, 0, 0, 0],
+                            [1.0, 1.0, 1.0, 0, 0, 0]])
+    token_adv = adv[:, None] * (weights if weight_name else torch.ones(4, 6)) * batch.response_mask
+    run = checkpoint.RunFolder(str(tmp_path), {})
+    os.makedirs(tmp_path / "samples")
+    run.write_samples(3, tok, batch, torch.tensor([1.0, 0.0, 1.0, 0.0]), adv, token_adv,
+                      weights if weight_name else None, weight_name or "lambda_bar", 1)
+    rows = [json.loads(l) for l in (tmp_path / "samples" / "step_000003.jsonl").read_text().splitlines()]
+    assert [r["tokens"] for r in rows] == [["1", "+", "2", "=", "3", "</s>"], ["7", "</s>"], ["a", "b", "</s>"],
+                                           ["9", " ", "9"]]
+    expect = [[0.8, 1.2, 1.0, 0.9, 1.1, 1.0], [1.1, 0.7], [0.9, 1.3, 1.05], [1.0, 1.0, 1.0]]
+    if weight_name != "lambda_bar":
+        expect[2] = [1.0, 1.0, 1.0]  # Â = 0 and no multiplier to show: 1
+    if weight_name is None:
+        expect = [[1.0] * len(e) for e in expect]
+    for r, e in zip(rows, expect):
+        assert r["credit"] == pytest.approx(e, abs=1e-4)
+    assert [r["advantage"] for r in rows] == [2.0, -0.5, 0.0, 1.0]
+    for key in ("prompt", "response", "reward", "finish_reason"):  # the keys other code reads stay
+        assert key in rows[0]
+    if weight_name:
+        assert rows[0][f"highest_{weight_name}"][0] == ["+", 1.2] and rows[0][f"lowest_{weight_name}"][0] == ["1", 0.8]
+        assert rows[0]["token_advantages"] == pytest.approx([1.6, 2.4, 2.0, 1.8, 2.2, 2.0])
+        assert f"highest_{weight_name}" not in rows[2]  # Â = 0: no top/bottom list, as before
+
+
+def test_samples_of_a_truncated_response_left_out_of_the_loss(tmp_path, char_tokenizer):
+    """--mask_truncated_completions zeroes a truncated row's mask: its tokens are still shown, with credit 0."""
+    batch = _batch(char_tokenizer, ["12", "345"], ["stop", "length"], T=3)
+    batch.response_mask[1] = 0
+    adv = torch.tensor([1.0, -1.0])
+    run = checkpoint.RunFolder(str(tmp_path), {})
+    os.makedirs(tmp_path / "samples")
+    run.write_samples(1, char_tokenizer, batch, torch.tensor([1.0, 0.0]), adv, adv[:, None] * batch.response_mask,
+                      None, "lambda_bar", 1)
+    rows = [json.loads(l) for l in (tmp_path / "samples" / "step_000001.jsonl").read_text().splitlines()]
+    assert rows[1]["tokens"] == ["3", "4", "5"] and rows[1]["credit"] == [0.0, 0.0, 0.0]
+
+
+# ------------------------------------------------------------------------------------------------ the colour scale
+def test_colour_scale_is_logarithmic_and_centred_at_one():
+    L = report.LEVELS
+    assert report.level(1.0, 2.0) == 0 and report.colour(0.0) == "#ffffff"
+    assert report.level(2.0, 2.0) == L and report.level(0.5, 2.0) == -L  # double and half: the two ends
+    assert report.level(math.sqrt(2), 2.0) == L // 2 and report.level(1 / math.sqrt(2), 2.0) == -L // 2
+    assert report.level(100.0, 2.0) == L and report.level(0.0, 2.0) == -L  # beyond the ends: clamped
+    assert report.colour(1.0) == report.MORE[-1] and report.colour(-1.0) == report.LESS[-1]
+    # halfway between two stops: the mean of their channels
+    a, b = report.MORE[1], report.MORE[2]
+    mid = report.colour(1.5 / (len(report.MORE) - 1))
+    assert [int(mid[k:k + 2], 16) for k in (1, 3, 5)] == [round((int(a[k:k + 2], 16) + int(b[k:k + 2], 16)) / 2)
+                                                         for k in (1, 3, 5)]
+
+
+def test_histogram_bins_on_the_log_axis():
+    # R = 2, 40 bins over log2 c ∈ [−1, 1]: 0.5 -> bin 0, 1 -> bin 20, √2 -> bin 30, 2 -> bin 39 (the last);
+    # 0.25 and 4 lie beyond the ends and count in the end bins
+    counts = report.bin_counts([0.5, 0.25, 1.0, math.sqrt(2) * 1.0001, 2.0, 4.0], 2.0)
+    assert {k: v for k, v in enumerate(counts) if v} == {0: 2, 20: 1, 30: 1, 39: 2}
+    svg = report.histogram(counts, 2.0, ymax=0.25)
+    assert svg.count("<rect") == 4 and "33.3% of tokens" in svg and "16.7% of tokens" in svg
+    assert svg.count(">33%</text>") == 2  # the bars above the shared top (25%) are cut and labelled
+
+
+# ------------------------------------------------------------------------------------------------ hand-made runs
+def _write_run(folder, credit, steps, rows_of, evals=True):
+    """A run folder as grpo.py writes it, with ``rows_of(step)`` as each step's logged responses."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"config": {"credit": credit, "seed": 0}}))
+    lines = [{"step": 0, "eval/avg@8": 0.4, "eval/greedy": 0.9}] if evals else []
+    for s in steps:
+        rec = {"step": s, "reward": 0.5 + 0.01 * s, "completions/mean_length": 20.0 + s}
+        if credit == "delta":
+            rec.update({f"delta/lam_{side}_{k}": v for side in ("pos", "neg")
+                        for k, v in (("mean", 1.0), ("std", 0.1), ("min", 0.8), ("max", 1.2))})
+        if credit == "cscr":
+            rec.update({"cscr/w_mean": 0.9, "cscr/frac_w_lt_1": 0.2, "cscr/w_tilde_max": 1.3,
+                        "cscr/eff_token_frac": 0.95})
+        lines.append(rec)
+    if evals:
+        lines.append({"step": steps[-1], "eval/avg@8": 0.8, "eval/greedy": 0.95})
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    (folder / "samples").mkdir()
+    for s in steps:
+        (folder / "samples" / f"step_{s:06d}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_of(s)))
+    return str(folder)
+
+
+def _rows(credits, prompt="Compute 1+2.\n"):
+    """Logged responses: one per credit list (tokens "a", "b", ...), the first correct with Â > 0."""
+    out = []
+    for k, c in enumerate(credits):
+        toks = [chr(97 + j) for j in range(len(c))]
+        out.append({"prompt": prompt, "response": "".join(toks), "reward": float(k == 0),
+                    "advantage": 0.0 if len(credits) == 1 else (1.0 if k == 0 else -1.0), "finish_reason": "stop",
+                    "tokens": toks, "credit": c})
+    return out
+
+
+@pytest.fixture
+def three_runs(tmp_path):
+    g = _write_run(tmp_path / "grpo", "grpo", [1, 2], lambda s: _rows([[1.0, 1.0], [1.0, 1.0, 1.0]]))
+    d = _write_run(tmp_path / "delta", "delta", [1, 2], lambda s: _rows([[0.8, 1.25], [1.1, 0.9, 1.0]]))
+    c = _write_run(tmp_path / "cscr", "cscr", [1, 2], lambda s: _rows([[0.5, 1.5], [1.2, 0.6, 1.2]]))
+    return [g, d, c]
+
+
+def test_report_paints_every_logged_token_with_its_credit(three_runs, tmp_path):
+    out = tmp_path / "report.html"
+    report.main([*three_runs, "--output", str(out)])
+    text = out.read_text()
+    page = Page(text)
+    assert _self_contained(text) and page.scripts == 0 and page.external == []
+    assert page.table_runs == ["grpo", "delta", "cscr"]
+    # the same prompt at the same step: one card with the three runs side by side, for each of the two steps
+    assert page.columns == ["grpo", "delta", "cscr"] * 2
+    R = 2.0  # the largest deviation, 1.5 / 0.5 on a log scale, rounded up to a labelled end
+    expect = {"grpo": [1.0] * 5, "delta": [0.8, 1.25, 1.1, 0.9, 1.0], "cscr": [0.5, 1.5, 1.2, 0.6, 1.2]}
+    for run, credits in expect.items():
+        toks = [t for t in page.tokens if t["run"] == run]
+        assert len(toks) == 2 * len(credits)  # every token of both steps
+        assert [float(t["title"].split("=")[-1]) for t in toks] == credits * 2
+        assert toks[0]["title"].startswith(report.SYMBOL[run] + "=")
+        assert [t["class"] for t in toks] == [f"c{report.level(c, R) + report.LEVELS}" for c in credits] * 2
+        assert "".join(t["text"] for t in toks[:2]) == "ab"
+    assert f".c{2 * report.LEVELS}{{background:{report.MORE[-1]}" in text  # credit ≥ R: the darkest orange
+    for title in ("training reward", "held-out avg@8", "DelTA λ̄, tokens of Â &gt; 0", "CSCR largest w̃"):
+        assert title in text
+    assert text.count("<svg") == 1 + 10 + 3  # colour bar, a chart per metric logged (not cos_mu), 3 histograms
+
+
+def test_runs_with_other_prompts_and_zero_advantage(tmp_path):
+    """A prompt one run did not log at that step is said so; an Â = 0 response is faded and named."""
+    a = _write_run(tmp_path / "a", "delta", [1], lambda s: _rows([[0.9, 1.1]]))  # one response: Â = 0
+    b = _write_run(tmp_path / "b", "grpo", [1], lambda s: _rows([[1.0], [1.0]], prompt="Compute 5-4.\n"))
+    page_text = report.build_report(report.load_runs([a, b], say=lambda _: None))[0]
+    assert page_text.count("not among this run's logged prompts") == 2
+    assert 'class="resp zero" title="Â = 0: no gradient"' in page_text
+    assert [t["title"] for t in Page(page_text).tokens if t["run"] == "a"] == ["λ̄=0.9000", "λ̄=1.1000"]
+
+
+def test_bad_folders_get_one_line_and_the_others_are_reported(three_runs, tmp_path, capsys):
+    (tmp_path / "notarun").mkdir()
+    empty = _write_run(tmp_path / "nosamples", "grpo", [1], lambda s: [])
+    broken = _write_run(tmp_path / "broken", "grpo", [1], lambda s: _rows([[1.0]]))
+    with open(Path(broken) / "metrics.jsonl", "a") as f:
+        f.write("{not json\n")
+    out = tmp_path / "r.html"
+    report.main([str(tmp_path / "notarun"), three_runs[1], empty, broken, str(tmp_path / "missing"),
+                 "--output", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 4
+    assert "notarun is not a run folder of grpo.py (it has no metrics.jsonl)" in err[0]
+    assert "nosamples has no samples/step_*.jsonl" in err[1]
+    assert "broken/metrics.jsonl line 4: not a JSON object" in err[2]
+    assert "missing: no such folder" in err[3]
+    page = Page(out.read_text())
+    assert page.table_runs == ["delta", "nosamples"] and set(page.columns) == {"delta", "nosamples"}
+    with pytest.raises(SystemExit, match="none of the folders is a run"):
+        report.main([str(tmp_path / "notarun"), "--output", str(out)])
+
+
+def test_steps_shown(three_runs, monkeypatch):
+    runs = report.load_runs(three_runs)
+    assert report.pick_steps(runs, "auto") == ([1, 2], [1, 2])
+    assert report.pick_steps(runs, "2") == ([1, 2], [2])
+    with pytest.raises(ValueError, match="--steps 7: none of them was logged"):
+        report.pick_steps(runs, "7")
+    with pytest.raises(ValueError, match="expected auto, all or step numbers"):
+        report.pick_steps(runs, "last")
+    many = [report.Run("x", "x", "grpo", {}, [], {}, {s: _rows([[1.0] * 10]) for s in range(1, 101)})]
+    monkeypatch.setattr(report, "TOKEN_BUDGET", 200)  # 1000 tokens logged: a fifth of the steps fit
+    logged, shown = report.pick_steps(many, "auto")
+    assert len(logged) == 100 and len(shown) == 20 and shown[0] == 1 and shown[-1] == 100
+    assert report.pick_steps(many, "all")[1] == logged
+
+
+# ------------------------------------------------------------------------------------------------ real toy runs
+@pytest.fixture(scope="module")
+def toy_runs(toy_model_path, tmp_path_factory):
+    """Three short toy runs (grpo, delta, cscr), same seed: the same prompts at the same steps."""
+    root = tmp_path_factory.mktemp("toy_runs")
+    for credit in ("grpo", "delta", "cscr"):
+        grpo.main(["--model", toy_model_path, "--prompt_template", "none", "--credit", credit, "--max_steps", "2",
+                   "--num_prompts_per_step", "4", "--num_generations", "4", "--eval_num_generations", "0",
+                   "--num_samples_to_log", "2", "--output_dir", str(root / credit), "--save_steps", "0"])
+    return [str(root / c) for c in ("grpo", "delta", "cscr")]
+
+
+def _samples(run):
+    return [json.loads(l) for f in sorted(Path(run, "samples").glob("*.jsonl")) for l in f.read_text().splitlines()]
+
+
+def test_trainer_logs_each_credit_per_token(toy_runs):
+    """What grpo.py writes for the report: every response's tokens and credit, for every credit rule."""
+    by_credit = dict(zip(("grpo", "delta", "cscr"), map(_samples, toy_runs)))
+    for credit, rows in by_credit.items():
+        assert len(rows) == 2 * 2 * 4  # 2 steps × num_samples_to_log 2 groups × G 4
+        for r in rows:
+            assert len(r["tokens"]) == len(r["credit"]) > 0
+            assert "".join(r["tokens"]).replace("</s>", "") == r["response"]
+    assert all(c == 1.0 for r in by_credit["grpo"] for c in r["credit"])
+    live = [r for r in by_credit["delta"] if r["advantage"]]
+    assert live
+    for r in live:  # Â·λ̄ / Â = λ̄: the five highest λ̄ are the five largest credits
+        top = sorted(r["credit"], reverse=True)[:5]
+        assert [v for _, v in r["highest_lambda_bar"]] == pytest.approx(top, abs=2e-4)
+        assert r["token_advantages"] == pytest.approx([r["advantage"] * c for c in r["credit"]], abs=1e-3)
+    cscr_live = [r for r in by_credit["cscr"] if r["advantage"]]
+    assert cscr_live
+    for r in cscr_live:  # CSCR keeps each response's credit budget: Σ_t w̃_t = L_i
+        assert sum(r["credit"]) == pytest.approx(len(r["credit"]), abs=1e-3 * len(r["credit"]))
+    prompts = [[r["prompt"] for r in rows] for rows in by_credit.values()]
+    assert prompts[0] == prompts[1] == prompts[2]  # same seed: the same prompts, matched across runs
+
+
+def test_report_of_toy_runs(toy_runs, tmp_path):
+    out = tmp_path / "toy.html"
+    report.main([*toy_runs, "--output", str(out)])
+    page = Page(out.read_text())
+    n_tokens = sum(len(r["tokens"]) for run in toy_runs for r in _samples(run))
+    assert len(page.tokens) == n_tokens and page.table_runs == ["grpo", "delta", "cscr"]
+    assert set(page.columns) == {"grpo", "delta", "cscr"} and len(page.columns) == 3 * 2 * 2  # 2 prompts × 2 steps
+
+
+# ------------------------------------------------------------------------------------------------ --report_to
+def _fake_tracker(name, calls):
+    """A module with wandb's and trackio's API (init -> run with log(values, step=), finish) recording calls."""
+    mod = types.ModuleType(name)
+
+    class FakeRun:
+        def log(self, values, step=None):
+            calls.append(("log", step, dict(values)))
+
+        def finish(self):
+            calls.append(("finish",))
+
+    def init(project=None, name=None, config=None):
+        calls.append(("init", project, name, config))
+        return FakeRun()
+
+    mod.init = init
+    return mod
+
+
+@pytest.mark.parametrize("backend", ["wandb", "trackio"])
+def test_report_to_sends_every_metric_line(tiny_model_path, tmp_path, monkeypatch, backend):
+    """grpo.py --report_to wandb|trackio: init with the flags, every metrics.jsonl line (no step key, no null)
+    at its step, finish at the end; the module is only imported when asked for."""
+    calls = []
+    monkeypatch.setitem(sys.modules, backend, _fake_tracker(backend, calls))
+    monkeypatch.delenv(f"{backend.upper()}_PROJECT", raising=False)
+    out = tmp_path / "run"
+    grpo.main(["--model", tiny_model_path, "--output_dir", str(out), "--prompt_template", "none", "--max_steps", "2",
+               "--num_prompts_per_step", "2", "--num_generations", "2", "--max_completion_length", "8",
+               "--eval_num_generations", "0", "--save_steps", "0", "--report_to", f"none,{backend}"])
+    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert calls[0][:3] == ("init", "rlvr-credit", "run") and calls[0][3]["report_to"] == f"none,{backend}"
+    assert calls[-1] == ("finish",)
+    logged = [c for c in calls if c[0] == "log"]
+    assert [c[1] for c in logged] == [l["step"] for l in lines] == [1, 2]
+    for (_, _, values), line in zip(logged, lines):
+        assert values == {k: v for k, v in line.items() if k != "step" and v is not None}
+
+
+def test_report_to_tensorboard_writes_events_tensorboard_reads(tmp_path):
+    pytest.importorskip("tensorboard", reason="the tensorboard backend needs `pip install tensorboard`")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = checkpoint.RunFolder(str(tmp_path / "run"), {"report_to": "tensorboard"})
+    run.start(torch.nn.Linear(2, 2), {"prompt_template": "none"})
+    records = [{"step": 0, "eval/avg@8": 0.25}, {"step": 1, "reward": 0.5, "delta/lam_pos_max": 1.2, "nan": math.nan},
+               {"step": 2, "reward": 0.75, "delta/lam_pos_max": 1.1}]
+    for r in records:
+        run.log(r)
+    run.close()
+    acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
+    acc.Reload()
+    assert sorted(acc.Tags()["scalars"]) == ["delta/lam_pos_max", "eval/avg@8", "reward"]
+    assert [(e.step, e.value) for e in acc.Scalars("reward")] == [(1, 0.5), (2, 0.75)]
+    assert [(e.step, round(e.value, 6)) for e in acc.Scalars("delta/lam_pos_max")] == [(1, 1.2), (2, 1.1)]
+    assert [(e.step, e.value) for e in acc.Scalars("eval/avg@8")] == [(0, 0.25)]
+
+
+def test_report_to_tensorboard_on_resume_drops_the_steps_after_the_checkpoint(tmp_path):
+    """--resume from checkpoint-1 logs steps 2 and 3 again: TensorBoard, like metrics.jsonl, keeps only the new
+    ones (purge_step)."""
+    pytest.importorskip("tensorboard", reason="the tensorboard backend needs `pip install tensorboard`")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    path, config = tmp_path / "run", {"report_to": "tensorboard"}
+    run = checkpoint.RunFolder(str(path), config)
+    run.start(torch.nn.Linear(2, 2), {"prompt_template": "none"})
+    for step in (1, 2, 3):
+        run.log({"step": step, "reward": step / 10})
+    run.close()
+    (path / "checkpoint-1").mkdir()  # as if the run had saved after step 1 (1 metrics line) and then crashed
+    (path / "checkpoint-1" / checkpoint.TRAINER_STATE).write_text(json.dumps(
+        {"step": 1, "metrics_lines": 1, "skipped_updates_total": 0}))
+    run = checkpoint.RunFolder(str(path), {**config, "resume": True})
+    run.start(torch.nn.Linear(2, 2), {"prompt_template": "none"})
+    for step in (2, 3):
+        run.log({"step": step, "reward": step})
+    run.close()
+    acc = EventAccumulator(str(path / "tensorboard"))
+    acc.Reload()
+    assert [(e.step, e.value) for e in acc.Scalars("reward")] == [(1, pytest.approx(0.1)), (2, 2.0), (3, 3.0)]
+    assert [json.loads(l)["reward"] for l in (path / "metrics.jsonl").read_text().splitlines()] == [0.1, 2, 3]
+
+
+def test_report_to_errors_before_the_model_loads(monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # as if wandb were not installed: import raises ImportError
+    with pytest.raises(SystemExit, match=r"^grpo.py: error: --report_to wandb needs the wandb package: pip install "
+                                         r"wandb$"):
+        grpo.main(["--model", "no-such-model", "--report_to", "wandb", "--output_dir", "/nonexistent/x"])
+    with pytest.raises(SystemExit, match=r"--report_to mlflow: unknown tracker 'mlflow'; choose none, or any of "
+                                         r"tensorboard, wandb, trackio"):
+        grpo.main(["--model", "no-such-model", "--report_to", "mlflow", "--output_dir", "/nonexistent/x"])
+
+
+# ------------------------------------------------------------------------------------------------ in a browser
+@pytest.fixture(scope="module")
+def chromium():
+    """Chromium's executable; the test skips (before the toy runs are made) when there is none."""
+    exe = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
+    if exe is None:
+        pytest.skip("no chromium on PATH (Debian: apt-get install -y chromium)")
+    return exe
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.mark.browser
+def test_report_renders_in_headless_chromium(chromium, toy_runs, tmp_path):
+    """The page of three toy runs (grpo, delta, cscr) as Chromium renders it: every run, every token span with
+    its value, and a screenshot."""
+    out = tmp_path / "report.html"
+    report.main([*toy_runs, "--output", str(out)])
+    flags = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*flags, "--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    page = Page(dom)
+    assert "</html>" in dom and page.table_runs == ["grpo", "delta", "cscr"]
+    assert set(page.columns) == {"grpo", "delta", "cscr"}
+    samples = {run: _samples(p) for run, p in zip(("grpo", "delta", "cscr"), toy_runs)}
+    for run, rows in samples.items():
+        toks = [t for t in page.tokens if t["run"] == run]
+        assert len(toks) == sum(len(r["tokens"]) for r in rows)
+        assert [float(t["title"].split("=")[-1]) for t in toks[:len(rows[0]["credit"])]] == pytest.approx(
+            sorted(rows[:4], key=lambda r: -r["advantage"])[0]["credit"], abs=1e-4)
+    shot = tmp_path / "report.png"
+    subprocess.run([*flags, "--hide-scrollbars", "--window-size=1400,1200", f"--screenshot={shot}", out.as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
