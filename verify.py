@@ -769,9 +769,10 @@ def _start_pool(workers: int) -> ProcessPool:
     except Exception as e:
         pool.stop()
         threading.Thread(target=pool.join, daemon=True).start()
-        raise RuntimeError(  # their error is on stderr; the usual causes:
-            "verify.py: grading workers failed to start: is math-verify installed, and is the calling script's "
-            "entry point guarded by `if __name__ == '__main__':` (a spawned worker re-imports it)?"
+        raise RuntimeError(  # their own error, if they ran, is on stderr; the usual causes:
+            f"verify.py: grading workers failed to start ({type(e).__name__}: {e}): is math-verify installed, is the "
+            "calling script's entry point guarded by `if __name__ == '__main__':` (a spawned worker re-imports it), "
+            "and is this process allowed children (a multiprocessing.Pool worker is not)?"
         ) from e
     return pool
 

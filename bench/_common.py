@@ -5,7 +5,7 @@
   patches (``spec["patches"]``) that force every response to the full completion length and replace the
   verifier by seeded random rewards (scaling.py: random-init models).
 * ``PeakMemory``: the peak resident-set increase of this process over a block (CPU) or the CUDA peak.
-* ``prepare_toy_model``: a private snapshot of the cached toy model (or a benchmark-only build).
+* ``prepare_toy_model``: a private snapshot of the toy model (the shipped toy_model/, or a benchmark-only build).
 * ``machine_description``, ``git_state``, ``library_versions``: what every result JSON records.
 * ``forkserver_pool``: a pool whose every task runs in a fresh process forked from a server that has already
   imported torch/transformers (a run starts in about a second).
@@ -256,11 +256,31 @@ def run_one(spec: dict) -> dict:
             "patches": patched, "pid": os.getpid()}
 
 
+class _FreshProcesses:
+    """``apply(fn, args)``: ``fn(*args)`` in a fresh process, one per task, forked from a server that pre-imported the
+    modules. The processes are not daemonic (concurrent.futures'), so a run may start its own children, as
+    verify.py's grading workers do (a multiprocessing.Pool worker may not)."""
+
+    def __init__(self, ctx):
+        from concurrent.futures import ProcessPoolExecutor
+
+        self._executor = ProcessPoolExecutor(max_workers=1, mp_context=ctx, max_tasks_per_child=1)
+
+    def apply(self, fn, args=(), kwds=None):
+        return self._executor.submit(fn, *args, **(kwds or {})).result()
+
+    def close(self):
+        self._executor.shutdown(wait=True)
+
+    def join(self):
+        pass
+
+
 def forkserver_pool(preload: list[str]):
     """A one-worker pool of fresh processes (one task each) forked from a server that pre-imported ``preload``."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(preload)
-    return ctx.Pool(1, maxtasksperchild=1)
+    return _FreshProcesses(ctx)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -292,9 +312,10 @@ def snapshot(src: Path, dst: Path) -> bool:
 
 
 def prepare_toy_model(workdir: Path, toy_warmup_steps: int, prog: str) -> tuple[str, dict]:
-    """A private copy of the cached toy model (``toy.cache_dir()``) in ``workdir/toy_model``, and where it came from.
+    """A private copy of the toy model (``toy.ensure_toy_model()``'s folder without building it: the shipped
+    toy_model/, else the cache) in ``workdir/toy_model``, and where it came from.
 
-    When there is no cached model, a benchmark-only toy is built with ``toy_warmup_steps`` warm-up steps and kept in
+    When there is neither, a benchmark-only toy is built with ``toy_warmup_steps`` warm-up steps and kept in
     ``$TMPDIR/credit_overhead_toy/toy-<version>-warmup<steps>`` for later benchmark runs (never in the project's
     toy cache, whose model is warmed up fully). A private copy means a concurrent rebuild of the cache cannot
     change the model mid-benchmark.
@@ -302,9 +323,9 @@ def prepare_toy_model(workdir: Path, toy_warmup_steps: int, prog: str) -> tuple[
     import toy
 
     dst = workdir / "toy_model"
-    src = toy.cache_dir()
+    src = toy.SHIPPED if (toy.SHIPPED / "config.json").exists() else toy.cache_dir()
     if snapshot(src, dst):
-        source = f"snapshot of the cached toy model {src}"
+        source = f"snapshot of the toy model {src}"
     else:
         private = (Path(tempfile.gettempdir()) / "credit_overhead_toy"
                    / f"toy-{toy.TOY_VERSION}-warmup{toy_warmup_steps}")
