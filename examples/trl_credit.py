@@ -3,15 +3,16 @@
 ``CreditGRPOTrainer`` adds ``credit="grpo" | "delta" | "cscr"`` to TRL's trainer by overriding one method:
 
 * ``_generate_and_score_completions`` is where TRL holds the whole generation batch (this process's
-  ``per_device_train_batch_size × steps_per_generation`` rows, every group complete) with its sequence advantages
-  Â_i. After TRL's own work the override replaces ``"advantages"`` [B] by the token advantages Â_{i,t} [B, T]
+  ``per_device_train_batch_size × steps_per_generation`` rows) with its sequence advantages Â_i. After TRL's
+  own work the override replaces ``"advantages"`` [B] by the token advantages Â_{i,t} [B, T]
   (``token_advantages``), computed once per generation batch from θ_old. TRL then shuffles and splits the batch
   into micro-batches (gradient accumulation) and reuses it for ``num_iterations`` passes; its ``_compute_loss``
   already accepts [B, T] advantages and its ``dapo`` loss divides by the generation batch's token count, so no
   loss code changes. This is what DelTA needs: its centroids, temperatures, N and Z are statistics of the whole
   rollout batch (delta.py header), never of one micro-batch.
-* θ_old: TRL skips its own old-log-prob pass when the generation and the optimizer steps line up, and it never
-  keeps the LM head's input h_t, so ``token_advantages`` runs one no-grad, eval-mode forward over the batch
+* θ_old: TRL skips its own old-log-prob pass when the generation and the optimizer steps line up, runs it in
+  training mode when it does, and its fused LM head never calls the ``lm_head`` module (no hook there sees h_t),
+  so ``token_advantages`` runs one no-grad, eval-mode forward of its own over the batch
   (``old_logps_and_hidden``: ``cscr.default_logprob_fn`` with a forward pre-hook on the LM head). DelTA reads
   log p(y_t) and h_t from it (App. F: v_t = (1 − p)·h_t); CSCR reads ℓ0 from it and scores ℓ± with
   ``cscr.condition_logprobs``, which uses the same position ids, temperature and eval mode, so ℓ± − ℓ0 measures
