@@ -125,17 +125,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="micro-batches per generation batch (the credit is computed once per generation batch)")
     ap.add_argument("--learning_rate", type=float, default=3e-4, help="constant")
     ap.add_argument("--max_completion_length", type=int, default=64)
-    ap.add_argument("--eval_num_generations", type=int, default=8, help="k of the held-out avg@k")
     ap.add_argument("--eval_limit", type=int, default=0, help="first N held-out problems (0: all 200)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output_dir", default="runs/trl_credit")
     return ap
 
 
-def make_trainer(args, model, tokenizer, reward_log=None) -> CreditGRPOTrainer:
+def make_trainer(args, model, tokenizer) -> CreditGRPOTrainer:
     """The trainer for ``build_parser``'s ``args``: grpo.py's defaults in TRL's vocabulary (DAPO loss, no KL,
     ε 0.2 / 0.28, group-std advantages, temperature 1, no top-k, constant lr, AdamW, clip 1), grpo.py's prompt
-    order, verify.py's binary reward. ``reward_log``: a list that gets each generation batch's mean reward."""
+    order, verify.py's binary reward."""
     from datasets import Dataset
 
     import evaluate
@@ -152,10 +151,7 @@ def make_trainer(args, model, tokenizer, reward_log=None) -> CreditGRPOTrainer:
                                   "answer": rows[i]["answer"]} for i in order])
 
     def reward(prompts, completions, answer, **kwargs):  # grpo.py's stage 2: binary, from verify.py
-        r = [float(ok) for ok, _ in verify.grade_batch(list(completions), list(answer))]
-        if reward_log is not None:
-            reward_log.append(sum(r) / len(r))
-        return r
+        return [float(ok) for ok, _ in verify.grade_batch(list(completions), list(answer))]
 
     config = GRPOConfig(
         output_dir=args.output_dir, bf16=False, gradient_checkpointing=False, report_to="none", save_strategy="no",
@@ -168,12 +164,12 @@ def make_trainer(args, model, tokenizer, reward_log=None) -> CreditGRPOTrainer:
 
 
 def heldout(model, tokenizer, args) -> dict:
-    """grpo.py's held-out evaluation (evaluate.py: greedy and avg@k at temperature 1, seed + 12345)."""
+    """grpo.py's held-out evaluation (evaluate.py: greedy and avg@8 at temperature 1, seed + 12345)."""
     import evaluate
 
     rows = evaluate.load_problems("toy", split="test")[:args.eval_limit or None]
-    return evaluate.evaluate_rows(model, tokenizer, rows, "none", args.eval_num_generations, 1.0, 1.0,
-                                  args.max_completion_length, seed=args.seed + 12345)
+    return evaluate.evaluate_rows(model, tokenizer, rows, "none", 8, 1.0, 1.0, args.max_completion_length,
+                                  seed=args.seed + 12345)
 
 
 def main(argv=None) -> dict:
@@ -183,11 +179,10 @@ def main(argv=None) -> dict:
     model, tokenizer = policy.load_model_and_tokenizer("toy")
     torch.set_num_threads(1)  # the toy (~1M parameters): as grpo.py does, threads cost more than they give
     torch.manual_seed(args.seed)
-    k = args.eval_num_generations
     before = heldout(model, tokenizer, args)
     make_trainer(args, model, tokenizer).train()
     after = heldout(model, tokenizer, args)
-    print(f"held-out avg@{k}: {before[f'avg@{k}']:.3f} -> {after[f'avg@{k}']:.3f}   "
+    print(f"held-out avg@8: {before['avg@8']:.3f} -> {after['avg@8']:.3f}   "
           f"greedy: {before['greedy']:.3f} -> {after['greedy']:.3f}")
     return {"before": before, "after": after}
 
