@@ -42,8 +42,8 @@ Read next: ``grpo.py`` ``Credit._cscr`` (the trainer's call), ``cscr_diagnostics
 D1-D7 and their CLI), ``tests/test_cscr.py`` (the spec §8 worked example), spec §6-§7.
 
 Usage from any trainer (``prompts``: the B rollout prompt texts; ``response_ids``, ``response_mask``: [B, T]
-right-padded sampled responses; ``lp0``: [B, T] their log-probs under the plain prompts, i.e. the trainer's
-old-log-prob pass; ``advantages``: [B] sequence advantages, e.g. GRPO's)::
+right-padded sampled responses; ``lp0``: [B, T] their log-probs under the plain prompts in eval mode, from
+``default_logprob_fn`` or an old-log-prob pass that matches it; ``advantages``: [B] sequence advantages)::
 
     import cscr
 
