@@ -70,6 +70,7 @@ import itertools
 import logging
 import math
 import multiprocessing
+import multiprocessing.util
 import os
 import re
 import signal
@@ -824,3 +825,6 @@ def shutdown() -> None:
 
 
 atexit.register(shutdown)
+# A multiprocessing child (a Pool or ProcessPoolExecutor worker that grades) exits without atexit handlers, after
+# waiting for its non-daemonic children, these workers among them: its own exit hook stops them first.
+multiprocessing.util.Finalize(None, shutdown, exitpriority=100)

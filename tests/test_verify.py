@@ -510,3 +510,18 @@ def test_grade_batch_matches_single_calls_and_summarize():
 def test_parse_error_reason():
     # a reference math-verify cannot extract anything from
     assert verify_with_reason(boxed("3"), r"\frac{1}{") == (False, "parse_error")
+
+
+def _grade_in_a_child():
+    return V.grade_batch([boxed("2")], ["2"])
+
+
+def test_grading_inside_a_multiprocessing_worker_exits_cleanly():
+    """A worker of a ProcessPoolExecutor (or Pool) that grades exits without atexit handlers, after waiting for its
+    non-daemonic children: verify.py stops its grading workers then, so the worker (and the caller) does not hang."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("forkserver"), max_tasks_per_child=1) as ex:
+        results = [ex.submit(_grade_in_a_child).result(timeout=120) for _ in range(2)]  # the second needs a new worker
+    assert results == [[(True, "ok")], [(True, "ok")]]
