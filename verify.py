@@ -765,6 +765,10 @@ _POOL_PID = 0
 def _start_pool(workers: int) -> ProcessPool:
     """A pool of ``workers`` spawned workers, once one of them is up (else RuntimeError, like a missing import)."""
     pool = ProcessPool(max_workers=workers, initializer=_start_worker, context=multiprocessing.get_context("spawn"))
+    # A multiprocessing child (a Pool or ProcessPoolExecutor worker that grades) exits without atexit handlers, after
+    # waiting for its non-daemonic children, these workers among them: its exit hook stops them first (a finalizer
+    # runs only in the process that registered it, so each pool's owner registers one).
+    multiprocessing.util.Finalize(pool, shutdown, exitpriority=100)
     try:
         pool.schedule(os.getpid).result(timeout=STARTUP_TIMEOUT)
     except Exception as e:
@@ -825,6 +829,3 @@ def shutdown() -> None:
 
 
 atexit.register(shutdown)
-# A multiprocessing child (a Pool or ProcessPoolExecutor worker that grades) exits without atexit handlers, after
-# waiting for its non-daemonic children, these workers among them: its own exit hook stops them first.
-multiprocessing.util.Finalize(None, shutdown, exitpriority=100)
