@@ -765,10 +765,6 @@ _POOL_PID = 0
 def _start_pool(workers: int) -> ProcessPool:
     """A pool of ``workers`` spawned workers, once one of them is up (else RuntimeError, like a missing import)."""
     pool = ProcessPool(max_workers=workers, initializer=_start_worker, context=multiprocessing.get_context("spawn"))
-    # A multiprocessing child (a Pool or ProcessPoolExecutor worker that grades) exits without atexit handlers, after
-    # waiting for its non-daemonic children, these workers among them: its exit hook stops them first (a finalizer
-    # runs only in the process that registered it, so each pool's owner registers one).
-    multiprocessing.util.Finalize(pool, shutdown, exitpriority=100)
     try:
         pool.schedule(os.getpid).result(timeout=STARTUP_TIMEOUT)
     except Exception as e:
@@ -790,6 +786,12 @@ def _submit(
     with _POOL_LOCK:  # schedule under the lock: a pool being replaced never receives new pairs
         if _POOL_PID != os.getpid():  # first use, or a forked child: the parent's pool is not ours
             _POOL, _POOL_WORKERS, _POOL_PID = None, 0, os.getpid()
+            # A multiprocessing child (a Pool or ProcessPoolExecutor worker that grades) exits without atexit
+            # handlers, after waiting for its non-daemonic children, these workers among them: its exit hook stops
+            # them first. A finalizer runs only in the process that registered it, so each owner registers one,
+            # once, tied to no object (tied to a pool, it would also run when a replaced pool is collected and stop
+            # the pool that replaced it mid-batch).
+            multiprocessing.util.Finalize(None, shutdown, exitpriority=100)
         if _POOL is None or not _POOL.active or _POOL_WORKERS < num_workers:
             old, _POOL = _POOL, None
             if old is not None:  # let it finish what it has, then stop, without blocking this call

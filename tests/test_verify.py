@@ -507,6 +507,25 @@ def test_grade_batch_matches_single_calls_and_summarize():
         summarize([(True, "bogus")])
 
 
+def test_a_replaced_pool_being_collected_does_not_stop_its_replacement():
+    """Regression: growing the pool replaces it; collecting the old pool must not stop the new one (an exit hook
+    tied to the old pool object ran on collection and stopped the current pool mid-batch: "grading pool stopped")."""
+    import gc
+    import weakref
+
+    V.shutdown()
+    assert grade_batch([boxed("6")], ["6"], num_workers=1) == [(True, "ok")]
+    old = weakref.ref(V._POOL)
+    assert grade_batch([boxed("6")], ["6"], num_workers=2) == [(True, "ok")]  # grows: the 1-worker pool is replaced
+    deadline = time.monotonic() + 30
+    while old() is not None and time.monotonic() < deadline:  # its join thread lets go once it has stopped
+        gc.collect()
+        time.sleep(0.05)
+    assert old() is None, "the replaced pool was never collected"
+    assert V._POOL is not None and V._POOL.active
+    assert grade_batch([boxed("7"), boxed("6")], ["7", "6"], num_workers=2) == [(True, "ok"), (True, "ok")]
+
+
 def test_parse_error_reason():
     # a reference math-verify cannot extract anything from
     assert verify_with_reason(boxed("3"), r"\frac{1}{") == (False, "parse_error")
