@@ -126,7 +126,7 @@ def test_padding_free_micro_batches_cover_each_row_once_at_its_own_width(rollout
         assert sorted(torch.cat([j for j, _, _ in plan]).tolist()) == list(range(N))
         assert len(plan) == (min(rollout.PADDING_FREE_BUCKETS, N) if size == 0 else -(-N // size))
         for j, cols, t in plan:  # no column is padding in every row of its micro-batch
-            ids, att = batch.input_ids[j][:, cols], batch.attention_mask[j][:, cols]
+            att = batch.attention_mask[j][:, cols]
             assert att[:, 0].any() and att[:, -1].any() and t == int(batch.attention_mask[j, -T:].sum(1).max())
             assert int(att.sum()) == int(lengths[j].sum())  # nothing real was cut
         widths = [cols.stop - cols.start for _, cols, _ in plan]

@@ -408,7 +408,7 @@ def _vllm_scores(llm, ro):
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    P, T = ro.prompt_length, ro.response_ids.shape[1]
+    T = ro.response_ids.shape[1]
     rows = [ro.input_ids[i][ro.attention_mask[i].bool()].tolist() for i in range(len(ro.input_ids))]
     params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False)
     outs = llm.generate([TokensPrompt(prompt_token_ids=r) for r in rows], params, use_tqdm=False)
