@@ -115,6 +115,12 @@ def _save_model_folder(folder: str, model, tokenizer, state_dict: dict | None, i
             config = json.load(f)
         with open(adapter, "w") as f:
             json.dump({**config, "base_model_name_or_path": info["base_model"]}, f, indent=2, sort_keys=True)
+        card, local = os.path.join(folder, "README.md"), config.get("base_model_name_or_path")
+        if local and os.path.exists(card):  # peft's model card names it too (`base_model:`, a tag)
+            with open(card) as f:
+                text = f.read()
+            with open(card, "w") as f:
+                f.write(text.replace(local, info["base_model"]))
 
 
 def save_checkpoint(path: str, model, tokenizer, optimizer, state: dict, info: dict | None = None) -> None:
@@ -347,8 +353,8 @@ class RunFolder:
             self.resume_state = json.load(f)
         have, keep = len(self.metrics_lines()), self.resume_state["metrics_lines"]
         if have < keep:
-            raise ValueError(f"cannot --resume from {self.resume_from}: {self.metrics_path} has {have} lines, fewer "
-                             f"than the {keep} logged when that checkpoint was written (another run wrote here since);"
+            raise ValueError(f"cannot --resume from {self.resume_from}: {self.metrics_path} has {have} line"
+                             f"{'s' * (have != 1)}, fewer than the {keep} logged when that checkpoint was written (another run wrote here since);"
                              f" start again with --overwrite_output_dir or use another --output_dir")
         check_resume_config(os.path.join(self.path, "config.json"), self.config)
         self.skipped_updates_total = self.resume_state["skipped_updates_total"]

@@ -855,7 +855,10 @@ def main(argv=None):
         loaded = []
         for p in args.compare:
             with open(p, encoding="utf-8") as f:
-                loaded.append(json.load(f))
+                try:
+                    loaded.append(json.load(f))
+                except ValueError as e:
+                    raise ValueError(f"--compare {p}: not a results.json file ({e})") from None
         table = format_compare(*loaded, label_a="A", label_b="B")
         print(f"A = {args.compare[0]} ({loaded[0].get('model')})\nB = {args.compare[1]} ({loaded[1].get('model')})\n")
         print(table)

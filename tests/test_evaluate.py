@@ -487,9 +487,11 @@ def test_cli_errors_are_one_line(tmp_path):
 
     root = Path(evaluate.__file__).resolve().parent
     env = {**__import__("os").environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}
+    (tmp_path / "bad.json").write_text("{not json")
     for argv, expected in [
             (["--benchmarks", "math500", "--data_dir", str(tmp_path / "missing")], "no local file and cannot download"),
             (["--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")], "a.json"),
+            (["--compare", str(tmp_path / "bad.json"), str(tmp_path / "b.json")], "--compare " + str(tmp_path / "bad.json")),
             (["--model", str(tmp_path / "no_model"), "--benchmarks", "toy"], "does not exist")]:
         res = subprocess.run([sys.executable, "evaluate.py", *argv], cwd=root, env=env, capture_output=True,
                              text=True, timeout=120)

@@ -389,6 +389,8 @@ def test_lora_run_names_its_base_model_as_given_and_its_folder_loads(toy_model_p
                "--eval_num_generations", "0", "--save_steps", "0", "--output_dir", str(out)])
     saved = json.loads((out / "final" / "adapter_config.json").read_text())
     assert saved["base_model_name_or_path"] == "toy"
+    card = (out / "final" / "README.md").read_text()  # peft's model card names it too
+    assert "base_model: toy\n" in card and toy_model_path not in card
     model, tok = policy.load_model_and_tokenizer(str(out / "final"))
     assert hasattr(model, "peft_config")  # the adapter is on
     base, _ = policy.load_model_and_tokenizer(toy_model_path)
