@@ -354,8 +354,9 @@ class RunFolder:
         have, keep = len(self.metrics_lines()), self.resume_state["metrics_lines"]
         if have < keep:
             raise ValueError(f"cannot --resume from {self.resume_from}: {self.metrics_path} has {have} line"
-                             f"{'s' * (have != 1)}, fewer than the {keep} logged when that checkpoint was written (another run wrote here since);"
-                             f" start again with --overwrite_output_dir or use another --output_dir")
+                             f"{'s' * (have != 1)}, fewer than the {keep} logged when that checkpoint was written "
+                             "(another run wrote here since); start again with --overwrite_output_dir or use another "
+                             "--output_dir")
         check_resume_config(os.path.join(self.path, "config.json"), self.config)
         self.skipped_updates_total = self.resume_state["skipped_updates_total"]
 
