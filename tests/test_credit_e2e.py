@@ -152,16 +152,16 @@ def _one_step(model, tok, cfg, rows, out_dir, monkeypatch, from_training_forward
     (record, weights, the credit hook's arguments)."""
     if from_training_forward is not None:
         monkeypatch.setattr(grpo, "can_update_on_policy", lambda *a, **k: from_training_forward)
-    hook, seen = grpo.Credit(cfg, tok), {}
-    real_call = grpo.Credit.__call__
+    seen = {}
 
-    def spy(self, model, batch, adv, old_logp, hidden, answers):
-        seen.update(batch=batch, old_logp=old_logp.clone())
-        out = real_call(self, model, batch, adv, old_logp, hidden, answers)
-        seen["token_adv"] = out[0].clone()
-        return out
+    class SpyCredit(grpo.Credit):  # this run's hook only: records what stage 5 receives and returns
+        def __call__(self, model, batch, adv, old_logp, hidden, answers):
+            seen.update(batch=batch, old_logp=old_logp.clone())
+            out = super().__call__(model, batch, adv, old_logp, hidden, answers)
+            seen["token_adv"] = out[0].clone()
+            return out
 
-    monkeypatch.setattr(grpo.Credit, "__call__", spy)
+    hook = SpyCredit(cfg, tok)
     run = checkpoint.RunFolder(str(out_dir), dataclasses.asdict(cfg))
     run.start(model, {"prompt_template": "none"})
     record = grpo.train_step(0, cfg, model, tok, policy.build_optimizer(model.parameters(), cfg), None, hook,
