@@ -549,8 +549,9 @@ def heldout(model, tokenizer, rows: list[dict], template: str, k: int, temperatu
     import distributed
 
     rank, world = distributed.rank(), distributed.world_size()
-    res = evaluate_rows(model, tokenizer, rows[rank::world], template, k, temperature, top_p, max_new_tokens,
-                        seed=seed)
+    with distributed.gathered_weights(model):  # FSDP2: each process runs its own number of forwards
+        res = evaluate_rows(model, tokenizer, rows[rank::world], template, k, temperature, top_p, max_new_tokens,
+                            seed=seed)
     if world > 1:
         res = compute_metrics([r for part in distributed.all_gather_objects(res["responses"]) for r in part], rows,
                               k, True)

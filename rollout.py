@@ -264,8 +264,11 @@ def generate(model, tokenizer, prompts: list[str], num_generations: int, max_new
     with generation_config_set_aside(model, config):
         for i in range(0, len(rows), bs):
             ids = enc["input_ids"][i:i + bs].to(device)
+            # synced_gpus=False: under FSDP2 the callers gather the weights first (distributed.gathered_weights), so no
+            # forward is a collective; HF's default there all-reduces a "finished" flag every token, which hangs when
+            # processes make different numbers of generate calls (held-out problems split unevenly)
             out = model.generate(input_ids=ids, attention_mask=enc["attention_mask"][i:i + bs].to(device),
-                                 generation_config=config)
+                                 generation_config=config, synced_gpus=False)
             outs.append(out[:, ids.shape[1]:].cpu())
     model.train(was_training)
     width = max(o.shape[1] for o in outs)

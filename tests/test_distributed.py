@@ -134,3 +134,18 @@ def test_mixed_precision_keeps_float32_master_weights(toy_model_path, tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     lines = [l for l in res.stdout.splitlines() if l.startswith("RESULT")]
     assert lines == ["RESULT torch.bfloat16 {torch.float32} {torch.float32} True True"], res.stdout[-2000:]
+
+
+def test_two_processes_held_out_evaluation(toy_model_path, tmp_path):
+    """The held-out evaluation under FSDP2: each process samples its own problems (a different number of forward
+    passes on each), so it must run on the gathered weights; pooled, it equals one process's greedy accuracy."""
+    import toy
+
+    data = tmp_path / "heldout.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in toy.make_split("test")[:7]))  # 4 + 3 problems
+    extra = ("--max_steps", "1", "--eval_num_generations", "2", "--eval_data", str(data))
+    one = _metrics(_run(tmp_path / "one", toy_model_path, 1, *extra))
+    two = _metrics(_run(tmp_path / "two", toy_model_path, 2, *extra))
+    ev1, ev2 = [[m for m in ms if "eval/greedy" in m] for ms in (one, two)]
+    assert len(ev1) == len(ev2) == 2  # before and after training
+    assert ev2[0]["eval/greedy"] == ev1[0]["eval/greedy"]
