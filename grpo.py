@@ -108,6 +108,7 @@ class GRPOConfig:
     num_mini_batches: int = _f(1, "optimizer steps per pass (the rollout batch is split into mini-batches)")
     micro_batch_size: int = _f(0, "rows per forward/backward (0 = whole mini-batch); gradients are identical")
     padding_free: bool = _f(True, "micro-batches of similar length, each cut to its own longest row (same loss)")
+    shared_prompt: bool = _f(True, "run each group's prompt once, its keys/values read by its G responses (same loss)")
     epsilon: float = _f(0.2, "lower clip ε_low: ratio ≥ 1−ε for negative advantages")
     epsilon_high: float = _f(0.28, "upper clip ε_high: ratio ≤ 1+ε_high for positive advantages (DAPO)")
     dual_clip: float | None = _f(None, "dual-clip constant c for negative advantages (e.g. 10)")
@@ -281,7 +282,8 @@ def policy_loss(logp, old_logp, advantages, response_mask, epsilon=0.2, epsilon_
     return loss, stats
 
 
-def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=1.0, return_hidden=False):
+def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=1.0, return_hidden=False,
+                   shared=None):
     """log π(y_t | x, y_<t) (nats) of the response tokens under logits / temperature: ``[B, T]``, 0 on padding.
 
     ``input_ids``/``attention_mask`` ``[B, P + T]``: left-padded prompt, right-padded response in the last T
@@ -289,18 +291,19 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
     projected to the vocabulary, and log p(y) = z_y − logsumexp(z) row by row in float32 (no [B, T, V] softmax).
     ``return_hidden``: also the LM head's input ``[B, T, H]`` at the positions that predict the response tokens
     (a forward pre-hook, detached), which DelTA's proxy needs (App. F): from the same forward, at no extra cost.
+    ``shared``: ``(policy.SharedPrompts, the rows' indices)``, the prompts already run once per group (the same).
     """
-    T = response_mask.shape[1]
-    captured = {}
-    handle = None
+    T, captured, handle = response_mask.shape[1], {}, None
     if return_hidden:
         head = model.get_output_embeddings()
         handle = head.register_forward_pre_hook(lambda mod, args: captured.__setitem__("h", args[0].detach()))
     try:
-        # left padding shifts every prompt: positions count real tokens only, as generate() does
-        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                    logits_to_keep=T + 1, use_cache=False)
+        if shared is None:  # left padding shifts every prompt: positions count real tokens only, as generate() does
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        logits_to_keep=T + 1, use_cache=False)
+        else:  # --shared_prompt: all but the last prompt token are cached; run the last T + 1 positions only
+            out = shared[0].forward(model, shared[1], input_ids[:, -(T + 1):], attention_mask[:, -(T + 1):])
     finally:
         if handle is not None:
             handle.remove()
@@ -445,17 +448,18 @@ def old_logprobs(model, input_ids, attention_mask, response_mask, cfg: GRPOConfi
     """Stage 4: θ_old log-probs ``[N, T]`` (no grad, eval mode), micro-batched (``rollout.micro_batches``); also the
     LM-head inputs ``[N, T, H]`` when ``need_hidden`` (DelTA, same forward pass) and the reference log-probs when
     ``ref_model`` is given (else None). ``graphs`` (a list): the training forward instead (train mode, with grad,
-    TRL's choice when μ = 1), its log-probs per micro-batch appended for ``policy_update``. Every process runs the
-    same number of micro-batches, so FSDP's per-layer gathers line up."""
+    TRL's choice when μ = 1), its log-probs per micro-batch appended for ``policy_update``, then the shared prompt
+    pass (or None). Every process runs the same number of micro-batches, so FSDP's per-layer gathers line up."""
     (N, T), device = response_mask.shape, input_ids.device
     old, hid, ref = torch.zeros(N, T), None, torch.zeros(N, T) if ref_model is not None else None
     model.train(graphs is not None)
     with torch.set_grad_enabled(graphs is not None):
+        shared = policy.shared_prompts(cfg, model, input_ids, attention_mask, torch.arange(N), T)
         for j, cols, t in rollout.micro_batches(torch.arange(N), attention_mask, cfg.micro_batch_size, T,
                                                 cfg.padding_free):
             m = response_mask[j, :t].to(device)
             out = token_logprobs(model, input_ids[j][:, cols], attention_mask[j][:, cols], m, cfg.temperature,
-                                 return_hidden=need_hidden)
+                                 return_hidden=need_hidden, shared=(shared, j) if shared else None)
             lp, h = out if need_hidden else (out, None)
             old[j, :t] = lp.detach().cpu()
             if graphs is not None:
@@ -467,6 +471,8 @@ def old_logprobs(model, input_ids, attention_mask, response_mask, cfg: GRPOConfi
                 rd = next(ref_model.parameters()).device
                 ref[j, :t] = token_logprobs(ref_model, input_ids[j][:, cols].to(rd), attention_mask[j][:, cols].to(rd),
                                            m.to(rd), cfg.temperature).cpu()
+    if graphs is not None:
+        graphs.append(shared)  # its backward follows the micro-batches' (backward_minibatch)
     return old, hid, ref
 
 
@@ -526,12 +532,14 @@ def backward_minibatch(model, input_ids, attention_mask, response_mask, old_logp
     device, loss_total, agg = input_ids.device, 0.0, {}
     counts = distributed.all_reduce_sum(torch.tensor([response_mask[mb_idx].sum().item(), float(len(mb_idx))],
                                                      dtype=torch.float64))
-    n_tok, n_seq = counts[0].item(), int(counts[1].item())
-    plan = rollout.micro_batches(mb_idx, attention_mask, cfg.micro_batch_size, response_mask.shape[1], cfg.padding_free)
-    for k, (j, cols, t) in enumerate(plan):  # ``logp``: stage 4's graphs, one per micro-batch of the same plan
+    n_tok, n_seq, T = counts[0].item(), int(counts[1].item()), response_mask.shape[1]
+    # stage 4's graphs (one per micro-batch of the same plan, then its shared prompt pass), or none yet
+    *logp, shared = logp or [policy.shared_prompts(cfg, model, input_ids, attention_mask, mb_idx, T)]
+    for k, (j, cols, t) in enumerate(rollout.micro_batches(mb_idx, attention_mask, cfg.micro_batch_size, T,
+                                                           cfg.padding_free)):
         m = response_mask[j, :t].to(device)
         mb_logp = logp[k] if logp else token_logprobs(model, input_ids[j][:, cols], attention_mask[j][:, cols], m,
-                                                      cfg.temperature)
+                                                      cfg.temperature, shared=(shared, j) if shared else None)
         loss, stats = policy_loss(mb_logp, old_logp[j, :t].to(device), token_adv[j, :t].to(device), m, cfg.epsilon,
                                   cfg.epsilon_high, cfg.dual_clip, cfg.loss_type, cfg.max_completion_length,
                                   ref_logp=ref_logp[j, :t].to(device) if ref_logp is not None else None,
@@ -540,27 +548,12 @@ def backward_minibatch(model, input_ids, attention_mask, response_mask, old_logp
         loss_total += loss.item()
         for key, v in stats.items():  # token-weighted, so that Σ / Σ num_tokens is the step's token-mean
             agg[key] = agg.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
+    if shared is not None:
+        shared.backward()  # the prompts' share of the gradient, summed over the responses that read them
     return loss_total, agg
 
 
 # --- The loop -------------------------------------------------------------------------------------------------
-class PromptSampler:
-    """Walks the training set in a seeded random order, epoch after epoch; ``position`` is all a checkpoint keeps."""
-
-    def __init__(self, n: int, seed: int):
-        self.n, self.seed, self.position, self._orders = n, seed, 0, {}
-
-    def take(self, k: int) -> list[int]:
-        out = []
-        for epoch, i in (divmod(p, self.n) for p in range(self.position, self.position + k)):
-            if epoch not in self._orders:  # each epoch's order comes from (seed, epoch) alone
-                self._orders = {epoch: list(range(self.n))}
-                random.Random(self.seed * 1_000_003 + epoch).shuffle(self._orders[epoch])
-            out.append(self._orders[epoch][i])
-        self.position += k
-        return out
-
-
 def train(cfg: GRPOConfig) -> dict:
     """Run GRPO training as configured; returns the before/after evaluation and the last step's record. --resume
     continues exactly (checkpoint.py: every random draw is seeded by the step); torchrun: see distributed.py."""
@@ -585,7 +578,7 @@ def train(cfg: GRPOConfig) -> dict:
         policy.model_path(cfg.model), gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
         enable_sleep_mode=cfg.vllm_enable_sleep_mode, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
         dtype=str(compute_dtype or next(model.parameters()).dtype).removeprefix("torch.")) if cfg.use_vllm else None
-    credit, sampler = Credit(cfg, tokenizer), PromptSampler(len(rows), cfg.seed)
+    credit, sampler = Credit(cfg, tokenizer), rollout.PromptSampler(len(rows), cfg.seed)
     start_step = state["step"] if state else 0
     if state:  # --resume: where the data order and CSCR's calibration stood
         sampler.position, credit.cscr_threshold, credit.cscr_calibrated = (state[k] for k in (

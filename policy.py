@@ -242,6 +242,68 @@ def clip_and_step(model, optimizer, loss: float, max_grad_norm: float, step: int
     return grad_norm.item()
 
 
+class SharedPrompts:
+    """Each distinct prompt of a batch run through the model once, its keys and values then read by all the
+    responses to it (the G of its group), instead of once per response: the update's forward and backward skip
+    (G − 1)/G of the prompt tokens. The log-probs and the gradient are those of the full forward to rounding
+    (float64: equal to 1e-12); ``--shared_prompt`` (``shared_prompts``), used by grpo.py's stages 4 and 6.
+
+    Built from the rows ``rows`` of a rollout batch (``input_ids``/``attention_mask`` ``[N, P + T]``, left-padded
+    prompts, ``response_len`` T): a forward of the distinct prompts without their last token, keeping its cache.
+    ``forward`` then runs the last prompt token and the response of any of those rows on top of it. Under grad the
+    prompt pass is a separate graph: each micro-batch's backward leaves the gradient of the keys and values it read
+    on detached copies, and ``backward`` sends their sum through the prompt pass once, after the last micro-batch.
+    Memory: the prompt pass's activations (distinct prompts × prompt tokens) stay until ``backward``.
+    """
+
+    def __init__(self, model, input_ids, attention_mask, rows, response_len: int):
+        from transformers import DynamicCache
+
+        self.cache_class, self.config = DynamicCache, model.config
+        P = input_ids.shape[1] - response_len
+        prompts = torch.cat([input_ids[rows, :P], attention_mask[rows, :P]], 1)
+        distinct, which = torch.unique(prompts, dim=0, return_inverse=True)  # a group's rows share one prompt
+        p = int(distinct[:, P:].sum(1).max())  # the longest prompt; all but its last token go into the cache
+        ids, self.mask = distinct[:, P - p:P - 1], distinct[:, 2 * P - p:2 * P - 1]
+        self.kv = []  # keys, values of layer 0, 1, ... (none for one-token prompts)
+        if p > 1:
+            out = model(input_ids=ids, attention_mask=self.mask, use_cache=True, logits_to_keep=1,
+                        position_ids=(self.mask.cumsum(-1) - 1).clamp(min=0))
+            self.kv = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+        self.read = [t.detach().requires_grad_(t.requires_grad) for t in self.kv]  # what the responses read
+        self.index = torch.full((input_ids.shape[0],), -1, dtype=torch.long)
+        self.index[rows.cpu()] = which.cpu()
+
+    def forward(self, model, rows, input_ids, attention_mask, **kwargs):
+        """``model``'s output for the rows ``rows`` given the positions after the cached prompt: ``input_ids`` and
+        ``attention_mask`` ``[len(rows), 1 + T']`` (the last prompt token, then the response)."""
+        u = self.index[rows.cpu()].to(self.mask.device)
+        read = [t[u] for t in self.read]  # each row reads its own prompt's keys and values
+        cache = self.cache_class(ddp_cache_data=list(zip(read[0::2], read[1::2])), config=self.config)
+        mask = torch.cat([self.mask[u], attention_mask], 1)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1]:]
+        return model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+                     use_cache=True, **kwargs)
+
+    def backward(self):
+        """The prompt pass's share of the gradient: the keys' and values' gradients, summed over every response
+        that read them, sent through the prompt pass (once, after the micro-batches' backward passes)."""
+        pairs = [(t, r.grad) for t, r in zip(self.kv, self.read) if r.grad is not None]
+        if pairs:
+            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+
+
+def shared_prompts(cfg, model, input_ids, attention_mask, rows, response_len: int) -> SharedPrompts | None:
+    """``SharedPrompts`` of the rows ``rows`` where ``--shared_prompt`` applies, else None: one process (FSDP's
+    per-layer gathers follow a layer's outputs, not the cached keys and values a later forward reads), no gradient
+    checkpointing (it replays forwards, and HF turns the cache off under it) and no dropout (the G responses would
+    share their prompt's dropout mask)."""
+    if cfg.shared_prompt and not distributed.is_distributed() and not cfg.gradient_checkpointing \
+            and not has_dropout(model):
+        return SharedPrompts(model, input_ids, attention_mask, rows, response_len)
+    return None
+
+
 def has_dropout(model) -> bool:
     """Whether a training-mode forward of ``model`` differs from an eval-mode one: an ``nn.Dropout`` with p > 0
     (e.g. LoRA's) or attention dropout in the config (applied inside the attention kernel)."""

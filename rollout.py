@@ -1,4 +1,4 @@
-"""Rollouts: prompt templates and sampling G responses per prompt.
+"""Rollouts: which prompts (``PromptSampler``), their templates, and sampling G responses per prompt.
 
 ``generate`` samples with Hugging Face ``model.generate`` (left padding, KV cache, seeded sampling) and returns a
 ``Rollout``: prompt and response token ids laid out as ``[left-padded prompt | right-padded response]``, the
@@ -23,6 +23,7 @@ importance ratio is exactly 1 at the first update (sampler and trainer numerics 
 from __future__ import annotations
 
 import contextlib
+import random
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +49,23 @@ PROMPT_TEMPLATES = {
            "here </answer>. The final answer is put in \\boxed{}.\nUser: {problem}\nAssistant: <think>",
            [], ["</answer>"]),
 }
+
+
+class PromptSampler:
+    """Walks the training set in a seeded random order, epoch after epoch; ``position`` is all a checkpoint keeps."""
+
+    def __init__(self, n: int, seed: int):
+        self.n, self.seed, self.position, self._orders = n, seed, 0, {}
+
+    def take(self, k: int) -> list[int]:
+        out = []
+        for epoch, i in (divmod(p, self.n) for p in range(self.position, self.position + k)):
+            if epoch not in self._orders:  # each epoch's order comes from (seed, epoch) alone
+                self._orders = {epoch: list(range(self.n))}
+                random.Random(self.seed * 1_000_003 + epoch).shuffle(self._orders[epoch])
+            out.append(self._orders[epoch][i])
+        self.position += k
+        return out
 
 
 def resolve_template(template: str, model_name: str, say=None) -> str:
@@ -299,7 +317,7 @@ def sample(model, tokenizer, prompts: list[str], num_generations: int, max_new_t
     return batch
 
 
-PADDING_FREE_BUCKETS = 4  # micro-batches of similar length a whole (mini-)batch is split into, with --padding_free
+PADDING_FREE_BUCKETS = 8  # micro-batches of similar length a whole (mini-)batch is split into, with --padding_free
 
 
 def micro_batches(rows: torch.Tensor, attention_mask: torch.Tensor, size: int = 0, response_len: int | None = None,

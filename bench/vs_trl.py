@@ -14,7 +14,7 @@ prompts per step × group size       ``num_prompts_per_step`` P × ``num_generat
                                                                                        1, ``steps_per_generation`` 1:
                                                                                        one optimizer step per rollout
                                                                                        batch of P·G responses
-prompt order                        ``grpo.PromptSampler(len(train), seed)``           a ``datasets.Dataset`` already
+prompt order                        ``rollout.PromptSampler(len(train), seed)``        a ``datasets.Dataset`` already
                                                                                        in that order,
                                                                                        ``shuffle_dataset=False``
 prompt text                         ``rollout.apply_template(problem, "none")``        the same strings
@@ -274,7 +274,6 @@ def run_trl(spec: dict) -> dict:
     from trl import GRPOTrainer
 
     import evaluate
-    import grpo
     import rollout
     import verify
 
@@ -282,7 +281,7 @@ def run_trl(spec: dict) -> dict:
     torch.set_num_threads(spec["num_threads"])
     P, G, steps = spec["num_prompts_per_step"], spec["num_generations"], spec["steps"]
     train_rows = evaluate.load_problems("toy", split="train")
-    order = grpo.PromptSampler(len(train_rows), spec["seed"]).take(P * steps)  # our trainer's exact order
+    order = rollout.PromptSampler(len(train_rows), spec["seed"]).take(P * steps)  # our trainer's exact order
     dataset = Dataset.from_list([{"prompt": rollout.apply_template(train_rows[i]["problem"], TEMPLATE),
                                   "answer": train_rows[i]["answer"]} for i in order])
     prompts_per_step, rewards_per_step, lengths_per_step = [], [], []

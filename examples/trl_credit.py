@@ -138,7 +138,6 @@ def make_trainer(args, model, tokenizer) -> CreditGRPOTrainer:
     from datasets import Dataset
 
     import evaluate
-    import grpo
     import rollout
 
     P, G, ga = args.num_prompts_per_step, args.num_generations, args.gradient_accumulation_steps
@@ -146,7 +145,7 @@ def make_trainer(args, model, tokenizer) -> CreditGRPOTrainer:
         raise SystemExit(f"trl_credit.py: error: --gradient_accumulation_steps {ga} must divide "
                          f"--num_prompts_per_step × --num_generations = {P * G}")
     rows = evaluate.load_problems("toy", split="train")
-    order = grpo.PromptSampler(len(rows), args.seed).take(P * args.max_steps)  # grpo.py's prompts, in its order
+    order = rollout.PromptSampler(len(rows), args.seed).take(P * args.max_steps)  # grpo.py's prompts, in its order
     dataset = Dataset.from_list([{"prompt": rollout.apply_template(rows[i]["problem"], "none"),
                                   "answer": rows[i]["answer"]} for i in order])
 

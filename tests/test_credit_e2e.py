@@ -165,7 +165,7 @@ def _one_step(model, tok, cfg, rows, out_dir, monkeypatch, from_training_forward
     run = checkpoint.RunFolder(str(out_dir), dataclasses.asdict(cfg))
     run.start(model, {"prompt_template": "none"})
     record = grpo.train_step(0, cfg, model, tok, policy.build_optimizer(model.parameters(), cfg), None, hook,
-                             grpo.PromptSampler(len(rows), 0), rows, "none", rollout.stop_token_ids(tok, "none", model),
+                             rollout.PromptSampler(len(rows), 0), rows, "none", rollout.stop_token_ids(tok, "none", model),
                              run)
     run.close()
     return record, [p.detach().clone() for p in model.parameters()], seen
@@ -213,3 +213,105 @@ def test_cscr_with_dropout_scores_l0_in_eval_mode_like_l_pm(toy_model_path, tmp_
     with torch.no_grad():
         l0 = grpo.token_logprobs(model, b.input_ids, b.attention_mask, b.response_mask)
     torch.testing.assert_close(seen["old_logp"], l0, atol=1e-6, rtol=0)
+
+
+# ------------------------------------------------------------------------------------- --shared_prompt (policy.py)
+@pytest.mark.parametrize("credit", ["grpo", "delta", "cscr"])
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+def test_shared_prompt_gives_the_unshared_log_probs_and_gradient(rollout_batch, credit, loss_type):
+    """--shared_prompt (each group's prompt run once, its keys and values read by the G responses; the prompt pass's
+    gradient sent back once after the micro-batches') gives the full forward's old log-probs, DelTA's h_t, token
+    advantages, loss and gradient, for micro-batch sizes 1, 2 and the whole batch. In float64, so that a wrong
+    position, mask or missing gradient path (differences of order 1) cannot hide in float32 rounding; the bound is
+    1e-6, not 1e-12, because HF's Qwen3 RMSNorm computes in float32 whatever the model's dtype."""
+    import copy
+
+    model, tok, rows, batch = rollout_batch
+    model = copy.deepcopy(model).double()
+    N = batch.input_ids.shape[0]
+    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4)), 4)
+    answers, mask = [r["answer"] for r in rows for _ in range(4)], batch.response_mask.bool()
+    for mbs in (1, 2, 0):
+        out = []
+        for shared in (False, True):
+            cfg = grpo.GRPOConfig(credit=credit, loss_type=loss_type, micro_batch_size=mbs, dual_clip=10.0,
+                                  max_completion_length=48, shared_prompt=shared)
+            old, hidden, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
+                                               cfg, need_hidden=credit == "delta")
+            token_adv, _ = grpo.Credit(cfg, tok)(model, batch, adv, old, hidden, answers)
+            perturbed = old + 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * mask
+            model.zero_grad(set_to_none=True)
+            model.train()
+            loss, _ = grpo.backward_minibatch(model, batch.input_ids, batch.attention_mask, batch.response_mask,
+                                              perturbed, token_adv, None, torch.arange(N), cfg)
+            grad = torch.cat([p.grad.flatten() for p in model.parameters()])
+            out.append((old, None if hidden is None else hidden[mask], token_adv, loss, grad))
+        (old0, h0, adv0, loss0, g0), (old1, h1, adv1, loss1, g1) = out
+        torch.testing.assert_close(old1, old0, rtol=1e-6, atol=1e-6)
+        if h0 is not None:
+            torch.testing.assert_close(h1, h0, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(adv1, adv0, rtol=1e-6, atol=1e-6)
+        assert loss1 == pytest.approx(loss0, rel=1e-6, abs=1e-6 * float(adv0.abs().max())) and g0.abs().sum() > 0
+        assert (g1 - g0).norm() <= 1e-6 * g0.norm() and (g1 - g0).abs().max() <= 1e-6 * g0.abs().max()
+
+
+def test_shared_prompt_runs_each_distinct_prompt_once_and_handles_one_token_prompts(toy_model_path):
+    """The prompt pass holds one row per distinct prompt (a group's G rows read the same one); a prompt of one token
+    (nothing to cache: its cached columns are all padding) and a batch of one-token prompts (no prompt pass at all)
+    give the full forward's log-probs and gradient."""
+    model, tok = policy.load_model_and_tokenizer(toy_model_path)
+    model = model.double()
+    cfg = grpo.GRPOConfig()
+    for prompts in (["Compute 1+2.\n", "", "7", "Compute 12-3+4.\n"], ["", ""]):
+        batch = rollout.generate(model, tok, prompts, 3, 12, seed=5)
+        N, T = batch.response_mask.shape
+        shared = policy.shared_prompts(cfg, model, batch.input_ids, batch.attention_mask, torch.arange(N), T)
+        assert shared.mask.shape[0] == len(set(prompts)) and shared.mask.shape[1] == \
+            int(batch.attention_mask[:, :-T].sum(1).max()) - 1
+        assert shared.index.tolist() == [shared.index[g * 3].item() for g in range(len(prompts)) for _ in range(3)]
+        grads, logps = [], []
+        for s in (None, shared):
+            model.zero_grad(set_to_none=True)
+            lp = grpo.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
+                                     shared=None if s is None else (s, torch.arange(N)))
+            (lp * torch.linspace(-1, 1, N)[:, None].double()).sum().backward()
+            if s is not None:
+                s.backward()
+            logps.append(lp.detach())
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+        torch.testing.assert_close(logps[1], logps[0], rtol=1e-6, atol=1e-6)
+        assert (grads[1] - grads[0]).norm() <= 1e-6 * grads[0].norm() and grads[0].abs().sum() > 0
+
+
+def test_shared_prompt_is_off_where_it_would_not_be_exact(toy_model_path):
+    """Off with --no-shared_prompt, gradient checkpointing (it replays forwards, and HF turns the cache off under it)
+    and dropout (the G responses would share their prompt's dropout mask); on by default."""
+    model, tok = policy.load_model_and_tokenizer(toy_model_path)
+    ids, attn = torch.tensor([[1, 5, 6, 7, 8]] * 2), torch.ones(2, 5, dtype=torch.long)
+    make = lambda cfg, m=model: policy.shared_prompts(cfg, m, ids, attn, torch.arange(2), 2)  # noqa: E731
+    assert make(grpo.GRPOConfig()) is not None
+    assert make(grpo.GRPOConfig(shared_prompt=False)) is None
+    assert make(grpo.GRPOConfig(gradient_checkpointing=True)) is None
+    lora = policy.prepare_model(model, grpo.GRPOConfig(use_peft=True, lora_dropout=0.1))
+    assert make(grpo.GRPOConfig(), lora) is None
+
+
+def test_shared_prompt_on_the_training_forward_gives_the_same_update(toy_model_path, tmp_path, monkeypatch):
+    """Stage 4's training forward with the shared prompt pass (its backward run by stage 6 after the micro-batches')
+    makes the same AdamW update as without it. In float64: AdamW's first step is about lr·sign(g), so float32
+    rounding of a gradient entry near 0 would move its weight by up to 2·lr."""
+    import copy
+
+    model, tok = policy.load_model_and_tokenizer(toy_model_path)
+    model = model.double()
+    rows = toy.make_split("train")[:8]
+    results = []
+    for shared in (False, True):
+        cfg = grpo.GRPOConfig(credit="delta", num_prompts_per_step=4, num_generations=4, max_completion_length=48,
+                              shared_prompt=shared)
+        results.append(_one_step(copy.deepcopy(model), tok, cfg, rows, tmp_path / str(shared), monkeypatch, True))
+    (r0, w0, s0), (r1, w1, s1) = results
+    assert r0["grad_norm"] > 0 and r1["grad_norm"] == pytest.approx(r0["grad_norm"], rel=1e-5)
+    torch.testing.assert_close(s1["token_adv"], s0["token_adv"], atol=1e-5, rtol=1e-5)
+    for p, q in zip(w0, w1):
+        torch.testing.assert_close(q, p, atol=1e-6, rtol=0)

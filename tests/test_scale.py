@@ -173,7 +173,8 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_path, fixed_b
     for gc in (False, True):
         torch.manual_seed(0)  # same LoRA initialisation and same dropout masks in both runs
         model, _ = _load(tiny_model_path)
-        cfg = grpo.GRPOConfig(use_peft=use_peft, gradient_checkpointing=gc, micro_batch_size=3)
+        cfg = grpo.GRPOConfig(use_peft=use_peft, gradient_checkpointing=gc, micro_batch_size=3,
+                              shared_prompt=False)  # counts the 3 micro-batches' forwards, no prompt pass
         model = policy.prepare_model(model, cfg)
         if use_peft:  # B = 0 at initialisation would give A no gradient: make every adapter live
             gen = torch.Generator().manual_seed(1)
