@@ -45,9 +45,12 @@ threads                             ``--num_threads`` (default 1, what grpo.py p
 Known differences that remain (neither changes the cost of a step measurably): TRL divides advantages by
 std + 1e-4, ours by std + 1e-6 (binary rewards: std ≥ 0.35 when non-zero); TRL seeds its sampler differently, so
 the sampled responses differ (same prompts); ours cuts a response after a prompt template's stop string (none
-occurs on the toy). TRL 1.16 skips the separate old-log-prob forward pass when one optimizer step uses each
-rollout batch once (``old_per_token_logps = per_token_logps.detach()``); ours always runs it (see the breakdown
-table of the output).
+occurs on the toy). When one optimizer step uses each rollout batch once, both take θ_old's log-probs from the
+training forward (TRL 1.16: ``old_per_token_logps = per_token_logps.detach()``; ours: ``grpo.can_update_on_policy``).
+Ours runs twice per round: with its defaults (``--padding_free``: micro-batches of similar length, each cut to its
+own longest row; ``--shared_prompt``: each group's prompt run once) and with ``--no-padding_free
+--no-shared_prompt`` (every row padded to the batch's longest prompt and response, every prompt run G times), the
+same update to rounding.
 
 Seconds per step: ours from ``metrics.jsonl`` ``step_time`` (rollout, grading, advantages, old log-probs,
 credit, update; ``generation_time`` its rollout part); TRL from a ``TrainerCallback``, ``on_step_begin`` to
@@ -222,7 +225,7 @@ def run_ours(spec: dict) -> dict:
         num_iterations=1, num_mini_batches=1, micro_batch_size=0, epsilon=0.2, epsilon_high=0.28, beta=0.0,
         loss_type="dapo", scale_rewards="group", eval_num_generations=0, logging_steps=0, num_samples_to_log=0,
         save_steps=0, seed=spec["seed"], num_threads=spec["num_threads"], credit="grpo",
-        padding_free=spec.get("padding_free", True))
+        padding_free=spec.get("padding_free", True), shared_prompt=spec.get("padding_free", True))
     t0 = time.perf_counter()
     with _common.PeakMemory() as mem:
         _profiled(spec, lambda: grpo.train(cfg))
@@ -392,8 +395,8 @@ def summarize(runs: list[dict], k: int) -> dict:
 
 def markdown_tables(summary: dict, runs: list[dict], before: dict, k: int) -> str:
     t = summary["trl"]
-    rows = [(label, summary[n]) for n, label in (("ours", "ours (grpo.py, --padding_free)"),
-                                                 ("ours_padded", "ours, --no-padding_free"),
+    rows = [(label, summary[n]) for n, label in (("ours", "ours (grpo.py: --padding_free --shared_prompt)"),
+                                                 ("ours_padded", "ours, --no-padding_free --no-shared_prompt"),
                                                  ("trl", "TRL GRPOTrainer")) if n in summary]
     head = ["trainer", "s/step", "× TRL (rounds)", "generation s", "× TRL", "excl. generation s", "× TRL",
             "CPU s/step", "× TRL", "peak RSS +MiB", "mean length", "train reward", f"avg@{k} before → after (mean)",
@@ -486,7 +489,8 @@ def main(argv=None) -> dict:
             "eval_k": args.eval_k, "eval_limit": args.eval_limit, "eval_seed": args.eval_seed}
     load_start = os.getloadavg()
     t_start = time.time()
-    print(f"[bench] {args.rounds} rounds × (ours, TRL, ours padded) × {args.steps} steps of {args.num_prompts_per_step}×"
+    print(f"[bench] {args.rounds} rounds × (ours, TRL, ours padded+unshared) × {args.steps} steps of "
+          f"{args.num_prompts_per_step}×"
           f"{args.num_generations} rollouts; {args.num_threads} torch thread(s); model {model_info['source']}",
           flush=True)
     runs, profiles = [], {}
