@@ -52,10 +52,11 @@ library versions, git commit, exact command, model configurations, every step's 
 
 Padding: ``--update_lengths 64:1024`` measures something else: the policy update alone (θ_old's log-probs from the
 training forward, the credit, loss, backward, AdamW; what ``grpo.train_step`` runs after grading) of one rollout
-batch whose responses run from 64 to 1024 tokens (evenly spaced, shuffled; random tokens, prompts of 12-24 tokens,
-half of each group correct), with ``--padding_free`` and with ``--no-padding_free``, alternating in fresh
-processes: seconds per update, response tokens per second and the peak memory of each. ``--cells`` then gives the
-model sizes (their lengths are ignored).
+batch whose responses run from 64 to 1024 tokens (evenly spaced, shuffled; random tokens, one prompt of 12-24
+tokens per group, half of each group correct) in three modes, alternating in fresh processes: the defaults
+(``--padding_free --shared_prompt``), ``--no-shared_prompt``, and ``--no-padding_free --no-shared_prompt``
+(padded): seconds per update, response tokens per second, the speed-up over padded and the peak memory of each.
+``--cells`` then gives the model sizes (their lengths are ignored).
 
 Usage::
 
@@ -116,9 +117,14 @@ def build_random_model(size: str, path: str, max_positions: int, seed: int = 0) 
                                                     "tie_word_embeddings")}}
 
 
+# --update_lengths: (--padding_free, --shared_prompt) of each mode; the last one is the baseline of the speed-up
+UPDATE_MODES = {"padding-free, shared prompt": (True, True), "padding-free": (True, False), "padded": (False, False)}
+
+
 def update_only(spec: dict) -> dict:
     """Child: ``spec["steps"]`` policy updates of one synthetic rollout batch whose response lengths are spread over
-    ``spec["lengths"]`` (see the module docstring), with ``spec["padding_free"]``; seconds and peak memory."""
+    ``spec["lengths"]`` (see the module docstring), with ``spec["padding_free"]`` and ``spec["shared_prompt"]``;
+    seconds and peak memory."""
     import random
 
     import torch
@@ -134,12 +140,14 @@ def update_only(spec: dict) -> dict:
     N = n * G
     lengths = [round(lo + (hi - lo) * i / max(N - 1, 1)) for i in range(N)]
     rng.shuffle(lengths)
-    prompt_lens = [rng.randint(12, 24) for _ in range(N)]
-    P, T, vocab = max(prompt_lens), max(lengths), len(tok) - 4  # ids 4.. are ordinary characters
+    vocab = len(tok) - 4  # ids 4.. are ordinary characters
+    prompts = [[4 + rng.randrange(vocab) for _ in range(rng.randint(12, 24))] for _ in range(n)]  # one per group
+    P, T = max(map(len, prompts)), max(lengths)
     ids = torch.full((N, P + T), tok.pad_token_id)
     attn = torch.zeros(N, P + T, dtype=torch.long)
-    for i, (p, t) in enumerate(zip(prompt_lens, lengths)):
-        ids[i, P - p:P + t] = torch.tensor([4 + rng.randrange(vocab) for _ in range(p + t)])
+    for i, t in enumerate(lengths):
+        p = len(prompts[i // G])
+        ids[i, P - p:P + t] = torch.tensor(prompts[i // G] + [4 + rng.randrange(vocab) for _ in range(t)])
         attn[i, P - p:P + t] = 1
     mask = attn[:, P:].float()
     batch = rollout.Rollout(input_ids=ids, attention_mask=attn, response_ids=ids[:, P:], response_mask=mask,
@@ -147,7 +155,8 @@ def update_only(spec: dict) -> dict:
                             group_size=G)
     adv = grpo.group_advantages(torch.tensor([float(i % 2) for i in range(N)]), G)
     cfg = grpo.GRPOConfig(model=spec["model"], credit=spec["credit"], learning_rate=1e-30, max_completion_length=T,
-                          micro_batch_size=spec["micro_batch_size"], padding_free=spec["padding_free"])
+                          micro_batch_size=spec["micro_batch_size"], padding_free=spec["padding_free"],
+                          shared_prompt=spec["shared_prompt"])
     optimizer, credit = policy.build_optimizer(model.parameters(), cfg), grpo.Credit(cfg, tok)
     times = []
     with _common.PeakMemory() as mem:
@@ -158,12 +167,13 @@ def update_only(spec: dict) -> dict:
             token_adv, _ = credit(model, batch, adv, old, hidden, None)
             grpo.policy_update(model, optimizer, ids, attn, mask, old, token_adv, None, cfg, step, logp=graphs)
             times.append(time.perf_counter() - t0)
-    return {"padding_free": spec["padding_free"], "seconds": times, "response_tokens": int(mask.sum()),
-            "padded_response_tokens": N * T, "batch_shape": [N, P + T], **mem.as_dict()}
+    return {"padding_free": spec["padding_free"], "shared_prompt": spec["shared_prompt"], "seconds": times,
+            "response_tokens": int(mask.sum()), "padded_response_tokens": N * T, "batch_shape": [N, P + T],
+            **mem.as_dict()}
 
 
 def update_lengths_main(args, command: str, cells) -> dict:
-    """``--update_lengths``: the update with and without ``--padding_free`` on each size of ``--cells``."""
+    """``--update_lengths``: the update in each of ``UPDATE_MODES`` on each size of ``--cells``."""
     lo, _, hi = args.update_lengths.partition(":")
     if not (lo.isdigit() and hi.isdigit() and 1 <= int(lo) <= int(hi)):
         raise SystemExit(f"{PROG}: error: --update_lengths must be LO:HI with 1 <= LO <= HI, got {args.update_lengths}")
@@ -176,27 +186,28 @@ def update_lengths_main(args, command: str, cells) -> dict:
         for size in sizes:
             path = str(workdir / f"model_{size}")
             info = pool.apply(build_random_model, (size, path, int(hi) + 64, 0))
-            by_mode = {True: [], False: []}
+            by_mode = {mode: [] for mode in UPDATE_MODES}
             for r in range(args.repeats):
-                for pf in (True, False):
+                for mode, (pf, shared) in UPDATE_MODES.items():
                     spec = {"model": path, "lengths": (int(lo), int(hi)), "seed": args.seed + r, "credit": credit,
                             "num_generations": args.num_generations, "num_prompts_per_step": args.num_prompts_per_step,
-                            "micro_batch_size": args.micro_batch_size, "padding_free": pf, "steps": args.steps,
-                            "num_threads": args.num_threads}
+                            "micro_batch_size": args.micro_batch_size, "padding_free": pf, "shared_prompt": shared,
+                            "steps": args.steps, "num_threads": args.num_threads}
                     res = pool.apply(update_only, (spec,))
-                    runs.append({"size": size, "round": r, **res})
-                    by_mode[pf].append(res)
-                    print(f"[bench] {size} {'padding-free' if pf else 'padded':<12} round {r + 1}: update "
-                          f"{median(res['seconds'][1:]):.3f} s, peak RSS +{res['peak_rss_increase_mib']:.0f} MiB",
-                          flush=True)
-            for pf in (True, False):
-                rs = by_mode[pf]
+                    runs.append({"size": size, "round": r, "mode": mode, **res})
+                    by_mode[mode].append(res)
+                    print(f"[bench] {size} {mode:<28} round {r + 1}: update {median(res['seconds'][1:]):.3f} s, "
+                          f"peak RSS +{res['peak_rss_increase_mib']:.0f} MiB", flush=True)
+            for mode, (pf, shared) in UPDATE_MODES.items():
+                rs = by_mode[mode]
                 sec = median([x for r in rs for x in r["seconds"][1:]])
-                rows.append({"size": size, "parameters": info["num_parameters"], "padding_free": pf, "s_update": sec,
+                rows.append({"size": size, "parameters": info["num_parameters"], "mode": mode, "padding_free": pf,
+                             "shared_prompt": shared, "s_update": sec,
                              "response_tokens_per_s": rs[0]["response_tokens"] / sec,
                              "peak_rss_increase_mib": median([r["peak_rss_increase_mib"] for r in rs]),
                              "round_s_update": [median(r["seconds"][1:]) for r in rs]})
-            rows[-2]["speedup"] = rows[-1]["s_update"] / rows[-2]["s_update"]
+            for row in rows[-len(UPDATE_MODES):]:  # the last mode is the padded update
+                row["speedup"] = rows[-1]["s_update"] / row["s_update"]
     finally:
         pool.close()
         pool.join()
@@ -204,7 +215,7 @@ def update_lengths_main(args, command: str, cells) -> dict:
     lines = [head, "|---|---|---|---|---|---|"]
     for r in rows:
         rr = r["round_s_update"]
-        lines.append(f"| {r['size']} ({r['parameters'] / 1e6:.2f}M) | {'padding-free' if r['padding_free'] else 'padded'}"
+        lines.append(f"| {r['size']} ({r['parameters'] / 1e6:.2f}M) | {r['mode']}"
                      f" | {r['s_update']:.3f} ({min(rr):.3f}–{max(rr):.3f}) | {r['response_tokens_per_s']:.0f} | "
                      f"{r.get('speedup', 1.0):.2f}× | {r['peak_rss_increase_mib']:.0f} |")
     table = "\n".join(lines)
@@ -348,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--plot", default="", metavar="FILE.png", help="also plot s/step against length (matplotlib)")
     ap.add_argument("--keep_runs", action="store_true", help="keep the models and runs' output folders (printed)")
     ap.add_argument("--update_lengths", default="", metavar="LO:HI",
-                    help="instead: the update alone, responses of LO to HI tokens, with and without --padding_free")
+                    help="instead: the update alone, responses of LO to HI tokens, in the three modes of UPDATE_MODES")
     return ap
 
 

@@ -188,9 +188,10 @@ def test_gpu_check_device_call_and_wheel_pins():
 def test_scaling_update_lengths_runs_both_modes_on_the_same_batch(tmp_path):
     res = scaling.main(["--update_lengths", "4:20", "--cells", "toy:0", "--num_prompts_per_step", "2",
                         "--num_generations", "2", "--steps", "2", "--out", ""])
-    rows = {r["padding_free"]: r for r in res["summary"]}
-    assert set(rows) == {True, False} and rows[True]["speedup"] == pytest.approx(
-        rows[False]["s_update"] / rows[True]["s_update"])
+    rows = {(r["padding_free"], r["shared_prompt"]): r for r in res["summary"]}
+    assert set(rows) == {(True, True), (True, False), (False, False)} and rows[True, True]["speedup"] == \
+        pytest.approx(rows[False, False]["s_update"] / rows[True, True]["s_update"]) and \
+        rows[False, False]["speedup"] == 1.0
     runs = res["runs"]
     assert {r["response_tokens"] for r in runs} == {4 + 9 + 15 + 20}  # lengths evenly spread over 4..20
     assert all(r["padded_response_tokens"] == 4 * 20 and len(r["seconds"]) == 2 for r in runs)
