@@ -291,7 +291,7 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
     projected to the vocabulary, and log p(y) = z_y − logsumexp(z) row by row in float32 (no [B, T, V] softmax).
     ``return_hidden``: also the LM head's input ``[B, T, H]`` at the positions that predict the response tokens
     (a forward pre-hook, detached), which DelTA's proxy needs (App. F): from the same forward, at no extra cost.
-    ``shared``: ``(policy.SharedPrompts, the rows' indices)``, the prompts already run once per group (the same).
+    ``shared``: ``(policy.SharedPrompts, the rows' indices)``: the prompts already ran once per group (same result).
     """
     T, captured, handle = response_mask.shape[1], {}, None
     if return_hidden:
@@ -377,7 +377,7 @@ class Credit:
         # spec §4: ℓ+, ℓ− of the responses with Â ≠ 0 (no grad, eval mode; prompts tokenised as the rollout's)
         lp_pos, lp_neg = cscr.condition_logprobs(
             model, self.tokenizer, [p for p, _ in pairs], [q for _, q in pairs], batch.response_ids, mask,
-            temperature=c.temperature, micro_batch_size=c.micro_batch_size or None, logprob_fn=token_logprobs,
+            temperature=c.temperature, micro_batch_size=c.micro_batch_size or None, logprob_fn=self._scoring_logprobs,
             advantages=adv)
         s = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask, mode=c.cscr_mode)  # s_t = max(|Δ+|, |Δ−|)
         if c.cscr_threshold_quantile is not None and not self.cscr_calibrated:
@@ -391,6 +391,13 @@ class Credit:
             w_min=c.cscr_w_min, mode=c.cscr_mode, return_stats=True)
         self.last_weights = s
         return token_adv, {**stats, "cscr/threshold": float(self.cscr_threshold)}
+
+    def _scoring_logprobs(self, model, input_ids, attention_mask, response_mask, temperature):
+        """CSCR's scoring passes: ``token_logprobs``, each distinct privileged prompt run once (--shared_prompt)."""
+        rows = torch.arange(len(input_ids))
+        shared = policy.shared_prompts(self.cfg, model, input_ids, attention_mask, rows, response_mask.shape[1])
+        return token_logprobs(model, input_ids, attention_mask, response_mask, temperature,
+                              shared=(shared, rows) if shared else None)
 
 
 # --- One step: rollout -> verify -> advantages -> θ_old -> credit -> update -> log ----------------------------

@@ -5,6 +5,7 @@
 * ``prepare_model``: gradient checkpointing and LoRA adapters (peft);
 * ``reference_model``: the frozen initial policy for the k3 KL term (``--beta > 0``);
 * ``build_optimizer``: AdamW; ``oom_guard``: out-of-memory errors as one line naming the flags that help;
+* ``SharedPrompts``: each group's prompt run once, its keys and values read by its G responses (``--shared_prompt``);
 * ``build``: all of the above in the order that matters for the trainer, with ``--resume``'s weights and
   torchrun's sharding (checkpoint.py, distributed.py) in between.
 
@@ -246,7 +247,8 @@ class SharedPrompts:
     """Each distinct prompt of a batch run through the model once, its keys and values then read by all the
     responses to it (the G of its group), instead of once per response: the update's forward and backward skip
     (G − 1)/G of the prompt tokens. The log-probs and the gradient are those of the full forward to rounding
-    (float64: equal to 1e-12); ``--shared_prompt`` (``shared_prompts``), used by grpo.py's stages 4 and 6.
+    (tested to 1e-6 relative in float64, where HF's RMSNorm still rounds to float32); ``--shared_prompt``
+    (``shared_prompts``), used by grpo.py's stages 4 and 6.
 
     Built from the rows ``rows`` of a rollout batch (``input_ids``/``attention_mask`` ``[N, P + T]``, left-padded
     prompts, ``response_len`` T): a forward of the distinct prompts without their last token, keeping its cache.

@@ -165,8 +165,8 @@ def _one_step(model, tok, cfg, rows, out_dir, monkeypatch, from_training_forward
     run = checkpoint.RunFolder(str(out_dir), dataclasses.asdict(cfg))
     run.start(model, {"prompt_template": "none"})
     record = grpo.train_step(0, cfg, model, tok, policy.build_optimizer(model.parameters(), cfg), None, hook,
-                             rollout.PromptSampler(len(rows), 0), rows, "none", rollout.stop_token_ids(tok, "none", model),
-                             run)
+                             rollout.PromptSampler(len(rows), 0), rows, "none",
+                             rollout.stop_token_ids(tok, "none", model), run)
     run.close()
     return record, [p.detach().clone() for p in model.parameters()], seen
 
@@ -315,3 +315,32 @@ def test_shared_prompt_on_the_training_forward_gives_the_same_update(toy_model_p
     torch.testing.assert_close(s1["token_adv"], s0["token_adv"], atol=1e-5, rtol=1e-5)
     for p, q in zip(w0, w1):
         torch.testing.assert_close(q, p, atol=1e-6, rtol=0)
+
+
+def test_cscr_scoring_passes_share_each_privileged_prompt(rollout_batch, monkeypatch):
+    """CSCR's ℓ+ and ℓ− with --shared_prompt (each group's x + c± run once, ``Credit._scoring_logprobs``) equal the
+    full forward's, and the prompt pass really ran on the distinct privileged prompts only."""
+    import copy
+
+    import cscr
+
+    model, tok, rows, batch = rollout_batch
+    model = copy.deepcopy(model).double()
+    answers = [r["answer"] for r in rows for _ in range(4)]
+    pairs = [cscr.build_condition_prompts(p, reference=a) for p, a in zip(batch.prompts, answers)]
+    built, original = [], policy.SharedPrompts
+
+    class Spy(original):  # records the number of rows each prompt pass ran on
+        def __init__(self, *args):
+            super().__init__(*args)
+            built.append(self.mask.shape[0])
+
+    monkeypatch.setattr(policy, "SharedPrompts", Spy)
+    out = []
+    for fn in (grpo.token_logprobs, grpo.Credit(grpo.GRPOConfig(credit="cscr"), tok)._scoring_logprobs):
+        out.append(cscr.condition_logprobs(model, tok, [p for p, _ in pairs], [q for _, q in pairs],
+                                           batch.response_ids, batch.response_mask, logprob_fn=fn))
+    assert built == [len(rows), len(rows)]  # x + c+ then x + c−: one row per group, not per response
+    for shared, full in zip(out[1], out[0]):
+        assert full.abs().sum() > 0
+        torch.testing.assert_close(shared, full, rtol=1e-6, atol=1e-6)
