@@ -24,9 +24,9 @@ the credit hook (``Credit``); one step (``train_step``, ``old_logprobs``, ``poli
   several mini-batches each one is only approximately self-normalised, as in DelTA's official code.
 * Left out on purpose: entropy bonus, reward shaping (rewards are binary), dynamic sampling, learning-rate
   schedules. The loss value is no progress signal (≈ 0 at θ_old): watch the reward and the held-out accuracy.
-* Infrastructure sits behind one-line calls: the policy model (loading, LoRA, KL reference) in policy.py, torchrun
-  + FSDP2 in distributed.py, checkpoints and the run folder's logs in checkpoint.py, held-out evaluation in
-  evaluate.py. Read next: delta.py and cscr.py (the credit), then rollout.py and verify.py.
+* Infrastructure sits behind one-line calls: the policy model (loading, LoRA, KL reference, the shared prompt
+  pass) in policy.py, torchrun + FSDP2 in distributed.py, checkpoints and the run folder's logs in checkpoint.py,
+  held-out evaluation in evaluate.py. Read next: delta.py and cscr.py (the credit), then rollout.py and verify.py.
 """
 
 from __future__ import annotations

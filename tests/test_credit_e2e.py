@@ -84,37 +84,47 @@ def test_gradient_does_not_depend_on_micro_batch_size(rollout_batch, credit, los
     torch.testing.assert_close(grads[1], grads[2], atol=1e-6, rtol=1e-4)
 
 
+def _stages_4_to_6(model, tok, rows, batch, **flags):
+    """θ_old's pass, the credit and one mini-batch's backward on the fixture batch with ``GRPOConfig(**flags)``:
+    (old log-probs, DelTA's h_t at the response tokens or None, token advantages, loss, gradient)."""
+    N, mask = batch.input_ids.shape[0], batch.response_mask.bool()
+    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4)), 4)
+    cfg = grpo.GRPOConfig(dual_clip=10.0, max_completion_length=48, **flags)
+    old, hidden, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, cfg,
+                                       need_hidden=cfg.credit == "delta")
+    token_adv, _ = grpo.Credit(cfg, tok)(model, batch, adv, old, hidden, [r["answer"] for r in rows for _ in range(4)])
+    # a perturbed "old" policy: ratios away from 1, so that every clip branch matters
+    perturbed = old + 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * mask
+    model.zero_grad(set_to_none=True)
+    model.train()
+    loss, _ = grpo.backward_minibatch(model, batch.input_ids, batch.attention_mask, batch.response_mask, perturbed,
+                                      token_adv, None, torch.arange(N), cfg)
+    grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return old, None if hidden is None else hidden[mask], token_adv, loss, grad
+
+
+def _assert_same_update(a, b):
+    """Two ``_stages_4_to_6`` results agree to 1e-6 (relative; the loss relative to the advantages' scale)."""
+    (old0, h0, adv0, loss0, g0), (old1, h1, adv1, loss1, g1) = a, b
+    torch.testing.assert_close(old1, old0, rtol=1e-6, atol=1e-6)
+    if h0 is not None:
+        torch.testing.assert_close(h1, h0, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(adv1, adv0, rtol=1e-6, atol=1e-6)
+    # the loss is a token-mean of terms of size ~|Â|, positive and negative: 1e-6 relative to that scale
+    assert loss1 == pytest.approx(loss0, rel=1e-6, abs=1e-6 * float(adv0.abs().max())) and g0.abs().sum() > 0
+    assert (g1 - g0).norm() <= 1e-6 * g0.norm() and (g1 - g0).abs().max() <= 1e-6 * g0.abs().max()
+
+
 @pytest.mark.parametrize("credit", ["grpo", "delta", "cscr"])
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
 def test_padding_free_gives_the_padded_loss_and_gradient(rollout_batch, credit, loss_type):
     """--padding_free (rows sorted by length, each micro-batch cut to its own longest prompt and response) gives the
     padded computation's old log-probs, token advantages, loss and gradient to float32 rounding (1e-6 relative)."""
     model, tok, rows, batch = rollout_batch
-    N = batch.input_ids.shape[0]
-    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4)), 4)
-    answers = [r["answer"] for r in rows for _ in range(4)]
     for mbs in (1, 2, 0):
-        out = []
-        for padding_free in (False, True):
-            cfg = grpo.GRPOConfig(credit=credit, loss_type=loss_type, micro_batch_size=mbs, dual_clip=10.0,
-                                  max_completion_length=48, padding_free=padding_free)
-            old, hidden, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
-                                               cfg, need_hidden=credit == "delta")
-            token_adv, _ = grpo.Credit(cfg, tok)(model, batch, adv, old, hidden, answers)
-            perturbed = old + 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * \
-                batch.response_mask  # ratios away from 1: every clip branch matters
-            model.zero_grad(set_to_none=True)
-            model.train()
-            loss, _ = grpo.backward_minibatch(model, batch.input_ids, batch.attention_mask, batch.response_mask,
-                                              perturbed, token_adv, None, torch.arange(N), cfg)
-            grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-            out.append((old, token_adv, loss, grad))
-        (old0, adv0, loss0, g0), (old1, adv1, loss1, g1) = out
-        torch.testing.assert_close(old1, old0, rtol=1e-6, atol=1e-6)
-        torch.testing.assert_close(adv1, adv0, rtol=1e-6, atol=1e-6)
-        # the loss is a token-mean of terms of size ~|Â|, positive and negative: 1e-6 relative to that scale
-        assert loss1 == pytest.approx(loss0, rel=1e-6, abs=1e-6 * float(adv0.abs().max())) and g0.abs().sum() > 0
-        assert (g1 - g0).norm() <= 1e-6 * g0.norm() and (g1 - g0).abs().max() <= 1e-6 * g0.abs().max()
+        _assert_same_update(*[_stages_4_to_6(model, tok, rows, batch, credit=credit, loss_type=loss_type,
+                                             micro_batch_size=mbs, padding_free=pf, shared_prompt=False)
+                              for pf in (False, True)])
 
 
 def test_padding_free_micro_batches_cover_each_row_once_at_its_own_width(rollout_batch):
@@ -228,31 +238,9 @@ def test_shared_prompt_gives_the_unshared_log_probs_and_gradient(rollout_batch, 
 
     model, tok, rows, batch = rollout_batch
     model = copy.deepcopy(model).double()
-    N = batch.input_ids.shape[0]
-    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4)), 4)
-    answers, mask = [r["answer"] for r in rows for _ in range(4)], batch.response_mask.bool()
     for mbs in (1, 2, 0):
-        out = []
-        for shared in (False, True):
-            cfg = grpo.GRPOConfig(credit=credit, loss_type=loss_type, micro_batch_size=mbs, dual_clip=10.0,
-                                  max_completion_length=48, shared_prompt=shared)
-            old, hidden, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
-                                               cfg, need_hidden=credit == "delta")
-            token_adv, _ = grpo.Credit(cfg, tok)(model, batch, adv, old, hidden, answers)
-            perturbed = old + 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * mask
-            model.zero_grad(set_to_none=True)
-            model.train()
-            loss, _ = grpo.backward_minibatch(model, batch.input_ids, batch.attention_mask, batch.response_mask,
-                                              perturbed, token_adv, None, torch.arange(N), cfg)
-            grad = torch.cat([p.grad.flatten() for p in model.parameters()])
-            out.append((old, None if hidden is None else hidden[mask], token_adv, loss, grad))
-        (old0, h0, adv0, loss0, g0), (old1, h1, adv1, loss1, g1) = out
-        torch.testing.assert_close(old1, old0, rtol=1e-6, atol=1e-6)
-        if h0 is not None:
-            torch.testing.assert_close(h1, h0, rtol=1e-6, atol=1e-6)
-        torch.testing.assert_close(adv1, adv0, rtol=1e-6, atol=1e-6)
-        assert loss1 == pytest.approx(loss0, rel=1e-6, abs=1e-6 * float(adv0.abs().max())) and g0.abs().sum() > 0
-        assert (g1 - g0).norm() <= 1e-6 * g0.norm() and (g1 - g0).abs().max() <= 1e-6 * g0.abs().max()
+        _assert_same_update(*[_stages_4_to_6(model, tok, rows, batch, credit=credit, loss_type=loss_type,
+                                             micro_batch_size=mbs, shared_prompt=shared) for shared in (False, True)])
 
 
 def test_shared_prompt_runs_each_distinct_prompt_once_and_handles_one_token_prompts(toy_model_path):
