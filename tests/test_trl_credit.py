@@ -30,7 +30,9 @@ def example():
 
 def _grpo_credit(model, tokenizer, credit, inputs, out):
     """grpo.py's stages 4-5 on TRL's batch ``out`` (rows ``inputs``): (Â [B], token advantages [B, T], keys)."""
-    cfg = grpo.GRPOConfig(credit=credit)  # grpo.py's defaults: the example's too (K 1, λ 0.8-1.2; verdict, 0.2, 1)
+    # grpo.py's defaults: the example's too (K 1, λ 0.8-1.2; verdict, 0.2, 1); every prompt run with its response,
+    # as TRL's forward does (--shared_prompt gives the same to rounding: tests/test_credit_e2e.py)
+    cfg = grpo.GRPOConfig(credit=credit, shared_prompt=False)
     mask = out["completion_mask"].float()
     batch = rollout.Rollout(
         input_ids=torch.cat([out["prompt_ids"], out["completion_ids"]], 1),
