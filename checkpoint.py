@@ -49,8 +49,8 @@ MULTIPLIER_WEIGHTS = {"lambda_bar"}
 # (vLLM or HF draw different random numbers, but from the same policy). Everything else decides the updates.
 RESUME_MAY_CHANGE = {"resume", "max_steps", "save_steps", "logging_steps", "eval_steps", "eval_num_generations",
                      "num_samples_to_log", "num_threads", "output_dir", "use_vllm", "vllm_gpu_memory_utilization",
-                     "vllm_enable_sleep_mode", "micro_batch_size", "padding_free", "shared_prompt", "gradient_checkpointing", "overwrite_output_dir",
-                     "report_to"}
+                     "vllm_enable_sleep_mode", "micro_batch_size", "padding_free", "shared_prompt",
+                     "gradient_checkpointing", "overwrite_output_dir", "report_to"}
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -225,7 +225,7 @@ def run_ours(spec: dict) -> dict:
         num_iterations=1, num_mini_batches=1, micro_batch_size=0, epsilon=0.2, epsilon_high=0.28, beta=0.0,
         loss_type="dapo", scale_rewards="group", eval_num_generations=0, logging_steps=0, num_samples_to_log=0,
         save_steps=0, seed=spec["seed"], num_threads=spec["num_threads"], credit="grpo",
-        padding_free=spec.get("padding_free", True), shared_prompt=spec.get("padding_free", True))
+        padding_free=not spec.get("padded", False), shared_prompt=not spec.get("padded", False))
     t0 = time.perf_counter()
     with _common.PeakMemory() as mem:
         _profiled(spec, lambda: grpo.train(cfg))
@@ -246,7 +246,7 @@ def run_ours(spec: dict) -> dict:
         s["cpu_step_time"] = c
         s.update({f"{k}_time": v[i] if i < len(v) else 0.0 for k, v in parts.items()})  # a part not run: 0
     model, tokenizer = _load(os.path.join(out_dir, "final"))
-    return {"trainer": "ours" if cfg.padding_free else "ours_padded", "seed": spec["seed"], "wall_time": wall,
+    return {"trainer": "ours_padded" if spec.get("padded") else "ours", "seed": spec["seed"], "wall_time": wall,
             "steps": steps, **mem.as_dict(),
             "torch_threads": threads, "prompts": prompts_per_step, "after": _evaluate(model, tokenizer, spec)}
 
@@ -501,9 +501,9 @@ def main(argv=None) -> dict:
               f"{before[f'avg@{args.eval_k}']:.3f} ({before['problems']} held-out problems, "
               f"{before['eval_seconds']:.0f}s)", flush=True)
         for r in range(args.rounds):
-            for name, fn, pf in (("ours", run_ours, True), ("trl", run_trl, None), ("ours_padded", run_ours, False)):
+            for name, fn in (("ours", run_ours), ("trl", run_trl), ("ours_padded", run_ours)):
                 spec = {**base, "seed": args.seed + r, "output_dir": str(workdir / f"r{r}_{name}"),
-                        "padding_free": pf}
+                        "padded": name == "ours_padded"}  # --no-padding_free --no-shared_prompt
                 res = pool.apply(fn, (spec,))
                 runs.append(res)
                 st = res["steps"][1:]
