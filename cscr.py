@@ -204,14 +204,15 @@ def default_logprob_fn(model, input_ids, attention_mask, response_mask, temperat
 
     ``input_ids`` [B, L]: left-padded ``[prompt | response]`` rows, the response in the last T columns; position
     ids = cumsum(attention_mask) - 1 (the trainer's lp0 pass should use the same convention, or d_pos / d_neg pick
-    up the difference).  Float32 in chunks of positions.  Returns float32 [B, T], 0 where ``response_mask`` is 0.
+    up the difference).  Float32 (float64 for a float64 model) in chunks of positions.  Returns [B, T] in that
+    dtype, 0 where ``response_mask`` is 0.
     """
     T = response_mask.shape[1]
     logits = _response_logits(model, input_ids, attention_mask, T)
     targets = input_ids[:, -T:]
-    lp = torch.zeros(targets.shape, dtype=torch.float32, device=logits.device)
+    lp = torch.zeros(targets.shape, dtype=torch.promote_types(logits.dtype, torch.float32), device=logits.device)
     for c in range(0, T, _POS_CHUNK):
-        z = logits[:, c : c + _POS_CHUNK].float() / temperature
+        z = logits[:, c : c + _POS_CHUNK].to(lp.dtype) / temperature
         tgt = targets[:, c : c + _POS_CHUNK].unsqueeze(-1)
         lp[:, c : c + _POS_CHUNK] = z.gather(-1, tgt).squeeze(-1) - torch.logsumexp(z, dim=-1)
     return torch.where(_as_mask(response_mask).to(lp.device), lp, torch.zeros((), dtype=lp.dtype, device=lp.device))
@@ -266,7 +267,8 @@ def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids,
         logprob_fn: ``fn(model, input_ids, attention_mask, response_mask, temperature) -> [b, T]``, e.g. the
             trainer's own token log-prob function; default ``default_logprob_fn``.
 
-    Returns (lp_pos, lp_neg): float32 [B, T] in nats on ``response_ids.device``, 0 on padding.  Raises ValueError:
+    Returns (lp_pos, lp_neg): float32 (float64 for a float64 model) [B, T] in nats on ``response_ids.device``, 0 on
+    padding.  Raises ValueError:
     shapes or lengths disagree, temperature <= 0, micro_batch_size < 1, no pad token, a prompt without tokens.
     """
     if not torch.is_tensor(response_ids) or response_ids.dim() != 2:
@@ -289,9 +291,10 @@ def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids,
     rows = torch.arange(B) if advantages is None else (torch.as_tensor(advantages).cpu() != 0).nonzero().flatten()
     mb = micro_batch_size or max(len(rows), 1)
     try:
-        device = next(model.parameters()).device
+        device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
     except (StopIteration, AttributeError):
-        device = response_ids.device
+        device, dtype = response_ids.device, torch.float32
+    dtype = torch.promote_types(dtype, torch.float32)  # float32 (float64 for a float64 model)
 
     was_training = getattr(model, "training", False)
     if eval_mode and was_training:
@@ -301,12 +304,13 @@ def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids,
         with torch.no_grad():
             for prompts in (prompts_pos, prompts_neg):
                 ids = _tokenize_prompts(tokenizer, [prompts[i] for i in rows.tolist()])
-                lp = torch.zeros(response_ids.shape, dtype=torch.float32, device=response_ids.device)
+                lp = torch.zeros(response_ids.shape, dtype=dtype, device=response_ids.device)
                 for a in range(0, len(rows), mb):
                     z = rows[a:a + mb].to(response_ids.device)
                     inp, attn = _build_inputs(ids[a:a + mb], response_ids[z].to(device), m[z].to(device), pad_id)
                     out = logprob_fn(model, inp, attn, m[z].to(device), temperature)
-                    lp[z] = torch.where(m[z], out.float().to(lp.device), torch.zeros((), device=lp.device))
+                    lp[z] = torch.where(m[z], out.to(device=lp.device, dtype=dtype), torch.zeros((), dtype=dtype,
+                                                                                              device=lp.device))
                 outs.append(lp)
     finally:
         if eval_mode and was_training:

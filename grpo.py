@@ -185,8 +185,9 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "std",
     """GRPO group-normalised advantages Â_i = (r_i − mean_g) / (std_g + eps) (GRPO §4.1.2; DelTA spec §1).
 
     ``rewards`` ``[N]`` group by group (N = groups × G). ``scale="std"`` divides by the unbiased group std (DelTA's
-    code, verl, TRL); ``"none"`` gives r − mean (Dr. GRPO, Liu et al. 2025). Returns ``[N]`` floats; a group whose
-    rewards are all equal (or of one member) gets exactly 0, no float residue (NeMo-RL #4161).
+    code, verl, TRL); ``"none"`` gives r − mean (Dr. GRPO, Liu et al. 2025). Returns ``[N]`` float32 (float64 for
+    float64 rewards); a group whose rewards are all equal (or of one member) gets exactly 0, no float residue
+    (NeMo-RL #4161).
     Raises ValueError: N not a multiple of ``group_size``, or an unknown ``scale``.
     """
     if group_size < 1 or rewards.dim() != 1 or rewards.numel() % group_size:
@@ -194,7 +195,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "std",
                          f"got shape {tuple(rewards.shape)}")
     if scale not in ("std", "none"):
         raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
-    r = rewards.float().view(-1, group_size)
+    r = rewards.to(torch.promote_types(rewards.dtype, torch.float32)).view(-1, group_size)
     centred = r - r.mean(-1, keepdim=True)
     if scale == "std" and group_size > 1:
         centred = centred / (r.std(-1, keepdim=True, unbiased=True) + eps)
@@ -288,7 +289,8 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
 
     ``input_ids``/``attention_mask`` ``[B, P + T]``: left-padded prompt, right-padded response in the last T
     positions; position ids count real tokens only, so padding changes nothing. Only the T + 1 last positions are
-    projected to the vocabulary, and log p(y) = z_y − logsumexp(z) row by row in float32 (no [B, T, V] softmax).
+    projected to the vocabulary, and log p(y) = z_y − logsumexp(z) row by row in float32 (float64 for a float64
+    model; no [B, T, V] softmax).
     ``return_hidden``: also the LM head's input ``[B, T, H]`` at the positions that predict the response tokens
     (a forward pre-hook, detached), which DelTA's proxy needs (App. F): from the same forward, at no extra cost.
     ``shared``: ``(policy.SharedPrompts, the rows' indices)``: the prompts already ran once per group (same result).
@@ -311,9 +313,10 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
     targets = input_ids[:, -T:]
     rows = []
     for i in range(logits.shape[0]):  # one row at a time keeps the float32 copy small (V can be 152k)
-        z = logits[i].float() / temperature
+        z = logits[i].to(torch.promote_types(logits.dtype, torch.float32)) / temperature
         rows.append(z.gather(-1, targets[i, :, None]).squeeze(-1) - torch.logsumexp(z, -1))
-    logp = torch.stack(rows) * response_mask.to(torch.float32)
+    logp = torch.stack(rows)
+    logp = logp * response_mask.to(logp.dtype)
     if return_hidden:
         return logp, captured["h"][:, -(T + 1):-1]
     return logp
@@ -458,7 +461,8 @@ def old_logprobs(model, input_ids, attention_mask, response_mask, cfg: GRPOConfi
     TRL's choice when μ = 1), its log-probs per micro-batch appended for ``policy_update``, then the shared prompt
     pass (or None). Every process runs the same number of micro-batches, so FSDP's per-layer gathers line up."""
     (N, T), device = response_mask.shape, input_ids.device
-    old, hid, ref = torch.zeros(N, T), None, torch.zeros(N, T) if ref_model is not None else None
+    dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
+    old, hid, ref = torch.zeros(N, T, dtype=dt), None, torch.zeros(N, T, dtype=dt) if ref_model is not None else None
     model.train(graphs is not None)
     with torch.set_grad_enabled(graphs is not None):
         shared = policy.shared_prompts(cfg, model, input_ids, attention_mask, torch.arange(N), T)
@@ -472,8 +476,8 @@ def old_logprobs(model, input_ids, attention_mask, response_mask, cfg: GRPOConfi
             if graphs is not None:
                 graphs.append(lp)
             if need_hidden:
-                hid = torch.zeros(N, T, h.shape[-1]) if hid is None else hid
-                hid[j, :t] = h.float().cpu()
+                hid = torch.zeros(N, T, h.shape[-1], dtype=dt) if hid is None else hid
+                hid[j, :t] = h.to(dt).cpu()
             if ref_model is not None:  # the reference may live elsewhere (--ref_on_cpu)
                 rd = next(ref_model.parameters()).device
                 ref[j, :t] = token_logprobs(ref_model, input_ids[j][:, cols].to(rd), attention_mask[j][:, cols].to(rd),

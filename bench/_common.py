@@ -396,6 +396,8 @@ def git_state() -> dict:
         return r.stdout
 
     try:
+        if not (REPO / ".git").exists():  # a source tree without .git (an archive), perhaps inside another checkout
+            raise OSError("no .git folder")
         dirty = [l[3:] for l in git("status", "--porcelain").splitlines() if l[3:].endswith(".py")]
         return {"commit": git("rev-parse", "HEAD").strip(), "dirty_python_files": dirty}
     except OSError as e:

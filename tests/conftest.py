@@ -49,3 +49,40 @@ def tiny():
     torch.manual_seed(0)
     model = transformers.Qwen3ForCausalLM(cfg).eval()
     return model, tok
+
+
+@pytest.fixture
+def float64_model(monkeypatch):
+    """``float64_model(model)``: a float64 copy of ``model`` whose forward computes in float64 throughout.
+
+    Tests that two computations are "the same computation" (padding-free vs padded, the shared prompt pass vs the
+    full forward, micro-batch sizes, stage 4's fused branch) compare in float64, so that a wrong position, mask or
+    gradient path (an order-1 difference) cannot hide in rounding, and the bound holds on any CPU. HF's models keep
+    float32 islands whatever their dtype: RMSNorm computes ``x.to(torch.float32)`` (Llama, Qwen3, Mistral) or
+    ``x.float()`` (Gemma), for bfloat16's sake. Inside this test, ``.float()`` and ``.to(torch.float32)`` of a
+    float64 tensor keep float64, and so does eager attention's ``softmax(..., dtype=torch.float32)``, so each island
+    computes its formula in float64 too (the function is unchanged).
+    Bound: two orders of the same float64 sums differ by ~n·2^-53 relative (n ≲ 10^3 terms here), amplified by at
+    most ~10^2 in DelTA's σ(Δ/γ) (measured in float32: h 2e-7 -> Ã 2e-5): ≲ 10^-11, so tests assert 1e-10.
+    Without the islands a single float32 rounding flipped by a 1e-16 difference moves a value by ~6e-8: 1e-10
+    would then fail on some machines and some draws."""
+    import copy
+
+    to, flt, softmax = torch.Tensor.to, torch.Tensor.float, torch.nn.functional.softmax
+
+    def to64(self, *args, **kwargs):
+        if self.dtype == torch.float64:
+            args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+            if kwargs.get("dtype") is torch.float32:
+                kwargs["dtype"] = torch.float64
+        return to(self, *args, **kwargs)
+
+    def softmax64(x, *args, dtype=None, **kwargs):
+        return softmax(x, *args, dtype=torch.float64 if x.dtype == torch.float64 and dtype is not None else dtype,
+                       **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", to64)
+    monkeypatch.setattr(torch.nn.functional, "softmax", softmax64)
+    monkeypatch.setattr(torch.Tensor, "float", lambda self, *a, **k: self if self.dtype == torch.float64
+                        else flt(self, *a, **k))
+    return lambda model: copy.deepcopy(model).double()

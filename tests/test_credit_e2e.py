@@ -56,11 +56,15 @@ def rollout_batch(toy_model_path):
     return model, tok, rows, batch
 
 
+def old_dtype(model):
+    return next(model.parameters()).dtype
+
+
 def _stages_4_to_6(model, tok, rows, batch, **flags):
     """θ_old's pass, the credit and one mini-batch's backward on the fixture batch with ``GRPOConfig(**flags)``:
     (old log-probs, DelTA's h_t at the response tokens or None, token advantages, loss, gradient)."""
     N, mask = batch.input_ids.shape[0], batch.response_mask.bool()
-    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4)), 4)
+    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4), dtype=old_dtype(model)), 4)
     cfg = grpo.GRPOConfig(dual_clip=10.0, max_completion_length=48, **flags)
     old, hidden, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, cfg,
                                        need_hidden=cfg.credit == "delta")
@@ -75,35 +79,43 @@ def _stages_4_to_6(model, tok, rows, batch, **flags):
     return old, None if hidden is None else hidden[mask], token_adv, loss, grad
 
 
+# Every equality below is "the same computation" in another layout: compared in float64 (conftest.float64_model,
+# which also runs HF's float32 islands in float64) to 1e-10 relative, a bound derived there; float32 rounding
+# differs between CPUs (an earlier 1e-6 bound on float32 failed on another machine through DelTA's σ(Δ/γ)).
+TOL = 1e-10
+
+
 @pytest.mark.parametrize("credit", ["grpo", "delta", "cscr"])
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
-def test_gradient_does_not_depend_on_micro_batch_size(rollout_batch, credit, loss_type):
+def test_gradient_does_not_depend_on_micro_batch_size(rollout_batch, float64_model, credit, loss_type):
     model, tok, rows, batch = rollout_batch
-    grads = [_stages_4_to_6(model, tok, rows, batch, credit=credit, loss_type=loss_type, micro_batch_size=mbs)[-1]
-             for mbs in (1, 2, 0)]
-    assert grads[0].abs().sum() > 0
-    torch.testing.assert_close(grads[0], grads[2], atol=1e-6, rtol=1e-4)
-    torch.testing.assert_close(grads[1], grads[2], atol=1e-6, rtol=1e-4)
+    model = float64_model(model)
+    runs = [_stages_4_to_6(model, tok, rows, batch, credit=credit, loss_type=loss_type, micro_batch_size=mbs)
+            for mbs in (1, 2, 0)]
+    _assert_same_update(runs[2], runs[0])
+    _assert_same_update(runs[2], runs[1])
 
 
-def _assert_same_update(a, b):
-    """Two ``_stages_4_to_6`` results agree to 1e-6 (relative; the loss relative to the advantages' scale)."""
+def _assert_same_update(a, b, tol=TOL):
+    """Two ``_stages_4_to_6`` results agree to ``tol`` (relative; the loss relative to the advantages' scale)."""
     (old0, h0, adv0, loss0, g0), (old1, h1, adv1, loss1, g1) = a, b
-    torch.testing.assert_close(old1, old0, rtol=1e-6, atol=1e-6)
+    assert old0.dtype == adv0.dtype == g0.dtype == torch.float64  # float32 anywhere would void the bound
+    torch.testing.assert_close(old1, old0, rtol=tol, atol=tol)
     if h0 is not None:
-        torch.testing.assert_close(h1, h0, rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(adv1, adv0, rtol=1e-6, atol=1e-6)
-    # the loss is a token-mean of terms of size ~|Â|, positive and negative: 1e-6 relative to that scale
-    assert loss1 == pytest.approx(loss0, rel=1e-6, abs=1e-6 * float(adv0.abs().max())) and g0.abs().sum() > 0
-    assert (g1 - g0).norm() <= 1e-6 * g0.norm() and (g1 - g0).abs().max() <= 1e-6 * g0.abs().max()
+        torch.testing.assert_close(h1, h0, rtol=tol, atol=tol)
+    torch.testing.assert_close(adv1, adv0, rtol=tol, atol=tol)
+    # the loss is a token-mean of terms of size ~|Â|, positive and negative: tol relative to that scale
+    assert loss1 == pytest.approx(loss0, rel=tol, abs=tol * float(adv0.abs().max())) and g0.abs().sum() > 0
+    assert (g1 - g0).norm() <= tol * g0.norm() and (g1 - g0).abs().max() <= tol * g0.abs().max()
 
 
 @pytest.mark.parametrize("credit", ["grpo", "delta", "cscr"])
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
-def test_padding_free_gives_the_padded_loss_and_gradient(rollout_batch, credit, loss_type):
+def test_padding_free_gives_the_padded_loss_and_gradient(rollout_batch, float64_model, credit, loss_type):
     """--padding_free (rows sorted by length, each micro-batch cut to its own longest prompt and response) gives the
-    padded computation's old log-probs, token advantages, loss and gradient to float32 rounding (1e-6 relative)."""
+    padded computation's old log-probs, token advantages, loss and gradient (float64, 1e-10 relative)."""
     model, tok, rows, batch = rollout_batch
+    model = float64_model(model)
     for mbs in (1, 2, 0):
         _assert_same_update(*[_stages_4_to_6(model, tok, rows, batch, credit=credit, loss_type=loss_type,
                                              micro_batch_size=mbs, padding_free=pf, shared_prompt=False)
@@ -128,16 +140,18 @@ def test_padding_free_micro_batches_cover_each_row_once_at_its_own_width(rollout
     assert [j.tolist() for j, _, _ in plain] == [[i, i + 1] for i in range(0, N, 2)]
 
 
-def test_delta_streaming_equals_whole_batch_in_trainer(rollout_batch):
+def test_delta_streaming_equals_whole_batch_in_trainer(rollout_batch, float64_model):
     model, tok, rows, batch = rollout_batch
-    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0] * 2), 4)
+    model = float64_model(model)
+    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0] * 2, dtype=torch.float64), 4)
     out = []
     for impl in ("normal", "memory_efficient"):
         cfg = grpo.GRPOConfig(credit="delta", delta_impl=impl, micro_batch_size=3)
         old, hidden, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, cfg,
                                            need_hidden=True)
         out.append(grpo.Credit(cfg, tok)(model, batch, adv, old, hidden, None)[0])
-    torch.testing.assert_close(out[0], out[1], atol=1e-6, rtol=1e-5)
+    assert out[0].dtype == torch.float64 and not torch.equal(out[0], out[0] != 0)  # not the guard's λ̄ ≡ 1
+    torch.testing.assert_close(out[1], out[0], atol=TOL, rtol=TOL)
 
 
 def _one_step(model, tok, cfg, rows, out_dir, monkeypatch, from_training_forward):
@@ -165,12 +179,15 @@ def _one_step(model, tok, cfg, rows, out_dir, monkeypatch, from_training_forward
 
 
 @pytest.mark.parametrize("credit", ["grpo", "delta", "cscr"])
-def test_theta_old_from_the_training_forward_gives_the_same_update(toy_model_path, tmp_path, monkeypatch, credit):
+def test_theta_old_from_the_training_forward_gives_the_same_update(toy_model_path, tmp_path, monkeypatch, credit,
+                                                                    float64_model):
     """Stage 4's branch (θ_old's log-probs taken from the training forward, which stage 6 then reuses) makes the
-    same AdamW update, token advantages and statistics as the separate no-grad pass."""
+    same AdamW update, token advantages and statistics as the separate no-grad pass. In float64: AdamW's first step
+    is about lr·sign(g), so a float32 gradient entry near 0 could flip and move its weight by 2·lr."""
     import copy
 
     model, tok = policy.load_model_and_tokenizer(toy_model_path)
+    model = float64_model(model)
     rows = toy.make_split("train")[:8]
     cfg = grpo.GRPOConfig(credit=credit, num_prompts_per_step=4, num_generations=4, max_completion_length=48)
     assert grpo.can_update_on_policy(cfg, 16, has_reference=False, model=model)
@@ -180,20 +197,21 @@ def test_theta_old_from_the_training_forward_gives_the_same_update(toy_model_pat
     results = [_one_step(copy.deepcopy(model), tok, cfg, rows, tmp_path / str(fused), monkeypatch, fused)
                for fused in (False, True)]
     (r0, w0, s0), (r1, w1, s1) = results
-    assert r0["grad_norm"] > 0 and r1["grad_norm"] == pytest.approx(r0["grad_norm"], rel=1e-5)
-    assert r1["loss"] == pytest.approx(r0["loss"], abs=1e-6) and r1["reward"] == r0["reward"]
-    torch.testing.assert_close(s1["old_logp"], s0["old_logp"], atol=1e-5, rtol=0)
-    torch.testing.assert_close(s1["token_adv"], s0["token_adv"], atol=1e-5, rtol=1e-5)
-    for p, q in zip(w0, w1):
-        torch.testing.assert_close(q, p, atol=1e-6, rtol=0)
+    assert r0["grad_norm"] > 0 and r1["grad_norm"] == pytest.approx(r0["grad_norm"], rel=TOL)
+    assert r1["loss"] == pytest.approx(r0["loss"], abs=TOL) and r1["reward"] == r0["reward"]
+    torch.testing.assert_close(s1["old_logp"], s0["old_logp"], atol=TOL, rtol=TOL)
+    torch.testing.assert_close(s1["token_adv"], s0["token_adv"], atol=TOL, rtol=TOL)
+    for p, q in zip(w0, w1):  # AdamW's first step: lr·g/(|g| + 1e-8), ≤ lr·TOL apart for g equal to TOL
+        torch.testing.assert_close(q, p, atol=cfg.learning_rate * 1e-6, rtol=0)
 
 
-def test_cscr_with_dropout_scores_l0_in_eval_mode_like_l_pm(toy_model_path, tmp_path, monkeypatch):
+def test_cscr_with_dropout_scores_l0_in_eval_mode_like_l_pm(toy_model_path, tmp_path, monkeypatch, float64_model):
     """With dropout (LoRA's, here 0.5) a training-mode forward is noisy: CSCR's ℓ0 must come from an eval-mode pass
     like its ℓ±, so the branch that takes θ_old from the training forward is off for CSCR (not for GRPO/DelTA)."""
     import copy
 
     model, tok = policy.load_model_and_tokenizer(toy_model_path)
+    model = float64_model(model)
     model = policy.prepare_model(model, grpo.GRPOConfig(use_peft=True, lora_dropout=0.5))
     assert policy.has_dropout(model)
     cscr_cfg = grpo.GRPOConfig(credit="cscr", num_prompts_per_step=4, num_generations=4, max_completion_length=48)
@@ -205,33 +223,29 @@ def test_cscr_with_dropout_scores_l0_in_eval_mode_like_l_pm(toy_model_path, tmp_
     model.eval()
     with torch.no_grad():
         l0 = grpo.token_logprobs(model, b.input_ids, b.attention_mask, b.response_mask)
-    torch.testing.assert_close(seen["old_logp"], l0, atol=1e-6, rtol=0)
+    torch.testing.assert_close(seen["old_logp"], l0, atol=TOL, rtol=TOL)
 
 
 # ------------------------------------------------------------------------------------- --shared_prompt (policy.py)
 @pytest.mark.parametrize("credit", ["grpo", "delta", "cscr"])
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
-def test_shared_prompt_gives_the_unshared_log_probs_and_gradient(rollout_batch, credit, loss_type):
+def test_shared_prompt_gives_the_unshared_log_probs_and_gradient(rollout_batch, float64_model, credit, loss_type):
     """--shared_prompt (each group's prompt run once, its keys and values read by the G responses; the prompt pass's
     gradient sent back once after the micro-batches') gives the full forward's old log-probs, DelTA's h_t, token
-    advantages, loss and gradient, for micro-batch sizes 1, 2 and the whole batch. In float64, so that a wrong
-    position, mask or missing gradient path (differences of order 1) cannot hide in float32 rounding; the bound is
-    1e-6, not 1e-12, because HF's Qwen3 RMSNorm computes in float32 whatever the model's dtype."""
-    import copy
-
+    advantages, loss and gradient, for micro-batch sizes 1, 2 and the whole batch (float64, 1e-10 relative)."""
     model, tok, rows, batch = rollout_batch
-    model = copy.deepcopy(model).double()
+    model = float64_model(model)
     for mbs in (1, 2, 0):
         _assert_same_update(*[_stages_4_to_6(model, tok, rows, batch, credit=credit, loss_type=loss_type,
                                              micro_batch_size=mbs, shared_prompt=shared) for shared in (False, True)])
 
 
-def test_shared_prompt_runs_each_distinct_prompt_once_and_handles_one_token_prompts(toy_model_path):
+def test_shared_prompt_runs_each_distinct_prompt_once_and_handles_one_token_prompts(toy_model_path, float64_model):
     """The prompt pass holds one row per distinct prompt (a group's G rows read the same one); a prompt of one token
     (nothing to cache: its cached columns are all padding) and a batch of one-token prompts (no prompt pass at all)
     give the full forward's log-probs and gradient."""
     model, tok = policy.load_model_and_tokenizer(toy_model_path)
-    model = model.double()
+    model = float64_model(model)
     cfg = grpo.GRPOConfig()
     for prompts in (["Compute 1+2.\n", "", "7", "Compute 12-3+4.\n"], ["", ""]):
         batch = rollout.generate(model, tok, prompts, 3, 12, seed=5)
@@ -250,8 +264,8 @@ def test_shared_prompt_runs_each_distinct_prompt_once_and_handles_one_token_prom
                 s.backward()
             logps.append(lp.detach())
             grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
-        torch.testing.assert_close(logps[1], logps[0], rtol=1e-6, atol=1e-6)
-        assert (grads[1] - grads[0]).norm() <= 1e-6 * grads[0].norm() and grads[0].abs().sum() > 0
+        torch.testing.assert_close(logps[1], logps[0], rtol=TOL, atol=TOL)
+        assert (grads[1] - grads[0]).norm() <= TOL * grads[0].norm() and grads[0].abs().sum() > 0
 
 
 def test_shared_prompt_is_off_where_it_would_not_be_exact(toy_model_path):
@@ -267,14 +281,15 @@ def test_shared_prompt_is_off_where_it_would_not_be_exact(toy_model_path):
     assert make(grpo.GRPOConfig(), lora) is None
 
 
-def test_shared_prompt_on_the_training_forward_gives_the_same_update(toy_model_path, tmp_path, monkeypatch):
+def test_shared_prompt_on_the_training_forward_gives_the_same_update(toy_model_path, tmp_path, monkeypatch,
+                                                                   float64_model):
     """Stage 4's training forward with the shared prompt pass (its backward run by stage 6 after the micro-batches')
     makes the same AdamW update as without it. In float64: AdamW's first step is about lr·sign(g), so float32
     rounding of a gradient entry near 0 would move its weight by up to 2·lr."""
     import copy
 
     model, tok = policy.load_model_and_tokenizer(toy_model_path)
-    model = model.double()
+    model = float64_model(model)
     rows = toy.make_split("train")[:8]
     results = []
     for shared in (False, True):
@@ -282,21 +297,19 @@ def test_shared_prompt_on_the_training_forward_gives_the_same_update(toy_model_p
                               shared_prompt=shared)
         results.append(_one_step(copy.deepcopy(model), tok, cfg, rows, tmp_path / str(shared), monkeypatch, True))
     (r0, w0, s0), (r1, w1, s1) = results
-    assert r0["grad_norm"] > 0 and r1["grad_norm"] == pytest.approx(r0["grad_norm"], rel=1e-5)
-    torch.testing.assert_close(s1["token_adv"], s0["token_adv"], atol=1e-5, rtol=1e-5)
-    for p, q in zip(w0, w1):
-        torch.testing.assert_close(q, p, atol=1e-6, rtol=0)
+    assert r0["grad_norm"] > 0 and r1["grad_norm"] == pytest.approx(r0["grad_norm"], rel=TOL)
+    torch.testing.assert_close(s1["token_adv"], s0["token_adv"], atol=TOL, rtol=TOL)
+    for p, q in zip(w0, w1):  # AdamW's first step: lr·g/(|g| + 1e-8), ≤ lr·TOL apart for g equal to TOL
+        torch.testing.assert_close(q, p, atol=cfg.learning_rate * 1e-6, rtol=0)
 
 
-def test_cscr_scoring_passes_share_each_privileged_prompt(rollout_batch, monkeypatch):
+def test_cscr_scoring_passes_share_each_privileged_prompt(rollout_batch, monkeypatch, float64_model):
     """CSCR's ℓ+ and ℓ− with --shared_prompt (each group's x + c± run once, ``Credit._scoring_logprobs``) equal the
     full forward's, and the prompt pass really ran on the distinct privileged prompts only."""
-    import copy
-
     import cscr
 
     model, tok, rows, batch = rollout_batch
-    model = copy.deepcopy(model).double()
+    model = float64_model(model)
     answers = [r["answer"] for r in rows for _ in range(4)]
     pairs = [cscr.build_condition_prompts(p, reference=a) for p, a in zip(batch.prompts, answers)]
     built, original = [], policy.SharedPrompts
@@ -314,4 +327,5 @@ def test_cscr_scoring_passes_share_each_privileged_prompt(rollout_batch, monkeyp
     assert built == [len(rows), len(rows)]  # x + c+ then x + c−: one row per group, not per response
     for shared, full in zip(out[1], out[0]):
         assert full.abs().sum() > 0
-        torch.testing.assert_close(shared, full, rtol=1e-6, atol=1e-6)
+        assert full.dtype == torch.float64
+        torch.testing.assert_close(shared, full, rtol=TOL, atol=TOL)

@@ -187,6 +187,7 @@ def test_budget_exact_when_every_weight_underflows():
         for i in range(3):
             L = int(m[i].sum())
             expected = A[i] * L * torch.softmax(-30.0 * (lp0 - lp_pos)[i, :L].abs(), 0)
+            # float32 is the point: softmax of inputs |α·s| ≤ 30·41 ≈ 1.2e3 is relatively exact to |x|·2^-24 ≈ 7e-5
             assert torch.allclose(adv[i, :L].double(), expected, rtol=1e-4, atol=1e-6)
             assert abs(adv[i].double().sum().item() - L * A[i].item()) < 1e-4 * L
         assert torch.equal(adv[~m], torch.zeros_like(adv[~m]))
@@ -344,8 +345,9 @@ def naive_logprobs(model, tok, prompt, resp, temperature):
     return torch.tensor([logp[len(p) - 1 + k, r].item() for k, r in enumerate(resp)], dtype=torch.float64)
 
 
-def test_condition_logprobs_matches_naive(tiny):
+def test_condition_logprobs_matches_naive(tiny, float64_model):
     model, tok = tiny
+    model = float64_model(model)  # the same log-probs in another layout: float64, 1e-10 (conftest)
     problems = ["Compute 37+48-12.\n", "Compute 1+2.\n", "What is 7 times 6.\n"]
     resp_text = ["73", "3 is it", "42.\n"]
     resp = [tok(r, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for r in resp_text]
@@ -369,13 +371,14 @@ def test_condition_logprobs_matches_naive(tiny):
     assert lp_pos.shape == (3, T) and len(calls) == 2
     for i in range(3):
         L = len(resp[i])
-        assert torch.allclose(lp_pos[i, :L].double(), naive_logprobs(model, tok, prompts_pos[i], resp[i], temp), atol=2e-5)
-        assert torch.allclose(lp_neg[i, :L].double(), naive_logprobs(model, tok, prompts_neg[i], resp[i], temp), atol=2e-5)
+        assert lp_pos.dtype == torch.float64
+        assert torch.allclose(lp_pos[i, :L], naive_logprobs(model, tok, prompts_pos[i], resp[i], temp), atol=1e-10)
+        assert torch.allclose(lp_neg[i, :L], naive_logprobs(model, tok, prompts_neg[i], resp[i], temp), atol=1e-10)
         assert torch.equal(lp_pos[i, L:], torch.zeros(T - L)) and torch.equal(lp_neg[i, L:], torch.zeros(T - L))
     assert not torch.allclose(lp_pos, lp_neg)  # the verdict changes the log-probs
     # micro-batching gives the same result
     lp_pos1, lp_neg1 = cscr.condition_logprobs(model, tok, prompts_pos, prompts_neg, resp_ids, mask, temperature=temp, micro_batch_size=1)
-    assert torch.allclose(lp_pos1, lp_pos, atol=1e-5) and torch.allclose(lp_neg1, lp_neg, atol=1e-5)
+    assert torch.allclose(lp_pos1, lp_pos, atol=1e-10) and torch.allclose(lp_neg1, lp_neg, atol=1e-10)
 
     # with advantages, only the rows with A != 0 are scored (one pass over them), the others stay 0
     calls.clear()
@@ -384,7 +387,7 @@ def test_condition_logprobs_matches_naive(tiny):
     assert [shape[0] for shape in calls] == [2, 2]
     assert torch.equal(lp_pos2[1], torch.zeros(T)) and torch.equal(lp_neg2[1], torch.zeros(T))
     for i, (p, q) in enumerate([(lp_pos2, lp_pos), (lp_neg2, lp_neg)]):
-        torch.testing.assert_close(p[[0, 2]], q[[0, 2]], atol=1e-5, rtol=0)
+        torch.testing.assert_close(p[[0, 2]], q[[0, 2]], atol=1e-10, rtol=0)
 
     # the comparison is sensitive to the padding: attending to the left pad tokens changes the padded rows.
     # (Dropping only the position ids does not: RoPE scores depend on position differences, so a uniform
@@ -475,10 +478,11 @@ def usage_example():
     return textwrap.dedent("\n".join(lines))
 
 
-def test_header_usage_example_runs(toy_tiny):
+def test_header_usage_example_runs(toy_tiny, float64_model):
     import rollout
 
     model, tokenizer = toy_tiny
+    model = float64_model(model)  # the passes are compared with unpadded ones: float64, 1e-10 (conftest)
     code = usage_example()
     assert "cscr.condition_logprobs" in code and "cscr.cscr_token_advantages" in code
     batch = rollout.generate(model, tokenizer, ["Compute 7+5-3.\n", "Compute 12+30.\n"], num_generations=2,
@@ -486,18 +490,18 @@ def test_header_usage_example_runs(toy_tiny):
     m = batch.response_mask.bool()
     # the trainer's plain old-log-prob pass over the rollout's own rows
     lp0 = cscr.default_logprob_fn(model, batch.input_ids, batch.attention_mask, batch.response_mask, 1.0)
-    advantages = torch.tensor([1.0, -1.0, 0.5, 0.0])
+    advantages = torch.tensor([1.0, -1.0, 0.5, 0.0], dtype=torch.float64)
     ns = {"model": model, "tokenizer": tokenizer, "prompts": batch.prompts, "response_ids": batch.response_ids,
           "response_mask": batch.response_mask, "lp0": lp0, "advantages": advantages}
     exec(code, ns)
     token_adv = ns["token_adv"]
     L = m.sum(1)
     assert token_adv.shape == m.shape
-    assert torch.allclose(token_adv.sum(1).double(), (L * advantages).double(), atol=1e-5)  # budget kept
+    assert torch.allclose(token_adv.sum(1), L * advantages, atol=1e-12)  # budget kept
     assert torch.equal(torch.sign(token_adv)[m], torch.sign(advantages)[:, None].expand_as(m)[m])  # sign kept
     for i in range(len(batch.prompts)):  # each pass against an unpadded reference, tokenised as the rollout was
         n, resp = int(L[i]), batch.response_ids[i, : int(L[i])].tolist()
         p_pos, p_neg = cscr.build_condition_prompts(batch.prompts[i])
-        assert torch.allclose(lp0[i, :n].double(), naive_logprobs(model, tokenizer, batch.prompts[i], resp, 1.0), atol=2e-5)
-        assert torch.allclose(ns["lp_pos"][i, :n].double(), naive_logprobs(model, tokenizer, p_pos, resp, 1.0), atol=2e-5)
-        assert torch.allclose(ns["lp_neg"][i, :n].double(), naive_logprobs(model, tokenizer, p_neg, resp, 1.0), atol=2e-5)
+        assert torch.allclose(lp0[i, :n], naive_logprobs(model, tokenizer, batch.prompts[i], resp, 1.0), atol=1e-10)
+        assert torch.allclose(ns["lp_pos"][i, :n], naive_logprobs(model, tokenizer, p_pos, resp, 1.0), atol=1e-10)
+        assert torch.allclose(ns["lp_neg"][i, :n], naive_logprobs(model, tokenizer, p_neg, resp, 1.0), atol=1e-10)

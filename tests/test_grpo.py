@@ -141,8 +141,9 @@ def _naive_logprobs(model, ids_list, resp_len, temperature):
     return out
 
 
-def test_token_logprobs_left_padding_matches_naive(tiny):
+def test_token_logprobs_left_padding_matches_naive(tiny, float64_model):
     model, tok = tiny
+    model = float64_model(model)  # the same log-probs in another layout: float64, 1e-10 (conftest)
     prompts = ["Compute 3+4.\n", "Compute 12+7-5.\n"]
     responses = ["3+4=7. \\boxed{7}", "12+7=19."]
     p_ids = [tok(p)["input_ids"] for p in prompts]
@@ -158,11 +159,11 @@ def test_token_logprobs_left_padding_matches_naive(tiny):
         lp, hidden = grpo.token_logprobs(model, input_ids, attn, mask, temperature=0.7, return_hidden=True)
         for i, (p, r) in enumerate(zip(p_ids, r_ids)):
             naive = _naive_logprobs(model, [p + r], len(r), 0.7)[0]
-            torch.testing.assert_close(lp[i, :len(r)], naive, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(lp[i, :len(r)], naive, atol=1e-10, rtol=1e-10)
             assert torch.all(lp[i, len(r):] == 0)
             # hidden = input of lm_head at the positions predicting the response tokens
             hs = model(input_ids=torch.tensor([p + r]), output_hidden_states=True).hidden_states[-1][0]
-            torch.testing.assert_close(hidden[i, :len(r)], hs[len(p) - 1:len(p) + len(r) - 1], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(hidden[i, :len(r)], hs[len(p) - 1:len(p) + len(r) - 1], atol=1e-10, rtol=1e-10)
 
 
 def test_response_mask_includes_eos_when_pad_equals_eos():

@@ -58,7 +58,7 @@ def _train_lora(tiny_model_path, batch, steps=2, **kw):
 
 
 # ------------------------------------------------------------------------------------------------ loading flags
-def test_loading_flags_dtype_attention_and_reference_on_cpu(tiny_model_path, fixed_batch):
+def test_loading_flags_dtype_attention_and_reference_on_cpu(tiny_model_path, fixed_batch, float64_model):
     m32, _ = _load(tiny_model_path)  # auto on the CPU: float32
     assert next(m32.parameters()).dtype == torch.float32
     m16, _ = _load(tiny_model_path, dtype="bfloat16")
@@ -67,7 +67,9 @@ def test_loading_flags_dtype_attention_and_reference_on_cpu(tiny_model_path, fix
     assert eager.config._attn_implementation == "eager"
     sdpa, _ = _load(tiny_model_path, attn_implementation="sdpa")
     assert sdpa.config._attn_implementation == "sdpa"
-    torch.testing.assert_close(_logp(eager, fixed_batch), _logp(sdpa, fixed_batch), atol=1e-5, rtol=1e-5)
+    # two kernels of the same attention: float64, 1e-10 (conftest)
+    torch.testing.assert_close(_logp(float64_model(eager), fixed_batch), _logp(float64_model(sdpa), fixed_batch),
+                               atol=1e-10, rtol=1e-10)
     with pytest.raises(ValueError, match="attn_implementation"):  # no flash-attn package / no GPU here
         _load(tiny_model_path, attn_implementation="flash_attention_2")
     with pytest.raises(ValueError, match="torch_dtype"):
@@ -108,18 +110,19 @@ def test_bf16_lora_run_on_cpu_end_to_end(tiny_model_path, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ LoRA
-def test_peft_wrapper_keeps_hidden_hook_and_logits_to_keep(tiny_model_path, fixed_batch):
+def test_peft_wrapper_keeps_hidden_hook_and_logits_to_keep(tiny_model_path, fixed_batch, float64_model):
     plain, _ = _load(tiny_model_path)
+    plain = float64_model(plain)  # the same function through peft's wrapper: float64, 1e-10 (conftest)
     lp0, h0 = grpo.token_logprobs(plain.eval(), fixed_batch.input_ids, fixed_batch.attention_mask,
                                   fixed_batch.response_mask, return_hidden=True)
     model, _ = _load(tiny_model_path)
-    peft_model = policy.prepare_model(model, grpo.GRPOConfig(use_peft=True)).eval()
+    peft_model = policy.prepare_model(float64_model(model), grpo.GRPOConfig(use_peft=True)).eval()
     with torch.no_grad():  # a fresh adapter (B = 0) is the identity: same log-probs, same LM-head inputs
         lp1, h1 = grpo.token_logprobs(peft_model, fixed_batch.input_ids, fixed_batch.attention_mask,
                                       fixed_batch.response_mask, return_hidden=True)
         out = peft_model(input_ids=fixed_batch.input_ids, attention_mask=fixed_batch.attention_mask, logits_to_keep=5)
-    torch.testing.assert_close(lp1, lp0.detach(), atol=1e-6, rtol=0)
-    torch.testing.assert_close(h1, h0, atol=1e-6, rtol=0)
+    torch.testing.assert_close(lp1, lp0.detach(), atol=1e-10, rtol=0)
+    torch.testing.assert_close(h1, h0, atol=1e-10, rtol=0)
     assert out.logits.shape[1] == 5  # logits_to_keep reaches the base model through the PeftModel
     names = [n for n, p in peft_model.named_parameters() if p.requires_grad]
     for target in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
@@ -127,7 +130,8 @@ def test_peft_wrapper_keeps_hidden_hook_and_logits_to_keep(tiny_model_path, fixe
     assert all("lora_" in n for n in names)
 
 
-def test_lora_step_changes_only_adapters_and_saved_adapter_reloads(tiny_model_path, fixed_batch, tmp_path):
+def test_lora_step_changes_only_adapters_and_saved_adapter_reloads(tiny_model_path, fixed_batch, tmp_path,
+                                                                   float64_model):
     from peft import PeftModel
 
     model, tok, cfg, before = _train_lora(tiny_model_path, fixed_batch)
@@ -143,20 +147,22 @@ def test_lora_step_changes_only_adapters_and_saved_adapter_reloads(tiny_model_pa
     assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
     base, _ = _load(tiny_model_path)
     loaded = PeftModel.from_pretrained(base, tmp_path / "adapter")
-    trained = _logp(model, fixed_batch)
-    torch.testing.assert_close(_logp(loaded, fixed_batch), trained, atol=1e-6, rtol=0)
+    trained = _logp(model, fixed_batch)  # the same weights: float64 copies agree to 1e-10 (conftest)
+    torch.testing.assert_close(_logp(float64_model(loaded), fixed_batch), _logp(float64_model(model), fixed_batch),
+                               atol=1e-10, rtol=0)
     plain, _ = _load(tiny_model_path)
     assert (trained - _logp(plain, fixed_batch)).abs().max() > 1e-3  # the adapter does change the policy
 
 
-def test_lora_reference_is_the_adapter_disabled_model(tiny_model_path, fixed_batch):
+def test_lora_reference_is_the_adapter_disabled_model(tiny_model_path, fixed_batch, float64_model):
     model, _, cfg, _ = _train_lora(tiny_model_path, fixed_batch, beta=0.1)
+    model = float64_model(model)  # its reference against the plain model: float64, 1e-10 (conftest)
     ref = policy.reference_model(model, cfg)
     assert isinstance(ref, policy.AdapterDisabledReference) and ref.model is model  # no second copy
     b = fixed_batch
     old, _, ref_lp = grpo.old_logprobs(model, b.input_ids, b.attention_mask, b.response_mask, cfg, ref_model=ref)
     plain, _ = _load(tiny_model_path)
-    torch.testing.assert_close(ref_lp, _logp(plain, b), atol=1e-6, rtol=0)  # = the original model
+    torch.testing.assert_close(ref_lp, _logp(float64_model(plain), b), atol=1e-10, rtol=0)  # = the original model
     assert (old - ref_lp).abs().max() > 1e-3
     torch.testing.assert_close(_logp(model, b), old, atol=0, rtol=0)  # the adapter is back on afterwards
     # and the k3 term is live: a zero-advantage update with beta > 0 moves the adapters back toward the reference
@@ -165,7 +171,7 @@ def test_lora_reference_is_the_adapter_disabled_model(tiny_model_path, fixed_bat
 
 
 @pytest.mark.parametrize("use_peft", [True, False])
-def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_path, fixed_batch, use_peft):
+def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_path, fixed_batch, use_peft, float64_model):
     b = fixed_batch
     N = b.input_ids.shape[0]
     adv = grpo.group_advantages(REWARDS, 4)
@@ -173,6 +179,7 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_path, fixed_b
     for gc in (False, True):
         torch.manual_seed(0)  # same LoRA initialisation and same dropout masks in both runs
         model, _ = _load(tiny_model_path)
+        model = float64_model(model)  # recomputation is the same computation: float64, 1e-10 (conftest)
         cfg = grpo.GRPOConfig(use_peft=use_peft, gradient_checkpointing=gc, micro_batch_size=3,
                               shared_prompt=False)  # counts the 3 micro-batches' forwards, no prompt pass
         model = policy.prepare_model(model, cfg)
@@ -202,7 +209,7 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_path, fixed_b
         assert grads[0] and all("lora_" in n for n in grads[0])
         assert all(grads[1][n].abs().sum() > 0 for n in grads[1])  # A and B of every adapter get a gradient
     for n in grads[0]:
-        torch.testing.assert_close(grads[1][n], grads[0][n], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(grads[1][n], grads[0][n], atol=1e-10, rtol=1e-10)
 
 
 # ------------------------------------------------------------------------------------------------ checkpoints
