@@ -32,14 +32,24 @@ Inferred or different from the official code (spec §2.4, §6)
 3. Precision: per-token maths in float32 (float64 for float64 v); moments for γ, N, Z and all streaming sums
    in float64 (the code accumulates in v's dtype). 1 − p is computed as −expm1(log p).
 4. Distances: whole batch ‖v − μ‖² (official "Normal"); streaming ‖v‖² − 2v·μ + ‖μ‖² clamped at 0
-   ("Memory_efficient"), which keeps one float per token, never v, over K + 3 passes (2 for K = 0), as many
-   as the official Normal path; fewer is impossible, since α⁽⁰⁾ needs γ⁽⁰⁾, a global statistic at μ⁽⁰⁾.
+   ("Memory_efficient"), which reads the LM-head inputs h of one micro-batch at a time (from a callable that
+   re-runs the forward pass) and keeps a few floats per token, never h or v, over K + 3 passes (2 for K = 0):
+   pass 1 is θ_old's pass itself in the official code, so K + 2 extra forwards as there; fewer is impossible,
+   since α⁽⁰⁾ needs γ⁽⁰⁾, a global statistic at μ⁽⁰⁾, and μ⁽ᴷ⁾ is known only after the last refinement pass.
 5. Temperature T ≠ 1: the proxy omits the 1/T of the exact gradient, like the code (λ̄ is scale-invariant in v).
 Left out on purpose: the forward pass and the PPO loss (the caller's, see the example); the paper's top-K
 hidden-gradient proxy (better in its ablation, but not the default and not in the code); the release's dead
 code (diagonal "LDA" variance overwritten by ones, ``pred`` / top-20% mask, ``calculate_rhoed_adv``).
 Read next: spec §2.3 (steps), §2.5 (streaming), §6 (edge cases), §7 (worked example: tests/test_delta.py);
 grpo.py ``Credit._delta`` (use in a trainer).
+
+Streamed (``delta_coefficients_streaming``), for a batch whose h does not fit in memory (spec §2.5): the same λ̄
+from a callable that re-runs the no-grad, eval-mode forward over your micro-batches and yields (h [b, T, H],
+log p [b, T], mask [b, T], Â [b]) (grpo.py ``Credit._delta`` feeds it from the trainer's micro-batches):
+    def micro_batches():  # called K + 3 times (2 for K = 0); the same rows in the same order every time
+        for ids, att, mask, adv, logp in my_micro_batches:  # logp: the stored old log-probs of these rows
+            yield lm_head_inputs(model, ids, att), logp, mask, adv
+    lam_bars = delta.delta_coefficients_streaming(micro_batches)  # one λ̄ [b, T_j] per micro-batch, in order
 
 Example (any HF causal LM; tests/test_delta.py runs it on a tiny random Qwen3):
     import torch, delta
@@ -54,6 +64,7 @@ Example (any HF causal LM; tests/test_delta.py runs it on a tiny random Qwen3):
     v = delta.proxy_vectors(h, logp, response_mask)  # App. F: v = (1 − p(y_t))·h_t
     lam_bar = delta.delta_coefficients(v, advantages, response_mask)  # λ̄ [B, T], mean 1 over valid tokens
     adv_tok = delta.delta_token_advantages(advantages, lam_bar, response_mask)  # Ã = Â·λ̄ -> your PPO loss
+
 """
 
 from __future__ import annotations
@@ -186,21 +197,27 @@ def delta_coefficients(v: Tensor, advantages: Tensor, response_mask: Tensor, K: 
         return lam_bar, _batch_stats(lam_bar, pos, neg, mask, float(scale), (mu_pos, mu_neg), (gamma_pos, gamma_neg))
 
 
-Chunk = Tuple[Tensor, Tensor, Tensor]
+Chunk = Tuple[Tensor, Tensor, Tensor, Tensor]  # hidden [b, T, H], token_logprobs [b, T], response_mask [b, T], Â [b]
 Chunks = Union[Sequence[Chunk], Callable[[], Iterable[Chunk]]]
 
 
 def delta_coefficients_streaming(chunks: Chunks, K: int = 1, lam_min: float = 0.8, lam_max: float = 1.2,
                                  eps: float = 1e-8, reduce_fn: Optional[Callable[[Tensor], Optional[Tensor]]] = None,
                                  return_stats: bool = False) -> Union[list, Tuple[list, dict]]:
-    """DelTA λ̄ from micro-batches, keeping only sufficient statistics (spec §2.5).
+    """DelTA λ̄ from micro-batches of LM-head inputs, keeping only sufficient statistics (spec §2.5): memory that
+    does not grow with the rollout batch.
 
-    The λ̄ of ``delta_coefficients`` on the concatenated chunks (to rounding), holding one chunk's v at a time
-    and otherwise float64 sums and one float per token. Passes over ``chunks``: 2 for K = 0, K + 3 for K >= 1.
+    The λ̄ of ``delta_coefficients(proxy_vectors(h, log p, mask), Â, mask)`` on the concatenated chunks (to
+    rounding), holding one chunk's h and v at a time and otherwise float64 sums ([H] vectors) and per token Â's
+    side, the margin and λ: at the papers' 2,048 responses × 4,096 tokens about 0.1 GB, where the batch's h in
+    float32 is 137 GB (H = 4,096). Passes over ``chunks``: 2 for K = 0, K + 3 for K >= 1 (each a forward pass
+    when the callable recomputes h; a trainer that keeps θ_old's pass as pass 1 runs K + 2 extra).
     Args:
-        chunks: list/tuple of micro-batches ``(v [b, T, H], advantages [b], response_mask [b, T])``, or a
-            zero-arg callable returning a fresh iterable of them (v recomputed by forward passes). Every pass
-            must yield the same chunks in the same order (T may differ between chunks); no one-shot iterator.
+        chunks: a zero-arg callable returning a fresh iterable of micro-batches ``(hidden [b, T, H],
+            token_logprobs [b, T], response_mask [b, T], advantages [b])`` (as ``proxy_vectors`` and
+            ``delta_coefficients`` take them), e.g. one that re-runs θ_old's no-grad, eval-mode forward pass; or a
+            list/tuple of them. Every pass must yield the same rows in the same order (T may differ between
+            chunks; h may differ by rounding, not more); no one-shot iterator.
         K, lam_min, lam_max, eps, return_stats: as in ``delta_coefficients``; with ``reduce_fn`` the stats
             are global except ``lam_*_min`` / ``lam_*_max`` (this process's tokens).
         reduce_fn: optional, applied to each pass's statistics (one flat float64 tensor) before use, e.g.
@@ -213,7 +230,8 @@ def delta_coefficients_streaming(chunks: Chunks, K: int = 1, lam_min: float = 0.
     lam_min, lam_max = _check_hparams(K, lam_min, lam_max, eps)
     data = _Passes(chunks, reduce_fn)
     with torch.no_grad():
-        # Pass 1 (step 0): Σ|Â|·v and Σ|Â| (the masses M±) per side, token counts; Â and masks are kept.
+        # Pass 1 (step 0): Σ|Â|·v and Σ|Â| (the masses M±) per side, token counts; Â and masks are kept
+        # (per token, bool and float: 2,048 × 4,096 tokens at the papers' scale, 8.4 M × 11 B = 0.09 GB).
         s = data.total(_centroid_sums(c, v) for c, v in data.first())
         n_pos, n_neg, n_valid = s["n_pos"], s["n_neg"], s["n_valid"]
         counts = (float(n_pos), float(n_neg), float(n_valid - n_pos - n_neg))
@@ -223,7 +241,8 @@ def delta_coefficients_streaming(chunks: Chunks, K: int = 1, lam_min: float = 0.
             sums = (counts[0], counts[0], counts[1], counts[1])  # Σλ̄ = Σλ̄² = n per side
             return (lam_bar, _stats(sums, lam_bar, sides, counts, 1.0)) if return_stats else lam_bar
         mu_pos, mu_neg = _centroids(s, eps, data.dtype)
-        # Pass 2 (steps 1–2): margins Δ⁺⁽⁰⁾ at μ⁽⁰⁾ (kept; Δ⁻ = −Δ⁺) and γ⁽⁰⁾ from their moments.
+        # Pass 2 (steps 1–2): margins Δ⁺⁽⁰⁾ at μ⁽⁰⁾ (kept, one float per token: 8.4 M × 4 B = 34 MB at the
+        # papers' scale; Δ⁻ = −Δ⁺) and γ⁽⁰⁾ from their moments.
         margin = [_margin(v, mu_pos, mu_neg) for _, _, v in data.again("pass 2: gamma(0)")]
         s = data.total(_moments(c, "margin", m, -m) for c, m in zip(data.kept, margin))
         gamma_pos, gamma_neg = _temperatures(s, n_pos, n_neg, eps)
@@ -320,28 +339,34 @@ class _Passes:
         self.read = chunks if callable(chunks) else (lambda: chunks)
         self.reduce_fn, self.kept = reduce_fn, []
 
+    def _proxies(self, j: int, ch, where: str):  # (v, Â, float mask) of chunk j: App. F's v = (1 − p)·h
+        if not (isinstance(ch, (tuple, list)) and len(ch) == 4):
+            raise ValueError(f"chunks[{j}] must be a (hidden, token_logprobs, response_mask, advantages) tuple")
+        hidden, logp, mask, adv = ch
+        if j == 0 and not self.kept:
+            if not isinstance(hidden, Tensor) or hidden.dim() != 3:
+                raise ValueError("chunks[0][0] (hidden) must be a [b, T, H] tensor")
+            self.dtype, self.H = _work_dtype(hidden, logp), hidden.shape[-1]
+        _check_shapes(hidden, "hidden", 3, adv, logp, "token_logprobs", mask, where, " of sequence advantages")
+        if hidden.shape[-1] != self.H:
+            raise ValueError(f"hidden{where} has hidden size {hidden.shape[-1]}, expected {self.H}")
+        return _prepare(proxy_vectors(hidden, logp, mask), adv, mask, dtype=self.dtype, where=where)
+
     def first(self):  # yields (_Chunk, v)
         for j, ch in enumerate(self.read()):
-            if not (isinstance(ch, (tuple, list)) and len(ch) == 3):
-                raise ValueError(f"chunks[{j}] must be a (v, advantages, response_mask) tuple")
-            if j == 0:
-                if not isinstance(ch[0], Tensor) or ch[0].dim() != 3:
-                    raise ValueError("chunks[0][0] (v) must be a [b, T, H] tensor")
-                self.dtype, self.H = _work_dtype(ch[0]), ch[0].shape[-1]
-            v, adv, m = _prepare(*ch, dtype=self.dtype, where=f" in chunks[{j}]")
-            if v.shape[-1] != self.H:
-                raise ValueError(f"v in chunks[{j}] has hidden size {v.shape[-1]}, expected {self.H}")
+            v, adv, m = self._proxies(j, ch, f" in chunks[{j}]")
             self.kept.append(_Chunk(adv, m, (adv > 0)[:, None] & (m > 0), (adv < 0)[:, None] & (m > 0)))
             yield self.kept[-1], v
         if not self.kept:
-            raise ValueError("chunks is empty: need at least one (v, advantages, response_mask) micro-batch")
+            raise ValueError("chunks is empty: need at least one (hidden, token_logprobs, response_mask, advantages) "
+                             "micro-batch")
 
     def again(self, name: str):  # yields (j, _Chunk, v)
         j, n = -1, len(self.kept)
         for j, ch in enumerate(self.read()):
             if j >= n:
                 break
-            v, adv, m = _prepare(*ch, dtype=self.dtype, where=f" in chunks[{j}] ({name})")
+            v, adv, m = self._proxies(j, ch, f" in chunks[{j}] ({name})")
             c = self.kept[j]
             if v.shape[-1] != self.H or not torch.equal(adv, c.adv) or not torch.equal(m, c.mask):
                 raise ValueError(f"chunks[{j}] changed between passes ({name}): advantages, "

@@ -80,7 +80,8 @@ class GRPOConfig:
     delta_k: int = _f(1, "DelTA refinement iterations K")
     delta_lam_min: float = _f(0.8, "DelTA λ_min")
     delta_lam_max: float = _f(1.2, "DelTA λ_max")
-    delta_impl: str = _f("normal", "DelTA statistics at once (normal) or streamed per micro-batch",
+    delta_impl: str = _f("normal", "DelTA: keep the batch's h (normal) or stream micro-batches, recomputing h in "
+                                   "K + 3 passes (memory_efficient; memory independent of the batch)",
                          ["normal", "memory_efficient"])
     delta_scope: str = _f("global", "torchrun: DelTA's statistics summed over processes (global) or per process "
                                     "as in DelTA's code (local)", ["global", "local"])
@@ -109,6 +110,8 @@ class GRPOConfig:
     micro_batch_size: int = _f(0, "rows per forward/backward (0 = whole mini-batch); gradients are identical")
     padding_free: bool = _f(True, "micro-batches of similar length, each cut to its own longest row (same loss)")
     shared_prompt: bool = _f(True, "run each group's prompt once, its keys/values read by its G responses (same loss)")
+    fuse_old_logprobs: bool = _f(True, "one update per batch: θ_old's log-probs from the training forward (one forward "
+                                       "fewer, same update)")
     epsilon: float = _f(0.2, "lower clip ε_low: ratio ≥ 1−ε for negative advantages")
     epsilon_high: float = _f(0.28, "upper clip ε_high: ratio ≤ 1+ε_high for positive advantages (DAPO)")
     dual_clip: float | None = _f(None, "dual-clip constant c for negative advantages (e.g. 10)")
@@ -283,45 +286,6 @@ def policy_loss(logp, old_logp, advantages, response_mask, epsilon=0.2, epsilon_
     return loss, stats
 
 
-def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=1.0, return_hidden=False,
-                   shared=None):
-    """log π(y_t | x, y_<t) (nats) of the response tokens under logits / temperature: ``[B, T]``, 0 on padding.
-
-    ``input_ids``/``attention_mask`` ``[B, P + T]``: left-padded prompt, right-padded response in the last T
-    positions; position ids count real tokens only, so padding changes nothing. Only the T + 1 last positions are
-    projected to the vocabulary, and log p(y) = z_y − logsumexp(z) row by row in float32 (float64 for a float64
-    model; no [B, T, V] softmax).
-    ``return_hidden``: also the LM head's input ``[B, T, H]`` at the positions that predict the response tokens
-    (a forward pre-hook, detached), which DelTA's proxy needs (App. F): from the same forward, at no extra cost.
-    ``shared``: ``(policy.SharedPrompts, the rows' indices)``: the prompts already ran once per group (same result).
-    """
-    T, captured, handle = response_mask.shape[1], {}, None
-    if return_hidden:
-        head = model.get_output_embeddings()
-        handle = head.register_forward_pre_hook(lambda mod, args: captured.__setitem__("h", args[0].detach()))
-    try:
-        if shared is None:  # left padding shifts every prompt: positions count real tokens only, as generate() does
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-            out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        logits_to_keep=T + 1, use_cache=False)
-        else:  # --shared_prompt: all but the last prompt token are cached; run the last T + 1 positions only
-            out = shared[0].forward(model, shared[1], input_ids[:, -(T + 1):], attention_mask[:, -(T + 1):])
-    finally:
-        if handle is not None:
-            handle.remove()
-    logits = out.logits[:, -(T + 1):-1]  # position p predicts token p+1: [B, T, V]
-    targets = input_ids[:, -T:]
-    rows = []
-    for i in range(logits.shape[0]):  # one row at a time keeps the float32 copy small (V can be 152k)
-        z = logits[i].to(torch.promote_types(logits.dtype, torch.float32)) / temperature
-        rows.append(z.gather(-1, targets[i, :, None]).squeeze(-1) - torch.logsumexp(z, -1))
-    logp = torch.stack(rows)
-    logp = logp * response_mask.to(logp.dtype)
-    if return_hidden:
-        return logp, captured["h"][:, -(T + 1):-1]
-    return logp
-
-
 # --- Credit assignment: sequence advantages Â_i -> token advantages Â_{i,t} (the --credit hook) ---------------
 class Credit:
     """Sequence advantages ``[N]`` -> token advantages ``[N, T]``, once per rollout batch, without gradient, from
@@ -332,8 +296,8 @@ class Credit:
         self.cfg, self.tokenizer, self.last_weights = cfg, tokenizer, None
         self.cscr_threshold, self.cscr_calibrated = cfg.cscr_threshold, False
 
-    def needs_hidden(self) -> bool:
-        return self.cfg.credit == "delta"
+    def needs_hidden(self) -> bool:  # stage 4 keeps the batch's h_t (else DelTA's memory_efficient recomputes them)
+        return self.cfg.credit == "delta" and self.cfg.delta_impl == "normal"
 
     @torch.no_grad()
     def __call__(self, model, batch: rollout.Rollout, adv, old_logp, hidden, answers):
@@ -343,28 +307,40 @@ class Credit:
         if self.cfg.credit == "grpo":
             return adv[:, None] * mask, {}  # GRPO: every token of o_i gets Â_i
         if self.cfg.credit == "delta":
-            return self._delta(adv, old_logp, hidden, mask)
+            return self._delta(model, batch, adv, old_logp, hidden)
         return self._cscr(model, batch, adv, old_logp, answers)
 
-    def _delta(self, adv, old_logp, hidden, mask):
+    def _delta(self, model, batch, adv, old_logp, hidden):
         import delta
 
-        c = self.cfg
+        c, mask = self.cfg, batch.response_mask
         kw = dict(K=c.delta_k, lam_min=c.delta_lam_min, lam_max=c.delta_lam_max, return_stats=True)
         pooled = distributed.is_distributed() and c.delta_scope == "global"
-        if c.delta_impl == "normal" and not pooled:
+        if hidden is not None and not pooled:  # --delta_impl normal: stage 4 kept the batch's h_t [N, T, H]
             v = delta.proxy_vectors(hidden, old_logp, mask)  # DelTA App. F: v = (1 − p(y_t))·h_t
             lam_bar, stats = delta.delta_coefficients(v, adv, mask, **kw)
         else:
-            # Streamed sufficient statistics (DelTA spec §2.5), one chunk per micro-batch (memory_efficient) or
-            # one chunk in all. Every statistic is a sum or a count, so with --delta_scope global summing them over
-            # processes gives the λ̄ of the whole batch, whatever the number of processes.
-            size = c.micro_batch_size if c.delta_impl == "memory_efficient" else 0
-            chunks = [(delta.proxy_vectors(hidden[s], old_logp[s], mask[s]), adv[s], mask[s])
-                      for s in torch.arange(len(adv)).split(size or len(adv))]
+            # Streamed sufficient statistics (spec §2.5): every statistic is a sum or a count, so with --delta_scope
+            # global summing them over processes gives the whole batch's λ̄. memory_efficient: K + 3 passes, each
+            # re-running θ_old's no-grad, eval-mode forward for h, one micro-batch at a time (θ_old's log-probs are
+            # stage 4's); normal under torchrun: its kept h as one micro-batch.
+            if hidden is not None:
+                layout, micro_batches = [(slice(None), mask.shape[1])], [(hidden, old_logp, mask, adv)]
+            else:
+                device = next(model.parameters()).device
+                passes = policy.Passes(model, batch.input_ids.to(device), batch.attention_mask.to(device), mask,
+                                       torch.arange(len(adv)), c, grad=False, hidden=True)
+                layout = [(rows, t) for rows, _, t in passes.layout()]
+
+                def micro_batches():  # one pass: (h [b, t, H], log p [b, t], mask [b, t], Â [b]) of each, in order
+                    for mb in passes:
+                        yield mb.hidden, old_logp[mb.rows, :mb.t], mask[mb.rows, :mb.t], adv[mb.rows]
+
             parts, stats = delta.delta_coefficients_streaming(
-                chunks, reduce_fn=distributed.all_reduce_sum if pooled else None, **kw)
-            lam_bar = torch.cat(parts)
+                micro_batches, reduce_fn=distributed.all_reduce_sum if pooled else None, **kw)
+            lam_bar = torch.zeros(mask.shape, dtype=parts[0].dtype)
+            for (rows, t), part in zip(layout, parts):
+                lam_bar[rows, :t] = part.cpu()
             stats = distributed.pool_min_max(stats) if pooled else stats  # extremes are per process: pool them
         self.last_weights = lam_bar
         return delta.delta_token_advantages(adv, lam_bar, mask), stats  # Ã = Â·λ̄ (spec §2.3 step 7)
@@ -398,9 +374,10 @@ class Credit:
     def _scoring_logprobs(self, model, input_ids, attention_mask, response_mask, temperature):
         """CSCR's scoring passes: ``token_logprobs``, each distinct privileged prompt run once (--shared_prompt)."""
         rows = torch.arange(len(input_ids))
-        shared = policy.shared_prompts(self.cfg, model, input_ids, attention_mask, rows, response_mask.shape[1])
-        return token_logprobs(model, input_ids, attention_mask, response_mask, temperature,
-                              shared=(shared, rows) if shared else None)
+        shared = policy.SharedPrompts(model, input_ids, attention_mask, rows, response_mask.shape[1]) \
+            if self.cfg.shared_prompt else None
+        return policy.token_logprobs(model, input_ids, attention_mask, response_mask, temperature,
+                                     shared=(shared, rows) if shared else None)
 
 
 # --- One step: rollout -> verify -> advantages -> θ_old -> credit -> update -> log ----------------------------
@@ -409,6 +386,7 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
     """One step: the seven stages of the module header; returns its metrics record. ``llm``: the vLLM engine of
     ``--use_vllm`` (None: HF ``generate``). Under torchrun each process runs it on its own whole groups."""
     t0 = time.time()
+    policy.reset_peak_memory()  # this step's peak host RSS (and GPU memory) go to metrics.jsonl
     G, rank, world = cfg.num_generations, distributed.rank(), distributed.world_size()
     # 1. rollout: G responses per prompt; every process takes its own whole groups of the same prompt order
     per_rank = cfg.num_prompts_per_step // world
@@ -430,23 +408,24 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
         mask = mask * torch.tensor([r == "stop" for r in batch.finish_reasons], dtype=mask.dtype)[:, None]
         batch.response_mask = mask
     input_ids, attn = (x.to(next(model.parameters()).device) for x in (batch.input_ids, batch.attention_mask))
-    # 4. θ_old's log-probs, no grad (and the LM-head inputs h_t DelTA needs, from the same forward). For one update
-    #    at θ_old = θ, they come from the training forward itself, whose graphs stage 6 reuses (one forward fewer)
-    graphs = [] if can_update_on_policy(cfg, len(adv), ref_model is not None, model) else None
-    old_logp, hidden, ref_logp = old_logprobs(model, input_ids, attn, mask, cfg, credit.needs_hidden(), ref_model,
-                                              graphs)
+    # 4. θ_old's log-probs, no grad (and, for DelTA's --delta_impl normal, the LM-head inputs h_t from the same
+    #    forward). For one update at θ_old = θ, they come from the training forward itself, which stage 6 reuses
+    fused = can_update_on_policy(cfg, len(adv), ref_model is not None)
+    old_logp, hidden, ref_logp, passes = old_logprobs(model, input_ids, attn, mask, cfg, credit.needs_hidden(),
+                                                      ref_model, fused)
     # 5. token advantages Â_{i,t} (CSCR scores only rows with Â ≠ 0, a different number on each process: its
     #    scoring passes need the gathered weights under FSDP2)
     with distributed.gathered_weights(model) if cfg.credit == "cscr" else contextlib.nullcontext():
         token_adv, credit_stats = credit(model, batch, adv, old_logp, hidden, answers)
     # 6. policy update: num_iterations passes × num_mini_batches AdamW steps, micro-batched backward
     loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, input_ids, attn, mask, old_logp, token_adv,
-                                                       ref_logp, cfg, step, logp=graphs)
+                                                       ref_logp, cfg, step, passes)
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
+    peak = {k: max(p[k] for p in distributed.all_gather_objects(policy.peak_memory())) for k in policy.peak_memory()}
     record = run.log_step(step + 1, G, rewards, lengths, batch.finish_reasons, verify.summarize(graded),
                           agg, {"loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
                                 "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
-                                **credit_stats, "step_time": time.time() - t0, "generation_time": t_gen})
+                                **credit_stats, **peak, "step_time": time.time() - t0, "generation_time": t_gen})
     if rank == 0 and cfg.logging_steps and (step + 1) % cfg.logging_steps == 0:
         run.write_samples(step + 1, tokenizer, batch, rewards, adv, token_adv, credit.last_weights, "lambda_bar"
                           if cfg.credit == "delta" else "sensitivity", min(cfg.num_samples_to_log, per_rank))
@@ -454,57 +433,60 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
 
 
 def old_logprobs(model, input_ids, attention_mask, response_mask, cfg: GRPOConfig, need_hidden=False,
-                 ref_model=None, graphs: list | None = None):
-    """Stage 4: θ_old log-probs ``[N, T]`` (no grad, eval mode), micro-batched (``rollout.micro_batches``); also the
-    LM-head inputs ``[N, T, H]`` when ``need_hidden`` (DelTA, same forward pass) and the reference log-probs when
-    ``ref_model`` is given (else None). ``graphs`` (a list): the training forward instead (train mode, with grad,
-    TRL's choice when μ = 1), its log-probs per micro-batch appended for ``policy_update``, then the shared prompt
-    pass (or None). Every process runs the same number of micro-batches, so FSDP's per-layer gathers line up."""
-    (N, T), device = response_mask.shape, input_ids.device
+                 ref_model=None, fused=False):
+    """Stage 4: θ_old's log-probs ``[N, T]`` from a no-grad, eval-mode pass over the batch (``policy.Passes``); the
+    LM-head inputs ``[N, T, H]`` from the same pass when ``need_hidden`` (DelTA, --delta_impl normal), else None;
+    the reference log-probs when ``ref_model`` is given, else None. ``fused``: the training forward instead (train
+    mode, with grad, TRL's choice when μ = 1; ``can_update_on_policy``), whose kept passes stage 6 reuses. Returns
+    (old, hidden, ref, the passes to reuse or None). Every process runs the same number of micro-batches, so FSDP's
+    per-layer gathers line up."""
+    N, T = response_mask.shape
     dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
     old, hid, ref = torch.zeros(N, T, dtype=dt), None, torch.zeros(N, T, dtype=dt) if ref_model is not None else None
-    model.train(graphs is not None)
-    with torch.set_grad_enabled(graphs is not None):
-        shared = policy.shared_prompts(cfg, model, input_ids, attention_mask, torch.arange(N), T)
-        for j, cols, t in rollout.micro_batches(torch.arange(N), attention_mask, cfg.micro_batch_size, T,
-                                                cfg.padding_free):
-            m = response_mask[j, :t].to(device)
-            out = token_logprobs(model, input_ids[j][:, cols], attention_mask[j][:, cols], m, cfg.temperature,
-                                 return_hidden=need_hidden, shared=(shared, j) if shared else None)
-            lp, h = out if need_hidden else (out, None)
-            old[j, :t] = lp.detach().cpu()
-            if graphs is not None:
-                graphs.append(lp)
-            if need_hidden:
-                hid = torch.zeros(N, T, h.shape[-1], dtype=dt) if hid is None else hid
-                hid[j, :t] = h.to(dt).cpu()
-            if ref_model is not None:  # the reference may live elsewhere (--ref_on_cpu)
-                rd = next(ref_model.parameters()).device
-                ref[j, :t] = token_logprobs(ref_model, input_ids[j][:, cols].to(rd), attention_mask[j][:, cols].to(rd),
-                                           m.to(rd), cfg.temperature).cpu()
-    if graphs is not None:
-        graphs.append(shared)  # its backward follows the micro-batches' (backward_minibatch)
-    return old, hid, ref
+    passes = policy.Passes(model, input_ids, attention_mask, response_mask, torch.arange(N), cfg, grad=fused,
+                           hidden=need_hidden, keep=fused)
+    for mb in passes:
+        old[mb.rows, :mb.t] = mb.logp.detach().cpu()
+        if need_hidden and hid is None:  # [N, T, H] float32 on the host: 137 GB at 2,048 × 4,096 tokens, H = 4,096
+            check_delta_cache(N, T, mb.hidden.shape[-1])
+            hid = torch.zeros(N, T, mb.hidden.shape[-1], dtype=dt)
+        if need_hidden:
+            hid[mb.rows, :mb.t] = mb.hidden.to(dt).cpu()
+        if ref_model is not None:  # the reference may live elsewhere (--ref_on_cpu)
+            rd, m = next(ref_model.parameters()).device, response_mask[mb.rows, :mb.t]
+            with torch.no_grad():
+                ref[mb.rows, :mb.t] = policy.token_logprobs(ref_model, input_ids[mb.rows][:, mb.cols].to(rd),
+                                                            attention_mask[mb.rows][:, mb.cols].to(rd), m.to(rd),
+                                                            cfg.temperature).cpu()
+    return old, hid, ref, passes if fused else None
 
 
-def can_update_on_policy(cfg: GRPOConfig, num_rows: int, has_reference: bool, model=None) -> bool:
-    """Whether stage 4 may take θ_old's log-probs from the training forward: ``num_iterations`` 1, one mini-batch,
-    ``micro_batch_size`` 0 (or ≥ the batch) and no KL reference. Not for CSCR under FSDP (its scoring passes need
-    gathered weights, not available inside a forward/backward) or with dropout (its ℓ± come from eval mode)."""
-    return (cfg.num_iterations == 1 and cfg.num_mini_batches == 1 and not has_reference
+def check_delta_cache(N: int, T: int, H: int) -> None:
+    """Stop with one line naming --delta_impl memory_efficient (``policy.check_host_memory``), not an out-of-memory
+    kill mid-step, when --delta_impl normal's ``[N, T, H]`` float32 cache of h_t would not fit on the host."""
+    policy.check_host_memory(N * T * H * 4, f"--delta_impl normal keeps DelTA's h_t of the whole rollout batch on "
+                             f"the host ({N} responses × {T} tokens × {H} hidden × 4 bytes)", "--delta_impl "
+                             "memory_efficient (the same λ̄ from micro-batches: h recomputed in K + 3 forward passes)")
+
+
+def can_update_on_policy(cfg: GRPOConfig, num_rows: int, has_reference: bool) -> bool:
+    """Whether stage 4 may take θ_old's log-probs from the training forward: ``--fuse_old_logprobs`` (off by itself
+    on models whose training forward is not the eval forward: ``policy.exact_optimisations``), ``num_iterations``
+    1, one mini-batch, ``micro_batch_size`` 0 (or ≥ the batch) and no KL reference. Not for CSCR under FSDP (its
+    scoring passes need gathered weights, not available inside a forward/backward)."""
+    return (cfg.fuse_old_logprobs and cfg.num_iterations == 1 and cfg.num_mini_batches == 1 and not has_reference
             and (cfg.micro_batch_size == 0 or cfg.micro_batch_size >= num_rows)
-            and not (cfg.credit == "cscr" and (distributed.is_distributed() or
-                                               (model is not None and policy.has_dropout(model)))))
+            and not (cfg.credit == "cscr" and distributed.is_distributed()))
 
 
 def policy_update(model, optimizer, input_ids, attention_mask, response_mask, old_logp, token_adv, ref_logp,
-                  cfg: GRPOConfig, step: int, logp=None):
+                  cfg: GRPOConfig, step: int, passes=None):
     """Stage 6: ``num_iterations`` passes × ``num_mini_batches`` AdamW steps on one rollout batch. Each step
     accumulates the mini-batch's gradient (``backward_minibatch``), clips it and applies AdamW; one whose loss or
     gradient norm is not finite is skipped and counted. Pass ``e`` permutes the rows with a generator seeded by
     ``(seed, step, e)``, so a resumed run makes the same updates. ``input_ids``/``attention_mask`` ``[N, P + T]`` on
-    the model's device, the ``[N, T]`` tensors anywhere; ``logp``: the graphs of the training forward stage 4
-    already ran (``can_update_on_policy``), one per micro-batch, reused by the only update. Returns (Σ mini-batch
+    the model's device, the ``[N, T]`` tensors anywhere; ``passes``: the training forward stage 4 already ran and
+    kept (``can_update_on_policy``), reused by the only update. Returns (Σ mini-batch
     losses, applied pre-clip gradient norms, token-weighted statistic sums, skipped updates).
     """
     model.train()
@@ -517,7 +499,7 @@ def policy_update(model, optimizer, input_ids, attention_mask, response_mask, ol
             mb_idx = perm[mb * mb_size:(mb + 1) * mb_size] if cfg.num_mini_batches > 1 else torch.arange(N)
             optimizer.zero_grad(set_to_none=True)
             loss, stats = backward_minibatch(model, input_ids, attention_mask, response_mask, old_logp, token_adv,
-                                             ref_logp, mb_idx, cfg, logp=logp)
+                                             ref_logp, mb_idx, cfg, passes)
             loss = distributed.all_reduce_sum(torch.tensor(loss, dtype=torch.float64)).item()  # Σ of the parts
             loss_sum += loss
             for k, v in stats.items():
@@ -533,25 +515,22 @@ def policy_update(model, optimizer, input_ids, attention_mask, response_mask, ol
 
 
 def backward_minibatch(model, input_ids, attention_mask, response_mask, old_logp, token_adv, ref_logp, mb_idx,
-                       cfg: GRPOConfig, logp=None):
+                       cfg: GRPOConfig, passes=None):
     """Accumulate the gradient of one mini-batch's loss (rows ``mb_idx``), ``cfg.micro_batch_size`` rows at a time.
 
     The normaliser of ``cfg.loss_type`` (tokens for ``dapo``, sequences otherwise) is counted once over the whole
     mini-batch (and over processes), so the summed gradient does not depend on the micro-batch size or the number of
-    processes (trl#3021; FSDP sums the gradients). Returns (loss, token-weighted ``policy_loss`` statistic sums).
+    processes (trl#3021; FSDP sums the gradients). ``passes``: stage 4's kept training forward over these rows, else
+    a new one. Returns (loss, token-weighted ``policy_loss`` statistic sums).
     """
     device, loss_total, agg = input_ids.device, 0.0, {}
     counts = distributed.all_reduce_sum(torch.tensor([response_mask[mb_idx].sum().item(), float(len(mb_idx))],
                                                      dtype=torch.float64))
-    n_tok, n_seq, T = counts[0].item(), int(counts[1].item()), response_mask.shape[1]
-    # stage 4's graphs (one per micro-batch of the same plan, then its shared prompt pass), or none yet
-    *logp, shared = logp or [policy.shared_prompts(cfg, model, input_ids, attention_mask, mb_idx, T)]
-    for k, (j, cols, t) in enumerate(rollout.micro_batches(mb_idx, attention_mask, cfg.micro_batch_size, T,
-                                                           cfg.padding_free)):
-        m = response_mask[j, :t].to(device)
-        mb_logp = logp[k] if logp else token_logprobs(model, input_ids[j][:, cols], attention_mask[j][:, cols], m,
-                                                      cfg.temperature, shared=(shared, j) if shared else None)
-        loss, stats = policy_loss(mb_logp, old_logp[j, :t].to(device), token_adv[j, :t].to(device), m, cfg.epsilon,
+    n_tok, n_seq = counts[0].item(), int(counts[1].item())
+    passes = passes or policy.Passes(model, input_ids, attention_mask, response_mask, mb_idx, cfg, grad=True)
+    for mb in passes:  # the training forward, one micro-batch at a time (stage 4's, when it was that)
+        j, t, m = mb.rows, mb.t, response_mask[mb.rows, :mb.t].to(device)
+        loss, stats = policy_loss(mb.logp, old_logp[j, :t].to(device), token_adv[j, :t].to(device), m, cfg.epsilon,
                                   cfg.epsilon_high, cfg.dual_clip, cfg.loss_type, cfg.max_completion_length,
                                   ref_logp=ref_logp[j, :t].to(device) if ref_logp is not None else None,
                                   beta=cfg.beta, num_tokens=n_tok, num_sequences=n_seq)
@@ -559,8 +538,7 @@ def backward_minibatch(model, input_ids, attention_mask, response_mask, old_logp
         loss_total += loss.item()
         for key, v in stats.items():  # token-weighted, so that Σ / Σ num_tokens is the step's token-mean
             agg[key] = agg.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
-    if shared is not None:
-        shared.backward()  # the prompts' share of the gradient, summed over the responses that read them
+    passes.backward_prompts()  # --shared_prompt: the prompts' share, summed over the responses that read them
     return loss_total, agg
 
 
@@ -583,6 +561,10 @@ def train(cfg: GRPOConfig) -> dict:
                                say)  # an earlier run there: --resume, --overwrite_output_dir, or a one-line error
     # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), sharding, AdamW (and --resume's state)
     model, tokenizer, ref_model, optimizer, state, compute_dtype = policy.build(cfg, run.resume_from, say)
+    optimisations = policy.exact_optimisations(model, cfg, say)  # each default one exact here, or off with a reason
+    if cfg.credit == "delta" and cfg.delta_impl == "normal":  # stage 4's h_t cache at its largest, before step 1
+        check_delta_cache(cfg.num_prompts_per_step // world * cfg.num_generations, cfg.max_completion_length,
+                          model.config.get_text_config().hidden_size)
     template = rollout.resolve_template(cfg.prompt_template, cfg.model, say)
     stop_ids = rollout.stop_token_ids(tokenizer, template, model)
     llm = rollout.create_vllm_engine(  # after the policy is on the GPU: vLLM's memory check counts it
@@ -594,7 +576,7 @@ def train(cfg: GRPOConfig) -> dict:
     if state:  # --resume: where the data order and CSCR's calibration stood
         sampler.position, credit.cscr_threshold, credit.cscr_calibrated = (state[k] for k in (
             "sampler_position", "cscr_threshold", "cscr_calibrated"))
-    run.start(model, {"prompt_template": template, "num_processes": world})
+    run.start(model, {"prompt_template": template, "num_processes": world, "optimisations": optimisations})
 
     def run_eval(step):  # held-out greedy, avg@k, pass@k
         if not eval_rows or not cfg.eval_num_generations:

@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import inspect
 import math
 import os
+from collections import namedtuple
 
 import torch
 
 import checkpoint
 import distributed
+import rollout
 
 
 def model_path(name: str) -> str:
@@ -227,6 +230,59 @@ def oom_guard(where: str):
 
 
 
+HOST_MEMORY_SHARE = 0.5  # the most of the host memory available to a process that one kept tensor may take
+
+
+def host_memory_available() -> int:
+    """Bytes of host memory available to this process: MemAvailable (Linux; else the free physical pages) divided
+    among the node's processes (torchrun's LOCAL_WORLD_SIZE)."""
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return avail // max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+
+
+def check_host_memory(nbytes: int, what: str, fix: str) -> None:
+    """Stop (``SystemExit``, one line naming ``fix``) before ``nbytes`` are allocated on the host for ``what`` when
+    that is more than ``HOST_MEMORY_SHARE`` of ``host_memory_available()``: a clear message instead of an
+    out-of-memory kill in the middle of a step."""
+    avail = host_memory_available()
+    if nbytes > HOST_MEMORY_SHARE * avail:
+        raise SystemExit(f"grpo.py: error: {what} = {nbytes / 1e9:.1f} GB, more than {HOST_MEMORY_SHARE:.0%} of the "
+                         f"{avail / 1e9:.1f} GB of host memory available to this process; use {fix}")
+
+
+def reset_peak_memory() -> None:
+    """Start a new peak: the process's resident set (Linux: ``/proc/self/clear_refs``) and the GPU's allocator."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM, the peak resident set size, to the current one
+    except OSError:
+        pass  # elsewhere the peak is the process's lifetime peak (ru_maxrss)
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory() -> dict:
+    """Peak memory since ``reset_peak_memory``, in GB (10⁹ bytes): ``memory/peak_rss_gb`` (host, this process) and,
+    on a GPU, ``memory/peak_gpu_allocated_gb`` (tensors) and ``memory/peak_gpu_reserved_gb`` (the allocator's)."""
+    try:
+        with open("/proc/self/status") as f:
+            rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        import resource
+        import sys
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+    out = {"memory/peak_rss_gb": rss / 1e9}
+    if torch.cuda.is_available():
+        out["memory/peak_gpu_allocated_gb"] = torch.cuda.max_memory_allocated() / 1e9
+        out["memory/peak_gpu_reserved_gb"] = torch.cuda.max_memory_reserved() / 1e9
+    return out
+
+
 def clip_and_step(model, optimizer, loss: float, max_grad_norm: float, step: int) -> float | None:
     """Clip the accumulated gradient to ``max_grad_norm`` (0: no clipping) and apply the optimizer; returns the
     pre-clip norm, or None (the gradient discarded, with a warning) when the loss or the norm is not finite."""
@@ -241,6 +297,105 @@ def clip_and_step(model, optimizer, loss: float, max_grad_norm: float, step: int
         return None
     optimizer.step()
     return grad_norm.item()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Log-probs of rows of a rollout batch: one forward per micro-batch, laid out as the run's flags say
+# ----------------------------------------------------------------------------------------------------------
+def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=1.0, return_hidden=False,
+                   shared=None):
+    """log π(y_t | x, y_<t) (nats) of the response tokens under logits / temperature: ``[B, T]``, 0 on padding.
+
+    ``input_ids``/``attention_mask`` ``[B, P + T]``: left-padded prompt, right-padded response in the last T
+    positions; position ids count real tokens only, so padding changes nothing. Only the T + 1 last positions are
+    projected to the vocabulary, and log p(y) = z_y − logsumexp(z) row by row in float32 (float64 for a float64
+    model; no [B, T, V] softmax).
+    ``return_hidden``: also the LM head's input ``[B, T, H]`` at the positions that predict the response tokens
+    (a forward pre-hook, detached), which DelTA's proxy needs (App. F): from the same forward, at no extra cost.
+    ``shared``: ``(SharedPrompts, the rows' indices)``: the prompts already ran once per group (same result).
+    """
+    T, captured, handle = response_mask.shape[1], {}, None
+    if return_hidden:
+        head = model.get_output_embeddings()
+        handle = head.register_forward_pre_hook(lambda mod, args: captured.__setitem__("h", args[0].detach()))
+    try:
+        if shared is None:  # left padding shifts every prompt: positions count real tokens only, as generate() does
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                        logits_to_keep=T + 1, use_cache=False)
+        else:  # --shared_prompt: all but the last prompt token are cached; run the last T + 1 positions only
+            out = shared[0].forward(model, shared[1], input_ids[:, -(T + 1):], attention_mask[:, -(T + 1):])
+    finally:
+        if handle is not None:
+            handle.remove()
+    logits = out.logits[:, -(T + 1):-1]  # position p predicts token p+1: [B, T, V]
+    targets = input_ids[:, -T:]
+    rows = []
+    for i in range(logits.shape[0]):  # one row at a time keeps the float32 copy small (V can be 152k)
+        z = logits[i].to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+        rows.append(z.gather(-1, targets[i, :, None]).squeeze(-1) - torch.logsumexp(z, -1))
+    logp = torch.stack(rows)
+    logp = logp * response_mask.to(logp.dtype)
+    if return_hidden:
+        return logp, captured["h"][:, -(T + 1):-1]
+    return logp
+
+
+MicroBatch = namedtuple("MicroBatch", "rows cols t logp hidden")  # rows [b]; input columns; response width T_j;
+#   logp [b, T_j] (a graph under grad); hidden [b, T_j, H] (the LM head's input) or None
+
+
+class Passes:
+    """Forward passes of ``model`` over the rows ``rows`` of a rollout batch, one micro-batch at a time: the one
+    interface through which grpo.py runs its policy (θ_old's pass, DelTA's streamed passes, the update).
+
+    Iterating yields ``MicroBatch``es laid out as the flags say: ``--micro_batch_size`` rows each (0: all),
+    ``--padding_free`` (rows of similar length, each micro-batch cut to its own longest prompt and response: use
+    ``[rows, :t]`` of any ``[N, T]`` tensor), ``--shared_prompt`` (each distinct prompt run once, its keys and values
+    read by its responses). ``grad``: train mode with gradient; call ``backward_prompts`` once after the
+    micro-batches' backward passes (it sends the prompt pass its share). Else eval mode, no gradient. ``hidden``: also
+    the LM head's inputs h_t. ``keep``: the micro-batches are kept and a second iteration yields them again without
+    running the model (stage 4's training forward, reused by stage 6's only update).
+    ``input_ids``/``attention_mask`` ``[N, P + T]`` on the model's device, ``response_mask`` ``[N, T]`` anywhere.
+    """
+
+    def __init__(self, model, input_ids, attention_mask, response_mask, rows, cfg, *, grad: bool, hidden=False,
+                 keep=False):
+        self.model, self.input_ids, self.attention_mask, self.response_mask = model, input_ids, attention_mask, \
+            response_mask
+        self.rows, self.cfg, self.grad, self.hidden, self.keep = rows, cfg, grad, hidden, keep
+        self.kept, self.shared = None, None
+
+    def layout(self) -> list:
+        """The micro-batches as ``(rows, input columns, response width T_j)`` (``rollout.micro_batches``)."""
+        return rollout.micro_batches(self.rows, self.attention_mask, self.cfg.micro_batch_size,
+                                     self.response_mask.shape[1], self.cfg.padding_free)
+
+    def __iter__(self):
+        if self.kept is not None:
+            yield from self.kept
+            return
+        kept, T, device = [], self.response_mask.shape[1], self.input_ids.device
+        self.model.train(self.grad)
+        for j, cols, t in self.layout():
+            with torch.set_grad_enabled(self.grad):  # not around the yield: the caller's code keeps its own mode
+                if self.shared is None and self.cfg.shared_prompt:
+                    self.shared = SharedPrompts(self.model, self.input_ids, self.attention_mask, self.rows, T)
+                out = token_logprobs(self.model, self.input_ids[j][:, cols], self.attention_mask[j][:, cols],
+                                     self.response_mask[j, :t].to(device), self.cfg.temperature,
+                                     return_hidden=self.hidden,
+                                     shared=(self.shared, j) if self.cfg.shared_prompt else None)
+            logp, h = out if self.hidden else (out, None)
+            mb = MicroBatch(j, cols, t, logp, h)
+            if self.keep:  # the graph, not h: stage 4's kept h_t live on the host (grpo.old_logprobs)
+                kept.append(mb._replace(hidden=None))
+            yield mb
+        self.kept = kept if self.keep else None
+
+    def backward_prompts(self) -> None:
+        """After the last micro-batch's backward: the shared prompt pass's share of the gradient (no-op without)."""
+        if self.shared is not None:
+            self.shared.backward()
 
 
 class SharedPrompts:
@@ -295,15 +450,70 @@ class SharedPrompts:
             torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
 
 
-def shared_prompts(cfg, model, input_ids, attention_mask, rows, response_len: int) -> SharedPrompts | None:
-    """``SharedPrompts`` of the rows ``rows`` where ``--shared_prompt`` applies, else None: one process (FSDP's
-    per-layer gathers follow a layer's outputs, not the cached keys and values a later forward reads), no gradient
-    checkpointing (it replays forwards, and HF turns the cache off under it) and no dropout (the G responses would
-    share their prompt's dropout mask)."""
-    if cfg.shared_prompt and not distributed.is_distributed() and not cfg.gradient_checkpointing \
-            and not has_dropout(model):
-        return SharedPrompts(model, input_ids, attention_mask, rows, response_len)
-    return None
+# ----------------------------------------------------------------------------------------------------------
+# Which default optimisations are exact on this model: checked once, when it loads
+# ----------------------------------------------------------------------------------------------------------
+# Each default optimisation gives the plain padded update (the same old log-probs, λ̄, token advantages, loss and
+# gradient, tested in float64 on several architectures: tests/test_architectures.py) only where the model has the
+# features it relies on. Where one is missing the optimisation turns itself off, with one logged line naming it.
+OPTIMISATIONS = {
+    # micro-batches of similar length, each cut to its own longest row: padding must change nothing
+    "padding_free": ("attention by distance", "position ids", "train = eval"),
+    # each distinct prompt run once, its keys and values read from a cache by its G responses
+    "shared_prompt": ("full attention", "position ids", "train = eval", "one process", "no gradient checkpointing"),
+    # θ_old's log-probs (and DelTA's h_t, CSCR's ℓ0) taken from the training forward: it must be the eval forward
+    "fuse_old_logprobs": ("train = eval",),
+}
+
+
+def model_features(model, cfg) -> dict:
+    """The features ``OPTIMISATIONS`` rely on: {feature: None where ``model`` (and the run) has it, else why not}.
+
+    * full attention: every layer attends to the whole prefix through a key/value cache. A sliding-window layer
+      (Mistral, Gemma-2/3, gpt-oss, Qwen3 with ``use_sliding_window``) keeps only the window's tokens in its
+      cache; linear-attention or state-space layers keep no keys and values.
+    * attention by distance: every layer is full or sliding-window attention, whose masks depend on the distance
+      between two tokens only, so left padding (contiguous, before the first real token) changes nothing; not
+      chunked attention (Llama 4: absolute chunk boundaries) or recurrent layers.
+    * position ids: ``forward`` takes them, so a left-padded row gets positions counted from its first real token
+      (padding then changes nothing; tests/test_bug_cases.py C24).
+    * train = eval: no dropout (an ``nn.Dropout`` with p > 0, e.g. LoRA's, or the config's attention dropout) and
+      no router jitter noise (Mixtral-style MoE): a training-mode forward then equals the eval-mode one (the
+      dropout masks of a padded and a padding-free layout also differ).
+    * one process: FSDP2's per-layer gathers follow a layer's outputs, not cached keys and values read later.
+    * no gradient checkpointing: it replays forwards, and HF turns the cache off under it.
+    """
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    types = list(getattr(config, "layer_types", None) or [])
+    window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    other = sorted(set(types) - {"full_attention"}) if types else (["sliding_attention"] if window else [])
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    jitter = getattr(config, "router_jitter_noise", 0.0) or 0.0
+    layers = lambda kinds: f"{config.model_type} has {', '.join(kinds)} layers" + (  # noqa: E731
+        f" (window {window} tokens)" if "sliding_attention" in kinds and window else "") if kinds else None
+    return {
+        "full attention": layers(other),
+        "attention by distance": layers([kind for kind in other if kind != "sliding_attention"]),
+        "position ids": None if "position_ids" in inspect.signature(base.forward).parameters else
+                        f"{type(base).__name__}.forward takes no position_ids",
+        "train = eval": "the model has dropout" if has_dropout(model) else
+                        f"router jitter noise {jitter}" if jitter > 0 else None,
+        "one process": "torchrun" if distributed.is_distributed() else None,
+        "no gradient checkpointing": "--gradient_checkpointing" if cfg.gradient_checkpointing else None,
+    }
+
+
+def exact_optimisations(model, cfg, say=print) -> dict:
+    """Turn off each default optimisation of ``OPTIMISATIONS`` (a flag of ``cfg``) that ``model`` lacks a feature
+    for, with one logged line each; returns {flag: "on" | "off: <reason>"} for config.json."""
+    missing, out = model_features(model, cfg), {}
+    for flag, needs in OPTIMISATIONS.items():
+        reasons = [f"{feature}: {missing[feature]}" for feature in needs if missing[feature]]
+        if getattr(cfg, flag) and reasons:
+            setattr(cfg, flag, False)
+            say(f"[exact] --{flag} off: it needs {'; '.join(reasons)}")
+        out[flag] = "on" if getattr(cfg, flag) else f"off: {'; '.join(reasons) or 'the flag'}"
+    return out
 
 
 def has_dropout(model) -> bool:

@@ -221,6 +221,7 @@ def train_step(model, optimizer, batch, credit_name, cfg):
     import cscr
 
     import grpo
+    import policy
 
     t = {}
     _sync()
@@ -228,7 +229,7 @@ def train_step(model, optimizer, batch, credit_name, cfg):
     mask = batch.response_mask
     adv = grpo.group_advantages(batch.rewards, cfg.num_generations)
     credit = grpo.Credit(cfg, None)
-    old, hidden, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, mask, cfg,
+    old, hidden, _, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, mask, cfg,
                                        need_hidden=credit.needs_hidden())
     # DelTA's LM-head inputs [N, T, H] (docs/scaling.md: float32, on the CPU)
     held = None if hidden is None else {"gb": _gb(hidden.numel() * hidden.element_size()),
@@ -238,7 +239,8 @@ def train_step(model, optimizer, batch, credit_name, cfg):
     t1 = time.time()
     stats = {}
     if credit_name in ("grpo", "delta"):
-        token_adv, stats = credit(model, SimpleNamespace(response_mask=mask), adv, old, hidden, None)
+        rows = SimpleNamespace(response_mask=mask, input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+        token_adv, stats = credit(model, rows, adv, old, hidden, None)
     else:  # CSCR, tokenizer-free: the two conditioned passes on prompt-variant ids, then the weights
         rows = (adv != 0).nonzero().flatten().tolist()
         lp_pos, lp_neg = torch.zeros_like(old), torch.zeros_like(old)
@@ -247,7 +249,7 @@ def train_step(model, optimizer, batch, credit_name, cfg):
         lp_c, lp_i = cscr.condition_logprobs(model, SimpleNamespace(pad_token_id=batch.pad_id), pc, pi,
                                              batch.response_ids[rows], mask[rows], temperature=cfg.temperature,
                                              micro_batch_size=cfg.micro_batch_size or None,
-                                             logprob_fn=grpo.token_logprobs)
+                                             logprob_fn=policy.token_logprobs)
         lp_pos[rows], lp_neg[rows] = lp_c.cpu(), lp_i.cpu()
         token_adv, stats = cscr.cscr_token_advantages(adv, old, lp_pos, lp_neg, mask, threshold=cfg.cscr_threshold,
                                                       alpha=cfg.cscr_alpha, w_min=cfg.cscr_w_min, mode=cfg.cscr_mode,
@@ -365,6 +367,7 @@ def main(argv=None) -> dict:
     credits = [c for c in args.credits.split(",") if c]
     if "lora" in modes:
         model = policy.prepare_model(model, cfg)  # LoRA + gradient checkpointing, as grpo.py does
+        policy.exact_optimisations(model, cfg)  # as grpo.py does: what checkpointing and dropout rule out
         trainable = [p for p in model.parameters() if p.requires_grad]
         result["lora_parameters"] = sum(p.numel() for p in trainable)
         optimizer = policy.build_optimizer(trainable, cfg)
@@ -382,6 +385,7 @@ def main(argv=None) -> dict:
         elif not args.no_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.requires_grad_(True)
+        policy.exact_optimisations(model, cfg)
         optimizer = policy.build_optimizer(model.parameters(), cfg)
         result["runs"].append(measure("step", "full", "grpo", model, optimizer))
         save()

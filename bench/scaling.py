@@ -162,10 +162,10 @@ def update_only(spec: dict) -> dict:
     with _common.PeakMemory() as mem:
         for step in range(spec["steps"]):
             t0 = time.perf_counter()
-            graphs = [] if grpo.can_update_on_policy(cfg, N, False, model) else None
-            old, hidden, _ = grpo.old_logprobs(model, ids, attn, mask, cfg, credit.needs_hidden(), None, graphs)
+            fused = grpo.can_update_on_policy(cfg, N, False)
+            old, hidden, _, passes = grpo.old_logprobs(model, ids, attn, mask, cfg, credit.needs_hidden(), None, fused)
             token_adv, _ = credit(model, batch, adv, old, hidden, None)
-            grpo.policy_update(model, optimizer, ids, attn, mask, old, token_adv, None, cfg, step, logp=graphs)
+            grpo.policy_update(model, optimizer, ids, attn, mask, old, token_adv, None, cfg, step, passes)
             times.append(time.perf_counter() - t0)
     return {"padding_free": spec["padding_free"], "shared_prompt": spec["shared_prompt"], "seconds": times,
             "response_tokens": int(mask.sum()), "padded_response_tokens": N * T, "batch_shape": [N, P + T],

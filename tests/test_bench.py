@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -129,9 +130,8 @@ def test_gpu_check_tiny_runs_every_part(tmp_path, random_toy_root):
     per_token = 2 * t["num_hidden_layers"] * t["num_key_value_heads"] * t["head_dim"] * 4
     assert smoke["kv_cache"]["mb_per_token"] == round(per_token / 1e6, 4)
     assert smoke["kv_cache"]["positions"] == smoke["rows"] * (12 + 24)  # --tiny: prompts 12, responses 24
-    hidden = smoke["runs"][1]["delta_hidden"]  # [N, T, H] float32 on the CPU
-    assert hidden == {"gb": round(smoke["rows"] * 24 * t["hidden_size"] * 4 / 1e9, 3), "device": "cpu",
-                      "dtype": "float32"}
+    # gpu_smoke runs DelTA with --delta_impl memory_efficient: no [N, T, H] cache of h_t is kept
+    assert smoke["runs"][1]["credit"] == "delta" and "delta_hidden" not in smoke["runs"][1]
 
     with tarfile.open(out / "toy_runs.tar.gz") as tar:
         names = tar.getnames()
@@ -204,3 +204,27 @@ def test_scaling_update_lengths_runs_both_modes_on_the_same_batch(tmp_path):
     runs = res["runs"]
     assert {r["response_tokens"] for r in runs} == {4 + 9 + 15 + 20}  # lengths evenly spread over 4..20
     assert all(r["padded_response_tokens"] == 4 * 20 and len(r["seconds"]) == 2 for r in runs)
+
+
+def test_widened_toy_computes_the_same_function(toy_model_path, tmp_path, float64_model):
+    """bench/memory.py's widened toy (hidden 128 -> 512, zeros everywhere else) gives the toy's log-probs: float64,
+    1e-10, once the per-head q/k norms get back their ε (the one change the widening makes, see its docstring).
+    (512 = 4·128: the norm weights' factor sqrt(h/H) = 1/2 is exact in the float32 the model is saved in.)"""
+    from transformers import AutoModelForCausalLM
+
+    import policy
+    import rollout
+    from bench import memory
+
+    wide_path = memory.widen_toy_model(toy_model_path, str(tmp_path / "wide"), 512)
+    toy, tok = policy.load_model_and_tokenizer(toy_model_path)
+    wide = AutoModelForCausalLM.from_pretrained(wide_path)
+    assert wide.config.hidden_size == 512 and sum(p.numel() for p in wide.parameters()) > 1.5 * sum(
+        p.numel() for p in toy.parameters())
+    for layer in wide.model.layers:
+        layer.self_attn.q_norm.variance_epsilon = layer.self_attn.k_norm.variance_epsilon = toy.config.rms_norm_eps
+    batch = rollout.generate(toy, tok, ["Compute 7+5-3.\n", "Compute 12+30.\n"], 3, 16, seed=0)
+    logp = [policy.token_logprobs(float64_model(m).eval(), batch.input_ids, batch.attention_mask, batch.response_mask)
+            for m in (toy, wide)]
+    assert logp[0].abs().sum() > 0
+    torch.testing.assert_close(logp[1], logp[0], rtol=1e-10, atol=1e-10)

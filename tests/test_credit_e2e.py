@@ -66,9 +66,10 @@ def _stages_4_to_6(model, tok, rows, batch, **flags):
     N, mask = batch.input_ids.shape[0], batch.response_mask.bool()
     adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4), dtype=old_dtype(model)), 4)
     cfg = grpo.GRPOConfig(dual_clip=10.0, max_completion_length=48, **flags)
-    old, hidden, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, cfg,
-                                       need_hidden=cfg.credit == "delta")
-    token_adv, _ = grpo.Credit(cfg, tok)(model, batch, adv, old, hidden, [r["answer"] for r in rows for _ in range(4)])
+    credit = grpo.Credit(cfg, tok)
+    old, hidden, _, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, cfg,
+                                          need_hidden=credit.needs_hidden())
+    token_adv, _ = credit(model, batch, adv, old, hidden, [r["answer"] for r in rows for _ in range(4)])
     # a perturbed "old" policy: ratios away from 1, so that every clip branch matters
     perturbed = old + 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * mask
     model.zero_grad(set_to_none=True)
@@ -140,18 +141,66 @@ def test_padding_free_micro_batches_cover_each_row_once_at_its_own_width(rollout
     assert [j.tolist() for j, _, _ in plain] == [[i, i + 1] for i in range(0, N, 2)]
 
 
-def test_delta_streaming_equals_whole_batch_in_trainer(rollout_batch, float64_model):
+def _delta_credit(model, tok, batch, adv, **flags):
+    """Stages 4-5 of DelTA on the fixture batch: (λ̄ [N, T], token advantages, stats, forward passes run)."""
+    cfg, calls = grpo.GRPOConfig(credit="delta", **flags), []
+    credit = grpo.Credit(cfg, tok)
+    handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
+    old, hidden, _, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, cfg,
+                                          need_hidden=credit.needs_hidden())
+    token_adv, stats = credit(model, batch, adv, old, hidden, None)
+    handle.remove()
+    return credit.last_weights, token_adv, stats, len(calls)
+
+
+@pytest.mark.parametrize("K", [0, 1, 2])
+@pytest.mark.parametrize("rewards", ["mixed", "zero_groups", "one_side"])
+def test_delta_memory_efficient_equals_normal_in_trainer(rollout_batch, float64_model, K, rewards):
+    """--delta_impl memory_efficient (h recomputed by K + 3 no-grad, eval-mode passes over micro-batches, never the
+    batch's h at once) gives normal's λ̄ (the whole batch's h kept by stage 4), for micro-batch sizes 1, 3 and the
+    whole batch, with zero-advantage groups and with one side empty (λ̄ ≡ 1): float64, 1e-10 (conftest)."""
     model, tok, rows, batch = rollout_batch
     model = float64_model(model)
-    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0] * 2, dtype=torch.float64), 4)
-    out = []
-    for impl in ("normal", "memory_efficient"):
-        cfg = grpo.GRPOConfig(credit="delta", delta_impl=impl, micro_batch_size=3)
-        old, hidden, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, cfg,
-                                           need_hidden=True)
-        out.append(grpo.Credit(cfg, tok)(model, batch, adv, old, hidden, None)[0])
-    assert out[0].dtype == torch.float64 and not torch.equal(out[0], out[0] != 0)  # not the guard's λ̄ ≡ 1
-    torch.testing.assert_close(out[1], out[0], atol=TOL, rtol=TOL)
+    r = {"mixed": [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0], "zero_groups": [1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0],
+         "one_side": [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]}[rewards]
+    # one_side: with --scale_rewards none, a group with one 1 among four 0s gives Â > 0 to one row only; the other
+    # group is all 0 (Â = 0): no negative side, so the guard gives λ̄ ≡ 1
+    scale = "none" if rewards == "one_side" else "std"
+    adv = grpo.group_advantages(torch.tensor(r * 2, dtype=torch.float64), 4, scale=scale)
+    if rewards == "one_side":
+        adv = adv.clamp(min=0)
+    N, mask = len(adv), batch.response_mask
+    lam0, adv0, st0, _ = _delta_credit(model, tok, batch, adv, delta_k=K, micro_batch_size=0)
+    assert lam0.dtype == torch.float64 and (st0["delta/fallback"] == 1.0) == (rewards == "one_side")
+    if rewards != "one_side":
+        assert not torch.allclose(lam0, mask.double())  # not the guard's λ̄ ≡ 1
+    for mbs in (1, 3, 0):
+        _, _, _, n0 = _delta_credit(model, tok, batch, adv, delta_k=K, micro_batch_size=mbs)  # stage 4's forwards
+        lam1, adv1, st1, n1 = _delta_credit(model, tok, batch, adv, delta_k=K, micro_batch_size=mbs,
+                                            delta_impl="memory_efficient")
+        torch.testing.assert_close(lam1, lam0, atol=TOL, rtol=TOL)
+        torch.testing.assert_close(adv1, adv0, atol=TOL, rtol=TOL)
+        for key in st0:
+            assert st1[key] == pytest.approx(st0[key], rel=TOL, abs=TOL, nan_ok=True), key
+        # stage 4 (its micro-batches and one shared prompt pass), then the micro-batches again in each pass: one for
+        # the guard (one side empty), else K + 3 (2 for K = 0); the passes reuse one prompt pass's keys and values
+        passes = 1 if rewards == "one_side" else (K + 3 if K else 2)
+        assert n1 == n0 + 1 + passes * (n0 - 1), (n1, n0, passes)
+
+
+def test_delta_normal_stops_before_a_cache_that_does_not_fit(rollout_batch, monkeypatch):
+    """--delta_impl normal checks its [N, T, H] float32 cache against the host's memory before allocating it: one
+    line naming the size and --delta_impl memory_efficient, not an out-of-memory kill mid-step."""
+    model, tok, rows, batch = rollout_batch
+    N, T = batch.response_mask.shape
+    nbytes = N * T * model.config.hidden_size * 4
+    monkeypatch.setattr(policy, "host_memory_available", lambda: int(1.9 * nbytes))  # half of it: just too little
+    with pytest.raises(SystemExit, match=rf"{N} responses × {T} tokens × {model.config.hidden_size} hidden .* use "
+                                         r"--delta_impl memory_efficient"):
+        _delta_credit(model, tok, batch, torch.ones(N))
+    monkeypatch.setattr(policy, "host_memory_available", lambda: int(2.1 * nbytes))
+    _delta_credit(model, tok, batch, torch.ones(N))  # fits
+    _delta_credit(model, tok, batch, torch.ones(N), delta_impl="memory_efficient")  # keeps no cache at all
 
 
 def _one_step(model, tok, cfg, rows, out_dir, monkeypatch, from_training_forward):
@@ -190,10 +239,11 @@ def test_theta_old_from_the_training_forward_gives_the_same_update(toy_model_pat
     model = float64_model(model)
     rows = toy.make_split("train")[:8]
     cfg = grpo.GRPOConfig(credit=credit, num_prompts_per_step=4, num_generations=4, max_completion_length=48)
-    assert grpo.can_update_on_policy(cfg, 16, has_reference=False, model=model)
-    assert not grpo.can_update_on_policy(grpo.GRPOConfig(num_iterations=2), 16, has_reference=False, model=model)
-    assert not grpo.can_update_on_policy(grpo.GRPOConfig(micro_batch_size=4), 16, has_reference=False, model=model)
-    assert not grpo.can_update_on_policy(cfg, 16, has_reference=True, model=model)
+    assert grpo.can_update_on_policy(cfg, 16, has_reference=False)
+    assert not grpo.can_update_on_policy(grpo.GRPOConfig(num_iterations=2), 16, has_reference=False)
+    assert not grpo.can_update_on_policy(grpo.GRPOConfig(micro_batch_size=4), 16, has_reference=False)
+    assert not grpo.can_update_on_policy(grpo.GRPOConfig(fuse_old_logprobs=False), 16, has_reference=False)
+    assert not grpo.can_update_on_policy(cfg, 16, has_reference=True)
     results = [_one_step(copy.deepcopy(model), tok, cfg, rows, tmp_path / str(fused), monkeypatch, fused)
                for fused in (False, True)]
     (r0, w0, s0), (r1, w1, s1) = results
@@ -205,25 +255,40 @@ def test_theta_old_from_the_training_forward_gives_the_same_update(toy_model_pat
         torch.testing.assert_close(q, p, atol=cfg.learning_rate * 1e-6, rtol=0)
 
 
-def test_cscr_with_dropout_scores_l0_in_eval_mode_like_l_pm(toy_model_path, tmp_path, monkeypatch, float64_model):
-    """With dropout (LoRA's, here 0.5) a training-mode forward is noisy: CSCR's ℓ0 must come from an eval-mode pass
-    like its ℓ±, so the branch that takes θ_old from the training forward is off for CSCR (not for GRPO/DelTA)."""
+@pytest.mark.parametrize("credit", ["delta", "cscr"])
+def test_dropout_takes_theta_old_and_credit_from_eval_mode(toy_model_path, tmp_path, monkeypatch, float64_model,
+                                                           credit):
+    """With dropout (LoRA's, here 0.5) a training-mode forward is noisy: θ_old's log-probs, DelTA's h_t and CSCR's ℓ0
+    come from eval mode (spec §2.1) on every path. The fused stage 4 turns itself off (``exact_optimisations``):
+    the defaults give the λ̄ (or w̃) of --no-fuse_old_logprobs and the eval-mode log-probs; forcing the fused
+    branch would take them from a dropped-out forward instead."""
     import copy
 
     model, tok = policy.load_model_and_tokenizer(toy_model_path)
-    model = float64_model(model)
-    model = policy.prepare_model(model, grpo.GRPOConfig(use_peft=True, lora_dropout=0.5))
-    assert policy.has_dropout(model)
-    cscr_cfg = grpo.GRPOConfig(credit="cscr", num_prompts_per_step=4, num_generations=4, max_completion_length=48)
-    assert not grpo.can_update_on_policy(cscr_cfg, 16, has_reference=False, model=model)
-    assert grpo.can_update_on_policy(grpo.GRPOConfig(credit="delta"), 16, has_reference=False, model=model)
-    _, _, seen = _one_step(copy.deepcopy(model), tok, cscr_cfg, toy.make_split("train")[:8], tmp_path, monkeypatch,
-                           None)
-    b = seen["batch"]
+    model = policy.prepare_model(float64_model(model), grpo.GRPOConfig(use_peft=True, lora_dropout=0.5))
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # B = 0 at initialisation: the adapters (and their dropout) would change nothing yet
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(0.05 * torch.randn(p.shape, generator=gen))
+    rows, runs = toy.make_split("train")[:8], {}
+    for name, flags, force in (("defaults", {}, None), ("no_fuse", {"fuse_old_logprobs": False}, None),
+                               ("forced", {}, True)):
+        cfg = grpo.GRPOConfig(credit=credit, num_prompts_per_step=4, num_generations=4, max_completion_length=48,
+                              use_peft=True, lora_dropout=0.5, **flags)
+        plan = policy.exact_optimisations(model, cfg, say=lambda *a: None)
+        assert plan["fuse_old_logprobs"].startswith("off") and "dropout" in plan["fuse_old_logprobs"]
+        if force:
+            cfg.fuse_old_logprobs = True
+        runs[name] = _one_step(copy.deepcopy(model), tok, cfg, rows, tmp_path / name, monkeypatch, force)[2]
+    b = runs["defaults"]["batch"]
     model.eval()
     with torch.no_grad():
-        l0 = grpo.token_logprobs(model, b.input_ids, b.attention_mask, b.response_mask)
-    torch.testing.assert_close(seen["old_logp"], l0, atol=TOL, rtol=TOL)
+        l0 = policy.token_logprobs(model, b.input_ids, b.attention_mask, b.response_mask)
+    torch.testing.assert_close(runs["defaults"]["old_logp"], l0, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(runs["defaults"]["token_adv"], runs["no_fuse"]["token_adv"], atol=TOL, rtol=TOL)
+    assert (runs["forced"]["old_logp"] - l0).abs().max() > 1e-3  # what the refusal prevents
+    assert (runs["forced"]["token_adv"] - runs["defaults"]["token_adv"]).abs().max() > 1e-3
 
 
 # ------------------------------------------------------------------------------------- --shared_prompt (policy.py)
@@ -246,18 +311,17 @@ def test_shared_prompt_runs_each_distinct_prompt_once_and_handles_one_token_prom
     give the full forward's log-probs and gradient."""
     model, tok = policy.load_model_and_tokenizer(toy_model_path)
     model = float64_model(model)
-    cfg = grpo.GRPOConfig()
     for prompts in (["Compute 1+2.\n", "", "7", "Compute 12-3+4.\n"], ["", ""]):
         batch = rollout.generate(model, tok, prompts, 3, 12, seed=5)
         N, T = batch.response_mask.shape
-        shared = policy.shared_prompts(cfg, model, batch.input_ids, batch.attention_mask, torch.arange(N), T)
+        shared = policy.SharedPrompts(model, batch.input_ids, batch.attention_mask, torch.arange(N), T)
         assert shared.mask.shape[0] == len(set(prompts)) and shared.mask.shape[1] == \
             int(batch.attention_mask[:, :-T].sum(1).max()) - 1
         assert shared.index.tolist() == [shared.index[g * 3].item() for g in range(len(prompts)) for _ in range(3)]
         grads, logps = [], []
         for s in (None, shared):
             model.zero_grad(set_to_none=True)
-            lp = grpo.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
+            lp = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
                                      shared=None if s is None else (s, torch.arange(N)))
             (lp * torch.linspace(-1, 1, N)[:, None].double()).sum().backward()
             if s is not None:
@@ -270,15 +334,23 @@ def test_shared_prompt_runs_each_distinct_prompt_once_and_handles_one_token_prom
 
 def test_shared_prompt_is_off_where_it_would_not_be_exact(toy_model_path):
     """Off with --no-shared_prompt, gradient checkpointing (it replays forwards, and HF turns the cache off under it)
-    and dropout (the G responses would share their prompt's dropout mask); on by default."""
+    and dropout (the G responses would share their prompt's dropout mask), each with one logged line; on by default.
+    (The model features of every optimisation: tests/test_architectures.py.)"""
     model, tok = policy.load_model_and_tokenizer(toy_model_path)
-    ids, attn = torch.tensor([[1, 5, 6, 7, 8]] * 2), torch.ones(2, 5, dtype=torch.long)
-    make = lambda cfg, m=model: policy.shared_prompts(cfg, m, ids, attn, torch.arange(2), 2)  # noqa: E731
-    assert make(grpo.GRPOConfig()) is not None
-    assert make(grpo.GRPOConfig(shared_prompt=False)) is None
-    assert make(grpo.GRPOConfig(gradient_checkpointing=True)) is None
+
+    def decide(cfg, m=model):
+        said = []
+        plan = policy.exact_optimisations(m, cfg, said.append)
+        return plan["shared_prompt"], said
+
+    assert decide(grpo.GRPOConfig()) == ("on", [])
+    assert decide(grpo.GRPOConfig(shared_prompt=False)) == ("off: the flag", [])
+    plan, said = decide(grpo.GRPOConfig(gradient_checkpointing=True))
+    assert plan.startswith("off") and said == ["[exact] --shared_prompt off: it needs no gradient checkpointing: "
+                                               "--gradient_checkpointing"]
     lora = policy.prepare_model(model, grpo.GRPOConfig(use_peft=True, lora_dropout=0.1))
-    assert make(grpo.GRPOConfig(), lora) is None
+    plan, said = decide(grpo.GRPOConfig(), lora)
+    assert "train = eval: the model has dropout" in plan and len(said) == 3  # and padding-free, the fused stage 4
 
 
 def test_shared_prompt_on_the_training_forward_gives_the_same_update(toy_model_path, tmp_path, monkeypatch,
@@ -321,7 +393,7 @@ def test_cscr_scoring_passes_share_each_privileged_prompt(rollout_batch, monkeyp
 
     monkeypatch.setattr(policy, "SharedPrompts", Spy)
     out = []
-    for fn in (grpo.token_logprobs, grpo.Credit(grpo.GRPOConfig(credit="cscr"), tok)._scoring_logprobs):
+    for fn in (policy.token_logprobs, grpo.Credit(grpo.GRPOConfig(credit="cscr"), tok)._scoring_logprobs):
         out.append(cscr.condition_logprobs(model, tok, [p for p, _ in pairs], [q for _, q in pairs],
                                            batch.response_ids, batch.response_mask, logprob_fn=fn))
     assert built == [len(rows), len(rows)]  # x + c+ then x + c−: one row per group, not per response

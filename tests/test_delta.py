@@ -137,15 +137,22 @@ def centroid_condition(v, adv, mask):
     return max(out)
 
 
+def chunk(v, adv, mask):
+    """A streaming micro-batch ``(hidden, token_logprobs, response_mask, advantages)`` whose proxy is ``v`` itself:
+    log p = −∞ gives 1 − p = 1, so v = (1 − p)·h = h exactly (the proxy is tested on its own, and streamed from real
+    h and log p in ``test_example_lambda_bar``)."""
+    return v, torch.full(mask.shape, -math.inf, dtype=v.dtype), mask, adv
+
+
 def split_chunks(v, adv, mask, sizes, trim=True):
-    """Uneven micro-batches; with trim, each chunk is cut to its own max length (T differs per chunk)."""
+    """Uneven micro-batches (``chunk``); with trim, each chunk is cut to its own max length (T differs per chunk)."""
     out, s = [], 0
     for n in sizes:
         vc, ac, mc = v[s:s + n], adv[s:s + n], mask[s:s + n]
         if trim:
             L = int(mc.sum(1).max())
             vc, mc = vc[:, :L], mc[:, :L]
-        out.append((vc, ac, mc))
+        out.append(chunk(vc, ac, mc))
         s += n
     assert s == v.shape[0]
     return out
@@ -205,7 +212,11 @@ def test_example_lambda_bar(K):
     assert lb.dtype == F64
     assert torch.allclose(lb, exp, atol=1e-9, rtol=0)
     # the streamed path reproduces the printed numbers too (one response per micro-batch)
-    ls = delta_coefficients_streaming([(v[:1], adv[:1], mask[:1]), (v[1:], adv[1:], mask[1:])], K=K)
+    ls = delta_coefficients_streaming(split_chunks(v, adv, mask, [1, 1], trim=False), K=K)
+    assert torch.allclose(torch.cat(ls), exp, atol=1e-9, rtol=0)
+    # and from the example's own h and log p, which the stream turns into v chunk by chunk
+    h = example1()[0]
+    ls = delta_coefficients_streaming([(h[:1], logp[:1], mask[:1], adv[:1]), (h[1:], logp[1:], mask[1:], adv[1:])], K=K)
     assert torch.allclose(torch.cat(ls), exp, atol=1e-9, rtol=0)
     # the default is K = 1
     if K == 1:
@@ -429,7 +440,7 @@ def test_no_gradient_into_lambda():
     v = v.masked_fill(mask[..., None] == 0, 0.0).requires_grad_(True)
     lb = delta_coefficients(v, adv, mask)
     assert not lb.requires_grad and lb.grad_fn is None
-    ls = delta_coefficients_streaming([(v[:5], adv[:5], mask[:5]), (v[5:], adv[5:], mask[5:])])
+    ls = delta_coefficients_streaming(split_chunks(v, adv, mask, [5, 7], trim=False))
     assert all(not x.requires_grad for x in ls)
     # using λ̄ in a loss leaves v without a gradient path
     loss = (lb * (v ** 2).sum(-1)).sum()
@@ -469,8 +480,8 @@ def test_streaming_callable_passes_and_recompute(K, expected_passes):
 
     def make():
         calls.append(1)
-        # a fresh generator each call, as when v is recomputed by re-running the forward pass
-        return ((c[0].clone(), c[1], c[2]) for c in chunks)
+        # a fresh generator each call, as when h is recomputed by re-running the forward pass
+        return ((c[0].clone(), *c[1:]) for c in chunks)
 
     ls = delta_coefficients_streaming(make, K=K)
     assert len(calls) == expected_passes
@@ -488,7 +499,7 @@ def test_streaming_rejects_bad_chunks():
 
     def changing():  # advantages differ between passes
         state["n"] += 1
-        return [(c[0], c[1] * state["n"], c[2]) for c in chunks]
+        return [(*c[:3], c[3] * state["n"]) for c in chunks]
 
     with pytest.raises(ValueError, match="changed between passes"):
         delta_coefficients_streaming(changing)
@@ -501,7 +512,9 @@ def test_streaming_rejects_bad_chunks():
 
         delta_coefficients_streaming(shrinking)
     with pytest.raises(ValueError, match="advantages"):
-        delta_coefficients_streaming([(v[:2], adv[:3], mask[:2])])
+        delta_coefficients_streaming([chunk(v[:2], adv[:3], mask[:2])])
+    with pytest.raises(ValueError, match="hidden, token_logprobs, response_mask, advantages"):
+        delta_coefficients_streaming([(v, adv, mask)])  # the whole-batch function's (v, Â, mask) order
 
 
 class FakeAllReduce:
@@ -576,7 +589,7 @@ def test_streaming_reduce_fn_guard_is_global():
     order = torch.argsort(-adv)  # positives first, negatives last
     v, adv, mask = v[order], adv[order], mask[order]
     assert (adv[4:] < 0).all() and (adv[:4] > 0).any()
-    rank_chunks = [[(v[:4], adv[:4], mask[:4])], [(v[4:], adv[4:], mask[4:])]]
+    rank_chunks = [[chunk(v[:4], adv[:4], mask[:4])], [chunk(v[4:], adv[4:], mask[4:])]]
     results, fake = run_ranks(rank_chunks, K=1)
     (res0, st0), (res1, st1) = results
     assert fake.calls[0] == fake.calls[1]
@@ -608,7 +621,7 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="lam_min"):
         delta_coefficients(v, adv, mask, lam_min=1.3, lam_max=1.2)
     with pytest.raises(ValueError, match="lam_min"):
-        delta_coefficients_streaming([(v, adv, mask)], lam_min=1.3, lam_max=1.2)
+        delta_coefficients_streaming([chunk(v, adv, mask)], lam_min=1.3, lam_max=1.2)
     with pytest.raises(ValueError, match="token_logprobs"):
         proxy_vectors(v, adv, mask)
     with pytest.raises(ValueError, match="hidden"):

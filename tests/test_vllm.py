@@ -424,7 +424,7 @@ def _vllm_scores(llm, ro):
 
 def _check_scores_match_trainer(llm, model, ro, atol):
     with torch.no_grad():
-        logp = grpo.token_logprobs(model, ro.input_ids, ro.attention_mask, ro.response_mask)
+        logp = policy.token_logprobs(model, ro.input_ids, ro.attention_mask, ro.response_mask)
     assert torch.isfinite(logp).all()
     diff = ((_vllm_scores(llm, ro) - logp).abs() * ro.response_mask).max().item()
     assert diff < atol, f"vLLM and trainer log-probs differ by {diff} nats"
@@ -435,10 +435,10 @@ def _one_step(model, tok, ro, lr):
     """One AdamW step on the clipped surrogate (grpo.policy_loss) with advantages +1/-1 alternating in each group."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     with torch.no_grad():
-        old = grpo.token_logprobs(model, ro.input_ids, ro.attention_mask, ro.response_mask)
+        old = policy.token_logprobs(model, ro.input_ids, ro.attention_mask, ro.response_mask)
     adv = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(len(ro.input_ids))])
     model.train()
-    logp = grpo.token_logprobs(model, ro.input_ids, ro.attention_mask, ro.response_mask)
+    logp = policy.token_logprobs(model, ro.input_ids, ro.attention_mask, ro.response_mask)
     loss, _ = grpo.policy_loss(logp, old, adv, ro.response_mask)
     opt.zero_grad()
     loss.backward()
@@ -484,7 +484,7 @@ def test_vllm_matches_hf_on_the_same_weights(fresh):
     _check_scores_match_trainer(llm, model, ro, atol=1e-3)
     hf_sampled = rollout.generate(model, tok, prompts, G, MAX_NEW, temperature=1.0, seed=3, stop_ids=stop)
     with torch.no_grad():
-        assert torch.isfinite(grpo.token_logprobs(model, hf_sampled.input_ids, hf_sampled.attention_mask,
+        assert torch.isfinite(policy.token_logprobs(model, hf_sampled.input_ids, hf_sampled.attention_mask,
                                                   hf_sampled.response_mask)).all()
     # a prompt + budget beyond max_model_len is refused rather than silently cut short
     with pytest.raises(ValueError, match="max_model_len"):

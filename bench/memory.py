@@ -1,0 +1,200 @@
+"""Memory of a DelTA step as the rollout batch grows: --delta_impl normal against memory_efficient, beside GRPO.
+
+What it measures
+----------------
+The toy model widened to ``--hidden_size`` (2,048 by default; ``widen_toy_model`` pads every weight with zeros, so
+the function does not change) trains for ``--steps`` steps at each rollout size of ``--sizes`` (responses per
+step; 64, 256, 1,024) with GRPO, DelTA ``normal`` (stage 4 keeps the batch's h_t, [N, T, H] float32 on the host) and
+DelTA ``memory_efficient`` (h recomputed in K + 3 no-grad passes over micro-batches; memory independent of N). Every
+response runs to exactly ``--max_completion_length`` tokens and each group gets half its rewards right (the
+benchmark-only patches of ``_common.install_patches``: T is fixed, every response has Â ≠ 0), and the learning rate
+is 1e-30 (updates computed and applied, weights unchanged), so every variant sees the same rollouts. Each run is a
+fresh ``grpo.train`` in a fresh process; the variants of one size run side by side, interleaved over
+``--repeats`` rounds.
+
+Per step it reads ``metrics.jsonl``: ``memory/peak_rss_gb`` (the process's peak resident set during the step, the
+peak counter reset when the step starts: grpo.py logs it every step) and ``step_time`` / ``generation_time``. The
+first step of every run is not counted (AdamW's state and the allocator's first growth). Reported per size:
+
+* each variant's peak RSS and its extra over GRPO's at the same size (median over the runs' counted steps; range
+  over rounds). ``normal``'s extra should grow as N·T·H·4 bytes (printed beside it), ``memory_efficient``'s stay
+  flat: it holds one micro-batch of h and a few floats per token;
+* seconds per step and the ratio to GRPO, whole step and without generation; DelTA's paper reports +37 s, about
+  10% of its first step, for K + 2 = 3 extra forward passes (App. L.1).
+
+Results: a markdown table and ``--out`` (default ``bench/results/memory.json``) with the machine, versions, commit,
+command, every step's numbers and the summary. About 20 minutes on 2 CPU cores with the defaults.
+
+Usage::
+
+    python bench/memory.py
+    python bench/memory.py --sizes 64,256 --hidden_size 1024 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench import _common  # noqa: E402
+from bench._common import PRELOAD, median, run_one  # noqa: E402
+
+VARIANTS = {"grpo": {"credit": "grpo"}, "delta": {"credit": "delta", "delta_impl": "normal"},
+            "delta[memory_efficient]": {"credit": "delta", "delta_impl": "memory_efficient"}}
+
+
+def widen_toy_model(src: str, dst: str, hidden_size: int) -> str:
+    """Save to ``dst`` the model of ``src`` (a Qwen3, e.g. the toy) with its residual stream widened to
+    ``hidden_size`` by zeros: the same function (tests/test_bench.py), ``hidden_size`` wide.
+
+    Embeddings, o_proj and down_proj get zero columns / rows, so the extra dimensions of the residual stream stay 0;
+    q/k/v, gate/up and the LM head get zero input columns, so they ignore them. Every RMSNorm over the hidden size
+    then sees mean(x²) scaled by h/H: its weight is multiplied by sqrt(h/H) and ``rms_norm_eps`` by h/H, which
+    gives the same output, exactly when H/h is a power of 4 (2,048 = 16·128: sqrt(h/H) = 1/4 is exact in float32).
+    (Qwen3 uses one ``rms_norm_eps`` for all norms: the per-head q/k norms, which are not widened, get the smaller
+    ε too, a change of the order of ε·(1 − h/H)/mean(q²) ≈ 1e-6 relative.)
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    cfg, h = model.config, model.config.hidden_size
+    if hidden_size < h:
+        raise SystemExit(f"memory.py: error: --hidden_size {hidden_size} is below the model's {h}")
+    wide_cfg = type(cfg).from_dict({**cfg.to_dict(), "hidden_size": hidden_size,
+                                    "rms_norm_eps": cfg.rms_norm_eps * h / hidden_size})
+    wide = AutoModelForCausalLM.from_config(wide_cfg, dtype=torch.float32)
+    state, scale = {}, (h / hidden_size) ** 0.5
+    for name, w in model.state_dict().items():
+        target = wide.state_dict()[name]
+        new = torch.zeros_like(target)
+        if name.endswith("norm.weight") and w.shape[0] == h:  # input/post-attention/final norms, not q/k norms
+            new.fill_(1.0)
+            new[:h] = w * scale
+        else:
+            new[tuple(slice(0, n) for n in w.shape)] = w  # zeros in every widened dimension
+        state[name] = new
+    wide.load_state_dict(state)
+    wide.save_pretrained(dst)
+    AutoTokenizer.from_pretrained(src).save_pretrained(dst)
+    return dst
+
+
+def summarize(runs: dict, sizes: list[int], T: int, H: int) -> dict:
+    """Per size and variant: median peak RSS and step times over counted steps, extras and ratios vs GRPO."""
+    out = {}
+    for n in sizes:
+        rows = {}
+        for name in VARIANTS:
+            rs = runs[(n, name)]
+            steps = [s for r in rs for s in r["steps"][1:]]
+            rows[name] = {
+                "peak_rss_gb": median([s["memory/peak_rss_gb"] for s in steps]),
+                "round_peak_rss_gb": [median([s["memory/peak_rss_gb"] for s in r["steps"][1:]]) for r in rs],
+                "s_per_step": median([s["step_time"] for s in steps]),
+                "s_per_step_train": median([s["step_time"] - s["generation_time"] for s in steps]),
+                "round_s_per_step": [median([s["step_time"] for s in r["steps"][1:]]) for r in rs],
+                "round_s_per_step_train": [median([s["step_time"] - s["generation_time"] for s in r["steps"][1:]])
+                                           for r in rs],
+            }
+        base = rows["grpo"]
+        for name, s in rows.items():
+            s["extra_gb"] = s["peak_rss_gb"] - base["peak_rss_gb"]
+            s["round_extra_gb"] = [a - b for a, b in zip(s["round_peak_rss_gb"], base["round_peak_rss_gb"])]
+            s["ratio_s_per_step"] = s["s_per_step"] / base["s_per_step"]
+            s["ratio_s_per_step_train"] = s["s_per_step_train"] / base["s_per_step_train"]
+            s["round_ratio_s_per_step"] = [a / b for a, b in zip(s["round_s_per_step"], base["round_s_per_step"])]
+        rows["delta"]["cache_gb_predicted"] = n * T * H * 4 / 1e9  # N·T·H·4 bytes of h_t
+        out[n] = rows
+    return out
+
+
+def markdown_table(summary: dict) -> str:
+    head = ["responses", "variant", "peak RSS GB", "extra over GRPO GB (rounds)", "N·T·H·4 GB", "s/step",
+            "× GRPO (rounds)", "s/step excl. gen", "× GRPO"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rng = lambda xs, f: f" ({f.format(min(xs))} – {f.format(max(xs))})" if len(xs) > 1 else ""  # noqa: E731
+    for n, rows in summary.items():
+        for name, s in rows.items():
+            lines.append("| " + " | ".join([
+                str(n), name, f"{s['peak_rss_gb']:.3f}",
+                "" if name == "grpo" else f"{s['extra_gb']:+.3f}" + rng(s["round_extra_gb"], "{:+.3f}"),
+                f"{s['cache_gb_predicted']:.3f}" if "cache_gb_predicted" in s else "",
+                f"{s['s_per_step']:.2f}", f"{s['ratio_s_per_step']:.2f}" + rng(s["round_ratio_s_per_step"], "{:.2f}"),
+                f"{s['s_per_step_train']:.2f}", f"{s['ratio_s_per_step_train']:.2f}"]) + " |")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--sizes", default="64,256,1024", help="responses per step (multiples of --num_generations)")
+    ap.add_argument("--hidden_size", type=int, default=2048, help="the toy widened to this hidden size")
+    ap.add_argument("--num_generations", type=int, default=8)
+    ap.add_argument("--max_completion_length", type=int, default=32, help="every response has exactly this length")
+    ap.add_argument("--micro_batch_size", type=int, default=32, help="rows per forward/backward (every variant)")
+    ap.add_argument("--steps", type=int, default=2, help="steps per run (the first is not counted)")
+    ap.add_argument("--repeats", type=int, default=2, help="interleaved rounds")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "memory.json"), help="JSON results ('' = none)")
+    ap.add_argument("--keep_runs", action="store_true", help="keep the runs' folders (printed)")
+    return ap
+
+
+def main(argv=None) -> dict:
+    args = build_parser().parse_args(argv)
+    command = shlex.join(["python", *(sys.argv if argv is None else [__file__, *argv])])
+    sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
+    if any(n % args.num_generations for n in sizes) or args.steps < 2 or args.repeats < 1:
+        raise SystemExit("memory.py: error: --sizes must be multiples of --num_generations, --steps >= 2 (the first "
+                         "is not counted), --repeats >= 1")
+    os.environ["TQDM_DISABLE"] = "1"  # before the fork server imports tqdm
+    workdir = Path(tempfile.mkdtemp(prefix="memory-"))
+    toy_path, toy_info = _common.prepare_toy_model(workdir, 200, "memory.py")
+    model_path = widen_toy_model(toy_path, str(workdir / f"toy_h{args.hidden_size}"), args.hidden_size)
+    base_cfg = dict(model=model_path, prompt_template="none", num_generations=args.num_generations,
+                    max_completion_length=args.max_completion_length, max_steps=args.steps, learning_rate=1e-30,
+                    micro_batch_size=args.micro_batch_size, eval_num_generations=0, save_steps=0, logging_steps=0)
+    patches = {"no_stop": True, "random_rewards": 0, "group_size": args.num_generations}
+    runs, t_start = {(n, v): [] for n in sizes for v in VARIANTS}, time.time()
+    pool = _common.forkserver_pool(PRELOAD)
+    try:
+        for r in range(args.repeats):
+            for n in sizes:
+                for name, over in VARIANTS.items():
+                    cfg = {**base_cfg, **over, "num_prompts_per_step": n // args.num_generations,
+                           "output_dir": str(workdir / f"r{r}_{n}_{name}")}
+                    res = pool.apply(run_one, ({"config": cfg, "patches": patches},))
+                    runs[(n, name)].append(res)
+                    st = res["steps"][1:]
+                    print(f"[memory] round {r + 1}/{args.repeats} N={n:<5} {name:<24} peak RSS "
+                          f"{median([s['memory/peak_rss_gb'] for s in st]):.3f} GB, s/step "
+                          f"{median([s['step_time'] for s in st]):.2f}, run {res['wall_time']:.0f}s", flush=True)
+    finally:
+        pool.close()
+        pool.join()
+    summary = summarize(runs, sizes, args.max_completion_length, args.hidden_size)
+    table = markdown_table(summary)
+    print("\n" + table + f"\n\nT = {args.max_completion_length} tokens, H = {args.hidden_size}; medians over steps 2.. "
+          f"of each run; (a – b): range over {args.repeats} rounds. Total {time.time() - t_start:.0f}s.")
+    result = {"benchmark": "memory", "date": _common.now_iso(), "command": command, "git": _common.git_state(),
+              "machine": _common.machine_description(), "model": {**toy_info, "widened_to": args.hidden_size},
+              "settings": {**vars(args), "train_config": {k: v for k, v in base_cfg.items() if k != "model"},
+                           "patches": patches},
+              "summary": {str(n): rows for n, rows in summary.items()}, "table_markdown": table,
+              "total_seconds": time.time() - t_start,
+              "runs": {f"{n} {v}": [{k: x for k, x in r.items() if k != "pid"} for r in rs]
+                       for (n, v), rs in runs.items()}}
+    return _common.finish(result, args.out, workdir, args.keep_runs)
+
+
+if __name__ == "__main__":
+    main()
