@@ -45,12 +45,14 @@ _CKPT_RE = re.compile(r"checkpoint-(\d+)")
 # credit of a response with Â = 0 too. CSCR's logged weight, the sensitivity s, is not a multiplier.
 MULTIPLIER_WEIGHTS = {"lambda_bar"}
 
-# Flags that may change between a run and its --resume: when it stops, what it logs and saves, and how it samples
-# (vLLM or HF draw different random numbers, but from the same policy). Everything else decides the updates.
+# Flags that may change between a run and its --resume: when it stops, what it logs and saves, how it samples (vLLM
+# or HF draw different random numbers, but from the same policy) and how it computes the same update (micro-batches,
+# padding-free, the shared prompt pass, the fused stage 4, DelTA's implementation: equal to rounding). Everything
+# else decides the updates.
 RESUME_MAY_CHANGE = {"resume", "max_steps", "save_steps", "logging_steps", "eval_steps", "eval_num_generations",
                      "num_samples_to_log", "num_threads", "output_dir", "use_vllm", "vllm_gpu_memory_utilization",
                      "vllm_enable_sleep_mode", "micro_batch_size", "padding_free", "shared_prompt",
-                     "gradient_checkpointing", "overwrite_output_dir", "report_to"}
+                     "fuse_old_logprobs", "delta_impl", "gradient_checkpointing", "overwrite_output_dir", "report_to"}
 
 
 # ----------------------------------------------------------------------------------------------------------
