@@ -34,6 +34,7 @@ import random
 import re
 import shutil
 import tempfile
+import time
 
 import torch
 
@@ -104,8 +105,17 @@ def save_model(model, tokenizer, path: str, info: dict | None = None) -> None:
 
 def _save_model_folder(folder: str, model, tokenizer, state_dict: dict | None, info: dict | None) -> None:
     """``save_pretrained`` of model (or adapter) and tokenizer, and ``info`` as ``run_info.json`` (how the model
-    was trained: its prompt template, base model, credit)."""
-    model.save_pretrained(folder, **({"state_dict": state_dict} if state_dict is not None else {}))
+    was trained: its prompt template, base model, credit). transformers' "Writing model shards" bar is off: it
+    would break the training bar in the middle of a run (the trainer says one line instead)."""
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(folder, **({"state_dict": state_dict} if state_dict is not None else {}))
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(folder)
     if not info:
         return
@@ -313,6 +323,19 @@ class Tracker:
 # ----------------------------------------------------------------------------------------------------------
 # The run's logs
 # ----------------------------------------------------------------------------------------------------------
+def check_writable(path: str) -> None:
+    """ValueError (one line naming --output_dir) when the run folder ``path`` could not be created or written: checked
+    on the folder, or the nearest folder above it that exists, before any model loads, and without writing."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"--output_dir {path}: {existing} is a file, not a folder; choose another --output_dir")
+    if not os.access(existing, os.W_OK | os.X_OK):  # also False on a read-only file system (EROFS), even for root
+        raise ValueError(f"--output_dir {path} cannot be written ({existing} is read-only or not writable by this "
+                         f"user); choose another --output_dir")
+
+
 class RunFolder:
     """config.json, metrics.jsonl, samples/ and summary.json of one run; only process 0 writes (``main``)."""
 
@@ -334,6 +357,8 @@ class RunFolder:
         self.skipped_updates_total = 0  # non-finite updates skipped so far (kept across --resume)
         self.resume_from, self.resume_state, self.model_info = None, None, {}
         self._tracker_modules, self.trackers = import_trackers(config.get("report_to", "none")), []
+        if main:
+            check_writable(path)
         earlier = sorted(os.listdir(path)) if os.path.isdir(path) else []
         if config.get("resume"):
             self.resume_from = latest_checkpoint(path)
@@ -450,8 +475,9 @@ class RunFolder:
         state = {"step": step, "metrics_lines": len(self.metrics_lines()) if self.main else 0,
                  "skipped_updates_total": self.skipped_updates_total, "use_peft": self.config.get("use_peft", False),
                  "model": self.config.get("model"), "seed": self.config.get("seed"), **state}
-        save_checkpoint(os.path.join(self.path, f"checkpoint-{step}"), model, tokenizer, optimizer, state,
-                        self.model_info)
+        t0, path = time.time(), os.path.join(self.path, f"checkpoint-{step}")
+        save_checkpoint(path, model, tokenizer, optimizer, state, self.model_info)
+        self.say(f"[checkpoint] step {step}: {path} ({time.time() - t0:.1f} s)")
 
     def finish(self, model, tokenizer, summary: dict) -> None:
         """Write ``final/`` (``save_model``) and summary.json; every process calls it and waits for process 0."""

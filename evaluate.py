@@ -480,7 +480,7 @@ def overall_metrics(benchmarks: dict[str, dict]) -> dict:
 # ----------------------------------------------------------------------------------------------------------
 def generate_records(model, tokenizer, rows: list[dict], template: str, mode: str, n: int, temperature: float,
                      top_p: float, max_new_tokens: int, seed: int, stop_ids: list[int], batch_size: int,
-                     num_workers: int = 1, grade_timeout: float = 5.0) -> list[dict]:
+                     num_workers: int = 1, grade_timeout: float = 5.0, progress: str = "") -> list[dict]:
     """Generate and grade ``n`` responses per row with one ``rollout.generate`` call; one record each.
 
     Args:
@@ -497,7 +497,7 @@ def generate_records(model, tokenizer, rows: list[dict], template: str, mode: st
     temp = 0.0 if mode == "greedy" else temperature
     ro = rollout.generate(model, tokenizer, prompts, n, max_new_tokens, temperature=temp, top_p=top_p, seed=seed,
                           stop_ids=stop_ids, batch_size=batch_size,
-                          stop_strings=rollout.template_stop_strings(template))
+                          stop_strings=rollout.template_stop_strings(template), progress=progress)
     refs = [r["answer"] for r in rows for _ in range(n)]
     graded = verify.grade_batch(ro.texts, refs, timeout=grade_timeout, num_workers=num_workers)
     lengths = ro.response_lengths.tolist()
@@ -513,7 +513,7 @@ def generate_records(model, tokenizer, rows: list[dict], template: str, mode: st
 def evaluate_rows(model, tokenizer, rows: list[dict], template: str, num_samples: int = 8,
                   temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 64, seed: int = 0,
                   batch_size: int = 256, greedy: bool = True, num_workers: int = 1, pass_ks: list[int] | None = None,
-                  stop_ids: list[int] | None = None) -> dict:
+                  stop_ids: list[int] | None = None, progress: str = "") -> dict:
     """Greedy accuracy, avg@k and pass@k (k = 1, 2, 4, ..., n) of ``model`` on ``rows``, all in memory.
 
     The in-memory core used by the trainer: one ``rollout.generate`` call per mode with ``seed``, no files.
@@ -525,6 +525,7 @@ def evaluate_rows(model, tokenizer, rows: list[dict], template: str, num_samples
         num_workers: grading worker processes.
         pass_ks: the ks of pass@k (default 1, 2, 4, ..., n).
         stop_ids: ids that end a response (default :func:`rollout.stop_token_ids` with the model).
+        progress: a description: a progress bar over each mode's responses (``rollout.generate``).
     Returns:
         the metrics of :func:`compute_metrics` and ``"responses"``: every record with its grade.
     Raises:
@@ -535,23 +536,24 @@ def evaluate_rows(model, tokenizer, rows: list[dict], template: str, num_samples
     runs = ([("greedy", 1)] if greedy else []) + ([("sample", num_samples)] if num_samples else [])
     for mode, n in runs:
         records += generate_records(model, tokenizer, rows, template, mode, n, temperature, top_p, max_new_tokens,
-                                    seed, stops, batch_size, num_workers=num_workers)
+                                    seed, stops, batch_size, num_workers=num_workers,
+                                    progress=progress and f"{progress}: {mode}")
     out = compute_metrics(records, rows, num_samples, greedy, pass_ks)
     out["responses"] = records
     return out
 
 
 def heldout(model, tokenizer, rows: list[dict], template: str, k: int, temperature: float, top_p: float,
-            max_new_tokens: int, seed: int) -> dict:
+            max_new_tokens: int, seed: int, progress: str = "") -> dict:
     """The trainer's held-out evaluation, as ``eval/`` metrics: greedy accuracy, avg@k, pass@k and sample
     statistics of :func:`evaluate_rows`. Under torchrun each process evaluates every world-th problem and the graded
-    responses are pooled (every process gets the same numbers)."""
+    responses are pooled (every process gets the same numbers). ``progress``: a bar's description (process 0)."""
     import distributed
 
     rank, world = distributed.rank(), distributed.world_size()
     with distributed.gathered_weights(model):  # FSDP2: each process runs its own number of forwards
         res = evaluate_rows(model, tokenizer, rows[rank::world], template, k, temperature, top_p, max_new_tokens,
-                            seed=seed)
+                            seed=seed, progress=progress if rank == 0 else "")
     if world > 1:
         res = compute_metrics([r for part in distributed.all_gather_objects(res["responses"]) for r in part], rows,
                               k, True)
@@ -929,6 +931,8 @@ def main(argv=None):
           + ", ".join(f"{k}={settings[k]}" for k in ("num_samples", "temperature", "top_p", "max_new_tokens",
                                                      "greedy", "seed")) + "\n")
     print(table)
+    for line in trainer_figures(args.model, results, settings):  # the same checkpoint, as grpo.py logged it
+        print(line)
     if not args.no_plot:
         pngs = plot_results(results, args.output_dir)
         print(f"\nbar charts: {len(pngs)} PNG in {args.output_dir}" if pngs else
@@ -936,6 +940,37 @@ def main(argv=None):
     print(f"results: {os.path.join(args.output_dir, 'results.json')}; responses: "
           f"{os.path.join(args.output_dir, '<benchmark>_responses.jsonl')}")
     return results
+
+
+def trainer_figures(model: str, results: dict, settings: dict) -> list[str]:
+    """When ``model`` is a checkpoint of a grpo.py run (``<run>/final`` or ``<run>/checkpoint-<step>``) and a
+    benchmark here is that run's held-out set: the lines that set this evaluation beside the one the run logged in
+    metrics.jsonl, and say why sampled figures differ (the same model, other random draws) while greedy agrees."""
+    run = os.path.dirname(os.path.normpath(model))
+    try:
+        with open(os.path.join(run, "config.json")) as f:
+            cfg = json.load(f)["config"]
+        with open(os.path.join(run, "metrics.jsonl")) as f:
+            logged = [r for r in map(json.loads, f) if any(k.startswith("eval/") for k in r)]
+    except (OSError, ValueError, KeyError):
+        return []
+    step = int(os.path.basename(os.path.normpath(model)).rpartition("-")[2]) if "checkpoint-" in model else \
+        cfg.get("max_steps")
+    heldout = cfg.get("eval_data") or ("toy" if cfg.get("data") == "toy" else "")
+    mine = next((m for name, m in results["benchmarks"].items() if heldout in (name, m.get("source"))), None)
+    theirs = next((r for r in logged if r["step"] == step), None)
+    k = settings["num_samples"]
+    if mine is None or theirs is None or f"eval/avg@{k}" not in theirs or f"avg@{k}" not in mine:
+        return []
+    p, n, greedy = mine[f"avg@{k}"], mine["num_problems"] * k, mine.get("greedy", float("nan"))
+    same = abs(greedy - theirs.get("eval/greedy", float("nan"))) < 1e-9
+    return [f"\ngrpo.py logged for this checkpoint (step {step}): avg@{k} {theirs[f'eval/avg@{k}']:.3f}, greedy "
+            f"{theirs['eval/greedy']:.3f}; here: avg@{k} {p:.3f}, greedy {greedy:.3f}.",
+            f"The same model and settings with other random draws: the trainer samples all problems in one pass "
+            f"(seed {cfg.get('seed', 0)} + 12345), evaluate.py chunk by chunk (--seed {settings['seed']}, so that an "
+            f"interrupted run resumes exactly). Sampled figures differ by sampling noise: one standard deviation of "
+            f"avg@{k} over {n:,} responses is {(p * (1 - p) / max(n, 1)) ** 0.5:.3f}. Greedy decoding draws nothing"
+            + (" and agrees." if same else ", but other batches round differently: an argmax tie can flip.")]
 
 
 def _model_slug(name: str) -> str:

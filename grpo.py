@@ -62,7 +62,8 @@ class GRPOConfig:
     data: str = _f("toy", "training problems: a jsonl file of {id, problem, answer} rows, or 'toy'")
     eval_data: str = _f("", "held-out problems (before/after); empty: the toy's test split with --data toy")
     prompt_template: str = _f("auto", "auto: none for the toy, else qwen_math", ["auto", *rollout.PROMPT_TEMPLATES])
-    output_dir: str = _f("", "the run folder (config, metrics, samples, checkpoints); empty: runs/<credit>")
+    output_dir: str = _f("", "the run folder (config, metrics, samples, checkpoints); empty: runs/<credit> for the "
+                             "toy, runs/<model>-<credit> for another model (e.g. runs/Qwen3-8B-Base-delta)")
     # model loading, LoRA and memory (docs/scaling.md)
     torch_dtype: str = _f("auto", "auto: bfloat16 on a GPU, float32 on the CPU", ["auto", "bfloat16", "float32"])
     attn_implementation: str = _f("sdpa", "attention kernel: sdpa, eager, or flash_attention_2 (needs flash-attn)")
@@ -134,9 +135,15 @@ class GRPOConfig:
     num_threads: int = _f(0, "torch CPU threads (0: 1 for models under 10M parameters, else torch's default)")
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, like every other bad input (argparse would print the 45-line usage first)
+        raise SystemExit(f"grpo.py: error: {message} (python grpo.py --help lists the flags)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """argparse flags generated from ``GRPOConfig`` (name, type, default, help, choices)."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    """argparse flags generated from ``GRPOConfig`` (name, type, default, help, choices); a bad flag or value stops
+    with one line."""
+    ap = _Parser(description=__doc__.split("\n")[0])
     for f in dataclasses.fields(GRPOConfig):
         kind = (f.type if isinstance(f.type, str) else f.type.__name__).split("|")[0].strip()  # "float | None"
         kw = dict(default=f.default, **f.metadata)  # help, and choices where the field has them
@@ -421,7 +428,8 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
     loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, input_ids, attn, mask, old_logp, token_adv,
                                                        ref_logp, cfg, step, passes)
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
-    peak = {k: max(p[k] for p in distributed.all_gather_objects(policy.peak_memory())) for k in policy.peak_memory()}
+    peaks = distributed.all_gather_objects(policy.peak_memory())  # each process's; the largest is logged
+    peak = {k: max(p[k] for p in peaks) for k in peaks[0]}
     record = run.log_step(step + 1, G, rewards, lengths, batch.finish_reasons, verify.summarize(graded),
                           agg, {"loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
                                 "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
@@ -557,7 +565,11 @@ def train(cfg: GRPOConfig) -> dict:
     rows = evaluate.load_problems(cfg.data, split="train")
     eval_source = cfg.eval_data or ("toy" if cfg.data == "toy" else "")  # the toy's held-out split by default
     eval_rows = evaluate.load_problems(eval_source, split="test") if eval_source else []
-    run = checkpoint.RunFolder(cfg.output_dir or os.path.join("runs", cfg.credit), dataclasses.asdict(cfg), rank == 0,
+    if not eval_rows or not cfg.eval_num_generations:
+        say("[eval] off: " + ("--eval_num_generations 0" if eval_rows else "--data is not the toy and --eval_data is "
+                              "empty") + "; pass --eval_data FILE (e.g. data/math500.jsonl) and --eval_num_generations "
+            "K for a held-out avg@K before and after training")
+    run = checkpoint.RunFolder(cfg.output_dir or default_output_dir(cfg), dataclasses.asdict(cfg), rank == 0,
                                say)  # an earlier run there: --resume, --overwrite_output_dir, or a one-line error
     # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), sharding, AdamW (and --resume's state)
     model, tokenizer, ref_model, optimizer, state, compute_dtype = policy.build(cfg, run.resume_from, say)
@@ -584,7 +596,8 @@ def train(cfg: GRPOConfig) -> dict:
         with policy.oom_guard(f"the evaluation at step {step}"):
             record = {"step": step, **evaluate.heldout(model, tokenizer, eval_rows, template,
                                                        cfg.eval_num_generations, cfg.temperature, cfg.top_p,
-                                                       cfg.max_completion_length, seed=cfg.seed + 12345)}
+                                                       cfg.max_completion_length, seed=cfg.seed + 12345,
+                                                       progress=f"eval step {step}")}
         return run.log(record, echo=f"[eval step {step}]")
 
     first_eval = run_eval(0) if start_step == 0 else run.logged_eval(0)  # a resumed run logged it already
@@ -617,6 +630,13 @@ def train(cfg: GRPOConfig) -> dict:
     return summary
 
 
+def default_output_dir(cfg: GRPOConfig) -> str:
+    """runs/<credit> for the toy, runs/<model>-<credit> otherwise (the model's last path part, e.g.
+    runs/Qwen3-8B-Base-delta): two runs of different models or credits never share a folder by default."""
+    name = os.path.basename(os.path.normpath(os.path.expanduser(cfg.model)))
+    return os.path.join("runs", cfg.credit if cfg.model == "toy" else f"{name}-{cfg.credit}")
+
+
 def main(argv=None):
     cfg = GRPOConfig(**vars(build_parser().parse_args(argv)))
     try:
@@ -626,9 +646,10 @@ def main(argv=None):
     finally:
         distributed.close()
     b, a, k = summary["before"], summary["after"], cfg.eval_num_generations
-    if b and a and distributed.rank_from_env() == 0:
+    if distributed.rank_from_env() == 0:
         print(f"held-out avg@{k}: {b[f'eval/avg@{k}']:.3f} -> {a[f'eval/avg@{k}']:.3f}   "
-              f"greedy: {b['eval/greedy']:.3f} -> {a['eval/greedy']:.3f}")
+              f"greedy: {b['eval/greedy']:.3f} -> {a['eval/greedy']:.3f}" if b and a else
+              f"done: {cfg.max_steps} steps in {cfg.output_dir or default_output_dir(cfg)} (held-out evaluation off)")
 
 
 if __name__ == "__main__":

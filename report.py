@@ -560,15 +560,28 @@ def build_report(runs: list[Run], steps: str = "auto", scale: float | None = Non
     return page, info
 
 
+def default_output(run_folders: list) -> str:
+    """``report.html`` in a folder the runs own: the one run's folder, or the folder that holds all of them
+    (runs/report.html for runs/grpo runs/delta runs/cscr) unless that is the working directory (then the first
+    run's folder). Never the repository's root, which git does not ignore."""
+    folders = [os.path.abspath(p) for p in run_folders]
+    parent = os.path.commonpath(folders) if len(folders) > 1 else folders[0]
+    if parent == os.getcwd() or parent == os.path.dirname(parent):  # the working directory, or the root
+        parent = folders[0]
+    return os.path.relpath(os.path.join(parent, "report.html"))
+
+
 def main(argv=None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", help="run folders of grpo.py (--output_dir)")
-    ap.add_argument("--output", default="report.html", help="the HTML file to write (default: %(default)s)")
+    ap.add_argument("--output", default="", help="the HTML file to write (default: report.html in the folder that "
+                    "holds the runs, e.g. runs/report.html, or in the run's folder for one run)")
     ap.add_argument("--steps", default="auto", help="whose responses to show: auto (all while the page stays a few "
                     "MB, else evenly spaced), all, or step numbers like 1,30,60 (default: %(default)s)")
     ap.add_argument("--scale", type=float, default=None, help="the colour scale's end R: credits from 1/R to R "
                     "(default: what covers 99.5%% of the tokens, at most 2)")
     args = ap.parse_args(argv)
+    args.output = args.output or default_output(args.runs)
     t0 = time.time()
     runs = load_runs(args.runs, say=lambda line: print(line, file=sys.stderr))
     if not runs:

@@ -202,7 +202,7 @@ def sampling_config(max_new_tokens: int, temperature: float, top_p: float, stop_
     """The ``transformers.GenerationConfig`` every HF rollout and evaluation samples with, built from scratch.
 
     It states the whole distribution: softmax(logits / T) cut to the top-``top_p`` nucleus (``temperature == 0``:
-    greedy), which is what the trainer scores (``grpo.token_logprobs`` uses the same T). Every other field that
+    greedy), which is what the trainer scores (``policy.token_logprobs`` uses the same T). Every other field that
     changes the distribution is neutral: no repetition, n-gram or length penalty, no min-p / typical / epsilon /
     eta / top-h / top-k truncation, no banned, suppressed, biased or forced token, no minimum length (it would
     forbid EOS), no beam search, no watermark, no classifier-free guidance; fields left unset (None) are off,
@@ -243,7 +243,7 @@ def generation_config_set_aside(model, config):
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], num_generations: int, max_new_tokens: int,
              temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, stop_ids: list[int] | None = None,
-             batch_size: int | None = None, stop_strings: list[str] | None = None) -> Rollout:
+             batch_size: int | None = None, stop_strings: list[str] | None = None, progress: str = "") -> Rollout:
     """Sample ``num_generations`` responses for each prompt with Hugging Face ``generate``.
 
     The distribution is ``sampling_config``'s and nothing else: softmax(logits / ``temperature``) cut to the
@@ -263,6 +263,7 @@ def generate(model, tokenizer, prompts: list[str], num_generations: int, max_new
         batch_size: rows per ``generate`` call (default: all at once).
         stop_strings: a response is cut after the first of these strings it contains (``template_stop_strings``):
             its mask ends at the token that completes the string, its text right after the string.
+        progress: a description: show a progress bar over the responses (tqdm, cleared when done).
     Returns:
         a ``Rollout`` with N = len(prompts) * num_generations rows.
     Raises:
@@ -279,7 +280,10 @@ def generate(model, tokenizer, prompts: list[str], num_generations: int, max_new
     was_training = model.training
     model.eval()
     outs, bs = [], batch_size or len(rows)
-    with generation_config_set_aside(model, config):
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(rows), desc=progress, unit="resp", leave=False, disable=not progress, dynamic_ncols=True)
+    with generation_config_set_aside(model, config), bar:
         for i in range(0, len(rows), bs):
             ids = enc["input_ids"][i:i + bs].to(device)
             # synced_gpus=False: under FSDP2 the callers gather the weights first (distributed.gathered_weights), so no
@@ -288,6 +292,7 @@ def generate(model, tokenizer, prompts: list[str], num_generations: int, max_new
             out = model.generate(input_ids=ids, attention_mask=enc["attention_mask"][i:i + bs].to(device),
                                  generation_config=config, synced_gpus=False)
             outs.append(out[:, ids.shape[1]:].cpu())
+            bar.update(len(ids))
     model.train(was_training)
     width = max(o.shape[1] for o in outs)
     response_ids = torch.cat([torch.nn.functional.pad(o, (0, width - o.shape[1]), value=pad_id) for o in outs])

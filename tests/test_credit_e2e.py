@@ -194,11 +194,12 @@ def test_delta_normal_stops_before_a_cache_that_does_not_fit(rollout_batch, monk
     model, tok, rows, batch = rollout_batch
     N, T = batch.response_mask.shape
     nbytes = N * T * model.config.hidden_size * 4
-    monkeypatch.setattr(policy, "host_memory_available", lambda: int(1.9 * nbytes))  # half of it: just too little
+    share = policy.HOST_MEMORY_SHARE
+    monkeypatch.setattr(policy, "host_memory_available", lambda: int(0.95 * nbytes / share))  # just too little
     with pytest.raises(SystemExit, match=rf"{N} responses × {T} tokens × {model.config.hidden_size} hidden .* use "
                                          r"--delta_impl memory_efficient"):
         _delta_credit(model, tok, batch, torch.ones(N))
-    monkeypatch.setattr(policy, "host_memory_available", lambda: int(2.1 * nbytes))
+    monkeypatch.setattr(policy, "host_memory_available", lambda: int(1.05 * nbytes / share))
     _delta_credit(model, tok, batch, torch.ones(N))  # fits
     _delta_credit(model, tok, batch, torch.ones(N), delta_impl="memory_efficient")  # keeps no cache at all
 

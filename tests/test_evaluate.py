@@ -162,7 +162,8 @@ def test_no_network_fails_at_once_in_one_line(tmp_path, monkeypatch):
                                                 r"127\.0\.0\.1 .*no network") as e:
         evaluate.load_problems("math500", data_dir=tmp_path)
     assert calls == [] and "\n" not in str(e.value)  # the download was not even tried
-    with pytest.raises(ValueError, match=r"cannot reach 127\.0\.0\.1 to download model 'no-org/no-model'.*folder"):
+    with pytest.raises(ValueError, match=r"cannot reach 127\.0\.0\.1 to download model 'no-org/no-model'.*`hf download "
+                                         r"no-org/no-model --local-dir no-model`.*--model /path/to/no-model"):
         policy.load_model_and_tokenizer("no-org/no-model")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # honoured: the local cache only, and a message that says so
     with pytest.raises(ValueError, match="not in the local Hugging Face cache and HF_HUB_OFFLINE is set"):

@@ -4,6 +4,7 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -237,8 +238,13 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert not (tmp_path / "o").exists()  # a run that fails to start leaves no folder behind
     with pytest.raises(SystemExit, match=r"--learning_rate must be > 0, got -1.0$"):
         grpo.main(["--learning_rate", "-1"])
-    with pytest.raises(SystemExit):
-        grpo.main(["--loss_type", "bogus"])  # argparse choices
+    for argv, said in ((["--loss_type", "bogus"], "argument --loss_type: invalid choice: 'bogus'"),
+                       (["--credit", "foo"], "argument --credit: invalid choice: 'foo'"),
+                       (["--max_steps", "x"], "argument --max_steps: invalid int value: 'x'"),
+                       (["--no_such_flag"], "unrecognized arguments: --no_such_flag")):
+        with pytest.raises(SystemExit, match=f"^grpo.py: error: {said}.*python grpo.py --help") as e:
+            grpo.main(argv)  # one line (argparse alone would print the whole usage first)
+        assert "\n" not in str(e.value) and capsys.readouterr() == ("", "")
 
 
 def test_toy_splits_are_deterministic_and_disjoint():
@@ -321,6 +327,38 @@ def test_output_folder_of_an_earlier_run(tiny_model_path, tmp_path):
     with pytest.raises(SystemExit, match=r"cannot --resume from .*checkpoint-1: .*metrics.jsonl has 0 lines, fewer "
                                          r"than the 1 .*--overwrite_output_dir"):
         grpo.main(argv + ["--max_steps", "3", "--save_steps", "1", "--resume"])
+
+
+def test_default_output_folder_names_the_model_and_the_credit():
+    assert grpo.default_output_dir(grpo.GRPOConfig(credit="delta")) == os.path.join("runs", "delta")  # the toy
+    for model in ("Qwen/Qwen3-8B-Base", "/models/Qwen3-8B-Base/", "~/Qwen3-8B-Base"):
+        cfg = grpo.GRPOConfig(model=model, credit="delta")
+        assert grpo.default_output_dir(cfg) == os.path.join("runs", "Qwen3-8B-Base-delta"), model
+
+
+def test_unwritable_output_dir_stops_before_the_model_loads(tmp_path, monkeypatch):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    with pytest.raises(SystemExit, match=r"^grpo.py: error: --output_dir .*a_file/run: .*a_file is a file, not a "
+                                         r"folder; choose another --output_dir$"):
+        grpo.main(["--output_dir", str(a_file / "run")])
+    loaded = []
+    monkeypatch.setattr(policy, "build", lambda *a, **k: loaded.append(1))
+    monkeypatch.setattr(checkpoint.os, "access", lambda path, mode: False)  # as a read-only file system answers
+    with pytest.raises(SystemExit, match=r"--output_dir .*/ro/run cannot be written \(.* is read-only or not writable"):
+        grpo.main(["--output_dir", str(tmp_path / "ro" / "run")])
+    assert loaded == [] and not (tmp_path / "ro").exists()
+
+
+def test_a_run_without_evaluation_says_so_and_how_to_turn_it_on(tiny_model_path, tmp_path, capsys):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"id": i, "problem": f"Compute {i}+1.", "answer": str(i + 1)}) + "\n"
+                            for i in range(4)))
+    out = tmp_path / "run"
+    grpo.main(["--model", tiny_model_path, "--data", str(data), "--output_dir", str(out), *TINY_RUN[:-4]])
+    said = capsys.readouterr()
+    assert said.out.count("[eval] off: --data is not the toy and --eval_data is empty; pass --eval_data FILE") == 1
+    assert said.out.strip().splitlines()[-1] == f"done: 1 steps in {out} (held-out evaluation off)"
 
 
 def test_logged_lengths_do_not_depend_on_masking_truncated_responses(toy_model_path, tmp_path):

@@ -257,6 +257,21 @@ def test_bad_folders_get_one_line_and_the_others_are_reported(three_runs, tmp_pa
         report.main([str(tmp_path / "notarun"), "--output", str(out)])
 
 
+def test_default_output_is_a_place_the_runs_own(three_runs, tmp_path, monkeypatch, capsys):
+    """Without --output the page goes next to the runs (their common folder, here tmp_path/report.html; one run: its
+    own folder), never into the working directory (the repository root, which git does not ignore), and the line
+    printed says where."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert report.default_output(three_runs) == os.path.join("..", "report.html")
+    assert report.default_output(three_runs[1:2]) == os.path.join("..", "delta", "report.html")
+    out = report.main(three_runs[1:2])
+    assert (tmp_path / "delta" / "report.html").exists() and f"wrote {out}" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)  # the runs' common folder is the working directory: the first run's folder
+    assert report.default_output(three_runs) == os.path.join("grpo", "report.html")
+
+
 def test_steps_shown(three_runs, monkeypatch):
     runs = report.load_runs(three_runs)
     assert report.pick_steps(runs, "auto") == ([1, 2], [1, 2])
