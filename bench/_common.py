@@ -247,7 +247,8 @@ def run_one(spec: dict) -> dict:
             rec = json.loads(line)
             if "step_time" in rec:  # the step's timings, its peak memory (grpo.py logs memory/*), its rollouts
                 steps.append({k: v for k, v in rec.items() if k.startswith("memory/") or k in (
-                    "step", "step_time", "generation_time", "reward", "frac_reward_zero_std", "completions/mean_length")})
+                    "step", "step_time", "generation_time", "reward", "frac_reward_zero_std",
+                    "completions/mean_length")})
     for s, h, m in zip(steps, hook, marks):
         s.update(h)
         s["cpu_step_time"] = m["cpu_end"] - m["cpu_start"]

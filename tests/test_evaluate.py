@@ -369,10 +369,10 @@ def counting_generate(monkeypatch):
     real = rollout.generate
 
     def wrapper(model, tokenizer, prompts, num_generations, max_new_tokens, temperature=1.0, top_p=1.0, seed=0,
-                stop_ids=None, batch_size=None, stop_strings=None):
+                stop_ids=None, batch_size=None, stop_strings=None, progress=""):
         calls.append({"prompts": list(prompts), "n": num_generations, "temperature": temperature, "seed": seed})
         return real(model, tokenizer, prompts, num_generations, max_new_tokens, temperature, top_p, seed, stop_ids,
-                    batch_size, stop_strings)
+                    batch_size, stop_strings, progress)
 
     monkeypatch.setattr(rollout, "generate", wrapper)
     return calls
@@ -499,3 +499,25 @@ def test_cli_errors_are_one_line(tmp_path):
         assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr
         lines = [line for line in res.stderr.strip().splitlines() if line.startswith("evaluate.py: error:")]
         assert len(lines) == 1 and expected in lines[0], res.stderr
+
+
+def test_a_checkpoint_of_a_run_is_set_beside_the_trainers_figures(toy_model_path, tmp_path, capsys):
+    """evaluate.py on <run>/final, on the run's held-out set, prints what grpo.py logged for that checkpoint next to
+    its own figures and why sampled ones differ (other random draws, with their standard deviation)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(toy_model_path, run / "final")
+    (run / "config.json").write_text(json.dumps({"config": {"data": "toy", "eval_data": "", "seed": 0,
+                                                            "max_steps": 60}}))
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/avg@2": 0.1, "eval/greedy": 0.2}) + "\n" +
+                                       json.dumps({"step": 60, "eval/avg@2": 0.853, "eval/greedy": 0.9}) + "\n")
+    evaluate.main(["--model", str(run / "final"), "--benchmarks", "toy", "--num_samples", "2", "--limit", "8",
+                   "--output_dir", str(tmp_path / "eval"), "--no_plot", "--no_progress"])
+    out = capsys.readouterr().out
+    res = json.loads((tmp_path / "eval" / "results.json").read_text())["benchmarks"]["toy"]
+    p = res["avg@2"]
+    assert (f"grpo.py logged for this checkpoint (step 60): avg@2 0.853, greedy 0.900; here: avg@2 {p:.3f}, "
+            f"greedy {res['greedy']:.3f}.") in out
+    assert f"one standard deviation of avg@2 over 16 responses is {(p * (1 - p) / 16) ** 0.5:.3f}" in out
+    assert evaluate.trainer_figures(toy_model_path, {"benchmarks": {"toy": res}}, {"num_samples": 2}) == []  # no run

@@ -389,3 +389,15 @@ def test_trained_folder_says_its_template(tiny_model_path, tmp_path, capsys):
     assert rollout.resolve_template("auto", tiny_model_path) == "none"  # the toy's folder (toy_info.json)
     assert rollout.resolve_template("auto", "Qwen/Qwen3-8B-Base") == "qwen_math"
     assert "[template] r1 (--prompt_template)" in capsys.readouterr().out
+
+
+def test_progress_bars_do_not_interleave(toy_model_path, tmp_path, capsys):
+    """The held-out evaluation shows a bar (cleared when done); a checkpoint written mid-run says one line instead
+    of transformers' "Writing model shards" bar, which broke the training bar."""
+    grpo.main(["--model", toy_model_path, "--prompt_template", "none", "--max_steps", "2", "--save_steps", "1",
+               "--num_prompts_per_step", "2", "--num_generations", "2", "--max_completion_length", "16",
+               "--eval_num_generations", "1", "--output_dir", str(tmp_path / "run")])
+    out, err = capsys.readouterr()
+    assert "eval step 0: sample" in err and "eval step 2: greedy" in err  # the evaluation's bars
+    assert "Writing model shards" not in err
+    assert f"[checkpoint] step 1: {tmp_path / 'run' / 'checkpoint-1'}" in out

@@ -4,8 +4,9 @@ Marker ``trl`` (needs requirements-bench.txt; left out of the default run; ``.ci
 own virtual environment). One TRL step on the toy with a generation batch of 2 prompts × 8 responses split into 4
 micro-batches of 4 rows (``gradient_accumulation_steps`` 4): grpo.py's credit hook (``grpo.old_logprobs`` +
 ``grpo.Credit``, whole batch, its own θ_old pass) runs on TRL's batch at θ_old, before the subclass; the token
-advantages that reach TRL's loss in each micro-batch must equal its rows (to 1e-6), and so must λ̄ (DelTA) and
-w̃ = Â_{i,t}/Â_i (CSCR). Then a few toy steps with ``--credit delta`` must raise the held-out avg@8.
+advantages that reach TRL's loss in each micro-batch must equal its rows, and so must λ̄ (DelTA) and
+w̃ = Â_{i,t}/Â_i (CSCR): the same computation, so in float64 to 1e-10 (tests/conftest.py ``float64_model``). Then a
+few toy steps with ``--credit delta`` must raise the held-out avg@8.
 """
 
 from collections import Counter
@@ -18,7 +19,7 @@ import policy
 import rollout
 
 pytestmark = pytest.mark.trl
-TOL = 1e-6
+TOL = 1e-10
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +54,14 @@ def _key(prompt_ids, completion_ids):
 
 @pytest.mark.parametrize("credit", ["grpo", "delta", "cscr"])
 def test_token_advantages_equal_grpo_credit_across_micro_batches(example, toy_model_path, tmp_path, monkeypatch,
-                                                                 credit):
+                                                                 float64_model, credit):
     import trl
 
     model, tokenizer = policy.load_model_and_tokenizer(toy_model_path)
+    model = float64_model(model)
+    from trl.kernels import chunked_logprob  # TRL's loss accumulates in float32 whatever the model's dtype (float32
+    # is the point there); this test compares the advantages that reach the loss, so the kernel gets float32 inputs
+    monkeypatch.setattr(chunked_logprob, "_addmm_fp32", lambda acc, a, b: acc.addmm_(a.type(acc.dtype), b.type(acc.dtype)))
     args = example.build_parser().parse_args([
         "--credit", credit, "--max_steps", "1", "--num_prompts_per_step", "2", "--num_generations", "8",
         "--gradient_accumulation_steps", "4", "--seed", "1", "--output_dir", str(tmp_path)])
