@@ -169,7 +169,7 @@ def test_delta_memory_efficient_equals_normal_in_trainer(rollout_batch, float64_
     adv = grpo.group_advantages(torch.tensor(r * 2, dtype=torch.float64), 4, scale=scale)
     if rewards == "one_side":
         adv = adv.clamp(min=0)
-    N, mask = len(adv), batch.response_mask
+    mask = batch.response_mask
     lam0, adv0, st0, _ = _delta_credit(model, tok, batch, adv, delta_k=K, micro_batch_size=0)
     assert lam0.dtype == torch.float64 and (st0["delta/fallback"] == 1.0) == (rewards == "one_side")
     if rewards != "one_side":
