@@ -56,7 +56,9 @@ applied by :func:`extract_boxed` and :func:`normalize_answer`, the others by :fu
   match, a rearranged copy does: ``y=2x+5`` vs ``2x-y+5=0`` is True, ``x+3y+7=0`` is False (C06). A value
   never matches a non-assignment equation reference (``1`` vs ``2x+z=1`` is False, gold first).
 - **Percentages**: a reference ``50\%`` accepts ``50``, ``0.5`` and ``50\%`` (the Qwen2.5-Math
-  ``include_percentage`` rule, C08). A reference ``0.5`` does not accept ``50``.
+  ``include_percentage`` rule, C08). A reference ``0.5`` does not accept ``50``. A percentage in the box is
+  read the same way (math-verify's rule): ``28\%``, ``$28$ \%``, ``28 percent``, ``28 pct`` all match a
+  reference ``28``, ``28\%`` or ``0.28`` (issue 12: ``$28$ \%`` was a parse error).
 - **Units and degrees** (C10): ``15\text{ cm}^2`` == ``15``, ``30^\circ`` == ``30``, ``5\text{ apples}``
   == ``5``, ``10 \text{ m}/\text{s}`` == ``10``. Degrees are *not* converted to radians (``30^\circ`` !=
   ``\frac{\pi}{6}``). math-verify's own unit stripping is switched off (``units=False``) because it also
@@ -78,7 +80,10 @@ applied by :func:`extract_boxed` and :func:`normalize_answer`, the others by :fu
   ``\$32,\!348`` == ``32348``: math-verify reads ``d,ddd`` groups as one number, so a list whose later
   items all have exactly three digits (``5,125``) also reads as one number. Typeset separators
   ``1\,000``, ``1\ 000``, ``1~000``, ``1{,}000``, ``29,\!322`` are removed first (math-verify reads
-  ``1\,000`` as ``1*0`` and misses ``,\!`` inside ``\frac``).
+  ``1\,000`` as ``1*0`` and misses ``,\!`` inside ``\frac``), and so are plain spaces between a 1-3 digit
+  group and 3-digit groups: ``1 000`` == ``1000``, ``12 345 678`` == ``12345678`` (math-verify reads ``1 000``
+  as ``1*0``; issue 12), while ``1 2 3``, ``12 34`` and ``12 345 6789`` keep their spaces. A comma is never
+  a decimal point (``1000,99`` is not 1000.99).
 - **Leading zeros**: AIME ``025`` == ``25`` (data README, aime24).
 - **Notation**: ``\dfrac`` and ``\tfrac`` == ``\frac``; reordered sums ``-2+e^{5}`` == ``e^{5}-2`` (C13);
   products in any order (hmmt ``2^{25} \cdot 26!``).
@@ -91,7 +96,8 @@ applied by :func:`extract_boxed` and :func:`normalize_answer`, the others by :fu
   :data:`REL_TOL` (0.1 %) apart never verify, whatever their size. Percentages are exempt (C08).
 - **Reference/answer spellings** rewritten on both sides (minerva data): e-notation ``4.5e33`` ->
   ``4.5\times10^{33}`` (math-verify reads the ``e`` as Euler's number), ``np.arcsin(..)`` ->
-  ``\arcsin(..)``, Python floats ``-1./3`` -> ``-1/3``, stray unescaped ``$`` removed (minerva 72),
+  ``\arcsin(..)``, Python floats ``-1./3`` -> ``-1/3``, stray unescaped ``$`` removed (minerva 72) and
+  whitespace runs made one space (issue 12),
   operator-name subscripts ``m_{\max}``/``M_{\odot}`` -> ``m_{max}``/``M_{odot}`` (they do not parse
   otherwise), trailing sentence punctuation dropped.
 - The prediction is parsed with LaTeX extraction only; the reference also with math-verify's plain
@@ -279,6 +285,13 @@ _SCI_RE = re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d+)(?![\w.])"
 # Typeset thousands separators between digit groups: 1\,000 / 1\ 000 / 1~000 / 1{,}000 / 29,\!322 (the
 # last is unambiguous, unlike a bare comma, and math-verify misses it inside \frac{1}{29,\!322,\!216}).
 _THIN_SEP_RE = re.compile(r"(?<=\d)(?:\\,|\\ |\\;|~|\{,\}|,\\!)(?=\d{3}(?!\d))")
+# Whitespace runs: LaTeX reads any run as one space, math-verify does not (`$28$ \%` -> `28  \%` fails to parse).
+_SPACE_RUN_RE = re.compile(r"\s+")
+# Plain spaces between digit groups (`1 000`, `12 345 678`; SI style) -> one number: math-verify 0.9.0 reads `1 000`
+# as 1*0. Only a 1-3 digit group, then groups of exactly 3 digits; not after a word character, `.` or `^`, not before
+# a word character, and no digit one space beyond either end: `1 2 3`, `12 34`, `12 345 6789`, `0.5 000`, `x_1 000`
+# and `2^1 000` keep their spaces (a decimal part may follow: `1 000.5`).
+_SPACE_SEP_RE = re.compile(r"(?<![\w.^])(?<!\d )\d{1,3}(?: \d{3})+(?!\w| \d)")
 # Sentence punctuation after the answer (`\text{(E)},`, `30^\circ.`); an ellipsis `...` is kept.
 _END_PUNCT_RE = re.compile(r"(?<!\.)[.,;:]\s*$")
 # Alternative connectives: `3 \vee 4` means "3 or 4" (math-verify 0.9.0 would read it as 4; hedging, C03).
@@ -335,8 +348,9 @@ def normalize_answer(s: str) -> str:
     r"""Normalise one answer string (reference or box content) before it is wrapped and parsed.
 
     Applied identically to both sides (the reference after :func:`normalize_reference` unwraps it), so it
-    never favours one side. In order: stray unescaped ``$`` removed; e-notation ``4.5e33`` ->
-    ``4.5\times10^{33}``; typeset thousands separators removed (``1\,000``, ``29,\!322``); trailing
+    never favours one side. In order: stray unescaped ``$`` removed; whitespace runs -> one space (math-verify
+    cannot read ``28  \%``); e-notation ``4.5e33`` -> ``4.5\times10^{33}``; typeset thousands separators
+    removed (``1\,000``, ``29,\!322``), and plain spaces between digit groups (``1 000``); trailing
     sentence punctuation dropped; ``\vee``/``\lor`` -> ``\text{ or }``; ``np.arcsin`` -> ``\arcsin``;
     ``-1./3`` -> ``-1/3``; ``m_{\max}`` -> ``m_{max}``; trailing units stripped (``15\text{ cm}^2`` ->
     ``15``, ``30^\circ`` -> ``30``; single-letter variables are kept). Comma thousands separators
@@ -355,8 +369,10 @@ def normalize_answer(s: str) -> str:
     if not isinstance(s, str):
         raise ValueError(f"answer must be a str, got {type(s).__name__}")
     s = _STRAY_DOLLAR_RE.sub(" ", s)
+    s = _SPACE_RUN_RE.sub(" ", s)
     s = _SCI_RE.sub(r"\1\\times10^{\2}", s)
     s = _THIN_SEP_RE.sub("", s)
+    s = _SPACE_SEP_RE.sub(lambda m: m.group(0).replace(" ", ""), s)
     s = _END_PUNCT_RE.sub("", s.strip())
     s = _OR_RE.sub(r" \\text{ or } ", s)
     s = _NP_FUNC_RE.sub(r"\\\1", s)

@@ -239,6 +239,27 @@ def test_thousands_separators_and_leading_zeros():
     assert not is_correct(boxed("26"), "025")
 
 
+def test_stray_dollars_around_a_percentage():
+    # Issue 12: removing the `$` of `$28$ \%` left `28  \%` (two spaces), which math-verify cannot read
+    # (parse_error). Whitespace runs are now one space. The percent rule is C08's: a `%` on either side is dropped.
+    for pred in [r"$28$ \%", r"$28\%$", r"28 \%", r"28  \%", "28\n\\%"]:
+        assert verify_with_reason(boxed(pred), r"28\%") == (True, "ok"), pred
+        assert verify_with_reason(boxed(pred), "28") == (True, "ok"), pred
+    assert verify_with_reason(boxed(r"$29$ \%"), r"28\%") == (False, "ok")
+
+
+def test_digit_groups_separated_by_spaces():
+    # Issue 12: math-verify 0.9.0 reads `1 000` as 1*0. A space between a 1-3 digit group and 3-digit groups
+    # is a thousands separator, like `1\,000`.
+    for pred in ["1 000", r"1\,000", r"\$1 000", "1 000.0"]:
+        assert verify_with_reason(boxed(pred), "1000") == (True, "ok"), pred
+    assert is_correct(boxed("12 345 678"), "12345678")
+    assert is_correct(boxed("1000"), "1 000")  # the same rule on the reference
+    assert is_correct(boxed(r"\frac{1}{2 000}"), "0.0005")
+    assert not is_correct(boxed("1 000"), "0")
+    assert not is_correct(boxed("1 001"), "1000")
+
+
 def test_scientific_notation_and_python_forms():
     assert is_correct(boxed(r"4.5 \times 10^{33}"), "4.5e33")  # minerva; 0.9.0 reads e as Euler's number
     assert not is_correct(boxed(r"4.6 \times 10^{33}"), "4.5e33")
@@ -282,6 +303,22 @@ def test_hmmt_product_form():
         ("-1./3", "-1/3"),
         (r"m_{\max }=n^{2}-n-1", "m_{max}=n^{2}-n-1"),
         (r"3 \vee 4", r"3  \text{ or }  4"),
+        (r"$28$ \%", r"28 \%"),  # one space: math-verify cannot read `28  \%`
+        ("a  +\n b", "a + b"),
+        ("1 000", "1000"),
+        ("12 345 678", "12345678"),
+        ("-1 000.5", "-1000.5"),
+        # not thousands groups: left as they are
+        ("1 2 3", "1 2 3"),
+        ("12 34", "12 34"),
+        ("1234 567", "1234 567"),
+        ("1 0000", "1 0000"),
+        ("5 12 345", "5 12 345"),
+        ("12 345 6789", "12 345 6789"),
+        ("0.5 000", "0.5 000"),
+        ("x_1 000", "x_1 000"),
+        ("2^1 000", "2^1 000"),
+        (r"2 \cdot 3", r"2 \cdot 3"),
     ],
 )
 def test_normalize_answer(raw, expected):
