@@ -6,6 +6,7 @@ Placeholder names from bug_cases.md: `extract_answer` -> `extract_boxed`, `is_co
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -350,6 +351,34 @@ def test_bad_input_raises():
 def test_reward_is_binary_float():
     assert reward(boxed("6"), "6") == 1.0 and isinstance(reward(boxed("6"), "6"), float)
     assert reward(boxed("7"), "6") == 0.0
+
+
+MV_CASES = Path(__file__).parent / "data" / "math_verify_cases.json"
+EVALUATION_DOC = Path(__file__).resolve().parents[1] / "docs" / "evaluation.md"
+
+
+def test_math_verify_own_test_cases():
+    """math-verify 0.9.0's own test cases through verify.py (tests/data/math_verify_cases.json says how they were
+    turned into (reference, response) pairs): every verdict and reason is as recorded, every difference from
+    math-verify's expected result has a documented reason (a convention of this project), every agreement none,
+    and docs/evaluation.md quotes the counts."""
+    data = json.loads(MV_CASES.read_text())
+    rows = [dict(zip(data["about"]["columns"], row)) for row in data["cases"]]
+    graded = [r for r in rows if r["verify_py"] is not None]
+    got = grade_batch([r["response"] for r in graded], [r["reference"] for r in graded], timeout=30)
+    assert [(r["id"], *g) for r, g in zip(graded, got)] == [(r["id"], r["verify_py"], r["reason"]) for r in graded]
+    for r in graded:
+        assert bool(r["differs"]) == (r["verify_py"] != r["math_verify"]), r["id"]
+        assert not r["differs"] or r["differs"] in data["about"]["differs"], r["id"]
+    assert all(r["differs"].startswith("n/a: ") for r in rows if r["verify_py"] is None)
+    # the two cases of issue 12, fixed: `1 000` and `$28$ %`
+    fixed = {r["id"]: r["verify_py"] for r in rows if r["id"].endswith(("test_number_extraction[2]", "test_percent_notation[3]"))}
+    assert list(fixed.values()) == [True, True]
+    doc = EVALUATION_DOC.read_text()
+    agree = sum(not r["differs"] for r in graded)
+    assert f"{len(rows)} cases" in doc and f"{len(graded)} graded" in doc and f"{agree} agree" in doc
+    for key in data["about"]["differs"]:
+        assert f"| `{key}` | {sum(r['differs'] == key for r in graded)} |" in doc, key
 
 
 # ------------------------------------------------------------------------------------------------
