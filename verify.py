@@ -10,8 +10,8 @@ Built on math-verify 0.9.0 (sympy). A response is graded in three steps, in this
 3. **Grade** (:func:`grade_answer`, a pure function): wrap each side as ``\boxed{...}`` (the bare reference is
    never parsed: bare ``2x-y+5=0`` parses to ``0``; C06, C08, C11-C13), ``math_verify.parse`` both and
    ``math_verify.verify(gold, pred)`` with the reference (gold) ALWAYS first (verify is not symmetric; C12,
-   Math-Verify #25), plus a relative check for tiny numbers. Its docstring lists every grading rule with the
-   case it comes from; call it directly to see how an answer is judged.
+   Math-Verify #25), plus a relative check for tiny numbers. The section *Grading rules* below lists every rule
+   with the case it comes from; call :func:`grade_answer` directly to see how an answer is judged.
 
 Step 3 runs in worker processes with a wall-clock limit per pair (:data:`DEFAULT_TIMEOUT` s): math-verify can
 grind for minutes (``9^{9^{9}}`` vs ``2``), and its own ``signal.alarm`` time-outs only work on the main
@@ -34,6 +34,75 @@ Reasons
 
 Every graded call is counted by reason in a process-wide counter (:func:`grader_stats`); time-outs and
 errors are also logged at WARNING level, so they are never silently turned into a score.
+
+Grading rules
+-------------
+Each with the bug_cases.md case or data rule it comes from. The first and the unit and spelling rules are
+applied by :func:`extract_boxed` and :func:`normalize_answer`, the others by :func:`grade_answer`.
+
+- **Last box wins**, anywhere in the text (no "last 300 characters" window); the brace-less ``\boxed 9``
+  counts (C02). Two boxes are not "hedging": only the last counts, so ``\boxed{3} or maybe \boxed{8}``
+  is graded as ``8`` (C03 c/d). A last box that is unclosed gives ``None`` / ``"no_box"``: a truncated
+  answer does not fall back to an earlier box. No box at all scores 0, however right the text is (C05).
+- **Hedging never scores** (C03). Several values in one box form a *set*, and a set never equals a single
+  value: ``\boxed{1, 2, 3, 4, 5, 6}`` vs ``4`` is False (C03 a). A box that offers alternatives with the
+  word "or" (also inside ``\text{...}``, e.g. ``3 \text{ (or 4)}``) or ``\vee``/``\lor`` gets reason
+  ``"hedged"`` unless the reference itself says "or" or is a set/interval: ``\boxed{3 \text{ or } 4}``
+  vs ``3, 4`` is True, vs ``3`` is hedged. An empty box never scores (C03 b). Nothing is ever compared by
+  substring containment.
+- **Equations vs values**: a prediction equation is judged by its last right-hand side when the reference
+  is a value (``\boxed{x = 3}`` vs ``3`` is True; so is ``\boxed{2+2=4}`` vs ``4``), and a reference
+  assignment ``x=3`` accepts ``3`` (C12 row 6; math-verify's rule). Two *different* equations never
+  match, a rearranged copy does: ``y=2x+5`` vs ``2x-y+5=0`` is True, ``x+3y+7=0`` is False (C06). A value
+  never matches a non-assignment equation reference (``1`` vs ``2x+z=1`` is False, gold first).
+- **Percentages**: a reference ``50\%`` accepts ``50``, ``0.5`` and ``50\%`` (the Qwen2.5-Math
+  ``include_percentage`` rule, C08). A reference ``0.5`` does not accept ``50``. A percentage in the box is
+  read the same way (math-verify's rule): ``28\%``, ``$28$ \%``, ``28 percent``, ``28 pct`` all match a
+  reference ``28``, ``28\%`` or ``0.28`` (issue 12: ``$28$ \%`` was a parse error).
+- **Units and degrees** (C10): ``15\text{ cm}^2`` == ``15``, ``30^\circ`` == ``30``, ``5\text{ apples}``
+  == ``5``, ``10 \text{ m}/\text{s}`` == ``10``. Degrees are *not* converted to radians (``30^\circ`` !=
+  ``\frac{\pi}{6}``). math-verify's own unit stripping is switched off (``units=False``) because it also
+  strips single-letter variables that look like units: with it ``2t`` == ``2``, ``2t`` == ``2s`` and
+  ``a+b+c`` == ``a+b+d`` all verify. We strip only a trailing ``\text{..}``/``\mbox{..}``/``\mathrm{..}``
+  group (optionally squared/cubed), a degree mark, or a multi-letter unit word after a number (``10
+  cm``). So a bare single-letter unit is a variable (``5 m`` != ``5``), and so is a bare noun (``5
+  apples`` != ``5``): write units in ``\text{}``.
+- **Sets vs tuples**: a parenthesised pair is an ordered point and its order matters:
+  ``(\frac{\pi}{3}, 2)`` != ``\left( 2, \frac{\pi}{3} \right)`` (C11). A bare comma list (olympiadbench
+  multi-answers such as ``69,84``; hmmt 10) is an unordered set: ``84, 69`` and ``\{69, 84\}`` match, a
+  single ``69`` does not. Sets and tuples are not interchangeable (math-verify ``strict=True``).
+- **Intervals vs inequalities**: interval endpoints must match exactly, ``[2,5)`` != ``(2,5)`` != ``[2,5]``
+  (C12). An inequality in one variable matches the equivalent interval in *both* directions:
+  ``t \geq \sqrt{3}`` vs reference ``[\sqrt{3}, \infty)`` is True. math-verify 0.9.0 only converts when
+  the prediction is the set; we pass ``allow_set_relation_comp=True`` so the prediction's inequality is
+  converted to a set when the reference is a set (C12 row 4), keeping gold first.
+- **Thousands separators** (GSM8K and MATH data rules): ``1,450,000`` == ``1450000`` and
+  ``\$32,\!348`` == ``32348``: math-verify reads ``d,ddd`` groups as one number, so a list whose later
+  items all have exactly three digits (``5,125``) also reads as one number. Typeset separators
+  ``1\,000``, ``1\ 000``, ``1~000``, ``1{,}000``, ``29,\!322`` are removed first (math-verify reads
+  ``1\,000`` as ``1*0`` and misses ``,\!`` inside ``\frac``), and so are plain spaces between a 1-3 digit
+  group and 3-digit groups: ``1 000`` == ``1000``, ``12 345 678`` == ``12345678`` (math-verify reads ``1 000``
+  as ``1*0``; issue 12), while ``1 2 3``, ``12 34`` and ``12 345 6789`` keep their spaces. A comma is never
+  a decimal point (``1000,99`` is not 1000.99).
+- **Leading zeros**: AIME ``025`` == ``25`` (data README, aime24).
+- **Notation**: ``\dfrac`` and ``\tfrac`` == ``\frac``; reordered sums ``-2+e^{5}`` == ``e^{5}-2`` (C13);
+  products in any order (hmmt ``2^{25} \cdot 26!``).
+- **Fractions vs decimals**: a decimal matches a fraction when they agree after rounding to 6 decimal
+  places (math-verify ``float_rounding=6``): ``\frac{1}{2}`` == ``0.5`` (C13), ``\frac{1}{3}`` ==
+  ``0.333333`` but != ``0.333``.
+- **Small magnitudes**: that 6-decimal rule is an absolute tolerance, so math-verify 0.9.0 finds all
+  values below about 1e-7 equal (``2.88\times10^{-19}`` == ``3.88\times10^{-19}``; minerva 264, 265,
+  267 in the oracle test). We add a relative check: two variable-free numbers more than
+  :data:`REL_TOL` (0.1 %) apart never verify, whatever their size. Percentages are exempt (C08).
+- **Reference/answer spellings** rewritten on both sides (minerva data): e-notation ``4.5e33`` ->
+  ``4.5\times10^{33}`` (math-verify reads the ``e`` as Euler's number), ``np.arcsin(..)`` ->
+  ``\arcsin(..)``, Python floats ``-1./3`` -> ``-1/3``, stray unescaped ``$`` removed (minerva 72) and
+  whitespace runs made one space (issue 12),
+  operator-name subscripts ``m_{\max}``/``M_{\odot}`` -> ``m_{max}``/``M_{odot}`` (they do not parse
+  otherwise), trailing sentence punctuation dropped.
+- The prediction is parsed with LaTeX extraction only; the reference also with math-verify's plain
+  expression extraction. So math-verify never digs a number out of an unparsable prediction; such a
+  prediction is compared as an exact string only, and reported as ``"parse_error"`` if it differs.
 
 Left out on purpose
 -------------------
@@ -216,6 +285,13 @@ _SCI_RE = re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d+)(?![\w.])"
 # Typeset thousands separators between digit groups: 1\,000 / 1\ 000 / 1~000 / 1{,}000 / 29,\!322 (the
 # last is unambiguous, unlike a bare comma, and math-verify misses it inside \frac{1}{29,\!322,\!216}).
 _THIN_SEP_RE = re.compile(r"(?<=\d)(?:\\,|\\ |\\;|~|\{,\}|,\\!)(?=\d{3}(?!\d))")
+# Whitespace runs: LaTeX reads any run as one space, math-verify does not (`$28$ \%` -> `28  \%` fails to parse).
+_SPACE_RUN_RE = re.compile(r"\s+")
+# Plain spaces between digit groups (`1 000`, `12 345 678`; SI style) -> one number: math-verify 0.9.0 reads `1 000`
+# as 1*0. Only a 1-3 digit group, then groups of exactly 3 digits; not after a word character, `.` or `^`, not before
+# a word character, and no digit one space beyond either end: `1 2 3`, `12 34`, `12 345 6789`, `0.5 000`, `x_1 000`
+# and `2^1 000` keep their spaces (a decimal part may follow: `1 000.5`).
+_SPACE_SEP_RE = re.compile(r"(?<![\w.^])(?<!\d )\d{1,3}(?: \d{3})+(?!\w| \d)")
 # Sentence punctuation after the answer (`\text{(E)},`, `30^\circ.`); an ellipsis `...` is kept.
 _END_PUNCT_RE = re.compile(r"(?<!\.)[.,;:]\s*$")
 # Alternative connectives: `3 \vee 4` means "3 or 4" (math-verify 0.9.0 would read it as 4; hedging, C03).
@@ -272,8 +348,9 @@ def normalize_answer(s: str) -> str:
     r"""Normalise one answer string (reference or box content) before it is wrapped and parsed.
 
     Applied identically to both sides (the reference after :func:`normalize_reference` unwraps it), so it
-    never favours one side. In order: stray unescaped ``$`` removed; e-notation ``4.5e33`` ->
-    ``4.5\times10^{33}``; typeset thousands separators removed (``1\,000``, ``29,\!322``); trailing
+    never favours one side. In order: stray unescaped ``$`` removed; whitespace runs -> one space (math-verify
+    cannot read ``28  \%``); e-notation ``4.5e33`` -> ``4.5\times10^{33}``; typeset thousands separators
+    removed (``1\,000``, ``29,\!322``), and plain spaces between digit groups (``1 000``); trailing
     sentence punctuation dropped; ``\vee``/``\lor`` -> ``\text{ or }``; ``np.arcsin`` -> ``\arcsin``;
     ``-1./3`` -> ``-1/3``; ``m_{\max}`` -> ``m_{max}``; trailing units stripped (``15\text{ cm}^2`` ->
     ``15``, ``30^\circ`` -> ``30``; single-letter variables are kept). Comma thousands separators
@@ -292,8 +369,10 @@ def normalize_answer(s: str) -> str:
     if not isinstance(s, str):
         raise ValueError(f"answer must be a str, got {type(s).__name__}")
     s = _STRAY_DOLLAR_RE.sub(" ", s)
+    s = _SPACE_RUN_RE.sub(" ", s)
     s = _SCI_RE.sub(r"\1\\times10^{\2}", s)
     s = _THIN_SEP_RE.sub("", s)
+    s = _SPACE_SEP_RE.sub(lambda m: m.group(0).replace(" ", ""), s)
     s = _END_PUNCT_RE.sub("", s.strip())
     s = _OR_RE.sub(r" \\text{ or } ", s)
     s = _NP_FUNC_RE.sub(r"\\\1", s)
@@ -446,70 +525,10 @@ def grade_answer(reference: str, prediction: str, hedged: bool) -> tuple[bool, s
         Whatever ``math_verify.parse`` raises (it runs with ``raise_on_error=True``); the worker reports it
         as reason ``"error"``.
 
-    The rules (each with the bug_cases.md case or data rule it comes from; the first and the unit and
-    spelling rules are applied by :func:`extract_boxed` and :func:`normalize_answer` before this function):
-
-    - **Last box wins**, anywhere in the text (no "last 300 characters" window); the brace-less ``\boxed 9``
-      counts (C02). Two boxes are not "hedging": only the last counts, so ``\boxed{3} or maybe \boxed{8}``
-      is graded as ``8`` (C03 c/d). A last box that is unclosed gives ``None`` / ``"no_box"``: a truncated
-      answer does not fall back to an earlier box. No box at all scores 0, however right the text is (C05).
-    - **Hedging never scores** (C03). Several values in one box form a *set*, and a set never equals a single
-      value: ``\boxed{1, 2, 3, 4, 5, 6}`` vs ``4`` is False (C03 a). A box that offers alternatives with the
-      word "or" (also inside ``\text{...}``, e.g. ``3 \text{ (or 4)}``) or ``\vee``/``\lor`` gets reason
-      ``"hedged"`` unless the reference itself says "or" or is a set/interval: ``\boxed{3 \text{ or } 4}``
-      vs ``3, 4`` is True, vs ``3`` is hedged. An empty box never scores (C03 b). Nothing is ever compared by
-      substring containment.
-    - **Equations vs values**: a prediction equation is judged by its last right-hand side when the reference
-      is a value (``\boxed{x = 3}`` vs ``3`` is True; so is ``\boxed{2+2=4}`` vs ``4``), and a reference
-      assignment ``x=3`` accepts ``3`` (C12 row 6; math-verify's rule). Two *different* equations never
-      match, a rearranged copy does: ``y=2x+5`` vs ``2x-y+5=0`` is True, ``x+3y+7=0`` is False (C06). A value
-      never matches a non-assignment equation reference (``1`` vs ``2x+z=1`` is False, gold first).
-    - **Percentages**: a reference ``50\%`` accepts ``50``, ``0.5`` and ``50\%`` (the Qwen2.5-Math
-      ``include_percentage`` rule, C08). A reference ``0.5`` does not accept ``50``.
-    - **Units and degrees** (C10): ``15\text{ cm}^2`` == ``15``, ``30^\circ`` == ``30``, ``5\text{ apples}``
-      == ``5``, ``10 \text{ m}/\text{s}`` == ``10``. Degrees are *not* converted to radians (``30^\circ`` !=
-      ``\frac{\pi}{6}``). math-verify's own unit stripping is switched off (``units=False``) because it also
-      strips single-letter variables that look like units: with it ``2t`` == ``2``, ``2t`` == ``2s`` and
-      ``a+b+c`` == ``a+b+d`` all verify. We strip only a trailing ``\text{..}``/``\mbox{..}``/``\mathrm{..}``
-      group (optionally squared/cubed), a degree mark, or a multi-letter unit word after a number (``10
-      cm``). So a bare single-letter unit is a variable (``5 m`` != ``5``), and so is a bare noun (``5
-      apples`` != ``5``): write units in ``\text{}``.
-    - **Sets vs tuples**: a parenthesised pair is an ordered point and its order matters:
-      ``(\frac{\pi}{3}, 2)`` != ``\left( 2, \frac{\pi}{3} \right)`` (C11). A bare comma list (olympiadbench
-      multi-answers such as ``69,84``; hmmt 10) is an unordered set: ``84, 69`` and ``\{69, 84\}`` match, a
-      single ``69`` does not. Sets and tuples are not interchangeable (math-verify ``strict=True``).
-    - **Intervals vs inequalities**: interval endpoints must match exactly, ``[2,5)`` != ``(2,5)`` != ``[2,5]``
-      (C12). An inequality in one variable matches the equivalent interval in *both* directions:
-      ``t \geq \sqrt{3}`` vs reference ``[\sqrt{3}, \infty)`` is True. math-verify 0.9.0 only converts when
-      the prediction is the set; we pass ``allow_set_relation_comp=True`` so the prediction's inequality is
-      converted to a set when the reference is a set (C12 row 4), keeping gold first.
-    - **Thousands separators** (GSM8K and MATH data rules): ``1,450,000`` == ``1450000`` and
-      ``\$32,\!348`` == ``32348``: math-verify reads ``d,ddd`` groups as one number, so a list whose later
-      items all have exactly three digits (``5,125``) also reads as one number. Typeset separators
-      ``1\,000``, ``1\ 000``, ``1~000``, ``1{,}000``, ``29,\!322`` are removed first (math-verify reads
-      ``1\,000`` as ``1*0`` and misses ``,\!`` inside ``\frac``).
-    - **Leading zeros**: AIME ``025`` == ``25`` (data README, aime24).
-    - **Notation**: ``\dfrac`` and ``\tfrac`` == ``\frac``; reordered sums ``-2+e^{5}`` == ``e^{5}-2`` (C13);
-      products in any order (hmmt ``2^{25} \cdot 26!``).
-    - **Fractions vs decimals**: a decimal matches a fraction when they agree after rounding to 6 decimal
-      places (math-verify ``float_rounding=6``): ``\frac{1}{2}`` == ``0.5`` (C13), ``\frac{1}{3}`` ==
-      ``0.333333`` but != ``0.333``.
-    - **Small magnitudes**: that 6-decimal rule is an absolute tolerance, so math-verify 0.9.0 finds all
-      values below about 1e-7 equal (``2.88\times10^{-19}`` == ``3.88\times10^{-19}``; minerva 264, 265,
-      267 in the oracle test). We add a relative check: two variable-free numbers more than
-      :data:`REL_TOL` (0.1 %) apart never verify, whatever their size. Percentages are exempt (C08).
-    - **Reference/answer spellings** rewritten on both sides (minerva data): e-notation ``4.5e33`` ->
-      ``4.5\times10^{33}`` (math-verify reads the ``e`` as Euler's number), ``np.arcsin(..)`` ->
-      ``\arcsin(..)``, Python floats ``-1./3`` -> ``-1/3``, stray unescaped ``$`` removed (minerva 72),
-      operator-name subscripts ``m_{\max}``/``M_{\odot}`` -> ``m_{max}``/``M_{odot}`` (they do not parse
-      otherwise), trailing sentence punctuation dropped.
-    - The prediction is parsed with LaTeX extraction only; the reference also with math-verify's plain
-      expression extraction. So math-verify never digs a number out of an unparsable prediction; such a
-      prediction is compared as an exact string only, and reported as ``"parse_error"`` if it differs.
+    The rules it applies are listed in the module docstring, section *Grading rules*.
     """
     from math_verify import parse
-    from math_verify import verify as mv_verify
-    from sympy import Basic, MatrixBase, Set
+    from sympy import Set
 
     # math-verify's own signal.alarm time-outs are off (they raise off the main thread): the worker times us
     gold = _parse_gold(reference)
@@ -518,8 +537,21 @@ def grade_answer(reference: str, prediction: str, hedged: bool) -> tuple[bool, s
         return False, "hedged", ""
     pred = parse(_wrap(prediction), extraction_config=_pred_config(), parsing_timeout=None, raise_on_error=True)
     pct = "%" in reference or "%" in prediction  # C08: 50\% == 50 is intended, exempt from the relative check
+    same, failure = _some_pair_verifies(gold, pred, pct)
+    if same:
+        return True, "ok", ""
+    if failure is not None:
+        return False, "error", failure
+    return (False, "parse_error", side) if (side := _unparsed_side(gold, pred)) else (False, "ok", "")
+
+
+def _some_pair_verifies(gold: list, pred: list, pct: bool) -> tuple[bool, str | None]:
+    """(True, None) if some (gold, prediction) pair verifies, as ``math_verify.verify(gold_list, pred_list)``
+    does, and passes the relative check unless ``pct``; else (False, the last verify exception or None)."""
+    from math_verify import verify as mv_verify
+
     failure = None
-    for g, x in itertools.product(gold, pred):  # what math_verify.verify(gold_list, pred_list) does
+    for g, x in itertools.product(gold, pred):
         try:
             # gold first (C12); allow_set_relation_comp: inequality prediction vs interval gold (C12 row 4);
             # raise_on_error: an internal error is reported as "error", not silently scored False
@@ -528,15 +560,20 @@ def grade_answer(reference: str, prediction: str, hedged: bool) -> tuple[bool, s
             failure = f"{type(e).__name__}: {e}"[:300]
             continue
         if same and (pct or not _relative_mismatch(g, x)):
-            return True, "ok", ""
-    if failure is not None:
-        return False, "error", failure
-    # A side without any math object was compared as an exact string only: report it.
+            return True, None
+    return False, failure
+
+
+def _unparsed_side(gold: list, pred: list) -> str:
+    """``"reference"`` or ``"prediction"`` if that side gave no math object (math-verify then compared it as an
+    exact string only: reported as "parse_error"), else ``""``."""
+    from sympy import Basic, MatrixBase
+
     if not any(isinstance(g, (Basic, MatrixBase)) for g in gold):
-        return False, "parse_error", "reference"
+        return "reference"
     if not any(isinstance(x, (Basic, MatrixBase)) for x in pred):
-        return False, "parse_error", "prediction"
-    return False, "ok", ""
+        return "prediction"
+    return ""
 
 
 # ----------------------------------------------------------------------------------------------
