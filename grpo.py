@@ -565,10 +565,10 @@ def train(cfg: GRPOConfig) -> dict:
     rows = evaluate.load_problems(cfg.data, split="train")
     eval_source = cfg.eval_data or ("toy" if cfg.data == "toy" else "")  # the toy's held-out split by default
     eval_rows = evaluate.load_problems(eval_source, split="test") if eval_source else []
-    if not eval_rows or not cfg.eval_num_generations:
-        say("[eval] off: " + ("--eval_num_generations 0" if eval_rows else "--data is not the toy and --eval_data is "
-                              "empty") + "; pass --eval_data FILE (e.g. data/math500.jsonl) and --eval_num_generations "
-            "K for a held-out avg@K before and after training")
+    if not eval_rows or not cfg.eval_num_generations:  # said once: the closing line then names no accuracy
+        say("[eval] off: " + ("--eval_num_generations 0; pass K >= 1" if eval_rows else "--data is not the toy and "
+                              "--eval_data is empty; pass --eval_data FILE (e.g. data/math500.jsonl)") +
+            " for a held-out accuracy before and after training")
     run = checkpoint.RunFolder(cfg.output_dir or default_output_dir(cfg), dataclasses.asdict(cfg), rank == 0,
                                say)  # an earlier run there: --resume, --overwrite_output_dir, or a one-line error
     # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), sharding, AdamW (and --resume's state)

@@ -357,7 +357,8 @@ def test_a_run_without_evaluation_says_so_and_how_to_turn_it_on(tiny_model_path,
     out = tmp_path / "run"
     grpo.main(["--model", tiny_model_path, "--data", str(data), "--output_dir", str(out), *TINY_RUN[:-4]])
     said = capsys.readouterr()
-    assert said.out.count("[eval] off: --data is not the toy and --eval_data is empty; pass --eval_data FILE") == 1
+    assert said.out.count("[eval] off: --data is not the toy and --eval_data is empty; pass --eval_data FILE (e.g. "
+                          "data/math500.jsonl) for a held-out accuracy before and after training") == 1
     assert said.out.strip().splitlines()[-1] == f"done: 1 steps in {out} (held-out evaluation off)"
 
 
