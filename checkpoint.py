@@ -323,6 +323,13 @@ class Tracker:
 # ----------------------------------------------------------------------------------------------------------
 # The run's logs
 # ----------------------------------------------------------------------------------------------------------
+def default_run_folder(model: str, credit: str) -> str:
+    """``runs/<credit>`` for the toy, ``runs/<model>-<credit>`` otherwise (the model's last path part, e.g.
+    runs/Qwen3-8B-Base-delta): two runs of different models or credits never share a folder by default."""
+    name = os.path.basename(os.path.normpath(os.path.expanduser(model)))
+    return os.path.join("runs", credit if model == "toy" else f"{name}-{credit}")
+
+
 def check_writable(path: str) -> None:
     """ValueError (one line naming --output_dir) when the run folder ``path`` could not be created or written: checked
     on the folder, or the nearest folder above it that exists, before any model loads, and without writing."""

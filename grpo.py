@@ -5,18 +5,21 @@ One training step (``train_step``) is seven stages, in the order of the papers::
     1. rollout      G responses o_i for each prompt q             rollout.generate (HF) or vLLM (--use_vllm)
     2. verify       binary reward r_i ∈ {0, 1}                      verify.grade_batch (math-verify)
     3. advantages   Â_i = (r_i − mean_g r) / (std_g r + 1e-6)       group_advantages   GRPO (Shao et al. 2024)
-    4. θ_old        log π_θold(o_{i,t}) per token, no grad          token_logprobs     (+ h_t for DelTA, same pass)
+    4. θ_old        log π_θold(o_{i,t}) per token, no grad          old_logprobs       (+ h_t for DelTA, same pass)
     5. credit       token advantages Â_{i,t} (--credit)             Credit: grpo broadcasts Â_i; delta Â_i·λ̄_{i,t}
                                                                     (delta.py); cscr Â_i·w̃_{i,t} (cscr.py)
     6. update       clipped surrogate, token-mean, AdamW            policy_loss        DAPO (Yu et al. 2025) Eq. 8
     7. log          metrics.jsonl, samples/                         checkpoint.RunFolder
 
-The file follows that order: config and CLI; the maths (``group_advantages``, ``policy_loss``, ``token_logprobs``);
-the credit hook (``Credit``); one step (``train_step``, ``old_logprobs``, ``policy_update``); the loop (``train``).
+The file follows that order: config and CLI; the maths (``group_advantages``, ``policy_loss``; log π is
+``policy.token_logprobs``); the credit hook (``Credit``); one step (``train_step``, ``old_logprobs``,
+``policy_update``); the loop (``train``).
 
 * θ_old's log-probs come from this trainer's own forward pass, never from the sampler, so the ratio is exactly 1 at
   the first update and sampler numerics do not leak in. When the batch is used for one update only, stage 4 takes
-  them from the training forward itself (one forward fewer, the same update; ``can_update_on_policy``).
+  them from the training forward itself (one forward fewer, the same update; ``can_update_on_policy``). Each such
+  optimisation checks the model's features when it loads and turns itself off where it would not be exact
+  (``policy.exact_optimisations``).
 * The loss is PPO's clipped surrogate with DAPO's asymmetric clip, an optional dual clip for negative advantages
   and an optional k3 KL penalty to a frozen reference (off by default, as in TRL, verl's DAPO recipe and DelTA).
   ``--loss_type dapo`` (default) is the token-mean over the mini-batch; with DelTA's normalised λ̄ (mean 1 over the
@@ -469,9 +472,7 @@ def old_logprobs(model, input_ids, attention_mask, response_mask, cfg: GRPOConfi
     return old, hid, ref, passes if fused else None
 
 
-def check_delta_cache(N: int, T: int, H: int) -> None:
-    """Stop with one line naming --delta_impl memory_efficient (``policy.check_host_memory``), not an out-of-memory
-    kill mid-step, when --delta_impl normal's ``[N, T, H]`` float32 cache of h_t would not fit on the host."""
+def check_delta_cache(N: int, T: int, H: int) -> None:  # one line, not an out-of-memory kill mid-step
     policy.check_host_memory(N * T * H * 4, f"--delta_impl normal keeps DelTA's h_t of the whole rollout batch on "
                              f"the host ({N} responses × {T} tokens × {H} hidden × 4 bytes)", "--delta_impl "
                              "memory_efficient (the same λ̄ from micro-batches: h recomputed in K + 3 forward passes)")
@@ -569,8 +570,8 @@ def train(cfg: GRPOConfig) -> dict:
         say("[eval] off: " + ("--eval_num_generations 0; pass K >= 1" if eval_rows else "--data is not the toy and "
                               "--eval_data is empty; pass --eval_data FILE (e.g. data/math500.jsonl)") +
             " for a held-out accuracy before and after training")
-    run = checkpoint.RunFolder(cfg.output_dir or default_output_dir(cfg), dataclasses.asdict(cfg), rank == 0,
-                               say)  # an earlier run there: --resume, --overwrite_output_dir, or a one-line error
+    run = checkpoint.RunFolder(cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit),
+                               dataclasses.asdict(cfg), rank == 0, say)  # an earlier run there: see RunFolder
     # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), sharding, AdamW (and --resume's state)
     model, tokenizer, ref_model, optimizer, state, compute_dtype = policy.build(cfg, run.resume_from, say)
     optimisations = policy.exact_optimisations(model, cfg, say)  # each default one exact here, or off with a reason
@@ -630,13 +631,6 @@ def train(cfg: GRPOConfig) -> dict:
     return summary
 
 
-def default_output_dir(cfg: GRPOConfig) -> str:
-    """runs/<credit> for the toy, runs/<model>-<credit> otherwise (the model's last path part, e.g.
-    runs/Qwen3-8B-Base-delta): two runs of different models or credits never share a folder by default."""
-    name = os.path.basename(os.path.normpath(os.path.expanduser(cfg.model)))
-    return os.path.join("runs", cfg.credit if cfg.model == "toy" else f"{name}-{cfg.credit}")
-
-
 def main(argv=None):
     cfg = GRPOConfig(**vars(build_parser().parse_args(argv)))
     try:
@@ -649,7 +643,8 @@ def main(argv=None):
     if distributed.rank_from_env() == 0:
         print(f"held-out avg@{k}: {b[f'eval/avg@{k}']:.3f} -> {a[f'eval/avg@{k}']:.3f}   "
               f"greedy: {b['eval/greedy']:.3f} -> {a['eval/greedy']:.3f}" if b and a else
-              f"done: {cfg.max_steps} steps in {cfg.output_dir or default_output_dir(cfg)} (held-out evaluation off)")
+              f"done: {cfg.max_steps} steps in {cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit)}"
+              " (held-out evaluation off)")
 
 
 if __name__ == "__main__":

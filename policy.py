@@ -5,9 +5,12 @@
 * ``prepare_model``: gradient checkpointing and LoRA adapters (peft);
 * ``reference_model``: the frozen initial policy for the k3 KL term (``--beta > 0``);
 * ``build_optimizer``: AdamW; ``oom_guard``: out-of-memory errors as one line naming the flags that help;
-* ``SharedPrompts``: each group's prompt run once, its keys and values read by its G responses (``--shared_prompt``);
-* ``build``: all of the above in the order that matters for the trainer, with ``--resume``'s weights and
-  torchrun's sharding (checkpoint.py, distributed.py) in between.
+  ``check_host_memory`` (a kept tensor that would not fit stops the run first), ``peak_memory`` (per step);
+* ``token_logprobs`` and ``Passes``: the policy's log-probs (and LM-head inputs) of a batch's rows, micro-batch by
+  micro-batch, padding-free, with ``SharedPrompts`` (each group's prompt run once, ``--shared_prompt``);
+* ``exact_optimisations``: which default optimisations the model's features allow (``model_features``);
+* ``build``: loading, LoRA, reference, optimizer in the order that matters for the trainer, with ``--resume``'s
+  weights and torchrun's sharding (checkpoint.py, distributed.py) in between.
 
 Left out on purpose: quantised base weights (QLoRA), DoRA and other adapter types, DeepSpeed, learning-rate
 schedules. Read next: grpo.py ``train``, which calls ``build``.

@@ -330,10 +330,10 @@ def test_output_folder_of_an_earlier_run(tiny_model_path, tmp_path):
 
 
 def test_default_output_folder_names_the_model_and_the_credit():
-    assert grpo.default_output_dir(grpo.GRPOConfig(credit="delta")) == os.path.join("runs", "delta")  # the toy
+    assert checkpoint.default_run_folder("toy", "delta") == os.path.join("runs", "delta")
     for model in ("Qwen/Qwen3-8B-Base", "/models/Qwen3-8B-Base/", "~/Qwen3-8B-Base"):
-        cfg = grpo.GRPOConfig(model=model, credit="delta")
-        assert grpo.default_output_dir(cfg) == os.path.join("runs", "Qwen3-8B-Base-delta"), model
+        assert checkpoint.default_run_folder(model, "delta") == os.path.join("runs", "Qwen3-8B-Base-delta"), model
+    assert grpo.GRPOConfig().output_dir == ""  # the trainer's default: that folder
 
 
 def test_unwritable_output_dir_stops_before_the_model_loads(tmp_path, monkeypatch):
