@@ -33,9 +33,10 @@ Inferred or different from the official code (spec §2.4, §6)
    in float64 (the code accumulates in v's dtype). 1 − p is computed as −expm1(log p).
 4. Distances: whole batch ‖v − μ‖² (official "Normal"); streaming ‖v‖² − 2v·μ + ‖μ‖² clamped at 0
    ("Memory_efficient"), which reads the LM-head inputs h of one micro-batch at a time (from a callable that
-   re-runs the forward pass) and keeps a few floats per token, never h or v, over K + 3 passes (2 for K = 0):
-   pass 1 is θ_old's pass itself in the official code, so K + 2 extra forwards as there; fewer is impossible,
-   since α⁽⁰⁾ needs γ⁽⁰⁾, a global statistic at μ⁽⁰⁾, and μ⁽ᴷ⁾ is known only after the last refinement pass.
+   re-runs the forward pass) and keeps a few floats per token, never h or v, over K + 3 passes (2 for K = 0);
+   the official code shares pass 1 with θ_old's pass (K + 2 extra forwards), grpo.py runs all K + 3 after it.
+   Fewer is impossible: α⁽⁰⁾ needs γ⁽⁰⁾, a global statistic at μ⁽⁰⁾, and μ⁽ᴷ⁾ is known only after the last
+   refinement pass.
 5. Temperature T ≠ 1: the proxy omits the 1/T of the exact gradient, like the code (λ̄ is scale-invariant in v).
 Left out on purpose: the forward pass and the PPO loss (the caller's, see the example); the paper's top-K
 hidden-gradient proxy (better in its ablation, but not the default and not in the code); the release's dead
@@ -231,7 +232,8 @@ def delta_coefficients_streaming(chunks: Chunks, K: int = 1, lam_min: float = 0.
     data = _Passes(chunks, reduce_fn)
     with torch.no_grad():
         # Pass 1 (step 0): Σ|Â|·v and Σ|Â| (the masses M±) per side, token counts; Â and masks are kept
-        # (per token, bool and float: 2,048 × 4,096 tokens at the papers' scale, 8.4 M × 11 B = 0.09 GB).
+        # (per token, a float mask and two bool sides: 2,048 × 4,096 tokens at the papers' scale, 8.4 M × 6 B =
+        # 0.05 GB).
         s = data.total(_centroid_sums(c, v) for c, v in data.first())
         n_pos, n_neg, n_valid = s["n_pos"], s["n_neg"], s["n_valid"]
         counts = (float(n_pos), float(n_neg), float(n_valid - n_pos - n_neg))
