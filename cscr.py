@@ -204,8 +204,7 @@ def default_logprob_fn(model, input_ids, attention_mask, response_mask, temperat
 
     ``input_ids`` [B, L]: left-padded ``[prompt | response]`` rows, the response in the last T columns; position
     ids = cumsum(attention_mask) - 1 (the trainer's lp0 pass should use the same convention, or d_pos / d_neg pick
-    up the difference).  Float32 (float64 for a float64 model) in chunks of positions.  Returns [B, T] in that
-    dtype, 0 where ``response_mask`` is 0.
+    up the difference).  In chunks of positions; returns float32 [B, T] (float64 for a float64 model), 0 off the mask.
     """
     T = response_mask.shape[1]
     logits = _response_logits(model, input_ids, attention_mask, T)
@@ -267,9 +266,8 @@ def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids,
         logprob_fn: ``fn(model, input_ids, attention_mask, response_mask, temperature) -> [b, T]``, e.g. the
             trainer's own token log-prob function; default ``default_logprob_fn``.
 
-    Returns (lp_pos, lp_neg): float32 (float64 for a float64 model) [B, T] in nats on ``response_ids.device``, 0 on
-    padding.  Raises ValueError:
-    shapes or lengths disagree, temperature <= 0, micro_batch_size < 1, no pad token, a prompt without tokens.
+    Returns (lp_pos, lp_neg): float32 [B, T] nats (float64 for a float64 model) on ``response_ids.device``, 0 off mask.
+    Raises ValueError: shapes or lengths disagree, temperature <= 0, micro_batch_size < 1, no pad token, empty prompt.
     """
     if not torch.is_tensor(response_ids) or response_ids.dim() != 2:
         raise ValueError("response_ids must be a [B, T] tensor")
@@ -291,10 +289,10 @@ def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids,
     rows = torch.arange(B) if advantages is None else (torch.as_tensor(advantages).cpu() != 0).nonzero().flatten()
     mb = micro_batch_size or max(len(rows), 1)
     try:
-        device, dtype = next(model.parameters()).device, next(model.parameters()).dtype
+        device = next(model.parameters()).device
+        dtype = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float64 for a float64 model
     except (StopIteration, AttributeError):
         device, dtype = response_ids.device, torch.float32
-    dtype = torch.promote_types(dtype, torch.float32)  # float32 (float64 for a float64 model)
 
     was_training = getattr(model, "training", False)
     if eval_mode and was_training:
@@ -309,8 +307,7 @@ def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids,
                     z = rows[a:a + mb].to(response_ids.device)
                     inp, attn = _build_inputs(ids[a:a + mb], response_ids[z].to(device), m[z].to(device), pad_id)
                     out = logprob_fn(model, inp, attn, m[z].to(device), temperature)
-                    lp[z] = torch.where(m[z], out.to(device=lp.device, dtype=dtype), torch.zeros((), dtype=dtype,
-                                                                                              device=lp.device))
+                    lp[z] = torch.where(m[z], out.to(lp), lp.new_zeros(()))
                 outs.append(lp)
     finally:
         if eval_mode and was_training:

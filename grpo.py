@@ -39,7 +39,6 @@ import contextlib
 import dataclasses
 import gc
 import importlib.util
-import os
 import random
 import time
 from dataclasses import dataclass, field
@@ -327,7 +326,7 @@ class Credit:
         kw = dict(K=c.delta_k, lam_min=c.delta_lam_min, lam_max=c.delta_lam_max, return_stats=True)
         pooled = distributed.is_distributed() and c.delta_scope == "global"
         if hidden is not None and not pooled:  # --delta_impl normal: stage 4 kept the batch's h_t [N, T, H]
-            v = delta.proxy_vectors(hidden, old_logp, mask)  # DelTA App. F: v = (1 − p(y_t))·h_t
+            v = delta.proxy_vectors(hidden, old_logp, mask)  # App. F: v = (1 − p)·h, [N, T, H], as bounded as h
             lam_bar, stats = delta.delta_coefficients(v, adv, mask, **kw)
         else:
             # Streamed sufficient statistics (spec §2.5): every statistic is a sum or a count, so with --delta_scope
@@ -340,7 +339,7 @@ class Credit:
                 device = next(model.parameters()).device
                 passes = policy.Passes(model, batch.input_ids.to(device), batch.attention_mask.to(device), mask,
                                        torch.arange(len(adv)), c, grad=False, hidden=True)
-                layout = [(rows, t) for rows, _, t in passes.layout()]
+                layout = [(rows, t) for rows, _, t in passes.layout]
 
                 def micro_batches():  # one pass: (h [b, t, H], log p [b, t], mask [b, t], Â [b]) of each, in order
                     for mb in passes:
@@ -449,8 +448,7 @@ def old_logprobs(model, input_ids, attention_mask, response_mask, cfg: GRPOConfi
     LM-head inputs ``[N, T, H]`` from the same pass when ``need_hidden`` (DelTA, --delta_impl normal), else None;
     the reference log-probs when ``ref_model`` is given, else None. ``fused``: the training forward instead (train
     mode, with grad, TRL's choice when μ = 1; ``can_update_on_policy``), whose kept passes stage 6 reuses. Returns
-    (old, hidden, ref, the passes to reuse or None). Every process runs the same number of micro-batches, so FSDP's
-    per-layer gathers line up."""
+    (old, hidden, ref, the passes to reuse or None). Every process runs as many micro-batches (FSDP's gathers)."""
     N, T = response_mask.shape
     dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
     old, hid, ref = torch.zeros(N, T, dtype=dt), None, torch.zeros(N, T, dtype=dt) if ref_model is not None else None
@@ -458,10 +456,10 @@ def old_logprobs(model, input_ids, attention_mask, response_mask, cfg: GRPOConfi
                            hidden=need_hidden, keep=fused)
     for mb in passes:
         old[mb.rows, :mb.t] = mb.logp.detach().cpu()
-        if need_hidden and hid is None:  # [N, T, H] float32 on the host: 137 GB at 2,048 × 4,096 tokens, H = 4,096
-            check_delta_cache(N, T, mb.hidden.shape[-1])
-            hid = torch.zeros(N, T, mb.hidden.shape[-1], dtype=dt)
-        if need_hidden:
+        if need_hidden:  # h_t [N, T, H] float32 on the host, 137 GB at the papers' 2,048 × 4,096 tokens, H = 4,096:
+            if hid is None:  # bounded: kept only within a quarter of the host's memory, else a one-line stop
+                check_delta_cache(N, T, mb.hidden.shape[-1])
+                hid = torch.zeros(N, T, mb.hidden.shape[-1], dtype=dt)
             hid[mb.rows, :mb.t] = mb.hidden.to(dt).cpu()
         if ref_model is not None:  # the reference may live elsewhere (--ref_on_cpu)
             rd, m = next(ref_model.parameters()).device, response_mask[mb.rows, :mb.t]
@@ -567,9 +565,9 @@ def train(cfg: GRPOConfig) -> dict:
     eval_source = cfg.eval_data or ("toy" if cfg.data == "toy" else "")  # the toy's held-out split by default
     eval_rows = evaluate.load_problems(eval_source, split="test") if eval_source else []
     if not eval_rows or not cfg.eval_num_generations:  # said once: the closing line then names no accuracy
-        say("[eval] off: " + ("--eval_num_generations 0; pass K >= 1" if eval_rows else "--data is not the toy and "
-                              "--eval_data is empty; pass --eval_data FILE (e.g. data/math500.jsonl)") +
-            " for a held-out accuracy before and after training")
+        why = "--eval_num_generations 0; pass K >= 1" if eval_rows else \
+            "--data is not the toy and --eval_data is empty; pass --eval_data FILE (e.g. data/math500.jsonl)"
+        say(f"[eval] off: {why} for a held-out accuracy before and after training")
     run = checkpoint.RunFolder(cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit),
                                dataclasses.asdict(cfg), rank == 0, say)  # an earlier run there: see RunFolder
     # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), sharding, AdamW (and --resume's state)

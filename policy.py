@@ -261,29 +261,38 @@ def check_host_memory(nbytes: int, what: str, fix: str) -> None:
                          f"{avail / 1e9:.1f} GB of host memory available to this process; use {fix}")
 
 
-def reset_peak_memory() -> None:
-    """Start a new peak: the process's resident set (Linux: ``/proc/self/clear_refs``) and the GPU's allocator."""
+def proc_status_kib(field: str) -> int | None:
+    """A ``/proc/self/status`` field in KiB (``VmRSS``, ``VmHWM``), or None where unavailable (not Linux)."""
+    try:
+        with open("/proc/self/status") as f:
+            return next((int(line.split()[1]) for line in f if line.startswith(field + ":")), None)
+    except OSError:
+        return None
+
+
+def reset_peak_memory() -> bool:
+    """Start a new peak: the process's resident set (Linux: ``/proc/self/clear_refs``) and the GPU's allocator.
+    Returns whether the host counter was reset (elsewhere the peak is the process's lifetime peak, ru_maxrss)."""
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM, the peak resident set size, to the current one
+        return True
     except OSError:
-        pass  # elsewhere the peak is the process's lifetime peak (ru_maxrss)
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
+        return False
 
 
 def peak_memory() -> dict:
     """Peak memory since ``reset_peak_memory``, in GB (10⁹ bytes): ``memory/peak_rss_gb`` (host, this process) and,
     on a GPU, ``memory/peak_gpu_allocated_gb`` (tensors) and ``memory/peak_gpu_reserved_gb`` (the allocator's)."""
-    try:
-        with open("/proc/self/status") as f:
-            rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-    except (OSError, StopIteration):
+    kib = proc_status_kib("VmHWM")
+    if kib is None:
         import resource
         import sys
 
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-    out = {"memory/peak_rss_gb": rss / 1e9}
+        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // (1024 if sys.platform == "darwin" else 1)
+    out = {"memory/peak_rss_gb": kib * 1024 / 1e9}
     if torch.cuda.is_available():
         out["memory/peak_gpu_allocated_gb"] = torch.cuda.max_memory_allocated() / 1e9
         out["memory/peak_gpu_reserved_gb"] = torch.cuda.max_memory_reserved() / 1e9
@@ -372,11 +381,9 @@ class Passes:
             response_mask
         self.rows, self.cfg, self.grad, self.hidden, self.keep = rows, cfg, grad, hidden, keep
         self.kept, self.shared = None, None
-
-    def layout(self) -> list:
-        """The micro-batches as ``(rows, input columns, response width T_j)`` (``rollout.micro_batches``)."""
-        return rollout.micro_batches(self.rows, self.attention_mask, self.cfg.micro_batch_size,
-                                     self.response_mask.shape[1], self.cfg.padding_free)
+        # the micro-batches as (rows, input columns, response width T_j), planned once for every pass
+        self.layout = rollout.micro_batches(rows, attention_mask, cfg.micro_batch_size, response_mask.shape[1],
+                                            cfg.padding_free)
 
     def __iter__(self):
         if self.kept is not None:
@@ -384,7 +391,7 @@ class Passes:
             return
         kept, T, device = [], self.response_mask.shape[1], self.input_ids.device
         self.model.train(self.grad)
-        for j, cols, t in self.layout():
+        for j, cols, t in self.layout:
             with torch.set_grad_enabled(self.grad):  # not around the yield: the caller's code keeps its own mode
                 if self.shared is None and self.cfg.shared_prompt:
                     self.shared = SharedPrompts(self.model, self.input_ids, self.attention_mask, self.rows, T)

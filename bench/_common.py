@@ -52,28 +52,6 @@ def now_iso() -> str:
 # ----------------------------------------------------------------------------------------------------------
 # Memory
 # ----------------------------------------------------------------------------------------------------------
-def proc_status_kib(field: str) -> int | None:
-    """A ``/proc/self/status`` field in KiB (``VmRSS``, ``VmHWM``), or None where unavailable."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
-
-
-def reset_peak_rss() -> bool:
-    """Reset the kernel's peak-RSS counter (VmHWM) of this process; False where not supported."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
 class PeakMemory:
     """Peak memory of this process over a ``with`` block.
 
@@ -91,11 +69,11 @@ class PeakMemory:
 
         import torch
 
+        import policy  # the trainer's own readers of the peak (grpo.py logs each step's with them)
+
         self.cuda = torch.cuda.is_available()
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats()
-        self._rss_before = proc_status_kib("VmRSS")
-        self._reset_ok = reset_peak_rss()
+        self._rss_before = policy.proc_status_kib("VmRSS")
+        self._reset_ok = policy.reset_peak_memory()  # the host's counter and, on a GPU, the allocator's
         self._maxrss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         return self
 
@@ -104,8 +82,10 @@ class PeakMemory:
 
         import torch
 
-        if self._reset_ok and proc_status_kib("VmHWM") is not None:
-            peak_kib, self.rss_method = proc_status_kib("VmHWM"), "VmHWM after clear_refs reset"
+        import policy
+
+        if self._reset_ok and policy.proc_status_kib("VmHWM") is not None:
+            peak_kib, self.rss_method = policy.proc_status_kib("VmHWM"), "VmHWM after clear_refs reset"
         else:  # no reset possible: the lifetime peak, meaningful only if the process peaked inside the block
             peak_kib, self.rss_method = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "ru_maxrss (no reset)"
         self.rss_before_mib = (self._rss_before or 0) / 1024
