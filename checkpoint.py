@@ -42,9 +42,6 @@ import distributed
 
 TRAINER_STATE = "trainer_state.json"  # written last into a checkpoint: its presence marks the folder complete
 _CKPT_RE = re.compile(r"checkpoint-(\d+)")
-# Per-token weights that multiply the sequence advantage directly (DelTA: Ã = Â·λ̄): samples/ shows them as the
-# credit of a response with Â = 0 too. CSCR's logged weight, the sensitivity s, is not a multiplier.
-MULTIPLIER_WEIGHTS = {"lambda_bar"}
 
 # Flags that may change between a run and its --resume: when it stops, what it logs and saves, how it samples (vLLM
 # or HF draw different random numbers, but from the same policy) and how it computes the same update (micro-batches,
@@ -528,35 +525,32 @@ class RunFolder:
         self.log(record)
         return record
 
-    def write_samples(self, step: int, tokenizer, batch, rewards, adv, token_adv, weights, weight_name: str,
+    def write_samples(self, step: int, tokenizer, batch, rewards, adv, token_adv, credit, weights: dict,
                       groups: int) -> None:
         """samples/step_*.jsonl: the first ``groups`` groups of this process's batch, one JSON line per response.
 
         Every line: ``prompt``, ``response``, ``reward``, ``advantage`` (Â_i), ``finish_reason``; ``tokens`` (the
-        response's tokens, each decoded on its own, EOS included) and ``credit`` (per token, Â_{i,t} / Â_i: 1 for
-        GRPO, λ̄ for DelTA, the normalised weight w̃ for CSCR; report.py paints it on the tokens). A row with Â_i = 0
-        has no token advantage to divide: its ``credit`` is the weight itself when the weight multiplies Â
-        (``MULTIPLIER_WEIGHTS``: DelTA's λ̄), else 1; a response ``--mask_truncated_completions`` left out of the
-        loss gets 0. With per-token ``weights`` ``[n, T]`` (λ̄, CSCR's sensitivity s) and Â_i ≠ 0 also the five
-        highest and lowest tokens under ``highest_<weight_name>`` / ``lowest_<weight_name>`` and the token
-        advantages ``[n, T]``."""
+        response's tokens, each decoded on its own, EOS included) and ``credit`` (the trainer's per-token credit
+        ``[n, T]``, e.g. Ã_{i,t} / Â_i; report.py paints it on the tokens); a response
+        ``--mask_truncated_completions`` left out of the loss gets 0. For each per-token weight of ``weights``
+        (``{name: [n, T]}``, e.g. λ̄, CSCR's sensitivity s) and Â_i ≠ 0 also the five highest and lowest tokens
+        under ``highest_<name>`` / ``lowest_<name>``, and then the token advantages ``token_adv`` ``[n, T]``."""
         with open(self.samples_path(step), "w") as f:
             for i in range(groups * batch.group_size):
                 m = live = batch.response_mask[i].bool()
                 if not live.any() and batch.finish_reasons[i] == "length":  # truncated and masked out of the
                     m = torch.ones_like(live)                                  # loss: every position is a token
                 toks = [tokenizer.decode([t]) for t in batch.response_ids[i][m].tolist()]
-                a, w = adv[i].item(), weights[i][m].tolist() if weights is not None else None
-                if a != 0:
-                    credit = (token_adv[i][m] / a).tolist()
-                else:
-                    credit = w if weight_name in MULTIPLIER_WEIGHTS and w is not None else [1.0] * len(toks)
+                a = adv[i].item()
                 rec = {"prompt": batch.prompts[i], "response": batch.texts[i], "reward": rewards[i].item(),
                        "advantage": a, "finish_reason": batch.finish_reasons[i], "tokens": toks,
-                       "credit": [round(c, 4) for c in credit]}
-                if w is not None and live.any() and a != 0:
-                    order = sorted(range(len(w)), key=lambda j: w[j])
-                    rec[f"highest_{weight_name}"] = [(toks[j], round(w[j], 4)) for j in order[::-1][:5]]
-                    rec[f"lowest_{weight_name}"] = [(toks[j], round(w[j], 4)) for j in order[:5]]
+                       "credit": [round(c, 4) for c in torch.where(live[m], credit[i][m], 0.0).tolist()]}
+                for name, weight in weights.items():
+                    if live.any() and a != 0:
+                        w = weight[i][m].tolist()
+                        order = sorted(range(len(w)), key=lambda j: w[j])
+                        rec[f"highest_{name}"] = [(toks[j], round(w[j], 4)) for j in order[::-1][:5]]
+                        rec[f"lowest_{name}"] = [(toks[j], round(w[j], 4)) for j in order[:5]]
+                if weights and live.any() and a != 0:
                     rec["token_advantages"] = [round(x, 4) for x in token_adv[i][m].tolist()]
                 f.write(json.dumps(rec) + "\n")

@@ -11,14 +11,14 @@ of opposite polarity: c+ asserts that the response is correct, c- that it is inc
 response mask, L_i = number of valid tokens)::
 
     §3 condition prompts  x + c+,  x + c-                                              build_condition_prompts
-    §4 scoring            lp0_t    = log pi(y_t | x,      y_<t)   the trainer's old-log-prob pass
+    §4 scoring            old_logp = log pi(y_t | x,      y_<t)   the trainer's old-log-prob pass
                           lp_pos_t = log pi(y_t | x + c+, y_<t)                        condition_logprobs
                           lp_neg_t = log pi(y_t | x + c-, y_<t)
-    §4 sensitivity        d_pos = lp_pos - lp0,  d_neg = lp_neg - lp0
+    §4 sensitivity        d_pos = lp_pos - old_logp,  d_neg = lp_neg - old_logp
                           s_t = max(|d_pos_t|, |d_neg_t|)  (nats)  [S2]                 sensitivity
-    §5 weights            w_t = max(w_min, exp(-alpha * max(0, s_t - lambda)))  [S2]    credit_weights
+    §5 weights            w_t = max(w_min, exp(-alpha * max(0, s_t - lambda)))  [S2]    credit_log_weights
     §5 reallocation       w_bar_i = (1/L_i) sum_t m_t w_t                               cscr_token_advantages
-                          A_i,t   = A_i * (w_t / w_bar_i) * m_t
+                          A_i,t   = A_i * (w_t / w_bar_i) * m_t    (Â ``adv``, Ã ``token_adv``)
     §5 calibration        lambda = a quantile of s over the first batch, then frozen     calibrate_threshold
 
 so sign(A_i,t) = sign(A_i) and sum_t A_i,t = L_i * A_i: the verifier's direction and the credit budget are kept
@@ -36,21 +36,21 @@ and the sensitive tokens' credit goes to the others [S].  s, w and A_i,t are con
 9 normalisation scope ([S2]: per sequence) scope, group_size         "sequence"; "group", "batch" (ablations)
 
 Left out on purpose: the loss (the trainer's clipped GRPO surrogate with these token advantages, spec §6); the
-plain pass lp0 (the trainer's old-log-prob pass); full-vocabulary shifts (diagnostics only, spec §4); the
+plain pass old_logp (the trainer's old-log-prob pass); full-vocabulary shifts (diagnostics only, spec §4); the
 direction and up-weighting ablations (spec §9); pooling s over processes before calibration (the trainer's).
 Read next: ``grpo.py`` ``Credit._cscr`` (the trainer's call), ``cscr_diagnostics.py`` (the paper's diagnostics
 D1-D7 and their CLI), ``tests/test_cscr.py`` (the spec §8 worked example), spec §6-§7.
 
 Usage from any trainer (``prompts``: the B rollout prompt texts; ``response_ids``, ``response_mask``: [B, T]
-right-padded sampled responses; ``lp0``: [B, T] their log-probs under the plain prompts in eval mode, from
-``default_logprob_fn`` or an old-log-prob pass that matches it; ``advantages``: [B] sequence advantages)::
+right-padded sampled responses; ``old_logp``: [B, T] their log-probs under the plain prompts in eval mode, from
+``default_logprob_fn`` or an old-log-prob pass that matches it; ``adv``: [B] sequence advantages Â)::
 
     import cscr
 
     pairs = [cscr.build_condition_prompts(p) for p in prompts]             # (x + c+, x + c-) per response
     lp_pos, lp_neg = cscr.condition_logprobs(                              # the two no-grad scoring passes
         model, tokenizer, [c_pos for c_pos, _ in pairs], [c_neg for _, c_neg in pairs], response_ids, response_mask)
-    token_adv = cscr.cscr_token_advantages(advantages, lp0, lp_pos, lp_neg, response_mask)   # [B, T]
+    token_adv = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, response_mask)   # Ã [B, T]
 
 TOKENISATION RULE: a conditioned prompt is tokenised exactly as the rollout prompt was: ``condition_logprobs``
 calls ``tokenizer(prompt)``, the tokenizer's default call (its special tokens, e.g. a BOS, included), as the
@@ -66,8 +66,8 @@ import math
 
 import torch
 
-__all__ = ["CONDITION_TEMPLATES", "DEFAULT_MARKER", "DEFAULT_TURN_END", "build_condition_prompts",
-           "default_logprob_fn", "condition_logprobs", "sensitivity", "credit_weights", "cscr_token_advantages",
+__all__ = ["CONDITION_TEMPLATES", "DEFAULT_MARKER", "DEFAULT_TURN_END", "build_condition_prompts", "default_logprob_fn",
+           "condition_logprobs", "sensitivity", "credit_log_weights", "credit_weights", "cscr_token_advantages",
            "calibrate_threshold"]
 
 # ---- Spec §3: condition prompts (the two outcome conditions) -----------------------------------------------------
@@ -203,7 +203,7 @@ def default_logprob_fn(model, input_ids, attention_mask, response_mask, temperat
     """log pi(y_t | ., y_<t) = z_t[y_t]/temp - logsumexp(z_t/temp), nats, of the response part of the inputs.
 
     ``input_ids`` [B, L]: left-padded ``[prompt | response]`` rows, the response in the last T columns; position
-    ids = cumsum(attention_mask) - 1 (the trainer's lp0 pass should use the same convention, or d_pos / d_neg pick
+    ids = cumsum(attention_mask) - 1 (the trainer's old_logp pass should use the same convention, or d_pos / d_neg pick
     up the difference).  In chunks of positions; returns float32 [B, T] (float64 for a float64 model), 0 off the mask.
     """
     T = response_mask.shape[1]
@@ -244,11 +244,11 @@ def _build_inputs(prompt_ids, response_ids, response_mask, pad_id):
 
 
 def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids, response_mask, temperature=1.0,
-                       micro_batch_size=None, logprob_fn=None, *, advantages=None, eval_mode=True):
+                       micro_batch_size=None, logprob_fn=None, *, adv=None, eval_mode=True):
     """Log-probs lp_pos, lp_neg of each fixed sampled response under its c+ and its c- prompt (spec §4).
 
     Source: abstract [S] (re-score a fixed trajectory under two opposing outcome conditions); spec §4 (rollout-
-    time weights, no grad), §6 step 2.  lp0 is the trainer's old-log-prob pass.  With ``advantages`` [B], only
+    time weights, no grad), §6 step 2.  old_logp is the trainer's old-log-prob pass.  With ``adv`` [B], only
     the rows with A_i != 0 are scored (the others stay 0: CSCR gives them no credit anyway).
 
     TOKENISATION RULE (one rule for every caller, no option): a str prompt is tokenised with
@@ -286,7 +286,7 @@ def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids,
     if pad_id is None:
         raise ValueError("tokenizer.pad_token_id must be set (e.g. tokenizer.pad_token = tokenizer.eos_token)")
     logprob_fn = logprob_fn or default_logprob_fn
-    rows = torch.arange(B) if advantages is None else (torch.as_tensor(advantages).cpu() != 0).nonzero().flatten()
+    rows = torch.arange(B) if adv is None else (torch.as_tensor(adv).cpu() != 0).nonzero().flatten()
     mb = micro_batch_size or max(len(rows), 1)
     try:
         device = next(model.parameters()).device
@@ -320,28 +320,28 @@ def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids,
 _MODES = ("max", "mean", "common")
 
 
-def _shifts(lp0, lp_pos, lp_neg, response_mask):
+def _shifts(old_logp, lp_pos, lp_neg, response_mask):
     """Validated (d_pos, d_neg, mask); padded log-probs are replaced by 0 BEFORE subtracting (no NaN)."""
-    for name, t in (("lp0", lp0), ("lp_pos", lp_pos), ("lp_neg", lp_neg)):
+    for name, t in (("old_logp", old_logp), ("lp_pos", lp_pos), ("lp_neg", lp_neg)):
         if not torch.is_tensor(t) or t.dim() != 2:
             raise ValueError(f"{name} must be a [B, T] tensor")
     m = _as_mask(response_mask)
     for name, t in (("lp_pos", lp_pos), ("lp_neg", lp_neg), ("response_mask", m)):
-        if t.shape != lp0.shape:
-            raise ValueError(f"{name} shape {tuple(t.shape)} != lp0 shape {tuple(lp0.shape)}")
-    dt = torch.promote_types(torch.promote_types(torch.promote_types(lp0.dtype, lp_pos.dtype), lp_neg.dtype),
+        if t.shape != old_logp.shape:
+            raise ValueError(f"{name} shape {tuple(t.shape)} != old_logp shape {tuple(old_logp.shape)}")
+    dt = torch.promote_types(torch.promote_types(torch.promote_types(old_logp.dtype, lp_pos.dtype), lp_neg.dtype),
                              torch.float32)
-    zero = torch.zeros((), dtype=dt, device=lp0.device)
-    l0, l_pos, l_neg = (torch.where(m, t.detach().to(dt), zero) for t in (lp0, lp_pos, lp_neg))
-    return l_pos - l0, l_neg - l0, m  # spec §4: d_pos = lp_pos - lp0, d_neg = lp_neg - lp0
+    zero = torch.zeros((), dtype=dt, device=old_logp.device)
+    l0, l_pos, l_neg = (torch.where(m, t.detach().to(dt), zero) for t in (old_logp, lp_pos, lp_neg))
+    return l_pos - l0, l_neg - l0, m  # spec §4: d_pos = lp_pos - old_logp, d_neg = lp_neg - old_logp
 
 
-def sensitivity(lp0, lp_pos, lp_neg, response_mask, mode="max"):
-    """Per-token counterfactual sensitivity s_t in nats (spec §4) from lp0, lp_pos, lp_neg [B, T] (nats).
+def sensitivity(old_logp, lp_pos, lp_neg, response_mask, mode="max"):
+    """Per-token counterfactual sensitivity s_t in nats (spec §4) from old_logp, lp_pos, lp_neg [B, T] (nats).
 
     ``mode="max"`` (default, [S2] "the maximum of the likelihood shifts under the two conditions"):
     s = max(|d_pos|, |d_neg|);  ``"mean"`` [I]: (|d_pos| + |d_neg|)/2;  ``"common"`` [I]: |d_pos + d_neg|/2 (the
-    polarity-independent part); d_pos = lp_pos - lp0, d_neg = lp_neg - lp0, sampled-token log-probs [I].
+    polarity-independent part); d_pos = lp_pos - old_logp, d_neg = lp_neg - old_logp, sampled-token log-probs [I].
     Padded positions are set to 0 before subtracting, so -inf - (-inf) cannot give NaN.
 
     Returns a [B, T] tensor (float32 or float64), >= 0, 0 on padding, without gradient.  Raises ValueError on an
@@ -349,13 +349,9 @@ def sensitivity(lp0, lp_pos, lp_neg, response_mask, mode="max"):
     """
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
-    d_pos, d_neg, m = _shifts(lp0, lp_pos, lp_neg, response_mask)
-    if mode == "max":
-        s = torch.maximum(d_pos.abs(), d_neg.abs())
-    elif mode == "mean":
-        s = 0.5 * (d_pos.abs() + d_neg.abs())
-    else:
-        s = (0.5 * (d_pos + d_neg)).abs()
+    d_pos, d_neg, m = _shifts(old_logp, lp_pos, lp_neg, response_mask)
+    s = (torch.maximum(d_pos.abs(), d_neg.abs()) if mode == "max" else 0.5 * (d_pos.abs() + d_neg.abs())
+         if mode == "mean" else (0.5 * (d_pos + d_neg)).abs())  # "common"
     return torch.where(m, s, torch.zeros((), dtype=s.dtype, device=s.device))
 
 
@@ -376,8 +372,9 @@ def _check_weight_args(threshold, alpha, w_min, weight):
         raise ValueError(f"weight must be one of {_WEIGHTS}, got {weight!r}")
 
 
-def _log_weights(s, threshold, alpha, w_min, weight):
-    """log w_t of ``credit_weights`` (the log lets the renormalisation stay exact when w underflows)."""
+def credit_log_weights(s, threshold=0.2, alpha=1.0, w_min=0.0, weight="exp"):
+    """log w_t [B, T] from s [B, T] (nats), spec §5: −α·max(0, s − λ) for "exp" (others: ``credit_weights``, its exp
+    on valid tokens, which validates), floored at log w_min; in logs, w_t / w̄_i stays exact when all w underflow."""
     excess = (s - threshold).clamp(min=0.0)  # max(0, s - lambda)
     if weight == "exp":
         log_w = -alpha * excess
@@ -407,13 +404,13 @@ def credit_weights(s, response_mask, threshold=0.2, alpha=1.0, w_min=0.0, weight
     m = _as_mask(response_mask)
     if not torch.is_tensor(s) or s.shape != m.shape:
         raise ValueError(f"s must be a tensor with the response_mask shape {tuple(m.shape)}")
-    w = torch.exp(_log_weights(s.detach(), threshold, alpha, w_min, weight))
+    w = torch.exp(credit_log_weights(s.detach(), threshold, alpha, w_min, weight))
     return torch.where(m, w, torch.zeros((), dtype=w.dtype, device=w.device))
 
 
 # ---- Spec §5: reallocation ---------------------------------------------------------------------------------------
 
-def cscr_token_advantages(advantages, lp0, lp_pos, lp_neg, response_mask, threshold=0.2, alpha=1.0, w_min=0.0,
+def cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, alpha=1.0, w_min=0.0,
                           mode="max", *, weight="exp", scope="sequence", group_size=None, return_stats=False):
     """CSCR token advantages [B, T]: down-weight sensitive tokens, keep the sign and the per-sequence credit budget.
 
@@ -421,7 +418,7 @@ def cscr_token_advantages(advantages, lp0, lp_pos, lp_neg, response_mask, thresh
     the verifier-determined direction are kept); [S2] exponential down-weighting above a threshold lambda,
     normalisation within each sequence; exact form spec §5 [I] (m = response mask, L_i = its row sum)::
 
-        s_t     = sensitivity(lp0, lp_pos, lp_neg)                  (spec §4, ``mode``)
+        s_t     = sensitivity(old_logp, lp_pos, lp_neg)                  (spec §4, ``mode``)
         w_t     = max(w_min, exp(-alpha * max(0, s_t - lambda)))    (``credit_weights``, ``weight``)
         w_bar_i = (1/L_i) sum_t m_t w_t
         A_i,t   = A_i * (w_t / w_bar_i) * m_t
@@ -430,17 +427,17 @@ def cscr_token_advantages(advantages, lp0, lp_pos, lp_neg, response_mask, thresh
     when every w underflows (alpha = 30); alpha = 0, all s <= lambda, or A_i = 0 give exactly GRPO.  Rows with
     A_i = 0 need no scoring (their log-probs may be left 0) and get 0.  No gradient.  Ablations (spec §5 "scope",
     §9.3) [I]: ``scope="group"`` (one w_bar per ``group_size`` contiguous rows) or ``"batch"`` (one w_bar), over
-    the valid tokens of rows with A != 0; they keep the signs, not the per-sequence budget.
+    the valid tokens of rows with adv != 0; they keep the signs, not the per-sequence budget.
 
     Args:
-        advantages: [B] sequence advantages A_i.  lp0, lp_pos, lp_neg: [B, T] sampled-token log-probs under x,
+        adv: [B] sequence advantages Â_i.  old_logp, lp_pos, lp_neg: [B, T] sampled-token log-probs under x,
             x + c+, x + c- (nats).  response_mask: [B, T] bool/float.
         threshold (lambda, nats; or ``calibrate_threshold``), alpha, w_min, weight: see ``credit_weights``.
         mode: see ``sensitivity``.  scope, group_size: see above.  return_stats: also return a dict for logging.
 
     Returns:
         [B, T] (dtype of the log-probs, at least float32; 0 on padding), or ``(tensor, stats)``; the stats cover
-        the valid tokens of rows with A != 0 (0.0 without any): ``cscr/w_mean``, ``cscr/frac_w_lt_1``,
+        the valid tokens of rows with adv != 0 (0.0 without any): ``cscr/w_mean``, ``cscr/frac_w_lt_1``,
         ``cscr/w_tilde_max``, ``cscr/eff_token_frac`` (mean over rows of (sum w)^2 / (L sum w^2)),
         ``cscr/w_bar_mean``, ``cscr/inv_w_bar_max`` (spec §5: keep <~ 1.3), ``cscr/s_mean``, ``cscr/s_pos_mean`` /
         ``cscr/s_neg_mean`` (rows with A > 0 / A < 0), ``cscr/num_tokens``.
@@ -454,24 +451,24 @@ def cscr_token_advantages(advantages, lp0, lp_pos, lp_neg, response_mask, thresh
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     if scope not in _SCOPES:
         raise ValueError(f"scope must be one of {_SCOPES}, got {scope!r}")
-    if not torch.is_tensor(advantages) or advantages.dim() != 1:
-        raise ValueError("advantages must be a [B] tensor")
-    if not torch.is_tensor(lp0) or lp0.dim() != 2 or advantages.shape[0] != lp0.shape[0]:
-        raise ValueError(f"advantages shape {tuple(advantages.shape)} does not match lp0 rows "
-                         f"{tuple(lp0.shape) if torch.is_tensor(lp0) else lp0!r}")
-    B = advantages.shape[0]
+    if not torch.is_tensor(adv) or adv.dim() != 1:
+        raise ValueError("adv (the sequence advantages) must be a [B] tensor")
+    if not torch.is_tensor(old_logp) or old_logp.dim() != 2 or adv.shape[0] != old_logp.shape[0]:
+        raise ValueError(f"adv shape {tuple(adv.shape)} does not match old_logp rows "
+                         f"{tuple(old_logp.shape) if torch.is_tensor(old_logp) else old_logp!r}")
+    B = adv.shape[0]
     if scope == "group" and (not isinstance(group_size, int) or group_size < 1 or B % group_size != 0):
         raise ValueError(f"group_size must be a positive int dividing B = {B} for scope 'group', got {group_size!r}")
 
     with torch.no_grad():
-        s = sensitivity(lp0, lp_pos, lp_neg, response_mask, mode=mode)  # spec §4
+        s = sensitivity(old_logp, lp_pos, lp_neg, response_mask, mode=mode)  # spec §4
         m = _as_mask(response_mask).to(s.device)
         if not torch.isfinite(s[m]).all():
-            raise ValueError("lp0, lp_pos and lp_neg must be finite on valid (response_mask) tokens")
-        A = advantages.detach().to(device=s.device, dtype=s.dtype)
+            raise ValueError("old_logp, lp_pos and lp_neg must be finite on valid (response_mask) tokens")
+        adv = adv.detach().to(device=s.device, dtype=s.dtype)
         zero = torch.zeros((), dtype=s.dtype, device=s.device)
         # w_t = max(w_min, exp(-alpha * max(0, s_t - lambda))), kept as log w_t (see below)
-        log_w = _log_weights(s, threshold, alpha, w_min, weight)
+        log_w = credit_log_weights(s, threshold, alpha, w_min, weight)
         if not torch.isfinite(log_w[m]).all():
             raise ValueError(f"alpha = {alpha} times the sensitivity overflows: lower alpha or set w_min > 0")
         # The tokens that share one normaliser w_bar: the valid tokens of each sequence (spec §5 [S2]); for the
@@ -479,7 +476,7 @@ def cscr_token_advantages(advantages, lp0, lp_pos, lp_neg, response_mask, thresh
         if scope == "sequence":
             sel, rows = m, 1
         else:
-            sel, rows = m & (A != 0)[:, None], (group_size if scope == "group" else B)
+            sel, rows = m & (adv != 0)[:, None], (group_size if scope == "group" else B)
         n = B // rows  # number of normalisers; x.reshape(n, -1) puts the tokens of one normaliser in one row
         # w_t / w_bar_i does not change when every w of the row is divided by the row's largest w; we do that in
         # log space, so underflow cannot make w_bar zero (the largest scaled w is exactly 1).
@@ -490,13 +487,13 @@ def cscr_token_advantages(advantages, lp0, lp_pos, lp_neg, response_mask, thresh
         # w_tilde_t = w_t / w_bar_i
         w_tilde = torch.where(sel, w / w_bar[:, None], zero)
         # A_i,t = A_i * w_tilde_t * m_t
-        adv = torch.where(m & (A != 0)[:, None], A[:, None] * w_tilde, zero)
-        return (adv, _stats(s, log_w, w_tilde, A, m)) if return_stats else adv
+        token_adv = torch.where(m & (adv != 0)[:, None], adv[:, None] * w_tilde, zero)
+        return (token_adv, _stats(s, log_w, w_tilde, adv, m)) if return_stats else token_adv
 
 
-def _stats(s, log_w, w_tilde, A, m):
+def _stats(s, log_w, w_tilde, adv, m):
     """The logging statistics of ``cscr_token_advantages`` (see its docstring)."""
-    rows = (A != 0) & m.any(1)
+    rows = (adv != 0) & m.any(1)
     tok = m & rows[:, None]
     n = int(tok.sum())
     w = torch.where(m, torch.exp(log_w), torch.zeros((), dtype=log_w.dtype, device=log_w.device))  # unscaled w
@@ -508,8 +505,8 @@ def _stats(s, log_w, w_tilde, A, m):
     stats = {"cscr/w_mean": mean(w, tok), "cscr/frac_w_lt_1": mean((w < 1).to(w.dtype), tok),
              "cscr/w_tilde_max": float(w_tilde[tok].max()) if n else 0.0,
              "cscr/eff_token_frac": 0.0, "cscr/w_bar_mean": 0.0, "cscr/inv_w_bar_max": 0.0,
-             "cscr/s_mean": mean(s, tok), "cscr/s_pos_mean": mean(s, m & (A > 0)[:, None]),
-             "cscr/s_neg_mean": mean(s, m & (A < 0)[:, None]), "cscr/num_tokens": float(n)}
+             "cscr/s_mean": mean(s, tok), "cscr/s_pos_mean": mean(s, m & (adv > 0)[:, None]),
+             "cscr/s_neg_mean": mean(s, m & (adv < 0)[:, None]), "cscr/num_tokens": float(n)}
     if int(rows.sum()):
         m_r, log_w_r = m[rows], log_w[rows]
         L = m_r.sum(1).double()

@@ -46,26 +46,30 @@ grpo.py ``Credit._delta`` (use in a trainer).
 
 Streamed (``delta_coefficients_streaming``), for a batch whose h does not fit in memory (spec §2.5): the same λ̄
 from a callable that re-runs the no-grad, eval-mode forward over your micro-batches and yields (h [b, T, H],
-log p [b, T], mask [b, T], Â [b]) (grpo.py ``Credit._delta`` feeds it from the trainer's micro-batches):
+old_logp [b, T], mask [b, T], Â [b]) (grpo.py ``Credit._delta`` feeds it from the trainer's micro-batches):
     def micro_batches():  # called K + 3 times (2 for K = 0); the same rows in the same order every time
-        for ids, att, mask, adv, logp in my_micro_batches:  # logp: the stored old log-probs of these rows
-            yield lm_head_inputs(model, ids, att), logp, mask, adv
+        for ids, att, mask, adv, old_logp in my_micro_batches:  # old_logp: stored with the rollout
+            yield lm_head_inputs(model, ids, att), old_logp, mask, adv
     lam_bars = delta.delta_coefficients_streaming(micro_batches)  # one λ̄ [b, T_j] per micro-batch, in order
+
+The steps, in the order of the method, and where each formula is: ``proxy_vectors`` (App. F), then
+``delta_coefficients``: centroids (Eq. 2–3), margins (Sec. 3.2), ``adaptive_temperature`` (γ, App. H),
+``soft_assignment`` (α = σ(Δ/γ), App. G), ``bounded_coefficients`` (λ, spec §2.3 step 5), λ̄ = λ·N/Z (Eq. 8);
+``delta_token_advantages`` (Ã = Â·λ̄). Names: Â ``adv``, Ã ``token_adv``, α ``assign``, λ ``lam``, λ̄ ``lam_bar``.
 
 Example (any HF causal LM; tests/test_delta.py runs it on a tiny random Qwen3):
     import torch, delta
-    # input_ids, attention_mask [B, P + T]: prompt + sampled response; response_mask [B, T]; advantages [B]
+    # input_ids, attention_mask [B, P + T]: prompt + sampled response; response_mask [B, T]; adv Â [B];
+    # old_logp [B, T]: θ_old's log-probs of the sampled tokens, which your trainer computes for the PPO ratio
     T = response_mask.shape[1]
-    with torch.no_grad():  # θ_old; divide the logits by the rollout temperature if it is not 1
+    with torch.no_grad():  # θ_old's forward (the same one that gives old_logp, or a second one)
         out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
     # h: lm_head input at the position that predicts each response token (hidden_states[-1] is post-norm;
     # a forward pre-hook on model.lm_head captures the same tensor without keeping every layer's states)
     h = out.hidden_states[-1][:, -T - 1:-1]
-    logp = torch.log_softmax(out.logits[:, -T - 1:-1].float(), -1).gather(-1, input_ids[:, -T:, None])[..., 0]
-    v = delta.proxy_vectors(h, logp, response_mask)  # App. F: v = (1 − p(y_t))·h_t
-    lam_bar = delta.delta_coefficients(v, advantages, response_mask)  # λ̄ [B, T], mean 1 over valid tokens
-    adv_tok = delta.delta_token_advantages(advantages, lam_bar, response_mask)  # Ã = Â·λ̄ -> your PPO loss
-
+    v = delta.proxy_vectors(h, old_logp, response_mask)  # App. F: v = (1 − p(y_t))·h_t
+    lam_bar = delta.delta_coefficients(v, adv, response_mask)  # λ̄ [B, T], mean 1 over valid tokens
+    token_adv = delta.delta_token_advantages(adv, lam_bar, response_mask)  # Ã = Â·λ̄ -> your PPO loss
 """
 
 from __future__ import annotations
@@ -78,7 +82,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["proxy_vectors", "delta_coefficients", "delta_coefficients_streaming", "delta_token_advantages",
-           "STAT_KEYS"]
+           "adaptive_temperature", "soft_assignment", "bounded_coefficients", "STAT_KEYS"]
 
 # Keys of the ``return_stats`` dict (Python floats): λ̄ on each side; cosine and norms of the final centroids
 # μ±⁽ᴷ⁾; final (lagged) temperatures γ±⁽ᴷ⁾; valid tokens with Â > 0, < 0, = 0; scale = N/Z (so λ = λ̄/scale);
@@ -90,46 +94,51 @@ STAT_KEYS = ("delta/lam_pos_mean", "delta/lam_pos_std", "delta/lam_pos_min", "de
 _NAN = float("nan")
 
 
-def proxy_vectors(hidden: Tensor, token_logprobs: Tensor, response_mask: Tensor) -> Tensor:
+def proxy_vectors(hidden: Tensor, old_logp: Tensor, response_mask: Tensor) -> Tensor:
     """Last-layer token-gradient proxy v_t = (1 − p(y_t))·h_t = ∂ log p(y_t) / ∂ W_lm_head[y_t] (App. F).
 
     Only the *sampled* token's row of the LM head (not the full (e_y − p) ⊗ h outer product), so only
     log p(y_t) is needed. hidden: [B, T, H] input of ``lm_head`` (after the final norm) at the position that
-    *predicts* response token t (positions [-T-1 : -1]). token_logprobs: [B, T] old log-probs (nats) from the
+    *predicts* response token t (positions [-T-1 : -1]). old_logp: [B, T] θ_old's log-probs (nats) from the
     temperature-scaled logits (the exact gradient has a further 1/τ, omitted as in the paper's code).
     response_mask: [B, T] bool or 0/1 float; padding gets v = 0. Returns [B, T, H] float32 (float64 if
-    ``hidden`` or ``token_logprobs`` is), detached. Raises ValueError on bad shapes or a non-0/1 mask.
+    ``hidden`` or ``old_logp`` is), detached. Raises ValueError on bad shapes or a non-0/1 mask.
     """
-    _check_shapes(hidden, "hidden", 3, None, token_logprobs, "token_logprobs", response_mask)
-    dtype = _work_dtype(hidden, token_logprobs)
+    _check_shapes(hidden, "hidden", 3, None, old_logp, "old_logp", response_mask)
+    dtype = _work_dtype(hidden, old_logp)
     with torch.no_grad():
         mb = _mask01(response_mask).to(hidden.device)
         # App. F: 1 − p(y_t) = −expm1(log p(y_t)); exact even when p(y_t) → 1.
-        one_minus_p = -torch.expm1(token_logprobs.detach().to(device=hidden.device, dtype=dtype))
+        one_minus_p = -torch.expm1(old_logp.detach().to(device=hidden.device, dtype=dtype))
         v = one_minus_p[..., None] * hidden.detach().to(dtype)
         return torch.where(mb[..., None], v, torch.zeros((), dtype=dtype, device=v.device))
 
 
 # Maths shared by both paths ------------------------------------------------------------------------------
-def _temperature(sum_margin: Tensor, sum_margin2: Tensor, count: Tensor, eps: float) -> Tensor:
-    # Sec. 3.2 / App. H: γ = population std of a side's margins, sqrt(max(E[Δ²] − E[Δ]², ε)); count >= 1.
+def adaptive_temperature(sum_margin: Tensor, sum_margin2: Tensor, count: Tensor, eps: float) -> Tensor:
+    """γ of one side (Sec. 3.2, App. H): the population std of its margins, sqrt(max(E[Δ²] − E[Δ]², ε)), from the
+    sums Σ Δ, Σ Δ² over its ``count`` valid tokens (0-dim tensors; count clamped at 1). Same units as Δ."""
     c = count.clamp(min=1.0)
     mean = sum_margin / c
     return torch.sqrt(torch.clamp(sum_margin2 / c - mean * mean, min=eps))
 
 
-def _soft_assignment(margin_pos, margin_neg, gamma_pos, gamma_neg, adv: Tensor) -> Tensor:
-    # App. G: α = σ(Δ/γ) with the token's own side's margin and temperature, [b, T].
+def soft_assignment(margin_pos, margin_neg, gamma_pos, gamma_neg, adv: Tensor) -> Tensor:
+    """α = σ(Δ/γ) (App. G; Eq. 7's soft assignment) with each token's own side's margin and temperature: Δ⁺/γ₊ on
+    responses with Â > 0, Δ⁻/γ₋ otherwise. margins ``[b, T]``, γ 0-dim, ``adv`` Â ``[b]``; returns ``[b, T]`` in
+    (0, 1) (the caller masks Â = 0 rows and padding)."""
     return torch.where((adv > 0)[:, None], torch.sigmoid(margin_pos / gamma_pos),
                        torch.sigmoid(margin_neg / gamma_neg))
 
 
-def _bounded_lam(alpha: Tensor, adv: Tensor, mask: Tensor, lam_min: float, lam_max: float) -> Tensor:
-    # Spec §2.3 step 5: λ = λ_min + (λ_max − λ_min)·α; responses with Â = 0 get λ_min; padding gets 0.
-    return torch.where((adv == 0)[:, None], lam_min, lam_min + (lam_max - lam_min) * alpha) * mask
+def bounded_coefficients(assign: Tensor, adv: Tensor, mask: Tensor, lam_min: float, lam_max: float) -> Tensor:
+    """λ = λ_min + (λ_max − λ_min)·α (spec §2.3 step 5; Sec. 3.2): ``assign`` α ``[b, T]``, ``adv`` Â ``[b]``,
+    float 0/1 ``mask`` ``[b, T]``; responses with Â = 0 get λ_min, padding 0. Returns λ ``[b, T]`` (before the
+    normalisation λ̄ = λ·N/Σλ)."""
+    return torch.where((adv == 0)[:, None], lam_min, lam_min + (lam_max - lam_min) * assign) * mask
 
 
-def delta_coefficients(v: Tensor, advantages: Tensor, response_mask: Tensor, K: int = 1,
+def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K: int = 1,
                        lam_min: float = 0.8, lam_max: float = 1.2, eps: float = 1e-8,
                        return_stats: bool = False) -> Union[Tensor, Tuple[Tensor, dict]]:
     """Normalised DelTA token coefficients λ̄ over a whole rollout batch (spec §2.3 steps 0–6).
@@ -138,7 +147,7 @@ def delta_coefficients(v: Tensor, advantages: Tensor, response_mask: Tensor, K: 
     λ̄ never carries a gradient (``torch.no_grad()``).
     Args:
         v: [B, T, H] token-gradient proxies (``proxy_vectors``); padding values are ignored.
-        advantages: [B] sequence advantages Â_i. Â > 0: positive side P, Â < 0: negative side Nn, Â = 0:
+        adv: [B] sequence advantages Â_i. Â > 0: positive side P, Â < 0: negative side Nn, Â = 0:
             neither (weight 0 in centroids and γ, λ = λ_min, but counted in N and Z).
         response_mask: [B, T] bool or 0/1 float. K: refinement iterations (paper default 1; K = 0 is the
             "w/o refinement" ablation). lam_min, lam_max: range of λ. eps: floor of centroid denominators,
@@ -150,7 +159,7 @@ def delta_coefficients(v: Tensor, advantages: Tensor, response_mask: Tensor, K: 
     """
     lam_min, lam_max = _check_hparams(K, lam_min, lam_max, eps)
     with torch.no_grad():
-        v, adv, mask = _prepare(v, advantages, response_mask)
+        v, adv, mask = _prepare(v, adv, response_mask)
         # Sides (spec §2.3): P = {Â > 0, valid}, Nn = {Â < 0, valid}; Â = 0 responses belong to neither.
         pos, neg = (adv > 0).to(v.dtype)[:, None] * mask, (adv < 0).to(v.dtype)[:, None] * mask  # [B, T]
         if not (pos.any() and neg.any()):  # guard (spec §6): no discriminator without both sides
@@ -170,7 +179,7 @@ def delta_coefficients(v: Tensor, advantages: Tensor, response_mask: Tensor, K: 
 
         def temperature(margin: Tensor, side: Tensor) -> Tensor:  # γ of one side from float64 moments
             m64, s64 = margin.double(), side.double()
-            return _temperature((m64 * s64).sum(), (m64 * m64 * s64).sum(), s64.sum(), eps)
+            return adaptive_temperature((m64 * s64).sum(), (m64 * m64 * s64).sum(), s64.sum(), eps)
 
         # Step 0: initial centroids μ±⁽⁰⁾ = Σ |Â|·v / M±.
         mu_pos, mu_neg = centroid(w_pos), centroid(w_neg)
@@ -180,15 +189,15 @@ def delta_coefficients(v: Tensor, advantages: Tensor, response_mask: Tensor, K: 
         gamma_pos, gamma_neg = temperature(margin_pos, pos), temperature(margin_neg, neg)
         # Step 3: K refinements (k = 0 … K−1).
         for _ in range(K):
-            alpha = _soft_assignment(margin_pos, margin_neg, gamma_pos, gamma_neg, adv)  # α⁽ᵏ⁾ = σ(Δ⁽ᵏ⁾/γ⁽ᵏ⁾)
-            mu_pos, mu_neg = centroid(alpha * w_pos), centroid(alpha * w_neg)  # μ⁽ᵏ⁺¹⁾, weights |Â|·α⁽ᵏ⁾
+            assign = soft_assignment(margin_pos, margin_neg, gamma_pos, gamma_neg, adv)  # α⁽ᵏ⁾ = σ(Δ⁽ᵏ⁾/γ⁽ᵏ⁾)
+            mu_pos, mu_neg = centroid(assign * w_pos), centroid(assign * w_neg)  # μ⁽ᵏ⁺¹⁾, weights |Â|·α⁽ᵏ⁾
             # Lagged (App. H): γ⁽ᵏ⁺¹⁾ = std of the same Δ⁽ᵏ⁾, at the pre-update centroids; γ⁽¹⁾ = γ⁽⁰⁾.
             gamma_pos, gamma_neg = temperature(margin_pos, pos), temperature(margin_neg, neg)
             margin_pos, margin_neg = margins(mu_pos, mu_neg)  # Δ⁽ᵏ⁺¹⁾ at μ⁽ᵏ⁺¹⁾
         # Step 4: final scores α* = σ(Δ/γ⁽ᴷ⁾), margins at μ⁽ᴷ⁾ and the latest (lagged) temperatures.
-        alpha = _soft_assignment(margin_pos, margin_neg, gamma_pos, gamma_neg, adv)
+        assign = soft_assignment(margin_pos, margin_neg, gamma_pos, gamma_neg, adv)
         # Step 5: λ = λ_min + (λ_max − λ_min)·α*; Â = 0 responses get λ_min; padding 0.
-        lam = _bounded_lam(alpha, adv, mask, lam_min, lam_max)
+        lam = bounded_coefficients(assign, adv, mask, lam_min, lam_max)
         # Step 6 / Eq. 8: one global self-normalisation λ̄ = λ·N/max(Z, ε); N counts Â = 0 tokens too.
         N, Z = mask.sum(dtype=torch.float64), lam.sum(dtype=torch.float64)
         scale = N / Z.clamp(min=eps)
@@ -198,7 +207,7 @@ def delta_coefficients(v: Tensor, advantages: Tensor, response_mask: Tensor, K: 
         return lam_bar, _batch_stats(lam_bar, pos, neg, mask, float(scale), (mu_pos, mu_neg), (gamma_pos, gamma_neg))
 
 
-Chunk = Tuple[Tensor, Tensor, Tensor, Tensor]  # hidden [b, T, H], token_logprobs [b, T], response_mask [b, T], Â [b]
+Chunk = Tuple[Tensor, Tensor, Tensor, Tensor]  # hidden [b, T, H], old_logp [b, T], response_mask [b, T], adv Â [b]
 Chunks = Union[Sequence[Chunk], Callable[[], Iterable[Chunk]]]
 
 
@@ -215,7 +224,7 @@ def delta_coefficients_streaming(chunks: Chunks, K: int = 1, lam_min: float = 0.
     when the callable recomputes h; a trainer that keeps θ_old's pass as pass 1 runs K + 2 extra).
     Args:
         chunks: a zero-arg callable returning a fresh iterable of micro-batches ``(hidden [b, T, H],
-            token_logprobs [b, T], response_mask [b, T], advantages [b])`` (as ``proxy_vectors`` and
+            old_logp [b, T], response_mask [b, T], adv [b])`` (as ``proxy_vectors`` and
             ``delta_coefficients`` take them), e.g. one that re-runs θ_old's no-grad, eval-mode forward pass; or a
             list/tuple of them. Every pass must yield the same rows in the same order (T may differ between
             chunks; h may differ by rounding, not more); no one-shot iterator.
@@ -254,15 +263,15 @@ def delta_coefficients_streaming(chunks: Chunks, K: int = 1, lam_min: float = 0.
             for j, c, v in data.again(f"pass {k + 3}: refinement {k}"):
                 if k > 0:  # Δ⁽ᵏ⁾ at μ⁽ᵏ⁾ (for k = 0 the kept pass-2 margins)
                     margin[j] = _margin(v, mu_pos, mu_neg)
-                alpha = _soft_assignment(margin[j], -margin[j], gamma_pos, gamma_neg, c.adv)
-                parts.append({**_centroid_sums(c, v, alpha), **_moments(c, "margin", margin[j], -margin[j])})
+                assign = soft_assignment(margin[j], -margin[j], gamma_pos, gamma_neg, c.adv)
+                parts.append({**_centroid_sums(c, v, assign), **_moments(c, "margin", margin[j], -margin[j])})
             s = data.total(parts)
             mu_pos, mu_neg = _centroids(s, eps, data.dtype)
             gamma_pos, gamma_neg = _temperatures(s, n_pos, n_neg, eps)
         # Step 4: margins at μ⁽ᴷ⁾ (for K = 0 the kept pass-2 margins), α*; step 5: λ.
         if K > 0:
             margin = [_margin(v, mu_pos, mu_neg) for _, _, v in data.again(f"pass {K + 3}: final scores")]
-        lam = [_bounded_lam(_soft_assignment(m, -m, gamma_pos, gamma_neg, c.adv), c.adv, c.mask, lam_min, lam_max)
+        lam = [bounded_coefficients(soft_assignment(m, -m, gamma_pos, gamma_neg, c.adv), c.adv, c.mask, lam_min, lam_max)
                for c, m in zip(data.kept, margin)]
         # Step 6 / Eq. 8: Z = Σλ over all chunks (and ranks); λ̄ = λ·N/max(Z, ε).
         s = data.total({"Z": x.double().sum(), **_moments(c, "lam", x, x)} for c, x in zip(data.kept, lam))
@@ -276,33 +285,33 @@ def delta_coefficients_streaming(chunks: Chunks, K: int = 1, lam_min: float = 0.
         return lam_bar, _stats(sums, lam_bar, sides, counts, sc, (mu_pos, mu_neg), (gamma_pos, gamma_neg))
 
 
-def delta_token_advantages(advantages: Tensor, lam_bar: Tensor, response_mask: Tensor) -> Tensor:
+def delta_token_advantages(adv: Tensor, lam_bar: Tensor, response_mask: Tensor) -> Tensor:
     """Token advantages Ã_{i,t} = Â_i · λ̄_{i,t} · mask_{i,t} (spec §2.3 step 7).
 
     For the unchanged DAPO/PPO token-mean loss (λ̄ > 0 keeps sign(Ã) = sign(Â) and every clip branch DAPO's).
-    advantages [B], lam_bar [B, T], response_mask [B, T] (bool or 0/1) -> [B, T] in the promoted dtype of
-    advantages and lam_bar, detached, 0 on padding. Raises ValueError on bad shapes or mask.
+    adv Â [B], lam_bar λ̄ [B, T], response_mask [B, T] (bool or 0/1) -> Ã [B, T] in the promoted dtype of
+    adv and lam_bar, detached, 0 on padding. Raises ValueError on bad shapes or mask.
     """
-    _check_shapes(lam_bar, "lam_bar", 2, advantages, None, None, response_mask)
-    dtype = torch.promote_types(advantages.dtype, lam_bar.dtype)
+    _check_shapes(lam_bar, "lam_bar", 2, adv, None, None, response_mask)
+    dtype = torch.promote_types(adv.dtype, lam_bar.dtype)
     m = _mask01(response_mask).to(device=lam_bar.device, dtype=dtype)
-    return advantages.detach().to(device=lam_bar.device, dtype=dtype)[:, None] * lam_bar.detach().to(dtype) * m
+    return adv.detach().to(device=lam_bar.device, dtype=dtype)[:, None] * lam_bar.detach().to(dtype) * m
 
 
 # Streaming: what pass 1 keeps of a chunk, and one helper per pass statistic (named float64 sums) ---------
 _Chunk = namedtuple("_Chunk", "adv mask pos neg")  # Â [b]; float 0/1 mask [b, T]; sides P, Nn (bool [b, T])
 
 
-def _centroid_sums(c: _Chunk, v: Tensor, alpha: Optional[Tensor] = None) -> dict:
+def _centroid_sums(c: _Chunk, v: Tensor, assign: Optional[Tensor] = None) -> dict:
     # Numerators Σw·v [H] and denominators Σw of μ± (Eq. 2–3), weights w = |Â|·α on each side. Pass 1 has
     # α = 1 (Σw are then the advantage masses M±) and also counts the valid tokens on P, on Nn and in all.
     w_pos, w_neg = c.adv.clamp(min=0)[:, None] * c.mask, (-c.adv).clamp(min=0)[:, None] * c.mask
-    if alpha is not None:
-        w_pos, w_neg = alpha * w_pos, alpha * w_neg
+    if assign is not None:
+        w_pos, w_neg = assign * w_pos, assign * w_neg
     vf, w_pos, w_neg = v.flatten(0, 1), w_pos.flatten(), w_neg.flatten()
     out = {"sum_wv_pos": (w_pos @ vf).double(), "sum_wv_neg": (w_neg @ vf).double(),
            "sum_w_pos": w_pos.sum(dtype=torch.float64), "sum_w_neg": w_neg.sum(dtype=torch.float64)}
-    if alpha is None:  # pass 1: also the valid-token counts
+    if assign is None:  # pass 1: also the valid-token counts
         out.update({k: x.sum(dtype=torch.float64) for k, x in (("n_pos", c.pos), ("n_neg", c.neg), ("n_valid", c.mask))})
     return out
 
@@ -326,8 +335,8 @@ def _centroids(s: dict, eps: float, dtype: torch.dtype) -> tuple:  # μ₊, μ�
 
 
 def _temperatures(s: dict, n_pos: Tensor, n_neg: Tensor, eps: float) -> tuple:  # γ₊, γ₋ from the sums
-    return (_temperature(s["sum_margin_pos"], s["sum_margin2_pos"], n_pos, eps),
-            _temperature(s["sum_margin_neg"], s["sum_margin2_neg"], n_neg, eps))
+    return (adaptive_temperature(s["sum_margin_pos"], s["sum_margin2_pos"], n_pos, eps),
+            adaptive_temperature(s["sum_margin_neg"], s["sum_margin2_neg"], n_neg, eps))
 
 
 class _Passes:
@@ -343,13 +352,13 @@ class _Passes:
 
     def _proxies(self, j: int, ch, where: str):  # (v, Â, float mask) of chunk j: App. F's v = (1 − p)·h
         if not (isinstance(ch, (tuple, list)) and len(ch) == 4):
-            raise ValueError(f"chunks[{j}] must be a (hidden, token_logprobs, response_mask, advantages) tuple")
+            raise ValueError(f"chunks[{j}] must be a (hidden, old_logp, response_mask, adv) tuple")
         hidden, logp, mask, adv = ch
         if j == 0 and not self.kept:
             if not isinstance(hidden, Tensor) or hidden.dim() != 3:
                 raise ValueError("chunks[0][0] (hidden) must be a [b, T, H] tensor")
             self.dtype, self.H = _work_dtype(hidden, logp), hidden.shape[-1]
-        _check_shapes(hidden, "hidden", 3, adv, logp, "token_logprobs", mask, where, " of sequence advantages")
+        _check_shapes(hidden, "hidden", 3, adv, logp, "old_logp", mask, where, " of sequence advantages")
         if hidden.shape[-1] != self.H:
             raise ValueError(f"hidden{where} has hidden size {hidden.shape[-1]}, expected {self.H}")
         return _prepare(proxy_vectors(hidden, logp, mask), adv, mask, dtype=self.dtype, where=where)
@@ -360,7 +369,7 @@ class _Passes:
             self.kept.append(_Chunk(adv, m, (adv > 0)[:, None] & (m > 0), (adv < 0)[:, None] & (m > 0)))
             yield self.kept[-1], v
         if not self.kept:
-            raise ValueError("chunks is empty: need at least one (hidden, token_logprobs, response_mask, advantages) "
+            raise ValueError("chunks is empty: need at least one (hidden, old_logp, response_mask, adv) "
                              "micro-batch")
 
     def again(self, name: str):  # yields (j, _Chunk, v)
@@ -371,7 +380,7 @@ class _Passes:
             v, adv, m = self._proxies(j, ch, f" in chunks[{j}] ({name})")
             c = self.kept[j]
             if v.shape[-1] != self.H or not torch.equal(adv, c.adv) or not torch.equal(m, c.mask):
-                raise ValueError(f"chunks[{j}] changed between passes ({name}): advantages, "
+                raise ValueError(f"chunks[{j}] changed between passes ({name}): adv, "
                                  "response_mask and shapes must be identical in every pass")
             yield j, c, v
         if j + 1 != n:
@@ -416,7 +425,7 @@ def _check_shapes(x, x_name, dims, adv, bt, bt_name, mask, where="", adv_what=""
         raise ValueError(f"{x_name}{where} must be a {what} tensor, got shape {shape(x)}")
     B, T = x.shape[:2]
     if adv is not None and (not isinstance(adv, Tensor) or shape(adv) != (B,)):
-        raise ValueError(f"advantages{where} must be a [B] = [{B}] tensor{adv_what}, got shape {shape(adv)}")
+        raise ValueError(f"adv{where} must be a [B] = [{B}] tensor{adv_what}, got shape {shape(adv)}")
     for t, name in ((bt, bt_name), (mask, "response_mask")):
         if name is not None and (not isinstance(t, Tensor) or shape(t) != (B, T)):
             raise ValueError(f"{name}{where} must be [B, T] = [{B}, {T}], got shape {shape(t)}")
@@ -432,16 +441,16 @@ def _work_dtype(*tensors: Tensor) -> torch.dtype:  # float64 if any input is (un
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
-def _prepare(v: Tensor, advantages: Tensor, response_mask: Tensor, dtype: Optional[torch.dtype] = None,
+def _prepare(v: Tensor, adv: Tensor, response_mask: Tensor, dtype: Optional[torch.dtype] = None,
              where: str = "") -> Tuple[Tensor, Tensor, Tensor]:
     """Validated, detached v (0 on padding by ``where``: NaN cannot leak), Â, float 0/1 mask; working dtype."""
-    _check_shapes(v, "v", 3, advantages, None, None, response_mask, where, " of sequence advantages")
-    if not bool(torch.isfinite(advantages).all()):
-        raise ValueError(f"advantages{where} must be finite")
+    _check_shapes(v, "v", 3, adv, None, None, response_mask, where, " of sequence advantages")
+    if not bool(torch.isfinite(adv).all()):
+        raise ValueError(f"adv{where} must be finite")
     dtype = dtype or _work_dtype(v)
     mb = _mask01(response_mask, f"response_mask{where}").to(v.device)
     v = torch.where(mb[..., None], v.detach().to(dtype), torch.zeros((), dtype=dtype, device=v.device))
-    return v, advantages.detach().to(device=v.device, dtype=dtype), mb.to(dtype)
+    return v, adv.detach().to(device=v.device, dtype=dtype), mb.to(dtype)
 
 
 # Diagnostics (``return_stats``) ----------------------------------------------------------------------------

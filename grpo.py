@@ -8,7 +8,7 @@ One training step (``train_step``) is seven stages, in the order of the papers::
     4. θ_old        log π_θold(o_{i,t}) per token, no grad          old_logprobs       (+ h_t for DelTA, same pass)
     5. credit       token advantages Â_{i,t} (--credit)             Credit: grpo broadcasts Â_i; delta Â_i·λ̄_{i,t}
                                                                     (delta.py); cscr Â_i·w̃_{i,t} (cscr.py)
-    6. update       clipped surrogate, token-mean, AdamW            policy_loss        DAPO (Yu et al. 2025) Eq. 8
+    6. update       clipped surrogate, token-mean, AdamW            policy_loss        DAPO (Yu et al. 2025) §3.1, §3.3
     7. log          metrics.jsonl, samples/                         checkpoint.RunFolder
 
 The file follows that order: config and CLI; the maths (``group_advantages``, ``policy_loss``; log π is
@@ -41,6 +41,7 @@ import gc
 import importlib.util
 import random
 import time
+from collections import namedtuple
 from dataclasses import dataclass, field
 
 import torch
@@ -193,35 +194,36 @@ def check_config(cfg: GRPOConfig, world: int = 1) -> None:
 
 
 # --- The maths: pure functions on tensors ---------------------------------------------------------------------
-def group_advantages(rewards: torch.Tensor, group_size: int, scale: str = "std", eps: float = 1e-6) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str = "group",
+                     eps: float = 1e-6) -> torch.Tensor:
     """GRPO group-normalised advantages Â_i = (r_i − mean_g) / (std_g + eps) (GRPO §4.1.2; DelTA spec §1).
 
-    ``rewards`` ``[N]`` group by group (N = groups × G). ``scale="std"`` divides by the unbiased group std (DelTA's
-    code, verl, TRL); ``"none"`` gives r − mean (Dr. GRPO, Liu et al. 2025). Returns ``[N]`` float32 (float64 for
-    float64 rewards); a group whose rewards are all equal (or of one member) gets exactly 0, no float residue
-    (NeMo-RL #4161).
-    Raises ValueError: N not a multiple of ``group_size``, or an unknown ``scale``.
+    ``rewards`` ``[N]`` group by group (N = groups × G). ``scale_rewards="group"`` (``--scale_rewards``) divides by
+    the unbiased group std (DelTA's code, verl, TRL); ``"none"`` gives r − mean (Dr. GRPO, Liu et al. 2025).
+    Returns ``[N]`` float32 (float64 for float64 rewards); a group whose rewards are all equal (or of one member)
+    gets exactly 0, no float residue (NeMo-RL #4161).
+    Raises ValueError: N not a multiple of ``group_size``, or an unknown ``scale_rewards``.
     """
     if group_size < 1 or rewards.dim() != 1 or rewards.numel() % group_size:
         raise ValueError(f"rewards must be 1-D with a length divisible by group_size={group_size}, "
                          f"got shape {tuple(rewards.shape)}")
-    if scale not in ("std", "none"):
-        raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
+    if scale_rewards not in ("group", "none"):
+        raise ValueError(f"scale_rewards must be 'group' or 'none', got {scale_rewards!r}")
     r = rewards.to(torch.promote_types(rewards.dtype, torch.float32)).view(-1, group_size)
     centred = r - r.mean(-1, keepdim=True)
-    if scale == "std" and group_size > 1:
+    if scale_rewards == "group" and group_size > 1:
         centred = centred / (r.std(-1, keepdim=True, unbiased=True) + eps)
     # exact zeros where the group has no spread (or only one member)
     flat = (r.max(-1, keepdim=True).values - r.min(-1, keepdim=True).values) == 0
     return torch.where(flat, torch.zeros_like(centred), centred).view(-1)
 
 
-def policy_loss(logp, old_logp, advantages, response_mask, epsilon=0.2, epsilon_high=0.28, dual_clip=None,
+def policy_loss(logp, old_logp, adv, response_mask, epsilon=0.2, epsilon_high=0.28, dual_clip=None,
                 loss_type="dapo", max_completion_length=None, ref_logp=None, beta=0.0, num_tokens=None,
                 num_sequences=None):
     """Clipped surrogate loss (to minimise) and its statistics.
 
-    Per token (PPO, Schulman et al. 2017, Eq. 7, with DAPO's asymmetric clip, Yu et al. 2025, Eq. 8)::
+    Per token (PPO, Schulman et al. 2017, Eq. 7, with DAPO's asymmetric clip, Yu et al. 2025, §3.1 Clip-Higher)::
 
         ratio  = exp(clamp(logp − old_logp, −20, 20))
         ℓ      = max(−Â·ratio, −Â·clip(ratio, 1−ε, 1+ε_high))
@@ -233,8 +235,8 @@ def policy_loss(logp, old_logp, advantages, response_mask, epsilon=0.2, epsilon_
         ``grpo``: mean over sequences of the per-sequence token-mean (the original GRPO 1/|o_i|);
         ``dr_grpo``: Σ ℓ·mask / (B · max_completion_length) (Dr. GRPO's constant normaliser).
 
-    Args: ``logp``, ``old_logp`` ``[B, T]`` (nats, policy and θ_old); ``advantages`` ``[B]`` (broadcast) or
-    ``[B, T]`` (token credit, e.g. Â·λ̄); ``response_mask`` ``[B, T]`` (EOS included); ``ref_logp`` ``[B, T]`` when
+    Args: ``logp``, ``old_logp`` ``[B, T]`` (nats, policy and θ_old); ``adv``: Â_i ``[B]`` (broadcast) or the
+    token advantages Ã_{i,t} ``[B, T]`` (token credit, e.g. Â·λ̄); ``response_mask`` ``[B, T]`` (EOS included); ``ref_logp`` ``[B, T]`` when
     β > 0; ``num_tokens`` / ``num_sequences``: the normaliser's counts over the whole mini-batch when this call
     sees a micro-batch (the gradient then does not depend on the micro-batch size).
     Returns (loss, stats): token-means over this call of ``clip_ratio/low_mean`` (ratio < 1−ε, Â < 0),
@@ -243,19 +245,19 @@ def policy_loss(logp, old_logp, advantages, response_mask, epsilon=0.2, epsilon_
     β > 0 without ``ref_logp``.
     """
     mask = response_mask.to(logp.dtype)
-    advantages = advantages[:, None] if advantages.dim() == 1 else advantages
+    adv = adv[:, None] if adv.dim() == 1 else adv
     for bad, message in [
             (logp.shape != old_logp.shape or logp.shape != mask.shape, f"logp {tuple(logp.shape)}, old_logp "
              f"{tuple(old_logp.shape)} and response_mask {tuple(mask.shape)} must have the same [B, T] shape"),
-            (advantages.shape[0] != logp.shape[0] or advantages.shape[1] not in (1, logp.shape[-1]),
-             f"advantages must be [B] or [B, T], got {tuple(advantages.shape)} for logp {tuple(logp.shape)}"),
+            (adv.shape[0] != logp.shape[0] or adv.shape[1] not in (1, logp.shape[-1]),
+             f"adv must be [B] or [B, T], got {tuple(adv.shape)} for logp {tuple(logp.shape)}"),
             (loss_type not in ("dapo", "grpo", "dr_grpo"),
              f"loss_type must be dapo, grpo or dr_grpo, got {loss_type!r}"),
             (loss_type == "dr_grpo" and not max_completion_length, "loss_type='dr_grpo' needs max_completion_length"),
             (beta > 0 and ref_logp is None, "beta > 0 needs ref_logp")]:
         if bad:
             raise ValueError(message)
-    adv = advantages.to(logp.dtype).expand_as(logp)
+    adv = adv.to(logp.dtype).expand_as(logp)
     # padded positions may hold anything (e.g. -inf): zero them before exp so no NaN reaches the gradient
     log_ratio = torch.where(mask > 0, logp - old_logp, torch.zeros_like(logp)).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
@@ -298,52 +300,58 @@ def policy_loss(logp, old_logp, advantages, response_mask, epsilon=0.2, epsilon_
 # --- Credit assignment: sequence advantages Â_i -> token advantages Â_{i,t} (the --credit hook) ---------------
 class Credit:
     """Sequence advantages ``[N]`` -> token advantages ``[N, T]``, once per rollout batch, without gradient, from
-    θ_old; fixed for every mini-batch and epoch of the step (DelTA spec §2.4; CSCR spec §4). ``last_weights``: the
-    last call's per-token weights (λ̄ for DelTA, the sensitivity s for CSCR), for the samples log."""
+    θ_old; fixed for every mini-batch and epoch of the step (DelTA spec §2.4; CSCR spec §4). ``token_weights``: the
+    last call's per-token weights by name, for the samples log: ``{"lambda_bar": λ̄}`` (DelTA), ``{"sensitivity":
+    s}`` (CSCR), ``{}`` (GRPO)."""
 
     def __init__(self, cfg: GRPOConfig, tokenizer):
-        self.cfg, self.tokenizer, self.last_weights = cfg, tokenizer, None
+        self.cfg, self.tokenizer, self.token_weights = cfg, tokenizer, {}
         self.cscr_threshold, self.cscr_calibrated = cfg.cscr_threshold, False
 
     def needs_hidden(self) -> bool:  # stage 4 keeps the batch's h_t (else DelTA's memory_efficient recomputes them)
         return self.cfg.credit == "delta" and self.cfg.delta_impl == "normal"
 
     @torch.no_grad()
-    def __call__(self, model, batch: rollout.Rollout, adv, old_logp, hidden, answers):
-        """Args: batch (its response_mask ``[N, T]``), adv ``[N]``, old_logp ``[N, T]``, hidden ``[N, T, H]`` (DelTA)
-        or None, answers (the reference of each row, CSCR). Returns (token advantages ``[N, T]``, stats)."""
-        mask = batch.response_mask
+    def __call__(self, model, batch: rollout.Rollout, adv, old: ThetaOld, answers):
+        """Args: batch (its response_mask ``[N, T]``), adv Â_i ``[N]``, old (stage 4: ``old.logp`` ``[N, T]``, DelTA's
+        ``old.hidden`` ``[N, T, H]`` or None), answers (the reference of each row, CSCR). Returns (token advantages
+        Ã_{i,t} ``[N, T]``, stats)."""
         if self.cfg.credit == "grpo":
-            return adv[:, None] * mask, {}  # GRPO: every token of o_i gets Â_i
+            return adv[:, None] * batch.response_mask, {}  # GRPO: every token of o_i gets Â_i
         if self.cfg.credit == "delta":
-            return self._delta(model, batch, adv, old_logp, hidden)
-        return self._cscr(model, batch, adv, old_logp, answers)
+            return self._delta(model, batch, adv, old)
+        return self._cscr(model, batch, adv, old.logp, answers)
 
-    def _delta(self, model, batch, adv, old_logp, hidden):
+    def token_credit(self, adv, token_adv):
+        """The credit of each token, Ã_{i,t} / Â_i ``[N, T]`` (1 for GRPO, λ̄ for DelTA, w̃ for CSCR), for samples/;
+        a row with Â_i = 0 has nothing to divide: λ̄ itself for DelTA (its weights multiply Â), else 1."""
+        c = token_adv / torch.where(adv == 0, 1.0, adv).to(token_adv.dtype)[:, None]
+        fill = self.token_weights.get("lambda_bar", torch.ones_like(c))
+        return torch.where((adv == 0)[:, None], fill.to(c.dtype), c)
+
+    def _delta(self, model, batch, adv, old):
         import delta
 
         c, mask = self.cfg, batch.response_mask
         kw = dict(K=c.delta_k, lam_min=c.delta_lam_min, lam_max=c.delta_lam_max, return_stats=True)
         pooled = distributed.is_distributed() and c.delta_scope == "global"
-        if hidden is not None and not pooled:  # --delta_impl normal: stage 4 kept the batch's h_t [N, T, H]
-            v = delta.proxy_vectors(hidden, old_logp, mask)  # App. F: v = (1 − p)·h, [N, T, H], as bounded as h
+        if old.hidden is not None and not pooled:  # --delta_impl normal: stage 4 kept the batch's h_t [N, T, H]
+            v = delta.proxy_vectors(old.hidden, old.logp, mask)  # App. F: v = (1 − p)·h, [N, T, H], as bounded as h
             lam_bar, stats = delta.delta_coefficients(v, adv, mask, **kw)
         else:
             # Streamed sufficient statistics (spec §2.5): every statistic is a sum or a count, so with --delta_scope
             # global summing them over processes gives the whole batch's λ̄. memory_efficient: K + 3 passes, each
             # re-running θ_old's no-grad, eval-mode forward for h, one micro-batch at a time (θ_old's log-probs are
             # stage 4's); normal under torchrun: its kept h as one micro-batch.
-            if hidden is not None:
-                layout, micro_batches = [(slice(None), mask.shape[1])], [(hidden, old_logp, mask, adv)]
+            if old.hidden is not None:
+                layout, micro_batches = [(slice(None), mask.shape[1])], [(old.hidden, old.logp, mask, adv)]
             else:
-                device = next(model.parameters()).device
-                passes = policy.Passes(model, batch.input_ids.to(device), batch.attention_mask.to(device), mask,
-                                       torch.arange(len(adv)), c, grad=False, hidden=True)
+                passes = policy.Passes(model, batch, torch.arange(len(adv)), c, grad=False, hidden=True)
                 layout = [(rows, t) for rows, _, t in passes.layout]
 
                 def micro_batches():  # one pass: (h [b, t, H], log p [b, t], mask [b, t], Â [b]) of each, in order
                     for mb in passes:
-                        yield mb.hidden, old_logp[mb.rows, :mb.t], mask[mb.rows, :mb.t], adv[mb.rows]
+                        yield mb.hidden, mb.take(old.logp), mb.take(mask), adv[mb.rows]
 
             parts, stats = delta.delta_coefficients_streaming(
                 micro_batches, reduce_fn=distributed.all_reduce_sum if pooled else None, **kw)
@@ -351,7 +359,7 @@ class Credit:
             for (rows, t), part in zip(layout, parts):
                 lam_bar[rows, :t] = part.cpu()
             stats = distributed.pool_min_max(stats) if pooled else stats  # extremes are per process: pool them
-        self.last_weights = lam_bar
+        self.token_weights = {"lambda_bar": lam_bar}
         return delta.delta_token_advantages(adv, lam_bar, mask), stats  # Ã = Â·λ̄ (spec §2.3 step 7)
 
     def _cscr(self, model, batch, adv, old_logp, answers):
@@ -366,18 +374,18 @@ class Credit:
         lp_pos, lp_neg = cscr.condition_logprobs(
             model, self.tokenizer, [p for p, _ in pairs], [q for _, q in pairs], batch.response_ids, mask,
             temperature=c.temperature, micro_batch_size=c.micro_batch_size or None, logprob_fn=self._scoring_logprobs,
-            advantages=adv)
+            adv=adv)
         s = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask, mode=c.cscr_mode)  # s_t = max(|Δ+|, |Δ−|)
         if c.cscr_threshold_quantile is not None and not self.cscr_calibrated:
             # spec §5: λ = a quantile of s over the first batch's scored tokens (every process's), then frozen
             s_all = torch.cat(distributed.all_gather_objects(s[mask.bool() & (adv != 0)[:, None]].cpu()))[None]
             self.cscr_threshold = cscr.calibrate_threshold(s_all, torch.ones_like(s_all), c.cscr_threshold_quantile)
             self.cscr_calibrated = True
-        # spec §5: w_t = max(w_min, exp(−α·max(0, s_t − λ))), Â_{i,t} = Â_i·w_t / mean_t(w) (sign and budget kept)
+        # spec §5: w_t = max(w_min, exp(−α·max(0, s_t − λ))), Ã_{i,t} = Â_i·w_t / mean_t(w) (sign and budget kept)
         token_adv, stats = cscr.cscr_token_advantages(
             adv, old_logp, lp_pos, lp_neg, mask, threshold=self.cscr_threshold, alpha=c.cscr_alpha,
             w_min=c.cscr_w_min, mode=c.cscr_mode, return_stats=True)
-        self.last_weights = s
+        self.token_weights = {"sensitivity": s}
         return token_adv, {**stats, "cscr/threshold": float(self.cscr_threshold)}
 
     def _scoring_logprobs(self, model, input_ids, attention_mask, response_mask, temperature):
@@ -411,24 +419,21 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
     graded = verify.grade_batch(batch.texts, answers)
     rewards = torch.tensor([float(ok) for ok, _ in graded])
     # 3. group advantages Â_i (GRPO)
-    adv = group_advantages(rewards, G, scale="std" if cfg.scale_rewards == "group" else "none")
-    mask, lengths = batch.response_mask, batch.response_lengths  # lengths logged as sampled, masked or not
+    adv = group_advantages(rewards, G, cfg.scale_rewards)
+    lengths = batch.response_lengths  # logged as sampled, masked or not
     if cfg.mask_truncated_completions:
-        mask = mask * torch.tensor([r == "stop" for r in batch.finish_reasons], dtype=mask.dtype)[:, None]
-        batch.response_mask = mask
-    input_ids, attn = (x.to(next(model.parameters()).device) for x in (batch.input_ids, batch.attention_mask))
-    # 4. θ_old's log-probs, no grad (and, for DelTA's --delta_impl normal, the LM-head inputs h_t from the same
-    #    forward). For one update at θ_old = θ, they come from the training forward itself, which stage 6 reuses
-    fused = can_update_on_policy(cfg, len(adv), ref_model is not None)
-    old_logp, hidden, ref_logp, passes = old_logprobs(model, input_ids, attn, mask, cfg, credit.needs_hidden(),
-                                                      ref_model, fused)
+        batch.response_mask = batch.response_mask * torch.tensor(
+            [r == "stop" for r in batch.finish_reasons], dtype=batch.response_mask.dtype)[:, None]
+    # 4. θ_old's log-probs, no grad (+ DelTA's h_t from the same forward, + the reference's for --beta > 0). The
+    #    step's one optimisation, chosen here: for one update at θ_old = θ, the training forward, which 6 reuses
+    old = old_logprobs(model, batch, cfg, credit.needs_hidden(), ref_model,
+                       training_forward=can_update_on_policy(cfg, len(adv), ref_model is not None))
     # 5. token advantages Â_{i,t} (CSCR scores only rows with Â ≠ 0, a different number on each process: its
     #    scoring passes need the gathered weights under FSDP2)
     with distributed.gathered_weights(model) if cfg.credit == "cscr" else contextlib.nullcontext():
-        token_adv, credit_stats = credit(model, batch, adv, old_logp, hidden, answers)
+        token_adv, credit_stats = credit(model, batch, adv, old, answers)
     # 6. policy update: num_iterations passes × num_mini_batches AdamW steps, micro-batched backward
-    loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, input_ids, attn, mask, old_logp, token_adv,
-                                                       ref_logp, cfg, step, passes)
+    loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, batch, old, token_adv, cfg, step)
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
     peaks = distributed.all_gather_objects(policy.peak_memory())  # each process's; the largest is logged
     peak = {k: max(p[k] for p in peaks) for k in peaks[0]}
@@ -437,37 +442,38 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
                                 "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
                                 **credit_stats, **peak, "step_time": time.time() - t0, "generation_time": t_gen})
     if rank == 0 and cfg.logging_steps and (step + 1) % cfg.logging_steps == 0:
-        run.write_samples(step + 1, tokenizer, batch, rewards, adv, token_adv, credit.last_weights, "lambda_bar"
-                          if cfg.credit == "delta" else "sensitivity", min(cfg.num_samples_to_log, per_rank))
+        run.write_samples(step + 1, tokenizer, batch, rewards, adv, token_adv, credit.token_credit(adv, token_adv),
+                          credit.token_weights, min(cfg.num_samples_to_log, per_rank))
     return record
 
 
-def old_logprobs(model, input_ids, attention_mask, response_mask, cfg: GRPOConfig, need_hidden=False,
-                 ref_model=None, fused=False):
+# θ_old, as stage 4 leaves it for stages 5 and 6. Kept across micro-batches, at the papers' scale (2,048 responses
+# × 4,096 tokens, H = 4,096, float32 on the host): logp 34 MB; hidden (DelTA, --delta_impl normal) 137 GB, so
+# bounded by check_delta_cache (else None); ref_logp (--beta > 0) 34 MB, else None; training_forward: the kept
+# training forward (graphs, on the device) when stage 4 was that forward (can_update_on_policy), else None.
+ThetaOld = namedtuple("ThetaOld", "logp hidden ref_logp training_forward")
+
+
+def old_logprobs(model, batch, cfg: GRPOConfig, need_hidden=False, ref_model=None, training_forward=False):
     """Stage 4: θ_old's log-probs ``[N, T]`` from a no-grad, eval-mode pass over the batch (``policy.Passes``); the
-    LM-head inputs ``[N, T, H]`` from the same pass when ``need_hidden`` (DelTA, --delta_impl normal), else None;
-    the reference log-probs when ``ref_model`` is given, else None. ``fused``: the training forward instead (train
-    mode, with grad, TRL's choice when μ = 1; ``can_update_on_policy``), whose kept passes stage 6 reuses. Returns
-    (old, hidden, ref, the passes to reuse or None). Every process runs as many micro-batches (FSDP's gathers)."""
-    N, T = response_mask.shape
+    LM-head inputs ``[N, T, H]`` from the same pass when ``need_hidden`` (DelTA, --delta_impl normal); the reference
+    log-probs when ``ref_model`` is given. ``training_forward``: the training forward instead (train mode, with
+    grad, TRL's choice when μ = 1; ``can_update_on_policy``), kept for stage 6 to reuse. Returns a ``ThetaOld``.
+    Every process runs as many micro-batches (FSDP's gathers)."""
+    N, T = batch.response_mask.shape
     dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
-    old, hid, ref = torch.zeros(N, T, dtype=dt), None, torch.zeros(N, T, dtype=dt) if ref_model is not None else None
-    passes = policy.Passes(model, input_ids, attention_mask, response_mask, torch.arange(N), cfg, grad=fused,
-                           hidden=need_hidden, keep=fused)
+    logp, hidden = torch.zeros(N, T, dtype=dt), None
+    passes = policy.Passes(model, batch, torch.arange(N), cfg, grad=training_forward, hidden=need_hidden,
+                           keep=training_forward)
     for mb in passes:
-        old[mb.rows, :mb.t] = mb.logp.detach().cpu()
-        if need_hidden:  # h_t [N, T, H] float32 on the host, 137 GB at the papers' 2,048 × 4,096 tokens, H = 4,096:
-            if hid is None:  # bounded: kept only within a quarter of the host's memory, else a one-line stop
+        logp[mb.rows, :mb.t] = mb.logp.detach().cpu()
+        if need_hidden:  # h_t on the host, bounded (the comment above ThetaOld)
+            if hidden is None:
                 check_delta_cache(N, T, mb.hidden.shape[-1])
-                hid = torch.zeros(N, T, mb.hidden.shape[-1], dtype=dt)
-            hid[mb.rows, :mb.t] = mb.hidden.to(dt).cpu()
-        if ref_model is not None:  # the reference may live elsewhere (--ref_on_cpu)
-            rd, m = next(ref_model.parameters()).device, response_mask[mb.rows, :mb.t]
-            with torch.no_grad():
-                ref[mb.rows, :mb.t] = policy.token_logprobs(ref_model, input_ids[mb.rows][:, mb.cols].to(rd),
-                                                            attention_mask[mb.rows][:, mb.cols].to(rd), m.to(rd),
-                                                            cfg.temperature).cpu()
-    return old, hid, ref, passes if fused else None
+                hidden = torch.zeros(N, T, mb.hidden.shape[-1], dtype=dt)
+            hidden[mb.rows, :mb.t] = mb.hidden.to(dt).cpu()
+    ref_logp = policy.reference_logprobs(ref_model, batch, passes.layout, cfg.temperature) if ref_model else None
+    return ThetaOld(logp, hidden, ref_logp, passes if training_forward else None)
 
 
 def check_delta_cache(N: int, T: int, H: int) -> None:  # one line, not an out-of-memory kill mid-step
@@ -486,18 +492,15 @@ def can_update_on_policy(cfg: GRPOConfig, num_rows: int, has_reference: bool) ->
             and not (cfg.credit == "cscr" and distributed.is_distributed()))
 
 
-def policy_update(model, optimizer, input_ids, attention_mask, response_mask, old_logp, token_adv, ref_logp,
-                  cfg: GRPOConfig, step: int, passes=None):
+def policy_update(model, optimizer, batch, old: ThetaOld, token_adv, cfg: GRPOConfig, step: int):
     """Stage 6: ``num_iterations`` passes × ``num_mini_batches`` AdamW steps on one rollout batch. Each step
     accumulates the mini-batch's gradient (``backward_minibatch``), clips it and applies AdamW; one whose loss or
     gradient norm is not finite is skipped and counted. Pass ``e`` permutes the rows with a generator seeded by
-    ``(seed, step, e)``, so a resumed run makes the same updates. ``input_ids``/``attention_mask`` ``[N, P + T]`` on
-    the model's device, the ``[N, T]`` tensors anywhere; ``passes``: the training forward stage 4 already ran and
-    kept (``can_update_on_policy``), reused by the only update. Returns (Σ mini-batch
-    losses, applied pre-clip gradient norms, token-weighted statistic sums, skipped updates).
+    ``(seed, step, e)``, so a resumed run makes the same updates. ``token_adv`` Ã_{i,t} ``[N, T]``. Returns (Σ
+    mini-batch losses, applied pre-clip gradient norms, token-weighted statistic sums, skipped updates).
     """
     model.train()
-    N = input_ids.shape[0]
+    N = batch.response_mask.shape[0]
     mb_size = N // cfg.num_mini_batches
     loss_sum, grad_norms, agg, skipped = 0.0, [], {}, 0
     for epoch in range(cfg.num_iterations):
@@ -505,8 +508,7 @@ def policy_update(model, optimizer, input_ids, attention_mask, response_mask, ol
         for mb in range(cfg.num_mini_batches):
             mb_idx = perm[mb * mb_size:(mb + 1) * mb_size] if cfg.num_mini_batches > 1 else torch.arange(N)
             optimizer.zero_grad(set_to_none=True)
-            loss, stats = backward_minibatch(model, input_ids, attention_mask, response_mask, old_logp, token_adv,
-                                             ref_logp, mb_idx, cfg, passes)
+            loss, stats = backward_minibatch(model, batch, old, token_adv, mb_idx, cfg)
             loss = distributed.all_reduce_sum(torch.tensor(loss, dtype=torch.float64)).item()  # Σ of the parts
             loss_sum += loss
             for k, v in stats.items():
@@ -521,25 +523,23 @@ def policy_update(model, optimizer, input_ids, attention_mask, response_mask, ol
     return loss_sum, grad_norms, agg, skipped
 
 
-def backward_minibatch(model, input_ids, attention_mask, response_mask, old_logp, token_adv, ref_logp, mb_idx,
-                       cfg: GRPOConfig, passes=None):
+def backward_minibatch(model, batch, old: ThetaOld, token_adv, mb_idx, cfg: GRPOConfig):
     """Accumulate the gradient of one mini-batch's loss (rows ``mb_idx``), ``cfg.micro_batch_size`` rows at a time.
 
     The normaliser of ``cfg.loss_type`` (tokens for ``dapo``, sequences otherwise) is counted once over the whole
     mini-batch (and over processes), so the summed gradient does not depend on the micro-batch size or the number of
-    processes (trl#3021; FSDP sums the gradients). ``passes``: stage 4's kept training forward over these rows, else
-    a new one. Returns (loss, token-weighted ``policy_loss`` statistic sums).
+    processes (trl#3021; FSDP sums the gradients). Returns (loss, token-weighted ``policy_loss`` statistic sums).
     """
-    device, loss_total, agg = input_ids.device, 0.0, {}
-    counts = distributed.all_reduce_sum(torch.tensor([response_mask[mb_idx].sum().item(), float(len(mb_idx))],
+    device, mask, loss_total, agg = next(model.parameters()).device, batch.response_mask, 0.0, {}
+    counts = distributed.all_reduce_sum(torch.tensor([mask[mb_idx].sum().item(), float(len(mb_idx))],
                                                      dtype=torch.float64))
     n_tok, n_seq = counts[0].item(), int(counts[1].item())
-    passes = passes or policy.Passes(model, input_ids, attention_mask, response_mask, mb_idx, cfg, grad=True)
-    for mb in passes:  # the training forward, one micro-batch at a time (stage 4's, when it was that)
-        j, t, m = mb.rows, mb.t, response_mask[mb.rows, :mb.t].to(device)
-        loss, stats = policy_loss(mb.logp, old_logp[j, :t].to(device), token_adv[j, :t].to(device), m, cfg.epsilon,
-                                  cfg.epsilon_high, cfg.dual_clip, cfg.loss_type, cfg.max_completion_length,
-                                  ref_logp=ref_logp[j, :t].to(device) if ref_logp is not None else None,
+    # the training forward over these rows: stage 4's, when it was this one (its only update), else a new one
+    passes = old.training_forward or policy.Passes(model, batch, mb_idx, cfg, grad=True)
+    for mb in passes:
+        at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
+        loss, stats = policy_loss(mb.logp, at(old.logp), at(token_adv), at(mask), cfg.epsilon, cfg.epsilon_high,
+                                  cfg.dual_clip, cfg.loss_type, cfg.max_completion_length, ref_logp=at(old.ref_logp),
                                   beta=cfg.beta, num_tokens=n_tok, num_sequences=n_seq)
         loss.backward()
         loss_total += loss.item()

@@ -357,8 +357,14 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
     return logp
 
 
-MicroBatch = namedtuple("MicroBatch", "rows cols t logp hidden")  # rows [b]; input columns; response width T_j;
-#   logp [b, T_j] (a graph under grad); hidden [b, T_j, H] (the LM head's input) or None
+class MicroBatch(namedtuple("MicroBatch", "rows cols t logp hidden")):
+    """One forward of ``Passes``: the rollout rows ``rows`` ``[b]``, their input columns ``cols`` and response width
+    ``t`` (T_j ≤ T); ``logp`` ``[b, T_j]`` (a graph under grad); ``hidden`` ``[b, T_j, H]`` (the LM head's input)
+    or None."""
+
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        """This micro-batch's part of a batch-wide ``[N, T, ...]`` tensor: rows ``rows``, the first ``t`` columns."""
+        return x[self.rows, :self.t]
 
 
 class Passes:
@@ -366,38 +372,38 @@ class Passes:
     interface through which grpo.py runs its policy (θ_old's pass, DelTA's streamed passes, the update).
 
     Iterating yields ``MicroBatch``es laid out as the flags say: ``--micro_batch_size`` rows each (0: all),
-    ``--padding_free`` (rows of similar length, each micro-batch cut to its own longest prompt and response: use
-    ``[rows, :t]`` of any ``[N, T]`` tensor), ``--shared_prompt`` (each distinct prompt run once, its keys and values
-    read by its responses). ``grad``: train mode with gradient; call ``backward_prompts`` once after the
-    micro-batches' backward passes (it sends the prompt pass its share). Else eval mode, no gradient. ``hidden``: also
-    the LM head's inputs h_t. ``keep``: the micro-batches are kept and a second iteration yields them again without
-    running the model (stage 4's training forward, reused by stage 6's only update).
-    ``input_ids``/``attention_mask`` ``[N, P + T]`` on the model's device, ``response_mask`` ``[N, T]`` anywhere.
+    ``--padding_free`` (rows of similar length, each micro-batch cut to its own longest prompt and response; its
+    ``take`` picks its part of any ``[N, T]`` tensor), ``--shared_prompt`` (each distinct prompt run once, its keys
+    and values read by its responses). ``grad``: train mode with gradient; call ``backward_prompts`` once after the
+    micro-batches' backward passes (it sends the prompt pass its share). Else eval mode, no gradient. ``hidden``:
+    also the LM head's inputs h_t. ``keep``: the micro-batches are kept and a second iteration yields them again
+    without running the model (stage 4's training forward, reused by stage 6's only update).
+    ``batch``: a ``rollout.Rollout`` (``input_ids``/``attention_mask`` ``[N, P + T]``, ``response_mask`` ``[N, T]``,
+    on any device: each micro-batch goes to the model's).
     """
 
-    def __init__(self, model, input_ids, attention_mask, response_mask, rows, cfg, *, grad: bool, hidden=False,
-                 keep=False):
-        self.model, self.input_ids, self.attention_mask, self.response_mask = model, input_ids, attention_mask, \
-            response_mask
-        self.rows, self.cfg, self.grad, self.hidden, self.keep = rows, cfg, grad, hidden, keep
+    def __init__(self, model, batch, rows, cfg, *, grad: bool, hidden=False, keep=False):
+        self.model, self.batch, self.rows, self.cfg = model, batch, rows, cfg
+        self.grad, self.hidden, self.keep = grad, hidden, keep
         self.kept, self.shared = None, None
         # the micro-batches as (rows, input columns, response width T_j), planned once for every pass
-        self.layout = rollout.micro_batches(rows, attention_mask, cfg.micro_batch_size, response_mask.shape[1],
-                                            cfg.padding_free)
+        self.layout = rollout.micro_batches(rows, batch.attention_mask, cfg.micro_batch_size,
+                                            batch.response_mask.shape[1], cfg.padding_free)
 
     def __iter__(self):
         if self.kept is not None:
             yield from self.kept
             return
-        kept, T, device = [], self.response_mask.shape[1], self.input_ids.device
+        kept, b, device = [], self.batch, next(self.model.parameters()).device
         self.model.train(self.grad)
         for j, cols, t in self.layout:
             with torch.set_grad_enabled(self.grad):  # not around the yield: the caller's code keeps its own mode
                 if self.shared is None and self.cfg.shared_prompt:
-                    self.shared = SharedPrompts(self.model, self.input_ids, self.attention_mask, self.rows, T)
-                out = token_logprobs(self.model, self.input_ids[j][:, cols], self.attention_mask[j][:, cols],
-                                     self.response_mask[j, :t].to(device), self.cfg.temperature,
-                                     return_hidden=self.hidden,
+                    self.shared = SharedPrompts(self.model, b.input_ids, b.attention_mask, self.rows,
+                                                b.response_mask.shape[1])
+                out = token_logprobs(self.model, b.input_ids[j][:, cols].to(device),
+                                     b.attention_mask[j][:, cols].to(device), b.response_mask[j, :t].to(device),
+                                     self.cfg.temperature, return_hidden=self.hidden,
                                      shared=(self.shared, j) if self.cfg.shared_prompt else None)
             logp, h = out if self.hidden else (out, None)
             mb = MicroBatch(j, cols, t, logp, h)
@@ -410,6 +416,20 @@ class Passes:
         """After the last micro-batch's backward: the shared prompt pass's share of the gradient (no-op without)."""
         if self.shared is not None:
             self.shared.backward()
+
+
+def reference_logprobs(ref_model, batch, layout, temperature: float) -> torch.Tensor:
+    """log π_ref of the response tokens ``[N, T]`` (0 on padding), no grad, micro-batch by micro-batch in
+    ``layout`` (a ``Passes``'s), on the reference's own device (``--ref_on_cpu``): the k3 KL term's (``--beta``)."""
+    N, T = batch.response_mask.shape
+    device = next(ref_model.parameters()).device
+    ref = torch.zeros(N, T, dtype=torch.promote_types(next(ref_model.parameters()).dtype, torch.float32))
+    with torch.no_grad():
+        for j, cols, t in layout:
+            ref[j, :t] = token_logprobs(ref_model, batch.input_ids[j][:, cols].to(device),
+                                        batch.attention_mask[j][:, cols].to(device),
+                                        batch.response_mask[j, :t].to(device), temperature).cpu()
+    return ref
 
 
 class SharedPrompts:
@@ -434,6 +454,7 @@ class SharedPrompts:
         P = input_ids.shape[1] - response_len
         prompts = torch.cat([input_ids[rows, :P], attention_mask[rows, :P]], 1)
         distinct, which = torch.unique(prompts, dim=0, return_inverse=True)  # a group's rows share one prompt
+        distinct = distinct.to(next(model.parameters()).device)
         p = int(distinct[:, P:].sum(1).max())  # the longest prompt; all but its last token go into the cache
         ids, self.mask = distinct[:, P - p:P - 1], distinct[:, 2 * P - p:2 * P - 1]
         self.kv = []  # keys, values of layer 0, 1, ... (none for one-token prompts)

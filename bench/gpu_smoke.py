@@ -229,8 +229,8 @@ def train_step(model, optimizer, batch, credit_name, cfg):
     mask = batch.response_mask
     adv = grpo.group_advantages(batch.rewards, cfg.num_generations)
     credit = grpo.Credit(cfg, None)
-    old, hidden, _, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, mask, cfg,
-                                       need_hidden=credit.needs_hidden())
+    theta_old = grpo.old_logprobs(model, batch, cfg, need_hidden=credit.needs_hidden())  # stage 4, as grpo.py
+    old, hidden = theta_old.logp, theta_old.hidden
     # DelTA's LM-head inputs [N, T, H] (docs/scaling.md: float32, on the CPU)
     held = None if hidden is None else {"gb": _gb(hidden.numel() * hidden.element_size()),
                                         "device": str(hidden.device), "dtype": str(hidden.dtype).replace("torch.", "")}
@@ -239,8 +239,7 @@ def train_step(model, optimizer, batch, credit_name, cfg):
     t1 = time.time()
     stats = {}
     if credit_name in ("grpo", "delta"):
-        rows = SimpleNamespace(response_mask=mask, input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-        token_adv, stats = credit(model, rows, adv, old, hidden, None)
+        token_adv, stats = credit(model, batch, adv, theta_old, None)
     else:  # CSCR, tokenizer-free: the two conditioned passes on prompt-variant ids, then the weights
         rows = (adv != 0).nonzero().flatten().tolist()
         lp_pos, lp_neg = torch.zeros_like(old), torch.zeros_like(old)
@@ -259,8 +258,7 @@ def train_step(model, optimizer, batch, credit_name, cfg):
     t2 = time.time()
     watch = [p for p in model.parameters() if p.requires_grad][-2:]  # e.g. the last adapter's A and B
     before = [p.detach().float().clone() for p in watch]
-    loss_sum, grad_norms, agg, skipped = grpo.policy_update(model, optimizer, batch.input_ids, batch.attention_mask,
-                                                            mask, old, token_adv, None, cfg, step=0)
+    loss_sum, grad_norms, agg, skipped = grpo.policy_update(model, optimizer, batch, theta_old, token_adv, cfg, step=0)
     _sync()
     t["update"] = time.time() - t2
     t["total"] = time.time() - t0

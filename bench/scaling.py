@@ -162,10 +162,11 @@ def update_only(spec: dict) -> dict:
     with _common.PeakMemory() as mem:
         for step in range(spec["steps"]):
             t0 = time.perf_counter()
-            fused = grpo.can_update_on_policy(cfg, N, False)
-            old, hidden, _, passes = grpo.old_logprobs(model, ids, attn, mask, cfg, credit.needs_hidden(), None, fused)
-            token_adv, _ = credit(model, batch, adv, old, hidden, None)
-            grpo.policy_update(model, optimizer, ids, attn, mask, old, token_adv, None, cfg, step, passes)
+            # stages 4-6 of grpo.train_step, as it calls them
+            old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden(), None,
+                                    training_forward=grpo.can_update_on_policy(cfg, N, False))
+            token_adv, _ = credit(model, batch, adv, old, None)
+            grpo.policy_update(model, optimizer, batch, old, token_adv, cfg, step)
             times.append(time.perf_counter() - t0)
     return {"padding_free": spec["padding_free"], "shared_prompt": spec["shared_prompt"], "seconds": times,
             "response_tokens": int(mask.sum()), "padded_response_tokens": N * T, "batch_shape": [N, P + T],

@@ -106,7 +106,7 @@ class CreditGRPOTrainer(GRPOTrainer):
                      for x, text in zip(inputs, texts)]  # CSCR spec §3: x + c+, x + c−
             lp_pos, lp_neg = cscr.condition_logprobs(  # spec §4: ℓ+, ℓ− of the rows with Â ≠ 0
                 model, self.processing_class, [p for p, _ in pairs], [q for _, q in pairs], response_ids, mask,
-                temperature=self.temperature, micro_batch_size=size, advantages=adv)
+                temperature=self.temperature, micro_batch_size=size, adv=adv)
             token_adv, stats = cscr.cscr_token_advantages(adv, lp0, lp_pos, lp_neg, mask, return_stats=True,
                                                           **self.cscr_kwargs)
         for key, value in stats.items():  # logged by TRL with its own metrics (mean over the logging window)

@@ -105,14 +105,12 @@ def _one_update(model, tok, batch, **flags):
     credit = grpo.Credit(cfg, tok)
     fused = grpo.can_update_on_policy(cfg, N, has_reference=False)
     torch.manual_seed(3)  # the same dropout masks where the two runs make the same computation
-    old, hidden, _, passes = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, cfg,
-                                               credit.needs_hidden(), None, fused)
-    token_adv, _ = credit(model, batch, adv, old, hidden, None)
+    theta_old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden(), None, training_forward=fused)
+    token_adv, _ = credit(model, batch, adv, theta_old, None)
     model.zero_grad(set_to_none=True)
-    loss, _ = grpo.backward_minibatch(model, batch.input_ids, batch.attention_mask, batch.response_mask, old,
-                                      token_adv, None, torch.arange(N), cfg, passes)
+    loss, _ = grpo.backward_minibatch(model, batch, theta_old, token_adv, torch.arange(N), cfg)
     grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-    return old, credit.last_weights, token_adv, loss, grad, plan
+    return theta_old.logp, credit.token_weights.get("lambda_bar"), token_adv, loss, grad, plan
 
 
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
@@ -147,8 +145,7 @@ def test_sliding_window_models_refuse_the_shared_prompt_and_keep_padding_free(ar
     logp = {}
     for forced in ("padding_free", "shared_prompt", None):
         flags = {**OFF, **({forced: True} if forced else {})}
-        passes = policy.Passes(model, batch.input_ids, batch.attention_mask, batch.response_mask, torch.arange(N),
-                               grpo.GRPOConfig(**flags), grad=False)
+        passes = policy.Passes(model, batch, torch.arange(N), grpo.GRPOConfig(**flags), grad=False)
         out = torch.zeros(N, T, dtype=torch.float64)
         for mb in passes:
             out[mb.rows, :mb.t] = mb.logp

@@ -67,15 +67,15 @@ def _stages_4_to_6(model, tok, rows, batch, **flags):
     adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4), dtype=old_dtype(model)), 4)
     cfg = grpo.GRPOConfig(dual_clip=10.0, max_completion_length=48, **flags)
     credit = grpo.Credit(cfg, tok)
-    old, hidden, _, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, cfg,
-                                          need_hidden=credit.needs_hidden())
-    token_adv, _ = credit(model, batch, adv, old, hidden, [r["answer"] for r in rows for _ in range(4)])
+    theta_old = grpo.old_logprobs(model, batch, cfg, need_hidden=credit.needs_hidden())
+    old, hidden = theta_old.logp, theta_old.hidden
+    token_adv, _ = credit(model, batch, adv, theta_old, [r["answer"] for r in rows for _ in range(4)])
     # a perturbed "old" policy: ratios away from 1, so that every clip branch matters
     perturbed = old + 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * mask
     model.zero_grad(set_to_none=True)
     model.train()
-    loss, _ = grpo.backward_minibatch(model, batch.input_ids, batch.attention_mask, batch.response_mask, perturbed,
-                                      token_adv, None, torch.arange(N), cfg)
+    loss, _ = grpo.backward_minibatch(model, batch, theta_old._replace(logp=perturbed), token_adv, torch.arange(N),
+                                      cfg)
     grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     return old, None if hidden is None else hidden[mask], token_adv, loss, grad
 
@@ -146,11 +146,10 @@ def _delta_credit(model, tok, batch, adv, **flags):
     cfg, calls = grpo.GRPOConfig(credit="delta", **flags), []
     credit = grpo.Credit(cfg, tok)
     handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
-    old, hidden, _, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, cfg,
-                                          need_hidden=credit.needs_hidden())
-    token_adv, stats = credit(model, batch, adv, old, hidden, None)
+    theta_old = grpo.old_logprobs(model, batch, cfg, need_hidden=credit.needs_hidden())
+    token_adv, stats = credit(model, batch, adv, theta_old, None)
     handle.remove()
-    return credit.last_weights, token_adv, stats, len(calls)
+    return credit.token_weights["lambda_bar"], token_adv, stats, len(calls)
 
 
 @pytest.mark.parametrize("K", [0, 1, 2])
@@ -165,8 +164,8 @@ def test_delta_memory_efficient_equals_normal_in_trainer(rollout_batch, float64_
          "one_side": [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]}[rewards]
     # one_side: with --scale_rewards none, a group with one 1 among four 0s gives Â > 0 to one row only; the other
     # group is all 0 (Â = 0): no negative side, so the guard gives λ̄ ≡ 1
-    scale = "none" if rewards == "one_side" else "std"
-    adv = grpo.group_advantages(torch.tensor(r * 2, dtype=torch.float64), 4, scale=scale)
+    scale = "none" if rewards == "one_side" else "group"
+    adv = grpo.group_advantages(torch.tensor(r * 2, dtype=torch.float64), 4, scale_rewards=scale)
     if rewards == "one_side":
         adv = adv.clamp(min=0)
     mask = batch.response_mask
@@ -212,9 +211,9 @@ def _one_step(model, tok, cfg, rows, out_dir, monkeypatch, from_training_forward
     seen = {}
 
     class SpyCredit(grpo.Credit):  # this run's hook only: records what stage 5 receives and returns
-        def __call__(self, model, batch, adv, old_logp, hidden, answers):
-            seen.update(batch=batch, old_logp=old_logp.clone())
-            out = super().__call__(model, batch, adv, old_logp, hidden, answers)
+        def __call__(self, model, batch, adv, old, answers):
+            seen.update(batch=batch, old_logp=old.logp.clone())
+            out = super().__call__(model, batch, adv, old, answers)
             seen["token_adv"] = out[0].clone()
             return out
 

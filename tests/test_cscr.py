@@ -222,7 +222,7 @@ def test_argument_validation():
         cscr.sensitivity(lp0, lp_pos, lp_neg, m, mode="differential")
     with pytest.raises(ValueError, match="lp_pos"):
         cscr.cscr_token_advantages(A, lp0, lp_pos[:, :3], lp_neg, m)
-    with pytest.raises(ValueError, match="advantages"):
+    with pytest.raises(ValueError, match="adv shape"):
         cscr.cscr_token_advantages(A[:3], lp0, lp_pos, lp_neg, m)
     with pytest.raises(ValueError, match="response_mask"):
         cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m[:, :2])
@@ -383,7 +383,7 @@ def test_condition_logprobs_matches_naive(tiny, float64_model):
     # with advantages, only the rows with A != 0 are scored (one pass over them), the others stay 0
     calls.clear()
     lp_pos2, lp_neg2 = cscr.condition_logprobs(model, tok, prompts_pos, prompts_neg, resp_ids, mask, temperature=temp,
-                                               logprob_fn=counting_fn, advantages=torch.tensor([0.5, 0.0, -0.5]))
+                                               logprob_fn=counting_fn, adv=torch.tensor([0.5, 0.0, -0.5]))
     assert [shape[0] for shape in calls] == [2, 2]
     assert torch.equal(lp_pos2[1], torch.zeros(T)) and torch.equal(lp_neg2[1], torch.zeros(T))
     for i, (p, q) in enumerate([(lp_pos2, lp_pos), (lp_neg2, lp_neg)]):
@@ -492,7 +492,7 @@ def test_header_usage_example_runs(toy_tiny, float64_model):
     lp0 = cscr.default_logprob_fn(model, batch.input_ids, batch.attention_mask, batch.response_mask, 1.0)
     advantages = torch.tensor([1.0, -1.0, 0.5, 0.0], dtype=torch.float64)
     ns = {"model": model, "tokenizer": tokenizer, "prompts": batch.prompts, "response_ids": batch.response_ids,
-          "response_mask": batch.response_mask, "lp0": lp0, "advantages": advantages}
+          "response_mask": batch.response_mask, "old_logp": lp0, "adv": advantages}
     exec(code, ns)
     token_adv = ns["token_adv"]
     L = m.sum(1)

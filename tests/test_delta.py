@@ -511,9 +511,9 @@ def test_streaming_rejects_bad_chunks():
             return chunks if state2["n"] == 1 else chunks[:1]
 
         delta_coefficients_streaming(shrinking)
-    with pytest.raises(ValueError, match="advantages"):
+    with pytest.raises(ValueError, match="adv"):
         delta_coefficients_streaming([chunk(v[:2], adv[:3], mask[:2])])
-    with pytest.raises(ValueError, match="hidden, token_logprobs, response_mask, advantages"):
+    with pytest.raises(ValueError, match="hidden, old_logp, response_mask, adv"):
         delta_coefficients_streaming([(v, adv, mask)])  # the whole-batch function's (v, Â, mask) order
 
 
@@ -606,9 +606,9 @@ def test_validation_errors():
     v, adv, mask = random_batch(18)
     with pytest.raises(ValueError, match="v must"):
         delta_coefficients(v[0], adv, mask)
-    with pytest.raises(ValueError, match="advantages"):
+    with pytest.raises(ValueError, match="adv"):
         delta_coefficients(v, adv[:-1], mask)
-    with pytest.raises(ValueError, match="advantages"):
+    with pytest.raises(ValueError, match="adv"):
         delta_coefficients(v, adv[:, None].expand(-1, v.shape[1]), mask)
     with pytest.raises(ValueError, match="response_mask"):
         delta_coefficients(v, adv, mask[:, :-1])
@@ -622,7 +622,7 @@ def test_validation_errors():
         delta_coefficients(v, adv, mask, lam_min=1.3, lam_max=1.2)
     with pytest.raises(ValueError, match="lam_min"):
         delta_coefficients_streaming([chunk(v, adv, mask)], lam_min=1.3, lam_max=1.2)
-    with pytest.raises(ValueError, match="token_logprobs"):
+    with pytest.raises(ValueError, match="old_logp"):
         proxy_vectors(v, adv, mask)
     with pytest.raises(ValueError, match="hidden"):
         proxy_vectors(v[0], mask, mask)
@@ -702,11 +702,6 @@ def test_header_example_runs_on_tiny_qwen3(float64_model):
     input_ids = torch.randint(0, 64, (B, P + T))
     response_mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]).bool()
     advantages = torch.tensor([0.9, -0.9, 0.5, 0.0], dtype=F64)
-    ns = {"model": model, "input_ids": input_ids, "attention_mask": torch.ones(B, P + T, dtype=torch.long),
-          "response_mask": response_mask, "advantages": advantages}
-    exec(compile(code, "delta.__doc__ example", "exec"), ns)
-    lam_bar, adv_tok = ns["lam_bar"], ns["adv_tok"]
-
     # independently: h from a forward pre-hook on lm_head, log p(y_t) from the full log-softmax
     captured = []
     hook = model.lm_head.register_forward_pre_hook(lambda mod, args: captured.append(args[0]))
@@ -715,10 +710,15 @@ def test_header_example_runs_on_tiny_qwen3(float64_model):
     hook.remove()
     h = captured[0][:, P - 1:-1]  # the position that predicts response token t
     logp = torch.log_softmax(logits[:, P - 1:-1], -1).gather(-1, input_ids[:, P:, None]).squeeze(-1)
+    ns = {"model": model, "input_ids": input_ids, "attention_mask": torch.ones(B, P + T, dtype=torch.long),
+          "response_mask": response_mask, "adv": advantages, "old_logp": logp}  # the trainer's θ_old log-probs
+    exec(compile(code, "delta.__doc__ example", "exec"), ns)
+    lam_bar, token_adv = ns["lam_bar"], ns["token_adv"]
+
     v = (1 - logp.exp())[..., None] * h * response_mask[..., None]
     assert ns["v"].dtype == F64 and torch.allclose(ns["v"], v, atol=1e-10)
     assert torch.allclose(lam_bar, delta_coefficients(v, advantages, response_mask), atol=1e-10)
     assert lam_bar.shape == (B, T) and torch.all(lam_bar[~response_mask] == 0)
     assert float(lam_bar[response_mask].mean()) == pytest.approx(1.0, abs=1e-12)
     assert not torch.allclose(lam_bar[response_mask], torch.ones(int(response_mask.sum()), dtype=F64))  # not the guard
-    assert torch.allclose(adv_tok, advantages[:, None] * lam_bar * response_mask, atol=1e-12)
+    assert torch.allclose(token_adv, advantages[:, None] * lam_bar * response_mask, atol=1e-12)

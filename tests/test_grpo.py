@@ -32,7 +32,7 @@ def test_group_advantages_hand_values():
 
 def test_group_advantages_dr_grpo_and_degenerate_groups():
     r = torch.tensor([1.0, 0.0, 0.0, 0.0])
-    torch.testing.assert_close(grpo.group_advantages(r, 4, scale="none"), torch.tensor([0.75, -0.25, -0.25, -0.25]))
+    torch.testing.assert_close(grpo.group_advantages(r, 4, scale_rewards="none"), torch.tensor([0.75, -0.25, -0.25, -0.25]))
     # all-equal groups, with a non-dyadic value: exactly zero, no NaN, no amplified residue
     same = torch.tensor([0.1, 0.1, 0.1, 0.7, 0.7, 0.7])
     a = grpo.group_advantages(same, 3)
@@ -41,7 +41,7 @@ def test_group_advantages_dr_grpo_and_degenerate_groups():
     with pytest.raises(ValueError):
         grpo.group_advantages(torch.ones(5), 2)
     with pytest.raises(ValueError):
-        grpo.group_advantages(torch.ones(4), 2, scale="batch")
+        grpo.group_advantages(torch.ones(4), 2, scale_rewards="batch")
 
 
 # ------------------------------------------------------------------------------------------------ policy loss

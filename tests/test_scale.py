@@ -49,10 +49,8 @@ def _train_lora(tiny_model_path, batch, steps=2, **kw):
     token_adv = adv[:, None] * batch.response_mask
     ref = policy.reference_model(model, cfg)  # None unless beta > 0
     for step in range(steps):
-        old, _, ref_lp, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, cfg,
-                                           ref_model=ref)
-        _, norms, _, skipped = grpo.policy_update(model, opt, batch.input_ids, batch.attention_mask,
-                                                  batch.response_mask, old, token_adv, ref_lp, cfg, step)
+        theta_old = grpo.old_logprobs(model, batch, cfg, ref_model=ref)
+        _, norms, _, skipped = grpo.policy_update(model, opt, batch, theta_old, token_adv, cfg, step)
         assert skipped == 0 and norms[0] > 0
     return model, tok, cfg, before
 
@@ -160,7 +158,7 @@ def test_lora_reference_is_the_adapter_disabled_model(tiny_model_path, fixed_bat
     ref = policy.reference_model(model, cfg)
     assert isinstance(ref, policy.AdapterDisabledReference) and ref.model is model  # no second copy
     b = fixed_batch
-    old, _, ref_lp, _ = grpo.old_logprobs(model, b.input_ids, b.attention_mask, b.response_mask, cfg, ref_model=ref)
+    old, _, ref_lp, _ = grpo.old_logprobs(model, b, cfg, ref_model=ref)
     plain, _ = _load(tiny_model_path)
     torch.testing.assert_close(ref_lp, _logp(float64_model(plain), b), atol=1e-10, rtol=0)  # = the original model
     assert (old - ref_lp).abs().max() > 1e-3
@@ -189,8 +187,9 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_path, fixed_b
                 for n, p in model.named_parameters():
                     if "lora_B" in n:
                         p.copy_(0.05 * torch.randn(p.shape, generator=gen))
-        old, _, _, _ = grpo.old_logprobs(model, b.input_ids, b.attention_mask, b.response_mask, cfg)
-        old = old + 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(2)) * b.response_mask
+        theta_old = grpo.old_logprobs(model, b, cfg)
+        old = theta_old.logp + 0.1 * torch.randn(b.response_mask.shape, generator=torch.Generator().manual_seed(2)) \
+            * b.response_mask
         layer = model.get_base_model().model.layers[0] if use_peft else model.model.layers[0]
         n_calls = [0]
         # a pre-hook: non-reentrant recomputation stops early, before the MLP's forward returns
@@ -198,8 +197,8 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_path, fixed_b
         model.zero_grad(set_to_none=True)
         model.train()
         torch.manual_seed(3)
-        grpo.backward_minibatch(model, b.input_ids, b.attention_mask, b.response_mask, old,
-                                adv[:, None] * b.response_mask, None, torch.arange(N), cfg)
+        grpo.backward_minibatch(model, b, theta_old._replace(logp=old), adv[:, None] * b.response_mask,
+                                torch.arange(N), cfg)
         handle.remove()
         calls.append(n_calls[0])
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})

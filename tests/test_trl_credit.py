@@ -42,8 +42,8 @@ def _grpo_credit(model, tokenizer, credit, inputs, out):
         texts=tokenizer.batch_decode(out["completion_ids"], skip_special_tokens=True),
         prompts=[x["prompt"] for x in inputs], group_size=8)
     adv = out["advantages"].clone()
-    old, hidden, _, _ = grpo.old_logprobs(model, batch.input_ids, batch.attention_mask, mask, cfg, credit == "delta")
-    token_adv, _ = grpo.Credit(cfg, tokenizer)(model, batch, adv, old, hidden, [x["answer"] for x in inputs])
+    theta_old = grpo.old_logprobs(model, batch, cfg, credit == "delta")
+    token_adv, _ = grpo.Credit(cfg, tokenizer)(model, batch, adv, theta_old, [x["answer"] for x in inputs])
     model.train()  # grpo.old_logprobs leaves eval mode; TRL's step continues in training mode
     return adv, token_adv, [_key(p, c) for p, c in zip(out["prompt_ids"], out["completion_ids"])]
 
