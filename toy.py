@@ -21,7 +21,8 @@ Why a toy? So the whole RLVR pipeline (sample -> verify -> advantage -> credit -
   config, tokenizer, ``toy_info.json``, 3.2 MB), so ``--model toy`` loads it at once with the ordinary
   ``from_pretrained`` path, exactly as a hub id or a local folder is loaded. The recipe that made it is
   ``build_toy_model`` (seed 0, ``WARMUP``, ``MODEL``, one thread; about 7 minutes on one CPU core); a clone without
-  ``toy_model/`` builds it once into ``$RLVR_TOY_CACHE`` or ``~/.cache/rlvr-credit/``.
+  ``toy_model/`` builds it once into ``$RLVR_TOY_CACHE`` or ``~/.cache/rlvr-credit/``. Which folder is the toy
+  model is decided here only, by ``model_folder``.
 
 Command line: ``python toy.py`` prints the folder ``--model toy`` loads (building it if needed);
 ``python toy.py --write_data DIR`` writes the two splits as jsonl.
@@ -215,11 +216,18 @@ def warm_up(model, tokenizer, steps: int, batch_size: int, learning_rate: float,
     return losses
 
 
-def cache_dir() -> Path:
-    """Where the warmed-up toy model lives: ``$RLVR_TOY_CACHE`` or ``~/.cache/rlvr-credit/toy-<version>``."""
-    root = os.environ.get("RLVR_TOY_CACHE") or os.path.join(
+def cache_dir(root: str | os.PathLike | None = None) -> Path:
+    """Where a built toy model is cached: ``<root>/toy-<version>``, ``root`` by default ``$RLVR_TOY_CACHE``, else
+    ``$XDG_CACHE_HOME/rlvr-credit`` (``~/.cache/rlvr-credit``). The folder need not exist."""
+    root = root or os.environ.get("RLVR_TOY_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "rlvr-credit")
     return Path(root) / f"toy-{TOY_VERSION}"
+
+
+def model_folder() -> Path:
+    """The folder ``--model toy`` loads, without building anything: the shipped ``toy_model/`` when it holds a model,
+    else ``cache_dir()`` (which may not hold one yet: ``ensure_toy_model`` builds it there)."""
+    return SHIPPED if (SHIPPED / "config.json").exists() else cache_dir()
 
 
 def build_toy_model(path: str | os.PathLike, warmup_steps: int | None = None, seed: int = 0) -> str:
@@ -259,11 +267,11 @@ def build_toy_model(path: str | os.PathLike, warmup_steps: int | None = None, se
 
 
 def ensure_toy_model(force: bool = False) -> str:
-    """The folder ``--model toy`` loads: the shipped ``toy_model/``; in a clone without it (or with ``force``), the
-    cached build of the same recipe, built once (about seven minutes on a CPU core)."""
-    if SHIPPED.joinpath("config.json").exists() and not force:
-        return str(SHIPPED)
-    path = cache_dir()
+    """The folder ``--model toy`` loads (``model_folder``): the shipped ``toy_model/``; in a clone without it (or with
+    ``force``), the cached build of the same recipe, built once (about seven minutes on a CPU core)."""
+    path = cache_dir() if force else model_folder()
+    if path == SHIPPED:
+        return str(path)
     if force or not (path / "config.json").exists():
         t0 = time.time()
         print(f"[toy] building the toy base model in {path} (supervised warm-up, once) ...", flush=True)

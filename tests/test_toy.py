@@ -1,5 +1,5 @@
-"""The shipped toy base model (toy_model/) is the one today's recipe builds, and bench/toy_rebuild.py (.ci/run's
-rebuild check) can tell a rebuild from it."""
+"""The shipped toy base model (toy_model/) is the one today's recipe builds, toy.py decides once which folder
+``--model toy`` loads, and bench/toy_rebuild.py (.ci/run's rebuild check) can tell a rebuild from the shipped model."""
 
 import json
 import shutil
@@ -55,13 +55,15 @@ def test_a_clone_without_the_shipped_model_builds_it_once(tmp_path, monkeypatch)
     monkeypatch.setenv("RLVR_TOY_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(toy, "build_toy_model", lambda path: built.append(path) or Path(path).mkdir(parents=True)
                         or (Path(path) / "config.json").write_text("{}"))
+    assert toy.model_folder() == toy.cache_dir()  # the folder, named before anything is built
     first = toy.ensure_toy_model()
     assert first == str(toy.cache_dir()) and first.startswith(str(tmp_path / "cache")) and len(built) == 1
     assert toy.ensure_toy_model() == first and len(built) == 1  # cached: built once
+    assert toy.cache_dir(tmp_path / "other") == tmp_path / "other" / f"toy-{toy.TOY_VERSION}"
 
 
 def test_python_toy_py_prints_the_folder_and_writes_the_splits(tmp_path, capsys):
-    assert toy.main([]) == 0 and capsys.readouterr().out.strip() == str(toy.SHIPPED)
+    assert toy.main([]) == 0 and capsys.readouterr().out.strip() == str(toy.SHIPPED) == str(toy.model_folder())
     assert toy.main(["--write_data", str(tmp_path)]) == 0
     rows = [json.loads(line) for line in (tmp_path / "toy_test.jsonl").read_text().splitlines()]
     assert rows == toy.make_split("test")
