@@ -1,10 +1,10 @@
-"""Does toy.py's recipe still make the shipped toy model? ``python bench/toy_rebuild.py [--output DIR]`` (.ci/run).
+"""The toy's rebuild check (.ci/run): does toy.py's recipe still make the shipped toy_model/?
 
-Reruns ``toy.build_toy_model`` (seed 0, ``toy.WARMUP``, one thread: about 7 minutes on one CPU core) into ``--output``
-(default: a temporary folder) and compares the result with the shipped ``toy_model/``: identical weights where the
-platform allows it (``toy.compare_weights``), else the same held-out greedy accuracy and avg@8 (the 200 test problems,
-the trainer's evaluation ``evaluate.evaluate_rows``, seed 12345) within ``REBUILD_TOLERANCE`` points; exit status 1 if
-not, or if the two models hold different tensors.
+``python bench/toy_rebuild.py [--output DIR]`` reruns ``toy.build_toy_model`` (seed 0, ``toy.WARMUP``, one thread:
+about 7 minutes on one CPU core) into ``--output`` (default: a temporary folder) and compares the result with the
+shipped ``toy_model/``: identical weights where the platform allows it (``toy.compare_weights``), else the same
+held-out greedy accuracy and avg@8 (the 200 test problems, the trainer's evaluation ``evaluate.evaluate_rows``, seed
+12345) within ``REBUILD_TOLERANCE`` points; exit status 1 if not, or if the two models hold different tensors.
 
 Why here, not in toy.py: comparing accuracies loads and evaluates both models (policy.py, evaluate.py), and policy.py
 imports toy.py to resolve ``--model toy``; toy.py imports no project module, so the check sits at the top of the
