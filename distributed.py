@@ -9,8 +9,9 @@ Each process samples and scores whole groups; three things cross processes, each
 * weights: ``shard_model`` shards every decoder layer with FSDP2 (``fully_shard``) and sums, not averages, the
   gradients: each process's loss is already divided by the global normaliser, so the sum is the single-process
   gradient of the whole batch (trl PR #3231; verl multiplies by dp_size instead);
-* full weights for a while: ``gathered_weights`` (sampling, CSCR's scoring passes) and ``full_state_dicts``
-  (checkpoints, ``final/``).
+* full weights for a while: ``gathered_weights`` (sampling, CSCR's scoring passes); full state dicts for
+  checkpoints and ``final/``: ``gathered_model_state`` (the model's), ``full_optimizer_state`` and
+  ``load_full_optimizer_state`` (AdamW's, saved by N processes and resumed by M).
 
 Left out on purpose: tensor/sequence/pipeline parallelism, HSDP, CPU offload of parameters, and a separate
 inference cluster (vLLM runs colocated, one engine per process, see rollout.py). Read next: checkpoint.py.

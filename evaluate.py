@@ -852,21 +852,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None):
-    """Run the command line; returns the results dict (or the comparison table with ``--compare``)."""
+    """Run the command line; returns the results dict (or the comparison table with ``--compare``).
+
+    Raises:
+        ValueError: a bad flag, row, benchmark or results.json; results of other settings in ``--output_dir``.
+        OSError: a missing file or folder.
+    """
     args = build_parser().parse_args(argv)
     if args.compare:
-        loaded = []
-        for p in args.compare:
-            with open(p, encoding="utf-8") as f:
-                try:
-                    loaded.append(json.load(f))
-                except ValueError as e:
-                    raise ValueError(f"--compare {p}: not a results.json file ({e})") from None
-        table = format_compare(*loaded, label_a="A", label_b="B")
-        print(f"A = {args.compare[0]} ({loaded[0].get('model')})\nB = {args.compare[1]} ({loaded[1].get('model')})\n")
-        print(table)
-        return table
-
+        return compare_results_files(*args.compare)
     settings = resolve_settings(args.protocol, **{k: getattr(args, k) for k in DEFAULT_SETTINGS})
     n = settings["num_samples"]
     pass_ks = check_pass_ks([int(k) for k in args.pass_k.split(",") if k.strip()], n) if args.pass_k else \
@@ -874,20 +868,8 @@ def main(argv=None):
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
     benches = resolve_benchmarks(args.benchmarks, args.data_dir)
-    data = {}
-    for name, source in benches:  # all data first: a bad row or a missing file stops before the model loads
-        rows = load_benchmark(name, source, args.data_dir)[:args.limit]
-        ids = [r["id"] for r in rows]
-        if len(set(ids)) != len(ids):
-            raise ValueError(f"benchmark {name}: problem ids must be unique (responses are saved by id)")
-        data[name] = rows
-
-    import torch
-
-    model, tokenizer = policy.load_model_and_tokenizer(args.model)
-    n_params = sum(p.numel() for p in model.parameters())
-    if args.num_threads or n_params < 10_000_000:
-        torch.set_num_threads(args.num_threads or 1)  # tiny models: thread sync costs more than it gives
+    data = _load_all_rows(benches, args.data_dir, args.limit)  # a bad row or missing file stops before the model loads
+    model, tokenizer = _load_model(args.model, args.num_threads)
     template = rollout.resolve_template(args.prompt_template, args.model, print)
     stop_ids = rollout.stop_token_ids(tokenizer, template, model)
     generation = {"model": args.model, "prompt_template": template, "stop_ids": stop_ids, "chunking": "by-length",
@@ -902,32 +884,91 @@ def main(argv=None):
                "settings_hash": run_hash, "versions": checkpoint.library_versions(), "benchmarks": {},
                "run": {"seconds": {}, "reused_responses": {}}}
     t_start = time.time()
+    _evaluate_benchmarks(results, model, tokenizer, benches, data, settings, args)
+    results["benchmarks"] = {**earlier, **results["benchmarks"]}  # the folder's other benchmarks, same settings
+    results["overall"] = overall_metrics(results["benchmarks"])
+    results["run"]["seconds"]["total"] = round(time.time() - t_start, 2)
+    _save_and_print(results, settings, args)
+    return results
+
+
+def compare_results_files(path_a: str, path_b: str) -> str:
+    """``--compare A.json B.json``: print two results.json side by side (format_compare) and return the table.
+
+    Raises:
+        ValueError: a file that is not JSON (one line, naming it). OSError: a missing file.
+    """
+    loaded = []
+    for p in (path_a, path_b):
+        with open(p, encoding="utf-8") as f:
+            try:
+                loaded.append(json.load(f))
+            except ValueError as e:
+                raise ValueError(f"--compare {p}: not a results.json file ({e})") from None
+    table = format_compare(*loaded, label_a="A", label_b="B")
+    print(f"A = {path_a} ({loaded[0].get('model')})\nB = {path_b} ({loaded[1].get('model')})\n")
+    print(table)
+    return table
+
+
+def _load_all_rows(benches: list[tuple[str, str]], data_dir, limit: int | None) -> dict[str, list[dict]]:
+    """Every benchmark's rows (the first ``limit``), all before the model loads; ValueError for repeated ids."""
+    data = {}
+    for name, source in benches:
+        rows = load_benchmark(name, source, data_dir)[:limit]
+        ids = [r["id"] for r in rows]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"benchmark {name}: problem ids must be unique (responses are saved by id)")
+        data[name] = rows
+    return data
+
+
+def _load_model(name: str, num_threads: int | None):
+    """``policy.load_model_and_tokenizer(name)``; torch's CPU threads set to ``num_threads``, or to 1 for a model
+    under 10M parameters (thread sync costs more than it gives)."""
+    import torch
+
+    model, tokenizer = policy.load_model_and_tokenizer(name)
+    n_params = sum(p.numel() for p in model.parameters())
+    if num_threads or n_params < 10_000_000:
+        torch.set_num_threads(num_threads or 1)
+    return model, tokenizer
+
+
+def _evaluate_benchmarks(results: dict, model, tokenizer, benches: list[tuple[str, str]], data: dict,
+                         settings: dict, args: argparse.Namespace) -> None:
+    """Generate (or reuse), grade and score each benchmark into ``results["benchmarks"]``, with its seconds and how
+    many responses were reused (the template, stop ids, pass ks and settings hash are the ones ``results`` records);
+    on Ctrl-C, says where the responses so far are (the same command resumes)."""
     for name, source in benches:
         t0 = time.time()
         path = Path(args.output_dir) / f"{name}_responses.jsonl"
         try:
-            records, reused = run_benchmark(model, tokenizer, name, data[name], template, settings, stop_ids, path,
-                                            run_hash, num_workers=args.grade_workers,
-                                            grade_timeout=args.grade_timeout, overwrite=args.overwrite,
-                                            progress=not args.no_progress)
+            records, reused = run_benchmark(model, tokenizer, name, data[name], results["prompt_template"], settings,
+                                            results["settings"]["stop_ids"], path, results["settings_hash"],
+                                            num_workers=args.grade_workers, grade_timeout=args.grade_timeout,
+                                            overwrite=args.overwrite, progress=not args.no_progress)
         except KeyboardInterrupt:
             print(f"\ninterrupted: the responses so far are in {path}; rerun the same command to resume",
                   file=sys.stderr)
             raise
-        metrics = compute_metrics(records, data[name], n, settings["greedy"], pass_ks)
+        metrics = compute_metrics(records, data[name], settings["num_samples"], settings["greedy"],
+                                  results["settings"]["pass_k"])
         metrics["source"] = source if source in ("toy", "hf") else str(Path(source).resolve())
         results["benchmarks"][name] = metrics
         results["run"]["seconds"][name] = round(time.time() - t0, 2)
         results["run"]["reused_responses"][name] = reused
-    results["benchmarks"] = {**earlier, **results["benchmarks"]}  # the folder's other benchmarks, same settings
-    results["overall"] = overall_metrics(results["benchmarks"])
-    results["run"]["seconds"]["total"] = round(time.time() - t_start, 2)
+
+
+def _save_and_print(results: dict, settings: dict, args: argparse.Namespace) -> None:
+    """Write results.json and results.md into ``--output_dir``; print the settings line, the table, the trainer's
+    figures for the same checkpoint, the bar charts (unless ``--no_plot``) and where everything is."""
     table = format_table(results)
     with open(os.path.join(args.output_dir, "results.json"), "w", encoding="utf-8") as f:
         json.dump(results, f, indent=1)
     with open(os.path.join(args.output_dir, "results.md"), "w", encoding="utf-8") as f:
         f.write(table + "\n")
-    print(f"\nmodel {args.model} | template {template} | protocol {args.protocol or '-'} | "
+    print(f"\nmodel {args.model} | template {results['prompt_template']} | protocol {args.protocol or '-'} | "
           + ", ".join(f"{k}={settings[k]}" for k in ("num_samples", "temperature", "top_p", "max_new_tokens",
                                                      "greedy", "seed")) + "\n")
     print(table)
@@ -939,7 +980,6 @@ def main(argv=None):
               "\n(matplotlib not installed: no bar charts)")
     print(f"results: {os.path.join(args.output_dir, 'results.json')}; responses: "
           f"{os.path.join(args.output_dir, '<benchmark>_responses.jsonl')}")
-    return results
 
 
 def trainer_figures(model: str, results: dict, settings: dict) -> list[str]:

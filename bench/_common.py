@@ -293,8 +293,8 @@ def snapshot(src: Path, dst: Path) -> bool:
 
 
 def prepare_toy_model(workdir: Path, toy_warmup_steps: int, prog: str) -> tuple[str, dict]:
-    """A private copy of the toy model (``toy.ensure_toy_model()``'s folder without building it: the shipped
-    toy_model/, else the cache) in ``workdir/toy_model``, and where it came from.
+    """A private copy of the toy model (``toy.model_folder()``, the folder ``--model toy`` loads, never built here:
+    the shipped toy_model/, else the cache) in ``workdir/toy_model``, and where it came from.
 
     When there is neither, a benchmark-only toy is built with ``toy_warmup_steps`` warm-up steps and kept in
     ``$TMPDIR/credit_overhead_toy/toy-<version>-warmup<steps>`` for later benchmark runs (never in the project's
@@ -304,7 +304,7 @@ def prepare_toy_model(workdir: Path, toy_warmup_steps: int, prog: str) -> tuple[
     import toy
 
     dst = workdir / "toy_model"
-    src = toy.SHIPPED if (toy.SHIPPED / "config.json").exists() else toy.cache_dir()
+    src = toy.model_folder()
     if snapshot(src, dst):
         source = f"snapshot of the toy model {src}"
     else:

@@ -48,11 +48,11 @@ Usage (the default run takes a few minutes on 2 CPU cores)::
     python bench/credit_overhead.py --steps 4 --repeats 2 --credits grpo,cscr
     python bench/credit_overhead.py --profile cscr   # cProfile one extra run, print the top functions
 
-With ``--model toy`` the cached warmed-up toy model (``toy.ensure_toy_model``'s folder) is copied to a private
-temporary folder first, so a concurrent rebuild of the cache cannot change the model mid-benchmark; if there is
-no cached model, a benchmark-only one is built once with ``--toy_warmup_steps`` supervised steps (default 200:
-the cost of a step hardly depends on the warm-up, but reward must be non-zero somewhere, or zero-advantage
-batches skip the credit code paths) and kept under ``$TMPDIR/credit_overhead_toy/`` for later runs.
+With ``--model toy`` the warmed-up toy model (``toy.model_folder()``: the shipped toy_model/, else the cache) is
+copied to a private temporary folder first, so a concurrent rebuild of the cache cannot change the model
+mid-benchmark; if there is none, a benchmark-only one is built once with ``--toy_warmup_steps`` supervised steps
+(default 200: the cost of a step hardly depends on the warm-up, but reward must be non-zero somewhere, or
+zero-advantage batches skip the credit code paths) and kept under ``$TMPDIR/credit_overhead_toy/`` for later runs.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ GOALS = {"delta": 1.10, "cscr": 1.6}  # max allowed s/step ratio against GRPO (w
 def prepare_model(args, workdir: Path) -> tuple[str, dict]:
     """The model path every run loads, and a description of where it came from.
 
-    ``--model toy``: a private copy of the cached toy model (``toy.cache_dir()``), or, when there is none, of a
+    ``--model toy``: a private copy of the toy model (``toy.model_folder()``), or, when there is none, of a
     benchmark-only toy built with ``--toy_warmup_steps`` warm-up steps (see ``_common.prepare_toy_model``).
     """
     if args.model != "toy":

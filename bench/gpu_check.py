@@ -94,7 +94,7 @@ def parse_args(argv=None):
     ap.add_argument("--site", default=os.path.join(tempfile.gettempdir(), "gpu_check_site"),
                     help="where the wheels are installed (pip --target)")
     ap.add_argument("--toy_cache", default=None, help="folder holding toy-<version>/ to train instead of the shipped "
-                    "toy_model/ (default $RLVR_TOY_CACHE if set)")
+                    "toy_model/ (default: the folder --model toy loads, toy.model_folder())")
     ap.add_argument("--toy_steps", type=int, default=None, help="steps of each toy run (default 10, tiny: 2)")
     ap.add_argument("--toy_credits", default="delta,cscr", help="the toy runs' --credit values, in order")
     ap.add_argument("--work", default=None, help="folder for the toy run folders (default: a temporary one)")
@@ -283,10 +283,9 @@ def smoke(check: Check) -> None:
 
 
 def toy_cache_root(args) -> str | None:
-    """The folder holding toy-<version>/ for the children (``RLVR_TOY_CACHE``), or None for toy.py's default."""
-    if args.toy_cache:
-        return str(Path(args.toy_cache).resolve())
-    return os.environ.get("RLVR_TOY_CACHE") or None
+    """``--toy_cache`` as an absolute path, for the children's ``RLVR_TOY_CACHE``; None without it (the children
+    inherit this process's environment)."""
+    return str(Path(args.toy_cache).resolve()) if args.toy_cache else None
 
 
 def toy_runs(check: Check, part: str, extra_flags: list[str], limit_key: str) -> None:
@@ -295,8 +294,8 @@ def toy_runs(check: Check, part: str, extra_flags: list[str], limit_key: str) ->
     reported, with the command that prepares it."""
     import toy
 
-    root = check.env.get("RLVR_TOY_CACHE")  # --toy_cache: that folder's build; else the shipped toy_model/
-    model_dir = Path(root) / f"toy-{toy.TOY_VERSION}" if root else toy.SHIPPED
+    root = toy_cache_root(check.args)  # --toy_cache: that folder's build; else toy.py's rule (toy_model/, else cache)
+    model_dir = toy.cache_dir(root) if root else toy.model_folder()
     tiny = check.args.tiny
     size = (["--num_prompts_per_step", "2", "--num_generations", "4", "--max_completion_length", "24",
              "--eval_num_generations", "1", "--eval_data", str(tiny_eval_set(check.work))] if tiny

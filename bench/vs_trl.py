@@ -2,7 +2,7 @@
 
 What it measures
 ----------------
-Both trainers train the same toy model (a private snapshot of ``toy.ensure_toy_model()``'s folder, loaded with
+Both trainers train the same toy model (a private snapshot of ``toy.model_folder()``, loaded with
 ``from_pretrained`` in float32 on the CPU) on the same prompts in the same order, with the same settings:
 
 ==================================  =================================================  ==============================
