@@ -401,3 +401,19 @@ def test_cscr_scoring_passes_share_each_privileged_prompt(rollout_batch, monkeyp
         assert full.abs().sum() > 0
         assert full.dtype == torch.float64
         torch.testing.assert_close(shared, full, rtol=TOL, atol=TOL)
+
+
+def test_cscr_standalone_logprob_fn_is_the_trainers(rollout_batch, float64_model):
+    """cscr.py keeps its own log-prob function (``default_logprob_fn``) so that it runs without this project; it
+    must be the trainer's ``policy.token_logprobs`` (left padding, position ids, temperature), or a standalone
+    user's ℓ± would not match the trainer's ℓ0 (CSCR spec §4, "matching"). Float64: the same formula, 1e-10."""
+    import cscr
+
+    model, _, _, batch = rollout_batch
+    model = float64_model(model)
+    for temperature in (1.0, 0.7):
+        ours = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, temperature)
+        theirs = cscr.default_logprob_fn(model, batch.input_ids, batch.attention_mask, batch.response_mask,
+                                         temperature)
+        assert ours.dtype == torch.float64 and ours.abs().sum() > 0
+        torch.testing.assert_close(theirs, ours, rtol=1e-10, atol=1e-10)

@@ -505,3 +505,18 @@ def test_header_usage_example_runs(toy_tiny, float64_model):
         assert torch.allclose(lp0[i, :n], naive_logprobs(model, tokenizer, batch.prompts[i], resp, 1.0), atol=1e-10)
         assert torch.allclose(ns["lp_pos"][i, :n], naive_logprobs(model, tokenizer, p_pos, resp, 1.0), atol=1e-10)
         assert torch.allclose(ns["lp_neg"][i, :n], naive_logprobs(model, tokenizer, p_neg, resp, 1.0), atol=1e-10)
+
+
+def test_credit_log_weights_by_hand():
+    """The formula the trainer uses (cscr_token_advantages works in logs) against hand values, and
+    credit_weights is its exp on valid tokens."""
+    s = torch.tensor([[0.1, 0.2, 1.2]], dtype=torch.float64)
+    assert cscr.credit_log_weights(s, 0.2, 1.0, 0.0).tolist() == [[0.0, 0.0, -1.0]]  # −α·max(0, s − λ)
+    assert cscr.credit_log_weights(s, 0.2, 1.0, 0.0, "exp_abs").tolist() == [[0.0, 0.0, -1.2]]  # −α·s above λ
+    torch.testing.assert_close(cscr.credit_log_weights(s, 0.2, 1.0, 0.0, "inverse"),
+                               torch.tensor([[0.0, 0.0, -math.log(2.0)]], dtype=torch.float64))  # −log(1 + α·excess)
+    torch.testing.assert_close(cscr.credit_log_weights(s, 0.2, 1.0, 0.5),
+                               torch.tensor([[0.0, 0.0, math.log(0.5)]], dtype=torch.float64))  # floor w_min
+    m = torch.tensor([[True, True, False]])
+    torch.testing.assert_close(cscr.credit_weights(s, m, 0.2, 1.0),
+                               torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64))

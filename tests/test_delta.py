@@ -722,3 +722,32 @@ def test_header_example_runs_on_tiny_qwen3(float64_model):
     assert float(lam_bar[response_mask].mean()) == pytest.approx(1.0, abs=1e-12)
     assert not torch.allclose(lam_bar[response_mask], torch.ones(int(response_mask.sum()), dtype=F64))  # not the guard
     assert torch.allclose(token_adv, advantages[:, None] * lam_bar * response_mask, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The formulas README's reading order names, each against hand values
+# ----------------------------------------------------------------------------------------------------
+def test_adaptive_temperature_is_the_population_std_of_the_margins():
+    d = torch.tensor([1.0, 2.0, 4.0], dtype=F64)  # mean 7/3, E[Δ²] = 7: variance 7 − 49/9 = 14/9
+    gamma = delta.adaptive_temperature(d.sum(), (d * d).sum(), torch.tensor(3.0, dtype=F64), 1e-8)
+    assert float(gamma) == pytest.approx(math.sqrt(14 / 9), rel=1e-15)
+    assert float(gamma) == pytest.approx(float(d.std(unbiased=False)), rel=1e-14)
+    one = torch.tensor(5.0, dtype=F64)  # one token: variance 0, floored at ε
+    assert float(delta.adaptive_temperature(one, one * one, torch.tensor(1.0, dtype=F64), 1e-8)) == pytest.approx(1e-4)
+
+
+def test_soft_assignment_uses_each_tokens_own_side():
+    ln3 = math.log(3.0)  # σ(ln 3) = 3/4
+    margin_pos = torch.tensor([[0.0, 2 * ln3], [9.0, 9.0]], dtype=F64)
+    margin_neg = torch.tensor([[9.0, 9.0], [ln3, 0.0]], dtype=F64)
+    assign = delta.soft_assignment(margin_pos, margin_neg, torch.tensor(2.0), torch.tensor(1.0),
+                                   torch.tensor([0.7, -0.7], dtype=F64))
+    torch.testing.assert_close(assign, torch.tensor([[0.5, 0.75], [0.75, 0.5]], dtype=F64), rtol=1e-15, atol=1e-15)
+
+
+def test_bounded_coefficients_map_alpha_into_the_range():
+    assign = torch.tensor([[0.5, 0.75, 0.3], [0.9, 0.9, 0.9]], dtype=F64)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=F64)
+    lam = delta.bounded_coefficients(assign, torch.tensor([1.0, 0.0], dtype=F64), mask, 0.8, 1.2)
+    # λ = 0.8 + 0.4·α; the Â = 0 row gets λ_min; padding 0
+    torch.testing.assert_close(lam, torch.tensor([[1.0, 1.1, 0.0], [0.8, 0.8, 0.8]], dtype=F64), rtol=1e-15, atol=1e-15)
