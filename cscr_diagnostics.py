@@ -4,7 +4,7 @@ Paper: CSCR, He, Wu, Wang, arXiv 2607.27888 (2026), its diagnostic study [S2]: 4
 re-scored under c+ ("this response is correct") and c- ("... incorrect"), sampled-token and full-vocabulary
 shifts compared at the same prefix.  Spec: ``docs/specs/cscr.md`` §7 (definitions) and §8 (toy numbers).  The
 method is in ``cscr.py``; this file is the analysis behind it: ``diagnostics`` on tensors, ``diagnose`` on a
-model, and a CLI.  Quantities as in cscr.py: d_pos = lp_pos - lp0, d_neg = lp_neg - lp0, s = max(|d_pos|,
+model, and a CLI.  Quantities as in cscr.py: d_pos = lp_pos - old_logp, d_neg = lp_neg - old_logp, s = max(|d_pos|,
 |d_neg|); affected = |d_pos| > tau and |d_neg| > tau (tau = 0.05 nats).  Definitions [I] (spec §7):
 
     D1  same-direction rate       P[sign d_pos = sign d_neg | affected]                   paper [S2]: 91.4-95.8 %
@@ -33,7 +33,7 @@ Run (writes DIR/report.json, plus delta_scatter.png and s_by_class.png when matp
         --max_new_tokens 4096 --dtype bfloat16      # jsonl rows with "problem" and "answer"
 
 or from Python: ``report = diagnose(model, tokenizer, problems, answers, 400, grade_fn=...)``, or
-``diagnostics(lp0, lp_pos, lp_neg, response_mask, correct)`` on log-probs you already have.
+``diagnostics(old_logp, lp_pos, lp_neg, response_mask, correct)`` on log-probs you already have.
 
 Left out on purpose: training (CSCR itself is cscr.py, the trainer grpo.py); confidence intervals and repeated
 seeds; the RLCSD-style differential signal (spec §4, "not CSCR").  Read next: spec §7, ``cscr.py``, and
@@ -58,11 +58,24 @@ __all__ = ["shift_masks", "pearson", "spearman", "full_vocab_overlap", "classify
 # ---- Spec §7: the diagnostics on tensors (D1-D7) -----------------------------------------------------------------
 
 
-def shift_masks(lp0, lp_pos, lp_neg, response_mask, tau=0.05):
+def _affected(d_pos, d_neg, m, tau):
+    """The D1/D2 masks from the shifts ``d_pos``, ``d_neg`` [B, T] (nats) and the valid-token mask ``m`` [B, T]."""
+    if not tau >= 0:
+        raise ValueError(f"tau must be >= 0, got {tau!r}")
+    aff = m & (d_pos.abs() > tau) & (d_neg.abs() > tau)
+    same = aff & (torch.sign(d_pos) == torch.sign(d_neg))
+    return {"affected": aff, "same": same, "reversal": aff & ~same}
+
+
+def shift_masks(old_logp, lp_pos, lp_neg, response_mask, tau=0.05):
     """Per-token masks behind D1/D2 (spec §7).
 
     affected = |d_pos| > tau and |d_neg| > tau (valid tokens only); same = affected and sign d_pos = sign d_neg;
     reversal = affected and sign d_pos != sign d_neg.
+
+    Args:
+        old_logp, lp_pos, lp_neg: [B, T] sampled-token log-probs (nats) under x, x + c+, x + c-.
+        response_mask: [B, T] bool/float.  tau: nats.
 
     Returns:
         dict of bool [B, T]: "affected", "same", "reversal".
@@ -70,12 +83,8 @@ def shift_masks(lp0, lp_pos, lp_neg, response_mask, tau=0.05):
     Raises:
         ValueError: tau < 0, shape mismatch.
     """
-    if not tau >= 0:
-        raise ValueError(f"tau must be >= 0, got {tau!r}")
-    d_pos, d_neg, m = cscr._shifts(lp0, lp_pos, lp_neg, response_mask)
-    aff = m & (d_pos.abs() > tau) & (d_neg.abs() > tau)
-    same = aff & (torch.sign(d_pos) == torch.sign(d_neg))
-    return {"affected": aff, "same": same, "reversal": aff & ~same}
+    d_pos, d_neg, m = cscr._shifts(old_logp, lp_pos, lp_neg, response_mask)
+    return _affected(d_pos, d_neg, m, tau)
 
 
 def pearson(x, y):
@@ -224,7 +233,7 @@ def _surface_mask(token_classes, shape, device):
 
 
 def diagnostics(
-    lp0,
+    old_logp,
     lp_pos,
     lp_neg,
     response_mask,
@@ -244,26 +253,23 @@ def diagnostics(
     Source: [S] most affected tokens shift in the same direction under both conditions, reversals are rare,
     the induced signals overlap, large shifts sit on substitutable surface-form tokens; [S2] 91.4-95.8 %
     same direction, polarity agrees with the true outcome about 58 % of the time.  Definitions [I], spec §7,
-    with affected = |d_pos| > tau and |d_neg| > tau:
+    with affected = |d_pos| > tau and |d_neg| > tau, in the spec's order:
 
-    - D1 ``d1_same_direction_rate`` = P[sign d_pos = sign d_neg | affected]; ``d1_num_affected``.
-    - D2 ``d2_sign_reversal_rate`` = 1 - D1 (nan without affected tokens).
-    - D3 ``d3_polarity_outcome_consistency``: fraction of affected tokens whose d_pos - d_neg is > 0 on correct
-      trajectories and < 0 on incorrect ones (a zero difference counts as inconsistent) [I].
-    - D4a ``d4a_pearson``, ``d4a_spearman`` of d_pos and d_neg over valid tokens.
-    - D4b ``d4b_topk_jaccard`` of the top-k tokens by |d_pos| and by |d_neg|, k = ceil(top_frac * N) or ``top_k``;
-      ``d4b_k``.  (D4c needs full distributions: ``full_vocab_overlap``.)
-    - D5 ``d5_common_mode_share`` = sum cm^2 / (sum cm^2 + sum df^2), cm = (d_pos + d_neg)/2, df = (d_pos - d_neg)/2.
-    - D6 (needs ``token_classes``): ``d6_s_mean_surface``, ``d6_s_mean_content``, ``d6_surface_share_top``
-      (share of surface tokens among the top ``sens_top_frac`` tokens by s), ``d6_surface_share_all`` (base
-      rate), ``d6_top_k``.
-    - D7 (needs ``entropy`` / ``top1_prob``): ``d7_pearson_s_entropy``, ``d7_spearman_s_entropy``,
-      ``d7_pearson_s_1_minus_top1``, ``d7_spearman_s_1_minus_top1``.
-    - Also ``num_valid_tokens``, ``s_mean``, ``s_q50``, ``s_q80``, ``s_q95``, ``mean_delta_pos``,
-      ``mean_delta_neg``.
+    - D1-D3 (``_direction``): ``d1_num_affected``, ``d1_same_direction_rate``, ``d2_sign_reversal_rate``,
+      ``d3_polarity_outcome_consistency``.
+    - D4a, D4b, D5 (``_overlap``): ``d4a_pearson``, ``d4a_spearman``, ``d4b_k``, ``d4b_topk_jaccard``,
+      ``d5_common_mode_share``.  (D4c needs full distributions: ``full_vocab_overlap``.)
+    - the sensitivity s (``_sensitivity_summary``): ``s_mean``, ``s_q50``, ``s_q80``, ``s_q95``,
+      ``mean_delta_pos``, ``mean_delta_neg``.
+    - D6 (needs ``token_classes``; ``_token_class_profile``): ``d6_s_mean_surface``, ``d6_s_mean_content``,
+      ``d6_surface_share_top`` (share of surface tokens among the top ``sens_top_frac`` tokens by s),
+      ``d6_surface_share_all`` (base rate), ``d6_top_k``.
+    - D7 (needs ``entropy`` / ``top1_prob``; ``_substitutability``): ``d7_pearson_s_entropy``,
+      ``d7_spearman_s_entropy``, ``d7_pearson_s_1_minus_top1``, ``d7_spearman_s_1_minus_top1``.
+    - Also ``num_valid_tokens``.
 
     Args:
-        lp0, lp_pos, lp_neg: [B, T] sampled-token log-probs (nats).
+        old_logp, lp_pos, lp_neg: [B, T] sampled-token log-probs (nats) under x (θ_old's ℓ0), x + c+, x + c-.
         response_mask: [B, T] bool/float.
         correct: [B] bool, the verifier's outcome of each trajectory.
         tau: "affected" threshold, nats.  top_frac / top_k: D4b set size.
@@ -278,58 +284,80 @@ def diagnostics(
     Raises:
         ValueError: shape mismatches, bad tau / fractions / mode, no valid token.
     """
-    d_pos, d_neg, m = cscr._shifts(lp0, lp_pos, lp_neg, response_mask)
-    B, T = m.shape
-    if not torch.is_tensor(correct) or correct.shape != (B,):
-        raise ValueError(f"correct must be a [B] = [{B}] tensor")
+    d_pos, d_neg, m = cscr._shifts(old_logp, lp_pos, lp_neg, response_mask)
+    if not torch.is_tensor(correct) or correct.shape != (m.shape[0],):
+        raise ValueError(f"correct must be a [B] = [{m.shape[0]}] tensor")
     n = int(m.sum())
     if n == 0:
         raise ValueError("response_mask has no valid token")
-    nan = float("nan")
-    out = {"num_valid_tokens": n}
-    masks = shift_masks(lp0, lp_pos, lp_neg, response_mask, tau)
+    s = cscr.sensitivity(old_logp, lp_pos, lp_neg, response_mask, mode=mode)  # [B, T], nats
+    out = {"num_valid_tokens": n, **_direction(d_pos, d_neg, m, correct, tau)}
+    out.update(_overlap(d_pos[m], d_neg[m], top_frac, top_k))
+    out.update(_sensitivity_summary(s, m, d_pos[m], d_neg[m]))
+    if token_classes is not None:
+        out.update(_token_class_profile(s[m].double(), _surface_mask(token_classes, m.shape, m.device)[m],
+                                        sens_top_frac))
+    out.update(_substitutability(s[m].double(), m, entropy, top1_prob))
+    return out
+
+
+def _direction(d_pos, d_neg, m, correct, tau):
+    """D1-D3 (spec §7) from the shifts [B, T] (nats), the valid mask [B, T] and the outcomes ``correct`` [B].
+
+    D3: the differential d_pos - d_neg should be > 0 on correct and < 0 on incorrect trajectories if the
+    conditioning acted as a Bayesian posterior (spec §7's null); a zero difference counts as inconsistent [I].
+    All three are nan without affected tokens.
+    """
+    masks = _affected(d_pos, d_neg, m, tau)
     n_aff = int(masks["affected"].sum())
-    # D1 / D2
-    d1 = int(masks["same"].sum()) / n_aff if n_aff else nan
-    out.update(d1_num_affected=n_aff, d1_same_direction_rate=d1, d2_sign_reversal_rate=1.0 - d1 if n_aff else nan)
-    # D3: differential d_pos - d_neg should be > 0 for correct and < 0 for incorrect trajectories (Bayes null)
+    if not n_aff:
+        nan = float("nan")
+        return {"d1_num_affected": 0, "d1_same_direction_rate": nan, "d2_sign_reversal_rate": nan,
+                "d3_polarity_outcome_consistency": nan}
+    d1 = int(masks["same"].sum()) / n_aff
     diff = d_pos - d_neg
     want = torch.where(correct.bool().to(m.device), 1.0, -1.0).unsqueeze(1).to(diff.dtype)
     consistent = masks["affected"] & (torch.sign(diff) == want)
-    out["d3_polarity_outcome_consistency"] = int(consistent.sum()) / n_aff if n_aff else nan
-    # D4a
-    xp, xn = d_pos[m], d_neg[m]
-    out["d4a_pearson"] = pearson(xp, xn)
-    out["d4a_spearman"] = spearman(xp, xn)
-    # D4b: Jaccard of the top-k sets by |d_pos| and |d_neg| (pooled valid tokens)
-    k = _top_k(n, top_frac, top_k)
+    return {"d1_num_affected": n_aff, "d1_same_direction_rate": d1, "d2_sign_reversal_rate": 1.0 - d1,
+            "d3_polarity_outcome_consistency": int(consistent.sum()) / n_aff}
+
+
+def _overlap(xp, xn, top_frac, top_k):
+    """D4a, D4b and D5 (spec §7) from the valid tokens' shifts ``xp`` = d_pos, ``xn`` = d_neg ([n], nats)."""
+    k = _top_k(xp.numel(), top_frac, top_k)  # D4b: Jaccard of the top-k sets by |d_pos| and |d_neg|
     a = set(torch.topk(xp.abs(), k).indices.tolist())
     b = set(torch.topk(xn.abs(), k).indices.tolist())
-    out["d4b_k"] = k
-    out["d4b_topk_jaccard"] = len(a & b) / len(a | b)
-    # D5: common-mode share
-    cm, df = 0.5 * (xp + xn), 0.5 * (xp - xn)
+    cm, df = 0.5 * (xp + xn), 0.5 * (xp - xn)  # D5: common mode and differential
     tot = float((cm**2).sum() + (df**2).sum())
-    out["d5_common_mode_share"] = float((cm**2).sum()) / tot if tot > 0 else nan
-    # sensitivity summary
-    s = cscr.sensitivity(lp0, lp_pos, lp_neg, response_mask, mode=mode)
-    sv = s[m].double()
-    out["s_mean"] = float(sv.mean())
+    return {"d4a_pearson": pearson(xp, xn), "d4a_spearman": spearman(xp, xn), "d4b_k": k,
+            "d4b_topk_jaccard": len(a & b) / len(a | b),
+            "d5_common_mode_share": float((cm**2).sum()) / tot if tot > 0 else float("nan")}
+
+
+def _sensitivity_summary(s, m, xp, xn):
+    """Mean and quantiles (0.5, 0.8, 0.95) of s [B, T] over the valid tokens ``m``; mean shifts ``xp``, ``xn`` [n]."""
+    out = {"s_mean": float(s[m].double().mean())}
     for q in (50, 80, 95):
         out[f"s_q{q}"] = cscr.calibrate_threshold(s, m, q / 100)
     out["mean_delta_pos"] = float(xp.double().mean())
     out["mean_delta_neg"] = float(xn.double().mean())
-    # D6: token-class profile
-    if token_classes is not None:
-        sm = _surface_mask(token_classes, m.shape, m.device)[m]
-        ks = _top_k(n, sens_top_frac, None)
-        top = torch.topk(sv, ks).indices
-        out["d6_s_mean_surface"] = float(sv[sm].mean()) if int(sm.sum()) else nan
-        out["d6_s_mean_content"] = float(sv[~sm].mean()) if int((~sm).sum()) else nan
-        out["d6_surface_share_top"] = float(sm[top].double().mean())
-        out["d6_surface_share_all"] = float(sm.double().mean())
-        out["d6_top_k"] = ks
-    # D7: substitutability
+    return out
+
+
+def _token_class_profile(sv, surface, sens_top_frac):
+    """D6 (spec §7) from the valid tokens' s ``sv`` [n] (float64, nats) and their surface flags ``surface`` [n]."""
+    nan = float("nan")
+    ks = _top_k(sv.numel(), sens_top_frac, None)
+    top = torch.topk(sv, ks).indices
+    return {"d6_s_mean_surface": float(sv[surface].mean()) if int(surface.sum()) else nan,
+            "d6_s_mean_content": float(sv[~surface].mean()) if int((~surface).sum()) else nan,
+            "d6_surface_share_top": float(surface[top].double().mean()),
+            "d6_surface_share_all": float(surface.double().mean()), "d6_top_k": ks}
+
+
+def _substitutability(sv, m, entropy, top1_prob):
+    """D7 (spec §7): correlations of the valid tokens' s ``sv`` [n] with H(p0) and 1 - p0(top-1) ([B, T] each)."""
+    out = {}
     for name, x in (("entropy", entropy), ("1_minus_top1", None if top1_prob is None else 1.0 - top1_prob)):
         if x is None:
             continue
@@ -424,7 +452,7 @@ def diagnose(
     2. ``grade_fn(response_text, reference) -> bool`` gives the outcome.
     3. Three no-grad passes per micro-batch (plain prompt x, x + c+, x + c-) with the same weights, every prompt
        tokenised by cscr.py's TOKENISATION RULE (``tokenizer(prompt)``, as for sampling): sampled-token log-probs
-       lp0, lp_pos, lp_neg at ``temperature``, base entropy and top-1 probability (D7), and per-position
+       old_logp, lp_pos, lp_neg at ``temperature``, base entropy and top-1 probability (D7), and per-position
        full-vocabulary cosine / KLs (D4c, ``full_vocab_overlap``).
     4. Tokens are classified with ``classify_token`` (D6); ``diagnostics`` gives D1-D7.
 
@@ -438,7 +466,7 @@ def diagnose(
             (default: last \\boxed{} else last number).
         output_dir: if given, writes ``report.json`` there (and PNG plots when matplotlib is installed).
         return_tensors: also return a dict of the per-token tensors ([N, T]: response_ids, response_mask,
-            lp0, lp_pos, lp_neg, entropy, top1_prob, surface, fv_cosine, fv_kl_pos, fv_kl_neg;
+            old_logp, lp_pos, lp_neg, entropy, top1_prob, surface, fv_cosine, fv_kl_pos, fv_kl_neg;
             [N]: correct) and the prompts (prompts, prompts_pos, prompts_neg).
         stop_ids: extra token ids that end a sampled response (e.g. ``<|im_end|>`` for ChatML templates),
             added to the tokenizer's and generation config's EOS ids.
@@ -547,7 +575,7 @@ def diagnose(
             del logits, probs
     if was_training:
         model.train()
-    lp0, lp_pos, lp_neg = (torch.where(mask, lp[k], torch.zeros(())) for k in ("0", "pos", "neg"))
+    old_logp, lp_pos, lp_neg = (torch.where(mask, lp[k], torch.zeros(())) for k in ("0", "pos", "neg"))
     # 4. token classes (decoded once per distinct id) and diagnostics
     uniq = sorted(set(resp_ids[mask].tolist()))
     text_of = {i: tokenizer.decode([i]) for i in uniq}
@@ -555,22 +583,22 @@ def diagnose(
     for i in uniq:
         lookup[i] = classify_token(text_of[i]) == "surface"
     surf = lookup[resp_ids.clamp(min=0, max=max(uniq))] & mask
-    diag = diagnostics(lp0, lp_pos, lp_neg, mask, correct, tau=tau, top_frac=top_frac,
+    diag = diagnostics(old_logp, lp_pos, lp_neg, mask, correct, tau=tau, top_frac=top_frac,
                        token_classes=surf, entropy=ent, top1_prob=top1, sens_top_frac=sens_top_frac)
     for k in fv:  # d4c_cosine_mean, d4c_kl_pos_mean, d4c_kl_neg_mean
         diag[f"d4c_{k}_mean"] = float(fv[k][mask].double().mean())
-    s = cscr.sensitivity(lp0, lp_pos, lp_neg, mask)
-    A = torch.where(correct, 1.0, -1.0)
+    s = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask)
+    adv = torch.where(correct, 1.0, -1.0)  # the sign of a GRPO sequence advantage Â_i
     thr = cscr.calibrate_threshold(s, mask, 0.8)
-    _, stats = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, mask, threshold=thr, return_stats=True)
+    _, stats = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, threshold=thr, return_stats=True)
     top = torch.topk(torch.where(mask, s, torch.full((), -1.0)).flatten(), min(num_examples, int(mask.sum())))
     examples = []
     for sv, f in zip(top.values.tolist(), top.indices.tolist()):
         i, j = divmod(f, T)
         tid = int(resp_ids[i, j])
         examples.append({"row": i, "t": j, "token": text_of[tid], "class": "surface" if bool(surf[i, j]) else "content",
-                         "s": sv, "delta_pos": float(lp_pos[i, j] - lp0[i, j]),
-                         "delta_neg": float(lp_neg[i, j] - lp0[i, j])})
+                         "s": sv, "delta_pos": float(lp_pos[i, j] - old_logp[i, j]),
+                         "delta_neg": float(lp_neg[i, j] - old_logp[i, j])})
     report = {
         "config": {"num_trajectories": N, "template": name if name != "custom" else list(notes),
                    "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
@@ -590,9 +618,9 @@ def diagnose(
         os.makedirs(output_dir, exist_ok=True)
         with open(os.path.join(output_dir, "report.json"), "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2, ensure_ascii=False)
-        _plots(output_dir, lp0, lp_pos, lp_neg, mask, s, surf)
+        _plots(output_dir, old_logp, lp_pos, lp_neg, mask, s, surf)
     if return_tensors:
-        tensors = {"response_ids": resp_ids, "response_mask": mask, "lp0": lp0, "lp_pos": lp_pos,
+        tensors = {"response_ids": resp_ids, "response_mask": mask, "old_logp": old_logp, "lp_pos": lp_pos,
                    "lp_neg": lp_neg, "entropy": ent, "top1_prob": top1, "surface": surf, "correct": correct,
                    "fv_cosine": fv["cosine"], "fv_kl_pos": fv["kl_pos"], "fv_kl_neg": fv["kl_neg"],
                    "prompts": ctx["0"], "prompts_pos": ctx["pos"], "prompts_neg": ctx["neg"]}
@@ -600,7 +628,7 @@ def diagnose(
     return report
 
 
-def _plots(output_dir, lp0, lp_pos, lp_neg, mask, s, surf):
+def _plots(output_dir, old_logp, lp_pos, lp_neg, mask, s, surf):
     """Scatter of d_pos vs d_neg and histogram of s by token class (only if matplotlib is installed)."""
     try:
         import matplotlib
@@ -609,16 +637,16 @@ def _plots(output_dir, lp0, lp_pos, lp_neg, mask, s, surf):
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    d_pos = (lp_pos - lp0)[mask].numpy()
-    d_neg = (lp_neg - lp0)[mask].numpy()
+    d_pos = (lp_pos - old_logp)[mask].numpy()
+    d_neg = (lp_neg - old_logp)[mask].numpy()
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.scatter(d_pos, d_neg, s=3, alpha=0.3)
     lim = float(max(abs(d_pos).max(), abs(d_neg).max(), 1e-3))
     ax.plot([-lim, lim], [-lim, lim], lw=0.5, color="gray")
     ax.axhline(0, lw=0.5, color="gray")
     ax.axvline(0, lw=0.5, color="gray")
-    ax.set_xlabel("d_pos = lp_pos − lp0 (nats)")
-    ax.set_ylabel("d_neg = lp_neg − lp0 (nats)")
+    ax.set_xlabel("d_pos = lp_pos − old_logp (nats)")
+    ax.set_ylabel("d_neg = lp_neg − old_logp (nats)")
     ax.set_title("CSCR diagnostic: shifts under c+ and c−")
     fig.tight_layout()
     fig.savefig(os.path.join(output_dir, "delta_scatter.png"), dpi=120)

@@ -35,13 +35,12 @@ def test_diagnostics_toy_example():
 
 def test_topk_jaccard_partial_overlap():
     # D+ = [3, 2, .1, .05], D- = [.1, 2, 3, .05] -> top-2 sets {0,1} and {1,2} -> Jaccard 1/3
-    lp0 = torch.zeros(1, 4, dtype=torch.float64)
-    d = cscr_diagnostics.diagnostics(lp0, torch.tensor([[3.0, 2.0, 0.1, 0.05]]), torch.tensor([[0.1, 2.0, 3.0, 0.05]]),
-                         torch.ones(1, 4), torch.tensor([True]), top_k=2)
+    old_logp = torch.zeros(1, 4, dtype=torch.float64)
+    lp_pos, lp_neg = torch.tensor([[3.0, 2.0, 0.1, 0.05]]), torch.tensor([[0.1, 2.0, 3.0, 0.05]])
+    d = cscr_diagnostics.diagnostics(old_logp, lp_pos, lp_neg, torch.ones(1, 4), torch.tensor([True]), top_k=2)
     assert d["d4b_k"] == 2 and abs(d["d4b_topk_jaccard"] - 1 / 3) < 1e-12
     # top_frac: ceil(0.5 * 4) = 2 gives the same sets
-    d2 = cscr_diagnostics.diagnostics(lp0, torch.tensor([[3.0, 2.0, 0.1, 0.05]]), torch.tensor([[0.1, 2.0, 3.0, 0.05]]),
-                          torch.ones(1, 4), torch.tensor([True]), top_frac=0.5)
+    d2 = cscr_diagnostics.diagnostics(old_logp, lp_pos, lp_neg, torch.ones(1, 4), torch.tensor([True]), top_frac=0.5)
     assert d2["d4b_k"] == 2 and abs(d2["d4b_topk_jaccard"] - 1 / 3) < 1e-12
 
 
@@ -92,13 +91,13 @@ def test_classify_token():
 
 
 def test_diagnostics_d6_d7():
-    A, lp0, lp_pos, lp_neg, m = random_batch(B=6, T=20, seed=7)
-    s = cscr.sensitivity(lp0, lp_pos, lp_neg, m)
+    _, old_logp, lp_pos, lp_neg, m = random_batch(B=6, T=20, seed=7)
+    s = cscr.sensitivity(old_logp, lp_pos, lp_neg, m)
     surf = s > cscr.calibrate_threshold(s, m, 0.5)  # surface = the more sensitive half (by construction)
     ent = s * 2.0 + 1.0  # perfectly correlated
     top1 = 1.0 - s  # 1 - top1 = s
-    d = cscr_diagnostics.diagnostics(lp0, lp_pos, lp_neg, m, torch.ones(6, dtype=torch.bool), token_classes=surf, entropy=ent,
-                         top1_prob=top1, sens_top_frac=0.1)
+    d = cscr_diagnostics.diagnostics(old_logp, lp_pos, lp_neg, m, torch.ones(6, dtype=torch.bool), token_classes=surf,
+                                     entropy=ent, top1_prob=top1, sens_top_frac=0.1)
     assert d["d6_surface_share_top"] == 1.0
     assert abs(d["d6_surface_share_all"] - surf[m].double().mean().item()) < 1e-12
     assert abs(d["d6_s_mean_surface"] - s[m & surf].mean().item()) < 1e-9
@@ -106,7 +105,8 @@ def test_diagnostics_d6_d7():
     assert abs(d["d7_pearson_s_entropy"] - 1.0) < 1e-9 and abs(d["d7_spearman_s_1_minus_top1"] - 1.0) < 1e-9
     # list-of-strings form gives the same profile
     classes = [["surface" if surf[i, j] else "content" for j in range(int(m[i].sum()))] for i in range(6)]
-    d2 = cscr_diagnostics.diagnostics(lp0, lp_pos, lp_neg, m, torch.ones(6, dtype=torch.bool), token_classes=classes, sens_top_frac=0.1)
+    d2 = cscr_diagnostics.diagnostics(old_logp, lp_pos, lp_neg, m, torch.ones(6, dtype=torch.bool),
+                                      token_classes=classes, sens_top_frac=0.1)
     assert d2["d6_surface_share_top"] == d["d6_surface_share_top"]
     assert d2["d6_s_mean_surface"] == d["d6_s_mean_surface"]
 
@@ -139,7 +139,8 @@ def test_diagnose_smoke(tiny, tmp_path):
     assert torch.allclose(lp_pos, ten["lp_pos"], atol=1e-5) and torch.allclose(lp_neg, ten["lp_neg"], atol=1e-5)
     n0 = int(mask[0].sum())
     r0 = ten["response_ids"][0, :n0].tolist()
-    assert torch.allclose(ten["lp0"][0, :n0].double(), naive_logprobs(model, tok, ten["prompts"][0], r0, 0.9), atol=2e-5)
+    assert torch.allclose(ten["old_logp"][0, :n0].double(), naive_logprobs(model, tok, ten["prompts"][0], r0, 0.9),
+                          atol=2e-5)
     # D4c at one position against an independent recomputation
     def dist(prompt):
         p = tok(prompt)["input_ids"]
