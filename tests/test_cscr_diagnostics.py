@@ -1,4 +1,5 @@
-"""Tests for cscr_diagnostics.py: D1-D7 against the spec §8 toy numbers and independent formulas, the study, the CLI."""
+"""Tests for cscr_diagnostics.py: D1-D7 against the spec §8 toy numbers and independent formulas, the study, the
+CLI."""
 
 import json
 import math
@@ -116,9 +117,8 @@ def test_diagnose_smoke(tiny, tmp_path):
     problems = ["Compute 1+2.", "Compute 3+4.", "Compute 10-5."]
     answers = ["3", "7", "5"]
     rep, ten = cscr_diagnostics.diagnose(
-        model, tok, problems, answers, 5, grade_fn=lambda text, ref: len(text) % 2 == 0,
-        max_new_tokens=6, micro_batch_size=2, gen_batch_size=3, output_dir=str(tmp_path), template="answer",
-        temperature=0.9, return_tensors=True,
+        model, tok, problems, answers, 5, max_new_tokens=6, micro_batch_size=2, gen_batch_size=3,
+        output_dir=str(tmp_path), template="answer", temperature=0.9, return_tensors=True,
     )
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved["num_correct"] == rep["num_correct"]
@@ -146,7 +146,7 @@ def test_diagnose_smoke(tiny, tmp_path):
         p = tok(prompt)["input_ids"]
         with torch.no_grad():
             return torch.softmax(model(input_ids=torch.tensor([p + r0])).logits[0, len(p) - 1].double() / 0.9, -1)
-    o = cscr_diagnostics.full_vocab_overlap(dist(ten["prompts"][0]), dist(ten["prompts_pos"][0]), dist(ten["prompts_neg"][0]))
+    o = cscr_diagnostics.full_vocab_overlap(*(dist(ten[k][0]) for k in ("prompts", "prompts_pos", "prompts_neg")))
     assert abs(o["cosine"].item() - ten["fv_cosine"][0, 0].item()) < 1e-4
     assert abs(o["kl_pos"].item() - ten["fv_kl_pos"][0, 0].item()) < 1e-5
     p0 = dist(ten["prompts"][0])
@@ -155,12 +155,13 @@ def test_diagnose_smoke(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("template,expected", [("verdict", "verdict"), ("C", "answer"),
-                                               (("ok {reference}", "not ok {reference}"), ["ok {reference}", "not ok {reference}"])])
+                                               (("ok {reference}", "not ok {reference}"),
+                                                ["ok {reference}", "not ok {reference}"])])
 def test_report_config_names_the_template_used(tiny, tmp_path, template, expected):
     # bug: the config's "template" was a loop variable reused later ("d4c_kl_neg_mean"), not the template used
     model, tok = tiny
-    rep = cscr_diagnostics.diagnose(model, tok, ["Compute 1+2."], ["3"], 2, grade_fn=lambda text, ref: True,
-                                    max_new_tokens=3, template=template, output_dir=str(tmp_path))
+    rep = cscr_diagnostics.diagnose(model, tok, ["Compute 1+2."], ["3"], 2, max_new_tokens=3, template=template,
+                                    output_dir=str(tmp_path))
     assert rep["config"]["template"] == expected
     assert json.loads((tmp_path / "report.json").read_text())["config"]["template"] == expected
 
@@ -175,3 +176,4 @@ def test_cli_writes_report(tiny_model_path, tmp_path):
     assert saved["config"]["template"] == "reference" and saved["config"]["num_trajectories"] == 4
     assert "Correct final answer:" in saved["example_condition_prompts"][0]
     assert saved["diagnostics"]["num_valid_tokens"] >= 4
+
