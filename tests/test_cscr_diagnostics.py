@@ -1,5 +1,5 @@
-"""Tests for cscr_diagnostics.py: D1-D7 against the spec §8 toy numbers and independent formulas, the study, the
-CLI."""
+"""Tests for cscr_diagnostics.py: D1-D7 against the spec §8 toy numbers and independent formulas, the study (sampled,
+cut and graded as the trainer's stages 1-2), the CLI."""
 
 import json
 import math
@@ -13,6 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cscr  # noqa: E402
 import cscr_diagnostics  # noqa: E402
+import policy  # noqa: E402
+import rollout  # noqa: E402
+import verify  # noqa: E402
 from test_cscr import LP0, LP_NEG, LP_POS, naive_logprobs, random_batch, t  # noqa: E402
 
 
@@ -177,3 +180,84 @@ def test_cli_writes_report(tiny_model_path, tmp_path):
     assert "Correct final answer:" in saved["example_condition_prompts"][0]
     assert saved["diagnostics"]["num_valid_tokens"] >= 4
 
+
+def test_diagnose_samples_as_the_trainer(tiny):
+    # the study's responses are the trainer's stage 1 (rollout.sample with the template's stop ids and strings,
+    # one generate call for the whole batch) token for token: same seed, same prompts -> the same ids, mask, text
+    model, tok = tiny
+    _, ten = cscr_diagnostics.diagnose(model, tok, ["compute one plus two.", "compute ten."], ["3", "10"], 4,
+                                       max_new_tokens=8, gen_batch_size=4, seed=3, temperature=0.9, top_p=0.95,
+                                       return_tensors=True)
+    batch = rollout.sample(model, tok, ten["prompts"], 1, 8, 0.9, 0.95, seed=3,
+                           stop_ids=rollout.stop_token_ids(tok, "none", model),
+                           stop_strings=rollout.template_stop_strings("none"))
+    T = ten["response_mask"].shape[1]
+    assert torch.equal(batch.response_mask.bool()[:, :T], ten["response_mask"])
+    assert not batch.response_mask[:, T:].any()  # the study drops only columns that hold no response token
+    assert torch.equal(batch.response_ids[:, :T], ten["response_ids"])
+    assert batch.texts == ten["texts"]
+
+
+def _scripted_generate(tok, responses):
+    """A stand-in for ``model.generate`` that "samples" ``responses[i]`` + EOS for row i: the test then knows what
+    stage 1 must cut and stage 2 must grade (the scoring passes still run the real model)."""
+
+    def generate(input_ids, attention_mask, generation_config, **kwargs):
+        rows = [tok(responses[i], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                for i in range(len(input_ids))]
+        out = torch.full((len(rows), max(map(len, rows))), generation_config.pad_token_id, dtype=torch.long)
+        for i, r in enumerate(rows):
+            out[i, :len(r)] = torch.tensor(r)
+        return torch.cat([input_ids, out], 1)
+
+    return generate
+
+
+# one problem "Compute 1+2." (reference 3) and four responses whose grading the trainer's verifier decides:
+SCRIPTED = [
+    "1+2=4. \\boxed{4} Oh no, 1+2=3",  # boxed answer wrong, last number right: incorrect (no last-number fallback)
+    "1+2=3. \\boxed{3}",  # correct
+    "1+2=3",  # no box: incorrect, and template C's answer is "" (not the last number 3)
+    "1+2=3. \\boxed{3}\n\nQuestion: 1+1? \\boxed{5}",  # the "none" template's stop string ends it after "Question:"
+]
+
+
+@pytest.fixture
+def scripted(tiny_model_path, monkeypatch):
+    """The tiny toy-tokenizer model (printable ASCII, so \\boxed and "Question:" tokenise) answering ``SCRIPTED``."""
+    model, tok = policy.load_model_and_tokenizer(str(tiny_model_path), "float32", "cpu")
+    monkeypatch.setattr(model, "generate", _scripted_generate(tok, SCRIPTED))
+    return model, tok
+
+
+def test_diagnose_grades_as_verify_grade_batch(scripted):
+    model, tok = scripted
+    rep, ten = cscr_diagnostics.diagnose(model, tok, ["Compute 1+2."], ["3"], len(SCRIPTED), template="answer",
+                                         max_new_tokens=64, return_tensors=True)
+    graded = verify.grade_batch(ten["texts"], ten["references"])
+    assert ten["correct"].tolist() == [ok for ok, _ in graded]
+    assert ten["correct"].tolist() == [False, True, False, True]
+    assert rep["num_correct"] == 2 and rep["grader"] == verify.summarize(graded)
+    # template C's answer: verify.extract_boxed of the response, "" without a box (grpo.py's Credit._cscr)
+    for i, text in enumerate(ten["texts"]):
+        expected = cscr.build_condition_prompts(ten["prompts"][i], reference="3",
+                                                response_answer=verify.extract_boxed(text) or "", template="answer")
+        assert (ten["prompts_pos"][i], ten["prompts_neg"][i]) == expected
+    assert "Verdict: 4 is the correct final answer." in ten["prompts_pos"][0]
+    assert "Verdict:  is the correct final answer." in ten["prompts_pos"][2]  # not the last number "3"
+
+
+def test_diagnose_cuts_at_template_stop_strings(scripted):
+    model, tok = scripted
+    _, ten = cscr_diagnostics.diagnose(model, tok, ["Compute 1+2."], ["3"], len(SCRIPTED), max_new_tokens=64,
+                                       return_tensors=True)
+    # the whole response (and its EOS) for rows without a stop string; row 3 up to the character completing
+    # "\n\nQuestion:" (one token per character), as rollout.sample cuts it in training
+    cut = SCRIPTED[3][:SCRIPTED[3].index("\n\nQuestion:") + len("\n\nQuestion:")]
+    assert ten["texts"] == SCRIPTED[:3] + [cut]
+    lengths = [len(r) + 1 for r in SCRIPTED[:3]] + [len(cut)]
+    assert ten["response_mask"].sum(1).tolist() == lengths
+    assert tok.decode(ten["response_ids"][3, :len(cut)].tolist()) == cut
+    assert ten["response_mask"].shape[1] == max(lengths)  # nothing scored past the cut
+    # graded on the cut text: the box after the stop string (5) would make it wrong
+    assert bool(ten["correct"][3]) and not verify.verify(SCRIPTED[3], "3")
