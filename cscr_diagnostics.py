@@ -4,8 +4,9 @@ Paper: CSCR, He, Wu, Wang, arXiv 2607.27888 (2026), its diagnostic study [S2]: 4
 re-scored under c+ ("this response is correct") and c- ("... incorrect"), sampled-token and full-vocabulary
 shifts compared at the same prefix.  Spec: ``docs/specs/cscr.md`` §7 (definitions) and §8 (toy numbers).  The
 method is in ``cscr.py``; this file is the analysis behind it: ``diagnostics`` on tensors, ``diagnose`` on a
-model, and a CLI.  Quantities as in cscr.py: d_pos = lp_pos - lp0, d_neg = lp_neg - lp0, s = max(|d_pos|,
-|d_neg|); affected = |d_pos| > tau and |d_neg| > tau (tau = 0.05 nats).  Definitions [I] (spec §7):
+model, and a CLI.  Quantities as in cscr.py: old_logp = θ_old's sampled-token log-probs under the plain prompt
+(ℓ0), d_pos = lp_pos - old_logp, d_neg = lp_neg - old_logp, s = max(|d_pos|, |d_neg|); affected = |d_pos| > tau
+and |d_neg| > tau (tau = 0.05 nats).  Definitions [I] (spec §7):
 
     D1  same-direction rate       P[sign d_pos = sign d_neg | affected]                   paper [S2]: 91.4-95.8 %
     D2  sign-reversal rate        1 - D1
@@ -18,13 +19,20 @@ model, and a CLI.  Quantities as in cscr.py: d_pos = lp_pos - lp0, d_neg = lp_ne
     D6  token-class profile       mean s and share of the top 5 % most sensitive tokens: surface form vs content
     D7  substitutability          correlation of s with the base entropy H(p0) and with 1 - p0(top-1)
 
+The study (``diagnose``), in the order of spec §7: 1. sample on-policy trajectories as the trainer's stage 1 does
+(rollout.py: the prompt template, its stop tokens and stop strings, the trainer's sampling distribution);
+2. grade them with the trainer's verifier (``verify.grade_batch``: the last \\boxed{}, no fallback), so the
+report counts the same answers right as training; 3. re-score each under x, x + c+, x + c- (same weights, no
+grad); 4. D1-D7 (``diagnostics``), plus CSCR's weights at the calibrated threshold and the most sensitive tokens.
+
 Inferred choices [I] (spec §7, §11): the "affected" threshold ``tau`` (0.05 nats); the D4b fraction ``top_frac``
 / ``top_k`` (0.1); the D6 fraction ``sens_top_frac`` (0.05); the surface-form vs content heuristic
 (``classify_token``, ``DISCOURSE_MARKERS``, ``FUNCTION_WORDS``); D3 counts a zero d_pos - d_neg as inconsistent;
 D4c uses g = p0 - p per position (``full_vocab_overlap``, also KL(p+ || p0), KL(p- || p0)); ``diagnose`` keeps a
-response's EOS token, shuffles the problems with the seed and cycles them, and template C's answer is the last
-\\boxed{...} (else the last number).  All prompts, plain and conditioned, are tokenised by cscr.py's
-TOKENISATION RULE (``tokenizer(prompt)``, as the rollout does).
+response's EOS token (as the trainer), shuffles the problems with the seed and cycles them (one response each),
+and template C's answer is ``verify.extract_boxed`` of the response ("" without a box), as in grpo.py's
+``Credit._cscr``.  All prompts, plain and conditioned, are tokenised by cscr.py's TOKENISATION RULE
+(``tokenizer(prompt)``, as the rollout does).
 
 Run (writes DIR/report.json, plus delta_scatter.png and s_by_class.png when matplotlib is installed)::
 
@@ -32,13 +40,18 @@ Run (writes DIR/report.json, plus delta_scatter.png and s_by_class.png when matp
     python cscr_diagnostics.py --model Qwen/Qwen3-1.7B --data problems.jsonl --num_trajectories 400 \\
         --max_new_tokens 4096 --dtype bfloat16      # jsonl rows with "problem" and "answer"
 
-or from Python: ``report = diagnose(model, tokenizer, problems, answers, 400, grade_fn=...)``, or
-``diagnostics(lp0, lp_pos, lp_neg, response_mask, correct)`` on log-probs you already have.
+or from Python: ``report = diagnose(model, tokenizer, problems, answers, 400, prompt_template="qwen_math")``, or
+``diagnostics(old_logp, lp_pos, lp_neg, response_mask, correct)`` on log-probs you already have.
 
-Left out on purpose: training (CSCR itself is cscr.py, the trainer grpo.py); confidence intervals and repeated
-seeds; the RLCSD-style differential signal (spec §4, "not CSCR").  Read next: spec §7, ``cscr.py``, and
-``tests/test_cscr_diagnostics.py`` (the spec §8 toy numbers).  Imports torch and cscr; transformers, matplotlib
-and the project's rollout, toy and verify only inside the CLI and the plots.
+Imports torch and, for the study and its CLI, the project's modules that do each job for the trainer: rollout
+(templates, sampling, stop tokens and strings), verify (grading, the answer of template C), evaluate
+(``load_problems``: jsonl, benchmark names, the toy), policy (``load_model_and_tokenizer``: the toy, folders, hub
+ids, dtype) and cscr (condition prompts, the scoring inputs, sensitivity, weights); matplotlib only inside the
+plots.  toy.py is reached only through evaluate/policy.  Left out on purpose: training (CSCR itself is cscr.py,
+the trainer grpo.py); the vLLM sampler and top-k sampling (the trainer's HF distribution, softmax(logits / T)
+cut to top-p, is the one studied); confidence intervals and repeated seeds; the RLCSD-style differential signal
+(spec §4, "not CSCR").  Read next: spec §7, ``cscr.py``, and ``tests/test_cscr_diagnostics.py`` (the spec §8 toy
+numbers).
 """
 
 from __future__ import annotations
@@ -46,23 +59,40 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 
 import torch
 
 import cscr
+import evaluate
+import policy
+import rollout
+import verify
 
 __all__ = ["shift_masks", "pearson", "spearman", "full_vocab_overlap", "classify_token", "DISCOURSE_MARKERS",
-           "FUNCTION_WORDS", "diagnostics", "diagnose", "PAPER_REFERENCE", "main"]
+           "FUNCTION_WORDS", "diagnostics", "sample_trajectories", "grade", "condition_contexts", "score_contexts",
+           "surface_classes", "diagnose", "PAPER_REFERENCE", "main"]
 
 # ---- Spec §7: the diagnostics on tensors (D1-D7) -----------------------------------------------------------------
 
 
-def shift_masks(lp0, lp_pos, lp_neg, response_mask, tau=0.05):
+def _affected(d_pos, d_neg, m, tau):
+    """The D1/D2 masks from the shifts ``d_pos``, ``d_neg`` [B, T] (nats) and the valid-token mask ``m`` [B, T]."""
+    if not tau >= 0:
+        raise ValueError(f"tau must be >= 0, got {tau!r}")
+    aff = m & (d_pos.abs() > tau) & (d_neg.abs() > tau)
+    same = aff & (torch.sign(d_pos) == torch.sign(d_neg))
+    return {"affected": aff, "same": same, "reversal": aff & ~same}
+
+
+def shift_masks(old_logp, lp_pos, lp_neg, response_mask, tau=0.05):
     """Per-token masks behind D1/D2 (spec §7).
 
     affected = |d_pos| > tau and |d_neg| > tau (valid tokens only); same = affected and sign d_pos = sign d_neg;
     reversal = affected and sign d_pos != sign d_neg.
+
+    Args:
+        old_logp, lp_pos, lp_neg: [B, T] sampled-token log-probs (nats) under x, x + c+, x + c-.
+        response_mask: [B, T] bool/float.  tau: nats.
 
     Returns:
         dict of bool [B, T]: "affected", "same", "reversal".
@@ -70,12 +100,8 @@ def shift_masks(lp0, lp_pos, lp_neg, response_mask, tau=0.05):
     Raises:
         ValueError: tau < 0, shape mismatch.
     """
-    if not tau >= 0:
-        raise ValueError(f"tau must be >= 0, got {tau!r}")
-    d_pos, d_neg, m = cscr._shifts(lp0, lp_pos, lp_neg, response_mask)
-    aff = m & (d_pos.abs() > tau) & (d_neg.abs() > tau)
-    same = aff & (torch.sign(d_pos) == torch.sign(d_neg))
-    return {"affected": aff, "same": same, "reversal": aff & ~same}
+    d_pos, d_neg, m = cscr._shifts(old_logp, lp_pos, lp_neg, response_mask)
+    return _affected(d_pos, d_neg, m, tau)
 
 
 def pearson(x, y):
@@ -224,7 +250,7 @@ def _surface_mask(token_classes, shape, device):
 
 
 def diagnostics(
-    lp0,
+    old_logp,
     lp_pos,
     lp_neg,
     response_mask,
@@ -244,26 +270,23 @@ def diagnostics(
     Source: [S] most affected tokens shift in the same direction under both conditions, reversals are rare,
     the induced signals overlap, large shifts sit on substitutable surface-form tokens; [S2] 91.4-95.8 %
     same direction, polarity agrees with the true outcome about 58 % of the time.  Definitions [I], spec §7,
-    with affected = |d_pos| > tau and |d_neg| > tau:
+    with affected = |d_pos| > tau and |d_neg| > tau, in the spec's order:
 
-    - D1 ``d1_same_direction_rate`` = P[sign d_pos = sign d_neg | affected]; ``d1_num_affected``.
-    - D2 ``d2_sign_reversal_rate`` = 1 - D1 (nan without affected tokens).
-    - D3 ``d3_polarity_outcome_consistency``: fraction of affected tokens whose d_pos - d_neg is > 0 on correct
-      trajectories and < 0 on incorrect ones (a zero difference counts as inconsistent) [I].
-    - D4a ``d4a_pearson``, ``d4a_spearman`` of d_pos and d_neg over valid tokens.
-    - D4b ``d4b_topk_jaccard`` of the top-k tokens by |d_pos| and by |d_neg|, k = ceil(top_frac * N) or ``top_k``;
-      ``d4b_k``.  (D4c needs full distributions: ``full_vocab_overlap``.)
-    - D5 ``d5_common_mode_share`` = sum cm^2 / (sum cm^2 + sum df^2), cm = (d_pos + d_neg)/2, df = (d_pos - d_neg)/2.
-    - D6 (needs ``token_classes``): ``d6_s_mean_surface``, ``d6_s_mean_content``, ``d6_surface_share_top``
-      (share of surface tokens among the top ``sens_top_frac`` tokens by s), ``d6_surface_share_all`` (base
-      rate), ``d6_top_k``.
-    - D7 (needs ``entropy`` / ``top1_prob``): ``d7_pearson_s_entropy``, ``d7_spearman_s_entropy``,
-      ``d7_pearson_s_1_minus_top1``, ``d7_spearman_s_1_minus_top1``.
-    - Also ``num_valid_tokens``, ``s_mean``, ``s_q50``, ``s_q80``, ``s_q95``, ``mean_delta_pos``,
-      ``mean_delta_neg``.
+    - D1-D3 (``_direction``): ``d1_num_affected``, ``d1_same_direction_rate``, ``d2_sign_reversal_rate``,
+      ``d3_polarity_outcome_consistency``.
+    - D4a, D4b, D5 (``_overlap``): ``d4a_pearson``, ``d4a_spearman``, ``d4b_k``, ``d4b_topk_jaccard``,
+      ``d5_common_mode_share``.  (D4c needs full distributions: ``full_vocab_overlap``.)
+    - the sensitivity s (``_sensitivity_summary``): ``s_mean``, ``s_q50``, ``s_q80``, ``s_q95``,
+      ``mean_delta_pos``, ``mean_delta_neg``.
+    - D6 (needs ``token_classes``; ``_token_class_profile``): ``d6_s_mean_surface``, ``d6_s_mean_content``,
+      ``d6_surface_share_top`` (share of surface tokens among the top ``sens_top_frac`` tokens by s),
+      ``d6_surface_share_all`` (base rate), ``d6_top_k``.
+    - D7 (needs ``entropy`` / ``top1_prob``; ``_substitutability``): ``d7_pearson_s_entropy``,
+      ``d7_spearman_s_entropy``, ``d7_pearson_s_1_minus_top1``, ``d7_spearman_s_1_minus_top1``.
+    - Also ``num_valid_tokens``.
 
     Args:
-        lp0, lp_pos, lp_neg: [B, T] sampled-token log-probs (nats).
+        old_logp, lp_pos, lp_neg: [B, T] sampled-token log-probs (nats) under x (θ_old's ℓ0), x + c+, x + c-.
         response_mask: [B, T] bool/float.
         correct: [B] bool, the verifier's outcome of each trajectory.
         tau: "affected" threshold, nats.  top_frac / top_k: D4b set size.
@@ -278,58 +301,80 @@ def diagnostics(
     Raises:
         ValueError: shape mismatches, bad tau / fractions / mode, no valid token.
     """
-    d_pos, d_neg, m = cscr._shifts(lp0, lp_pos, lp_neg, response_mask)
-    B, T = m.shape
-    if not torch.is_tensor(correct) or correct.shape != (B,):
-        raise ValueError(f"correct must be a [B] = [{B}] tensor")
+    d_pos, d_neg, m = cscr._shifts(old_logp, lp_pos, lp_neg, response_mask)
+    if not torch.is_tensor(correct) or correct.shape != (m.shape[0],):
+        raise ValueError(f"correct must be a [B] = [{m.shape[0]}] tensor")
     n = int(m.sum())
     if n == 0:
         raise ValueError("response_mask has no valid token")
-    nan = float("nan")
-    out = {"num_valid_tokens": n}
-    masks = shift_masks(lp0, lp_pos, lp_neg, response_mask, tau)
+    s = cscr.sensitivity(old_logp, lp_pos, lp_neg, response_mask, mode=mode)  # [B, T], nats
+    out = {"num_valid_tokens": n, **_direction(d_pos, d_neg, m, correct, tau)}
+    out.update(_overlap(d_pos[m], d_neg[m], top_frac, top_k))
+    out.update(_sensitivity_summary(s, m, d_pos[m], d_neg[m]))
+    if token_classes is not None:
+        out.update(_token_class_profile(s[m].double(), _surface_mask(token_classes, m.shape, m.device)[m],
+                                        sens_top_frac))
+    out.update(_substitutability(s[m].double(), m, entropy, top1_prob))
+    return out
+
+
+def _direction(d_pos, d_neg, m, correct, tau):
+    """D1-D3 (spec §7) from the shifts [B, T] (nats), the valid mask [B, T] and the outcomes ``correct`` [B].
+
+    D3: the differential d_pos - d_neg should be > 0 on correct and < 0 on incorrect trajectories if the
+    conditioning acted as a Bayesian posterior (spec §7's null); a zero difference counts as inconsistent [I].
+    All three are nan without affected tokens.
+    """
+    masks = _affected(d_pos, d_neg, m, tau)
     n_aff = int(masks["affected"].sum())
-    # D1 / D2
-    d1 = int(masks["same"].sum()) / n_aff if n_aff else nan
-    out.update(d1_num_affected=n_aff, d1_same_direction_rate=d1, d2_sign_reversal_rate=1.0 - d1 if n_aff else nan)
-    # D3: differential d_pos - d_neg should be > 0 for correct and < 0 for incorrect trajectories (Bayes null)
+    if not n_aff:
+        nan = float("nan")
+        return {"d1_num_affected": 0, "d1_same_direction_rate": nan, "d2_sign_reversal_rate": nan,
+                "d3_polarity_outcome_consistency": nan}
+    d1 = int(masks["same"].sum()) / n_aff
     diff = d_pos - d_neg
     want = torch.where(correct.bool().to(m.device), 1.0, -1.0).unsqueeze(1).to(diff.dtype)
     consistent = masks["affected"] & (torch.sign(diff) == want)
-    out["d3_polarity_outcome_consistency"] = int(consistent.sum()) / n_aff if n_aff else nan
-    # D4a
-    xp, xn = d_pos[m], d_neg[m]
-    out["d4a_pearson"] = pearson(xp, xn)
-    out["d4a_spearman"] = spearman(xp, xn)
-    # D4b: Jaccard of the top-k sets by |d_pos| and |d_neg| (pooled valid tokens)
-    k = _top_k(n, top_frac, top_k)
+    return {"d1_num_affected": n_aff, "d1_same_direction_rate": d1, "d2_sign_reversal_rate": 1.0 - d1,
+            "d3_polarity_outcome_consistency": int(consistent.sum()) / n_aff}
+
+
+def _overlap(xp, xn, top_frac, top_k):
+    """D4a, D4b and D5 (spec §7) from the valid tokens' shifts ``xp`` = d_pos, ``xn`` = d_neg ([n], nats)."""
+    k = _top_k(xp.numel(), top_frac, top_k)  # D4b: Jaccard of the top-k sets by |d_pos| and |d_neg|
     a = set(torch.topk(xp.abs(), k).indices.tolist())
     b = set(torch.topk(xn.abs(), k).indices.tolist())
-    out["d4b_k"] = k
-    out["d4b_topk_jaccard"] = len(a & b) / len(a | b)
-    # D5: common-mode share
-    cm, df = 0.5 * (xp + xn), 0.5 * (xp - xn)
+    cm, df = 0.5 * (xp + xn), 0.5 * (xp - xn)  # D5: common mode and differential
     tot = float((cm**2).sum() + (df**2).sum())
-    out["d5_common_mode_share"] = float((cm**2).sum()) / tot if tot > 0 else nan
-    # sensitivity summary
-    s = cscr.sensitivity(lp0, lp_pos, lp_neg, response_mask, mode=mode)
-    sv = s[m].double()
-    out["s_mean"] = float(sv.mean())
+    return {"d4a_pearson": pearson(xp, xn), "d4a_spearman": spearman(xp, xn), "d4b_k": k,
+            "d4b_topk_jaccard": len(a & b) / len(a | b),
+            "d5_common_mode_share": float((cm**2).sum()) / tot if tot > 0 else float("nan")}
+
+
+def _sensitivity_summary(s, m, xp, xn):
+    """Mean and quantiles (0.5, 0.8, 0.95) of s [B, T] over the valid tokens ``m``; mean shifts ``xp``, ``xn`` [n]."""
+    out = {"s_mean": float(s[m].double().mean())}
     for q in (50, 80, 95):
         out[f"s_q{q}"] = cscr.calibrate_threshold(s, m, q / 100)
     out["mean_delta_pos"] = float(xp.double().mean())
     out["mean_delta_neg"] = float(xn.double().mean())
-    # D6: token-class profile
-    if token_classes is not None:
-        sm = _surface_mask(token_classes, m.shape, m.device)[m]
-        ks = _top_k(n, sens_top_frac, None)
-        top = torch.topk(sv, ks).indices
-        out["d6_s_mean_surface"] = float(sv[sm].mean()) if int(sm.sum()) else nan
-        out["d6_s_mean_content"] = float(sv[~sm].mean()) if int((~sm).sum()) else nan
-        out["d6_surface_share_top"] = float(sm[top].double().mean())
-        out["d6_surface_share_all"] = float(sm.double().mean())
-        out["d6_top_k"] = ks
-    # D7: substitutability
+    return out
+
+
+def _token_class_profile(sv, surface, sens_top_frac):
+    """D6 (spec §7) from the valid tokens' s ``sv`` [n] (float64, nats) and their surface flags ``surface`` [n]."""
+    nan = float("nan")
+    ks = _top_k(sv.numel(), sens_top_frac, None)
+    top = torch.topk(sv, ks).indices
+    return {"d6_s_mean_surface": float(sv[surface].mean()) if int(surface.sum()) else nan,
+            "d6_s_mean_content": float(sv[~surface].mean()) if int((~surface).sum()) else nan,
+            "d6_surface_share_top": float(surface[top].double().mean()),
+            "d6_surface_share_all": float(surface.double().mean()), "d6_top_k": ks}
+
+
+def _substitutability(sv, m, entropy, top1_prob):
+    """D7 (spec §7): correlations of the valid tokens' s ``sv`` [n] with H(p0) and 1 - p0(top-1) ([B, T] each)."""
+    out = {}
     for name, x in (("entropy", entropy), ("1_minus_top1", None if top1_prob is None else 1.0 - top1_prob)):
         if x is None:
             continue
@@ -350,29 +395,159 @@ PAPER_REFERENCE = {  # [S2] numbers to compare a run with
 }
 
 
-def _extract_answer(text):
-    """Last \\boxed{...} content (brace-matched), else the last number, else '' (template C, [I])."""
-    i = text.rfind("\\boxed{")
-    if i >= 0:
-        j, depth = i + len("\\boxed{"), 1
-        k = j
-        while k < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[k], 0)
-            k += 1
-        if depth == 0:
-            return text[j : k - 1].strip()
-    nums = re.findall(r"-?\d+(?:\.\d+)?(?:/\d+)?", text)
-    return nums[-1] if nums else ""
+def sample_trajectories(model, tokenizer, problems, answers, num_trajectories, prompt_template, max_new_tokens,
+                        temperature, top_p, seed, batch_size):
+    """Step 1 (spec §7, [S2] "on-policy trajectories"): one response per prompt, sampled and cut as in training.
+
+    The problems are shuffled with ``seed`` and cycled until ``num_trajectories`` prompts [I]; each is templated
+    with ``rollout.apply_template`` and sampled with ``rollout.generate``, the HF sampler that grpo.py's stage 1
+    (``rollout.sample``) calls, with the same stop ids (``rollout.stop_token_ids``: EOS, the model's
+    generation-config EOS, the template's stop tokens) and stop strings (``rollout.template_stop_strings``), so a
+    response is cut exactly where training cuts it and keeps its EOS.  ``batch_size`` rows per ``generate`` call
+    (``rollout.sample`` has none: it samples one step's batch at once).
+
+    Returns:
+        (``rollout.Rollout`` with N = ``num_trajectories`` rows, its response columns trimmed to the longest kept
+        response: ``response_ids`` [N, T] long, ``response_mask`` [N, T] bool; the N references, list of str).
+    """
+    order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(seed)).tolist()
+    idx = [order[i % len(order)] for i in range(num_trajectories)]
+    prompts = [rollout.apply_template(problems[i], prompt_template) for i in idx]
+    batch = rollout.generate(model, tokenizer, prompts, 1, max_new_tokens, temperature, top_p, seed=seed,
+                             stop_ids=rollout.stop_token_ids(tokenizer, prompt_template, model), batch_size=batch_size,
+                             stop_strings=rollout.template_stop_strings(prompt_template))
+    T = int(batch.response_mask.sum(1).max())  # columns past every stop string or stop token hold only padding
+    batch.response_ids, batch.response_mask = batch.response_ids[:, :T], batch.response_mask[:, :T].bool()
+    return batch, [answers[i] for i in idx]
 
 
-def _eos_ids(tokenizer, model):
-    ids = set()
-    for v in (getattr(tokenizer, "eos_token_id", None), getattr(getattr(model, "generation_config", None), "eos_token_id", None)):
-        if isinstance(v, int):
-            ids.add(v)
-        elif isinstance(v, (list, tuple)):
-            ids.update(int(x) for x in v)
-    return ids
+def grade(texts, references):
+    """Step 2: the outcome of each response, by ``verify.grade_batch`` as grpo.py's stage 2 (last \\boxed{} only).
+
+    Args:
+        texts: N response texts (``Rollout.texts``: special tokens removed, cut at stop strings).
+        references: N reference answers.
+
+    Returns:
+        (correct [N] bool, ``verify.summarize`` counts: total, correct and each grader reason).
+
+    Raises:
+        ValueError: as ``verify.grade_batch`` (lengths differ, an empty reference).
+    """
+    graded = verify.grade_batch(texts, references)
+    return torch.tensor([ok for ok, _ in graded], dtype=torch.bool), verify.summarize(graded)
+
+
+def condition_contexts(prompts, references, texts, template, marker, turn_end):
+    """Step 3a (spec §3): the plain prompts x and the privileged x + c+, x + c- of every response.
+
+    Template C's response answer is ``verify.extract_boxed(text) or ""``, exactly as grpo.py's ``Credit._cscr``.
+
+    Returns:
+        dict of N prompt texts each: "x", "pos", "neg".
+    """
+    pairs = [cscr.build_condition_prompts(p, reference=ref, response_answer=verify.extract_boxed(t) or "",
+                                          template=template, marker=marker, turn_end=turn_end)
+             for p, ref, t in zip(prompts, references, texts)]
+    return {"x": list(prompts), "pos": [a for a, _ in pairs], "neg": [b for _, b in pairs]}
+
+
+_SCORES = ("old_logp", "lp_pos", "lp_neg", "entropy", "top1_prob", "fv_cosine", "fv_kl_pos", "fv_kl_neg")
+
+
+@torch.no_grad()
+def score_contexts(model, tokenizer, contexts, response_ids, response_mask, temperature, micro_batch_size):
+    """Step 3b (spec §7, [S2]): re-score the fixed responses under x, x + c+, x + c- with the same weights.
+
+    Three no-grad forwards per micro-batch, every prompt tokenised by cscr.py's TOKENISATION RULE and left-padded
+    (``cscr._build_inputs``, position ids from the attention mask), the model as given (``diagnose`` puts it in
+    eval mode); float32 work in chunks of ``cscr._POS_CHUNK`` positions.
+
+    Args:
+        contexts: ``condition_contexts``'s dict.  response_ids: [N, T] long.  response_mask: [N, T] bool.
+        temperature: > 0, the sampling temperature (log-probs of softmax(logits / T), as the trainer scores).
+
+    Returns:
+        dict of float32 [N, T] tensors: "old_logp", "lp_pos", "lp_neg" (sampled-token log-probs, nats, 0 off the
+        mask), "entropy" (H(p0), nats), "top1_prob" (p0's largest probability), "fv_cosine", "fv_kl_pos",
+        "fv_kl_neg" (D4c per position, ``full_vocab_overlap``).
+    """
+    N, T = response_ids.shape
+    device = next(model.parameters()).device
+    ids = [cscr._tokenize_prompts(tokenizer, contexts[k]) for k in ("x", "pos", "neg")]
+    out = {k: torch.zeros((N, T)) for k in _SCORES}
+    for a in range(0, N, micro_batch_size):
+        z = slice(a, min(a + micro_batch_size, N))
+        r, mz = response_ids[z].to(device), response_mask[z].to(device)
+        logits = [cscr._response_logits(model, *cscr._build_inputs(p[z], r, mz, tokenizer.pad_token_id), T)
+                  for p in ids]
+        for c in range(0, T, cscr._POS_CHUNK):
+            cz = slice(c, min(c + cscr._POS_CHUNK, T))
+            for k, v in _position_scores([x[:, cz] for x in logits], r[:, cz], temperature).items():
+                out[k][z, cz] = v.cpu()
+        del logits
+    for k in ("old_logp", "lp_pos", "lp_neg"):
+        out[k] = torch.where(response_mask, out[k], torch.zeros(()))
+    return out
+
+
+def _position_scores(logits, targets, temperature):
+    """``score_contexts`` at c positions: ``logits`` three [b, c, V] (x, x + c+, x + c-), ``targets`` [b, c] long.
+
+    Returns the ``_SCORES`` entries as [b, c] float32 tensors.  Memory: three [b, c, V] float32 probability
+    tensors (D4c needs all three at once) and one log-prob tensor at a time.
+    """
+    scores, probs = {}, []
+    for name, z in zip(("old_logp", "lp_pos", "lp_neg"), logits):
+        logp = torch.log_softmax(z.float() / temperature, dim=-1)
+        scores[name] = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        probs.append(logp.exp())
+        if name == "old_logp":  # D7: the base distribution's entropy and top-1 probability
+            scores["entropy"] = -(probs[0] * logp).sum(-1)
+            scores["top1_prob"] = probs[0].max(-1).values
+    fv = full_vocab_overlap(*probs)  # D4c
+    return {**scores, "fv_cosine": fv["cosine"], "fv_kl_pos": fv["kl_pos"], "fv_kl_neg": fv["kl_neg"]}
+
+
+def surface_classes(tokenizer, response_ids, response_mask):
+    """Step 4a (D6): ``classify_token`` of every response token, each distinct id decoded once.
+
+    Returns:
+        (surface [N, T] bool, True on valid surface-form tokens; {token id: decoded text}).
+    """
+    uniq = sorted(set(response_ids[response_mask].tolist()))
+    text_of = {i: tokenizer.decode([i]) for i in uniq}
+    lookup = torch.zeros(max(uniq) + 1, dtype=torch.bool)
+    for i in uniq:
+        lookup[i] = classify_token(text_of[i]) == "surface"
+    return lookup[response_ids.clamp(min=0, max=max(uniq))] & response_mask, text_of
+
+
+def _cscr_at_q80(scores, response_mask, correct):
+    """CSCR on the study's tokens: λ = the 0.8 quantile of s (spec §5), α = 1, adv = ±1 by outcome.
+
+    Returns (s [N, T] nats, λ, ``cscr.cscr_token_advantages`` stats)."""
+    lp = (scores["old_logp"], scores["lp_pos"], scores["lp_neg"])
+    s = cscr.sensitivity(*lp, response_mask)
+    threshold = cscr.calibrate_threshold(s, response_mask, 0.8)
+    adv = torch.where(correct, 1.0, -1.0)  # the sign of a GRPO sequence advantage Â_i (magnitude 1)
+    _, stats = cscr.cscr_token_advantages(adv, *lp, response_mask, threshold=threshold, return_stats=True)
+    return s, threshold, stats
+
+
+def _most_sensitive(s, scores, response_ids, response_mask, surface, text_of, num_examples):
+    """The ``num_examples`` valid tokens of largest s, each with its row, position, text, class and shifts."""
+    T = s.shape[1]
+    top = torch.topk(torch.where(response_mask, s, torch.full((), -1.0)).flatten(),
+                     min(num_examples, int(response_mask.sum())))
+    examples = []
+    for sv, f in zip(top.values.tolist(), top.indices.tolist()):
+        i, j = divmod(f, T)
+        examples.append({"row": i, "t": j, "token": text_of[int(response_ids[i, j])],
+                         "class": "surface" if bool(surface[i, j]) else "content", "s": sv,
+                         "delta_pos": float(scores["lp_pos"][i, j] - scores["old_logp"][i, j]),
+                         "delta_neg": float(scores["lp_neg"][i, j] - scores["old_logp"][i, j])})
+    return examples
 
 
 def _json_safe(x):
@@ -385,222 +560,94 @@ def _json_safe(x):
     return x
 
 
-def diagnose(
-    model,
-    tokenizer,
-    problems,
-    answers,
-    num_trajectories,
-    *,
-    grade_fn,
-    prompt_fn=None,
-    template="verdict",
-    max_new_tokens=64,
-    temperature=1.0,
-    top_p=1.0,
-    top_k=0,
-    seed=0,
-    gen_batch_size=16,
-    micro_batch_size=8,
-    tau=0.05,
-    top_frac=0.1,
-    sens_top_frac=0.05,
-    answer_fn=None,
-    output_dir=None,
-    marker=cscr.DEFAULT_MARKER,
-    turn_end=cscr.DEFAULT_TURN_END,
-    num_examples=20,
-    return_tensors=False,
-    stop_ids=None,
-):
-    """Sample on-policy trajectories, re-score them under c+ and c-, and report D1-D7 (spec §7).
-
-    Paper ([S2]): 400 on-policy trajectories re-scored under both conditions, sampled-token and
-    full-vocabulary shifts compared at the same prefix.  Steps:
-
-    1. Problems are shuffled with ``seed`` and cycled until ``num_trajectories`` prompts; one response each
-       with ``model.generate`` (left padding, ``do_sample``, ``temperature``/``top_p``/``top_k``; top_k 0 =
-       off).  A response is cut after its first EOS token, which it keeps [I].
-    2. ``grade_fn(response_text, reference) -> bool`` gives the outcome.
-    3. Three no-grad passes per micro-batch (plain prompt x, x + c+, x + c-) with the same weights, every prompt
-       tokenised by cscr.py's TOKENISATION RULE (``tokenizer(prompt)``, as for sampling): sampled-token log-probs
-       lp0, lp_pos, lp_neg at ``temperature``, base entropy and top-1 probability (D7), and per-position
-       full-vocabulary cosine / KLs (D4c, ``full_vocab_overlap``).
-    4. Tokens are classified with ``classify_token`` (D6); ``diagnostics`` gives D1-D7.
-
-    Args:
-        model, tokenizer: HF causal LM and tokenizer (``pad_token_id`` required).
-        problems, answers: lists of str of the same length.
-        num_trajectories: int >= 1.
-        grade_fn: callable(response_text, reference) -> bool.
-        prompt_fn: callable(problem) -> prompt text; default ``problem + "\\n"``.
-        template: condition template (see ``build_condition_prompts``); "answer" uses ``answer_fn``
-            (default: last \\boxed{} else last number).
-        output_dir: if given, writes ``report.json`` there (and PNG plots when matplotlib is installed).
-        return_tensors: also return a dict of the per-token tensors ([N, T]: response_ids, response_mask,
-            lp0, lp_pos, lp_neg, entropy, top1_prob, surface, fv_cosine, fv_kl_pos, fv_kl_neg;
-            [N]: correct) and the prompts (prompts, prompts_pos, prompts_neg).
-        stop_ids: extra token ids that end a sampled response (e.g. ``<|im_end|>`` for ChatML templates),
-            added to the tokenizer's and generation config's EOS ids.
-        other args: sampling and diagnostics options, see ``diagnostics``.
-
-    Returns:
-        dict report (JSON-safe: nan -> None), or ``(report, tensors)`` with ``return_tensors``.
-
-    Raises:
-        ValueError: bad sizes, no pad token, temperature <= 0.
-    """
+def _check_study(tokenizer, problems, answers, num_trajectories, temperature):
+    """``diagnose``'s argument checks (ValueError), before any sampling."""
     if len(problems) != len(answers) or not problems:
         raise ValueError("problems and answers must be non-empty lists of the same length")
     if not (isinstance(num_trajectories, int) and num_trajectories >= 1):
         raise ValueError(f"num_trajectories must be a positive int, got {num_trajectories!r}")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    pad_id = tokenizer.pad_token_id
-    if pad_id is None:
+    if tokenizer.pad_token_id is None:
         raise ValueError("tokenizer.pad_token_id must be set")
-    prompt_fn = prompt_fn or (lambda p: p + "\n")
-    answer_fn = answer_fn or _extract_answer
-    name, notes = cscr._resolve_template(template)
-    device = next(model.parameters()).device
+
+
+def diagnose(model, tokenizer, problems, answers, num_trajectories, *, prompt_template="none", template="verdict",
+             max_new_tokens=64, temperature=1.0, top_p=1.0, seed=0, gen_batch_size=16, micro_batch_size=8, tau=0.05,
+             top_frac=0.1, sens_top_frac=0.05, output_dir=None, marker=cscr.DEFAULT_MARKER,
+             turn_end=cscr.DEFAULT_TURN_END, num_examples=20, return_tensors=False):
+    """Sample on-policy trajectories, grade them, re-score them under c+ and c-, and report D1-D7 (spec §7).
+
+    Paper ([S2]): 400 on-policy trajectories re-scored under both conditions, sampled-token and full-vocabulary
+    shifts compared at the same prefix.  Steps, each a function of this module: 1. ``sample_trajectories``
+    (rollout.py, as training's stage 1); 2. ``grade`` (verify.py, as training's stage 2); 3.
+    ``condition_contexts`` and ``score_contexts`` (x, x + c+, x + c-); 4. ``surface_classes`` and ``diagnostics``.
+
+    Args:
+        model, tokenizer: HF causal LM and tokenizer (``pad_token_id`` required), e.g. from
+            ``policy.load_model_and_tokenizer``.
+        problems, answers: lists of str of the same length (raw problems; ``prompt_template`` wraps them).
+        num_trajectories: int >= 1.  prompt_template: a key of ``rollout.PROMPT_TEMPLATES`` (resolved, not "auto").
+        template: condition template (see ``cscr.build_condition_prompts``).
+        output_dir: if given, writes ``report.json`` there (and PNG plots when matplotlib is installed).
+        return_tensors: also return a dict of the per-token tensors ([N, T]: response_ids, response_mask and
+            ``score_contexts``'s; surface; [N]: correct) and the texts (texts, references, prompts, prompts_pos,
+            prompts_neg).
+        other args: sampling (temperature > 0, top_p, seed, ``gen_batch_size`` rows per ``generate`` call,
+            ``micro_batch_size`` rows per scoring pass) and diagnostics options, see ``diagnostics``.
+
+    Returns:
+        dict report (JSON-safe: nan -> None; "grader": ``verify.summarize``'s counts, as training logs them), or
+        ``(report, tensors)`` with ``return_tensors``.
+
+    Raises:
+        ValueError: bad sizes, no pad token, temperature <= 0, an unknown template or prompt template.
+    """
+    _check_study(tokenizer, problems, answers, num_trajectories, temperature)
+    name, notes = cscr._resolve_template(template)  # an unknown template fails before any sampling
+    batch, refs = sample_trajectories(model, tokenizer, problems, answers, num_trajectories, prompt_template,
+                                      max_new_tokens, temperature, top_p, seed, gen_batch_size)
+    correct, grader = grade(batch.texts, refs)
+    contexts = condition_contexts(batch.prompts, refs, batch.texts, template, marker, turn_end)
     was_training = model.training
-    model.eval()
-
-    # 1. sample on-policy trajectories
-    gen = torch.Generator().manual_seed(seed)
-    order = torch.randperm(len(problems), generator=gen).tolist()
-    idx = [order[i % len(order)] for i in range(num_trajectories)]
-    prompts = [prompt_fn(problems[i]) for i in idx]
-    refs = [answers[i] for i in idx]
-    import rollout
-
-    eos = _eos_ids(tokenizer, model)
-    torch.manual_seed(seed)
-    responses = []
-    with torch.no_grad():
-        for a in range(0, num_trajectories, gen_batch_size):
-            chunk = prompts[a : a + gen_batch_size]
-            ids = cscr._tokenize_prompts(tokenizer, chunk)
-            P = max(len(x) for x in ids)
-            inp = torch.full((len(ids), P), pad_id, dtype=torch.long)
-            attn = torch.zeros((len(ids), P), dtype=torch.long)
-            for i, x in enumerate(ids):
-                inp[i, P - len(x) :] = torch.tensor(x)
-                attn[i, P - len(x) :] = 1
-            # exactly softmax(logits/T) with top-p (and top_k), whatever the checkpoint's generation_config holds
-            config = rollout.sampling_config(max_new_tokens, temperature, top_p, sorted(eos | set(stop_ids or ())),
-                                             pad_id)
-            config.top_k = top_k
-            with rollout.generation_config_set_aside(model, config):
-                out = model.generate(input_ids=inp.to(device), attention_mask=attn.to(device), generation_config=config)
-            for row in out[:, P:].tolist():
-                resp = []
-                for t in row:
-                    resp.append(t)
-                    if t in eos:
-                        break
-                responses.append(resp or [row[0]])
-    T = max(len(r) for r in responses)
-    N = num_trajectories
-    resp_ids = torch.full((N, T), pad_id, dtype=torch.long)
-    mask = torch.zeros((N, T), dtype=torch.bool)
-    for i, r in enumerate(responses):
-        resp_ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = True
-    texts = [tokenizer.decode(r, skip_special_tokens=True) for r in responses]
-    # 2. grade
-    correct = torch.tensor([bool(grade_fn(t, ref)) for t, ref in zip(texts, refs)])
-    # 3. three passes (same weights), sampled-token log-probs + full-vocab quantities
-    cond = [
-        cscr.build_condition_prompts(p, reference=ref, response_answer=answer_fn(t), template=template,
-                                marker=marker, turn_end=turn_end)
-        for p, ref, t in zip(prompts, refs, texts)
-    ]
-    ctx = {"0": prompts, "pos": [c[0] for c in cond], "neg": [c[1] for c in cond]}  # x, x + c+, x + c-
-    tok_ids = {k: cscr._tokenize_prompts(tokenizer, v) for k, v in ctx.items()}
-    lp = {k: torch.zeros((N, T), dtype=torch.float32) for k in ctx}
-    ent = torch.zeros((N, T))
-    top1 = torch.zeros((N, T))
-    fv = {k: torch.zeros((N, T)) for k in ("cosine", "kl_pos", "kl_neg")}
-    with torch.no_grad():
-        for a in range(0, N, micro_batch_size):
-            z = slice(a, min(a + micro_batch_size, N))
-            r, mz = resp_ids[z].to(device), mask[z].to(device)
-            logits = {}
-            for k in ctx:
-                inp, attn = cscr._build_inputs(tok_ids[k][z], r, mz, pad_id)
-                logits[k] = cscr._response_logits(model, inp, attn, T)
-            for c in range(0, T, cscr._POS_CHUNK):  # float32 work in chunks of positions
-                cz = slice(c, min(c + cscr._POS_CHUNK, T))
-                tgt = r[:, cz].unsqueeze(-1)
-                probs = {}
-                for k in ctx:
-                    logp = torch.log_softmax(logits[k][:, cz].float() / temperature, dim=-1)
-                    lp[k][z, cz] = logp.gather(-1, tgt).squeeze(-1).cpu()
-                    probs[k] = logp.exp()
-                    if k == "0":
-                        ent[z, cz] = -(probs[k] * logp).sum(-1).cpu()
-                        top1[z, cz] = probs[k].max(-1).values.cpu()
-                o = full_vocab_overlap(probs["0"], probs["pos"], probs["neg"])
-                for k in fv:
-                    fv[k][z, cz] = o[k].cpu()
-            del logits, probs
-    if was_training:
-        model.train()
-    lp0, lp_pos, lp_neg = (torch.where(mask, lp[k], torch.zeros(())) for k in ("0", "pos", "neg"))
-    # 4. token classes (decoded once per distinct id) and diagnostics
-    uniq = sorted(set(resp_ids[mask].tolist()))
-    text_of = {i: tokenizer.decode([i]) for i in uniq}
-    lookup = torch.zeros(max(uniq) + 1, dtype=torch.bool)
-    for i in uniq:
-        lookup[i] = classify_token(text_of[i]) == "surface"
-    surf = lookup[resp_ids.clamp(min=0, max=max(uniq))] & mask
-    diag = diagnostics(lp0, lp_pos, lp_neg, mask, correct, tau=tau, top_frac=top_frac,
-                       token_classes=surf, entropy=ent, top1_prob=top1, sens_top_frac=sens_top_frac)
-    for k in fv:  # d4c_cosine_mean, d4c_kl_pos_mean, d4c_kl_neg_mean
-        diag[f"d4c_{k}_mean"] = float(fv[k][mask].double().mean())
-    s = cscr.sensitivity(lp0, lp_pos, lp_neg, mask)
-    A = torch.where(correct, 1.0, -1.0)
-    thr = cscr.calibrate_threshold(s, mask, 0.8)
-    _, stats = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, mask, threshold=thr, return_stats=True)
-    top = torch.topk(torch.where(mask, s, torch.full((), -1.0)).flatten(), min(num_examples, int(mask.sum())))
-    examples = []
-    for sv, f in zip(top.values.tolist(), top.indices.tolist()):
-        i, j = divmod(f, T)
-        tid = int(resp_ids[i, j])
-        examples.append({"row": i, "t": j, "token": text_of[tid], "class": "surface" if bool(surf[i, j]) else "content",
-                         "s": sv, "delta_pos": float(lp_pos[i, j] - lp0[i, j]),
-                         "delta_neg": float(lp_neg[i, j] - lp0[i, j])})
-    report = {
-        "config": {"num_trajectories": N, "template": name if name != "custom" else list(notes),
-                   "max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-                   "seed": seed, "tau": tau, "top_frac": top_frac, "sens_top_frac": sens_top_frac},
-        "num_correct": int(correct.sum()),
-        "accuracy": float(correct.double().mean()),
-        "mean_response_length": float(mask.sum(1).double().mean()),
-        "diagnostics": diag,
-        "suggested_threshold_q80": thr,
-        "cscr_stats_at_q80_alpha1": stats,
-        "most_sensitive_tokens": examples,
-        "example_condition_prompts": list(cond[0]),
-        "paper_reference": PAPER_REFERENCE,
-    }
-    report = _json_safe(report)
+    model.eval()  # the scorer of spec §4: the rollout's weights, no dropout
+    try:
+        scores = score_contexts(model, tokenizer, contexts, batch.response_ids, batch.response_mask, temperature,
+                                micro_batch_size)
+    finally:
+        model.train(was_training)
+    ids, mask = batch.response_ids, batch.response_mask
+    surface, text_of = surface_classes(tokenizer, ids, mask)
+    lp = (scores["old_logp"], scores["lp_pos"], scores["lp_neg"])
+    diag = diagnostics(*lp, mask, correct, tau=tau, top_frac=top_frac, token_classes=surface,
+                       entropy=scores["entropy"], top1_prob=scores["top1_prob"], sens_top_frac=sens_top_frac)
+    for k in ("cosine", "kl_pos", "kl_neg"):  # D4c: d4c_cosine_mean, d4c_kl_pos_mean, d4c_kl_neg_mean
+        diag[f"d4c_{k}_mean"] = float(scores[f"fv_{k}"][mask].double().mean())
+    s, threshold, stats = _cscr_at_q80(scores, mask, correct)
+    report = _json_safe({
+        "config": {"num_trajectories": num_trajectories, "prompt_template": prompt_template,
+                   "template": name if name != "custom" else list(notes), "max_new_tokens": max_new_tokens,
+                   "temperature": temperature, "top_p": top_p, "seed": seed, "tau": tau, "top_frac": top_frac,
+                   "sens_top_frac": sens_top_frac},
+        "num_correct": int(correct.sum()), "accuracy": float(correct.double().mean()), "grader": grader,
+        "mean_response_length": float(mask.sum(1).double().mean()), "diagnostics": diag,
+        "suggested_threshold_q80": threshold, "cscr_stats_at_q80_alpha1": stats,
+        "most_sensitive_tokens": _most_sensitive(s, scores, ids, mask, surface, text_of, num_examples),
+        "example_condition_prompts": [contexts["pos"][0], contexts["neg"][0]], "paper_reference": PAPER_REFERENCE,
+    })
     if output_dir is not None:
         os.makedirs(output_dir, exist_ok=True)
         with open(os.path.join(output_dir, "report.json"), "w", encoding="utf-8") as f:
             json.dump(report, f, indent=2, ensure_ascii=False)
-        _plots(output_dir, lp0, lp_pos, lp_neg, mask, s, surf)
-    if return_tensors:
-        tensors = {"response_ids": resp_ids, "response_mask": mask, "lp0": lp0, "lp_pos": lp_pos,
-                   "lp_neg": lp_neg, "entropy": ent, "top1_prob": top1, "surface": surf, "correct": correct,
-                   "fv_cosine": fv["cosine"], "fv_kl_pos": fv["kl_pos"], "fv_kl_neg": fv["kl_neg"],
-                   "prompts": ctx["0"], "prompts_pos": ctx["pos"], "prompts_neg": ctx["neg"]}
-        return report, tensors
-    return report
+        _plots(output_dir, *lp, mask, s, surface)
+    if not return_tensors:
+        return report
+    return report, {"response_ids": ids, "response_mask": mask, **scores, "surface": surface, "correct": correct,
+                    "texts": batch.texts, "references": refs, "prompts": contexts["x"],
+                    "prompts_pos": contexts["pos"], "prompts_neg": contexts["neg"]}
 
 
-def _plots(output_dir, lp0, lp_pos, lp_neg, mask, s, surf):
+def _plots(output_dir, old_logp, lp_pos, lp_neg, mask, s, surf):
     """Scatter of d_pos vs d_neg and histogram of s by token class (only if matplotlib is installed)."""
     try:
         import matplotlib
@@ -609,16 +656,16 @@ def _plots(output_dir, lp0, lp_pos, lp_neg, mask, s, surf):
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    d_pos = (lp_pos - lp0)[mask].numpy()
-    d_neg = (lp_neg - lp0)[mask].numpy()
+    d_pos = (lp_pos - old_logp)[mask].numpy()
+    d_neg = (lp_neg - old_logp)[mask].numpy()
     fig, ax = plt.subplots(figsize=(5, 5))
     ax.scatter(d_pos, d_neg, s=3, alpha=0.3)
     lim = float(max(abs(d_pos).max(), abs(d_neg).max(), 1e-3))
     ax.plot([-lim, lim], [-lim, lim], lw=0.5, color="gray")
     ax.axhline(0, lw=0.5, color="gray")
     ax.axvline(0, lw=0.5, color="gray")
-    ax.set_xlabel("d_pos = lp_pos − lp0 (nats)")
-    ax.set_ylabel("d_neg = lp_neg − lp0 (nats)")
+    ax.set_xlabel("d_pos = lp_pos − old_logp (nats)")
+    ax.set_ylabel("d_neg = lp_neg − old_logp (nats)")
     ax.set_title("CSCR diagnostic: shifts under c+ and c−")
     fig.tight_layout()
     fig.savefig(os.path.join(output_dir, "delta_scatter.png"), dpi=120)
@@ -635,75 +682,47 @@ def _plots(output_dir, lp0, lp_pos, lp_neg, mask, s, surf):
     plt.close(fig)
 
 
-def _read_jsonl(path):
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                row = json.loads(line)
-                for key in ("problem", "answer"):
-                    if key not in row:
-                        raise ValueError(f"{path}:{n}: missing field {key!r}")
-                rows.append(row)
-    return rows
-
-
-def _import_toy():
-    try:
-        import toy
-    except ImportError as e:
-        raise SystemExit(f"--model/--data toy needs the project's toy.py (import failed: {e})") from e
-    return toy
-
-
-def main(argv=None):
-    """CLI: ``python cscr_diagnostics.py --model M --data D --num_trajectories N [options]``."""
+def _parser():
     import argparse
 
-    ap = argparse.ArgumentParser(description="CSCR diagnostics (spec §7): re-score on-policy trajectories under c+ / c-.")
-    ap.add_argument("--model", required=True, help="model folder (transformers) or 'toy'")
-    ap.add_argument("--data", required=True, help="jsonl file with {id, problem, answer, source} rows, or 'toy'")
+    ap = argparse.ArgumentParser(description="CSCR diagnostics (spec §7): re-score on-policy trajectories under "
+                                             "c+ / c-.")
+    ap.add_argument("--model", required=True, help="'toy', a model folder or a hub id "
+                                                   "(policy.load_model_and_tokenizer)")
+    ap.add_argument("--data", required=True, help="a jsonl file of {problem, answer} rows, a benchmark or training set "
+                                                  "name, or 'toy' (evaluate.load_problems, train split)")
     ap.add_argument("--num_trajectories", type=int, default=400, help="paper: 400")
     ap.add_argument("--output_dir", default="runs/cscr_diagnose")
     ap.add_argument("--template", default="verdict", choices=sorted(cscr.CONDITION_TEMPLATES))
-    ap.add_argument("--prompt_template", default="auto", choices=["auto", "none", "qwen_math", "r1"],
-                    help="the training prompt template (rollout.py); auto: none for the toy, qwen_math otherwise")
+    ap.add_argument("--prompt_template", default="auto", choices=["auto", *rollout.PROMPT_TEMPLATES],
+                    help="the training prompt template (rollout.py); auto: as grpo.py (none for the toy, the one a "
+                         "trained folder names, else qwen_math)")
     ap.add_argument("--max_new_tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top_p", type=float, default=1.0)
-    ap.add_argument("--top_k", type=int, default=0, help="0 = off")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gen_batch_size", type=int, default=16)
     ap.add_argument("--micro_batch_size", type=int, default=8)
     ap.add_argument("--tau", type=float, default=0.05)
     ap.add_argument("--top_frac", type=float, default=0.1)
     ap.add_argument("--device", default=None, help="default: cuda if available else cpu")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    args = ap.parse_args(argv)
+    ap.add_argument("--dtype", default="float32", choices=["auto", "float32", "bfloat16", "float16"])
+    return ap
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import rollout  # the project's prompt templates and stop tokens
+def main(argv=None):
+    """CLI: ``python cscr_diagnostics.py --model M --data D --num_trajectories N [options]``.
 
+    Raises ValueError / OSError (one line under ``python cscr_diagnostics.py``): a bad data row or file, a model
+    that cannot be loaded, an unknown template."""
+    args = _parser().parse_args(argv)
     prompt_template = rollout.resolve_template(args.prompt_template, args.model)
-    model_path = _import_toy().ensure_toy_model() if args.model == "toy" else args.model
-    rows = _import_toy().load_split("train") if args.data == "toy" else _read_jsonl(args.data)
-    try:
-        import verify
-    except ImportError as e:
-        raise SystemExit(f"the grader needs the project's verify.py (import failed: {e})") from e
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, args.dtype)).to(device)
+    rows = evaluate.load_problems(args.data, split="train")  # data first: a bad row stops before the model loads
+    model, tokenizer = policy.load_model_and_tokenizer(args.model, args.dtype, args.device)
     report = diagnose(
         model, tokenizer, [r["problem"] for r in rows], [r["answer"] for r in rows], args.num_trajectories,
-        grade_fn=lambda text, ref: bool(verify.verify(text, ref)),
-        prompt_fn=lambda p: rollout.apply_template(p, prompt_template),
-        stop_ids=rollout.stop_token_ids(tokenizer, prompt_template),
-        template=args.template, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-        top_p=args.top_p, top_k=args.top_k, seed=args.seed, gen_batch_size=args.gen_batch_size,
+        prompt_template=prompt_template, template=args.template, max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature, top_p=args.top_p, seed=args.seed, gen_batch_size=args.gen_batch_size,
         micro_batch_size=args.micro_batch_size, tau=args.tau, top_frac=args.top_frac, output_dir=args.output_dir,
     )
     d = report["diagnostics"]
@@ -715,4 +734,7 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ValueError, OSError) as e:  # bad data, model, folder or flag: one line, as grpo.py and evaluate.py do
+        raise SystemExit(f"cscr_diagnostics.py: error: {e}")

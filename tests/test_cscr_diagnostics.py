@@ -1,4 +1,5 @@
-"""Tests for cscr_diagnostics.py: D1-D7 against the spec §8 toy numbers and independent formulas, the study, the CLI."""
+"""Tests for cscr_diagnostics.py: D1-D7 against the spec §8 toy numbers and independent formulas, the study (sampled,
+cut and graded as the trainer's stages 1-2), the CLI."""
 
 import json
 import math
@@ -12,6 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cscr  # noqa: E402
 import cscr_diagnostics  # noqa: E402
+import policy  # noqa: E402
+import rollout  # noqa: E402
+import verify  # noqa: E402
 from test_cscr import LP0, LP_NEG, LP_POS, naive_logprobs, random_batch, t  # noqa: E402
 
 
@@ -35,13 +39,12 @@ def test_diagnostics_toy_example():
 
 def test_topk_jaccard_partial_overlap():
     # D+ = [3, 2, .1, .05], D- = [.1, 2, 3, .05] -> top-2 sets {0,1} and {1,2} -> Jaccard 1/3
-    lp0 = torch.zeros(1, 4, dtype=torch.float64)
-    d = cscr_diagnostics.diagnostics(lp0, torch.tensor([[3.0, 2.0, 0.1, 0.05]]), torch.tensor([[0.1, 2.0, 3.0, 0.05]]),
-                         torch.ones(1, 4), torch.tensor([True]), top_k=2)
+    old_logp = torch.zeros(1, 4, dtype=torch.float64)
+    lp_pos, lp_neg = torch.tensor([[3.0, 2.0, 0.1, 0.05]]), torch.tensor([[0.1, 2.0, 3.0, 0.05]])
+    d = cscr_diagnostics.diagnostics(old_logp, lp_pos, lp_neg, torch.ones(1, 4), torch.tensor([True]), top_k=2)
     assert d["d4b_k"] == 2 and abs(d["d4b_topk_jaccard"] - 1 / 3) < 1e-12
     # top_frac: ceil(0.5 * 4) = 2 gives the same sets
-    d2 = cscr_diagnostics.diagnostics(lp0, torch.tensor([[3.0, 2.0, 0.1, 0.05]]), torch.tensor([[0.1, 2.0, 3.0, 0.05]]),
-                          torch.ones(1, 4), torch.tensor([True]), top_frac=0.5)
+    d2 = cscr_diagnostics.diagnostics(old_logp, lp_pos, lp_neg, torch.ones(1, 4), torch.tensor([True]), top_frac=0.5)
     assert d2["d4b_k"] == 2 and abs(d2["d4b_topk_jaccard"] - 1 / 3) < 1e-12
 
 
@@ -92,13 +95,13 @@ def test_classify_token():
 
 
 def test_diagnostics_d6_d7():
-    A, lp0, lp_pos, lp_neg, m = random_batch(B=6, T=20, seed=7)
-    s = cscr.sensitivity(lp0, lp_pos, lp_neg, m)
+    _, old_logp, lp_pos, lp_neg, m = random_batch(B=6, T=20, seed=7)
+    s = cscr.sensitivity(old_logp, lp_pos, lp_neg, m)
     surf = s > cscr.calibrate_threshold(s, m, 0.5)  # surface = the more sensitive half (by construction)
     ent = s * 2.0 + 1.0  # perfectly correlated
     top1 = 1.0 - s  # 1 - top1 = s
-    d = cscr_diagnostics.diagnostics(lp0, lp_pos, lp_neg, m, torch.ones(6, dtype=torch.bool), token_classes=surf, entropy=ent,
-                         top1_prob=top1, sens_top_frac=0.1)
+    d = cscr_diagnostics.diagnostics(old_logp, lp_pos, lp_neg, m, torch.ones(6, dtype=torch.bool), token_classes=surf,
+                                     entropy=ent, top1_prob=top1, sens_top_frac=0.1)
     assert d["d6_surface_share_top"] == 1.0
     assert abs(d["d6_surface_share_all"] - surf[m].double().mean().item()) < 1e-12
     assert abs(d["d6_s_mean_surface"] - s[m & surf].mean().item()) < 1e-9
@@ -106,7 +109,8 @@ def test_diagnostics_d6_d7():
     assert abs(d["d7_pearson_s_entropy"] - 1.0) < 1e-9 and abs(d["d7_spearman_s_1_minus_top1"] - 1.0) < 1e-9
     # list-of-strings form gives the same profile
     classes = [["surface" if surf[i, j] else "content" for j in range(int(m[i].sum()))] for i in range(6)]
-    d2 = cscr_diagnostics.diagnostics(lp0, lp_pos, lp_neg, m, torch.ones(6, dtype=torch.bool), token_classes=classes, sens_top_frac=0.1)
+    d2 = cscr_diagnostics.diagnostics(old_logp, lp_pos, lp_neg, m, torch.ones(6, dtype=torch.bool),
+                                      token_classes=classes, sens_top_frac=0.1)
     assert d2["d6_surface_share_top"] == d["d6_surface_share_top"]
     assert d2["d6_s_mean_surface"] == d["d6_s_mean_surface"]
 
@@ -116,9 +120,8 @@ def test_diagnose_smoke(tiny, tmp_path):
     problems = ["Compute 1+2.", "Compute 3+4.", "Compute 10-5."]
     answers = ["3", "7", "5"]
     rep, ten = cscr_diagnostics.diagnose(
-        model, tok, problems, answers, 5, grade_fn=lambda text, ref: len(text) % 2 == 0,
-        max_new_tokens=6, micro_batch_size=2, gen_batch_size=3, output_dir=str(tmp_path), template="answer",
-        temperature=0.9, return_tensors=True,
+        model, tok, problems, answers, 5, max_new_tokens=6, micro_batch_size=2, gen_batch_size=3,
+        output_dir=str(tmp_path), template="answer", temperature=0.9, return_tensors=True,
     )
     saved = json.loads((tmp_path / "report.json").read_text())
     assert saved["num_correct"] == rep["num_correct"]
@@ -139,13 +142,14 @@ def test_diagnose_smoke(tiny, tmp_path):
     assert torch.allclose(lp_pos, ten["lp_pos"], atol=1e-5) and torch.allclose(lp_neg, ten["lp_neg"], atol=1e-5)
     n0 = int(mask[0].sum())
     r0 = ten["response_ids"][0, :n0].tolist()
-    assert torch.allclose(ten["lp0"][0, :n0].double(), naive_logprobs(model, tok, ten["prompts"][0], r0, 0.9), atol=2e-5)
+    assert torch.allclose(ten["old_logp"][0, :n0].double(), naive_logprobs(model, tok, ten["prompts"][0], r0, 0.9),
+                          atol=2e-5)
     # D4c at one position against an independent recomputation
     def dist(prompt):
         p = tok(prompt)["input_ids"]
         with torch.no_grad():
             return torch.softmax(model(input_ids=torch.tensor([p + r0])).logits[0, len(p) - 1].double() / 0.9, -1)
-    o = cscr_diagnostics.full_vocab_overlap(dist(ten["prompts"][0]), dist(ten["prompts_pos"][0]), dist(ten["prompts_neg"][0]))
+    o = cscr_diagnostics.full_vocab_overlap(*(dist(ten[k][0]) for k in ("prompts", "prompts_pos", "prompts_neg")))
     assert abs(o["cosine"].item() - ten["fv_cosine"][0, 0].item()) < 1e-4
     assert abs(o["kl_pos"].item() - ten["fv_kl_pos"][0, 0].item()) < 1e-5
     p0 = dist(ten["prompts"][0])
@@ -154,12 +158,13 @@ def test_diagnose_smoke(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("template,expected", [("verdict", "verdict"), ("C", "answer"),
-                                               (("ok {reference}", "not ok {reference}"), ["ok {reference}", "not ok {reference}"])])
+                                               (("ok {reference}", "not ok {reference}"),
+                                                ["ok {reference}", "not ok {reference}"])])
 def test_report_config_names_the_template_used(tiny, tmp_path, template, expected):
     # bug: the config's "template" was a loop variable reused later ("d4c_kl_neg_mean"), not the template used
     model, tok = tiny
-    rep = cscr_diagnostics.diagnose(model, tok, ["Compute 1+2."], ["3"], 2, grade_fn=lambda text, ref: True,
-                                    max_new_tokens=3, template=template, output_dir=str(tmp_path))
+    rep = cscr_diagnostics.diagnose(model, tok, ["Compute 1+2."], ["3"], 2, max_new_tokens=3, template=template,
+                                    output_dir=str(tmp_path))
     assert rep["config"]["template"] == expected
     assert json.loads((tmp_path / "report.json").read_text())["config"]["template"] == expected
 
@@ -174,3 +179,85 @@ def test_cli_writes_report(tiny_model_path, tmp_path):
     assert saved["config"]["template"] == "reference" and saved["config"]["num_trajectories"] == 4
     assert "Correct final answer:" in saved["example_condition_prompts"][0]
     assert saved["diagnostics"]["num_valid_tokens"] >= 4
+
+
+def test_diagnose_samples_as_the_trainer(tiny):
+    # the study's responses are the trainer's stage 1 (rollout.sample with the template's stop ids and strings,
+    # one generate call for the whole batch) token for token: same seed, same prompts -> the same ids, mask, text
+    model, tok = tiny
+    _, ten = cscr_diagnostics.diagnose(model, tok, ["compute one plus two.", "compute ten."], ["3", "10"], 4,
+                                       max_new_tokens=8, gen_batch_size=4, seed=3, temperature=0.9, top_p=0.95,
+                                       return_tensors=True)
+    batch = rollout.sample(model, tok, ten["prompts"], 1, 8, 0.9, 0.95, seed=3,
+                           stop_ids=rollout.stop_token_ids(tok, "none", model),
+                           stop_strings=rollout.template_stop_strings("none"))
+    T = ten["response_mask"].shape[1]
+    assert torch.equal(batch.response_mask.bool()[:, :T], ten["response_mask"])
+    assert not batch.response_mask[:, T:].any()  # the study drops only columns that hold no response token
+    assert torch.equal(batch.response_ids[:, :T], ten["response_ids"])
+    assert batch.texts == ten["texts"]
+
+
+def _scripted_generate(tok, responses):
+    """A stand-in for ``model.generate`` that "samples" ``responses[i]`` + EOS for row i: the test then knows what
+    stage 1 must cut and stage 2 must grade (the scoring passes still run the real model)."""
+
+    def generate(input_ids, attention_mask, generation_config, **kwargs):
+        rows = [tok(responses[i], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                for i in range(len(input_ids))]
+        out = torch.full((len(rows), max(map(len, rows))), generation_config.pad_token_id, dtype=torch.long)
+        for i, r in enumerate(rows):
+            out[i, :len(r)] = torch.tensor(r)
+        return torch.cat([input_ids, out], 1)
+
+    return generate
+
+
+# one problem "Compute 1+2." (reference 3) and four responses whose grading the trainer's verifier decides:
+SCRIPTED = [
+    "1+2=4. \\boxed{4} Oh no, 1+2=3",  # boxed answer wrong, last number right: incorrect (no last-number fallback)
+    "1+2=3. \\boxed{3}",  # correct
+    "1+2=3",  # no box: incorrect, and template C's answer is "" (not the last number 3)
+    "1+2=3. \\boxed{3}\n\nQuestion: 1+1? \\boxed{5}",  # the "none" template's stop string ends it after "Question:"
+]
+
+
+@pytest.fixture
+def scripted(tiny_model_path, monkeypatch):
+    """The tiny toy-tokenizer model (printable ASCII, so \\boxed and "Question:" tokenise) answering ``SCRIPTED``."""
+    model, tok = policy.load_model_and_tokenizer(str(tiny_model_path), "float32", "cpu")
+    monkeypatch.setattr(model, "generate", _scripted_generate(tok, SCRIPTED))
+    return model, tok
+
+
+def test_diagnose_grades_as_verify_grade_batch(scripted):
+    model, tok = scripted
+    rep, ten = cscr_diagnostics.diagnose(model, tok, ["Compute 1+2."], ["3"], len(SCRIPTED), template="answer",
+                                         max_new_tokens=64, return_tensors=True)
+    graded = verify.grade_batch(ten["texts"], ten["references"])
+    assert ten["correct"].tolist() == [ok for ok, _ in graded]
+    assert ten["correct"].tolist() == [False, True, False, True]
+    assert rep["num_correct"] == 2 and rep["grader"] == verify.summarize(graded)
+    # template C's answer: verify.extract_boxed of the response, "" without a box (grpo.py's Credit._cscr)
+    for i, text in enumerate(ten["texts"]):
+        expected = cscr.build_condition_prompts(ten["prompts"][i], reference="3",
+                                                response_answer=verify.extract_boxed(text) or "", template="answer")
+        assert (ten["prompts_pos"][i], ten["prompts_neg"][i]) == expected
+    assert "Verdict: 4 is the correct final answer." in ten["prompts_pos"][0]
+    assert "Verdict:  is the correct final answer." in ten["prompts_pos"][2]  # not the last number "3"
+
+
+def test_diagnose_cuts_at_template_stop_strings(scripted):
+    model, tok = scripted
+    _, ten = cscr_diagnostics.diagnose(model, tok, ["Compute 1+2."], ["3"], len(SCRIPTED), max_new_tokens=64,
+                                       return_tensors=True)
+    # the whole response (and its EOS) for rows without a stop string; row 3 up to the character completing
+    # "\n\nQuestion:" (one token per character), as rollout.sample cuts it in training
+    cut = SCRIPTED[3][:SCRIPTED[3].index("\n\nQuestion:") + len("\n\nQuestion:")]
+    assert ten["texts"] == SCRIPTED[:3] + [cut]
+    lengths = [len(r) + 1 for r in SCRIPTED[:3]] + [len(cut)]
+    assert ten["response_mask"].sum(1).tolist() == lengths
+    assert tok.decode(ten["response_ids"][3, :len(cut)].tolist()) == cut
+    assert ten["response_mask"].shape[1] == max(lengths)  # nothing scored past the cut
+    # graded on the cut text: the box after the stop string (5) would make it wrong
+    assert bool(ten["correct"][3]) and not verify.verify(SCRIPTED[3], "3")
