@@ -7,7 +7,9 @@
 * ``build_optimizer``: AdamW; ``oom_guard``: out-of-memory errors as one line naming the flags that help;
   ``check_host_memory`` (a kept tensor that would not fit stops the run first), ``peak_memory`` (per step);
 * ``token_logprobs`` and ``Passes``: the policy's log-probs (and LM-head inputs) of a batch's rows, micro-batch by
-  micro-batch, padding-free, with ``SharedPrompts`` (each group's prompt run once, ``--shared_prompt``);
+  micro-batch (``MicroBatch``), padding-free, with ``SharedPrompts`` (each group's prompt run once,
+  ``--shared_prompt``), with or without grad: grpo.py's stages 4 and 6 and DelTA's streamed passes all run the
+  model through it; ``reference_logprobs``: the KL reference's, on the same micro-batches;
 * ``exact_optimisations``: which default optimisations the model's features allow (``model_features``);
 * ``build``: loading, LoRA, reference, optimizer in the order that matters for the trainer, with ``--resume``'s
   weights and torchrun's sharding (checkpoint.py, distributed.py) in between.

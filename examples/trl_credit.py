@@ -93,10 +93,10 @@ class CreditGRPOTrainer(GRPOTrainer):
         input_ids = torch.cat([out["prompt_ids"], response_ids], 1)
         attention_mask = torch.cat([out["prompt_mask"], mask], 1)
         size = self.args.per_device_train_batch_size
-        lp0, h = old_logps_and_hidden(model, input_ids, attention_mask, mask, self.temperature, size,
+        old_logp, h = old_logps_and_hidden(model, input_ids, attention_mask, mask, self.temperature, size,
                                       hidden=self.credit == "delta")
         if self.credit == "delta":
-            v = delta.proxy_vectors(h, lp0, mask)  # DelTA App. F: v_t = (1 − p(y_t))·h_t
+            v = delta.proxy_vectors(h, old_logp, mask)  # DelTA App. F: v_t = (1 − p(y_t))·h_t
             lam_bar, stats = delta.delta_coefficients(v, adv, mask, return_stats=True, **self.delta_kwargs)
             token_adv = delta.delta_token_advantages(adv, lam_bar, mask)  # Ã = Â·λ̄, over the whole batch
         else:
@@ -107,7 +107,7 @@ class CreditGRPOTrainer(GRPOTrainer):
             lp_pos, lp_neg = cscr.condition_logprobs(  # spec §4: ℓ+, ℓ− of the rows with Â ≠ 0
                 model, self.processing_class, [p for p, _ in pairs], [q for _, q in pairs], response_ids, mask,
                 temperature=self.temperature, micro_batch_size=size, adv=adv)
-            token_adv, stats = cscr.cscr_token_advantages(adv, lp0, lp_pos, lp_neg, mask, return_stats=True,
+            token_adv, stats = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, return_stats=True,
                                                           **self.cscr_kwargs)
         for key, value in stats.items():  # logged by TRL with its own metrics (mean over the logging window)
             self._metrics["train" if self.model.training else "eval"][key].append(value)
