@@ -22,6 +22,9 @@ Why a toy? So the whole RLVR pipeline (sample -> verify -> advantage -> credit -
   ``from_pretrained`` path, exactly as a hub id or a local folder is loaded. The recipe that made it is
   ``build_toy_model`` (seed 0, ``WARMUP``, ``MODEL``; about 7 minutes on one CPU core); a clone without
   ``toy_model/`` builds it once into ``$RLVR_TOY_CACHE`` or ``~/.cache/rlvr-credit/``.
+* The truth of any sampled response is computable (``response_truth``): its first wrong token (where it is no
+  longer a prefix of any correct solution the grammar allows, ``correct_solutions``), the shared prefix before it,
+  its result digits. report.py measures the token credit against it ("Where the credit lands").
 
 Command line: ``python toy.py`` prints the folder ``--model toy`` loads; ``python toy.py --rebuild [--output DIR]``
 reruns the recipe and compares the result with the shipped model (identical weights where the platform allows
