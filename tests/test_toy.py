@@ -36,7 +36,7 @@ def test_a_clone_without_the_shipped_model_builds_it_once(tmp_path, monkeypatch)
     assert toy.ensure_toy_model() == first and len(built) == 1  # cached: built once
 
 
-# ------------------------------------------------------------------------------------------------ the truth of a response
+# --------------------------------------------------------------------------------------------- the truth of a response
 P = "Compute 37+48-12."  # 37+48=85, 85-12=73
 EOS = "</s>"
 
