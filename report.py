@@ -11,7 +11,12 @@ colour scale centred at 1, with the exact value on hover. Runs sampled with the 
 the same step: their responses to a prompt stand next to each other (the prompt text is the key). Above them: one
 row per run (held-out accuracy before and after, reward, length), the credit's distribution per run (histograms
 on one scale) and the curves of ``metrics.jsonl`` (reward, held-out accuracy, length, DelTA's λ̄ statistics,
-CSCR's weight statistics) as small multiples.
+CSCR's weight statistics) as small multiples. For runs on the toy (config.json: data "toy"), whose truth is known
+(``toy.response_truth``): "Where the credit lands", the mean credit of an incorrect response's first wrong token,
+of the shared prefix before it and of the tokens after it, and of a correct response's result digits and its other
+tokens, with the AUROCs of the credit at picking out those tokens, and the first wrong token marked in the token
+view; for DelTA runs, the tokens with the highest and lowest mean λ̄ per side. These numbers also go to
+``<page>.json`` next to the page (report.html -> report.json).
 
 The page is self-contained: inline CSS and SVG, no script, style or font from the network, so it can be mailed or
 attached to an issue. Hover values are ``title`` attributes (no JavaScript). A folder that is not a run, or a run
@@ -30,6 +35,7 @@ import json
 import math
 import os
 import re
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -376,15 +382,16 @@ def _token_text(tok: str) -> str:
     return html.escape(tok.replace("\n", "↵\n").replace("\t", "→\t"), quote=False) or "∅"
 
 
-def response(row: dict, R: float, symbol: str) -> str:
-    """One logged response: reward, Â, and its tokens painted by their credit (value in each title)."""
+def response(row: dict, R: float, symbol: str, first_wrong: int | None = None) -> str:
+    """One logged response: reward, Â, and its tokens painted by their credit (value in each title); the token at
+    index ``first_wrong`` (an incorrect toy response's first wrong token, ``toy.response_truth``) is underlined."""
     a, ok = row["advantage"], row["reward"] > 0
     adv = f"{a:+.2f}".replace("-", "−") if a else "0"  # a typographic minus
     meta = (f'<span class="{"ok" if ok else "bad"}">{"✓" if ok else "✗"} {row["reward"]:g}</span> Â {adv}'
             + ('<br><span class="muted">truncated</span>' if row.get("finish_reason") == "length" else ""))
     if "tokens" in row:
-        body = "".join(f'<i class="c{level(c, R) + LEVELS}" title="{symbol}={c:.4f}">{_token_text(t)}</i>'
-                       for t, c in zip(row["tokens"], row["credit"]))
+        body = "".join(f'<i class="c{level(c, R) + LEVELS}{" fw" * (k == first_wrong)}" title="{symbol}={c:.4f}">'
+                       f'{_token_text(t)}</i>' for k, (t, c) in enumerate(zip(row["tokens"], row["credit"])))
     else:
         body = html.escape(row["response"], quote=False)
     attrs = 'class="resp"' if a else 'class="resp zero" title="Â = 0: no gradient"'
@@ -421,6 +428,14 @@ def pick_steps(runs: list[Run], choice: str) -> tuple[list[int], list[int]]:
     return logged, sorted({logged[round(j * (len(logged) - 1) / (k - 1))] for j in range(k)})
 
 
+def _first_wrong(run: Run, row: dict) -> int | None:
+    """The first wrong token of an incorrect response of a toy run (``toy.response_truth``), else None."""
+    if not is_toy(run) or row["reward"] > 0:
+        return None
+    truth = toy_truth(row)
+    return truth.first_wrong if truth else None
+
+
 def step_section(step: int, runs: list[Run], colours: dict, R: float, is_open: bool) -> str:
     """One logged step: each prompt once, with every run's responses to it side by side (a run that did not log
     this prompt at this step shows the nearest step at which it did, or says it has none)."""
@@ -440,7 +455,8 @@ def step_section(step: int, runs: list[Run], colours: dict, R: float, is_open: b
             head = (f'<div class="colhead"><span class="chip" style="background:{colours[run.name]}"></span>'
                     f'{html.escape(run.name)}{note} <small>{sum(r["reward"] > 0 for r in rows or [])}/{len(rows or [])}'
                     f' correct · hover: {sym}</small></div>')
-            body = ("".join(response(r, R, sym) for r in sorted(rows, key=lambda r: -r["advantage"])) if rows else
+            body = ("".join(response(r, R, sym, _first_wrong(run, r))
+                            for r in sorted(rows, key=lambda r: -r["advantage"])) if rows else
                     '<p class="muted">not among this run\'s logged prompts</p>')
             cols.append(f'<div class="col" data-run="{html.escape(run.name)}">{head}{body}</div>')
         cards.append(f'<div class="card"><div class="prompt"><span class="muted">prompt</span> '
@@ -452,6 +468,214 @@ def step_section(step: int, runs: list[Run], colours: dict, R: float, is_open: b
     return (f'<details class="step"{" open" if is_open else ""} id="step-{step}"><summary>Step {step} '
             f'<small>{len(prompts)} prompt{"s" * (len(prompts) != 1)} · correct: {score}</small></summary>'
             f'{"".join(cards)}</details>')
+
+
+# --- Where the credit lands: the credit against the toy's truth (toy.response_truth) ----------------------------
+# The token classes, in the table's order: (key, heading, the responses they belong to).
+CLASSES = [("first_wrong", "first wrong token", "incorrect"), ("prefix", "shared prefix before it", "incorrect"),
+           ("after", "after it", "incorrect"), ("result_digits", "result digits", "correct"),
+           ("other", "other tokens", "correct")]
+# DelTA's token view lists a token only when it occurs at least this often on a side of the run. Measured on a default
+# 60-step toy run, λ̄ of one token has a std of 0.05-0.15 from place to place, so the mean of 20 has a standard
+# error of 0.01-0.03, small against the ~0.1 between a side's highest and lowest listed means; rarer tokens would
+# fill the two ends with noise.
+MIN_TOKEN_COUNT = 20
+TOP_TOKENS = 8  # DelTA's token view: how many highest and lowest tokens per side
+
+
+def is_toy(run: Run) -> bool:
+    """A run on the built-in toy task (config.json: ``data == "toy"``), whose responses' truth is known."""
+    return run.config.get("data") == "toy"
+
+
+def auroc(pos: list[float], neg: list[float]) -> float:
+    """The Mann–Whitney AUROC: the probability that a score drawn from ``pos`` exceeds one drawn from ``neg``,
+    ties counting 1/2 (so all-equal scores give exactly 0.5): U / (|pos|·|neg|) (Mann & Whitney 1947; Hanley &
+    McNeil 1982). Raises ZeroDivisionError when a list is empty."""
+    wins = sum((p > q) + 0.5 * (p == q) for p in pos for q in neg)
+    return wins / (len(pos) * len(neg))
+
+
+def toy_truth(row: dict):
+    """``toy.response_truth`` of a logged response (its prompt is the problem), or None: no tokens logged, or the
+    prompt holds no toy problem."""
+    import toy  # imports torch: only for toy runs
+
+    if "tokens" not in row:
+        return None
+    try:
+        return toy.response_truth(row["prompt"], row["tokens"])
+    except ValueError:
+        return None
+
+
+def token_classes(row: dict) -> tuple[str, dict[str, list[int]]]:
+    """(kind, {class key: token indices}) of one logged toy response (``CLASSES``).
+
+    kind: ``correct`` (reward > 0: its result digits and other tokens), ``incorrect`` (its first wrong token, the
+    shared prefix before it, the tokens after it), or, with no classes, ``no_gradient`` (Â = 0, or every credit 0:
+    left out of the loss by --mask_truncated_completions), ``no_wrong_token`` (incorrect, yet a prefix of a correct
+    solution: it ran out of tokens before writing anything wrong), ``not_toy`` (no tokens, or no toy problem).
+    """
+    if not row.get("advantage") or not any(row.get("credit", ())):
+        return "no_gradient", {}
+    truth = toy_truth(row)
+    if truth is None:
+        return "not_toy", {}
+    n = len(row["tokens"])
+    if row["reward"] > 0:
+        digits = set(truth.result_digits)
+        return "correct", {"result_digits": sorted(digits), "other": [i for i in range(n) if i not in digits]}
+    k = truth.first_wrong
+    if k is None:
+        return "no_wrong_token", {}
+    return "incorrect", {"first_wrong": [k], "prefix": list(range(k)), "after": list(range(k + 1, n))}
+
+
+def _over_steps(by_step: dict[int, list[float]]) -> dict:
+    """Pooled mean of every value (each token or response once), count, and the spread of the per-step means:
+    min, max and population std over the steps that have a value; ``per_step``: [step, mean, count]."""
+    vals = [v for s in sorted(by_step) for v in by_step[s]]
+    if not vals:
+        return {"mean": None, "count": 0, "step_min": None, "step_max": None, "step_std": None, "per_step": []}
+    per_step = [[s, sum(v) / len(v), len(v)] for s, v in sorted(by_step.items())]
+    means = [m for _, m, _ in per_step]
+    return {"mean": sum(vals) / len(vals), "count": len(vals), "step_min": min(means), "step_max": max(means),
+            "step_std": statistics.pstdev(means), "per_step": per_step}
+
+
+def credit_lands(run: Run) -> dict:
+    """The numbers of "Where the credit lands" for one toy run, from every logged step (rows with Â ≠ 0 only).
+
+    ``classes``: per class of ``CLASSES``, the credit c = Â_{i,t}/Â_i of its tokens (``_over_steps``: mean over
+    tokens, count = tokens, spread of the per-step means). ``auroc``: ``first_wrong``, per incorrect response the
+    Mann–Whitney AUROC of c at telling its first wrong token from its other tokens (higher c = more of Â_i, which
+    for Â_i < 0 is more of the penalty: AUROC > 0.5 means the first wrong token is penalised more than the rest);
+    ``result_digits``, per correct response the AUROC of c at telling its result digits from its other tokens; each
+    averaged over responses (``_over_steps``, count = responses; a response without a token of either kind is left
+    out). ``responses``: how many logged responses were of each kind (``token_classes``).
+    """
+    by_class = {key: {} for key, _, _ in CLASSES}
+    aurocs = {"first_wrong": {}, "result_digits": {}}
+    kinds = dict.fromkeys(("correct", "incorrect", "no_wrong_token", "no_gradient", "not_toy"), 0)
+    for step, rows in sorted(run.samples.items()):
+        for row in rows:
+            kind, classes = token_classes(row)
+            kinds[kind] += 1
+            c = row.get("credit", ())
+            for key, idx in classes.items():
+                by_class[key].setdefault(step, []).extend(c[i] for i in idx)
+            if classes:
+                key = "first_wrong" if kind == "incorrect" else "result_digits"
+                chosen = set(classes[key])
+                pos = [c[i] for i in chosen]
+                neg = [x for i, x in enumerate(c) if i not in chosen]
+                if pos and neg:
+                    aurocs[key].setdefault(step, []).append(auroc(pos, neg))
+    return {"credit": run.credit, "path": run.path, "classes": {k: _over_steps(v) for k, v in by_class.items()},
+            "auroc": {k: _over_steps(v) for k, v in aurocs.items()}, "responses": kinds}
+
+
+def delta_tokens(run: Run, min_count: int = MIN_TOKEN_COUNT, top: int = TOP_TOKENS) -> dict:
+    """DelTA's token view: the paper's token clouds of high- and low-λ tokens (shared/specs/delta.md §5, "Token
+    clouds") as a table, of λ̄ = λ·N/Σλ (what samples/ logs; the same order as λ within a batch). Per side (``pos``:
+    Â_i > 0, ``neg``: Â_i < 0), the ``top`` tokens (decoded text) with the highest and the lowest mean λ̄ over every
+    logged step of the run, each as [token, mean λ̄, count]; only tokens seen at least ``min_count`` times on that
+    side count (``MIN_TOKEN_COUNT``); ties in the mean go by the token's text.
+    λ̄_{i,t} of a row is its credit c (Ã_{i,t} = Â_i·λ̄_{i,t}); rows with Â_i = 0 (no side) and rows left out of the
+    loss (every credit 0) are not counted. Also per side: ``tokens`` (occurrences), ``distinct``, ``listed``."""
+    out = {}
+    for side, sign in (("pos", 1), ("neg", -1)):
+        lam_bar = {}
+        for rows in run.samples.values():
+            for row in rows:
+                if "tokens" in row and (row.get("advantage") or 0) * sign > 0 and any(row["credit"]):
+                    for tok, c in zip(row["tokens"], row["credit"]):
+                        lam_bar.setdefault(tok, []).append(c)
+        kept = sorted(((sum(v) / len(v), len(v), t) for t, v in lam_bar.items() if len(v) >= min_count),
+                      key=lambda x: (-x[0], x[2]))
+        low = sorted(kept, key=lambda x: (x[0], x[2]))
+        out[side] = {"highest": [[t, m, n] for m, n, t in kept[:top]], "lowest": [[t, m, n] for m, n, t in low[:top]],
+                     "tokens": sum(map(len, lam_bar.values())), "distinct": len(lam_bar), "listed": len(kept)}
+    return out
+
+
+def _stat_cell(stat: dict) -> str:
+    """A table cell: the mean in bold, below it the per-step min–max and the count; the std in the title."""
+    if stat["mean"] is None:
+        return '<td class="num muted">–</td>'
+    title = (f'mean over {stat["count"]:,}; per-step means {stat["step_min"]:.4f} to {stat["step_max"]:.4f}, '
+             f'std {stat["step_std"]:.4f}, over {len(stat["per_step"])} steps')
+    return (f'<td class="num" title="{title}"><b>{stat["mean"]:.3f}</b><br><small>{stat["step_min"]:.3f}–'
+            f'{stat["step_max"]:.3f} · {stat["count"]:,}</small></td>')
+
+
+def credit_lands_section(runs: list[Run], colours: dict, lands: dict[str, dict]) -> str:
+    """The page's "Where the credit lands" (toy runs): a row per run of ``credit_lands``' numbers and the two AUROCs
+    over training steps as curves."""
+    rows = []
+    for run in runs:
+        d = lands[run.name]
+        k = d["responses"]
+        credit = f' <small class="muted">{html.escape(run.credit)}</small>' if run.credit not in ("", run.name) else ""
+        rows.append(f'<tr><td class="lrun"><span class="chip" style="background:{colours[run.name]}"></span>'
+                    f'<b>{html.escape(run.name)}</b>{credit}</td>'
+                    + "".join(_stat_cell(d["classes"][key]) for key, _, _ in CLASSES)
+                    + "".join(_stat_cell(d["auroc"][key]) for key in ("first_wrong", "result_digits"))
+                    + f'<td class="num">{k["incorrect"]} + {k["no_wrong_token"]} · {k["correct"]}</td></tr>')
+    heads = "".join(f"<th>{html.escape(h)}<br><small>{side}</small></th>" for _, h, side in CLASSES)
+    table = (f'<table class="runs lands"><thead><tr><th>run</th>{heads}<th>AUROC first wrong<br><small>incorrect'
+             f'</small></th><th>AUROC result digits<br><small>correct</small></th><th>responses<br><small>incorrect '
+             f'+ no wrong token · correct</small></th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+    charts = []
+    for key, title in (("first_wrong", "AUROC: first wrong token"), ("result_digits", "AUROC: result digits")):
+        series = [{"colour": colours[run.name], "label": run.name,
+                   "points": [(s, m) for s, m, _ in lands[run.name]["auroc"][key]["per_step"]]} for run in runs]
+        series = [s for s in series if s["points"]]
+        if series:
+            charts.append(f'<figure><figcaption>{title} <small>mean over the step\'s responses; 0.5: no better '
+                          f'than chance</small></figcaption>{line_chart(series)}</figure>')
+    intro = ('<p>On the toy the truth of every response is known (<code>toy.response_truth</code>): an incorrect '
+             'response\'s <b>first wrong token</b> is the first token at which it is no longer a prefix of any '
+             'correct solution the toy\'s grammar allows (the tokens before it, the <b>shared prefix</b>, a correct '
+             'response could also write); a correct response\'s <b>result digits</b> are the digits after each '
+             '<code>=</code> and inside the box. Each cell: the mean credit c = Â<sub>i,t</sub>/Â<sub>i</sub> of '
+             'that class\'s tokens over every logged step (rows with Â ≠ 0), below it the min–max of the per-step '
+             'means and the number of tokens (hover: the std). <b>AUROC</b>: per response, the Mann–Whitney '
+             'probability (ties ½) that the class\'s token gets a higher c than the response\'s other tokens, '
+             'averaged over responses (count: responses). Higher c is more of Â<sub>i</sub>: for an incorrect '
+             'response (Â<sub>i</sub> &lt; 0) more of the penalty. GRPO gives every token c = 1: 1 and 0.5 '
+             'exactly. Incorrect responses with no wrong token (cut off while still a prefix of a correct '
+             'solution) are counted, not classed. A red underline marks the first wrong token below.</p>')
+    return (f'{intro}{table}<div class="grid" style="margin-top:14px">{"".join(charts)}</div>')
+
+
+def _tok_cell(tok: str) -> str:
+    return f'<code>{html.escape(tok.replace(" ", "␣").replace(chr(10), "↵"), quote=False)}</code>'
+
+
+def delta_tokens_section(runs: list[Run], colours: dict, views: dict[str, dict]) -> str:
+    """DelTA's token view (``delta_tokens``) of each delta run: per side, the highest and lowest mean λ̄."""
+    figs = []
+    for run in runs:
+        view = views.get(run.name)
+        if view is None:
+            continue
+        parts = []
+        for side, label in (("pos", "Â &gt; 0"), ("neg", "Â &lt; 0")):
+            v = view[side]
+            cols = []
+            for which in ("highest", "lowest"):
+                body = "".join(f'<tr><td>{_tok_cell(t)}</td><td class="num">{m:.3f}</td><td class="num">{n:,}</td>'
+                               f'</tr>' for t, m, n in v[which]) or '<tr><td colspan="3" class="muted">none</td></tr>'
+                cols.append(f'<table class="runs"><thead><tr><th>{which} λ̄</th><th>mean</th><th>count</th></tr>'
+                            f'</thead><tbody>{body}</tbody></table>')
+            parts.append(f'<div><p><b>{label}</b> <small class="muted">{v["tokens"]:,} tokens, {v["listed"]} of '
+                         f'{v["distinct"]} distinct seen ≥ {MIN_TOKEN_COUNT} times</small></p>'
+                         f'<div class="pair">{"".join(cols)}</div></div>')
+        figs.append(f'<figure><figcaption><span class="chip" style="background:{colours[run.name]}"></span>'
+                    f'{html.escape(run.name)}</figcaption><div class="sides">{"".join(parts)}</div></figure>')
+    return "".join(figs)
 
 
 CSS = """
@@ -493,6 +717,10 @@ details.step>summary{cursor:pointer;padding:8px 14px;font-weight:600;background:
 white-space:pre-wrap;overflow-wrap:anywhere}
 .tok i{font-style:normal;border-radius:2px;padding:1px 0;box-shadow:inset -1px 0 rgba(255,255,255,.55)}
 .tok i:hover{outline:1.5px solid #1c2128}
+.tok i.fw{box-shadow:inset 0 -3px #d1242f}
+table.lands td,table.lands th{white-space:normal;line-height:1.3;padding-right:18px}
+.sides{display:flex;gap:26px;flex-wrap:wrap}.pair{display:flex;gap:18px;align-items:flex-start}
+.pair code{background:var(--panel);padding:0 3px;border-radius:2px}
 footer{margin-top:34px;font-size:12px;color:var(--muted)}
 """
 
@@ -515,6 +743,10 @@ def legend(runs: list[Run], R: float) -> str:
                      'counterfactually sensitive (s<sub>t</sub> &gt; λ: their log-probability moves under the '
                      'privileged notes c±), and the credit they lose goes to the others (Σ<sub>t</sub> c = '
                      'L<sub>i</sub>).</p>')
+    if any(is_toy(run) for run in runs):
+        lines.append('<p><b style="color:#d1242f">Red underline</b> (toy runs): an incorrect response\'s first wrong '
+                     'token, where it is no longer a prefix of any correct solution (see "Where the credit '
+                     'lands").</p>')
     lines.append('<p class="muted">Faded responses have Â<sub>i</sub> = 0 (the whole group scored alike): they '
                  'get no gradient; DelTA\'s λ̄ is shown for them as computed, the other credits as 1. Colours are '
                  'on a log scale shared by all runs; the histograms count the tokens of responses with Â ≠ 0.</p>')
@@ -534,6 +766,7 @@ def build_report(runs: list[Run], steps: str = "auto", scale: float | None = Non
     palette = "".join(f".c{k + LEVELS}{{background:{colour(k / LEVELS)}"  # dark colours get white text
                       f"{';color:#fff' if abs(k) > 0.62 * LEVELS else ''}}}" for k in range(-LEVELS, LEVELS + 1))
     sections = [step_section(s, runs, colours, R, s in (shown[0], shown[-1])) for s in shown]
+    numbers = truth_numbers(runs)
     why = f"--steps {html.escape(steps)}" if steps != "auto" else "a size budget; <code>--steps all</code> shows all"
     note = "" if len(shown) == len(logged) else f' <small>{len(shown)} of {len(logged)} logged steps ({why})</small>'
     names = ", ".join(html.escape(run.name) for run in runs)
@@ -546,7 +779,7 @@ def build_report(runs: list[Run], steps: str = "auto", scale: float | None = Non
             f'{curves(runs, colours)}'
             f'<h2>Credit per token <small>every logged token of a response with Â ≠ 0, on the colour scale\'s '
             f'log axis, one axis for all runs</small></h2>'
-            f'{histograms(runs, colours, R)}'
+            f'{histograms(runs, colours, R)}{truth_sections(runs, colours, numbers)}'
             f'<h2>Responses, token by token{note}</h2>'
             + ("".join(sections) or '<p class="muted">No run has logged responses.</p>') +
             '<footer>Self-contained page: no script, style or font is loaded from elsewhere.</footer>')
@@ -556,8 +789,43 @@ def build_report(runs: list[Run], steps: str = "auto", scale: float | None = Non
     info = {"runs": len(runs), "steps_logged": len(logged), "steps_shown": len(shown),
             "responses": sum(len(run.samples.get(s, [])) for run in runs for s in shown),
             "tokens": sum(len(r.get("tokens", ())) for run in runs for s in shown for r in run.samples.get(s, [])),
-            "scale": R}
+            "scale": R, "numbers": numbers}
     return page, info
+
+
+def truth_numbers(runs: list[Run]) -> dict:
+    """What ``<page>.json`` holds: ``where_the_credit_lands`` (``credit_lands`` of each toy run) and
+    ``delta_tokens`` (``delta_tokens`` of each delta run), by run name; with the definitions in words. Empty when
+    no run is on the toy or DelTA."""
+    lands = {run.name: credit_lands(run) for run in runs if is_toy(run) and run.samples}
+    views = {run.name: delta_tokens(run) for run in runs if run.credit == "delta" and run.samples}
+    if not lands and not views:
+        return {}
+    return {"definitions": {
+        "credit": "c = Â_{i,t}/Â_i per token (GRPO 1, DelTA λ̄, CSCR w̃); only rows with Â_i ≠ 0",
+        "classes": "incorrect responses: first_wrong (toy.first_wrong_token), prefix (before it), after (after it); "
+                   "correct responses (reward > 0): result_digits (toy.result_digits), other",
+        "mean": "over every token (classes) or response (auroc) of every logged step; count: tokens or responses",
+        "spread": "step_min, step_max, step_std (population std) of the per-step means; per_step: [step, mean, count]",
+        "auroc": "per response, Mann–Whitney AUROC (ties 1/2) of c: the class's tokens against the response's other "
+                 "tokens (higher c = more of Â_i; for Â_i < 0 more penalty), averaged over responses",
+        "delta_tokens": f"per side (pos: Â_i > 0, neg: Â_i < 0) the {TOP_TOKENS} tokens with the highest / lowest mean "
+                        f"λ̄ (= c) over the run, [token, mean, count], tokens seen ≥ {MIN_TOKEN_COUNT} times"},
+        "where_the_credit_lands": lands, "delta_tokens": views}
+
+
+def truth_sections(runs: list[Run], colours: dict, numbers: dict) -> str:
+    """The page's sections on ``truth_numbers``: "Where the credit lands" (toy runs) and DelTA's token view."""
+    out = ""
+    lands, views = numbers.get("where_the_credit_lands"), numbers.get("delta_tokens")
+    if lands:
+        toy_runs = [run for run in runs if run.name in lands]
+        out += (f'<h2 id="where-the-credit-lands">Where the credit lands <small>the credit against the toy\'s truth, '
+                f'every logged step</small></h2>{credit_lands_section(toy_runs, colours, lands)}')
+    if views:
+        out += (f'<h2 id="delta-tokens">DelTA\'s tokens <small>highest and lowest mean λ̄ over the run, per side, '
+                f'tokens seen ≥ {MIN_TOKEN_COUNT} times</small></h2>{delta_tokens_section(runs, colours, views)}')
+    return out
 
 
 def default_output(run_folders: list) -> str:
@@ -569,6 +837,11 @@ def default_output(run_folders: list) -> str:
     if parent == os.getcwd() or parent == os.path.dirname(parent):  # the working directory, or the root
         parent = folders[0]
     return os.path.relpath(os.path.join(parent, "report.html"))
+
+
+def numbers_path(page: str) -> str:
+    """Where the page's numbers go: ``<page>.json`` (report.html -> report.json)."""
+    return os.path.splitext(page)[0] + ".json"
 
 
 def main(argv=None) -> str:
@@ -592,10 +865,14 @@ def main(argv=None) -> str:
         raise SystemExit(f"report.py: error: {e}")
     with open(args.output, "w", encoding="utf-8") as f:
         f.write(page)
+    if info["numbers"]:  # the numbers of "Where the credit lands" and DelTA's token view, next to the page
+        with open(numbers_path(args.output), "w", encoding="utf-8") as f:
+            json.dump(info["numbers"], f, indent=1, ensure_ascii=False)
     size = os.path.getsize(args.output)
     print(f"report.py: wrote {args.output}: {info['runs']} runs, {info['responses']:,} responses "
           f"({info['tokens']:,} tokens) of {info['steps_shown']}/{info['steps_logged']} logged steps, "
-          f"{size / 1e6:.2f} MB, in {time.time() - t0:.2f} s")
+          f"{size / 1e6:.2f} MB, in {time.time() - t0:.2f} s"
+          + (f"; its numbers in {numbers_path(args.output)}" if info["numbers"] else ""))
     return args.output
 
 

@@ -23,6 +23,9 @@ Why a toy? So the whole RLVR pipeline (sample -> verify -> advantage -> credit -
   ``build_toy_model`` (seed 0, ``WARMUP``, ``MODEL``, one thread; about 7 minutes on one CPU core); a clone without
   ``toy_model/`` builds it once into ``$RLVR_TOY_CACHE`` or ``~/.cache/rlvr-credit/``. Which folder is the toy
   model is decided here only, by ``model_folder``.
+* The truth of any sampled response is computable (``response_truth``): its first wrong token (where it is no
+  longer a prefix of any correct solution the grammar allows, ``correct_solutions``), the shared prefix before it,
+  its result digits. report.py measures the token credit against it ("Where the credit lands").
 
 Command line: ``python toy.py`` prints the folder ``--model toy`` loads (building it if needed);
 ``python toy.py --write_data DIR`` writes the two splits as jsonl.
@@ -38,10 +41,12 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -139,6 +144,128 @@ def worked_solution(steps: list[tuple[int, str, int, int]], rng: random.Random |
         parts.append(f"{left}{op}{right}={result}.")
         carried = result
     return " ".join(parts) + f" \\boxed{{{carried}}}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The truth of a response: its first wrong token, the shared prefix before it, its result digits
+# ----------------------------------------------------------------------------------------------------------
+# What report.py's "Where the credit lands" measures the credit against. Pure functions of the problem text and the
+# response's tokens as samples/ logs them (each token decoded on its own, EOS as "</s>"); no model, no I/O.
+_PROBLEM = re.compile(r"Compute (\d+(?:[+-]\d+)+)\.")
+_EOS_CHAR = "\x00"  # stands for the EOS token in the texts compared below (no toy token decodes to it)
+
+
+class Truth(NamedTuple):
+    """What a correct solver would have written, token by token (``response_truth``).
+
+    first_wrong: index of the first token no correct solution writes at that place (None: there is none).
+    shared_prefix: indices of the tokens before it (every token when first_wrong is None).
+    result_digits: indices of the digit tokens of the results: after each ``=`` and inside each ``\\boxed{...}``.
+    """
+    first_wrong: int | None
+    shared_prefix: list[int]
+    result_digits: list[int]
+
+
+def parse_problem(problem: str) -> tuple[int, list[tuple[str, int]]]:
+    """The first operand and the operations ``[(op, operand)]`` of a toy problem: ``Compute 37+48-12.`` gives
+    ``(37, [("+", 48), ("-", 12)])``. The last such phrase in ``problem`` counts (a prompt around it is fine).
+    Raises ValueError: the text holds no toy problem."""
+    found = _PROBLEM.findall(problem)
+    if not found:
+        raise ValueError(f"not a toy problem ('Compute a+b-c.'): {problem[:60]!r}")
+    terms = re.findall(r"[+-]?\d+", found[-1])
+    return int(terms[0]), [(t[0], int(t[1:])) for t in terms[1:]]
+
+
+def correct_solutions(problem: str) -> list[str]:
+    """Every response the toy's grammar counts as a correct solution of ``problem`` (without the EOS token).
+
+    The grammar: zero or more *equations*, then the box of the answer, joined by single spaces. Each equation takes
+    the running value (at first the problem's first operand) through one or more of the next operations, in the
+    problem's order, and writes the new value: ``37+48=85.``, or with steps skipped (merged) ``37+48-12=73.``; the
+    equations cover a first part of the operations (all of them, some, or none: the bare ``\\boxed{73}`` of the
+    warm-up's shortcut). So ``Compute 37+48-12.`` has four: ``\\boxed{73}``, ``37+48=85. \\boxed{73}``,
+    ``37+48=85. 85-12=73. \\boxed{73}`` and ``37+48-12=73. \\boxed{73}``; with n operations, 2**n.
+    Why this set: it is what the warm-up teaches (``worked_solution``: every step, or the bare box) widened to every
+    text that states nothing false in that format and whose box verify.py grades correct. A response that skips
+    or stops writing steps is not blamed for it (the reward does not punish it); a wrong value or a departure from
+    the format is.
+    """
+    first, ops = parse_problem(problem)
+    values = [first]
+    for op, x in ops:
+        values.append(values[-1] + x if op == "+" else values[-1] - x)
+    box, out = f"\\boxed{{{values[-1]}}}", []
+
+    def extend(start: int, written: list[str]) -> None:  # the equations so far cover ops[:start]
+        out.append(" ".join(written + [box]))
+        for end in range(start + 1, len(ops) + 1):
+            lhs = str(values[start]) + "".join(f"{op}{x}" for op, x in ops[start:end])
+            extend(end, written + [f"{lhs}={values[end]}."])
+
+    extend(0, [])
+    return out
+
+
+def _spans(tokens: list[str], eos: str) -> tuple[str, list[int]]:
+    """The response as one text (EOS as ``_EOS_CHAR``) and the end offset of each token in it."""
+    ends, text = [], ""
+    for tok in tokens:
+        text += _EOS_CHAR if tok == eos else tok
+        ends.append(len(text))
+    return text, ends
+
+
+def first_wrong_token(problem: str, tokens: list[str], eos: str = SPECIAL_TOKENS["eos_token"]) -> int | None:
+    """The index of the first wrong token of a response to a toy problem, or None.
+
+    A token is *wrong* when the response up to and including it is a prefix of no correct solution
+    (``correct_solutions``, each followed by the EOS token): the first place where no correct solver could go on
+    as this response does. Every token before it is shared with some correct solution. So:
+    ``37+48=85. 85-12=72. \\boxed{72}`` -> the ``2`` of ``72`` (a ``3`` was due); ``\\boxed{70}`` -> its ``0``;
+    ``37+48=85. 85-12=73.`` followed by EOS -> the EOS (a space and the box were due); a correct solution with text
+    after its box -> the first extra character (verify.py may still grade it correct: the report takes correctness
+    from the reward, not from this). None: the response is a correct solution, or a prefix of one (a truncated
+    response that ran out of tokens before writing anything wrong).
+    Multi-character tokens are handled: the wrong token is the one holding the first wrong character.
+    """
+    text, ends = _spans(tokens, eos)
+    shared = max(_common_prefix(text, s + _EOS_CHAR) for s in correct_solutions(problem))
+    if shared == len(text):
+        return None
+    return next(i for i, end in enumerate(ends) if end > shared)
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def result_digits(tokens: list[str], eos: str = SPECIAL_TOKENS["eos_token"]) -> list[int]:
+    """The indices of the tokens holding a result's digits: the run of digits right after each ``=`` (spaces
+    allowed between) and the digits inside each ``\\boxed{...}`` (to its closing brace or the response's end).
+    Syntactic: the same for a correct or an incorrect response (the report uses them for correct ones)."""
+    text, ends = _spans(tokens, eos)
+    chars = set()
+    for m in re.finditer(r"=\s*(\d+)", text):
+        chars.update(range(m.start(1), m.end(1)))
+    for m in re.finditer(r"\\boxed\{([^}]*)", text):
+        chars.update(m.start(1) + k for k, ch in enumerate(m.group(1)) if ch.isdigit())
+    out, start = [], 0
+    for i, end in enumerate(ends):
+        if any(start <= c < end for c in chars):
+            out.append(i)
+        start = end
+    return out
+
+
+def response_truth(problem: str, tokens: list[str], eos: str = SPECIAL_TOKENS["eos_token"]) -> Truth:
+    """``first_wrong_token``, the shared prefix before it and ``result_digits`` of one response (see those)."""
+    wrong = first_wrong_token(problem, tokens, eos)
+    return Truth(wrong, list(range(len(tokens) if wrong is None else wrong)), result_digits(tokens, eos))
 
 
 # ----------------------------------------------------------------------------------------------------------

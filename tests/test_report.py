@@ -293,6 +293,125 @@ def test_steps_shown(three_runs, monkeypatch):
     assert report.pick_steps(many, "all")[1] == logged
 
 
+# ----------------------------------------------------------------------------------------------- where the credit lands
+def _toy_row(text, reward, adv, credit_of, finish="stop", prompt="Compute 2+3.\n"):
+    """A logged toy response (answer 5): its characters as tokens (EOS when it stopped), credit_of(k) per token."""
+    toks = list(text) + ["</s>"] * (finish == "stop")
+    return {"prompt": prompt, "response": text, "reward": reward, "advantage": adv, "finish_reason": finish,
+            "tokens": toks, "credit": [credit_of(k) for k in range(len(toks))]}
+
+
+def _toy_steps(grpo=False):
+    """Two logged steps with known truth (first wrong token, result digits) and credits chosen by hand; GRPO: 1."""
+    c = (lambda d, other: (lambda k: 1.0)) if grpo else (lambda d, other: (lambda k: d.get(k, other)))
+    return {1: [_toy_row("\\boxed{5}", 1.0, 1.0, c({7: 0.5}, 1.0)),                 # correct, digit at 7
+                _toy_row("\\boxed{6}", 0.0, -1.0, c({7: 2.0, 9: 0.5}, 1.0)),        # first wrong at 7
+                _toy_row("\\boxed{7}", 0.0, 0.0, c({}, 9.0))],                       # Â = 0: left out
+            2: [_toy_row("2+3=5. \\boxed{5}", 1.0, 0.5, c({14: 3.0}, 1.0)),        # digits at 4 and 14
+                _toy_row("2+3=4. \\boxed{4}", 0.0, -0.5, c({0: 0.5, 1: 0.5, 2: 0.5, 3: 0.5, 4: 0.5}, 1.5)),
+                _toy_row("2+3=5. \\box", 0.0, -0.5, c({}, 0.7), finish="length"),  # a prefix: no wrong token
+                _toy_row("2+9", 0.0, -0.5, lambda k: 0.0, finish="length")]}       # masked out of the loss
+
+
+@pytest.fixture
+def toy_hand_runs(tmp_path):
+    """A DelTA-like and a GRPO run on the toy (config data: toy) with the rows of ``_toy_steps``, and a run that
+    is not on the toy."""
+    runs = []
+    for name, grpo_like in (("grpo", True), ("delta", False)):
+        steps = _toy_steps(grpo_like)
+        path = _write_run(tmp_path / name, name, [1, 2], lambda s: steps[s])
+        cfg = json.loads((Path(path) / "config.json").read_text())
+        cfg["config"]["data"] = "toy"
+        (Path(path) / "config.json").write_text(json.dumps(cfg))
+        runs.append(path)
+    runs.append(_write_run(tmp_path / "other", "cscr", [1, 2], lambda s: _rows([[0.5, 1.5], [1.2, 0.6, 1.2]])))
+    return runs
+
+
+def test_credit_lands_by_hand(toy_hand_runs):
+    """Each class's mean credit, its per-step spread and count, and the AUROCs, against hand computation."""
+    delta = report.load_run(toy_hand_runs[1])
+    d = report.credit_lands(delta)
+    assert d["responses"] == {"correct": 2, "incorrect": 2, "no_wrong_token": 1, "no_gradient": 2, "not_toy": 0}
+    expect = {  # mean over tokens, count, (per-step means)
+        "first_wrong": (1.25, 2, [2.0, 0.5]),             # step 1: 2.0; step 2: 0.5
+        "prefix": (9 / 11, 11, [1.0, 0.5]),               # 7 × 1.0; 4 × 0.5
+        "after": (19.5 / 14, 14, [0.75, 1.5]),            # [1.0, 0.5]; 12 × 1.5
+        "result_digits": (1.5, 3, [0.5, 2.0]),            # [0.5]; [1.0, 3.0]
+        "other": (1.0, 24, [1.0, 1.0])}                   # 9 and 15 tokens of 1.0
+    for key, (mean, count, steps) in expect.items():
+        got = d["classes"][key]
+        assert got["mean"] == pytest.approx(mean) and got["count"] == count, key
+        assert [m for _, m, _ in got["per_step"]] == pytest.approx(steps), key
+        assert (got["step_min"], got["step_max"]) == pytest.approx((min(steps), max(steps)))
+        assert got["step_std"] == pytest.approx(abs(steps[0] - steps[1]) / 2)  # population std of two values
+    # AUROC per response, ties ½: step 1, "6" (2.0) above all 9 others -> 1; step 2, "4" (0.5) ties its 4-token
+    # prefix and lies below the 12 tokens after it -> (4 × ½) / 16 = 0.125. Digits: step 1, 0.5 below 9 × 1.0 -> 0;
+    # step 2, 1.0 ties 15 others and 3.0 tops them -> (7.5 + 15) / 30 = 0.75.
+    fw, dig = d["auroc"]["first_wrong"], d["auroc"]["result_digits"]
+    assert [m for _, m, _ in fw["per_step"]] == pytest.approx([1.0, 0.125]) and fw["mean"] == pytest.approx(0.5625)
+    assert [m for _, m, _ in dig["per_step"]] == pytest.approx([0.0, 0.75]) and dig["mean"] == pytest.approx(0.375)
+    assert fw["count"] == dig["count"] == 2
+    g = report.credit_lands(report.load_run(toy_hand_runs[0]))  # GRPO: exactly 1 and exactly 0.5
+    assert all(v["mean"] == v["step_min"] == v["step_max"] == 1.0 and v["step_std"] == 0.0
+               for v in g["classes"].values())
+    assert all(v["mean"] == 0.5 and all(m == 0.5 for _, m, _ in v["per_step"]) for v in g["auroc"].values())
+
+
+def test_auroc_is_mann_whitney_with_ties_as_half():
+    assert report.auroc([2.0], [1.0, 1.0, 3.0]) == pytest.approx(2 / 3)
+    assert report.auroc([1.0, 1.0], [1.0] * 5) == 0.5
+    assert report.auroc([1.0, 2.0], [1.0, 0.0]) == pytest.approx((1.5 + 2) / 4)
+
+
+def test_delta_tokens_by_hand():
+    """DelTA's token view: mean λ̄ (= credit) per token and side, tokens seen fewer than min_count times left out."""
+    rows = [{"prompt": "p", "response": "aba", "reward": 1.0, "advantage": 1.0, "tokens": ["a", "b", "a"],
+             "credit": [1.2, 0.9, 1.0]},
+            {"prompt": "p", "response": "bc", "reward": 1.0, "advantage": 0.5, "tokens": ["b", "c"],
+             "credit": [0.7, 1.5]},
+            {"prompt": "p", "response": "acc", "reward": 0.0, "advantage": -1.0, "tokens": ["a", "c", "c"],
+             "credit": [0.6, 1.3, 1.1]},
+            {"prompt": "p", "response": "aa", "reward": 0.0, "advantage": 0.0, "tokens": ["a", "a"], "credit": [9, 9]},
+            {"prompt": "p", "response": "cc", "reward": 0.0, "advantage": -1.0, "tokens": ["c", "c"], "credit": [0, 0]}]
+    run = report.Run("d", "d", "delta", {}, [], {}, {1: rows})
+    view = report.delta_tokens(run, min_count=2, top=5)
+    pos, neg = view["pos"], view["neg"]
+    assert [t for t, _, _ in pos["highest"]] == ["a", "b"] and [t for t, _, _ in pos["lowest"]] == ["b", "a"]
+    assert [(m, n) for _, m, n in pos["highest"]] == [(pytest.approx(1.1), 2), (pytest.approx(0.8), 2)]
+    assert (pos["tokens"], pos["distinct"], pos["listed"]) == (5, 3, 2)  # "c" (once) left out
+    assert neg["highest"] == neg["lowest"] == [["c", pytest.approx(1.2), 2]]
+    assert (neg["tokens"], neg["distinct"], neg["listed"]) == (3, 2, 1)
+
+
+def test_report_shows_where_the_credit_lands(toy_hand_runs, tmp_path):
+    """The section and DelTA's token view on the page, the first wrong tokens marked, the numbers in <page>.json."""
+    out = tmp_path / "report.html"
+    report.main([*toy_hand_runs, "--output", str(out)])
+    text = out.read_text()
+    page = Page(text)
+    assert _self_contained(text) and 'id="where-the-credit-lands"' in text and 'id="delta-tokens"' in text
+    for run in ("grpo", "delta"):  # every incorrect response's first wrong token, Â = 0 and masked ones too
+        marked = [t["text"] for t in page.tokens if t["run"] == run and "fw" in t["class"].split()]
+        assert sorted(marked) == ["4", "6", "7", "9"]
+    assert not [t for t in page.tokens if t["run"] == "other" and "fw" in t["class"].split()]
+    numbers = json.loads((tmp_path / "report.json").read_text())
+    assert set(numbers["where_the_credit_lands"]) == {"grpo", "delta"} and set(numbers["delta_tokens"]) == {"delta"}
+    assert numbers["where_the_credit_lands"]["delta"] == json.loads(json.dumps(
+        report.credit_lands(report.load_run(toy_hand_runs[1]))))
+    grpo_row = numbers["where_the_credit_lands"]["grpo"]
+    assert {k: v["mean"] for k, v in grpo_row["classes"].items()} == dict.fromkeys(
+        ("first_wrong", "prefix", "after", "result_digits", "other"), 1.0)
+    assert {k: v["mean"] for k, v in grpo_row["auroc"].items()} == {"first_wrong": 0.5, "result_digits": 0.5}
+    lands = text[text.index('id="where-the-credit-lands"'):text.index('id="delta-tokens"')]
+    assert lands.count("<tr>") == 3 and lands.count("<svg") == 2  # header + 2 runs; the two AUROC curves
+    assert "<b>1.250</b>" in lands and "<b>0.562</b>" in lands  # delta's first wrong token and its AUROC
+    out_plain = tmp_path / "plain.html"  # no toy or delta run: no section, no JSON
+    report.main([toy_hand_runs[2], "--output", str(out_plain)])
+    assert "where-the-credit-lands" not in out_plain.read_text() and not (tmp_path / "plain.json").exists()
+
+
 # ------------------------------------------------------------------------------------------------ real toy runs
 @pytest.fixture(scope="module")
 def toy_runs(toy_model_path, tmp_path_factory):
@@ -339,6 +458,27 @@ def test_report_of_toy_runs(toy_runs, tmp_path):
     n_tokens = sum(len(r["tokens"]) for run in toy_runs for r in _samples(run))
     assert len(page.tokens) == n_tokens and page.table_runs == ["grpo", "delta", "cscr"]
     assert set(page.columns) == {"grpo", "delta", "cscr"} and len(page.columns) == 3 * 2 * 2  # 2 prompts × 2 steps
+    _check_where_the_credit_lands(toy_runs, out.read_text(), page, tmp_path / "toy.json")
+
+
+def _check_where_the_credit_lands(toy_runs, text, page, numbers_file):
+    """Real toy runs: the section with a row per run, GRPO's numbers exactly 1 and 0.5, every incorrect response's
+    first wrong token marked, the numbers in <page>.json."""
+    import toy
+
+    lands = json.loads(numbers_file.read_text())["where_the_credit_lands"]
+    assert list(lands) == ["grpo", "delta", "cscr"]
+    assert all(v["mean"] in (1.0, None) for v in lands["grpo"]["classes"].values())
+    assert all(v["mean"] in (0.5, None) for v in lands["grpo"]["auroc"].values())
+    assert sum(v["count"] for v in lands["grpo"]["classes"].values()) > 0
+    section = text[text.index('id="where-the-credit-lands"'):text.index('id="delta-tokens"')]
+    assert section.count("<tr>") == 1 + 3 and "DelTA's tokens" in text
+    wrong = {run: [r["tokens"][k] for r in _samples(path) if r["reward"] <= 0
+                   for k in [toy.first_wrong_token(r["prompt"], r["tokens"])] if k is not None]
+             for run, path in zip(("grpo", "delta", "cscr"), toy_runs)}
+    for run, toks in wrong.items():
+        marked = [t["text"] for t in page.tokens if t["run"] == run and "fw" in t["class"].split()]
+        assert sorted(marked) == sorted(report._token_text(t) for t in toks)
 
 
 # ------------------------------------------------------------------------------------------------ --report_to
@@ -453,7 +593,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 @pytest.mark.browser
 def test_report_renders_in_headless_chromium(chromium, toy_runs, tmp_path):
     """The page of three toy runs (grpo, delta, cscr) as Chromium renders it: every run, every token span with
-    its value, and a screenshot."""
+    its value, "Where the credit lands" with its numbers and marks, and a screenshot."""
     out = tmp_path / "report.html"
     report.main([*toy_runs, "--output", str(out)])
     flags = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
@@ -468,6 +608,7 @@ def test_report_renders_in_headless_chromium(chromium, toy_runs, tmp_path):
         assert len(toks) == sum(len(r["tokens"]) for r in rows)
         assert [float(t["title"].split("=")[-1]) for t in toks[:len(rows[0]["credit"])]] == pytest.approx(
             sorted(rows[:4], key=lambda r: -r["advantage"])[0]["credit"], abs=1e-4)
+    _check_where_the_credit_lands(toy_runs, dom, page, tmp_path / "report.json")  # the section, as Chromium sees it
     shot = tmp_path / "report.png"
     subprocess.run([*flags, "--hide-scrollbars", "--window-size=1400,1200", f"--screenshot={shot}", out.as_uri()],
                    capture_output=True, timeout=120, check=True)
