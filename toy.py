@@ -48,8 +48,6 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-import torch
-
 TOY_VERSION = "v2"  # bump when the task, tokenizer, model or warm-up changes (and rebuild toy_model/)
 SHIPPED = Path(__file__).resolve().parent / "toy_model"  # the warmed-up model, built by build_toy_model
 SPECIAL_TOKENS = {"pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
@@ -288,6 +286,7 @@ def build_tokenizer():
 
 def build_model(tokenizer, seed: int = 0, **overrides):
     """A randomly initialised float32 ``Qwen3ForCausalLM`` sized for the toy (about 1M parameters)."""
+    import torch  # here, not at the top: report.py reads the truth functions without loading torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
@@ -304,6 +303,7 @@ def warm_up(model, tokenizer, steps: int, batch_size: int, learning_rate: float,
 
     The loss is the token-mean cross-entropy (nats) over response tokens (solution + EOS), prompts masked out.
     """
+    import torch
     from tqdm import trange
 
     rng = random.Random(f"toy-warmup-{seed}")
@@ -366,6 +366,8 @@ def build_toy_model(path: str | os.PathLike, warmup_steps: int | None = None, se
     the shipped model was built on. The folder is written to a temporary sibling first and renamed into place, so a
     killed build never leaves a half-written model behind.
     """
+    import torch
+
     path = Path(path)
     tokenizer = build_tokenizer()
     model = build_model(tokenizer, seed=seed)
@@ -414,6 +416,7 @@ def compare_weights(built: str | os.PathLike, shipped: str | os.PathLike = SHIPP
     Raises:
         ValueError: the two ``model.safetensors`` hold different tensor names (one line, the first few named).
     """
+    import torch
     from safetensors.torch import load_file
 
     a, b = load_file(Path(built) / "model.safetensors"), load_file(Path(shipped) / "model.safetensors")
