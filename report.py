@@ -499,7 +499,7 @@ def auroc(pos: list[float], neg: list[float]) -> float:
 def toy_truth(row: dict):
     """``toy.response_truth`` of a logged response (its prompt is the problem), or None: no tokens logged, or the
     prompt holds no toy problem."""
-    import toy  # imports torch: only for toy runs
+    import toy  # only for toy runs (it loads no torch until it builds a model)
 
     if "tokens" not in row:
         return None
@@ -577,7 +577,7 @@ def credit_lands(run: Run) -> dict:
 
 
 def delta_tokens(run: Run, min_count: int = MIN_TOKEN_COUNT, top: int = TOP_TOKENS) -> dict:
-    """DelTA's token view: the paper's token clouds of high- and low-λ tokens (shared/specs/delta.md §5, "Token
+    """DelTA's token view: the paper's token clouds of high- and low-λ tokens (docs/specs/delta.md §5, "Token
     clouds") as a table, of λ̄ = λ·N/Σλ (what samples/ logs; the same order as λ within a batch). Per side (``pos``:
     Â_i > 0, ``neg``: Â_i < 0), the ``top`` tokens (decoded text) with the highest and the lowest mean λ̄ over every
     logged step of the run, each as [token, mean λ̄, count]; only tokens seen at least ``min_count`` times on that
