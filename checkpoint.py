@@ -5,6 +5,8 @@ A run folder (``--output_dir``) holds::
     config.json          the flags, prompt template, versions (written at the start; read back by --resume)
     metrics.jsonl        one JSON line per step and per evaluation (also sent to the --report_to trackers)
     samples/step_*.jsonl a few logged groups per step, token by token with each token's credit (report.py)
+    samples/summary.json at the end: report.py's numbers of those samples (DelTA's tokens, on the toy where the
+                         credit lands)
     tensorboard/         event files, with --report_to tensorboard
     checkpoint-<step>/   resumable: weights or LoRA adapter, tokenizer, run_info.json, optimizer.pt, rng_state.pt,
                          trainer_state.json (written last: its presence marks the folder complete)
@@ -484,9 +486,17 @@ class RunFolder:
         self.say(f"[checkpoint] step {step}: {path} ({time.time() - t0:.1f} s)")
 
     def finish(self, model, tokenizer, summary: dict) -> None:
-        """Write ``final/`` (``save_model``) and summary.json; every process calls it and waits for process 0."""
+        """Write ``final/`` (``save_model``), summary.json and samples/summary.json (report.py's numbers of the run's
+        logged samples: DelTA's highest / lowest mean λ̄ tokens, and on the toy where the credit lands; none for a
+        GRPO run off the toy); every process calls it and waits for process 0."""
         save_model(model, tokenizer, os.path.join(self.path, "final"), self.model_info)
         self.write_json("summary.json", summary)
+        if self.main and os.path.isdir(os.path.join(self.path, "samples")):
+            import report  # reads the run folder back, as `python report.py <run>` does
+
+            numbers = report.truth_numbers([report.load_run(self.path)])
+            if numbers:
+                self.write_json(os.path.join("samples", "summary.json"), numbers)
         distributed.barrier()  # nobody leaves before process 0 has written final/
 
     def samples_path(self, step: int) -> str:

@@ -35,6 +35,12 @@ def test_delta_end_to_end_logs_coefficients(toy_model_path, tmp_path, impl):
     for l in live:  # λ ∈ [0.8, 1.2] before a global rescale N/Z that stays close to 1
         assert 0.6 < l["delta/lam_pos_min"] <= l["delta/lam_pos_max"] < 1.6
     assert any("highest_lambda_bar" in s for s in samples)
+    # samples/summary.json, written at the end: DelTA's token table and, on the toy, where the credit lands
+    summary = json.loads((tmp_path / "delta" / "samples" / "summary.json").read_text())
+    view = summary["delta_tokens"]["delta"]
+    for side, sign in (("pos", 1), ("neg", -1)):  # every token of the side's rows counted once
+        assert view[side]["tokens"] == sum(len(s["tokens"]) for s in samples if s["advantage"] * sign > 0)
+    assert sum(summary["where_the_credit_lands"]["delta"]["responses"].values()) == len(samples)
 
 
 def test_cscr_end_to_end_logs_weights(toy_model_path, tmp_path):
@@ -44,6 +50,9 @@ def test_cscr_end_to_end_logs_weights(toy_model_path, tmp_path):
         assert key in lines[0]
     assert lines[0]["cscr/threshold"] == lines[1]["cscr/threshold"]  # calibrated once, then frozen
     assert any("highest_sensitivity" in s for s in samples)
+    summary = json.loads((tmp_path / "cscr" / "samples" / "summary.json").read_text())
+    assert "delta_tokens" not in summary or not summary["delta_tokens"]
+    assert sum(summary["where_the_credit_lands"]["cscr"]["responses"].values()) == len(samples)
 
 
 # ---------------------------------------------------------------------------------------- micro-batch invariance
