@@ -564,7 +564,8 @@ def credit_lands(run: Run) -> dict:
             kinds[kind] += 1
             c = row.get("credit", ())
             for key, idx in classes.items():
-                by_class[key].setdefault(step, []).extend(c[i] for i in idx)
+                if idx:  # a first wrong token at 0 has no shared prefix, a last one nothing after it
+                    by_class[key].setdefault(step, []).extend(c[i] for i in idx)
             if classes:
                 key = "first_wrong" if kind == "incorrect" else "result_digits"
                 chosen = set(classes[key])

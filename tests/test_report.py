@@ -329,6 +329,18 @@ def toy_hand_runs(tmp_path):
     return runs
 
 
+def test_credit_lands_of_a_step_whose_classes_are_empty():
+    """A step whose only incorrect response is wrong from its first token (no shared prefix) and whose only correct
+    one has no result digit outside the box's: the class is absent at that step, not a division by zero."""
+    rows = {1: [_toy_row("9", 0.0, -1.0, lambda k: 2.0 if k == 0 else 1.0),        # first wrong at 0
+                _toy_row("\\boxed{5}", 1.0, 1.0, lambda k: 1.0)],
+            2: [_toy_row("\\boxed{7}", 0.0, -1.0, lambda k: 0.5 if k == 7 else 1.0)]}  # a prefix of 7 tokens
+    d = report.credit_lands(report.Run("x", "x", "delta", {"data": "toy"}, [], {}, rows))
+    prefix = d["classes"]["prefix"]
+    assert prefix["count"] == 7 and [s for s, _, _ in prefix["per_step"]] == [2] and prefix["mean"] == 1.0
+    assert d["classes"]["first_wrong"]["per_step"] == [[1, 2.0, 1], [2, 0.5, 1]]
+
+
 def test_credit_lands_by_hand(toy_hand_runs):
     """Each class's mean credit, its per-step spread and count, and the AUROCs, against hand computation."""
     delta = report.load_run(toy_hand_runs[1])
