@@ -271,7 +271,8 @@ def delta_coefficients_streaming(chunks: Chunks, K: int = 1, lam_min: float = 0.
         # Step 4: margins at μ⁽ᴷ⁾ (for K = 0 the kept pass-2 margins), α*; step 5: λ.
         if K > 0:
             margin = [_margin(v, mu_pos, mu_neg) for _, _, v in data.again(f"pass {K + 3}: final scores")]
-        lam = [bounded_coefficients(soft_assignment(m, -m, gamma_pos, gamma_neg, c.adv), c.adv, c.mask, lam_min, lam_max)
+        lam = [bounded_coefficients(soft_assignment(m, -m, gamma_pos, gamma_neg, c.adv), c.adv, c.mask, lam_min,
+                                    lam_max)
                for c, m in zip(data.kept, margin)]
         # Step 6 / Eq. 8: Z = Σλ over all chunks (and ranks); λ̄ = λ·N/max(Z, ε).
         s = data.total({"Z": x.double().sum(), **_moments(c, "lam", x, x)} for c, x in zip(data.kept, lam))

@@ -236,8 +236,8 @@ def policy_loss(logp, old_logp, adv, response_mask, epsilon=0.2, epsilon_high=0.
         ``dr_grpo``: Σ ℓ·mask / (B · max_completion_length) (Dr. GRPO's constant normaliser).
 
     Args: ``logp``, ``old_logp`` ``[B, T]`` (nats, policy and θ_old); ``adv``: Â_i ``[B]`` (broadcast) or the
-    token advantages Ã_{i,t} ``[B, T]`` (token credit, e.g. Â·λ̄); ``response_mask`` ``[B, T]`` (EOS included); ``ref_logp`` ``[B, T]`` when
-    β > 0; ``num_tokens`` / ``num_sequences``: the normaliser's counts over the whole mini-batch when this call
+    token advantages Ã_{i,t} ``[B, T]`` (e.g. Â·λ̄); ``response_mask`` (EOS included), ``ref_logp`` (β > 0) ``[B, T]``;
+    ``num_tokens`` / ``num_sequences``: the normaliser's counts over the whole mini-batch when this call
     sees a micro-batch (the gradient then does not depend on the micro-batch size).
     Returns (loss, stats): token-means over this call of ``clip_ratio/low_mean`` (ratio < 1−ε, Â < 0),
     ``clip_ratio/high_mean`` (ratio > 1+ε_high, Â > 0), ``clip_ratio/region_mean``, ``clip_ratio/dual_mean``, ``kl``;

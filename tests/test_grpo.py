@@ -32,7 +32,8 @@ def test_group_advantages_hand_values():
 
 def test_group_advantages_dr_grpo_and_degenerate_groups():
     r = torch.tensor([1.0, 0.0, 0.0, 0.0])
-    torch.testing.assert_close(grpo.group_advantages(r, 4, scale_rewards="none"), torch.tensor([0.75, -0.25, -0.25, -0.25]))
+    torch.testing.assert_close(grpo.group_advantages(r, 4, scale_rewards="none"),
+                               torch.tensor([0.75, -0.25, -0.25, -0.25]))
     # all-equal groups, with a non-dyadic value: exactly zero, no NaN, no amplified residue
     same = torch.tensor([0.1, 0.1, 0.1, 0.7, 0.7, 0.7])
     a = grpo.group_advantages(same, 3)
@@ -319,7 +320,7 @@ def test_output_folder_of_an_earlier_run(tiny_model_path, tmp_path):
                                          r"--resume to continue it, or --overwrite_output_dir to delete it"):
         grpo.main(argv)
     grpo.main(argv + ["--overwrite_output_dir"])
-    assert sorted(p.name for p in (out / "samples").iterdir()) == ["step_000001.jsonl"]
+    assert sorted(p.name for p in (out / "samples").iterdir()) == ["step_000001.jsonl", "summary.json"]  # no 57
     with pytest.raises(SystemExit, match="holds no complete checkpoint-<step>/.*--overwrite_output_dir"):
         grpo.main(argv + ["--resume"])  # it stopped before its first --save_steps
     grpo.main(argv + ["--overwrite_output_dir", "--max_steps", "2", "--save_steps", "1"])
