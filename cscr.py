@@ -287,7 +287,7 @@ def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids,
         raise ValueError("tokenizer.pad_token_id must be set (e.g. tokenizer.pad_token = tokenizer.eos_token)")
     logprob_fn = logprob_fn or default_logprob_fn
     rows = torch.arange(B) if adv is None else (torch.as_tensor(adv).cpu() != 0).nonzero().flatten()
-    mb = micro_batch_size or max(len(rows), 1)
+    size = micro_batch_size or max(len(rows), 1)
     try:
         device = next(model.parameters()).device
         dtype = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float64 for a float64 model
@@ -303,9 +303,9 @@ def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids,
             for prompts in (prompts_pos, prompts_neg):
                 ids = _tokenize_prompts(tokenizer, [prompts[i] for i in rows.tolist()])
                 lp = torch.zeros(response_ids.shape, dtype=dtype, device=response_ids.device)
-                for a in range(0, len(rows), mb):
-                    z = rows[a:a + mb].to(response_ids.device)
-                    inp, attn = _build_inputs(ids[a:a + mb], response_ids[z].to(device), m[z].to(device), pad_id)
+                for a in range(0, len(rows), size):
+                    z = rows[a:a + size].to(response_ids.device)
+                    inp, attn = _build_inputs(ids[a:a + size], response_ids[z].to(device), m[z].to(device), pad_id)
                     out = logprob_fn(model, inp, attn, m[z].to(device), temperature)
                     lp[z] = torch.where(m[z], out.to(lp), lp.new_zeros(()))
                 outs.append(lp)

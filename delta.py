@@ -66,8 +66,8 @@ Example (any HF causal LM; tests/test_delta.py runs it on a tiny random Qwen3):
         out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
     # h: lm_head input at the position that predicts each response token (hidden_states[-1] is post-norm;
     # a forward pre-hook on model.lm_head captures the same tensor without keeping every layer's states)
-    h = out.hidden_states[-1][:, -T - 1:-1]
-    v = delta.proxy_vectors(h, old_logp, response_mask)  # App. F: v = (1 − p(y_t))·h_t
+    hidden = out.hidden_states[-1][:, -T - 1:-1]
+    v = delta.proxy_vectors(hidden, old_logp, response_mask)  # App. F: v = (1 − p(y_t))·h_t
     lam_bar = delta.delta_coefficients(v, adv, response_mask)  # λ̄ [B, T], mean 1 over valid tokens
     token_adv = delta.delta_token_advantages(adv, lam_bar, response_mask)  # Ã = Â·λ̄ -> your PPO loss
 """
@@ -107,11 +107,11 @@ def proxy_vectors(hidden: Tensor, old_logp: Tensor, response_mask: Tensor) -> Te
     _check_shapes(hidden, "hidden", 3, None, old_logp, "old_logp", response_mask)
     dtype = _work_dtype(hidden, old_logp)
     with torch.no_grad():
-        mb = _mask01(response_mask).to(hidden.device)
+        valid = _mask01(response_mask).to(hidden.device)
         # App. F: 1 − p(y_t) = −expm1(log p(y_t)); exact even when p(y_t) → 1.
         one_minus_p = -torch.expm1(old_logp.detach().to(device=hidden.device, dtype=dtype))
         v = one_minus_p[..., None] * hidden.detach().to(dtype)
-        return torch.where(mb[..., None], v, torch.zeros((), dtype=dtype, device=v.device))
+        return torch.where(valid[..., None], v, torch.zeros((), dtype=dtype, device=v.device))
 
 
 # Maths shared by both paths ------------------------------------------------------------------------------
@@ -449,9 +449,9 @@ def _prepare(v: Tensor, adv: Tensor, response_mask: Tensor, dtype: Optional[torc
     if not bool(torch.isfinite(adv).all()):
         raise ValueError(f"adv{where} must be finite")
     dtype = dtype or _work_dtype(v)
-    mb = _mask01(response_mask, f"response_mask{where}").to(v.device)
-    v = torch.where(mb[..., None], v.detach().to(dtype), torch.zeros((), dtype=dtype, device=v.device))
-    return v, adv.detach().to(device=v.device, dtype=dtype), mb.to(dtype)
+    valid = _mask01(response_mask, f"response_mask{where}").to(v.device)
+    v = torch.where(valid[..., None], v.detach().to(dtype), torch.zeros((), dtype=dtype, device=v.device))
+    return v, adv.detach().to(device=v.device, dtype=dtype), valid.to(dtype)
 
 
 # Diagnostics (``return_stats``) ----------------------------------------------------------------------------

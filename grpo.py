@@ -6,7 +6,7 @@ One training step (``train_step``) is seven stages, in the order of the papers::
     2. verify       binary reward r_i ∈ {0, 1}                      verify.grade_batch (math-verify)
     3. advantages   Â_i = (r_i − mean_g r) / (std_g r + 1e-6)       group_advantages   GRPO (Shao et al. 2024)
     4. θ_old        log π_θold(o_{i,t}) per token, no grad          old_logprobs       (+ h_t for DelTA, same pass)
-    5. credit       token advantages Â_{i,t} (--credit)             Credit: grpo broadcasts Â_i; delta Â_i·λ̄_{i,t}
+    5. credit       token advantages Ã_{i,t} (--credit)             Credit: grpo broadcasts Â_i; delta Â_i·λ̄_{i,t}
                                                                     (delta.py); cscr Â_i·w̃_{i,t} (cscr.py)
     6. update       clipped surrogate, token-mean, AdamW            policy_loss        DAPO (Yu et al. 2025) §3.1, §3.3
     7. log          metrics.jsonl, samples/                         checkpoint.RunFolder
@@ -297,7 +297,7 @@ def policy_loss(logp, old_logp, adv, response_mask, epsilon=0.2, epsilon_high=0.
     return loss, stats
 
 
-# --- Credit assignment: sequence advantages Â_i -> token advantages Â_{i,t} (the --credit hook) ---------------
+# --- Credit assignment: sequence advantages Â_i -> token advantages Ã_{i,t} (the --credit hook) ---------------
 class Credit:
     """Sequence advantages ``[N]`` -> token advantages ``[N, T]``, once per rollout batch, without gradient, from
     θ_old; fixed for every mini-batch and epoch of the step (DelTA spec §2.4; CSCR spec §4). ``token_weights``: the
@@ -428,7 +428,7 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
     #    step's one optimisation, chosen here: for one update at θ_old = θ, the training forward, which 6 reuses
     old = old_logprobs(model, batch, cfg, credit.needs_hidden(), ref_model,
                        training_forward=can_update_on_policy(cfg, len(adv), ref_model is not None))
-    # 5. token advantages Â_{i,t} (CSCR scores only rows with Â ≠ 0, a different number on each process: its
+    # 5. token advantages Ã_{i,t} (CSCR scores only rows with Â ≠ 0, a different number on each process: its
     #    scoring passes need the gathered weights under FSDP2)
     with distributed.gathered_weights(model) if cfg.credit == "cscr" else contextlib.nullcontext():
         token_adv, credit_stats = credit(model, batch, adv, old, answers)
@@ -462,18 +462,18 @@ def old_logprobs(model, batch, cfg: GRPOConfig, need_hidden=False, ref_model=Non
     Every process runs as many micro-batches (FSDP's gathers)."""
     N, T = batch.response_mask.shape
     dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
-    logp, hidden = torch.zeros(N, T, dtype=dt), None
+    old_logp, hidden = torch.zeros(N, T, dtype=dt), None
     passes = policy.Passes(model, batch, torch.arange(N), cfg, grad=training_forward, hidden=need_hidden,
                            keep=training_forward)
     for mb in passes:
-        logp[mb.rows, :mb.t] = mb.logp.detach().cpu()
+        old_logp[mb.rows, :mb.t] = mb.logp.detach().cpu()
         if need_hidden:  # h_t on the host, bounded (the comment above ThetaOld)
             if hidden is None:
                 check_delta_cache(N, T, mb.hidden.shape[-1])
                 hidden = torch.zeros(N, T, mb.hidden.shape[-1], dtype=dt)
             hidden[mb.rows, :mb.t] = mb.hidden.to(dt).cpu()
     ref_logp = policy.reference_logprobs(ref_model, batch, passes.layout, cfg.temperature) if ref_model else None
-    return ThetaOld(logp, hidden, ref_logp, passes if training_forward else None)
+    return ThetaOld(old_logp, hidden, ref_logp, passes if training_forward else None)
 
 
 def check_delta_cache(N: int, T: int, H: int) -> None:  # one line, not an out-of-memory kill mid-step
@@ -505,8 +505,8 @@ def policy_update(model, optimizer, batch, old: ThetaOld, token_adv, cfg: GRPOCo
     loss_sum, grad_norms, agg, skipped = 0.0, [], {}, 0
     for epoch in range(cfg.num_iterations):
         perm = torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed + 7919 * step + epoch))
-        for mb in range(cfg.num_mini_batches):
-            mb_idx = perm[mb * mb_size:(mb + 1) * mb_size] if cfg.num_mini_batches > 1 else torch.arange(N)
+        for k in range(cfg.num_mini_batches):
+            mb_idx = perm[k * mb_size:(k + 1) * mb_size] if cfg.num_mini_batches > 1 else torch.arange(N)
             optimizer.zero_grad(set_to_none=True)
             loss, stats = backward_minibatch(model, batch, old, token_adv, mb_idx, cfg)
             loss = distributed.all_reduce_sum(torch.tensor(loss, dtype=torch.float64)).item()  # Σ of the parts

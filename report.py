@@ -6,7 +6,7 @@
 Token-level credit assignment decides which tokens of a response get more or less of its sequence advantage Â_i.
 The page paints that on the tokens: every logged response (``samples/step_*.jsonl``, written by
 ``checkpoint.RunFolder.write_samples``) is shown token by token, each token shaded by its credit
-c_{i,t} = Â_{i,t} / Â_i (GRPO: 1; DelTA: λ̄_{i,t}, Eq. 8; CSCR: w̃_t = w_t / mean_t(w), spec §5) on one diverging
+c_{i,t} = Ã_{i,t} / Â_i (GRPO: 1; DelTA: λ̄_{i,t}, Eq. 8; CSCR: w̃_t = w_t / mean_t(w), spec §5) on one diverging
 colour scale centred at 1, with the exact value on hover. Runs sampled with the same seed log the same prompts at
 the same step: their responses to a prompt stand next to each other (the prompt text is the key). Above them: one
 row per run (held-out accuracy before and after, reward, length), the credit's distribution per run (histograms
@@ -40,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-SYMBOL = {"grpo": "c", "delta": "λ̄", "cscr": "w̃"}  # the credit c = Â_{i,t} / Â_i of each --credit, as hovered
+SYMBOL = {"grpo": "c", "delta": "λ̄", "cscr": "w̃"}  # the credit c = Ã_{i,t} / Â_i of each --credit, as hovered
 RUN_COLOURS = ["#0072b2", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#d55e00", "#555555"]  # Okabe-Ito
 # The token scale (ColorBrewer PuOr): purple = less than the sequence advantage, orange = more, white = exactly Â.
 LESS = ["#ffffff", "#e7e4f1", "#c9c3e0", "#a79dce", "#8073ac", "#5e3f96", "#3f1f73"]
@@ -547,7 +547,7 @@ def _over_steps(by_step: dict[int, list[float]]) -> dict:
 def credit_lands(run: Run) -> dict:
     """The numbers of "Where the credit lands" for one toy run, from every logged step (rows with Â ≠ 0 only).
 
-    ``classes``: per class of ``CLASSES``, the credit c = Â_{i,t}/Â_i of its tokens (``_over_steps``: mean over
+    ``classes``: per class of ``CLASSES``, the credit c = Ã_{i,t}/Â_i of its tokens (``_over_steps``: mean over
     tokens, count = tokens, spread of the per-step means). ``auroc``: ``first_wrong``, per incorrect response the
     Mann–Whitney AUROC of c at telling its first wrong token from its other tokens (higher c = more of Â_i, which
     for Â_i < 0 is more of the penalty: AUROC > 0.5 means the first wrong token is penalised more than the rest);
@@ -640,7 +640,7 @@ def credit_lands_section(runs: list[Run], colours: dict, lands: dict[str, dict])
              'response\'s <b>first wrong token</b> is the first token at which it is no longer a prefix of any '
              'correct solution the toy\'s grammar allows (the tokens before it, the <b>shared prefix</b>, a correct '
              'response could also write); a correct response\'s <b>result digits</b> are the digits after each '
-             '<code>=</code> and inside the box. Each cell: the mean credit c = Â<sub>i,t</sub>/Â<sub>i</sub> of '
+             '<code>=</code> and inside the box. Each cell: the mean credit c = Ã<sub>i,t</sub>/Â<sub>i</sub> of '
              'that class\'s tokens over every logged step (rows with Â ≠ 0), below it the min–max of the per-step '
              'means and the number of tokens (hover: the std). <b>AUROC</b>: per response, the Mann–Whitney '
              'probability (ties ½) that the class\'s token gets a higher c than the response\'s other tokens, '
@@ -728,7 +728,7 @@ footer{margin-top:34px;font-size:12px;color:var(--muted)}
 
 def legend(runs: list[Run], R: float) -> str:
     credits = {run.credit for run in runs}
-    lines = ['<p><b>Colour: each token\'s credit c<sub>i,t</sub> = Â<sub>i,t</sub> / Â<sub>i</sub></b>, the share of '
+    lines = ['<p><b>Colour: each token\'s credit c<sub>i,t</sub> = Ã<sub>i,t</sub> / Â<sub>i</sub></b>, the share of '
              'its response\'s sequence advantage it receives in the clipped surrogate. <b>White</b>: exactly Â<sub>i'
              '</sub>, what GRPO gives every token. <b style="color:#c0620f">Orange</b>: more than Â<sub>i</sub>; '
              '<b style="color:#5e3f96">purple</b>: less. When Â<sub>i</sub> &lt; 0 the same colours mean more or '
@@ -803,7 +803,7 @@ def truth_numbers(runs: list[Run]) -> dict:
     if not lands and not views:
         return {}
     return {"definitions": {
-        "credit": "c = Â_{i,t}/Â_i per token (GRPO 1, DelTA λ̄, CSCR w̃); only rows with Â_i ≠ 0",
+        "credit": "c = Ã_{i,t}/Â_i per token (GRPO 1, DelTA λ̄, CSCR w̃); only rows with Â_i ≠ 0",
         "classes": "incorrect responses: first_wrong (toy.first_wrong_token), prefix (before it), after (after it); "
                    "correct responses (reward > 0): result_digits (toy.result_digits), other",
         "mean": "over every token (classes) or response (auroc) of every logged step; count: tokens or responses",

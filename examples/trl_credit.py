@@ -4,7 +4,7 @@
 
 * ``_generate_and_score_completions`` is where TRL holds the whole generation batch (this process's
   ``per_device_train_batch_size × steps_per_generation`` rows) with its sequence advantages Â_i. After TRL's
-  own work the override replaces ``"advantages"`` [B] by the token advantages Â_{i,t} [B, T]
+  own work the override replaces ``"advantages"`` [B] by the token advantages Ã_{i,t} [B, T]
   (``token_advantages``), computed once per generation batch from θ_old. TRL then shuffles and splits the batch
   into micro-batches (gradient accumulation) and reuses it for ``num_iterations`` passes; its ``_compute_loss``
   already accepts [B, T] advantages and its ``dapo`` loss divides by the generation batch's token count, so no
@@ -86,7 +86,7 @@ class CreditGRPOTrainer(GRPOTrainer):
 
     @torch.no_grad()
     def token_advantages(self, inputs, out):
-        """Token advantages Â_{i,t} [B, T] of one whole generation batch, from θ_old (``inputs``: the rows' dataset
+        """Token advantages Ã_{i,t} [B, T] of one whole generation batch, from θ_old (``inputs``: the rows' dataset
         examples; ``out``: TRL's batch, ``advantages`` still the sequence advantages Â_i [B])."""
         adv, mask, response_ids = out["advantages"], out["completion_mask"], out["completion_ids"]
         model = self.accelerator.unwrap_model(self.model)

@@ -90,7 +90,7 @@ def _batch(tok, texts, finish, T):
 
 @pytest.mark.parametrize("weight_name", ["lambda_bar", "sensitivity", None])
 def test_samples_hold_tokens_and_credit(tmp_path, char_tokenizer, weight_name):
-    """tokens: each response token decoded alone (EOS included); credit: Â_{i,t}/Â_i on rows with Â ≠ 0; on
+    """tokens: each response token decoded alone (EOS included); credit: Ã_{i,t}/Â_i on rows with Â ≠ 0; on
     Â = 0 rows DelTA's λ̄ (a multiplier of Â) or 1 (CSCR's sensitivity is not one; GRPO has no weights)."""
     tok = char_tokenizer
     batch = _batch(tok, ["1+2=3", "7", "ab", "9 9"], ["stop", "stop", "stop", "length"], T=6)

@@ -5,7 +5,7 @@ own virtual environment). One TRL step on the toy with a generation batch of 2 p
 micro-batches of 4 rows (``gradient_accumulation_steps`` 4): grpo.py's credit hook (``grpo.old_logprobs`` +
 ``grpo.Credit``, whole batch, its own θ_old pass) runs on TRL's batch at θ_old, before the subclass; the token
 advantages that reach TRL's loss in each micro-batch must equal its rows, and so must λ̄ (DelTA) and
-w̃ = Â_{i,t}/Â_i (CSCR): the same computation, so in float64 to 1e-10 (tests/conftest.py ``float64_model``). Then a
+w̃ = Ã_{i,t}/Â_i (CSCR): the same computation, so in float64 to 1e-10 (tests/conftest.py ``float64_model``). Then a
 few toy steps with ``--credit delta`` must raise the held-out avg@8.
 """
 
@@ -95,7 +95,7 @@ def test_token_advantages_equal_grpo_credit_across_micro_batches(example, toy_mo
     got = torch.cat([m["advantages"] for m in micro])
     got = got[:, None] * mask if got.dim() == 1 else got  # "grpo": TRL's own [B] advantages, broadcast by its loss
     torch.testing.assert_close(got, want[rows], rtol=0, atol=TOL)
-    # the weights themselves: λ̄ (DelTA) or w̃ (CSCR) = Â_{i,t} / Â_i on the tokens of rows with Â ≠ 0
+    # the weights themselves: λ̄ (DelTA) or w̃ (CSCR) = Ã_{i,t} / Â_i on the tokens of rows with Â ≠ 0
     sel = (mask > 0) & (adv[rows] != 0)[:, None]
     weight_got, weight_want = (got / adv[rows, None])[sel], (want[rows] / adv[rows, None])[sel]
     torch.testing.assert_close(weight_got, weight_want, rtol=0, atol=TOL)
