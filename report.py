@@ -623,11 +623,12 @@ def credit_lands_section(runs: list[Run], colours: dict, lands: dict[str, dict])
                     f'<b>{html.escape(run.name)}</b>{credit}</td>'
                     + "".join(_stat_cell(d["classes"][key]) for key, _, _ in CLASSES)
                     + "".join(_stat_cell(d["auroc"][key]) for key in ("first_wrong", "result_digits"))
-                    + f'<td class="num">{k["incorrect"]} + {k["no_wrong_token"]} · {k["correct"]}</td></tr>')
+                    + f'<td class="num" title="{k["no_wrong_token"]} incorrect with no wrong token (a prefix of a correct '
+                      f'solution): counted, not classed">{k["incorrect"]} incorrect · {k["correct"]} correct</td></tr>')
     heads = "".join(f"<th>{html.escape(h)}<br><small>{side}</small></th>" for _, h, side in CLASSES)
     table = (f'<table class="runs lands"><thead><tr><th>run</th>{heads}<th>AUROC first wrong<br><small>incorrect'
-             f'</small></th><th>AUROC result digits<br><small>correct</small></th><th>responses<br><small>incorrect '
-             f'+ no wrong token · correct</small></th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+             f'</small></th><th>AUROC result digits<br><small>correct</small></th><th>responses<br><small>with Â ≠ 0'
+             f'</small></th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
     charts = []
     for key, title in (("first_wrong", "AUROC: first wrong token"), ("result_digits", "AUROC: result digits")):
         series = [{"colour": colours[run.name], "label": run.name,
@@ -864,8 +865,12 @@ def main(argv=None) -> str:
         page, info = build_report(runs, args.steps, args.scale)
     except ValueError as e:
         raise SystemExit(f"report.py: error: {e}")
-    with open(args.output, "w", encoding="utf-8") as f:
-        f.write(page)
+    try:  # the page's folder is made if missing (like grpo.py's --output_dir); an unwritable one is one line
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(page)
+    except OSError as e:
+        raise SystemExit(f"report.py: error: --output {args.output} cannot be written ({e.strerror})")
     if info["numbers"]:  # the numbers of "Where the credit lands" and DelTA's token view, next to the page
         with open(numbers_path(args.output), "w", encoding="utf-8") as f:
             json.dump(info["numbers"], f, indent=1, ensure_ascii=False)

@@ -263,6 +263,16 @@ def test_bad_folders_get_one_line_and_the_others_are_reported(three_runs, tmp_pa
         report.main([str(tmp_path / "notarun"), "--output", str(out)])
 
 
+def test_output_in_a_new_folder_or_an_unwritable_one(three_runs, tmp_path):
+    """--output in a folder that does not exist yet makes it; one that cannot be written stops with one line."""
+    out = report.main([*three_runs, "--output", str(tmp_path / "new" / "deeper" / "page.html")])
+    assert os.path.isfile(out)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit, match=r"report.py: error: --output .*a_file/page.html cannot be written"):
+        report.main([*three_runs, "--output", str(blocker / "page.html")])
+
+
 def test_default_output_is_a_place_the_runs_own(three_runs, tmp_path, monkeypatch, capsys):
     """Without --output the page goes next to the runs (their common folder, here tmp_path/report.html; one run: its
     own folder), never into the working directory (the repository root, which git does not ignore), and the line
