@@ -730,8 +730,12 @@ def test_header_example_runs_on_tiny_qwen3(float64_model):
 def test_adaptive_temperature_is_the_population_std_of_the_margins():
     d = torch.tensor([1.0, 2.0, 4.0], dtype=F64)  # mean 7/3, E[Δ²] = 7: variance 7 − 49/9 = 14/9
     gamma = delta.adaptive_temperature(d.sum(), (d * d).sum(), torch.tensor(3.0, dtype=F64), 1e-8)
-    assert float(gamma) == pytest.approx(math.sqrt(14 / 9), rel=1e-15)
-    assert float(gamma) == pytest.approx(float(d.std(unbiased=False)), rel=1e-14)
+    # Σ = 7, Σ² = 21, 21/3 = 7 are exact in float64 (u = 2⁻⁵³); E[Δ] = fl(7/3) errs by u, E[Δ]² by 3u of 49/9, and
+    # 7 − E[Δ]² cancels down to 14/9: 3u·(49/9)/(14/9) + u = 11.5u relative; the square root halves it, + u: 6.75u.
+    # torch's two-pass std has its own error of the same size: twice the bound.
+    bound = 6.75 * 2.0**-53
+    assert float(gamma) == pytest.approx(math.sqrt(14 / 9), rel=bound)
+    assert float(gamma) == pytest.approx(float(d.std(unbiased=False)), rel=2 * bound)
     one = torch.tensor(5.0, dtype=F64)  # one token: variance 0, floored at ε
     assert float(delta.adaptive_temperature(one, one * one, torch.tensor(1.0, dtype=F64), 1e-8)) == pytest.approx(1e-4)
 
@@ -742,12 +746,13 @@ def test_soft_assignment_uses_each_tokens_own_side():
     margin_neg = torch.tensor([[9.0, 9.0], [ln3, 0.0]], dtype=F64)
     assign = delta.soft_assignment(margin_pos, margin_neg, torch.tensor(2.0), torch.tensor(1.0),
                                    torch.tensor([0.7, -0.7], dtype=F64))
-    torch.testing.assert_close(assign, torch.tensor([[0.5, 0.75], [0.75, 0.5]], dtype=F64), rtol=1e-15, atol=1e-15)
+    # σ of an argument within one rounding of ln 3 or 0: a few ulp of 0.75 (2⁻⁵³ each), below 1e-15
+    torch.testing.assert_close(assign, torch.tensor([[0.5, 0.75], [0.75, 0.5]], dtype=F64), rtol=0, atol=1e-15)
 
 
 def test_bounded_coefficients_map_alpha_into_the_range():
     assign = torch.tensor([[0.5, 0.75, 0.3], [0.9, 0.9, 0.9]], dtype=F64)
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=F64)
     lam = delta.bounded_coefficients(assign, torch.tensor([1.0, 0.0], dtype=F64), mask, 0.8, 1.2)
-    # λ = 0.8 + 0.4·α; the Â = 0 row gets λ_min; padding 0
+    # λ = 0.8 + 0.4·α; the Â = 0 row gets λ_min; padding 0. Two roundings of values ≤ 1.2 (ulp 2.2e-16): 1e-15
     torch.testing.assert_close(lam, torch.tensor([[1.0, 1.1, 0.0], [0.8, 0.8, 0.8]], dtype=F64), rtol=1e-15, atol=1e-15)
