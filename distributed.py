@@ -42,7 +42,19 @@ def init_distributed() -> tuple[int, int]:
 
 
 def close() -> None:
-    """Leave the process group, if one was joined."""
+    """Leave the process group, if one was joined.
+
+    A known exit race, in torch's gloo backend (torch issue #117762; gloo has no call that joins its worker
+    threads): a worker drops its last reference to a finished collective a moment after the waiting thread wakes. If
+    that reference is the last one to a tensor Python has let go of (an all-gather's output, FSDP2's or
+    ``full_tensor``'s), dropping it takes the GIL, and if the interpreter is shutting down by then, the process
+    aborts ("terminate called without an active exception") after all its work is done. The trainer's last
+    collective is ``RunFolder.finish``'s barrier, whose work holds no tensor, reached after process 0 has written
+    final/: the all-gathers before it ended long before the process does. A script that ends right after an
+    all-gather (as the mixed-precision driver in tests/test_distributed.py does) should not rely on interpreter
+    shutdown; that driver leaves with ``os._exit``. No barrier here: a process that failed alone would wait in it
+    until the timeout instead of exiting.
+    """
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 

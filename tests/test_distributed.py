@@ -105,6 +105,7 @@ def test_two_processes_resume(toy_model_path, tmp_path):
 
 
 MIXED_DRIVER = r"""
+import os
 import sys
 import torch
 import distributed, grpo, policy, rollout
@@ -126,7 +127,10 @@ res = ("RESULT", out.logits.dtype, {p.dtype for p in params.values()}, {p.grad.d
       max((params[n].full_tensor() - before[n]).abs().max().item() for n in before) > 1e-4)
 if torch.distributed.get_rank() == 0:
     print(*res, flush=True)
-torch.distributed.destroy_process_group()
+# The last collective was an all-gather (full_tensor): leave without interpreter shutdown, which gloo's worker threads
+# can abort a moment after such a collective (distributed.close's docstring). The barrier: both processes are done.
+distributed.barrier()
+os._exit(0)
 """
 
 
