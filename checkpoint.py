@@ -555,12 +555,11 @@ class RunFolder:
                 rec = {"prompt": batch.prompts[i], "response": batch.texts[i], "reward": rewards[i].item(),
                        "advantage": a, "finish_reason": batch.finish_reasons[i], "tokens": toks,
                        "credit": [round(c, 4) for c in torch.where(live[m], credit[i][m], 0.0).tolist()]}
-                for name, weight in weights.items():
-                    if live.any() and a != 0:
+                if weights and live.any() and a != 0:
+                    for name, weight in weights.items():
                         w = weight[i][m].tolist()
                         order = sorted(range(len(w)), key=lambda j: w[j])
                         rec[f"highest_{name}"] = [(toks[j], round(w[j], 4)) for j in order[::-1][:5]]
                         rec[f"lowest_{name}"] = [(toks[j], round(w[j], 4)) for j in order[:5]]
-                if weights and live.any() and a != 0:
                     rec["token_advantages"] = [round(x, 4) for x in token_adv[i][m].tolist()]
                 f.write(json.dumps(rec) + "\n")

@@ -336,7 +336,7 @@ class Credit:
         kw = dict(K=c.delta_k, lam_min=c.delta_lam_min, lam_max=c.delta_lam_max, return_stats=True)
         pooled = distributed.is_distributed() and c.delta_scope == "global"
         if old.hidden is not None and not pooled:  # --delta_impl normal: stage 4 kept the batch's h_t [N, T, H]
-            v = delta.proxy_vectors(old.hidden, old.logp, mask)  # App. F: v = (1 − p)·h, [N, T, H], as bounded as h
+            v = delta.proxy_vectors(old.hidden, old.logp, mask)  # App. F: v = (1 − p)·h [N, T, H] (ThetaOld's bound)
             lam_bar, stats = delta.delta_coefficients(v, adv, mask, **kw)
         else:
             # Streamed sufficient statistics (spec §2.5): every statistic is a sum or a count, so with --delta_scope
@@ -447,10 +447,11 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
     return record
 
 
-# θ_old, as stage 4 leaves it for stages 5 and 6. Kept across micro-batches, at the papers' scale (2,048 responses
-# × 4,096 tokens, H = 4,096, float32 on the host): logp 34 MB; hidden (DelTA, --delta_impl normal) 137 GB, so
-# bounded by check_delta_cache (else None); ref_logp (--beta > 0) 34 MB, else None; training_forward: the kept
-# training forward (graphs, on the device) when stage 4 was that forward (can_update_on_policy), else None.
+# θ_old, as stage 4 leaves it for stages 5 and 6. Kept across micro-batches, at the papers' scale (2,048 responses ×
+# 4,096 tokens, H = 4,096, float32 on the host): logp 34 MB; ref_logp (--beta > 0, else None) 34 MB; hidden (DelTA's
+# --delta_impl normal, else None) 137 GB, refused by check_delta_cache above a quarter of the host's memory
+# (policy.HOST_MEMORY_SHARE: stage 5 adds v and a masked copy, each as large); training_forward: stage 4's training
+# forward when it was that (can_update_on_policy; graphs, on the device), else None.
 ThetaOld = namedtuple("ThetaOld", "logp hidden ref_logp training_forward")
 
 
@@ -511,8 +512,8 @@ def policy_update(model, optimizer, batch, old: ThetaOld, token_adv, cfg: GRPOCo
             loss, stats = backward_minibatch(model, batch, old, token_adv, mb_idx, cfg)
             loss = distributed.all_reduce_sum(torch.tensor(loss, dtype=torch.float64)).item()  # Σ of the parts
             loss_sum += loss
-            for k, v in stats.items():
-                agg[k] = agg.get(k, 0.0) + v
+            for name, value in stats.items():
+                agg[name] = agg.get(name, 0.0) + value
             grad_norm = policy.clip_and_step(model, optimizer, loss, cfg.max_grad_norm, step)
             if grad_norm is None:
                 skipped += 1

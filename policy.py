@@ -403,10 +403,9 @@ class Passes:
                 if self.shared is None and self.cfg.shared_prompt:
                     self.shared = SharedPrompts(self.model, b.input_ids, b.attention_mask, self.rows,
                                                 b.response_mask.shape[1])
-                out = token_logprobs(self.model, b.input_ids[j][:, cols].to(device),
-                                     b.attention_mask[j][:, cols].to(device), b.response_mask[j, :t].to(device),
-                                     self.cfg.temperature, return_hidden=self.hidden,
-                                     shared=(self.shared, j) if self.cfg.shared_prompt else None)
+                out = token_logprobs(self.model, *micro_batch_inputs(b, j, cols, t, device), self.cfg.temperature,
+                                     return_hidden=self.hidden, shared=(self.shared, j) if self.cfg.shared_prompt
+                                     else None)
             logp, h = out if self.hidden else (out, None)
             mb = MicroBatch(j, cols, t, logp, h)
             if self.keep:  # the graph, not h: stage 4's kept h_t live on the host (grpo.old_logprobs)
@@ -428,10 +427,16 @@ def reference_logprobs(ref_model, batch, layout, temperature: float) -> torch.Te
     ref = torch.zeros(N, T, dtype=torch.promote_types(next(ref_model.parameters()).dtype, torch.float32))
     with torch.no_grad():
         for j, cols, t in layout:
-            ref[j, :t] = token_logprobs(ref_model, batch.input_ids[j][:, cols].to(device),
-                                        batch.attention_mask[j][:, cols].to(device),
-                                        batch.response_mask[j, :t].to(device), temperature).cpu()
+            ref[j, :t] = token_logprobs(ref_model, *micro_batch_inputs(batch, j, cols, t, device), temperature).cpu()
     return ref
+
+
+def micro_batch_inputs(batch, rows, cols, t, device) -> tuple:
+    """One micro-batch of a layout (``rollout.micro_batches``) as ``token_logprobs`` takes it, on ``device``:
+    ``input_ids``, ``attention_mask`` ``[b, len(cols)]`` (rows ``rows``, input columns ``cols``), ``response_mask``
+    ``[b, t]``."""
+    return (batch.input_ids[rows][:, cols].to(device), batch.attention_mask[rows][:, cols].to(device),
+            batch.response_mask[rows, :t].to(device))
 
 
 class SharedPrompts:

@@ -229,17 +229,10 @@ def first_wrong_token(problem: str, tokens: list[str], eos: str = SPECIAL_TOKENS
     Multi-character tokens are handled: the wrong token is the one holding the first wrong character.
     """
     text, ends = _spans(tokens, eos)
-    shared = max(_common_prefix(text, s + _EOS_CHAR) for s in correct_solutions(problem))
+    shared = max(len(os.path.commonprefix([text, s + _EOS_CHAR])) for s in correct_solutions(problem))
     if shared == len(text):
         return None
     return next(i for i, end in enumerate(ends) if end > shared)
-
-
-def _common_prefix(a: str, b: str) -> int:
-    n = 0
-    while n < min(len(a), len(b)) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def result_digits(tokens: list[str], eos: str = SPECIAL_TOKENS["eos_token"]) -> list[int]:

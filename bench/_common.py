@@ -84,8 +84,9 @@ class PeakMemory:
 
         import policy
 
-        if self._reset_ok and policy.proc_status_kib("VmHWM") is not None:
-            peak_kib, self.rss_method = policy.proc_status_kib("VmHWM"), "VmHWM after clear_refs reset"
+        peak_kib = policy.proc_status_kib("VmHWM") if self._reset_ok else None
+        if peak_kib is not None:
+            self.rss_method = "VmHWM after clear_refs reset"
         else:  # no reset possible: the lifetime peak, meaningful only if the process peaked inside the block
             peak_kib, self.rss_method = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "ru_maxrss (no reset)"
         self.rss_before_mib = (self._rss_before or 0) / 1024
