@@ -502,12 +502,13 @@ class RunFolder:
     def samples_path(self, step: int) -> str:
         return os.path.join(self.path, "samples", f"step_{step:06d}.jsonl")
 
-    def log_step(self, step: int, group_size: int, rewards, lengths, finish_reasons: list[str],
+    def log_step(self, step: int, group_size: int, rewards, correct, lengths, finish_reasons: list[str],
                  verify_counts: dict, token_stats: dict, extra: dict) -> dict:
         """Pool one training step's statistics over processes, append them to metrics.jsonl; returns the record.
 
-        Args (each process passes its own): rewards ``[n]`` (group by group), lengths ``[n]`` (tokens, EOS
-        included), finish_reasons, verify_counts (``verify.summarize`` counts: summed over processes),
+        Args (each process passes its own): rewards ``[n]`` (group by group), correct ``[n]`` (the verifier's 0/1, ``accuracy``,
+        when the reward was shaped: ``overlong/penalty_mean`` is then their mean difference; None: the reward is
+        the verifier's own), lengths ``[n]`` (tokens, EOS included), finish_reasons, verify_counts (``verify.summarize`` counts: summed over processes),
         token_stats (token-weighted sums with their ``num_tokens``, e.g. the clip fractions: pooled into
         token-means), extra (values that are already global: loss, gradient norm, credit statistics, timings).
         Every process must call it.
@@ -520,13 +521,16 @@ class RunFolder:
         extra = {**extra, "skipped_updates_total": self.skipped_updates_total}
         counts = {k: v for k, v in verify_counts.items() if k not in ("total", "correct")}
         summed = distributed.all_reduce_sum(torch.tensor(list(counts.values()), dtype=torch.float64)).tolist()
-        pooled = distributed.all_gather_objects((rewards.tolist(), lengths.tolist(), finish_reasons))
+        pooled = distributed.all_gather_objects((rewards.tolist(), lengths.tolist(), finish_reasons,
+                                                 (rewards if correct is None else correct).tolist()))
         r = torch.tensor([x for part in pooled for x in part[0]])
         lengths = torch.tensor([x for part in pooled for x in part[1]], dtype=torch.float)
         finish = [x for part in pooled for x in part[2]]
+        c = torch.tensor([x for part in pooled for x in part[3]])
         groups = r.view(-1, group_size)
+        shaped = {"overlong/penalty_mean": (r - c).mean().item()} if correct is not None else {}
         record = {"step": step, "reward": r.mean().item(), "reward_std": r.std().item() if len(r) > 1 else 0.0,
-                  "accuracy": r.mean().item(),
+                  "accuracy": c.mean().item(), **shaped,
                   "frac_reward_zero_std": (groups.max(-1).values == groups.min(-1).values).float().mean().item(),
                   "completions/mean_length": lengths.mean().item(),
                   "completions/clipped_ratio": finish.count("length") / len(r),

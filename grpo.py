@@ -49,7 +49,9 @@ import torch
 import checkpoint
 import distributed
 import evaluate
+import memory_plan
 import policy
+import recipes
 import rollout
 import verify
 
@@ -60,9 +62,16 @@ def _f(default, help, choices=None):
 
 @dataclass
 class GRPOConfig:
-    # model and data
+    # recipe, model and data
+    recipe: str = _f("auto", "settings that belong together (recipes.py): toy (these defaults), delta_paper (DelTA's "
+                             "paper), delta_one_gpu (Qwen3-8B on one 80 GB GPU); auto: toy for the toy, else "
+                             "delta_paper; a flag given beats the recipe", ["auto", *recipes.RECIPES])
     model: str = _f("toy", "'toy' (built-in), a local folder or a Hugging Face hub id")
-    data: str = _f("toy", "training problems: a jsonl file of {id, problem, answer} rows, or 'toy'")
+    data: str = _f("toy", "training problems: a jsonl or parquet file, a folder of parquet shards, a name in data/, "
+                          "or 'toy'")
+    data_problem_field: str = _f("problem", "the data's problem column (DeepMath-103K: question)")
+    data_answer_field: str = _f("answer", "the data's reference-answer column (DeepMath-103K: final_answer)")
+    max_prompt_length: int = _f(0, "leave out prompts longer than this many tokens before training (0 = keep all)")
     eval_data: str = _f("", "held-out problems (before/after); empty: the toy's test split with --data toy")
     prompt_template: str = _f("auto", "auto: none for the toy, else qwen_math", ["auto", *rollout.PROMPT_TEMPLATES])
     output_dir: str = _f("", "the run folder (config, metrics, samples, checkpoints); empty: runs/<credit> for the "
@@ -99,6 +108,9 @@ class GRPOConfig:
     num_generations: int = _f(8, "G, responses per prompt (group size)")
     num_prompts_per_step: int = _f(16, "prompts per step; the rollout batch is num_prompts_per_step × G")
     max_completion_length: int = _f(64, "response budget in tokens (longer responses are truncated)")
+    overlong_buffer_len: int = _f(0, "DAPO overlong shaping: the last this many tokens of the budget ramp the reward "
+                                     "down to -factor (0 = off)")
+    overlong_penalty_factor: float = _f(1.0, "DAPO overlong shaping: the penalty at --max_completion_length")
     temperature: float = _f(1.0, "sampling temperature; the trainer's log-probs use the same temperature")
     top_p: float = _f(1.0, "nucleus sampling mass")
     use_vllm: bool = _f(False, "sample with vLLM colocated in this process (requirements-vllm.txt)")
@@ -127,6 +139,8 @@ class GRPOConfig:
     mask_truncated_completions: bool = _f(False, "exclude responses that hit max_completion_length from the loss")
     # evaluation, logging, checkpoints
     eval_num_generations: int = _f(8, "k of the held-out avg@k before and after training (0 = skip)")
+    eval_temperature: float | None = _f(None, "held-out sampling temperature (default: --temperature)")
+    eval_top_p: float | None = _f(None, "held-out nucleus mass (default: --top_p)")
     eval_steps: int = _f(0, "also evaluate every this many steps (0 = only before and after)")
     logging_steps: int = _f(1, "write samples/step_*.jsonl every this many steps (metrics.jsonl: every step)")
     num_samples_to_log: int = _f(2, "groups written to each samples/step_*.jsonl")
@@ -136,6 +150,10 @@ class GRPOConfig:
     report_to: str = _f("none", "also log every metric to: none, or tensorboard, wandb, trackio (comma-separated)")
     seed: int = _f(0, "random seed (data order, sampling)")
     num_threads: int = _f(0, "torch CPU threads (0: 1 for models under 10M parameters, else torch's default)")
+    # the memory plan (memory_plan.py), made from the model's config.json before any weights load
+    dry_run: bool = _f(False, "print the resolved settings and the memory plan, then exit without loading weights")
+    gpu_memory_gb: float | None = _f(None, "plan for a GPU of this many GB (default: this machine's GPU, else host)")
+    plan_processes: int = _f(0, "plan for a torchrun of this many processes (0: this run's)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -143,13 +161,13 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(f"grpo.py: error: {message} (python grpo.py --help lists the flags)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     """argparse flags generated from ``GRPOConfig`` (name, type, default, help, choices); a bad flag or value stops
-    with one line."""
-    ap = _Parser(description=__doc__.split("\n")[0])
+    with one line. ``defaults=False``: flags not given are absent from the parsed namespace (``given_flags``)."""
+    ap = _Parser(description=__doc__.split("\n")[0], epilog=recipes.help_text())
     for f in dataclasses.fields(GRPOConfig):
         kind = (f.type if isinstance(f.type, str) else f.type.__name__).split("|")[0].strip()  # "float | None"
-        kw = dict(default=f.default, **f.metadata)  # help, and choices where the field has them
+        kw = dict(default=f.default if defaults else argparse.SUPPRESS, **f.metadata)  # help, choices
         kw["help"] += " (default: %(default)s)" if f.default not in ("", None) else ""  # empty: the help says
         if kind == "bool":
             ap.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, **kw)
@@ -158,8 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def check_config(cfg: GRPOConfig, world: int = 1) -> None:
-    """Reject settings that cannot work, with a one-line message naming the flag (``SystemExit``)."""
+def given_flags(argv) -> set[str]:
+    """The flags given on the command line ``argv``: they beat the recipe's values (recipes.apply)."""
+    return set(vars(build_parser(defaults=False).parse_args(argv)))
+
+
+def check_config(cfg: GRPOConfig, world: int = 1) -> list[str]:
+    """Reject settings that cannot work, with a one-line message naming the flag (``SystemExit``). Under
+    ``--dry_run`` the checks of this machine (vLLM installed, a GPU present) are returned as notes of the plan."""
     rows = cfg.num_prompts_per_step // max(world, 1) * cfg.num_generations  # one process's rollout rows
     problems = [
         (cfg.num_generations < 1, "--num_generations must be >= 1"),
@@ -171,7 +195,12 @@ def check_config(cfg: GRPOConfig, world: int = 1) -> None:
          f"of the number of processes ({world}): each process takes whole groups"),
         (cfg.num_mini_batches >= 1 and rows % cfg.num_mini_batches, "--num_mini_batches must divide "
          "num_prompts_per_step × num_generations" + (f" / {world} processes" if world > 1 else "")),
-        *[(getattr(cfg, n) < 0, f"--{n} must be >= 0") for n in ("max_steps", "micro_batch_size", "save_steps")],
+        *[(getattr(cfg, n) < 0, f"--{n} must be >= 0") for n in
+          ("max_steps", "micro_batch_size", "save_steps", "max_prompt_length", "plan_processes")],
+        (cfg.overlong_buffer_len < 0 or 0 < cfg.max_completion_length <= cfg.overlong_buffer_len,
+         f"--overlong_buffer_len {cfg.overlong_buffer_len} must be >= 0 and shorter than --max_completion_length "
+         f"{cfg.max_completion_length} (verl asserts the same)"),
+        (cfg.gpu_memory_gb is not None and cfg.gpu_memory_gb <= 0, "--gpu_memory_gb must be > 0"),
         (cfg.learning_rate <= 0, f"--learning_rate must be > 0, got {cfg.learning_rate}"),
         (not (0 <= cfg.epsilon < 1) or cfg.epsilon_high < 0, "--epsilon must be in [0, 1) and --epsilon_high >= 0"),
         (cfg.dual_clip is not None and cfg.dual_clip <= 1, "--dual_clip must be > 1 (verl uses 3, DelTA 10)"),
@@ -181,16 +210,17 @@ def check_config(cfg: GRPOConfig, world: int = 1) -> None:
                            or not cfg.lora_target_modules.strip(",").strip()),
          "--use_peft needs --lora_r >= 1, --lora_alpha > 0, 0 <= --lora_dropout < 1 and --lora_target_modules"),
         (not 0 < cfg.vllm_gpu_memory_utilization <= 1, "--vllm_gpu_memory_utilization must be in (0, 1]"),
-        (cfg.vllm_enable_sleep_mode and not cfg.use_vllm, "--vllm_enable_sleep_mode needs --use_vllm"),
+        (cfg.vllm_enable_sleep_mode and not cfg.use_vllm, "--vllm_enable_sleep_mode needs --use_vllm")]
+    environment = [  # this machine's: notes of the plan under --dry_run
         (cfg.vllm_enable_sleep_mode and not torch.cuda.is_available(),
          "--vllm_enable_sleep_mode needs a GPU (vLLM's CPU backend has no sleep mode)"),
         (cfg.use_vllm and importlib.util.find_spec("vllm") is None, "--use_vllm needs vLLM, which this "
          "environment lacks: make a separate virtual environment with `pip install -r requirements-vllm.txt` and "
-         "then `pip uninstall -y torchvision torchaudio torchcodec` (README, \"Fast rollouts with vLLM\")"),
-    ]
-    for failed, message in problems:
+         "then `pip uninstall -y torchvision torchaudio torchcodec` (README, \"Fast rollouts with vLLM\")")]
+    for failed, message in problems + ([] if cfg.dry_run else environment):
         if failed:
             raise SystemExit(f"grpo.py: error: {message}")
+    return [message for failed, message in environment if failed]
 
 
 # --- The maths: pure functions on tensors ---------------------------------------------------------------------
@@ -216,6 +246,19 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str 
     # exact zeros where the group has no spread (or only one member)
     flat = (r.max(-1, keepdim=True).values - r.min(-1, keepdim=True).values) == 0
     return torch.where(flat, torch.zeros_like(centred), centred).view(-1)
+
+
+def overlong_penalty(lengths: torch.Tensor, max_completion_length: int, buffer_len: int,
+                     factor: float = 1.0) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, §3.4, Eq. 13; verl's ``overlong_buffer``), added to the reward::
+
+        R_length(o) = min(0, ((L_max − L_cache) − |o|) / L_cache · factor)
+
+    0 up to L_max − L_cache tokens, then a linear ramp to −factor at L_max = ``max_completion_length`` (DAPO's −1
+    beyond L_max cannot occur: responses are cut there). ``lengths`` ``[N]``: response tokens, EOS included (verl's
+    valid response length); ``buffer_len`` L_cache tokens, 0 < L_cache < L_max. Returns ``[N]`` float32 (≤ 0)."""
+    expected = max_completion_length - buffer_len
+    return torch.clamp((expected - lengths.to(torch.float32)) / buffer_len * factor, max=0.0)
 
 
 def policy_loss(logp, old_logp, adv, response_mask, epsilon=0.2, epsilon_high=0.28, dual_clip=None,
@@ -415,9 +458,11 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
                            stop_strings=rollout.template_stop_strings(template), llm=llm,
                            sleep_after=cfg.vllm_enable_sleep_mode)
     t_gen = time.time() - t0
-    # 2. verify: binary reward, every grader failure counted
+    # 2. verify: binary reward, every grader failure counted; DAPO's overlong shaping adds R_length ≤ 0 (§3.4)
     graded = verify.grade_batch(batch.texts, answers)
-    rewards = torch.tensor([float(ok) for ok, _ in graded])
+    correct = torch.tensor([float(ok) for ok, _ in graded])
+    rewards = correct + overlong_penalty(batch.response_lengths, cfg.max_completion_length, cfg.overlong_buffer_len,
+                                         cfg.overlong_penalty_factor) if cfg.overlong_buffer_len else correct
     # 3. group advantages Â_i (GRPO)
     adv = group_advantages(rewards, G, cfg.scale_rewards)
     lengths = batch.response_lengths  # logged as sampled, masked or not
@@ -437,7 +482,7 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
     peaks = distributed.all_gather_objects(policy.peak_memory())  # each process's; the largest is logged
     peak = {k: max(p[k] for p in peaks) for k in peaks[0]}
-    record = run.log_step(step + 1, G, rewards, lengths, batch.finish_reasons, verify.summarize(graded),
+    record = run.log_step(step + 1, G, rewards, correct if cfg.overlong_buffer_len else None, lengths, batch.finish_reasons, verify.summarize(graded),
                           agg, {"loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
                                 "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
                                 **credit_stats, **peak, "step_time": time.time() - t0, "generation_time": t_gen})
@@ -551,26 +596,34 @@ def backward_minibatch(model, batch, old: ThetaOld, token_adv, mb_idx, cfg: GRPO
 
 
 # --- The loop -------------------------------------------------------------------------------------------------
-def train(cfg: GRPOConfig) -> dict:
-    """Run GRPO training as configured; returns the before/after evaluation and the last step's record. --resume
-    continues exactly (checkpoint.py: every random draw is seeded by the step); torchrun: see distributed.py."""
+def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
+    """Run GRPO training as configured, under its recipe (``recipes.apply``: every setting of the recipe not in
+    ``given``, the flags given on the command line); returns the before/after evaluation and the last step's record
+    (None for ``--dry_run``). --resume continues exactly (checkpoint.py: every random draw is seeded by the step);
+    torchrun: see distributed.py."""
     from tqdm import tqdm
 
     rank, world = distributed.init_distributed()
-    check_config(cfg, world)
     say = tqdm.write if rank == 0 else (lambda *a, **k: None)
+    cfg = recipes.apply(cfg, given, say)
+    notes = check_config(cfg, cfg.plan_processes or world if cfg.dry_run else world)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     # data first: a bad row stops the run before any model is loaded
-    rows = evaluate.load_problems(cfg.data, split="train")
+    rows = evaluate.load_problems(cfg.data, split="train", problem_field=cfg.data_problem_field,
+                                  answer_field=cfg.data_answer_field)
     eval_source = cfg.eval_data or ("toy" if cfg.data == "toy" else "")  # the toy's held-out split by default
     eval_rows = evaluate.load_problems(eval_source, split="test") if eval_source else []
     if not eval_rows or not cfg.eval_num_generations:  # said once: the closing line then names no accuracy
         why = "--eval_num_generations 0; pass K >= 1" if eval_rows else \
             "--data is not the toy and --eval_data is empty; pass --eval_data FILE (e.g. data/math500.jsonl)"
         say(f"[eval] off: {why} for a held-out accuracy before and after training")
-    run = checkpoint.RunFolder(cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit),
-                               dataclasses.asdict(cfg), rank == 0, say)  # an earlier run there: see RunFolder
+    run = None if cfg.dry_run else checkpoint.RunFolder(  # an earlier run there: see RunFolder (nothing written yet)
+        cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit), dataclasses.asdict(cfg), rank == 0, say)
+    # before any weights: prompts over --max_prompt_length left out, the memory plan (stops a run that cannot fit)
+    rows = memory_plan.preflight(cfg, rows, world, notes, given, say)
+    if rows is None:  # --dry_run: the resolved settings and the plan were printed
+        return None
     # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), sharding, AdamW (and --resume's state)
     model, tokenizer, ref_model, optimizer, state, compute_dtype = policy.build(cfg, run.resume_from, say)
     optimisations = policy.exact_optimisations(model, cfg, say)  # each default one exact here, or off with a reason
@@ -594,8 +647,9 @@ def train(cfg: GRPOConfig) -> dict:
         if not eval_rows or not cfg.eval_num_generations:
             return {}
         with policy.oom_guard(f"the evaluation at step {step}"):
-            record = {"step": step, **evaluate.heldout(model, tokenizer, eval_rows, template,
-                                                       cfg.eval_num_generations, cfg.temperature, cfg.top_p,
+            record = {"step": step, **evaluate.heldout(model, tokenizer, eval_rows, template, cfg.eval_num_generations,
+                                                       _or(cfg.eval_temperature, cfg.temperature),
+                                                       _or(cfg.eval_top_p, cfg.top_p),
                                                        cfg.max_completion_length, seed=cfg.seed + 12345,
                                                        progress=f"eval step {step}")}
         return run.log(record, echo=f"[eval step {step}]")
@@ -630,14 +684,21 @@ def train(cfg: GRPOConfig) -> dict:
     return summary
 
 
+def _or(value, default):
+    return default if value is None else value
+
+
 def main(argv=None):
-    cfg = GRPOConfig(**vars(build_parser().parse_args(argv)))
+    cfg, given = GRPOConfig(**vars(build_parser().parse_args(argv))), given_flags(argv)
     try:
-        summary = train(cfg)
+        summary = train(cfg, given)
+        cfg = recipes.apply(cfg, given)  # the settings it ran with, for the closing line
     except (ValueError, OSError) as e:  # bad data file / model name / folder: one clear line, no traceback
         raise SystemExit(f"grpo.py: error: {e}")
     finally:
         distributed.close()
+    if summary is None:  # --dry_run
+        return
     b, a, k = summary["before"], summary["after"], cfg.eval_num_generations
     if distributed.rank_from_env() == 0:
         print(f"held-out avg@{k}: {b[f'eval/avg@{k}']:.3f} -> {a[f'eval/avg@{k}']:.3f}   "

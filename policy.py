@@ -128,20 +128,36 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device: str | None 
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **extra)
         return AutoModelForCausalLM.from_pretrained(path, **kwargs, **extra), tok
 
+    model, tokenizer = _from_pretrained(name, path, load)
+    if not device.startswith("cuda"):
+        model = model.to(device)
+    return model, _left_padded(tokenizer)
+
+
+def load_tokenizer(name: str, trust_remote_code: bool = False):
+    """The tokenizer of ``--model name`` alone, no weights (the prompt filter and the memory plan run before the
+    model loads), padded on the left as ``load_model_and_tokenizer``'s. Raises ValueError (one line) as it does."""
+    from transformers import AutoTokenizer
+
+    path = model_path(name)
+    return _left_padded(_from_pretrained(name, path, lambda **extra: AutoTokenizer.from_pretrained(
+        path, trust_remote_code=trust_remote_code, **extra)))
+
+
+def _from_pretrained(name: str, path: str, load):
+    """``load(**extra)`` from the local folder or cache first, from the hub only when it answers (``require_hub``);
+    an ``OSError`` (a folder without a model, an unknown hub id) becomes one ValueError line naming ``name``."""
     try:
         try:
-            model, tokenizer = load(local_files_only=True)  # a folder, or a hub id already in the cache
+            return load(local_files_only=True)  # a folder, or a hub id already in the cache
         except OSError:
             if os.path.isdir(path):
                 raise
             require_hub(path)
-            model, tokenizer = load()
-    except OSError as e:  # a folder without a model, an unknown hub id
+            return load()
+    except OSError as e:
         where = "folder" if os.path.isdir(path) else "hub id"
         raise ValueError(f"cannot load model {name!r} as a {where}: {str(e).splitlines()[0]}") from None
-    if not device.startswith("cuda"):
-        model = model.to(device)
-    return model, _left_padded(tokenizer)
 
 
 def _left_padded(tokenizer):

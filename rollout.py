@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+import toy
+
 # ----------------------------------------------------------------------------------------------------------
 # Prompt templates for base models (anchors §C5). Each maps a problem to the text the model continues, names the
 # special tokens that end a response besides the tokenizer's EOS, and the stop *strings* that end it too: a base
@@ -70,8 +72,7 @@ class PromptSampler:
 
 def resolve_template(template: str, model_name: str, say=None) -> str:
     """The prompt template to use. ``"auto"``: the one a trained model folder names in its ``run_info.json``
-    (grpo.py writes it into ``final/`` and every checkpoint), ``"none"`` for the toy (``toy``, or a folder with the
-    toy's ``toy_info.json``), ``"qwen_math"`` for any other model; other names pass through. ``say``: a print
+    (grpo.py writes it into ``final/`` and every checkpoint), ``"none"`` for the toy (``toy.is_toy_model``), ``"qwen_math"`` for any other model; other names pass through. ``say``: a print
     function that is told the template and why.
 
     Raises:
@@ -87,7 +88,7 @@ def resolve_template(template: str, model_name: str, say=None) -> str:
         if folder and os.path.isfile(info):
             with open(info) as f:
                 template, why = json.load(f)["prompt_template"], f"auto: the template it was trained with, {info}"
-        elif model_name == "toy" or folder and os.path.isfile(os.path.join(folder, "toy_info.json")):
+        elif toy.is_toy_model(model_name):
             template, why = "none", "auto: the toy"
         else:
             template, why = "qwen_math", "auto: a real model"

@@ -350,6 +350,23 @@ def model_folder() -> Path:
     return SHIPPED if (SHIPPED / "config.json").exists() else cache_dir()
 
 
+def is_toy_model(model: str) -> bool:
+    """Whether ``--model`` names the toy: ``"toy"``, a folder holding the toy's ``toy_info.json``, or a trained run's
+    folder (``final/``, ``checkpoint-<step>/``) whose ``run_info.json`` names the toy as its base model. What the
+    prompt template's ``auto`` (rollout.py) and the recipe's ``auto`` (recipes.py) decide by; no file is loaded but
+    these two small JSON files."""
+    if model == "toy":
+        return True
+    folder = Path(os.path.expanduser(model))
+    if (folder / "toy_info.json").is_file():
+        return True
+    info = folder / "run_info.json"
+    if not info.is_file():
+        return False
+    base = json.loads(info.read_text()).get("base_model")
+    return bool(base) and base != model and is_toy_model(base)
+
+
 def build_toy_model(path: str | os.PathLike, warmup_steps: int | None = None, seed: int = 0) -> str:
     """Build, warm up and ``save_pretrained`` the toy model and tokenizer into ``path``; returns the path.
 

@@ -1,0 +1,119 @@
+"""Recipes (recipes.py), DAPO's overlong reward shaping (grpo.overlong_penalty) and the paper's recipe end to end."""
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+import torch
+
+import grpo
+import recipes
+import toy
+
+
+# ------------------------------------------------------------------------------------------------ overlong shaping
+def test_overlong_penalty_hand_values_at_the_buffer_edges():
+    # L_max = 8, L_cache = 4: 0 up to 8 − 4 = 4 tokens, then ((8 − 4) − |o|) / 4 down to −1 at |o| = 8 (DAPO Eq. 13)
+    lengths = torch.tensor([1, 4, 5, 6, 7, 8])
+    expected = torch.tensor([0.0, 0.0, -0.25, -0.5, -0.75, -1.0])
+    assert torch.equal(grpo.overlong_penalty(lengths, 8, 4), expected)
+    assert torch.equal(grpo.overlong_penalty(lengths, 8, 4, factor=0.5), expected * 0.5)
+    # verl's form, computed independently: min(−(|o| − (L_max − L_cache)) / L_cache · factor, 0)
+    verl = [min(-(n - (20480 - 4096)) / 4096 * 1.0, 0.0) for n in (16384, 16385, 18432, 20480)]
+    assert grpo.overlong_penalty(torch.tensor([16384, 16385, 18432, 20480]), 20480, 4096).tolist() == verl
+    assert verl[0] == 0.0 and verl[-1] == -1.0 and verl[2] == -0.5
+
+
+def test_overlong_buffer_not_shorter_than_the_budget_is_refused():
+    for buffer in (8, 9, -1):
+        with pytest.raises(SystemExit, match=rf"^grpo.py: error: --overlong_buffer_len {buffer} must be >= 0 and "
+                                             r"shorter than --max_completion_length 8 \(verl asserts the same\)$"):
+            grpo.check_config(grpo.GRPOConfig(max_completion_length=8, overlong_buffer_len=buffer))
+    grpo.check_config(grpo.GRPOConfig(max_completion_length=8, overlong_buffer_len=7))
+
+
+# ------------------------------------------------------------------------------------------------ recipes
+def test_auto_is_toy_for_the_toy_and_the_paper_for_any_other_model(toy_model_path, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    trained = tmp_path / "final"  # a trained toy run's folder: its run_info.json names the toy as the base model
+    trained.mkdir()
+    (trained / "run_info.json").write_text(json.dumps({"base_model": "toy", "prompt_template": "none"}))
+    assert [recipes.auto_recipe(m) for m in ("toy", toy_model_path, str(trained), str(other), "Qwen/Qwen3-8B-Base")] \
+        == ["toy", "toy", "toy", "delta_paper", "delta_paper"]
+
+
+def test_a_flag_given_beats_the_recipe_and_the_toy_recipe_is_the_defaults():
+    cfg = grpo.GRPOConfig(model="Qwen/Qwen3-8B-Base")
+    given = grpo.given_flags(["--model", "Qwen/Qwen3-8B-Base", "--learning_rate", "3e-4", "--no-gradient_checkpointing",
+                              "--data", "math500", "--num_generations", "8"])
+    assert given == {"model", "learning_rate", "gradient_checkpointing", "data", "num_generations"}
+    cfg = dataclasses.replace(cfg, learning_rate=3e-4, gradient_checkpointing=False, data="math500", num_generations=8)
+    out = recipes.apply(cfg, given)
+    assert out.recipe == "delta_paper"
+    assert (out.learning_rate, out.gradient_checkpointing, out.data, out.num_generations) == (3e-4, False, "math500", 8)
+    for name in set(recipes.DELTA_PAPER) - given:  # every other setting is the paper's
+        assert getattr(out, name) == recipes.DELTA_PAPER[name], name
+    # the spec's rows (docs/specs/delta.md §4), written out again here
+    assert (out.num_prompts_per_step, out.num_mini_batches, out.weight_decay, out.epsilon, out.epsilon_high,
+            out.dual_clip, out.loss_type, out.beta, out.max_prompt_length, out.max_completion_length, out.temperature,
+            out.top_p, out.overlong_buffer_len, out.overlong_penalty_factor, out.eval_temperature, out.eval_top_p,
+            out.torch_dtype, out.delta_impl) == (128, 4, 0.1, 0.2, 0.28, 10.0, "dapo", 0.0, 2048, 20480, 1.0, 1.0,
+                                                 4096, 1.0, 1.0, 0.7, "float32", "memory_efficient")
+    toy_cfg = recipes.apply(grpo.GRPOConfig(), set())
+    assert toy_cfg == dataclasses.replace(grpo.GRPOConfig(), recipe="toy")  # toy: every default unchanged
+    # built in code (given None): the fields that differ from the defaults count as given
+    coded = recipes.apply(grpo.GRPOConfig(model="m", recipe="delta_one_gpu", num_generations=4))
+    assert (coded.num_generations, coded.use_peft, coded.use_vllm, coded.learning_rate) == (4, True, True, 1e-5)
+
+
+def test_recipe_errors_are_one_line():
+    with pytest.raises(ValueError, match=r"^--data toy under --recipe delta_paper: .*pass --recipe toy"):
+        recipes.apply(grpo.GRPOConfig(model="Qwen/Qwen3-8B-Base", data="toy"), {"model", "data"})
+    with pytest.raises(SystemExit, match=r"^grpo.py: error: argument --recipe: invalid choice: 'paper'"):
+        grpo.main(["--recipe", "paper"])
+    assert recipes.apply(grpo.GRPOConfig(model="Qwen/Qwen3-8B-Base", recipe="toy"), {"model", "recipe"}).data == "toy"
+
+
+def test_help_lists_every_recipe(capsys):
+    with pytest.raises(SystemExit):
+        grpo.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "recipes (--recipe): toy: the defaults above; delta_paper: --data math_train" in out
+    assert "delta_one_gpu: delta_paper with --use_peft" in out and "--dual_clip 10.0" in out
+
+
+def test_describe_names_where_each_value_came_from():
+    given = {"model", "num_generations"}
+    cfg = recipes.apply(grpo.GRPOConfig(model="m", num_generations=2), given)
+    lines = recipes.describe(cfg, given, grpo.GRPOConfig())
+    assert lines[0] == "--recipe delta_paper"
+    assert "--model m (flag)" in lines and "--num_generations 2 (flag)" in lines
+    assert "--learning_rate 1e-06 (recipe)" in lines and "--dual_clip 10.0 (recipe)" in lines
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+def test_another_model_gets_the_paper_recipe_for_every_flag_not_given(toy_model_path, tmp_path):
+    """The toy's folder without its toy_info.json is, to the trainer, another model: delta_paper."""
+    model = tmp_path / "another"
+    shutil.copytree(toy_model_path, model)
+    (model / "toy_info.json").unlink()
+    assert not toy.is_toy_model(str(model))
+    out = tmp_path / "run"
+    grpo.main(["--model", str(model), "--credit", "delta", "--num_prompts_per_step", "2", "--num_generations", "2",
+               "--max_completion_length", "8", "--overlong_buffer_len", "4", "--max_steps", "2",
+               "--eval_num_generations", "1", "--max_prompt_length", "200", "--output_dir", str(out)])
+    config = json.loads((out / "config.json").read_text())["config"]
+    assert config["recipe"] == "delta_paper"
+    assert (config["learning_rate"], config["weight_decay"], config["dual_clip"], config["overlong_penalty_factor"],
+            config["data"], config["torch_dtype"], config["delta_impl"]) == \
+        (1e-6, 0.1, 10.0, 1.0, "math_train", "float32", "memory_efficient")
+    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [l for l in lines if "reward" in l]
+    assert [l["step"] for l in steps] == [1, 2]
+    for l in steps:  # an 8-token budget with a 4-token buffer: every response of 5+ tokens is penalised
+        assert l["overlong/penalty_mean"] <= 0 and l["reward"] == pytest.approx(l["accuracy"] +
+                                                                              l["overlong/penalty_mean"])
+    assert any(l["overlong/penalty_mean"] < 0 for l in steps)
