@@ -171,7 +171,7 @@ def load_problems(source: str, split: str = "train", data_dir: str | os.PathLike
     non-string or empty problem/answer field, raises one error naming the file, the line (jsonl: ``file:line:
     field 'answer' is missing``) or row (parquet: ``file.parquet: row 17: field 'final_answer' is empty``) and
     the field, for the first ten bad rows of all files. A field that is not a column of a parquet file, or in no
-    row of a jsonl file of two rows or more, is one line naming it and the columns (fields of line 1) there are.
+    row of a jsonl file of two rows or more, is one line naming it and the columns (the first row's fields) there are.
 
     Args:
         source: a ``.jsonl`` or ``.parquet`` path, a folder of them, a training set or benchmark name, or ``"toy"``.
@@ -265,7 +265,7 @@ def _read_jsonl(path: Path, fields: tuple[str, str] = REQUIRED_FIELDS) -> tuple[
             row.setdefault("source", path.stem)
             rows.append(row)
     if len(rows) > 1 and len(seen) < len(set(fields)):  # a field of no row: the wrong name, not bad rows
-        _missing_column(path, fields, seen, f"fields of line 1: {', '.join(first) or 'none'}", "field")
+        _missing_column(path, fields, seen, f"fields of its first row: {', '.join(first) or 'none'}", "field")
     return rows, errors
 
 

@@ -143,11 +143,11 @@ def test_a_missing_column_is_one_line_naming_the_columns(tmp_path):
     with pytest.raises(ValueError) as e:
         evaluate.load_problems(str(path), problem_field="question", answer_field="answer")
     assert str(e.value).startswith(f"--data_answer_field answer: no such column in {path} (columns: question, ")
-    # jsonl: a field in no row (of two or more) is the same mistake, one line naming the fields of line 1
+    # jsonl: a field in no row (of two or more) is the same mistake, one line naming the fields of its first row
     js = write_jsonl(tmp_path / "dm.jsonl", [{"question": "q", "final_answer": "1"}] * 3)
     with pytest.raises(ValueError) as e:
         evaluate.load_problems(str(js), problem_field="question")
-    assert str(e.value) == f"--data_answer_field answer: no such field in {js} (fields of line 1: question, " \
+    assert str(e.value) == f"--data_answer_field answer: no such field in {js} (fields of its first row: question, " \
                            f"final_answer)"
 
 
