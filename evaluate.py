@@ -48,6 +48,7 @@ import math
 import os
 import sys
 import time
+from collections import namedtuple
 from pathlib import Path
 
 import checkpoint
@@ -101,18 +102,19 @@ def default_data_dir() -> Path:
     return Path(env) if env else Path(__file__).resolve().parent / "data"
 
 
-def _row_errors(row, label: str) -> list[str]:
-    """What is wrong with one ``{problem, answer}`` row (JSON numbers become strings in place), as messages
-    starting with ``label`` (``file:line`` or ``source[i]``)."""
+def _row_errors(row, label: str, fields: tuple[str, str] = REQUIRED_FIELDS) -> list[str]:
+    """What is wrong with one row's ``fields`` (the problem's and the answer's; numbers become strings in place),
+    as messages starting with ``label`` (``file:line``, ``file: row i`` or ``source[i]``)."""
     if not isinstance(row, dict):
         return [f"{label}: expected a JSON object, got {type(row).__name__}"]
     errors = []
-    for key in REQUIRED_FIELDS:
+    for key in fields:
         value = row.get(key)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = row[key] = _number_to_str(value)  # e.g. a numeric answer written as a JSON number
         if not isinstance(value, str) or not value.strip():
-            what = "missing" if key not in row else "empty" if isinstance(value, str) else "not a string"
+            what = ("missing" if key not in row else "null" if value is None else
+                    "empty" if isinstance(value, str) else "not a string")
             errors.append(f"{label}: field '{key}' is {what}")
     return errors
 
@@ -140,46 +142,109 @@ def _number_to_str(value) -> str:
     return str(value)
 
 
-def load_problems(source: str, split: str = "train", data_dir: str | os.PathLike | None = None) -> list[dict]:
-    """Problems as ``{id, problem, answer, source}`` rows: a jsonl file, a benchmark name, or the toy task.
+def load_problems(source: str, split: str = "train", data_dir: str | os.PathLike | None = None,
+                  problem_field: str = "problem", answer_field: str = "answer") -> list[dict]:
+    """Problems as ``{id, problem, answer, source}`` rows: a jsonl or parquet file, a folder of shards, a benchmark
+    name, or the toy task.
 
-    ``source`` is resolved in this order: ``"toy"`` (the toy task's ``split``); an existing file (jsonl, one
-    JSON object per line with string ``problem`` and ``answer``; ``id`` defaults to ``<stem>-<line>``,
-    ``source`` to the file stem); a training set's name (``<data_dir>/train/<name>.jsonl``, e.g.
-    ``math_train``); a benchmark name of :data:`BENCHMARKS` (``<data_dir>/<name>.jsonl`` when it
-    exists, else the Hugging Face dataset of :data:`HF_DATASETS`, see :func:`load_hf_benchmark`). Rows are
-    returned as the source gives them (answers like ``2,125`` or ``025`` are compared by verify.py).
+    ``source`` is resolved in this order: ``"toy"`` (the toy task's ``split``); an existing file: ``*.parquet``
+    is read with pyarrow, any other file as jsonl (one JSON object per line with string ``problem`` and
+    ``answer``; ``id`` defaults to ``<stem>-<line>``, ``source`` to the file stem); an existing folder: every
+    ``*.parquet`` and ``*.jsonl`` file directly in it (not in subfolders), in the order of their names (Hugging Face
+    shards ``train-00000-of-00010.parquet``, ...), as one data set; a training set's name
+    (``<data_dir>/train/<name>.jsonl``, e.g. ``math_train``); a benchmark name of :data:`BENCHMARKS`
+    (``<data_dir>/<name>.jsonl`` when it exists, else the Hugging Face dataset of :data:`HF_DATASETS`, see
+    :func:`load_hf_benchmark`). Rows are returned as the source gives them (answers like ``2,125`` or ``025`` are
+    compared by verify.py); numbers become strings (``27.0`` -> ``"27"``).
 
-    Every row is checked before anything else runs: a line that is not a JSON object, or a missing, non-string
-    or empty ``problem``/``answer`` field, raises one error naming the file, the line number and the field.
+    A parquet file (DeepMath-103K's shards: data/README.md) is read batch by batch and only in the columns used:
+    ``problem_field``, ``answer_field``, and ``id`` and ``source`` when it has them (``id`` defaults to
+    ``<stem>-<row>``, rows counted from 0 as pyarrow and pandas count them; ``source`` to the file stem); its other
+    columns are not read (DeepMath's three R1 solutions are 4.9 GB of text). A jsonl row keeps all its fields.
+
+    ``problem_field`` / ``answer_field`` (grpo.py's ``--data_problem_field`` / ``--data_answer_field``) name the
+    fields that hold the problem and the answer in a file's rows (DeepMath: ``question`` / ``final_answer``); they
+    become ``problem`` / ``answer`` (the original keys are removed; an existing ``problem`` / ``answer`` field is
+    replaced). They apply to jsonl and parquet files, not to the toy task or the hub copies of the benchmarks.
+
+    Every row is checked before anything else runs: a line that is not a JSON object, or a missing, null,
+    non-string or empty problem/answer field, raises one error naming the file, the line (jsonl: ``file:line:
+    field 'answer' is missing``) or row (parquet: ``file.parquet: row 17: field 'final_answer' is empty``) and
+    the field, for the first ten bad rows of all files. A field that is not a column of a parquet file, or in no
+    row of a jsonl file of two rows or more, is one line naming it and the columns (the first row's fields) there are.
 
     Args:
-        source: a ``.jsonl`` path, a benchmark name, or ``"toy"``.
+        source: a ``.jsonl`` or ``.parquet`` path, a folder of them, a training set or benchmark name, or ``"toy"``.
         split: for ``"toy"``: ``"train"`` or ``"test"`` (ignored otherwise).
         data_dir: folder of the benchmark files (default :func:`default_data_dir`).
+        problem_field: the field (column) that holds the problem.
+        answer_field: the field (column) that holds the reference answer.
     Raises:
-        FileNotFoundError: the file does not exist, or a benchmark has no local file and cannot be downloaded
-            (message starts with ``no local file and cannot download``).
-        ValueError: a bad row (message ``file:line: ...``) or an empty file.
+        FileNotFoundError: the file does not exist, a folder holds no ``*.parquet`` / ``*.jsonl`` file, or a
+            benchmark has no local file and cannot be downloaded (message starts with ``no local file and cannot
+            download``).
+        ValueError: a bad row (message ``file:line: ...`` / ``file: row i: ...``), a missing column, a file that
+            is not parquet, pyarrow not installed, or no rows at all.
     """
     if source == "toy":
         import toy
 
         return toy.load_split(split)
+    fields = (problem_field, answer_field)
     path = Path(source)
     train = Path(data_dir or default_data_dir()) / "train" / f"{source}.jsonl"
-    if not path.is_file() and train.is_file():  # a training set's name, e.g. math_train
-        return _load_jsonl(train)
+    if not path.exists() and train.is_file():  # a training set's name, e.g. math_train
+        return _load_files([train], fields, train)
+    if path.is_dir():
+        return _load_files(_data_files(path), fields, path)
     if not path.is_file():
         if source in HF_DATASETS:
             local = Path(data_dir or default_data_dir()) / f"{source}.jsonl"
-            return _load_jsonl(local) if local.is_file() else load_hf_benchmark(source, local_path=local)
+            return _load_files([local], fields, local) if local.is_file() else load_hf_benchmark(source, local)
         raise FileNotFoundError(f"data file not found: {source} (benchmark names: {', '.join(BENCHMARKS)})")
-    return _load_jsonl(path)
+    return _load_files([path], fields, path)
 
 
-def _load_jsonl(path: Path) -> list[dict]:
+def _data_files(folder: Path) -> list[Path]:
+    """The ``*.parquet`` and ``*.jsonl`` files directly in ``folder``, sorted by name (FileNotFoundError: none)."""
+    files = sorted((p for p in folder.iterdir() if p.suffix in (".parquet", ".jsonl") and p.is_file()),
+                   key=lambda p: p.name)
+    if not files:
+        subs = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+        raise FileNotFoundError(f"no *.parquet or *.jsonl file in the folder {folder}"
+                                + (f" (its subfolders: {', '.join(subs)})" if subs else ""))
+    return files
+
+
+def _load_files(paths: list[Path], fields: tuple[str, str], where: Path) -> list[dict]:
+    """The rows of every file in ``paths``, in order, all checked first; one ValueError for the bad ones."""
     rows, errors = [], []
+    for path in paths:
+        read = _read_parquet if path.suffix == ".parquet" else _read_jsonl
+        more_rows, more_errors = read(path, fields)
+        rows += more_rows
+        errors += more_errors
+    _raise_if_bad(errors, rows, where)
+    return rows
+
+
+def _as_problem_and_answer(row: dict, fields: tuple[str, str]) -> None:
+    """Rename the row's problem and answer fields to ``problem`` / ``answer`` (in place)."""
+    if fields != REQUIRED_FIELDS:
+        problem, answer = row.pop(fields[0], None), row.pop(fields[1], None)
+        row["problem"], row["answer"] = problem, answer
+
+
+def _missing_column(path: Path, fields: tuple[str, str], present, listing: str, noun: str = "column") -> None:
+    """ValueError in one line when ``fields`` names a column (field) that is not in ``present``."""
+    for flag, field in zip(("--data_problem_field", "--data_answer_field"), fields):
+        if field not in present:
+            raise ValueError(f"{flag} {field}: no such {noun} in {path} ({listing})")
+
+
+def _read_jsonl(path: Path, fields: tuple[str, str] = REQUIRED_FIELDS) -> tuple[list[dict], list[str]]:
+    """The rows of a jsonl file and the messages of its bad lines (``file:line: ...``)."""
+    rows, errors, seen, first = [], [], set(), None
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -189,15 +254,97 @@ def _load_jsonl(path: Path) -> list[dict]:
             except json.JSONDecodeError as e:
                 errors.append(f"{path}:{lineno}: not valid JSON ({e.msg})")
                 continue
-            errors += _row_errors(row, f"{path}:{lineno}")
+            errors += _row_errors(row, f"{path}:{lineno}", fields)
             if not isinstance(row, dict):
                 continue
+            first = list(row) if first is None else first
+            seen.update(k for k in fields if k in row)
+            _as_problem_and_answer(row, fields)
             row.setdefault("id", f"{path.stem}-{lineno}")
             row["id"] = str(row["id"])
             row.setdefault("source", path.stem)
             rows.append(row)
-    _raise_if_bad(errors, rows, path)
-    return rows
+    if len(rows) > 1 and len(seen) < len(set(fields)):  # a field of no row: the wrong name, not bad rows
+        _missing_column(path, fields, seen, f"fields of its first row: {', '.join(first) or 'none'}", "field")
+    return rows, errors
+
+
+def _read_parquet(path: Path, fields: tuple[str, str]) -> tuple[list[dict], list[str]]:
+    """The rows of a parquet file and the messages of its bad rows (``file: row i: ...``, i from 0).
+
+    Read with pyarrow (imported here) one record batch of 4096 rows at a time and only in the columns used: the
+    file's other columns are never decompressed, one batch's Arrow buffers are held at a time, and the Python strings
+    made from them are the rows' own (DeepMath's 103k problems and answers: ~60 MB of text, one copy)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ValueError(f"reading {path} needs pyarrow (pip install -r requirements.txt)") from None
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # pyarrow.ArrowInvalid: not a parquet file (wrong suffix, truncated download)
+        raise ValueError(f"{path}: not a readable parquet file ({str(e).splitlines()[0] if str(e) else e!r})") \
+            from None
+    names = pf.schema_arrow.names
+    _missing_column(path, fields, names, f"columns: {', '.join(names) or 'none'}")
+    columns = list(dict.fromkeys([*fields, *(c for c in ("id", "source") if c in names)]))
+    rows, errors, i = [], [], 0
+    for batch in pf.iter_batches(batch_size=4096, columns=columns):
+        values = [batch.column(c).to_pylist() for c in columns]
+        for record in zip(*values):
+            row = dict(zip(columns, record))  # a null stays None: "field 'x' is null"
+            errors += _row_errors(row, f"{path}: row {i}", fields)
+            rows.append({"id": f"{path.stem}-{i}" if row.get("id") is None else str(row["id"]),
+                         "problem": row[fields[0]], "answer": row[fields[1]],
+                         "source": path.stem if row.get("source") is None else str(row["source"])})
+            i += 1
+    return rows, errors
+
+
+# What filter_overlong_prompts returns: the rows kept (in order), how many were left out, and the token count of the
+# longest kept prompt (the rollout's prompt width; a memory planner's P).
+PromptFilter = namedtuple("PromptFilter", "rows dropped longest")
+
+
+def filter_overlong_prompts(rows: list[dict], tokenizer, template: str, max_prompt_length: int,
+                            batch_size: int = 1024) -> PromptFilter:
+    """Leave out the rows whose prompt is longer than ``max_prompt_length`` tokens (verl's
+    ``data.filter_overlong_prompts``, which keeps a prompt of ``len(tokens) <= data.max_prompt_length``; the
+    DelTA recipe: 2,048). Pure: ``rows`` is not changed.
+
+    The prompt is ``rollout.apply_template(row["problem"], template)`` tokenised as the rollout tokenises it
+    (``rollout._encode_prompts``: ``tokenizer(prompts)``, special tokens added as the tokenizer adds them, e.g. a
+    BOS), in batches of ``batch_size`` prompts (a fast tokenizer encodes a batch in parallel). Every row is
+    tokenised, also when ``max_prompt_length`` is 0 (no filter), so that ``longest`` is always known.
+
+    Args:
+        rows: ``{problem, ...}`` rows (:func:`load_problems`).
+        tokenizer: the policy's tokenizer (a Hugging Face tokenizer: ``tokenizer(list[str])["input_ids"]``).
+        template: a key of ``rollout.PROMPT_TEMPLATES`` (the resolved template, not ``auto``).
+        max_prompt_length: the longest prompt kept, in tokens; 0 keeps every row.
+        batch_size: prompts per tokenizer call.
+    Returns:
+        ``PromptFilter(rows, dropped, longest)``: the kept rows in their order, the number left out, and the token
+        count of the longest kept prompt (0 for no rows).
+    Raises:
+        ValueError: ``max_prompt_length`` < 0, an unknown template, or every row left out (one line naming
+            ``--max_prompt_length`` and the shortest prompt's length).
+    """
+    if max_prompt_length < 0:
+        raise ValueError(f"--max_prompt_length must be >= 0 (0 = no limit), got {max_prompt_length}")
+    kept, longest, shortest = [], 0, None
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        prompts = [rollout.apply_template(row["problem"], template) for row in chunk]
+        for row, ids in zip(chunk, tokenizer(prompts, return_attention_mask=False)["input_ids"]):
+            shortest = len(ids) if shortest is None else min(shortest, len(ids))
+            if max_prompt_length and len(ids) > max_prompt_length:
+                continue
+            kept.append(row)
+            longest = max(longest, len(ids))
+    if rows and not kept:
+        raise ValueError(f"--max_prompt_length {max_prompt_length}: all {len(rows)} prompts are longer (the shortest "
+                         f"has {shortest} tokens under the template {template!r})")
+    return PromptFilter(kept, len(rows) - len(kept), longest)
 
 
 def _hf_answer(name: str, raw) -> str:
