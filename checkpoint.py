@@ -52,7 +52,8 @@ _CKPT_RE = re.compile(r"checkpoint-(\d+)")
 RESUME_MAY_CHANGE = {"resume", "max_steps", "save_steps", "logging_steps", "eval_steps", "eval_num_generations",
                      "num_samples_to_log", "num_threads", "output_dir", "use_vllm", "vllm_gpu_memory_utilization",
                      "vllm_enable_sleep_mode", "micro_batch_size", "padding_free", "shared_prompt",
-                     "fuse_old_logprobs", "delta_impl", "gradient_checkpointing", "overwrite_output_dir", "report_to"}
+                     "fuse_old_logprobs", "delta_impl", "gradient_checkpointing", "overwrite_output_dir", "report_to",
+                     "eval_temperature", "eval_top_p", "dry_run", "gpu_memory_gb", "plan_processes"}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -506,9 +507,10 @@ class RunFolder:
                  verify_counts: dict, token_stats: dict, extra: dict) -> dict:
         """Pool one training step's statistics over processes, append them to metrics.jsonl; returns the record.
 
-        Args (each process passes its own): rewards ``[n]`` (group by group), correct ``[n]`` (the verifier's 0/1, ``accuracy``,
-        when the reward was shaped: ``overlong/penalty_mean`` is then their mean difference; None: the reward is
-        the verifier's own), lengths ``[n]`` (tokens, EOS included), finish_reasons, verify_counts (``verify.summarize`` counts: summed over processes),
+        Args (each process passes its own): rewards ``[n]`` (group by group), correct ``[n]`` (the verifier's 0/1,
+        ``accuracy``, when the reward was shaped: ``overlong/penalty_mean`` is then their mean difference; None: the
+        reward is the verifier's own), lengths ``[n]`` (tokens, EOS included), finish_reasons, verify_counts
+        (``verify.summarize`` counts: summed over processes),
         token_stats (token-weighted sums with their ``num_tokens``, e.g. the clip fractions: pooled into
         token-means), extra (values that are already global: loss, gradient norm, credit statistics, timings).
         Every process must call it.

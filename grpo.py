@@ -3,7 +3,7 @@
 One training step (``train_step``) is seven stages, in the order of the papers::
 
     1. rollout      G responses o_i for each prompt q             rollout.generate (HF) or vLLM (--use_vllm)
-    2. verify       binary reward r_i ∈ {0, 1}                      verify.grade_batch (math-verify)
+    2. verify       binary reward r_i ∈ {0, 1} (+ overlong shaping) verify.grade_batch; overlong_penalty DAPO §3.4
     3. advantages   Â_i = (r_i − mean_g r) / (std_g r + 1e-6)       group_advantages   GRPO (Shao et al. 2024)
     4. θ_old        log π_θold(o_{i,t}) per token, no grad          old_logprobs       (+ h_t for DelTA, same pass)
     5. credit       token advantages Ã_{i,t} (--credit)             Credit: grpo broadcasts Â_i; delta Â_i·λ̄_{i,t}
@@ -25,10 +25,12 @@ The file follows that order: config and CLI; the maths (``group_advantages``, ``
   ``--loss_type dapo`` (default) is the token-mean over the mini-batch; with DelTA's normalised λ̄ (mean 1 over the
   rollout batch) it is the paper's self-normalised surrogate Σλℓ / Σλ (DelTA Eq. 8) over the rollout batch; with
   several mini-batches each one is only approximately self-normalised, as in DelTA's official code.
-* Left out on purpose: entropy bonus, reward shaping (rewards are binary), dynamic sampling, learning-rate
-  schedules. The loss value is no progress signal (≈ 0 at θ_old): watch the reward and the held-out accuracy.
-* Infrastructure sits behind one-line calls: the policy model (loading, LoRA, KL reference, the shared prompt
-  pass) in policy.py, torchrun + FSDP2 in distributed.py, checkpoints and the run folder's logs in checkpoint.py,
+* Left out on purpose: entropy bonus, reward shaping other than DAPO's overlong penalty (off in the toy recipe),
+  dynamic sampling, learning-rate schedules. The loss value is no progress signal (≈ 0 at θ_old): watch the
+  reward and the held-out accuracy.
+* Infrastructure sits behind one-line calls: recipes (named settings) in recipes.py, the memory plan made before
+  any weights load in memory_plan.py, the policy model (loading, LoRA, KL reference, the shared prompt pass) in
+  policy.py, torchrun + FSDP2 in distributed.py, checkpoints and the run folder's logs in checkpoint.py,
   held-out evaluation in evaluate.py. Read next: delta.py and cscr.py (the credit), then rollout.py and verify.py.
 """
 
@@ -63,8 +65,7 @@ def _f(default, help, choices=None):
 @dataclass
 class GRPOConfig:
     # recipe, model and data
-    recipe: str = _f("auto", "settings that belong together (recipes.py): toy (these defaults), delta_paper (DelTA's "
-                             "paper), delta_one_gpu (Qwen3-8B on one 80 GB GPU); auto: toy for the toy, else "
+    recipe: str = _f("auto", "settings that belong together (recipes.py, listed below); auto: toy for the toy, else "
                              "delta_paper; a flag given beats the recipe", ["auto", *recipes.RECIPES])
     model: str = _f("toy", "'toy' (built-in), a local folder or a Hugging Face hub id")
     data: str = _f("toy", "training problems: a jsonl or parquet file, a folder of parquet shards, a name in data/, "
@@ -250,13 +251,11 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str 
 
 def overlong_penalty(lengths: torch.Tensor, max_completion_length: int, buffer_len: int,
                      factor: float = 1.0) -> torch.Tensor:
-    """DAPO's soft overlong punishment (Yu et al. 2025, §3.4, Eq. 13; verl's ``overlong_buffer``), added to the reward::
-
-        R_length(o) = min(0, ((L_max − L_cache) − |o|) / L_cache · factor)
-
-    0 up to L_max − L_cache tokens, then a linear ramp to −factor at L_max = ``max_completion_length`` (DAPO's −1
-    beyond L_max cannot occur: responses are cut there). ``lengths`` ``[N]``: response tokens, EOS included (verl's
-    valid response length); ``buffer_len`` L_cache tokens, 0 < L_cache < L_max. Returns ``[N]`` float32 (≤ 0)."""
+    """DAPO's soft overlong punishment (Yu et al. 2025, §3.4, Eq. 13; verl's ``overlong_buffer``), added to the
+    reward: R_length(o) = min(0, ((L_max − L_cache) − |o|) / L_cache · factor), 0 up to L_max − L_cache tokens, then
+    a ramp to −factor at L_max = ``max_completion_length`` (DAPO's −1 beyond L_max cannot occur: responses are cut
+    there). ``lengths`` ``[N]``: response tokens, EOS included (verl's valid response length); ``buffer_len``
+    L_cache tokens, 0 < L_cache < L_max. Returns ``[N]`` float32 (≤ 0)."""
     expected = max_completion_length - buffer_len
     return torch.clamp((expected - lengths.to(torch.float32)) / buffer_len * factor, max=0.0)
 
@@ -482,7 +481,8 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
     peaks = distributed.all_gather_objects(policy.peak_memory())  # each process's; the largest is logged
     peak = {k: max(p[k] for p in peaks) for k in peaks[0]}
-    record = run.log_step(step + 1, G, rewards, correct if cfg.overlong_buffer_len else None, lengths, batch.finish_reasons, verify.summarize(graded),
+    record = run.log_step(step + 1, G, rewards, correct if cfg.overlong_buffer_len else None, lengths,
+                          batch.finish_reasons, verify.summarize(graded),
                           agg, {"loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
                                 "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
                                 **credit_stats, **peak, "step_time": time.time() - t0, "generation_time": t_gen})
@@ -647,9 +647,10 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
         if not eval_rows or not cfg.eval_num_generations:
             return {}
         with policy.oom_guard(f"the evaluation at step {step}"):
-            record = {"step": step, **evaluate.heldout(model, tokenizer, eval_rows, template, cfg.eval_num_generations,
-                                                       _or(cfg.eval_temperature, cfg.temperature),
-                                                       _or(cfg.eval_top_p, cfg.top_p),
+            t, p = (cfg.temperature if cfg.eval_temperature is None else cfg.eval_temperature,
+                cfg.top_p if cfg.eval_top_p is None else cfg.eval_top_p)  # --eval_*: the paper validates at top-p 0.7
+        record = {"step": step, **evaluate.heldout(model, tokenizer, eval_rows, template,
+                                                       cfg.eval_num_generations, t, p,
                                                        cfg.max_completion_length, seed=cfg.seed + 12345,
                                                        progress=f"eval step {step}")}
         return run.log(record, echo=f"[eval step {step}]")
@@ -682,10 +683,6 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
         del llm
         gc.collect()
     return summary
-
-
-def _or(value, default):
-    return default if value is None else value
 
 
 def main(argv=None):

@@ -16,8 +16,8 @@ def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[st
 
     Args: ``cfg`` the resolved ``GRPOConfig``; ``rows`` the training problems; ``world`` this run's processes
     (``--plan_processes`` plans for another number); ``given`` the flags given (``recipes.describe``).
-    Returns the rows to train on, or None (``--dry_run``). Raises SystemExit (one line): it does not fit; every
-    prompt is too long. ValueError: the tokenizer or config.json cannot be read (a note under ``--dry_run``).
+    Returns the rows to train on, or None (``--dry_run``). Raises SystemExit (one line): it does not fit. ValueError: every prompt is too
+    long; the tokenizer or config.json cannot be read (the tokenizer: a note under ``--dry_run``).
     """
     import evaluate
     import policy
@@ -38,9 +38,6 @@ def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[st
     else:
         template = rollout.resolve_template(cfg.prompt_template, cfg.model)
         kept = evaluate.filter_overlong_prompts(rows, tokenizer, template, cfg.max_prompt_length)
-        if not kept.rows:
-            raise SystemExit(f"grpo.py: error: every one of the {len(rows)} prompts of --data {cfg.data} is longer "
-                             f"than --max_prompt_length {cfg.max_prompt_length} tokens; raise it")
         if kept.dropped:
             say(f"[data] {kept.dropped} of {len(rows)} prompts are longer than --max_prompt_length "
                 f"{cfg.max_prompt_length} tokens: left out (verl's filter_overlong_prompts)")

@@ -101,7 +101,8 @@ def apply(cfg, given: set[str] | None = None, say=None):
 def help_text() -> str:
     """The recipes as ``--help`` lists them: each one's name and the flags it sets."""
     def flags(table):
-        return " ".join(f"--{k}" if v is True else f"--no-{k}" if v is False else f"--{k} {v}" for k, v in table.items())
+        return " ".join(f"--{k}" if v is True else f"--no-{k}" if v is False else f"--{k} {v}"
+                        for k, v in table.items())
 
     return (f"recipes (--recipe): toy: the defaults above; delta_paper: {flags(DELTA_PAPER)}; delta_one_gpu: "
             f"delta_paper with {flags(ONE_GPU_CHANGES)}")

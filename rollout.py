@@ -72,8 +72,9 @@ class PromptSampler:
 
 def resolve_template(template: str, model_name: str, say=None) -> str:
     """The prompt template to use. ``"auto"``: the one a trained model folder names in its ``run_info.json``
-    (grpo.py writes it into ``final/`` and every checkpoint), ``"none"`` for the toy (``toy.is_toy_model``), ``"qwen_math"`` for any other model; other names pass through. ``say``: a print
-    function that is told the template and why.
+    (grpo.py writes it into ``final/`` and every checkpoint), ``"none"`` for the toy (``toy.is_toy_model``),
+    ``"qwen_math"`` for any other model; other names pass through. ``say``: a print function that is told the
+    template and why.
 
     Raises:
         ValueError: an unknown template name.
