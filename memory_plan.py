@@ -16,8 +16,9 @@ def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[st
 
     Args: ``cfg`` the resolved ``GRPOConfig``; ``rows`` the training problems; ``world`` this run's processes
     (``--plan_processes`` plans for another number); ``given`` the flags given (``recipes.describe``).
-    Returns the rows to train on, or None (``--dry_run``). Raises SystemExit (one line): it does not fit. ValueError: every prompt is too
-    long; the tokenizer or config.json cannot be read (the tokenizer: a note under ``--dry_run``).
+    Returns the rows to train on, or None (``--dry_run``). Raises SystemExit (one line): it does not fit.
+    ValueError: every prompt is too long; the tokenizer or config.json cannot be read (the tokenizer: a note
+    under ``--dry_run``).
     """
     import evaluate
     import policy
