@@ -102,9 +102,10 @@ def test_another_model_gets_the_paper_recipe_for_every_flag_not_given(toy_model_
     (model / "toy_info.json").unlink()
     assert not toy.is_toy_model(str(model))
     out = tmp_path / "run"
-    grpo.main(["--model", str(model), "--credit", "delta", "--num_prompts_per_step", "2", "--num_generations", "2",
-               "--max_completion_length", "8", "--overlong_buffer_len", "4", "--max_steps", "2",
-               "--eval_num_generations", "1", "--max_prompt_length", "200", "--output_dir", str(out)])
+    argv = ["--model", str(model), "--credit", "delta", "--num_prompts_per_step", "2", "--num_generations", "2",
+            "--max_completion_length", "8", "--overlong_buffer_len", "4", "--max_steps", "2",
+            "--eval_num_generations", "1", "--max_prompt_length", "200", "--save_steps", "1", "--output_dir", str(out)]
+    grpo.main(argv)
     config = json.loads((out / "config.json").read_text())["config"]
     assert config["recipe"] == "delta_paper"
     assert (config["learning_rate"], config["weight_decay"], config["dual_clip"], config["overlong_penalty_factor"],
@@ -117,3 +118,7 @@ def test_another_model_gets_the_paper_recipe_for_every_flag_not_given(toy_model_
         assert l["overlong/penalty_mean"] <= 0 and l["reward"] == pytest.approx(l["accuracy"] +
                                                                               l["overlong/penalty_mean"])
     assert any(l["overlong/penalty_mean"] < 0 for l in steps)
+    # --resume compares resolved values: the same flags under another recipe resolve to other settings
+    with pytest.raises(SystemExit, match=r"--resume with settings that differ .*--data 'math_train' -> 'toy'.*"
+                                         r"--learning_rate 1e-06 -> 0.0003"):
+        grpo.main(argv + ["--resume", "--recipe", "toy"])
