@@ -1,0 +1,273 @@
+"""memory_plan.py at the real shapes (tests/data: Qwen3-8B-Base's and Qwen3-14B-Base's config.json, no weights):
+parameter counts, bytes per stage and per token computed by hand, the verdict and its suggestions re-planned, and
+the activation counts against the tensors autograd really saves on small Qwen3 layers (measured, not asserted)."""
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import memory_plan as mp  # noqa: E402
+from grpo import GRPOConfig  # noqa: E402
+
+DATA = ROOT / "tests" / "data"
+ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+
+
+@pytest.fixture(scope="module")
+def c8():
+    return mp.read_model_config(str(DATA / "qwen3_8b_base"))
+
+
+@pytest.fixture(scope="module")
+def c14():
+    return mp.read_model_config(str(DATA / "qwen3_14b_base"))
+
+
+def test_parameter_counts_at_the_real_shapes(c8, c14):
+    # 8B: per layer q 4096·4096, k and v 4096·1024, o 4096·4096, gate/up/down 4096·12288, norms 2·4096 + 2·128
+    layer8 = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 12288 + 2 * 4096 + 2 * 128
+    assert layer8 == 192_946_432
+    total8 = 36 * layer8 + 2 * 151_936 * 4096 + 4096  # embeddings, untied LM head, final norm
+    layer14 = 2 * 5120 * 5120 + 2 * 5120 * 1024 + 3 * 5120 * 17408 + 2 * 5120 + 2 * 128
+    total14 = 40 * layer14 + 2 * 151_936 * 5120 + 5120
+    s8, s14 = mp.Shapes.from_config(c8), mp.Shapes.from_config(c14)
+    assert s8.parameters() == total8 == 8_190_735_360  # 8.19 B
+    assert s14.parameters() == total14 == 14_768_307_200  # 14.77 B
+    # LoRA r = 16: r·(in + out) per adapted matrix
+    lora8 = 36 * 16 * ((4096 + 4096) * 2 + (4096 + 1024) * 2 + (4096 + 12288) * 3)
+    lora14 = 40 * 16 * ((5120 + 5120) * 2 + (5120 + 1024) * 2 + (5120 + 17408) * 3)
+    assert s8.lora_parameters(ALL, 16) == lora8 == 43_646_976  # 43.6 M
+    assert s14.lora_parameters(ALL, 16) == lora14 == 64_225_280  # 64.2 M
+    assert s8.lora_parameters("all-linear", 16) == lora8
+    assert s8.lora_parameters("q_proj,v_proj", 8) == 36 * 8 * ((4096 + 4096) + (4096 + 1024))
+    # KV cache: 2 (K, V) × layers × 8 KV heads × 128 × 2 bytes
+    assert s8.kv_bytes_per_token(2) == 2 * 36 * 8 * 128 * 2 == 147_456
+    assert s14.kv_bytes_per_token(2) == 2 * 40 * 8 * 128 * 2 == 163_840
+
+
+def test_toy_parameter_count_matches_the_model():
+    sh = mp.Shapes.from_config(mp.read_model_config("toy"))
+    assert sh.parameters() == 813_440  # tests/test_bench.py: the toy's num_parameters
+    assert sh.lora_parameters(ALL, 16) == 155_648  # docs/scaling.md: LoRA trains 155,648 parameters
+
+
+def test_fixed_bytes_adamw_and_fsdp_division(c8):
+    P, L8 = 8_190_735_360, 43_646_976
+    full = mp.plan(c8, GRPOConfig(), prompt_tokens=128, gpu_memory_gb=80).parts
+    assert full["weights"] == 2 * P and full["gradients"] == 2 * P and full["adamw"] == 2 * 2 * P
+    assert round(full["weights"] / 1e9, 1) == 16.4 and round(full["adamw"] / 1e9, 1) == 32.8
+    lora = mp.plan(c8, GRPOConfig(use_peft=True), prompt_tokens=128, gpu_memory_gb=80).parts
+    assert lora["weights"] == 2 * P + 4 * L8  # bf16 base, float32 adapters (peft)
+    assert lora["gradients"] == 4 * L8 and lora["adamw"] == 2 * 4 * L8  # 0.17 and 0.35 GB
+    # torchrun 8 with float32 weights on GPUs: float32 master weights, gradients and AdamW sharded 8 ways, bf16
+    # compute (distributed.shard_model's mixed precision)
+    fsdp = mp.plan(c8, GRPOConfig(torch_dtype="float32"), prompt_tokens=128, processes=8, gpu_memory_gb=80).parts
+    assert fsdp["weights"] == 4 * P / 8 and fsdp["gradients"] == 4 * P / 8 and fsdp["adamw"] == 2 * 4 * P / 8
+    assert fsdp["weight_bytes"] == 4 and fsdp["compute_bytes"] == 2
+    # the same on the CPU (gloo): float32 compute, no mixed precision
+    cpu = mp.plan(c8, GRPOConfig(torch_dtype="float32"), prompt_tokens=128, processes=8, host_memory_gb=1e4)
+    assert cpu.device == "CPU" and cpu.parts["compute_bytes"] == 4
+
+
+def test_activation_bytes_per_layer_by_hand_at_8b(c8):
+    """docs/scaling.md's measured figures (8B, bf16, per layer per token, no padding): full 215 KB, LoRA 296 KB
+    with --lora_dropout 0 and 443 KB with dropout on the CPU; on a GPU dropout keeps a bool mask."""
+    sh = mp.Shapes.from_config(c8)
+    H, I, Hq, Hkv, nh, nkv = 4096, 12288, 4096, 1024, 32, 8
+    norms = 2 * (4 * H + 4) + 4 * Hq + 4 * nh + 4 * Hkv + 4 * nkv  # float32 norm inputs and 1/rms
+    sdpa = 2 * 2 * Hq + 4 * nh + 2 * 2 * Hkv  # q, output, logsumexp; k, v (8 KV heads)
+    mlp = 3 * 2 * I
+    full = norms + sdpa + mlp + (2 * 2 * H + 2 * (Hq + Hkv)) + 2 * (H + H + I)  # + normalised inputs, proj inputs
+    one = dict(q_tokens=1, kv_tokens=1, masked=False)
+    assert mp.layer_activation_bytes(sh, c=2, full=True, lora=None, cuda=False, **one) == full == 215_336
+    widths = [H, H, H, Hq, H, H, I]  # q, k, v, o, gate, up, down read these
+    lora0 = norms + sdpa + mlp + sum(4 * w for w in widths) + 7 * 4 * 16  # float32 input copies, lora_A outputs
+    targets = set(mp.LINEAR_NAMES)
+    assert mp.layer_activation_bytes(sh, c=2, full=False, lora=(targets, 16, 0.0), cuda=False, **one) == lora0
+    assert lora0 == 295_656  # 296 KB
+    cpu_dropout = lora0 + sum(4 * w for w in widths)  # dropout: its float32 output and float32 noise
+    assert mp.layer_activation_bytes(sh, c=2, full=False, lora=(targets, 16, 0.05), cuda=False, **one) == \
+        cpu_dropout == 443_112  # 443 KB
+    gpu_dropout = lora0 + sum(1 * w for w in widths)  # CUDA's fused dropout: a bool mask
+    assert mp.layer_activation_bytes(sh, c=2, full=False, lora=(targets, 16, 0.05), cuda=True, **one) == gpu_dropout
+    # a padded micro-batch: the KV heads repeated to 32 and the mask's bf16 copy, per key position
+    S = 1000
+    masked = mp.layer_activation_bytes(sh, c=2, full=True, lora=None, cuda=True, q_tokens=S, kv_tokens=S,
+                                       masked=True)
+    assert masked == S * (full + 2 * 2 * (Hq - Hkv)) + S * S * 2
+
+
+def _saved_bytes(model, ids, mask):
+    """Bytes of the distinct storages autograd saves in one forward (parameters excluded)."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen.setdefault(st.data_ptr(), st.nbytes())
+        return t
+
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=1, use_cache=False)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("dtype,lora,dropout,pad", [
+    ("bfloat16", 0, 0.0, True), ("bfloat16", 0, 0.0, False), ("float32", 0, 0.0, True),
+    ("bfloat16", 8, 0.0, True), ("bfloat16", 8, 0.05, True), ("float32", 8, 0.0, False),
+    ("float32", 8, 0.05, True)])
+def test_layer_activation_bytes_match_what_autograd_saves(dtype, lora, dropout, pad):
+    """A decoder layer's saved bytes (3 layers minus 2, HF's Qwen3 with SDPA on the CPU, peft's LoRA) equal
+    ``layer_activation_bytes`` to the byte."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    B, S, dt = 2, 24, getattr(torch, dtype)
+
+    def saved(layers):
+        torch.manual_seed(0)
+        config = Qwen3Config(hidden_size=64, intermediate_size=192, num_attention_heads=4, num_key_value_heads=2,
+                             head_dim=16, num_hidden_layers=layers, vocab_size=50, tie_word_embeddings=False,
+                             attn_implementation="sdpa")
+        model = Qwen3ForCausalLM(config).to(dt).train()
+        if lora:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(r=lora, lora_alpha=16, lora_dropout=dropout,
+                                                     target_modules=list(mp.LINEAR_NAMES)))
+        ids, mask = torch.randint(1, 50, (B, S)), torch.ones(B, S, dtype=torch.long)
+        if pad:
+            mask[0, :3] = 0  # left padding: a 4-D mask reaches SDPA
+        return _saved_bytes(model, ids, mask), config
+
+    (two, config), (three, _) = saved(2), saved(3)
+    sh = mp.Shapes.from_config({**config.to_dict(), "model_type": "qwen3"})
+    predicted = mp.layer_activation_bytes(
+        sh, c=2 if dtype == "bfloat16" else 4, full=not lora, lora=(set(mp.LINEAR_NAMES), lora, dropout)
+        if lora else None, cuda=False, q_tokens=S, kv_tokens=S, masked=pad)
+    assert three - two == B * predicted
+
+
+def test_lm_head_keeps_one_float32_copy_of_each_rows_logits():
+    """policy.token_logprobs keeps, per response token, logsumexp's float32 input: 4·V bytes (the plan's 4·V·T)."""
+    import policy
+
+    b, P, T, V, H = 2, 3, 7, 1000, 8
+    W = torch.randn(V, H, dtype=torch.bfloat16)
+    hidden = torch.randn(b, P + T, H, dtype=torch.bfloat16, requires_grad=True)
+    model = lambda **kw: SimpleNamespace(logits=hidden[:, -kw["logits_to_keep"]:] @ W.T)  # noqa: E731
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        seen.setdefault(st.data_ptr(), (st.nbytes(), t.dtype))
+        return t
+
+    ids, am = torch.randint(0, V, (b, P + T)), torch.ones(b, P + T, dtype=torch.long)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        policy.token_logprobs(model, ids, am, torch.ones(b, T))
+    floats = sum(n for n, dt in seen.values() if dt == torch.float32 and n >= T * V * 4)
+    assert floats == b * T * V * 4
+
+
+def test_verdicts_and_a_suggestion_that_fits_when_replanned(c8):
+    ok = mp.plan(c8, GRPOConfig(use_peft=True, gradient_checkpointing=True, micro_batch_size=2, lora_dropout=0.0,
+                                max_completion_length=1024, num_prompts_per_step=16, num_generations=8),
+                 prompt_tokens=128, gpu_memory_gb=80)
+    assert ok.fits and ok.shortfall_gb == 0 and not ok.suggestions
+    assert re.fullmatch(r"fits: peak \d+\.\d GB of 80\.0 GB \(\S+( \S+)?\)", ok.verdict())
+    cfg = GRPOConfig(max_completion_length=4096, num_prompts_per_step=32, num_generations=8, credit="delta")
+    bad = mp.plan(c8, cfg, prompt_tokens=512, gpu_memory_gb=80, host_memory_gb=2000)
+    assert not bad.fits and bad.shortfall_gb == pytest.approx(bad.peak_gb - 80)
+    v = bad.verdict()
+    assert "\n" not in v and v.startswith(f"does not fit: peak {bad.peak_gb:.1f} GB of 80.0 GB")
+    assert f"short by {bad.shortfall_gb:.1f} GB; fits with: " in v
+    assert bad.suggestions
+    for s in bad.suggestions:  # each re-planned with its flags applied: it fits
+        changed = GRPOConfig(**vars(cfg))
+        for flag in s.flags:
+            name, *value = flag.removeprefix("--").split()
+            field = type(getattr(changed, name))
+            setattr(changed, name, field(value[0]) if value else True)
+        again = mp.plan(c8, changed, prompt_tokens=512, processes=s.processes, gpu_memory_gb=80, host_memory_gb=2000)
+        assert again.fits, (s.flags, s.processes, again.verdict())
+        assert again.peak_gb == pytest.approx(s.peak_gb)
+    assert len(bad.table().splitlines()) <= 12
+
+
+def test_nothing_fits_says_so_and_processes_must_divide_the_prompts(c14):
+    tiny_gpu = mp.plan(c14, GRPOConfig(), prompt_tokens=128, gpu_memory_gb=4, host_memory_gb=2000)
+    assert not tiny_gpu.fits and not tiny_gpu.suggestions and "nothing tried fits" in tiny_gpu.verdict()
+    with pytest.raises(ValueError, match="multiple of the number of processes"):
+        mp.plan(c14, GRPOConfig(num_prompts_per_step=6), prompt_tokens=128, processes=4, gpu_memory_gb=80)
+
+
+def test_vllm_kv_budget_must_hold_one_sequence(c8):
+    cfg = GRPOConfig(use_peft=True, gradient_checkpointing=True, micro_batch_size=1, use_vllm=True,
+                     vllm_gpu_memory_utilization=0.22, max_completion_length=20480)
+    p = mp.plan(c8, cfg, prompt_tokens=2048, gpu_memory_gb=80, host_memory_gb=2000)
+    assert p.parts["vllm_sequences"] == 0 and not p.fits
+    assert "vLLM's KV cache holds no sequence of 22,528 tokens" in p.verdict()
+    cfg.vllm_gpu_memory_utilization = 0.5  # 40 GB: 16.4 GB of weights, the rest mostly KV
+    p = mp.plan(c8, cfg, prompt_tokens=2048, gpu_memory_gb=80, host_memory_gb=2000)
+    upper = (40e9 - 2 * 8_190_735_360) // (22528 * 147_456)  # the pool less the weights, in sequences
+    assert 1 <= p.parts["vllm_sequences"] <= upper
+
+
+def test_delta_normal_host_peak_and_cpu_plan(c8):
+    cfg = GRPOConfig(credit="delta", use_peft=True, gradient_checkpointing=True, micro_batch_size=2,
+                     max_completion_length=1024)
+    p = mp.plan(c8, cfg, prompt_tokens=128, gpu_memory_gb=80, host_memory_gb=2000)
+    N, T, H = 16 * 8, 1024, 4096
+    credit = next(s for s in p.stages if s.name == "credit")
+    assert p.parts["h_cache"] == N * T * H * 4  # 2.1 GB
+    assert credit.host_gb * 1e9 == pytest.approx(mp.DELTA_NORMAL_HOST_COPIES * N * T * H * 4 + p.parts["host_batch"])
+    cpu = mp.plan(c8, cfg, prompt_tokens=128, host_memory_gb=2000) if not torch.cuda.is_available() else None
+    if cpu is not None:  # the CPU is the device: everything on the host, float32
+        assert cpu.device == "CPU" and all(s.host_gb == 0 for s in cpu.stages) and cpu.parts["weight_bytes"] == 4
+        assert cpu.reserve_gb == 0 and cpu.device_gb == 2000
+
+
+def test_read_model_config_from_a_folder_holding_only_config_json(tmp_path):
+    folder = tmp_path / "Qwen3-14B-Base"
+    folder.mkdir()
+    shutil.copy(DATA / "qwen3_14b_base" / "config.json", folder / "config.json")
+    c = mp.read_model_config(str(folder))
+    assert (c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]) == (5120, 17408, 40)
+    assert c["model_type"] == "qwen3" and sorted(p.name for p in folder.iterdir()) == ["config.json"]
+    with pytest.raises(ValueError, match=r"cannot read the config.json of model '.*missing'") as e:
+        mp.read_model_config(str(tmp_path / "missing"))
+    assert "\n" not in str(e.value)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    with pytest.raises(ValueError) as e:
+        mp.read_model_config(str(tmp_path / "broken"))
+    assert "\n" not in str(e.value)
+
+
+def test_text_config_of_a_multimodal_config_and_moe_refused(tmp_path):
+    text = json.loads((DATA / "qwen3_8b_base" / "config.json").read_text())
+    folder = tmp_path / "vl"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3_vl", "architectures": ["X"],
+                                                    "text_config": {**text, "model_type": "qwen3_vl_text"},
+                                                    "vision_config": {}}))
+    c = mp.read_model_config(str(folder))
+    assert c["hidden_size"] == 4096 and mp.Shapes.from_config(c).parameters() == 8_190_735_360
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        mp.Shapes.from_config({**text, "model_type": "qwen3_moe", "num_experts": 128})
+
+
+def test_licence_note_beside_the_configs():
+    note = (DATA / "README.md").read_text()
+    assert "Apache-2.0" in note and "Qwen" in note
