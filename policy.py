@@ -117,7 +117,7 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device: str | None 
         model, _ = load_model_and_tokenizer(base, dtype, device, attn_implementation, trust_remote_code)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         model = PeftModel.from_pretrained(model, path)
-        return model, _left_padded(tokenizer)
+        return model, _left_padded(tokenizer, name)
     kwargs = dict(dtype=getattr(torch, dtype), trust_remote_code=trust_remote_code)
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
@@ -131,7 +131,7 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device: str | None 
     model, tokenizer = _from_pretrained(name, path, load)
     if not device.startswith("cuda"):
         model = model.to(device)
-    return model, _left_padded(tokenizer)
+    return model, _left_padded(tokenizer, name)
 
 
 def load_tokenizer(name: str, trust_remote_code: bool = False):
@@ -141,7 +141,7 @@ def load_tokenizer(name: str, trust_remote_code: bool = False):
 
     path = model_path(name)
     return _left_padded(_from_pretrained(name, path, lambda **extra: AutoTokenizer.from_pretrained(
-        path, trust_remote_code=trust_remote_code, **extra)))
+        path, trust_remote_code=trust_remote_code, **extra)), name)
 
 
 def _from_pretrained(name: str, path: str, load):
@@ -160,7 +160,10 @@ def _from_pretrained(name: str, path: str, load):
         raise ValueError(f"cannot load model {name!r} as a {where}: {str(e).splitlines()[0]}") from None
 
 
-def _left_padded(tokenizer):
+def _left_padded(tokenizer, name: str):
+    if len(tokenizer) <= 1:  # transformers builds an empty tokenizer for a folder without tokenizer files
+        raise ValueError(f"cannot load the tokenizer of model {name!r}: no tokenizer files there (tokenizer.json, "
+                         f"tokenizer_config.json, ...)")
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
