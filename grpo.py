@@ -251,7 +251,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str 
 
 def overlong_penalty(lengths: torch.Tensor, max_completion_length: int, buffer_len: int,
                      factor: float = 1.0) -> torch.Tensor:
-    """DAPO's soft overlong punishment (Yu et al. 2025, §3.4, Eq. 13; verl's ``overlong_buffer``), added to the
+    """DAPO's soft overlong punishment (Yu et al. 2025, §3.4; verl's ``overlong_buffer``), added to the
     reward: R_length(o) = min(0, ((L_max − L_cache) − |o|) / L_cache · factor), 0 up to L_max − L_cache tokens, then
     a ramp to −factor at L_max = ``max_completion_length`` (DAPO's −1 beyond L_max cannot occur: responses are cut
     there). ``lengths`` ``[N]``: response tokens, EOS included (verl's valid response length); ``buffer_len``

@@ -14,7 +14,7 @@ import toy
 
 # ------------------------------------------------------------------------------------------------ overlong shaping
 def test_overlong_penalty_hand_values_at_the_buffer_edges():
-    # L_max = 8, L_cache = 4: 0 up to 8 − 4 = 4 tokens, then ((8 − 4) − |o|) / 4 down to −1 at |o| = 8 (DAPO Eq. 13)
+    # L_max = 8, L_cache = 4: 0 up to 8 − 4 = 4 tokens, then ((8 − 4) − |o|) / 4 down to −1 at |o| = 8 (DAPO §3.4)
     lengths = torch.tensor([1, 4, 5, 6, 7, 8])
     expected = torch.tensor([0.0, 0.0, -0.25, -0.5, -0.75, -1.0])
     assert torch.equal(grpo.overlong_penalty(lengths, 8, 4), expected)
