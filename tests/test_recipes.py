@@ -1,8 +1,10 @@
 """Recipes (recipes.py), DAPO's overlong reward shaping (grpo.overlong_penalty) and the paper's recipe end to end."""
 
 import dataclasses
+import importlib.util
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -122,3 +124,41 @@ def test_another_model_gets_the_paper_recipe_for_every_flag_not_given(toy_model_
     with pytest.raises(SystemExit, match=r"--resume with settings that differ .*--data 'math_train' -> 'toy'.*"
                                          r"--learning_rate 1e-06 -> 0.0003"):
         grpo.main(argv + ["--resume", "--recipe", "toy"])
+
+
+# ------------------------------------------------------------------------------------------------ --dry_run
+@pytest.fixture(params=["qwen3_8b_base", "qwen3_14b_base"])
+def config_only(request, tmp_path):
+    """A folder holding only a shipped config.json (tests/data): no weights, no tokenizer."""
+    folder = tmp_path / request.param
+    folder.mkdir()
+    shutil.copy(f"{__file__.rsplit('/', 1)[0]}/data/{request.param}/config.json", folder)
+    return str(folder)
+
+
+def _dry_run(capsys, *argv):
+    assert grpo.main(list(argv) + ["--dry_run"]) is None
+    return capsys.readouterr().out
+
+
+def test_dry_run_of_the_papers_recipe_on_one_80gb_gpu_says_it_does_not_fit_and_what_does(config_only, capsys):
+    out = _dry_run(capsys, "--credit", "delta", "--model", config_only, "--gpu_memory_gb", "80")
+    assert "[recipe] delta_paper (auto: a real model)" in out and "--learning_rate 1e-06 (recipe)" in out
+    assert "[note] prompts not measured" in out  # no tokenizer in the folder: planned at --max_prompt_length
+    assert "memory plan:" in out and "1 process on a GPU of 80.0 GB" in out
+    verdict = out.strip().splitlines()[-1]
+    assert verdict.startswith("does not fit: peak ") and "short by " in verdict and "fits with: " in verdict
+    for stage in ("rollout", "θ_old pass", "credit", "update"):
+        assert f"\n{stage}" in out
+    assert sorted(p.name for p in Path(config_only).iterdir()) == ["config.json"]  # nothing loaded, nothing written
+
+
+def test_dry_run_of_the_one_gpu_recipe_and_of_the_papers_eight_gpu_run_say_they_fit(config_only, capsys):
+    out = _dry_run(capsys, "--credit", "delta", "--model", config_only, "--recipe", "delta_one_gpu",
+                   "--gpu_memory_gb", "80")
+    assert "[note] --use_vllm needs vLLM" in out or importlib.util.find_spec("vllm")  # a note, not an error
+    assert out.strip().splitlines()[-1].startswith("fits: peak ")
+    # README's torchrun command: the paper's recipe on 8 GPUs with vLLM (H200s: 141 GB each)
+    out = _dry_run(capsys, "--credit", "delta", "--model", config_only, "--plan_processes", "8", "--use_vllm",
+                   "--vllm_enable_sleep_mode", "--gpu_memory_gb", "141")
+    assert "8 processes on a GPU of 141.0 GB" in out and out.strip().splitlines()[-1].startswith("fits: peak ")
