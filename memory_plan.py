@@ -18,18 +18,20 @@ docs/scaling.md's arithmetic as one function. GB = 10⁹ bytes. The stages (grpo
 Every activation byte count is derived from the model's shapes and the code path (policy.token_logprobs over HF's
 Qwen3 decoder layer: q/k/v/o projections, RMSNorms, rotary, SDPA, SwiGLU MLP; peft's LoRA layers), tensor by tensor
 as autograd saves them (``layer_activation_bytes``); tests/test_memory_plan.py measures the saved tensors of real
-layers and finds these counts to the byte. Where they differ from docs/scaling.md's earlier measured figures (8B
-per layer per token: full 215 KB, LoRA 443 KB, 296 KB with ``--lora_dropout 0``): nowhere on the CPU, where those
-were measured; on a GPU LoRA dropout keeps a 1-byte mask instead of the CPU's float32 noise (333 KB, not 443 KB),
-and a micro-batch with padding adds what those figures left out: HF repeats the KV heads before a masked SDPA call
-(+12 KB per token for 8B) and each layer keeps SDPA's float copy of the mask, rows × S² × 2 bytes (45 KB per token
-per layer at 22,528 tokens): a micro-batch of one padding-free row has no mask.
+layers and finds these counts to the byte. docs/scaling.md's earlier measured figures (8B per layer per token: full
+215 KB, LoRA 443 KB, 296 KB with ``--lora_dropout 0``) are these counts for the CPU's code path, to the kilobyte
+(443 KB is the CPU's float32 dropout noise). They differ on a GPU, where LoRA dropout keeps a 1-byte mask (333 KB,
+not 443 KB), and wherever a micro-batch has padding, which adds what those figures left out: HF repeats the KV
+heads before a masked SDPA call (+12 KB per token for 8B) and each layer keeps SDPA's float copy of the mask, rows
+× S² × 2 bytes (45 KB per token per layer at 22,528 tokens); a micro-batch of one padding-free row has no mask.
 
 Left out (what the plan does not count, and why it is small or not ours): the Python/torch process itself (about
 0.3 GB of host memory, before the model loads), the allocator's cached free blocks (CUDA: ``CUDA_ALLOCATOR_SLACK``;
 glibc on the CPU: bench/memory_plan_check.py measures it), CUDA graphs and vLLM's own buffers beyond its
 ``gpu_memory_utilization`` share, the first layer saving less under LoRA (its input needs no gradient), tokenizer
-and data. Mixture-of-experts layers are not planned (one-line ValueError). Read next: docs/scaling.md.
+and data. Mixture-of-experts layers are not planned (one-line ValueError). It imports no project module (torch,
+transformers' AutoConfig, the standard library: tests/test_layout.py), so it can run before anything loads.
+Read next: docs/scaling.md.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ every response runs to exactly ``max_completion_length`` tokens and each group g
 (``_common.install_patches``: T is fixed, every row has Â ≠ 0), learning rate 1e-30 (updates computed and applied,
 weights unchanged). Before its baseline the process runs a warm-up: the same settings on the toy, 1 prompt × 2
 responses of 2 tokens, 2 steps, so that what a process pays once whatever the run's size (library code pages touched
-for the first time, thread pools, the grader's workers: about 40 MB) is not counted. Measured: the largest
+for the first time, thread pools, the grader's workers: 40-55 MB) is not counted. Measured: the largest
 ``memory/peak_rss_gb`` over the steps (grpo.py logs each step's peak resident set, the counter reset when the step
 starts) minus VmRSS just before ``grpo.train`` (before the model loads). Predicted: ``memory_plan.plan(...).peak_gb``
 for the CPU (the CPU is the device: weights, gradients, AdamW, activations, the batch and DelTA's cache all count),
