@@ -18,18 +18,20 @@ docs/scaling.md's arithmetic as one function. GB = 10⁹ bytes. The stages (grpo
 Every activation byte count is derived from the model's shapes and the code path (policy.token_logprobs over HF's
 Qwen3 decoder layer: q/k/v/o projections, RMSNorms, rotary, SDPA, SwiGLU MLP; peft's LoRA layers), tensor by tensor
 as autograd saves them (``layer_activation_bytes``); tests/test_memory_plan.py measures the saved tensors of real
-layers and finds these counts to the byte. Where they differ from docs/scaling.md's earlier measured figures (8B
-per layer per token: full 215 KB, LoRA 443 KB, 296 KB with ``--lora_dropout 0``): nowhere on the CPU, where those
-were measured; on a GPU LoRA dropout keeps a 1-byte mask instead of the CPU's float32 noise (333 KB, not 443 KB),
-and a micro-batch with padding adds what those figures left out: HF repeats the KV heads before a masked SDPA call
-(+12 KB per token for 8B) and each layer keeps SDPA's float copy of the mask, rows × S² × 2 bytes (45 KB per token
-per layer at 22,528 tokens): a micro-batch of one padding-free row has no mask.
+layers and finds these counts to the byte. docs/scaling.md's earlier measured figures (8B per layer per token: full
+215 KB, LoRA 443 KB, 296 KB with ``--lora_dropout 0``) are these counts for the CPU's code path, to the kilobyte
+(443 KB is the CPU's float32 dropout noise). They differ on a GPU, where LoRA dropout keeps a 1-byte mask (333 KB,
+not 443 KB), and wherever a micro-batch has padding, which adds what those figures left out: HF repeats the KV
+heads before a masked SDPA call (+12 KB per token for 8B) and each layer keeps SDPA's float copy of the mask, rows
+× S² × 2 bytes (45 KB per token per layer at 22,528 tokens); a micro-batch of one padding-free row has no mask.
 
 Left out (what the plan does not count, and why it is small or not ours): the Python/torch process itself (about
 0.3 GB of host memory, before the model loads), the allocator's cached free blocks (CUDA: ``CUDA_ALLOCATOR_SLACK``;
 glibc on the CPU: bench/memory_plan_check.py measures it), CUDA graphs and vLLM's own buffers beyond its
 ``gpu_memory_utilization`` share, the first layer saving less under LoRA (its input needs no gradient), tokenizer
-and data. Mixture-of-experts layers are not planned (one-line ValueError). Read next: docs/scaling.md.
+and data. Mixture-of-experts layers are not planned (one-line ValueError). It imports no project module (torch,
+transformers' AutoConfig, the standard library: tests/test_layout.py), so it can run before anything loads.
+Read next: docs/scaling.md.
 """
 
 from __future__ import annotations
@@ -235,9 +237,9 @@ def nograd_layer_bytes(sh: Shapes, *, c: int, q_tokens: int, kv_tokens: int, mas
     norm's output, c each, and its float32 input and normalised input, 4 each), the attention (the residual
     stream and the normalised input, q, k, v, the rotary products, the output; float32 q/k norm internals in
     bf16), the MLP (the residual stream, the normalised input, gate, up and their product); under LoRA, the widest
-    adapter's float32 input copy (bf16) and its float32 result and scaled result. Per key position the keys and values SDPA reads (all
-    heads when masked) and, masked, the bool mask and its float copy. (Checked against the CPU allocator's live
-    bytes: within -5% / +16%, bench/memory_plan_check.py.)"""
+    adapter's float32 input copy (bf16) and its float32 result and scaled result. Per key position the keys and
+    values SDPA reads (all heads when masked) and, masked, the bool mask and its float copy. Against the CPU
+    allocator's live bytes of a whole no-grad forward: -13% ... +5% (tests/test_memory_plan.py)."""
     H, I, Hq, Hkv = sh.hidden, sh.intermediate, sh.q_width, sh.kv_width
     norm = 3 * c * H + 8 * H
     attn = 2 * c * H + c * (Hq + 2 * Hkv) + 3 * c * Hq + (8 * Hq if c < 4 else 0)
@@ -253,8 +255,9 @@ def gradient_flow_bytes(sh: Shapes, c: int, lora: tuple | None = None) -> int:
     """Per token, the backward pass's gradients alive at once beside the kept activations (which it frees as it
     goes): the residual stream's gradient and two gradients of the widest intermediate (the MLP's product
     operands, or the norms' outputs): c·H + 2·c·max(H, I); under LoRA also the float32 gradients of the widest
-    adapter's input and result. (Against the CPU allocator's live bytes on Qwen3 layers: 1.0-1.8× what was
-    measured, an upper bound.)"""
+    adapter's input and result. The CPU allocator's live bytes during the backward pass of Qwen3 layers (hidden
+    128 ... 2,048, float32 and bf16, LoRA or not, with and without checkpointing) peaked at 0.6-1.15× of it above
+    the kept activations (torch.profiler's memory events)."""
     extra = max(4 * (i + o) for m, (i, o) in sh.linear_shapes().items() if m in lora[0]) if lora and lora[0] else 0
     return c * sh.hidden + 2 * c * max(sh.hidden, sh.intermediate) + extra
 
@@ -372,12 +375,17 @@ class MemoryPlan:
                 f"{'process' if self.processes == 1 else 'processes'} on a {self.device} of {self.device_gb:.1f} GB")
         lines = [head, f"{'stage':<12}{'device GB':>10}{'host GB':>9}  what"]
         lines += [f"{s.name:<12}{s.device_gb:>10.1f}{s.host_gb:>9.1f}  {s.what}" for s in self.stages]
-        lines.append(f"fixed: weights {p['weights'] / GB:.2f}, gradients {p['gradients'] / GB:.2f}, AdamW "
-                     f"{p['adamw'] / GB:.2f} GB; activations {p['activation_row'] / p['row_tokens'] / 1e6:.2f} MB/token"
-                     f"; KV cache {p['kv_per_token'] / 1e6:.3f} MB/token" +
-                     (f"; + {self.reserve_gb:.1f} GB CUDA context and allocator" if self.reserve_gb else ""))
+        lines.append(f"fixed: weights {p['weights'] / GB:.2f} GB, AdamW {p['adamw'] / GB:.2f} GB, gradients "
+                     f"(update) {p['gradients'] / GB:.2f} GB" +
+                     (f"; + {self.reserve_gb:.1f} GB CUDA context, allocator" if self.reserve_gb else ""))
+        lines.append(f"per token: activations {p['activation_row'] / p['row_tokens'] / 1e6:.2f} MB kept to the "
+                     f"backward, KV cache {p['kv_per_token'] / 1e6:.3f} MB")
         lines.append(self.verdict())
         return "\n".join(lines)
+
+
+def _rows(n: int) -> str:
+    return f"{n:,} row" + ("" if n == 1 else "s")
 
 
 def _cuda() -> bool:
@@ -409,16 +417,13 @@ def plan(model_config: dict, cfg, *, prompt_tokens: int, processes: int = 1, gpu
     for a config it cannot plan or settings that cannot run (grpo.check_config's divisibility)."""
     s = Settings.from_cfg(cfg)
     sh = Shapes.from_config(model_config)
-    if processes < 1 or s.num_prompts_per_step % processes:
-        raise ValueError(f"memory_plan: --num_prompts_per_step {s.num_prompts_per_step} must be a multiple of the "
-                         f"number of processes ({processes})")
     gpu = gpu_memory_gb is not None or _cuda()
     if gpu_memory_gb is None and gpu:
         import torch
 
         gpu_memory_gb = torch.cuda.get_device_properties(0).total_memory / GB
     host = host_memory_gb if host_memory_gb is not None else (_host_available_gb() if _cuda() or not gpu else None)
-    name = model_config.get("_name_or_path") or model_config.get("model_type") or "model"
+    name = Path(str(model_config.get("_name_or_path") or model_config.get("model_type") or "model")).name
     out = _plan(sh, s, prompt_tokens, processes, gpu, gpu_memory_gb if gpu else host, host, name)
     if not out.fits:
         out.suggestions = suggest(sh, s, prompt_tokens, processes, gpu, out.device_gb, host, name)
@@ -428,6 +433,12 @@ def plan(model_config: dict, cfg, *, prompt_tokens: int, processes: int = 1, gpu
 def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, host_gb: float | None,
           name: str) -> MemoryPlan:
     """``plan`` without suggestions (every quantity per process, in bytes until the stages)."""
+    if n < 1 or s.num_prompts_per_step % n:
+        raise ValueError(f"memory_plan: --num_prompts_per_step {s.num_prompts_per_step} must be a multiple of the "
+                         f"number of processes ({n})")
+    if s.num_mini_batches < 1 or (s.num_prompts_per_step // n * s.num_generations) % s.num_mini_batches:
+        raise ValueError(f"memory_plan: --num_mini_batches {s.num_mini_batches} must divide each process's "
+                         f"{s.num_prompts_per_step // n * s.num_generations} rows")
     dtype = s.torch_dtype if s.torch_dtype != "auto" else ("bfloat16" if gpu else "float32")
     cw = 4 if dtype == "float32" else 2  # stored weights
     c = 2 if gpu and n > 1 and cw == 4 else cw  # compute: FSDP2's bf16 gathers of float32 master weights
@@ -525,7 +536,7 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
         pool_total = pool if gpu else pool + v_weights
         rollout_dev = fixed + pool_total + (gathered if peft else 0)  # LoRA under FSDP2: merged from full weights
         rollout_what = (f"vLLM {s.vllm_gpu_memory_utilization:.2f} × {device_gb:.0f} GB: its KV cache holds "
-                        f"{sequences:,} sequences of {S:,} tokens")
+                        f"{sequences:,} sequence{'' if sequences == 1 else 's'} of {S:,} tokens")
         held = 0 if s.vllm_enable_sleep_mode else pool_total
     else:
         prefill = N * nograd_layer_bytes(sh, c=c, q_tokens=P, kv_tokens=P, masked=True, lora=lora) + \
@@ -533,7 +544,7 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
         decode = N * S * kv_bpt + N * nograd_layer_bytes(sh, c=c, q_tokens=1, kv_tokens=S, masked=True, lora=lora) + \
             N * V * (c + 12) + N * S * kv_bpt // L  # DynamicCache's torch.cat: one layer's cache twice
         rollout_dev = fixed + gathered + max(prefill, decode)
-        rollout_what = f"HF generate: KV cache {N * S * kv_bpt / GB:.1f} GB ({N:,} rows × {S:,} tokens)"
+        rollout_what = f"HF generate: KV cache {N * S * kv_bpt / GB:.1f} GB ({_rows(N)} × {S:,} tokens)"
         if prefill > decode:
             rollout_what += f", prefill {prefill / GB:.1f} GB"
         sequences, held = None, 0
@@ -543,11 +554,11 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
     if fuse:
         kept = N * kept_row(b4) + prompt_pass(prompts, True)
         theta_dev = base + kept + fsdp_grad + b4 * (T + 1) * V * c
-        theta_what = f"training forward of {N:,} rows kept for the update (micro-batches of {b4:,})"
+        theta_what = f"training forward of {_rows(N)} kept for the update (micro-batches of {b4:,})"
     else:
         kept = 0
         theta_dev = base + nograd(b4) + prompt_pass(prompts, False) + fsdp_nograd
-        theta_what = f"no-grad micro-batches of {b4:,} rows × {S:,} tokens"
+        theta_what = f"no-grad micro-batches of {_rows(b4)} × {S:,} tokens"
         if ref:
             theta_what += " (+ the reference's)"
     if delta_normal:
@@ -557,7 +568,7 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
     if s.credit == "delta" and s.delta_impl == "memory_efficient":
         credit_dev = base + kept + nograd(b4) + prompt_pass(prompts, False) + b4 * T * H * (c + 8) + \
             N * T * DELTA_STREAM_BYTES_PER_TOKEN + fsdp_nograd
-        credit_what = f"DelTA memory_efficient: {s.delta_k + 3} no-grad passes of {b4:,} rows"
+        credit_what = f"DelTA memory_efficient: {s.delta_k + 3} no-grad passes of {_rows(b4)}"
     elif delta_normal:
         credit_dev = base + kept
         credit_what = f"DelTA normal: {DELTA_NORMAL_HOST_COPIES:g} × h cache {h_cache / GB:.1f} GB on the host"
@@ -566,7 +577,7 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
         Sc = S + CSCR_NOTE_TOKENS
         credit_dev = base + kept + (nograd(bc, q=T + 1, kv=Sc) + bc * (Sc - T - 1) * kv_bpt if s.shared_prompt
                                     else nograd(bc, q=Sc, kv=Sc)) + gathered
-        credit_what = f"CSCR: 2 no-grad passes of {bc:,} rows × {Sc:,} tokens"
+        credit_what = f"CSCR: 2 no-grad passes of {_rows(bc)} × {Sc:,} tokens"
     else:
         credit_dev, credit_what = base + kept, "GRPO: none"
     # 6. update
@@ -574,8 +585,8 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
     kept6 = N * kept_row(b4) if fuse else b6 * kept_row(b6)
     update_dev = base + grads + kept6 + prompt_pass(min(prompts, mini), True) + backward_extra(b6) + \
         fsdp_grad + opt_temp
-    update_what = (f"{'all ' + format(N, ',') + ' rows' if fuse else format(b6, ',') + ' rows'} × {S:,} tokens of "
-                   f"activations{' (checkpointed)' if s.gradient_checkpointing else ''}, gradients, AdamW")
+    update_what = (f"{'all ' + _rows(N) if fuse else _rows(b6)} × {S:,} tokens of activations"
+                   f"{' (checkpointed)' if s.gradient_checkpointing else ''}, gradients, AdamW")
     if shared:
         update_what += ", shared prompt"
 
@@ -641,7 +652,8 @@ def suggest(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float
                 for k in range(1, 20):
                     tried = dataclasses.replace(cur, vllm_gpu_memory_utilization=round(0.05 * k, 2))
                     if _plan(sh, tried, P, procs, gpu, device_gb, host_gb, name).parts["vllm_sequences"] >= 1:
-                        cur, flags = tried, flags + [f"--vllm_gpu_memory_utilization {tried.vllm_gpu_memory_utilization}"]
+                        share = tried.vllm_gpu_memory_utilization
+                        cur, flags = tried, flags + [f"--vllm_gpu_memory_utilization {share}"]
                         break
             elif step == "micro_batch":  # halve the rows per micro-batch the update has now
                 size = _plan(sh, cur, P, procs, gpu, device_gb, host_gb, name).parts["rows_per_micro_batch"]
@@ -666,10 +678,13 @@ def suggest(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float
     if here:
         out.append(here)
     for procs in (2, 4, 8):
-        if procs <= n or s.num_prompts_per_step % procs:
+        if procs <= n:
             continue
-        p = fits(s, procs)
-        more = Suggestion([], procs, p.peak_gb) if p else (None if here else climb(procs))
+        try:
+            p = fits(s, procs)
+            more = Suggestion([], procs, p.peak_gb) if p else (None if here else climb(procs))
+        except ValueError:  # the prompts or mini-batches do not divide among that many processes
+            continue
         if more:
             out.append(more)
             break

@@ -19,7 +19,8 @@ Output, in ``--out``, else ``$OUT`` (the device sets it), else ./gpu_check_out: 
 from the device):
   gpu_check.json    everything: the command, the environment, each part (command, status ok / failed / timeout /
                     skipped / absent, exit code, seconds, time limit, the end of its log, its results; the toy
-                    runs' metrics.jsonl lines and summary.json embedded)
+                    runs' metrics.jsonl lines and summary.json embedded); beside each measured peak (every
+                    smoke step, every toy run) memory_plan.py's prediction for the same settings, ``plan``
   gpu_check.log     every child's full output
   gpu_smoke.json    bench/gpu_smoke.py's own results (docs/scaling.md's memory table: see "How to run the GPU check")
   toy_runs.tar.gz   the toy run folders (config.json, metrics.jsonl, summary.json, samples/), without weights
@@ -279,6 +280,7 @@ def smoke(check: Check) -> None:
     if path.exists():  # also after a time-out: the script rewrites it after every step
         rec["result"] = json.loads(path.read_text())
         rec["result_file"] = path.name
+        rec["plan"] = plan_beside_smoke(rec["result"])
         check.save()
 
 
@@ -313,6 +315,7 @@ def toy_runs(check: Check, part: str, extra_flags: list[str], limit_key: str) ->
         shutil.rmtree(run_dir, ignore_errors=True)
         rec = check.child(part, label, cmd, limit_key)
         rec["run"] = summarise_run(run_dir)
+        rec["plan"] = plan_beside_run(run_dir, model_dir)
         pack_runs(check)
         check.save()
         run = rec["run"]
@@ -386,6 +389,68 @@ def vllm(check: Check) -> None:
                        "reason": "--tiny: vLLM's CPU backend is tested by tests/test_vllm.py"})
     else:
         toy_runs(check, "vllm", ["--use_vllm", "--vllm_gpu_memory_utilization", "0.3"], "vllm")
+
+
+# ----------------------------------------------------------------------------------------------------------
+# memory_plan.py's prediction beside each measured peak (the planner is checked on the CPU by
+# bench/memory_plan_check.py; these entries are its check on a GPU)
+# ----------------------------------------------------------------------------------------------------------
+def _plan_entry(plan, measured: dict) -> dict:
+    """The prediction as gpu_check.json keeps it: each stage's device GB, the largest stage's tensors (what
+    ``torch.cuda.max_memory_allocated`` measures) and the peak with the CUDA reserve, the verdict, the measured."""
+    stages = {s.name: round(s.device_gb, 3) for s in plan.stages}
+    return {"predicted_stages_gb": stages, "predicted_tensors_gb": round(max(stages.values()), 3),
+            "predicted_peak_gb": round(plan.peak_gb, 3), "device": plan.device, "verdict": plan.verdict(), **measured}
+
+
+def plan_beside_smoke(result: dict) -> list:
+    """One entry per gpu_smoke.py step (its ``runs``, in order): memory_plan.plan for its settings (the smoke's
+    shapes, LoRA r 16 with dropout 0.05 or full fine-tuning, gradient checkpointing, its micro-batch size, DelTA
+    memory_efficient), without the rollout it skips, beside its measured ``peak_allocated_gb``. Never fails the
+    check: an error is recorded instead."""
+    from types import SimpleNamespace
+
+    import memory_plan
+
+    args = result.get("args") or {}
+    shapes = {**(result.get("model") or {}).get("config", {}), "model_type": "qwen3"}
+    out = []
+    for run in result.get("runs", []):
+        try:
+            cfg = SimpleNamespace(use_peft=run["mode"] == "lora", lora_dropout=0.05, lora_r=16, credit=run["credit"],
+                                  gradient_checkpointing=not args.get("no_gradient_checkpointing"),
+                                  micro_batch_size=run["micro_batch_size"], num_generations=args["num_generations"],
+                                  num_prompts_per_step=args["num_prompts"], torch_dtype=result.get("dtype", "auto"),
+                                  max_completion_length=args["response_length"], delta_impl=args["delta_impl"],
+                                  attn_implementation=args.get("attn_implementation", "sdpa"))
+            plan = memory_plan.plan(shapes, cfg, prompt_tokens=args["prompt_length"])
+            plan.stages = [s for s in plan.stages if s.name != "rollout"]  # the smoke makes no rollout
+            entry = _plan_entry(plan, {"measured_peak_allocated_gb": run.get("peak_allocated_gb")})
+        except Exception as e:  # noqa: BLE001 - the prediction is a record, not a part of the check
+            entry = {"error": f"{type(e).__name__}: {e}"[:300]}
+        out.append({"mode": run.get("mode"), "credit": run.get("credit"), **entry})
+    return out
+
+
+def plan_beside_run(run_dir: Path, model_dir: Path) -> dict:
+    """A toy run's prediction (memory_plan.plan of its config.json's settings on the toy's config.json, the
+    longest training prompt) beside the largest per-step peaks it logged (GPU allocated; host RSS)."""
+    try:
+        from types import SimpleNamespace
+
+        import memory_plan
+        from bench.memory_plan_check import longest_prompt_tokens
+
+        cfg = SimpleNamespace(**json.loads((run_dir / "config.json").read_text())["config"])
+        plan = memory_plan.plan(memory_plan.read_model_config(str(model_dir)), cfg,
+                                prompt_tokens=longest_prompt_tokens(str(model_dir)))
+        lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        steps = [r for r in lines if "step_time" in r]
+        peak = lambda k: max((r[k] for r in steps if k in r), default=None)  # noqa: E731
+        return _plan_entry(plan, {"measured_peak_gpu_allocated_gb": peak("memory/peak_gpu_allocated_gb"),
+                                  "measured_peak_rss_gb": peak("memory/peak_rss_gb")})
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
 
 
 def main(argv=None) -> dict:

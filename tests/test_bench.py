@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench import gpu_check, gpu_smoke, scaling  # noqa: E402
+from bench import gpu_check, gpu_smoke, memory_plan_check, scaling  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +132,14 @@ def test_gpu_check_tiny_runs_every_part(tmp_path, random_toy_root):
     assert smoke["kv_cache"]["positions"] == smoke["rows"] * (12 + 24)  # --tiny: prompts 12, responses 24
     # gpu_smoke runs DelTA with --delta_impl memory_efficient: no [N, T, H] cache of h_t is kept
     assert smoke["runs"][1]["credit"] == "delta" and "delta_hidden" not in smoke["runs"][1]
+    # memory_plan.py's prediction beside every measured peak (on the CPU: no GPU peak, a CPU plan)
+    plans = next(p for p in saved["parts"] if p["part"] == "smoke")["plan"]
+    assert [(e["mode"], e["credit"]) for e in plans] == [(r["mode"], r["credit"]) for r in smoke["runs"]]
+    assert all("error" not in e and e["device"] == "CPU" and e["predicted_tensors_gb"] > 0 and
+               "rollout" not in e["predicted_stages_gb"] and e["measured_peak_allocated_gb"] is None for e in plans)
+    toy_plan = next(p for p in saved["parts"] if p["label"] == "toy delta")["plan"]
+    assert "error" not in toy_plan and toy_plan["measured_peak_rss_gb"] > 0
+    assert toy_plan["predicted_tensors_gb"] == max(toy_plan["predicted_stages_gb"].values()) > 0
 
     with tarfile.open(out / "toy_runs.tar.gz") as tar:
         names = tar.getnames()
@@ -146,6 +154,21 @@ def test_gpu_check_tiny_runs_every_part(tmp_path, random_toy_root):
             assert run["heldout_metric"] == "eval/avg@1" and isinstance(run["learned"], bool)
             assert {"final", "checkpoint-1", "metrics.jsonl", "summary.json"} <= set(run["files"])
     assert not any("/final" in n or "/checkpoint-" in n for n in names)  # no weights come back
+
+
+def test_memory_plan_check_tiny(tmp_path):
+    """bench/memory_plan_check.py --tiny: two runs measured and predicted, the bound applied as stated."""
+    out = tmp_path / "memory_plan_check.json"
+    res = memory_plan_check.main(["--tiny", "--out", str(out)])
+    rows = res["rows"]
+    assert [r["name"] for r in rows] == [c[0] for c in memory_plan_check.TINY]
+    for r in rows:
+        assert r["measured_mb"] > 0 and len(r["per_step_peak_rss_mb"]) == 2  # --steps 2
+        assert r["predicted_mb"] == pytest.approx(max(r["stages_mb"].values()), abs=0.1)  # CPU: no reserve
+        assert r["within_bound"] == memory_plan_check.within_bound(r["predicted_mb"], r["measured_mb"])
+    assert json.loads(out.read_text())["table_markdown"].count("\n|") == 1 + len(rows)
+    assert memory_plan_check.within_bound(110, 100) and memory_plan_check.within_bound(80, 100)  # +10%; 20 MB
+    assert not memory_plan_check.within_bound(1300, 1000) and not memory_plan_check.within_bound(700, 1000)
 
 
 def test_gpu_check_stops_a_child_past_its_limit(tmp_path, monkeypatch):

@@ -12,8 +12,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Modules that import no project module: delta.py, cscr.py and verify.py are copied into other trainers on their own
-# (README), toy.py is imported by policy.py to resolve --model toy.
-LEAVES = {"delta", "cscr", "verify", "toy"}
+# (README), toy.py is imported by policy.py to resolve --model toy, memory_plan.py plans a run before anything loads
+# (torch, transformers' AutoConfig and the standard library only).
+LEAVES = {"delta", "cscr", "verify", "toy", "memory_plan"}
 
 
 def import_graph() -> dict[str, set[str]]:
