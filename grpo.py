@@ -28,8 +28,8 @@ The file follows that order: config and CLI; the maths (``group_advantages``, ``
 * Left out on purpose: entropy bonus, reward shaping other than DAPO's overlong penalty (off in the toy recipe),
   dynamic sampling, learning-rate schedules. The loss value is no progress signal (≈ 0 at θ_old): watch the
   reward and the held-out accuracy.
-* Infrastructure sits behind one-line calls: recipes (named settings) in recipes.py, the memory plan made before
-  any weights load in memory_plan.py, the policy model (loading, LoRA, KL reference, the shared prompt pass) in
+* Infrastructure sits behind one-line calls: recipes (named settings) and the checks made before any weights load
+  in recipes.py (the memory plan: memory_plan.py), the policy model (loading, LoRA, KL reference, the shared prompt pass) in
   policy.py, torchrun + FSDP2 in distributed.py, checkpoints and the run folder's logs in checkpoint.py,
   held-out evaluation in evaluate.py. Read next: delta.py and cscr.py (the credit), then rollout.py and verify.py.
 """
@@ -51,7 +51,6 @@ import torch
 import checkpoint
 import distributed
 import evaluate
-import memory_plan
 import policy
 import recipes
 import rollout
@@ -621,7 +620,7 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     run = None if cfg.dry_run else checkpoint.RunFolder(  # an earlier run there: see RunFolder (nothing written yet)
         cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit), dataclasses.asdict(cfg), rank == 0, say)
     # before any weights: prompts over --max_prompt_length left out, the memory plan (stops a run that cannot fit)
-    rows = memory_plan.preflight(cfg, rows, world, notes, given, say)
+    rows = recipes.preflight(cfg, rows, world, notes, given, say)
     if rows is None:  # --dry_run: the resolved settings and the plan were printed
         return None
     # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), sharding, AdamW (and --resume's state)
