@@ -173,11 +173,13 @@ def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K: int = 1
         def centroid(w: Tensor) -> Tensor:  # Eq. 2–3 / App. D: μ = Σ w·v / max(Σ w, ε), [H]
             return torch.einsum("bt,bth->h", w, v) / w.sum().clamp(min=eps)
 
+        block = _row_block(v)  # [rows, T, H]: v − μ of one block of rows (16 MiB), for every margin below
+
         def margins(mu_pos: Tensor, mu_neg: Tensor) -> Tuple[Tensor, Tensor]:
             # Sec. 3.2: own-side squared-distance margins, [B, T] each. Δ⁺ = 2vᵀ(μ₊ − μ₋) + ‖μ₋‖² − ‖μ₊‖²:
             # the Eq. 4 linear discriminator plus an offset. ‖v − μ‖² a block of rows at a time: v − μ and its
             # square over the whole batch would be two more [B, T, H] tensors beside v.
-            d_pos, d_neg = _squared_distances(v, mu_pos), _squared_distances(v, mu_neg)
+            d_pos, d_neg = _squared_distances(v, mu_pos, block), _squared_distances(v, mu_neg, block)
             return d_neg - d_pos, d_pos - d_neg  # Δ⁺ (read on P), Δ⁻ (read on Nn)
 
         def temperature(margin: Tensor, side: Tensor) -> Tensor:  # γ of one side from float64 moments
@@ -313,24 +315,27 @@ def _block_rows(v: Tensor) -> int:  # rows of v [B, T, H] per block: _ROW_BLOCK_
     return max(1, _ROW_BLOCK_BYTES // max(math.prod(v.shape[1:]) * v.element_size(), 1))
 
 
-def _zero_at_padding(v: Tensor, valid: Tensor) -> bool:  # v is +0.0 (not −0.0) at every padded position
-    rows = _block_rows(v)
+def _zero_at_padding(v: Tensor, valid: Tensor) -> bool:  # v is +0.0 (all bits 0; not −0.0) at every padded position
+    rows, bits = _block_rows(v), {torch.float32: torch.int32, torch.float64: torch.int64}[v.dtype]
     for r in range(0, v.shape[0], rows):
-        pad = v[r:r + rows][~valid[r:r + rows]]  # [n, H], n ≤ the block's padded tokens
-        if not bool(((pad == 0) & ~torch.signbit(pad)).all()):
+        if v[r:r + rows][~valid[r:r + rows]].view(bits).any():  # [n, H], n ≤ the block's padded tokens
             return False
     return True
 
 
-def _squared_distances(v: Tensor, mu: Tensor, rows: Optional[int] = None) -> Tensor:
-    """‖v − μ‖² ``[B, T]`` of v ``[B, T, H]`` and μ ``[H]``, ``rows`` rows of v at a time (default ``_block_rows``),
-    so that v − μ and its square exist for one block only. Each token's sum over H is the same reduction whatever
-    the block (the CPU's kernel reduces each output alone; tests/test_delta.py checks equality in float64), so
-    the result equals ``(v - mu).pow(2).sum(-1)``."""
-    rows = rows or _block_rows(v)
-    out = torch.empty(v.shape[:2], dtype=torch.promote_types(v.dtype, mu.dtype), device=v.device)
+def _row_block(v: Tensor, rows: Optional[int] = None) -> Tensor:  # a [rows, T, H] buffer (default _block_rows)
+    return torch.empty((min(rows or _block_rows(v), v.shape[0]),) + v.shape[1:], dtype=v.dtype, device=v.device)
+
+
+def _squared_distances(v: Tensor, mu: Tensor, block: Tensor) -> Tensor:
+    """‖v − μ‖² ``[B, T]`` of v ``[B, T, H]`` and μ ``[H]`` (v's dtype), its ``block`` ``[rows, T, H]`` (``_row_block``,
+    reused by every call) holding v − μ and its square for ``rows`` rows of v at a time. Each token's sum over H is
+    the same reduction whatever the block (the CPU's kernel reduces each output alone; tests/test_delta.py checks
+    equality in float64), so the result equals ``(v - mu).pow(2).sum(-1)``."""
+    out, rows = torch.empty(v.shape[:2], dtype=v.dtype, device=v.device), max(block.shape[0], 1)
     for r in range(0, v.shape[0], rows):
-        out[r:r + rows] = (v[r:r + rows] - mu).pow_(2).sum(-1)
+        d = torch.sub(v[r:r + rows], mu, out=block[:min(rows, v.shape[0] - r)])
+        torch.sum(d.pow_(2), -1, out=out[r:r + rows])
     return out
 
 

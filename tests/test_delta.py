@@ -430,8 +430,11 @@ def test_squared_distances_in_row_blocks_equal_the_whole_batch_formula(H):
     whole = (v - mu).pow(2).sum(-1)
     assert whole.shape == (7, 5)
     for rows in (1, 2, 3, 4, 6, 7, 50):
-        assert torch.equal(delta._squared_distances(v, mu, rows), whole), rows
-    assert torch.equal(delta._squared_distances(v, mu), whole)  # the default block (all 7 rows here)
+        block = delta._row_block(v, rows)
+        assert block.shape == (min(rows, 7), 5, H)
+        assert torch.equal(delta._squared_distances(v, mu, block), whole), rows
+        assert torch.equal(delta._squared_distances(v, -mu, block), (v + mu).pow(2).sum(-1)), rows  # block reused
+    assert torch.equal(delta._squared_distances(v, mu, delta._row_block(v)), whole)  # the default (all 7 rows here)
 
 
 @pytest.mark.parametrize("K", [0, 1, 2])
