@@ -240,8 +240,9 @@ def oom_guard(where: str):
 # (grpo.Credit._delta -> delta.proxy_vectors -> delta.delta_coefficients): stage 4's h_t cache and the proxies v,
 # which proxy_vectors masks in place and delta_coefficients reads as they are (+0.0 on padding: no masked copy);
 # v − μ and its square exist one row block at a time (delta._ROW_BLOCK_BYTES = 16 MiB of v, or one response's
-# T·H·4 when larger). Beyond them: that block and [N, T] tensors (1/H of a copy each). Measured at 64 and 256 MiB
-# of h: bench/memory.py --only stage5 (docs/scaling.md). check_delta_cache (grpo.py) counts them all.
+# T·H·4 when larger). Beyond them: that block and [N, T] tensors (1/H of a copy each). Measured above the cache at
+# 64 and 256 MiB of h: 1.28 and 1.075 copies where v + a block gives 1.25 and 1.0625 (4.0 before the blocks;
+# bench/memory.py --only stage5, docs/scaling.md). check_delta_cache (grpo.py) counts the two copies.
 DELTA_NORMAL_HOST_COPIES = 2
 # The most of the host memory available to a process that one allocation's peak may take (check_host_memory):
 # half, the other half for the process itself (model, rollouts, allocator slack). DelTA's cache may then take a
