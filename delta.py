@@ -31,12 +31,12 @@ Inferred or different from the official code (spec §2.4, §6)
    centroid with γ = the std of its own margins, and its λ̄ then lies in about [0.78, 1.24].
 3. Precision: per-token maths in float32 (float64 for float64 v); moments for γ, N, Z and all streaming sums
    in float64 (the code accumulates in v's dtype). 1 − p is computed as −expm1(log p).
-4. Distances: whole batch ‖v − μ‖² (official "Normal"); streaming ‖v‖² − 2v·μ + ‖μ‖² clamped at 0
-   ("Memory_efficient"), which reads the LM-head inputs h of one micro-batch at a time (from a callable that
-   re-runs the forward pass) and keeps a few floats per token, never h or v, over K + 3 passes (2 for K = 0);
-   the official code shares pass 1 with θ_old's pass (K + 2 extra forwards), grpo.py runs all K + 3 after it.
-   Fewer is impossible: α⁽⁰⁾ needs γ⁽⁰⁾, a global statistic at μ⁽⁰⁾, and μ⁽ᴷ⁾ is known only after the last
-   refinement pass.
+4. Distances: whole batch ‖v − μ‖² (official "Normal"; here a block of rows at a time, the same values);
+   streaming ‖v‖² − 2v·μ + ‖μ‖² clamped at 0 ("Memory_efficient"), which reads the LM-head inputs h of one
+   micro-batch at a time (from a callable that re-runs the forward pass) and keeps a few floats per token,
+   never h or v, over K + 3 passes (2 for K = 0); the official code shares pass 1 with θ_old's pass (K + 2
+   extra forwards), grpo.py runs all K + 3 after it. Fewer is impossible: α⁽⁰⁾ needs γ⁽⁰⁾, a global statistic
+   at μ⁽⁰⁾, and μ⁽ᴷ⁾ is known only after the last refinement pass.
 5. Temperature T ≠ 1: the proxy omits the 1/T of the exact gradient, like the code (λ̄ is scale-invariant in v).
 Left out on purpose: the forward pass and the PPO loss (the caller's, see the example); the paper's top-K
 hidden-gradient proxy (better in its ablation, but not the default and not in the code); the release's dead
@@ -110,8 +110,8 @@ def proxy_vectors(hidden: Tensor, old_logp: Tensor, response_mask: Tensor) -> Te
         valid = _mask01(response_mask).to(hidden.device)
         # App. F: 1 − p(y_t) = −expm1(log p(y_t)); exact even when p(y_t) → 1.
         one_minus_p = -torch.expm1(old_logp.detach().to(device=hidden.device, dtype=dtype))
-        v = one_minus_p[..., None] * hidden.detach().to(dtype)
-        return torch.where(valid[..., None], v, torch.zeros((), dtype=dtype, device=v.device))
+        v = one_minus_p[..., None] * hidden.detach().to(dtype)  # the one [B, T, H] this allocates
+        return v.masked_fill_(~valid[..., None], 0.0)  # in place: +0.0 on padding (NaN there cannot leak)
 
 
 # Maths shared by both paths ------------------------------------------------------------------------------
@@ -156,10 +156,12 @@ def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K: int = 1
         tokens if a side has no valid token (spec §6 guard, ``delta/fallback`` = 1). Or (λ̄, stats).
     Raises: ValueError: bad shapes, non-0/1 mask, non-finite Â, K not an int >= 0, lam_min > lam_max or < 0,
         eps <= 0.
+    Memory: beside v, one row block of v − μ (``_ROW_BLOCK_BYTES``) and [B, T] tensors; v is read as given
+    when it is +0.0 on padding (``proxy_vectors``' output), else copied once, masked.
     """
     lam_min, lam_max = _check_hparams(K, lam_min, lam_max, eps)
     with torch.no_grad():
-        v, adv, mask = _prepare(v, adv, response_mask)
+        v, adv, mask = _prepare(v, adv, response_mask)  # v itself, or a masked copy (padding not +0.0)
         # Sides (spec §2.3): P = {Â > 0, valid}, Nn = {Â < 0, valid}; Â = 0 responses belong to neither.
         pos, neg = (adv > 0).to(v.dtype)[:, None] * mask, (adv < 0).to(v.dtype)[:, None] * mask  # [B, T]
         if not (pos.any() and neg.any()):  # guard (spec §6): no discriminator without both sides
@@ -171,10 +173,13 @@ def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K: int = 1
         def centroid(w: Tensor) -> Tensor:  # Eq. 2–3 / App. D: μ = Σ w·v / max(Σ w, ε), [H]
             return torch.einsum("bt,bth->h", w, v) / w.sum().clamp(min=eps)
 
+        block = _row_block(v)  # [rows, T, H]: v − μ of one block of rows (16 MiB), for every margin below
+
         def margins(mu_pos: Tensor, mu_neg: Tensor) -> Tuple[Tensor, Tensor]:
             # Sec. 3.2: own-side squared-distance margins, [B, T] each. Δ⁺ = 2vᵀ(μ₊ − μ₋) + ‖μ₋‖² − ‖μ₊‖²:
-            # the Eq. 4 linear discriminator plus an offset.
-            d_pos, d_neg = (v - mu_pos).pow(2).sum(-1), (v - mu_neg).pow(2).sum(-1)
+            # the Eq. 4 linear discriminator plus an offset. ‖v − μ‖² a block of rows at a time: v − μ and its
+            # square over the whole batch would be two more [B, T, H] tensors beside v.
+            d_pos, d_neg = _squared_distances(v, mu_pos, block), _squared_distances(v, mu_neg, block)
             return d_neg - d_pos, d_pos - d_neg  # Δ⁺ (read on P), Δ⁻ (read on Nn)
 
         def temperature(margin: Tensor, side: Tensor) -> Tensor:  # γ of one side from float64 moments
@@ -297,6 +302,41 @@ def delta_token_advantages(adv: Tensor, lam_bar: Tensor, response_mask: Tensor) 
     dtype = torch.promote_types(adv.dtype, lam_bar.dtype)
     m = _mask01(response_mask).to(device=lam_bar.device, dtype=dtype)
     return adv.detach().to(device=lam_bar.device, dtype=dtype)[:, None] * lam_bar.detach().to(dtype) * m
+
+
+# The whole batch, row block by row block (delta_coefficients' working memory) ----------------------------
+# What delta_coefficients derives per token from v [B, T, H] it computes this many bytes of v at a time (at least
+# one row), so that beside v it holds one block, not further [B, T, H] tensors: at the papers' scale v is 137 GB
+# and a block one response of 4,096 × 4,096 × 4 B = 67 MB.
+_ROW_BLOCK_BYTES = 16 * 2**20
+
+
+def _block_rows(v: Tensor) -> int:  # rows of v [B, T, H] per block: _ROW_BLOCK_BYTES of it, at least one
+    return max(1, _ROW_BLOCK_BYTES // max(math.prod(v.shape[1:]) * v.element_size(), 1))
+
+
+def _zero_at_padding(v: Tensor, valid: Tensor) -> bool:  # v is +0.0 (all bits 0; not −0.0) at every padded position
+    rows, bits = _block_rows(v), {torch.float32: torch.int32, torch.float64: torch.int64}[v.dtype]
+    for r in range(0, v.shape[0], rows):
+        if v[r:r + rows][~valid[r:r + rows]].view(bits).any():  # [n, H], n ≤ the block's padded tokens
+            return False
+    return True
+
+
+def _row_block(v: Tensor, rows: Optional[int] = None) -> Tensor:  # a [rows, T, H] buffer (default _block_rows)
+    return torch.empty((min(rows or _block_rows(v), v.shape[0]),) + v.shape[1:], dtype=v.dtype, device=v.device)
+
+
+def _squared_distances(v: Tensor, mu: Tensor, block: Tensor) -> Tensor:
+    """‖v − μ‖² ``[B, T]`` of v ``[B, T, H]`` and μ ``[H]`` (v's dtype), its ``block`` ``[rows, T, H]`` (``_row_block``,
+    reused by every call) holding v − μ and its square for ``rows`` rows of v at a time. Each token's sum over H is
+    the same reduction whatever the block (the CPU's kernel reduces each output alone; tests/test_delta.py checks
+    equality in float64), so the result equals ``(v - mu).pow(2).sum(-1)``."""
+    out, rows = torch.empty(v.shape[:2], dtype=v.dtype, device=v.device), max(block.shape[0], 1)
+    for r in range(0, v.shape[0], rows):
+        d = torch.sub(v[r:r + rows], mu, out=block[:min(rows, v.shape[0] - r)])
+        torch.sum(d.pow_(2), -1, out=out[r:r + rows])
+    return out
 
 
 # Streaming: what pass 1 keeps of a chunk, and one helper per pass statistic (named float64 sums) ---------
@@ -450,7 +490,12 @@ def _prepare(v: Tensor, adv: Tensor, response_mask: Tensor, dtype: Optional[torc
         raise ValueError(f"adv{where} must be finite")
     dtype = dtype or _work_dtype(v)
     valid = _mask01(response_mask, f"response_mask{where}").to(v.device)
-    v = torch.where(valid[..., None], v.detach().to(dtype), torch.zeros((), dtype=dtype, device=v.device))
+    v = v.detach()
+    if v.dtype != dtype:  # a converted copy anyway: masked in place
+        v = v.to(dtype).masked_fill_(~valid[..., None], 0.0)
+    elif not _zero_at_padding(v, valid):  # anything but +0.0 on padding: a masked copy (0 there)
+        v = torch.where(valid[..., None], v, torch.zeros((), dtype=dtype, device=v.device))
+    # else v itself (proxy_vectors' output): the masked copy would equal it bit for bit, and it is [B, T, H]
     return v, adv.detach().to(device=v.device, dtype=dtype), valid.to(dtype)
 
 

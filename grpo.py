@@ -493,9 +493,9 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
 
 # θ_old, as stage 4 leaves it for stages 5 and 6. Kept across micro-batches, at the papers' scale (2,048 responses ×
 # 4,096 tokens, H = 4,096, float32 on the host): logp 34 MB; ref_logp (--beta > 0, else None) 34 MB; hidden (DelTA's
-# --delta_impl normal, else None) 137 GB, refused by check_delta_cache above a quarter of the host's memory
-# (policy.HOST_MEMORY_SHARE: stage 5 adds v and a masked copy, each as large); training_forward: stage 4's training
-# forward when it was that (can_update_on_policy; graphs, on the device), else None.
+# --delta_impl normal, else None) 137 GB, refused by check_delta_cache above a quarter of the host's memory (stage
+# 5 adds v, as large: policy.DELTA_NORMAL_HOST_COPIES = 2 in HOST_MEMORY_SHARE = 1/2); training_forward: stage 4's
+# training forward when it was that (can_update_on_policy; graphs, on the device), else None.
 ThetaOld = namedtuple("ThetaOld", "logp hidden ref_logp training_forward")
 
 
@@ -522,9 +522,11 @@ def old_logprobs(model, batch, cfg: GRPOConfig, need_hidden=False, ref_model=Non
 
 
 def check_delta_cache(N: int, T: int, H: int) -> None:  # one line, not an out-of-memory kill mid-step
-    policy.check_host_memory(N * T * H * 4, f"--delta_impl normal keeps DelTA's h_t of the whole rollout batch on "
-                             f"the host ({N} responses × {T} tokens × {H} hidden × 4 bytes)", "--delta_impl "
-                             "memory_efficient (the same λ̄ from micro-batches: h recomputed in K + 3 forward passes)")
+    copies = policy.DELTA_NORMAL_HOST_COPIES  # stage 5's peak: the cache of h_t and the proxies v beside it
+    policy.check_host_memory(copies * N * T * H * 4, f"--delta_impl normal's stage 5 holds DelTA's h_t of the whole "
+                             f"rollout batch and v on the host ({copies} × {N} responses × {T} tokens × {H} hidden × 4 "
+                             "bytes)", "--delta_impl memory_efficient (the same λ̄ from micro-batches: h recomputed in "
+                             "K + 3 forward passes)")
 
 
 def can_update_on_policy(cfg: GRPOConfig, num_rows: int, has_reference: bool) -> bool:

@@ -255,10 +255,18 @@ def oom_guard(where: str):
 
 
 
-# The most of the host memory available to a process that one kept tensor may take: a quarter, because DelTA's
-# whole-batch λ̄ (--delta_impl normal) holds about 2.5 more copies of its [N, T, H] cache at its peak (v and its
-# masked copy; measured: bench/memory.py), so the step peaks near three quarters.
-HOST_MEMORY_SHARE = 0.25
+# Host copies of N·T·H·4 bytes that DelTA's --delta_impl normal holds at stage 5's peak, its cache included
+# (grpo.Credit._delta -> delta.proxy_vectors -> delta.delta_coefficients): stage 4's h_t cache and the proxies v,
+# which proxy_vectors masks in place and delta_coefficients reads as they are (+0.0 on padding: no masked copy);
+# v − μ and its square exist one row block at a time (delta._ROW_BLOCK_BYTES = 16 MiB of v, or one response's
+# T·H·4 when larger). Beyond them: that block and [N, T] tensors (1/H of a copy each). Measured above the cache at
+# 64 and 256 MiB of h: 1.28 and 1.075 copies where v + a block gives 1.25 and 1.0625 (4.0 before the blocks;
+# bench/memory.py --only stage5, docs/scaling.md). check_delta_cache (grpo.py) counts the two copies.
+DELTA_NORMAL_HOST_COPIES = 2
+# The most of the host memory available to a process that one allocation's peak may take (check_host_memory):
+# half, the other half for the process itself (model, rollouts, allocator slack). DelTA's cache may then take a
+# quarter (HOST_MEMORY_SHARE / DELTA_NORMAL_HOST_COPIES).
+HOST_MEMORY_SHARE = 0.5
 
 
 def host_memory_available() -> int:
@@ -273,9 +281,9 @@ def host_memory_available() -> int:
 
 
 def check_host_memory(nbytes: int, what: str, fix: str) -> None:
-    """Stop (``SystemExit``, one line naming ``fix``) before ``nbytes`` are allocated on the host for ``what`` when
-    that is more than ``HOST_MEMORY_SHARE`` of ``host_memory_available()``: a clear message instead of an
-    out-of-memory kill in the middle of a step."""
+    """Stop (``SystemExit``, one line naming ``fix``) before ``nbytes`` (the peak of ``what``, every copy it will
+    hold counted) are allocated on the host when that is more than ``HOST_MEMORY_SHARE`` of
+    ``host_memory_available()``: a clear message instead of an out-of-memory kill in the middle of a step."""
     avail = host_memory_available()
     if nbytes > HOST_MEMORY_SHARE * avail:
         raise SystemExit(f"grpo.py: error: {what} = {nbytes / 1e9:.1f} GB, more than {HOST_MEMORY_SHARE:.0%} of the "

@@ -22,6 +22,16 @@ first step of every run is not counted (AdamW's state and the allocator's first 
 * seconds per step and the ratio to GRPO, whole step and without generation; DelTA's paper reports +37 s, about
   10% of its first step, for K + 2 = 3 extra forward passes (App. L.1).
 
+Stage 5 alone (``--stage5_mib``, default 64 and 256 MiB of h): ``grpo.Credit._delta`` with ``--delta_impl normal``
+(``delta.proxy_vectors`` then ``delta.delta_coefficients``) on a synthetic h cache of that size ([N, T, H] float32,
+T = ``--max_completion_length``, H = ``--hidden_size``, random lengths, half the rows Â > 0), each run in a fresh
+process, after one call on 4 rows (so that the code pages of its kernels, which RSS counts, are already resident):
+the peak RSS during the call above the RSS with the cache in place (``_common.PeakMemory``), in copies of N·T·H·4
+bytes, beside what the code holds by derivation: ``policy.DELTA_NORMAL_HOST_COPIES`` − 1 (v) plus one row block of
+v − μ (``delta._ROW_BLOCK_BYTES``, at least one row); the [N, T] tensors (1/H of a copy each) and what the allocator
+keeps of freed memory are left out of the derived figure. ``--only stage5`` runs this part alone (under a minute;
+``--out`` then defaults to ``bench/results/memory_stage5.json``).
+
 Results: a markdown table and ``--out`` (default ``bench/results/memory.json``) with the machine, versions, commit,
 command, every step's numbers and the summary. About 20 minutes on 2 CPU cores with the defaults.
 
@@ -29,6 +39,7 @@ Usage::
 
     python bench/memory.py
     python bench/memory.py --sizes 64,256 --hidden_size 1024 --repeats 1
+    python bench/memory.py --only stage5 --stage5_repeats 5
 """
 
 from __future__ import annotations
@@ -134,6 +145,68 @@ def markdown_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def stage5_peak(spec: dict) -> dict:
+    """Stage 5 of a --delta_impl normal step (``grpo.Credit._delta``) on a synthetic h cache ``[N, T, H]`` float32, in
+    this (fresh) process: its peak RSS above the RSS with the cache in place, in MiB, and the seconds it took."""
+    import types
+
+    import torch
+
+    import grpo
+
+    from bench._common import PeakMemory
+
+    def inputs(N, T, H):  # (Rollout's response_mask, all stage 5 reads of it; Â [N]; θ_old with the h cache)
+        g = torch.Generator().manual_seed(spec["seed"])
+        mask = torch.arange(T)[None, :] < torch.randint(T // 2, T + 1, (N,), generator=g)[:, None]  # [N, T]
+        hidden = torch.randn(N, T, H, generator=g).masked_fill_(~mask[..., None], 0.0)  # as stage 4 leaves it
+        adv = torch.tensor([1.0, -1.0]).repeat(N // 2 + 1)[:N]  # both sides present: the discriminator runs
+        return types.SimpleNamespace(response_mask=mask.float()), adv, grpo.ThetaOld(
+            -torch.rand(N, T, generator=g), hidden, None, None)
+
+    N, T, H = spec["N"], spec["T"], spec["H"]
+    credit = grpo.Credit(grpo.GRPOConfig(credit="delta", delta_impl="normal"), None)
+    credit._delta(None, *inputs(4, T, H))  # once on 4 rows: the kernels' code pages are resident before we count
+    batch, adv, old = inputs(N, T, H)
+    with PeakMemory() as mem:
+        t0 = time.perf_counter()
+        token_adv, _ = credit._delta(None, batch, adv, old)
+        seconds = time.perf_counter() - t0
+    assert token_adv.shape == (N, T)
+    return {"peak_above_cache_mib": mem.peak_rss_increase_mib, "rss_before_mib": mem.rss_before_mib,
+            "rss_method": mem.rss_method, "seconds": seconds, "torch_threads": torch.get_num_threads()}
+
+
+def stage5_derived(N: int, T: int, H: int) -> dict:
+    """What stage 5 holds above the cache by derivation, in copies of N·T·H·4 bytes: v, and one row block of v − μ."""
+    import delta
+    import policy
+
+    rows = min(max(1, delta._ROW_BLOCK_BYTES // (T * H * 4)), N)
+    return {"copies_total": policy.DELTA_NORMAL_HOST_COPIES, "block_rows": rows,
+            "above_cache": policy.DELTA_NORMAL_HOST_COPIES - 1 + rows / N}
+
+
+def run_stage5(args, pool) -> dict:
+    T, H = args.max_completion_length, args.hidden_size
+    out = {}
+    for mib in [int(x) for x in args.stage5_mib.split(",") if x.strip()]:
+        N = mib * 2**20 // (T * H * 4)
+        cache_mib = N * T * H * 4 / 2**20
+        runs = [pool.apply(stage5_peak, ({"N": N, "T": T, "H": H, "seed": r},)) for r in range(args.stage5_repeats)]
+        measured = [r["peak_above_cache_mib"] / cache_mib for r in runs]
+        derived = stage5_derived(N, T, H)
+        out[mib] = {"N": N, "T": T, "H": H, "cache_mib": cache_mib, "runs": runs, "measured_above_cache": measured,
+                    "median_above_cache": median(measured), **{f"derived_{k}": v for k, v in derived.items()},
+                    "measured_over_derived": [m / derived["above_cache"] for m in measured]}
+        print(f"[memory] stage 5, h = {cache_mib:.0f} MiB ({N} × {T} × {H}): peak above the cache "
+              f"{median(measured):.3f} ({min(measured):.3f} – {max(measured):.3f}) × N·T·H·4 over "
+              f"{len(runs)} runs; derived {derived['above_cache']:.3f} (v + a block of {derived['block_rows']} rows); "
+              f"measured / derived {median(measured) / derived['above_cache']:.3f}; "
+              f"{median([r['seconds'] for r in runs]):.2f} s", flush=True)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -144,7 +217,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--micro_batch_size", type=int, default=32, help="rows per forward/backward (every variant)")
     ap.add_argument("--steps", type=int, default=2, help="steps per run (the first is not counted)")
     ap.add_argument("--repeats", type=int, default=2, help="interleaved rounds")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "memory.json"), help="JSON results ('' = none)")
+    ap.add_argument("--only", choices=["steps", "stage5"], default=None, help="run one part (default: both)")
+    ap.add_argument("--stage5_mib", default="64,256", help="stage 5 alone: sizes of the h cache, MiB")
+    ap.add_argument("--stage5_repeats", type=int, default=3, help="stage 5 alone: fresh-process runs per size")
+    ap.add_argument("--out", default=None, help="JSON results ('' = none; default bench/results/memory.json, "
+                    "memory_stage5.json with --only stage5)")
     ap.add_argument("--keep_runs", action="store_true", help="keep the runs' folders (printed)")
     return ap
 
@@ -156,7 +233,26 @@ def main(argv=None) -> dict:
     if any(n % args.num_generations for n in sizes) or args.steps < 2 or args.repeats < 1:
         raise SystemExit("memory.py: error: --sizes must be multiples of --num_generations, --steps >= 2 (the first "
                          "is not counted), --repeats >= 1")
+    if args.stage5_repeats < 1:
+        raise SystemExit("memory.py: error: --stage5_repeats must be >= 1")
+    out = args.out if args.out is not None else str(REPO / "bench" / "results" / (
+        "memory_stage5.json" if args.only == "stage5" else "memory.json"))
     os.environ["TQDM_DISABLE"] = "1"  # before the fork server imports tqdm
+    t_start = time.time()
+    result = {"benchmark": "memory", "date": _common.now_iso(), "command": command, "git": _common.git_state(),
+              "machine": _common.machine_description()}
+    if args.only != "steps":
+        pool = _common.forkserver_pool(PRELOAD)
+        try:
+            result["stage5"] = {str(k): x for k, x in run_stage5(args, pool).items()}
+        finally:
+            pool.close()
+            pool.join()
+    if args.only == "stage5":
+        result.update(settings=vars(args), total_seconds=time.time() - t_start)
+        if out:
+            _common.write_json(out, result)
+        return result
     workdir = Path(tempfile.mkdtemp(prefix="memory-"))
     toy_path, toy_info = _common.prepare_toy_model(workdir, 200, "memory.py")
     model_path = widen_toy_model(toy_path, str(workdir / f"toy_h{args.hidden_size}"), args.hidden_size)
@@ -164,7 +260,7 @@ def main(argv=None) -> dict:
                     max_completion_length=args.max_completion_length, max_steps=args.steps, learning_rate=1e-30,
                     micro_batch_size=args.micro_batch_size, eval_num_generations=0, save_steps=0, logging_steps=0)
     patches = {"no_stop": True, "random_rewards": 0, "group_size": args.num_generations}
-    runs, t_start = {(n, v): [] for n in sizes for v in VARIANTS}, time.time()
+    runs = {(n, v): [] for n in sizes for v in VARIANTS}
     pool = _common.forkserver_pool(PRELOAD)
     try:
         for r in range(args.repeats):
@@ -185,15 +281,14 @@ def main(argv=None) -> dict:
     table = markdown_table(summary)
     print("\n" + table + f"\n\nT = {args.max_completion_length} tokens, H = {args.hidden_size}; medians over steps 2.. "
           f"of each run; (a – b): range over {args.repeats} rounds. Total {time.time() - t_start:.0f}s.")
-    result = {"benchmark": "memory", "date": _common.now_iso(), "command": command, "git": _common.git_state(),
-              "machine": _common.machine_description(), "model": {**toy_info, "widened_to": args.hidden_size},
+    result.update({"model": {**toy_info, "widened_to": args.hidden_size},
               "settings": {**vars(args), "train_config": {k: v for k, v in base_cfg.items() if k != "model"},
                            "patches": patches},
               "summary": {str(n): rows for n, rows in summary.items()}, "table_markdown": table,
               "total_seconds": time.time() - t_start,
               "runs": {f"{n} {v}": [{k: x for k, x in r.items() if k != "pid"} for r in rs]
-                       for (n, v), rs in runs.items()}}
-    return _common.finish(result, args.out, workdir, args.keep_runs)
+                       for (n, v), rs in runs.items()}})
+    return _common.finish(result, out, workdir, args.keep_runs)
 
 
 if __name__ == "__main__":

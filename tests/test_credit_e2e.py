@@ -197,11 +197,12 @@ def test_delta_memory_efficient_equals_normal_in_trainer(rollout_batch, float64_
 
 
 def test_delta_normal_stops_before_a_cache_that_does_not_fit(rollout_batch, monkeypatch):
-    """--delta_impl normal checks its [N, T, H] float32 cache against the host's memory before allocating it: one
-    line naming the size and --delta_impl memory_efficient, not an out-of-memory kill mid-step."""
+    """--delta_impl normal checks stage 5's peak, policy.DELTA_NORMAL_HOST_COPIES of its [N, T, H] float32 cache,
+    against the host's memory before allocating the cache: one line naming the size and --delta_impl
+    memory_efficient, not an out-of-memory kill mid-step."""
     model, tok, rows, batch = rollout_batch
     N, T = batch.response_mask.shape
-    nbytes = N * T * model.config.hidden_size * 4
+    nbytes = policy.DELTA_NORMAL_HOST_COPIES * N * T * model.config.hidden_size * 4
     share = policy.HOST_MEMORY_SHARE
     monkeypatch.setattr(policy, "host_memory_available", lambda: int(0.95 * nbytes / share))  # just too little
     with pytest.raises(SystemExit, match=rf"{N} responses × {T} tokens × {model.config.hidden_size} hidden .* use "

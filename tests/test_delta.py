@@ -420,6 +420,65 @@ def test_padding_garbage_is_ignored():
     assert torch.all(lb[mask == 0] == 0)
 
 
+@pytest.mark.parametrize("H", [6, 33])
+def test_squared_distances_in_row_blocks_equal_the_whole_batch_formula(H):
+    """‖v − μ‖² a block of rows at a time (delta_coefficients' working memory) is (v − μ)² summed over H for the
+    whole batch, exactly in float64: each token's sum is the same reduction in any block. Block sizes that divide
+    N = 7 and ones that do not, one row, and more rows than N."""
+    g = torch.Generator().manual_seed(40)
+    v, mu = torch.randn(7, 5, H, generator=g, dtype=F64), torch.randn(H, generator=g, dtype=F64)
+    whole = (v - mu).pow(2).sum(-1)
+    assert whole.shape == (7, 5)
+    for rows in (1, 2, 3, 4, 6, 7, 50):
+        block = delta._row_block(v, rows)
+        assert block.shape == (min(rows, 7), 5, H)
+        assert torch.equal(delta._squared_distances(v, mu, block), whole), rows
+        assert torch.equal(delta._squared_distances(v, -mu, block), (v + mu).pow(2).sum(-1)), rows  # block reused
+    assert torch.equal(delta._squared_distances(v, mu, delta._row_block(v)), whole)  # the default (all 7 rows here)
+
+
+@pytest.mark.parametrize("K", [0, 1, 2])
+def test_lambda_does_not_depend_on_the_row_block(K, monkeypatch):
+    """delta_coefficients' λ̄ and statistics are the same, bit for bit in float64, whatever the rows per block
+    (_ROW_BLOCK_BYTES: 1, 2, 5, 7 of N = 12 rows, all of them, more), with +0.0 on padding (v read as given) and
+    with garbage there (the masked copy)."""
+    v, adv, mask = random_batch(41)
+    row_bytes = v.shape[1] * v.shape[2] * v.element_size()
+    v_zero = v.masked_fill(mask[..., None] == 0, 0.0)
+    ref = {name: delta_coefficients(x, adv, mask, K=K, return_stats=True) for name, x in (("zero", v_zero),
+                                                                                          ("garbage", v))}
+    assert torch.equal(ref["zero"][0], ref["garbage"][0])
+    for rows in (1, 2, 5, 7, 12, 100):
+        monkeypatch.setattr(delta, "_ROW_BLOCK_BYTES", rows * row_bytes)
+        assert delta._block_rows(v) == rows
+        for name, x in (("zero", v_zero), ("garbage", v)):
+            lam_bar, stats = delta_coefficients(x, adv, mask, K=K, return_stats=True)
+            assert torch.equal(lam_bar, ref[name][0]), (rows, name)
+            assert stats == ref[name][1], (rows, name)
+
+
+def test_prepare_copies_v_only_when_its_padding_is_not_plus_zero(monkeypatch):
+    """The whole-batch path reads proxy_vectors' v as it is (+0.0 on padding: a masked copy would be the same
+    bits, and it is [B, T, H]); −0.0 or NaN on padding, or another dtype, give one masked copy, +0.0 there."""
+    monkeypatch.setattr(delta, "_ROW_BLOCK_BYTES", 1)  # one row per block: the check runs block by block
+    v, adv, mask = random_batch(42)
+    h = v.masked_fill(mask[..., None] == 0, float("nan"))
+    pv = proxy_vectors(h, torch.log(torch.rand(mask.shape, dtype=F64)), mask)
+    pad = (mask == 0)[..., None].expand_as(pv)
+    assert torch.all(pv[pad] == 0) and not torch.signbit(pv[pad]).any()  # +0.0, even under NaN
+    assert delta._prepare(pv, adv, mask)[0].data_ptr() == pv.data_ptr()
+    last = int(mask[-1].sum())  # the last row's first padded token (the last block)
+    assert last < mask.shape[1]
+    for bad in (-0.0, float("nan")):
+        x = pv.clone()
+        x[-1, last, 0] = bad
+        out = delta._prepare(x, adv, mask)[0]
+        assert out.data_ptr() != x.data_ptr() and torch.equal(out, pv) and not torch.signbit(out[pad]).any()
+        assert x[-1, last, 0].isnan() or torch.signbit(x[-1, last, 0])  # the caller's v untouched
+    out = delta._prepare(h.float(), adv, mask, dtype=F64)[0]  # converted: masked in place on the new copy
+    assert out.dtype == F64 and torch.all(out[pad] == 0) and torch.equal(out[~pad], h.float().double()[~pad])
+
+
 def test_proxy_vectors_padding_dtype_and_no_grad():
     h = torch.randn(2, 4, 3, dtype=torch.bfloat16, requires_grad=True)
     lp = torch.log(torch.rand(2, 4)).requires_grad_(True)
