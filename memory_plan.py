@@ -45,9 +45,10 @@ from pathlib import Path
 
 GB = 1e9  # docs/scaling.md's unit
 
-# DelTA --delta_impl normal: its host peak during stage 5 as a multiple of its h cache N·T·H·4 bytes (the cache,
-# the proxies v = (1 − p)·h and their masked copy inside delta_coefficients). 4.0 until the exact factor is derived.
-DELTA_NORMAL_HOST_COPIES = 4.0
+# DelTA --delta_impl normal: its host peak during stage 5 as a multiple of its h cache N·T·H·4 bytes: the cache and
+# the proxies v = (1 − p)·h (delta.py computes the margins in blocks of rows: one block more, 1/H-sized tensors);
+# policy.DELTA_NORMAL_HOST_COPIES, which the trainer's guard counts (the two are tested equal).
+DELTA_NORMAL_HOST_COPIES = 2
 # DelTA --delta_impl memory_efficient keeps per token, across its K + 3 passes: a float mask and two bool sides
 # (6 B, delta.py pass 1), the margin (4 B, pass 2) and λ̄ (4 B): 14 bytes on h's device (delta.py's comments).
 DELTA_STREAM_BYTES_PER_TOKEN = 14

@@ -342,3 +342,9 @@ def test_nograd_layer_bytes_against_live_bytes(hidden, intermediate, masked):
     sh = mp.Shapes.from_config({**config.to_dict(), "model_type": "qwen3"})
     predicted = B * mp.nograd_layer_bytes(sh, c=4, q_tokens=S, kv_tokens=S, masked=masked)
     assert 0.85 * measured <= predicted <= 1.25 * measured
+
+
+def test_the_plans_delta_host_copies_are_the_guards():
+    import policy
+
+    assert mp.DELTA_NORMAL_HOST_COPIES == policy.DELTA_NORMAL_HOST_COPIES
