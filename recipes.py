@@ -170,16 +170,25 @@ def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[st
         rows, longest = kept.rows, kept.longest
     processes = cfg.plan_processes or world
     model_config = memory_plan.read_model_config(cfg.model, cfg.trust_remote_code)
-    the_plan = memory_plan.plan(model_config, cfg, prompt_tokens=longest, processes=processes, gpu_memory_gb=cfg.gpu_memory_gb)
+    the_plan = memory_plan.plan(model_config, cfg, prompt_tokens=longest, processes=processes,
+                                gpu_memory_gb=cfg.gpu_memory_gb)
+    verdict = the_plan.verdict()
+    if not the_plan.fits and cfg.recipe == "delta_paper" and given is not None and "recipe" not in given:
+        # the paper's recipe is sized for eight GPUs: say whether the one-GPU recipe fits this device
+        one = memory_plan.plan(model_config, apply(dataclasses.replace(cfg, recipe="delta_one_gpu"), given),
+                               prompt_tokens=min(longest, DELTA_ONE_GPU["max_prompt_length"]), processes=processes,
+                               gpu_memory_gb=cfg.gpu_memory_gb)
+        verdict += f"; or --recipe delta_one_gpu (LoRA, vLLM: {one.verdict().split(';')[0]})"
     if cfg.dry_run:
         print("[dry_run] resolved settings (those that differ from the toy's defaults):")
         print("\n".join("  " + line for line in describe(cfg, given, type(cfg)())))
         for note in notes:
             print(f"[note] {note}")
-        print(the_plan.table())  # its last line is the verdict
+        print(the_plan.table().rsplit("\n", 1)[0])
+        print(verdict)
         return None
+    if not the_plan.fits:
+        raise SystemExit(f"grpo.py: error: {verdict}")
     if not is_toy:
         say(the_plan.table())
-    if not the_plan.fits:
-        raise SystemExit(f"grpo.py: error: {the_plan.verdict()}")
     return rows

@@ -207,7 +207,7 @@ def run_one(spec: dict) -> dict:
         return original_log(*a, **k)
 
     grpo.rollout.generate, checkpoint.RunFolder.log_step = generate, log_step
-    cfg = grpo.GRPOConfig(**spec["config"])
+    cfg = grpo.GRPOConfig(**{"recipe": "toy", **spec["config"]})  # toy-sized settings, on widened toys too
     profiler = None
     if spec.get("profile"):
         import cProfile

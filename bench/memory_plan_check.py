@@ -105,7 +105,7 @@ def measure(spec: dict) -> dict:
         raise RuntimeError("mallopt(M_MMAP_THRESHOLD) failed")
     _common.install_patches(spec["patches"])
     r0 = policy.proc_status_kib("VmRSS")
-    grpo.train(grpo.GRPOConfig(**spec["warmup"]))
+    grpo.train(grpo.GRPOConfig(**{"recipe": "toy", **spec["warmup"]}))
     out = _common.run_one({"config": spec["config"]})
     out["warmup_rss_increase_mb"] = (policy.proc_status_kib("VmRSS") - r0) * 1024 / 1e6 if r0 else None
     return out
@@ -127,7 +127,7 @@ def predict(model_path: str, config: dict, prompt_tokens: int):
     import grpo
     import memory_plan
 
-    cfg = grpo.GRPOConfig(**config)
+    cfg = grpo.GRPOConfig(**{"recipe": "toy", **config})
     return memory_plan.plan(memory_plan.read_model_config(model_path), cfg, prompt_tokens=prompt_tokens)
 
 

@@ -218,7 +218,7 @@ def run_ours(spec: dict) -> dict:
                  (grpo, "policy_update", _timed(grpo, "policy_update", parts["update"]))]
     out_dir = spec["output_dir"]
     cfg = grpo.GRPOConfig(
-        model=spec["model"], data="toy", prompt_template=TEMPLATE, output_dir=out_dir, torch_dtype="float32",
+        recipe="toy", model=spec["model"], data="toy", prompt_template=TEMPLATE, output_dir=out_dir, torch_dtype="float32",
         num_generations=spec["num_generations"], num_prompts_per_step=spec["num_prompts_per_step"],
         max_completion_length=spec["max_completion_length"], temperature=1.0, top_p=1.0,
         max_steps=spec["steps"], learning_rate=spec["learning_rate"], weight_decay=0.0, max_grad_norm=1.0,
