@@ -29,8 +29,8 @@ The file follows that order: config and CLI; the maths (``group_advantages``, ``
   dynamic sampling, learning-rate schedules. The loss value is no progress signal (≈ 0 at θ_old): watch the
   reward and the held-out accuracy.
 * Infrastructure sits behind one-line calls: recipes (named settings) and the checks made before any weights load
-  in recipes.py (the memory plan: memory_plan.py), the policy model (loading, LoRA, KL reference, the shared prompt pass) in
-  policy.py, torchrun + FSDP2 in distributed.py, checkpoints and the run folder's logs in checkpoint.py,
+  in recipes.py (the memory plan: memory_plan.py), the policy model (loading, LoRA, KL reference, the shared prompt
+  pass) in policy.py, torchrun + FSDP2 in distributed.py, checkpoints and the run folder's logs in checkpoint.py,
   held-out evaluation in evaluate.py. Read next: delta.py and cscr.py (the credit), then rollout.py and verify.py.
 """
 
@@ -67,8 +67,7 @@ class GRPOConfig:
     recipe: str = _f("auto", "settings that belong together (recipes.py, listed below); auto: toy for the toy, else "
                              "delta_paper; a flag given beats the recipe", ["auto", *recipes.RECIPES])
     model: str = _f("toy", "'toy' (built-in), a local folder or a Hugging Face hub id")
-    data: str = _f("toy", "training problems: a jsonl or parquet file, a folder of parquet shards, a name in data/, "
-                          "or 'toy'")
+    data: str = _f("toy", "training problems: a jsonl or parquet file, a folder of shards, a name in data/, or 'toy'")
     data_problem_field: str = _f("problem", "the data's problem column (DeepMath-103K: question)")
     data_answer_field: str = _f("answer", "the data's reference-answer column (DeepMath-103K: final_answer)")
     max_prompt_length: int = _f(0, "leave out prompts longer than this many tokens before training (0 = keep all)")
@@ -108,9 +107,8 @@ class GRPOConfig:
     num_generations: int = _f(8, "G, responses per prompt (group size)")
     num_prompts_per_step: int = _f(16, "prompts per step; the rollout batch is num_prompts_per_step × G")
     max_completion_length: int = _f(64, "response budget in tokens (longer responses are truncated)")
-    overlong_buffer_len: int = _f(0, "DAPO overlong shaping: the last this many tokens of the budget ramp the reward "
-                                     "down to -factor (0 = off)")
-    overlong_penalty_factor: float = _f(1.0, "DAPO overlong shaping: the penalty at --max_completion_length")
+    overlong_buffer_len: int = _f(0, "DAPO's overlong penalty: 0 to -factor over the budget's last N tokens (0 = off)")
+    overlong_penalty_factor: float = _f(1.0, "DAPO's overlong penalty at --max_completion_length")
     temperature: float = _f(1.0, "sampling temperature; the trainer's log-probs use the same temperature")
     top_p: float = _f(1.0, "nucleus sampling mass")
     use_vllm: bool = _f(False, "sample with vLLM colocated in this process (requirements-vllm.txt)")
@@ -493,9 +491,9 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
 
 # θ_old, as stage 4 leaves it for stages 5 and 6. Kept across micro-batches, at the papers' scale (2,048 responses ×
 # 4,096 tokens, H = 4,096, float32 on the host): logp 34 MB; ref_logp (--beta > 0, else None) 34 MB; hidden (DelTA's
-# --delta_impl normal, else None) 137 GB, refused by check_delta_cache above a quarter of the host's memory (stage
-# 5 adds v, as large: policy.DELTA_NORMAL_HOST_COPIES = 2 in HOST_MEMORY_SHARE = 1/2); training_forward: stage 4's
-# training forward when it was that (can_update_on_policy; graphs, on the device), else None.
+# --delta_impl normal, else None) 137 GB, refused by policy.check_delta_cache above a quarter of the host's memory
+# (stage 5 adds v, as large: policy.DELTA_NORMAL_HOST_COPIES = 2 in HOST_MEMORY_SHARE = 1/2); training_forward:
+# stage 4's training forward when it was that (can_update_on_policy; graphs, on the device), else None.
 ThetaOld = namedtuple("ThetaOld", "logp hidden ref_logp training_forward")
 
 
@@ -514,19 +512,11 @@ def old_logprobs(model, batch, cfg: GRPOConfig, need_hidden=False, ref_model=Non
         old_logp[mb.rows, :mb.t] = mb.logp.detach().cpu()
         if need_hidden:  # h_t on the host, bounded (the comment above ThetaOld)
             if hidden is None:
-                check_delta_cache(N, T, mb.hidden.shape[-1])
+                policy.check_delta_cache(N, T, mb.hidden.shape[-1])
                 hidden = torch.zeros(N, T, mb.hidden.shape[-1], dtype=dt)
             hidden[mb.rows, :mb.t] = mb.hidden.to(dt).cpu()
     ref_logp = policy.reference_logprobs(ref_model, batch, passes.layout, cfg.temperature) if ref_model else None
     return ThetaOld(old_logp, hidden, ref_logp, passes if training_forward else None)
-
-
-def check_delta_cache(N: int, T: int, H: int) -> None:  # one line, not an out-of-memory kill mid-step
-    copies = policy.DELTA_NORMAL_HOST_COPIES  # stage 5's peak: the cache of h_t and the proxies v beside it
-    policy.check_host_memory(copies * N * T * H * 4, f"--delta_impl normal's stage 5 holds DelTA's h_t of the whole "
-                             f"rollout batch and v on the host ({copies} × {N} responses × {T} tokens × {H} hidden × 4 "
-                             "bytes)", "--delta_impl memory_efficient (the same λ̄ from micro-batches: h recomputed in "
-                             "K + 3 forward passes)")
 
 
 def can_update_on_policy(cfg: GRPOConfig, num_rows: int, has_reference: bool) -> bool:
@@ -606,6 +596,7 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
 
     rank, world = distributed.init_distributed()
     say = tqdm.write if rank == 0 else (lambda *a, **k: None)
+    policy.model_path(cfg.model)  # a folder that does not exist: one line before anything else is said
     cfg = recipes.apply(cfg, given, say)
     notes = check_config(cfg, cfg.plan_processes or world if cfg.dry_run else world)
     random.seed(cfg.seed)
@@ -629,8 +620,8 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     model, tokenizer, ref_model, optimizer, state, compute_dtype = policy.build(cfg, run.resume_from, say)
     optimisations = policy.exact_optimisations(model, cfg, say)  # each default one exact here, or off with a reason
     if cfg.credit == "delta" and cfg.delta_impl == "normal":  # stage 4's h_t cache at its largest, before step 1
-        check_delta_cache(cfg.num_prompts_per_step // world * cfg.num_generations, cfg.max_completion_length,
-                          model.config.get_text_config().hidden_size)
+        policy.check_delta_cache(cfg.num_prompts_per_step // world * cfg.num_generations,
+                                 cfg.max_completion_length, model.config.get_text_config().hidden_size)
     template = rollout.resolve_template(cfg.prompt_template, cfg.model, say)
     stop_ids = rollout.stop_token_ids(tokenizer, template, model)
     llm = rollout.create_vllm_engine(  # after the policy is on the GPU: vLLM's memory check counts it

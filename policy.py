@@ -261,7 +261,7 @@ def oom_guard(where: str):
 # v − μ and its square exist one row block at a time (delta._ROW_BLOCK_BYTES = 16 MiB of v, or one response's
 # T·H·4 when larger). Beyond them: that block and [N, T] tensors (1/H of a copy each). Measured above the cache at
 # 64 and 256 MiB of h: 1.28 and 1.075 copies where v + a block gives 1.25 and 1.0625 (4.0 before the blocks;
-# bench/memory.py --only stage5, docs/scaling.md). check_delta_cache (grpo.py) counts the two copies.
+# bench/memory.py --only stage5, docs/scaling.md). check_delta_cache counts the two copies.
 DELTA_NORMAL_HOST_COPIES = 2
 # The most of the host memory available to a process that one allocation's peak may take (check_host_memory):
 # half, the other half for the process itself (model, rollouts, allocator slack). DelTA's cache may then take a
@@ -288,6 +288,14 @@ def check_host_memory(nbytes: int, what: str, fix: str) -> None:
     if nbytes > HOST_MEMORY_SHARE * avail:
         raise SystemExit(f"grpo.py: error: {what} = {nbytes / 1e9:.1f} GB, more than {HOST_MEMORY_SHARE:.0%} of the "
                          f"{avail / 1e9:.1f} GB of host memory available to this process; use {fix}")
+
+
+def check_delta_cache(N: int, T: int, H: int) -> None:  # one line, not an out-of-memory kill mid-step
+    copies = DELTA_NORMAL_HOST_COPIES  # stage 5's peak: the cache of h_t and the proxies v beside it
+    check_host_memory(copies * N * T * H * 4, f"--delta_impl normal's stage 5 holds DelTA's h_t of the whole "
+                             f"rollout batch and v on the host ({copies} × {N} responses × {T} tokens × {H} hidden × 4 "
+                             "bytes)", "--delta_impl memory_efficient (the same λ̄ from micro-batches: h recomputed in "
+                             "K + 3 forward passes)")
 
 
 def proc_status_kib(field: str) -> int | None:
