@@ -135,8 +135,9 @@ def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[st
     1. Prompts longer than ``--max_prompt_length`` tokens (templated and tokenised as the rollout does) are counted
        and left out, with one line (verl's ``filter_overlong_prompts``); the tokenizer is loaded alone for it.
     2. The memory plan of the run (``memory_plan.plan``) from the model's config.json and the longest prompt kept:
-       printed for any model but the toy (whose output stays as it was), and a run that does not fit stops here with one line
-       that gives the shortfall and what fits (``MemoryPlan.verdict``).
+       printed for any model but the toy (whose output stays as it was), and a run that does not fit stops here
+       with one line that gives the shortfall and what fits (``MemoryPlan.verdict``; for ``delta_paper``, whether
+       ``delta_one_gpu`` fits).
     3. ``--dry_run``: the resolved settings (``describe``), the plan, ``notes`` (the checks of this machine
        that ``check_config`` turned into notes) and the verdict are printed; returns None.
 
