@@ -44,7 +44,7 @@ DELTA_PAPER = {
     "overlong_buffer_len": 4096, "overlong_penalty_factor": 1.0,  # DAPO's overlong reward shaping, as run_DelTA.sh
     "max_steps": 220,                    # 8B (300 for 14B)
     "torch_dtype": "float32",            # master weights (FSDP2 computes in bf16 under torchrun)
-    "delta_impl": "memory_efficient",    # normal would keep h of 2,048 × 20,480 tokens: 344 GB at H = 4,096
+    "delta_impl": "memory_efficient",    # normal would keep h of 2,048 × 20,480 tokens: 687 GB at H = 4,096
     "gradient_checkpointing": True,      # the official run's (with param/optimizer offload, sequence parallel 4)
     "micro_batch_size": 1,               # rows of up to 22,528 tokens per forward (verl: dynamic, by tokens)
 }
