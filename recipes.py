@@ -94,8 +94,9 @@ def apply(cfg, given: set[str] | None = None, say=None):
                          f"--recipe toy to train this model on the toy task")
     if say and not (name == "toy" and toy.is_toy_model(cfg.model)):
         why = "--recipe" if cfg.recipe != "auto" else "auto: the toy" if name == "toy" else "auto: a real model"
-        say(f"[recipe] {name} ({why}): {len(overrides)} settings from the recipe, {len(given & set(RECIPES[name]))} "
-            f"of its settings given as flags (--dry_run lists them)")
+        say(f"[recipe] {name} ({why}): " + ("GRPOConfig's defaults" if name == "toy" else
+            f"{len(overrides)} settings from the recipe, {len(given & set(RECIPES[name]))} of its settings given as "
+            f"flags (--dry_run lists them)"))
         if "data" in overrides:
             say(f"[data] --data {out.data}: the {name} recipe's default (the shipped MATH training set); the paper "
                 f"trains on DeepMath-103K (README: how to fetch it and pass --data)")
