@@ -161,7 +161,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     """argparse flags generated from ``GRPOConfig`` (name, type, default, help, choices); a bad flag or value stops
-    with one line. ``defaults=False``: flags not given are absent from the parsed namespace (``given_flags``)."""
+    with one line. ``defaults=False``: flags not given are absent from the parsed namespace (``main``)."""
     ap = _Parser(description=__doc__.split("\n")[0], epilog=recipes.help_text())
     for f in dataclasses.fields(GRPOConfig):
         kind = (f.type if isinstance(f.type, str) else f.type.__name__).split("|")[0].strip()  # "float | None"
@@ -174,14 +174,10 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     return ap
 
 
-def given_flags(argv) -> set[str]:
-    """The flags given on the command line ``argv``: they beat the recipe's values (recipes.apply)."""
-    return set(vars(build_parser(defaults=False).parse_args(argv)))
-
-
-def check_config(cfg: GRPOConfig, world: int = 1) -> list[str]:
-    """Reject settings that cannot work, with a one-line message naming the flag (``SystemExit``). Under
-    ``--dry_run`` the checks of this machine (vLLM installed, a GPU present) are returned as notes of the plan."""
+def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None) -> list[str]:
+    """Reject settings that cannot work, with a one-line message naming the flag (and the recipe that set it, for a
+    flag not in ``given``) (``SystemExit``). Under ``--dry_run`` the checks of this machine (vLLM installed, a GPU
+    present) are returned as notes of the plan."""
     rows = cfg.num_prompts_per_step // max(world, 1) * cfg.num_generations  # one process's rollout rows
     problems = [
         (cfg.num_generations < 1, "--num_generations must be >= 1"),
@@ -198,7 +194,12 @@ def check_config(cfg: GRPOConfig, world: int = 1) -> list[str]:
         (cfg.overlong_buffer_len < 0 or 0 < cfg.max_completion_length <= cfg.overlong_buffer_len,
          f"--overlong_buffer_len {cfg.overlong_buffer_len} must be >= 0 and shorter than --max_completion_length "
          f"{cfg.max_completion_length} (verl asserts the same)"),
-        (cfg.gpu_memory_gb is not None and cfg.gpu_memory_gb <= 0, "--gpu_memory_gb must be > 0"),
+        (cfg.gpu_memory_gb is not None and cfg.gpu_memory_gb <= 0 or cfg.overlong_penalty_factor < 0,
+         "--gpu_memory_gb must be > 0 and --overlong_penalty_factor >= 0"),
+        (cfg.plan_processes not in (0, world) and not cfg.dry_run, f"--plan_processes {cfg.plan_processes} plans "
+         f"a torchrun of that many: use it with --dry_run (this run has {world} process(es))"),
+        *[(not (t > 0 and 0 < p <= 1), f"--{n}temperature must be > 0 and --{n}top_p in (0, 1]") for n, t, p in
+          (("", cfg.temperature, cfg.top_p), ("eval_", _or(cfg.eval_temperature, 1), _or(cfg.eval_top_p, 1)))],
         (cfg.learning_rate <= 0, f"--learning_rate must be > 0, got {cfg.learning_rate}"),
         (not (0 <= cfg.epsilon < 1) or cfg.epsilon_high < 0, "--epsilon must be in [0, 1) and --epsilon_high >= 0"),
         (cfg.dual_clip is not None and cfg.dual_clip <= 1, "--dual_clip must be > 1 (verl uses 3, DelTA 10)"),
@@ -217,8 +218,12 @@ def check_config(cfg: GRPOConfig, world: int = 1) -> list[str]:
          "then `pip uninstall -y torchvision torchaudio torchcodec` (README, \"Fast rollouts with vLLM\")")]
     for failed, message in problems + ([] if cfg.dry_run else environment):
         if failed:
-            raise SystemExit(f"grpo.py: error: {message}")
+            raise SystemExit(f"grpo.py: error: {recipes.name_the_recipe(message, cfg, given)}")
     return [message for failed, message in environment if failed]
+
+
+def _or(value, default):  # an optional flag's value, else its default
+    return default if value is None else value
 
 
 # --- The maths: pure functions on tensors ---------------------------------------------------------------------
@@ -246,14 +251,13 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str 
     return torch.where(flat, torch.zeros_like(centred), centred).view(-1)
 
 
-def overlong_penalty(lengths: torch.Tensor, max_completion_length: int, buffer_len: int,
-                     factor: float = 1.0) -> torch.Tensor:
+def overlong_penalty(lengths: torch.Tensor, max_completion_length: int, buffer_len: int, factor=1.0) -> torch.Tensor:
     """DAPO's soft overlong punishment (Yu et al. 2025, §3.4; verl's ``overlong_buffer``), added to the
     reward: R_length(o) = min(0, ((L_max − L_cache) − |o|) / L_cache · factor), 0 up to L_max − L_cache tokens, then
     a ramp to −factor at L_max = ``max_completion_length`` (DAPO's −1 beyond L_max cannot occur: responses are cut
     there). ``lengths`` ``[N]``: response tokens, EOS included (verl's valid response length); ``buffer_len``
     L_cache tokens, 0 < L_cache < L_max. Returns ``[N]`` float32 (≤ 0)."""
-    expected = max_completion_length - buffer_len
+    expected = max_completion_length - buffer_len  # L_max − L_cache
     return torch.clamp((expected - lengths.to(torch.float32)) / buffer_len * factor, max=0.0)
 
 
@@ -598,9 +602,8 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     say = tqdm.write if rank == 0 else (lambda *a, **k: None)
     policy.model_path(cfg.model)  # a folder that does not exist: one line before anything else is said
     cfg = recipes.apply(cfg, given, say)
-    notes = check_config(cfg, cfg.plan_processes or world if cfg.dry_run else world)
-    random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
+    notes = check_config(cfg, cfg.plan_processes or world if cfg.dry_run else world, given)
+    random.seed(cfg.seed), torch.manual_seed(cfg.seed)
     # data first: a bad row stops the run before any model is loaded
     rows = evaluate.load_problems(cfg.data, split="train", problem_field=cfg.data_problem_field,
                                   answer_field=cfg.data_answer_field)
@@ -612,16 +615,13 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
         say(f"[eval] off: {why} for a held-out accuracy before and after training")
     run = None if cfg.dry_run else checkpoint.RunFolder(  # an earlier run there: see RunFolder (nothing written yet)
         cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit), dataclasses.asdict(cfg), rank == 0, say)
-    # before any weights: prompts over --max_prompt_length left out, the memory plan (stops a run that cannot fit)
+    # before any weights: prompts over --max_prompt_length left out, DelTA's host cache checked, the memory plan
     rows = recipes.preflight(cfg, rows, world, notes, given, say)
     if rows is None:  # --dry_run: the resolved settings and the plan were printed
         return None
     # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), sharding, AdamW (and --resume's state)
     model, tokenizer, ref_model, optimizer, state, compute_dtype = policy.build(cfg, run.resume_from, say)
     optimisations = policy.exact_optimisations(model, cfg, say)  # each default one exact here, or off with a reason
-    if cfg.credit == "delta" and cfg.delta_impl == "normal":  # stage 4's h_t cache at its largest, before step 1
-        policy.check_delta_cache(cfg.num_prompts_per_step // world * cfg.num_generations,
-                                 cfg.max_completion_length, model.config.get_text_config().hidden_size)
     template = rollout.resolve_template(cfg.prompt_template, cfg.model, say)
     stop_ids = rollout.stop_token_ids(tokenizer, template, model)
     llm = rollout.create_vllm_engine(  # after the policy is on the GPU: vLLM's memory check counts it
@@ -639,8 +639,7 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
         if not eval_rows or not cfg.eval_num_generations:
             return {}
         with policy.oom_guard(f"the evaluation at step {step}"):
-            t, p = (cfg.temperature if cfg.eval_temperature is None else cfg.eval_temperature,
-                cfg.top_p if cfg.eval_top_p is None else cfg.eval_top_p)  # --eval_*: the paper validates at top-p 0.7
+            t, p = _or(cfg.eval_temperature, cfg.temperature), _or(cfg.eval_top_p, cfg.top_p)  # the paper: top-p 0.7
         record = {"step": step, **evaluate.heldout(model, tokenizer, eval_rows, template,
                                                        cfg.eval_num_generations, t, p,
                                                        cfg.max_completion_length, seed=cfg.seed + 12345,
@@ -678,7 +677,8 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
 
 
 def main(argv=None):
-    cfg, given = GRPOConfig(**vars(build_parser().parse_args(argv))), given_flags(argv)
+    cfg = GRPOConfig(**vars(build_parser().parse_args(argv)))
+    given = set(vars(build_parser(defaults=False).parse_args(argv)))  # the flags given beat the recipe's values
     try:
         summary = train(cfg, given)
         cfg = recipes.apply(cfg, given)  # the settings it ran with, for the closing line

@@ -25,6 +25,8 @@ and any setting a recipe would change silently: every value it sets is printed b
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 
 import toy
 
@@ -74,7 +76,7 @@ def apply(cfg, given: set[str] | None = None, say=None):
 
     Args:
         cfg: a ``GRPOConfig`` (a dataclass) whose ``recipe`` is ``auto`` or a key of ``RECIPES``.
-        given: the flags given on the command line (``grpo.given_flags``); None: the fields whose value differs
+        given: the flags given on the command line (``grpo.main``); None: the fields whose value differs
             from the dataclass default (``GRPOConfig(...)`` built in code).
         say: told the recipe in one line, for any model but the toy (whose output stays as it is).
     Returns a new config with ``recipe`` resolved to the name used.
@@ -89,8 +91,9 @@ def apply(cfg, given: set[str] | None = None, say=None):
     overrides = {k: v for k, v in RECIPES[name].items() if k not in given}
     out = dataclasses.replace(cfg, recipe=name, **overrides)
     if name != "toy" and out.data == "toy":
-        raise ValueError(f"--data toy under --recipe {name}: the paper's settings (e.g. {out.max_completion_length}-"
-                         f"token responses, lr {out.learning_rate:g}) do not suit the toy's 20-token task; pass "
+        table = RECIPES[name]
+        raise ValueError(f"--data toy under --recipe {name}: the paper's settings (e.g. {table['max_completion_length']}"
+                         f"-token responses, lr {table['learning_rate']:g}) do not suit the toy's 20-token task; pass "
                          f"--recipe toy to train this model on the toy task")
     if say and not (name == "toy" and toy.is_toy_model(cfg.model)):
         why = "--recipe" if cfg.recipe != "auto" else "auto: the toy" if name == "toy" else "auto: a real model"
@@ -101,6 +104,16 @@ def apply(cfg, given: set[str] | None = None, say=None):
             say(f"[data] --data {out.data}: the {name} recipe's default (the shipped MATH training set); the paper "
                 f"trains on DeepMath-103K (README: how to fetch it and pass --data)")
     return out
+
+
+def name_the_recipe(message: str, cfg, given: set[str] | None) -> str:
+    """``message`` (a one-line error naming flags) with the flags it names that the recipe set, not the command line:
+    ``... (--overlong_buffer_len 4096 is the delta_paper recipe's; a flag given beats it)``."""
+    named = dict.fromkeys(re.findall(r"--(\w+)", message))
+    table = RECIPES.get(cfg.recipe, {})
+    mine = [n for n in named if n in table and given is not None and n not in given]
+    return message + (f" ({', '.join(f'--{n} {table[n]}' for n in mine)} {'is' if len(mine) == 1 else 'are'} the "
+                      f"{cfg.recipe} recipe's; a flag given beats it)" if mine else "")
 
 
 def help_text() -> str:
@@ -133,6 +146,8 @@ def describe(cfg, given: set[str] | None, defaults) -> list[str]:
 def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] | None, say=print):
     """What grpo.py checks between reading the data and loading the model, in one call.
 
+    0. DelTA's ``--delta_impl normal`` cache of h_t at its largest: refused above its share of host memory
+       (``policy.check_delta_cache``), for the toy too.
     1. Prompts longer than ``--max_prompt_length`` tokens (templated and tokenised as the rollout does) are counted
        and left out, with one line (verl's ``filter_overlong_prompts``); the tokenizer is loaded alone for it.
     2. The memory plan of the run (``memory_plan.plan``) from the model's config.json and the longest prompt kept:
@@ -153,6 +168,9 @@ def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[st
     import policy
     import rollout
 
+    if cfg.credit == "delta" and cfg.delta_impl == "normal" and not cfg.dry_run:  # stage 4's h_t cache at its largest
+        policy.check_delta_cache(cfg.num_prompts_per_step // world * cfg.num_generations, cfg.max_completion_length,
+                                 memory_plan.read_model_config(cfg.model, cfg.trust_remote_code)["hidden_size"])
     is_toy = toy.is_toy_model(cfg.model)
     if is_toy and not cfg.dry_run and not cfg.max_prompt_length:
         return rows  # the toy's run: nothing to filter, and it prints what it always printed
@@ -160,7 +178,7 @@ def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[st
     try:
         tokenizer = policy.load_tokenizer(cfg.model, cfg.trust_remote_code)
     except ValueError as e:
-        if not cfg.dry_run:
+        if not cfg.dry_run or not os.path.isdir(policy.model_path(cfg.model)):  # a hub id: its config.json neither
             raise
         notes.append(f"prompts not measured ({e}): planned at {longest} prompt tokens")
     else:
@@ -175,6 +193,12 @@ def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[st
     the_plan = memory_plan.plan(model_config, cfg, prompt_tokens=longest, processes=processes,
                                 gpu_memory_gb=cfg.gpu_memory_gb)
     verdict = the_plan.verdict()
+    context = model_config.get("max_position_embeddings")
+    if context and longest + cfg.max_completion_length > context:  # RoPE runs on past it, but the model never saw it
+        notes.append(f"prompts of up to {longest} tokens + --max_completion_length {cfg.max_completion_length} exceed "
+                     f"the model's max_position_embeddings {context}")
+    if the_plan.device == "CPU" and not the_plan.fits:
+        verdict += "; planned for this machine's host memory (no GPU here: --gpu_memory_gb plans for one)"
     if not the_plan.fits and cfg.recipe == "delta_paper" and given is not None and "recipe" not in given:
         # the paper's recipe is sized for eight GPUs: say whether the one-GPU recipe fits this device
         one = memory_plan.plan(model_config, apply(dataclasses.replace(cfg, recipe="delta_one_gpu"), given),
@@ -189,8 +213,12 @@ def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[st
         print(the_plan.table().rsplit("\n", 1)[0])
         print(verdict)
         return None
+    for note in notes:
+        say(f"[warn] {note}")
+    if not is_toy or not the_plan.fits:
+        say(the_plan.table().rsplit("\n", 1)[0])
     if not the_plan.fits:
         raise SystemExit(f"grpo.py: error: {verdict}")
     if not is_toy:
-        say(the_plan.table())
+        say(verdict)
     return rows

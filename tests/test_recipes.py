@@ -3,6 +3,7 @@
 import dataclasses
 import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -49,8 +50,9 @@ def test_auto_is_toy_for_the_toy_and_the_paper_for_any_other_model(toy_model_pat
 
 def test_a_flag_given_beats_the_recipe_and_the_toy_recipe_is_the_defaults():
     cfg = grpo.GRPOConfig(model="Qwen/Qwen3-8B-Base")
-    given = grpo.given_flags(["--model", "Qwen/Qwen3-8B-Base", "--learning_rate", "3e-4", "--no-gradient_checkpointing",
-                              "--data", "math500", "--num_generations", "8"])
+    given = set(vars(grpo.build_parser(defaults=False).parse_args([
+        "--model", "Qwen/Qwen3-8B-Base", "--learning_rate", "3e-4", "--no-gradient_checkpointing", "--data", "math500",
+        "--num_generations", "8"])))
     assert given == {"model", "learning_rate", "gradient_checkpointing", "data", "num_generations"}
     cfg = dataclasses.replace(cfg, learning_rate=3e-4, gradient_checkpointing=False, data="math500", num_generations=8)
     out = recipes.apply(cfg, given)
@@ -162,3 +164,28 @@ def test_dry_run_of_the_one_gpu_recipe_and_of_the_papers_eight_gpu_run_say_they_
     out = _dry_run(capsys, "--credit", "delta", "--model", config_only, "--plan_processes", "8", "--use_vllm",
                    "--vllm_enable_sleep_mode", "--gpu_memory_gb", "141")
     assert "8 processes on a GPU of 141.0 GB" in out and out.strip().splitlines()[-1].startswith("fits: peak ")
+
+
+def test_an_error_about_a_value_the_recipe_set_names_the_recipe(tmp_path):
+    with pytest.raises(SystemExit, match=r"^grpo.py: error: --overlong_buffer_len 4096 must be >= 0 and shorter than "
+                                         r"--max_completion_length 8 \(verl asserts the same\) \(--overlong_buffer_len "
+                                         r"4096 is the delta_paper recipe's; a flag given beats it\)$"):
+        grpo.main(["--model", str(tmp_path), "--max_completion_length", "8"])
+    given = {"model", "max_completion_length", "overlong_buffer_len"}  # both given: no recipe to name
+    cfg = recipes.apply(grpo.GRPOConfig(model="m", max_completion_length=8, overlong_buffer_len=9), given)
+    assert recipes.name_the_recipe("--overlong_buffer_len 9 ... --max_completion_length 8", cfg, given) == \
+        "--overlong_buffer_len 9 ... --max_completion_length 8"
+
+
+@pytest.mark.parametrize("flags, said", [
+    (dict(temperature=0.0), "--temperature must be > 0 and --top_p in (0, 1]"),
+    (dict(top_p=1.5), "--temperature must be > 0 and --top_p in (0, 1]"),
+    (dict(eval_temperature=-1.0), "--eval_temperature must be > 0 and --eval_top_p in (0, 1]"),
+    (dict(eval_top_p=0.0), "--eval_temperature must be > 0 and --eval_top_p in (0, 1]"),
+    (dict(overlong_penalty_factor=-1.0), "--gpu_memory_gb must be > 0 and --overlong_penalty_factor >= 0"),
+    (dict(plan_processes=8), "--plan_processes 8 plans a torchrun of that many: use it with --dry_run"),
+])
+def test_sampling_and_plan_flags_are_checked_before_anything_runs(flags, said):
+    with pytest.raises(SystemExit, match="^grpo.py: error: " + re.escape(said)):
+        grpo.check_config(grpo.GRPOConfig(**flags))
+    grpo.check_config(grpo.GRPOConfig(eval_temperature=0.6, eval_top_p=0.7, plan_processes=8, dry_run=True))
