@@ -215,7 +215,7 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None)
          "--vllm_enable_sleep_mode needs a GPU (vLLM's CPU backend has no sleep mode)"),
         (cfg.use_vllm and importlib.util.find_spec("vllm") is None, "--use_vllm needs vLLM, which this "
          "environment lacks: make a separate virtual environment with `pip install -r requirements-vllm.txt` and "
-         "then `pip uninstall -y torchvision torchaudio torchcodec` (README, \"Fast rollouts with vLLM\")")]
+         "then `pip uninstall -y torchvision torchaudio torchcodec` (docs/distributed.md)")]
     for failed, message in problems + ([] if cfg.dry_run else environment):
         if failed:
             raise SystemExit(f"grpo.py: error: {recipes.name_the_recipe(message, cfg, given)}")

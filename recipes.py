@@ -92,8 +92,8 @@ def apply(cfg, given: set[str] | None = None, say=None):
     out = dataclasses.replace(cfg, recipe=name, **overrides)
     if name != "toy" and out.data == "toy":
         table = RECIPES[name]
-        raise ValueError(f"--data toy under --recipe {name}: the paper's settings (e.g. {table['max_completion_length']}"
-                         f"-token responses, lr {table['learning_rate']:g}) do not suit the toy's 20-token task; pass "
+        raise ValueError(f"--data toy under --recipe {name}: the paper's settings (e.g. "
+                         f"{table['max_completion_length']}-token responses, lr {table['learning_rate']:g}) do not suit the toy's 20-token task; pass "
                          f"--recipe toy to train this model on the toy task")
     if say and not (name == "toy" and toy.is_toy_model(cfg.model)):
         why = "--recipe" if cfg.recipe != "auto" else "auto: the toy" if name == "toy" else "auto: a real model"
