@@ -210,7 +210,7 @@ def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[st
         print("\n".join("  " + line for line in describe(cfg, given, type(cfg)())))
         for note in notes:
             print(f"[note] {note}")
-        print(the_plan.table().rsplit("\n", 1)[0])
+        print(the_plan.table().rsplit("\n", 1)[0])  # the table without its last line, the plan's own verdict
         print(verdict)
         return None
     for note in notes:
