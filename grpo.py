@@ -25,9 +25,8 @@ The file follows that order: config and CLI; the maths (``group_advantages``, ``
   ``--loss_type dapo`` (default) is the token-mean over the mini-batch; with DelTA's normalised λ̄ (mean 1 over the
   rollout batch) it is the paper's self-normalised surrogate Σλℓ / Σλ (DelTA Eq. 8) over the rollout batch; with
   several mini-batches each one is only approximately self-normalised, as in DelTA's official code.
-* Left out on purpose: entropy bonus, reward shaping other than DAPO's overlong penalty (off in the toy recipe),
-  dynamic sampling, learning-rate schedules. The loss value is no progress signal (≈ 0 at θ_old): watch the
-  reward and the held-out accuracy.
+* Left out on purpose: entropy bonus, reward shaping beyond DAPO's overlong penalty, dynamic sampling, learning-rate
+  schedules. The loss value is no progress signal (≈ 0 at θ_old): watch the reward and the held-out accuracy.
 * Infrastructure sits behind one-line calls: recipes (named settings) and the checks made before any weights load
   in recipes.py (the memory plan: memory_plan.py), the policy model (loading, LoRA, KL reference, the shared prompt
   pass) in policy.py, torchrun + FSDP2 in distributed.py, checkpoints and the run folder's logs in checkpoint.py,
@@ -603,7 +602,8 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     policy.model_path(cfg.model)  # a folder that does not exist: one line before anything else is said
     cfg = recipes.apply(cfg, given, say)
     notes = check_config(cfg, cfg.plan_processes or world if cfg.dry_run else world, given)
-    random.seed(cfg.seed), torch.manual_seed(cfg.seed)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
     # data first: a bad row stops the run before any model is loaded
     rows = evaluate.load_problems(cfg.data, split="train", problem_field=cfg.data_problem_field,
                                   answer_field=cfg.data_answer_field)
@@ -638,9 +638,9 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     def run_eval(step):  # held-out greedy, avg@k, pass@k
         if not eval_rows or not cfg.eval_num_generations:
             return {}
+        t, p = _or(cfg.eval_temperature, cfg.temperature), _or(cfg.eval_top_p, cfg.top_p)  # the paper: top-p 0.7
         with policy.oom_guard(f"the evaluation at step {step}"):
-            t, p = _or(cfg.eval_temperature, cfg.temperature), _or(cfg.eval_top_p, cfg.top_p)  # the paper: top-p 0.7
-        record = {"step": step, **evaluate.heldout(model, tokenizer, eval_rows, template,
+            record = {"step": step, **evaluate.heldout(model, tokenizer, eval_rows, template,
                                                        cfg.eval_num_generations, t, p,
                                                        cfg.max_completion_length, seed=cfg.seed + 12345,
                                                        progress=f"eval step {step}")}
