@@ -398,13 +398,14 @@ def _cuda() -> bool:
         return False
 
 
-def _host_available_gb() -> float:
-    """MemAvailable (Linux), else the free physical pages, in GB."""
+def host_available_bytes() -> int:
+    """The host's available memory in bytes: MemAvailable (Linux), else the free physical pages (policy.py's
+    guards divide it among a node's processes)."""
     try:
         with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")) / GB
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     except (OSError, StopIteration):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / GB
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def plan(model_config: dict, cfg, *, prompt_tokens: int, processes: int = 1, gpu_memory_gb: float | None = None,
@@ -423,7 +424,8 @@ def plan(model_config: dict, cfg, *, prompt_tokens: int, processes: int = 1, gpu
         import torch
 
         gpu_memory_gb = torch.cuda.get_device_properties(0).total_memory / GB
-    host = host_memory_gb if host_memory_gb is not None else (_host_available_gb() if _cuda() or not gpu else None)
+    host = host_memory_gb if host_memory_gb is not None else \
+        (host_available_bytes() / GB if _cuda() or not gpu else None)
     name = Path(str(model_config.get("_name_or_path") or model_config.get("model_type") or "model")).name
     out = _plan(sh, s, prompt_tokens, processes, gpu, gpu_memory_gb if gpu else host, host, name)
     if not out.fits:

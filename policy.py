@@ -31,6 +31,7 @@ import torch
 
 import checkpoint
 import distributed
+import memory_plan
 import rollout
 
 
@@ -272,12 +273,7 @@ HOST_MEMORY_SHARE = 0.5
 def host_memory_available() -> int:
     """Bytes of host memory available to this process: MemAvailable (Linux; else the free physical pages) divided
     among the node's processes (torchrun's LOCAL_WORLD_SIZE)."""
-    try:
-        with open("/proc/meminfo") as f:
-            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return avail // max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+    return memory_plan.host_available_bytes() // max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
 
 
 def check_host_memory(nbytes: int, what: str, fix: str) -> None:

@@ -93,8 +93,8 @@ def apply(cfg, given: set[str] | None = None, say=None):
     if name != "toy" and out.data == "toy":
         table = RECIPES[name]
         raise ValueError(f"--data toy under --recipe {name}: the paper's settings (e.g. "
-                         f"{table['max_completion_length']}-token responses, lr {table['learning_rate']:g}) do not suit the toy's 20-token task; pass "
-                         f"--recipe toy to train this model on the toy task")
+                         f"{table['max_completion_length']}-token responses, lr {table['learning_rate']:g}) do not "
+                         f"suit the toy's 20-token task; pass --recipe toy to train this model on the toy task")
     if say and not (name == "toy" and toy.is_toy_model(cfg.model)):
         why = "--recipe" if cfg.recipe != "auto" else "auto: the toy" if name == "toy" else "auto: a real model"
         say(f"[recipe] {name} ({why}): " + ("GRPOConfig's defaults" if name == "toy" else
@@ -143,13 +143,35 @@ def describe(cfg, given: set[str] | None, defaults) -> list[str]:
 # ----------------------------------------------------------------------------------------------------------
 # Before any weights load: the trainer's one call (grpo.py train) after it read the data
 # ----------------------------------------------------------------------------------------------------------
+def _kept_prompts(cfg, rows: list[dict], longest: int, notes: list[str], say) -> tuple[list[dict], int]:
+    """Step 1 of ``preflight``: (the rows whose templated prompt fits ``--max_prompt_length``, the longest one's
+    tokens); under ``--dry_run`` a local folder without a tokenizer is a note and (rows, ``longest``)."""
+    import evaluate
+    import policy
+    import rollout
+
+    try:
+        tokenizer = policy.load_tokenizer(cfg.model, cfg.trust_remote_code)
+    except ValueError as e:
+        if not cfg.dry_run or not os.path.isdir(policy.model_path(cfg.model)):  # a hub id: its config.json neither
+            raise
+        notes.append(f"prompts not measured ({e}): planned at {longest} prompt tokens")
+        return rows, longest
+    kept = evaluate.filter_overlong_prompts(rows, tokenizer, rollout.resolve_template(cfg.prompt_template, cfg.model),
+                                            cfg.max_prompt_length)
+    if kept.dropped:
+        say(f"[data] {kept.dropped} of {len(rows)} prompts are longer than --max_prompt_length "
+            f"{cfg.max_prompt_length} tokens: left out (verl's filter_overlong_prompts)")
+    return kept.rows, kept.longest
+
+
 def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] | None, say=print):
     """What grpo.py checks between reading the data and loading the model, in one call.
 
-    0. DelTA's ``--delta_impl normal`` cache of h_t at its largest: refused above its share of host memory
-       (``policy.check_delta_cache``), for the toy too.
     1. Prompts longer than ``--max_prompt_length`` tokens (templated and tokenised as the rollout does) are counted
-       and left out, with one line (verl's ``filter_overlong_prompts``); the tokenizer is loaded alone for it.
+       and left out, with one line (verl's ``filter_overlong_prompts``; ``_kept_prompts``); the tokenizer is loaded
+       alone for it. Then DelTA's ``--delta_impl normal`` cache of h_t at its largest is refused above its share
+       of host memory (``policy.check_delta_cache``), for the toy too.
     2. The memory plan of the run (``memory_plan.plan``) from the model's config.json and the longest prompt kept:
        printed for any model but the toy (whose output stays as it was), and a run that does not fit stops here
        with one line that gives the shortfall and what fits (``MemoryPlan.verdict``; for ``delta_paper``, whether
@@ -163,33 +185,24 @@ def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[st
     ValueError: every prompt is too long; the tokenizer or config.json cannot be read (the tokenizer: a note
     under ``--dry_run``).
     """
-    import evaluate
     import memory_plan
     import policy
-    import rollout
 
-    if cfg.credit == "delta" and cfg.delta_impl == "normal" and not cfg.dry_run:  # stage 4's h_t cache at its largest
-        policy.check_delta_cache(cfg.num_prompts_per_step // world * cfg.num_generations, cfg.max_completion_length,
-                                 memory_plan.read_model_config(cfg.model, cfg.trust_remote_code)["hidden_size"])
     is_toy = toy.is_toy_model(cfg.model)
-    if is_toy and not cfg.dry_run and not cfg.max_prompt_length:
-        return rows  # the toy's run: nothing to filter, and it prints what it always printed
+    quick = is_toy and not cfg.dry_run and not cfg.max_prompt_length  # the toy's run: nothing to filter or print
     longest = cfg.max_prompt_length or 1024  # when the prompts cannot be measured (no tokenizer, --dry_run)
-    try:
-        tokenizer = policy.load_tokenizer(cfg.model, cfg.trust_remote_code)
-    except ValueError as e:
-        if not cfg.dry_run or not os.path.isdir(policy.model_path(cfg.model)):  # a hub id: its config.json neither
-            raise
-        notes.append(f"prompts not measured ({e}): planned at {longest} prompt tokens")
-    else:
-        template = rollout.resolve_template(cfg.prompt_template, cfg.model)
-        kept = evaluate.filter_overlong_prompts(rows, tokenizer, template, cfg.max_prompt_length)
-        if kept.dropped:
-            say(f"[data] {kept.dropped} of {len(rows)} prompts are longer than --max_prompt_length "
-                f"{cfg.max_prompt_length} tokens: left out (verl's filter_overlong_prompts)")
-        rows, longest = kept.rows, kept.longest
-    processes = cfg.plan_processes or world
+    if not quick:  # the tokenizer first: a hub id that cannot be reached fails in seconds, before the config
+        rows, longest = _kept_prompts(cfg, rows, longest, notes, say)
+    delta_cache = cfg.credit == "delta" and cfg.delta_impl == "normal" and not cfg.dry_run
+    if quick and not delta_cache:
+        return rows  # and it prints what it always printed
     model_config = memory_plan.read_model_config(cfg.model, cfg.trust_remote_code)
+    if delta_cache:  # stage 4's h_t cache at its largest
+        policy.check_delta_cache(cfg.num_prompts_per_step // world * cfg.num_generations, cfg.max_completion_length,
+                                 model_config["hidden_size"])
+    if quick:
+        return rows
+    processes = cfg.plan_processes or world
     the_plan = memory_plan.plan(model_config, cfg, prompt_tokens=longest, processes=processes,
                                 gpu_memory_gb=cfg.gpu_memory_gb)
     verdict = the_plan.verdict()

@@ -348,3 +348,10 @@ def test_the_plans_delta_host_copies_are_the_guards():
     import policy
 
     assert mp.DELTA_NORMAL_HOST_COPIES == policy.DELTA_NORMAL_HOST_COPIES
+
+
+def test_the_plans_copies_of_project_constants_are_theirs():
+    """memory_plan.py imports no project module, so it copies rollout's bucket count: the two must agree."""
+    import rollout
+
+    assert mp.PADDING_FREE_BUCKETS == rollout.PADDING_FREE_BUCKETS
