@@ -25,6 +25,11 @@ The file follows that order: config and CLI; the maths (``group_advantages``, ``
   ``--loss_type dapo`` (default) is the token-mean over the mini-batch; with DelTA's normalised λ̄ (mean 1 over the
   rollout batch) it is the paper's self-normalised surrogate Σλℓ / Σλ (DelTA Eq. 8) over the rollout batch; with
   several mini-batches each one is only approximately self-normalised, as in DelTA's official code.
+* The papers' comparisons are flag values of the same step (docs/reproduce.md; the maths in baselines.py and
+  delta.py): a token weight computed once at θ_old goes through ``Credit`` (DelTA's ablations, its Q2 selection);
+  one that needs the current policy is a branch of the loss stage, ``backward_minibatch`` (FIPO's future-KL
+  weight, ``--credit fipo``; Forking Tokens' entropy mask, ``--entropy_top_ratio`` / ``--top_entropy_quantile``);
+  a surrogate is a branch of ``policy_loss`` (SAPO's soft gate, ``--loss_type sapo``).
 * Left out on purpose: entropy bonus, reward shaping beyond DAPO's overlong penalty, dynamic sampling, learning-rate
   schedules. The loss value is no progress signal (≈ 0 at θ_old): watch the reward and the held-out accuracy.
 * Infrastructure sits behind one-line calls: recipes (named settings) and the checks made before any weights load
@@ -40,6 +45,7 @@ import contextlib
 import dataclasses
 import gc
 import importlib.util
+import math
 import random
 import time
 from collections import namedtuple
@@ -47,6 +53,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+import baselines
 import checkpoint
 import distributed
 import evaluate
@@ -87,13 +94,29 @@ class GRPOConfig:
     gradient_checkpointing: bool = _f(False, "recompute each layer in the backward pass (less activation memory)")
     ref_on_cpu: bool = _f(False, "full fine-tuning with --beta > 0: keep the frozen reference on the CPU")
     # credit assignment
-    credit: str = _f("grpo", "token credit: grpo (broadcast), delta (DelTA), cscr (CSCR)", ["grpo", "delta", "cscr"])
+    credit: str = _f("grpo", "token credit: grpo (broadcast), delta (DelTA), cscr (CSCR), fipo (FIPO's future-KL "
+                             "weight, in the loss)", ["grpo", "delta", "cscr", "fipo"])
     delta_k: int = _f(1, "DelTA refinement iterations K")
     delta_lam_min: float = _f(0.8, "DelTA λ_min")
     delta_lam_max: float = _f(1.2, "DelTA λ_max")
     delta_impl: str = _f("normal", "DelTA: keep the batch's h (normal) or stream micro-batches, recomputing h in "
                                    "K + 3 passes (memory_efficient; memory independent of the batch)",
                          ["normal", "memory_efficient"])
+    # DelTA's ablations (docs/specs/baselines.md §6; docs/reproduce.md): each one changes one step of delta.py
+    delta_scores: str = _f("contrastive", "DelTA margins: contrastive (Sec. 3.2) or within_side (−‖v − μ_own‖²)",
+                           ["contrastive", "within_side"])
+    delta_assignment: str = _f("soft", "DelTA assignment: soft α = σ(Δ/γ) or hard 1[Δ > 0]", ["soft", "hard"])
+    delta_gamma: str = _f("adaptive", "DelTA γ: adaptive (every batch) or frozen (the first batch's γ⁽⁰⁾, kept)",
+                          ["adaptive", "frozen"])
+    delta_coefficients: str = _f("bounded", "DelTA λ: bounded λ_min + (λ_max − λ_min)·α, raw α, or random in the "
+                                            "range", ["bounded", "raw", "random"])
+    delta_normalize: bool = _f(True, "DelTA λ̄ = λ·N/Σλ (--no-delta_normalize: λ̄ = λ)")
+    delta_proxy: str = _f("hidden", "DelTA proxy v: hidden ((1 − p)·h, App. F) or topk (W_y − Σ p̃ W_j over the "
+                                    "old logits' top K)", ["hidden", "topk"])
+    delta_proxy_topk: int = _f(20, "K of --delta_proxy topk (K = vocabulary: the exact hidden-state gradient)")
+    delta_select: str = _f("none", "DelTA Q2 (Sec. 5.2): plain DAPO on the top, a random or the bottom "
+                                   "--delta_select_fraction of tokens by λ", ["none", "top", "random", "bottom"])
+    delta_select_fraction: float = _f(0.5, "share of the valid tokens --delta_select keeps")
     delta_scope: str = _f("global", "torchrun: DelTA's statistics summed over processes (global) or per process "
                                     "as in DelTA's code (local)", ["global", "local"])
     cscr_template: str = _f("verdict", "CSCR privileged note: verdict, reference, answer, verdict_short (cscr.py)")
@@ -102,6 +125,13 @@ class GRPOConfig:
     cscr_threshold_quantile: float | None = _f(None, "calibrate λ once: this quantile of s in the first batch")
     cscr_alpha: float = _f(1.0, "CSCR decay strength α")
     cscr_w_min: float = _f(0.0, "CSCR weight floor")
+    cscr_weight: str = _f("exp", "CSCR weight map: exp (spec §5), exp_abs, inverse; ablations (spec §9): upweight "
+                                 "(sensitive tokens up), sign_aware (RLSD's direction weight)",
+                          ["exp", "exp_abs", "inverse", "upweight", "sign_aware"])
+    cscr_scope: str = _f("sequence", "CSCR renormalisation: per sequence (spec §5), group or batch (§9)",
+                         ["sequence", "group", "batch"])
+    cscr_sign_eps: float = _f(0.2, "--cscr_weight sign_aware: clip(exp(sign(Â)·Δ+), 1 ± ε)")
+    cscr_sign_mix: float = _f(0.5, "--cscr_weight sign_aware: w = (1 − mix) + mix·clip(...)")
     # rollout
     num_generations: int = _f(8, "G, responses per prompt (group size)")
     num_prompts_per_step: int = _f(16, "prompts per step; the rollout batch is num_prompts_per_step × G")
@@ -130,7 +160,23 @@ class GRPOConfig:
     dual_clip: float | None = _f(None, "dual-clip constant c for negative advantages (e.g. 10)")
     beta: float = _f(0.0, "k3 KL coefficient to a frozen reference (0 = no reference model)")
     loss_type: str = _f("dapo", "dapo: token-mean over the batch; grpo: per-sequence mean, then mean; dr_grpo: "
-                                "sum / (B·max_completion_length)", ["dapo", "grpo", "dr_grpo"])
+                                "sum / (B·max_completion_length); sapo: SAPO's soft gate in place of the clip",
+                        ["dapo", "grpo", "dr_grpo", "sapo"])
+    sapo_temperature_pos: float = _f(1.0, "SAPO's gate temperature τ for Â > 0")
+    sapo_temperature_neg: float = _f(1.05, "SAPO's gate temperature τ for Â < 0")
+    sapo_aggregation: str = _f("sequence", "SAPO: per-sequence mean then mean (verl, TRL) or token-mean",
+                               ["sequence", "token"])
+    # the baselines that weight or mask tokens from the current policy, in the loss (docs/specs/baselines.md)
+    entropy_top_ratio: float = _f(0.0, "Forking Tokens (its code): train on the top ⌈ρn⌉ tokens by entropy, the "
+                                       "loss their mean (DelTA's row: 0.2; 0 = off)")
+    top_entropy_quantile: float = _f(1.0, "Forking Tokens as TRL: tokens with entropy ≥ the (1 − ρ) quantile, the "
+                                          "normaliser unchanged (1 = off)")
+    entropy_pool: str = _f("minibatch", "the tokens ranked by entropy: the mini-batch (exact under micro-batching; "
+                                        "one no-grad forward more) or each micro-batch (Forking Tokens' code)",
+                           ["minibatch", "micro"])
+    fipo_decay_rate: float = _f(32.0, "FIPO: half-life of the future-KL sum in tokens")
+    fipo_clip: float = _f(0.2, "FIPO: the weight is clipped to [1, 1 + this]")
+    fipo_safety_threshold: float = _f(10.0, "FIPO: Â < 0 tokens with ratio above this keep a weight in [0.8, 1]")
     scale_rewards: str = _f("group", "group: (r−mean)/(std+1e-6) per group; none: r−mean (Dr. GRPO)",
                             ["group", "none"])
     mask_truncated_completions: bool = _f(False, "exclude responses that hit max_completion_length from the loss")
@@ -208,7 +254,28 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None)
                            or not cfg.lora_target_modules.strip(",").strip()),
          "--use_peft needs --lora_r >= 1, --lora_alpha > 0, 0 <= --lora_dropout < 1 and --lora_target_modules"),
         (not 0 < cfg.vllm_gpu_memory_utilization <= 1, "--vllm_gpu_memory_utilization must be in (0, 1]"),
-        (cfg.vllm_enable_sleep_mode and not cfg.use_vllm, "--vllm_enable_sleep_mode needs --use_vllm")]
+        (cfg.vllm_enable_sleep_mode and not cfg.use_vllm, "--vllm_enable_sleep_mode needs --use_vllm"),
+        # the comparison rules (docs/specs/baselines.md)
+        (not 0 <= cfg.entropy_top_ratio <= 1 or not 0 < cfg.top_entropy_quantile <= 1, "--entropy_top_ratio must be "
+         "in [0, 1] (0 = off) and --top_entropy_quantile in (0, 1] (1 = off)"),
+        (cfg.entropy_top_ratio > 0 and cfg.top_entropy_quantile < 1, "--entropy_top_ratio (Forking Tokens' rule) "
+         "and --top_entropy_quantile (TRL's) are two readings of one baseline: give one"),
+        (min(cfg.sapo_temperature_pos, cfg.sapo_temperature_neg) <= 0, "--sapo_temperature_pos/_neg must be > 0"),
+        (cfg.loss_type == "sapo" and cfg.credit == "fipo", "--credit fipo weights DAPO's clipped surrogate: "
+         "use it with --loss_type dapo, not sapo"),
+        (cfg.fipo_decay_rate <= 0 or cfg.fipo_clip < 0 or cfg.fipo_safety_threshold <= 0, "--fipo_decay_rate and "
+         "--fipo_safety_threshold must be > 0, --fipo_clip >= 0"),
+        (not 0 < cfg.delta_select_fraction <= 1 or cfg.delta_proxy_topk < 1, "--delta_select_fraction must be in "
+         "(0, 1] and --delta_proxy_topk >= 1"),
+        (cfg.delta_proxy == "topk" and world > 1, "--delta_proxy topk reads the whole LM head, which torchrun "
+         "shards: run it in one process"),
+        (cfg.delta_select != "none" and (cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1),
+         "--delta_select and the entropy masks each choose the trained tokens: give one"),
+        (not 0 < cfg.cscr_sign_mix <= 1 or not 0 <= cfg.cscr_sign_eps < 1, "--cscr_sign_mix must be in (0, 1] and "
+         "--cscr_sign_eps in [0, 1)"),
+        (cfg.credit != "delta" and any(getattr(cfg, n) != f.default for f in dataclasses.fields(GRPOConfig)
+                                       if (n := f.name) in DELTA_ABLATIONS),
+         f"--{', --'.join(DELTA_ABLATIONS)} change DelTA's steps: use them with --credit delta")]
     environment = [  # this machine's: notes of the plan under --dry_run
         (cfg.vllm_enable_sleep_mode and not torch.cuda.is_available(),
          "--vllm_enable_sleep_mode needs a GPU (vLLM's CPU backend has no sleep mode)"),
@@ -219,6 +286,10 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None)
         if failed:
             raise SystemExit(f"grpo.py: error: {recipes.name_the_recipe(message, cfg, given)}")
     return [message for failed, message in environment if failed]
+
+
+DELTA_ABLATIONS = ("delta_scores", "delta_assignment", "delta_gamma", "delta_coefficients", "delta_normalize",
+                   "delta_proxy", "delta_select")
 
 
 def _or(value, default):  # an optional flag's value, else its default
@@ -260,9 +331,27 @@ def overlong_penalty(lengths: torch.Tensor, max_completion_length: int, buffer_l
     return torch.clamp((expected - lengths.to(torch.float32)) / buffer_len * factor, max=0.0)
 
 
-def policy_loss(logp, old_logp, adv, response_mask, epsilon=0.2, epsilon_high=0.28, dual_clip=None,
-                loss_type="dapo", max_completion_length=None, ref_logp=None, beta=0.0, num_tokens=None,
-                num_sequences=None):
+@dataclass(frozen=True)
+class LossSettings:
+    """The surrogate's settings (``policy_loss``), as the flags of the same names give them
+    (``LossSettings.from_config``)."""
+    epsilon: float = 0.2
+    epsilon_high: float = 0.28
+    dual_clip: float | None = None
+    loss_type: str = "dapo"
+    max_completion_length: int | None = None
+    beta: float = 0.0
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    sapo_aggregation: str = "sequence"
+
+    @classmethod
+    def from_config(cls, cfg: GRPOConfig) -> LossSettings:
+        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
+
+
+def policy_loss(logp, old_logp, adv, response_mask, settings: LossSettings | None = None, *, ref_logp=None,
+                num_tokens=None, num_sequences=None, **keywords):
     """Clipped surrogate loss (to minimise) and its statistics.
 
     Per token (PPO, Schulman et al. 2017, Eq. 7, with DAPO's asymmetric clip, Yu et al. 2025, §3.1 Clip-Higher)::
@@ -272,20 +361,31 @@ def policy_loss(logp, old_logp, adv, response_mask, epsilon=0.2, epsilon_high=0.
         ℓ      = min(ℓ, −Â·c)     where Â < 0, if dual_clip=c (Ye et al. 2020; verl's clip_ratio_c)
         ℓ     += β·k3,  k3 = exp(ref − logp) − (ref − logp) − 1   (Schulman's k3 KL estimator, if β > 0)
 
+    ``loss_type="sapo"`` (SAPO, Gao et al. 2025; docs/specs/baselines.md §4) puts a soft gate in place of the clip
+    and the dual clip: ℓ = −Â·(4/τ)·σ(τ(ratio − 1)), τ = τ_pos for Â > 0, else τ_neg; its gradient at ratio 1 is the
+    unclipped policy gradient's, its value 2/τ times DAPO's there.
+
     Aggregation (``loss_type``):
         ``dapo``: Σ ℓ·mask / Σ mask over the whole batch (token-mean; DelTA and TRL's default);
         ``grpo``: mean over sequences of the per-sequence token-mean (the original GRPO 1/|o_i|);
-        ``dr_grpo``: Σ ℓ·mask / (B · max_completion_length) (Dr. GRPO's constant normaliser).
+        ``dr_grpo``: Σ ℓ·mask / (B · max_completion_length) (Dr. GRPO's constant normaliser);
+        ``sapo``: ``grpo``'s (``sapo_aggregation="sequence"``: verl forces it, TRL uses it) or ``dapo``'s ("token").
 
     Args: ``logp``, ``old_logp`` ``[B, T]`` (nats, policy and θ_old); ``adv``: Â_i ``[B]`` (broadcast) or the
     token advantages Ã_{i,t} ``[B, T]`` (e.g. Â·λ̄); ``response_mask`` (EOS included), ``ref_logp`` (β > 0) ``[B, T]``;
-    ``num_tokens`` / ``num_sequences``: the normaliser's counts over the whole mini-batch when this call
-    sees a micro-batch (the gradient then does not depend on the micro-batch size).
+    ``settings``: a ``LossSettings``, or its fields as keywords (``epsilon=0.2``, ...); ``num_tokens`` /
+    ``num_sequences``: the normaliser's counts over the whole mini-batch when this call sees a micro-batch (the
+    gradient then does not depend on the micro-batch size).
     Returns (loss, stats): token-means over this call of ``clip_ratio/low_mean`` (ratio < 1−ε, Â < 0),
     ``clip_ratio/high_mean`` (ratio > 1+ε_high, Â > 0), ``clip_ratio/region_mean``, ``clip_ratio/dual_mean``, ``kl``;
     and ``num_tokens``. Raises ValueError: shapes, ``loss_type``, ``dr_grpo`` without ``max_completion_length``,
     β > 0 without ``ref_logp``.
     """
+    if settings is not None and keywords:
+        raise ValueError(f"give policy_loss a LossSettings or its fields as keywords, not both: {sorted(keywords)}")
+    s = settings or LossSettings(**keywords)  # an unknown keyword: TypeError, naming it
+    epsilon, epsilon_high, dual_clip, beta = s.epsilon, s.epsilon_high, s.dual_clip, s.beta
+    aggregation = ("grpo" if s.sapo_aggregation == "sequence" else "dapo") if s.loss_type == "sapo" else s.loss_type
     mask = response_mask.to(logp.dtype)
     adv = adv[:, None] if adv.dim() == 1 else adv
     for bad, message in [
@@ -293,9 +393,11 @@ def policy_loss(logp, old_logp, adv, response_mask, epsilon=0.2, epsilon_high=0.
              f"{tuple(old_logp.shape)} and response_mask {tuple(mask.shape)} must have the same [B, T] shape"),
             (adv.shape[0] != logp.shape[0] or adv.shape[1] not in (1, logp.shape[-1]),
              f"adv must be [B] or [B, T], got {tuple(adv.shape)} for logp {tuple(logp.shape)}"),
-            (loss_type not in ("dapo", "grpo", "dr_grpo"),
-             f"loss_type must be dapo, grpo or dr_grpo, got {loss_type!r}"),
-            (loss_type == "dr_grpo" and not max_completion_length, "loss_type='dr_grpo' needs max_completion_length"),
+            (s.loss_type not in ("dapo", "grpo", "dr_grpo", "sapo"),
+             f"loss_type must be dapo, grpo, dr_grpo or sapo, got {s.loss_type!r}"),
+            (s.sapo_aggregation not in ("sequence", "token"), "sapo_aggregation must be 'sequence' or 'token'"),
+            (s.loss_type == "dr_grpo" and not s.max_completion_length,
+             "loss_type='dr_grpo' needs max_completion_length"),
             (beta > 0 and ref_logp is None, "beta > 0 needs ref_logp")]:
         if bad:
             raise ValueError(message)
@@ -303,11 +405,14 @@ def policy_loss(logp, old_logp, adv, response_mask, epsilon=0.2, epsilon_high=0.
     # padded positions may hold anything (e.g. -inf): zero them before exp so no NaN reaches the gradient
     log_ratio = torch.where(mask > 0, logp - old_logp, torch.zeros_like(logp)).clamp(-20.0, 20.0)
     ratio = torch.exp(log_ratio)
-    loss_unclipped = -adv * ratio
-    loss_clipped = -adv * ratio.clamp(1.0 - epsilon, 1.0 + epsilon_high)
-    per_token = torch.maximum(loss_unclipped, loss_clipped)
     dual_active = torch.zeros_like(mask, dtype=torch.bool)
-    if dual_clip is not None:
+    if s.loss_type == "sapo":  # SAPO (spec §4): the soft gate f(ratio) in place of the clip; no dual clip
+        per_token = -adv * baselines.sapo_gate(ratio, adv, s.sapo_temperature_pos, s.sapo_temperature_neg)
+    else:
+        loss_unclipped = -adv * ratio
+        loss_clipped = -adv * ratio.clamp(1.0 - epsilon, 1.0 + epsilon_high)
+        per_token = torch.maximum(loss_unclipped, loss_clipped)
+    if dual_clip is not None and s.loss_type != "sapo":
         # Dual clip bounds the loss of a negative-advantage token whose ratio exploded: ℓ ≤ −Â·c
         dual_bound = -adv * dual_clip
         dual_active = (adv < 0) & (per_token > dual_bound)
@@ -318,15 +423,15 @@ def policy_loss(logp, old_logp, adv, response_mask, epsilon=0.2, epsilon_high=0.
         kl = torch.exp(d) - d - 1.0  # k3 ≥ 0, unbiased for KL(π‖π_ref) under samples from π
         per_token = per_token + beta * kl
     per_token = per_token * mask
-    if loss_type == "dapo":
+    if aggregation == "dapo":
         denom = mask.sum() if num_tokens is None else num_tokens
         loss = per_token.sum() / max(float(denom), 1.0)
-    elif loss_type == "grpo":
+    elif aggregation == "grpo":
         per_seq = per_token.sum(-1) / mask.sum(-1).clamp(min=1.0)
         loss = per_seq.sum() / float(logp.shape[0] if num_sequences is None else num_sequences)
     else:
         loss = per_token.sum() / (float(logp.shape[0] if num_sequences is None else num_sequences)
-                                  * max_completion_length)
+                                  * s.max_completion_length)
     with torch.no_grad():
         n = mask.sum().clamp(min=1.0)
         low = ((ratio < 1.0 - epsilon) & (adv < 0)).to(mask.dtype) * mask
@@ -349,19 +454,22 @@ class Credit:
     def __init__(self, cfg: GRPOConfig, tokenizer):
         self.cfg, self.tokenizer, self.token_weights = cfg, tokenizer, {}
         self.cscr_threshold, self.cscr_calibrated = cfg.cscr_threshold, False
+        self.delta_gamma = None  # --delta_gamma frozen: (γ⁺, γ⁻) of the first batch with both sides, then kept
+        self.keep = None  # --delta_select: the tokens the loss trains on [N, T] bool (None: every valid token)
 
     def needs_hidden(self) -> bool:  # stage 4 keeps the batch's h_t (else DelTA's memory_efficient recomputes them)
-        return self.cfg.credit == "delta" and self.cfg.delta_impl == "normal"
+        return self.cfg.credit == "delta" and self.cfg.delta_impl == "normal" and self.cfg.delta_coefficients != \
+            "random"
 
     @torch.no_grad()
-    def __call__(self, model, batch: rollout.Rollout, adv, old: ThetaOld, answers):
+    def __call__(self, model, batch: rollout.Rollout, adv, old: ThetaOld, answers, step: int = 0):
         """Args: batch (its response_mask ``[N, T]``), adv Â_i ``[N]``, old (stage 4: ``old.logp`` ``[N, T]``, DelTA's
-        ``old.hidden`` ``[N, T, H]`` or None), answers (the reference of each row, CSCR). Returns (token advantages
-        Ã_{i,t} ``[N, T]``, stats)."""
-        if self.cfg.credit == "grpo":
+        ``old.hidden`` ``[N, T, H]`` or None), answers (the reference of each row, CSCR), step (seeds DelTA's random
+        λ). Returns (token advantages Ã_{i,t} ``[N, T]``, stats)."""
+        if self.cfg.credit in ("grpo", "fipo"):  # FIPO weights Â in the loss, from the current policy
             return adv[:, None] * batch.response_mask, {}  # GRPO: every token of o_i gets Â_i
         if self.cfg.credit == "delta":
-            return self._delta(model, batch, adv, old)
+            return self._delta(model, batch, adv, old, step)
         return self._cscr(model, batch, adv, old.logp, answers)
 
     def token_credit(self, adv, token_adv):
@@ -371,14 +479,21 @@ class Credit:
         fill = self.token_weights.get("lambda_bar", torch.ones_like(c))
         return torch.where((adv == 0)[:, None], fill.to(c.dtype), c)
 
-    def _delta(self, model, batch, adv, old):
+    def _delta(self, model, batch, adv, old, step):
         import delta
 
         c, mask = self.cfg, batch.response_mask
-        kw = dict(K=c.delta_k, lam_min=c.delta_lam_min, lam_max=c.delta_lam_max, return_stats=True)
+        # the ablations (baselines.md §6) are arguments of the step each one changes; the defaults are the paper's
+        kw = dict(K=c.delta_k, lam_min=c.delta_lam_min, lam_max=c.delta_lam_max, return_stats=True,
+                  scores=c.delta_scores, assignment=c.delta_assignment, gamma=self.delta_gamma,
+                  coefficients=c.delta_coefficients, normalize=c.delta_normalize)
         pooled = distributed.is_distributed() and c.delta_scope == "global"
-        if old.hidden is not None and not pooled:  # --delta_impl normal: stage 4 kept the batch's h_t [N, T, H]
-            v = delta.proxy_vectors(old.hidden, old.logp, mask)  # App. F: v = (1 − p)·h [N, T, H] (ThetaOld's bound)
+        if c.delta_coefficients == "random":  # App. F's control: λ uniform in [λ_min, λ_max], fresh every step
+            draw = torch.Generator().manual_seed(c.seed * 1_000_003 + step * 101 + distributed.rank())
+            lam_bar, stats = delta.random_coefficients(adv, mask, c.delta_lam_min, c.delta_lam_max, generator=draw,
+                                                       normalize=c.delta_normalize), {}
+        elif old.hidden is not None and not pooled:  # --delta_impl normal: stage 4 kept the batch's h_t [N, T, H]
+            v = self._proxies(model, old.hidden, old.logp, batch.response_ids, mask)  # App. F (ThetaOld's bound)
             lam_bar, stats = delta.delta_coefficients(v, adv, mask, **kw)
         else:
             # Streamed sufficient statistics (spec §2.5): every statistic is a sum or a count, so with --delta_scope
@@ -392,8 +507,11 @@ class Credit:
                 layout = [(rows, t) for rows, _, t in passes.layout]
 
                 def micro_batches():  # one pass: (h [b, t, H], log p [b, t], mask [b, t], Â [b]) of each, in order
-                    for mb in passes:
-                        yield mb.hidden, mb.take(old.logp), mb.take(mask), adv[mb.rows]
+                    for mb in passes:  # --delta_proxy topk: (v, None, ...), v from h and the LM head
+                        logp = mb.take(old.logp)
+                        yield (mb.hidden, logp, mb.take(mask), adv[mb.rows]) if c.delta_proxy == "hidden" else \
+                            (self._proxies(model, mb.hidden, logp, mb.take(batch.response_ids), mb.take(mask)), None,
+                             mb.take(mask), adv[mb.rows])
 
             parts, stats = delta.delta_coefficients_streaming(
                 micro_batches, reduce_fn=distributed.all_reduce_sum if pooled else None, **kw)
@@ -401,8 +519,24 @@ class Credit:
             for (rows, t), part in zip(layout, parts):
                 lam_bar[rows, :t] = part.cpu()
             stats = distributed.pool_min_max(stats) if pooled else stats  # extremes are per process: pool them
+        if c.delta_gamma == "frozen" and self.delta_gamma is None and stats.get("delta/fallback") == 0.0:
+            self.delta_gamma = (stats["delta/gamma0_pos"], stats["delta/gamma0_neg"])  # "w/o adaptive γ", then kept
         self.token_weights = {"lambda_bar": lam_bar}
+        if c.delta_select != "none":  # Q2 (Sec. 5.2): plain DAPO on a share of the tokens chosen by λ (bounded: [N, T])
+            draw = torch.Generator().manual_seed(c.seed * 1_000_003 + step * 101 + distributed.rank())
+            self.keep = baselines.select_tokens(lam_bar, mask, c.delta_select_fraction, c.delta_select, draw)
+            return adv[:, None] * mask, {**stats, "delta/selected_frac": float(self.keep.sum() / mask.sum())}
         return delta.delta_token_advantages(adv, lam_bar, mask), stats  # Ã = Â·λ̄ (spec §2.3 step 7)
+
+    def _proxies(self, model, hidden, old_logp, token_ids, mask):
+        """DelTA's proxy v ``[b, t, H]`` (App. F): (1 − p)·h, or with --delta_proxy topk W_y − Σ_{top K} p̃_j W_j."""
+        import delta
+
+        if self.cfg.delta_proxy == "hidden":
+            return delta.proxy_vectors(hidden, old_logp, mask)
+        weight = model.get_output_embeddings().weight.detach()
+        return delta.topk_proxy_vectors(hidden.to(weight.device), token_ids.to(weight.device), mask.to(weight.device),
+                                        weight, self.cfg.delta_proxy_topk, self.cfg.temperature).cpu()
 
     def _cscr(self, model, batch, adv, old_logp, answers):
         import cscr
@@ -426,7 +560,8 @@ class Credit:
         # spec §5: w_t = max(w_min, exp(−α·max(0, s_t − λ))), Ã_{i,t} = Â_i·w_t / mean_t(w) (sign and budget kept)
         token_adv, stats = cscr.cscr_token_advantages(
             adv, old_logp, lp_pos, lp_neg, mask, threshold=self.cscr_threshold, alpha=c.cscr_alpha,
-            w_min=c.cscr_w_min, mode=c.cscr_mode, return_stats=True)
+            w_min=c.cscr_w_min, mode=c.cscr_mode, weight=c.cscr_weight, scope=c.cscr_scope,
+            group_size=c.num_generations, sign_eps=c.cscr_sign_eps, sign_mix=c.cscr_sign_mix, return_stats=True)
         self.token_weights = {"sensitivity": s}
         return token_adv, {**stats, "cscr/threshold": float(self.cscr_threshold)}
 
@@ -475,9 +610,12 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
     # 5. token advantages Ã_{i,t} (CSCR scores only rows with Â ≠ 0, a different number on each process: its
     #    scoring passes need the gathered weights under FSDP2)
     with distributed.gathered_weights(model) if cfg.credit == "cscr" else contextlib.nullcontext():
-        token_adv, credit_stats = credit(model, batch, adv, old, answers)
+        token_adv, credit_stats = credit(model, batch, adv, old, answers, step)
     # 6. policy update: num_iterations passes × num_mini_batches AdamW steps, micro-batched backward
-    loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, batch, old, token_adv, cfg, step)
+    # the loss's own factor of each token (FIPO's f, an entropy or Q2 mask) for samples/: [N, T], 34 MB at the papers'
+    loss_weights = torch.zeros_like(token_adv) if uses_loss_side_rule(cfg) else None  # 2,048 × 4,096 tokens
+    loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, batch, old, token_adv, cfg, step, credit.keep,
+                                                       loss_weights)
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
     peaks = distributed.all_gather_objects(policy.peak_memory())  # each process's; the largest is logged
     peak = {k: max(p[k] for p in peaks) for k in peaks[0]}
@@ -487,8 +625,10 @@ def train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sample
                                 "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
                                 **credit_stats, **peak, "step_time": time.time() - t0, "generation_time": t_gen})
     if rank == 0 and cfg.logging_steps and (step + 1) % cfg.logging_steps == 0:
-        run.write_samples(step + 1, tokenizer, batch, rewards, adv, token_adv, credit.token_credit(adv, token_adv),
-                          credit.token_weights, min(cfg.num_samples_to_log, per_rank))
+        token_credit = credit.token_credit(adv, token_adv)  # × the loss's own factor, where a rule has one
+        run.write_samples(step + 1, tokenizer, batch, rewards, adv, token_adv,
+                          token_credit if loss_weights is None else token_credit * loss_weights, credit.token_weights,
+                          min(cfg.num_samples_to_log, per_rank))
     return record
 
 
@@ -526,18 +666,22 @@ def can_update_on_policy(cfg: GRPOConfig, num_rows: int, has_reference: bool) ->
     """Whether stage 4 may take θ_old's log-probs from the training forward: ``--fuse_old_logprobs`` (off by itself
     on models whose training forward is not the eval forward: ``policy.exact_optimisations``), ``num_iterations``
     1, one mini-batch, ``micro_batch_size`` 0 (or ≥ the batch) and no KL reference. Not for CSCR under FSDP (its
-    scoring passes need gathered weights, not available inside a forward/backward)."""
+    scoring passes need gathered weights, not available inside a forward/backward), nor for an entropy mask ranked in
+    each micro-batch (its entropies come from the update's own forward)."""
     return (cfg.fuse_old_logprobs and cfg.num_iterations == 1 and cfg.num_mini_batches == 1 and not has_reference
             and (cfg.micro_batch_size == 0 or cfg.micro_batch_size >= num_rows)
-            and not (cfg.credit == "cscr" and distributed.is_distributed()))
+            and not (cfg.credit == "cscr" and distributed.is_distributed())
+            and not ((cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1) and cfg.entropy_pool == "micro"))
 
 
-def policy_update(model, optimizer, batch, old: ThetaOld, token_adv, cfg: GRPOConfig, step: int):
+def policy_update(model, optimizer, batch, old: ThetaOld, token_adv, cfg: GRPOConfig, step: int, keep=None,
+                  loss_weights=None):
     """Stage 6: ``num_iterations`` passes × ``num_mini_batches`` AdamW steps on one rollout batch. Each step
     accumulates the mini-batch's gradient (``backward_minibatch``), clips it and applies AdamW; one whose loss or
     gradient norm is not finite is skipped and counted. Pass ``e`` permutes the rows with a generator seeded by
-    ``(seed, step, e)``, so a resumed run makes the same updates. ``token_adv`` Ã_{i,t} ``[N, T]``. Returns (Σ
-    mini-batch losses, applied pre-clip gradient norms, token-weighted statistic sums, skipped updates).
+    ``(seed, step, e)``, so a resumed run makes the same updates. ``token_adv`` Ã_{i,t} ``[N, T]``; ``keep``,
+    ``loss_weights``: see ``backward_minibatch``. Returns (Σ mini-batch losses, applied pre-clip gradient norms,
+    token-weighted statistic sums, skipped updates).
     """
     model.train()
     N = batch.response_mask.shape[0]
@@ -548,7 +692,7 @@ def policy_update(model, optimizer, batch, old: ThetaOld, token_adv, cfg: GRPOCo
         for k in range(cfg.num_mini_batches):
             mb_idx = perm[k * mb_size:(k + 1) * mb_size] if cfg.num_mini_batches > 1 else torch.arange(N)
             optimizer.zero_grad(set_to_none=True)
-            loss, stats = backward_minibatch(model, batch, old, token_adv, mb_idx, cfg)
+            loss, stats = backward_minibatch(model, batch, old, token_adv, mb_idx, cfg, keep, loss_weights)
             loss = distributed.all_reduce_sum(torch.tensor(loss, dtype=torch.float64)).item()  # Σ of the parts
             loss_sum += loss
             for name, value in stats.items():
@@ -563,30 +707,99 @@ def policy_update(model, optimizer, batch, old: ThetaOld, token_adv, cfg: GRPOCo
     return loss_sum, grad_norms, agg, skipped
 
 
-def backward_minibatch(model, batch, old: ThetaOld, token_adv, mb_idx, cfg: GRPOConfig):
+def backward_minibatch(model, batch, old: ThetaOld, token_adv, mb_idx, cfg: GRPOConfig, keep=None, loss_weights=None):
     """Accumulate the gradient of one mini-batch's loss (rows ``mb_idx``), ``cfg.micro_batch_size`` rows at a time.
 
     The normaliser of ``cfg.loss_type`` (tokens for ``dapo``, sequences otherwise) is counted once over the whole
     mini-batch (and over processes), so the summed gradient does not depend on the micro-batch size or the number of
-    processes (trl#3021; FSDP sums the gradients). Returns (loss, token-weighted ``policy_loss`` statistic sums).
+    processes (trl#3021; FSDP sums the gradients). The rules that need the current policy are branches of this
+    stage (docs/specs/baselines.md): Forking Tokens' entropy mask (§3) and FIPO's future-KL weight (§5).
+    ``keep`` ``[N, T]`` bool: the tokens the loss trains on (--delta_select; None: all); ``loss_weights`` ``[N, T]``
+    (optional, written): each token's loss-side factor (FIPO's f, the entropy mask) for samples/. Returns (loss,
+    token-weighted ``policy_loss`` statistic sums).
     """
-    device, mask, loss_total, agg = next(model.parameters()).device, batch.response_mask, 0.0, {}
-    counts = distributed.all_reduce_sum(torch.tensor([mask[mb_idx].sum().item(), float(len(mb_idx))],
+    device, loss_total, agg = next(model.parameters()).device, 0.0, {}
+    settings, ft_ratio, ft_quantile = LossSettings.from_config(cfg), cfg.entropy_top_ratio, cfg.top_entropy_quantile
+    forking = ft_ratio > 0 or ft_quantile < 1
+    if forking and cfg.entropy_pool == "minibatch":  # H2 (spec §3): tokens ranked over the mini-batch, current θ
+        keep = forking_tokens(model, batch, mb_idx, cfg)
+    mask = batch.response_mask if keep is None else batch.response_mask * keep  # the tokens of the loss
+    # the normaliser: the kept tokens (Forking Tokens' code, Q2), or all valid ones (TRL's entropy quantile)
+    counted = batch.response_mask if ft_quantile < 1 else mask
+    counts = distributed.all_reduce_sum(torch.tensor([counted[mb_idx].sum().item(), float(len(mb_idx))],
                                                      dtype=torch.float64))
     n_tok, n_seq = counts[0].item(), int(counts[1].item())
     # the training forward over these rows: stage 4's, when it was this one (its only update), else a new one
-    passes = old.training_forward or policy.Passes(model, batch, mb_idx, cfg, grad=True)
+    passes = old.training_forward or policy.Passes(model, batch, mb_idx, cfg, grad=True,
+                                                   entropy=forking and cfg.entropy_pool == "micro")
     for mb in passes:
         at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
-        loss, stats = policy_loss(mb.logp, at(old.logp), at(token_adv), at(mask), cfg.epsilon, cfg.epsilon_high,
-                                  cfg.dual_clip, cfg.loss_type, cfg.max_completion_length, ref_logp=at(old.ref_logp),
-                                  beta=cfg.beta, num_tokens=n_tok, num_sequences=n_seq)
+        adv_t, mask_t, n_mb, rule = at(token_adv), at(mask), n_tok, {}
+        if forking and cfg.entropy_pool == "micro":  # Forking Tokens' code: ranked in each micro-batch (and /n_micro)
+            mask_t = at(batch.response_mask) * forking_mask(mb.entropy.to(device), at(batch.response_mask), cfg)
+            n_mb = max(float(mask_t.sum() if ft_quantile == 1 else at(batch.response_mask).sum()), 1.0) * \
+                len(passes.layout)
+        if forking:  # the share of the micro-batch's valid tokens the entropy rule keeps
+            rule = {"forking/kept_frac": float(mask_t.sum() / at(batch.response_mask).sum().clamp(min=1.0))}
+        f = None
+        if cfg.credit == "fipo":  # H2 (spec §5): Ã = Â·f, f from the current log-ratio; a dropped response's tokens
+            f, mask_t, rule = fipo_weights(mb.logp.detach(), at(old.logp), adv_t, mask_t, cfg)  # leave the numerator
+            adv_t = adv_t * f
+        if loss_weights is not None:  # what the loss made of each token's credit: its mask, times f
+            loss_weights[mb.rows, :mb.t] = (mask_t if f is None else mask_t * f).cpu().to(loss_weights.dtype)
+        loss, stats = policy_loss(mb.logp, at(old.logp), adv_t, mask_t, settings, ref_logp=at(old.ref_logp),
+                                  num_tokens=n_mb, num_sequences=n_seq)
+        stats.update(rule)
         loss.backward()
         loss_total += loss.item()
         for key, v in stats.items():  # token-weighted, so that Σ / Σ num_tokens is the step's token-mean
             agg[key] = agg.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
     passes.backward_prompts()  # --shared_prompt: the prompts' share, summed over the responses that read them
     return loss_total, agg
+
+
+def uses_loss_side_rule(cfg: GRPOConfig) -> bool:
+    """Whether the loss masks or weights tokens itself (Forking Tokens, FIPO, DelTA's Q2 selection)."""
+    return cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1 or cfg.credit == "fipo" or \
+        cfg.delta_select != "none"
+
+
+def forking_mask(entropy, mask, cfg: GRPOConfig):
+    """Forking Tokens' mask ``[b, T]`` bool over the pool given (spec §3): the top ⌈ρn⌉ valid tokens by entropy
+    (--entropy_top_ratio, its code's rule) or those at or above the (1 − ρ) quantile (--top_entropy_quantile, TRL's)."""
+    if cfg.entropy_top_ratio > 0:
+        return baselines.top_ratio_mask(entropy, mask, cfg.entropy_top_ratio)
+    return baselines.quantile_mask(entropy, mask, cfg.top_entropy_quantile)
+
+
+@torch.no_grad()
+def forking_tokens(model, batch, mb_idx, cfg: GRPOConfig):
+    """``forking_mask`` over one mini-batch at the current θ: a no-grad pass for the entropies (the micro-batches'
+    own forwards come too late: the first one's backward needs the whole pool's ranking). Returns ``[N, T]`` bool,
+    False outside ``mb_idx``; the entropies are [N, T] floats (34 MB at 2,048 × 4,096)."""
+    mask, entropy = batch.response_mask, torch.zeros(batch.response_mask.shape)
+    for mb in policy.Passes(model, batch, mb_idx, cfg, grad=False, entropy=True):
+        entropy[mb.rows, :mb.t] = mb.entropy.float().cpu()
+    keep = torch.zeros(mask.shape, dtype=torch.bool)
+    keep[mb_idx] = forking_mask(entropy[mb_idx], mask[mb_idx], cfg)
+    model.train()
+    return keep
+
+
+def fipo_weights(logp, old_logp, token_adv, mask, cfg: GRPOConfig):
+    """FIPO's future-KL weight f ``[b, T]`` and the mask without its dropped responses (spec §5), from the current
+    log-ratio; log c is --dual_clip's (10 when unset). The denominator stays the mini-batch's token count (fixed
+    before the first micro-batch, so micro-batching stays exact; FIPO's code divides by the micro-batch's)."""
+    log_c = math.log(cfg.dual_clip or 10.0)
+    sign = torch.sign(token_adv)  # sign(Ã) = sign(Â) on valid tokens
+    log_ratio = torch.where(mask > 0, logp - old_logp, torch.zeros_like(logp))
+    f = baselines.future_kl_weights(log_ratio, sign, mask, cfg.fipo_decay_rate, cfg.fipo_clip, True,
+                                    cfg.fipo_safety_threshold, log_c)
+    dropped = baselines.fipo_dropped_rows(log_ratio, sign, mask, log_c)
+    kept = mask * (~dropped)[:, None].to(mask.dtype)
+    # logged as means over the micro-batch's trained tokens (log_step pools them over the step's)
+    return f, kept, {"fipo/f_mean": float((f * kept).sum() / kept.sum().clamp(min=1.0)),
+                     "fipo/dropped_frac": float((mask - kept).sum() / mask.sum().clamp(min=1.0))}
 
 
 # --- The loop -------------------------------------------------------------------------------------------------
@@ -633,6 +846,7 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     if state:  # --resume: where the data order and CSCR's calibration stood
         sampler.position, credit.cscr_threshold, credit.cscr_calibrated = (state[k] for k in (
             "sampler_position", "cscr_threshold", "cscr_calibrated"))
+        credit.delta_gamma = tuple(state["delta_gamma"]) if state.get("delta_gamma") else None
     run.start(model, {"prompt_template": template, "num_processes": world, "optimisations": optimisations})
 
     def run_eval(step):  # held-out greedy, avg@k, pass@k
@@ -664,7 +878,7 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
             if cfg.save_steps and (step + 1) % cfg.save_steps == 0 and step + 1 < cfg.max_steps:
                 run.save_checkpoint(step + 1, model, tokenizer, optimizer, {
                     "sampler_position": sampler.position, "cscr_threshold": float(credit.cscr_threshold),
-                    "cscr_calibrated": credit.cscr_calibrated})
+                    "cscr_calibrated": credit.cscr_calibrated, "delta_gamma": credit.delta_gamma})
         summary = {"before": first_eval, "after": run_eval(cfg.max_steps) if cfg.max_steps else first_eval,
                    "last_step": last}
     finally:

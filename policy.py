@@ -352,7 +352,7 @@ def clip_and_step(model, optimizer, loss: float, max_grad_norm: float, step: int
 # Log-probs of rows of a rollout batch: one forward per micro-batch, laid out as the run's flags say
 # ----------------------------------------------------------------------------------------------------------
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=1.0, return_hidden=False,
-                   shared=None):
+                   shared=None, return_entropy=False):
     """log π(y_t | x, y_<t) (nats) of the response tokens under logits / temperature: ``[B, T]``, 0 on padding.
 
     ``input_ids``/``attention_mask`` ``[B, P + T]``: left-padded prompt, right-padded response in the last T
@@ -362,6 +362,9 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
     ``return_hidden``: also the LM head's input ``[B, T, H]`` at the positions that predict the response tokens
     (a forward pre-hook, detached), which DelTA's proxy needs (App. F): from the same forward, at no extra cost.
     ``shared``: ``(SharedPrompts, the rows' indices)``: the prompts already ran once per group (same result).
+    ``return_entropy``: also the policy's entropy H_t = −Σ_j p_j log p_j (nats) ``[B, T]`` of softmax(z/T) at each
+    response position (Forking Tokens' score, docs/specs/baselines.md §3), no grad, from the same rows of logits.
+    Returns log p, then h (``return_hidden``), then H (``return_entropy``): a tuple when either is asked for.
     """
     T, captured, handle = response_mask.shape[1], {}, None
     if return_hidden:
@@ -379,21 +382,25 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
             handle.remove()
     logits = out.logits[:, -(T + 1):-1]  # position p predicts token p+1: [B, T, V]
     targets = input_ids[:, -T:]
-    rows = []
+    rows, entropy = [], []
     for i in range(logits.shape[0]):  # one row at a time keeps the float32 copy small (V can be 152k)
         z = logits[i].to(torch.promote_types(logits.dtype, torch.float32)) / temperature
-        rows.append(z.gather(-1, targets[i, :, None]).squeeze(-1) - torch.logsumexp(z, -1))
+        lse = torch.logsumexp(z, -1)
+        rows.append(z.gather(-1, targets[i, :, None]).squeeze(-1) - lse)
+        if return_entropy:  # H = logsumexp(z) − Σ softmax(z)·z, from this row's [T, V] only
+            with torch.no_grad():
+                entropy.append(lse.detach() - (torch.softmax(z.detach(), -1) * z.detach()).sum(-1))
     logp = torch.stack(rows)
     logp = logp * response_mask.to(logp.dtype)
-    if return_hidden:
-        return logp, captured["h"][:, -(T + 1):-1]
-    return logp
+    out = (logp,) + ((captured["h"][:, -(T + 1):-1],) if return_hidden else ()) \
+        + ((torch.stack(entropy) * response_mask.to(logp.dtype),) if return_entropy else ())
+    return out if len(out) > 1 else logp
 
 
-class MicroBatch(namedtuple("MicroBatch", "rows cols t logp hidden")):
+class MicroBatch(namedtuple("MicroBatch", "rows cols t logp hidden entropy", defaults=(None,))):
     """One forward of ``Passes``: the rollout rows ``rows`` ``[b]``, their input columns ``cols`` and response width
     ``t`` (T_j ≤ T); ``logp`` ``[b, T_j]`` (a graph under grad); ``hidden`` ``[b, T_j, H]`` (the LM head's input)
-    or None."""
+    or None; ``entropy`` ``[b, T_j]`` (nats, no grad) or None."""
 
     def take(self, x: torch.Tensor) -> torch.Tensor:
         """This micro-batch's part of a batch-wide ``[N, T, ...]`` tensor: rows ``rows``, the first ``t`` columns."""
@@ -409,15 +416,16 @@ class Passes:
     ``take`` picks its part of any ``[N, T]`` tensor), ``--shared_prompt`` (each distinct prompt run once, its keys
     and values read by its responses). ``grad``: train mode with gradient; call ``backward_prompts`` once after the
     micro-batches' backward passes (it sends the prompt pass its share). Else eval mode, no gradient. ``hidden``:
-    also the LM head's inputs h_t. ``keep``: the micro-batches are kept and a second iteration yields them again
-    without running the model (stage 4's training forward, reused by stage 6's only update).
+    also the LM head's inputs h_t. ``entropy``: also the policy's entropy at each position. ``keep``: the
+    micro-batches are kept and a second iteration yields them again without running the model (stage 4's training
+    forward, reused by stage 6's only update).
     ``batch``: a ``rollout.Rollout`` (``input_ids``/``attention_mask`` ``[N, P + T]``, ``response_mask`` ``[N, T]``,
     on any device: each micro-batch goes to the model's).
     """
 
-    def __init__(self, model, batch, rows, cfg, *, grad: bool, hidden=False, keep=False):
+    def __init__(self, model, batch, rows, cfg, *, grad: bool, hidden=False, keep=False, entropy=False):
         self.model, self.batch, self.rows, self.cfg = model, batch, rows, cfg
-        self.grad, self.hidden, self.keep = grad, hidden, keep
+        self.grad, self.hidden, self.keep, self.entropy = grad, hidden, keep, entropy
         self.kept, self.shared = None, None
         # the micro-batches as (rows, input columns, response width T_j), planned once for every pass
         self.layout = rollout.micro_batches(rows, batch.attention_mask, cfg.micro_batch_size,
@@ -436,9 +444,10 @@ class Passes:
                                                 b.response_mask.shape[1])
                 out = token_logprobs(self.model, *micro_batch_inputs(b, j, cols, t, device), self.cfg.temperature,
                                      return_hidden=self.hidden, shared=(self.shared, j) if self.cfg.shared_prompt
-                                     else None)
-            logp, h = out if self.hidden else (out, None)
-            mb = MicroBatch(j, cols, t, logp, h)
+                                     else None, return_entropy=self.entropy)
+            out = list(out) if self.hidden or self.entropy else [out]
+            logp, h, ent = out[0], out[1] if self.hidden else None, out[-1] if self.entropy else None
+            mb = MicroBatch(j, cols, t, logp, h, ent)
             if self.keep:  # the graph, not h: stage 4's kept h_t live on the host (grpo.old_logprobs)
                 kept.append(mb._replace(hidden=None))
             yield mb

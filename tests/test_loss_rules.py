@@ -1,0 +1,196 @@
+"""The comparison rules on the trainer's loss stage (docs/specs/baselines.md): SAPO as a branch of ``policy_loss``,
+FIPO's future-KL weight and Forking Tokens' entropy mask as branches of ``backward_minibatch``, DelTA's Q2 selection
+through ``Credit``; the spec's float64 worked examples (Example A, delta.md §7) and the invariances."""
+
+import math
+
+import pytest
+import torch
+
+import grpo
+import rollout
+import toy
+import policy
+
+D = torch.float64
+# Example A (docs/specs/delta.md §7; baselines.md §1): θ_old's log-probs, Δlog π, Â, the mask
+OLD = torch.tensor([[-0.6802696706, -0.1605099803, -1.3091684070], [-0.7099775478, -0.4944093649, 0.0]], dtype=D)
+DLOGP = torch.tensor([[0.1, -0.3, 0.05], [0.2, -0.1, 0.0]], dtype=D)
+ADV = torch.tensor([0.7071057812, -0.7071057812], dtype=D)
+MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=D)
+TOL = 1e-9  # the spec prints 10 digits
+
+
+def test_sapo_example_a_both_aggregations():
+    """§4: seq-mean-token-mean 0.0004341173 (verl's and TRL's), token-mean −0.2777146712."""
+    seq, stats = grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, loss_type="sapo")
+    tok, _ = grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, loss_type="sapo", sapo_aggregation="token")
+    assert float(seq) == pytest.approx(0.0004341173, abs=TOL) and float(tok) == pytest.approx(-0.2777146712, abs=TOL)
+    assert stats["clip_ratio/dual_mean"] == 0.0  # no dual clip under SAPO, whatever --dual_clip says
+    seq_dual, _ = grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, loss_type="sapo", dual_clip=1.01)
+    assert float(seq_dual) == float(seq)
+
+
+@pytest.mark.parametrize("aggregation,dapo_like", [("sequence", "grpo"), ("token", "dapo")])
+def test_sapo_gradient_is_the_policy_gradient_at_ratio_one(aggregation, dapo_like):
+    """§4: at r ≡ 1 SAPO's loss is 2/τ times the clipped surrogate's (τ = 1 on Â > 0, 1.05 on Â < 0) and its
+    gradient is the same, under the same aggregation."""
+    logp = OLD.clone().requires_grad_(True)
+    sapo, _ = grpo.policy_loss(logp, OLD, ADV, MASK, loss_type="sapo", sapo_aggregation=aggregation)
+    g_sapo, = torch.autograd.grad(sapo, logp)
+    logp = OLD.clone().requires_grad_(True)
+    dapo, _ = grpo.policy_loss(logp, OLD, ADV, MASK, loss_type=dapo_like)
+    g_dapo, = torch.autograd.grad(dapo, logp)
+    torch.testing.assert_close(g_sapo, g_dapo, rtol=1e-12, atol=1e-15)
+    # the values: per token −Â·2/τ against −Â, so the row means scale by 2/τ of the row's sign
+    per_row = torch.tensor([2.0, 2.0 / 1.05], dtype=D)
+    rows = -ADV * MASK.sum(1) if dapo_like == "dapo" else -ADV
+    expected = (per_row * rows).sum() / (MASK.sum() if dapo_like == "dapo" else 2)
+    assert float(sapo) == pytest.approx(float(expected), abs=1e-12) and abs(float(sapo) - float(dapo)) > 1e-3
+
+
+def test_sapo_gradient_is_the_gate_derivative():
+    """§4: ∂ℓ/∂log π = −Â·w, w = 4s(1 − s)·r with s = σ(τ(r − 1)) (token-mean: divided by N)."""
+    logp = (OLD + DLOGP).requires_grad_(True)
+    loss, _ = grpo.policy_loss(logp, OLD, ADV, MASK, loss_type="sapo", sapo_aggregation="token")
+    g, = torch.autograd.grad(loss, logp)
+    r = torch.exp(DLOGP)
+    tau = torch.where(ADV > 0, 1.0, 1.05).to(D)[:, None]
+    s = torch.sigmoid(tau * (r - 1))
+    torch.testing.assert_close(g, -ADV[:, None] * 4 * s * (1 - s) * r * MASK / MASK.sum(), rtol=1e-12, atol=1e-15)
+
+
+def test_loss_settings_object_and_keywords_agree():
+    s = grpo.LossSettings(epsilon=0.1, epsilon_high=0.3, dual_clip=3.0, loss_type="grpo")
+    a, sa = grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, s)
+    b, sb = grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, epsilon=0.1, epsilon_high=0.3, dual_clip=3.0,
+                             loss_type="grpo")
+    assert float(a) == float(b) and sa == sb
+    assert grpo.LossSettings.from_config(grpo.GRPOConfig(loss_type="sapo")).loss_type == "sapo"
+    with pytest.raises(ValueError, match="not both"):
+        grpo.policy_loss(OLD, OLD, ADV, MASK, s, epsilon=0.2)
+    with pytest.raises(TypeError):
+        grpo.policy_loss(OLD, OLD, ADV, MASK, epsilonn=0.2)
+
+
+def _fipo_loss(logp, old, adv, mask, num_tokens):
+    cfg = grpo.GRPOConfig(credit="fipo", dual_clip=10.0)
+    token_adv = adv[:, None] * mask
+    f, kept, stats = grpo.fipo_weights(logp, old, token_adv, mask, cfg)
+    loss, _ = grpo.policy_loss(logp, old, token_adv * f, kept, dual_clip=10.0, num_tokens=num_tokens)
+    return float(loss), f, kept, stats
+
+
+def test_fipo_example_a_and_its_first_mini_batch():
+    """§5: token-mean −0.0980852254 with f = [[1, 1, 1.0512710964], [1.1075416105, 1]]; at Δ ≡ 0, f ≡ 1 and the loss
+    is DAPO's at r = 1, −0.1414211562."""
+    loss, f, kept, _ = _fipo_loss(OLD + DLOGP, OLD, ADV, MASK, 5)
+    assert loss == pytest.approx(-0.0980852254, abs=TOL)
+    torch.testing.assert_close(f * MASK, torch.tensor([[1, 1, 1.0512710964], [1.1075416105, 1, 0]], dtype=D),
+                               rtol=0, atol=1e-9)
+    assert torch.equal(kept, MASK)
+    loss0, f0, _, _ = _fipo_loss(OLD, OLD, ADV, MASK, 5)
+    assert torch.equal(f0 * MASK, MASK) and loss0 == pytest.approx(-0.1414211562, abs=TOL)
+
+
+def test_fipo_safety_and_sequence_drop():
+    """§5: Â = −1, log-ratios [log 12, 0.3, 0.1]: f = [1.0 (safety), 1.2, 1.1051709181], losses [10 (dual clip),
+    1.6198305691, 1.2214027582], mean 4.2804111091; with [log 12, log 12, 0.1] the response is dropped: loss 0
+    over the same denominator, and its tokens leave the numerator only."""
+    old, adv, mask = torch.zeros(1, 3, dtype=D), torch.tensor([-1.0], dtype=D), torch.ones(1, 3, dtype=D)
+    loss, f, kept, _ = _fipo_loss(torch.tensor([[math.log(12), 0.3, 0.1]], dtype=D), old, adv, mask, 3)
+    torch.testing.assert_close(f, torch.tensor([[1.0, 1.2, 1.1051709181]], dtype=D), rtol=0, atol=1e-9)
+    assert loss == pytest.approx(4.2804111091, abs=TOL)
+    loss, _, kept, stats = _fipo_loss(torch.tensor([[math.log(12), math.log(12), 0.1]], dtype=D), old, adv, mask, 3)
+    assert loss == 0.0 and kept.sum() == 0 and stats["fipo/dropped_frac"] == 1.0
+    # beside a kept response, the dropped one's tokens still count in the denominator (fixed per mini-batch)
+    two = torch.tensor([[math.log(12), math.log(12), 0.1], [math.log(12), 0.3, 0.1]], dtype=D)
+    loss, _, _, _ = _fipo_loss(two, torch.zeros(2, 3, dtype=D), torch.tensor([-1.0, -1.0], dtype=D),
+                               torch.ones(2, 3, dtype=D), 6)
+    assert loss == pytest.approx(4.2804111091 / 2, abs=TOL)
+
+
+# ------------------------------------------------------------------------------------------ on the trainer's stages
+@pytest.fixture(scope="module")
+def toy_batch(toy_model_path):
+    torch.manual_seed(0)
+    model, tok = policy.load_model_and_tokenizer(toy_model_path)
+    rows = toy.make_split("train")[:4]
+    batch = rollout.generate(model, tok, [r["problem"] + "\n" for r in rows], 4, 40, seed=5)
+    return model, tok, batch
+
+
+def _update(model, tok, batch, **flags):
+    """θ_old, the credit and one mini-batch's backward: (loss, gradient, credit, loss weights)."""
+    N = batch.response_mask.shape[0]
+    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4), dtype=next(model.parameters()).dtype), 4)
+    cfg = grpo.GRPOConfig(dual_clip=10.0, max_completion_length=40, **flags)
+    credit = grpo.Credit(cfg, tok)
+    fused = grpo.can_update_on_policy(cfg, N, False)
+    old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden(), training_forward=fused)
+    token_adv, _ = credit(model, batch, adv, old, [""] * N)
+    model.zero_grad(set_to_none=True)
+    weights = torch.zeros_like(token_adv)
+    loss, stats = grpo.backward_minibatch(model, batch, old, token_adv, torch.arange(N), cfg, credit.keep, weights)
+    grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    return loss, grad, credit, weights, stats
+
+
+def test_fipo_is_dapo_on_the_first_mini_batch(toy_batch, float64_model):
+    """At θ = θ_old (the fused training forward: the ratio is exactly 1) FIPO's weight is 1 and its update DAPO's."""
+    model, tok, batch = toy_batch
+    model = float64_model(model)
+    loss_f, g_f, _, w, stats = _update(model, tok, batch, credit="fipo")
+    loss_d, g_d, _, _, _ = _update(model, tok, batch, credit="grpo")
+    assert loss_f == loss_d and torch.equal(g_f, g_d) and g_d.abs().sum() > 0
+    assert torch.equal(w, batch.response_mask.to(w.dtype)) and stats["fipo/dropped_frac"] == 0.0
+
+
+@pytest.mark.parametrize("flag", [{"entropy_top_ratio": 0.2}, {"top_entropy_quantile": 0.2}])
+def test_forking_tokens_do_not_depend_on_micro_batching(toy_batch, float64_model, flag):
+    """The mini-batch pool: one ranking over the mini-batch, so --micro_batch_size and --padding_free leave the loss
+    and the gradient unchanged (float64, 1e-10 relative); the official rule keeps ⌈ρn⌉ tokens."""
+    model, tok, batch = toy_batch
+    model = float64_model(model)
+    runs = [_update(model, tok, batch, micro_batch_size=mbs, padding_free=pf, **flag)
+            for mbs, pf in ((0, True), (3, True), (2, False))]
+    (l0, g0, _, w0, _) = runs[0]
+    for l1, g1, _, w1, _ in runs[1:]:
+        assert l1 == pytest.approx(l0, rel=1e-10, abs=1e-12)
+        assert (g1 - g0).norm() <= 1e-10 * g0.norm() and torch.equal(w1, w0)
+    n = int(batch.response_mask.sum())
+    if "entropy_top_ratio" in flag:
+        assert int(w0.sum()) == max(1, math.ceil(0.2 * n - 1e-9))
+    else:
+        assert int(w0.sum()) >= math.floor(0.2 * n)
+
+
+def test_forking_tokens_keep_the_highest_entropies(toy_batch, float64_model):
+    """The kept tokens are the top ⌈ρn⌉ by the entropy of softmax(z/T) computed here from the full logits."""
+    model, tok, batch = toy_batch
+    model = float64_model(model).eval()
+    _, _, _, w, _ = _update(model, tok, batch, entropy_top_ratio=0.25)
+    T = batch.response_mask.shape[1]
+    with torch.no_grad():
+        pos = (batch.attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        z = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos).logits
+        p = torch.softmax(z[:, -T - 1:-1].double(), -1)
+        ent = -(p * torch.log(p.clamp(min=1e-300))).sum(-1)
+    valid = batch.response_mask.bool()
+    kept, rest = ent[valid & (w > 0)], ent[valid & (w == 0)]
+    assert len(kept) == math.ceil(0.25 * int(valid.sum()) - 1e-9) and kept.min() >= rest.max() - 1e-9
+
+
+@pytest.mark.parametrize("which", ["top", "bottom", "random"])
+def test_delta_q2_selection_trains_on_half_the_tokens_by_lambda(toy_batch, which):
+    model, tok, batch = toy_batch
+    loss, _, credit, w, _ = _update(model, tok, batch, credit="delta", delta_select=which)
+    valid = batch.response_mask.bool()
+    lam = credit.token_weights["lambda_bar"]
+    kept = credit.keep & valid
+    assert int(kept.sum()) == math.ceil(0.5 * int(valid.sum()) - 1e-9) and not (credit.keep & ~valid).any()
+    assert torch.equal(w > 0, kept)
+    if which == "top":
+        assert lam[kept].min() >= lam[valid & ~kept].max()
+    if which == "bottom":
+        assert lam[kept].max() <= lam[valid & ~kept].min()
