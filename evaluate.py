@@ -17,8 +17,19 @@ Metrics (per benchmark; accuracies are fractions in [0, 1], lengths in tokens, E
 
 Protocols (``--protocol``; an explicit flag always overrides the preset, the preset overrides the defaults):
 
-* ``delta``: avg@16 at temperature 1.0, top-p 0.7, up to 30,000 new tokens (the DelTA paper's evaluation).
+* ``delta``: avg@16 at temperature 1.0, top-p 0.7, up to 30,000 new tokens, no greedy pass (the DelTA paper's
+  evaluation; docs/specs/delta.md, section 5).
 * ``greedy``: one greedy response per problem (temperature 0).
+
+Suites (``--benchmarks``; a name that expands to several benchmarks):
+
+* ``all``: the eight benchmarks of :data:`BENCHMARKS` (aime24, aime25, amc23, math500, minerva, olympiadbench,
+  gsm8k, hmmt_feb25).
+* ``delta_paper``: DelTA's seven, in its Table 1's order: aime24, aime25, aime26, hmmt_feb25, hmmt_nov25,
+  hmmt_feb26, brumo25 (30 problems each, 33 for hmmt_feb26: 213). Whenever the output folder holds all seven, the
+  run also prints them as DelTA's Table 1 lays them out (one column per benchmark and "Avg." = the
+  question-weighted average ``sum_b n_b * acc_b / sum_b n_b``) and writes ``delta_paper.md`` and
+  ``delta_paper.json``.
 
 Resuming: responses are appended to ``<output_dir>/<benchmark>_responses.jsonl`` one chunk of problems at a
 time (problems sorted by length, then cut into chunks of ``--chunk_size``), each record tagged with a hash of
@@ -36,6 +47,7 @@ Command line::
     python evaluate.py --model toy --benchmarks toy
     python evaluate.py --model toy --benchmarks all --protocol greedy --max_new_tokens 64
     python evaluate.py --model Qwen/Qwen3-8B-Base --benchmarks math500,aime24 --protocol delta --batch_size 64
+    python evaluate.py --model Qwen/Qwen3-8B-Base --benchmarks delta_paper --protocol delta     # DelTA's Table 1
     python evaluate.py --compare runs/grpo_eval/results.json runs/delta_eval/results.json
 """
 
@@ -60,6 +72,19 @@ REQUIRED_FIELDS = ("problem", "answer")
 
 # The eight benchmark files of data/, in the order they are reported (``--benchmarks all``).
 BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench", "gsm8k", "hmmt_feb25")
+# DelTA's seven benchmarks in the column order of its Table 1 (``--benchmarks delta_paper``; docs/specs/delta.md,
+# section 5), with the table's column headers. aime26, hmmt_nov25, hmmt_feb26 (33 problems) and brumo25 are
+# MathArena's sets, CC BY-NC-SA 4.0 (data/README.md, "Evaluation sets added for the DelTA protocol").
+DELTA_PAPER_COLUMNS = {"aime24": "AIME24", "aime25": "AIME25", "aime26": "AIME26", "hmmt_feb25": "HMMT25 Feb",
+                       "hmmt_nov25": "HMMT25 Nov", "hmmt_feb26": "HMMT26 Feb", "brumo25": "Brumo25"}
+DELTA_PAPER = tuple(DELTA_PAPER_COLUMNS)
+# DelTA's question count over the seven (30 each, 33 for HMMT26 Feb: the counts that reproduce every reported Avg,
+# docs/specs/delta.md section 5, confirmed by MathArena's configs: data/README.md, "Counts").
+DELTA_PAPER_QUESTIONS = 213
+# Every benchmark name that resolves to a file of data/ (or its hub copy): the eight and DelTA's four more.
+KNOWN_BENCHMARKS = BENCHMARKS + tuple(n for n in DELTA_PAPER if n not in BENCHMARKS)
+# Named suites of ``--benchmarks``: a name that expands to several benchmarks, in their report order.
+SUITES = {"all": BENCHMARKS, "delta_paper": DELTA_PAPER}
 
 # The same benchmarks on the Hugging Face hub (used when the local file is missing and the machine is online).
 # ``problem`` may list several field names: the first one present is used. ``id`` None = the row number.
@@ -80,6 +105,16 @@ HF_DATASETS = {
     "gsm8k": dict(path="openai/gsm8k", config="main", split="test", problem="question", answer="answer", id=None),
     "hmmt_feb25": dict(path="MathArena/hmmt_feb_2025", config=None, split="train", problem="problem",
                        answer="answer", id="problem_idx"),
+    # DelTA's four more; the local files' ids name the contest (2026-I-1, hmmt-nov-2025-1), the hub's problem_idx
+    # counts 1, 2, ... (aime26: II-k is 15 + k)
+    "aime26": dict(path="MathArena/aime_2026", config=None, split="train", problem="problem", answer="answer",
+                   id="problem_idx"),
+    "hmmt_nov25": dict(path="MathArena/hmmt_nov_2025", config=None, split="train", problem="problem",
+                       answer="answer", id="problem_idx"),
+    "hmmt_feb26": dict(path="MathArena/hmmt_feb_2026", config=None, split="train", problem="problem",
+                       answer="answer", id="problem_idx"),
+    "brumo25": dict(path="MathArena/brumo_2025", config=None, split="train", problem="problem", answer="answer",
+                    id="problem_idx"),
 }
 
 # Generation settings: explicit flag > protocol preset > these defaults.
@@ -152,7 +187,7 @@ def load_problems(source: str, split: str = "train", data_dir: str | os.PathLike
     ``answer``; ``id`` defaults to ``<stem>-<line>``, ``source`` to the file stem); an existing folder: every
     ``*.parquet`` and ``*.jsonl`` file directly in it (not in subfolders), in the order of their names (Hugging Face
     shards ``train-00000-of-00010.parquet``, ...), as one data set; a training set's name
-    (``<data_dir>/train/<name>.jsonl``, e.g. ``math_train``); a benchmark name of :data:`BENCHMARKS`
+    (``<data_dir>/train/<name>.jsonl``, e.g. ``math_train``); a benchmark name of :data:`KNOWN_BENCHMARKS`
     (``<data_dir>/<name>.jsonl`` when it exists, else the Hugging Face dataset of :data:`HF_DATASETS`, see
     :func:`load_hf_benchmark`). Rows are returned as the source gives them (answers like ``2,125`` or ``025`` are
     compared by verify.py); numbers become strings (``27.0`` -> ``"27"``).
@@ -201,7 +236,7 @@ def load_problems(source: str, split: str = "train", data_dir: str | os.PathLike
         if source in HF_DATASETS:
             local = Path(data_dir or default_data_dir()) / f"{source}.jsonl"
             return _load_files([local], fields, local) if local.is_file() else load_hf_benchmark(source, local)
-        raise FileNotFoundError(f"data file not found: {source} (benchmark names: {', '.join(BENCHMARKS)})")
+        raise FileNotFoundError(f"data file not found: {source} (benchmark names: {', '.join(KNOWN_BENCHMARKS)})")
     return _load_files([path], fields, path)
 
 
@@ -412,9 +447,10 @@ def load_hf_benchmark(name: str, local_path: str | os.PathLike | None = None) ->
 def resolve_benchmarks(spec: str, data_dir: str | os.PathLike | None = None) -> list[tuple[str, str]]:
     """Parse ``--benchmarks`` into ``(name, source)`` pairs; ``source`` is a file path, ``"toy"`` or ``"hf"``.
 
-    ``spec`` is comma-separated; each item is ``all`` (the eight benchmarks of :data:`BENCHMARKS`), ``toy``
-    (the toy task's held-out split), a path to a ``.jsonl`` file (name = its stem), or a benchmark name
-    (``<data_dir>/<name>.jsonl`` if it exists, else ``"hf"``: the Hugging Face copy).
+    ``spec`` is comma-separated; each item is a suite of :data:`SUITES` (``all``: the eight benchmarks of
+    :data:`BENCHMARKS`; ``delta_paper``: DelTA's seven of :data:`DELTA_PAPER`, in its Table 1's order), ``toy``
+    (the toy task's held-out split), a path to a ``.jsonl`` file (name = its stem), or a benchmark name of
+    :data:`KNOWN_BENCHMARKS` (``<data_dir>/<name>.jsonl`` if it exists, else ``"hf"``: the Hugging Face copy).
     Raises:
         FileNotFoundError: a ``.jsonl`` path that does not exist.
         ValueError: an unknown name, an empty spec, or two items with the same name (their outputs would
@@ -426,9 +462,9 @@ def resolve_benchmarks(spec: str, data_dir: str | os.PathLike | None = None) -> 
         raise ValueError("--benchmarks is empty")
     out: list[tuple[str, str]] = []
     for item in items:
-        if item == "all":
+        if item in SUITES:
             out += [(n, str(data_dir / f"{n}.jsonl") if (data_dir / f"{n}.jsonl").is_file() else "hf")
-                    for n in BENCHMARKS]
+                    for n in SUITES[item]]
         elif item == "toy":
             out.append(("toy", "toy"))
         elif item.endswith(".jsonl") or os.sep in item or Path(item).is_file():
@@ -439,12 +475,12 @@ def resolve_benchmarks(spec: str, data_dir: str | os.PathLike | None = None) -> 
             local = data_dir / f"{item}.jsonl"
             out.append((item, str(local) if local.is_file() else "hf"))
         else:
-            raise ValueError(f"unknown benchmark {item!r} in --benchmarks: use all, toy, a .jsonl path or one of "
-                             f"{', '.join(BENCHMARKS)}")
+            raise ValueError(f"unknown benchmark {item!r} in --benchmarks: use a suite ({', '.join(SUITES)}), toy, a "
+                             f".jsonl path or one of {', '.join(KNOWN_BENCHMARKS)}")
     names = [n for n, _ in out]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise ValueError(f"--benchmarks names {dup} more than once")
+        raise ValueError(f"--benchmarks names {dup} more than once (a suite counts its benchmarks)")
     return out
 
 
@@ -589,6 +625,25 @@ def compute_metrics(records: list[dict], rows: list[dict], num_samples: int, gre
     return out
 
 
+def weighted_average(values) -> float:
+    """``sum_b n_b * v_b / sum_b n_b``: per-benchmark values ``v_b`` averaged with weights = their question counts
+    ``n_b`` (the DelTA paper's "Avg", docs/specs/delta.md section 5: each reported Avg of its Table 1 is reproduced
+    with n = 30 per benchmark and 33 for HMMT26 Feb; a 30-problem set counts 30/213 of the average).
+
+    Args:
+        values: ``(n_b, v_b)`` pairs, n_b an int >= 1 (questions), v_b a number (an accuracy in [0, 1], a length).
+    Raises:
+        ValueError: no pairs, or an n_b that is not an int >= 1.
+    """
+    values = list(values)
+    if not values:
+        raise ValueError("weighted_average needs at least one (questions, value) pair")
+    bad = [n for n, _ in values if isinstance(n, bool) or not isinstance(n, int) or n < 1]
+    if bad:
+        raise ValueError(f"question counts must be ints >= 1, got {bad}")
+    return sum(n * v for n, v in values) / sum(n for n, _ in values)
+
+
 def _is_count(key: str) -> bool:
     return key == "num_problems" or key.split("/")[-1] in verify.REASONS
 
@@ -606,7 +661,6 @@ def overall_metrics(benchmarks: dict[str, dict]) -> dict:
     for name, m in benchmarks.items():
         if not isinstance(m.get("num_problems"), int) or m["num_problems"] < 1:
             raise ValueError(f"benchmark {name!r} has no num_problems >= 1")
-    total = sum(m["num_problems"] for m in benchmarks.values())
     first = next(iter(benchmarks.values()))
     keys = [k for k in first if all(k in m for m in benchmarks.values())
             and all(isinstance(m[k], (int, float)) and not isinstance(m[k], bool) for m in benchmarks.values())]
@@ -618,7 +672,7 @@ def overall_metrics(benchmarks: dict[str, dict]) -> dict:
         elif k.endswith("/max_length"):
             out[k] = max(v for _, v in values)
         else:
-            out[k] = sum(w * v for w, v in values) / total
+            out[k] = weighted_average(values)
     return out
 
 
@@ -875,6 +929,52 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def delta_paper_table(results: dict) -> dict | None:
+    """This run as one row of DelTA's Table 1 (docs/specs/delta.md, section 5): the accuracy of each of the seven
+    benchmarks of :data:`DELTA_PAPER` and their question-weighted "Avg." (:func:`weighted_average`), or None when
+    ``results["benchmarks"]`` lacks one of the seven.
+
+    The accuracy is avg@n (n = ``settings["num_samples"]``; DelTA: avg@16), or the greedy accuracy when no samples
+    were drawn. ``notes`` say where the run is not DelTA's evaluation: fewer than its 213 questions (``--limit``),
+    or a setting other than ``--protocol delta``'s (e.g. ``num_samples 2 (delta: 16)``).
+    Returns:
+        ``{"model", "protocol", "metric", "columns": [header, ...], "benchmarks": {name: {"column", "questions",
+        "accuracy"}}, "questions", "avg", "notes"}``; accuracies are fractions in [0, 1].
+    """
+    b = results["benchmarks"]
+    if not all(name in b for name in DELTA_PAPER):
+        return None
+    settings = results.get("settings", {})
+    n = settings.get("num_samples", 0)
+    metric = f"avg@{n}" if n else "greedy"
+    cells = {name: {"column": DELTA_PAPER_COLUMNS[name], "questions": b[name]["num_problems"],
+                    "accuracy": b[name][metric]} for name in DELTA_PAPER}
+    total = sum(c["questions"] for c in cells.values())
+    notes = [f"{total} questions, not DelTA's {DELTA_PAPER_QUESTIONS}"] if total != DELTA_PAPER_QUESTIONS else []
+    notes += [f"{k} {settings[k]} (delta: {v})" for k, v in PROTOCOLS["delta"].items()
+              if k in settings and settings[k] != v]
+    return {"model": results.get("model"), "protocol": results.get("protocol"), "metric": metric,
+            "columns": [DELTA_PAPER_COLUMNS[name] for name in DELTA_PAPER], "benchmarks": cells,
+            "questions": total, "avg": weighted_average((c["questions"], c["accuracy"]) for c in cells.values()),
+            "notes": notes}
+
+
+def format_delta_paper_table(table: dict) -> str:
+    """A :func:`delta_paper_table` laid out as DelTA's Table 1: a header ``Model | Metric | AIME24 | ... | Brumo25 |
+    Avg.``, the run's row (accuracies in %, two decimals, as the paper prints them) and a ``questions`` row (the
+    counts the average is weighted by); its notes, if any, under the table."""
+    head = ["Model", "Metric"] + table["columns"] + ["Avg."]
+    cells = list(table["benchmarks"].values())
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|",
+             "| " + " | ".join([str(table["model"]), table["metric"]] + [f"{100 * c['accuracy']:.2f}" for c in cells]
+                               + [f"{100 * table['avg']:.2f}"]) + " |",
+             "| " + " | ".join(["questions", ""] + [str(c["questions"]) for c in cells] + [str(table["questions"])])
+             + " |"]
+    if table["notes"]:
+        lines.append("\nNot DelTA's evaluation: " + "; ".join(table["notes"]) + ".")
+    return "\n".join(lines)
+
+
 def format_compare(a: dict, b: dict, label_a: str = "A", label_b: str = "B") -> str:
     """Two results side by side: for each accuracy metric both have, A, B and B − A (points) per benchmark.
 
@@ -940,8 +1040,8 @@ def plot_results(results: dict, output_dir: str | os.PathLike) -> list[str]:
         keys = [c for c in cols if c in m]
         values = [100 * m[c] for c in keys]
         fig, ax = plt.subplots(figsize=(max(3.4, 1.2 + 0.8 * len(keys)), 3.2))
-        bars = ax.bar(keys, values, width=0.8 if len(keys) > 2 else 0.5, color=["#4c72b0" if k == "greedy" else "#dd8452" if k.startswith("avg")
-                                           else "#55a868" for k in keys])
+        colors = ["#4c72b0" if k == "greedy" else "#dd8452" if k.startswith("avg") else "#55a868" for k in keys]
+        bars = ax.bar(keys, values, width=0.8 if len(keys) > 2 else 0.5, color=colors)
         ax.bar_label(bars, fmt="%.1f", fontsize=8)
         ax.set_xlim(-1, len(keys))
         ax.set_ylim(0, max(100.0, max(values, default=0) * 1.1))
@@ -960,16 +1060,34 @@ def plot_results(results: dict, output_dir: str | os.PathLike) -> list[str]:
 # ----------------------------------------------------------------------------------------------------------
 # Command line
 # ----------------------------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, as grpo.py's parser (argparse would print the 20-line usage first)
+        raise SystemExit(f"evaluate.py: error: {message} (python evaluate.py --help lists the flags)")
+
+
+def help_text() -> str:
+    """The named suites and protocols as ``--help`` lists them: each suite's benchmarks, each protocol's flags."""
+    def flags(table):
+        return " ".join(f"--{k}" if v is True else f"--no-{k}" if v is False else f"--{k} {v}"
+                        for k, v in table.items())
+
+    return ("suites (--benchmarks): " + "; ".join(f"{name}: {','.join(names)}" for name, names in SUITES.items())
+            + " (delta_paper also prints DelTA's Table 1 row: one column per benchmark and the question-weighted "
+            "Avg.). protocols (--protocol; a flag given beats the protocol's value): "
+            + "; ".join(f"{name}: {flags(table)}" for name, table in PROTOCOLS.items()))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description="Evaluate a model on math benchmarks (greedy, avg@k, pass@k).")
+    ap = _Parser(description="Evaluate a model on math benchmarks (greedy, avg@k, pass@k).", epilog=help_text())
     ap.add_argument("--model", default="toy", help="'toy', a local folder or a hub id")
     ap.add_argument("--benchmarks", default="toy",
-                    help="comma-separated: all (the eight benchmarks), toy, a benchmark name (" + ", ".join(BENCHMARKS)
-                    + ") or a .jsonl path")
+                    help="comma-separated: a suite (all: the eight benchmarks; delta_paper: DelTA's seven, with its "
+                         "Table 1), toy, a benchmark name (" + ", ".join(KNOWN_BENCHMARKS) + ") or a .jsonl path")
     ap.add_argument("--data_dir", default=None,
                     help="folder of <name>.jsonl benchmark files (default: $RLVR_DATA_DIR or data/)")
     ap.add_argument("--protocol", choices=sorted(PROTOCOLS), default=None,
-                    help="preset: delta = avg@16, T=1.0, top-p 0.7, 30k tokens; greedy = one greedy response")
+                    help="preset: delta = DelTA's evaluation (avg@16, T=1.0, top-p 0.7, 30k tokens, no greedy "
+                         "pass); greedy = one greedy response; a flag given beats the preset")
     ap.add_argument("--prompt_template", default="auto", help="none | qwen_math | r1 | auto (as in training)")
     ap.add_argument("--num_samples", type=int, default=None, help="n sampled responses per problem (default 8)")
     ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
@@ -990,7 +1108,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--output_dir", default=None,
                     help="where results.json, results.md and the responses go (default: eval_results/<model>-<hash "
                          "of the settings>); results of other benchmarks with the same settings there are kept")
-    ap.add_argument("--overwrite", action="store_true", help="discard responses and results saved in --output_dir with other settings")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="discard responses and results saved in --output_dir with other settings")
     ap.add_argument("--no_plot", action="store_true", help="skip the PNG bar charts")
     ap.add_argument("--no_progress", action="store_true", help="no progress bar")
     ap.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
@@ -1034,6 +1153,9 @@ def main(argv=None):
     _evaluate_benchmarks(results, model, tokenizer, benches, data, settings, args)
     results["benchmarks"] = {**earlier, **results["benchmarks"]}  # the folder's other benchmarks, same settings
     results["overall"] = overall_metrics(results["benchmarks"])
+    paper = delta_paper_table(results)  # the seven of --benchmarks delta_paper, here or earlier in this folder
+    if paper is not None:
+        results["delta_paper"] = paper
     results["run"]["seconds"]["total"] = round(time.time() - t_start, 2)
     _save_and_print(results, settings, args)
     return results
@@ -1108,24 +1230,32 @@ def _evaluate_benchmarks(results: dict, model, tokenizer, benches: list[tuple[st
 
 
 def _save_and_print(results: dict, settings: dict, args: argparse.Namespace) -> None:
-    """Write results.json and results.md into ``--output_dir``; print the settings line, the table, the trainer's
-    figures for the same checkpoint, the bar charts (unless ``--no_plot``) and where everything is."""
+    """Write results.json and results.md into ``--output_dir`` (and delta_paper.json / delta_paper.md when the folder
+    holds DelTA's seven benchmarks); print the settings line, the table(s), the trainer's figures for the same
+    checkpoint, the bar charts (unless ``--no_plot``) and where everything is."""
     table = format_table(results)
-    with open(os.path.join(args.output_dir, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(args.output_dir, "results.md"), "w", encoding="utf-8") as f:
-        f.write(table + "\n")
+    paper = format_delta_paper_table(results["delta_paper"]) if "delta_paper" in results else None
+    outputs = [("results", results, table)] + ([("delta_paper", results["delta_paper"], paper)] if paper else [])
+    for stem, data, text in outputs:
+        with open(os.path.join(args.output_dir, f"{stem}.json"), "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+        with open(os.path.join(args.output_dir, f"{stem}.md"), "w", encoding="utf-8") as f:
+            f.write(text + "\n")
     print(f"\nmodel {args.model} | template {results['prompt_template']} | protocol {args.protocol or '-'} | "
           + ", ".join(f"{k}={settings[k]}" for k in ("num_samples", "temperature", "top_p", "max_new_tokens",
                                                      "greedy", "seed")) + "\n")
     print(table)
+    if paper:
+        print(f"\nDelTA's Table 1 (--benchmarks delta_paper; {results['delta_paper']['metric']}, Avg. weighted by "
+              f"question count):\n{paper}")
     for line in trainer_figures(args.model, results, settings):  # the same checkpoint, as grpo.py logged it
         print(line)
     if not args.no_plot:
         pngs = plot_results(results, args.output_dir)
         print(f"\nbar charts: {len(pngs)} PNG in {args.output_dir}" if pngs else
               "\n(matplotlib not installed: no bar charts)")
-    print(f"results: {os.path.join(args.output_dir, 'results.json')}; responses: "
+    print(f"results: {os.path.join(args.output_dir, 'results.json')}"
+          + (f"; DelTA's table: {os.path.join(args.output_dir, 'delta_paper.md')}" if paper else "") + "; responses: "
           f"{os.path.join(args.output_dir, '<benchmark>_responses.jsonl')}")
 
 

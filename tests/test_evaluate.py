@@ -1,6 +1,7 @@
 """evaluate.py: benchmark loaders and name resolution, the Hugging Face mapping (fake `datasets`), protocol
-presets, metrics and the question-weighted overall row by hand, markdown/--compare output, and resuming an
-interrupted run on a tiny random model."""
+presets, metrics and the question-weighted overall row by hand, markdown/--compare output, resuming an
+interrupted run on a tiny random model, and DelTA's seven benchmarks (--benchmarks delta_paper: its Table 1 layout and
+question-weighted Avg., by hand and end to end on the toy)."""
 
 import json
 import math
@@ -13,10 +14,13 @@ import pytest
 import evaluate
 import policy
 import rollout
+import toy
 
 DATA = Path(__file__).resolve().parents[1] / "data"  # the benchmarks the repository ships
 COUNTS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272, "olympiadbench": 675,
-          "gsm8k": 1319, "hmmt_feb25": 30}
+          "gsm8k": 1319, "hmmt_feb25": 30,  # the eight of --benchmarks all, then DelTA's four more (data/README.md)
+          "aime26": 30, "hmmt_nov25": 30, "hmmt_feb26": 33, "brumo25": 30}
+ALL = list(COUNTS)[:8]
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -49,8 +53,26 @@ def test_loaders_return_answers_as_the_files_give_them():
 
 def test_all_resolves_to_the_eight_files_in_order():
     pairs = evaluate.resolve_benchmarks("all", DATA)
-    assert [n for n, _ in pairs] == list(evaluate.BENCHMARKS) == list(COUNTS)
+    assert [n for n, _ in pairs] == list(evaluate.BENCHMARKS) == ALL
     assert all(Path(s) == DATA / f"{n}.jsonl" for n, s in pairs)
+
+
+def test_delta_paper_suite_is_deltas_seven_in_table_order_with_213_questions(tmp_path):
+    pairs = evaluate.resolve_benchmarks("delta_paper", DATA)
+    order = ["aime24", "aime25", "aime26", "hmmt_feb25", "hmmt_nov25", "hmmt_feb26", "brumo25"]  # DelTA's Table 1
+    assert [n for n, _ in pairs] == order and all(Path(s) == DATA / f"{n}.jsonl" for n, s in pairs)
+    counts = [len(evaluate.load_benchmark(n, s)) for n, s in pairs]
+    assert counts == [30, 30, 30, 30, 30, 33, 30] and sum(counts) == evaluate.DELTA_PAPER_QUESTIONS == 213
+    # the four new names work wherever a name is accepted: alone, in a list, in load_problems (grpo's --eval_data)
+    new = ["aime26", "hmmt_nov25", "hmmt_feb26", "brumo25"]
+    assert evaluate.resolve_benchmarks(",".join(new), DATA) == [(n, str(DATA / f"{n}.jsonl")) for n in new]
+    assert [len(evaluate.load_problems(n)) for n in new] == [30, 30, 33, 30]
+    assert evaluate.resolve_benchmarks("brumo25", tmp_path) == [("brumo25", "hf")]  # no local file: the hub copy
+    assert evaluate.HF_DATASETS["hmmt_feb26"]["path"] == "MathArena/hmmt_feb_2026"
+    with pytest.raises(ValueError, match=r"names \['aime24', 'aime25', 'hmmt_feb25'\] more than once"):
+        evaluate.resolve_benchmarks("all,delta_paper", DATA)
+    with pytest.raises(ValueError, match=r"unknown benchmark 'delta_papr'.*suite \(all, delta_paper\)"):
+        evaluate.resolve_benchmarks("delta_papr", DATA)
 
 
 def test_name_path_and_toy_resolution(tmp_path):
@@ -134,7 +156,7 @@ def test_hub_mapping_converts_rows_like_the_local_files(tmp_path, monkeypatch):
 
 
 def test_every_benchmark_has_a_hub_mapping():
-    assert set(evaluate.HF_DATASETS) == set(evaluate.BENCHMARKS)
+    assert set(evaluate.HF_DATASETS) == set(evaluate.KNOWN_BENCHMARKS) == set(COUNTS)
     for spec in evaluate.HF_DATASETS.values():
         assert "/" in spec["path"] and spec["split"] in ("train", "test")
 
@@ -285,6 +307,48 @@ def test_overall_is_question_count_weighted():
     assert "only_here" not in o
     with pytest.raises(ValueError):
         evaluate.overall_metrics({})
+
+
+def test_weighted_average_by_hand_and_on_deltas_table_1():
+    assert evaluate.weighted_average([(30, 0.5), (33, 0.0)]) == pytest.approx(15 / 63)  # plain mean: 0.25
+    assert evaluate.weighted_average([(1, 2.0), (3, 6.0)]) == pytest.approx(5.0)  # (2 + 18) / 4
+    # DelTA's Table 1 (docs/specs/delta.md, section 5), Qwen3-8B and -14B DelTA rows, 30 questions each and 33 for
+    # HMMT26 Feb: by hand 8B (179.37 * 30 + 20.27 * 33) / 213 = 6050.01 / 213 = 28.4038; 14B 8499.87 / 213 = 39.9055.
+    # The paper rounds every cell to 0.005, so its Avg and the average of its cells differ by at most 0.01.
+    cols_8b, cols_14b = [43.13, 26.46, 28.12, 18.33, 18.54, 20.27, 44.79], [56.87, 37.92, 45.21, 26.04, 32.92,
+                                                                           26.89, 54.79]
+    n = [30, 30, 30, 30, 30, 33, 30]
+    assert evaluate.weighted_average(zip(n, cols_8b)) == pytest.approx(6050.01 / 213, abs=1e-12)
+    assert evaluate.weighted_average(zip(n, cols_8b)) == pytest.approx(28.40, abs=0.01)
+    assert evaluate.weighted_average(zip(n, cols_14b)) == pytest.approx(39.91, abs=0.01)
+    for bad in ([], [(0, 0.5)], [(2.0, 0.5)]):
+        with pytest.raises(ValueError):
+            evaluate.weighted_average(bad)
+
+
+def _paper_results(counts, accs, settings=None):
+    names = evaluate.DELTA_PAPER
+    return {"model": "m", "protocol": "delta", "settings": settings or evaluate.resolve_settings("delta"),
+            "benchmarks": {b: {"num_problems": c, "avg@16": a} for b, c, a in zip(names, counts, accs)}}
+
+
+def test_delta_paper_table_by_hand():
+    res = _paper_results([30, 30, 30, 30, 30, 33, 30], [0.4313, 0.2646, 0.2812, 0.1833, 0.1854, 0.2027, 0.4479])
+    table = evaluate.delta_paper_table(res)
+    assert table["metric"] == "avg@16" and table["questions"] == 213 and table["notes"] == []
+    assert table["avg"] == pytest.approx(60.5001 / 213)
+    lines = evaluate.format_delta_paper_table(table).splitlines()
+    assert lines == ["| Model | Metric | AIME24 | AIME25 | AIME26 | HMMT25 Feb | HMMT25 Nov | HMMT26 Feb | Brumo25 "
+                     "| Avg. |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+                     "| m | avg@16 | 43.13 | 26.46 | 28.12 | 18.33 | 18.54 | 20.27 | 44.79 | 28.40 |",
+                     "| questions |  | 30 | 30 | 30 | 30 | 30 | 33 | 30 | 213 |"]
+    # not DelTA's evaluation: said under the table; a missing benchmark: no table
+    small = _paper_results([2] * 7, [0.5] * 7, evaluate.resolve_settings("delta", num_samples=2))
+    small["benchmarks"] = {b: {"num_problems": 2, "avg@2": 0.5} for b in evaluate.DELTA_PAPER}
+    assert evaluate.format_delta_paper_table(evaluate.delta_paper_table(small)).splitlines()[-1] == \
+        "Not DelTA's evaluation: 14 questions, not DelTA's 213; num_samples 2 (delta: 16)."
+    del res["benchmarks"]["brumo25"]
+    assert evaluate.delta_paper_table(res) is None
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -492,8 +556,12 @@ def test_cli_errors_are_one_line(tmp_path):
     for argv, expected in [
             (["--benchmarks", "math500", "--data_dir", str(tmp_path / "missing")], "no local file and cannot download"),
             (["--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")], "a.json"),
-            (["--compare", str(tmp_path / "bad.json"), str(tmp_path / "b.json")], "--compare " + str(tmp_path / "bad.json")),
-            (["--model", str(tmp_path / "no_model"), "--benchmarks", "toy"], "does not exist")]:
+            (["--compare", str(tmp_path / "bad.json"), str(tmp_path / "b.json")],
+             "--compare " + str(tmp_path / "bad.json")),
+            (["--model", str(tmp_path / "no_model"), "--benchmarks", "toy"], "does not exist"),
+            (["--benchmarks", "delta_papr"], "unknown benchmark 'delta_papr' in --benchmarks: use a suite (all, "
+                                             "delta_paper)"),
+            (["--benchmarks", "delta_paper", "--protocol", "deltaa"], "argument --protocol: invalid choice: 'deltaa'")]:
         res = subprocess.run([sys.executable, "evaluate.py", *argv], cwd=root, env=env, capture_output=True,
                              text=True, timeout=120)
         assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr
@@ -521,3 +589,70 @@ def test_a_checkpoint_of_a_run_is_set_beside_the_trainers_figures(toy_model_path
             f"greedy {res['greedy']:.3f}.") in out
     assert f"one standard deviation of avg@2 over 16 responses is {(p * (1 - p) / 16) ** 0.5:.3f}" in out
     assert evaluate.trainer_figures(toy_model_path, {"benchmarks": {"toy": res}}, {"num_samples": 2}) == []  # no run
+
+
+def _paper_cells(line):
+    """The cells of one markdown row of the delta_paper table."""
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def test_delta_paper_table_end_to_end_on_the_toy(toy_model_path, tmp_path, counting_generate, capsys):
+    """--benchmarks delta_paper --protocol delta on the toy: the shipped files (2 problems each) print and write
+    DelTA's Table 1 layout; then seven files of toy problems of uneven sizes (the toy solves some), whose Avg. is
+    checked against the question-weighted average of the per-benchmark numbers, computed here; a rerun reuses every
+    chunk, an interrupted one regenerates only what is missing, and both give the same table."""
+    head = ("| Model | Metric | AIME24 | AIME25 | AIME26 | HMMT25 Feb | HMMT25 Nov | HMMT26 Feb | Brumo25 "
+            "| Avg. |")
+    base = ["--model", toy_model_path, "--benchmarks", "delta_paper", "--protocol", "delta", "--num_samples", "2",
+            "--no_progress", "--no_plot", "--grade_workers", "1"]
+    out = tmp_path / "shipped"
+    res = evaluate.main(base + ["--max_new_tokens", "8", "--limit", "2", "--output_dir", str(out)])
+    printed = capsys.readouterr().out
+    # the protocol's values, except the two flags given
+    assert {k: res["settings"][k] for k in ("num_samples", "temperature", "top_p", "max_new_tokens", "greedy")} == \
+        {"num_samples": 2, "temperature": 1.0, "top_p": 0.7, "max_new_tokens": 8, "greedy": False}
+    md = (out / "delta_paper.md").read_text().splitlines()
+    assert md[0] == head and md[1] == "|---|---|" + "---:|" * 8 and md[0] in printed and md[2] in printed
+    assert _paper_cells(md[2])[:2] == [toy_model_path, "avg@2"]
+    assert md[3] == "| questions |  | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 14 |"
+    assert md[-1] == ("Not DelTA's evaluation: 14 questions, not DelTA's 213; num_samples 2 (delta: 16); "
+                      "max_new_tokens 8 (delta: 30000).")
+    assert json.loads((out / "delta_paper.json").read_text()) == res["delta_paper"]
+
+    # toy problems under the seven names, of uneven sizes: the weighted and the plain mean differ
+    data = tmp_path / "data"
+    data.mkdir()
+    sizes = dict(zip(evaluate.DELTA_PAPER, [3, 1, 2, 5, 1, 4, 2]))
+    problems = iter(toy.make_split("test", n=sum(sizes.values())))
+    for name, size in sizes.items():
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(next(problems)) + "\n" for _ in range(size)))
+    out = tmp_path / "toy"
+    argv = base + ["--max_new_tokens", "24", "--data_dir", str(data), "--chunk_size", "2", "--output_dir", str(out)]
+    res = evaluate.main(argv)
+    paper = json.loads((out / "delta_paper.json").read_text())
+    md = (out / "delta_paper.md").read_text().splitlines()
+    cells = _paper_cells(md[2])
+    assert md[0] == head and _paper_cells(md[3]) == ["questions", ""] + [str(n) for n in sizes.values()] + ["18"]
+    accs = [res["benchmarks"][name]["avg@2"] for name in evaluate.DELTA_PAPER]  # the per-benchmark numbers
+    assert [res["benchmarks"][name]["num_problems"] for name in evaluate.DELTA_PAPER] == list(sizes.values())
+    assert [paper["benchmarks"][name]["accuracy"] for name in evaluate.DELTA_PAPER] == accs
+    weighted = sum(n * a for n, a in zip(sizes.values(), accs)) / sum(sizes.values())
+    assert 0 < weighted < 1 and abs(weighted - sum(accs) / len(accs)) > 0.01  # the check can tell the two apart
+    assert paper["avg"] == pytest.approx(weighted, abs=1e-12) and paper["questions"] == 18
+    assert cells[2:] == [f"{100 * a:.2f}" for a in accs] + [f"{100 * weighted:.2f}"]
+
+    # resume: a complete run generates nothing; a cut responses file regenerates only its missing chunk
+    counting_generate.clear()
+    evaluate.main(argv)
+    assert counting_generate == [] and json.loads((out / "delta_paper.json").read_text()) == paper
+    hmmt = out / "hmmt_feb25_responses.jsonl"  # 5 problems x 2 samples, in chunks of 2 problems (by length)
+    last = evaluate.make_chunks(evaluate.load_problems(str(data / "hmmt_feb25.jsonl")), 2)[-1]  # 1 problem
+    lines = hmmt.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if json.loads(line)["id"] != last[0]["id"]]
+    hmmt.write_text("".join(kept[:-1]))  # the last chunk lost, and one record of another chunk
+    assert len(lines) == 10 and len(kept) == 8
+    evaluate.main(argv)
+    assert sorted(len(c["prompts"]) for c in counting_generate) == [1, 2]  # those two chunks, of hmmt_feb25 only
+    assert rollout.apply_template(last[0]["problem"], "none") in [p for c in counting_generate for p in c["prompts"]]
+    assert hmmt.read_text().splitlines(keepends=True) == lines
+    assert json.loads((out / "delta_paper.json").read_text()) == paper

@@ -1,4 +1,6 @@
-r"""Oracle check of verify.py on every reference of the eight benchmark files in data/.
+r"""Oracle check of verify.py on every reference of the twelve benchmark files in data/: the eight of
+``--benchmarks all`` and the four that complete DelTA's seven (aime26, hmmt_nov25, hmmt_feb26, brumo25; data/README.md,
+"Evaluation sets added for the DelTA protocol").
 
 For every row: the response ``\boxed{<answer>}`` must verify as correct against ``<answer>``. For integer
 answers (also ``1,450,000`` and AIME ``025``) ``\boxed{<n>}`` must be correct and ``\boxed{<n+1>}`` must
@@ -32,6 +34,10 @@ FILES = {
     "math500": 500,
     "minerva": 272,
     "olympiadbench": 675,
+    "aime26": 30,
+    "hmmt_nov25": 30,
+    "hmmt_feb26": 33,  # MathArena's config: n_problems 33 (data/README.md, "Counts")
+    "brumo25": 30,
 }
 
 # References that parse to no math object with math-verify 0.9.0 / latex2sympy2_extended 1.11.0, so only
@@ -85,7 +91,9 @@ def test_oracle_all_benchmarks():
     failures = [(c[0], c[1], c[2], c[3], c[4], res) for c, res in zip(cases, results) if res[0] is not c[5]]
     for f in failures:
         print("ORACLE FAILURE", f)
-    assert len(cases) > 2896 + 2 * 1500  # every row, plus the integer checks
+    assert {c[0] for c in cases} == set(FILES)  # every file, the four DelTA sets included
+    assert sum(c[3] == "self" for c in cases) == sum(FILES.values()) == 3019  # every row of data/README.md
+    assert len(cases) > 3019 + 2 * 1500  # every row, plus the integer checks
     assert not failures, f"{len(failures)} oracle failures (printed above)"
 
 
