@@ -52,7 +52,7 @@ import torch
 __all__ = ["sapo_gate", "entropy_from_logits", "top_ratio_mask", "quantile_mask", "select_tokens",
            "future_kl_weights", "fipo_dropped_rows"]
 
-_ENTROPY_CHUNK = 256  # positions per float32 [chunk, V] temporary (156 MiB at V = 151,936)
+_ENTROPY_CHUNK = 256  # positions per float32 [chunk, V] temporary (148 MiB each at V = 151,936; a few live at once)
 _SCAN_CHUNK = 128  # FIPO scan block: a [128, 128] decay matrix, T / 128 sequential steps
 
 
