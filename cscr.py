@@ -30,14 +30,20 @@ and the sensitive tokens' credit goes to the others [S].  s, w and A_i,t are con
 3 tokenisation of the conditioned prompts  none: the rule below      tokenizer(prompt), as the rollout
 4 scorer: rollout weights, eval mode (§4)  eval_mode, temperature    True, the sampling temperature
 5 sampled-token shifts; aggregation (§4)   mode                      "max" [S2]; "mean", "common"
-6 exact weight map (§5)                    weight                    "exp"; "exp_abs", "inverse"
+6 exact weight map (§5)                    weight                    "exp"; "exp_abs", "inverse"; the spec §9
+                                                                     ablations "upweight", "sign_aware"
 7 decay alpha; threshold lambda, nats (§5) alpha; threshold          1.0; 0.2 or calibrate_threshold(q = 0.8)
 8 weight floor (§5 suggests 0.1)           w_min                     0.0 (the spec §8 example)
 9 normalisation scope ([S2]: per sequence) scope, group_size         "sequence"; "group", "batch" (ablations)
 
+Ablations (spec §9, ``weight=``; the same renormalisation, so signs and budgets are kept as above) [I]:
+"upweight" (§9.3, SC-GRPO/RLSD-like: log w = +alpha * max(0, s - lambda), the sensitive tokens get MORE credit);
+"sign_aware" (§9.1, the direction ablation in the RLSD form of arXiv 2604.03128 with the RLCSD repo's RLSD config
+eps_w = 0.2, mix = 0.5: w = (1 - mix) + mix * clip(exp(sign(A_i) * d_pos), 1 - eps_w, 1 + eps_w), trusting the
+direction of the c+ shift).  The strength ablation (§9.2) is the alpha / lambda sweep of the default map.
 Left out on purpose: the loss (the trainer's clipped GRPO surrogate with these token advantages, spec §6); the
-plain pass old_logp (the trainer's old-log-prob pass); full-vocabulary shifts (diagnostics only, spec §4); the
-direction and up-weighting ablations (spec §9); pooling s over processes before calibration (the trainer's).
+plain pass old_logp (the trainer's old-log-prob pass); full-vocabulary shifts (diagnostics only, spec §4); pooling
+s over processes before calibration (the trainer's).
 Read next: ``grpo.py`` ``Credit._cscr`` (the trainer's call), ``cscr_diagnostics.py`` (the paper's diagnostics
 D1-D7 and their CLI), ``tests/test_cscr.py`` (the spec §8 worked example), spec §6-§7.
 
@@ -357,7 +363,7 @@ def sensitivity(old_logp, lp_pos, lp_neg, response_mask, mode="max"):
 
 # ---- Spec §5: weights --------------------------------------------------------------------------------------------
 
-_WEIGHTS = ("exp", "exp_abs", "inverse")
+_WEIGHTS = ("exp", "exp_abs", "inverse", "upweight", "sign_aware")
 _SCOPES = ("sequence", "group", "batch")
 
 
@@ -374,14 +380,22 @@ def _check_weight_args(threshold, alpha, w_min, weight):
 
 def credit_log_weights(s, threshold=0.2, alpha=1.0, w_min=0.0, weight="exp"):
     """log w_t [B, T] from s [B, T] (nats), spec §5: −α·max(0, s − λ) for "exp" (others: ``credit_weights``, its exp
-    on valid tokens, which validates), floored at log w_min; in logs, w_t / w̄_i stays exact when all w underflow."""
+    on valid tokens, which validates), floored at log w_min; in logs, w_t / w̄_i stays exact when all w underflow
+    (or, for "upweight", overflow).  ``weight="sign_aware"`` needs Â and d_pos: ValueError (use
+    ``cscr_token_advantages``)."""
     excess = (s - threshold).clamp(min=0.0)  # max(0, s - lambda)
     if weight == "exp":
         log_w = -alpha * excess
     elif weight == "exp_abs":
         log_w = torch.where(s > threshold, -alpha * s, torch.zeros_like(s))
-    else:  # "inverse"
+    elif weight == "inverse":
         log_w = -torch.log1p(alpha * excess)
+    elif weight == "upweight":  # spec §9.3: the sensitive tokens get more credit (w >= 1, so w_min has no effect)
+        log_w = alpha * excess
+    elif weight == "sign_aware":
+        raise ValueError("weight='sign_aware' needs the advantages and lp_pos: use cscr.cscr_token_advantages")
+    else:
+        raise ValueError(f"weight must be one of {_WEIGHTS}, got {weight!r}")
     if w_min > 0:  # floor against budget concentration (spec §5): log max(w_min, w)
         log_w = log_w.clamp(min=math.log(w_min))
     return log_w
@@ -396,9 +410,12 @@ def credit_weights(s, response_mask, threshold=0.2, alpha=1.0, w_min=0.0, weight
     - ``"exp"`` (default): w = max(w_min, exp(-alpha * max(0, s - threshold)))  (continuous at the threshold)
     - ``"exp_abs"``:       w = max(w_min, exp(-alpha * s)) if s > threshold else 1
     - ``"inverse"``:       w = max(w_min, 1 / (1 + alpha * max(0, s - threshold)))
+    - ``"upweight"``:      w = exp(+alpha * max(0, s - threshold)) >= 1 (spec §9.3 ablation; w_min has no effect;
+      w may overflow to inf here, ``cscr_token_advantages`` normalises in log space and stays finite)
+    - ``"sign_aware"``:    not here (it needs Â and d_pos): ``cscr_token_advantages``
 
-    Returns w in [w_min, 1] on valid tokens, 0 on padding (no gradient).  Raises ValueError: alpha < 0, w_min
-    outside [0, 1], non-finite threshold, unknown weight, shape mismatch.
+    Returns w in [w_min, 1] ([1, inf] for "upweight") on valid tokens, 0 on padding (no gradient).  Raises
+    ValueError: alpha < 0, w_min outside [0, 1], non-finite threshold, unknown weight or "sign_aware", shapes.
     """
     _check_weight_args(threshold, alpha, w_min, weight)
     m = _as_mask(response_mask)
@@ -411,7 +428,8 @@ def credit_weights(s, response_mask, threshold=0.2, alpha=1.0, w_min=0.0, weight
 # ---- Spec §5: reallocation ---------------------------------------------------------------------------------------
 
 def cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, alpha=1.0, w_min=0.0,
-                          mode="max", *, weight="exp", scope="sequence", group_size=None, return_stats=False):
+                          mode="max", *, weight="exp", scope="sequence", group_size=None, return_stats=False,
+                          sign_eps=0.2, sign_mix=0.5):
     """CSCR token advantages [B, T]: down-weight sensitive tokens, keep the sign and the per-sequence credit budget.
 
     Source: abstract [S] (reduce the credit of highly sensitive tokens; renormalise so that the credit budget and
@@ -429,11 +447,22 @@ def cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, response_mask, threshol
     §9.3) [I]: ``scope="group"`` (one w_bar per ``group_size`` contiguous rows) or ``"batch"`` (one w_bar), over
     the valid tokens of rows with adv != 0; they keep the signs, not the per-sequence budget.
 
+    Weight ablations (spec §9) [I], both with the same renormalisation (so the properties above still hold):
+    ``weight="upweight"`` (§9.3): w_t = exp(+alpha * max(0, s_t - lambda)), the sensitive tokens get more credit
+    (alpha = 0 gives GRPO; w_min has no effect).  ``weight="sign_aware"`` (§9.1, the direction ablation, RLSD form
+    arXiv 2604.03128, eps_w = ``sign_eps``, mix = ``sign_mix`` as in the RLCSD repo's RLSD config)::
+
+        w_t = max(w_min, (1 - mix) + mix * clip(exp(sign(A_i) * d_pos_t), 1 - eps_w, 1 + eps_w)),
+        d_pos_t = lp_pos_t - old_logp_t
+
+    (threshold, alpha and mode do not enter w; s is still computed for the stats; mix = 0 or eps_w = 0 gives GRPO).
+
     Args:
         adv: [B] sequence advantages Â_i.  old_logp, lp_pos, lp_neg: [B, T] sampled-token log-probs under x,
             x + c+, x + c- (nats).  response_mask: [B, T] bool/float.
         threshold (lambda, nats; or ``calibrate_threshold``), alpha, w_min, weight: see ``credit_weights``.
         mode: see ``sensitivity``.  scope, group_size: see above.  return_stats: also return a dict for logging.
+        sign_eps (eps_w in [0, 1)), sign_mix (in [0, 1]): the "sign_aware" weight only.
 
     Returns:
         [B, T] (dtype of the log-probs, at least float32; 0 on padding), or ``(tensor, stats)``; the stats cover
@@ -443,10 +472,14 @@ def cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, response_mask, threshol
         ``cscr/s_neg_mean`` (rows with A > 0 / A < 0), ``cscr/num_tokens``.
 
     Raises:
-        ValueError: bad alpha, w_min, mode, weight, scope or group_size; shape mismatch; non-finite log-probs on
-        valid tokens; alpha * s overflowing.
+        ValueError: bad alpha, w_min, mode, weight, scope, group_size, sign_eps or sign_mix; shape mismatch;
+        non-finite log-probs on valid tokens; alpha * s overflowing.
     """
     _check_weight_args(threshold, alpha, w_min, weight)
+    if not (isinstance(sign_eps, (int, float)) and 0.0 <= sign_eps < 1.0):
+        raise ValueError(f"sign_eps must be in [0, 1), got {sign_eps!r}")
+    if not (isinstance(sign_mix, (int, float)) and 0.0 <= sign_mix <= 1.0):
+        raise ValueError(f"sign_mix must be in [0, 1], got {sign_mix!r}")
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     if scope not in _SCOPES:
@@ -468,9 +501,13 @@ def cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, response_mask, threshol
         adv = adv.detach().to(device=s.device, dtype=s.dtype)
         zero = torch.zeros((), dtype=s.dtype, device=s.device)
         # w_t = max(w_min, exp(-alpha * max(0, s_t - lambda))), kept as log w_t (see below)
-        log_w = credit_log_weights(s, threshold, alpha, w_min, weight)
+        if weight == "sign_aware":
+            log_w = _sign_aware_log_weights(adv, old_logp, lp_pos, response_mask, w_min, sign_eps, sign_mix)
+        else:
+            log_w = credit_log_weights(s, threshold, alpha, w_min, weight)
         if not torch.isfinite(log_w[m]).all():
-            raise ValueError(f"alpha = {alpha} times the sensitivity overflows: lower alpha or set w_min > 0")
+            raise ValueError(f"alpha = {alpha} times the sensitivity overflows: lower alpha"
+                             + ("" if weight == "upweight" else " or set w_min > 0"))
         # The tokens that share one normaliser w_bar: the valid tokens of each sequence (spec §5 [S2]); for the
         # scope ablations, those of each group of rows / of the batch, over rows with A != 0.
         if scope == "sequence":
@@ -489,6 +526,15 @@ def cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, response_mask, threshol
         # A_i,t = A_i * w_tilde_t * m_t
         token_adv = torch.where(m & (adv != 0)[:, None], adv[:, None] * w_tilde, zero)
         return (token_adv, _stats(s, log_w, w_tilde, adv, m)) if return_stats else token_adv
+
+
+def _sign_aware_log_weights(adv, old_logp, lp_pos, response_mask, w_min, eps, mix):
+    """log w [B, T] of the spec §9.1 direction ablation: log max(w_min, (1 - mix) + mix * clip(exp(sign(A) * d_pos),
+    1 - eps, 1 + eps)); the clip is taken on the exponent (exp is monotone), so w >= 1 - mix * eps > 0."""
+    d_pos, _, _ = _shifts(old_logp, lp_pos, lp_pos, response_mask)  # d_pos = lp_pos - old_logp, 0 on padding
+    x = (torch.sign(adv)[:, None] * d_pos).clamp(math.log1p(-eps), math.log1p(eps))
+    log_w = torch.log((1.0 - mix) + mix * torch.exp(x))
+    return log_w.clamp(min=math.log(w_min)) if w_min > 0 else log_w
 
 
 def _stats(s, log_w, w_tilde, adv, m):

@@ -1,0 +1,189 @@
+"""Tests for cscr.py's spec §9 weight ablations ("upweight", "sign_aware"), hand-computed in float64.
+
+Inputs: the spec §8 example (one response of 8 tokens, lambda = 0.2) and a 4-row batch of two groups written here.
+"""
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import cscr  # noqa: E402
+
+F64 = torch.float64
+TOL = dict(rtol=0, atol=1e-12)
+
+# spec §8: l0, l+, l-; s = max(|d+|, |d-|) = [1.40, 0.15, 0.90, 0.02, 0.01, 0.10, 0.10, 0.50]
+LP0 = [-2.30, -0.40, -1.60, -0.20, -0.05, -0.90, -0.30, -1.10]
+LP_POS = [-0.90, -0.25, -0.70, -0.18, -0.05, -0.80, -0.20, -0.60]
+LP_NEG = [-1.20, -0.30, -0.85, -0.22, -0.04, -1.00, -0.22, -0.70]
+D_POS = [1.40, 0.15, 0.90, 0.02, 0.00, 0.10, 0.10, 0.50]
+
+
+def close(actual, expected, **tol):
+    torch.testing.assert_close(torch.as_tensor(actual, dtype=F64), torch.as_tensor(expected, dtype=F64),
+                               **(tol or TOL))
+
+
+def spec8(A, **kw):
+    t = lambda x: torch.tensor([x], dtype=F64)  # noqa: E731
+    return cscr.cscr_token_advantages(torch.tensor([A], dtype=F64), t(LP0), t(LP_POS), t(LP_NEG),
+                                      torch.ones(1, 8), threshold=0.2, **kw)[0]
+
+
+def normalised(w, A):
+    """A · w / mean(w): the per-sequence renormalisation, by hand."""
+    return [A * x * len(w) / sum(w) for x in w]
+
+
+def test_upweight_spec8_by_hand():
+    """log w = +alpha · max(0, s − 0.2): w = [e^1.2, 1, e^0.7, 1, 1, 1, 1, e^0.3] at alpha = 1, e^(2·excess) at 2."""
+    w = [math.exp(1.2), 1, math.exp(0.7), 1, 1, 1, 1, math.exp(0.3)]
+    close(spec8(1.0, weight="upweight"), normalised(w, 1.0))
+    close(spec8(-0.5, weight="upweight"), normalised(w, -0.5))
+    w2 = [x ** 2 for x in w]
+    close(spec8(1.0, alpha=2.0, weight="upweight"), normalised(w2, 1.0))
+    # the down-weighting default on the same inputs (w = 1 / the up-weights), for contrast: opposite reallocation
+    close(spec8(1.0), normalised([1 / x for x in w], 1.0))
+    # w_min has no effect (w >= 1); credit_weights gives the un-normalised w
+    close(spec8(1.0, weight="upweight", w_min=0.5), normalised(w, 1.0))
+    s = cscr.sensitivity(*(torch.tensor([x], dtype=F64) for x in (LP0, LP_POS, LP_NEG)), torch.ones(1, 8))
+    close(cscr.credit_weights(s, torch.ones(1, 8), 0.2, 1.0, weight="upweight")[0], w)
+    close(cscr.credit_log_weights(s, 0.2, 1.0, 0.0, "upweight")[0], [1.2, 0, 0.7, 0, 0, 0, 0, 0.3])
+
+
+def test_sign_aware_spec8_by_hand():
+    """w = 0.5 + 0.5 · clip(exp(sign(A) · d+), 0.8, 1.2): A > 0 clips e^1.4, e^0.9, e^0.5 at 1.2; A < 0 clips their
+    inverses at 0.8."""
+    c = lambda x: min(max(x, 0.8), 1.2)  # noqa: E731
+    w_pos = [0.5 + 0.5 * c(math.exp(d)) for d in D_POS]
+    w_neg = [0.5 + 0.5 * c(math.exp(-d)) for d in D_POS]
+    close(w_pos, [1.1, 0.5 + 0.5 * math.exp(0.15), 1.1, 0.5 + 0.5 * math.exp(0.02), 1.0, 0.5 + 0.5 * math.exp(0.1),
+                  0.5 + 0.5 * math.exp(0.1), 1.1])
+    close(spec8(1.0, weight="sign_aware"), normalised(w_pos, 1.0))
+    close(spec8(-0.5, weight="sign_aware"), normalised(w_neg, -0.5))
+    # other eps_w, mix: 0.7 + 0.3 · clip(exp(d+), 0.9, 1.1)
+    w = [0.7 + 0.3 * min(max(math.exp(d), 0.9), 1.1) for d in D_POS]
+    close(spec8(2.0, weight="sign_aware", sign_eps=0.1, sign_mix=0.3), normalised(w, 2.0))
+    # threshold, alpha and the sensitivity mode do not enter the sign-aware weight
+    close(spec8(1.0, weight="sign_aware", alpha=7.0, mode="mean"), normalised(w_pos, 1.0))
+    # a floor above the weights' minimum: max(w_min, w)
+    close(spec8(-0.5, weight="sign_aware", w_min=0.95), normalised([max(0.95, x) for x in w_neg], -0.5))
+
+
+# ---- a batch of 4 rows in 2 groups: A = [+1, −1 | +0.5, 0], row 1 has a padded slot, row 3 has A = 0 ------------
+ADV = torch.tensor([1.0, -1.0, 0.5, 0.0], dtype=F64)
+MASK = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]], dtype=torch.bool)
+OLD = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, -1.2, -9.0], [-0.7, -0.2, -0.9], [-1.0, -5.0, -5.0]], dtype=F64)
+POS = torch.tensor([[-0.4, -0.5, -1.1], [-0.3, -0.2, -1.0], [-0.7, -0.1, -0.2], [-3.0, -5.0, -5.0]], dtype=F64)
+NEG = torch.tensor([[-0.8, -0.6, -2.5], [-0.1, -1.0, -2.0], [-1.0, -0.2, -0.9], [-0.2, -5.0, -5.0]], dtype=F64)
+# d+ = [[0.6, 0, 0.9], [0, 1.0, pad], [0, 0.1, 0.7], [-2, pad, pad]];  d- = [[0.2, -0.1, -0.5], [0.2, 0.2, pad],
+# [-0.3, 0, 0], [0.8, pad, pad]];  s = [[0.6, 0.1, 0.9], [0.2, 1.0, pad], [0.3, 0.1, 0.7], [2.0, pad, pad]]
+EXCESS = [[0.4, 0.0, 0.7], [0.0, 0.8], [0.1, 0.0, 0.5]]  # max(0, s − 0.2) of the rows with A != 0
+UP = [[math.exp(x) for x in row] for row in EXCESS]  # "upweight" at alpha = 1
+SIGN = [[1.1, 1.0, 1.1], [1.0, 0.9], [1.0, 0.5 + 0.5 * math.exp(0.1), 1.1]]  # "sign_aware": A > 0 rows clip at 1.2,
+# the A < 0 row: e^(−1.0) -> 0.8, so w = 0.9
+
+
+def batch(weight, scope="sequence", **kw):
+    return cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, threshold=0.2, alpha=1.0, weight=weight,
+                                      scope=scope, group_size=2 if scope == "group" else None, **kw)
+
+
+def by_hand(w, scope):
+    """[4, 3] expected A_i,t: A_i · w_t / w_bar, w_bar over the row / the group's / the batch's A != 0 tokens."""
+    if scope == "sequence":
+        bars = [sum(r) / len(r) for r in w]
+    elif scope == "group":
+        g0 = (sum(w[0]) + sum(w[1])) / 5
+        bars = [g0, g0, sum(w[2]) / 3]  # row 3 (A = 0) is not in group 1's normaliser
+    else:
+        bars = [(sum(w[0]) + sum(w[1]) + sum(w[2])) / 8] * 3
+    out = torch.zeros(4, 3, dtype=F64)
+    for i, (row, bar) in enumerate(zip(w, bars)):
+        out[i, :len(row)] = torch.tensor([float(ADV[i]) * x / bar for x in row], dtype=F64)
+    return out
+
+
+@pytest.mark.parametrize("scope", ["sequence", "group", "batch"])
+@pytest.mark.parametrize("weight, w", [("upweight", UP), ("sign_aware", SIGN)])
+def test_batch_scopes_by_hand(weight, w, scope):
+    close(batch(weight, scope), by_hand(w, scope))
+
+
+def test_sign_aware_batch_values_written_out():
+    """Sequence scope, rows 0 and 1: w = [1.1, 1, 1.1] / mean 3.2/3 and [1, 0.9] / mean 0.95."""
+    out = batch("sign_aware")
+    close(out[0], [1.03125, 0.9375, 1.03125])
+    close(out[1, :2], [-1 / 0.95, -0.9 / 0.95])
+    assert out[1, 2] == 0 and (out[3] == 0).all()
+
+
+@pytest.mark.parametrize("weight", ["upweight", "sign_aware"])
+@pytest.mark.parametrize("seed", range(3))
+def test_signs_and_per_sequence_budget_on_random_batches(weight, seed):
+    """sign(A_i,t) = sign(A_i) on valid tokens, 0 elsewhere, and sum_t A_i,t = L_i · A_i under scope "sequence";
+    group / batch scopes keep the signs and the group's / batch's budget."""
+    g = torch.Generator().manual_seed(seed)
+    B, T = 8, 11
+    adv = torch.randn(B, generator=g, dtype=F64)
+    adv[2] = 0.0
+    mask = torch.arange(T)[None] < torch.randint(1, T + 1, (B, 1), generator=g)
+    old, pos, neg = (-torch.rand(B, T, generator=g, dtype=F64) * 3 for _ in range(3))
+    for scope in ("sequence", "group", "batch"):
+        out = cscr.cscr_token_advantages(adv, old, pos, neg, mask, alpha=3.0, weight=weight, scope=scope,
+                                         group_size=4 if scope == "group" else None)
+        valid = mask & (adv != 0)[:, None]
+        assert torch.equal(torch.sign(out[valid]), torch.sign(adv[:, None].expand(B, T)[valid]))
+        assert (out[~valid] == 0).all()
+        L = mask.sum(1).double()
+        if scope == "sequence":
+            close(out.sum(1), L * adv)
+        else:  # w̃ has mean 1 over the normaliser's tokens: sum over them of A_i,t / A_i = their count
+            rows = 4 if scope == "group" else B
+            ratio = torch.where(valid, out / torch.where(adv != 0, adv, 1.0)[:, None], 0.0)  # A_i,t / A_i
+            close(ratio.reshape(B // rows, -1).sum(1), valid.reshape(B // rows, -1).sum(1).double())
+
+
+def test_alpha_zero_mix_zero_eps_zero_give_grpo():
+    grpo = torch.where(MASK, ADV[:, None].expand(4, 3), 0.0)
+    for scope in ("sequence", "group", "batch"):
+        kw = dict(scope=scope, group_size=2 if scope == "group" else None)
+        close(cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, alpha=0.0, weight="upweight", **kw), grpo)
+        close(cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, weight="sign_aware", sign_mix=0.0, **kw), grpo)
+        close(cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, weight="sign_aware", sign_eps=0.0, **kw), grpo)
+
+
+def test_upweight_stays_finite_when_the_weights_overflow():
+    """float32, alpha = 60, s up to 3 nats: exp(+180) overflows float32, the log-space max trick does not."""
+    old = torch.zeros(2, 4)
+    pos = torch.tensor([[-3.0, -0.1, -1.0, 0.0], [-2.9, -3.0, 0.0, 0.0]])
+    adv = torch.tensor([1.0, -1.0])
+    mask = torch.ones(2, 4)
+    assert torch.isinf(cscr.credit_weights(cscr.sensitivity(old, pos, pos, mask), mask, 0.2, 60.0,
+                                           weight="upweight")).any()
+    out = cscr.cscr_token_advantages(adv, old, pos, pos, mask, alpha=60.0, weight="upweight")
+    assert torch.isfinite(out).all()
+    # float32 bound: each A_i,t (<= 4) carries ~2 roundings (w / w_bar, A·w̃), the 4-term sum 3 more
+    bound = (4 * 2 + 3) * 4 * torch.finfo(torch.float32).eps
+    close(out.double().sum(1), [4.0, -4.0], rtol=0, atol=bound)
+    # row 0: the 3-nat token takes the whole budget (the next weight is e^(−60·2.0) smaller)
+    close(out[0].double(), [4.0, 0.0, 0.0, 0.0], rtol=0, atol=bound)
+
+
+def test_errors():
+    s = torch.zeros(1, 3, dtype=F64)
+    for fn in (lambda: cscr.credit_weights(s, torch.ones(1, 3), weight="sign_aware"),
+               lambda: cscr.credit_log_weights(s, weight="sign_aware")):
+        with pytest.raises(ValueError, match="cscr_token_advantages"):
+            fn()
+    with pytest.raises(ValueError, match="weight must be one of"):
+        cscr.credit_log_weights(s, weight="linear")
+    for kw, name in ((dict(sign_eps=1.0), "sign_eps"), (dict(sign_eps=-0.1), "sign_eps"),
+                     (dict(sign_mix=1.5), "sign_mix")):
+        with pytest.raises(ValueError, match=name):
+            batch("sign_aware", **kw)
