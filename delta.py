@@ -21,7 +21,8 @@ What DelTA does
   clip branch, and (1/N) Σ λ̄ℓ = (1/Z) Σ λℓ (the self-normalised surrogate, Eq. 8) holds exactly over the
   token set where N and Z were computed: the whole rollout batch. With several mini-batches (as in the
   official code) each mini-batch's token-mean is only approximately self-normalised (mean λ̄ ≈ 1 there).
-* Proxy (App. F): v_t = (1 − p(y_t))·h_t = ∂ log p(y_t)/∂(sampled token's LM-head row), h_t = lm_head input.
+* Proxy (App. F): v_t = (1 − p(y_t))·h_t = ∂ log p(y_t)/∂(sampled token's LM-head row), h_t = lm_head input;
+  the paper's ablation also tests the top-K hidden gradient v_t = W_{y_t} − Σ_{top-K} p̃_j W_j (``topk_proxy_vectors``).
 
 Inferred or different from the official code (spec §2.4, §6)
 1. Scope: centroids, γ, N and Z are pooled over everything passed in (all prompts, not per group), as the
@@ -38,9 +39,22 @@ Inferred or different from the official code (spec §2.4, §6)
    extra forwards), grpo.py runs all K + 3 after it. Fewer is impossible: α⁽⁰⁾ needs γ⁽⁰⁾, a global statistic
    at μ⁽⁰⁾, and μ⁽ᴷ⁾ is known only after the last refinement pass.
 5. Temperature T ≠ 1: the proxy omits the 1/T of the exact gradient, like the code (λ̄ is scale-invariant in v).
-Left out on purpose: the forward pass and the PPO loss (the caller's, see the example); the paper's top-K
-hidden-gradient proxy (better in its ablation, but not the default and not in the code); the release's dead
-code (diagonal "LDA" variance overwritten by ones, ``pred`` / top-20% mask, ``calculate_rhoed_adv``).
+Ablations (baselines spec §6; paper Sec. 5, App. F), each a keyword of the step it changes, the same in
+``delta_coefficients`` and ``delta_coefficients_streaming``; the defaults are the paper's method, unchanged:
+    lb = delta.delta_coefficients(v, adv, mask, K=0)                          # w/o refinement (K = 2, 3: more)
+    lb = delta.delta_coefficients(v, adv, mask, lam_min=0.5, lam_max=1.5)     # another λ range
+    lb = delta.delta_coefficients(v, adv, mask, scores="within_side")         # Δ := −‖v − μ_own‖² (Q1)
+    lb = delta.delta_coefficients(v, adv, mask, assignment="hard")            # α = 1[Δ > 0], no entropy term
+    lb = delta.delta_coefficients(v, adv, mask, gamma=(g_pos, g_neg))         # w/o adaptive γ: frozen γ±
+    lb = delta.delta_coefficients(v, adv, mask, coefficients="raw")           # λ = α* (raw scores)
+    lb = delta.delta_coefficients(v, adv, mask, normalize=False)              # λ̄ := λ (w/o λ-normalisation)
+    lb = delta.random_coefficients(adv, mask)                                 # λ drawn from U(λ_min, λ_max)
+    v = delta.topk_proxy_vectors(hidden, ids, mask, model.lm_head.weight, K=20)  # App. F top-K hidden gradient
+For the fixed-γ ablation a trainer freezes the first batch's ``delta/gamma0_pos`` / ``delta/gamma0_neg``
+(``return_stats``) and passes them as ``gamma`` on every later step: this batch's own γ⁽⁰⁾ is a no-op at K = 1.
+Left out on purpose: the forward pass and the PPO loss (the caller's, see the example); the ℓ2-centroid
+variant (undefined, spec §6); the release's dead code (diagonal "LDA" variance overwritten by ones, ``pred`` /
+top-20% mask, ``calculate_rhoed_adv``).
 Read next: spec §2.3 (steps), §2.5 (streaming), §6 (edge cases), §7 (worked example: tests/test_delta.py);
 grpo.py ``Credit._delta`` (use in a trainer).
 
@@ -51,6 +65,7 @@ old_logp [b, T], mask [b, T], Â [b]) (grpo.py ``Credit._delta`` feeds it from t
         for ids, att, mask, adv, old_logp in my_micro_batches:  # old_logp: stored with the rollout
             yield lm_head_inputs(model, ids, att), old_logp, mask, adv
     lam_bars = delta.delta_coefficients_streaming(micro_batches)  # one λ̄ [b, T_j] per micro-batch, in order
+A chunk (v, None, mask, adv) carries the proxy itself (e.g. ``topk_proxy_vectors`` of the micro-batch) instead.
 
 The steps, in the order of the method, and where each formula is: ``proxy_vectors`` (App. F), then
 ``delta_coefficients``: centroids (Eq. 2–3), margins (Sec. 3.2), ``adaptive_temperature`` (γ, App. H),
@@ -81,16 +96,22 @@ from typing import Callable, Iterable, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-__all__ = ["proxy_vectors", "delta_coefficients", "delta_coefficients_streaming", "delta_token_advantages",
-           "adaptive_temperature", "soft_assignment", "bounded_coefficients", "STAT_KEYS"]
+__all__ = ["proxy_vectors", "topk_proxy_vectors", "delta_coefficients", "delta_coefficients_streaming",
+           "random_coefficients", "delta_token_advantages", "adaptive_temperature", "soft_assignment",
+           "bounded_coefficients", "STAT_KEYS"]
 
 # Keys of the ``return_stats`` dict (Python floats): λ̄ on each side; cosine and norms of the final centroids
-# μ±⁽ᴷ⁾; final (lagged) temperatures γ±⁽ᴷ⁾; valid tokens with Â > 0, < 0, = 0; scale = N/Z (so λ = λ̄/scale);
-# fallback = 1.0 when the one-side-empty guard returned λ̄ ≡ 1, else 0.0.
+# μ±⁽ᴷ⁾; final (lagged) temperatures γ±⁽ᴷ⁾ (the supplied ones with ``gamma=``); this batch's first temperatures
+# γ±⁽⁰⁾ (measured at μ⁽⁰⁾ even when ``gamma=`` is given: what a trainer freezes for the fixed-γ ablation); valid
+# tokens with Â > 0, < 0, = 0; scale = N/Z (so λ = λ̄/scale; 1 with ``normalize=False``); fallback = 1.0 when the
+# one-side-empty guard returned λ̄ ≡ 1, else 0.0.
 STAT_KEYS = ("delta/lam_pos_mean", "delta/lam_pos_std", "delta/lam_pos_min", "delta/lam_pos_max",
              "delta/lam_neg_mean", "delta/lam_neg_std", "delta/lam_neg_min", "delta/lam_neg_max",
              "delta/cos_mu", "delta/mu_pos_norm", "delta/mu_neg_norm", "delta/gamma_pos", "delta/gamma_neg",
-             "delta/n_pos", "delta/n_neg", "delta/n_zero", "delta/scale", "delta/fallback")
+             "delta/gamma0_pos", "delta/gamma0_neg", "delta/n_pos", "delta/n_neg", "delta/n_zero", "delta/scale",
+             "delta/fallback")
+# The ablations' keyword values (baselines spec §6); the first of each is the paper's method.
+SCORES, ASSIGNMENTS, COEFFICIENTS = ("contrastive", "within_side"), ("soft", "hard"), ("bounded", "raw")
 _NAN = float("nan")
 
 
@@ -112,6 +133,55 @@ def proxy_vectors(hidden: Tensor, old_logp: Tensor, response_mask: Tensor) -> Te
         one_minus_p = -torch.expm1(old_logp.detach().to(device=hidden.device, dtype=dtype))
         v = one_minus_p[..., None] * hidden.detach().to(dtype)  # the one [B, T, H] this allocates
         return v.masked_fill_(~valid[..., None], 0.0)  # in place: +0.0 on padding (NaN there cannot leak)
+
+
+def topk_proxy_vectors(hidden: Tensor, token_ids: Tensor, response_mask: Tensor, lm_head_weight: Tensor, K: int,
+                       temperature: float = 1.0) -> Tensor:
+    """Top-K hidden-gradient proxy v_t = W_{y_t} − Σ_{j ∈ top-K(z_t/T)} p̃_t(j)·W_j (App. F; baselines spec §6
+    ``delta_topk_proxy``), an approximation of ∇_h log p(y_t) = W_{y_t} − Σ_j p_t(j)·W_j.
+
+    z_t = h_t Wᵀ are the logits, p̃_t the softmax of z_t/T renormalised over the K largest; y_t need not be among
+    them; no h_t and no (1 − p) factor. K = V gives the exact ∇_h log p(y_t) (without the 1/T of T ≠ 1, as
+    ``proxy_vectors``). hidden: [B, T, H] LM-head inputs (as for ``proxy_vectors``); token_ids: [B, T] sampled
+    tokens y_t (any value on padding); response_mask: [B, T] bool or 0/1; lm_head_weight: W [V, H] (tied or not;
+    no bias); K: int in [1, V]; temperature: T > 0 (the rollout's). Returns v [B, T, H] in W's units, float32
+    (float64 if ``hidden`` or W is), detached, 0 on padding; feed it to ``delta_coefficients`` or, chunk by chunk
+    with old_logp = None, to ``delta_coefficients_streaming``.
+    Memory: W once in the working dtype (V·H·4 B: 2.5 GB for Qwen3-8B's 151,936 × 4,096 in float32), the output,
+    and the logits of one block of valid tokens at a time (``_ROW_BLOCK_BYTES`` of them and of their K gathered
+    rows of W, at least one token), never a [B, T, V] tensor. Cost: the LM head's matmul once more.
+    Raises ValueError on bad shapes, a non-0/1 mask, K not in [1, V], T not > 0, a token id outside [0, V).
+    """
+    _check_shapes(hidden, "hidden", 3, None, token_ids, "token_ids", response_mask)
+    if not isinstance(lm_head_weight, Tensor) or lm_head_weight.dim() != 2 or \
+            lm_head_weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"lm_head_weight must be a [V, H] tensor with H = {hidden.shape[-1]}, got shape "
+                         f"{tuple(getattr(lm_head_weight, 'shape', ()))}")
+    V = lm_head_weight.shape[0]
+    if isinstance(K, bool) or not isinstance(K, int) or not 1 <= K <= V:
+        raise ValueError(f"K must be an int in [1, V] = [1, {V}], got {K!r}")
+    if not (math.isfinite(float(temperature)) and float(temperature) > 0):
+        raise ValueError(f"temperature must be finite and > 0, got {temperature!r}")
+    if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool:
+        raise ValueError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
+    dtype = _work_dtype(hidden, lm_head_weight)
+    with torch.no_grad():
+        valid = _mask01(response_mask).to(hidden.device)
+        b_idx, t_idx = valid.nonzero(as_tuple=True)  # the valid tokens, [n] each
+        ids = token_ids.to(hidden.device)[b_idx, t_idx]
+        if ids.numel() and not bool(((ids >= 0) & (ids < V)).all()):
+            raise ValueError(f"token_ids must lie in [0, V) = [0, {V}) on valid tokens")
+        W = lm_head_weight.detach().to(device=hidden.device, dtype=dtype)  # [V, H]
+        v = torch.zeros(hidden.shape, dtype=dtype, device=hidden.device)  # +0.0 on padding
+        # Tokens per block: their logits [n, V] and gathered rows [n, K, H] within _ROW_BLOCK_BYTES.
+        n_blk = max(1, _ROW_BLOCK_BYTES // ((V + (K + 2) * W.shape[1]) * W.element_size()))
+        for s in range(0, ids.numel(), n_blk):
+            b, t, y = b_idx[s:s + n_blk], t_idx[s:s + n_blk], ids[s:s + n_blk]
+            z = hidden[b, t].detach().to(dtype) @ W.T  # [n, V] logits z_t = h_t Wᵀ
+            top, j = (z / float(temperature)).topk(K, dim=-1)  # [n, K]: the K largest of z_t/T, their indices
+            p = torch.softmax(top, dim=-1)  # p̃_t, renormalised over the top K
+            v[b, t] = W[y] - torch.bmm(p[:, None, :], W[j]).squeeze(1)  # W_y − Σ_j p̃_j W_j, [n, H]
+        return v
 
 
 # Maths shared by both paths ------------------------------------------------------------------------------
@@ -138,28 +208,91 @@ def bounded_coefficients(assign: Tensor, adv: Tensor, mask: Tensor, lam_min: flo
     return torch.where((adv == 0)[:, None], lam_min, lam_min + (lam_max - lam_min) * assign) * mask
 
 
+def _assign(margin_pos: Tensor, margin_neg: Tensor, gamma_pos, gamma_neg, adv: Tensor, assignment: str) -> Tensor:
+    # α of each token, [b, T]: soft σ(Δ/γ) (App. G) or the hard ablation 1[Δ > 0] (Δ = 0 -> 0, γ unused;
+    # baselines spec §6 ``hard``), from its own side's score.
+    if assignment == "hard":
+        return torch.where((adv > 0)[:, None], margin_pos > 0, margin_neg > 0).to(margin_pos.dtype)
+    return soft_assignment(margin_pos, margin_neg, gamma_pos, gamma_neg, adv)
+
+
+def random_coefficients(adv: Tensor, response_mask: Tensor, lam_min: float = 0.8, lam_max: float = 1.2,
+                        u: Optional[Tensor] = None, generator: Optional[torch.Generator] = None,
+                        normalize: bool = True) -> Tensor:
+    """The random-coefficient control (App. F "sampled randomly from the same bounded range … same coefficient
+    normalization"; baselines spec §6 ``random``): λ = λ_min + (λ_max − λ_min)·u, u ~ U(0, 1) i.i.d. per token,
+    λ_min on responses with Â = 0, 0 on padding, then λ̄ = λ·N/Z as in ``delta_coefficients`` (λ̄ := λ with
+    ``normalize=False``). Needs no v. Like ``delta_coefficients``, a batch with no valid token on one side
+    (Â > 0 or Â < 0) gets λ̄ ≡ 1 (spec §6 guard), so that the control is plain DAPO on the same steps as DelTA.
+
+    adv: Â [B]; response_mask: [B, T] bool or 0/1; lam_min, lam_max: as in ``delta_coefficients``; u: [B, T]
+    values in [0, 1] (tests; read on valid tokens only), else drawn as ``torch.rand(B, T, generator=generator)``
+    (every call draws, guard or not, so the generator advances alike each step). Returns λ̄ [B, T], float32
+    (float64 if Â or u is), on the mask's device, 0 on padding, mean 1 over valid tokens unless ``normalize=False``.
+    Raises ValueError on bad shapes, a non-0/1 mask, non-finite Â, u outside [0, 1], or bad lam_min/lam_max.
+    """
+    lam_min, lam_max = _check_hparams(0, lam_min, lam_max, 1e-8)
+    _check_shapes(response_mask, "response_mask", 2, adv, u, "u" if u is not None else None, response_mask)
+    if not bool(torch.isfinite(adv).all()):
+        raise ValueError("adv must be finite")
+    dtype = _work_dtype(adv, *([u] if u is not None else []))
+    with torch.no_grad():
+        dev = response_mask.device
+        mask = _mask01(response_mask).to(dtype)
+        if u is None:
+            u = torch.rand(mask.shape, generator=generator, dtype=dtype, device=generator.device if generator
+                           else dev).to(dev)
+        u = u.detach().to(device=dev, dtype=dtype)
+        if not bool(((u >= 0) & (u <= 1))[mask > 0].all()):
+            raise ValueError("u must lie in [0, 1] on valid tokens")
+        adv = adv.detach().to(device=dev, dtype=dtype)
+        if not (bool((mask * (adv > 0)[:, None]).any()) and bool((mask * (adv < 0)[:, None]).any())):
+            return mask.clone()  # guard (spec §6), as delta_coefficients
+        lam = bounded_coefficients(torch.where(mask > 0, u, 0.0), adv, mask, lam_min, lam_max)
+        if not normalize:
+            return lam
+        return lam * (mask.sum(dtype=torch.float64) / lam.sum(dtype=torch.float64).clamp(min=1e-8)).to(dtype)
+
+
 def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K: int = 1,
                        lam_min: float = 0.8, lam_max: float = 1.2, eps: float = 1e-8,
-                       return_stats: bool = False) -> Union[Tensor, Tuple[Tensor, dict]]:
+                       return_stats: bool = False, *, scores: str = "contrastive", assignment: str = "soft",
+                       gamma: Optional[Tuple[float, float]] = None, coefficients: str = "bounded",
+                       normalize: bool = True) -> Union[Tensor, Tuple[Tensor, dict]]:
     """Normalised DelTA token coefficients λ̄ over a whole rollout batch (spec §2.3 steps 0–6).
 
     Statistics (centroids, γ, N, Z) are pooled over all valid tokens given (prompts pooled, not per group);
     λ̄ never carries a gradient (``torch.no_grad()``).
     Args:
-        v: [B, T, H] token-gradient proxies (``proxy_vectors``); padding values are ignored.
+        v: [B, T, H] token-gradient proxies (``proxy_vectors`` or ``topk_proxy_vectors``); padding values are
+            ignored.
         adv: [B] sequence advantages Â_i. Â > 0: positive side P, Â < 0: negative side Nn, Â = 0:
             neither (weight 0 in centroids and γ, λ = λ_min, but counted in N and Z).
         response_mask: [B, T] bool or 0/1 float. K: refinement iterations (paper default 1; K = 0 is the
             "w/o refinement" ablation). lam_min, lam_max: range of λ. eps: floor of centroid denominators,
             γ variance and Z. return_stats: also return the diagnostics dict (``STAT_KEYS``).
-    Returns: λ̄ [B, T], float32 (float64 for float64 v), 0 on padding, mean 1 over valid tokens; ≡ 1 on valid
-        tokens if a side has no valid token (spec §6 guard, ``delta/fallback`` = 1). Or (λ̄, stats).
+        Ablations (baselines spec §6; keyword-only, each changes one step; the defaults are the paper's method):
+        scores: "contrastive" (Sec. 3.2 margin Δ⁺ = ‖v − μ₋‖² − ‖v − μ₊‖², Δ⁻ = −Δ⁺) or "within_side"
+            (Δ := −‖v − μ_own‖², the own side's centroid only; γ the std of that score on its side, lagged
+            alike; the K refinements kept). Units: squared units of v.
+        assignment: "soft" (α = σ(Δ/γ), App. G) or "hard" (α = 1[Δ > 0], Δ = 0 -> 0, in the refinements and
+            the final score; γ unused; a side with no token of Δ > 0 keeps its centroid μ⁽ᵏ⁾).
+        gamma: None (adaptive, lagged γ±, App. H) or a pair (γ₊, γ₋) of floats > 0 used at every k instead
+            (the fixed-γ ablation: a trainer passes the first batch's ``delta/gamma0_*`` on later steps; this
+            batch's own γ⁽⁰⁾ at K = 1 gives the default λ̄ bit for bit, since the lag makes γ⁽¹⁾ = γ⁽⁰⁾).
+        coefficients: "bounded" (λ = λ_min + (λ_max − λ_min)·α*) or "raw" (λ = α*, Â = 0 tokens 0; lam_min and
+            lam_max unused).
+        normalize: True (λ̄ = λ·N/Z, Eq. 8) or False (λ̄ := λ, DAPO's 1/N normaliser: "no_lamnorm").
+    Returns: λ̄ [B, T], float32 (float64 for float64 v), 0 on padding, mean 1 over valid tokens (unless
+        ``normalize=False``); ≡ 1 on valid tokens if a side has no valid token (spec §6 guard, every variant,
+        ``delta/fallback`` = 1). Or (λ̄, stats).
     Raises: ValueError: bad shapes, non-0/1 mask, non-finite Â, K not an int >= 0, lam_min > lam_max or < 0,
-        eps <= 0.
+        eps <= 0, an unknown ablation value, gamma not a pair of finite floats > 0.
     Memory: beside v, one row block of v − μ (``_ROW_BLOCK_BYTES``) and [B, T] tensors; v is read as given
     when it is +0.0 on padding (``proxy_vectors``' output), else copied once, masked.
     """
     lam_min, lam_max = _check_hparams(K, lam_min, lam_max, eps)
+    fixed_gamma = _check_ablations(scores, assignment, gamma, coefficients, normalize)
     with torch.no_grad():
         v, adv, mask = _prepare(v, adv, response_mask)  # v itself, or a masked copy (padding not +0.0)
         # Sides (spec §2.3): P = {Â > 0, valid}, Nn = {Â < 0, valid}; Â = 0 responses belong to neither.
@@ -170,8 +303,10 @@ def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K: int = 1
         # Eq. 2–3 token weights |Â| on each side; summed, they are the advantage masses M₊, M₋.
         w_pos, w_neg = adv.clamp(min=0)[:, None] * mask, (-adv).clamp(min=0)[:, None] * mask  # [B, T]
 
-        def centroid(w: Tensor) -> Tensor:  # Eq. 2–3 / App. D: μ = Σ w·v / max(Σ w, ε), [H]
-            return torch.einsum("bt,bth->h", w, v) / w.sum().clamp(min=eps)
+        def centroid(w: Tensor, mu_old: Optional[Tensor] = None) -> Tensor:  # Eq. 2–3 / App. D: Σ w·v / max(Σ w, ε)
+            if assignment == "hard" and mu_old is not None and not bool(w.sum() > 0):
+                return mu_old  # hard guard (baselines spec §6): no token with Δ > 0 on this side keeps μ⁽ᵏ⁾
+            return torch.einsum("bt,bth->h", w, v) / w.sum().clamp(min=eps)  # [H]
 
         block = _row_block(v)  # [rows, T, H]: v − μ of one block of rows (16 MiB), for every margin below
 
@@ -180,6 +315,8 @@ def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K: int = 1
             # the Eq. 4 linear discriminator plus an offset. ‖v − μ‖² a block of rows at a time: v − μ and its
             # square over the whole batch would be two more [B, T, H] tensors beside v.
             d_pos, d_neg = _squared_distances(v, mu_pos, block), _squared_distances(v, mu_neg, block)
+            if scores == "within_side":  # ablation: −‖v − μ_own‖², read on P (first) and on Nn (second)
+                return -d_pos, -d_neg
             return d_neg - d_pos, d_pos - d_neg  # Δ⁺ (read on P), Δ⁻ (read on Nn)
 
         def temperature(margin: Tensor, side: Tensor) -> Tensor:  # γ of one side from float64 moments
@@ -190,35 +327,44 @@ def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K: int = 1
         mu_pos, mu_neg = centroid(w_pos), centroid(w_neg)
         # Step 1: margins Δ±⁽⁰⁾ at μ⁽⁰⁾.
         margin_pos, margin_neg = margins(mu_pos, mu_neg)
-        # Step 2: adaptive temperatures γ±⁽⁰⁾ = std of each side's margins.
-        gamma_pos, gamma_neg = temperature(margin_pos, pos), temperature(margin_neg, neg)
+        # Step 2: adaptive temperatures γ±⁽⁰⁾ = std of each side's margins (reported; replaced by ``gamma``).
+        gamma0 = temperature(margin_pos, pos), temperature(margin_neg, neg)
+        gamma_pos, gamma_neg = gamma0 if fixed_gamma is None else _gamma_tensors(fixed_gamma, v.device)
         # Step 3: K refinements (k = 0 … K−1).
         for _ in range(K):
-            assign = soft_assignment(margin_pos, margin_neg, gamma_pos, gamma_neg, adv)  # α⁽ᵏ⁾ = σ(Δ⁽ᵏ⁾/γ⁽ᵏ⁾)
-            mu_pos, mu_neg = centroid(assign * w_pos), centroid(assign * w_neg)  # μ⁽ᵏ⁺¹⁾, weights |Â|·α⁽ᵏ⁾
-            # Lagged (App. H): γ⁽ᵏ⁺¹⁾ = std of the same Δ⁽ᵏ⁾, at the pre-update centroids; γ⁽¹⁾ = γ⁽⁰⁾.
-            gamma_pos, gamma_neg = temperature(margin_pos, pos), temperature(margin_neg, neg)
+            assign = _assign(margin_pos, margin_neg, gamma_pos, gamma_neg, adv, assignment)  # α⁽ᵏ⁾ = σ(Δ⁽ᵏ⁾/γ⁽ᵏ⁾)
+            mu_pos, mu_neg = centroid(assign * w_pos, mu_pos), centroid(assign * w_neg, mu_neg)  # weights |Â|·α⁽ᵏ⁾
+            if fixed_gamma is None:  # lagged (App. H): γ⁽ᵏ⁺¹⁾ = std of the same Δ⁽ᵏ⁾; γ⁽¹⁾ = γ⁽⁰⁾
+                gamma_pos, gamma_neg = temperature(margin_pos, pos), temperature(margin_neg, neg)
             margin_pos, margin_neg = margins(mu_pos, mu_neg)  # Δ⁽ᵏ⁺¹⁾ at μ⁽ᵏ⁺¹⁾
         # Step 4: final scores α* = σ(Δ/γ⁽ᴷ⁾), margins at μ⁽ᴷ⁾ and the latest (lagged) temperatures.
-        assign = soft_assignment(margin_pos, margin_neg, gamma_pos, gamma_neg, adv)
-        # Step 5: λ = λ_min + (λ_max − λ_min)·α*; Â = 0 responses get λ_min; padding 0.
-        lam = bounded_coefficients(assign, adv, mask, lam_min, lam_max)
+        assign = _assign(margin_pos, margin_neg, gamma_pos, gamma_neg, adv, assignment)
+        # Step 5: λ = λ_min + (λ_max − λ_min)·α*; Â = 0 responses get λ_min; padding 0 ("raw": [0, 1], so λ = α*).
+        lam = bounded_coefficients(assign, adv, mask, *((0.0, 1.0) if coefficients == "raw" else (lam_min, lam_max)))
         # Step 6 / Eq. 8: one global self-normalisation λ̄ = λ·N/max(Z, ε); N counts Â = 0 tokens too.
-        N, Z = mask.sum(dtype=torch.float64), lam.sum(dtype=torch.float64)
-        scale = N / Z.clamp(min=eps)
-        lam_bar = lam * scale.to(lam.dtype)
+        if normalize:
+            N, Z = mask.sum(dtype=torch.float64), lam.sum(dtype=torch.float64)
+            scale = N / Z.clamp(min=eps)
+            lam_bar = lam * scale.to(lam.dtype)
+        else:  # ablation "no_lamnorm": λ̄ := λ
+            scale, lam_bar = torch.ones((), dtype=torch.float64), lam
         if not return_stats:
             return lam_bar
-        return lam_bar, _batch_stats(lam_bar, pos, neg, mask, float(scale), (mu_pos, mu_neg), (gamma_pos, gamma_neg))
+        return lam_bar, _batch_stats(lam_bar, pos, neg, mask, float(scale), (mu_pos, mu_neg), (gamma_pos, gamma_neg),
+                                     gamma0)
 
 
-Chunk = Tuple[Tensor, Tensor, Tensor, Tensor]  # hidden [b, T, H], old_logp [b, T], response_mask [b, T], adv Â [b]
+# One micro-batch: hidden [b, T, H] (LM-head inputs), old_logp [b, T] (θ_old's log-probs; None: the first element is
+# already the proxy v [b, T, H], e.g. ``topk_proxy_vectors``' output), response_mask [b, T], adv Â [b].
+Chunk = Tuple[Tensor, Optional[Tensor], Tensor, Tensor]
 Chunks = Union[Sequence[Chunk], Callable[[], Iterable[Chunk]]]
 
 
 def delta_coefficients_streaming(chunks: Chunks, K: int = 1, lam_min: float = 0.8, lam_max: float = 1.2,
                                  eps: float = 1e-8, reduce_fn: Optional[Callable[[Tensor], Optional[Tensor]]] = None,
-                                 return_stats: bool = False) -> Union[list, Tuple[list, dict]]:
+                                 return_stats: bool = False, *, scores: str = "contrastive", assignment: str = "soft",
+                                 gamma: Optional[Tuple[float, float]] = None, coefficients: str = "bounded",
+                                 normalize: bool = True) -> Union[list, Tuple[list, dict]]:
     """DelTA λ̄ from micro-batches of LM-head inputs, keeping only sufficient statistics (spec §2.5): memory that
     does not grow with the rollout batch.
 
@@ -231,19 +377,26 @@ def delta_coefficients_streaming(chunks: Chunks, K: int = 1, lam_min: float = 0.
         chunks: a zero-arg callable returning a fresh iterable of micro-batches ``(hidden [b, T, H],
             old_logp [b, T], response_mask [b, T], adv [b])`` (as ``proxy_vectors`` and
             ``delta_coefficients`` take them), e.g. one that re-runs θ_old's no-grad, eval-mode forward pass; or a
-            list/tuple of them. Every pass must yield the same rows in the same order (T may differ between
-            chunks; h may differ by rounding, not more); no one-shot iterator.
-        K, lam_min, lam_max, eps, return_stats: as in ``delta_coefficients``; with ``reduce_fn`` the stats
-            are global except ``lam_*_min`` / ``lam_*_max`` (this process's tokens).
+            list/tuple of them. old_logp = None (in every chunk) means ``hidden`` is already the proxy v
+            [b, T, H] (e.g. ``topk_proxy_vectors`` of the chunk), used as given. Every pass must yield the same
+            rows in the same order (T may differ between chunks; h may differ by rounding, not more); no one-shot
+            iterator.
+        K, lam_min, lam_max, eps, return_stats, and the ablations scores, assignment, gamma, coefficients,
+            normalize: as in ``delta_coefficients`` (the same λ̄ for each); with ``reduce_fn`` the stats are global
+            except ``lam_*_min`` / ``lam_*_max`` (this process's tokens).
         reduce_fn: optional, applied to each pass's statistics (one flat float64 tensor) before use, e.g.
             ``torch.distributed.all_reduce`` (in place, may return None). They are sums and counts, so
             all-reduce(SUM) gives the single-process λ̄ over the union of the ranks' data; all ranks make the
             same calls (the guard is decided on reduced counts). Without it: per process (official code).
     Returns: list of λ̄ [b, T], one per chunk, float32 (float64 if the first chunk's v is); or (list, stats).
-    Raises: ValueError for empty chunks, a one-shot iterator, chunks changed between passes, or as above.
+    Raises: ValueError for empty chunks, a one-shot iterator, chunks changed between passes, old_logp None in
+        some chunks only, or as above.
     """
     lam_min, lam_max = _check_hparams(K, lam_min, lam_max, eps)
+    fixed_gamma = _check_ablations(scores, assignment, gamma, coefficients, normalize)
     data = _Passes(chunks, reduce_fn)
+    # Each token keeps one score s: contrastive Δ⁺ (Δ⁻ = −s is read on Nn), within_side its own side's −‖v − μ‖².
+    pair = (lambda m: (m, m)) if scores == "within_side" else (lambda m: (m, -m))  # (read on P, read on Nn)
     with torch.no_grad():
         # Pass 1 (step 0): Σ|Â|·v and Σ|Â| (the masses M±) per side, token counts; Â and masks are kept
         # (per token, a float mask and two bool sides: 2,048 × 4,096 tokens at the papers' scale, 8.4 M × 6 B =
@@ -257,38 +410,46 @@ def delta_coefficients_streaming(chunks: Chunks, K: int = 1, lam_min: float = 0.
             sums = (counts[0], counts[0], counts[1], counts[1])  # Σλ̄ = Σλ̄² = n per side
             return (lam_bar, _stats(sums, lam_bar, sides, counts, 1.0)) if return_stats else lam_bar
         mu_pos, mu_neg = _centroids(s, eps, data.dtype)
-        # Pass 2 (steps 1–2): margins Δ⁺⁽⁰⁾ at μ⁽⁰⁾ (kept, one float per token: 8.4 M × 4 B = 34 MB at the
-        # papers' scale; Δ⁻ = −Δ⁺) and γ⁽⁰⁾ from their moments.
-        margin = [_margin(v, mu_pos, mu_neg) for _, _, v in data.again("pass 2: gamma(0)")]
-        s = data.total(_moments(c, "margin", m, -m) for c, m in zip(data.kept, margin))
-        gamma_pos, gamma_neg = _temperatures(s, n_pos, n_neg, eps)
+        # Pass 2 (steps 1–2): scores s⁽⁰⁾ at μ⁽⁰⁾ (kept, one float per token: 8.4 M × 4 B = 34 MB at the
+        # papers' scale) and γ⁽⁰⁾ from their moments (reported; replaced by ``gamma``).
+        margin = [_score(v, mu_pos, mu_neg, c, scores) for _, c, v in data.again("pass 2: gamma(0)")]
+        s = data.total(_moments(c, "margin", *pair(m)) for c, m in zip(data.kept, margin))
+        gamma0 = _temperatures(s, n_pos, n_neg, eps)
+        gamma_pos, gamma_neg = gamma0 if fixed_gamma is None else _gamma_tensors(fixed_gamma, mu_pos.device)
         # Step 3: one pass per refinement: α⁽ᵏ⁾ = σ(Δ⁽ᵏ⁾/γ⁽ᵏ⁾) -> μ⁽ᵏ⁺¹⁾, and lagged γ⁽ᵏ⁺¹⁾ = std of Δ⁽ᵏ⁾.
         for k in range(K):
             parts = []
             for j, c, v in data.again(f"pass {k + 3}: refinement {k}"):
                 if k > 0:  # Δ⁽ᵏ⁾ at μ⁽ᵏ⁾ (for k = 0 the kept pass-2 margins)
-                    margin[j] = _margin(v, mu_pos, mu_neg)
-                assign = soft_assignment(margin[j], -margin[j], gamma_pos, gamma_neg, c.adv)
-                parts.append({**_centroid_sums(c, v, assign), **_moments(c, "margin", margin[j], -margin[j])})
+                    margin[j] = _score(v, mu_pos, mu_neg, c, scores)
+                assign = _assign(*pair(margin[j]), gamma_pos, gamma_neg, c.adv, assignment)
+                parts.append({**_centroid_sums(c, v, assign), **_moments(c, "margin", *pair(margin[j]))})
             s = data.total(parts)
-            mu_pos, mu_neg = _centroids(s, eps, data.dtype)
-            gamma_pos, gamma_neg = _temperatures(s, n_pos, n_neg, eps)
-        # Step 4: margins at μ⁽ᴷ⁾ (for K = 0 the kept pass-2 margins), α*; step 5: λ.
+            new_pos, new_neg = _centroids(s, eps, data.dtype)
+            if assignment == "hard":  # hard guard (baselines spec §6): a side with no token of Δ > 0 keeps μ⁽ᵏ⁾
+                new_pos = new_pos if bool(s["sum_w_pos"] > 0) else mu_pos
+                new_neg = new_neg if bool(s["sum_w_neg"] > 0) else mu_neg
+            mu_pos, mu_neg = new_pos, new_neg
+            if fixed_gamma is None:
+                gamma_pos, gamma_neg = _temperatures(s, n_pos, n_neg, eps)
+        # Step 4: scores at μ⁽ᴷ⁾ (for K = 0 the kept pass-2 ones), α*; step 5: λ ("raw": range [0, 1], λ = α*).
         if K > 0:
-            margin = [_margin(v, mu_pos, mu_neg) for _, _, v in data.again(f"pass {K + 3}: final scores")]
-        lam = [bounded_coefficients(soft_assignment(m, -m, gamma_pos, gamma_neg, c.adv), c.adv, c.mask, lam_min,
-                                    lam_max)
+            margin = [_score(v, mu_pos, mu_neg, c, scores) for _, c, v in data.again(f"pass {K + 3}: final scores")]
+        lo, hi = (0.0, 1.0) if coefficients == "raw" else (lam_min, lam_max)
+        lam = [bounded_coefficients(_assign(*pair(m), gamma_pos, gamma_neg, c.adv, assignment), c.adv, c.mask, lo, hi)
                for c, m in zip(data.kept, margin)]
-        # Step 6 / Eq. 8: Z = Σλ over all chunks (and ranks); λ̄ = λ·N/max(Z, ε).
+        # Step 6 / Eq. 8: Z = Σλ over all chunks (and ranks); λ̄ = λ·N/max(Z, ε) (λ̄ := λ with normalize=False).
+        if not (normalize or return_stats):
+            return lam
         s = data.total({"Z": x.double().sum(), **_moments(c, "lam", x, x)} for c, x in zip(data.kept, lam))
-        scale = n_valid / s["Z"].clamp(min=eps)
-        lam_bar = [x * scale.to(data.dtype) for x in lam]
+        scale = n_valid / s["Z"].clamp(min=eps) if normalize else torch.ones((), dtype=torch.float64)
+        lam_bar = [x * scale.to(data.dtype) for x in lam] if normalize else lam
         if not return_stats:
             return lam_bar
         sc = float(scale)  # Σλ̄ = sc·Σλ and Σλ̄² = sc²·Σλ² per side
         sums = (float(s["sum_lam_pos"]) * sc, float(s["sum_lam2_pos"]) * sc * sc,
                 float(s["sum_lam_neg"]) * sc, float(s["sum_lam2_neg"]) * sc * sc)
-        return lam_bar, _stats(sums, lam_bar, sides, counts, sc, (mu_pos, mu_neg), (gamma_pos, gamma_neg))
+        return lam_bar, _stats(sums, lam_bar, sides, counts, sc, (mu_pos, mu_neg), (gamma_pos, gamma_neg), gamma0)
 
 
 def delta_token_advantages(adv: Tensor, lam_bar: Tensor, response_mask: Tensor) -> Tensor:
@@ -353,15 +514,19 @@ def _centroid_sums(c: _Chunk, v: Tensor, assign: Optional[Tensor] = None) -> dic
     out = {"sum_wv_pos": (w_pos @ vf).double(), "sum_wv_neg": (w_neg @ vf).double(),
            "sum_w_pos": w_pos.sum(dtype=torch.float64), "sum_w_neg": w_neg.sum(dtype=torch.float64)}
     if assign is None:  # pass 1: also the valid-token counts
-        out.update({k: x.sum(dtype=torch.float64) for k, x in (("n_pos", c.pos), ("n_neg", c.neg), ("n_valid", c.mask))})
+        counted = (("n_pos", c.pos), ("n_neg", c.neg), ("n_valid", c.mask))
+        out.update({k: x.sum(dtype=torch.float64) for k, x in counted})
     return out
 
 
-def _margin(v: Tensor, mu_pos: Tensor, mu_neg: Tensor) -> Tensor:
-    # Δ⁺ = ‖v − μ₋‖² − ‖v − μ₊‖² with ‖v − μ‖² = ‖v‖² − 2v·μ + ‖μ‖² clamped at 0 (spec §2.5), [b, T].
+def _score(v: Tensor, mu_pos: Tensor, mu_neg: Tensor, c: _Chunk, scores: str) -> Tensor:
+    # ‖v − μ‖² = ‖v‖² − 2v·μ + ‖μ‖² clamped at 0 (spec §2.5), [b, T]; the token's one kept score: contrastive
+    # Δ⁺ = ‖v − μ₋‖² − ‖v − μ₊‖² (Δ⁻ = −Δ⁺), within_side −‖v − μ_own‖² (μ₊ on P, μ₋ elsewhere).
     sq = (v * v).sum(-1)
     d_pos = (sq - 2.0 * (v @ mu_pos) + mu_pos @ mu_pos).clamp(min=0)
     d_neg = (sq - 2.0 * (v @ mu_neg) + mu_neg @ mu_neg).clamp(min=0)
+    if scores == "within_side":
+        return torch.where(c.pos, -d_pos, -d_neg)
     return d_neg - d_pos
 
 
@@ -398,11 +563,17 @@ class _Passes:
         if j == 0 and not self.kept:
             if not isinstance(hidden, Tensor) or hidden.dim() != 3:
                 raise ValueError("chunks[0][0] (hidden) must be a [b, T, H] tensor")
-            self.dtype, self.H = _work_dtype(hidden, logp), hidden.shape[-1]
-        _check_shapes(hidden, "hidden", 3, adv, logp, "old_logp", mask, where, " of sequence advantages")
+            self.given_v = logp is None  # the chunks carry v itself (e.g. top-K proxies), not h and log p
+            self.dtype, self.H = _work_dtype(hidden, *([] if logp is None else [logp])), hidden.shape[-1]
+        if (logp is None) != self.given_v:
+            raise ValueError(f"old_logp{where} is {'None' if logp is None else 'a tensor'}, but "
+                             f"{'a tensor' if logp is None else 'None'} in chunks[0]: all or none must be None")
+        _check_shapes(hidden, "hidden", 3, adv, logp, None if logp is None else "old_logp", mask, where,
+                      " of sequence advantages")
         if hidden.shape[-1] != self.H:
             raise ValueError(f"hidden{where} has hidden size {hidden.shape[-1]}, expected {self.H}")
-        return _prepare(proxy_vectors(hidden, logp, mask), adv, mask, dtype=self.dtype, where=where)
+        v = hidden if logp is None else proxy_vectors(hidden, logp, mask)
+        return _prepare(v, adv, mask, dtype=self.dtype, where=where)
 
     def first(self):  # yields (_Chunk, v)
         for j, ch in enumerate(self.read()):
@@ -459,6 +630,29 @@ def _check_hparams(K, lam_min, lam_max, eps) -> Tuple[float, float]:
     return lo, hi
 
 
+def _check_ablations(scores, assignment, gamma, coefficients, normalize) -> Optional[Tuple[float, float]]:
+    # The ablation keywords of delta_coefficients(_streaming) (baselines spec §6); returns gamma as two floats.
+    for name, value, allowed in (("scores", scores, SCORES), ("assignment", assignment, ASSIGNMENTS),
+                                 ("coefficients", coefficients, COEFFICIENTS)):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+    if not isinstance(normalize, bool):
+        raise ValueError(f"normalize must be True or False, got {normalize!r}")
+    if gamma is None:
+        return None
+    try:
+        g = tuple(float(x) for x in gamma)
+    except (TypeError, ValueError):
+        g = ()
+    if len(g) != 2 or not all(math.isfinite(x) and x > 0 for x in g):
+        raise ValueError(f"gamma must be None or a pair (gamma_pos, gamma_neg) of finite floats > 0, got {gamma!r}")
+    return g
+
+
+def _gamma_tensors(gamma: Tuple[float, float], device) -> tuple:  # 0-dim float64, as adaptive_temperature's
+    return tuple(torch.tensor(g, dtype=torch.float64, device=device) for g in gamma)
+
+
 def _check_shapes(x, x_name, dims, adv, bt, bt_name, mask, where="", adv_what="") -> None:
     shape = lambda t: tuple(getattr(t, "shape", ()))  # noqa: E731
     if not isinstance(x, Tensor) or x.dim() != dims:
@@ -500,19 +694,20 @@ def _prepare(v: Tensor, adv: Tensor, response_mask: Tensor, dtype: Optional[torc
 
 
 # Diagnostics (``return_stats``) ----------------------------------------------------------------------------
-def _batch_stats(lam_bar, pos, neg, mask, scale, mus=None, gammas=None) -> dict:
+def _batch_stats(lam_bar, pos, neg, mask, scale, mus=None, gammas=None, gamma0=None) -> dict:
     """Diagnostics of ``delta_coefficients`` from λ̄ and the float side masks P, Nn ([B, T] each)."""
     lb64 = lam_bar.double()
     sums = (float((lb64 * pos).sum()), float((lb64 * lb64 * pos).sum()),
             float((lb64 * neg).sum()), float((lb64 * lb64 * neg).sum()))
     n_valid, n_pos, n_neg = (x.sum(dtype=torch.float64) for x in (mask, pos, neg))
     counts = (float(n_pos), float(n_neg), float(n_valid - n_pos - n_neg))
-    return _stats(sums, [lam_bar], [(pos > 0, neg > 0)], counts, scale, mus, gammas)
+    return _stats(sums, [lam_bar], [(pos > 0, neg > 0)], counts, scale, mus, gammas, gamma0)
 
 
-def _stats(lam_bar_sums, lam_bar: list, sides: list, counts, scale, mus=None, gammas=None) -> dict:
+def _stats(lam_bar_sums, lam_bar: list, sides: list, counts, scale, mus=None, gammas=None, gamma0=None) -> dict:
     """The ``STAT_KEYS`` dict. lam_bar_sums = (Σλ̄, Σλ̄²) on P, then on Nn; min / max over this process's λ̄
-    chunks and their bool sides (P, Nn); ``mus`` None: the guard fired."""
+    chunks and their bool sides (P, Nn); gammas the final temperatures, gamma0 the measured γ±⁽⁰⁾; ``mus``
+    None: the guard fired."""
     out = {}
     for i, side in enumerate(("pos", "neg")):
         s1, s2, n = lam_bar_sums[2 * i], lam_bar_sums[2 * i + 1], counts[i]
@@ -524,8 +719,10 @@ def _stats(lam_bar_sums, lam_bar: list, sides: list, counts, scale, mus=None, ga
     na, nb = (float(mu.double().norm()) for mu in mus) if mus is not None else (_NAN, _NAN)
     cos = float(mus[0].double() @ mus[1].double()) / (na * nb) if mus is not None and na > 0 and nb > 0 else _NAN
     g_pos, g_neg = (float(gammas[0]), float(gammas[1])) if gammas else (_NAN, _NAN)
+    g0_pos, g0_neg = (float(gamma0[0]), float(gamma0[1])) if gamma0 else (_NAN, _NAN)
     out.update({"delta/cos_mu": cos, "delta/mu_pos_norm": na, "delta/mu_neg_norm": nb,
-                "delta/gamma_pos": g_pos, "delta/gamma_neg": g_neg, "delta/n_pos": float(counts[0]),
+                "delta/gamma_pos": g_pos, "delta/gamma_neg": g_neg, "delta/gamma0_pos": g0_pos,
+                "delta/gamma0_neg": g0_neg, "delta/n_pos": float(counts[0]),
                 "delta/n_neg": float(counts[1]), "delta/n_zero": float(counts[2]), "delta/scale": float(scale),
                 "delta/fallback": 1.0 if mus is None else 0.0})
     return out
