@@ -777,9 +777,10 @@ def forking_tokens(model, batch, mb_idx, cfg: GRPOConfig):
     """``forking_mask`` over one mini-batch at the current θ: a no-grad pass for the entropies (the micro-batches'
     own forwards come too late: the first one's backward needs the whole pool's ranking). Returns ``[N, T]`` bool,
     False outside ``mb_idx``; the entropies are [N, T] floats (34 MB at 2,048 × 4,096)."""
-    mask, entropy = batch.response_mask, torch.zeros(batch.response_mask.shape)
+    dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
+    mask, entropy = batch.response_mask, torch.zeros(batch.response_mask.shape, dtype=dt)
     for mb in policy.Passes(model, batch, mb_idx, cfg, grad=False, entropy=True):
-        entropy[mb.rows, :mb.t] = mb.entropy.float().cpu()
+        entropy[mb.rows, :mb.t] = mb.entropy.to(dt).cpu()
     keep = torch.zeros(mask.shape, dtype=torch.bool)
     keep[mb_idx] = forking_mask(entropy[mb_idx], mask[mb_idx], cfg)
     model.train()

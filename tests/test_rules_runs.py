@@ -1,5 +1,5 @@
 """A short toy run with every comparison rule's flag value completes and logs its rule's statistics
-(docs/reproduce.md's rows; pytest -m rules, which .ci/run runs: about a minute and a half)."""
+(docs/reproduce.md's rows; about half a minute)."""
 
 import json
 
@@ -30,7 +30,6 @@ RULES = {  # flags -> a metrics.jsonl key the rule logs (None: the rule's own ke
 }
 
 
-@pytest.mark.rules
 @pytest.mark.parametrize("name", sorted(RULES))
 def test_rule_runs_on_the_toy(toy_model_path, tmp_path, name):
     flags, key = RULES[name]
