@@ -12,7 +12,7 @@ finished run (summary.json) is read, not rerun, so a killed batch resumes. Per r
 gained (points, mean ± population std and the seeds' range) and the credit's AUROCs at the toy's first wrong token
 and result digits (samples/summary.json, ``report.credit_lands``).
 
-    python bench/reproduce.py                        # every rule, seeds 0 1 2: 81 runs, ~1.2 h on 2 cores
+    python bench/reproduce.py                        # every rule, seeds 0 1 2: 87 runs, ~2 h on 2 cores
     python bench/reproduce.py --rules dapo,fipo --seeds 0
     python bench/reproduce.py --table                # print docs/reproduce.md's toy table from the finished runs
 
@@ -72,6 +72,8 @@ RULES = [
      "up-weighting the sensitive tokens instead"),
     ("cscr_group", "CSCR", ["--credit", "cscr", "--cscr_scope", "group"], None, "renormalised per group"),
     ("cscr_batch", "CSCR", ["--credit", "cscr", "--cscr_scope", "batch"], None, "renormalised over the batch"),
+    ("cscr_alpha_0.5", "CSCR", ["--credit", "cscr", "--cscr_alpha", "0.5"], None, "strength: α = 0.5"),
+    ("cscr_alpha_4", "CSCR", ["--credit", "cscr", "--cscr_alpha", "4"], None, "strength: α = 4"),
 ]
 TOY = ["--num_mini_batches", "4"]  # every toy run's shared flags (the paper's four mini-batches per step)
 

@@ -195,3 +195,30 @@ def test_delta_q2_selection_trains_on_half_the_tokens_by_lambda(toy_batch, which
         assert lam[kept].min() >= lam[valid & ~kept].max()
     if which == "bottom":
         assert lam[kept].max() <= lam[valid & ~kept].min()
+
+
+@pytest.mark.parametrize("flags", [{"delta_scores": "within_side"}, {"delta_assignment": "hard"},
+                                   {"delta_coefficients": "raw"}, {"delta_normalize": False},
+                                   {"delta_proxy": "topk", "delta_proxy_topk": 7}, {"delta_k": 2}])
+def test_delta_variants_give_one_lambda_under_both_implementations(toy_batch, float64_model, flags):
+    """Every DelTA ablation through the trainer: --delta_impl normal (the batch's h kept) and memory_efficient (h
+    recomputed, K + 3 streamed passes) give the same λ̄ (float64, 1e-10); the invariants hold."""
+    model, tok, batch = toy_batch
+    model = float64_model(model)
+    N, mask = batch.response_mask.shape[0], batch.response_mask
+    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4), dtype=D), 4)
+    lam = {}
+    for impl in ("normal", "memory_efficient"):
+        cfg = grpo.GRPOConfig(credit="delta", delta_impl=impl, **flags)
+        credit = grpo.Credit(cfg, tok)
+        old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden())
+        token_adv, _ = credit(model, batch, adv, old, [""] * N)
+        lam[impl] = credit.token_weights["lambda_bar"]
+        valid = mask.bool() & (adv != 0)[:, None]
+        assert (torch.sign(token_adv[valid]) == torch.sign(adv[:, None].expand_as(mask)[valid])).all()
+    torch.testing.assert_close(lam["memory_efficient"], lam["normal"], rtol=1e-10, atol=1e-10)
+    total = float((lam["normal"] * mask).sum())
+    if flags.get("delta_normalize", True):  # Σ λ̄·mask = N
+        assert total == pytest.approx(float(mask.sum()), rel=1e-12)
+    else:
+        assert abs(total - float(mask.sum())) > 1e-6
