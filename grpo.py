@@ -735,10 +735,10 @@ def backward_minibatch(model, batch, old: ThetaOld, token_adv, mb_idx, cfg: GRPO
     for mb in passes:
         at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
         adv_t, mask_t, n_mb, rule = at(token_adv), at(mask), n_tok, {}
-        if forking and cfg.entropy_pool == "micro":  # Forking Tokens' code: ranked in each micro-batch (and /n_micro)
+        if forking and cfg.entropy_pool == "micro":  # Forking Tokens' code: ranked in each micro-batch, its loss
             mask_t = at(batch.response_mask) * forking_mask(mb.entropy.to(device), at(batch.response_mask), cfg)
-            n_mb = max(float(mask_t.sum() if ft_quantile == 1 else at(batch.response_mask).sum()), 1.0) * \
-                len(passes.layout)
+            if ft_quantile == 1:  # the kept tokens' mean, divided by the micro-batches summed (gradient accumulation)
+                n_mb = max(float(mask_t.sum()), 1.0) * len(passes.layout) * distributed.world_size()
         if forking:  # the share of the micro-batch's valid tokens the entropy rule keeps
             rule = {"forking/kept_frac": float(mask_t.sum() / at(batch.response_mask).sum().clamp(min=1.0))}
         f = None

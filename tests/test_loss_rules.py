@@ -222,3 +222,19 @@ def test_delta_variants_give_one_lambda_under_both_implementations(toy_batch, fl
         assert total == pytest.approx(float(mask.sum()), rel=1e-12)
     else:
         assert abs(total - float(mask.sum())) > 1e-6
+
+
+@pytest.mark.parametrize("flag", [{"entropy_top_ratio": 0.3}, {"top_entropy_quantile": 0.3}])
+def test_entropy_pools_agree_on_one_micro_batch(toy_batch, float64_model, flag):
+    """--entropy_pool micro ranks each micro-batch (Forking Tokens' code) and divides by the kept tokens summed
+    over micro-batches; with the mini-batch as one micro-batch it is the mini-batch pool (float64, 1e-10)."""
+    model, tok, batch = toy_batch
+    model = float64_model(model)
+    one = dict(micro_batch_size=0, padding_free=False, **flag)
+    l_mini, g_mini, _, w_mini, _ = _update(model, tok, batch, entropy_pool="minibatch", **one)
+    l_micro, g_micro, _, w_micro, _ = _update(model, tok, batch, entropy_pool="micro", **one)
+    assert l_micro == pytest.approx(l_mini, rel=1e-10) and torch.equal(w_micro, w_mini)
+    assert (g_micro - g_mini).norm() <= 1e-10 * g_mini.norm()
+    # several micro-batches: each ranks its own rows, so the kept set differs from the mini-batch's ranking
+    _, _, _, w_split, _ = _update(model, tok, batch, entropy_pool="micro", micro_batch_size=4, **flag)
+    assert not torch.equal(w_split, w_mini)
