@@ -171,6 +171,14 @@ def gathered_weights(model):
             m.set_reshard_after_forward(True, recurse=False)
 
 
+def full_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A parameter's whole value, detached: FSDP2's shard gathered (a collective: every process must call it), or the
+    parameter itself without FSDP."""
+    from torch.distributed.tensor import DTensor
+
+    return (weight.full_tensor() if isinstance(weight, DTensor) else weight).detach()
+
+
 def gathered_model_state(model) -> dict | None:
     """The model's full (unsharded) state dict on process 0's CPU ({} on the others); None with one process (then
     ``save_pretrained`` reads the model itself). Under FSDP2 every process must call it."""

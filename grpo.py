@@ -267,8 +267,6 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None)
          "--fipo_safety_threshold must be > 0, --fipo_clip >= 0"),
         (not 0 < cfg.delta_select_fraction <= 1 or cfg.delta_proxy_topk < 1, "--delta_select_fraction must be in "
          "(0, 1] and --delta_proxy_topk >= 1"),
-        (cfg.delta_proxy == "topk" and world > 1, "--delta_proxy topk reads the whole LM head, which torchrun "
-         "shards: run it in one process"),
         (cfg.delta_select != "none" and (cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1),
          "--delta_select and the entropy masks each choose the trained tokens: give one"),
         (not 0 < cfg.cscr_sign_mix <= 1 or not 0 <= cfg.cscr_sign_eps < 1, "--cscr_sign_mix must be in (0, 1] and "
@@ -488,12 +486,14 @@ class Credit:
                   scores=c.delta_scores, assignment=c.delta_assignment, gamma=self.delta_gamma,
                   coefficients=c.delta_coefficients, normalize=c.delta_normalize)
         pooled = distributed.is_distributed() and c.delta_scope == "global"
+        # --delta_proxy topk reads the whole LM head (gathered under FSDP2): V × H floats, 2.5 GB for Qwen3-8B
+        head = distributed.full_weight(model.get_output_embeddings().weight) if c.delta_proxy == "topk" else None
         if c.delta_coefficients == "random":  # App. F's control: λ uniform in [λ_min, λ_max], fresh every step
             draw = torch.Generator().manual_seed(c.seed * 1_000_003 + step * 101 + distributed.rank())
             lam_bar, stats = delta.random_coefficients(adv, mask, c.delta_lam_min, c.delta_lam_max, generator=draw,
                                                        normalize=c.delta_normalize), {}
         elif old.hidden is not None and not pooled:  # --delta_impl normal: stage 4 kept the batch's h_t [N, T, H]
-            v = self._proxies(model, old.hidden, old.logp, batch.response_ids, mask)  # App. F (ThetaOld's bound)
+            v = self._proxies(head, old.hidden, old.logp, batch.response_ids, mask)  # App. F (ThetaOld's bound)
             lam_bar, stats = delta.delta_coefficients(v, adv, mask, **kw)
         else:
             # Streamed sufficient statistics (spec §2.5): every statistic is a sum or a count, so with --delta_scope
@@ -510,7 +510,7 @@ class Credit:
                     for mb in passes:  # --delta_proxy topk: (v, None, ...), v from h and the LM head
                         logp = mb.take(old.logp)
                         yield (mb.hidden, logp, mb.take(mask), adv[mb.rows]) if c.delta_proxy == "hidden" else \
-                            (self._proxies(model, mb.hidden, logp, mb.take(batch.response_ids), mb.take(mask)), None,
+                            (self._proxies(head, mb.hidden, logp, mb.take(batch.response_ids), mb.take(mask)), None,
                              mb.take(mask), adv[mb.rows])
 
             parts, stats = delta.delta_coefficients_streaming(
@@ -528,15 +528,16 @@ class Credit:
             return adv[:, None] * mask, {**stats, "delta/selected_frac": float(self.keep.sum() / mask.sum())}
         return delta.delta_token_advantages(adv, lam_bar, mask), stats  # Ã = Â·λ̄ (spec §2.3 step 7)
 
-    def _proxies(self, model, hidden, old_logp, token_ids, mask):
-        """DelTA's proxy v ``[b, t, H]`` (App. F): (1 − p)·h, or with --delta_proxy topk W_y − Σ_{top K} p̃_j W_j."""
+    def _proxies(self, weight, hidden, old_logp, token_ids, mask):
+        """DelTA's proxy v ``[b, t, H]`` (App. F): (1 − p)·h, or with --delta_proxy topk W_y − Σ_{top K} p̃_j W_j
+        (``weight``: the LM head's W ``[V, H]``)."""
         import delta
 
         if self.cfg.delta_proxy == "hidden":
             return delta.proxy_vectors(hidden, old_logp, mask)
-        weight = model.get_output_embeddings().weight.detach()
-        return delta.topk_proxy_vectors(hidden.to(weight.device), token_ids.to(weight.device), mask.to(weight.device),
-                                        weight, self.cfg.delta_proxy_topk, self.cfg.temperature).cpu()
+        at = weight.device
+        return delta.topk_proxy_vectors(hidden.to(at), token_ids.to(at), mask.to(at), weight, self.cfg.delta_proxy_topk,
+                                        self.cfg.temperature).cpu()
 
     def _cscr(self, model, batch, adv, old_logp, answers):
         import cscr

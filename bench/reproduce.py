@@ -124,7 +124,9 @@ def table(results: dict) -> str:
         if not r:
             continue
         g, fw, rd = r["gain"], r["auroc_first_wrong"], r["auroc_result_digits"]
-        cell = lambda s, d: "–" if s["mean"] is None else f"{s['mean']:.{d}f} ({s['min']:.{d}f}–{s['max']:.{d}f})"  # noqa: E731
+        def cell(s, d):  # mean (the seeds' range)
+            return "–" if s["mean"] is None else f"{s['mean']:.{d}f} ({s['min']:.{d}f}–{s['max']:.{d}f})"
+
         lines.append(f"| {name} | {where} | {'–' if paper is None else f'{paper:.2f}'} | "
                      f"{g['mean']:+.1f} ± {g['std']:.1f} ({g['min']:+.1f}–{g['max']:+.1f}) | {cell(fw, 3)} | "
                      f"{cell(rd, 3)} |")

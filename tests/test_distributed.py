@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRIVER = os.path.join(ROOT, "tests", "dist_driver.py")
-FLAGS = ["--prompt_template", "none", "--num_prompts_per_step", "4", "--num_generations", "4", "--max_completion_length", "24",
-         "--max_steps", "2", "--eval_num_generations", "0", "--learning_rate", "1e-3", "--save_steps", "0"]
+FLAGS = ["--prompt_template", "none", "--num_prompts_per_step", "4", "--num_generations", "4",
+         "--max_completion_length", "24", "--max_steps", "2", "--eval_num_generations", "0", "--learning_rate", "1e-3", "--save_steps", "0"]
 
 
 def _run(out, model, nproc, *extra):
@@ -49,14 +49,15 @@ def _metrics(out):
         return [json.loads(line) for line in f]
 
 
-@pytest.mark.parametrize("credit", ["grpo", "delta", "delta_memory_efficient"])
+@pytest.mark.parametrize("credit", ["grpo", "delta", "delta_memory_efficient", "delta_topk"])
 def test_two_processes_equal_one_process(toy_model_path, tmp_path, credit):
     """The weights after 2 steps agree to 1e-5: AdamW's step lr·m̂/(√v̂ + ε) barely depends on the rounding of the
     gradient (summed in another order over 2 processes), except where |g| ≈ ε = 1e-8, where it moves by at most
     lr·δg/(4ε) = 1e-3·δg/4e-8: below 1e-5 for the float32 δg ≲ 1e-10 of these sums. delta_memory_efficient: each
     process streams its micro-batches through K + 3 passes and the statistics are summed over both."""
     flags = ["--credit", "delta", "--delta_impl", "memory_efficient", "--micro_batch_size", "3"] \
-        if credit == "delta_memory_efficient" else ["--credit", credit]
+        if credit == "delta_memory_efficient" else ["--credit", "delta", "--delta_proxy", "topk"] \
+        if credit == "delta_topk" else ["--credit", credit]
     one = _run(tmp_path / "one", toy_model_path, 1, *flags)
     two = _run(tmp_path / "two", toy_model_path, 2, *flags)
     w0, w1, w2 = _weights(toy_model_path), _weights(one / "final"), _weights(two / "final")
