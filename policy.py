@@ -29,6 +29,7 @@ from collections import namedtuple
 
 import torch
 
+import baselines
 import checkpoint
 import distributed
 import memory_plan
@@ -382,18 +383,15 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
             handle.remove()
     logits = out.logits[:, -(T + 1):-1]  # position p predicts token p+1: [B, T, V]
     targets = input_ids[:, -T:]
-    rows, entropy = [], []
+    rows = []
     for i in range(logits.shape[0]):  # one row at a time keeps the float32 copy small (V can be 152k)
         z = logits[i].to(torch.promote_types(logits.dtype, torch.float32)) / temperature
-        lse = torch.logsumexp(z, -1)
-        rows.append(z.gather(-1, targets[i, :, None]).squeeze(-1) - lse)
-        if return_entropy:  # H = logsumexp(z) − Σ softmax(z)·z, from this row's [T, V] only
-            with torch.no_grad():
-                entropy.append(lse.detach() - (torch.softmax(z.detach(), -1) * z.detach()).sum(-1))
+        rows.append(z.gather(-1, targets[i, :, None]).squeeze(-1) - torch.logsumexp(z, -1))
     logp = torch.stack(rows)
     logp = logp * response_mask.to(logp.dtype)
     out = (logp,) + ((captured["h"][:, -(T + 1):-1],) if return_hidden else ()) \
-        + ((torch.stack(entropy) * response_mask.to(logp.dtype),) if return_entropy else ())
+        + ((baselines.entropy_from_logits(logits, temperature) * response_mask.to(logp.dtype),) if return_entropy
+           else ())  # a few positions of logits at a time: no further [T, V] copy
     return out if len(out) > 1 else logp
 
 
