@@ -7,8 +7,10 @@ One training step (``train_step``) is seven stages, in the order of the papers::
     3. advantages   Â_i = (r_i − mean_g r) / (std_g r + 1e-6)       group_advantages   GRPO (Shao et al. 2024)
     4. θ_old        log π_θold(o_{i,t}) per token, no grad          old_logprobs       (+ h_t for DelTA, same pass)
     5. credit       token advantages Ã_{i,t} (--credit)             Credit: grpo broadcasts Â_i; delta Â_i·λ̄_{i,t}
-                                                                    (delta.py); cscr Â_i·w̃_{i,t} (cscr.py)
+                                                                    (delta.py); cscr Â_i·w̃_{i,t} (cscr.py); fipo Â_i
     6. update       clipped surrogate, token-mean, AdamW            policy_loss        DAPO (Yu et al. 2025) §3.1, §3.3
+                    (the current policy's masks/weights: FIPO,      backward_minibatch (baselines.py)
+                    Forking Tokens; SAPO's gate)
     7. log          metrics.jsonl, samples/                         checkpoint.RunFolder
 
 The file follows that order: config and CLI; the maths (``group_advantages``, ``policy_loss``; log π is
@@ -453,7 +455,8 @@ class Credit:
         self.cfg, self.tokenizer, self.token_weights = cfg, tokenizer, {}
         self.cscr_threshold, self.cscr_calibrated = cfg.cscr_threshold, False
         self.delta_gamma = None  # --delta_gamma frozen: (γ⁺, γ⁻) of the first batch with both sides, then kept
-        self.keep = None  # --delta_select: the tokens the loss trains on [N, T] bool (None: every valid token)
+        # --delta_select: the tokens the loss trains on, [N, T] bool (8.4 MB at 2,048 × 4,096; None: every token)
+        self.keep = None
 
     def needs_hidden(self) -> bool:  # stage 4 keeps the batch's h_t (else DelTA's memory_efficient recomputes them)
         return self.cfg.credit == "delta" and self.cfg.delta_impl == "normal" and self.cfg.delta_coefficients != \

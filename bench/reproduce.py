@@ -116,21 +116,25 @@ def spread(values: list[float]) -> dict:
 
 
 def table(results: dict) -> str:
-    """docs/reproduce.md's toy columns: one row per rule."""
-    lines = ["| row | table | paper | toy avg@8 gain (points) | AUROC first wrong | AUROC result digits |",
-             "|---|---|---|---|---|---|"]
-    for name, where, _, paper, _ in RULES:
-        r = results.get(name)
-        if not r:
-            continue
-        g, fw, rd = r["gain"], r["auroc_first_wrong"], r["auroc_result_digits"]
-        def cell(s, d):  # mean (the seeds' range)
-            return "–" if s["mean"] is None else f"{s['mean']:.{d}f} ({s['min']:.{d}f}–{s['max']:.{d}f})"
+    """docs/reproduce.md's tables: per paper table, one row per rule (its flags at the paper's recipe, the paper's
+    number, the toy's three-seed figures)."""
+    def cell(s, d, sign=""):  # mean ± std (the seeds' range)
+        if s["mean"] is None:
+            return "–"
+        return f"{s['mean']:{sign}.{d}f} ± {s['std']:.{d}f} ({s['min']:{sign}.{d}f} to {s['max']:{sign}.{d}f})"
 
-        lines.append(f"| {name} | {where} | {'–' if paper is None else f'{paper:.2f}'} | "
-                     f"{g['mean']:+.1f} ± {g['std']:.1f} ({g['min']:+.1f}–{g['max']:+.1f}) | {cell(fw, 3)} | "
-                     f"{cell(rd, 3)} |")
-    return "\n".join(lines)
+    out = []
+    for where in dict.fromkeys(t for _, t, _, _, _ in RULES):
+        out += [f"\n**{where}**\n", "| row | flags | paper | toy: avg@8 gained (points) | AUROC first wrong | "
+                "AUROC result digits |", "|---|---|---|---|---|---|"]
+        for name, t, flags, paper, what in RULES:
+            r = results.get(name)
+            if t != where or not r:
+                continue
+            out.append(f"| {name}: {what} | `{' '.join(flags) or '(none)'}` | "
+                       f"{'–' if paper is None else f'{paper:.2f}'} | {cell(r['gain'], 1, '+')} | "
+                       f"{cell(r['auroc_first_wrong'], 3)} | {cell(r['auroc_result_digits'], 3)} |")
+    return "\n".join(out)
 
 
 def main(argv=None):
