@@ -40,13 +40,75 @@ import sys
 import time
 from dataclasses import dataclass
 
-SYMBOL = {"grpo": "c", "delta": "λ̄", "cscr": "w̃"}  # the credit c = Ã_{i,t} / Â_i of each --credit, as hovered
+# The credit c = Ã_{i,t} / Â_i of each --credit, as hovered (FIPO: its future-KL weight f, Â·f/Â); a rule that masks
+# tokens out of the loss (Forking Tokens, DelTA's Q2) shows "c" (``symbol``).
+SYMBOL = {"grpo": "c", "delta": "λ̄", "cscr": "w̃", "fipo": "f"}
 RUN_COLOURS = ["#0072b2", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#d55e00", "#555555"]  # Okabe-Ito
 # The token scale (ColorBrewer PuOr): purple = less than the sequence advantage, orange = more, white = exactly Â.
 LESS = ["#ffffff", "#e7e4f1", "#c9c3e0", "#a79dce", "#8073ac", "#5e3f96", "#3f1f73"]
 MORE = ["#ffffff", "#fdebd3", "#fdd19c", "#f9ae5d", "#e6862a", "#c0620f", "#8f4206"]
 LEVELS = 12  # colour classes per side; the exact value is in each token's title
 TOKEN_BUDGET = 120_000  # --steps auto: show every logged step while the page holds at most this many tokens
+
+
+def _masks(config: dict, credit: str) -> bool:
+    """Whether the run's loss leaves tokens out (Forking Tokens' entropy masks, DelTA's Q2 selection)."""
+    return (config.get("entropy_top_ratio", 0.0) > 0 or config.get("top_entropy_quantile", 1.0) < 1
+            or (credit == "delta" and config.get("delta_select", "none") != "none"))
+
+
+def rule_name(config: dict) -> str:
+    """The comparison rule a run trained with, from its config.json's "config" (grpo.GRPOConfig's fields): the
+    names of bench/reproduce.py's RULES in words, e.g. "grpo", "delta", "fipo", "sapo", "forking tokens ρ=0.2",
+    "delta: hard assignment", "delta Q2: top 50%", "cscr: group scope". Rules combine: the loss-side rule
+    (sapo, Forking Tokens in its code's or TRL's reading) first, then the credit with its non-default settings, e.g.
+    "sapo + delta: frozen γ, raw α". A key the config lacks (older runs) takes grpo.py's default, so an older
+    config names what it names today: its --credit. "" when the config has no "credit" (unknown).
+    Left out, as they do not change the rule: --loss_type grpo/dr_grpo, DelTA's --delta_impl and --delta_scope,
+    --entropy_pool, and the strengths of CSCR (--cscr_threshold, --cscr_alpha, ...), SAPO and FIPO."""
+    g = config.get
+    credit = g("credit", "")
+    if not credit:
+        return ""
+    loss = []
+    if g("loss_type", "dapo") == "sapo":
+        loss.append("sapo")
+    if g("entropy_top_ratio", 0.0) > 0:
+        loss.append(f"forking tokens ρ={g('entropy_top_ratio'):g}")
+    if g("top_entropy_quantile", 1.0) < 1:
+        loss.append(f"forking tokens (TRL) ρ={g('top_entropy_quantile'):g}")
+    base, details = credit, []
+    if credit == "delta":
+        if g("delta_select", "none") != "none":
+            base = "delta Q2"
+            details.append(f"{g('delta_select')} {g('delta_select_fraction', 0.5):.0%}")
+        details += [label for on, label in [
+            (g("delta_scores", "contrastive") == "within_side", "within-side scores"),
+            (g("delta_assignment", "soft") == "hard", "hard assignment"),
+            (g("delta_gamma", "adaptive") == "frozen", "frozen γ"),
+            (g("delta_coefficients", "bounded") == "raw", "raw α"),
+            (g("delta_coefficients", "bounded") == "random", "random λ"),
+            (not g("delta_normalize", True), "no λ-normalisation"),
+            (g("delta_proxy", "hidden") == "topk", f"top-K proxy K={g('delta_proxy_topk', 20)}"),
+            (g("delta_k", 1) != 1, f"K={g('delta_k', 1)}"),
+            ((g("delta_lam_min", 0.8), g("delta_lam_max", 1.2)) != (0.8, 1.2),
+             f"λ∈[{g('delta_lam_min', 0.8):g}, {g('delta_lam_max', 1.2):g}]")] if on]
+    elif credit == "cscr":
+        weight, scope = g("cscr_weight", "exp"), g("cscr_scope", "sequence")
+        if weight != "exp":
+            details.append({"sign_aware": "sign-aware", "upweight": "up-weighting"}.get(weight, f"{weight} weight"))
+        if scope != "sequence":
+            details.append(f"{scope} scope")
+    rule = base + (": " + ", ".join(details) if details else "")
+    if loss and credit == "grpo":  # the loss rule alone: DAPO's loss with another gate or a mask
+        return " + ".join(loss)
+    return " + ".join([*loss, rule])
+
+
+def symbol(config: dict, credit: str) -> str:
+    """What a run's hovered credit is called: SYMBOL of its --credit, or "c" when its loss masks tokens out (the
+    credit is then the product of the mask and the rule's weight)."""
+    return "c" if _masks(config, credit) else SYMBOL.get(credit, "credit")
 
 
 class RunError(ValueError):
@@ -62,6 +124,15 @@ class Run:
     metrics: list[dict]  # metrics.jsonl: training steps and evaluations
     summary: dict  # summary.json (absent while a run is in progress: {})
     samples: dict[int, list[dict]]  # step -> the logged responses (samples/step_*.jsonl)
+
+    @property
+    def rule(self) -> str:
+        """``rule_name`` of the run's config (its ``credit`` when config.json lacks the key)."""
+        return rule_name({"credit": self.credit, **self.config})
+
+    @property
+    def symbol(self) -> str:
+        return symbol(self.config, self.credit)
 
 
 # --- Reading the run folders ----------------------------------------------------------------------------------
@@ -317,6 +388,11 @@ def curves(runs: list[Run], colours: dict) -> str:
     return f'<div class="grid">{"".join(figs)}</div>'
 
 
+def _rule_note(run: Run) -> str:
+    """A caption's "<rule> · ", unless the run's folder is already named after its rule."""
+    return f"{html.escape(run.rule)} · " if run.rule not in ("", run.name) else ""
+
+
 def histograms(runs: list[Run], colours: dict, R: float) -> str:
     """Per run, the credit of every logged token of a response with Â ≠ 0, on one axis and one height."""
     data = {run.name: [c for rows in run.samples.values() for row in rows if row.get("advantage")
@@ -335,7 +411,7 @@ def histograms(runs: list[Run], colours: dict, R: float) -> str:
             continue
         below, above = sum(c < 0.9995 for c in vals) / len(vals), sum(c > 1.0005 for c in vals) / len(vals)
         figs.append(f'<figure><figcaption><span class="chip" style="background:{colours[run.name]}"></span>'
-                    f'{html.escape(run.name)} <small>{SYMBOL.get(run.credit, "credit")} · {len(vals):,} tokens · '
+                    f'{html.escape(run.name)} <small>{_rule_note(run)}{run.symbol} · {len(vals):,} tokens · '
                     f'mean {sum(vals) / len(vals):.3f} · &lt;1: {below:.0%} · &gt;1: {above:.0%}</small></figcaption>'
                     f'{histogram(counts[run.name], R, ymax)}</figure>')
     return f'<div class="grid">{"".join(figs)}</div>'
@@ -367,7 +443,7 @@ def run_table(runs: list[Run], colours: dict) -> str:
             else "–"
         n = sum(len(v) for v in run.samples.values())
         rows.append(f'<tr><td class="run"><span class="chip" style="background:{colours[run.name]}"></span>'
-                    f'<b>{html.escape(run.name)}</b></td><td>{html.escape(run.credit or "?")}</td>'
+                    f'<b>{html.escape(run.name)}</b></td><td>{html.escape(run.rule or "?")}</td>'
                     f'<td class="num">{len(steps)}</td><td class="num">{change(avg)}</td>'
                     f'<td class="num">{change("eval/greedy")}</td><td class="num">{reward}</td>'
                     f'<td class="num">{length}</td><td class="num">{n:,} ({len(run.samples)} steps)</td>'
@@ -451,7 +527,7 @@ def step_section(step: int, runs: list[Run], colours: dict, R: float, is_open: b
                               if any(r["prompt"] == prompt for r in rs))
                 if near:
                     rows, note = _groups(run, near[0][1])[prompt], f" (step {near[0][1]})"
-            sym = SYMBOL.get(run.credit, "credit")
+            sym = run.symbol
             head = (f'<div class="colhead"><span class="chip" style="background:{colours[run.name]}"></span>'
                     f'{html.escape(run.name)}{note} <small>{sum(r["reward"] > 0 for r in rows or [])}/{len(rows or [])}'
                     f' correct · hover: {sym}</small></div>')
@@ -573,7 +649,8 @@ def credit_lands(run: Run) -> dict:
                 neg = [x for i, x in enumerate(c) if i not in chosen]
                 if pos and neg:
                     aurocs[key].setdefault(step, []).append(auroc(pos, neg))
-    return {"credit": run.credit, "path": run.path, "classes": {k: _over_steps(v) for k, v in by_class.items()},
+    return {"credit": run.credit, "rule": run.rule, "path": run.path,
+            "classes": {k: _over_steps(v) for k, v in by_class.items()},
             "auroc": {k: _over_steps(v) for k, v in aurocs.items()}, "responses": kinds}
 
 
@@ -618,13 +695,14 @@ def credit_lands_section(runs: list[Run], colours: dict, lands: dict[str, dict])
     for run in runs:
         d = lands[run.name]
         k = d["responses"]
-        credit = f' <small class="muted">{html.escape(run.credit)}</small>' if run.credit not in ("", run.name) else ""
+        credit = f' <small class="muted">{html.escape(run.rule)}</small>' if run.rule not in ("", run.name) else ""
         rows.append(f'<tr><td class="lrun"><span class="chip" style="background:{colours[run.name]}"></span>'
                     f'<b>{html.escape(run.name)}</b>{credit}</td>'
                     + "".join(_stat_cell(d["classes"][key]) for key, _, _ in CLASSES)
                     + "".join(_stat_cell(d["auroc"][key]) for key in ("first_wrong", "result_digits"))
-                    + f'<td class="num" title="{k["no_wrong_token"]} incorrect with no wrong token (a prefix of a correct '
-                      f'solution): counted, not classed">{k["incorrect"]} incorrect · {k["correct"]} correct</td></tr>')
+                    + f'<td class="num" title="{k["no_wrong_token"]} incorrect with no wrong token (a prefix of a '
+                      f'correct solution): counted, not classed">{k["incorrect"]} incorrect · {k["correct"]} correct'
+                      f'</td></tr>')
     heads = "".join(f"<th>{html.escape(h)}<br><small>{side}</small></th>" for _, h, side in CLASSES)
     table = (f'<table class="runs lands"><thead><tr><th>run</th>{heads}<th>AUROC first wrong<br><small>incorrect'
              f'</small></th><th>AUROC result digits<br><small>correct</small></th><th>responses<br><small>with Â ≠ 0'
@@ -745,6 +823,14 @@ def legend(runs: list[Run], R: float) -> str:
                      'counterfactually sensitive (s<sub>t</sub> &gt; λ: their log-probability moves under the '
                      'privileged notes c±), and the credit they lose goes to the others (Σ<sub>t</sub> c = '
                      'L<sub>i</sub>).</p>')
+    if "fipo" in credits:
+        lines.append('<p><b>FIPO</b>: c = f<sub>i,t</sub>, the future-KL weight its loss multiplies Â<sub>i</sub> by: '
+                     'exp of the decayed sum of log π<sub>θ</sub>/π<sub>old</sub> over token t and the tokens after '
+                     'it, clipped to [1, 1 + clip] (Â &lt; 0 tokens with a large ratio: [0.8, 1]); orange tokens '
+                     'lead to text the update already made likelier (baselines.future_kl_weights).</p>')
+    if any(_masks(run.config, run.credit) for run in runs):
+        lines.append('<p><b>Masked rules</b> (Forking Tokens, DelTA\'s Q2): c is 0 on the tokens the loss leaves '
+                     'out (darkest purple) and the rule\'s weight on the others.</p>')
     if any(is_toy(run) for run in runs):
         lines.append('<p><b style="color:#d1242f">Red underline</b> (toy runs): an incorrect response\'s first wrong '
                      'token, where it is no longer a prefix of any correct solution (see "Where the credit '
@@ -800,11 +886,13 @@ def truth_numbers(runs: list[Run]) -> dict:
     ``delta_tokens`` (``delta_tokens`` of each delta run), by run name; with the definitions in words. Empty when
     no run is on the toy or DelTA."""
     lands = {run.name: credit_lands(run) for run in runs if is_toy(run) and run.samples}
-    views = {run.name: delta_tokens(run) for run in runs if run.credit == "delta" and run.samples}
+    views = {run.name: delta_tokens(run) for run in runs if run.symbol == "λ̄" and run.samples}
     if not lands and not views:
         return {}
     return {"definitions": {
-        "credit": "c = Ã_{i,t}/Â_i per token (GRPO 1, DelTA λ̄, CSCR w̃); only rows with Â_i ≠ 0",
+        "credit": "c = Ã_{i,t}/Â_i per token (GRPO 1, DelTA λ̄, CSCR w̃, FIPO f; 0 where a mask leaves the token "
+                  "out of the loss); only rows with Â_i ≠ 0",
+        "rule": "report.rule_name of the run's config.json: the comparison rule (bench/reproduce.py's RULES)",
         "classes": "incorrect responses: first_wrong (toy.first_wrong_token), prefix (before it), after (after it); "
                    "correct responses (reward > 0): result_digits (toy.result_digits), other",
         "mean": "over every token (classes) or response (auroc) of every logged step; count: tokens or responses",

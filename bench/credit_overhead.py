@@ -1,23 +1,36 @@
-"""Cost of token credit assignment: GRPO vs DelTA vs CSCR, same training steps, side by side.
+"""Cost of token credit assignment and of every comparison rule: each against DAPO/GRPO, same steps, side by side.
 
 What it measures
 ----------------
-For each credit (``--credits``, default ``grpo,delta,cscr``; every ``delta`` entry is run once per
-``--delta_impls``, default ``normal,memory_efficient``) it runs ``grpo.train`` for ``--steps`` steps with the
-same model, data, seed and therefore the same prompts; by default (``--learning_rate 1e-30``, see its help) the
-updates are computed and applied but leave the float32 weights unchanged, so every credit also gets the identical
-rollouts at every step and the comparison is shape for shape (the output says whether that held). The runs are
-INTERLEAVED, ``grpo, delta, delta(memory_efficient), cscr, grpo, delta, ...`` for ``--repeats`` rounds, so a
-slow drift of the machine's load hits every credit alike; an untimed warm-up round (2 steps per row) comes first
+For each row it runs ``grpo.train`` for ``--steps`` steps with the same model, data, seed and therefore the same
+prompts. The rows are the comparison rules of bench/reproduce.py's ``RULES`` (``--rules``, default: every one of
+them; ``dapo``, the row without flags, i.e. ``--credit grpo --loss_type dapo``, is the baseline of every ratio),
+each run with its rule's grpo.py flags exactly as ``RULES`` gives them (parsed by grpo.py's own parser), at
+``--num_mini_batches`` 4 by default (reproduce.py's toy setting, the paper's four mini-batches per step: with one,
+FIPO is DAPO and Forking Tokens rank θ_old's entropies). The interface before the rules still works:
+``--credits grpo,delta,cscr`` is an alias for the rows ``dapo, delta, cscr``, every ``delta`` entry run once per
+``--delta_impls`` (default ``normal,memory_efficient``), at ``--num_mini_batches`` 1 as before.
+By default (``--learning_rate 1e-30``, see its help) the updates are computed and applied but leave the float32
+weights unchanged, so every rule also gets the identical rollouts at every step and the comparison is shape for
+shape (the output says whether that held); every rule's own computation still runs in full (e.g. FIPO's future-KL
+weight and Forking Tokens' entropies and masks, whose values are those of a policy that did not move). The runs are
+INTERLEAVED, ``dapo, delta, cscr, ..., dapo, delta, ...`` (the order of ``--rules``) for ``--repeats`` rounds, so a
+slow drift of the machine's load hits every row alike; an untimed warm-up round (2 steps per row) comes first
 (``--no-warmup_round`` skips it). Each run is a fresh ``train()`` in a fresh process
 (forked from a fork server that has already imported torch/transformers, so a run starts in about a second).
+
+Where each rule's cost lives: DelTA's variants (the top-K proxy too: v from h and the LM head) and CSCR's in the
+credit hook (``grpo.Credit.__call__``, timed on its own below); SAPO, FIPO and Forking Tokens in the policy update
+(their losses and weights in ``grpo.backward_minibatch``; Forking Tokens' default mini-batch entropy pool adds one
+no-grad forward per mini-batch), so for them the credit-hook column shows GRPO's broadcast and the whole step's
+seconds carry the difference.
 
 Per step it reads ``metrics.jsonl`` (``step_time``: the whole step; ``generation_time``: the rollout part) and,
 through a timing wrapper around ``grpo.Credit.__call__`` installed in the child process only (grpo.py is not
 changed), the time of the credit hook itself. The first step of every run is excluded (warm-up: grading
-worker start, allocator growth, first-call overheads). Reported per credit, over the pooled remaining steps:
+worker start, allocator growth, first-call overheads). Reported per row, over the pooled remaining steps:
 
-* median seconds per step, and the ratio of medians against GRPO;
+* median seconds per step, and the ratio of medians against DAPO/GRPO's (the ``dapo`` row of the same run);
 * median seconds per step excluding generation (``step_time − generation_time``: old log-probs, credit,
   forward/backward, optimizer, grading, logging), where the credit overhead lives, and its ratio;
 * the same two medians in CPU seconds of the run's process (``time.process_time`` from the step's
@@ -26,7 +39,7 @@ worker start, allocator growth, first-call overheads). Reported per credit, over
   (a separate process doing the same work for every credit);
 * median seconds in the credit hook (DelTA: λ̄ from the cached hidden states; CSCR: the two conditioned
   forward passes + weights; GRPO: a broadcast);
-* the spread of the per-round ratio (each round's median against the same round's GRPO median), which shows
+* the spread of the per-round ratio (each round's median against the same round's DAPO median), which shows
   how much of a ratio is noise;
 * peak memory. CPU: the increase of the process's resident set during ``train()``: the peak RSS counter
   (``VmHWM``) is reset just before ``train()`` by writing ``5`` to ``/proc/self/clear_refs`` and read after
@@ -35,17 +48,20 @@ worker start, allocator growth, first-call overheads). Reported per credit, over
   glibc caching), so it is an honest upper bound of the working set, identical in kind for every credit.
   CUDA: ``torch.cuda.max_memory_allocated`` over ``train()`` (reset before it).
 
-Goals checked (reported, never enforced): DelTA ≤ 1.10× GRPO seconds per step, CSCR ≤ 1.6× (wall clock; the
-CPU-time verdict is shown next to it).
+Goals checked (reported, never enforced), on the rows ``delta`` and ``cscr``: DelTA ≤ 1.10× GRPO seconds per
+step, CSCR ≤ 1.6× (wall clock; the CPU-time verdict is shown next to it). The other rules have no goal: their
+ratios are reported as measured.
 
 Results: a markdown table on stdout and a JSON file (``--out``, default ``bench/results/credit_overhead.json``)
 with the machine (CPU model, cores, torch threads, load average, GPU), library versions, git commit, date,
-the exact command, the configuration, every step's raw timings and the summary.
+the exact command, the configuration, every row's flags and GRPOConfig overrides, every step's raw timings and
+the summary.
 
-Usage (the default run takes a few minutes on 2 CPU cores)::
+Usage::
 
-    python bench/credit_overhead.py
-    python bench/credit_overhead.py --steps 4 --repeats 2 --credits grpo,cscr
+    python bench/credit_overhead.py                  # every rule of RULES (27 rows) × 3 rounds × 6 steps
+    python bench/credit_overhead.py --rules dapo,fipo,dapo_ft,sapo --steps 4 --repeats 2
+    python bench/credit_overhead.py --credits grpo,delta,cscr   # the three credits, as before the rules
     python bench/credit_overhead.py --profile cscr   # cProfile one extra run, print the top functions
 
 With ``--model toy`` the warmed-up toy model (``toy.model_folder()``: the shipped toy_model/, else the cache) is
@@ -73,7 +89,14 @@ if str(REPO) not in sys.path:
 from bench import _common  # noqa: E402  (shared benchmark helpers: run_one, memory, provenance)
 from bench._common import PRELOAD, git_state, machine_description, median, run_one  # noqa: E402,F401
 
-GOALS = {"delta": 1.10, "cscr": 1.6}  # max allowed s/step ratio against GRPO (whole step)
+if str(REPO / "bench") not in sys.path:  # bench/reproduce.py imports its helpers as a script does
+    sys.path.insert(0, str(REPO / "bench"))
+from reproduce import RULES, TOY  # noqa: E402  (the comparison rules: name, table, flags, paper, what)
+
+BASELINE = "dapo"  # RULES' DAPO row (no flags: --credit grpo, --loss_type dapo), every ratio's denominator
+CREDIT_ROWS = {"grpo": "dapo", "delta": "delta", "cscr": "cscr"}  # --credits' names -> RULES' rows
+
+GOALS = {"delta": 1.10, "cscr": 1.6}  # max allowed s/step ratio against DAPO/GRPO (whole step), rows delta and cscr
 
 
 def prepare_model(args, workdir: Path) -> tuple[str, dict]:
@@ -87,23 +110,52 @@ def prepare_model(args, workdir: Path) -> tuple[str, dict]:
     return _common.prepare_toy_model(workdir, args.toy_warmup_steps, "credit_overhead.py")
 
 
+def rule_overrides(flags: list[str]) -> dict:
+    """The GRPOConfig fields a rule's grpo.py flags set (grpo.py's own parser, so the flags mean exactly what they
+    mean on its command line); a bad flag stops with grpo.py's one-line error."""
+    import grpo
+
+    return vars(grpo.build_parser(defaults=False).parse_args(flags))
+
+
 def row_specs(args) -> list[tuple[str, dict]]:
-    """(row name, GRPOConfig overrides) for every benchmarked credit, in schedule order."""
+    """(row name, GRPOConfig overrides) for every benchmarked row, in schedule order.
+
+    ``--rules``: RULES' names, each row its rule's flags exactly (``rule_overrides``). ``--credits`` (the interface
+    before --rules): grpo, delta, cscr as RULES' rows dapo, delta, cscr, every ``delta`` once per ``--delta_impls``."""
+    flags = {name: f for name, _, f, _, _ in RULES}
     rows = []
-    for credit in args.credits.split(","):
-        credit = credit.strip()
-        if credit not in ("grpo", "delta", "cscr"):
-            raise SystemExit(f"credit_overhead.py: error: unknown credit {credit!r} in --credits (grpo, delta, cscr)")
-        if credit == "delta":
-            for impl in args.delta_impls.split(","):
-                if impl not in ("normal", "memory_efficient"):
-                    raise SystemExit(f"credit_overhead.py: error: unknown DelTA implementation {impl!r} in "
-                                     "--delta_impls (normal, memory_efficient)")
-                name = "delta" if impl == "normal" else f"delta[{impl}]"
-                rows.append((name, {"credit": "delta", "delta_impl": impl}))
-        else:
-            rows.append((credit, {"credit": credit}))
-    return rows
+    if args.credits is not None and args.rules is not None:
+        raise SystemExit("credit_overhead.py: error: give --rules or --credits (its alias for dapo, delta, cscr), "
+                         "not both")
+    if args.credits is not None:
+        for credit in args.credits.split(","):
+            credit = credit.strip()
+            if credit not in CREDIT_ROWS:
+                raise SystemExit(f"credit_overhead.py: error: unknown credit {credit!r} in --credits (grpo, delta, "
+                                 "cscr; --rules takes every rule of bench/reproduce.py)")
+            if credit == "delta":
+                for impl in args.delta_impls.split(","):
+                    if impl not in ("normal", "memory_efficient"):
+                        raise SystemExit(f"credit_overhead.py: error: unknown DelTA implementation {impl!r} in "
+                                         "--delta_impls (normal, memory_efficient)")
+                    name = "delta" if impl == "normal" else f"delta[{impl}]"
+                    rows.append((name, {**rule_overrides(flags["delta"]), "delta_impl": impl}))
+            else:
+                rows.append((CREDIT_ROWS[credit], rule_overrides(flags[CREDIT_ROWS[credit]])))
+        return rows
+    names = [n.strip() for n in (args.rules or ",".join(flags)).split(",") if n.strip()]
+    unknown = [n for n in names if n not in flags]
+    if unknown:
+        raise SystemExit(f"credit_overhead.py: error: --rules: unknown {unknown} (bench/reproduce.py's RULES: "
+                         f"{', '.join(flags)})")
+    return [(name, rule_overrides(flags[name])) for name in dict.fromkeys(names)]
+
+
+def row_flags(name: str) -> list[str]:
+    """A row's grpo.py flags: its rule's (RULES), and ``--delta_impl`` for --credits' ``delta[<impl>]`` rows."""
+    rule, _, impl = name.partition("[")
+    return next(f for n, _, f, _, _ in RULES if n == rule) + (["--delta_impl", impl.rstrip("]")] if impl else [])
 
 
 def summarize(runs: dict, baseline: str) -> dict:
@@ -153,8 +205,8 @@ def summarize(runs: dict, baseline: str) -> dict:
 
 def markdown_table(summary: dict, cuda: bool) -> str:
     mem = "CUDA max alloc MiB" if cuda else "peak RSS +MiB"
-    head = ["credit", "s/step", "× GRPO (rounds)", "s/step excl. gen", "× GRPO (rounds)", "CPU s/step", "× GRPO",
-            "CPU s/step excl. gen", "× GRPO", "credit hook s", mem, "mean len", "rows Â≠0", "goal (wall / CPU)"]
+    head = ["rule", "s/step", "× DAPO (rounds)", "s/step excl. gen", "× DAPO (rounds)", "CPU s/step", "× DAPO",
+            "CPU s/step excl. gen", "× DAPO", "credit hook s", mem, "mean len", "rows Â≠0", "goal (wall / CPU)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def ratio(s, key, rounds=None):
@@ -183,10 +235,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--steps", type=int, default=6, help="training steps per run (the first is not timed)")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (one run per credit each)")
-    ap.add_argument("--credits", default="grpo,delta,cscr", help="comma-separated credits; grpo is the baseline")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (one run per row each)")
+    ap.add_argument("--rules", default=None, help="comma-separated names of bench/reproduce.py's RULES, each run "
+                    f"with its flags; {BASELINE} (DAPO/GRPO) is the baseline (default: every rule)")
+    ap.add_argument("--credits", default=None, help="the interface before --rules: comma-separated grpo, delta, "
+                    "cscr (RULES' rows dapo, delta, cscr); grpo is the baseline")
     ap.add_argument("--delta_impls", default="normal,memory_efficient",
                     help="DelTA implementations to run for each 'delta' in --credits (one row each)")
+    ap.add_argument("--num_mini_batches", type=int, default=None,
+                    help="optimizer steps per batch (default: bench/reproduce.py's toy setting "
+                         f"{TOY[TOY.index('--num_mini_batches') + 1]} with --rules, grpo.py's 1 with --credits)")
     ap.add_argument("--num_prompts_per_step", type=int, default=16)
     ap.add_argument("--num_generations", type=int, default=8)
     ap.add_argument("--max_completion_length", type=int, default=64)
@@ -203,8 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="warm-up steps of the private toy model built when no cached one exists")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "credit_overhead.json"),
                     help="JSON results file ('' = do not write)")
-    ap.add_argument("--profile", default="", metavar="CREDIT",
-                    help="after the benchmark, cProfile one extra run of this row name and print the top functions")
+    ap.add_argument("--profile", default="", metavar="ROW",
+                    help="after the benchmark, cProfile one extra run of this row (e.g. fipo) and print the top "
+                         "functions")
     ap.add_argument("--warmup_round", action=argparse.BooleanOptionalAction, default=True,
                     help="first run every row once for 2 untimed steps: a cold machine (GPU clocks and kernel "
                          "caches, file cache) otherwise slows whichever run comes first")
@@ -217,8 +276,11 @@ def main(argv=None) -> dict:
     command = shlex.join(["python", *(sys.argv if argv is None else [__file__, *argv])])
     rows = row_specs(args)
     names = [n for n, _ in rows]
-    if "grpo" not in names:
-        raise SystemExit("credit_overhead.py: error: --credits must include grpo (the baseline)")
+    if BASELINE not in names:
+        need = "--credits must include grpo" if args.credits is not None else f"--rules must include {BASELINE}"
+        raise SystemExit(f"credit_overhead.py: error: {need} (the baseline of every ratio)")
+    if args.num_mini_batches is None:
+        args.num_mini_batches = 1 if args.credits is not None else int(TOY[TOY.index("--num_mini_batches") + 1])
     if args.profile and args.profile not in names:
         raise SystemExit(f"credit_overhead.py: error: --profile must be one of the rows {names}")
     if args.steps < 2 or args.repeats < 1:
@@ -232,6 +294,7 @@ def main(argv=None) -> dict:
                     num_generations=args.num_generations, num_prompts_per_step=args.num_prompts_per_step,
                     max_completion_length=args.max_completion_length, max_steps=args.steps,
                     learning_rate=args.learning_rate, micro_batch_size=args.micro_batch_size, seed=args.seed,
+                    num_mini_batches=args.num_mini_batches,
                     eval_num_generations=0, save_steps=0, logging_steps=1)
     load_start = os.getloadavg()
     runs = {n: [] for n in names}
@@ -276,16 +339,16 @@ def main(argv=None) -> dict:
     import torch
 
     cuda = torch.cuda.is_available()
-    summary = summarize(runs, "grpo")
+    summary = summarize(runs, BASELINE)
     widths = {n: [[st.get("response_width") for st in r["steps"]] for r in rs] for n, rs in runs.items()}
     lengths = {n: [[st["completions/mean_length"] for st in r["steps"]] for r in rs] for n, rs in runs.items()}
-    identical = all(widths[n] == widths["grpo"] and lengths[n] == lengths["grpo"] for n in names)
+    identical = all(widths[n] == widths[BASELINE] and lengths[n] == lengths[BASELINE] for n in names)
     table = markdown_table(summary, cuda)
     print()
     print(table)
     print(f"\n{args.steps - 1} timed steps per run (step 1 excluded) × {args.repeats} interleaved rounds; medians "
           f"over pooled steps; (a–b) = range of the per-round ratio; CPU = this process's CPU time (excludes "
-          f"the grading worker). Same rollouts for every credit (learning rate {args.learning_rate:g}): "
+          f"the grading worker). Same rollouts for every row (learning rate {args.learning_rate:g}): "
           f"{'yes' if identical else 'NO'}. "
           f"Total {total:.0f}s; load average "
           f"{load_start[0]:.2f} -> {os.getloadavg()[0]:.2f}.")
@@ -299,6 +362,7 @@ def main(argv=None) -> dict:
                                 "peak RSS increase over train(): VmHWM (reset via /proc/self/clear_refs before "
                                 "train) minus VmRSS before train, fresh forked process per run"),
               "goals": {"delta": "s/step ≤ 1.10× GRPO", "cscr": "s/step ≤ 1.6× GRPO"},
+              "rows": [{"name": n, "flags": row_flags(n), "config": over} for n, over in rows],
               "identical_rollouts": identical, "summary": summary, "table_markdown": table, "total_seconds": total,
               "profile": profile,
               "runs": {n: [{k: v for k, v in r.items() if k != "pid"} for r in rs] for n, rs in runs.items()}}

@@ -1,4 +1,5 @@
-"""Smoke tests of bench/scaling.py (the benchmark-only patches and the summary), on a tiny grid, and of the GPU
+"""Smoke tests of bench/scaling.py (the benchmark-only patches and the summary), on a tiny grid, of
+bench/credit_overhead.py's rows (every comparison rule of bench/reproduce.py) on two tiny ones, and of the GPU
 check (bench/gpu_check.py, bench/gpu_smoke.py, bench/gpu_wheels.sh) on the CPU with --tiny.
 
 Checks what the benchmark's numbers rely on, not timings: every response really has the forced length, the random
@@ -27,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench import gpu_check, gpu_smoke, memory_plan_check, scaling  # noqa: E402
+from bench import credit_overhead, gpu_check, gpu_smoke, memory_plan_check, scaling  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -251,3 +252,59 @@ def test_widened_toy_computes_the_same_function(toy_model_path, tmp_path, float6
             for m in (toy, wide)]
     assert logp[0].abs().sum() > 0
     torch.testing.assert_close(logp[1], logp[0], rtol=1e-10, atol=1e-10)
+
+
+# ------------------------------------------------------------------------------------------------ credit_overhead.py
+def test_credit_overhead_rows_are_the_rules_flags():
+    """--rules (default: every row of RULES) runs each rule's flags as grpo.py's parser reads them; --credits keeps
+    its old meaning (grpo = the dapo row, delta once per --delta_impls); unknown names stop with one line."""
+    import grpo
+
+    ap = credit_overhead.build_parser()
+    rows = credit_overhead.row_specs(ap.parse_args([]))
+    assert [n for n, _ in rows] == [r[0] for r in credit_overhead.RULES] and rows[0] == ("dapo", {})
+    by_name = dict(rows)
+    for name, _, flags, _, _ in credit_overhead.RULES:
+        cfg = grpo.GRPOConfig(**by_name[name])  # the rule's settings, every other field grpo.py's default
+        assert cfg == grpo.GRPOConfig(**vars(grpo.build_parser().parse_args(flags))), name
+    assert by_name["no_lamnorm"] == {"credit": "delta", "delta_normalize": False}
+    assert by_name["topk_proxy"] == {"credit": "delta", "delta_proxy": "topk", "delta_proxy_topk": 20}
+    assert credit_overhead.row_specs(ap.parse_args(["--rules", "fipo,dapo,fipo"])) == [("fipo", {"credit": "fipo"}),
+                                                                                      ("dapo", {})]
+    old = credit_overhead.row_specs(ap.parse_args(["--credits", "grpo,delta,cscr"]))
+    assert old == [("dapo", {}), ("delta", {"credit": "delta", "delta_impl": "normal"}),
+                   ("delta[memory_efficient]", {"credit": "delta", "delta_impl": "memory_efficient"}),
+                   ("cscr", {"credit": "cscr"})]
+    for argv, words in ((["--rules", "dapo,fipoo"], "unknown ['fipoo']"), (["--credits", "fipo"], "unknown credit"),
+                        (["--rules", "dapo", "--credits", "grpo"], "not both")):
+        with pytest.raises(SystemExit, match=re.escape(words)):
+            credit_overhead.row_specs(ap.parse_args(argv))
+    with pytest.raises(SystemExit, match="--rules must include dapo"):
+        credit_overhead.main(["--rules", "fipo", "--out", ""])
+
+
+def test_credit_overhead_times_two_rules(tmp_path, capsys):
+    """The tiniest run (2 steps, 1 round, 2 × 2 responses): each rule's row, its ratio to the dapo row of the same
+    run, its flags reached the trainer (FIPO's branch logged), at reproduce.py's four mini-batches."""
+    out = tmp_path / "co.json"
+    res = credit_overhead.main(["--rules", "dapo,fipo", "--steps", "2", "--repeats", "1", "--num_prompts_per_step",
+                                "2", "--num_generations", "2", "--no-warmup_round", "--keep_runs", "--out", str(out)])
+    workdir = Path(re.search(r"runs kept in (\S+)", capsys.readouterr().out).group(1))
+    try:
+        s = res["summary"]
+        assert list(s) == ["dapo", "fipo"] and s["dapo"]["ratio_s_per_step"] == 1.0
+        assert s["fipo"]["ratio_s_per_step"] == pytest.approx(s["fipo"]["s_per_step"] / s["dapo"]["s_per_step"])
+        assert s["fipo"]["ratio_cpu_s_per_step_train"] == pytest.approx(
+            s["fipo"]["cpu_s_per_step_train"] / s["dapo"]["cpu_s_per_step_train"])
+        assert all(r["steps_timed"] == 1 and "goal_met" not in r for r in s.values())
+        assert res["identical_rollouts"] is True and res["settings"]["train_config"]["num_mini_batches"] == 4
+        assert res["rows"] == [{"name": "dapo", "flags": [], "config": {}},
+                               {"name": "fipo", "flags": ["--credit", "fipo"], "config": {"credit": "fipo"}}]
+        assert json.loads(out.read_text())["summary"].keys() == s.keys()
+        for name, credit in (("dapo", "grpo"), ("fipo", "fipo")):
+            cfg = json.loads((workdir / f"r0_{name}" / "config.json").read_text())["config"]
+            assert (cfg["credit"], cfg["num_mini_batches"]) == (credit, 4)
+            metrics = (workdir / f"r0_{name}" / "metrics.jsonl").read_text()
+            assert ("fipo/f_mean" in metrics) == (name == "fipo")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -4,6 +4,7 @@ The page is checked with Python's html.parser here; `python -m pytest -q -m brow
 Chromium (left out of the default run, pytest.ini; .ci/run installs Debian's chromium and runs it).
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -432,6 +433,120 @@ def test_report_shows_where_the_credit_lands(toy_hand_runs, tmp_path):
     out_plain = tmp_path / "plain.html"  # no toy or delta run: no section, no JSON
     report.main([toy_hand_runs[2], "--output", str(out_plain)])
     assert "where-the-credit-lands" not in out_plain.read_text() and not (tmp_path / "plain.json").exists()
+
+
+# ------------------------------------------------------------------------------------------------ rule names
+def _config(**flags):
+    """A run's config.json "config" as grpo.py writes it (dataclasses.asdict of its GRPOConfig)."""
+    return dataclasses.asdict(grpo.GRPOConfig(**flags))
+
+
+# Every comparison rule of bench/reproduce.py's RULES (and combinations) with the name the page gives it.
+RULE_NAMES = [
+    (dict(), "grpo"), (dict(credit="delta"), "delta"), (dict(credit="cscr"), "cscr"), (dict(credit="fipo"), "fipo"),
+    (dict(loss_type="sapo"), "sapo"), (dict(entropy_top_ratio=0.2), "forking tokens ρ=0.2"),
+    (dict(top_entropy_quantile=0.2), "forking tokens (TRL) ρ=0.2"),
+    (dict(credit="delta", delta_scores="within_side"), "delta: within-side scores"),
+    (dict(credit="delta", delta_assignment="hard"), "delta: hard assignment"),
+    (dict(credit="delta", delta_gamma="frozen"), "delta: frozen γ"),
+    (dict(credit="delta", delta_coefficients="raw"), "delta: raw α"),
+    (dict(credit="delta", delta_coefficients="random"), "delta: random λ"),
+    (dict(credit="delta", delta_normalize=False), "delta: no λ-normalisation"),
+    (dict(credit="delta", delta_proxy="topk", delta_proxy_topk=20), "delta: top-K proxy K=20"),
+    (dict(credit="delta", delta_k=0), "delta: K=0"), (dict(credit="delta", delta_k=3), "delta: K=3"),
+    (dict(credit="delta", delta_lam_min=0.5, delta_lam_max=1.5), "delta: λ∈[0.5, 1.5]"),
+    (dict(credit="delta", delta_select="top"), "delta Q2: top 50%"),
+    (dict(credit="delta", delta_select="random"), "delta Q2: random 50%"),
+    (dict(credit="delta", delta_select="bottom", delta_select_fraction=0.25), "delta Q2: bottom 25%"),
+    (dict(credit="cscr", cscr_weight="sign_aware"), "cscr: sign-aware"),
+    (dict(credit="cscr", cscr_weight="upweight"), "cscr: up-weighting"),
+    (dict(credit="cscr", cscr_scope="group"), "cscr: group scope"),
+    (dict(credit="cscr", cscr_scope="batch"), "cscr: batch scope"),
+    # combinations: the loss-side rules first, then the credit with its settings
+    (dict(credit="delta", delta_gamma="frozen", delta_coefficients="raw"), "delta: frozen γ, raw α"),
+    (dict(credit="delta", delta_select="top", delta_assignment="hard"), "delta Q2: top 50%, hard assignment"),
+    (dict(credit="delta", loss_type="sapo"), "sapo + delta"),
+    (dict(credit="fipo", entropy_top_ratio=0.2), "forking tokens ρ=0.2 + fipo"),
+    (dict(loss_type="sapo", top_entropy_quantile=0.5), "sapo + forking tokens (TRL) ρ=0.5"),
+    (dict(credit="cscr", cscr_weight="upweight", cscr_scope="group"), "cscr: up-weighting, group scope"),
+    # settings that do not change the rule
+    (dict(credit="delta", delta_impl="memory_efficient"), "delta"), (dict(loss_type="dr_grpo"), "grpo"),
+    (dict(credit="cscr", cscr_threshold=0.5, cscr_alpha=2.0), "cscr")]
+
+
+@pytest.mark.parametrize("flags,name", RULE_NAMES)
+def test_rule_name_of_every_rule(flags, name):
+    assert report.rule_name(_config(**flags)) == name
+
+
+def test_every_row_of_reproduce_has_its_own_name():
+    """bench/reproduce.py's RULES, each row's flags through grpo.py's parser: the rows get distinct names, DAPO's
+    (no flags) is "grpo", and each name is the one RULE_NAMES lists for the same settings where it lists them."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    try:
+        from reproduce import RULES
+    finally:
+        sys.path.pop(0)
+    names = {row: report.rule_name(dataclasses.asdict(grpo.GRPOConfig(**vars(grpo.build_parser().parse_args(f)))))
+             for row, _, f, _, _ in RULES}
+    assert len(set(names.values())) == len(RULES)
+    assert names["dapo"] == "grpo" and names["fipo"] == "fipo" and names["dapo_ft_trl"] == "forking tokens (TRL) ρ=0.2"
+    assert names["topk_proxy"] == "delta: top-K proxy K=20" and names["q2_bottom"] == "delta Q2: bottom 50%"
+    assert names["lam_0.8_1.5"] == "delta: λ∈[0.8, 1.5]" and names["cscr_sign_aware"] == "cscr: sign-aware"
+
+
+# The keys grpo.py's config.json gained with the comparison rules: a run written before them has none of them.
+NEW_KEYS = ("delta_scores", "delta_assignment", "delta_gamma", "delta_coefficients", "delta_normalize",
+            "delta_proxy", "delta_proxy_topk", "delta_select", "delta_select_fraction", "cscr_scope", "cscr_sign_eps",
+            "cscr_sign_mix", "sapo_temperature_pos", "sapo_temperature_neg", "sapo_aggregation", "entropy_top_ratio",
+            "top_entropy_quantile", "entropy_pool", "fipo_decay_rate", "fipo_clip", "fipo_safety_threshold")
+
+
+@pytest.mark.parametrize("credit", ["grpo", "delta", "cscr"])
+def test_rule_name_of_an_older_config_is_its_credit(credit):
+    old = {k: v for k, v in _config(credit=credit).items() if k not in NEW_KEYS}
+    assert set(NEW_KEYS) <= set(_config()) and "credit" in old and "delta_k" in old
+    assert report.rule_name(old) == credit
+    assert report.symbol(old, credit) == report.SYMBOL[credit]
+    assert report.rule_name({}) == "" and report.Run("x", "x", credit, {}, [], {}, {}).rule == credit
+
+
+def test_symbol_of_each_rule():
+    """The hovered name of the credit: f for FIPO, λ̄ / w̃ for DelTA / CSCR, c where the loss masks tokens out."""
+    cases = [(dict(credit="fipo"), "f"), (dict(credit="delta"), "λ̄"), (dict(credit="cscr"), "w̃"),
+             (dict(), "c"), (dict(loss_type="sapo"), "c"), (dict(entropy_top_ratio=0.2), "c"),
+             (dict(credit="fipo", top_entropy_quantile=0.2), "c"), (dict(credit="delta", delta_select="top"), "c"),
+             (dict(credit="delta", delta_gamma="frozen"), "λ̄")]
+    for flags, sym in cases:
+        cfg = _config(**flags)
+        assert report.symbol(cfg, cfg["credit"]) == sym, flags
+
+
+def test_report_names_each_run_by_its_rule(tmp_path):
+    """Runs named otherwise than their rules: the run table, the histograms' captions, the hover symbol, the rows of
+    "Where the credit lands" and report.json's records give the rule; a Q2 run's 0/1 credit is not DelTA's λ̄."""
+    steps = _toy_steps()
+    rules = {"run_f": dict(credit="fipo"), "run_ft": dict(entropy_top_ratio=0.2),
+             "run_q2": dict(credit="delta", delta_select="top"), "run_d": dict(credit="delta", delta_gamma="frozen")}
+    paths = []
+    for name, flags in rules.items():
+        path = _write_run(tmp_path / name, flags.get("credit", "grpo"), [1, 2], lambda s: steps[s])
+        (Path(path) / "config.json").write_text(json.dumps({"config": _config(**flags, data="toy")}))
+        paths.append(path)
+    out = tmp_path / "report.html"
+    report.main([*paths, "--output", str(out)])
+    text, numbers = out.read_text(), json.loads((tmp_path / "report.json").read_text())
+    page = Page(text)
+    expect = {"run_f": ("fipo", "f"), "run_ft": ("forking tokens ρ=0.2", "c"), "run_q2": ("delta Q2: top 50%", "c"),
+              "run_d": ("delta: frozen γ", "λ̄")}
+    for name, (rule, sym) in expect.items():
+        assert f"</b></td><td>{rule}</td>" in text  # the run table's rule column
+        assert f"{name} <small>{rule} · {sym} · " in text  # the histogram's caption
+        assert f'<b>{name}</b> <small class="muted">{rule}</small></td>' in text  # "Where the credit lands"
+        assert {t["title"].split("=")[0] for t in page.tokens if t["run"] == name} == {sym}
+        assert numbers["where_the_credit_lands"][name]["rule"] == rule
+    assert set(numbers["delta_tokens"]) == {"run_d"}  # λ̄ is the credit of run_d only
+    assert "<b>FIPO</b>" in text and "<b>Masked rules</b>" in text  # the legend explains both
 
 
 # ------------------------------------------------------------------------------------------------ real toy runs
