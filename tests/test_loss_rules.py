@@ -238,3 +238,23 @@ def test_entropy_pools_agree_on_one_micro_batch(toy_batch, float64_model, flag):
     # several micro-batches: each ranks its own rows, so the kept set differs from the mini-batch's ranking
     _, _, _, w_split, _ = _update(model, tok, batch, entropy_pool="micro", micro_batch_size=4, **flag)
     assert not torch.equal(w_split, w_mini)
+
+
+def test_policy_loss_on_example_b_dapo_and_delta():
+    """baselines.md §1 Example B through the trainer's loss (ε 0.2 / 0.28, dual clip 10): DAPO's token-mean
+    −0.0546432602 and, with Ã = Â·λ̄ of delta.py's default call on its proxy vectors, DelTA's −0.0774846123 (§6)."""
+    import delta
+
+    v = torch.tensor([[[0.5, 0.2], [0.1, 0.9], [-0.3, 0.4], [0.8, -0.1]],
+                      [[0.4, 0.3], [-0.6, 0.2], [0.2, -0.5], [0.0, 0.0]],
+                      [[0.0, 0.7], [0.3, 0.1], [-0.2, -0.4], [0.6, 0.6]]], dtype=D)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]], dtype=D)
+    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0], dtype=D), 3)
+    torch.testing.assert_close(adv, torch.tensor([1.1546985384, -0.5773492692, -0.5773492692], dtype=D),
+                               rtol=0, atol=1e-9)
+    dlogp = torch.tensor([[0.1, -0.2, 0.3, 0.0], [0.05, -0.1, 0.2, 0.0], [-0.3, 0.1, 0.0, 0.25]], dtype=D)
+    old = torch.zeros(3, 4, dtype=D)
+    dapo, _ = grpo.policy_loss(old + dlogp, old, adv, mask, dual_clip=10.0)
+    lam_bar = delta.delta_coefficients(v, adv, mask)
+    ours, _ = grpo.policy_loss(old + dlogp, old, delta.delta_token_advantages(adv, lam_bar, mask), mask, dual_clip=10.0)
+    assert float(dapo) == pytest.approx(-0.0546432602, abs=TOL) and float(ours) == pytest.approx(-0.0774846123, abs=TOL)
