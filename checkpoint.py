@@ -63,7 +63,8 @@ def latest_checkpoint(output_dir: str) -> str | None:
     """The complete checkpoint with the highest step in ``output_dir``, or None.
 
     Only folders named exactly ``checkpoint-<step>`` that hold ``trainer_state.json`` count: a save in progress
-    (or killed) lives in ``checkpoint-<step>.tmp-*`` and a folder without the marker was never completed.
+    (or killed) lives in ``checkpoint-<step>.tmp-*`` and a folder without the marker was never completed. A
+    finished run's ``final/`` is one too (its marker's step: the run's --max_steps), so a finished run resumes.
     """
     best, best_step = None, -1
     if not os.path.isdir(output_dir):
@@ -71,8 +72,15 @@ def latest_checkpoint(output_dir: str) -> str | None:
     for name in os.listdir(output_dir):
         m = _CKPT_RE.fullmatch(name)
         path = os.path.join(output_dir, name)
-        if m and int(m.group(1)) > best_step and os.path.isfile(os.path.join(path, TRAINER_STATE)):
-            best, best_step = path, int(m.group(1))
+        if not os.path.isfile(os.path.join(path, TRAINER_STATE)):
+            continue
+        if name == "final":
+            with open(os.path.join(path, TRAINER_STATE)) as f:
+                step = json.load(f)["step"]
+        else:
+            step = int(m.group(1)) if m else -1
+        if step > best_step:
+            best, best_step = path, step
     return best
 
 
@@ -475,22 +483,54 @@ class RunFolder:
         return next((r for r in self.read_metrics() if r.get("step") == step and any(k.startswith("eval/") for k in r)),
                     {})
 
+    def _state(self, state: dict) -> dict:  # the trainer's state + what the run folder knows, for trainer_state.json
+        return {"metrics_lines": len(self.metrics_lines()) if self.main else 0,
+                "skipped_updates_total": self.skipped_updates_total, "use_peft": self.config.get("use_peft", False),
+                "model": self.config.get("model"), "seed": self.config.get("seed"), **state}
+
     def save_checkpoint(self, step: int, model, tokenizer, optimizer, state: dict) -> None:
         """``save_checkpoint`` into ``checkpoint-<step>``; the trainer ``state`` gains the step, the number of
         metrics.jsonl lines so far (``--resume`` cuts the log back to them), the skipped-update count and the run's
         ``use_peft``, ``model`` and ``seed``. Every process calls it."""
-        state = {"step": step, "metrics_lines": len(self.metrics_lines()) if self.main else 0,
-                 "skipped_updates_total": self.skipped_updates_total, "use_peft": self.config.get("use_peft", False),
-                 "model": self.config.get("model"), "seed": self.config.get("seed"), **state}
         t0, path = time.time(), os.path.join(self.path, f"checkpoint-{step}")
-        save_checkpoint(path, model, tokenizer, optimizer, state, self.model_info)
+        save_checkpoint(path, model, tokenizer, optimizer, self._state({"step": step, **state}), self.model_info)
         self.say(f"[checkpoint] step {step}: {path} ({time.time() - t0:.1f} s)")
 
-    def finish(self, model, tokenizer, summary: dict) -> None:
-        """Write ``final/`` (``save_model``), summary.json and samples/summary.json (report.py's numbers of the run's
-        logged samples: DelTA's highest / lowest mean λ̄ tokens, and on the toy where the credit lands; none for a
-        GRPO run off the toy); every process calls it and waits for process 0."""
-        save_model(model, tokenizer, os.path.join(self.path, "final"), self.model_info)
+    def finished(self, max_steps: int) -> bool:
+        """A ``--resume`` of a run that already ran ``max_steps`` steps (its latest checkpoint is its ``final/``, or
+        a later one): says so in one line; nothing is written or deleted."""
+        if self.resume_state is None or self.resume_state["step"] < max_steps:
+            return False
+        self.say(f"[resume] {self.path} has run {self.resume_state['step']} steps (--max_steps {max_steps}): nothing "
+                 f"to do; pass a larger --max_steps to train on")
+        return True
+
+    def summary(self) -> dict:
+        """The run's summary.json ({} if it has none)."""
+        path = os.path.join(self.path, "summary.json")
+        if not os.path.exists(path):
+            return {}
+        with open(path) as f:
+            return json.load(f)
+
+    def discard(self) -> None:
+        """Remove what ``start`` wrote, for a run that stopped before its first training step (a bad flag value met
+        late, an interrupted first evaluation): the corrected rerun then finds an empty folder. Process 0."""
+        self.close()
+        if self.main and self.resume_from is None and os.path.isdir(self.path):
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    def finish(self, model, tokenizer, summary: dict, optimizer=None, state: dict | None = None) -> None:
+        """Write ``final/``, summary.json and samples/summary.json (report.py's numbers of the run's logged samples:
+        DelTA's highest / lowest mean λ̄ tokens, and on the toy where the credit lands; none for a GRPO run off the
+        toy); every process calls it and waits for process 0. ``final/`` is the model (``save_pretrained``); with
+        ``optimizer`` and the trainer ``state`` (its ``step`` the run's last) it is also a checkpoint, so that
+        ``--resume`` of a finished run has nothing to redo (AdamW's moments: twice the trainable weights, float32)."""
+        if optimizer is None:
+            save_model(model, tokenizer, os.path.join(self.path, "final"), self.model_info)
+        else:
+            save_checkpoint(os.path.join(self.path, "final"), model, tokenizer, optimizer, self._state(state),
+                            self.model_info)
         self.write_json("summary.json", summary)
         if self.main and os.path.isdir(os.path.join(self.path, "samples")):
             import report  # reads the run folder back, as `python report.py <run>` does

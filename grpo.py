@@ -282,6 +282,13 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None)
         (cfg.use_vllm and importlib.util.find_spec("vllm") is None, "--use_vllm needs vLLM, which this "
          "environment lacks: make a separate virtual environment with `pip install -r requirements-vllm.txt` and "
          "then `pip uninstall -y torchvision torchaudio torchcodec` (docs/distributed.md)")]
+    if cfg.credit == "cscr":  # the privileged note's template: a bad name stops here, not at step 1
+        import cscr
+
+        try:
+            cscr.build_condition_prompts("q", reference="1", response_answer="1", template=cfg.cscr_template)
+        except ValueError as e:
+            problems.append((True, f"--cscr_template {cfg.cscr_template!r}: {e}"))
     for failed, message in problems + ([] if cfg.dry_run else environment):
         if failed:
             raise SystemExit(f"grpo.py: error: {recipes.name_the_recipe(message, cfg, given)}")
@@ -557,10 +564,13 @@ class Credit:
             adv=adv)
         s = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask, mode=c.cscr_mode)  # s_t = max(|Δ+|, |Δ−|)
         if c.cscr_threshold_quantile is not None and not self.cscr_calibrated:
-            # spec §5: λ = a quantile of s over the first batch's scored tokens (every process's), then frozen
+            # spec §5: λ = a quantile of s over the scored tokens (every process's) of the first batch that has any
+            # (a batch whose every group has equal rewards has none, and no token it would weight), then frozen
             s_all = torch.cat(distributed.all_gather_objects(s[mask.bool() & (adv != 0)[:, None]].cpu()))[None]
-            self.cscr_threshold = cscr.calibrate_threshold(s_all, torch.ones_like(s_all), c.cscr_threshold_quantile)
-            self.cscr_calibrated = True
+            if s_all.numel():
+                self.cscr_threshold = cscr.calibrate_threshold(s_all, torch.ones_like(s_all),
+                                                               c.cscr_threshold_quantile)
+                self.cscr_calibrated = True
         # spec §5: w_t = max(w_min, exp(−α·max(0, s_t − λ))), Ã_{i,t} = Â_i·w_t / mean_t(w) (sign and budget kept)
         token_adv, stats = cscr.cscr_token_advantages(
             adv, old_logp, lp_pos, lp_neg, mask, threshold=self.cscr_threshold, alpha=c.cscr_alpha,
@@ -691,6 +701,9 @@ def policy_update(model, optimizer, batch, old: ThetaOld, token_adv, cfg: GRPOCo
     N = batch.response_mask.shape[0]
     mb_size = N // cfg.num_mini_batches
     loss_sum, grad_norms, agg, skipped = 0.0, [], {}, 0
+    signal = distributed.all_reduce_sum(torch.tensor([float(token_adv.abs().sum())], dtype=torch.float64)).item()
+    if signal == 0 and cfg.beta == 0:  # every advantage 0: no gradient, and an AdamW step would still move the
+        return 0.0, [], {"no_signal": 1.0}, 0  # weights (decay, momentum): the weights and AdamW's state stay
     for epoch in range(cfg.num_iterations):
         perm = torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed + 7919 * step + epoch))
         for k in range(cfg.num_mini_batches):
@@ -833,6 +846,8 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
         say(f"[eval] off: {why} for a held-out accuracy before and after training")
     run = None if cfg.dry_run else checkpoint.RunFolder(  # an earlier run there: see RunFolder (nothing written yet)
         cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit), dataclasses.asdict(cfg), rank == 0, say)
+    if run is not None and run.finished(cfg.max_steps):  # --resume of a run that ran its --max_steps: nothing to do
+        return run.summary()
     # before any weights: prompts over --max_prompt_length left out, DelTA's host cache checked, the memory plan
     rows = recipes.preflight(cfg, rows, world, notes, given, say)
     if rows is None:  # --dry_run: the resolved settings and the plan were printed
@@ -865,15 +880,20 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
                                                        progress=f"eval step {step}")}
         return run.log(record, echo=f"[eval step {step}]")
 
-    first_eval = run_eval(0) if start_step == 0 else run.logged_eval(0)  # a resumed run logged it already
-    last = {}
-    bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{cfg.credit}]", dynamic_ncols=True,
-               initial=start_step, total=cfg.max_steps, **({} if rank == 0 else {"disable": True}))
+    def trainer_state():  # what a checkpoint keeps beside the weights: where the data order and the credit stood
+        return {"sampler_position": sampler.position, "cscr_threshold": float(credit.cscr_threshold),
+                "cscr_calibrated": credit.cscr_calibrated, "delta_gamma": credit.delta_gamma}
+
+    last, started = {}, False
     try:
+        first_eval = run_eval(0) if start_step == 0 else run.logged_eval(0)  # a resumed run logged it already
+        bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{cfg.credit}]", dynamic_ncols=True,
+                   initial=start_step, total=cfg.max_steps, **({} if rank == 0 else {"disable": True}))
         for step in bar:
             with policy.oom_guard(f"step {step + 1}"):
                 last = train_step(step, cfg, model, tokenizer, optimizer, ref_model, credit, sampler, rows,
                                   template, stop_ids, run, llm)
+            started = True
             bar.set_postfix(reward=f"{last['reward']:.3f}", len=f"{last['completions/mean_length']:.1f}")
             if last["completions/clipped_ratio"] > 0.5 and step < 3:
                 say(f"[warn] {last['completions/clipped_ratio']:.0%} of responses hit --max_completion_length "
@@ -881,14 +901,17 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
             if cfg.eval_steps and (step + 1) % cfg.eval_steps == 0 and step + 1 < cfg.max_steps:
                 run_eval(step + 1)
             if cfg.save_steps and (step + 1) % cfg.save_steps == 0 and step + 1 < cfg.max_steps:
-                run.save_checkpoint(step + 1, model, tokenizer, optimizer, {
-                    "sampler_position": sampler.position, "cscr_threshold": float(credit.cscr_threshold),
-                    "cscr_calibrated": credit.cscr_calibrated, "delta_gamma": credit.delta_gamma})
+                run.save_checkpoint(step + 1, model, tokenizer, optimizer, trainer_state())
         summary = {"before": first_eval, "after": run_eval(cfg.max_steps) if cfg.max_steps else first_eval,
                    "last_step": last}
+    except BaseException:
+        if not started and start_step == 0:  # stopped before its first step: leave nothing that blocks the rerun
+            run.discard()
+        raise
     finally:
         run.close()
-    run.finish(model, tokenizer, summary)  # final/ (save_pretrained) and summary.json
+    # final/ (save_pretrained, and resumable: AdamW's state and the trainer's) and summary.json
+    run.finish(model, tokenizer, summary, optimizer, {"step": cfg.max_steps, **trainer_state()})
     if llm is not None:  # free the engine before the process group goes (vLLM's shutdown touches it)
         del llm
         gc.collect()

@@ -1,0 +1,81 @@
+"""Nothing lost, nothing silent: a flag met late leaves no folder behind, a finished run resumes to nothing, a batch
+without learning signal moves nothing (issue: every flag checked before anything is written)."""
+
+import json
+import os
+
+import pytest
+import torch
+
+import grpo
+import verify
+
+BASE = ["--max_steps", "2", "--num_prompts_per_step", "4", "--num_generations", "4", "--eval_num_generations", "2",
+        "--save_steps", "0"]
+
+
+def _lines(folder):
+    return (folder / "metrics.jsonl").read_text().splitlines()
+
+
+def test_bad_cscr_template_stops_before_anything_is_written(toy_model_path, tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit, match="--cscr_template 'nonsense'"):
+        grpo.main(["--model", toy_model_path, "--credit", "cscr", "--cscr_template", "nonsense", "--output_dir",
+                   str(out), *BASE])
+    assert not out.exists()
+
+
+def test_a_run_that_stops_before_its_first_step_leaves_nothing(toy_model_path, tmp_path, monkeypatch):
+    """An error in step 1 (after the step-0 evaluation was logged) removes the run folder: the rerun starts."""
+    out = tmp_path / "run"
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("broken in step 1")
+
+    monkeypatch.setattr(grpo, "train_step", broken)
+    with pytest.raises(RuntimeError, match="broken in step 1"):
+        grpo.main(["--model", toy_model_path, "--output_dir", str(out), *BASE])
+    assert not out.exists()
+    monkeypatch.undo()
+    grpo.main(["--model", toy_model_path, "--output_dir", str(out), *BASE])
+    assert len(_lines(out)) == 4  # eval 0, steps 1 and 2, eval 2
+
+
+def test_resume_of_a_finished_run_does_nothing_and_loses_no_row(toy_model_path, tmp_path, capsys):
+    out = tmp_path / "run"
+    grpo.main(["--model", toy_model_path, "--output_dir", str(out), *BASE])
+    before = {name: (out / name).read_bytes() for name in ("metrics.jsonl", "summary.json")}
+    weights = (out / "final" / "model.safetensors").read_bytes()
+    capsys.readouterr()
+    grpo.main(["--model", toy_model_path, "--output_dir", str(out), "--resume", *BASE])
+    said = capsys.readouterr()
+    assert "nothing to do" in said.out + said.err
+    assert {name: (out / name).read_bytes() for name in before} == before
+    assert (out / "final" / "model.safetensors").read_bytes() == weights
+    # a larger --max_steps trains on from the final state: the rows so far are kept, the new ones appended
+    grpo.main(["--model", toy_model_path, "--output_dir", str(out), "--resume", *BASE[2:], "--max_steps", "3"])
+    lines = [json.loads(line) for line in _lines(out)]
+    assert [line["step"] for line in lines] == [0, 1, 2, 2, 3, 3]
+    assert _lines(out)[:4] == before["metrics.jsonl"].decode().splitlines()
+
+
+@pytest.mark.parametrize("flags", [["--credit", "grpo"], ["--credit", "delta"], ["--credit", "fipo"],
+                                   ["--loss_type", "sapo"], ["--entropy_top_ratio", "0.2"],
+                                   ["--credit", "cscr", "--cscr_threshold_quantile", "0.8"]])
+def test_a_batch_without_signal_moves_nothing(toy_model_path, tmp_path, monkeypatch, flags):
+    """Every group's rewards equal: every advantage is 0, so the optimizer step is skipped (weight decay and AdamW's
+    momentum would move the weights); metrics.jsonl says so; CSCR's calibration waits for a batch with signal."""
+    monkeypatch.setattr(verify, "grade_batch", lambda texts, answers, **kw: [(False, "ok")] * len(texts))
+    out = tmp_path / "run"
+    grpo.main(["--model", toy_model_path, "--output_dir", str(out), "--weight_decay", "0.1", *BASE, *flags])
+    from safetensors.torch import load_file
+
+    start = load_file(os.path.join(toy_model_path, "model.safetensors"))
+    end = load_file(str(out / "final" / "model.safetensors"))
+    assert all(torch.equal(start[k], end[k]) for k in start)
+    optimizer = torch.load(out / "final" / "optimizer.pt", weights_only=True)  # (torch's checkpoint writer makes
+    moments = [m for st in optimizer["state"].values() for k, m in st.items() if k.startswith("exp_avg")]  # a state)
+    assert moments and all(not m.any() for m in moments)  # AdamW never took a step with a gradient
+    steps = [json.loads(line) for line in _lines(out) if "reward" in json.loads(line)]
+    assert [s["no_signal"] for s in steps] == [1.0, 1.0]
