@@ -298,7 +298,8 @@ def test_a_torn_last_line_is_left_out_in_one_line_and_the_rest_is_reported(tmp_p
 def test_a_bad_line_other_than_a_torn_last_one_is_an_error_naming_file_and_line(tmp_path, text, line):
     run = Path(_write_run(tmp_path / "bad", "grpo", [1], lambda s: _rows([[1.0]])))
     (run / "metrics.jsonl").write_text(text)
-    with pytest.raises(report.RunError, match="^" + re.escape(f"{run / 'metrics.jsonl'} line {line}: not a JSON object") + "$"):
+    message = "^" + re.escape(f"{run / 'metrics.jsonl'} line {line}: not a JSON object") + "$"
+    with pytest.raises(report.RunError, match=message):
         report.load_run(str(run), say=None)
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
     sample = run / "samples" / "step_000001.jsonl"
