@@ -824,8 +824,51 @@ def load_responses(path: str | os.PathLike, expected_hash: str, overwrite: bool 
     return found
 
 
+def cut_torn_tail(path: str | os.PathLike) -> int:
+    """Cut ``path`` back to its last complete line (the end of its last ``\\n``); returns the bytes cut (0 when
+    the file ends with a newline, is empty or is missing).
+
+    An interrupted run can leave half a record at the end (:func:`_append` writes one chunk per call, so a crash
+    leaves at most one partial line). Appending to it would merge the next record into that half-line and lose it,
+    so the chunk would be redone again on the next resume; :func:`load_responses` already ignores the half-line.
+    A last line that is a whole JSON object written without its newline is kept and given one.
+    """
+    path = Path(path)
+    try:
+        f = open(path, "r+b")
+    except FileNotFoundError:
+        return 0
+    with f:
+        size = f.seek(0, os.SEEK_END)
+        end = size
+        while end > 0:  # scan back for the last newline, 64 KiB at a time (a record can be long)
+            start = max(0, end - (1 << 16))
+            f.seek(start)
+            nl = f.read(end - start).rfind(b"\n")
+            if nl >= 0:
+                end = start + nl + 1
+                break
+            end = start
+        if end == size:
+            return 0
+        f.seek(end)
+        tail = f.read()
+        try:
+            whole = isinstance(json.loads(tail), dict)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            whole = False
+        if whole:
+            f.write(b"\n")
+            return 0
+        f.truncate(end)
+        f.flush()
+        os.fsync(f.fileno())
+        return size - end
+
+
 def _append(path: Path, records: list[dict]) -> None:
-    """Append records as jsonl in one write, flushed and synced: a crash leaves at most one partial line."""
+    """Append records as jsonl in one write, flushed and synced: a crash leaves at most one partial line, which
+    the next resume cuts off before it appends (:func:`cut_torn_tail`)."""
     with open(path, "a", encoding="utf-8") as f:
         f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
         f.flush()
@@ -851,6 +894,7 @@ def run_benchmark(model, tokenizer, name: str, rows: list[dict], template: str, 
 
     path = Path(path)
     found = load_responses(path, run_hash, overwrite=overwrite)
+    cut_torn_tail(path)  # appending onto a torn half-line would merge (and lose) the first new record
     chunks = make_chunks(rows, settings["chunk_size"])
     runs = ([("greedy", 1)] if settings["greedy"] else []) + \
            ([("sample", settings["num_samples"])] if settings["num_samples"] else [])

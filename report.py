@@ -136,30 +136,40 @@ class Run:
 
 
 # --- Reading the run folders ----------------------------------------------------------------------------------
-def _read_jsonl(path: str) -> list[dict]:
+def _read_jsonl(path: str) -> tuple[list[dict], str]:
+    """The JSON objects of a jsonl file, and ``""`` or one line saying what was left out: a torn last line (no
+    newline at its end and not valid JSON: a run still writing it, or one killed mid-write) is left out,
+    since jsonl files are appended a line at a time. Raises RunError naming the file and line for any other line
+    that is not a JSON object (blank lines are skipped)."""
     rows = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError:
-                row = None
-            if not isinstance(row, dict):
-                raise RunError(f"{path} line {n}: not a JSON object")
-            rows.append(row)
-    return rows
+    with open(path, "rb") as f:  # bytes: a torn line may end inside a UTF-8 character
+        lines = f.readlines()
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line.decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            if n == len(lines) and not line.endswith(b"\n"):  # half a line: the writer has not finished it
+                return rows, f"{path} line {n}: left out a torn last line ({len(line)} bytes, no newline)"
+            row = None
+        if not isinstance(row, dict):
+            raise RunError(f"{path} line {n}: not a JSON object")
+        rows.append(row)
+    return rows, ""
 
 
-def load_run(path: str) -> Run:
-    """One run folder of grpo.py (``--output_dir``). Raises RunError: not a folder, no metrics.jsonl, a line that
-    is not JSON, a logged response without its fields or whose ``tokens`` and ``credit`` differ in length."""
+def load_run(path: str, say=print) -> Run:
+    """One run folder of grpo.py (``--output_dir``). A torn last line of metrics.jsonl or of a samples file (a run
+    in progress, or killed mid-write) is left out and named in one line (``say``). Raises RunError: not a folder,
+    no metrics.jsonl, any other line that is not JSON, a logged response without its fields or whose ``tokens``
+    and ``credit`` differ in length."""
     if not os.path.isdir(path):
         raise RunError(f"{path}: no such folder")
     if not os.path.isfile(os.path.join(path, "metrics.jsonl")):
         raise RunError(f"{path} is not a run folder of grpo.py (it has no metrics.jsonl)")
-    metrics = _read_jsonl(os.path.join(path, "metrics.jsonl"))
+    metrics, torn = _read_jsonl(os.path.join(path, "metrics.jsonl"))
+    left_out = [torn] if torn else []
     docs = {}
     for name in ("config.json", "summary.json"):
         try:
@@ -172,7 +182,8 @@ def load_run(path: str) -> Run:
     samples = {}
     for file in sorted(glob.glob(os.path.join(path, "samples", "step_*.jsonl"))):
         m = re.fullmatch(r"step_(\d+)\.jsonl", os.path.basename(file))
-        rows = _read_jsonl(file) if m else []
+        rows, torn = _read_jsonl(file) if m else ([], "")
+        left_out += [torn] if torn else []
         for n, row in enumerate(rows, 1):
             missing = [k for k in ("prompt", "response", "reward", "advantage") if k not in row]
             if missing:
@@ -181,6 +192,8 @@ def load_run(path: str) -> Run:
                 raise RunError(f"{file} line {n}: 'tokens' and 'credit' differ in length")
         if rows:
             samples[int(m.group(1))] = rows
+    if left_out:  # one line for the run, however many of its files were torn
+        say(f"report.py: {'; '.join(left_out)} (a run in progress or killed mid-write): the rest is reported")
     config = docs["config.json"].get("config", {})
     return Run(path, os.path.basename(os.path.normpath(path)), config.get("credit", ""), config, metrics,
                docs["summary.json"], samples)
@@ -192,7 +205,7 @@ def load_runs(paths: list[str], say=print) -> list[Run]:
     runs = []
     for path in paths:
         try:
-            run = load_run(path)
+            run = load_run(path, say=say)
         except (RunError, OSError) as e:
             say(f"report.py: skipping {e}")
             continue

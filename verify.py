@@ -56,9 +56,12 @@ applied by :func:`extract_boxed` and :func:`normalize_answer`, the others by :fu
   match, a rearranged copy does: ``y=2x+5`` vs ``2x-y+5=0`` is True, ``x+3y+7=0`` is False (C06). A value
   never matches a non-assignment equation reference (``1`` vs ``2x+z=1`` is False, gold first).
 - **Percentages**: a reference ``50\%`` accepts ``50``, ``0.5`` and ``50\%`` (the Qwen2.5-Math
-  ``include_percentage`` rule, C08). A reference ``0.5`` does not accept ``50``. A percentage in the box is
-  read the same way (math-verify's rule): ``28\%``, ``$28$ \%``, ``28 percent``, ``28 pct`` all match a
-  reference ``28``, ``28\%`` or ``0.28`` (issue 12: ``$28$ \%`` was a parse error).
+  ``include_percentage`` rule, C08), and so does a decimal one: ``62.5\%`` accepts ``62.5`` and ``0.625``
+  (olympiadbench; math-verify 0.9.0 takes the bare number for integers only, so when exactly one side is a
+  percentage we also compare its bare number, :func:`_percent_free`). A reference ``0.5`` does not accept ``50``.
+  A percentage in the box is read the same way: ``28\%``, ``$28$ \%``, ``28 percent``, ``28 pct`` all match a
+  reference ``28``, ``28\%`` or ``0.28`` (issue 12: ``$28$ \%`` was a parse error). Two percentages compare
+  by value only: ``0.5\%`` != ``50\%``.
 - **Units and degrees** (C10): ``15\text{ cm}^2`` == ``15``, ``30^\circ`` == ``30``, ``5\text{ apples}``
   == ``5``, ``10 \text{ m}/\text{s}`` == ``10``. Degrees are *not* converted to radians (``30^\circ`` !=
   ``\frac{\pi}{6}``). math-verify's own unit stripping is switched off (``units=False``) because it also
@@ -86,7 +89,12 @@ applied by :func:`extract_boxed` and :func:`normalize_answer`, the others by :fu
   a decimal point (``1000,99`` is not 1000.99).
 - **Leading zeros**: AIME ``025`` == ``25`` (data README, aime24).
 - **Notation**: ``\dfrac`` and ``\tfrac`` == ``\frac``; reordered sums ``-2+e^{5}`` == ``e^{5}-2`` (C13);
-  products in any order (hmmt ``2^{25} \cdot 26!``).
+  products in any order (hmmt ``2^{25} \cdot 26!``). Unicode a model writes is read as its LaTeX (issue "Correct
+  answers graded wrong": they were parse errors): ``−√3`` == ``-\sqrt{3}``, ``(-∞,0]``, ``6r²−4r−24`` ==
+  ``6r^2-4r-24``, ``x⁻¹``, ``a₁``, ``×``, ``·``, ``≤``, ``±``, ``π``, ``½``; an en dash is not a minus (``3–5``
+  stays a parse error). A coefficient and the imaginary unit are one spelling: ``-2 + 7 i`` == ``-2+7\,i`` ==
+  ``-2 + 7i`` (math-verify reads only a standalone ``i`` as complex, so ``7i`` and ``7 i`` were two symbols).
+  Spacing commands at either end are dropped: ``\boxed{-10\,}`` == ``-10`` (was ``-10\``, a parse error).
 - **Fractions vs decimals**: a decimal matches a fraction when they agree after rounding to 6 decimal
   places (math-verify ``float_rounding=6``): ``\frac{1}{2}`` == ``0.5`` (C13), ``\frac{1}{3}`` ==
   ``0.333333`` but != ``0.333``.
@@ -292,8 +300,22 @@ _SPACE_RUN_RE = re.compile(r"\s+")
 # a word character, and no digit one space beyond either end: `1 2 3`, `12 34`, `12 345 6789`, `0.5 000`, `x_1 000`
 # and `2^1 000` keep their spaces (a decimal part may follow: `1 000.5`).
 _SPACE_SEP_RE = re.compile(r"(?<![\w.^])(?<!\d )\d{1,3}(?: \d{3})+(?!\w| \d)")
-# Sentence punctuation after the answer (`\text{(E)},`, `30^\circ.`); an ellipsis `...` is kept.
-_END_PUNCT_RE = re.compile(r"(?<!\.)[.,;:]\s*$")
+# Sentence punctuation after the answer (`\text{(E)},`, `30^\circ.`); an ellipsis `...` is kept, and so is the `,`
+# / `;` / `:` of a spacing command `\,` (stripped whole first, by _EDGE_SPACE_RE).
+_END_PUNCT_RE = re.compile(r"(?<![.\\])[.,;:]\s*$")
+# LaTeX spacing commands at either end of an answer (`\boxed{-10\,}`, `\boxed{\quad 5}`): they typeset nothing there,
+# and a trailing `\,` lost its comma to the sentence-punctuation rule (`-10\` then fails to parse).
+# A lone trailing `\` is a `\ ` whose space was stripped with the box's (`\boxed{5\ }`); `\\` is kept.
+_EDGE_SPACE_RE = re.compile(
+    r"^(?:\s|\\[,;:! ]|\\q?quad(?![A-Za-z])|~)+|(?:\s|\\[,;:! ]|\\q?quad(?![A-Za-z])|~)+$|(?<!\\)\\$"
+)
+# Any other `\,` `\;` `\:` (a thin space between symbols: `\frac{d\,x}{d\,t}`, `8\,\%`) -> a space, which math-verify
+# reads as LaTeX does; between digit groups they were removed above (_THIN_SEP_RE).
+_THIN_SPACE_RE = re.compile(r"\\[,;:]")
+# A coefficient and the imaginary unit: `7i`, `7 i`, `7\,i` -> `7 i`. math-verify 0.9.0 reads `i` as a complex
+# symbol only when it stands alone (its should_treat_as_complex: `\bi\b`), so `-2 + 7 i` and `-2 + 7i` gave two
+# different symbols `i` and never matched. Not `7in` (a word) nor `\pi` (no digit before the `i`).
+_COEFF_I_RE = re.compile(r"(?<=\d)(?:\s|\\[,;:! ]|~)*i(?![A-Za-z])")
 # Alternative connectives: `3 \vee 4` means "3 or 4" (math-verify 0.9.0 would read it as 4; hedging, C03).
 _OR_RE = re.compile(r"\\(?:vee|lor)(?![A-Za-z])")
 # Python/numpy function names (minerva `np.arcsin(10/13)`) -> the LaTeX function `\arcsin(10/13)`.
@@ -307,6 +329,52 @@ _TRAILING_DOT_RE = re.compile(r"(?<=\d)\.(?=[\s/*)}\],]|$)")
 _SUB_CMD_RE = re.compile(r"_(?:\{\s*\\(max|min|odot|oplus|star|ast|bullet)\s*\}|\\(max|min|odot|oplus|star|ast|bullet)(?![A-Za-z]))")
 # The word "or" / `\vee` / `\lor` anywhere in an answer, also inside \text{...} (hedging check, C03).
 _HEDGE_RE = re.compile(r"(?i)(?<![A-Za-z])or(?![A-Za-z])|\\(?:vee|lor)(?![A-Za-z])")
+
+
+# Unicode a model writes for LaTeX (issue: `−√3`, `(-∞,0]`, `6r²−4r−24` were parse errors in latex2sympy2_extended
+# 1.11.0, which reads ASCII LaTeX only). Each symbol becomes its LaTeX command, with a space so that a letter after
+# it stays apart (`∞x` -> `\infty x`); `√3`, `√x`, `√(x+1)` -> `\sqrt{3}`, `\sqrt{x}`, `\sqrt{(x+1)}`; a run of
+# superscript characters -> `^{...}` (`r²` -> `r^{2}`, `x⁻¹` -> `x^{-1}`), of subscript digits -> `_{...}`.
+_UNICODE_LATEX = {
+    "\u2212": "-", "\ufe63": "-", "\uff0d": "-",  # minus sign, small and full-width hyphen-minus (not a dash: 3–5)
+    "\u221e": r"\infty ", "\u03c0": r"\pi ", "\u00d7": r"\times ", "\u22c5": r"\cdot ", "\u00b7": r"\cdot ",
+    "\u2219": r"\cdot ", "\u00f7": r"\div ", "\u2264": r"\le ", "\u2265": r"\ge ", "\u2a7d": r"\le ",
+    "\u2a7e": r"\ge ", "\u2260": r"\ne ", "\u00b1": r"\pm ", "\u2213": r"\mp ", "\u222a": r"\cup ", "\u2229": r"\cap ",
+    "\u2208": r"\in ", "\u2205": r"\emptyset ", "\u03b8": r"\theta ", "\u03b1": r"\alpha ", "\u03b2": r"\beta ",
+    "\u2032": "'", "\u00a0": " ", "\u2009": " ", "\u202f": " ", "\u2007": " ", "\u200a": " ", "\u2008": " ",
+    "\u00bd": r"\frac{1}{2}", "\u2153": r"\frac{1}{3}", "\u2154": r"\frac{2}{3}", "\u00bc": r"\frac{1}{4}",
+    "\u00be": r"\frac{3}{4}",
+}
+_UNICODE_RE = re.compile("|".join(map(re.escape, _UNICODE_LATEX)))
+_SUPERSCRIPTS = dict(zip("\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079"
+                         "\u207a\u207b\u207c\u207d\u207e\u207f", "0123456789+-=()n"))
+_SUBSCRIPTS = dict(zip("\u2080\u2081\u2082\u2083\u2084\u2085\u2086\u2087\u2088\u2089", "0123456789"))
+_SUPER_RE = re.compile("[" + "".join(_SUPERSCRIPTS) + "]+")
+_SUB_RE = re.compile("[" + "".join(_SUBSCRIPTS) + "]+")
+# √ / ∛ / ∜ and the radicand a model writes after it: a number, one letter, a LaTeX command (`√\pi`), a (...) or
+# {...} group without nested brackets; anything else gets a bare `\sqrt` and LaTeX's own argument rule.
+_ROOT_RE = re.compile(r"([\u221a\u221b\u221c])\s*(\d+(?:\.\d+)?|[A-Za-z]|\\[A-Za-z]+|\([^()]*\)|\{[^{}]*\})?")
+_ROOT_CMD = {"\u221a": r"\sqrt", "\u221b": r"\sqrt[3]", "\u221c": r"\sqrt[4]"}
+
+
+def _root(m: re.Match) -> str:
+    arg = m.group(2)
+    if arg is None:
+        return _ROOT_CMD[m.group(1)] + " "
+    return _ROOT_CMD[m.group(1)] + "{" + (arg[1:-1] if arg.startswith("{") else arg) + "}"
+
+
+def _unicode_to_latex(s: str) -> str:
+    """Unicode math (``−√3``, ``(-∞,0]``, ``6r²−4r−24``, ``x⁻¹``, ``a₁``) as the LaTeX math-verify reads; ASCII is
+    left as it is. Source: the issue's parse errors; latex2sympy2_extended 1.11.0's grammar is ASCII LaTeX."""
+    if s.isascii():
+        return s
+    s = _SUPER_RE.sub(lambda m: "^{" + "".join(_SUPERSCRIPTS[c] for c in m.group(0)) + "}", s)
+    s = _SUB_RE.sub(lambda m: "_{" + "".join(_SUBSCRIPTS[c] for c in m.group(0)) + "}", s)
+    # the space after a command only before a letter (`∞x` -> `\infty x`; `θ(t)` -> `\theta(t)`, not `\theta (t)`)
+    s = _UNICODE_RE.sub(lambda m: _UNICODE_LATEX[m.group(0)] if s[m.end():m.end() + 1].isalpha()
+                        else _UNICODE_LATEX[m.group(0)].rstrip(), s)  # before the roots: `√π` -> `\sqrt{\pi}`
+    return _ROOT_RE.sub(_root, s)
 
 
 # Units (C10). math-verify's own unit stripping (NormalizationConfig.units) also strips single-letter
@@ -348,12 +416,14 @@ def normalize_answer(s: str) -> str:
     r"""Normalise one answer string (reference or box content) before it is wrapped and parsed.
 
     Applied identically to both sides (the reference after :func:`normalize_reference` unwraps it), so it
-    never favours one side. In order: stray unescaped ``$`` removed; whitespace runs -> one space (math-verify
+    never favours one side. In order: unicode math as LaTeX (``−√3`` -> ``-\sqrt{3}``, ``r²`` -> ``r^{2}``,
+    ``∞`` -> ``\infty``); stray unescaped ``$`` removed; whitespace runs -> one space (math-verify
     cannot read ``28  \%``); e-notation ``4.5e33`` -> ``4.5\times10^{33}``; typeset thousands separators
-    removed (``1\,000``, ``29,\!322``), and plain spaces between digit groups (``1 000``); trailing
-    sentence punctuation dropped; ``\vee``/``\lor`` -> ``\text{ or }``; ``np.arcsin`` -> ``\arcsin``;
-    ``-1./3`` -> ``-1/3``; ``m_{\max}`` -> ``m_{max}``; trailing units stripped (``15\text{ cm}^2`` ->
-    ``15``, ``30^\circ`` -> ``30``; single-letter variables are kept). Comma thousands separators
+    removed (``1\,000``, ``29,\!322``), and plain spaces between digit groups (``1 000``); spacing commands
+    at either end (``-10\,``) and trailing sentence punctuation dropped; other ``\,`` ``\;`` ``\:`` -> a space;
+    ``7i``, ``7\,i`` -> ``7 i``; ``\vee``/``\lor`` -> ``\text{ or }``; ``np.arcsin`` -> ``\arcsin``;
+    ``-1./3`` -> ``-1/3``; ``m_{\max}`` -> ``m_{max}``; trailing units stripped (``15\text{ cm}^2`` -> ``15``,
+    ``30^\circ`` -> ``30``; single-letter variables are kept). Comma thousands separators
     (``1,450,000``), leading zeros (``025``), ``\dfrac`` and percentages are left to math-verify, which
     handles them. The module docstring gives each rule's case.
 
@@ -368,12 +438,16 @@ def normalize_answer(s: str) -> str:
     """
     if not isinstance(s, str):
         raise ValueError(f"answer must be a str, got {type(s).__name__}")
+    s = _unicode_to_latex(s)
     s = _STRAY_DOLLAR_RE.sub(" ", s)
     s = _SPACE_RUN_RE.sub(" ", s)
     s = _SCI_RE.sub(r"\1\\times10^{\2}", s)
     s = _THIN_SEP_RE.sub("", s)
     s = _SPACE_SEP_RE.sub(lambda m: m.group(0).replace(" ", ""), s)
+    s = _EDGE_SPACE_RE.sub("", s)
+    s = _SPACE_RUN_RE.sub(" ", _THIN_SPACE_RE.sub(" ", s))
     s = _END_PUNCT_RE.sub("", s.strip())
+    s = _COEFF_I_RE.sub(" i", s)
     s = _OR_RE.sub(r" \\text{ or } ", s)
     s = _NP_FUNC_RE.sub(r"\\\1", s)
     s = _TRAILING_DOT_RE.sub("", s)
@@ -536,8 +610,7 @@ def grade_answer(reference: str, prediction: str, hedged: bool) -> tuple[bool, s
         # "3 (or 4)": alternatives can only match a reference that is itself a set of values (C03)
         return False, "hedged", ""
     pred = parse(_wrap(prediction), extraction_config=_pred_config(), parsing_timeout=None, raise_on_error=True)
-    pct = "%" in reference or "%" in prediction  # C08: 50\% == 50 is intended, exempt from the relative check
-    same, failure = _some_pair_verifies(gold, pred, pct)
+    same, failure = _some_pair_verifies(gold, pred)
     if same:
         return True, "ok", ""
     if failure is not None:
@@ -545,13 +618,45 @@ def grade_answer(reference: str, prediction: str, hedged: bool) -> tuple[bool, s
     return (False, "parse_error", side) if (side := _unparsed_side(gold, pred)) else (False, "ok", "")
 
 
-def _some_pair_verifies(gold: list, pred: list, pct: bool) -> tuple[bool, str | None]:
-    """(True, None) if some (gold, prediction) pair verifies, as ``math_verify.verify(gold_list, pred_list)``
-    does, and passes the relative check unless ``pct``; else (False, the last verify exception or None)."""
+def _percent_free(g, x) -> list[tuple]:
+    """The pair ``(g, x)``, then, when exactly one side is a percentage, the pair with that side's bare number.
+
+    math-verify 0.9.0 reads ``62.5\\%`` as ``62.5 * 1/100`` (an unevaluated ``1/100``) and accepts the bare number
+    for integers only (``9\\% == 9``: its ``sympy_numeric_eq``); the bare-number pair, built with its own
+    ``get_pct_val``, extends that rule to decimals (``62.5\\%`` == ``62.5``; olympiadbench's ``17.5%``, C08).
+    When both sides are percentages only their values are compared (``0.625\\%`` != ``62.5\\%``).
+    """
+    from math_verify.grader import get_pct_val
+
+    pairs = [(g, x)]
+    gp, xp = _pct_val(g, get_pct_val), _pct_val(x, get_pct_val)
+    if gp is not None and xp is None:
+        pairs.append((gp, x))
+    elif xp is not None and gp is None:
+        pairs.append((g, xp))
+    return pairs
+
+
+def _pct_val(e, get_pct_val):
+    """math-verify's ``get_pct_val`` (the number of ``n * 1/100``), also for a negative one (``-8\\%`` is
+    ``-1 * (8 * 1/100)``); None if ``e`` is not a percentage."""
+    from sympy import Basic
+
+    v = get_pct_val(e, None)
+    if v is None and isinstance(e, Basic) and e.could_extract_minus_sign():
+        v = get_pct_val(-e, None)
+        v = None if v is None else -v
+    return v
+
+
+def _some_pair_verifies(gold: list, pred: list) -> tuple[bool, str | None]:
+    """(True, None) if some (gold, prediction) pair verifies, as ``math_verify.verify(gold_list, pred_list)`` does
+    (each pair also with a percentage's bare number, :func:`_percent_free`), and passes the relative check; else
+    (False, the last verify exception or None)."""
     from math_verify import verify as mv_verify
 
     failure = None
-    for g, x in itertools.product(gold, pred):
+    for g, x in itertools.chain.from_iterable(_percent_free(g, x) for g, x in itertools.product(gold, pred)):
         try:
             # gold first (C12); allow_set_relation_comp: inequality prediction vs interval gold (C12 row 4);
             # raise_on_error: an internal error is reported as "error", not silently scored False
@@ -559,7 +664,7 @@ def _some_pair_verifies(gold: list, pred: list, pct: bool) -> tuple[bool, str | 
         except Exception as e:  # noqa: BLE001 - another pair may still verify
             failure = f"{type(e).__name__}: {e}"[:300]
             continue
-        if same and (pct or not _relative_mismatch(g, x)):
+        if same and not _relative_mismatch(g, x):
             return True, None
     return False, failure
 

@@ -509,6 +509,75 @@ def test_resume_generates_only_missing_chunks_and_matches_uninterrupted_run(tmp_
     assert json.loads((out / "results.json").read_text())["settings"]["temperature"] == 0.7
 
 
+def test_cut_torn_tail_by_hand(tmp_path):
+    """cut_torn_tail: a torn last line is cut (its byte count returned), a whole record without its newline gets one,
+    a file ending in a newline, an empty file and a missing one are left as they are."""
+    f = tmp_path / "r.jsonl"
+    f.write_text('{"a": 1}\n{"b": 2}\n{"c": ')
+    assert evaluate.cut_torn_tail(f) == len('{"c": ') and f.read_text() == '{"a": 1}\n{"b": 2}\n'
+    assert evaluate.cut_torn_tail(f) == 0 and f.read_text() == '{"a": 1}\n{"b": 2}\n'
+    f.write_text('{"a": 1}\n{"b": 2}')
+    assert evaluate.cut_torn_tail(f) == 0 and f.read_text() == '{"a": 1}\n{"b": 2}\n'
+    f.write_text('{"only": "torn')  # no complete line at all: nothing is left
+    assert evaluate.cut_torn_tail(f) == len('{"only": "torn') and f.read_text() == ""
+    long = json.dumps({"x": "é" * 70000})  # a torn line longer than the 64 KiB read-back window
+    f.write_text('{"a": 1}\n' + long[:-3], encoding="utf-8")
+    assert evaluate.cut_torn_tail(f) == len(long[:-3].encode()) and f.read_text() == '{"a": 1}\n'
+    f.write_text("")
+    assert evaluate.cut_torn_tail(f) == 0 and evaluate.cut_torn_tail(tmp_path / "missing.jsonl") == 0
+
+
+def test_resume_after_a_torn_last_line_redoes_its_record_once(tmp_path, tiny_model_path, monkeypatch):
+    """A responses file whose last line is half a record (the first of its chunk): the resume cuts it off before it
+    appends, so the chunk's new records each get a line of their own. Interrupted right after that chunk, the file
+    holds every complete line once and nothing merged; the next resume redoes only the chunk after it (without the
+    cut, the first new record was appended onto the half-line and lost, and its chunk was redone a second time)."""
+    import toy
+
+    data = tmp_path / "four.jsonl"
+    problems = sorted(toy.make_split("test", n=4), key=lambda r: len(r["problem"]))
+    data.write_text("".join(json.dumps(r) + "\n" for r in problems))
+    out = tmp_path / "out"
+    argv = ["--model", tiny_model_path, "--benchmarks", str(data), "--prompt_template", "none", "--num_samples",
+            "2", "--max_new_tokens", "6", "--chunk_size", "2", "--output_dir", str(out), "--no_progress",
+            "--grade_workers", "1"]
+    evaluate.main(argv)
+    responses = out / "four_responses.jsonl"
+    full_text = responses.read_text()
+    lines = full_text.splitlines(keepends=True)
+    # greedy chunks: lines 0-1, 2-3; sample chunks: lines 4-7, 8-11. Torn: the first record of sample chunk 0
+    recs = [json.loads(x) for x in lines]
+    assert [r["mode"] for r in recs] == ["greedy"] * 4 + ["sample"] * 8
+    assert len({r["chunk"] for r in recs[4:8]}) == 1 and recs[4]["chunk"] != recs[8]["chunk"]
+    responses.write_text("".join(lines[:4]) + lines[4][:25])
+
+    calls, real = [], rollout.generate
+
+    def generate_then_stop(*args, **kwargs):  # the run is killed after its first chunk is written
+        if calls:
+            raise KeyboardInterrupt
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rollout, "generate", generate_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate.main(argv)
+    after = responses.read_text()
+    assert after == "".join(lines[:8])  # every line whole, each once, the torn half gone
+    assert all(isinstance(json.loads(x), dict) for x in after.splitlines())
+
+    redone = []
+
+    def counting(*args, **kwargs):
+        redone.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(rollout, "generate", counting)
+    evaluate.main(argv)
+    assert len(redone) == 1  # only sample chunk 1: the torn record's chunk is not redone again
+    assert responses.read_text() == full_text
+
+
 def test_evaluate_rows_keeps_the_trainer_keys(tiny_model_path):
     import toy
 

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -262,6 +263,49 @@ def test_bad_folders_get_one_line_and_the_others_are_reported(three_runs, tmp_pa
     assert page.table_runs == ["delta", "nosamples"] and set(page.columns) == {"delta", "nosamples"}
     with pytest.raises(SystemExit, match="none of the folders is a run"):
         report.main([str(tmp_path / "notarun"), "--output", str(out)])
+
+
+def test_a_torn_last_line_is_left_out_in_one_line_and_the_rest_is_reported(tmp_path, capsys):
+    """A run in progress (or killed mid-write) whose metrics.jsonl and a samples file end in half a line: what is
+    complete is read, the torn lines are named in one line, and the page still shows the run."""
+    run = Path(_write_run(tmp_path / "live", "delta", [1, 2], lambda s: _rows([[0.9, 1.1], [1.0, 1.2]])))
+    whole_metrics = report.load_run(str(run), say=None).metrics
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "rew')
+    sample = run / "samples" / "step_000002.jsonl"
+    complete = sample.read_text().splitlines(keepends=True)
+    sample.write_bytes((complete[0] + complete[1][:39]).encode() + "λ".encode()[:1])  # torn inside a character
+    said = []
+    r = report.load_run(str(run), say=said.append)
+    assert r.metrics == whole_metrics and len(r.metrics) == 4
+    assert len(r.samples[1]) == 2 and r.samples[2] == [json.loads(complete[0])]
+    assert len(said) == 1
+    assert f"{run / 'metrics.jsonl'} line 5: left out a torn last line (16 bytes, no newline)" in said[0]
+    assert f"{sample} line 2: left out a torn last line (40 bytes, no newline)" in said[0]
+    # through the command line: the one line on stderr, and the run is on the page
+    out = tmp_path / "r.html"
+    report.main([str(run), "--output", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "torn last line" in err[0] and "skipping" not in err[0]
+    assert Page(out.read_text()).table_runs == ["live"]
+
+
+@pytest.mark.parametrize("text, line", [
+    ('{"step": 1}\n{"step": 2\n{"step": 3}\n', 2),  # torn in the middle: an error, not a torn last line
+    ('{"step": 1}\n{"step": 2\n', 2),  # a broken last line that has its newline was written whole: an error
+    ('{"step": 1}\n[1, 2]', 2),  # no newline, but a whole JSON value that is not an object
+])
+def test_a_bad_line_other_than_a_torn_last_one_is_an_error_naming_file_and_line(tmp_path, text, line):
+    run = Path(_write_run(tmp_path / "bad", "grpo", [1], lambda s: _rows([[1.0]])))
+    (run / "metrics.jsonl").write_text(text)
+    message = "^" + re.escape(f"{run / 'metrics.jsonl'} line {line}: not a JSON object") + "$"
+    with pytest.raises(report.RunError, match=message):
+        report.load_run(str(run), say=None)
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    sample = run / "samples" / "step_000001.jsonl"
+    sample.write_text(text.replace('{"step"', '{"prompt": "p", "response": "r", "reward": 1, "advantage": 0, "s"'))
+    with pytest.raises(report.RunError, match="^" + re.escape(f"{sample} line {line}: not a JSON object") + "$"):
+        report.load_run(str(run), say=None)
 
 
 def test_output_in_a_new_folder_or_an_unwritable_one(three_runs, tmp_path):

@@ -612,3 +612,77 @@ def test_grading_inside_a_multiprocessing_worker_exits_cleanly():
     with ProcessPoolExecutor(1, mp_context=ctx, max_tasks_per_child=1) as ex:
         results = [ex.submit(_grade_in_a_child).result(timeout=120) for _ in range(2)]  # the second needs a new worker
     assert results == [[(True, "ok")], [(True, "ok")]]
+
+
+# ------------------------------------------------------------------------------------------------
+# Issue "Correct answers graded wrong": decimal percentages, thin spaces, the imaginary unit, unicode
+# ------------------------------------------------------------------------------------------------
+
+
+def _judge(pred: str, ref: str) -> tuple[bool, str]:
+    """verify_with_reason of ``\\boxed{pred}`` (the pool, as a trainer grades)."""
+    return verify_with_reason(boxed(pred), ref)
+
+
+def test_a_decimal_percentage_reference_accepts_the_bare_number():
+    # olympiadbench 62.5% and 17.5%: math-verify 0.9.0 accepts the bare number for integer percentages only
+    for ref in ("62.5%", r"62.5\%"):
+        assert all(_judge(p, ref) == (True, "ok") for p in ("62.5", "0.625", r"62.5\%", "62.5%", "62.5 percent"))
+        assert all(_judge(p, ref) == (False, "ok") for p in ("63.5", "0.635", "6.25", r"0.625\%", r"6250\%"))
+    assert _judge("17.5", "17.5%") == (True, "ok") and _judge("17.6", "17.5%") == (False, "ok")
+    # a percentage in the box against a bare reference: read as its number (math-verify's integer rule), or its value
+    assert _judge(r"62.5\%", "62.5") == (True, "ok") and _judge(r"62.5\%", "0.625") == (True, "ok")
+    assert _judge(r"62.5\%", "6.25") == (False, "ok") and _judge(r"62.5\%", "0.0625") == (False, "ok")
+    # both percentages: only their values are compared (0.5% is not 50%), and integers as before (C08)
+    assert _judge(r"0.5\%", r"50\%") == (False, "ok") and _judge(r"5000\%", r"50\%") == (False, "ok")
+    assert _judge("50", r"50\%") == (True, "ok") and _judge("50", "0.5") == (False, "ok")
+    assert _judge(r"-8\%", "-8") == (True, "ok") and _judge("-8", r"-8\%") == (True, "ok")  # negative ones too
+    assert _judge(r"8\%", "-8") == (False, "ok") and _judge(r"-8\%", "-0.08") == (True, "ok")
+
+
+def test_spacing_commands_at_the_ends_of_an_answer():
+    # `\boxed{-10\,}`: the sentence-punctuation rule took the comma of `\,`, leaving `-10\` (a parse error)
+    for p in (r"-10\,", r"-10\;", r"-10\ ", r"-10\!", r"-10\quad", r"\, -10", r"\qquad -10 \,", "-10~"):
+        assert V.normalize_answer(p) == "-10", p
+        assert _judge(p, "-10") == (True, "ok"), p
+    assert _judge(r"-11\,", "-10") == (False, "ok") and _judge(r"10\,", "-10") == (False, "ok")
+    assert V.normalize_answer(r"1\,000\,") == "1000"  # a separator inside stays a separator
+    assert V.normalize_answer(r"\frac{d\,x}{d\;t}") == r"\frac{d x}{d t}" and V.normalize_answer(r"8\,\%") == r"8 \%"
+    assert _judge(r"8\,\%", r"8 \%") == (True, "ok") and _judge(r"9\,\%", r"8 \%") == (False, "ok")
+    assert _judge(r"\frac{d\,x}{d\,t}=k\,x-a", r"\frac{d x}{d t}=k x-a") == (True, "ok")
+    assert V.normalize_answer(r"\frac{1}{2}.") == r"\frac{1}{2}"  # sentence punctuation still goes
+    assert V.normalize_answer(r"x\quadrant") == r"x\quadrant"  # a longer command is not \quad
+    assert V.normalize_answer("x \\\\") == "x \\\\"  # a trailing `\\` is not a stripped `\ `
+
+
+def test_a_coefficient_and_the_imaginary_unit():
+    # math-verify reads a standalone `i` as complex, `7i` as real: `-2 + 7 i` and `-2 + 7i` never matched
+    assert V.normalize_answer(r"-2+7\,i") == "-2+7 i" and V.normalize_answer("-2 + 7i") == "-2 + 7 i"
+    for p in ("-2 + 7 i", r"-2+7\,i", "-2+7i", "7i - 2", r"-2 + 7 \cdot i", r"-2+7\ i"):
+        assert _judge(p, "-2 + 7i") == (True, "ok"), p
+    for p in ("-2 + 8 i", "-2 - 7 i", r"2+7\,i", "7 - 2i", "-2 + 7"):
+        assert _judge(p, "-2 + 7i") == (False, "ok"), p
+    assert _judge(r"1+\sqrt{3}i", r"1+\sqrt{3} i") == (True, "ok") and _judge("6-5 i", "6 - 5i") == (True, "ok")
+    assert V.normalize_answer("5in") == "5in" and V.normalize_answer(r"2\pi") == r"2\pi"  # not an imaginary unit
+    assert V.normalize_answer("x_1i") == "x_1 i"  # a digit before the i, whatever it belongs to: spacing only
+
+
+def test_unicode_a_model_writes():
+    cases = [("−√3", r"-\sqrt{3}"), ("(-∞,0]", r"(-\infty,0]"), ("6r²−4r−24", "6r^{2}-4r-24"),
+             ("x⁻¹", "x^{-1}"), ("a₁+a₂", "a_{1}+a_{2}"), ("2√(x+1)", r"2\sqrt{(x+1)}"), ("√{13}/2", r"\sqrt{13}/2"),
+             ("3×4·5", r"3\times4\cdot5"), ("x≤2", r"x\le2"), ("1±√2", r"1\pm\sqrt{2}"),
+             ("θx+θ(t)", r"\theta x+\theta(t)"), ("∛2", r"\sqrt[3]{2}"),
+             ("2π", r"2\pi"), ("½", r"\frac{1}{2}"), ("1 000", "1000"), ("√π", r"\sqrt{\pi}")]
+    for text, latex in cases:
+        assert V.normalize_answer(text) == latex, text
+    assert V.normalize_answer("3–5") == "3–5"  # an en dash is a range, not a minus: never read as 3-5
+    right = [("−√3", r"-\sqrt{3}"), ("(-∞,0]", r"(-\infty, 0]"), ("6r²−4r−24", "6r^2-4r-24"), ("2√2", r"2\sqrt{2}"),
+             ("(−∞, 2) ∪ (3, ∞)", r"(-\infty, 2) \cup (3, \infty)"), ("x ≥ 3", r"[3, \infty)"),
+             ("3π/2", r"\frac{3\pi}{2}"),
+             ("10³", "1000"), ("2⁻¹", r"\frac{1}{2}"), ("1 − √3 i", r"1-\sqrt{3} i")]
+    for p, ref in right:
+        assert _judge(p, ref) == (True, "ok"), (p, ref)
+    wrong = [("√3", r"-\sqrt{3}"), ("−√2", r"-\sqrt{3}"), ("(-∞,0)", r"(-\infty, 0]"), ("6r³−4r−24", "6r^2-4r-24"),
+             ("6r²+4r−24", "6r^2-4r-24"), ("10²", "1000"), ("x ≤ 3", r"[3, \infty)"), ("3–5", "-2")]
+    for p, ref in wrong:
+        assert _judge(p, ref)[0] is False, (p, ref)
