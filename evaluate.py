@@ -117,7 +117,7 @@ HF_DATASETS = {
                     id="problem_idx"),
 }
 
-# Generation settings: explicit flag > protocol preset > these defaults.
+# Generation settings: explicit flag > protocol preset > a trained run's held-out settings (run_settings) > these.
 DEFAULT_SETTINGS = dict(num_samples=8, temperature=1.0, top_p=1.0, max_new_tokens=64, greedy=True, seed=0,
                         batch_size=256, chunk_size=32)
 PROTOCOLS = {
@@ -126,6 +126,16 @@ PROTOCOLS = {
     # one greedy response per problem
     "greedy": dict(num_samples=0, temperature=0.0, greedy=True),
 }
+# How responses are drawn (--sampling). "chunks": problems sorted by length, cut into --chunk_size chunks, each drawn
+# with its own chunk_seed (resumes chunk by chunk). "trainer": as the trainer's held-out evaluation (evaluate_rows):
+# rows in file order, one rollout.generate call per mode with --seed itself, batches of --batch_size (resumes mode by
+# mode). A trained run's checkpoint defaults to "trainer", anything else to "chunks".
+SAMPLINGS = ("chunks", "trainer")
+CHUNKING = {"chunks": "by-length", "trainer": "trainer"}  # the settings hash's name of each rule
+# The trainer's held-out evaluation (heldout): rows per generate call, and its seed = the run's --seed + this
+# (grpo.py's run_eval).
+HELDOUT_BATCH_SIZE = 256
+HELDOUT_SEED_OFFSET = 12345
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -496,11 +506,13 @@ def load_benchmark(name: str, source: str, data_dir: str | os.PathLike | None = 
 # ----------------------------------------------------------------------------------------------------------
 # Settings
 # ----------------------------------------------------------------------------------------------------------
-def resolve_settings(protocol: str | None = None, **flags) -> dict:
-    """Generation settings: every flag that is not None, else the protocol preset, else DEFAULT_SETTINGS.
+def resolve_settings(protocol: str | None = None, base: dict | None = None, **flags) -> dict:
+    """Generation settings: every flag that is not None, else the protocol preset, else ``base``, else
+    DEFAULT_SETTINGS.
 
     Args:
         protocol: None, ``"delta"`` or ``"greedy"`` (see :data:`PROTOCOLS`).
+        base: defaults that beat DEFAULT_SETTINGS (a trained run's held-out settings, :func:`run_settings`).
         **flags: keys of DEFAULT_SETTINGS (None = not given on the command line).
     Returns:
         a dict with every key of DEFAULT_SETTINGS.
@@ -514,7 +526,8 @@ def resolve_settings(protocol: str | None = None, **flags) -> dict:
     unknown = set(flags) - set(DEFAULT_SETTINGS)
     if unknown:
         raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(DEFAULT_SETTINGS)}")
-    s = {**DEFAULT_SETTINGS, **PROTOCOLS.get(protocol, {}), **{k: v for k, v in flags.items() if v is not None}}
+    s = {**DEFAULT_SETTINGS, **(base or {}), **PROTOCOLS.get(protocol, {}),
+         **{k: v for k, v in flags.items() if v is not None}}
     for key in ("num_samples", "max_new_tokens", "batch_size", "chunk_size", "seed"):
         if isinstance(s[key], bool) or not isinstance(s[key], int):
             raise ValueError(f"{key} must be an int, got {s[key]!r}")
@@ -713,8 +726,8 @@ def generate_records(model, tokenizer, rows: list[dict], template: str, mode: st
 
 def evaluate_rows(model, tokenizer, rows: list[dict], template: str, num_samples: int = 8,
                   temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 64, seed: int = 0,
-                  batch_size: int = 256, greedy: bool = True, num_workers: int = 1, pass_ks: list[int] | None = None,
-                  stop_ids: list[int] | None = None, progress: str = "") -> dict:
+                  batch_size: int = HELDOUT_BATCH_SIZE, greedy: bool = True, num_workers: int = 1,
+                  pass_ks: list[int] | None = None, stop_ids: list[int] | None = None, progress: str = "") -> dict:
     """Greedy accuracy, avg@k and pass@k (k = 1, 2, 4, ..., n) of ``model`` on ``rows``, all in memory.
 
     The in-memory core used by the trainer: one ``rollout.generate`` call per mode with ``seed``, no files.
@@ -754,7 +767,7 @@ def heldout(model, tokenizer, rows: list[dict], template: str, k: int, temperatu
     rank, world = distributed.rank(), distributed.world_size()
     with distributed.gathered_weights(model):  # FSDP2: each process runs its own number of forwards
         res = evaluate_rows(model, tokenizer, rows[rank::world], template, k, temperature, top_p, max_new_tokens,
-                            seed=seed, progress=progress if rank == 0 else "")
+                            seed=seed, batch_size=HELDOUT_BATCH_SIZE, progress=progress if rank == 0 else "")
     if world > 1:
         res = compute_metrics([r for part in distributed.all_gather_objects(res["responses"]) for r in part], rows,
                               k, True)
@@ -880,9 +893,12 @@ def run_benchmark(model, tokenizer, name: str, rows: list[dict], template: str, 
                   overwrite: bool = False, progress: bool = True) -> tuple[list[dict], int]:
     """Generate, grade and save the responses of one benchmark, resuming from ``path``.
 
-    Problems are cut into chunks of ``settings["chunk_size"]`` (:func:`make_chunks`). For each mode and chunk: if
-    ``path`` already holds all its records (same settings hash and chunk key) they are reused; otherwise the
-    chunk is generated whole with :func:`chunk_seed`, graded, and appended to ``path`` at once. At the end
+    ``settings["sampling"]`` ``"chunks"`` (the default): problems are cut into chunks of ``settings["chunk_size"]``
+    (:func:`make_chunks`), each generated with :func:`chunk_seed`. ``"trainer"``: one chunk of every problem in
+    file order, generated with ``settings["seed"]`` itself, as :func:`evaluate_rows` (the trainer's held-out
+    evaluation) draws them: the same responses. For each mode and chunk: if ``path`` already holds all its records
+    (same settings hash and chunk key) they are reused; otherwise the chunk is generated whole, graded, and
+    appended to ``path`` at once. At the end
     ``path`` is rewritten in canonical order (mode, problem in file order, sample) with exactly this run's
     records.
     Returns:
@@ -895,7 +911,8 @@ def run_benchmark(model, tokenizer, name: str, rows: list[dict], template: str, 
     path = Path(path)
     found = load_responses(path, run_hash, overwrite=overwrite)
     cut_torn_tail(path)  # appending onto a torn half-line would merge (and lose) the first new record
-    chunks = make_chunks(rows, settings["chunk_size"])
+    trainer = settings.get("sampling", "chunks") == "trainer"
+    chunks = [rows] if trainer else make_chunks(rows, settings["chunk_size"])
     runs = ([("greedy", 1)] if settings["greedy"] else []) + \
            ([("sample", settings["num_samples"])] if settings["num_samples"] else [])
     total = sum(n * len(rows) for _, n in runs)
@@ -911,9 +928,9 @@ def run_benchmark(model, tokenizer, name: str, rows: list[dict], template: str, 
                     records += [have[w] for w in wanted]
                     reused += len(wanted)
                 else:  # missing or partial: generate the whole chunk (same seed, same batch -> same responses)
+                    seed = settings["seed"] if trainer else chunk_seed(settings["seed"], name, mode, ci)
                     new = generate_records(model, tokenizer, chunk, template, mode, n, settings["temperature"],
-                                           settings["top_p"], settings["max_new_tokens"],
-                                           chunk_seed(settings["seed"], name, mode, ci), stop_ids,
+                                           settings["top_p"], settings["max_new_tokens"], seed, stop_ids,
                                            settings["batch_size"], num_workers=num_workers,
                                            grade_timeout=grade_timeout)
                     for rec in new:
@@ -1143,6 +1160,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch_size", type=int, default=None, help="rows per generate call (default 256)")
     ap.add_argument("--chunk_size", type=int, default=None,
                     help="problems generated, saved and resumed together (default 32)")
+    ap.add_argument("--sampling", choices=SAMPLINGS, default=None,
+                    help="chunks: length-sorted chunks of --chunk_size, each with its own seed (resumes chunk by "
+                         "chunk); trainer: as grpo.py's held-out evaluation (file order, one pass per mode with "
+                         "--seed: its very responses; resumes mode by mode). Default: trainer for a trained run's "
+                         "checkpoint without --protocol, else chunks")
     ap.add_argument("--pass_k", default=None, help="comma-separated ks for pass@k (default 1,2,4,...,n)")
     ap.add_argument("--limit", type=int, default=None, help="only the first N problems of each benchmark")
     ap.add_argument("--grade_workers", type=int, default=2, help="grading worker processes")
@@ -1171,7 +1193,14 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.compare:
         return compare_results_files(*args.compare)
-    settings = resolve_settings(args.protocol, **{k: getattr(args, k) for k in DEFAULT_SETTINGS})
+    run = trained_run(args.model) if args.protocol is None else None  # its held-out evaluation is the default
+    settings = resolve_settings(args.protocol, run_settings(run) if run else None,
+                                **{k: getattr(args, k) for k in DEFAULT_SETTINGS})
+    settings["sampling"] = args.sampling or ("trainer" if run else "chunks")
+    if run:
+        print(f"[settings] {args.model} is a checkpoint of a grpo.py run: its held-out evaluation's settings and "
+              f"sampling (seed {run.get('seed', 0)} + {HELDOUT_SEED_OFFSET}, file order, one pass per mode) unless a "
+              "flag says otherwise")
     n = settings["num_samples"]
     pass_ks = check_pass_ks([int(k) for k in args.pass_k.split(",") if k.strip()], n) if args.pass_k else \
         default_pass_ks(n)
@@ -1182,14 +1211,16 @@ def main(argv=None):
     model, tokenizer = _load_model(args.model, args.num_threads)
     template = rollout.resolve_template(args.prompt_template, args.model, print)
     stop_ids = rollout.stop_token_ids(tokenizer, template, model)
-    generation = {"model": args.model, "prompt_template": template, "stop_ids": stop_ids, "chunking": "by-length",
+    generation = {"model": args.model, "prompt_template": template, "stop_ids": stop_ids,
+                  "chunking": CHUNKING[settings["sampling"]],
                   **{k: settings[k] for k in DEFAULT_SETTINGS}}
     run_hash = settings_hash(generation)
     args.output_dir = args.output_dir or os.path.join("eval_results", f"{_model_slug(args.model)}-{run_hash[:8]}")
     earlier = _earlier_results(args.output_dir, run_hash, args.overwrite)
     os.makedirs(args.output_dir, exist_ok=True)
     results = {"model": args.model, "protocol": args.protocol, "prompt_template": template,
-               "settings": {**{k: settings[k] for k in DEFAULT_SETTINGS}, "pass_k": pass_ks, "stop_ids": stop_ids,
+               "settings": {**{k: settings[k] for k in DEFAULT_SETTINGS}, "sampling": settings["sampling"],
+                            "pass_k": pass_ks, "stop_ids": stop_ids,
                             "limit": args.limit, "grade_timeout": args.grade_timeout},
                "settings_hash": run_hash, "versions": checkpoint.library_versions(), "benchmarks": {},
                "run": {"seconds": {}, "reused_responses": {}}}
@@ -1303,17 +1334,44 @@ def _save_and_print(results: dict, settings: dict, args: argparse.Namespace) -> 
           f"{os.path.join(args.output_dir, '<benchmark>_responses.jsonl')}")
 
 
+def trained_run(model: str) -> dict | None:
+    """The flags of the grpo.py run ``model`` is a checkpoint of (``<run>/final`` or ``<run>/checkpoint-<step>``:
+    ``<run>/config.json``'s ``config``, with ``num_processes`` added), or None for any other model."""
+    try:
+        with open(os.path.join(os.path.dirname(os.path.normpath(model)), "config.json")) as f:
+            saved = json.load(f)
+        return {**saved["config"], "num_processes": saved.get("num_processes", 1)}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def run_settings(cfg: dict) -> dict:
+    """The generation settings of a run's held-out evaluation (grpo.py's ``run_eval`` -> :func:`heldout`): greedy
+    and avg@``eval_num_generations`` at ``eval_temperature`` / ``eval_top_p`` (default: the training ones) with up
+    to ``max_completion_length`` tokens, seed = the run's seed + 12345, batches of :data:`HELDOUT_BATCH_SIZE`."""
+    out = {"greedy": True, "seed": cfg.get("seed", 0) + HELDOUT_SEED_OFFSET, "batch_size": HELDOUT_BATCH_SIZE}
+    pick = {"temperature": ("eval_temperature", "temperature"), "top_p": ("eval_top_p", "top_p"),
+            "max_new_tokens": ("max_completion_length",), "num_samples": ("eval_num_generations",)}
+    for key, names in pick.items():
+        value = next((cfg[n] for n in names if cfg.get(n) is not None), None)
+        if value is not None and not (key == "num_samples" and value == 0):
+            out[key] = value
+    return out
+
+
 def trainer_figures(model: str, results: dict, settings: dict) -> list[str]:
     """When ``model`` is a checkpoint of a grpo.py run (``<run>/final`` or ``<run>/checkpoint-<step>``) and a
     benchmark here is that run's held-out set: the lines that set this evaluation beside the one the run logged in
-    metrics.jsonl, and say why sampled figures differ (the same model, other random draws) while greedy agrees."""
+    metrics.jsonl, and say whether the two drew the same responses (``--sampling trainer`` with the run's held-out
+    settings, in one process: the same figures) or why sampled figures differ (the same model, other draws)."""
     run = os.path.dirname(os.path.normpath(model))
+    cfg = trained_run(model)
     try:
-        with open(os.path.join(run, "config.json")) as f:
-            cfg = json.load(f)["config"]
         with open(os.path.join(run, "metrics.jsonl")) as f:
             logged = [r for r in map(json.loads, f) if any(k.startswith("eval/") for k in r)]
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError):
+        return []
+    if cfg is None:
         return []
     step = int(os.path.basename(os.path.normpath(model)).rpartition("-")[2]) if "checkpoint-" in model else \
         cfg.get("max_steps")
@@ -1324,12 +1382,21 @@ def trainer_figures(model: str, results: dict, settings: dict) -> list[str]:
     if mine is None or theirs is None or f"eval/avg@{k}" not in theirs or f"avg@{k}" not in mine:
         return []
     p, n, greedy = mine[f"avg@{k}"], mine["num_problems"] * k, mine.get("greedy", float("nan"))
+    head = (f"\ngrpo.py logged for this checkpoint (step {step}): avg@{k} {theirs[f'eval/avg@{k}']:.3f}, greedy "
+            f"{theirs['eval/greedy']:.3f}; here: avg@{k} {p:.3f}, greedy {greedy:.3f}.")
+    expected = {**run_settings(cfg), "num_samples": k}
+    other = [f"--{key} {settings[key]} (run: {v})" for key, v in expected.items() if settings.get(key) != v]
+    other += [f"--sampling {settings.get('sampling')}"] if settings.get("sampling") != "trainer" else []
+    other += [f"--limit {results['settings']['limit']}"] if results.get("settings", {}).get("limit") else []
+    if not other and cfg.get("num_processes", 1) == 1:
+        return [head, "The same responses as the trainer's evaluation (--sampling trainer, the run's held-out "
+                      "settings): the figures agree."]
+    why = ", ".join(other) if other else \
+        f"the run evaluated on {cfg['num_processes']} processes, each drawing its own share of the problems"
     same = abs(greedy - theirs.get("eval/greedy", float("nan"))) < 1e-9
-    return [f"\ngrpo.py logged for this checkpoint (step {step}): avg@{k} {theirs[f'eval/avg@{k}']:.3f}, greedy "
-            f"{theirs['eval/greedy']:.3f}; here: avg@{k} {p:.3f}, greedy {greedy:.3f}.",
-            f"The same model and settings with other random draws: the trainer samples all problems in one pass "
-            f"(seed {cfg.get('seed', 0)} + 12345), evaluate.py chunk by chunk (--seed {settings['seed']}, so that an "
-            f"interrupted run resumes exactly). Sampled figures differ by sampling noise: one standard deviation of "
+    return [head,
+            f"The same model with other random draws ({why}; the trainer's: --sampling trainer with the run's "
+            f"held-out settings). Sampled figures differ by sampling noise: one standard deviation of "
             f"avg@{k} over {n:,} responses is {(p * (1 - p) / max(n, 1)) ** 0.5:.3f}. Greedy decoding draws nothing"
             + (" and agrees." if same else ", but other batches round differently: an argmax tie can flip.")]
 
