@@ -660,6 +660,70 @@ def test_a_checkpoint_of_a_run_is_set_beside_the_trainers_figures(toy_model_path
     assert evaluate.trainer_figures(toy_model_path, {"benchmarks": {"toy": res}}, {"num_samples": 2}) == []  # no run
 
 
+def test_a_trained_run_is_evaluated_as_the_trainer_evaluates_it(toy_model_path, tmp_path, counting_generate, capsys):
+    """One checkpoint, one number: evaluate.py on <run>/final (no flag) draws what grpo.py's held-out evaluation
+    (evaluate.heldout) drew, with the run's held-out settings, seed + 12345 and the trainer's batches (200 problems x
+    2 samples = 2 batches of 256 rows): every logged figure and every response are the same, exactly."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(toy_model_path, run / "final")
+    cfg = {"data": "toy", "eval_data": "", "seed": 3, "max_steps": 60, "eval_num_generations": 2,
+           "temperature": 1.0, "top_p": 1.0, "eval_temperature": None, "eval_top_p": 0.9, "max_completion_length": 40}
+    (run / "config.json").write_text(json.dumps({"config": cfg, "num_processes": 1}))
+    model, tokenizer = policy.load_model_and_tokenizer(str(run / "final"))
+    rows = evaluate.load_problems("toy", split="test")
+    assert len(rows) * 2 > evaluate.HELDOUT_BATCH_SIZE  # more than one batch of the trainer's
+    # grpo.py's run_eval, as it calls it
+    logged = evaluate.heldout(model, tokenizer, rows, "none", 2, 1.0, 0.9, 40, seed=3 + 12345)
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 60, **logged}) + "\n")
+    in_memory = evaluate.evaluate_rows(model, tokenizer, rows, "none", 2, 1.0, 0.9, 40, seed=3 + 12345)["responses"]
+    counting_generate.clear()
+    res = evaluate.main(["--model", str(run / "final"), "--benchmarks", "toy", "--output_dir", str(tmp_path / "ev"),
+                         "--no_plot", "--no_progress", "--grade_workers", "1"])
+    mine, prompts = res["benchmarks"]["toy"], [rollout.apply_template(r["problem"], "none") for r in rows]
+    assert res["settings"]["sampling"] == "trainer" and res["settings"]["seed"] == 3 + 12345
+    assert {k: mine[k.removeprefix("eval/")] for k in logged} == logged  # greedy, avg@2, pass@2, lengths: exactly
+    assert [(c["prompts"], c["n"], c["seed"]) for c in counting_generate] == [
+        (prompts, 1, 12348), (prompts, 2, 12348)]  # one pass per mode, rows in file order
+    saved = [json.loads(line) for line in (tmp_path / "ev" / "toy_responses.jsonl").read_text().splitlines()]
+    assert [(r["mode"], r["id"], r["sample"], r["response"]) for r in saved] == \
+        [(r["mode"], r["id"], r["sample"], r["response"]) for r in in_memory]
+    assert "The same responses as the trainer's evaluation" in capsys.readouterr().out
+    # the length-sorted chunks (other seeds, other batches) draw other responses; greedy draws nothing
+    other = evaluate.main(["--model", str(run / "final"), "--benchmarks", "toy", "--sampling", "chunks",
+                           "--output_dir", str(tmp_path / "ev2"), "--no_plot", "--no_progress", "--grade_workers", "1"])
+    assert other["settings_hash"] != res["settings_hash"] and other["benchmarks"]["toy"]["greedy"] == mine["greedy"]
+    assert "(--sampling chunks; the trainer's" in capsys.readouterr().out
+
+
+def test_trainer_sampling_resumes_after_its_first_chunk_byte_for_byte(tmp_path, tiny_model_path, counting_generate):
+    """--sampling trainer: each mode is one chunk, drawn in one pass over the rows in file order with --seed. A run
+    stopped after its first chunk (the greedy mode), with half a record written, redraws the sample mode alone and
+    writes the same bytes as an uninterrupted run."""
+    data = tmp_path / "five.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in toy.make_split("test", n=5)))
+    out = tmp_path / "out"
+    argv = ["--model", tiny_model_path, "--benchmarks", str(data), "--prompt_template", "none", "--num_samples", "3",
+            "--max_new_tokens", "6", "--sampling", "trainer", "--batch_size", "4", "--seed", "7", "--output_dir",
+            str(out), "--no_progress", "--no_plot", "--grade_workers", "1"]
+    evaluate.main(argv)
+    prompts = [rollout.apply_template(json.loads(line)["problem"], "none") for line in data.read_text().splitlines()]
+    assert [(c["prompts"], c["n"], c["temperature"], c["seed"]) for c in counting_generate] == [
+        (prompts, 1, 0.0, 7), (prompts, 3, 1.0, 7)]
+    responses = out / "five_responses.jsonl"
+    full_text = responses.read_text()
+    lines = full_text.splitlines(keepends=True)
+    assert len(lines) == 5 + 15
+    uninterrupted = _without_run(out / "results.json")
+    counting_generate.clear()
+    responses.write_text("".join(lines[:5]) + lines[5][:30])  # the greedy chunk and half a sampled record
+    evaluate.main(argv)
+    assert [(c["n"], c["seed"]) for c in counting_generate] == [(3, 7)]
+    assert responses.read_text() == full_text
+    assert _without_run(out / "results.json") == uninterrupted
+
+
 def _paper_cells(line):
     """The cells of one markdown row of the delta_paper table."""
     return [c.strip() for c in line.strip().strip("|").split("|")]
