@@ -42,12 +42,20 @@ interrupted, given the same model, data, software and hardware (exact on the CPU
 deterministic as its kernels). A response depends on its chunk-mates (batch padding, shared random stream),
 so ``--chunk_size`` and ``--batch_size`` are part of the settings.
 
+A trained run (``--model <run>/final`` or ``<run>/checkpoint-<step>`` of grpo.py, without ``--protocol``): the
+run's held-out settings are the defaults (:func:`run_settings`: k, temperature, top-p, token budget, seed = its seed
++ 12345, batches of 256) and ``--sampling trainer`` samples as the trainer's :func:`heldout` does (rows in file
+order, one ``rollout.generate`` call per mode with the seed itself), so it gives the very responses and figures the
+run logged; each mode is then one chunk (a resumed run redraws an unfinished mode whole, exactly).
+``--sampling chunks`` (the default elsewhere) draws length-sorted chunks with their own seeds, as above.
+
 Command line::
 
     python evaluate.py --model toy --benchmarks toy
     python evaluate.py --model toy --benchmarks all --protocol greedy --max_new_tokens 64
     python evaluate.py --model Qwen/Qwen3-8B-Base --benchmarks math500,aime24 --protocol delta --batch_size 64
     python evaluate.py --model Qwen/Qwen3-8B-Base --benchmarks delta_paper --protocol delta     # DelTA's Table 1
+    python evaluate.py --model runs/delta/final --benchmarks toy     # the trainer's held-out evaluation, exactly
     python evaluate.py --compare runs/grpo_eval/results.json runs/delta_eval/results.json
 """
 
