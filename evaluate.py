@@ -1345,6 +1345,8 @@ def _save_and_print(results: dict, settings: dict, args: argparse.Namespace) -> 
 def trained_run(model: str) -> dict | None:
     """The flags of the grpo.py run ``model`` is a checkpoint of (``<run>/final`` or ``<run>/checkpoint-<step>``:
     ``<run>/config.json``'s ``config``, with ``num_processes`` added), or None for any other model."""
+    if not os.path.isdir(model):  # "toy" or a hub id: no run folder above it (never the current folder's config)
+        return None
     try:
         with open(os.path.join(os.path.dirname(os.path.normpath(model)), "config.json")) as f:
             saved = json.load(f)
