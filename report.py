@@ -65,7 +65,7 @@ def rule_name(config: dict) -> str:
     "sapo + delta: frozen γ, raw α". A key the config lacks (older runs) takes grpo.py's default, so an older
     config names what it names today: its --credit. "" when the config has no "credit" (unknown).
     Left out, as they do not change the rule: --loss_type grpo/dr_grpo, DelTA's --delta_impl and --delta_scope,
-    --entropy_pool, and the strengths of CSCR (--cscr_threshold, --cscr_alpha, ...), SAPO and FIPO."""
+    --entropy_pool, and the strengths of CSCR other than α (--cscr_threshold, ...), SAPO and FIPO."""
     g = config.get
     credit = g("credit", "")
     if not credit:
@@ -99,6 +99,8 @@ def rule_name(config: dict) -> str:
             details.append({"sign_aware": "sign-aware", "upweight": "up-weighting"}.get(weight, f"{weight} weight"))
         if scope != "sequence":
             details.append(f"{scope} scope")
+        if g("cscr_alpha", 1.0) != 1.0:  # the strength ablation (spec §9.2)
+            details.append(f"α={g('cscr_alpha', 1.0):g}")
     rule = base + (": " + ", ".join(details) if details else "")
     if loss and credit == "grpo":  # the loss rule alone: DAPO's loss with another gate or a mask
         return " + ".join(loss)

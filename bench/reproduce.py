@@ -14,7 +14,7 @@ and result digits (samples/summary.json, ``report.credit_lands``).
 
     python bench/reproduce.py                        # every rule, seeds 0 1 2: 87 runs, ~2 h on 2 cores
     python bench/reproduce.py --rules dapo,fipo --seeds 0
-    python bench/reproduce.py --table                # print docs/reproduce.md's toy table from the finished runs
+    python bench/reproduce.py --table                # docs/reproduce.md's toy tables from the finished runs
 
 Results: ``--out`` (default bench/results/reproduce.json) with every run's figures and the machine.
 """
@@ -125,6 +125,8 @@ def table(results: dict) -> str:
 
     out = []
     for where in dict.fromkeys(t for _, t, _, _, _ in RULES):
+        if not any(t == where and name in results for name, t, _, _, _ in RULES):
+            continue
         out += [f"\n**{where}**\n", "| row | flags | paper | toy: avg@8 gained (points) | AUROC first wrong | "
                 "AUROC result digits |", "|---|---|---|---|---|---|"]
         for name, t, flags, paper, what in RULES:
@@ -167,7 +169,7 @@ def main(argv=None):
             results[name] = {k: spread([r[k] for r in runs]) for k in runs[0]}
             results[name]["runs"] = runs
     print(table(results))
-    if not args.table:
+    if results:  # also after --table: the figures of every finished run
         write_json(args.out, {"machine": machine_description(), "git": git_state(), "seeds": seeds,
                                "toy_flags": TOY, "rules": [{"name": n, "table": t, "flags": f, "paper": p,
                                                             "what": w, "paper_command": f"{PAPER} {' '.join(f)}"}

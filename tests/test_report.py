@@ -515,7 +515,7 @@ RULE_NAMES = [
     (dict(credit="cscr", cscr_weight="upweight", cscr_scope="group"), "cscr: up-weighting, group scope"),
     # settings that do not change the rule
     (dict(credit="delta", delta_impl="memory_efficient"), "delta"), (dict(loss_type="dr_grpo"), "grpo"),
-    (dict(credit="cscr", cscr_threshold=0.5, cscr_alpha=2.0), "cscr")]
+    (dict(credit="cscr", cscr_threshold=0.5), "cscr"), (dict(credit="cscr", cscr_alpha=2.0), "cscr: α=2")]
 
 
 @pytest.mark.parametrize("flags,name", RULE_NAMES)
