@@ -237,7 +237,12 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None)
         (cfg.num_mini_batches >= 1 and rows % cfg.num_mini_batches, "--num_mini_batches must divide "
          "num_prompts_per_step × num_generations" + (f" / {world} processes" if world > 1 else "")),
         *[(getattr(cfg, n) < 0, f"--{n} must be >= 0") for n in
-          ("max_steps", "micro_batch_size", "save_steps", "max_prompt_length", "plan_processes")],
+          ("max_steps", "micro_batch_size", "save_steps", "max_prompt_length", "plan_processes", "eval_steps",
+           "eval_num_generations", "logging_steps", "num_samples_to_log", "max_grad_norm", "weight_decay", "beta",
+           "num_threads", "cscr_alpha")],
+        (not 0 <= cfg.cscr_w_min <= 1 or cfg.cscr_threshold_quantile is not None
+         and not 0 < cfg.cscr_threshold_quantile <= 1, "--cscr_w_min must be in [0, 1] and "
+         "--cscr_threshold_quantile in (0, 1]"),
         (cfg.overlong_buffer_len < 0 or 0 < cfg.max_completion_length <= cfg.overlong_buffer_len,
          f"--overlong_buffer_len {cfg.overlong_buffer_len} must be >= 0 and shorter than --max_completion_length "
          f"{cfg.max_completion_length} (verl asserts the same)"),
@@ -262,7 +267,7 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None)
          "in [0, 1] (0 = off) and --top_entropy_quantile in (0, 1] (1 = off)"),
         (cfg.entropy_top_ratio > 0 and cfg.top_entropy_quantile < 1, "--entropy_top_ratio (Forking Tokens' rule) "
          "and --top_entropy_quantile (TRL's) are two readings of one baseline: give one"),
-        (min(cfg.sapo_temperature_pos, cfg.sapo_temperature_neg) <= 0, "--sapo_temperature_pos/_neg must be > 0"),
+        (min(cfg.sapo_temperature_pos, cfg.sapo_temperature_neg) <= 0, "--sapo_temperature_pos and --sapo_temperature_neg must be > 0"),
         (cfg.loss_type == "sapo" and cfg.credit == "fipo", "--credit fipo weights DAPO's clipped surrogate: "
          "use it with --loss_type dapo, not sapo"),
         (cfg.fipo_decay_rate <= 0 or cfg.fipo_clip < 0 or cfg.fipo_safety_threshold <= 0, "--fipo_decay_rate and "

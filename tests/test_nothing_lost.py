@@ -79,3 +79,14 @@ def test_a_batch_without_signal_moves_nothing(toy_model_path, tmp_path, monkeypa
     assert moments and all(not m.any() for m in moments)  # AdamW never took a step with a gradient
     steps = [json.loads(line) for line in _lines(out) if "reward" in json.loads(line)]
     assert [s["no_signal"] for s in steps] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("flag,value", [("--temperature", "0"), ("--beta", "-1"), ("--cscr_alpha", "-1"),
+                                        ("--cscr_w_min", "2"), ("--cscr_threshold_quantile", "1.5"),
+                                        ("--eval_num_generations", "-1"), ("--weight_decay", "-0.1"),
+                                        ("--entropy_top_ratio", "1.5"), ("--sapo_temperature_neg", "0")])
+def test_every_bad_value_stops_in_one_line_before_the_folder(tmp_path, flag, value):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit, match=flag):
+        grpo.main(["--output_dir", str(out), flag, value])
+    assert not out.exists()
