@@ -321,12 +321,13 @@ def test_output_folder_of_an_earlier_run(tiny_model_path, tmp_path):
         grpo.main(argv)
     grpo.main(argv + ["--overwrite_output_dir"])
     assert sorted(p.name for p in (out / "samples").iterdir()) == ["step_000001.jsonl", "summary.json"]  # no 57
+    (out / "final" / "trainer_state.json").unlink()  # as if killed before its end (final/ then is no checkpoint)
     with pytest.raises(SystemExit, match="holds no complete checkpoint-<step>/.*--overwrite_output_dir"):
         grpo.main(argv + ["--resume"])  # it stopped before its first --save_steps
     grpo.main(argv + ["--overwrite_output_dir", "--max_steps", "2", "--save_steps", "1"])
-    (out / "metrics.jsonl").write_text("")  # another run started here after checkpoint-1 was written
-    with pytest.raises(SystemExit, match=r"cannot --resume from .*checkpoint-1: .*metrics.jsonl has 0 lines, fewer "
-                                         r"than the 1 .*--overwrite_output_dir"):
+    (out / "metrics.jsonl").write_text("")  # another run started here after its checkpoints were written
+    with pytest.raises(SystemExit, match=r"cannot --resume from .*final: .*metrics.jsonl has 0 lines, fewer "
+                                         r"than the \d+ .*--overwrite_output_dir"):
         grpo.main(argv + ["--max_steps", "3", "--save_steps", "1", "--resume"])
 
 
