@@ -360,7 +360,7 @@ def test_out_of_memory_names_the_memory_flags(tiny_model_path, tmp_path, monkeyp
     def oom(*a, **kw):
         raise error
 
-    monkeypatch.setattr(grpo, "policy_loss", oom)
+    monkeypatch.setattr(grpo, "old_logprobs", oom)  # stage 4: every step runs it (a step without signal skips the loss)
     with pytest.raises(SystemExit) as e:
         grpo.main(["--model", str(tiny_model_path), "--prompt_template", "none", "--max_steps", "1",
                    "--num_prompts_per_step", "2", "--num_generations", "2", "--max_completion_length", "8",
