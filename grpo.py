@@ -267,7 +267,8 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None)
          "in [0, 1] (0 = off) and --top_entropy_quantile in (0, 1] (1 = off)"),
         (cfg.entropy_top_ratio > 0 and cfg.top_entropy_quantile < 1, "--entropy_top_ratio (Forking Tokens' rule) "
          "and --top_entropy_quantile (TRL's) are two readings of one baseline: give one"),
-        (min(cfg.sapo_temperature_pos, cfg.sapo_temperature_neg) <= 0, "--sapo_temperature_pos and --sapo_temperature_neg must be > 0"),
+        (min(cfg.sapo_temperature_pos, cfg.sapo_temperature_neg) <= 0,
+         "--sapo_temperature_pos and --sapo_temperature_neg must be > 0"),
         (cfg.loss_type == "sapo" and cfg.credit == "fipo", "--credit fipo weights DAPO's clipped surrogate: "
          "use it with --loss_type dapo, not sapo"),
         (cfg.fipo_decay_rate <= 0 or cfg.fipo_clip < 0 or cfg.fipo_safety_threshold <= 0, "--fipo_decay_rate and "
