@@ -516,8 +516,10 @@ class Credit:
             # global summing them over processes gives the whole batch's λ̄. memory_efficient: K + 3 passes, each
             # re-running θ_old's no-grad, eval-mode forward for h, one micro-batch at a time (θ_old's log-probs are
             # stage 4's); normal under torchrun: its kept h as one micro-batch.
-            if old.hidden is not None:
-                layout, micro_batches = [(slice(None), mask.shape[1])], [(old.hidden, old.logp, mask, adv)]
+            if old.hidden is not None:  # one chunk; --delta_proxy topk: it carries v itself, (v, None, mask, Â)
+                layout = [(slice(None), mask.shape[1])]
+                micro_batches = [(old.hidden, old.logp, mask, adv) if c.delta_proxy == "hidden" else
+                                 (self._proxies(head, old.hidden, old.logp, batch.response_ids, mask), None, mask, adv)]
             else:
                 passes = policy.Passes(model, batch, torch.arange(len(adv)), c, grad=False, hidden=True)
                 layout = [(rows, t) for rows, _, t in passes.layout]
