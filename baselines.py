@@ -49,8 +49,8 @@ import math
 
 import torch
 
-__all__ = ["sapo_gate", "entropy_from_logits", "top_ratio_mask", "quantile_mask", "select_tokens",
-           "future_kl_weights", "fipo_dropped_rows"]
+__all__ = ["sapo_gate", "entropy_from_logits", "top_ratio_mask", "quantile_mask", "forking_mask", "select_tokens",
+           "future_kl_weights", "fipo_dropped_rows", "fipo_weights"]
 
 _ENTROPY_CHUNK = 256  # positions per float32 [chunk, V] temporary (148 MiB each at V = 151,936; a few live at once)
 _SCAN_CHUNK = 128  # FIPO scan block: a [128, 128] decay matrix, T / 128 sequential steps
@@ -206,6 +206,15 @@ def quantile_mask(scores, response_mask, quantile):
 _WHICH = ("top", "bottom", "random")
 
 
+def forking_mask(entropy, response_mask, top_ratio=0.0, quantile=1.0):
+    """Forking Tokens' mask bool [B, T] over the pool given (spec §3): the top ⌈ρn⌉ valid tokens by entropy
+    (``top_ratio`` ρ > 0: its code's rule, ``top_ratio_mask``), else those at or above the ``quantile`` 1 − ρ
+    (TRL's ``top_entropy_quantile``, ``quantile_mask``)."""
+    if top_ratio > 0:
+        return top_ratio_mask(entropy, response_mask, top_ratio)
+    return quantile_mask(entropy, response_mask, quantile)
+
+
 def select_tokens(scores, response_mask, fraction=0.5, which="top", generator=None):
     """DelTA's Q2 selection: plain DAPO on a ``fraction`` of the valid tokens ranked by λ (spec §6 "Q2").
 
@@ -316,3 +325,17 @@ def fipo_dropped_rows(log_ratio, adv, response_mask, log_c=math.log(10.0)):
     a = _row_values(adv, log_ratio.shape).to(log_ratio.device)
     dual = m & (a < 0) & (log_ratio.detach().clamp(-20.0, 20.0) > log_c)
     return dual.sum(1) > 1
+
+
+def fipo_weights(log_ratio, adv, response_mask, decay_rate=32.0, clip=0.2, safety_threshold=10.0,
+                 log_c=math.log(10.0)):
+    """Both FIPO factors of one (micro-)batch as a trainer applies them (spec §5): ``(f, kept)``, f [B, T] from
+    ``future_kl_weights`` (clip-high only) and ``kept`` = ``response_mask`` (its dtype) without the responses
+    ``fipo_dropped_rows`` drops. The loss takes Ã = Â·f over ``kept``, its denominator unchanged (a trainer's
+    mini-batch token count; FIPO's code divides by the micro-batch's). ``log_ratio`` on padding is ignored (may be
+    -inf). ``adv``: Â or Ã (only its sign is read), [B] or [B, T]."""
+    m = _as_mask(response_mask, log_ratio.shape, "log_ratio").to(log_ratio.device)
+    log_ratio = torch.where(m, log_ratio, torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device))
+    f = future_kl_weights(log_ratio, adv, m, decay_rate, clip, True, safety_threshold, log_c)
+    dropped = fipo_dropped_rows(log_ratio, adv, m, log_c)
+    return f, response_mask * (~dropped)[:, None].to(response_mask.dtype)

@@ -230,9 +230,10 @@ def _one_step(model, tok, cfg, rows, out_dir, monkeypatch, from_training_forward
     hook = SpyCredit(cfg, tok)
     run = checkpoint.RunFolder(str(out_dir), dataclasses.asdict(cfg))
     run.start(model, {"prompt_template": "none"})
-    record = grpo.train_step(0, cfg, model, tok, policy.build_optimizer(model.parameters(), cfg), None, hook,
-                             rollout.PromptSampler(len(rows), 0), rows, "none",
-                             rollout.stop_token_ids(tok, "none", model), run)
+    actor = grpo.Actor(model, tok, policy.build_optimizer(model.parameters(), cfg), None)
+    source = grpo.PromptSource(rows, rollout.PromptSampler(len(rows), 0), "none",
+                               rollout.stop_token_ids(tok, "none", model))
+    record = grpo.train_step(0, cfg, actor, source, hook, run)
     run.close()
     return record, [p.detach().clone() for p in model.parameters()], seen
 

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+import baselines
 import grpo
 import rollout
 import toy
@@ -77,9 +78,10 @@ def test_loss_settings_object_and_keywords_agree():
 def _fipo_loss(logp, old, adv, mask, num_tokens):
     cfg = grpo.GRPOConfig(credit="fipo", dual_clip=10.0)
     token_adv = adv[:, None] * mask
-    f, kept, stats = grpo.fipo_weights(logp, old, token_adv, mask, cfg)
+    f, kept = baselines.fipo_weights(logp - old, token_adv, mask, cfg.fipo_decay_rate, cfg.fipo_clip,
+                                     cfg.fipo_safety_threshold, math.log(cfg.dual_clip))
     loss, _ = grpo.policy_loss(logp, old, token_adv * f, kept, dual_clip=10.0, num_tokens=num_tokens)
-    return float(loss), f, kept, stats
+    return float(loss), f, kept, {"fipo/dropped_frac": float((mask - kept).sum() / mask.sum())}
 
 
 def test_fipo_example_a_and_its_first_mini_batch():

@@ -1,0 +1,267 @@
+"""grpo.py's settings: ``GRPOConfig`` (every flag, with TRL's names where TRL has the setting), the command line
+generated from it (``build_parser``) and the checks of every value (``check_config``), made before the run folder
+is created or any weights load, each failing in one line that names the flag (and the recipe that set it).
+
+Held apart from grpo.py so that the trainer opens on the method (TRL keeps ``GRPOConfig`` in its own file too);
+grpo.py re-exports all three names. Which settings belong together is recipes.py's business (``--recipe``), what
+the values cost in memory memory_plan.py's. Left out on purpose: config files (YAML/TOML: one flag per setting,
+and config.json in the run folder records every resolved value), environment-variable overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+from dataclasses import dataclass, field
+
+import torch
+
+import recipes
+import rollout
+
+# One dataclass, from which the argparse flags are generated (TRL's flag vocabulary)
+def _f(default, help, choices=None):
+    return field(default=default, metadata={"help": help, **({"choices": choices} if choices else {})})
+
+
+@dataclass
+class GRPOConfig:
+    # recipe, model and data
+    recipe: str = _f("auto", "settings that belong together (recipes.py, listed below); auto: toy for the toy, else "
+                             "delta_paper; a flag given beats the recipe", ["auto", *recipes.RECIPES])
+    model: str = _f("toy", "'toy' (built-in), a local folder or a Hugging Face hub id")
+    data: str = _f("toy", "training problems: a jsonl or parquet file, a folder of shards, a name in data/, or 'toy'")
+    data_problem_field: str = _f("problem", "the data's problem column (DeepMath-103K: question)")
+    data_answer_field: str = _f("answer", "the data's reference-answer column (DeepMath-103K: final_answer)")
+    max_prompt_length: int = _f(0, "leave out prompts longer than this many tokens before training (0 = keep all)")
+    eval_data: str = _f("", "held-out problems (before/after); empty: the toy's test split with --data toy")
+    prompt_template: str = _f("auto", "auto: none for the toy, else qwen_math", ["auto", *rollout.PROMPT_TEMPLATES])
+    output_dir: str = _f("", "the run folder (config, metrics, samples, checkpoints); empty: runs/<credit> for the "
+                             "toy, runs/<model>-<credit> for another model (e.g. runs/Qwen3-8B-Base-delta)")
+    # model loading, LoRA and memory (docs/scaling.md)
+    torch_dtype: str = _f("auto", "auto: bfloat16 on a GPU, float32 on the CPU", ["auto", "bfloat16", "float32"])
+    attn_implementation: str = _f("sdpa", "attention kernel: sdpa, eager, or flash_attention_2 (needs flash-attn)")
+    trust_remote_code: bool = _f(False, "run model code shipped with a hub repository")
+    use_peft: bool = _f(False, "train LoRA adapters (peft); the KL reference is the model with its adapter off")
+    lora_r: int = _f(16, "LoRA rank r")
+    lora_alpha: int = _f(32, "LoRA scaling α (the update is (α/r)·B·A)")
+    lora_dropout: float = _f(0.05, "dropout on the LoRA branch's input (training passes only)")
+    lora_target_modules: str = _f("q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+                                  "comma-separated module names that get LoRA adapters, or all-linear")
+    gradient_checkpointing: bool = _f(False, "recompute each layer in the backward pass (less activation memory)")
+    ref_on_cpu: bool = _f(False, "full fine-tuning with --beta > 0: keep the frozen reference on the CPU")
+    # credit assignment
+    credit: str = _f("grpo", "token credit: grpo (broadcast), delta (DelTA), cscr (CSCR), fipo (FIPO's future-KL "
+                             "weight, in the loss)", ["grpo", "delta", "cscr", "fipo"])
+    delta_k: int = _f(1, "DelTA refinement iterations K")
+    delta_lam_min: float = _f(0.8, "DelTA λ_min")
+    delta_lam_max: float = _f(1.2, "DelTA λ_max")
+    delta_impl: str = _f("normal", "DelTA: keep the batch's h (normal) or stream micro-batches, recomputing h in "
+                                   "K + 3 passes (memory_efficient; memory independent of the batch)",
+                         ["normal", "memory_efficient"])
+    # DelTA's ablations (docs/specs/baselines.md §6; docs/reproduce.md): each one changes one step of delta.py
+    delta_scores: str = _f("contrastive", "DelTA margins: contrastive (Sec. 3.2) or within_side (−‖v − μ_own‖²)",
+                           ["contrastive", "within_side"])
+    delta_assignment: str = _f("soft", "DelTA assignment: soft α = σ(Δ/γ) or hard 1[Δ > 0]", ["soft", "hard"])
+    delta_gamma: str = _f("adaptive", "DelTA γ: adaptive (every batch) or frozen (the first batch's γ⁽⁰⁾, kept)",
+                          ["adaptive", "frozen"])
+    delta_coefficients: str = _f("bounded", "DelTA λ: bounded λ_min + (λ_max − λ_min)·α, raw α, or random in the "
+                                            "range", ["bounded", "raw", "random"])
+    delta_normalize: bool = _f(True, "DelTA λ̄ = λ·N/Σλ (--no-delta_normalize: λ̄ = λ)")
+    delta_proxy: str = _f("hidden", "DelTA proxy v: hidden ((1 − p)·h, App. F) or topk (W_y − Σ p̃ W_j over the "
+                                    "old logits' top K)", ["hidden", "topk"])
+    delta_proxy_topk: int = _f(20, "K of --delta_proxy topk (K = vocabulary: the exact hidden-state gradient)")
+    delta_select: str = _f("none", "DelTA Q2 (Sec. 5.2): plain DAPO on the top, a random or the bottom "
+                                   "--delta_select_fraction of tokens by λ", ["none", "top", "random", "bottom"])
+    delta_select_fraction: float = _f(0.5, "share of the valid tokens --delta_select keeps")
+    delta_scope: str = _f("global", "torchrun: DelTA's statistics summed over processes (global) or per process "
+                                    "as in DelTA's code (local)", ["global", "local"])
+    cscr_template: str = _f("verdict", "CSCR privileged note: verdict, reference, answer, verdict_short (cscr.py)")
+    cscr_mode: str = _f("max", "CSCR sensitivity: max(|Δ+|,|Δ−|), mean, common", ["max", "mean", "common"])
+    cscr_threshold: float = _f(0.2, "CSCR sensitivity threshold λ in nats")
+    cscr_threshold_quantile: float | None = _f(None, "calibrate λ once: this quantile of s in the first batch")
+    cscr_alpha: float = _f(1.0, "CSCR decay strength α")
+    cscr_w_min: float = _f(0.0, "CSCR weight floor")
+    cscr_weight: str = _f("exp", "CSCR weight map: exp (spec §5), exp_abs, inverse; ablations (spec §9): upweight "
+                                 "(sensitive tokens up), sign_aware (RLSD's direction weight)",
+                          ["exp", "exp_abs", "inverse", "upweight", "sign_aware"])
+    cscr_scope: str = _f("sequence", "CSCR renormalisation: per sequence (spec §5), group or batch (§9)",
+                         ["sequence", "group", "batch"])
+    cscr_sign_eps: float = _f(0.2, "--cscr_weight sign_aware: clip(exp(sign(Â)·Δ+), 1 ± ε)")
+    cscr_sign_mix: float = _f(0.5, "--cscr_weight sign_aware: w = (1 − mix) + mix·clip(...)")
+    # rollout
+    num_generations: int = _f(8, "G, responses per prompt (group size)")
+    num_prompts_per_step: int = _f(16, "prompts per step; the rollout batch is num_prompts_per_step × G")
+    max_completion_length: int = _f(64, "response budget in tokens (longer responses are truncated)")
+    overlong_buffer_len: int = _f(0, "DAPO's overlong penalty: 0 to -factor over the budget's last N tokens (0 = off)")
+    overlong_penalty_factor: float = _f(1.0, "DAPO's overlong penalty at --max_completion_length")
+    temperature: float = _f(1.0, "sampling temperature; the trainer's log-probs use the same temperature")
+    top_p: float = _f(1.0, "nucleus sampling mass")
+    use_vllm: bool = _f(False, "sample with vLLM colocated in this process (requirements-vllm.txt)")
+    vllm_gpu_memory_utilization: float = _f(0.3, "fraction of the GPU's memory vLLM takes (weights + KV cache)")
+    vllm_enable_sleep_mode: bool = _f(False, "free vLLM's weights and KV cache during the policy update")
+    # optimisation
+    max_steps: int = _f(60, "training steps (one rollout batch each)")
+    learning_rate: float = _f(3e-4, "AdamW learning rate (3e-4 suits the toy; ~1e-6 full fine-tuning, ~1e-5 LoRA)")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    max_grad_norm: float = _f(1.0, "gradient clipping (0 = off)")
+    num_iterations: int = _f(1, "μ: passes over each rollout batch (PPO epochs)")
+    num_mini_batches: int = _f(1, "optimizer steps per pass (the rollout batch is split into mini-batches)")
+    micro_batch_size: int = _f(0, "rows per forward/backward (0: the whole mini-batch, with --padding_free in "
+                                  f"{rollout.PADDING_FREE_BUCKETS} length-sorted parts); gradients are identical")
+    padding_free: bool = _f(True, "micro-batches of similar length, each cut to its own longest row (same loss)")
+    shared_prompt: bool = _f(True, "run each group's prompt once, its keys/values read by its G responses (same loss)")
+    fuse_old_logprobs: bool = _f(True, "one update per batch: θ_old's log-probs from the training forward (one forward "
+                                       "fewer, same update)")
+    epsilon: float = _f(0.2, "lower clip ε_low: ratio ≥ 1−ε for negative advantages")
+    epsilon_high: float = _f(0.28, "upper clip ε_high: ratio ≤ 1+ε_high for positive advantages (DAPO)")
+    dual_clip: float | None = _f(None, "dual-clip constant c for negative advantages (e.g. 10)")
+    beta: float = _f(0.0, "k3 KL coefficient to a frozen reference (0 = no reference model)")
+    loss_type: str = _f("dapo", "dapo: token-mean over the batch; grpo: per-sequence mean, then mean; dr_grpo: "
+                                "sum / (B·max_completion_length); sapo: SAPO's soft gate in place of the clip",
+                        ["dapo", "grpo", "dr_grpo", "sapo"])
+    sapo_temperature_pos: float = _f(1.0, "SAPO's gate temperature τ for Â > 0")
+    sapo_temperature_neg: float = _f(1.05, "SAPO's gate temperature τ for Â < 0")
+    sapo_aggregation: str = _f("sequence", "SAPO: per-sequence mean then mean (verl, TRL) or token-mean",
+                               ["sequence", "token"])
+    # the baselines that weight or mask tokens from the current policy, in the loss (docs/specs/baselines.md)
+    entropy_top_ratio: float = _f(0.0, "Forking Tokens (its code): train on the top ⌈ρn⌉ tokens by entropy, the "
+                                       "loss their mean (DelTA's row: 0.2; 0 = off)")
+    top_entropy_quantile: float = _f(1.0, "Forking Tokens as TRL: tokens with entropy ≥ the (1 − ρ) quantile, the "
+                                          "normaliser unchanged (1 = off)")
+    entropy_pool: str = _f("minibatch", "the tokens ranked by entropy: the mini-batch (exact under micro-batching; "
+                                        "one no-grad forward more) or each micro-batch (Forking Tokens' code)",
+                           ["minibatch", "micro"])
+    fipo_decay_rate: float = _f(32.0, "FIPO: half-life of the future-KL sum in tokens")
+    fipo_clip: float = _f(0.2, "FIPO: the weight is clipped to [1, 1 + this]")
+    fipo_safety_threshold: float = _f(10.0, "FIPO: Â < 0 tokens with ratio above this keep a weight in [0.8, 1]")
+    scale_rewards: str = _f("group", "group: (r−mean)/(std+1e-6) per group; none: r−mean (Dr. GRPO)",
+                            ["group", "none"])
+    mask_truncated_completions: bool = _f(False, "exclude responses that hit max_completion_length from the loss")
+    # evaluation, logging, checkpoints
+    eval_num_generations: int = _f(8, "k of the held-out avg@k before and after training (0 = skip)")
+    eval_temperature: float | None = _f(None, "held-out sampling temperature (default: --temperature)")
+    eval_top_p: float | None = _f(None, "held-out nucleus mass (default: --top_p)")
+    eval_steps: int = _f(0, "also evaluate every this many steps (0 = only before and after)")
+    logging_steps: int = _f(1, "write samples/step_*.jsonl every this many steps (metrics.jsonl: every step)")
+    num_samples_to_log: int = _f(2, "groups written to each samples/step_*.jsonl")
+    save_steps: int = _f(50, "write a resumable checkpoint-<step>/ every this many steps (final/ always)")
+    resume: bool = _f(False, "continue from the latest complete checkpoint-<step>/ in --output_dir")
+    overwrite_output_dir: bool = _f(False, "delete the earlier run in --output_dir and start again")
+    report_to: str = _f("none", "also log every metric to: none, or tensorboard, wandb, trackio (comma-separated)")
+    seed: int = _f(0, "random seed (data order, sampling)")
+    num_threads: int = _f(0, "torch CPU threads (0: 1 for models under 10M parameters, else torch's default)")
+    # the memory plan (memory_plan.py), made from the model's config.json before any weights load
+    dry_run: bool = _f(False, "print the resolved settings and the memory plan, then exit without loading weights")
+    gpu_memory_gb: float | None = _f(None, "plan for a GPU of this many GB (default: this machine's GPU, else host)")
+    plan_processes: int = _f(0, "plan for a torchrun of this many processes (0: this run's)")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, like every other bad input (argparse would print the 45-line usage first)
+        raise SystemExit(f"grpo.py: error: {message} (python grpo.py --help lists the flags)")
+
+
+def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
+    """argparse flags generated from ``GRPOConfig`` (name, type, default, help, choices); a bad flag or value stops
+    with one line. ``defaults=False``: flags not given are absent from the parsed namespace (``main``)."""
+    ap = _Parser(description="GRPO with token-level credit assignment (GRPO, DelTA, CSCR): the trainer, read top to "
+                 "bottom as the method.", epilog=recipes.help_text())
+    for f in dataclasses.fields(GRPOConfig):
+        kind = (f.type if isinstance(f.type, str) else f.type.__name__).split("|")[0].strip()  # "float | None"
+        kw = dict(default=f.default if defaults else argparse.SUPPRESS, **f.metadata)  # help, choices
+        kw["help"] += " (default: %(default)s)" if f.default not in ("", None) else ""  # empty: the help says
+        if kind == "bool":
+            ap.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, **kw)
+        else:
+            ap.add_argument(f"--{f.name}", type={"int": int, "float": float, "str": str}[kind], **kw)
+    return ap
+
+
+def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None) -> list[str]:
+    """Reject settings that cannot work, with a one-line message naming the flag (and the recipe that set it, for a
+    flag not in ``given``) (``SystemExit``). Under ``--dry_run`` the checks of this machine (vLLM installed, a GPU
+    present) are returned as notes of the plan."""
+    rows = cfg.num_prompts_per_step // max(world, 1) * cfg.num_generations  # one process's rollout rows
+    problems = [
+        (cfg.num_generations < 1, "--num_generations must be >= 1"),
+        (cfg.num_generations == 1 and cfg.scale_rewards == "group", "--num_generations 1 with --scale_rewards "
+         "group gives every response advantage 0 (a group of one has no spread); use --num_generations >= 2"),
+        *[(getattr(cfg, n) < 1, f"--{n} must be >= 1") for n in
+          ("num_prompts_per_step", "max_completion_length", "num_iterations", "num_mini_batches")],
+        (cfg.num_prompts_per_step % world, f"--num_prompts_per_step {cfg.num_prompts_per_step} must be a multiple "
+         f"of the number of processes ({world}): each process takes whole groups"),
+        (cfg.num_mini_batches >= 1 and rows % cfg.num_mini_batches, "--num_mini_batches must divide "
+         "num_prompts_per_step × num_generations" + (f" / {world} processes" if world > 1 else "")),
+        *[(getattr(cfg, n) < 0, f"--{n} must be >= 0") for n in
+          ("max_steps", "micro_batch_size", "save_steps", "max_prompt_length", "plan_processes", "eval_steps",
+           "eval_num_generations", "logging_steps", "num_samples_to_log", "max_grad_norm", "weight_decay", "beta",
+           "num_threads", "cscr_alpha")],
+        (not 0 <= cfg.cscr_w_min <= 1 or cfg.cscr_threshold_quantile is not None
+         and not 0 < cfg.cscr_threshold_quantile <= 1, "--cscr_w_min must be in [0, 1] and "
+         "--cscr_threshold_quantile in (0, 1]"),
+        (cfg.overlong_buffer_len < 0 or 0 < cfg.max_completion_length <= cfg.overlong_buffer_len,
+         f"--overlong_buffer_len {cfg.overlong_buffer_len} must be >= 0 and shorter than --max_completion_length "
+         f"{cfg.max_completion_length} (verl asserts the same)"),
+        (cfg.gpu_memory_gb is not None and cfg.gpu_memory_gb <= 0 or cfg.overlong_penalty_factor < 0,
+         "--gpu_memory_gb must be > 0 and --overlong_penalty_factor >= 0"),
+        (cfg.plan_processes not in (0, world) and not cfg.dry_run, f"--plan_processes {cfg.plan_processes} plans "
+         f"a torchrun of that many: use it with --dry_run (this run has {world} process(es))"),
+        *[(not (t > 0 and 0 < p <= 1), f"--{n}temperature must be > 0 and --{n}top_p in (0, 1]") for n, t, p in
+          (("", cfg.temperature, cfg.top_p), ("eval_", _or(cfg.eval_temperature, 1), _or(cfg.eval_top_p, 1)))],
+        (cfg.learning_rate <= 0, f"--learning_rate must be > 0, got {cfg.learning_rate}"),
+        (not (0 <= cfg.epsilon < 1) or cfg.epsilon_high < 0, "--epsilon must be in [0, 1) and --epsilon_high >= 0"),
+        (cfg.dual_clip is not None and cfg.dual_clip <= 1, "--dual_clip must be > 1 (verl uses 3, DelTA 10)"),
+        (cfg.delta_lam_min > cfg.delta_lam_max or cfg.delta_lam_min < 0 or cfg.delta_k < 0,
+         "DelTA needs 0 <= --delta_lam_min <= --delta_lam_max and --delta_k >= 0"),
+        (cfg.use_peft and (cfg.lora_r < 1 or cfg.lora_alpha <= 0 or not 0 <= cfg.lora_dropout < 1
+                           or not cfg.lora_target_modules.strip(",").strip()),
+         "--use_peft needs --lora_r >= 1, --lora_alpha > 0, 0 <= --lora_dropout < 1 and --lora_target_modules"),
+        (not 0 < cfg.vllm_gpu_memory_utilization <= 1, "--vllm_gpu_memory_utilization must be in (0, 1]"),
+        (cfg.vllm_enable_sleep_mode and not cfg.use_vllm, "--vllm_enable_sleep_mode needs --use_vllm"),
+        # the comparison rules (docs/specs/baselines.md)
+        (not 0 <= cfg.entropy_top_ratio <= 1 or not 0 < cfg.top_entropy_quantile <= 1, "--entropy_top_ratio must be "
+         "in [0, 1] (0 = off) and --top_entropy_quantile in (0, 1] (1 = off)"),
+        (cfg.entropy_top_ratio > 0 and cfg.top_entropy_quantile < 1, "--entropy_top_ratio (Forking Tokens' rule) "
+         "and --top_entropy_quantile (TRL's) are two readings of one baseline: give one"),
+        (min(cfg.sapo_temperature_pos, cfg.sapo_temperature_neg) <= 0,
+         "--sapo_temperature_pos and --sapo_temperature_neg must be > 0"),
+        (cfg.loss_type == "sapo" and cfg.credit == "fipo", "--credit fipo weights DAPO's clipped surrogate: "
+         "use it with --loss_type dapo, not sapo"),
+        (cfg.fipo_decay_rate <= 0 or cfg.fipo_clip < 0 or cfg.fipo_safety_threshold <= 0, "--fipo_decay_rate and "
+         "--fipo_safety_threshold must be > 0, --fipo_clip >= 0"),
+        (not 0 < cfg.delta_select_fraction <= 1 or cfg.delta_proxy_topk < 1, "--delta_select_fraction must be in "
+         "(0, 1] and --delta_proxy_topk >= 1"),
+        (cfg.delta_select != "none" and (cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1),
+         "--delta_select and the entropy masks each choose the trained tokens: give one"),
+        (not 0 < cfg.cscr_sign_mix <= 1 or not 0 <= cfg.cscr_sign_eps < 1, "--cscr_sign_mix must be in (0, 1] and "
+         "--cscr_sign_eps in [0, 1)"),
+        (cfg.credit != "delta" and any(getattr(cfg, n) != f.default for f in dataclasses.fields(GRPOConfig)
+                                       if (n := f.name) in DELTA_ABLATIONS),
+         f"--{', --'.join(DELTA_ABLATIONS)} change DelTA's steps: use them with --credit delta")]
+    environment = [  # this machine's: notes of the plan under --dry_run
+        (cfg.vllm_enable_sleep_mode and not torch.cuda.is_available(),
+         "--vllm_enable_sleep_mode needs a GPU (vLLM's CPU backend has no sleep mode)"),
+        (cfg.use_vllm and importlib.util.find_spec("vllm") is None, "--use_vllm needs vLLM, which this "
+         "environment lacks: make a separate virtual environment with `pip install -r requirements-vllm.txt` and "
+         "then `pip uninstall -y torchvision torchaudio torchcodec` (docs/distributed.md)")]
+    if cfg.credit == "cscr":  # the privileged note's template: a bad name stops here, not at step 1
+        import cscr
+
+        try:
+            cscr.build_condition_prompts("q", reference="1", response_answer="1", template=cfg.cscr_template)
+        except ValueError as e:
+            problems.append((True, f"--cscr_template {cfg.cscr_template!r}: {e}"))
+    for failed, message in problems + ([] if cfg.dry_run else environment):
+        if failed:
+            raise SystemExit(f"grpo.py: error: {recipes.name_the_recipe(message, cfg, given)}")
+    return [message for failed, message in environment if failed]
+
+
+DELTA_ABLATIONS = ("delta_scores", "delta_assignment", "delta_gamma", "delta_coefficients", "delta_normalize",
+                   "delta_proxy", "delta_select")
+
+
+def _or(value, default):  # an optional flag's value, else its default
+    return default if value is None else value
