@@ -244,25 +244,25 @@ class Credit:
     def token_credit(self, adv, token_adv):
         """The credit of each token, Ã_{i,t} / Â_i ``[N, T]`` (1 for GRPO, λ̄ for DelTA, w̃ for CSCR), for samples/;
         a row with Â_i = 0 has nothing to divide: λ̄ itself for DelTA (its weights multiply Â), else 1."""
-        c = token_adv / torch.where(adv == 0, 1.0, adv).to(token_adv.dtype)[:, None]
-        fill = self.token_weights.get("lambda_bar", torch.ones_like(c))
-        return torch.where((adv == 0)[:, None], fill.to(c.dtype), c)
+        share = token_adv / torch.where(adv == 0, 1.0, adv).to(token_adv.dtype)[:, None]
+        fill = self.token_weights.get("lambda_bar", torch.ones_like(share))
+        return torch.where((adv == 0)[:, None], fill.to(share.dtype), share)
 
     def _delta(self, model, batch, adv, old, step):
         import delta
 
-        c, mask = self.cfg, batch.response_mask
+        cfg, mask = self.cfg, batch.response_mask
         # the ablations (baselines.md §6) are arguments of the step each one changes; the defaults are the paper's
-        kw = dict(K=c.delta_k, lam_min=c.delta_lam_min, lam_max=c.delta_lam_max, return_stats=True,
-                  scores=c.delta_scores, assignment=c.delta_assignment, gamma=self.delta_gamma,
-                  coefficients=c.delta_coefficients, normalize=c.delta_normalize)
-        pooled = distributed.is_distributed() and c.delta_scope == "global"
+        kw = dict(K=cfg.delta_k, lam_min=cfg.delta_lam_min, lam_max=cfg.delta_lam_max, return_stats=True,
+                  scores=cfg.delta_scores, assignment=cfg.delta_assignment, gamma=self.delta_gamma,
+                  coefficients=cfg.delta_coefficients, normalize=cfg.delta_normalize)
+        pooled = distributed.is_distributed() and cfg.delta_scope == "global"
         # --delta_proxy topk reads the whole LM head (gathered under FSDP2): V × H floats, 2.5 GB for Qwen3-8B
-        head = distributed.full_weight(model.get_output_embeddings().weight) if c.delta_proxy == "topk" else None
-        if c.delta_coefficients == "random":  # App. F's control: λ uniform in [λ_min, λ_max], fresh every step
-            draw = torch.Generator().manual_seed(c.seed * 1_000_003 + step * 101 + distributed.rank())
-            lam_bar, stats = delta.random_coefficients(adv, mask, c.delta_lam_min, c.delta_lam_max, generator=draw,
-                                                       normalize=c.delta_normalize), {}
+        head = distributed.full_weight(model.get_output_embeddings().weight) if cfg.delta_proxy == "topk" else None
+        if cfg.delta_coefficients == "random":  # App. F's control: λ uniform in [λ_min, λ_max], fresh every step
+            draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + distributed.rank())
+            lam_bar, stats = delta.random_coefficients(adv, mask, cfg.delta_lam_min, cfg.delta_lam_max, generator=draw,
+                                                       normalize=cfg.delta_normalize), {}
         elif old.hidden is not None and not pooled:  # --delta_impl normal: stage 4 kept the batch's h_t [N, T, H]
             v = self._proxies(head, old.hidden, old.logp, batch.response_ids, mask)  # App. F (ThetaOld's bound)
             lam_bar, stats = delta.delta_coefficients(v, adv, mask, **kw)
@@ -273,16 +273,16 @@ class Credit:
             # stage 4's); normal under torchrun: its kept h as one micro-batch.
             if old.hidden is not None:  # one chunk; --delta_proxy topk: it carries v itself, (v, None, mask, Â)
                 layout = [(slice(None), mask.shape[1])]
-                micro_batches = [(old.hidden, old.logp, mask, adv) if c.delta_proxy == "hidden" else
+                micro_batches = [(old.hidden, old.logp, mask, adv) if cfg.delta_proxy == "hidden" else
                                  (self._proxies(head, old.hidden, old.logp, batch.response_ids, mask), None, mask, adv)]
             else:
-                passes = policy.Passes(model, batch, torch.arange(len(adv)), c, grad=False, hidden=True)
+                passes = policy.Passes(model, batch, torch.arange(len(adv)), cfg, grad=False, hidden=True)
                 layout = [(rows, t) for rows, _, t in passes.layout]
 
                 def micro_batches():  # one pass: (h [b, t, H], log p [b, t], mask [b, t], Â [b]) of each, in order
                     for mb in passes:  # --delta_proxy topk: (v, None, ...), v from h and the LM head
                         logp = mb.take(old.logp)
-                        yield (mb.hidden, logp, mb.take(mask), adv[mb.rows]) if c.delta_proxy == "hidden" else \
+                        yield (mb.hidden, logp, mb.take(mask), adv[mb.rows]) if cfg.delta_proxy == "hidden" else \
                             (self._proxies(head, mb.hidden, logp, mb.take(batch.response_ids), mb.take(mask)), None,
                              mb.take(mask), adv[mb.rows])
 
@@ -292,12 +292,12 @@ class Credit:
             for (rows, t), part in zip(layout, parts):
                 lam_bar[rows, :t] = part.cpu()
             stats = distributed.pool_min_max(stats) if pooled else stats  # extremes are per process: pool them
-        if c.delta_gamma == "frozen" and self.delta_gamma is None and stats.get("delta/fallback") == 0.0:
+        if cfg.delta_gamma == "frozen" and self.delta_gamma is None and stats.get("delta/fallback") == 0.0:
             self.delta_gamma = (stats["delta/gamma0_pos"], stats["delta/gamma0_neg"])  # "w/o adaptive γ", then kept
         self.token_weights = {"lambda_bar": lam_bar}
-        if c.delta_select != "none":  # Q2 (Sec. 5.2): plain DAPO on a share of the tokens chosen by λ (bounded: [N, T])
-            draw = torch.Generator().manual_seed(c.seed * 1_000_003 + step * 101 + distributed.rank())
-            self.keep = baselines.select_tokens(lam_bar, mask, c.delta_select_fraction, c.delta_select, draw)
+        if cfg.delta_select != "none":  # Q2 (Sec. 5.2): plain DAPO on a share of the tokens chosen by λ ([N, T])
+            draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + distributed.rank())
+            self.keep = baselines.select_tokens(lam_bar, mask, cfg.delta_select_fraction, cfg.delta_select, draw)
             return adv[:, None] * mask, {**stats, "delta/selected_frac": float(self.keep.sum() / mask.sum())}
         return delta.delta_token_advantages(adv, lam_bar, mask), stats  # Ã = Â·λ̄ (spec §2.3 step 7)
 
