@@ -223,7 +223,7 @@ class Credit:
         self.cfg, self.tokenizer, self.token_weights = cfg, tokenizer, {}
         self.cscr_threshold, self.cscr_calibrated = cfg.cscr_threshold, False
         self.delta_gamma = None  # --delta_gamma frozen: (γ⁺, γ⁻) of the first batch with both sides, then kept
-        # --delta_select: the tokens the loss trains on, [N, T] bool (8.4 MB at 2,048 × 4,096; None: every token)
+        # --delta_select: the tokens the loss trains on, [N, T] bool, N·T bytes (8.4 MB at 2,048 × 4,096; None: all)
         self.keep = None
 
     def needs_hidden(self) -> bool:  # stage 4 keeps the batch's h_t (else DelTA's memory_efficient recomputes them)
@@ -257,7 +257,7 @@ class Credit:
                   scores=cfg.delta_scores, assignment=cfg.delta_assignment, gamma=self.delta_gamma,
                   coefficients=cfg.delta_coefficients, normalize=cfg.delta_normalize)
         pooled = distributed.is_distributed() and cfg.delta_scope == "global"
-        # --delta_proxy topk reads the whole LM head (gathered under FSDP2): V × H floats, 2.5 GB for Qwen3-8B
+        # --delta_proxy topk reads the whole LM head (gathered under FSDP2): V·H·4 bytes, 2.5 GB for Qwen3-8B
         head = distributed.full_weight(model.get_output_embeddings().weight) if cfg.delta_proxy == "topk" else None
         if cfg.delta_coefficients == "random":  # App. F's control: λ uniform in [λ_min, λ_max], fresh every step
             draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + distributed.rank())
@@ -397,8 +397,8 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     with distributed.gathered_weights(model) if cfg.credit == "cscr" else contextlib.nullcontext():
         token_adv, credit_stats = credit(model, batch, adv, old, answers, step)
     # 6. policy update: num_iterations passes × num_mini_batches AdamW steps, micro-batched backward
-    # the loss's own factor of each token (FIPO's f, an entropy or Q2 mask) for samples/: [N, T], 34 MB at the papers'
-    loss_weights = torch.zeros_like(token_adv) if uses_loss_side_rule(cfg) else None  # 2,048 × 4,096 tokens
+    # the loss's own factor of each token (FIPO's f, an entropy or Q2 mask) for samples/: [N, T], N·T·4 bytes
+    loss_weights = torch.zeros_like(token_adv) if uses_loss_side_rule(cfg) else None  # (34 MB at 2,048 × 4,096)
     loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, batch, old, token_adv, cfg, step, credit.keep,
                                                        loss_weights)
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
@@ -417,10 +417,11 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     return record
 
 
-# θ_old, as stage 4 leaves it for stages 5 and 6. Kept across micro-batches, at the papers' scale (2,048 responses ×
-# 4,096 tokens, H = 4,096, float32 on the host): logp 34 MB; ref_logp (--beta > 0, else None) 34 MB; hidden (DelTA's
-# --delta_impl normal, else None) 137 GB, refused by policy.check_delta_cache above a quarter of the host's memory
-# (stage 5 adds v, as large: policy.DELTA_NORMAL_HOST_COPIES = 2 in HOST_MEMORY_SHARE = 1/2); training_forward:
+# θ_old, as stage 4 leaves it for stages 5 and 6. Kept across micro-batches, float32 on the host (N responses × T
+# tokens, hidden size H; at the papers' scale N = 2,048, T = 4,096, H = 4,096): logp N·T·4 bytes (34 MB); ref_logp
+# (--beta > 0, else None) N·T·4 (34 MB); hidden (DelTA's --delta_impl normal, else None) N·T·H·4 (137 GB), refused
+# by policy.check_delta_cache above a quarter of the host's memory (stage 5 adds v, as large: its peak is
+# policy.DELTA_NORMAL_HOST_COPIES = 2 copies, in HOST_MEMORY_SHARE = 1/2); training_forward:
 # stage 4's training forward when it was that (can_update_on_policy; graphs, on the device), else None.
 ThetaOld = namedtuple("ThetaOld", "logp hidden ref_logp training_forward")
 
