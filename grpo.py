@@ -169,33 +169,33 @@ def policy_loss(logp, old_logp, adv, response_mask, settings: LossSettings | Non
             (beta > 0 and ref_logp is None, "beta > 0 needs ref_logp")]:
         if bad:
             raise ValueError(message)
-    adv = adv.to(logp.dtype).expand_as(logp)
+    adv = adv.to(logp.dtype).expand_as(logp)  # [B, T]
     # padded positions may hold anything (e.g. -inf): zero them before exp so no NaN reaches the gradient
-    log_ratio = torch.where(mask > 0, logp - old_logp, torch.zeros_like(logp)).clamp(-20.0, 20.0)
-    ratio = torch.exp(log_ratio)
-    dual_active = torch.zeros_like(mask, dtype=torch.bool)
+    log_ratio = torch.where(mask > 0, logp - old_logp, torch.zeros_like(logp)).clamp(-20.0, 20.0)  # [B, T]
+    ratio = torch.exp(log_ratio)  # [B, T]
+    dual_active = torch.zeros_like(mask, dtype=torch.bool)  # [B, T]
     if s.loss_type == "sapo":  # SAPO (spec §4): the soft gate f(ratio) in place of the clip; no dual clip
-        per_token = -adv * baselines.sapo_gate(ratio, adv, s.sapo_temperature_pos, s.sapo_temperature_neg)
+        per_token = -adv * baselines.sapo_gate(ratio, adv, s.sapo_temperature_pos, s.sapo_temperature_neg)  # [B, T]
     else:
-        loss_unclipped = -adv * ratio
-        loss_clipped = -adv * ratio.clamp(1.0 - epsilon, 1.0 + epsilon_high)
-        per_token = torch.maximum(loss_unclipped, loss_clipped)
+        loss_unclipped = -adv * ratio  # [B, T]
+        loss_clipped = -adv * ratio.clamp(1.0 - epsilon, 1.0 + epsilon_high)  # [B, T]
+        per_token = torch.maximum(loss_unclipped, loss_clipped)  # [B, T]
     if dual_clip is not None and s.loss_type != "sapo":
         # Dual clip bounds the loss of a negative-advantage token whose ratio exploded: ℓ ≤ −Â·c
-        dual_bound = -adv * dual_clip
-        dual_active = (adv < 0) & (per_token > dual_bound)
-        per_token = torch.where(adv < 0, torch.minimum(per_token, dual_bound), per_token)
+        dual_bound = -adv * dual_clip  # [B, T]
+        dual_active = (adv < 0) & (per_token > dual_bound)  # [B, T] bool
+        per_token = torch.where(adv < 0, torch.minimum(per_token, dual_bound), per_token)  # [B, T]
     kl = None
     if beta > 0:
-        d = torch.where(mask > 0, ref_logp - logp, torch.zeros_like(logp)).clamp(-20.0, 20.0)
-        kl = torch.exp(d) - d - 1.0  # k3 ≥ 0, unbiased for KL(π‖π_ref) under samples from π
-        per_token = per_token + beta * kl
-    per_token = per_token * mask
+        d = torch.where(mask > 0, ref_logp - logp, torch.zeros_like(logp)).clamp(-20.0, 20.0)  # [B, T]
+        kl = torch.exp(d) - d - 1.0  # [B, T]: k3 ≥ 0, unbiased for KL(π‖π_ref) under samples from π
+        per_token = per_token + beta * kl  # [B, T]
+    per_token = per_token * mask  # [B, T], 0 on padding
     if aggregation == "dapo":
         denom = mask.sum() if num_tokens is None else num_tokens
-        loss = per_token.sum() / max(float(denom), 1.0)
+        loss = per_token.sum() / max(float(denom), 1.0)  # scalar
     elif aggregation == "grpo":
-        per_seq = per_token.sum(-1) / mask.sum(-1).clamp(min=1.0)
+        per_seq = per_token.sum(-1) / mask.sum(-1).clamp(min=1.0)  # [B]
         loss = per_seq.sum() / float(logp.shape[0] if num_sequences is None else num_sequences)
     else:
         loss = per_token.sum() / (float(logp.shape[0] if num_sequences is None else num_sequences)
