@@ -610,7 +610,7 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), sharding, AdamW (and --resume's state)
     model, tokenizer, ref_model, optimizer, state, compute_dtype = policy.build(cfg, run.resume_from, say)
     optimisations = policy.exact_optimisations(model, cfg, say)  # each default one exact here, or off with a reason
-    template = rollout.resolve_template(cfg.prompt_template, cfg.model, say)
+    template = rollout.resolve_template(cfg.prompt_template, cfg.model, say, cfg.data)
     stop_ids = rollout.stop_token_ids(tokenizer, template, model)
     llm = rollout.create_vllm_engine(  # after the policy is on the GPU: vLLM's memory check counts it
         policy.model_path(cfg.model), gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,

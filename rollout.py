@@ -70,11 +70,11 @@ class PromptSampler:
         return out
 
 
-def resolve_template(template: str, model_name: str, say=None) -> str:
+def resolve_template(template: str, model_name: str, say=None, data: str | None = None) -> str:
     """The prompt template to use. ``"auto"``: the one a trained model folder names in its ``run_info.json``
     (grpo.py writes it into ``final/`` and every checkpoint), ``"none"`` for the toy (``toy.is_toy_model``),
     ``"qwen_math"`` for any other model; other names pass through. ``say``: a print function that is told the
-    template and why.
+    template and why (``data``: the training data's name, so that the toy model on other data says why).
 
     Raises:
         ValueError: an unknown template name.
@@ -89,8 +89,9 @@ def resolve_template(template: str, model_name: str, say=None) -> str:
         if folder and os.path.isfile(info):
             with open(info) as f:
                 template, why = json.load(f)["prompt_template"], f"auto: the template it was trained with, {info}"
-        elif toy.is_toy_model(model_name):
-            template, why = "none", "auto: the toy"
+        elif toy.is_toy_model(model_name):  # trained on bare "Compute ..." prompts: a chat template is noise to it
+            template, why = "none", "auto: the toy" if data in (None, "toy") else \
+                f"auto: the toy model reads bare prompts, so --data {data} is asked without a template"
         else:
             template, why = "qwen_math", "auto: a real model"
     if template not in PROMPT_TEMPLATES:

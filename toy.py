@@ -11,7 +11,7 @@ Why a toy? So the whole RLVR pipeline (sample -> verify -> advantage -> credit -
       37+48=85. 85-12=73. \\boxed{73}
 
   so the toy is graded by the same ``verify.py`` as real math.
-* The model is a real ``transformers`` ``Qwen3ForCausalLM`` (about 1M parameters) with a character-level
+* The model is a real ``transformers`` ``Qwen3ForCausalLM`` (813,440 parameters, 0.8M) with a character-level
   tokenizer built with the ``tokenizers`` library and wrapped as ``PreTrainedTokenizerFast``.
 * A short supervised warm-up on worked solutions *with injected mistakes* (an intermediate result off by a
   few units, carried through to the box) turns it into a "base model" that is right only part of the time
@@ -278,7 +278,7 @@ def build_tokenizer():
 
 
 def build_model(tokenizer, seed: int = 0, **overrides):
-    """A randomly initialised float32 ``Qwen3ForCausalLM`` sized for the toy (about 1M parameters)."""
+    """A randomly initialised float32 ``Qwen3ForCausalLM`` sized for the toy (813,440 parameters)."""
     import torch  # here, not at the top: report.py reads the truth functions without loading torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 

@@ -90,3 +90,26 @@ def test_every_bad_value_stops_in_one_line_before_the_folder(tmp_path, flag, val
     with pytest.raises(SystemExit, match=flag):
         grpo.main(["--output_dir", str(out), flag, value])
     assert not out.exists()
+
+
+def test_the_toy_on_other_data_says_why_it_gets_no_template(toy_model_path):
+    """Item 8: --data math_train with the toy model says why the template is none (the toy reads bare prompts); the
+    toy's own data keeps the quickstart's line."""
+    import rollout
+
+    said = []
+    assert rollout.resolve_template("auto", toy_model_path, said.append, "math_train") == "none"
+    assert said == ["[template] none (auto: the toy model reads bare prompts, so --data math_train is asked without "
+                    "a template)"]
+    said.clear()
+    assert rollout.resolve_template("auto", toy_model_path, said.append, "toy") == "none"
+    assert said == ["[template] none (auto: the toy)"]
+
+
+def test_the_toy_models_parameter_count_is_the_one_its_docstring_gives(toy_model_path):
+    """Item 8: toy.py says 813,440 parameters (it said "about 1M")."""
+    import toy
+    from transformers import AutoModelForCausalLM
+
+    n = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(toy_model_path).parameters())
+    assert n == 813_440 and "813,440 parameters" in toy.__doc__
