@@ -1184,6 +1184,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "of the settings>); results of other benchmarks with the same settings there are kept")
     ap.add_argument("--overwrite", action="store_true",
                     help="discard responses and results saved in --output_dir with other settings")
+    ap.add_argument("--resample", action="store_true",
+                    help="generate every response anew, discarding those saved in --output_dir with these settings")
     ap.add_argument("--no_plot", action="store_true", help="skip the PNG bar charts")
     ap.add_argument("--no_progress", action="store_true", help="no progress bar")
     ap.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
@@ -1295,6 +1297,8 @@ def _evaluate_benchmarks(results: dict, model, tokenizer, benches: list[tuple[st
     for name, source in benches:
         t0 = time.time()
         path = Path(args.output_dir) / f"{name}_responses.jsonl"
+        if args.resample and path.exists():  # asked for: the saved responses of these settings go
+            path.unlink()
         try:
             records, reused = run_benchmark(model, tokenizer, name, data[name], results["prompt_template"], settings,
                                             results["settings"]["stop_ids"], path, results["settings_hash"],
@@ -1310,6 +1314,9 @@ def _evaluate_benchmarks(results: dict, model, tokenizer, benches: list[tuple[st
         results["benchmarks"][name] = metrics
         results["run"]["seconds"][name] = round(time.time() - t0, 2)
         results["run"]["reused_responses"][name] = reused
+        if reused:  # said, so that a run of saved responses is never mistaken for a new one
+            print(f"[reused] {name}: {reused} of {len(records)} responses from {path} (the same settings; --resample "
+                  "generates them anew)")
 
 
 def _save_and_print(results: dict, settings: dict, args: argparse.Namespace) -> None:

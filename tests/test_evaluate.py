@@ -496,10 +496,18 @@ def test_resume_generates_only_missing_chunks_and_matches_uninterrupted_run(tmp_
     assert responses.read_text() == full_text
     assert _without_run(out / "results.json") == uninterrupted
 
-    # complete: nothing is generated
+    # complete: nothing is generated, and it says so (item 7 of "Nothing lost, nothing silent")
     counting_generate.clear()
+    capsys.readouterr()
     evaluate.main(argv)
     assert counting_generate == []
+    assert f"[reused] four: 12 of 12 responses from {responses} (the same settings; --resample generates them " \
+        "anew)" in capsys.readouterr().out
+    evaluate.main(argv + ["--resample"])  # every chunk generated again: the same seeds, the same responses
+    assert [(c["temperature"], c["seed"]) for c in counting_generate] == \
+        [(c["temperature"], c["seed"]) for c in first_calls]
+    assert responses.read_text() == full_text and "[reused]" not in capsys.readouterr().out
+    counting_generate.clear()
 
     # other settings in the same folder are refused, --overwrite starts again
     with pytest.raises(ValueError, match="different settings"):
