@@ -60,6 +60,7 @@ import checkpoint
 import distributed
 import evaluate
 import policy
+import problems
 import recipes
 import rollout
 import verify
@@ -844,10 +845,10 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     # data first: a bad row stops the run before any model is loaded
-    rows = evaluate.load_problems(cfg.data, split="train", problem_field=cfg.data_problem_field,
+    rows = problems.load_problems(cfg.data, split="train", problem_field=cfg.data_problem_field,
                                   answer_field=cfg.data_answer_field)
     eval_source = cfg.eval_data or ("toy" if cfg.data == "toy" else "")  # the toy's held-out split by default
-    eval_rows = evaluate.load_problems(eval_source, split="test") if eval_source else []
+    eval_rows = problems.load_problems(eval_source, split="test") if eval_source else []
     if not eval_rows or not cfg.eval_num_generations:  # said once: the closing line then names no accuracy
         why = "--eval_num_generations 0; pass K >= 1" if eval_rows else \
             "--data is not the toy and --eval_data is empty; pass --eval_data FILE (e.g. data/math500.jsonl)"

@@ -32,6 +32,7 @@ import torch
 import baselines
 import checkpoint
 import distributed
+import hub
 import memory_plan
 import rollout
 
@@ -52,26 +53,6 @@ def model_path(name: str) -> str:
     return os.path.expanduser(name) if looks_like_path else name
 
 
-def require_hub(name: str, what: str = "model") -> None:
-    """Fail in seconds, with one line, when ``name`` must be downloaded from the Hugging Face hub and cannot be:
-    ``HF_HUB_OFFLINE`` is set, or the hub's host does not answer within 3 s (instead of waiting through the hub
-    client's retries). Call it after a cache-only load of ``name`` failed."""
-    import socket
-    from urllib.parse import urlparse
-
-    folder = name.split("/")[-1]
-    fix = (f"download it on a machine with network (`hf download {name} --local-dir {folder}`, huggingface-hub's CLI) "
-           f"and pass its folder, e.g. --{'model' if what == 'model' else 'benchmarks'} /path/to/{folder}")
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
-        raise ValueError(f"{what} {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: {fix}")
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
-    try:
-        socket.create_connection((host, 443), timeout=3).close()
-    except OSError as e:
-        raise ValueError(f"cannot reach {host} to download {what} {name!r} ({type(e).__name__}: no network?): "
-                         f"{fix}") from None
-
-
 def load_model_and_tokenizer(name: str, dtype: str = "auto", device: str | None = None,
                               attn_implementation: str | None = None, trust_remote_code: bool = False):
     """Load a causal LM and its tokenizer with ``from_pretrained``: ``"toy"``, a local folder or a hub id.
@@ -79,7 +60,7 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device: str | None 
     ``"toy"`` resolves to the toy model's folder (toy.py), then goes through exactly the same ``from_pretrained``
     path. A folder holding a LoRA adapter (``adapter_config.json``, e.g. a ``--use_peft`` run's ``final/``) loads
     its base model (``base_model_name_or_path``, which may be ``toy``) with the adapter on top. A hub id is looked
-    up in the local cache first; a download is tried only when the hub answers (``require_hub``). The tokenizer
+    up in the local cache first; a download is tried only when the hub answers (``hub.require_hub``). The tokenizer
     pads on the left (generation) and gets a pad token (EOS) if it has none.
 
     Args:
@@ -147,7 +128,7 @@ def load_tokenizer(name: str, trust_remote_code: bool = False):
 
 
 def _from_pretrained(name: str, path: str, load):
-    """``load(**extra)`` from the local folder or cache first, from the hub only when it answers (``require_hub``);
+    """``load(**extra)`` from the local folder or cache first, from the hub only when it answers (``hub.require_hub``);
     an ``OSError`` (a folder without a model, an unknown hub id) becomes one ValueError line naming ``name``."""
     try:
         try:
@@ -155,7 +136,7 @@ def _from_pretrained(name: str, path: str, load):
         except OSError:
             if os.path.isdir(path):
                 raise
-            require_hub(path)
+            hub.require_hub(path)
             return load()
     except OSError as e:
         where = "folder" if os.path.isdir(path) else "hub id"

@@ -1,4 +1,5 @@
-"""Rollouts: which prompts (``PromptSampler``), their templates, and sampling G responses per prompt.
+"""Rollouts: which prompts (``PromptSampler``; ``filter_overlong_prompts`` leaves out those over
+``--max_prompt_length`` tokens), their templates, and sampling G responses per prompt.
 
 ``generate`` samples with Hugging Face ``model.generate`` (left padding, KV cache, seeded sampling) and returns a
 ``Rollout``: prompt and response token ids laid out as ``[left-padded prompt | right-padded response]``, the
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+from collections import namedtuple
 from dataclasses import dataclass
 
 import torch
@@ -109,6 +111,53 @@ def apply_template(problem: str, template: str) -> str:
     if template not in PROMPT_TEMPLATES:
         raise ValueError(f"unknown prompt template {template!r}; choose from {sorted(PROMPT_TEMPLATES)}")
     return PROMPT_TEMPLATES[template][0].replace("{problem}", problem)
+
+
+# What filter_overlong_prompts returns: the rows kept (in order), how many were left out, and the token count of the
+# longest kept prompt (the rollout's prompt width; a memory planner's P).
+PromptFilter = namedtuple("PromptFilter", "rows dropped longest")
+
+
+def filter_overlong_prompts(rows: list[dict], tokenizer, template: str, max_prompt_length: int,
+                            batch_size: int = 1024) -> PromptFilter:
+    """Leave out the rows whose prompt is longer than ``max_prompt_length`` tokens (verl's
+    ``data.filter_overlong_prompts``, which keeps a prompt of ``len(tokens) <= data.max_prompt_length``; the
+    DelTA recipe: 2,048). Pure: ``rows`` is not changed.
+
+    The prompt is ``apply_template(row["problem"], template)`` tokenised as the rollout tokenises it
+    (``_encode_prompts``: ``tokenizer(prompts)``, special tokens added as the tokenizer adds them, e.g. a
+    BOS), in batches of ``batch_size`` prompts (a fast tokenizer encodes a batch in parallel). Every row is
+    tokenised, also when ``max_prompt_length`` is 0 (no filter), so that ``longest`` is always known.
+
+    Args:
+        rows: ``{problem, ...}`` rows (``problems.load_problems``).
+        tokenizer: the policy's tokenizer (a Hugging Face tokenizer: ``tokenizer(list[str])["input_ids"]``).
+        template: a key of ``PROMPT_TEMPLATES`` (the resolved template, not ``auto``).
+        max_prompt_length: the longest prompt kept, in tokens; 0 keeps every row.
+        batch_size: prompts per tokenizer call.
+    Returns:
+        ``PromptFilter(rows, dropped, longest)``: the kept rows in their order, the number left out, and the token
+        count of the longest kept prompt (0 for no rows).
+    Raises:
+        ValueError: ``max_prompt_length`` < 0, an unknown template, or every row left out (one line naming
+            ``--max_prompt_length`` and the shortest prompt's length).
+    """
+    if max_prompt_length < 0:
+        raise ValueError(f"--max_prompt_length must be >= 0 (0 = no limit), got {max_prompt_length}")
+    kept, longest, shortest = [], 0, None
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        prompts = [apply_template(row["problem"], template) for row in chunk]
+        for row, ids in zip(chunk, tokenizer(prompts, return_attention_mask=False)["input_ids"]):
+            shortest = len(ids) if shortest is None else min(shortest, len(ids))
+            if max_prompt_length and len(ids) > max_prompt_length:
+                continue
+            kept.append(row)
+            longest = max(longest, len(ids))
+    if rows and not kept:
+        raise ValueError(f"--max_prompt_length {max_prompt_length}: all {len(rows)} prompts are longer (the shortest "
+                         f"has {shortest} tokens under the template {template!r})")
+    return PromptFilter(kept, len(rows) - len(kept), longest)
 
 
 def template_stop_strings(template: str) -> list[str]:
