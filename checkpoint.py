@@ -402,6 +402,22 @@ class RunFolder:
         check_resume_config(os.path.join(self.path, "config.json"), self.config)
         self.skipped_updates_total = self.resume_state["skipped_updates_total"]
 
+    def load_weights(self, model) -> None:
+        """``--resume``: the weights (or adapter) of ``resume_from`` into the unsharded ``model`` (policy.build's
+        ``load_weights`` hook: after the frozen reference is made, before sharding); nothing for a new run."""
+        if self.resume_from is not None:
+            load_checkpoint_weights(self.resume_from, model, bool(self.config.get("use_peft")))
+
+    def load_optimizer(self, model, optimizer) -> dict | None:
+        """``--resume``: AdamW's state and the RNG states of ``resume_from`` (after sharding: each process keeps its
+        shard), said in one line; returns the checkpoint's trainer state, None for a new run."""
+        if self.resume_from is None:
+            return None
+        load_checkpoint_optimizer(self.resume_from, model, optimizer)
+        state = self.resume_state
+        self.say(f"[resume] from {self.resume_from}: step {state['step']}, {state['metrics_lines']} metrics lines kept")
+        return state
+
     def start(self, model, info: dict) -> None:
         """Begin the run's logs: delete an earlier run (``--overwrite_output_dir``), write config.json (the flags,
         ``info``, the model's sizes, library versions), open metrics.jsonl (``open_metrics``). ``info`` must name

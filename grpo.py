@@ -861,8 +861,10 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     rows = recipes.preflight(cfg, rows, world, notes, given, say)
     if rows is None:  # --dry_run: the resolved settings and the plan were printed
         return None
-    # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), sharding, AdamW (and --resume's state)
-    model, tokenizer, ref_model, optimizer, state, compute_dtype = policy.build(cfg, run.resume_from, say)
+    # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), --resume's weights, sharding, AdamW; then
+    # --resume's AdamW and RNG states and its trainer state (None for a new run)
+    model, tokenizer, ref_model, optimizer, compute_dtype = policy.build(cfg, say, load_weights=run.load_weights)
+    state = run.load_optimizer(model, optimizer)
     optimisations = policy.exact_optimisations(model, cfg, say)  # each default one exact here, or off with a reason
     template = rollout.resolve_template(cfg.prompt_template, cfg.model, say)
     stop_ids = rollout.stop_token_ids(tokenizer, template, model)

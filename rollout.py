@@ -373,35 +373,6 @@ def sample(model, tokenizer, prompts: list[str], num_generations: int, max_new_t
     return batch
 
 
-PADDING_FREE_BUCKETS = 8  # micro-batches of similar length a whole (mini-)batch is split into, with --padding_free
-
-
-def micro_batches(rows: torch.Tensor, attention_mask: torch.Tensor, size: int = 0, response_len: int | None = None,
-                  padding_free: bool = True) -> list[tuple[torch.Tensor, slice, int]]:
-    """The micro-batches of the rollout rows ``rows``, as ``(row indices, input columns, response columns T_j)``.
-
-    A rollout batch is laid out ``[left-padded prompt | right-padded response]`` (``attention_mask`` ``[N, P + T]``,
-    ``response_len`` = T). Plain: ``size`` rows at a time (0: all of them), every one ``P + T`` columns wide.
-    ``padding_free``: the rows are sorted by length first, so that each micro-batch holds rows of similar length,
-    and each is cut to its own longest prompt and response: ``input_ids[j][:, cols]``, and ``[j, :T_j]`` of any
-    ``[N, T]`` tensor. With ``size`` 0 the rows are split into ``PADDING_FREE_BUCKETS`` such micro-batches. Padding
-    never changes a token's log-prob (position ids count real tokens), so the loss is the same to rounding.
-    """
-    T = attention_mask.shape[1] if response_len is None else response_len
-    if not padding_free:
-        return [(j, slice(None), T) for j in rows.split(size or len(rows))]
-    P = attention_mask.shape[1] - T
-    mask = attention_mask[rows.to(attention_mask.device)].cpu()
-    order = rows[torch.argsort(mask.sum(1), stable=True)]
-    parts = order.split(size) if size else order.tensor_split(min(PADDING_FREE_BUCKETS, len(order)))
-    out = []
-    for j in parts:
-        m = attention_mask[j.to(attention_mask.device)]
-        p, t = int(m[:, :P].sum(1).max()), int(m[:, P:].sum(1).max().clamp(min=1))
-        out.append((j, slice(P - p, P + t), t))
-    return out
-
-
 def _encode_prompts(tokenizer, prompts: list[str], num_generations: int):
     """The N = len(prompts) × G prompt rows (group by group) and their left-padded encoding (both backends)."""
     rows = [p for p in prompts for _ in range(num_generations)]
