@@ -62,6 +62,7 @@ import evaluate
 import policy
 import problems
 import recipes
+import report
 import rollout
 import verify
 
@@ -923,6 +924,8 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
         run.close()
     # final/ (save_pretrained, and resumable: AdamW's state and the trainer's) and summary.json
     run.finish(model, tokenizer, summary, optimizer, {"step": cfg.max_steps, **trainer_state()})
+    if run.main:  # samples/summary.json: report.py's numbers of this run's logged samples
+        report.write_samples_summary(run.path)
     if llm is not None:  # free the engine before the process group goes (vLLM's shutdown touches it)
         del llm
         gc.collect()
