@@ -6,7 +6,7 @@ A run folder (``--output_dir``) holds::
     metrics.jsonl        one JSON line per step and per evaluation (also sent to the --report_to trackers)
     samples/step_*.jsonl a few logged groups per step, token by token with each token's credit (report.py)
     samples/summary.json at the end: report.py's numbers of those samples (DelTA's tokens, on the toy where the
-                         credit lands)
+                         credit lands), written by report.write_samples_summary
     tensorboard/         event files, with --report_to tensorboard
     checkpoint-<step>/   resumable: weights or LoRA adapter, tokenizer, run_info.json, optimizer.pt, rng_state.pt,
                          trainer_state.json (written last: its presence marks the folder complete)
@@ -21,7 +21,8 @@ Every folder is written into a temporary sibling ``<name>.tmp-*`` and renamed in
 leaves the previous checkpoints intact and no half-written ``checkpoint-<step>``. Under torchrun every process calls
 the save functions (the FSDP2 shards are gathered, distributed.py) and process 0 writes.
 
-Nothing here knows about credit rules: the trainer hands over its state as a dict. Left out on purpose: keeping
+Nothing here knows about credit rules, policy.py or the report page: the trainer hands over its state as a
+dict, the model as an object to save or load into, and report.py reads the folder back. Left out on purpose: keeping
 only the last N checkpoints, asynchronous or sharded (per-process) checkpoint files, and cloud storage.
 Read next: grpo.py ``train``, which calls these.
 """
@@ -402,6 +403,22 @@ class RunFolder:
         check_resume_config(os.path.join(self.path, "config.json"), self.config)
         self.skipped_updates_total = self.resume_state["skipped_updates_total"]
 
+    def load_weights(self, model) -> None:
+        """``--resume``: the weights (or adapter) of ``resume_from`` into the unsharded ``model`` (policy.build's
+        ``load_weights`` hook: after the frozen reference is made, before sharding); nothing for a new run."""
+        if self.resume_from is not None:
+            load_checkpoint_weights(self.resume_from, model, bool(self.config.get("use_peft")))
+
+    def load_optimizer(self, model, optimizer) -> dict | None:
+        """``--resume``: AdamW's state and the RNG states of ``resume_from`` (after sharding: each process keeps its
+        shard), said in one line; returns the checkpoint's trainer state, None for a new run."""
+        if self.resume_from is None:
+            return None
+        load_checkpoint_optimizer(self.resume_from, model, optimizer)
+        state = self.resume_state
+        self.say(f"[resume] from {self.resume_from}: step {state['step']}, {state['metrics_lines']} metrics lines kept")
+        return state
+
     def start(self, model, info: dict) -> None:
         """Begin the run's logs: delete an earlier run (``--overwrite_output_dir``), write config.json (the flags,
         ``info``, the model's sizes, library versions), open metrics.jsonl (``open_metrics``). ``info`` must name
@@ -521,23 +538,17 @@ class RunFolder:
             shutil.rmtree(self.path, ignore_errors=True)
 
     def finish(self, model, tokenizer, summary: dict, optimizer=None, state: dict | None = None) -> None:
-        """Write ``final/``, summary.json and samples/summary.json (report.py's numbers of the run's logged samples:
-        DelTA's highest / lowest mean λ̄ tokens, and on the toy where the credit lands; none for a GRPO run off the
-        toy); every process calls it and waits for process 0. ``final/`` is the model (``save_pretrained``); with
-        ``optimizer`` and the trainer ``state`` (its ``step`` the run's last) it is also a checkpoint, so that
-        ``--resume`` of a finished run has nothing to redo (AdamW's moments: twice the trainable weights, float32)."""
+        """Write ``final/`` and summary.json; every process calls it and waits for process 0. ``final/`` is the model
+        (``save_pretrained``); with ``optimizer`` and the trainer ``state`` (its ``step`` the run's last) it is also a
+        checkpoint, so that ``--resume`` of a finished run has nothing to redo (AdamW's moments: twice the trainable
+        weights, float32). samples/summary.json is the reader's: report.py's ``write_samples_summary``, which the
+        trainer calls after this."""
         if optimizer is None:
             save_model(model, tokenizer, os.path.join(self.path, "final"), self.model_info)
         else:
             save_checkpoint(os.path.join(self.path, "final"), model, tokenizer, optimizer, self._state(state),
                             self.model_info)
         self.write_json("summary.json", summary)
-        if self.main and os.path.isdir(os.path.join(self.path, "samples")):
-            import report  # reads the run folder back, as `python report.py <run>` does
-
-            numbers = report.truth_numbers([report.load_run(self.path)])
-            if numbers:
-                self.write_json(os.path.join("samples", "summary.json"), numbers)
         distributed.barrier()  # nobody leaves before process 0 has written final/
 
     def samples_path(self, step: int) -> str:

@@ -44,10 +44,10 @@ or from Python: ``report = diagnose(model, tokenizer, problems, answers, 400, pr
 ``diagnostics(old_logp, lp_pos, lp_neg, response_mask, correct)`` on log-probs you already have.
 
 Imports torch and, for the study and its CLI, the project's modules that do each job for the trainer: rollout
-(templates, sampling, stop tokens and strings), verify (grading, the answer of template C), evaluate
+(templates, sampling, stop tokens and strings), verify (grading, the answer of template C), problems
 (``load_problems``: jsonl, benchmark names, the toy), policy (``load_model_and_tokenizer``: the toy, folders, hub
 ids, dtype) and cscr (condition prompts, the scoring inputs, sensitivity, weights); matplotlib only inside the
-plots.  toy.py is reached only through evaluate/policy.  Left out on purpose: training (CSCR itself is cscr.py,
+plots.  toy.py is reached only through problems/policy.  Left out on purpose: training (CSCR itself is cscr.py,
 the trainer grpo.py); the vLLM sampler and top-k sampling (the trainer's HF distribution, softmax(logits / T)
 cut to top-p, is the one studied); confidence intervals and repeated seeds; the RLCSD-style differential signal
 (spec §4, "not CSCR").  Read next: spec §7, ``cscr.py``, and ``tests/test_cscr_diagnostics.py`` (the spec §8 toy
@@ -63,8 +63,8 @@ import os
 import torch
 
 import cscr
-import evaluate
 import policy
+import problems
 import rollout
 import verify
 
@@ -690,7 +690,7 @@ def _parser():
     ap.add_argument("--model", required=True, help="'toy', a model folder or a hub id "
                                                    "(policy.load_model_and_tokenizer)")
     ap.add_argument("--data", required=True, help="a jsonl file of {problem, answer} rows, a benchmark or training set "
-                                                  "name, or 'toy' (evaluate.load_problems, train split)")
+                                                  "name, or 'toy' (problems.load_problems, train split)")
     ap.add_argument("--num_trajectories", type=int, default=400, help="paper: 400")
     ap.add_argument("--output_dir", default="runs/cscr_diagnose")
     ap.add_argument("--template", default="verdict", choices=sorted(cscr.CONDITION_TEMPLATES))
@@ -717,7 +717,7 @@ def main(argv=None):
     that cannot be loaded, an unknown template."""
     args = _parser().parse_args(argv)
     prompt_template = rollout.resolve_template(args.prompt_template, args.model)
-    rows = evaluate.load_problems(args.data, split="train")  # data first: a bad row stops before the model loads
+    rows = problems.load_problems(args.data, split="train")  # data first: a bad row stops before the model loads
     model, tokenizer = policy.load_model_and_tokenizer(args.model, args.dtype, args.device)
     report = diagnose(
         model, tokenizer, [r["problem"] for r in rows], [r["answer"] for r in rows], args.num_trajectories,

@@ -59,7 +59,9 @@ import checkpoint
 import distributed
 import evaluate
 import policy
+import problems
 import recipes
+import report
 import rollout
 import verify
 from grpo_config import GRPOConfig, _or, build_parser, check_config  # every flag and its check (grpo_config.py)
@@ -591,10 +593,10 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     # data first: a bad row stops the run before any model is loaded
-    rows = evaluate.load_problems(cfg.data, split="train", problem_field=cfg.data_problem_field,
+    rows = problems.load_problems(cfg.data, split="train", problem_field=cfg.data_problem_field,
                                   answer_field=cfg.data_answer_field)
     eval_source = cfg.eval_data or ("toy" if cfg.data == "toy" else "")  # the toy's held-out split by default
-    eval_rows = evaluate.load_problems(eval_source, split="test") if eval_source else []
+    eval_rows = problems.load_problems(eval_source, split="test") if eval_source else []
     if not eval_rows or not cfg.eval_num_generations:  # said once: the closing line then names no accuracy
         why = "--eval_num_generations 0; pass K >= 1" if eval_rows else \
             "--data is not the toy and --eval_data is empty; pass --eval_data FILE (e.g. data/math500.jsonl)"
@@ -607,8 +609,10 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     rows = recipes.preflight(cfg, rows, world, notes, given, say)
     if rows is None:  # --dry_run: the resolved settings and the plan were printed
         return None
-    # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), sharding, AdamW (and --resume's state)
-    model, tokenizer, ref_model, optimizer, state, compute_dtype = policy.build(cfg, run.resume_from, say)
+    # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), --resume's weights, sharding, AdamW; then
+    # --resume's AdamW and RNG states and its trainer state (None for a new run)
+    model, tokenizer, ref_model, optimizer, compute_dtype = policy.build(cfg, say, load_weights=run.load_weights)
+    state = run.load_optimizer(model, optimizer)
     optimisations = policy.exact_optimisations(model, cfg, say)  # each default one exact here, or off with a reason
     template = rollout.resolve_template(cfg.prompt_template, cfg.model, say, cfg.data)
     stop_ids = rollout.stop_token_ids(tokenizer, template, model)
@@ -667,6 +671,8 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
         run.close()
     # final/ (save_pretrained, and resumable: AdamW's state and the trainer's) and summary.json
     run.finish(model, tokenizer, summary, optimizer, {"step": cfg.max_steps, **trainer_state()})
+    if run.main:  # samples/summary.json: report.py's numbers of this run's logged samples
+        report.write_samples_summary(run.path)
     if llm is not None:  # free the engine before the process group goes (vLLM's shutdown touches it)
         del llm
         gc.collect()

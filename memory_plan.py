@@ -64,7 +64,7 @@ VLLM_MAX_SEQS = 256
 # prediction beside the measured peak for the day a GPU is lent.
 CUDA_CONTEXT_GB = 0.6
 CUDA_ALLOCATOR_SLACK = 0.05
-PADDING_FREE_BUCKETS = 8  # rollout.PADDING_FREE_BUCKETS (copied: this module imports no project file)
+PADDING_FREE_BUCKETS = 8  # policy.PADDING_FREE_BUCKETS (copied: this module imports no project file)
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -470,7 +470,7 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
             and s.beta <= 0 and (s.micro_batch_size == 0 or s.micro_batch_size >= N)
             and not (s.credit == "cscr" and n > 1))
 
-    def rows(k: int) -> int:  # rows per micro-batch of a pass over k rows (rollout.micro_batches)
+    def rows(k: int) -> int:  # rows per micro-batch of a pass over k rows (policy.micro_batches)
         return min(s.micro_batch_size, k) if s.micro_batch_size else \
             (math.ceil(k / PADDING_FREE_BUCKETS) if padding_free else k)
 

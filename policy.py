@@ -7,15 +7,17 @@
 * ``build_optimizer``: AdamW; ``oom_guard``: out-of-memory errors as one line naming the flags that help;
   ``check_host_memory`` (a kept tensor that would not fit stops the run first), ``peak_memory`` (per step);
 * ``token_logprobs`` and ``Passes``: the policy's log-probs (and LM-head inputs) of a batch's rows, micro-batch by
-  micro-batch (``MicroBatch``), padding-free, with ``SharedPrompts`` (each group's prompt run once,
-  ``--shared_prompt``), with or without grad: grpo.py's stages 4 and 6 and DelTA's streamed passes all run the
-  model through it; ``reference_logprobs``: the KL reference's, on the same micro-batches;
+  micro-batch (laid out by ``micro_batches``; ``MicroBatch``), padding-free, with ``SharedPrompts`` (each group's
+  prompt run once, ``--shared_prompt``), with or without grad: grpo.py's stages 4 and 6 and DelTA's streamed passes
+  all run the model through it; ``reference_logprobs``: the KL reference's, on the same micro-batches;
 * ``exact_optimisations``: which default optimisations the model's features allow (``model_features``);
-* ``build``: loading, LoRA, reference, optimizer in the order that matters for the trainer, with ``--resume``'s
-  weights and torchrun's sharding (checkpoint.py, distributed.py) in between.
+* ``build``: loading, LoRA, reference, optimizer in the order that matters for the trainer, with a hook for
+  ``--resume``'s weights and torchrun's sharding (distributed.py) in between.
 
-Left out on purpose: quantised base weights (QLoRA), DoRA and other adapter types, DeepSpeed, learning-rate
-schedules. Read next: grpo.py ``train``, which calls ``build``.
+The model knows no run folder: resuming (checkpoint.py) and the data (problems.py) are the trainer's; a batch is
+read by its fields (``input_ids``, ``attention_mask``, ``response_mask``), whatever made it. Left out on purpose:
+quantised base weights (QLoRA), DoRA and other adapter types, DeepSpeed, learning-rate schedules. Read next:
+grpo.py ``train``, which calls ``build``.
 """
 
 from __future__ import annotations
@@ -30,10 +32,9 @@ from collections import namedtuple
 import torch
 
 import baselines
-import checkpoint
 import distributed
+import hub
 import memory_plan
-import rollout
 
 
 def model_path(name: str) -> str:
@@ -52,26 +53,6 @@ def model_path(name: str) -> str:
     return os.path.expanduser(name) if looks_like_path else name
 
 
-def require_hub(name: str, what: str = "model") -> None:
-    """Fail in seconds, with one line, when ``name`` must be downloaded from the Hugging Face hub and cannot be:
-    ``HF_HUB_OFFLINE`` is set, or the hub's host does not answer within 3 s (instead of waiting through the hub
-    client's retries). Call it after a cache-only load of ``name`` failed."""
-    import socket
-    from urllib.parse import urlparse
-
-    folder = name.split("/")[-1]
-    fix = (f"download it on a machine with network (`hf download {name} --local-dir {folder}`, huggingface-hub's CLI) "
-           f"and pass its folder, e.g. --{'model' if what == 'model' else 'benchmarks'} /path/to/{folder}")
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
-        raise ValueError(f"{what} {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: {fix}")
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
-    try:
-        socket.create_connection((host, 443), timeout=3).close()
-    except OSError as e:
-        raise ValueError(f"cannot reach {host} to download {what} {name!r} ({type(e).__name__}: no network?): "
-                         f"{fix}") from None
-
-
 def load_model_and_tokenizer(name: str, dtype: str = "auto", device: str | None = None,
                               attn_implementation: str | None = None, trust_remote_code: bool = False):
     """Load a causal LM and its tokenizer with ``from_pretrained``: ``"toy"``, a local folder or a hub id.
@@ -79,7 +60,7 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device: str | None 
     ``"toy"`` resolves to the toy model's folder (toy.py), then goes through exactly the same ``from_pretrained``
     path. A folder holding a LoRA adapter (``adapter_config.json``, e.g. a ``--use_peft`` run's ``final/``) loads
     its base model (``base_model_name_or_path``, which may be ``toy``) with the adapter on top. A hub id is looked
-    up in the local cache first; a download is tried only when the hub answers (``require_hub``). The tokenizer
+    up in the local cache first; a download is tried only when the hub answers (``hub.require_hub``). The tokenizer
     pads on the left (generation) and gets a pad token (EOS) if it has none.
 
     Args:
@@ -147,7 +128,7 @@ def load_tokenizer(name: str, trust_remote_code: bool = False):
 
 
 def _from_pretrained(name: str, path: str, load):
-    """``load(**extra)`` from the local folder or cache first, from the hub only when it answers (``require_hub``);
+    """``load(**extra)`` from the local folder or cache first, from the hub only when it answers (``hub.require_hub``);
     an ``OSError`` (a folder without a model, an unknown hub id) becomes one ValueError line naming ``name``."""
     try:
         try:
@@ -155,7 +136,7 @@ def _from_pretrained(name: str, path: str, load):
         except OSError:
             if os.path.isdir(path):
                 raise
-            require_hub(path)
+            hub.require_hub(path)
             return load()
     except OSError as e:
         where = "folder" if os.path.isdir(path) else "hub id"
@@ -395,6 +376,36 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
     return out if len(out) > 1 else logp
 
 
+PADDING_FREE_BUCKETS = 8  # micro-batches of similar length a whole (mini-)batch is split into, with --padding_free
+
+
+def micro_batches(rows: torch.Tensor, attention_mask: torch.Tensor, size: int = 0, response_len: int | None = None,
+                  padding_free: bool = True) -> list[tuple[torch.Tensor, slice, int]]:
+    """The micro-batches of the rollout rows ``rows`` as ``(row indices, input columns, response columns T_j)``: the
+    layout of ``Passes``, planned once per batch and shared by its passes (``reference_logprobs`` reads it too).
+
+    A rollout batch is laid out ``[left-padded prompt | right-padded response]`` (``attention_mask`` ``[N, P + T]``,
+    ``response_len`` = T). Plain: ``size`` rows at a time (0: all of them), every one ``P + T`` columns wide.
+    ``padding_free``: the rows are sorted by length first, so that each micro-batch holds rows of similar length,
+    and each is cut to its own longest prompt and response: ``input_ids[j][:, cols]``, and ``[j, :T_j]`` of any
+    ``[N, T]`` tensor. With ``size`` 0 the rows are split into ``PADDING_FREE_BUCKETS`` such micro-batches. Padding
+    never changes a token's log-prob (position ids count real tokens), so the loss is the same to rounding.
+    """
+    T = attention_mask.shape[1] if response_len is None else response_len
+    if not padding_free:
+        return [(j, slice(None), T) for j in rows.split(size or len(rows))]
+    P = attention_mask.shape[1] - T
+    mask = attention_mask[rows.to(attention_mask.device)].cpu()
+    order = rows[torch.argsort(mask.sum(1), stable=True)]
+    parts = order.split(size) if size else order.tensor_split(min(PADDING_FREE_BUCKETS, len(order)))
+    out = []
+    for j in parts:
+        m = attention_mask[j.to(attention_mask.device)]
+        p, t = int(m[:, :P].sum(1).max()), int(m[:, P:].sum(1).max().clamp(min=1))
+        out.append((j, slice(P - p, P + t), t))
+    return out
+
+
 class MicroBatch(namedtuple("MicroBatch", "rows cols t logp hidden entropy", defaults=(None,))):
     """One forward of ``Passes``: the rollout rows ``rows`` ``[b]``, their input columns ``cols`` and response width
     ``t`` (T_j ≤ T); ``logp`` ``[b, T_j]`` (a graph under grad); ``hidden`` ``[b, T_j, H]`` (the LM head's input)
@@ -426,7 +437,7 @@ class Passes:
         self.grad, self.hidden, self.keep, self.entropy = grad, hidden, keep, entropy
         self.kept, self.shared = None, None
         # the micro-batches as (rows, input columns, response width T_j), planned once for every pass
-        self.layout = rollout.micro_batches(rows, batch.attention_mask, cfg.micro_batch_size,
+        self.layout = micro_batches(rows, batch.attention_mask, cfg.micro_batch_size,
                                             batch.response_mask.shape[1], cfg.padding_free)
 
     def __iter__(self):
@@ -470,7 +481,7 @@ def reference_logprobs(ref_model, batch, layout, temperature: float) -> torch.Te
 
 
 def micro_batch_inputs(batch, rows, cols, t, device) -> tuple:
-    """One micro-batch of a layout (``rollout.micro_batches``) as ``token_logprobs`` takes it, on ``device``:
+    """One micro-batch of a layout (``micro_batches``) as ``token_logprobs`` takes it, on ``device``:
     ``input_ids``, ``attention_mask`` ``[b, len(cols)]`` (rows ``rows``, input columns ``cols``), ``response_mask``
     ``[b, t]``."""
     return (batch.input_ids[rows][:, cols].to(device), batch.attention_mask[rows][:, cols].to(device),
@@ -603,15 +614,16 @@ def has_dropout(model) -> bool:
     return p_attn > 0 or any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
 
 
-def build(cfg, resume_from: str | None = None, say=print):
+def build(cfg, say=print, load_weights=None):
     """The trainer's policy, in the order that matters: load the weights (``cfg.model``, ``cfg.torch_dtype``...),
-    LoRA / gradient checkpointing, the frozen reference (before any weight changes), the weights of ``resume_from``
-    (a checkpoint folder), FSDP2 sharding under torchrun, AdamW over the trainable weights, then the optimizer and
-    RNG states of ``resume_from``.
+    LoRA / gradient checkpointing, the frozen reference (before any weight changes), ``load_weights(model)`` (the
+    unsharded model: the trainer's hook for ``--resume``'s weights, checkpoint.RunFolder.load_weights; None: none),
+    FSDP2 sharding under torchrun, AdamW over the trainable weights. The optimizer's state of a resumed run is the
+    caller's to load after this (it needs the sharded model: checkpoint.RunFolder.load_optimizer).
 
     Returns:
-        (model, tokenizer, ref_model or None, optimizer, the checkpoint's trainer state or None, compute dtype
-        (bfloat16 when float32 weights are sharded over GPUs, else None)).
+        (model, tokenizer, ref_model or None, optimizer, compute dtype (bfloat16 when float32 weights are sharded
+        over GPUs, else None)).
     """
     world = distributed.world_size()
     device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
@@ -622,7 +634,8 @@ def build(cfg, resume_from: str | None = None, say=print):
         torch.set_num_threads(cfg.num_threads or 1)  # tiny models: thread sync costs more than it gives
     model = prepare_model(model, cfg)
     ref_model = reference_model(model, cfg)  # before any weight changes
-    state = checkpoint.load_checkpoint_weights(resume_from, model, cfg.use_peft) if resume_from else None
+    if load_weights is not None:
+        load_weights(model)
     # float32 weights on several GPUs: float32 master weights and AdamW state (sharded), bfloat16 compute
     compute_dtype = torch.bfloat16 if world > 1 and cfg.torch_dtype == "float32" and device.startswith("cuda") \
         else None
@@ -636,8 +649,4 @@ def build(cfg, resume_from: str | None = None, say=print):
         say("[warn] full fine-tuning with bfloat16 weights: AdamW updates smaller than ~0.2-0.4% of a weight "
             "are rounded away (at --learning_rate 1e-6 almost all are); prefer --use_peft (float32 adapters) "
             "or --torch_dtype float32 if memory allows")
-    optimizer = build_optimizer(trainable, cfg)
-    if resume_from:  # AdamW's state and the RNG states (after sharding: each process keeps its shard)
-        checkpoint.load_checkpoint_optimizer(resume_from, model, optimizer)
-        say(f"[resume] from {resume_from}: step {state['step']}, {state['metrics_lines']} metrics lines kept")
-    return model, tokenizer, ref_model, optimizer, state, compute_dtype
+    return model, tokenizer, ref_model, build_optimizer(trainable, cfg), compute_dtype

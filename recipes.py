@@ -146,7 +146,6 @@ def describe(cfg, given: set[str] | None, defaults) -> list[str]:
 def _kept_prompts(cfg, rows: list[dict], longest: int, notes: list[str], say) -> tuple[list[dict], int]:
     """Step 1 of ``preflight``: (the rows whose templated prompt fits ``--max_prompt_length``, the longest one's
     tokens); under ``--dry_run`` a local folder without a tokenizer is a note and (rows, ``longest``)."""
-    import evaluate
     import policy
     import rollout
 
@@ -157,8 +156,8 @@ def _kept_prompts(cfg, rows: list[dict], longest: int, notes: list[str], say) ->
             raise
         notes.append(f"prompts not measured ({e}): planned at {longest} prompt tokens")
         return rows, longest
-    kept = evaluate.filter_overlong_prompts(rows, tokenizer, rollout.resolve_template(cfg.prompt_template, cfg.model),
-                                            cfg.max_prompt_length)
+    kept = rollout.filter_overlong_prompts(rows, tokenizer, rollout.resolve_template(cfg.prompt_template, cfg.model),
+                                           cfg.max_prompt_length)
     if kept.dropped:
         say(f"[data] {kept.dropped} of {len(rows)} prompts are longer than --max_prompt_length "
             f"{cfg.max_prompt_length} tokens: left out (verl's filter_overlong_prompts)")

@@ -919,6 +919,20 @@ def truth_numbers(runs: list[Run]) -> dict:
         "where_the_credit_lands": lands, "delta_tokens": views}
 
 
+def write_samples_summary(path: str) -> dict:
+    """samples/summary.json of the run folder ``path``: ``truth_numbers`` of that run alone (DelTA's highest and
+    lowest mean λ̄ tokens; on the toy, where the credit lands), so that one run's numbers need no page. Nothing is
+    written for a run without samples/ or without such numbers (a GRPO run off the toy). grpo.py's ``train`` calls it
+    on process 0 once the run has finished (checkpoint.RunFolder.finish). Returns the numbers ({} when none)."""
+    if not os.path.isdir(os.path.join(path, "samples")):
+        return {}
+    numbers = truth_numbers([load_run(path)])
+    if numbers:
+        with open(os.path.join(path, "samples", "summary.json"), "w") as f:
+            json.dump(numbers, f, indent=1)
+    return numbers
+
+
 def truth_sections(runs: list[Run], colours: dict, numbers: dict) -> str:
     """The page's sections on ``truth_numbers``: "Where the credit lands" (toy runs) and DelTA's token view."""
     out = ""

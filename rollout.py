@@ -1,4 +1,5 @@
-"""Rollouts: which prompts (``PromptSampler``), their templates, and sampling G responses per prompt.
+"""Rollouts: which prompts (``PromptSampler``; ``filter_overlong_prompts`` leaves out those over
+``--max_prompt_length`` tokens), their templates, and sampling G responses per prompt.
 
 ``generate`` samples with Hugging Face ``model.generate`` (left padding, KV cache, seeded sampling) and returns a
 ``Rollout``: prompt and response token ids laid out as ``[left-padded prompt | right-padded response]``, the
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+from collections import namedtuple
 from dataclasses import dataclass
 
 import torch
@@ -110,6 +112,53 @@ def apply_template(problem: str, template: str) -> str:
     if template not in PROMPT_TEMPLATES:
         raise ValueError(f"unknown prompt template {template!r}; choose from {sorted(PROMPT_TEMPLATES)}")
     return PROMPT_TEMPLATES[template][0].replace("{problem}", problem)
+
+
+# What filter_overlong_prompts returns: the rows kept (in order), how many were left out, and the token count of the
+# longest kept prompt (the rollout's prompt width; a memory planner's P).
+PromptFilter = namedtuple("PromptFilter", "rows dropped longest")
+
+
+def filter_overlong_prompts(rows: list[dict], tokenizer, template: str, max_prompt_length: int,
+                            batch_size: int = 1024) -> PromptFilter:
+    """Leave out the rows whose prompt is longer than ``max_prompt_length`` tokens (verl's
+    ``data.filter_overlong_prompts``, which keeps a prompt of ``len(tokens) <= data.max_prompt_length``; the
+    DelTA recipe: 2,048). Pure: ``rows`` is not changed.
+
+    The prompt is ``apply_template(row["problem"], template)`` tokenised as the rollout tokenises it
+    (``_encode_prompts``: ``tokenizer(prompts)``, special tokens added as the tokenizer adds them, e.g. a
+    BOS), in batches of ``batch_size`` prompts (a fast tokenizer encodes a batch in parallel). Every row is
+    tokenised, also when ``max_prompt_length`` is 0 (no filter), so that ``longest`` is always known.
+
+    Args:
+        rows: ``{problem, ...}`` rows (``problems.load_problems``).
+        tokenizer: the policy's tokenizer (a Hugging Face tokenizer: ``tokenizer(list[str])["input_ids"]``).
+        template: a key of ``PROMPT_TEMPLATES`` (the resolved template, not ``auto``).
+        max_prompt_length: the longest prompt kept, in tokens; 0 keeps every row.
+        batch_size: prompts per tokenizer call.
+    Returns:
+        ``PromptFilter(rows, dropped, longest)``: the kept rows in their order, the number left out, and the token
+        count of the longest kept prompt (0 for no rows).
+    Raises:
+        ValueError: ``max_prompt_length`` < 0, an unknown template, or every row left out (one line naming
+            ``--max_prompt_length`` and the shortest prompt's length).
+    """
+    if max_prompt_length < 0:
+        raise ValueError(f"--max_prompt_length must be >= 0 (0 = no limit), got {max_prompt_length}")
+    kept, longest, shortest = [], 0, None
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        prompts = [apply_template(row["problem"], template) for row in chunk]
+        for row, ids in zip(chunk, tokenizer(prompts, return_attention_mask=False)["input_ids"]):
+            shortest = len(ids) if shortest is None else min(shortest, len(ids))
+            if max_prompt_length and len(ids) > max_prompt_length:
+                continue
+            kept.append(row)
+            longest = max(longest, len(ids))
+    if rows and not kept:
+        raise ValueError(f"--max_prompt_length {max_prompt_length}: all {len(rows)} prompts are longer (the shortest "
+                         f"has {shortest} tokens under the template {template!r})")
+    return PromptFilter(kept, len(rows) - len(kept), longest)
 
 
 def template_stop_strings(template: str) -> list[str]:
@@ -323,35 +372,6 @@ def sample(model, tokenizer, prompts: list[str], num_generations: int, max_new_t
     if sleep_after:
         llm.sleep(level=2)  # drop its weights and KV cache for the update: the next sync_weights reloads them
     return batch
-
-
-PADDING_FREE_BUCKETS = 8  # micro-batches of similar length a whole (mini-)batch is split into, with --padding_free
-
-
-def micro_batches(rows: torch.Tensor, attention_mask: torch.Tensor, size: int = 0, response_len: int | None = None,
-                  padding_free: bool = True) -> list[tuple[torch.Tensor, slice, int]]:
-    """The micro-batches of the rollout rows ``rows``, as ``(row indices, input columns, response columns T_j)``.
-
-    A rollout batch is laid out ``[left-padded prompt | right-padded response]`` (``attention_mask`` ``[N, P + T]``,
-    ``response_len`` = T). Plain: ``size`` rows at a time (0: all of them), every one ``P + T`` columns wide.
-    ``padding_free``: the rows are sorted by length first, so that each micro-batch holds rows of similar length,
-    and each is cut to its own longest prompt and response: ``input_ids[j][:, cols]``, and ``[j, :T_j]`` of any
-    ``[N, T]`` tensor. With ``size`` 0 the rows are split into ``PADDING_FREE_BUCKETS`` such micro-batches. Padding
-    never changes a token's log-prob (position ids count real tokens), so the loss is the same to rounding.
-    """
-    T = attention_mask.shape[1] if response_len is None else response_len
-    if not padding_free:
-        return [(j, slice(None), T) for j in rows.split(size or len(rows))]
-    P = attention_mask.shape[1] - T
-    mask = attention_mask[rows.to(attention_mask.device)].cpu()
-    order = rows[torch.argsort(mask.sum(1), stable=True)]
-    parts = order.split(size) if size else order.tensor_split(min(PADDING_FREE_BUCKETS, len(order)))
-    out = []
-    for j in parts:
-        m = attention_mask[j.to(attention_mask.device)]
-        p, t = int(m[:, :P].sum(1).max()), int(m[:, P:].sum(1).max().clamp(min=1))
-        out.append((j, slice(P - p, P + t), t))
-    return out
 
 
 def _encode_prompts(tokenizer, prompts: list[str], num_generations: int):

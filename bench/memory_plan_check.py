@@ -115,12 +115,12 @@ def longest_prompt_tokens(model_path: str) -> int:
     """The longest training prompt of the toy in tokens, as the rollout encodes it."""
     from transformers import AutoTokenizer
 
-    import evaluate
+    import problems
     import rollout
 
     tok = AutoTokenizer.from_pretrained(model_path)
     return max(len(tok(rollout.apply_template(r["problem"], "none"))["input_ids"])
-               for r in evaluate.load_problems("toy", split="train"))
+               for r in problems.load_problems("toy", split="train"))
 
 
 def predict(model_path: str, config: dict, prompt_tokens: int):

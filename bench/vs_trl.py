@@ -131,8 +131,9 @@ def _quiet():
 def _evaluate(model, tokenizer, spec) -> dict:
     """The shared held-out evaluation (greedy + avg@k); returns the headline metrics and its seconds."""
     import evaluate
+    import problems
 
-    rows = evaluate.load_problems("toy", split="test")
+    rows = problems.load_problems("toy", split="test")
     if spec["eval_limit"]:
         rows = rows[:spec["eval_limit"]]
     t0 = time.perf_counter()
@@ -276,14 +277,14 @@ def run_trl(spec: dict) -> dict:
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOTrainer
 
-    import evaluate
+    import problems
     import rollout
     import verify
 
     _quiet()
     torch.set_num_threads(spec["num_threads"])
     P, G, steps = spec["num_prompts_per_step"], spec["num_generations"], spec["steps"]
-    train_rows = evaluate.load_problems("toy", split="train")
+    train_rows = problems.load_problems("toy", split="train")
     order = rollout.PromptSampler(len(train_rows), spec["seed"]).take(P * steps)  # our trainer's exact order
     dataset = Dataset.from_list([{"prompt": rollout.apply_template(train_rows[i]["problem"], TEMPLATE),
                                   "answer": train_rows[i]["answer"]} for i in order])

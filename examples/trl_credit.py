@@ -137,14 +137,14 @@ def make_trainer(args, model, tokenizer) -> CreditGRPOTrainer:
     order, verify.py's binary reward."""
     from datasets import Dataset
 
-    import evaluate
+    import problems
     import rollout
 
     P, G, ga = args.num_prompts_per_step, args.num_generations, args.gradient_accumulation_steps
     if (P * G) % ga:
         raise SystemExit(f"trl_credit.py: error: --gradient_accumulation_steps {ga} must divide "
                          f"--num_prompts_per_step × --num_generations = {P * G}")
-    rows = evaluate.load_problems("toy", split="train")
+    rows = problems.load_problems("toy", split="train")
     order = rollout.PromptSampler(len(rows), args.seed).take(P * args.max_steps)  # grpo.py's prompts, in its order
     dataset = Dataset.from_list([{"prompt": rollout.apply_template(rows[i]["problem"], "none"),
                                   "answer": rows[i]["answer"]} for i in order])
@@ -165,8 +165,9 @@ def make_trainer(args, model, tokenizer) -> CreditGRPOTrainer:
 def heldout(model, tokenizer, args) -> dict:
     """grpo.py's held-out evaluation (evaluate.py: greedy and avg@8 at temperature 1, seed + 12345)."""
     import evaluate
+    import problems
 
-    rows = evaluate.load_problems("toy", split="test")[:args.eval_limit or None]
+    rows = problems.load_problems("toy", split="test")[:args.eval_limit or None]
     return evaluate.evaluate_rows(model, tokenizer, rows, "none", 8, 1.0, 1.0, args.max_completion_length,
                                   seed=args.seed + 12345)
 

@@ -137,16 +137,16 @@ def test_padding_free_micro_batches_cover_each_row_once_at_its_own_width(rollout
     N, T = batch.response_mask.shape
     lengths = batch.attention_mask.sum(1)
     for size in (0, 1, 3):
-        plan = rollout.micro_batches(torch.arange(N), batch.attention_mask, size, T, padding_free=True)
+        plan = policy.micro_batches(torch.arange(N), batch.attention_mask, size, T, padding_free=True)
         assert sorted(torch.cat([j for j, _, _ in plan]).tolist()) == list(range(N))
-        assert len(plan) == (min(rollout.PADDING_FREE_BUCKETS, N) if size == 0 else -(-N // size))
+        assert len(plan) == (min(policy.PADDING_FREE_BUCKETS, N) if size == 0 else -(-N // size))
         for j, cols, t in plan:  # no column is padding in every row of its micro-batch
             att = batch.attention_mask[j][:, cols]
             assert att[:, 0].any() and att[:, -1].any() and t == int(batch.attention_mask[j, -T:].sum(1).max())
             assert int(att.sum()) == int(lengths[j].sum())  # nothing real was cut
         widths = [cols.stop - cols.start for _, cols, _ in plan]
         assert sum(w * len(j) for w, (j, _, _) in zip(widths, plan)) <= N * batch.input_ids.shape[1]
-    plain = rollout.micro_batches(torch.arange(N), batch.attention_mask, 2, T, padding_free=False)
+    plain = policy.micro_batches(torch.arange(N), batch.attention_mask, 2, T, padding_free=False)
     assert [j.tolist() for j, _, _ in plain] == [[i, i + 1] for i in range(0, N, 2)]
 
 

@@ -1,7 +1,7 @@
-"""evaluate.py: benchmark loaders and name resolution, the Hugging Face mapping (fake `datasets`), protocol
-presets, metrics and the question-weighted overall row by hand, markdown/--compare output, resuming an
-interrupted run on a tiny random model, and DelTA's seven benchmarks (--benchmarks delta_paper: its Table 1 layout and
-question-weighted Avg., by hand and end to end on the toy)."""
+"""evaluate.py and the benchmarks it reads (problems.py: loaders and name resolution, the Hugging Face mapping with a
+fake `datasets`), protocol presets, metrics and the question-weighted overall row by hand, markdown/--compare output,
+resuming an interrupted run on a tiny random model, and DelTA's seven benchmarks (--benchmarks delta_paper: its Table 1
+layout and question-weighted Avg., by hand and end to end on the toy)."""
 
 import json
 import math
@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 import evaluate
+import hub
 import policy
+import problems
 import rollout
 import toy
 
@@ -28,7 +30,7 @@ ALL = list(COUNTS)[:8]
 # ------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", sorted(COUNTS))
 def test_real_benchmark_files_load_with_expected_counts(name):
-    rows = evaluate.load_problems(name, data_dir=DATA)
+    rows = problems.load_problems(name, data_dir=DATA)
     assert len(rows) == COUNTS[name]
     for r in rows:
         assert {"id", "problem", "answer", "source"} <= set(r)
@@ -38,67 +40,67 @@ def test_real_benchmark_files_load_with_expected_counts(name):
 
 
 def test_the_training_set_ships_and_loads_by_name():
-    rows = evaluate.load_problems("math_train")  # data/train/math_train.jsonl
-    assert len(rows) == 7470 and rows == evaluate.load_problems(str(DATA / "train" / "math_train.jsonl"))
+    rows = problems.load_problems("math_train")  # data/train/math_train.jsonl
+    assert len(rows) == 7470 and rows == problems.load_problems(str(DATA / "train" / "math_train.jsonl"))
     assert {r["source"] for r in rows} == {"math_train"}
 
 
 def test_loaders_return_answers_as_the_files_give_them():
     # the verifier compares 2,125 with 2125 and 025 with 25: the loader must not touch them
-    gsm = evaluate.load_problems("gsm8k", data_dir=DATA)
+    gsm = problems.load_problems("gsm8k", data_dir=DATA)
     assert sum("," in r["answer"] for r in gsm) == 14
-    aime = evaluate.load_problems("aime24", data_dir=DATA)
+    aime = problems.load_problems("aime24", data_dir=DATA)
     assert {"025", "073", "023", "045", "033", "080", "055"} <= {r["answer"] for r in aime}
 
 
 def test_all_resolves_to_the_eight_files_in_order():
-    pairs = evaluate.resolve_benchmarks("all", DATA)
-    assert [n for n, _ in pairs] == list(evaluate.BENCHMARKS) == ALL
+    pairs = problems.resolve_benchmarks("all", DATA)
+    assert [n for n, _ in pairs] == list(problems.BENCHMARKS) == ALL
     assert all(Path(s) == DATA / f"{n}.jsonl" for n, s in pairs)
 
 
 def test_delta_paper_suite_is_deltas_seven_in_table_order_with_213_questions(tmp_path):
-    pairs = evaluate.resolve_benchmarks("delta_paper", DATA)
+    pairs = problems.resolve_benchmarks("delta_paper", DATA)
     order = ["aime24", "aime25", "aime26", "hmmt_feb25", "hmmt_nov25", "hmmt_feb26", "brumo25"]  # DelTA's Table 1
     assert [n for n, _ in pairs] == order and all(Path(s) == DATA / f"{n}.jsonl" for n, s in pairs)
-    counts = [len(evaluate.load_benchmark(n, s)) for n, s in pairs]
-    assert counts == [30, 30, 30, 30, 30, 33, 30] and sum(counts) == evaluate.DELTA_PAPER_QUESTIONS == 213
+    counts = [len(problems.load_benchmark(n, s)) for n, s in pairs]
+    assert counts == [30, 30, 30, 30, 30, 33, 30] and sum(counts) == problems.DELTA_PAPER_QUESTIONS == 213
     # the four new names work wherever a name is accepted: alone, in a list, in load_problems (grpo's --eval_data)
     new = ["aime26", "hmmt_nov25", "hmmt_feb26", "brumo25"]
-    assert evaluate.resolve_benchmarks(",".join(new), DATA) == [(n, str(DATA / f"{n}.jsonl")) for n in new]
-    assert [len(evaluate.load_problems(n)) for n in new] == [30, 30, 33, 30]
-    assert evaluate.resolve_benchmarks("brumo25", tmp_path) == [("brumo25", "hf")]  # no local file: the hub copy
-    assert evaluate.HF_DATASETS["hmmt_feb26"]["path"] == "MathArena/hmmt_feb_2026"
+    assert problems.resolve_benchmarks(",".join(new), DATA) == [(n, str(DATA / f"{n}.jsonl")) for n in new]
+    assert [len(problems.load_problems(n)) for n in new] == [30, 30, 33, 30]
+    assert problems.resolve_benchmarks("brumo25", tmp_path) == [("brumo25", "hf")]  # no local file: the hub copy
+    assert problems.HF_DATASETS["hmmt_feb26"]["path"] == "MathArena/hmmt_feb_2026"
     with pytest.raises(ValueError, match=r"names \['aime24', 'aime25', 'hmmt_feb25'\] more than once"):
-        evaluate.resolve_benchmarks("all,delta_paper", DATA)
+        problems.resolve_benchmarks("all,delta_paper", DATA)
     with pytest.raises(ValueError, match=r"unknown benchmark 'delta_papr'.*suite \(all, delta_paper\)"):
-        evaluate.resolve_benchmarks("delta_papr", DATA)
+        problems.resolve_benchmarks("delta_papr", DATA)
 
 
 def test_name_path_and_toy_resolution(tmp_path):
     f = tmp_path / "mine.jsonl"
     f.write_text(json.dumps({"id": "a", "problem": "1+1?", "answer": "2"}) + "\n")
-    pairs = evaluate.resolve_benchmarks(f"math500, toy,{f}", DATA)
+    pairs = problems.resolve_benchmarks(f"math500, toy,{f}", DATA)
     assert pairs == [("math500", str(DATA / "math500.jsonl")), ("toy", "toy"), ("mine", str(f))]
-    assert [len(evaluate.load_benchmark(n, s)) for n, s in pairs] == [500, 200, 1]
+    assert [len(problems.load_benchmark(n, s)) for n, s in pairs] == [500, 200, 1]
     # a known name with no local file goes to the hub
-    assert evaluate.resolve_benchmarks("aime25", tmp_path) == [("aime25", "hf")]
+    assert problems.resolve_benchmarks("aime25", tmp_path) == [("aime25", "hf")]
     with pytest.raises(ValueError, match="unknown benchmark 'mathh500'"):
-        evaluate.resolve_benchmarks("mathh500", DATA)
+        problems.resolve_benchmarks("mathh500", DATA)
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
-        evaluate.resolve_benchmarks(str(tmp_path / "nope.jsonl"), DATA)
+        problems.resolve_benchmarks(str(tmp_path / "nope.jsonl"), DATA)
     with pytest.raises(ValueError, match="more than once"):
-        evaluate.resolve_benchmarks("all,math500", DATA)
+        problems.resolve_benchmarks("all,math500", DATA)
 
 
 def test_data_dir_default_and_env_override(tmp_path, monkeypatch):
     monkeypatch.delenv("RLVR_DATA_DIR", raising=False)
-    assert evaluate.default_data_dir() == Path(evaluate.__file__).resolve().parent / "data" == DATA
+    assert problems.default_data_dir() == Path(problems.__file__).resolve().parent / "data" == DATA
     (tmp_path / "math500.jsonl").write_text("".join(
         json.dumps({"id": str(i), "problem": f"p{i}", "answer": str(i)}) + "\n" for i in range(3)))
     monkeypatch.setenv("RLVR_DATA_DIR", str(tmp_path))
-    assert evaluate.default_data_dir() == tmp_path
-    assert [r["answer"] for r in evaluate.load_problems("math500")] == ["0", "1", "2"]
+    assert problems.default_data_dir() == tmp_path
+    assert [r["answer"] for r in problems.load_problems("math500")] == ["0", "1", "2"]
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -131,42 +133,42 @@ def _fake_datasets(calls, fail=None):
 
 def test_hub_mapping_converts_rows_like_the_local_files(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(evaluate.policy, "require_hub", lambda *a, **k: None)  # as if the hub answered
+    monkeypatch.setattr(hub, "require_hub", lambda *a, **k: None)  # as if the hub answered
     monkeypatch.setitem(sys.modules, "datasets", _fake_datasets(calls))
     empty = tmp_path  # no local files: every name goes to the hub
-    gsm = evaluate.load_problems("gsm8k", data_dir=empty)
+    gsm = problems.load_problems("gsm8k", data_dir=empty)
     assert calls[-1] == ("openai/gsm8k", "main", "test")
     assert gsm == [{"id": "0", "problem": "How many?", "answer": "1,234", "source": "gsm8k"},
                    {"id": "1", "problem": "And now?", "answer": "7", "source": "gsm8k"}]
-    oly = evaluate.load_problems("olympiadbench", data_dir=empty)
+    oly = problems.load_problems("olympiadbench", data_dir=empty)
     assert calls[-1] == ("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train")
     assert [(r["id"], r["problem"], r["answer"]) for r in oly] == [
         ("1606", "Find x.", "\\frac{1}{2 n+2}"), ("1607", "Find y.", "69,84")]
-    amc = evaluate.load_problems("amc23", data_dir=empty)
+    amc = problems.load_problems("amc23", data_dir=empty)
     assert (amc[0]["problem"], amc[0]["answer"]) == ("Cities?", "27")  # 27.0 -> "27"
-    math500 = evaluate.load_problems("math500", data_dir=empty)
+    math500 = problems.load_problems("math500", data_dir=empty)
     assert calls[-1] == ("HuggingFaceH4/MATH-500", None, "test")
     assert (math500[0]["id"], math500[0]["answer"]) == ("test/algebra/1.json", "p - q")
-    aime = evaluate.load_benchmark("aime24", "hf", empty)
+    aime = problems.load_benchmark("aime24", "hf", empty)
     assert calls[-1] == ("HuggingFaceH4/aime_2024", None, "train") and aime[0]["id"] == "60"
-    assert evaluate.load_problems("minerva", data_dir=empty)[0]["answer"] == "1.6"  # a solution: its box
+    assert problems.load_problems("minerva", data_dir=empty)[0]["answer"] == "1.6"  # a solution: its box
     # a local file wins over the hub
     n_calls = len(calls)
-    assert len(evaluate.load_problems("gsm8k", data_dir=DATA)) == 1319 and len(calls) == n_calls
+    assert len(problems.load_problems("gsm8k", data_dir=DATA)) == 1319 and len(calls) == n_calls
 
 
 def test_every_benchmark_has_a_hub_mapping():
-    assert set(evaluate.HF_DATASETS) == set(evaluate.KNOWN_BENCHMARKS) == set(COUNTS)
-    for spec in evaluate.HF_DATASETS.values():
+    assert set(problems.HF_DATASETS) == set(problems.KNOWN_BENCHMARKS) == set(COUNTS)
+    for spec in problems.HF_DATASETS.values():
         assert "/" in spec["path"] and spec["split"] in ("train", "test")
 
 
 def test_offline_error_names_the_missing_file_and_the_hub_id(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(evaluate.policy, "require_hub", lambda *a, **k: None)  # the hub answers, the download fails
+    monkeypatch.setattr(hub, "require_hub", lambda *a, **k: None)  # the hub answers, the download fails
     monkeypatch.setitem(sys.modules, "datasets", _fake_datasets(calls, fail=ConnectionError("no network")))
     with pytest.raises(FileNotFoundError, match="no local file and cannot download: math500") as e:
-        evaluate.load_problems("math500", data_dir=tmp_path)
+        problems.load_problems("math500", data_dir=tmp_path)
     assert "HuggingFaceH4/MATH-500" in str(e.value) and "ConnectionError" in str(e.value)
     assert str(tmp_path / "math500.jsonl") in str(e.value)
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed: import fails
@@ -182,7 +184,7 @@ def test_no_network_fails_at_once_in_one_line(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", _fake_datasets(calls))
     with pytest.raises(FileNotFoundError, match=r"no local file and cannot download: math500 .*cannot reach "
                                                 r"127\.0\.0\.1 .*no network") as e:
-        evaluate.load_problems("math500", data_dir=tmp_path)
+        problems.load_problems("math500", data_dir=tmp_path)
     assert calls == [] and "\n" not in str(e.value)  # the download was not even tried
     with pytest.raises(ValueError, match=r"cannot reach 127\.0\.0\.1 to download model 'no-org/no-model'.*`hf download "
                                          r"no-org/no-model --local-dir no-model`.*--model /path/to/no-model"):
@@ -195,12 +197,12 @@ def test_no_network_fails_at_once_in_one_line(tmp_path, monkeypatch):
 
 
 def test_bad_hub_rows_are_reported(tmp_path, monkeypatch):
-    monkeypatch.setattr(evaluate.policy, "require_hub", lambda *a, **k: None)
+    monkeypatch.setattr(hub, "require_hub", lambda *a, **k: None)
     mod = types.ModuleType("datasets")
     mod.load_dataset = lambda path, name=None, split=None: [{"question": "q", "answer": "no hashes"}]
     monkeypatch.setitem(sys.modules, "datasets", mod)
     with pytest.raises(ValueError, match="####"):
-        evaluate.load_problems("gsm8k", data_dir=tmp_path)
+        problems.load_problems("gsm8k", data_dir=tmp_path)
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -327,7 +329,7 @@ def test_weighted_average_by_hand_and_on_deltas_table_1():
 
 
 def _paper_results(counts, accs, settings=None):
-    names = evaluate.DELTA_PAPER
+    names = problems.DELTA_PAPER
     return {"model": "m", "protocol": "delta", "settings": settings or evaluate.resolve_settings("delta"),
             "benchmarks": {b: {"num_problems": c, "avg@16": a} for b, c, a in zip(names, counts, accs)}}
 
@@ -344,7 +346,7 @@ def test_delta_paper_table_by_hand():
                      "| questions |  | 30 | 30 | 30 | 30 | 30 | 33 | 30 | 213 |"]
     # not DelTA's evaluation: said under the table; a missing benchmark: no table
     small = _paper_results([2] * 7, [0.5] * 7, evaluate.resolve_settings("delta", num_samples=2))
-    small["benchmarks"] = {b: {"num_problems": 2, "avg@2": 0.5} for b in evaluate.DELTA_PAPER}
+    small["benchmarks"] = {b: {"num_problems": 2, "avg@2": 0.5} for b in problems.DELTA_PAPER}
     assert evaluate.format_delta_paper_table(evaluate.delta_paper_table(small)).splitlines()[-1] == \
         "Not DelTA's evaluation: 14 questions, not DelTA's 213; num_samples 2 (delta: 16)."
     del res["benchmarks"]["brumo25"]
@@ -454,8 +456,8 @@ def test_resume_generates_only_missing_chunks_and_matches_uninterrupted_run(tmp_
 
     data = tmp_path / "four.jsonl"
     # file order = length order, so the chunks (made after a length sort) are problems {0, 1} and {2, 3}
-    problems = sorted(toy.make_split("test", n=4), key=lambda r: len(r["problem"]))
-    data.write_text("".join(json.dumps(r) + "\n" for r in problems))
+    rows = sorted(toy.make_split("test", n=4), key=lambda r: len(r["problem"]))
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
     argv = ["--model", tiny_model_path, "--benchmarks", str(data), "--prompt_template", "none", "--num_samples",
             "2", "--max_new_tokens", "6", "--chunk_size", "2", "--output_dir", str(out), "--no_progress",
@@ -543,8 +545,8 @@ def test_resume_after_a_torn_last_line_redoes_its_record_once(tmp_path, tiny_mod
     import toy
 
     data = tmp_path / "four.jsonl"
-    problems = sorted(toy.make_split("test", n=4), key=lambda r: len(r["problem"]))
-    data.write_text("".join(json.dumps(r) + "\n" for r in problems))
+    rows = sorted(toy.make_split("test", n=4), key=lambda r: len(r["problem"]))
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
     argv = ["--model", tiny_model_path, "--benchmarks", str(data), "--prompt_template", "none", "--num_samples",
             "2", "--max_new_tokens", "6", "--chunk_size", "2", "--output_dir", str(out), "--no_progress",
@@ -627,7 +629,7 @@ def test_cli_errors_are_one_line(tmp_path):
     files, a model folder that does not exist)."""
     import subprocess
 
-    root = Path(evaluate.__file__).resolve().parent
+    root = Path(problems.__file__).resolve().parent
     env = {**__import__("os").environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}
     (tmp_path / "bad.json").write_text("{not json")
     for argv, expected in [
@@ -680,7 +682,7 @@ def test_a_trained_run_is_evaluated_as_the_trainer_evaluates_it(toy_model_path, 
            "temperature": 1.0, "top_p": 1.0, "eval_temperature": None, "eval_top_p": 0.9, "max_completion_length": 40}
     (run / "config.json").write_text(json.dumps({"config": cfg, "num_processes": 1}))
     model, tokenizer = policy.load_model_and_tokenizer(str(run / "final"))
-    rows = evaluate.load_problems("toy", split="test")
+    rows = problems.load_problems("toy", split="test")
     assert len(rows) * 2 > evaluate.HELDOUT_BATCH_SIZE  # more than one batch of the trainer's
     # grpo.py's run_eval, as it calls it
     logged = evaluate.heldout(model, tokenizer, rows, "none", 2, 1.0, 0.9, 40, seed=3 + 12345)
@@ -763,10 +765,10 @@ def test_delta_paper_table_end_to_end_on_the_toy(toy_model_path, tmp_path, count
     # toy problems under the seven names, of uneven sizes: the weighted and the plain mean differ
     data = tmp_path / "data"
     data.mkdir()
-    sizes = dict(zip(evaluate.DELTA_PAPER, [3, 1, 2, 5, 1, 4, 2]))
-    problems = iter(toy.make_split("test", n=sum(sizes.values())))
+    sizes = dict(zip(problems.DELTA_PAPER, [3, 1, 2, 5, 1, 4, 2]))
+    toy_rows = iter(toy.make_split("test", n=sum(sizes.values())))
     for name, size in sizes.items():
-        (data / f"{name}.jsonl").write_text("".join(json.dumps(next(problems)) + "\n" for _ in range(size)))
+        (data / f"{name}.jsonl").write_text("".join(json.dumps(next(toy_rows)) + "\n" for _ in range(size)))
     out = tmp_path / "toy"
     argv = base + ["--max_new_tokens", "24", "--data_dir", str(data), "--chunk_size", "2", "--output_dir", str(out)]
     res = evaluate.main(argv)
@@ -774,9 +776,9 @@ def test_delta_paper_table_end_to_end_on_the_toy(toy_model_path, tmp_path, count
     md = (out / "delta_paper.md").read_text().splitlines()
     cells = _paper_cells(md[2])
     assert md[0] == head and _paper_cells(md[3]) == ["questions", ""] + [str(n) for n in sizes.values()] + ["18"]
-    accs = [res["benchmarks"][name]["avg@2"] for name in evaluate.DELTA_PAPER]  # the per-benchmark numbers
-    assert [res["benchmarks"][name]["num_problems"] for name in evaluate.DELTA_PAPER] == list(sizes.values())
-    assert [paper["benchmarks"][name]["accuracy"] for name in evaluate.DELTA_PAPER] == accs
+    accs = [res["benchmarks"][name]["avg@2"] for name in problems.DELTA_PAPER]  # the per-benchmark numbers
+    assert [res["benchmarks"][name]["num_problems"] for name in problems.DELTA_PAPER] == list(sizes.values())
+    assert [paper["benchmarks"][name]["accuracy"] for name in problems.DELTA_PAPER] == accs
     weighted = sum(n * a for n, a in zip(sizes.values(), accs)) / sum(sizes.values())
     assert 0 < weighted < 1 and abs(weighted - sum(accs) / len(accs)) > 0.01  # the check can tell the two apart
     assert paper["avg"] == pytest.approx(weighted, abs=1e-12) and paper["questions"] == 18
@@ -787,7 +789,7 @@ def test_delta_paper_table_end_to_end_on_the_toy(toy_model_path, tmp_path, count
     evaluate.main(argv)
     assert counting_generate == [] and json.loads((out / "delta_paper.json").read_text()) == paper
     hmmt = out / "hmmt_feb25_responses.jsonl"  # 5 problems x 2 samples, in chunks of 2 problems (by length)
-    last = evaluate.make_chunks(evaluate.load_problems(str(data / "hmmt_feb25.jsonl")), 2)[-1]  # 1 problem
+    last = evaluate.make_chunks(problems.load_problems(str(data / "hmmt_feb25.jsonl")), 2)[-1]  # 1 problem
     lines = hmmt.read_text().splitlines(keepends=True)
     kept = [line for line in lines if json.loads(line)["id"] != last[0]["id"]]
     hmmt.write_text("".join(kept[:-1]))  # the last chunk lost, and one record of another chunk

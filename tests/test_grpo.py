@@ -13,6 +13,7 @@ import checkpoint
 import evaluate
 import grpo
 import policy
+import problems
 import rollout
 import toy
 
@@ -215,13 +216,13 @@ def test_bad_rows_name_file_line_and_field(tmp_path):
                  '{"problem": "2+2"}\n'
                  '{"problem": "3+3", "answer": "  "}\n')
     with pytest.raises(ValueError) as e:
-        evaluate.load_problems(str(p))
+        problems.load_problems(str(p))
     msg = str(e.value)
     assert f"{p}:2: not valid JSON" in msg
     assert f"{p}:3: field 'answer' is missing" in msg
     assert f"{p}:4: field 'answer' is empty" in msg
     with pytest.raises(FileNotFoundError):
-        evaluate.load_problems(str(tmp_path / "nope.jsonl"))
+        problems.load_problems(str(tmp_path / "nope.jsonl"))
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):

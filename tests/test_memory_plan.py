@@ -351,7 +351,7 @@ def test_the_plans_delta_host_copies_are_the_guards():
 
 
 def test_the_plans_copies_of_project_constants_are_theirs():
-    """memory_plan.py imports no project module, so it copies rollout's bucket count: the two must agree."""
-    import rollout
+    """memory_plan.py imports no project module, so it copies policy's bucket count: the two must agree."""
+    import policy
 
-    assert mp.PADDING_FREE_BUCKETS == rollout.PADDING_FREE_BUCKETS
+    assert mp.PADDING_FREE_BUCKETS == policy.PADDING_FREE_BUCKETS
