@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+import policy
 import recipes
 import rollout
 
@@ -109,7 +110,7 @@ class GRPOConfig:
     num_iterations: int = _f(1, "μ: passes over each rollout batch (PPO epochs)")
     num_mini_batches: int = _f(1, "optimizer steps per pass (the rollout batch is split into mini-batches)")
     micro_batch_size: int = _f(0, "rows per forward/backward (0: the whole mini-batch, with --padding_free in "
-                                  f"{rollout.PADDING_FREE_BUCKETS} length-sorted parts); gradients are identical")
+                                  f"{policy.PADDING_FREE_BUCKETS} length-sorted parts); gradients are identical")
     padding_free: bool = _f(True, "micro-batches of similar length, each cut to its own longest row (same loss)")
     shared_prompt: bool = _f(True, "run each group's prompt once, its keys/values read by its G responses (same loss)")
     fuse_old_logprobs: bool = _f(True, "one update per batch: θ_old's log-probs from the training forward (one forward "
