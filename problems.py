@@ -184,7 +184,9 @@ def load_problems(source: str, split: str = "train", data_dir: str | os.PathLike
         if source in HF_DATASETS:
             local = Path(data_dir or default_data_dir()) / f"{source}.jsonl"
             return _load_files([local], fields, local) if local.is_file() else load_hf_benchmark(source, local)
-        raise FileNotFoundError(f"data file not found: {source} (benchmark names: {', '.join(KNOWN_BENCHMARKS)})")
+        trains = sorted(f.stem for f in (Path(data_dir or default_data_dir()) / "train").glob("*.jsonl"))
+        raise FileNotFoundError(f"data file not found: {source} (benchmark names: {', '.join(KNOWN_BENCHMARKS)}; "
+                                f"training sets: {', '.join(trains) or 'none'}; or toy)")
     return _load_files([path], fields, path)
 
 

@@ -113,3 +113,15 @@ def test_the_toy_models_parameter_count_is_the_one_its_docstring_gives(toy_model
 
     n = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(toy_model_path).parameters())
     assert n == 813_440 and "813,440 parameters" in toy.__doc__
+
+
+def test_a_missing_data_file_lists_the_training_sets_too(tmp_path):
+    """Item 8: the "data file not found" line names the shipped training sets (math_train) beside the benchmarks."""
+    import problems
+
+    with pytest.raises(FileNotFoundError, match=r"data file not found: nosuch \(benchmark names: aime24, .*; "
+                                                r"training sets: math_train; or toy\)"):
+        problems.load_problems("nosuch")
+    with pytest.raises(SystemExit, match="training sets: math_train"):  # the trainer's one line, before any model
+        grpo.main(["--data", str(tmp_path / "nosuch.jsonl"), "--output_dir", str(tmp_path / "run")])
+    assert not (tmp_path / "run").exists()
