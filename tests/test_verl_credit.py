@@ -68,8 +68,8 @@ def verl_config(credit):
             "trainer.use_v1=False", "algorithm.adv_estimator=grpo", f"actor_rollout_ref.rollout.n={N_GEN}",
             "actor_rollout_ref.actor.loss_agg_mode=token-mean", "actor_rollout_ref.actor.clip_ratio_low=0.2",
             "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.clip_ratio_c=10.0",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", f"+credit.name={credit}", "+credit.micro_batch_size=3"])
+            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+            f"+credit.name={credit}", "+credit.micro_batch_size=3"])
 
 
 def verl_batch(example, model, tokenizer, seed=0):
@@ -155,7 +155,8 @@ class WorkerGroup:
     def compute_condition_log_probs(self, data):
         from verl import DataProto
 
-        self.outputs = [self.example.condition_log_probs(self.model, self.tokenizer, c) for c in data.chunk(self.shards)]
+        self.outputs = [self.example.condition_log_probs(self.model, self.tokenizer, c)
+                        for c in data.chunk(self.shards)]
         return DataProto.concat(self.outputs)
 
     def update_actor(self, batch_td):
