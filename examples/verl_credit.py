@@ -218,7 +218,7 @@ class CreditActorRolloutRefWorker(ActorRolloutRefWorker):
         engine, module = self._module()
         data = data.to(torch.cuda.current_device() if torch.cuda.is_available() else "cpu")
         with engine.eval_mode():
-            out = condition_log_probs(module, self.model_config.tokenizer, data)
+            out = condition_log_probs(module, self.actor.model_config.tokenizer, data)
         return out.to("cpu")
 
 

@@ -305,6 +305,34 @@ def test_the_launch_registers_the_worker_and_the_trainer(example):
         example.credit_settings({"credit": {"name": "ppo"}})
 
 
+def test_the_worker_methods_on_one_rank(example, tiny, float64_model):
+    """``CreditActorRolloutRefWorker``'s two methods themselves (verl's ``register`` wrapper, the engine's module in
+    its ``eval_mode``, the tokenizer of its model config), on a stand-in engine holding the model, one rank and no
+    process group (so no all-reduce): the same tensors as the bodies the tests above run."""
+    import contextlib
+    from types import SimpleNamespace
+
+    model, tokenizer = tiny
+    model = as_float64(float64_model, model)
+    data, _ = verl_batch(example, model, tokenizer)
+    data.batch["seq_advantages"] = example.sequence_advantages(data.batch["advantages"], data.batch["response_mask"])
+    data.meta_info = {"credit": {"name": "delta", "micro_batch_size": 3}, "temperature": 1.0}
+    worker = object.__new__(example.CreditActorRolloutRefWorker)  # no Ray actor, no FSDP engine to build
+    engine = SimpleNamespace(module=model, ulysses_sequence_parallel_size=1, eval_mode=contextlib.nullcontext,
+                             get_data_parallel_group=lambda: None)
+    worker.actor = SimpleNamespace(engine=engine, model_config=SimpleNamespace(tokenizer=tokenizer))
+    got = worker.compute_log_prob_h(data)
+    want = example.delta_lambda_bar(model, data)
+    torch.testing.assert_close(got.batch["lam_bar"], want.batch["lam_bar"], rtol=0, atol=0)
+    got = worker.compute_condition_log_probs(data)
+    want = example.condition_log_probs(model, tokenizer, data)
+    for key in ("log_probs_h", "lp_pos", "lp_neg"):
+        torch.testing.assert_close(got.batch[key], want.batch[key], rtol=0, atol=0)
+    engine.ulysses_sequence_parallel_size = 2
+    with pytest.raises(NotImplementedError, match="ulysses_sequence_parallel_size=1"):
+        worker.compute_log_prob_h(data)
+
+
 def test_grpo_py_trains_the_toy_on_verl_s_pins(tmp_path):
     """grpo.py runs in this environment (transformers below 5.11, as verl 0.9.1 pins it): two DelTA steps."""
     import transformers
