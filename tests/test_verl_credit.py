@@ -305,6 +305,16 @@ def test_the_launch_registers_the_worker_and_the_trainer(example):
         example.credit_settings({"credit": {"name": "ppo"}})
 
 
+def test_the_launch_command_refuses_what_it_cannot_run():
+    """``python examples/verl_credit.py ...``: verl's hydra config with the ``credit`` block is composed and checked
+    before Ray starts; v1's driver (verl 0.9.1's default) and an unknown method are refused with the fix."""
+    for overrides, message in ((["+credit.name=delta"], "pass trainer.use_v1=False"),
+                               (["trainer.use_v1=False", "+credit.name=ppo"], "credit.name must be grpo, delta or")):
+        proc = subprocess.run([sys.executable, "examples/verl_credit.py", *overrides], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600)
+        assert message in proc.stdout + proc.stderr, proc.stderr[-2000:]
+
+
 def test_the_worker_methods_on_one_rank(example, tiny, float64_model):
     """``CreditActorRolloutRefWorker``'s two methods themselves (verl's ``register`` wrapper, the engine's module in
     its ``eval_mode``, the tokenizer of its model config), on a stand-in engine holding the model, one rank and no
