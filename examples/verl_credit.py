@@ -6,11 +6,11 @@ before a pass that also returns h_t; so, as DelTA's own release does (``recipe/d
 
 * ``CreditRayPPOTrainer`` (a ``RayPPOTrainer``): verl's ``fit`` computes ``old_log_probs`` and then Â with
   ``compute_advantage`` (``algorithm.adv_estimator=grpo``: Â_i broadcast over the response, ``advantages`` [B, T]).
-  Its ``_update_actor``, which ``fit`` calls right after, first runs ``apply_credit``: Â [B] is read back from
-  ``advantages`` (``sequence_advantages``), the actor workers run the credit pass, and ``batch["advantages"]`` [B, T]
-  becomes Ã = Â·λ̄ (DelTA) or Â·w̃ (CSCR); then verl's own update runs unchanged. Once per rollout batch, at θ_old,
-  before verl splits the batch into mini- and micro-batches: DelTA's centroids, γ, N and Z are statistics of the
-  whole batch (delta.py header).
+  Its ``_update_actor``, which ``fit`` calls next (after a critic's update, if any), first runs ``apply_credit``:
+  Â [B] is read back from ``advantages`` (``sequence_advantages``), the actor workers run the credit pass, and
+  ``batch["advantages"]`` [B, T] becomes Ã = Â·λ̄ (DelTA) or Â·w̃ (CSCR); then verl's own update runs unchanged.
+  Once per rollout batch, at θ_old, before verl splits the batch into mini- and micro-batches: DelTA's centroids, γ,
+  N and Z are statistics of the whole batch (delta.py header).
 * ``CreditActorRolloutRefWorker`` (verl's ``ActorRolloutRefWorker``) with two worker methods, dispatched over the
   data-parallel ranks as ``compute_log_prob`` is: ``compute_log_prob_h`` runs θ_old's no-grad, eval-mode forward
   on the rank's rows once more and reads h_t (the LM head's input, a forward pre-hook) with log p(y_t) from it
@@ -43,11 +43,12 @@ on a tiny random Qwen3 and a batch laid out as verl's driver lays it out (``Data
 ``old_log_probs``, ``uid``; Â from verl's own ``compute_advantage``), the advantages that ``_update_actor`` writes
 into the ``DataProto`` and hands to ``update_actor`` equal grpo.py's ``Credit`` computed from the same log-probs and
 h_t (float64, 1e-10), DelTA also over two data-parallel shards whose ``reduce_fn`` sums across them; and verl's
-``ppo_loss`` on what reaches ``update_actor`` equals ``policy_loss``. Not run on a CPU (they need Ray workers on
+``ppo_loss`` on what reaches ``update_actor`` equals ``policy_loss``; the worker methods themselves run on one rank
+with a stand-in engine; the launch command composes verl's config. Not run on a CPU (they need Ray workers on
 GPUs): the Ray worker group and its dispatch (the test calls the worker methods' bodies, ``delta_lambda_bar`` and
-``condition_log_probs``, on each shard itself), verl's FSDP engine (its module under verl's patches, bf16), the
-rollout (vLLM/SGLang) and ``fit``'s other stages; verl's actor computes in bf16, so the test compares from the
-shared inputs (log-probs, h_t, Â) onward.
+``condition_log_probs``, on each shard itself, the shards in threads), verl's FSDP engine (its module under verl's
+patches, bf16, the all-reduce over its process group), the rollout (vLLM/SGLang) and ``fit``'s other stages; verl's
+actor computes in bf16, so the test compares from the shared inputs (log-probs, h_t, Â) onward.
 
 Left out on purpose: Ulysses sequence parallelism in the credit pass (``ulysses_sequence_parallel_size`` > 1
 raises), Megatron workers, DelTA's ablations and CSCR's threshold calibration (grpo.py's flags; pass their keywords
