@@ -12,8 +12,10 @@ data-parallel shards (DelTA's ``reduce_fn`` sums across them, as the all-reduce 
 verl hands its actor's ``update_actor``. The advantages written into the ``DataProto`` must equal grpo.py's ``Credit``
 computed from the same log-probs, h_t and Â, in float64 to 1e-10 (the bound of ``float64_model``); verl's ``ppo_loss``
 on what reached ``update_actor`` must equal ``policy_loss`` (DAPO token-mean, ε 0.2 / 0.28, dual clip c = 10), value
-and gradient, to 1e-12. Not run here (no GPU, no Ray cluster): verl's FSDP engine, the Ray worker group and its
-dispatch, the rollout. Last, grpo.py itself trains the toy for two steps on this environment's pins.
+and gradient, to 1e-12. The worker methods themselves run on one rank with a stand-in engine, and the launch
+command composes verl's config and refuses what it cannot run before Ray starts. Not run here (no GPU, no Ray
+cluster): verl's FSDP engine, the Ray worker group and its dispatch, the rollout. Last, grpo.py itself trains the toy
+for two steps on this environment's pins.
 """
 
 import copy
