@@ -306,13 +306,13 @@ def test_the_launch_registers_the_worker_and_the_trainer(example):
         example.credit_settings({"credit": {"name": "ppo"}})
 
 
-def test_the_launch_command_refuses_what_it_cannot_run(example):
+def test_the_launch_command_refuses_what_it_cannot_run(example, tmp_path):
     """``python examples/verl_credit.py ...``: verl's hydra config with the ``credit`` block is composed and checked
     before Ray starts; v1's driver (verl 0.9.1's default) and an unknown method are refused with the fix."""
     for overrides, message in ((["+credit.name=delta"], "pass trainer.use_v1=False"),
                                (["trainer.use_v1=False", "+credit.name=ppo"], "credit.name must be grpo, delta or")):
-        proc = subprocess.run([sys.executable, "examples/verl_credit.py", *overrides], cwd=ROOT, capture_output=True,
-                              text=True, timeout=600)
+        proc = subprocess.run([sys.executable, str(ROOT / "examples" / "verl_credit.py"), *overrides], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=600)  # hydra's outputs/ goes to tmp_path
         assert message in proc.stdout + proc.stderr, proc.stderr[-2000:]
 
 
