@@ -130,7 +130,11 @@ def render_floors(graph: dict[str, set[str]], width: int = 116) -> str:
             if line.strip() and not line.endswith("  ") and len(line) + 3 + len(item) > width:
                 lines.append(line)
                 line = " " * 9
-            line += item if line.endswith(" ") else f" · {item}"
+            for k, word in enumerate(item.split(" ")):  # a file that imports many wraps within its own list
+                if k and len(line) + 1 + len(word) > width:
+                    lines.append(line)
+                    line = " " * 11
+                line += word if line.endswith(" ") else (f" · {word}" if k == 0 else f" {word}")
         lines.append(line)
     return "\n".join(["```text", *lines, "```"])
 
