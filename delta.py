@@ -381,7 +381,7 @@ def delta_coefficients_streaming(chunks: Chunks, K: int = 1, lam_min: float = 0.
     with torch.no_grad():
         # Pass 1 (step 0): Σ|Â|·v and Σ|Â| (the masses M±) per side, token counts; Â and masks are kept (a float
         # mask and two bool sides per token: 2,048 × 4,096 tokens at the papers' scale, 8.4 M × 6 B = 0.05 GB).
-        sums = data.total(_centroid_sums(ch, v) for ch, v in data.first())
+        sums = data.total(_centroid_sums(ch, v) for _, ch, v in data.again())
         n_pos, n_neg, n_valid = sums["n_pos"], sums["n_neg"], sums["n_valid"]
         counts = (float(n_pos), float(n_neg), float(n_valid - n_pos - n_neg))
         sides = [(ch.pos, ch.neg) for ch in data.kept]
@@ -523,9 +523,9 @@ def _temperatures(sums: dict, n_pos: Tensor, n_neg: Tensor, eps: float) -> tuple
 
 
 class _StatisticPasses:
-    """The chunks of ``delta_coefficients_streaming``, read once per pass (``first`` validates and keeps them,
-    ``again`` checks them), and ``total``: named statistics summed over chunks, then one ``reduce_fn`` call on all
-    of them, flattened."""
+    """The chunks of ``delta_coefficients_streaming``, read once per pass (``again``: the first validates and keeps
+    them, the later ones check them), and ``total``: named statistics summed over chunks, then one ``reduce_fn``
+    call on all of them, flattened."""
 
     def __init__(self, chunks: Chunks, reduce_fn):
         if not callable(chunks) and iter(chunks) is chunks:
@@ -538,41 +538,34 @@ class _StatisticPasses:
         if not (isinstance(raw, (tuple, list)) and len(raw) == 4):
             raise ValueError(f"chunks[{j}] must be a (hidden, old_logp, response_mask, adv) tuple")
         hidden, logp, mask, adv = raw
-        if j == 0 and not self.kept:
-            if not isinstance(hidden, Tensor) or hidden.dim() != 3:
-                raise ValueError("chunks[0][0] (hidden) must be a [b, T, H] tensor")
-            self.given_v = logp is None  # the chunks carry v itself (e.g. top-K proxies), not h and log p
-            self.dtype, self.H = _work_dtype(hidden, *([] if logp is None else [logp])), hidden.shape[-1]
+        _check_shapes(hidden, "hidden", 3, adv, logp, None if logp is None else "old_logp", mask, where,
+                      " of sequence advantages")
+        if j == 0 and not self.kept:  # given_v: the chunks carry v itself (e.g. top-K proxies), not h and log p
+            self.given_v, self.H = logp is None, hidden.shape[-1]
+            self.dtype = _work_dtype(hidden, *([] if logp is None else [logp]))
         if (logp is None) != self.given_v:
             raise ValueError(f"old_logp{where} is {'None' if logp is None else 'a tensor'}, but "
                              f"{'a tensor' if logp is None else 'None'} in chunks[0]: all or none must be None")
-        _check_shapes(hidden, "hidden", 3, adv, logp, None if logp is None else "old_logp", mask, where,
-                      " of sequence advantages")
         if hidden.shape[-1] != self.H:
             raise ValueError(f"hidden{where} has hidden size {hidden.shape[-1]}, expected {self.H}")
         v = hidden if logp is None else proxy_vectors(hidden, logp, mask)
         return _prepare(v, adv, mask, dtype=self.dtype, where=where)
 
-    def first(self):  # yields (_Chunk, v) of pass 1
-        for j, raw in enumerate(self.read()):
-            v, adv, m = self._proxies(j, raw, f" in chunks[{j}]")
-            self.kept.append(_Chunk(adv, m, (adv > 0)[:, None] & (m > 0), (adv < 0)[:, None] & (m > 0)))
-            yield self.kept[-1], v
-        if not self.kept:
-            raise ValueError("chunks is empty: need at least one (hidden, old_logp, response_mask, adv) micro-batch")
-
-    def again(self, name: str):  # yields (j, _Chunk, v) of a later pass
+    def again(self, name: Optional[str] = None):  # yields (j, _Chunk, v); pass 1 (no name) keeps the _Chunks
         j, n = -1, len(self.kept)
         for j, raw in enumerate(self.read()):
-            if j >= n:
+            if name and j >= n:
                 break
-            v, adv, m = self._proxies(j, raw, f" in chunks[{j}] ({name})")
-            ch = self.kept[j]
-            if v.shape[-1] != self.H or not torch.equal(adv, ch.adv) or not torch.equal(m, ch.mask):
+            v, adv, m = self._proxies(j, raw, f" in chunks[{j}]" + (f" ({name})" if name else ""))
+            if not name:
+                self.kept.append(_Chunk(adv, m, (adv > 0)[:, None] & (m > 0), (adv < 0)[:, None] & (m > 0)))
+            elif not (torch.equal(adv, self.kept[j].adv) and torch.equal(m, self.kept[j].mask)):  # (H: _proxies)
                 raise ValueError(f"chunks[{j}] changed between passes ({name}): adv, "
                                  "response_mask and shapes must be identical in every pass")
-            yield j, ch, v
-        if j + 1 != n:
+            yield j, self.kept[j], v
+        if not self.kept:
+            raise ValueError("chunks is empty: need at least one (hidden, old_logp, response_mask, adv) micro-batch")
+        if name and j + 1 != n:
             raise ValueError(f"chunks yielded {j + 1} micro-batches in {name}, expected {n}")
 
     def total(self, parts: Iterable[dict]) -> dict:
@@ -677,21 +670,14 @@ def _stats(lam_bar_sums, lam_bar: list, sides: list, counts, scale, mus=None, ga
     """The ``STAT_KEYS`` dict. lam_bar_sums = (Σλ̄, Σλ̄²) on P, then on Nn; min / max over this process's λ̄
     chunks and their bool sides (P, Nn); gammas the final temperatures, gamma0 the measured γ±⁽⁰⁾; ``mus``
     None: the guard fired."""
-    out = {}
-    for i, side in enumerate(("pos", "neg")):
+    out = []
+    for i in range(2):  # λ̄ on P, then on Nn: mean, std, min, max
         s1, s2, n = lam_bar_sums[2 * i], lam_bar_sums[2 * i + 1], counts[i]
         x = torch.cat([lb[sd[i]] for lb, sd in zip(lam_bar, sides)])
         mean = s1 / n if n > 0 else _NAN
         lo, hi = (float(x.min()), float(x.max())) if x.numel() else (_NAN, _NAN)
-        vals = (mean, math.sqrt(max(s2 / n - mean * mean, 0.0)), lo, hi) if n > 0 else (_NAN,) * 4
-        out.update({f"delta/lam_{side}_{k}": float(val) for k, val in zip(("mean", "std", "min", "max"), vals)})
+        out += (mean, math.sqrt(max(s2 / n - mean * mean, 0.0)), lo, hi) if n > 0 else (_NAN,) * 4
     na, nb = (float(mu.double().norm()) for mu in mus) if mus is not None else (_NAN, _NAN)
     cos = float(mus[0].double() @ mus[1].double()) / (na * nb) if mus is not None and na > 0 and nb > 0 else _NAN
-    g_pos, g_neg = (float(gammas[0]), float(gammas[1])) if gammas else (_NAN, _NAN)
-    g0_pos, g0_neg = (float(gamma0[0]), float(gamma0[1])) if gamma0 else (_NAN, _NAN)
-    out.update({"delta/cos_mu": cos, "delta/mu_pos_norm": na, "delta/mu_neg_norm": nb,
-                "delta/gamma_pos": g_pos, "delta/gamma_neg": g_neg, "delta/gamma0_pos": g0_pos,
-                "delta/gamma0_neg": g0_neg, "delta/n_pos": float(counts[0]),
-                "delta/n_neg": float(counts[1]), "delta/n_zero": float(counts[2]), "delta/scale": float(scale),
-                "delta/fallback": 1.0 if mus is None else 0.0})
-    return out
+    out += [cos, na, nb, *(gammas or (_NAN, _NAN)), *(gamma0 or (_NAN, _NAN)), *counts, scale, float(mus is None)]
+    return {key: float(x) for key, x in zip(STAT_KEYS, out)}  # in the order of STAT_KEYS
