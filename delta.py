@@ -1,68 +1,54 @@
 """DelTA: discriminative token credit assignment for RLVR (token coefficients λ̄).
 
-Source: Kaiyi Zhang, Wei Wu, Yankai Lin, "DelTA: Discriminative Token Credit Assignment for Reinforcement
-Learning from Verifiable Rewards", arXiv 2605.21467 (2026); official code RUCBM/DelTA
-(verl-DelTA/verl/workers/actor/dp_actor.py, ``compute_log_prob_h``). Spec: docs/specs/delta.md ("spec §x").
+Source: Kaiyi Zhang, Wei Wu, Yankai Lin, "DelTA: Discriminative Token Credit Assignment for Reinforcement Learning from
+Verifiable Rewards", arXiv 2605.21467 (2026); official code RUCBM/DelTA (verl-DelTA/verl/workers/actor/dp_actor.py,
+``compute_log_prob_h``). Spec: docs/specs/delta.md ("spec §x").
 
-What DelTA does, in the order of the method (each formula's function in brackets; names as docs/glossary.md:
-Â ``adv``, Ã ``token_adv``, α ``assign``, λ ``lam``, λ̄ ``lam_bar``)
-* Discriminator view (Sec. 3.1, App. C). At θ_old every PPO ratio is 1, so the DAPO token-mean update is
-  Δθ ∝ Σ_{i,t} Â_i v_{i,t}, v_{i,t} = ∇_θ log π(o_{i,t}). Split by the sign of Â (Eq. 2–3) it is M₊μ̄₊ − M₋μ̄₋:
-  M± = Σ|Â| over the tokens of the positive / negative responses are the advantage masses, μ̄± the
-  |Â|-weighted centroids of their v. A token x with gradient g_x moves by Δ log π(x) ∝ M₊g_xᵀμ̄₊ − M₋g_xᵀμ̄₋
-  (Eq. 4): a linear discriminator, blurred by tokens common to both sides (formatting, problem entities).
+What DelTA does, in the order of the method (each formula's function in brackets; names as docs/glossary.md: Â ``adv``,
+Ã ``token_adv``, α ``assign``, λ ``lam``, λ̄ ``lam_bar``)
+* Discriminator view (Sec. 3.1, App. C). At θ_old every PPO ratio is 1, so the DAPO token-mean update is Δθ ∝ Σ_{i,t}
+  Â_i v_{i,t}, v_{i,t} = ∇_θ log π(o_{i,t}). Split by the sign of Â (Eq. 2–3) it is M₊μ̄₊ − M₋μ̄₋: M± = Σ|Â| over the
+  tokens of the positive / negative responses are the advantage masses, μ̄± the |Â|-weighted centroids of their v. A
+  token x with gradient g_x moves by Δ log π(x) ∝ M₊g_xᵀμ̄₊ − M₋g_xᵀμ̄₋ (Eq. 4): a linear discriminator, blurred by
+  tokens common to both sides (formatting, problem entities).
 * Proxy (App. F) [``proxy_vectors``]: v_t = (1 − p(y_t))·h_t = ∂ log p(y_t)/∂(sampled token's LM-head row), h_t =
   lm_head input; the ablation's top-K hidden gradient v_t = W_{y_t} − Σ_{top-K} p̃_j W_j [``topk_proxy_vectors``].
-* Remedy (Sec. 3.2) [``delta_coefficients``]: re-weight tokens so that the centroids (Eq. 2–3) become contrastive.
-  Each token gets its own-side squared-distance margin Δ⁺ = ‖v − μ₋‖² − ‖v − μ₊‖² (positive responses) or
-  Δ⁻ = −Δ⁺ (negative) and a soft assignment α = σ(Δ/γ) [``soft_assignment``] (App. G: the maximiser of
-  α·Δ + γ·H(α), H the binary entropy), with the adaptive temperature γ = population std of that side's margins
-  [``adaptive_temperature``]. The centroids are refined K times with weights |Â|·α. The temperature is *lagged*
-  (App. H): γ⁽ᵏ⁺¹⁾ is the std of the margins at μ⁽ᵏ⁾, so γ⁽¹⁾ ≡ γ⁽⁰⁾ and with K = 1 the final scores divide
-  margins at μ⁽¹⁾ by a temperature measured at μ⁽⁰⁾ (paper = code; kept).
-* Coefficient [``bounded_coefficients``, spec §2.3 step 5]: λ = λ_min + (λ_max − λ_min)·α* (λ_min for Â = 0), then
-  one global normalisation λ̄ = λ·N/Z, N = #valid tokens, Z = Σλ. Ã = Â·λ̄ [``delta_token_advantages``] goes into
-  the unchanged DAPO/PPO token-mean loss; λ̄ > 0 keeps every clip branch, and (1/N) Σ λ̄ℓ = (1/Z) Σ λℓ (the
-  self-normalised surrogate, Eq. 8) holds exactly over the token set where N and Z were computed: the whole
-  rollout batch. With several mini-batches (as in the official code) each mini-batch's token-mean is only
-  approximately self-normalised (mean λ̄ ≈ 1 there).
+* Remedy (Sec. 3.2) [``delta_coefficients``]: re-weight tokens so that the centroids (Eq. 2–3) become contrastive. Each
+  token gets its own-side squared-distance margin Δ⁺ = ‖v − μ₋‖² − ‖v − μ₊‖² (positive responses) or Δ⁻ = −Δ⁺ (negative)
+  and a soft assignment α = σ(Δ/γ) [``soft_assignment``] (App. G: the maximiser of α·Δ + γ·H(α), H the binary entropy),
+  with the adaptive temperature γ = population std of that side's margins [``adaptive_temperature``]. The centroids are
+  refined K times with weights |Â|·α. The temperature is *lagged* (App. H): γ⁽ᵏ⁺¹⁾ is the std of the margins at μ⁽ᵏ⁾, so
+  γ⁽¹⁾ ≡ γ⁽⁰⁾ and with K = 1 the final scores divide margins at μ⁽¹⁾ by a temperature measured at μ⁽⁰⁾ (paper = code;
+  kept).
+* Coefficient [``bounded_coefficients``, spec §2.3 step 5]: λ = λ_min + (λ_max − λ_min)·α* (λ_min for Â = 0), then one
+  global normalisation λ̄ = λ·N/Z, N = #valid tokens, Z = Σλ. Ã = Â·λ̄ [``delta_token_advantages``] goes into the
+  unchanged DAPO/PPO token-mean loss; λ̄ > 0 keeps every clip branch, and (1/N) Σ λ̄ℓ = (1/Z) Σ λℓ (the self-normalised
+  surrogate, Eq. 8) holds exactly over the token set where N and Z were computed: the whole rollout batch. With several
+  mini-batches (as in the official code) each mini-batch's token-mean is only approximately self-normalised (mean λ̄ ≈ 1
+  there).
 
 Inferred or different from the official code (spec §2.4, §6)
 1. Scope: centroids, γ, N and Z are pooled over everything passed in (all prompts, not per group), as the
    code does per data-parallel rank; ``reduce_fn`` = all-reduce(SUM) pools the ranks instead.
 2. One side empty (no valid token with Â > 0, or none with Â < 0): λ̄ ≡ 1 on valid tokens (plain DAPO; the
-   guard of spec §6). The official code has no guard: it scores the present side against a zero-vector
-   centroid with γ = the std of its own margins, and its λ̄ then lies in about [0.78, 1.24].
+   guard of spec §6; the official code has none, its λ̄ then lies in about [0.78, 1.24]).
 3. Precision: per-token maths in float32 (float64 for float64 v); moments for γ, N, Z and all streaming sums
    in float64 (the code accumulates in v's dtype). 1 − p is computed as −expm1(log p).
 4. Distances: whole batch ‖v − μ‖² (official "Normal"; here a block of rows at a time, the same values);
-   streaming ‖v‖² − 2v·μ + ‖μ‖² clamped at 0 ("Memory_efficient"): h of one micro-batch at a time, a few
-   floats per token kept, over K + 3 passes (2 for K = 0; the code shares pass 1 with θ_old's pass, grpo.py
-   runs all K + 3 after it). Fewer is impossible: α⁽⁰⁾ needs γ⁽⁰⁾, a global statistic at μ⁽⁰⁾, and μ⁽ᴷ⁾ is
-   known only after the last refinement pass.
+   streaming ‖v‖² − 2v·μ + ‖μ‖² clamped at 0 ("Memory_efficient"): h of one micro-batch at a time over K + 3
+   passes (2 for K = 0; the code shares pass 1 with θ_old's, grpo.py runs all K + 3 after it). Fewer is
+   impossible: α⁽⁰⁾ needs γ⁽⁰⁾, a global statistic at μ⁽⁰⁾, and μ⁽ᴷ⁾ is known only after the last refinement.
 5. Temperature T ≠ 1: the proxy omits the 1/T of the exact gradient, like the code (λ̄ is scale-invariant in v).
-Ablations (baselines spec §6; paper Sec. 5, App. F), each a keyword of the step it changes, the same in
-``delta_coefficients`` and ``delta_coefficients_streaming`` (described there); the defaults are the paper's method:
-    lb = delta.delta_coefficients(v, adv, mask, K=0)                          # w/o refinement (K = 2, 3: more)
-    lb = delta.delta_coefficients(v, adv, mask, lam_min=0.5, lam_max=1.5)     # another λ range
-    lb = delta.delta_coefficients(v, adv, mask, scores="within_side")         # Δ := −‖v − μ_own‖² (Q1)
-    lb = delta.delta_coefficients(v, adv, mask, assignment="hard")            # α = 1[Δ > 0], no entropy term
-    lb = delta.delta_coefficients(v, adv, mask, gamma=(g_pos, g_neg))         # w/o adaptive γ: frozen γ±
-    lb = delta.delta_coefficients(v, adv, mask, coefficients="raw")           # λ = α* (raw scores)
-    lb = delta.delta_coefficients(v, adv, mask, normalize=False)              # λ̄ := λ (w/o λ-normalisation)
-    lb = delta.random_coefficients(adv, mask)                                 # λ drawn from U(λ_min, λ_max)
-    v = delta.topk_proxy_vectors(hidden, ids, mask, model.lm_head.weight, K=20)  # App. F top-K hidden gradient
+Ablations (baselines spec §6; paper Sec. 5, App. F; the defaults are the paper's method): the keywords of
+``delta_coefficients`` (and ``delta_coefficients_streaming``), each of the step it changes and described there:
+K=0 (w/o refinement), lam_min/lam_max, scores="within_side" (Q1), assignment="hard", gamma=(γ₊, γ₋) (w/o
+adaptive γ), coefficients="raw", normalize=False (w/o λ-normalisation); ``random_coefficients`` (λ drawn from
+U(λ_min, λ_max)); ``topk_proxy_vectors(hidden, ids, mask, model.lm_head.weight, K=20)`` (App. F top-K gradient).
 Left out on purpose: the forward pass and the PPO loss (the caller's, see the example); the ℓ2-centroid
 variant (undefined, spec §6); the release's dead code (diagonal "LDA" variance overwritten by ones, ``pred`` /
 top-20% mask, ``calculate_rhoed_adv``). Read next: spec §2.3 (steps), §2.5 (streaming), §6 (edge cases), §7
-(worked example: tests/test_delta.py); grpo.py ``Credit._delta`` (use in a trainer).
-
-Streamed (``delta_coefficients_streaming``, spec §2.5), for a batch whose h does not fit in memory: the same λ̄
-from a callable that re-runs the forward over your micro-batches (grpo.py ``Credit._delta`` uses the trainer's):
-    def micro_batches():  # called K + 3 times (2 for K = 0); the same rows in the same order every time
-        for ids, att, mask, adv, old_logp in my_micro_batches:  # old_logp: stored with the rollout
-            yield lm_head_inputs(model, ids, att), old_logp, mask, adv  # h [b, T, H], ℓ0 [b, T], [b, T], Â [b]
-    lam_bars = delta.delta_coefficients_streaming(micro_batches)  # one λ̄ [b, T_j] per micro-batch, in order
+(worked example: tests/test_delta.py); grpo.py ``Credit._delta`` (use in a trainer). A batch whose h does not
+fit in memory: ``delta_coefficients_streaming`` (spec §2.5; its docstring's example).
 
 Example (any HF causal LM; tests/test_delta.py runs it on a tiny random Qwen3):
     import torch, delta
@@ -73,9 +59,7 @@ Example (any HF causal LM; tests/test_delta.py runs it on a tiny random Qwen3):
                     position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0))
     logits = out.logits[:, -T - 1:-1].float()  # [B, T, V]: the positions that predict the response tokens
     old_logp = logits.log_softmax(-1).gather(-1, input_ids[:, -T:, None]).squeeze(-1)  # ℓ0 [B, T] (temperature 1)
-    # h: lm_head input at the same positions (hidden_states[-1] is post-norm; a forward pre-hook on
-    # model.lm_head captures the same tensor without keeping every layer's states)
-    hidden = out.hidden_states[-1][:, -T - 1:-1]  # [B, T, H]
+    hidden = out.hidden_states[-1][:, -T - 1:-1]  # [B, T, H] lm_head input (post-norm; or a pre-hook on lm_head)
     v = delta.proxy_vectors(hidden, old_logp, response_mask)  # App. F: v = (1 − p(y_t))·h_t, [B, T, H]
     lam_bar = delta.delta_coefficients(v, adv, response_mask)  # λ̄ [B, T], mean 1 over valid tokens
     token_adv = delta.delta_token_advantages(adv, lam_bar, response_mask)  # Ã = Â·λ̄ [B, T] -> your PPO loss
@@ -110,9 +94,8 @@ _NAN = float("nan")
 
 
 def proxy_vectors(hidden: Tensor, old_logp: Tensor, response_mask: Tensor) -> Tensor:
-    """Last-layer token-gradient proxy v_t = (1 − p(y_t))·h_t = ∂ log p(y_t) / ∂ W_lm_head[y_t] (App. F).
-
-    Only the *sampled* token's row of the LM head (not the full (e_y − p) ⊗ h outer product), so only
+    """Last-layer token-gradient proxy v_t = (1 − p(y_t))·h_t = ∂ log p(y_t) / ∂ W_lm_head[y_t] (App. F): only the
+    *sampled* token's row of the LM head (not the full (e_y − p) ⊗ h outer product), so only
     log p(y_t) is needed. hidden: [B, T, H] input of ``lm_head`` (after the final norm) at the position that
     *predicts* response token t (positions [-T-1 : -1]). old_logp: [B, T] θ_old's log-probs (nats) from the
     temperature-scaled logits (the exact gradient has a further 1/τ, omitted as in the paper's code).
@@ -139,8 +122,7 @@ def topk_proxy_vectors(hidden: Tensor, token_ids: Tensor, response_mask: Tensor,
     ``proxy_vectors``). hidden: [B, T, H] LM-head inputs (as for ``proxy_vectors``); token_ids: [B, T] sampled
     tokens y_t (any value on padding); response_mask: [B, T] bool or 0/1; lm_head_weight: W [V, H] (tied or not;
     no bias); K: int in [1, V]; temperature: T > 0 (the rollout's). Returns v [B, T, H] in W's units, float32
-    (float64 if ``hidden`` or W is), detached, 0 on padding; feed it to ``delta_coefficients`` or, chunk by chunk
-    with old_logp = None, to ``delta_coefficients_streaming``.
+    (float64 if ``hidden`` or W is), detached, 0 on padding (``delta_coefficients``' v, or a streamed chunk's).
     Memory: W once in the working dtype (V·H·4 B: 2.5 GB for Qwen3-8B's 151,936 × 4,096 in float32), the output,
     and the logits of one block of valid tokens at a time (``_ROW_BLOCK_BYTES`` of them and of their K gathered
     rows of W, at least one token), never a [B, T, V] tensor. Cost: the LM head's matmul once more.
@@ -202,8 +184,7 @@ def bounded_coefficients(assign: Tensor, adv: Tensor, mask: Tensor, lam_min: flo
 
 
 def _assign(margin_pos: Tensor, margin_neg: Tensor, gamma_pos, gamma_neg, adv: Tensor, assignment: str) -> Tensor:
-    # α of each token, [b, T]: soft σ(Δ/γ) (App. G) or the hard ablation 1[Δ > 0] (Δ = 0 -> 0, γ unused;
-    # baselines spec §6 ``hard``), from its own side's score.
+    # α [b, T] from each token's own side's score: σ(Δ/γ) (App. G) or the hard ablation 1[Δ > 0] (baselines spec §6).
     if assignment == "hard":
         return torch.where((adv > 0)[:, None], margin_pos > 0, margin_neg > 0).to(margin_pos.dtype)
     return soft_assignment(margin_pos, margin_neg, gamma_pos, gamma_neg, adv)
@@ -215,13 +196,12 @@ def random_coefficients(adv: Tensor, response_mask: Tensor, lam_min: float = 0.8
     """The random-coefficient control (App. F "sampled randomly from the same bounded range … same coefficient
     normalization"; baselines spec §6 ``random``): λ = λ_min + (λ_max − λ_min)·u, u ~ U(0, 1) i.i.d. per token,
     λ_min on responses with Â = 0, 0 on padding, then λ̄ = λ·N/Z, the spec §6 guard and ``normalize`` as in
-    ``delta_coefficients`` (so that the control is plain DAPO on the same steps as DelTA). Needs no v.
-
-    adv: Â [B]; response_mask: [B, T] bool or 0/1; lam_min, lam_max: as in ``delta_coefficients``; u: [B, T]
-    values in [0, 1] (tests; read on valid tokens only), else drawn as ``torch.rand(B, T, generator=generator)``
-    (every call draws, guard or not, so the generator advances alike each step). Returns λ̄ [B, T], float32
-    (float64 if Â or u is), on the mask's device, 0 on padding, mean 1 over valid tokens unless ``normalize=False``.
-    Raises ValueError on bad shapes, a non-0/1 mask, non-finite Â, u outside [0, 1], or bad lam_min/lam_max.
+    ``delta_coefficients`` (so that the control is plain DAPO on the same steps as DelTA). Needs no v. adv: Â [B];
+    response_mask: [B, T] bool or 0/1; lam_min, lam_max: as in ``delta_coefficients``; u: [B, T] values in [0, 1]
+    (tests; read on valid tokens only), else drawn as ``torch.rand(B, T, generator=generator)`` (every call draws,
+    guard or not, so the generator advances alike each step). Returns λ̄ [B, T], float32 (float64 if Â or u is), on
+    the mask's device, 0 on padding, mean 1 over valid tokens unless ``normalize=False``. Raises ValueError on bad
+    shapes, a non-0/1 mask, non-finite Â, u outside [0, 1], or bad lam_min/lam_max.
     """
     lam_min, lam_max, _ = _check_args(0, lam_min, lam_max, 1e-8)
     _check_shapes(response_mask, "response_mask", 2, adv, u, "u" if u is not None else None, response_mask)
@@ -315,7 +295,7 @@ def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K: int = 1
         margin_pos, margin_neg = margins(mu_pos, mu_neg)  # step 1: Δ±⁽⁰⁾ at μ⁽⁰⁾, [B, T] each
         # Step 2: adaptive temperatures γ±⁽⁰⁾ = std of each side's margins (reported; replaced by ``gamma``).
         gamma0 = temperature(margin_pos, pos), temperature(margin_neg, neg)
-        gamma_pos, gamma_neg = gamma0 if fixed_gamma is None else _gamma_tensors(fixed_gamma, v.device)
+        gamma_pos, gamma_neg = gamma0 if fixed_gamma is None else fixed_gamma
         for _ in range(K):  # step 3: K refinements (k = 0 … K−1)
             assign = _assign(margin_pos, margin_neg, gamma_pos, gamma_neg, adv, assignment)  # α⁽ᵏ⁾ = σ(Δ⁽ᵏ⁾/γ⁽ᵏ⁾)
             mu_pos, mu_neg = centroid(assign * w_pos, mu_pos), centroid(assign * w_neg, mu_neg)  # weights |Â|·α⁽ᵏ⁾
@@ -339,9 +319,7 @@ def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K: int = 1
                                      gamma0)
 
 
-# One micro-batch: hidden [b, T, H] (LM-head inputs), old_logp [b, T] (θ_old's log-probs; None: the first element is
-# already the proxy v [b, T, H], e.g. ``topk_proxy_vectors``' output), response_mask [b, T], adv Â [b].
-Chunk = Tuple[Tensor, Optional[Tensor], Tensor, Tensor]
+Chunk = Tuple[Tensor, Optional[Tensor], Tensor, Tensor]  # hidden or v [b, T, H], old_logp [b, T] or None, mask, Â
 Chunks = Union[Sequence[Chunk], Callable[[], Iterable[Chunk]]]
 
 
@@ -350,28 +328,30 @@ def delta_coefficients_streaming(chunks: Chunks, K: int = 1, lam_min: float = 0.
                                  return_stats: bool = False, *, scores: str = "contrastive", assignment: str = "soft",
                                  gamma: Optional[Tuple[float, float]] = None, coefficients: str = "bounded",
                                  normalize: bool = True) -> Union[list, Tuple[list, dict]]:
-    """DelTA λ̄ from micro-batches of LM-head inputs, keeping only sufficient statistics (spec §2.5; the header's
-    "Streamed" and inferred choice 4): memory that does not grow with the rollout batch.
+    """The λ̄ of ``delta_coefficients(proxy_vectors(h, log p, mask), Â, mask)`` on the concatenated chunks (to
+    rounding) from micro-batches of LM-head inputs (spec §2.5; the header's inferred choice 4), holding one chunk's
+    h and v at a time and otherwise float64 sums ([H] vectors) and per token Â's side, the margin and λ: at the
+    papers' 2,048 responses × 4,096 tokens about 0.1 GB, where the batch's h in float32 is 137 GB (H = 4,096).
+    ``chunks``: a list/tuple of ``Chunk`` (hidden [b, T, H], old_logp [b, T], response_mask [b, T], adv [b]), or
+    a zero-arg callable returning a fresh iterable of them (no one-shot iterator), e.g. re-running θ_old's
+    no-grad, eval-mode forward (grpo.py ``Credit._delta`` uses the trainer's micro-batches)::
 
-    The λ̄ of ``delta_coefficients(proxy_vectors(h, log p, mask), Â, mask)`` on the concatenated chunks (to
-    rounding), holding one chunk's h and v at a time and otherwise float64 sums ([H] vectors) and per token Â's
-    side, the margin and λ: at the papers' 2,048 responses × 4,096 tokens about 0.1 GB, where the batch's h in
-    float32 is 137 GB (H = 4,096).
+        def micro_batches():  # called K + 3 times (2 for K = 0); the same rows in the same order every time
+            for ids, att, mask, adv, old_logp in my_micro_batches:  # old_logp: stored with the rollout
+                yield lm_head_inputs(model, ids, att), old_logp, mask, adv  # h [b, T, H], ℓ0 [b, T], [b, T], Â [b]
+        lam_bars = delta.delta_coefficients_streaming(micro_batches)  # one λ̄ [b, T_j] per micro-batch, in order
+
+    T may differ between chunks, h by rounding, not more; old_logp = None in every chunk: ``hidden`` is v itself
+    (e.g. ``topk_proxy_vectors`` of the chunk).
     Args:
-        chunks: a zero-arg callable returning a fresh iterable of micro-batches ``Chunk`` = (hidden [b, T, H],
-            old_logp [b, T], response_mask [b, T], adv [b]), e.g. one that re-runs θ_old's no-grad, eval-mode
-            forward pass; or a list/tuple of them. old_logp = None (in every chunk): ``hidden`` is the proxy v
-            itself (e.g. ``topk_proxy_vectors`` of the chunk). Every pass must yield the same rows in the same
-            order (T may differ between chunks; h may differ by rounding, not more); no one-shot iterator.
         K, lam_min, lam_max, eps, return_stats, and the ablations: as in ``delta_coefficients``; with
             ``reduce_fn`` the stats are global except ``lam_*_min`` / ``lam_*_max`` (this process's tokens).
         reduce_fn: optional, applied to each pass's statistics (one flat float64 tensor) before use, e.g.
             ``torch.distributed.all_reduce`` (in place, may return None). They are sums and counts, so
             all-reduce(SUM) gives the single-process λ̄ over the union of the ranks' data; all ranks make the
             same calls (the guard is decided on reduced counts). Without it: per process (official code).
-    Returns: list of λ̄ [b, T], one per chunk, float32 (float64 if the first chunk's v is); or (list, stats).
-    Raises: ValueError for empty chunks, a one-shot iterator, chunks changed between passes, old_logp None in
-        some chunks only, or as ``delta_coefficients``.
+    Returns: list of λ̄ [b, T], one per chunk, float32 (float64 if the first chunk's v is); or (list, stats). Raises
+        ValueError for empty chunks, a one-shot iterator, chunks changed between passes, some old_logp None only.
     """
     lam_min, lam_max, fixed_gamma = _check_args(K, lam_min, lam_max, eps, scores, assignment, gamma, coefficients,
                                                 normalize)
@@ -395,7 +375,7 @@ def delta_coefficients_streaming(chunks: Chunks, K: int = 1, lam_min: float = 0.
         margin = [_score(v, mu_pos, mu_neg, ch, scores) for _, ch, v in data.again("pass 2: gamma(0)")]
         sums = data.total(_moments(ch, "margin", *pair(m)) for ch, m in zip(data.kept, margin))
         gamma0 = _temperatures(sums, n_pos, n_neg, eps)
-        gamma_pos, gamma_neg = gamma0 if fixed_gamma is None else _gamma_tensors(fixed_gamma, mu_pos.device)
+        gamma_pos, gamma_neg = gamma0 if fixed_gamma is None else fixed_gamma
         # Step 3: one pass per refinement: α⁽ᵏ⁾ = σ(Δ⁽ᵏ⁾/γ⁽ᵏ⁾) -> μ⁽ᵏ⁺¹⁾, and lagged γ⁽ᵏ⁺¹⁾ = std of Δ⁽ᵏ⁾.
         for k in range(K):
             parts = []
@@ -434,12 +414,10 @@ def delta_coefficients_streaming(chunks: Chunks, K: int = 1, lam_min: float = 0.
 
 
 def delta_token_advantages(adv: Tensor, lam_bar: Tensor, response_mask: Tensor) -> Tensor:
-    """Token advantages Ã_{i,t} = Â_i · λ̄_{i,t} · mask_{i,t} (spec §2.3 step 7).
-
-    For the unchanged DAPO/PPO token-mean loss (λ̄ > 0 keeps sign(Ã) = sign(Â) and every clip branch DAPO's).
-    adv Â [B], lam_bar λ̄ [B, T], response_mask [B, T] (bool or 0/1) -> Ã [B, T] in the promoted dtype of
-    adv and lam_bar, detached, 0 on padding. Raises ValueError on bad shapes or mask.
-    """
+    """Token advantages Ã_{i,t} = Â_i · λ̄_{i,t} · mask_{i,t} (spec §2.3 step 7) for the unchanged DAPO/PPO
+    token-mean loss (λ̄ > 0 keeps sign(Ã) = sign(Â) and every clip branch DAPO's). adv Â [B], lam_bar λ̄ [B, T],
+    response_mask [B, T] (bool or 0/1) -> Ã [B, T] in the promoted dtype of adv and lam_bar, detached, 0 on
+    padding. Raises ValueError on bad shapes or mask."""
     _check_shapes(lam_bar, "lam_bar", 2, adv, None, None, response_mask)
     dtype = torch.promote_types(adv.dtype, lam_bar.dtype)
     m = _mask01(response_mask).to(device=lam_bar.device, dtype=dtype)
@@ -447,9 +425,8 @@ def delta_token_advantages(adv: Tensor, lam_bar: Tensor, response_mask: Tensor) 
 
 
 # The whole batch, row block by row block (delta_coefficients' working memory) ----------------------------
-# What delta_coefficients derives per token from v [B, T, H] it computes this many bytes of v at a time (at least
-# one row), so that beside v it holds one block, not further [B, T, H] tensors: at the papers' scale v is 137 GB
-# and a block one response of 4,096 × 4,096 × 4 B = 67 MB.
+# Bytes of v [B, T, H] at a time (at least one row): beside v one block, not further [B, T, H] tensors (at the
+# papers' scale v is 137 GB and a block one response of 4,096 × 4,096 × 4 B = 67 MB).
 _ROW_BLOCK_BYTES = 16 * 2**20
 
 
@@ -583,8 +560,9 @@ class _StatisticPasses:
 
 # Validation ----------------------------------------------------------------------------------------------
 def _check_args(K, lam_min, lam_max, eps, scores="contrastive", assignment="soft", gamma=None,
-                coefficients="bounded", normalize=True) -> Tuple[float, float, Optional[Tuple[float, float]]]:
-    # The hyper-parameters and ablation keywords (baselines spec §6); returns lam_min, lam_max and gamma as floats.
+                coefficients="bounded", normalize=True) -> Tuple[float, float, Optional[Tuple[Tensor, Tensor]]]:
+    # The hyper-parameters and ablation keywords (baselines spec §6): lam_min, lam_max as floats, gamma as 0-dim
+    # float64 tensors (as adaptive_temperature's γ).
     if isinstance(K, bool) or not isinstance(K, int):
         raise ValueError(f"K must be an int >= 0, got {K!r}")
     lo, hi = float(lam_min), float(lam_max)
@@ -603,16 +581,12 @@ def _check_args(K, lam_min, lam_max, eps, scores="contrastive", assignment="soft
     if gamma is None:
         return lo, hi, None
     try:
-        g = tuple(float(x) for x in gamma)
+        g = tuple(torch.tensor(float(x), dtype=torch.float64) for x in gamma)
     except (TypeError, ValueError):
         g = ()
-    if len(g) != 2 or not all(math.isfinite(x) and x > 0 for x in g):
-        raise ValueError(f"gamma must be None or a pair (gamma_pos, gamma_neg) of finite floats > 0, got {gamma!r}")
-    return lo, hi, g
-
-
-def _gamma_tensors(gamma: Tuple[float, float], device) -> tuple:  # 0-dim float64, as adaptive_temperature's
-    return tuple(torch.tensor(g, dtype=torch.float64, device=device) for g in gamma)
+    if len(g) == 2 and all(math.isfinite(x) and x > 0 for x in g):
+        return lo, hi, g
+    raise ValueError(f"gamma must be None or a pair (gamma_pos, gamma_neg) of finite floats > 0, got {gamma!r}")
 
 
 def _check_shapes(x, x_name, dims, adv, bt, bt_name, mask, where="", adv_what="") -> None:
@@ -667,9 +641,8 @@ def _batch_stats(lam_bar, pos, neg, mask, scale, mus=None, gammas=None, gamma0=N
 
 
 def _stats(lam_bar_sums, lam_bar: list, sides: list, counts, scale, mus=None, gammas=None, gamma0=None) -> dict:
-    """The ``STAT_KEYS`` dict. lam_bar_sums = (Σλ̄, Σλ̄²) on P, then on Nn; min / max over this process's λ̄
-    chunks and their bool sides (P, Nn); gammas the final temperatures, gamma0 the measured γ±⁽⁰⁾; ``mus``
-    None: the guard fired."""
+    """The ``STAT_KEYS`` dict from lam_bar_sums = (Σλ̄, Σλ̄²) on P, then on Nn, this process's λ̄ chunks and their
+    bool sides (P, Nn) (min, max), the final γ± (gammas), the measured γ±⁽⁰⁾; ``mus`` None: the guard fired."""
     out = []
     for i in range(2):  # λ̄ on P, then on Nn: mean, std, min, max
         s1, s2, n = lam_bar_sums[2 * i], lam_bar_sums[2 * i + 1], counts[i]
