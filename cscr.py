@@ -56,7 +56,7 @@ Usage from any trainer (``model`` in eval mode; ``prompts``: the B rollout promp
     inputs = cscr.scoring_inputs(tokenizer, prompts, response_ids, response_mask)  # [x | y] rows [B, P + T]
     with torch.no_grad():
         old_logp = cscr.default_logprob_fn(model, *inputs, response_mask, 1.0)    # ℓ0 = log pi(y_t | x, y_<t) [B, T]
-    pairs = [cscr.build_condition_prompts(p) for p in prompts]                      # (x + c+, x + c-) per response
+    pairs = [cscr.build_condition_prompts(x) for x in prompts]                      # (x + c+, x + c-) per response
     lp_pos, lp_neg = cscr.condition_logprobs(                                       # ℓ+, ℓ- [B, T]: two no-grad passes
         model, tokenizer, [x_pos for x_pos, _ in pairs], [x_neg for _, x_neg in pairs], response_ids, response_mask)
     token_adv = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, response_mask)   # Ã [B, T]
@@ -124,14 +124,14 @@ def _insert_note(prompt, note, marker, turn_end, anchor):
             raise ValueError(f"anchor {anchor!r} does not occur in prompt")
         j = i + len(anchor)
         return prompt[:j] + "\n\n" + note + prompt[j:]
-    p = prompt.rfind(marker) if marker else -1
-    if p >= 0:
+    at = prompt.rfind(marker) if marker else -1
+    if at >= 0:
         # Chat-templated prompt: the note ends the last user turn (right before the end-of-turn token preceding
         # the final assistant header); everything from there on is kept byte for byte.
-        q = prompt.rfind(turn_end, 0, p) if turn_end else -1
-        if q >= 0:
-            return prompt[:q] + "\n\n" + note + prompt[q:]
-        return prompt[:p] + note + "\n\n" + prompt[p:]  # no end-of-turn token: own lines before the header
+        end = prompt.rfind(turn_end, 0, at) if turn_end else -1
+        if end >= 0:
+            return prompt[:end] + "\n\n" + note + prompt[end:]
+        return prompt[:at] + note + "\n\n" + prompt[at:]  # no end-of-turn token: own lines before the header
     # Plain text (e.g. the toy "Compute 37+48-12.\n"): the ending is the trailing whitespace if there is any,
     # else the whole last line; the note goes as its own line before it.
     body = prompt.rstrip()
@@ -316,11 +316,11 @@ def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids,
             for prompts in (prompts_pos, prompts_neg):
                 lp = torch.zeros(response_ids.shape, dtype=dtype, device=response_ids.device)
                 for a in range(0, len(rows), size):
-                    z = rows[a:a + size].to(response_ids.device)
-                    inputs = scoring_inputs(tokenizer, [prompts[i] for i in z.tolist()], response_ids[z].to(device),
-                                            m[z].to(device))
-                    out = logprob_fn(model, *inputs, m[z].to(device), temperature)
-                    lp[z] = torch.where(m[z], out.to(lp), lp.new_zeros(()))
+                    idx = rows[a:a + size].to(response_ids.device)  # this pass's rows
+                    inputs = scoring_inputs(tokenizer, [prompts[i] for i in idx.tolist()], response_ids[idx].to(device),
+                                            m[idx].to(device))
+                    out = logprob_fn(model, *inputs, m[idx].to(device), temperature)  # [b, T]
+                    lp[idx] = torch.where(m[idx], out.to(lp), lp.new_zeros(()))
                 outs.append(lp)
     finally:
         if eval_mode and was_training:

@@ -478,21 +478,21 @@ def score_contexts(model, tokenizer, contexts, response_ids, response_mask, temp
     device, dtype = next(model.parameters()).device, torch.promote_types(next(model.parameters()).dtype, torch.float32)
     out = {k: torch.zeros((N, T), dtype=dtype) for k in _SCORES}
     for a in range(0, N, micro_batch_size):
-        z = slice(a, min(a + micro_batch_size, N))
-        r, mz = response_ids[z].to(device), response_mask[z].to(device)
+        rows = slice(a, min(a + micro_batch_size, N))
+        r, mz = response_ids[rows].to(device), response_mask[rows].to(device)
         logits = []  # [b, T, V] of x, x + c+, x + c-
         for name, k in (("old_logp", "x"), ("lp_pos", "pos"), ("lp_neg", "neg")):
-            inputs = cscr.scoring_inputs(tokenizer, contexts[k][z], r, mz)
-            lp, *ent, zk = policy.token_logprobs(model, *inputs, mz, temperature, return_entropy=k == "x",
-                                                 return_logits=True)
-            out[name][z] = lp.cpu()
+            inputs = cscr.scoring_inputs(tokenizer, contexts[k][rows], r, mz)
+            lp, *ent, z = policy.token_logprobs(model, *inputs, mz, temperature, return_entropy=k == "x",
+                                                return_logits=True)  # [b, T], H(p0) [b, T] for x, z [b, T, V]
+            out[name][rows] = lp.cpu()
             if ent:
-                out["entropy"][z] = ent[0].cpu()  # D7: the base distribution's entropy H(p0)
-            logits.append(zk)
-        for p in range(0, T, _POS_CHUNK):
-            cols = slice(p, min(p + _POS_CHUNK, T))
-            for k, score in _full_vocab_scores([x[:, cols] for x in logits], temperature).items():
-                out[k][z, cols] = score.cpu()
+                out["entropy"][rows] = ent[0].cpu()  # D7: the base distribution's entropy H(p0)
+            logits.append(z)
+        for t0 in range(0, T, _POS_CHUNK):
+            cols = slice(t0, min(t0 + _POS_CHUNK, T))
+            for k, score in _full_vocab_scores([z[:, cols] for z in logits], temperature).items():
+                out[k][rows, cols] = score.cpu()
         del logits
     for k in ("old_logp", "lp_pos", "lp_neg"):
         out[k] = torch.where(response_mask, out[k], torch.zeros((), dtype=dtype))
@@ -555,7 +555,7 @@ def _json_safe(x):
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
+        return {key: _json_safe(val) for key, val in x.items()}
     if isinstance(x, (list, tuple)):
         return [_json_safe(v) for v in x]
     return x

@@ -470,8 +470,8 @@ def _centroid_sums(ch: _Chunk, v: Tensor, assign: Optional[Tensor] = None) -> di
     out = {"sum_wv_pos": (w_pos @ vf).double(), "sum_wv_neg": (w_neg @ vf).double(),
            "sum_w_pos": w_pos.sum(dtype=torch.float64), "sum_w_neg": w_neg.sum(dtype=torch.float64)}
     if assign is None:  # pass 1: also the valid-token counts
-        out.update({k: x.sum(dtype=torch.float64) for k, x in (("n_pos", ch.pos), ("n_neg", ch.neg),
-                                                               ("n_valid", ch.mask))})
+        out.update({key: x.sum(dtype=torch.float64) for key, x in (("n_pos", ch.pos), ("n_neg", ch.neg),
+                                                                   ("n_valid", ch.mask))})
     return out
 
 
@@ -485,9 +485,9 @@ def _score(v: Tensor, mu_pos: Tensor, mu_neg: Tensor, ch: _Chunk, scores: str) -
 
 
 def _moments(ch: _Chunk, name: str, x_pos: Tensor, x_neg: Tensor) -> dict:  # Σx, Σx² on P and on Nn, float64
-    p, n = x_pos.double()[ch.pos], x_neg.double()[ch.neg]
-    return {f"sum_{name}_pos": p.sum(), f"sum_{name}2_pos": (p * p).sum(),
-            f"sum_{name}_neg": n.sum(), f"sum_{name}2_neg": (n * n).sum()}
+    xp, xn = x_pos.double()[ch.pos], x_neg.double()[ch.neg]
+    return {f"sum_{name}_pos": xp.sum(), f"sum_{name}2_pos": (xp * xp).sum(),
+            f"sum_{name}_neg": xn.sum(), f"sum_{name}2_neg": (xn * xn).sum()}
 
 
 def _centroids(sums: dict, eps: float, dtype: torch.dtype) -> tuple:  # μ₊, μ₋ [H] (Eq. 2–3) from the sums
@@ -555,7 +555,7 @@ class _StatisticPasses:
         flat = torch.cat([x.reshape(-1) for x in sums.values()])
         out = self.reduce_fn(flat)
         flat = flat if out is None else out
-        return {k: x.view_as(sums[k]) for k, x in zip(sums, flat.split([x.numel() for x in sums.values()]))}
+        return {key: x.view_as(sums[key]) for key, x in zip(sums, flat.split([x.numel() for x in sums.values()]))}
 
 
 # Validation ----------------------------------------------------------------------------------------------
