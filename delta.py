@@ -18,14 +18,12 @@ What DelTA does, in the order of the method (each formula's function in brackets
   and a soft assignment α = σ(Δ/γ) [``soft_assignment``] (App. G: the maximiser of α·Δ + γ·H(α), H the binary entropy),
   with the adaptive temperature γ = population std of that side's margins [``adaptive_temperature``]. The centroids are
   refined K times with weights |Â|·α. The temperature is *lagged* (App. H): γ⁽ᵏ⁺¹⁾ is the std of the margins at μ⁽ᵏ⁾, so
-  γ⁽¹⁾ ≡ γ⁽⁰⁾ and with K = 1 the final scores divide margins at μ⁽¹⁾ by a temperature measured at μ⁽⁰⁾ (paper = code;
-  kept).
+  γ⁽¹⁾ ≡ γ⁽⁰⁾ and with K = 1 the final scores divide margins at μ⁽¹⁾ by a temperature measured at μ⁽⁰⁾ (paper = code).
 * Coefficient [``bounded_coefficients``, spec §2.3 step 5]: λ = λ_min + (λ_max − λ_min)·α* (λ_min for Â = 0), then one
   global normalisation λ̄ = λ·N/Z, N = #valid tokens, Z = Σλ. Ã = Â·λ̄ [``delta_token_advantages``] goes into the
   unchanged DAPO/PPO token-mean loss; λ̄ > 0 keeps every clip branch, and (1/N) Σ λ̄ℓ = (1/Z) Σ λℓ (the self-normalised
   surrogate, Eq. 8) holds exactly over the token set where N and Z were computed: the whole rollout batch. With several
-  mini-batches (as in the official code) each mini-batch's token-mean is only approximately self-normalised (mean λ̄ ≈ 1
-  there).
+  mini-batches (as in the official code) each mini-batch's token-mean is only approximately self-normalised (λ̄ ≈ 1).
 
 Inferred or different from the official code (spec §2.4, §6)
 1. Scope: centroids, γ, N and Z are pooled over everything passed in (all prompts, not per group), as the
@@ -231,9 +229,8 @@ def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K: int = 1
                        return_stats: bool = False, *, scores: str = "contrastive", assignment: str = "soft",
                        gamma: Optional[Tuple[float, float]] = None, coefficients: str = "bounded",
                        normalize: bool = True) -> Union[Tensor, Tuple[Tensor, dict]]:
-    """Normalised DelTA token coefficients λ̄ over a whole rollout batch (spec §2.3 steps 0–6), no gradient.
-
-    Statistics (centroids, γ, N, Z) are pooled over all valid tokens given (prompts pooled, not per group).
+    """Normalised DelTA token coefficients λ̄ over a whole rollout batch (spec §2.3 steps 0–6), no gradient; the
+    statistics (centroids, γ, N, Z) are pooled over all valid tokens given (prompts pooled, not per group).
     Args (``delta_coefficients_streaming`` takes the same from K on, for the same λ̄):
         v: [B, T, H] token-gradient proxies (``proxy_vectors`` or ``topk_proxy_vectors``); padding ignored.
         adv: [B] sequence advantages Â_i. Â > 0: positive side P, Â < 0: negative side Nn, Â = 0:
@@ -283,9 +280,8 @@ def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K: int = 1
             # Sec. 3.2: own-side squared-distance margins, [B, T] each. Δ⁺ = 2vᵀ(μ₊ − μ₋) + ‖μ₋‖² − ‖μ₊‖²: the
             # Eq. 4 linear discriminator plus an offset. ‖v − μ‖² a block of rows at a time (_squared_distances).
             d_pos, d_neg = _squared_distances(v, mu_pos, block), _squared_distances(v, mu_neg, block)
-            if scores == "within_side":  # ablation: −‖v − μ_own‖², read on P (first) and on Nn (second)
-                return -d_pos, -d_neg
-            return d_neg - d_pos, d_pos - d_neg  # Δ⁺ (read on P), Δ⁻ (read on Nn)
+            # (read on P, read on Nn): Δ⁺, Δ⁻; the within_side ablation −‖v − μ_own‖² on each side
+            return (-d_pos, -d_neg) if scores == "within_side" else (d_neg - d_pos, d_pos - d_neg)
 
         def temperature(margin: Tensor, side: Tensor) -> Tensor:  # γ of one side from float64 moments
             m64, s64 = margin.double(), side.double()
@@ -307,12 +303,9 @@ def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K: int = 1
         # Step 5: λ = λ_min + (λ_max − λ_min)·α*; Â = 0 responses get λ_min; padding 0 ("raw": [0, 1], so λ = α*).
         lam = bounded_coefficients(assign, adv, mask, *((0.0, 1.0) if coefficients == "raw" else (lam_min, lam_max)))
         # Step 6 / Eq. 8: one global self-normalisation λ̄ = λ·N/max(Z, ε); N counts Â = 0 tokens too.
-        if normalize:
-            N, Z = mask.sum(dtype=torch.float64), lam.sum(dtype=torch.float64)
-            scale = N / Z.clamp(min=eps)
-            lam_bar = lam * scale.to(lam.dtype)
-        else:  # ablation "no_lamnorm": λ̄ := λ
-            scale, lam_bar = torch.ones((), dtype=torch.float64), lam
+        N, Z = mask.sum(dtype=torch.float64), lam.sum(dtype=torch.float64)
+        scale = N / Z.clamp(min=eps) if normalize else torch.ones((), dtype=torch.float64)  # "no_lamnorm": λ̄ := λ
+        lam_bar = lam * scale.to(lam.dtype) if normalize else lam
         if not return_stats:
             return lam_bar
         return lam_bar, _batch_stats(lam_bar, pos, neg, mask, float(scale), (mu_pos, mu_neg), (gamma_pos, gamma_neg),
