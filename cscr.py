@@ -42,23 +42,26 @@ Ablations (spec §9, ``weight=``; the same renormalisation, so signs and budgets
 eps_w = 0.2, mix = 0.5: w = (1 - mix) + mix * clip(exp(sign(A_i) * d_pos), 1 - eps_w, 1 + eps_w), trusting the
 direction of the c+ shift).  The strength ablation (§9.2) is the alpha / lambda sweep of the default map.
 Left out on purpose: the loss (the trainer's clipped GRPO surrogate with these token advantages, spec §6); the
-plain pass old_logp (the trainer's old-log-prob pass); full-vocabulary shifts (diagnostics only, spec §4); pooling
-s over processes before calibration (the trainer's).
+trainer's own old-log-prob pass (ℓ0 below is the same pass, for a trainer without one); full-vocabulary shifts
+(diagnostics only, spec §4); pooling s over processes before calibration (the trainer's).
 Read next: ``grpo.py`` ``Credit._cscr`` (the trainer's call), ``cscr_diagnostics.py`` (the paper's diagnostics
 D1-D7 and their CLI), ``tests/test_cscr.py`` (the spec §8 worked example), spec §6-§7.
 
-Usage from any trainer (``prompts``: the B rollout prompt texts; ``response_ids``, ``response_mask``: [B, T]
-right-padded sampled responses; ``old_logp``: [B, T] their log-probs under the plain prompts in eval mode, from
-``default_logprob_fn`` or an old-log-prob pass that matches it; ``adv``: [B] sequence advantages Â)::
+Usage from any trainer (``model`` in eval mode; ``prompts``: the B rollout prompt texts x; ``response_ids``,
+``response_mask``: [B, T] right-padded sampled responses; ``adv``: [B] sequence advantages Â; temperature 1).  ℓ0
+(``old_logp``) is your trainer's old-log-prob pass if it matches ``default_logprob_fn`` (positions, temperature)::
 
-    import cscr
+    import cscr, torch
 
-    pairs = [cscr.build_condition_prompts(p) for p in prompts]             # (x + c+, x + c-) per response
-    lp_pos, lp_neg = cscr.condition_logprobs(                              # the two no-grad scoring passes
-        model, tokenizer, [c_pos for c_pos, _ in pairs], [c_neg for _, c_neg in pairs], response_ids, response_mask)
+    inputs = cscr.scoring_inputs(tokenizer, prompts, response_ids, response_mask)  # [x | y] rows [B, P + T]
+    with torch.no_grad():
+        old_logp = cscr.default_logprob_fn(model, *inputs, response_mask, 1.0)    # ℓ0 = log pi(y_t | x, y_<t) [B, T]
+    pairs = [cscr.build_condition_prompts(x) for x in prompts]                      # (x + c+, x + c-) per response
+    lp_pos, lp_neg = cscr.condition_logprobs(                                       # ℓ+, ℓ- [B, T]: two no-grad passes
+        model, tokenizer, [x_pos for x_pos, _ in pairs], [x_neg for _, x_neg in pairs], response_ids, response_mask)
     token_adv = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, response_mask)   # Ã [B, T]
 
-TOKENISATION RULE: a conditioned prompt is tokenised exactly as the rollout prompt was: ``condition_logprobs``
+TOKENISATION RULE: a conditioned prompt is tokenised exactly as the rollout prompt was: ``scoring_inputs``
 calls ``tokenizer(prompt)``, the tokenizer's default call (its special tokens, e.g. a BOS, included), as the
 project's rollout does for x.  If your trainer tokenised its prompts another way, pass token ids built that way.
 Conventions: response masks bool or float 0/1; log-probs in nats; responses right-padded; groups contiguous.
@@ -72,9 +75,9 @@ import math
 
 import torch
 
-__all__ = ["CONDITION_TEMPLATES", "DEFAULT_MARKER", "DEFAULT_TURN_END", "build_condition_prompts", "default_logprob_fn",
-           "condition_logprobs", "sensitivity", "credit_log_weights", "credit_weights", "cscr_token_advantages",
-           "calibrate_threshold"]
+__all__ = ["CONDITION_TEMPLATES", "DEFAULT_MARKER", "DEFAULT_TURN_END", "build_condition_prompts", "scoring_inputs",
+           "default_logprob_fn", "condition_logprobs", "sensitivity", "credit_log_weights", "credit_weights",
+           "cscr_token_advantages", "calibrate_threshold"]
 
 # ---- Spec §3: condition prompts (the two outcome conditions) -----------------------------------------------------
 
@@ -121,14 +124,14 @@ def _insert_note(prompt, note, marker, turn_end, anchor):
             raise ValueError(f"anchor {anchor!r} does not occur in prompt")
         j = i + len(anchor)
         return prompt[:j] + "\n\n" + note + prompt[j:]
-    p = prompt.rfind(marker) if marker else -1
-    if p >= 0:
+    at = prompt.rfind(marker) if marker else -1
+    if at >= 0:
         # Chat-templated prompt: the note ends the last user turn (right before the end-of-turn token preceding
         # the final assistant header); everything from there on is kept byte for byte.
-        q = prompt.rfind(turn_end, 0, p) if turn_end else -1
-        if q >= 0:
-            return prompt[:q] + "\n\n" + note + prompt[q:]
-        return prompt[:p] + note + "\n\n" + prompt[p:]  # no end-of-turn token: own lines before the header
+        end = prompt.rfind(turn_end, 0, at) if turn_end else -1
+        if end >= 0:
+            return prompt[:end] + "\n\n" + note + prompt[end:]
+        return prompt[:at] + note + "\n\n" + prompt[at:]  # no end-of-turn token: own lines before the header
     # Plain text (e.g. the toy "Compute 37+48-12.\n"): the ending is the trailing whitespace if there is any,
     # else the whole last line; the note goes as its own line before it.
     body = prompt.rstrip()
@@ -216,24 +219,30 @@ def default_logprob_fn(model, input_ids, attention_mask, response_mask, temperat
     logits = _response_logits(model, input_ids, attention_mask, T)
     targets = input_ids[:, -T:]
     lp = torch.zeros(targets.shape, dtype=torch.promote_types(logits.dtype, torch.float32), device=logits.device)
-    for c in range(0, T, _POS_CHUNK):
-        z = logits[:, c : c + _POS_CHUNK].to(lp.dtype) / temperature
-        tgt = targets[:, c : c + _POS_CHUNK].unsqueeze(-1)
-        lp[:, c : c + _POS_CHUNK] = z.gather(-1, tgt).squeeze(-1) - torch.logsumexp(z, dim=-1)
+    for a in range(0, T, _POS_CHUNK):  # positions a, ..., a + _POS_CHUNK - 1
+        z = logits[:, a : a + _POS_CHUNK].to(lp.dtype) / temperature  # [B, chunk, V]
+        tgt = targets[:, a : a + _POS_CHUNK].unsqueeze(-1)  # [B, chunk, 1]
+        lp[:, a : a + _POS_CHUNK] = z.gather(-1, tgt).squeeze(-1) - torch.logsumexp(z, dim=-1)  # [B, chunk]
     return torch.where(_as_mask(response_mask).to(lp.device), lp, torch.zeros((), dtype=lp.dtype, device=lp.device))
 
 
-def _tokenize_prompts(tokenizer, prompts):
-    """Token ids of each prompt by THE TOKENISATION RULE: ``tokenizer(prompt)`` for a str, token ids as given."""
-    out = [list(tokenizer(p)["input_ids"]) if isinstance(p, str) else torch.as_tensor(p).reshape(-1).tolist()
-           for p in prompts]
-    if any(len(ids) == 0 for ids in out):
+def scoring_inputs(tokenizer, prompts, response_ids, response_mask):
+    """The model inputs that score fixed responses after ``prompts``: ``(input_ids, attention_mask)`` [B, P + T].
+
+    One builder for the plain prompts x (ℓ0, ``old_logp``) and the conditioned x + c± (ℓ±, ``condition_logprobs``):
+    each str prompt tokenised by THE TOKENISATION RULE (``tokenizer(prompt)``; token ids used as given), left-padded
+    to the longest (P) with ``tokenizer.pad_token_id``, then its response right-padded as given (padded slots get the
+    pad id and mask 0, so they may hold e.g. -100).  ``prompts``: B str or token ids; ``response_ids`` [B, T] long;
+    ``response_mask`` [B, T] bool/float.  Returns long tensors on ``response_ids.device``, for ``default_logprob_fn``.
+    Raises ValueError: no pad token, a prompt of no token.
+    """
+    pad_id = getattr(tokenizer, "pad_token_id", None)
+    if pad_id is None:
+        raise ValueError("tokenizer.pad_token_id must be set (e.g. tokenizer.pad_token = tokenizer.eos_token)")
+    prompt_ids = [list(tokenizer(p)["input_ids"]) if isinstance(p, str) else torch.as_tensor(p).reshape(-1).tolist()
+                  for p in prompts]
+    if any(len(ids) == 0 for ids in prompt_ids):
         raise ValueError("every prompt must tokenise to at least one token")
-    return out
-
-
-def _build_inputs(prompt_ids, response_ids, response_mask, pad_id):
-    """Left-padded ``[prompt | response]`` rows: input_ids, attention_mask, both [b, P_max + T]."""
     m = _as_mask(response_mask)
     b, T = response_ids.shape
     P = max(len(p) for p in prompt_ids)
@@ -243,7 +252,6 @@ def _build_inputs(prompt_ids, response_ids, response_mask, pad_id):
     for i, ids in enumerate(prompt_ids):
         input_ids[i, P - len(ids) : P] = torch.tensor(ids, dtype=torch.long, device=device)
         attn[i, P - len(ids) : P] = 1
-    # response tokens stay right-padded; padded slots get pad_id (they may hold e.g. -100) and mask 0
     input_ids[:, P:] = torch.where(m, response_ids.long(), torch.full_like(response_ids, pad_id).long())
     attn[:, P:] = m.long()
     return input_ids, attn
@@ -260,9 +268,9 @@ def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids,
     TOKENISATION RULE (one rule for every caller, no option): a str prompt is tokenised with
     ``tokenizer(prompt)``, the tokenizer's default call with its special tokens (e.g. a BOS), exactly as the
     rollout tokenised the plain prompt x; token ids are used as given (pass ids if your trainer tokenised x
-    another way).  Rows are left-padded ``[prompt | response]`` with ``tokenizer.pad_token_id`` (whatever
-    ``tokenizer.padding_side`` says), position ids = cumsum(mask) - 1.  No grad; with ``eval_mode`` the model
-    is in eval mode during the passes (no dropout noise in d_pos, d_neg) and restored afterwards.
+    another way).  Rows: ``scoring_inputs`` (left-padded ``[prompt | response]``, ``tokenizer.pad_token_id``,
+    whatever ``tokenizer.padding_side`` says), position ids = cumsum(mask) - 1.  No grad; with ``eval_mode`` the
+    model is in eval mode during the passes (no dropout noise in d_pos, d_neg) and restored afterwards.
 
     Args:
         model: causal LM (``model(input_ids=, attention_mask=, position_ids=)`` -> ``.logits``); tokenizer: with a
@@ -288,8 +296,7 @@ def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids,
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if micro_batch_size is not None and micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1 or None, got {micro_batch_size}")
-    pad_id = getattr(tokenizer, "pad_token_id", None)
-    if pad_id is None:
+    if getattr(tokenizer, "pad_token_id", None) is None:  # before any pass (scoring_inputs checks it too)
         raise ValueError("tokenizer.pad_token_id must be set (e.g. tokenizer.pad_token = tokenizer.eos_token)")
     logprob_fn = logprob_fn or default_logprob_fn
     rows = torch.arange(B) if adv is None else (torch.as_tensor(adv).cpu() != 0).nonzero().flatten()
@@ -307,13 +314,13 @@ def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids,
         outs = []
         with torch.no_grad():
             for prompts in (prompts_pos, prompts_neg):
-                ids = _tokenize_prompts(tokenizer, [prompts[i] for i in rows.tolist()])
                 lp = torch.zeros(response_ids.shape, dtype=dtype, device=response_ids.device)
                 for a in range(0, len(rows), size):
-                    z = rows[a:a + size].to(response_ids.device)
-                    inp, attn = _build_inputs(ids[a:a + size], response_ids[z].to(device), m[z].to(device), pad_id)
-                    out = logprob_fn(model, inp, attn, m[z].to(device), temperature)
-                    lp[z] = torch.where(m[z], out.to(lp), lp.new_zeros(()))
+                    idx = rows[a:a + size].to(response_ids.device)  # this pass's rows
+                    inputs = scoring_inputs(tokenizer, [prompts[i] for i in idx.tolist()], response_ids[idx].to(device),
+                                            m[idx].to(device))
+                    out = logprob_fn(model, *inputs, m[idx].to(device), temperature)  # [b, T]
+                    lp[idx] = torch.where(m[idx], out.to(lp), lp.new_zeros(()))
                 outs.append(lp)
     finally:
         if eval_mode and was_training:

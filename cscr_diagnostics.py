@@ -46,12 +46,12 @@ or from Python: ``report = diagnose(model, tokenizer, problems, answers, 400, pr
 Imports torch and, for the study and its CLI, the project's modules that do each job for the trainer: rollout
 (templates, sampling, stop tokens and strings), verify (grading, the answer of template C), problems
 (``load_problems``: jsonl, benchmark names, the toy), policy (``load_model_and_tokenizer``: the toy, folders, hub
-ids, dtype) and cscr (condition prompts, the scoring inputs, sensitivity, weights); matplotlib only inside the
-plots.  toy.py is reached only through problems/policy.  Left out on purpose: training (CSCR itself is cscr.py,
-the trainer grpo.py); the vLLM sampler and top-k sampling (the trainer's HF distribution, softmax(logits / T)
-cut to top-p, is the one studied); confidence intervals and repeated seeds; the RLCSD-style differential signal
-(spec §4, "not CSCR").  Read next: spec §7, ``cscr.py``, and ``tests/test_cscr_diagnostics.py`` (the spec §8 toy
-numbers).
+ids, dtype; ``token_logprobs``: the trainer's log-probs, the one function on every scoring path) and cscr
+(condition prompts, the scoring inputs, sensitivity, weights); matplotlib only inside the plots.  toy.py is
+reached only through problems/policy.  Left out on purpose: training (CSCR itself is cscr.py, the trainer
+grpo.py); the vLLM sampler and top-k sampling (the trainer's HF distribution, softmax(logits / T) cut to top-p,
+is the one studied); confidence intervals and repeated seeds; the RLCSD-style differential signal (spec §4, "not
+CSCR").  Read next: spec §7, ``cscr.py``, and ``tests/test_cscr_diagnostics.py`` (the spec §8 toy numbers).
 """
 
 from __future__ import annotations
@@ -453,60 +453,61 @@ def condition_contexts(prompts, references, texts, template, marker, turn_end):
 
 
 _SCORES = ("old_logp", "lp_pos", "lp_neg", "entropy", "top1_prob", "fv_cosine", "fv_kl_pos", "fv_kl_neg")
+_POS_CHUNK = 1024  # positions per chunk of three [b, chunk, V] float32 probability tensors (D4c)
 
 
 @torch.no_grad()
 def score_contexts(model, tokenizer, contexts, response_ids, response_mask, temperature, micro_batch_size):
     """Step 3b (spec §7, [S2]): re-score the fixed responses under x, x + c+, x + c- with the same weights.
 
-    Three no-grad forwards per micro-batch, every prompt tokenised by cscr.py's TOKENISATION RULE and left-padded
-    (``cscr._build_inputs``, position ids from the attention mask), the model as given (``diagnose`` puts it in
-    eval mode); float32 work in chunks of ``cscr._POS_CHUNK`` positions.
+    Three no-grad forwards per micro-batch, each the trainer's own log-prob function, ``policy.token_logprobs``
+    (grpo.py's θ_old pass and CSCR's scoring passes: the same ℓ0, ℓ±), on ``cscr.scoring_inputs`` (every prompt
+    tokenised by cscr.py's TOKENISATION RULE, left-padded); the model as given (``diagnose`` puts it in eval mode).
+    H(p0) is its ``return_entropy``; top-1 and D4c come from its ``return_logits`` (``_full_vocab_scores``).
 
     Args:
         contexts: ``condition_contexts``'s dict.  response_ids: [N, T] long.  response_mask: [N, T] bool.
         temperature: > 0, the sampling temperature (log-probs of softmax(logits / T), as the trainer scores).
 
     Returns:
-        dict of float32 [N, T] tensors: "old_logp", "lp_pos", "lp_neg" (sampled-token log-probs, nats, 0 off the
-        mask), "entropy" (H(p0), nats), "top1_prob" (p0's largest probability), "fv_cosine", "fv_kl_pos",
-        "fv_kl_neg" (D4c per position, ``full_vocab_overlap``).
+        dict of float32 [N, T] tensors (float64 for a float64 model, as the trainer's): "old_logp", "lp_pos",
+        "lp_neg" (sampled-token log-probs, nats, 0 off the mask), "entropy" (H(p0), nats), "top1_prob" (p0's
+        largest probability), "fv_cosine", "fv_kl_pos", "fv_kl_neg" (D4c per position, ``full_vocab_overlap``).
     """
     N, T = response_ids.shape
-    device = next(model.parameters()).device
-    ids = [cscr._tokenize_prompts(tokenizer, contexts[k]) for k in ("x", "pos", "neg")]
-    out = {k: torch.zeros((N, T)) for k in _SCORES}
+    device, dtype = next(model.parameters()).device, torch.promote_types(next(model.parameters()).dtype, torch.float32)
+    out = {k: torch.zeros((N, T), dtype=dtype) for k in _SCORES}
     for a in range(0, N, micro_batch_size):
-        z = slice(a, min(a + micro_batch_size, N))
-        r, mz = response_ids[z].to(device), response_mask[z].to(device)
-        logits = [cscr._response_logits(model, *cscr._build_inputs(p[z], r, mz, tokenizer.pad_token_id), T)
-                  for p in ids]
-        for c in range(0, T, cscr._POS_CHUNK):
-            cz = slice(c, min(c + cscr._POS_CHUNK, T))
-            for k, v in _position_scores([x[:, cz] for x in logits], r[:, cz], temperature).items():
-                out[k][z, cz] = v.cpu()
+        rows = slice(a, min(a + micro_batch_size, N))
+        r, mz = response_ids[rows].to(device), response_mask[rows].to(device)
+        logits = []  # [b, T, V] of x, x + c+, x + c-
+        for name, k in (("old_logp", "x"), ("lp_pos", "pos"), ("lp_neg", "neg")):
+            inputs = cscr.scoring_inputs(tokenizer, contexts[k][rows], r, mz)
+            lp, *ent, z = policy.token_logprobs(model, *inputs, mz, temperature, return_entropy=k == "x",
+                                                return_logits=True)  # [b, T], H(p0) [b, T] for x, z [b, T, V]
+            out[name][rows] = lp.cpu()
+            if ent:
+                out["entropy"][rows] = ent[0].cpu()  # D7: the base distribution's entropy H(p0)
+            logits.append(z)
+        for t0 in range(0, T, _POS_CHUNK):
+            cols = slice(t0, min(t0 + _POS_CHUNK, T))
+            for k, score in _full_vocab_scores([z[:, cols] for z in logits], temperature).items():
+                out[k][rows, cols] = score.cpu()
         del logits
     for k in ("old_logp", "lp_pos", "lp_neg"):
-        out[k] = torch.where(response_mask, out[k], torch.zeros(()))
+        out[k] = torch.where(response_mask, out[k], torch.zeros((), dtype=dtype))
     return out
 
 
-def _position_scores(logits, targets, temperature):
-    """``score_contexts`` at c positions: ``logits`` three [b, c, V] (x, x + c+, x + c-), ``targets`` [b, c] long.
-
-    Returns the ``_SCORES`` entries as [b, c] float32 tensors.  Memory: three [b, c, V] float32 probability
-    tensors (D4c needs all three at once) and one log-prob tensor at a time.
-    """
-    scores, probs = {}, []
-    for name, z in zip(("old_logp", "lp_pos", "lp_neg"), logits):
-        logp = torch.log_softmax(z.float() / temperature, dim=-1)
-        scores[name] = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        probs.append(logp.exp())
-        if name == "old_logp":  # D7: the base distribution's entropy and top-1 probability
-            scores["entropy"] = -(probs[0] * logp).sum(-1)
-            scores["top1_prob"] = probs[0].max(-1).values
-    fv = full_vocab_overlap(*probs)  # D4c
-    return {**scores, "fv_cosine": fv["cosine"], "fv_kl_pos": fv["kl_pos"], "fv_kl_neg": fv["kl_neg"]}
+def _full_vocab_scores(logits, temperature):
+    """``score_contexts``'s full-vocabulary columns at n positions from ``logits``, three [b, n, V] (x, x + c+,
+    x + c-): "top1_prob" (D7) and D4c's "fv_cosine", "fv_kl_pos", "fv_kl_neg" ([b, n] float32 each).  Memory:
+    three [b, n, V] float32 probability tensors (D4c needs all three at once)."""
+    p0, p_pos, p_neg = (torch.softmax(z.to(torch.promote_types(z.dtype, torch.float32)) / temperature, dim=-1)
+                        for z in logits)
+    fv = full_vocab_overlap(p0, p_pos, p_neg)  # D4c
+    return {"top1_prob": p0.max(-1).values, "fv_cosine": fv["cosine"], "fv_kl_pos": fv["kl_pos"],
+            "fv_kl_neg": fv["kl_neg"]}
 
 
 def surface_classes(tokenizer, response_ids, response_mask):
@@ -554,7 +555,7 @@ def _json_safe(x):
     if isinstance(x, float) and not math.isfinite(x):
         return None
     if isinstance(x, dict):
-        return {k: _json_safe(v) for k, v in x.items()}
+        return {key: _json_safe(val) for key, val in x.items()}
     if isinstance(x, (list, tuple)):
         return [_json_safe(v) for v in x]
     return x

@@ -334,7 +334,7 @@ def clip_and_step(model, optimizer, loss: float, max_grad_norm: float, step: int
 # Log-probs of rows of a rollout batch: one forward per micro-batch, laid out as the run's flags say
 # ----------------------------------------------------------------------------------------------------------
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=1.0, return_hidden=False,
-                   shared=None, return_entropy=False):
+                   shared=None, return_entropy=False, return_logits=False):
     """log π(y_t | x, y_<t) (nats) of the response tokens under logits / temperature: ``[B, T]``, 0 on padding.
 
     ``input_ids``/``attention_mask`` ``[B, P + T]``: left-padded prompt, right-padded response in the last T
@@ -346,7 +346,10 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
     ``shared``: ``(SharedPrompts, the rows' indices)``: the prompts already ran once per group (same result).
     ``return_entropy``: also the policy's entropy H_t = −Σ_j p_j log p_j (nats) ``[B, T]`` of softmax(z/T) at each
     response position (Forking Tokens' score, docs/specs/baselines.md §3), no grad, from the same rows of logits.
-    Returns log p, then h (``return_hidden``), then H (``return_entropy``): a tuple when either is asked for.
+    ``return_logits``: also those rows of logits z ``[B, T, V]`` (before the temperature; a view, no copy), for
+    full-vocabulary quantities (cscr_diagnostics.py's D4c and top-1 probability).
+    Returns log p, then h (``return_hidden``), then H (``return_entropy``), then z (``return_logits``): a tuple
+    when any is asked for.
     """
     T, captured, handle = response_mask.shape[1], {}, None
     if return_hidden:
@@ -372,7 +375,7 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
     logp = logp * response_mask.to(logp.dtype)
     out = (logp,) + ((captured["h"][:, -(T + 1):-1],) if return_hidden else ()) \
         + ((baselines.entropy_from_logits(logits, temperature) * response_mask.to(logp.dtype),) if return_entropy
-           else ())  # a few positions of logits at a time: no further [T, V] copy
+           else ()) + ((logits,) if return_logits else ())  # entropy: a few positions at a time, no [T, V] copy
     return out if len(out) > 1 else logp
 
 

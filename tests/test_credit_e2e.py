@@ -428,3 +428,30 @@ def test_cscr_standalone_logprob_fn_is_the_trainers(rollout_batch, float64_model
                                          temperature)
         assert ours.dtype == torch.float64 and ours.abs().sum() > 0
         torch.testing.assert_close(theirs, ours, rtol=1e-10, atol=1e-10)
+
+
+def test_cscr_diagnostics_scores_are_the_trainers(rollout_batch, float64_model):
+    """cscr_diagnostics.py scores with the trainer's log-prob function on cscr.py's public builder: its ℓ0 is
+    stage 4's θ_old pass (``grpo.old_logprobs``, the run's default layout), its ℓ± are ``Credit._cscr``'s scoring
+    passes, its H(p0) the entropy the trainer's pass returns (float64, 1e-10)."""
+    import cscr
+    import cscr_diagnostics
+
+    model, tok, rows, batch = rollout_batch
+    model = float64_model(model).eval()
+    answers = [r["answer"] for r in rows for _ in range(4)]
+    contexts = cscr_diagnostics.condition_contexts(batch.prompts, answers, batch.texts, "verdict",
+                                                   cscr.DEFAULT_MARKER, cscr.DEFAULT_TURN_END)
+    mask = batch.response_mask.bool()
+    scores = cscr_diagnostics.score_contexts(model, tok, contexts, batch.response_ids, mask, 1.0, 3)
+    cfg = grpo.GRPOConfig(credit="cscr")
+    trainer = {"old_logp": grpo.old_logprobs(model, batch, cfg).logp}
+    trainer["lp_pos"], trainer["lp_neg"] = cscr.condition_logprobs(
+        model, tok, contexts["pos"], contexts["neg"], batch.response_ids, batch.response_mask,
+        logprob_fn=grpo.Credit(cfg, tok)._scoring_logprobs)
+    with torch.no_grad():
+        trainer["entropy"] = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
+                                                   return_entropy=True)[1]
+    for name, expected in trainer.items():
+        assert scores[name].dtype == torch.float64 and expected.abs().sum() > 0, name
+        torch.testing.assert_close(scores[name], expected.to(torch.float64), rtol=TOL, atol=TOL)

@@ -485,6 +485,8 @@ def test_header_usage_example_runs(toy_tiny, float64_model):
     model = float64_model(model)  # the passes are compared with unpadded ones: float64, 1e-10 (conftest)
     code = usage_example()
     assert "cscr.condition_logprobs" in code and "cscr.cscr_token_advantages" in code
+    assert "cscr.scoring_inputs" in code and "cscr.default_logprob_fn" in code  # ℓ0 from public names alone
+    assert "cscr._" not in code
     batch = rollout.generate(model, tokenizer, ["Compute 7+5-3.\n", "Compute 12+30.\n"], num_generations=2,
                              max_new_tokens=6, seed=1)
     m = batch.response_mask.bool()
@@ -492,9 +494,13 @@ def test_header_usage_example_runs(toy_tiny, float64_model):
     lp0 = cscr.default_logprob_fn(model, batch.input_ids, batch.attention_mask, batch.response_mask, 1.0)
     advantages = torch.tensor([1.0, -1.0, 0.5, 0.0], dtype=torch.float64)
     ns = {"model": model, "tokenizer": tokenizer, "prompts": batch.prompts, "response_ids": batch.response_ids,
-          "response_mask": batch.response_mask, "old_logp": lp0, "adv": advantages}
+          "response_mask": batch.response_mask, "adv": advantages}
     exec(code, ns)
     token_adv = ns["token_adv"]
+    # the header's ℓ0: scoring_inputs of the plain prompts are the rollout's own rows, and their pass is lp0
+    assert torch.equal(ns["inputs"][0], batch.input_ids) and torch.equal(ns["inputs"][1], batch.attention_mask.long())
+    assert ns["old_logp"].dtype == torch.float64
+    torch.testing.assert_close(ns["old_logp"], lp0, rtol=0, atol=1e-12)
     L = m.sum(1)
     assert token_adv.shape == m.shape
     assert torch.allclose(token_adv.sum(1), L * advantages, atol=1e-12)  # budget kept

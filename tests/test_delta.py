@@ -770,10 +770,13 @@ def test_header_example_runs_on_tiny_qwen3(float64_model):
     h = captured[0][:, P - 1:-1]  # the position that predicts response token t
     logp = torch.log_softmax(logits[:, P - 1:-1], -1).gather(-1, input_ids[:, P:, None]).squeeze(-1)
     ns = {"model": model, "input_ids": input_ids, "attention_mask": torch.ones(B, P + T, dtype=torch.long),
-          "response_mask": response_mask, "adv": advantages, "old_logp": logp}  # the trainer's θ_old log-probs
+          "response_mask": response_mask, "adv": advantages}
     exec(compile(code, "delta.__doc__ example", "exec"), ns)
     lam_bar, token_adv = ns["lam_bar"], ns["token_adv"]
+    assert "delta._" not in code  # public names only
 
+    # the example's ℓ0 line (its .float() keeps float64 under float64_model) against the full log-softmax
+    assert ns["old_logp"].dtype == F64 and torch.allclose(ns["old_logp"], logp, atol=1e-10)
     v = (1 - logp.exp())[..., None] * h * response_mask[..., None]
     assert ns["v"].dtype == F64 and torch.allclose(ns["v"], v, atol=1e-10)
     assert torch.allclose(lam_bar, delta_coefficients(v, advantages, response_mask), atol=1e-10)
