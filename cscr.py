@@ -77,7 +77,7 @@ import torch
 
 __all__ = ["CONDITION_TEMPLATES", "DEFAULT_MARKER", "DEFAULT_TURN_END", "build_condition_prompts", "scoring_inputs",
            "default_logprob_fn", "condition_logprobs", "sensitivity", "credit_log_weights", "credit_weights",
-           "cscr_token_advantages", "calibrate_threshold"]
+           "cscr_token_advantages", "calibrate_threshold", "condition_notes", "condition_shifts"]
 
 # ---- Spec §3: condition prompts (the two outcome conditions) -----------------------------------------------------
 
@@ -105,8 +105,8 @@ DEFAULT_MARKER = "<|im_start|>assistant"  # ChatML (Qwen) assistant header
 DEFAULT_TURN_END = "<|im_end|>"  # ChatML end-of-turn token
 
 
-def _resolve_template(template):
-    """(name, (note_pos, note_neg)) of a template name, alias or custom pair ("custom")."""
+def condition_notes(template):
+    """The notes c+, c− of ``template`` (spec §3): (name, (note_pos, note_neg)) of a name, alias or custom pair."""
     name = _TEMPLATE_ALIASES.get(template, template) if isinstance(template, str) else None
     if name in CONDITION_TEMPLATES:
         return name, CONDITION_TEMPLATES[name]
@@ -167,7 +167,7 @@ def build_condition_prompts(prompt, reference=None, response_answer=None, templa
     """
     if not isinstance(prompt, str):
         raise ValueError(f"prompt must be a str, got {type(prompt).__name__}")
-    name, (note_pos, note_neg) = _resolve_template(template)
+    name, (note_pos, note_neg) = condition_notes(template)
     notes = []
     for note in (note_pos, note_neg):
         for key, value, what in (("{reference}", reference, "`reference` (the gold final answer)"),
@@ -333,8 +333,8 @@ def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids,
 _MODES = ("max", "mean", "common")
 
 
-def _shifts(old_logp, lp_pos, lp_neg, response_mask):
-    """Validated (d_pos, d_neg, mask); padded log-probs are replaced by 0 BEFORE subtracting (no NaN)."""
+def condition_shifts(old_logp, lp_pos, lp_neg, response_mask):
+    """Spec §4's shifts d± = ℓ± − ℓ0 [B, T] (nats, 0 on padding: replaced BEFORE subtracting, no NaN) and the mask."""
     for name, t in (("old_logp", old_logp), ("lp_pos", lp_pos), ("lp_neg", lp_neg)):
         if not torch.is_tensor(t) or t.dim() != 2:
             raise ValueError(f"{name} must be a [B, T] tensor")
@@ -362,7 +362,7 @@ def sensitivity(old_logp, lp_pos, lp_neg, response_mask, mode="max"):
     """
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
-    d_pos, d_neg, m = _shifts(old_logp, lp_pos, lp_neg, response_mask)
+    d_pos, d_neg, m = condition_shifts(old_logp, lp_pos, lp_neg, response_mask)
     s = (torch.maximum(d_pos.abs(), d_neg.abs()) if mode == "max" else 0.5 * (d_pos.abs() + d_neg.abs())
          if mode == "mean" else (0.5 * (d_pos + d_neg)).abs())  # "common"
     return torch.where(m, s, torch.zeros((), dtype=s.dtype, device=s.device))
@@ -538,7 +538,7 @@ def cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, response_mask, threshol
 def _sign_aware_log_weights(adv, old_logp, lp_pos, response_mask, w_min, eps, mix):
     """log w [B, T] of the spec §9.1 direction ablation: log max(w_min, (1 - mix) + mix * clip(exp(sign(A) * d_pos),
     1 - eps, 1 + eps)); the clip is taken on the exponent (exp is monotone), so w >= 1 - mix * eps > 0."""
-    d_pos, _, _ = _shifts(old_logp, lp_pos, lp_pos, response_mask)  # d_pos = lp_pos - old_logp, 0 on padding
+    d_pos, _, _ = condition_shifts(old_logp, lp_pos, lp_pos, response_mask)  # d_pos = lp_pos - old_logp, 0 on padding
     x = (torch.sign(adv)[:, None] * d_pos).clamp(math.log1p(-eps), math.log1p(eps))
     log_w = torch.log((1.0 - mix) + mix * torch.exp(x))
     return log_w.clamp(min=math.log(w_min)) if w_min > 0 else log_w

@@ -100,7 +100,7 @@ def shift_masks(old_logp, lp_pos, lp_neg, response_mask, tau=0.05):
     Raises:
         ValueError: tau < 0, shape mismatch.
     """
-    d_pos, d_neg, m = cscr._shifts(old_logp, lp_pos, lp_neg, response_mask)
+    d_pos, d_neg, m = cscr.condition_shifts(old_logp, lp_pos, lp_neg, response_mask)
     return _affected(d_pos, d_neg, m, tau)
 
 
@@ -301,7 +301,7 @@ def diagnostics(
     Raises:
         ValueError: shape mismatches, bad tau / fractions / mode, no valid token.
     """
-    d_pos, d_neg, m = cscr._shifts(old_logp, lp_pos, lp_neg, response_mask)
+    d_pos, d_neg, m = cscr.condition_shifts(old_logp, lp_pos, lp_neg, response_mask)
     if not torch.is_tensor(correct) or correct.shape != (m.shape[0],):
         raise ValueError(f"correct must be a [B] = [{m.shape[0]}] tensor")
     n = int(m.sum())
@@ -605,7 +605,7 @@ def diagnose(model, tokenizer, problems, answers, num_trajectories, *, prompt_te
         ValueError: bad sizes, no pad token, temperature <= 0, an unknown template or prompt template.
     """
     _check_study(tokenizer, problems, answers, num_trajectories, temperature)
-    name, notes = cscr._resolve_template(template)  # an unknown template fails before any sampling
+    name, notes = cscr.condition_notes(template)  # an unknown template fails before any sampling
     batch, refs = sample_trajectories(model, tokenizer, problems, answers, num_trajectories, prompt_template,
                                       max_new_tokens, temperature, top_p, seed, gen_batch_size)
     correct, grader = grade(batch.texts, refs)

@@ -122,7 +122,7 @@ def topk_proxy_vectors(hidden: Tensor, token_ids: Tensor, response_mask: Tensor,
     no bias); K: int in [1, V]; temperature: T > 0 (the rollout's). Returns v [B, T, H] in W's units, float32
     (float64 if ``hidden`` or W is), detached, 0 on padding (``delta_coefficients``' v, or a streamed chunk's).
     Memory: W once in the working dtype (V·H·4 B: 2.5 GB for Qwen3-8B's 151,936 × 4,096 in float32), the output,
-    and the logits of one block of valid tokens at a time (``_ROW_BLOCK_BYTES`` of them and of their K gathered
+    and the logits of one block of valid tokens at a time (``ROW_BLOCK_BYTES`` of them and of their K gathered
     rows of W, at least one token), never a [B, T, V] tensor. Cost: the LM head's matmul once more.
     Raises ValueError on bad shapes, a non-0/1 mask, K not in [1, V], T not > 0, a token id outside [0, V).
     """
@@ -146,8 +146,8 @@ def topk_proxy_vectors(hidden: Tensor, token_ids: Tensor, response_mask: Tensor,
             raise ValueError(f"token_ids must lie in [0, V) = [0, {V}) on valid tokens")
         W = lm_head_weight.detach().to(device=hidden.device, dtype=dtype)  # [V, H]
         v = torch.zeros(hidden.shape, dtype=dtype, device=hidden.device)  # [B, T, H], +0.0 on padding
-        # Tokens per block: their logits [n, V] and gathered rows [n, K, H] within _ROW_BLOCK_BYTES.
-        n_blk = max(1, _ROW_BLOCK_BYTES // ((V + (K + 2) * W.shape[1]) * W.element_size()))
+        # Tokens per block: their logits [n, V] and gathered rows [n, K, H] within ROW_BLOCK_BYTES.
+        n_blk = max(1, ROW_BLOCK_BYTES // ((V + (K + 2) * W.shape[1]) * W.element_size()))
         for a in range(0, ids.numel(), n_blk):
             b, t, y = b_idx[a:a + n_blk], t_idx[a:a + n_blk], ids[a:a + n_blk]
             z = hidden[b, t].detach().to(dtype) @ W.T  # [n, V] logits z_t = h_t Wᵀ
@@ -254,7 +254,7 @@ def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K: int = 1
         ``delta/fallback`` = 1). Or (λ̄, stats).
     Raises: ValueError: bad shapes, non-0/1 mask, non-finite Â, K not an int >= 0, lam_min > lam_max or < 0,
         eps <= 0, an unknown ablation value, gamma not a pair of finite floats > 0.
-    Memory: beside v, one row block of v − μ (``_ROW_BLOCK_BYTES``) and [B, T] tensors; v is read as given
+    Memory: beside v, one row block of v − μ (``ROW_BLOCK_BYTES``) and [B, T] tensors; v is read as given
     when it is +0.0 on padding (``proxy_vectors``' output), else copied once, masked.
     """
     lam_min, lam_max, fixed_gamma = _check_args(K, lam_min, lam_max, eps, scores, assignment, gamma, coefficients,
@@ -420,11 +420,11 @@ def delta_token_advantages(adv: Tensor, lam_bar: Tensor, response_mask: Tensor) 
 # The whole batch, row block by row block (delta_coefficients' working memory) ----------------------------
 # Bytes of v [B, T, H] at a time (at least one row): beside v one block, not further [B, T, H] tensors (at the
 # papers' scale v is 137 GB and a block one response of 4,096 × 4,096 × 4 B = 67 MB).
-_ROW_BLOCK_BYTES = 16 * 2**20
+ROW_BLOCK_BYTES = 16 * 2**20
 
 
-def _block_rows(v: Tensor) -> int:  # rows of v [B, T, H] per block: _ROW_BLOCK_BYTES of it, at least one
-    return max(1, _ROW_BLOCK_BYTES // max(math.prod(v.shape[1:]) * v.element_size(), 1))
+def _block_rows(v: Tensor) -> int:  # rows of v [B, T, H] per block: ROW_BLOCK_BYTES of it, at least one
+    return max(1, ROW_BLOCK_BYTES // max(math.prod(v.shape[1:]) * v.element_size(), 1))
 
 
 def _zero_at_padding(v: Tensor, valid: Tensor) -> bool:  # v is +0.0 (all bits 0; not −0.0) at every padded position

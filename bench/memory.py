@@ -28,7 +28,7 @@ T = ``--max_completion_length``, H = ``--hidden_size``, random lengths, half the
 process, after one call on 4 rows (so that the code pages of its kernels, which RSS counts, are already resident):
 the peak RSS during the call above the RSS with the cache in place (``_common.PeakMemory``), in copies of N·T·H·4
 bytes, beside what the code holds by derivation: ``policy.DELTA_NORMAL_HOST_COPIES`` − 1 (v) plus one row block of
-v − μ (``delta._ROW_BLOCK_BYTES``, at least one row); the [N, T] tensors (1/H of a copy each) and what the allocator
+v − μ (``delta.ROW_BLOCK_BYTES``, at least one row); the [N, T] tensors (1/H of a copy each) and what the allocator
 keeps of freed memory are left out of the derived figure. ``--only stage5`` runs this part alone (under a minute;
 ``--out`` then defaults to ``bench/results/memory_stage5.json``).
 
@@ -182,7 +182,7 @@ def stage5_derived(N: int, T: int, H: int) -> dict:
     import delta
     import policy
 
-    rows = min(max(1, delta._ROW_BLOCK_BYTES // (T * H * 4)), N)
+    rows = min(max(1, delta.ROW_BLOCK_BYTES // (T * H * 4)), N)
     return {"copies_total": policy.DELTA_NORMAL_HOST_COPIES, "block_rows": rows,
             "above_cache": policy.DELTA_NORMAL_HOST_COPIES - 1 + rows / N}
 

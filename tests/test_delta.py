@@ -440,7 +440,7 @@ def test_squared_distances_in_row_blocks_equal_the_whole_batch_formula(H):
 @pytest.mark.parametrize("K", [0, 1, 2])
 def test_lambda_does_not_depend_on_the_row_block(K, monkeypatch):
     """delta_coefficients' λ̄ and statistics are the same, bit for bit in float64, whatever the rows per block
-    (_ROW_BLOCK_BYTES: 1, 2, 5, 7 of N = 12 rows, all of them, more), with +0.0 on padding (v read as given) and
+    (ROW_BLOCK_BYTES: 1, 2, 5, 7 of N = 12 rows, all of them, more), with +0.0 on padding (v read as given) and
     with garbage there (the masked copy)."""
     v, adv, mask = random_batch(41)
     row_bytes = v.shape[1] * v.shape[2] * v.element_size()
@@ -449,7 +449,7 @@ def test_lambda_does_not_depend_on_the_row_block(K, monkeypatch):
                                                                                           ("garbage", v))}
     assert torch.equal(ref["zero"][0], ref["garbage"][0])
     for rows in (1, 2, 5, 7, 12, 100):
-        monkeypatch.setattr(delta, "_ROW_BLOCK_BYTES", rows * row_bytes)
+        monkeypatch.setattr(delta, "ROW_BLOCK_BYTES", rows * row_bytes)
         assert delta._block_rows(v) == rows
         for name, x in (("zero", v_zero), ("garbage", v)):
             lam_bar, stats = delta_coefficients(x, adv, mask, K=K, return_stats=True)
@@ -460,7 +460,7 @@ def test_lambda_does_not_depend_on_the_row_block(K, monkeypatch):
 def test_prepare_copies_v_only_when_its_padding_is_not_plus_zero(monkeypatch):
     """The whole-batch path reads proxy_vectors' v as it is (+0.0 on padding: a masked copy would be the same
     bits, and it is [B, T, H]); −0.0 or NaN on padding, or another dtype, give one masked copy, +0.0 there."""
-    monkeypatch.setattr(delta, "_ROW_BLOCK_BYTES", 1)  # one row per block: the check runs block by block
+    monkeypatch.setattr(delta, "ROW_BLOCK_BYTES", 1)  # one row per block: the check runs block by block
     v, adv, mask = random_batch(42)
     h = v.masked_fill(mask[..., None] == 0, float("nan"))
     pv = proxy_vectors(h, torch.log(torch.rand(mask.shape, dtype=F64)), mask)

@@ -184,3 +184,13 @@ def test_the_written_floors_are_the_codes():
 
 if __name__ == "__main__":  # the floors block, as README.md holds it
     print(render_floors(import_graph()))
+
+
+def test_no_project_file_reads_a_private_name_of_the_copyable_modules():
+    """delta.py, cscr.py and verify.py are copied into other trainers alone: what the project itself needs of them
+    (the trainer, the diagnostics, the examples, the benches) is public, so a copy needs nothing private either."""
+    files = [*ROOT.glob("*.py"), *ROOT.glob("bench/*.py"), *ROOT.glob("examples/*.py")]
+    private = {p.relative_to(ROOT).as_posix(): sorted(n for m in ("delta", "cscr", "verify")
+                                                       for n in _attributes_of(p, m) if n.startswith("_"))
+               for p in files}
+    assert {path: names for path, names in private.items() if names} == {}
