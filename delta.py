@@ -6,47 +6,37 @@ Verifiable Rewards", arXiv 2605.21467 (2026); official code RUCBM/DelTA (verl-De
 
 What DelTA does, in the order of the method (each formula's function in brackets; names as docs/glossary.md: Â ``adv``,
 Ã ``token_adv``, α ``assign``, λ ``lam``, λ̄ ``lam_bar``)
-* Discriminator view (Sec. 3.1, App. C). At θ_old every PPO ratio is 1, so the DAPO token-mean update is Δθ ∝ Σ_{i,t}
-  Â_i v_{i,t}, v_{i,t} = ∇_θ log π(o_{i,t}). Split by the sign of Â (Eq. 2–3) it is M₊μ̄₊ − M₋μ̄₋: M± = Σ|Â| over the
-  tokens of the positive / negative responses are the advantage masses, μ̄± the |Â|-weighted centroids of their v. A
-  token x with gradient g_x moves by Δ log π(x) ∝ M₊g_xᵀμ̄₊ − M₋g_xᵀμ̄₋ (Eq. 4): a linear discriminator, blurred by
+* Discriminator view (Sec. 3.1, App. C). At θ_old every ratio is 1, so the DAPO token-mean update Δθ ∝ Σ Â_i v_{i,t}
+  (v = ∇_θ log π(o_{i,t})) splits by the sign of Â into M₊μ̄₊ − M₋μ̄₋ (Eq. 2–3: advantage masses M± = Σ|Â|, μ̄± the
+  |Â|-weighted centroids of v); a token x moves by M₊g_xᵀμ̄₊ − M₋g_xᵀμ̄₋ (Eq. 4), a linear discriminator blurred by
   tokens common to both sides (formatting, problem entities).
 * Proxy (App. F) [``proxy_vectors``]: v_t = (1 − p(y_t))·h_t = ∂ log p(y_t)/∂(sampled token's LM-head row), h_t =
   lm_head input; the ablation's top-K hidden gradient v_t = W_{y_t} − Σ_{top-K} p̃_j W_j [``topk_proxy_vectors``].
-* Remedy (Sec. 3.2) [``delta_coefficients``]: re-weight tokens so that the centroids (Eq. 2–3) become contrastive. Each
-  token gets its own-side squared-distance margin Δ⁺ = ‖v − μ₋‖² − ‖v − μ₊‖² (positive responses) or Δ⁻ = −Δ⁺ (negative)
-  and a soft assignment α = σ(Δ/γ) [``soft_assignment``] (App. G: the maximiser of α·Δ + γ·H(α), H the binary entropy),
-  with the adaptive temperature γ = population std of that side's margins [``adaptive_temperature``]. The centroids are
-  refined K times with weights |Â|·α. The temperature is *lagged* (App. H): γ⁽ᵏ⁺¹⁾ is the std of the margins at μ⁽ᵏ⁾, so
-  γ⁽¹⁾ ≡ γ⁽⁰⁾ and with K = 1 the final scores divide margins at μ⁽¹⁾ by a temperature measured at μ⁽⁰⁾ (paper = code).
-* Coefficient [``bounded_coefficients``, spec §2.3 step 5]: λ = λ_min + (λ_max − λ_min)·α* (λ_min for Â = 0), then one
-  global normalisation λ̄ = λ·N/Z, N = #valid tokens, Z = Σλ. Ã = Â·λ̄ [``delta_token_advantages``] goes into the
-  unchanged DAPO/PPO token-mean loss; λ̄ > 0 keeps every clip branch, and (1/N) Σ λ̄ℓ = (1/Z) Σ λℓ (the self-normalised
-  surrogate, Eq. 8) holds exactly over the token set where N and Z were computed: the whole rollout batch. With several
-  mini-batches (as in the official code) each mini-batch's token-mean is only approximately self-normalised (λ̄ ≈ 1).
+* Remedy (Sec. 3.2) [``delta_coefficients``]: re-weight tokens so that the centroids become contrastive. Each token
+  gets its own-side squared-distance margin Δ⁺ = ‖v − μ₋‖² − ‖v − μ₊‖² (positive responses) or Δ⁻ = −Δ⁺ (negative) and
+  a soft assignment α = σ(Δ/γ) [``soft_assignment``] (App. G: the maximiser of α·Δ + γ·H(α)), γ = population std of
+  that side's margins [``adaptive_temperature``]; the centroids are refined K times with weights |Â|·α, the temperature
+  *lagged* (App. H: γ⁽ᵏ⁺¹⁾ is measured at μ⁽ᵏ⁾, so with K = 1 margins at μ⁽¹⁾ are divided by γ⁽⁰⁾; paper = code).
+* Coefficient [``bounded_coefficients``, spec §2.3 step 5]: λ = λ_min + (λ_max − λ_min)·α* (λ_min for Â = 0), then
+  λ̄ = λ·N/Z (N valid tokens, Z = Σλ). Ã = Â·λ̄ [``delta_token_advantages``] goes into the unchanged token-mean loss;
+  (1/N) Σ λ̄ℓ = (1/Z) Σ λℓ (Eq. 8) holds exactly over the rollout batch where N and Z were computed, approximately
+  over each of several mini-batches (as in the official code).
 
-Inferred or different from the official code (spec §2.4, §6)
-1. Scope: centroids, γ, N and Z are pooled over everything passed in (all prompts, not per group), as the
-   code does per data-parallel rank; ``reduce_fn`` = all-reduce(SUM) pools the ranks instead.
-2. One side empty (no valid token with Â > 0, or none with Â < 0): λ̄ ≡ 1 on valid tokens (plain DAPO; the
-   guard of spec §6; the official code has none, its λ̄ then lies in about [0.78, 1.24]).
-3. Precision: per-token maths in float32 (float64 for float64 v); moments for γ, N, Z and all streaming sums
-   in float64 (the code accumulates in v's dtype). 1 − p is computed as −expm1(log p).
-4. Distances: whole batch ‖v − μ‖² (official "Normal"; here a block of rows at a time, the same values);
-   streaming ‖v‖² − 2v·μ + ‖μ‖² clamped at 0 ("Memory_efficient"): h of one micro-batch at a time over K + 3
-   passes (2 for K = 0; the code shares pass 1 with θ_old's, grpo.py runs all K + 3 after it). Fewer is
-   impossible: α⁽⁰⁾ needs γ⁽⁰⁾, a global statistic at μ⁽⁰⁾, and μ⁽ᴷ⁾ is known only after the last refinement.
-5. Temperature T ≠ 1: the proxy omits the 1/T of the exact gradient, like the code (λ̄ is scale-invariant in v).
-Ablations (baselines spec §6; paper Sec. 5, App. F; the defaults are the paper's method): the keywords of
-``delta_coefficients`` (and ``delta_coefficients_streaming``), each of the step it changes and described there:
-K=0 (w/o refinement), lam_min/lam_max, scores="within_side" (Q1), assignment="hard", gamma=(γ₊, γ₋) (w/o
-adaptive γ), coefficients="raw", normalize=False (w/o λ-normalisation); ``random_coefficients`` (λ drawn from
-U(λ_min, λ_max)); ``topk_proxy_vectors(hidden, ids, mask, model.lm_head.weight, K=20)`` (App. F top-K gradient).
-Left out on purpose: the forward pass and the PPO loss (the caller's, see the example); the ℓ2-centroid
-variant (undefined, spec §6); the release's dead code (diagonal "LDA" variance overwritten by ones, ``pred`` /
-top-20% mask, ``calculate_rhoed_adv``). Read next: spec §2.3 (steps), §2.5 (streaming), §6 (edge cases), §7
-(worked example: tests/test_delta.py); grpo.py ``Credit._delta`` (use in a trainer). A batch whose h does not
-fit in memory: ``delta_coefficients_streaming`` (spec §2.5; its docstring's example).
+Inferred or different from the official code (spec §2.4, §6): (1) centroids, γ, N and Z are pooled over everything
+passed in, as the code does per data-parallel rank; ``reduce_fn`` = all-reduce(SUM) pools the ranks instead. (2) One
+side empty: λ̄ ≡ 1 on valid tokens (plain DAPO; the code has no guard, its λ̄ then lies in about [0.78, 1.24]).
+(3) Per-token maths in float32 (float64 for float64 v), moments and streaming sums in float64; 1 − p = −expm1(log p).
+(4) Distances ‖v − μ‖² a block of rows at a time (the code's "Normal"); streamed ‖v‖² − 2v·μ + ‖μ‖² clamped at 0
+(its "Memory_efficient"), h of one micro-batch at a time over K + 3 passes (2 for K = 0): α⁽⁰⁾ needs γ⁽⁰⁾, a global
+statistic at μ⁽⁰⁾, and μ⁽ᴷ⁾ is known only after the last refinement. (5) T ≠ 1: the proxy omits the exact gradient's
+1/T, like the code (λ̄ is scale-invariant in v).
+Ablations (baselines spec §6; the defaults are the paper's method): keywords of ``delta_coefficients`` and
+``delta_coefficients_streaming`` (K, lam_min/lam_max, scores, assignment, gamma, coefficients, normalize; described
+there), ``random_coefficients`` and ``topk_proxy_vectors``.
+Left out on purpose: the forward pass and the PPO loss (the caller's, see the example); the ℓ2-centroid variant
+(undefined, spec §6); the release's dead code (diagonal "LDA" variance overwritten by ones, ``pred`` / top-20% mask,
+``calculate_rhoed_adv``). Read next: spec §2.3, §2.5, §6, §7 (worked example: tests/test_delta.py); grpo.py
+``Credit._delta``. A batch whose h does not fit in memory: ``delta_coefficients_streaming``.
 
 Example (any HF causal LM; tests/test_delta.py runs it on a tiny random Qwen3):
     import torch, delta
@@ -76,11 +66,9 @@ __all__ = ["proxy_vectors", "topk_proxy_vectors", "delta_coefficients", "delta_c
            "random_coefficients", "delta_token_advantages", "adaptive_temperature", "soft_assignment",
            "bounded_coefficients", "STAT_KEYS"]
 
-# Keys of the ``return_stats`` dict (Python floats): λ̄ on each side; cosine and norms of the final centroids
-# μ±⁽ᴷ⁾; final (lagged) temperatures γ±⁽ᴷ⁾ (the supplied ones with ``gamma=``); this batch's first temperatures
-# γ±⁽⁰⁾ (measured at μ⁽⁰⁾ even when ``gamma=`` is given: what a trainer freezes for the fixed-γ ablation); valid
-# tokens with Â > 0, < 0, = 0; scale = N/Z (so λ = λ̄/scale; 1 with ``normalize=False``); fallback = 1.0 when the
-# one-side-empty guard returned λ̄ ≡ 1, else 0.0.
+# ``return_stats``' keys (floats): λ̄ on each side; cosine and norms of μ±⁽ᴷ⁾; final temperatures γ±⁽ᴷ⁾ (``gamma=``'s
+# if given); this batch's γ±⁽⁰⁾ (at μ⁽⁰⁾ always: what the fixed-γ ablation freezes); valid tokens with Â > 0, < 0, = 0;
+# scale = N/Z (λ = λ̄/scale; 1 with ``normalize=False``); fallback = 1.0 when the one-side guard gave λ̄ ≡ 1.
 STAT_KEYS = ("delta/lam_pos_mean", "delta/lam_pos_std", "delta/lam_pos_min", "delta/lam_pos_max",
              "delta/lam_neg_mean", "delta/lam_neg_std", "delta/lam_neg_min", "delta/lam_neg_max",
              "delta/cos_mu", "delta/mu_pos_norm", "delta/mu_neg_norm", "delta/gamma_pos", "delta/gamma_neg",
@@ -93,13 +81,11 @@ _NAN = float("nan")
 
 def proxy_vectors(hidden: Tensor, old_logp: Tensor, response_mask: Tensor) -> Tensor:
     """Last-layer token-gradient proxy v_t = (1 − p(y_t))·h_t = ∂ log p(y_t) / ∂ W_lm_head[y_t] (App. F): only the
-    *sampled* token's row of the LM head (not the full (e_y − p) ⊗ h outer product), so only
-    log p(y_t) is needed. hidden: [B, T, H] input of ``lm_head`` (after the final norm) at the position that
-    *predicts* response token t (positions [-T-1 : -1]). old_logp: [B, T] θ_old's log-probs (nats) from the
-    temperature-scaled logits (the exact gradient has a further 1/τ, omitted as in the paper's code).
-    response_mask: [B, T] bool or 0/1 float; padding gets v = 0. Returns [B, T, H] float32 (float64 if
-    ``hidden`` or ``old_logp`` is), detached. Raises ValueError on bad shapes or a non-0/1 mask.
-    """
+    *sampled* token's row of the LM head (not the (e_y − p) ⊗ h outer product), so only log p(y_t) is needed.
+    hidden: [B, T, H] input of ``lm_head`` (after the final norm) at the positions that *predict* the response
+    tokens ([-T-1 : -1]); old_logp: [B, T] θ_old's log-probs (nats; the exact gradient's 1/τ omitted, as in the
+    paper's code); response_mask: [B, T] bool or 0/1, padding gets v = 0. Returns [B, T, H] float32 (float64 if
+    ``hidden`` or ``old_logp`` is), detached. Raises ValueError on bad shapes or a non-0/1 mask."""
     _check_shapes(hidden, "hidden", 3, None, old_logp, "old_logp", response_mask)
     dtype = _work_dtype(hidden, old_logp)
     with torch.no_grad():
@@ -115,20 +101,16 @@ def topk_proxy_vectors(hidden: Tensor, token_ids: Tensor, response_mask: Tensor,
     """Top-K hidden-gradient proxy v_t = W_{y_t} − Σ_{j ∈ top-K(z_t/T)} p̃_t(j)·W_j (App. F; baselines spec §6
     ``delta_topk_proxy``), an approximation of ∇_h log p(y_t) = W_{y_t} − Σ_j p_t(j)·W_j.
 
-    z_t = h_t Wᵀ are the logits, p̃_t the softmax of z_t/T renormalised over the K largest; y_t need not be among
-    them; no h_t and no (1 − p) factor. K = V gives the exact ∇_h log p(y_t) (without the 1/T of T ≠ 1, as
-    ``proxy_vectors``). hidden: [B, T, H] LM-head inputs (as for ``proxy_vectors``); token_ids: [B, T] sampled
-    tokens y_t (any value on padding); response_mask: [B, T] bool or 0/1; lm_head_weight: W [V, H] (tied or not;
-    no bias); K: int in [1, V]; temperature: T > 0 (the rollout's). Returns v [B, T, H] in W's units, float32
-    (float64 if ``hidden`` or W is), detached, 0 on padding (``delta_coefficients``' v, or a streamed chunk's).
-    Memory: W once in the working dtype (V·H·4 B: 2.5 GB for Qwen3-8B's 151,936 × 4,096 in float32), the output,
-    and the logits of one block of valid tokens at a time (``ROW_BLOCK_BYTES`` of them and of their K gathered
-    rows of W, at least one token), never a [B, T, V] tensor. Cost: the LM head's matmul once more.
-    Raises ValueError on bad shapes, a non-0/1 mask, K not in [1, V], T not > 0, a token id outside [0, V).
+    z_t = h_t Wᵀ are the logits, p̃_t the softmax of z_t/T renormalised over the K largest (y_t need not be among
+    them). K = V gives the exact ∇_h log p(y_t) (without T ≠ 1's 1/T, as ``proxy_vectors``). hidden: [B, T, H]
+    LM-head inputs; token_ids: [B, T] sampled y_t; response_mask: [B, T] bool or 0/1; lm_head_weight: W [V, H] (no
+    bias); K in [1, V]; temperature T > 0 (the rollout's). Returns v [B, T, H], float32 (float64 if ``hidden`` or W
+    is), detached, 0 on padding. Memory: W in the working dtype (V·H·4 B: 2.5 GB for Qwen3-8B), the output, and one
+    block of valid tokens' logits and K gathered rows of W (``ROW_BLOCK_BYTES``), never [B, T, V]. Raises
+    ValueError on bad shapes, a non-0/1 mask, K not in [1, V], T not > 0, a token id outside [0, V).
     """
     _check_shapes(hidden, "hidden", 3, None, token_ids, "token_ids", response_mask)
-    if not isinstance(lm_head_weight, Tensor) or lm_head_weight.dim() != 2 or \
-            lm_head_weight.shape[1] != hidden.shape[-1]:
+    if not isinstance(lm_head_weight, Tensor) or lm_head_weight.shape[1:] != hidden.shape[-1:]:  # W [V, H]
         raise ValueError(f"lm_head_weight must be a [V, H] tensor with H = {hidden.shape[-1]}, got shape "
                          f"{tuple(getattr(lm_head_weight, 'shape', ()))}")
     V = lm_head_weight.shape[0]
@@ -192,14 +174,11 @@ def random_coefficients(adv: Tensor, response_mask: Tensor, lam_min: float = 0.8
                         u: Optional[Tensor] = None, generator: Optional[torch.Generator] = None,
                         normalize: bool = True) -> Tensor:
     """The random-coefficient control (App. F "sampled randomly from the same bounded range … same coefficient
-    normalization"; baselines spec §6 ``random``): λ = λ_min + (λ_max − λ_min)·u, u ~ U(0, 1) i.i.d. per token,
-    λ_min on responses with Â = 0, 0 on padding, then λ̄ = λ·N/Z, the spec §6 guard and ``normalize`` as in
-    ``delta_coefficients`` (so that the control is plain DAPO on the same steps as DelTA). Needs no v. adv: Â [B];
-    response_mask: [B, T] bool or 0/1; lam_min, lam_max: as in ``delta_coefficients``; u: [B, T] values in [0, 1]
-    (tests; read on valid tokens only), else drawn as ``torch.rand(B, T, generator=generator)`` (every call draws,
-    guard or not, so the generator advances alike each step). Returns λ̄ [B, T], float32 (float64 if Â or u is), on
-    the mask's device, 0 on padding, mean 1 over valid tokens unless ``normalize=False``. Raises ValueError on bad
-    shapes, a non-0/1 mask, non-finite Â, u outside [0, 1], or bad lam_min/lam_max.
+    normalization"; baselines spec §6 ``random``): λ = λ_min + (λ_max − λ_min)·u, u ~ U(0, 1) per token, λ_min
+    where Â = 0, 0 on padding, then λ̄ = λ·N/Z, the guard and ``normalize`` as in ``delta_coefficients``. Needs no v.
+    adv: Â [B]; response_mask: [B, T]; u: [B, T] in [0, 1] (tests), else ``torch.rand(B, T, generator=generator)``
+    (drawn at every call, guard or not). Returns λ̄ [B, T], float32 (float64 if Â or u is), 0 on padding. Raises
+    ValueError on bad shapes, a non-0/1 mask, non-finite Â, u outside [0, 1], or bad lam_min/lam_max.
     """
     lam_min, lam_max, _ = _check_args(0, lam_min, lam_max, 1e-8)
     _check_shapes(response_mask, "response_mask", 2, adv, u, "u" if u is not None else None, response_mask)
@@ -209,10 +188,9 @@ def random_coefficients(adv: Tensor, response_mask: Tensor, lam_min: float = 0.8
     with torch.no_grad():
         dev = response_mask.device
         mask = _mask01(response_mask).to(dtype)  # [B, T]
-        if u is None:
-            u = torch.rand(mask.shape, generator=generator, dtype=dtype, device=generator.device if generator
-                           else dev).to(dev)
-        u = u.detach().to(device=dev, dtype=dtype)  # [B, T]
+        u = torch.rand(mask.shape, generator=generator, dtype=dtype, device=generator.device if generator else dev) \
+            if u is None else u  # [B, T]
+        u = u.detach().to(device=dev, dtype=dtype)
         if not bool(((u >= 0) & (u <= 1))[mask > 0].all()):
             raise ValueError("u must lie in [0, 1] on valid tokens")
         adv = adv.detach().to(device=dev, dtype=dtype)  # [B]
@@ -253,9 +231,8 @@ def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K: int = 1
         ``normalize=False``); ≡ 1 on valid tokens if a side has no valid token (spec §6 guard, every variant,
         ``delta/fallback`` = 1). Or (λ̄, stats).
     Raises: ValueError: bad shapes, non-0/1 mask, non-finite Â, K not an int >= 0, lam_min > lam_max or < 0,
-        eps <= 0, an unknown ablation value, gamma not a pair of finite floats > 0.
-    Memory: beside v, one row block of v − μ (``ROW_BLOCK_BYTES``) and [B, T] tensors; v is read as given
-    when it is +0.0 on padding (``proxy_vectors``' output), else copied once, masked.
+        eps <= 0, an unknown ablation value, gamma not a pair of finite floats > 0. Memory: beside v, one row block
+        of v − μ (``ROW_BLOCK_BYTES``) and [B, T] tensors; v is copied once, masked, unless +0.0 on padding.
     """
     lam_min, lam_max, fixed_gamma = _check_args(K, lam_min, lam_max, eps, scores, assignment, gamma, coefficients,
                                                 normalize)
@@ -306,10 +283,8 @@ def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K: int = 1
         N, Z = mask.sum(dtype=torch.float64), lam.sum(dtype=torch.float64)
         scale = N / Z.clamp(min=eps) if normalize else torch.ones((), dtype=torch.float64)  # "no_lamnorm": λ̄ := λ
         lam_bar = lam * scale.to(lam.dtype) if normalize else lam
-        if not return_stats:
-            return lam_bar
-        return lam_bar, _batch_stats(lam_bar, pos, neg, mask, float(scale), (mu_pos, mu_neg), (gamma_pos, gamma_neg),
-                                     gamma0)
+        return (lam_bar, _batch_stats(lam_bar, pos, neg, mask, float(scale), (mu_pos, mu_neg), (gamma_pos, gamma_neg),
+                                      gamma0)) if return_stats else lam_bar
 
 
 Chunk = Tuple[Tensor, Optional[Tensor], Tensor, Tensor]  # hidden or v [b, T, H], old_logp [b, T] or None, mask, Â
@@ -325,9 +300,8 @@ def delta_coefficients_streaming(chunks: Chunks, K: int = 1, lam_min: float = 0.
     rounding) from micro-batches of LM-head inputs (spec §2.5; the header's inferred choice 4), holding one chunk's
     h and v at a time and otherwise float64 sums ([H] vectors) and per token Â's side, the margin and λ: at the
     papers' 2,048 responses × 4,096 tokens about 0.1 GB, where the batch's h in float32 is 137 GB (H = 4,096).
-    ``chunks``: a list/tuple of ``Chunk`` (hidden [b, T, H], old_logp [b, T], response_mask [b, T], adv [b]), or
-    a zero-arg callable returning a fresh iterable of them (no one-shot iterator), e.g. re-running θ_old's
-    no-grad, eval-mode forward (grpo.py ``Credit._delta`` uses the trainer's micro-batches)::
+    ``chunks``: a list of ``Chunk`` (hidden [b, T, H], old_logp [b, T], response_mask [b, T], adv [b]), or a
+    zero-arg callable returning a fresh iterable of them, e.g. re-running θ_old's eval-mode forward::
 
         def micro_batches():  # called K + 3 times (2 for K = 0); the same rows in the same order every time
             for ids, att, mask, adv, old_logp in my_micro_batches:  # old_logp: stored with the rollout
@@ -339,10 +313,9 @@ def delta_coefficients_streaming(chunks: Chunks, K: int = 1, lam_min: float = 0.
     Args:
         K, lam_min, lam_max, eps, return_stats, and the ablations: as in ``delta_coefficients``; with
             ``reduce_fn`` the stats are global except ``lam_*_min`` / ``lam_*_max`` (this process's tokens).
-        reduce_fn: optional, applied to each pass's statistics (one flat float64 tensor) before use, e.g.
-            ``torch.distributed.all_reduce`` (in place, may return None). They are sums and counts, so
-            all-reduce(SUM) gives the single-process λ̄ over the union of the ranks' data; all ranks make the
-            same calls (the guard is decided on reduced counts). Without it: per process (official code).
+        reduce_fn: applied to each pass's statistics (one flat float64 tensor: sums and counts), e.g.
+            ``torch.distributed.all_reduce`` (in place, may return None): the single-process λ̄ over the union of
+            the ranks' data; all ranks make the same calls. Without it: per process (official code).
     Returns: list of λ̄ [b, T], one per chunk, float32 (float64 if the first chunk's v is); or (list, stats). Raises
         ValueError for empty chunks, a one-shot iterator, chunks changed between passes, some old_logp None only.
     """
@@ -438,10 +411,9 @@ def _row_block(v: Tensor, rows: Optional[int] = None) -> Tensor:  # a [rows, T, 
 
 
 def _squared_distances(v: Tensor, mu: Tensor, block: Tensor) -> Tensor:
-    """‖v − μ‖² ``[B, T]`` of v ``[B, T, H]`` and μ ``[H]`` (v's dtype), its ``block`` ``[rows, T, H]`` (``_row_block``,
-    reused by every call) holding v − μ and its square for ``rows`` rows of v at a time. Each token's sum over H is
-    the same reduction whatever the block (the CPU's kernel reduces each output alone; tests/test_delta.py checks
-    equality in float64), so the result equals ``(v - mu).pow(2).sum(-1)``."""
+    """‖v − μ‖² ``[B, T]`` of v ``[B, T, H]`` and μ ``[H]``, ``block`` ``[rows, T, H]`` (``_row_block``, reused) holding
+    v − μ of ``rows`` rows at a time: each token's sum over H is the same reduction whatever the block, so the
+    result equals ``(v - mu).pow(2).sum(-1)`` (tests/test_delta.py, float64)."""
     out, rows = torch.empty(v.shape[:2], dtype=v.dtype, device=v.device), max(block.shape[0], 1)
     for r in range(0, v.shape[0], rows):
         d = torch.sub(v[r:r + rows], mu, out=block[:min(rows, v.shape[0] - r)])  # [rows, T, H]
@@ -463,8 +435,8 @@ def _centroid_sums(ch: _Chunk, v: Tensor, assign: Optional[Tensor] = None) -> di
     out = {"sum_wv_pos": (w_pos @ vf).double(), "sum_wv_neg": (w_neg @ vf).double(),
            "sum_w_pos": w_pos.sum(dtype=torch.float64), "sum_w_neg": w_neg.sum(dtype=torch.float64)}
     if assign is None:  # pass 1: also the valid-token counts
-        out.update({key: x.sum(dtype=torch.float64) for key, x in (("n_pos", ch.pos), ("n_neg", ch.neg),
-                                                                   ("n_valid", ch.mask))})
+        out.update(n_pos=ch.pos.sum(dtype=torch.float64), n_neg=ch.neg.sum(dtype=torch.float64),
+                   n_valid=ch.mask.sum(dtype=torch.float64))
     return out
 
 
@@ -545,9 +517,8 @@ class _StatisticPasses:
                 sums[key] = (sums[key] if key in sums else torch.zeros_like(x)) + x
         if self.reduce_fn is None:
             return sums
-        flat = torch.cat([x.reshape(-1) for x in sums.values()])
-        out = self.reduce_fn(flat)
-        flat = flat if out is None else out
+        out = self.reduce_fn(flat := torch.cat([x.reshape(-1) for x in sums.values()]))
+        flat = flat if out is None else out  # in place (torch.distributed.all_reduce) or returned
         return {key: x.view_as(sums[key]) for key, x in zip(sums, flat.split([x.numel() for x in sums.values()]))}
 
 
