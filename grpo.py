@@ -2,7 +2,7 @@
 
 One training step (``train_step``) is seven stages, in the order of the papers::
 
-    1. rollout      G responses o_i for each prompt q             rollout.generate (HF) or vLLM (--use_vllm)
+    1. rollout      G responses o_i for each prompt q             rollout.sample: HF generate or vLLM (--use_vllm)
     2. verify       binary reward r_i ∈ {0, 1} (+ overlong shaping) verify.grade_batch; overlong_penalty DAPO §3.4
     3. advantages   Â_i = (r_i − mean_g r) / (std_g r + 1e-6)       group_advantages   GRPO (Shao et al. 2024)
     4. θ_old        log π_θold(o_{i,t}) per token, detached: a      old_logprobs       (+ h_t for DelTA, same pass)
@@ -19,9 +19,8 @@ The file follows that order (its flags and their checks: grpo_config.py): the ma
 ``old_logprobs``, ``policy_update``); the loop (``train``).
 
 * θ_old's log-probs come from this trainer's own forward pass, never from the sampler, so the ratio is exactly 1 at
-  the first update and sampler numerics do not leak in. When the batch is used for one update only, stage 4 takes
-  them from the training forward itself (one forward fewer, the same update; ``can_update_on_policy``). Each such
-  optimisation checks the model's features when it loads and turns itself off where it would not be exact
+  the first update. When the batch is used for one update only, stage 4 takes them from the training forward itself
+  (``can_update_on_policy``); each such optimisation turns itself off where the model would make it inexact
   (``policy.exact_optimisations``).
 * The loss is PPO's clipped surrogate with DAPO's asymmetric clip, an optional dual clip for negative advantages
   and an optional k3 KL penalty to a frozen reference (off by default, as in TRL, verl's DAPO recipe and DelTA).
@@ -35,10 +34,9 @@ The file follows that order (its flags and their checks: grpo_config.py): the ma
   a surrogate is a branch of ``policy_loss`` (SAPO's soft gate, ``--loss_type sapo``).
 * Left out on purpose: entropy bonus, reward shaping beyond DAPO's overlong penalty, dynamic sampling, learning-rate
   schedules. The loss value is no progress signal (≈ 0 at θ_old): watch the reward and the held-out accuracy.
-* Infrastructure sits behind one-line calls: recipes (named settings) and the checks made before any weights load
-  in recipes.py (the memory plan: memory_plan.py), the policy model (loading, LoRA, KL reference, the shared prompt
-  pass) in policy.py, torchrun + FSDP2 in distributed.py, checkpoints and the run folder's logs in checkpoint.py,
-  held-out evaluation in evaluate.py. Read next: delta.py and cscr.py (the credit), then rollout.py and verify.py.
+* Infrastructure sits behind one-line calls: recipes and the checks before any weights load (recipes.py,
+  memory_plan.py), the data (problems.py), the policy model (policy.py), torchrun + FSDP2 (distributed.py), the run
+  folder (checkpoint.py), held-out evaluation (evaluate.py). Read next: delta.py and cscr.py, rollout.py, verify.py.
 """
 
 from __future__ import annotations
@@ -64,7 +62,7 @@ import recipes
 import report
 import rollout
 import verify
-from grpo_config import GRPOConfig, _or, build_parser, check_config  # every flag and its check (grpo_config.py)
+from grpo_config import GRPOConfig, build_parser, check_config  # every flag and its check (grpo_config.py)
 
 # --- The maths: pure functions on tensors ---------------------------------------------------------------------
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str = "group",
@@ -354,10 +352,9 @@ class Credit:
 
 
 # --- One step: rollout -> verify -> advantages -> θ_old -> credit -> update -> log ----------------------------
-# What a step works on beside its config, in two groups that travel together (``train`` makes them once):
-# the policy and what is built beside it (policy.build; ``llm``: the vLLM engine of --use_vllm, None: HF generate) ...
+# What a step works on beside its config (``train`` makes both once): the policy and what policy.build makes beside
+# it (``llm``: --use_vllm's engine, None: HF generate); the training rows, their order, the template, its stop tokens
 Actor = namedtuple("Actor", "model tokenizer optimizer ref_model llm", defaults=(None,))
-# ... and the prompts: the training rows, their order (rollout.PromptSampler), the template and its stop tokens
 PromptSource = namedtuple("PromptSource", "rows sampler template stop_ids")
 
 
@@ -382,8 +379,8 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     # 2. verify: binary reward, every grader failure counted; DAPO's overlong shaping adds R_length ≤ 0 (§3.4)
     graded = verify.grade_batch(batch.texts, answers)
     correct = torch.tensor([float(ok) for ok, _ in graded])
-    rewards = correct + overlong_penalty(batch.response_lengths, cfg.max_completion_length, cfg.overlong_buffer_len,
-                                         cfg.overlong_penalty_factor) if cfg.overlong_buffer_len else correct
+    rewards = (correct + overlong_penalty(batch.response_lengths, cfg.max_completion_length, cfg.overlong_buffer_len,
+                                          cfg.overlong_penalty_factor)) if cfg.overlong_buffer_len else correct
     # 3. group advantages Â_i (GRPO)
     adv = group_advantages(rewards, G, cfg.scale_rewards)
     lengths = batch.response_lengths  # logged as sampled, masked or not
@@ -419,13 +416,12 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     return record
 
 
-# θ_old, as stage 4 leaves it for stages 5 and 6. Kept across micro-batches, float32 on the host (N responses × T
-# tokens, hidden size H; at the papers' scale N = 2,048, T = 4,096, H = 4,096): logp N·T·4 bytes (34 MB); ref_logp
-# (--beta > 0, else None) N·T·4 (34 MB); hidden (DelTA's --delta_impl normal, else None) N·T·H·4 (137 GB), refused
-# by policy.check_delta_cache above a quarter of the host's memory (stage 5 adds v, as large: its peak is
-# policy.DELTA_NORMAL_HOST_COPIES = 2 copies, in HOST_MEMORY_SHARE = 1/2); training_forward:
-# stage 4's training forward when it was that (can_update_on_policy; graphs, on the device), else None.
-ThetaOld = namedtuple("ThetaOld", "logp hidden ref_logp training_forward")
+# θ_old, as stage 4 leaves it for stages 5 and 6, float32 on the host (N responses × T tokens, hidden size H; at the
+# papers' scale 2,048 × 4,096, H = 4,096): logp N·T·4 bytes (34 MB); ref_logp (--beta > 0, else None) N·T·4 (34 MB);
+# hidden (DelTA's --delta_impl normal, else None) N·T·H·4 (137 GB), refused by policy.check_delta_cache above a quarter
+# of the host's memory (stage 5 adds v: policy.DELTA_NORMAL_HOST_COPIES = 2 copies in HOST_MEMORY_SHARE = 1/2);
+# update_passes: stage 4's training forward, which stage 6 reuses (can_update_on_policy; graphs on the device), or None.
+ThetaOld = namedtuple("ThetaOld", "logp hidden ref_logp update_passes")
 
 
 def old_logprobs(model, batch, cfg: GRPOConfig, need_hidden=False, ref_model=None, training_forward=False):
@@ -438,7 +434,7 @@ def old_logprobs(model, batch, cfg: GRPOConfig, need_hidden=False, ref_model=Non
     dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
     old_logp, hidden = torch.zeros(N, T, dtype=dt), None
     passes = policy.Passes(model, batch, torch.arange(N), cfg, grad=training_forward, hidden=need_hidden,
-                           keep=training_forward)
+                           keep_graphs=training_forward)
     for mb in passes:
         old_logp[mb.rows, :mb.t] = mb.logp.detach().cpu()
         if need_hidden:  # h_t on the host, bounded (the comment above ThetaOld)
@@ -521,7 +517,7 @@ def backward_minibatch(model, batch, old: ThetaOld, token_adv, mb_idx, cfg: GRPO
                                                      dtype=torch.float64))
     n_tok, n_seq = counts[0].item(), int(counts[1].item())
     # the training forward over these rows: stage 4's, when it was this one (its only update), else a new one
-    passes = old.training_forward or policy.Passes(model, batch, mb_idx, cfg, grad=True,
+    passes = old.update_passes or policy.Passes(model, batch, mb_idx, cfg, grad=True,
                                                    entropy=forking and cfg.entropy_pool == "micro")
     for mb in passes:
         at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
@@ -632,7 +628,8 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     def run_eval(step):  # held-out greedy, avg@k, pass@k
         if not eval_rows or not cfg.eval_num_generations:
             return {}
-        t, p = _or(cfg.eval_temperature, cfg.temperature), _or(cfg.eval_top_p, cfg.top_p)  # the paper: top-p 0.7
+        t = cfg.temperature if cfg.eval_temperature is None else cfg.eval_temperature  # the paper: T 1.0, top-p 0.7
+        p = cfg.top_p if cfg.eval_top_p is None else cfg.eval_top_p
         with policy.oom_guard(f"the evaluation at step {step}"):
             record = {"step": step, **evaluate.heldout(model, tokenizer, eval_rows, template,
                                                        cfg.eval_num_generations, t, p,

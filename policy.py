@@ -428,20 +428,20 @@ class Passes:
     ``take`` picks its part of any ``[N, T]`` tensor), ``--shared_prompt`` (each distinct prompt run once, its keys
     and values read by its responses). ``grad``: train mode with gradient; call ``backward_prompts`` once after the
     micro-batches' backward passes (it sends the prompt pass its share). Else eval mode, no gradient. ``hidden``:
-    also the LM head's inputs h_t. ``entropy``: also the policy's entropy at each position. ``keep``: the
+    also the LM head's inputs h_t. ``entropy``: also the policy's entropy at each position. ``keep_graphs``: the
     micro-batches are kept and a second iteration yields them again without running the model (stage 4's training
     forward, reused by stage 6's only update).
     ``batch``: a ``rollout.Rollout`` (``input_ids``/``attention_mask`` ``[N, P + T]``, ``response_mask`` ``[N, T]``,
     on any device: each micro-batch goes to the model's).
     """
 
-    def __init__(self, model, batch, rows, cfg, *, grad: bool, hidden=False, keep=False, entropy=False):
+    def __init__(self, model, batch, rows, cfg, *, grad: bool, hidden=False, keep_graphs=False, entropy=False):
         self.model, self.batch, self.rows, self.cfg = model, batch, rows, cfg
-        self.grad, self.hidden, self.keep, self.entropy = grad, hidden, keep, entropy
+        self.grad, self.hidden, self.keep_graphs, self.entropy = grad, hidden, keep_graphs, entropy
         self.kept, self.shared = None, None
         # the micro-batches as (rows, input columns, response width T_j), planned once for every pass
-        self.layout = micro_batches(rows, batch.attention_mask, cfg.micro_batch_size,
-                                            batch.response_mask.shape[1], cfg.padding_free)
+        self.layout = micro_batches(rows, batch.attention_mask, cfg.micro_batch_size, batch.response_mask.shape[1],
+                                    cfg.padding_free)
 
     def __iter__(self):
         if self.kept is not None:
@@ -460,10 +460,10 @@ class Passes:
             out = list(out) if self.hidden or self.entropy else [out]
             logp, h, ent = out[0], out[1] if self.hidden else None, out[-1] if self.entropy else None
             mb = MicroBatch(j, cols, t, logp, h, ent)
-            if self.keep:  # the graph, not h: stage 4's kept h_t live on the host (grpo.old_logprobs)
+            if self.keep_graphs:  # the graph, not h: stage 4's kept h_t live on the host (grpo.old_logprobs)
                 kept.append(mb._replace(hidden=None))
             yield mb
-        self.kept = kept if self.keep else None
+        self.kept = kept if self.keep_graphs else None
 
     def backward_prompts(self) -> None:
         """After the last micro-batch's backward: the shared prompt pass's share of the gradient (no-op without)."""

@@ -13,7 +13,7 @@
 * θ_old: TRL skips its own old-log-prob pass when the generation and the optimizer steps line up, runs it in
   training mode when it does, and its fused LM head never calls the ``lm_head`` module (no hook there sees h_t),
   so ``token_advantages`` runs one no-grad, eval-mode forward of its own over the batch
-  (``old_logps_and_hidden``: ``cscr.default_logprob_fn`` with a forward pre-hook on the LM head). DelTA reads
+  (examples/theta_old.py's ``old_logps_and_hidden``: ``cscr.default_logprob_fn`` with a pre-hook on the LM head). DelTA reads
   log p(y_t) and h_t from it (App. F: v_t = (1 − p)·h_t); CSCR reads ℓ0 from it and scores ℓ± with
   ``cscr.condition_logprobs``, which uses the same position ids, temperature and eval mode, so ℓ± − ℓ0 measures
   the prompt only. TRL tokenises text prompts with ``tokenizer(prompt)``, cscr.py's one tokenisation rule.
@@ -43,26 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's
 import cscr  # noqa: E402
 import delta  # noqa: E402
 import verify  # noqa: E402
-
-
-@torch.no_grad()
-def old_logps_and_hidden(model, input_ids, attention_mask, response_mask, temperature, batch_size, hidden=False):
-    """θ_old's log p(y_t) [B, T] (nats, 0 on padding) and, with ``hidden``, the LM head's input h_t [B, T, H]
-    at the positions that predict the response tokens; no grad, eval mode, ``batch_size`` rows per forward.
-    ``input_ids`` [B, P + T]: left-padded prompt, right-padded response (TRL's layout)."""
-    T, hs = response_mask.shape[1], []
-    head = model.get_output_embeddings()
-    hook = head.register_forward_pre_hook(lambda _, args: hs.append(args[0][:, -T - 1:-1])) if hidden else None
-    was_training = model.training
-    model.eval()
-    try:
-        logps = [cscr.default_logprob_fn(model, input_ids[s], attention_mask[s], response_mask[s], temperature)
-                 for s in torch.arange(len(input_ids), device=input_ids.device).split(batch_size)]
-    finally:
-        model.train(was_training)
-        if hook is not None:
-            hook.remove()
-    return torch.cat(logps), torch.cat(hs) if hidden else None
+from examples.theta_old import old_logps_and_hidden  # noqa: E402  (θ_old with h_t, shared)
 
 
 class CreditGRPOTrainer(GRPOTrainer):

@@ -74,6 +74,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the repository's delta.py and cscr.py (copy them next to this file elsewhere)
 import cscr  # noqa: E402
 import delta  # noqa: E402
+from examples.theta_old import old_logps_and_hidden  # noqa: E402  (θ_old with h_t, shared)
 
 METHODS = ("grpo", "delta", "cscr")
 DELTA_KEYS = ("K", "lam_min", "lam_max", "eps")  # delta.delta_coefficients_streaming's keywords
@@ -100,27 +101,6 @@ def sequence_advantages(advantages, response_mask):
     return torch.where(mask.any(-1), adv, torch.zeros_like(adv))
 
 
-@torch.no_grad()
-def old_logps_and_hidden(module, input_ids, attention_mask, response_mask, temperature, micro_batch_size, hidden=True):
-    """θ_old's log p(y_t) [B, T] (nats, 0 off the mask) and, with ``hidden``, the LM head's input h_t [B, T, H] at the
-    positions that predict the response tokens (DelTA App. F); no grad, eval mode, ``micro_batch_size`` rows per
-    forward. ``input_ids`` [B, P + T] in verl's layout (left-padded prompt | right-padded response); position ids
-    cumsum(mask) − 1, as verl's driver builds them (``cscr.default_logprob_fn``: the same function as CSCR's ℓ±)."""
-    T, hs = response_mask.shape[1], []
-    head = module.get_output_embeddings()
-    hook = head.register_forward_pre_hook(lambda _, args: hs.append(args[0][:, -T - 1:-1])) if hidden else None
-    was_training = module.training
-    module.eval()
-    try:
-        logps = [cscr.default_logprob_fn(module, input_ids[s], attention_mask[s], response_mask[s], temperature)
-                 for s in torch.arange(len(input_ids), device=input_ids.device).split(micro_batch_size)]
-    finally:
-        module.train(was_training)
-        if hook is not None:
-            hook.remove()
-    return torch.cat(logps), torch.cat(hs) if hidden else None
-
-
 def delta_lambda_bar(module, data: DataProto, reduce_fn=None, return_hidden=False):
     """DelTA's λ̄ [b, T] of this rank's rows ``data`` (a ``DataProto`` shard with ``input_ids``, ``attention_mask``,
     ``response_mask``, ``seq_advantages`` Â [b]; ``meta_info``: ``temperature``, ``credit``), pooled over the ranks by
@@ -131,7 +111,7 @@ def delta_lambda_bar(module, data: DataProto, reduce_fn=None, return_hidden=Fals
     settings = meta.get("credit", {})
     mask = b["response_mask"]
     logp, h = old_logps_and_hidden(module, b["input_ids"], b["attention_mask"], mask, meta.get("temperature", 1.0),
-                                   settings.get("micro_batch_size", 8))
+                                   settings.get("micro_batch_size", 8), hidden=True)
     adv = b["seq_advantages"]
     # spec §2.5: the shard's h as one chunk; every statistic (centroid sums, margin moments, N, Z) is a sum, so the
     # all-reduce makes them the whole batch's (Eq. 2–3, App. H, Eq. 8) and λ̄ equals the one-process λ̄

@@ -188,7 +188,7 @@ def grpo_credit(model, tokenizer, credit, data, adv, logp, hidden):
         prompt_length=b["prompts"].shape[1], finish_reasons=["stop"] * len(mask),
         texts=tokenizer.batch_decode(b["responses"], skip_special_tokens=True),
         prompts=[tokenizer.decode(p[m]) for p, m in zip(b["prompts"], prompt_mask)], group_size=N_GEN)
-    old = grpo.ThetaOld(logp=logp, hidden=hidden, ref_logp=None, training_forward=False)
+    old = grpo.ThetaOld(logp=logp, hidden=hidden, ref_logp=None, update_passes=None)
     token_adv, _ = grpo.Credit(cfg, tokenizer)(model, batch, adv, old, [x["ground_truth"] for x in
                                                                          data.non_tensor_batch["reward_model"]])
     return token_adv
