@@ -173,7 +173,8 @@ class CreditActorRolloutRefWorker(ActorRolloutRefWorker):
     def _module(self):
         engine = self.actor.engine
         if getattr(engine, "ulysses_sequence_parallel_size", 1) > 1:
-            raise NotImplementedError("the credit pass runs whole sequences: set ulysses_sequence_parallel_size=1")
+            raise ValueError("the credit pass runs whole sequences (Ulysses sequence parallelism is left out): set "
+                             "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1")
         return engine, engine.module
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))

@@ -340,7 +340,7 @@ def test_the_worker_methods_on_one_rank(example, tiny, float64_model):
     for key in ("log_probs_h", "lp_pos", "lp_neg"):
         torch.testing.assert_close(got.batch[key], want.batch[key], rtol=0, atol=0)
     engine.ulysses_sequence_parallel_size = 2
-    with pytest.raises(NotImplementedError, match="ulysses_sequence_parallel_size=1"):
+    with pytest.raises(ValueError, match="ulysses_sequence_parallel_size=1"):
         worker.compute_log_prob_h(data)
 
 
