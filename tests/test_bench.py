@@ -30,6 +30,8 @@ if str(REPO) not in sys.path:
 
 from bench import credit_overhead, gpu_check, gpu_smoke, memory_plan_check, scaling  # noqa: E402
 
+pytestmark = pytest.mark.bench  # the benchmark scripts' smoke tests: -m bench (pytest.ini; .ci/run runs them)
+
 
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
