@@ -85,6 +85,7 @@ def _cases(rows):
     return cases
 
 
+@pytest.mark.forms  # every row of every benchmark (35 s): beside the equivalent forms, in -m forms
 def test_oracle_all_benchmarks():
     cases = _cases(_rows())
     results = V.grade_batch([c[4] for c in cases], [c[2] for c in cases], num_workers=2)
@@ -97,6 +98,7 @@ def test_oracle_all_benchmarks():
     assert not failures, f"{len(failures)} oracle failures (printed above)"
 
 
+@pytest.mark.forms
 def test_references_parse_to_math_objects():
     from math_verify import parse
     from sympy import Basic, MatrixBase
