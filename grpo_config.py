@@ -251,7 +251,7 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None)
         import cscr
 
         try:
-            cscr.build_condition_prompts("q", reference="1", response_answer="1", template=cfg.cscr_template)
+            cscr.condition_notes(cfg.cscr_template)  # the template lookup build_condition_prompts makes
         except ValueError as e:
             problems.append((True, f"--cscr_template {cfg.cscr_template!r}: {e}"))
     for failed, message in problems + ([] if cfg.dry_run else environment):
