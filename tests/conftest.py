@@ -123,9 +123,10 @@ class _LogProbPasses:
 def loss_stage(monkeypatch):
     """``loss_stage(logp, delta, adv, entropy=None, mask=None, ref_logp=None, **flags)``: one mini-batch (every
     row) of the trainer's loss stage, ``grpo.backward_minibatch``, on a policy whose log π ``logp`` [N, T] you set
-    (float64): θ_old's log π = ``logp − delta``, Ã = Â ``adv`` [N] on every valid token of ``mask`` (default: all),
-    the entropies ``entropy`` [N, T] (default 0), the flags those of ``grpo.GRPOConfig`` (max_completion_length T,
-    no shared prompt). Returns (loss, ∂loss/∂log π [N, T], the stage's statistic sums, the loss weights [N, T])."""
+    (float64): θ_old's log π = ``logp − delta``, Ã = Â ``adv`` [N] on every valid token of ``mask`` (default: all)
+    or the token advantages ``adv`` [N, T], the entropies ``entropy`` [N, T] (default 0), the flags those of
+    ``grpo.GRPOConfig`` (max_completion_length T, no shared prompt). Returns (loss, ∂loss/∂log π [N, T], the
+    stage's statistic sums, the loss weights [N, T])."""
     import grpo
     import policy
     import rollout
@@ -143,8 +144,8 @@ def loss_stage(monkeypatch):
         cfg = grpo.GRPOConfig(**{"max_completion_length": T, "shared_prompt": False, **flags})
         old = grpo.ThetaOld(logp - delta, None, ref_logp, None)
         weights = torch.zeros(N, T, dtype=logp.dtype)
-        loss, stats = grpo.backward_minibatch(model, batch, old, adv[:, None] * mask, torch.arange(N), cfg, None,
-                                              weights)
+        token_adv = (adv[:, None] if adv.dim() == 1 else adv) * mask
+        loss, stats = grpo.backward_minibatch(model, batch, old, token_adv, torch.arange(N), cfg, None, weights)
         return loss, model.logp.grad, stats, weights
 
     return run
