@@ -378,3 +378,17 @@ def test_fipo_drop_is_exact_at_every_micro_batch_size(toy_batch, float64_model, 
     # a response masked out by ``keep`` still counts as a sequence (TRL's mean over B); a dropped one does not
     scale = 1.0 if loss_type == "dapo" else N / (N - 1)
     assert loss * scale == pytest.approx(l0, rel=1e-10) and (grad * scale - g0).norm() <= 1e-10 * g0.norm()
+
+
+@pytest.mark.parametrize("pool", ["minibatch", "micro"])
+@pytest.mark.parametrize("rho,official,trl", [(0.2, -0.7433598698, -0.1486719740), (0.5, -0.2203905546,
+                                                                                    -0.1322343328)])
+def test_forking_tokens_example_a_through_the_loss_stage(loss_stage, pool, rho, official, trl):
+    """baselines.md §3's worked example through ``backward_minibatch`` (Example A's entropies H, Δ and Â): Forking
+    Tokens' code (``--entropy_top_ratio``: the top ⌈ρn⌉ tokens, their mean) and TRL's reading
+    (``--top_entropy_quantile``: ℓ × the mask over all N = 5 tokens), the same mask at both ρ; one micro-batch, so
+    both pools rank the same tokens."""
+    H = torch.tensor([[1.0201913367, 0.4983717768, 1.0883583966], [1.0376992061, 0.8280477897, 0.0]], dtype=D)
+    for flags, value in (({"entropy_top_ratio": rho}, official), ({"top_entropy_quantile": rho}, trl)):
+        loss, _, _, w = loss_stage(OLD + DLOGP, DLOGP, ADV, H, MASK, entropy_pool=pool, padding_free=False, **flags)
+        assert loss == pytest.approx(value, abs=TOL) and int(w.sum()) == (1 if rho == 0.2 else 3)
