@@ -117,6 +117,14 @@ class LossSettings:
     def from_config(cls, cfg: GRPOConfig) -> LossSettings:
         return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
 
+    @property
+    def aggregation(self) -> str:
+        """How ``loss_type`` reduces the per-token loss: ``dapo`` (token-mean), ``grpo`` (per-sequence) or
+        ``dr_grpo``; SAPO takes ``grpo``'s or ``dapo``'s (``sapo_aggregation``)."""
+        if self.loss_type == "sapo":
+            return "grpo" if self.sapo_aggregation == "sequence" else "dapo"
+        return self.loss_type
+
 
 def policy_loss(logp, old_logp, adv, response_mask, settings: LossSettings | None = None, *, ref_logp=None,
                 num_tokens=None, num_sequences=None, **keywords):
@@ -153,7 +161,7 @@ def policy_loss(logp, old_logp, adv, response_mask, settings: LossSettings | Non
         raise ValueError(f"give policy_loss a LossSettings or its fields as keywords, not both: {sorted(keywords)}")
     s = settings or LossSettings(**keywords)  # an unknown keyword: TypeError, naming it
     epsilon, epsilon_high, dual_clip, beta = s.epsilon, s.epsilon_high, s.dual_clip, s.beta
-    aggregation = ("grpo" if s.sapo_aggregation == "sequence" else "dapo") if s.loss_type == "sapo" else s.loss_type
+    aggregation = s.aggregation
     mask = response_mask.to(logp.dtype)
     adv = adv[:, None] if adv.dim() == 1 else adv
     for bad, message in [
@@ -502,42 +510,53 @@ def backward_minibatch(model, batch, old: ThetaOld, token_adv, mb_idx, cfg: GRPO
     processes (trl#3021; FSDP sums the gradients). The rules that need the current policy are branches of this
     stage (docs/specs/baselines.md): Forking Tokens' entropy mask (§3) and FIPO's future-KL weight (§5).
     ``keep`` ``[N, T]`` bool: the tokens the loss trains on (--delta_select; None: all); ``loss_weights`` ``[N, T]``
-    (optional, written): each token's loss-side factor (FIPO's f, the entropy mask) for samples/. Returns (loss,
-    token-weighted ``policy_loss`` statistic sums).
+    (optional, written): each token's loss-side factor (FIPO's f, the entropy mask) for samples/. FIPO rescales the
+    gradients accumulated in the parameters when it drops responses (``fipo_rescale``): call it on zeroed gradients,
+    as ``policy_update`` does. Returns (loss, token-weighted ``policy_loss`` statistic sums).
     """
     device, loss_total, agg = next(model.parameters()).device, 0.0, {}
     settings, ft_ratio, ft_quantile = LossSettings.from_config(cfg), cfg.entropy_top_ratio, cfg.top_entropy_quantile
     forking = ft_ratio > 0 or ft_quantile < 1
-    if forking and cfg.entropy_pool == "minibatch":  # H2 (spec §3): tokens ranked over the mini-batch, current θ
-        keep = forking_tokens(model, batch, mb_idx, cfg)
+    if cfg.credit == "fipo":  # spec §5: FIPO's code always applies its dual clip c (clip_ratio_c = 10)
+        settings = dataclasses.replace(settings, dual_clip=fipo_dual_clip(cfg))
+    # H2 (spec §3): tokens ranked over the mini-batch at the current θ ([N, T] bool; None: each micro-batch's own)
+    pool = forking_tokens(model, batch, mb_idx, cfg) if forking and cfg.entropy_pool == "minibatch" else None
+    if pool is not None and ft_quantile == 1:  # Forking Tokens' code: the loss over the kept tokens, their mean
+        keep = pool
     mask = batch.response_mask if keep is None else batch.response_mask * keep  # the tokens of the loss
-    # the normaliser: the kept tokens (Forking Tokens' code, Q2), or all valid ones (TRL's entropy quantile)
-    counted = batch.response_mask if ft_quantile < 1 else mask
-    counts = distributed.all_reduce_sum(torch.tensor([counted[mb_idx].sum().item(), float(len(mb_idx))],
+    counts = distributed.all_reduce_sum(torch.tensor([mask[mb_idx].sum().item(), float(len(mb_idx))],
                                                      dtype=torch.float64))
     n_tok, n_seq = counts[0].item(), int(counts[1].item())
+    own_count = forking and pool is None and ft_quantile == 1  # its code's micro pool: each micro-batch's own mean
+    dropped = torch.zeros(2, dtype=torch.float64)  # FIPO: the tokens and responses dropped (spec §5)
     # the training forward over these rows: stage 4's, when it was this one (its only update), else a new one
     passes = old.update_passes or policy.Passes(model, batch, mb_idx, cfg, grad=True,
                                                    entropy=forking and cfg.entropy_pool == "micro")
     for mb in passes:
         at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
-        adv_t, mask_t, n_mb, rule = at(token_adv), at(mask), n_tok, {}
-        if forking and cfg.entropy_pool == "micro":  # Forking Tokens' code: ranked in each micro-batch, its loss
-            mask_t = at(batch.response_mask) * forking_mask(mb.entropy.to(device), at(batch.response_mask), cfg)
-            if ft_quantile == 1:  # the kept tokens' mean, divided by the micro-batches summed (gradient accumulation)
-                n_mb = max(float(mask_t.sum()), 1.0) * len(passes.layout) * distributed.world_size()
-        if forking:  # the share of the micro-batch's valid tokens the entropy rule keeps
-            rule = {"forking/kept_frac": float(mask_t.sum() / at(batch.response_mask).sum().clamp(min=1.0))}
-        f = None
-        if cfg.credit == "fipo":  # H2 (spec §5): Ã = Â·f, f from the current log-ratio (log c: --dual_clip's, else
+        adv_t, mask_t, n_mb, rule, weight = at(token_adv), at(mask), n_tok, {}, 1.0
+        if forking:  # the tokens of this micro-batch the entropy rule keeps: ranked over the pool, or here
+            valid_t = at(batch.response_mask)
+            picked = at(pool) if pool is not None else forking_mask(mb.entropy.to(device), valid_t, cfg)
+            if ft_quantile < 1:  # TRL: ℓ × the mask, every valid token still in the normaliser (tokens, |o_i|)
+                weight = picked.to(adv_t.dtype)  # on Ã: each surrogate here is 0 at Ã = 0, so ℓ(m·Ã) = m·ℓ(Ã)
+            elif pool is None:
+                mask_t = valid_t * picked
+            rule = {"forking/kept_frac": float((valid_t * picked).sum() / valid_t.sum().clamp(min=1.0))}
+        if cfg.credit == "fipo":  # H2 (spec §5): Ã = Â·f, f from the current log-ratio; a dropped response leaves
+            # the numerator here and the denominator after the loop (fipo_rescale), as in FIPO's code
             f, kept = baselines.fipo_weights(mb.logp.detach() - at(old.logp), adv_t, mask_t, cfg.fipo_decay_rate,
-                                             cfg.fipo_clip, cfg.fipo_safety_threshold, math.log(cfg.dual_clip or 10.0))
-            rule = {"fipo/f_mean": float((f * kept).sum() / kept.sum().clamp(min=1.0)),  # 10); a dropped response's
-                    "fipo/dropped_frac": float((mask_t - kept).sum() / mask_t.sum().clamp(min=1.0))}  # tokens leave
-            adv_t, mask_t = adv_t * f, kept  # the numerator, the denominator stays the mini-batch's token count
-        if loss_weights is not None:  # what the loss made of each token's credit: its mask, times f
-            loss_weights[mb.rows, :mb.t] = (mask_t if f is None else mask_t * f).cpu().to(loss_weights.dtype)
-        loss, stats = policy_loss(mb.logp, at(old.logp), adv_t, mask_t, settings, ref_logp=at(old.ref_logp),
+                                             cfg.fipo_clip, cfg.fipo_safety_threshold, math.log(fipo_dual_clip(cfg)))
+            rule = {"fipo/f_mean": float((f * kept).sum() / kept.sum().clamp(min=1.0)),
+                    "fipo/dropped_frac": float((mask_t - kept).sum() / mask_t.sum().clamp(min=1.0))}
+            dropped += torch.tensor([float((mask_t - kept).sum()),  # its tokens, and the responses
+                                     float(((mask_t.sum(-1) > 0) & (kept.sum(-1) == 0)).sum())], dtype=torch.float64)
+            weight, mask_t = weight * f, kept
+        if own_count:  # the kept tokens' mean of each micro-batch, divided by the micro-batches summed (accumulation)
+            n_mb = max(float(mask_t.sum()), 1.0) * len(passes.layout) * distributed.world_size()
+        if loss_weights is not None:  # what the loss made of each token's credit: its mask, times its factor
+            loss_weights[mb.rows, :mb.t] = (mask_t * weight).cpu().to(loss_weights.dtype)
+        loss, stats = policy_loss(mb.logp, at(old.logp), adv_t * weight, mask_t, settings, ref_logp=at(old.ref_logp),
                                   num_tokens=n_mb, num_sequences=n_seq)
         stats.update(rule)
         loss.backward()
@@ -545,7 +564,36 @@ def backward_minibatch(model, batch, old: ThetaOld, token_adv, mb_idx, cfg: GRPO
         for key, v in stats.items():  # token-weighted, so that Σ / Σ num_tokens is the step's token-mean
             agg[key] = agg.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
     passes.backward_prompts()  # --shared_prompt: the prompts' share, summed over the responses that read them
+    if cfg.credit == "fipo" and not own_count:
+        loss_total *= fipo_rescale(model, settings, n_tok, n_seq, distributed.all_reduce_sum(dropped))
     return loss_total, agg
+
+
+def fipo_dual_clip(cfg: GRPOConfig) -> float:
+    """FIPO's c (spec §5): --dual_clip, else its code's clip_ratio_c = 10; log c is its filter's bound too."""
+    return cfg.dual_clip or 10.0
+
+
+def fipo_rescale(model, settings: LossSettings, n_tok: float, n_seq: int, dropped: torch.Tensor) -> float:
+    """FIPO's sequence drop in the denominator (spec §5: its code masks a dropped response out of both): the
+    mini-batch's loss was divided by its whole count ``n_tok`` tokens (``n_seq`` responses under the per-sequence
+    aggregations), so every accumulated gradient is scaled by n / (n − dropped) of the loss type's unit.
+
+    Rescaling, not counting: the drop is known only from the current θ's log-ratio, which each micro-batch's own
+    training forward gives; counting it before the first backward would take a no-grad forward of the mini-batch
+    more (the update's largest cost) and a second, possibly differently rounded, decision. Gradient accumulation is
+    linear, so the scaled sum equals dividing each micro-batch by n − dropped, at every micro-batch size (tested in
+    float64). ``dropped`` [2]: tokens, responses (summed over processes). Returns the factor (1.0: nothing dropped).
+    """
+    n, d = (n_tok, float(dropped[0])) if settings.aggregation == "dapo" else (float(n_seq), float(dropped[1]))
+    if d == 0:
+        return 1.0
+    factor = max(n, 1.0) / max(n - d, 1.0)  # a mini-batch all dropped has no loss left: nothing to divide
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(factor)
+    return factor
 
 
 def uses_loss_side_rule(cfg: GRPOConfig) -> bool:
