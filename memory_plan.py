@@ -69,11 +69,25 @@ LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 # --- config.json ------------------------------------------------------------------------------------------------
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "model_configs"  # <hub id>/config.json (its README: sources)
+
+
+def shipped_config(model: str) -> Path | None:
+    """The folder of model_configs/ holding the config.json of the hub id ``model`` (e.g. ``Qwen/Qwen3-8B-Base``),
+    or None: a copy shipped so that the plan of the models the README names needs no network."""
+    parts = model.split("/")
+    if len(parts) != 2 or any(p in ("", ".", "..") for p in parts) or os.path.isdir(os.path.expanduser(model)):
+        return None
+    folder = SHIPPED_CONFIGS.joinpath(*parts)
+    return folder if (folder / "config.json").is_file() else None
+
+
 def read_model_config(model: str, trust_remote_code: bool = False) -> dict:
     """The text model's config of ``model`` (a folder, a hub id, or ``"toy"``: the shipped toy_model/) as a dict,
     from config.json only: never weights. ``transformers.AutoConfig`` from the local files first (a folder holding
-    only config.json works), then from the hub (config.json alone is downloaded); a multimodal config gives its
-    text config. A config AutoConfig does not know (a ``model_type`` of a newer transformers) is read as JSON.
+    only config.json works; a hub id in the local cache), then a hub id's copy in model_configs/
+    (``shipped_config``), then the hub (config.json alone is downloaded); a multimodal config gives its text config.
+    A config AutoConfig does not know (a ``model_type`` of a newer transformers) is read as JSON.
     Raises ValueError (one line) when it cannot be read."""
     from transformers import AutoConfig
 
@@ -84,7 +98,10 @@ def read_model_config(model: str, trust_remote_code: bool = False) -> dict:
         except OSError:
             if os.path.isdir(path):
                 raise
-            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+            shipped = shipped_config(model)
+            path = str(shipped) if shipped else path
+            config = AutoConfig.from_pretrained(path, local_files_only=shipped is not None,
+                                                trust_remote_code=trust_remote_code)
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         return {**text.to_dict(), "model_type": getattr(text, "model_type", None) or config.model_type}
     except (OSError, ValueError, KeyError) as e:

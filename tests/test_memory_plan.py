@@ -1,4 +1,4 @@
-"""memory_plan.py at the real shapes (tests/data: Qwen3-8B-Base's and Qwen3-14B-Base's config.json, no weights):
+"""memory_plan.py at the real shapes (model_configs/: Qwen3-8B-Base's and Qwen3-14B-Base's config.json, no weights):
 parameter counts, bytes per stage and per token computed by hand, the verdict and its suggestions re-planned, and
 the activation counts against the tensors autograd really saves on small Qwen3 layers (measured, not asserted)."""
 
@@ -18,18 +18,18 @@ sys.path.insert(0, str(ROOT))
 import memory_plan as mp  # noqa: E402
 from grpo import GRPOConfig  # noqa: E402
 
-DATA = ROOT / "tests" / "data"
+DATA = ROOT / "model_configs" / "Qwen"  # the shipped configs (model_configs/README.md)
 ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 
 @pytest.fixture(scope="module")
 def c8():
-    return mp.read_model_config(str(DATA / "qwen3_8b_base"))
+    return mp.read_model_config(str(DATA / "Qwen3-8B-Base"))
 
 
 @pytest.fixture(scope="module")
 def c14():
-    return mp.read_model_config(str(DATA / "qwen3_14b_base"))
+    return mp.read_model_config(str(DATA / "Qwen3-14B-Base"))
 
 
 def test_parameter_counts_at_the_real_shapes(c8, c14):
@@ -241,7 +241,7 @@ def test_delta_normal_host_peak_and_cpu_plan(c8):
 def test_read_model_config_from_a_folder_holding_only_config_json(tmp_path):
     folder = tmp_path / "Qwen3-14B-Base"
     folder.mkdir()
-    shutil.copy(DATA / "qwen3_14b_base" / "config.json", folder / "config.json")
+    shutil.copy(DATA / "Qwen3-14B-Base" / "config.json", folder / "config.json")
     c = mp.read_model_config(str(folder))
     assert (c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]) == (5120, 17408, 40)
     assert c["model_type"] == "qwen3" and sorted(p.name for p in folder.iterdir()) == ["config.json"]
@@ -256,7 +256,7 @@ def test_read_model_config_from_a_folder_holding_only_config_json(tmp_path):
 
 
 def test_text_config_of_a_multimodal_config_and_moe_refused(tmp_path):
-    text = json.loads((DATA / "qwen3_8b_base" / "config.json").read_text())
+    text = json.loads((DATA / "Qwen3-8B-Base" / "config.json").read_text())
     folder = tmp_path / "vl"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "qwen3_vl", "architectures": ["X"],
@@ -269,7 +269,7 @@ def test_text_config_of_a_multimodal_config_and_moe_refused(tmp_path):
 
 
 def test_licence_note_beside_the_configs():
-    note = (DATA / "README.md").read_text()
+    note = (DATA.parent / "README.md").read_text()
     assert "Apache-2.0" in note and "Qwen" in note
 
 
