@@ -238,6 +238,25 @@ def test_delta_normal_host_peak_and_cpu_plan(c8):
         assert cpu.reserve_gb == 0 and cpu.device_gb == 2000
 
 
+def test_the_gpu_reserve_is_the_context_and_5_percent_of_what_the_gpu_holds(c8):
+    """The allocator's slack is 5% of the largest stage, but never of more memory than the GPU has: the paper's
+    recipe on one 80 GB GPU plans a 15.6 TB rollout, whose 5% (780 GB) the table once printed as a GPU's reserve."""
+    from recipes import DELTA_PAPER
+
+    paper = GRPOConfig(**{**DELTA_PAPER, "credit": "delta"})
+    big = mp.plan(c8, paper, prompt_tokens=2048, gpu_memory_gb=80, host_memory_gb=2000)
+    largest = max(s.device_gb for s in big.stages)
+    assert largest > 10_000 and not big.fits  # HF generate's KV cache of 2,048 rows × 22,528 tokens
+    assert big.reserve_gb == pytest.approx(0.6 + 0.05 * 80)  # 4.6 GB, not 0.6 + 0.05 × 15,600
+    assert big.peak_gb == pytest.approx(largest + 4.6)
+    assert "; + 0.6 GB CUDA context, 4.0 GB allocator slack" in big.table()
+    small = mp.plan(c8, GRPOConfig(use_peft=True, micro_batch_size=1, max_completion_length=1024), prompt_tokens=128,
+                    gpu_memory_gb=80, host_memory_gb=2000)
+    largest = max(s.device_gb for s in small.stages)
+    assert largest < 80 and small.reserve_gb == pytest.approx(0.6 + 0.05 * largest)  # within the GPU: 5% of it
+    assert f"; + 0.6 GB CUDA context, {0.05 * largest:.1f} GB allocator slack" in small.table()
+
+
 def test_read_model_config_from_a_folder_holding_only_config_json(tmp_path):
     folder = tmp_path / "Qwen3-14B-Base"
     folder.mkdir()
