@@ -249,6 +249,18 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
         assert "\n" not in str(e.value) and capsys.readouterr() == ("", "")
 
 
+def test_a_misspelt_flag_gets_the_close_one_suggested_in_one_line(capsys):
+    for argv, said in ((["--num_generatons", "4"], "unrecognized arguments: --num_generatons 4; did you mean "
+                        "--num_generations (not --num_generatons)?"),
+                       (["--lerning_rate=1e-5"], "unrecognized arguments: --lerning_rate=1e-5; did you mean "
+                        "--learning_rate (not --lerning_rate)?"),
+                       (["--zzz_qqq", "1"], "unrecognized arguments: --zzz_qqq 1")):  # nothing close: no guess
+        with pytest.raises(SystemExit) as e:
+            grpo.main(argv)
+        assert str(e.value) == f"grpo.py: error: {said} (python grpo.py --help lists the flags)"
+        assert capsys.readouterr() == ("", "")
+
+
 def test_toy_splits_are_deterministic_and_disjoint():
     train, test = toy.make_split("train"), toy.make_split("test")
     assert len(test) == 200 and toy.make_split("test") == test
