@@ -18,7 +18,8 @@ A new run refuses a folder that holds an earlier one (``--resume`` continues it,
 it first), and nothing is written before the model has loaded, so a run that fails to start leaves no folder.
 
 Every folder is written into a temporary sibling ``<name>.tmp-*`` and renamed into place when complete, so a crash
-leaves the previous checkpoints intact and no half-written ``checkpoint-<step>``. Under torchrun every process calls
+leaves the previous checkpoints intact and no half-written ``checkpoint-<step>``; folders and files get the umask's
+modes (0755 and 0644 under umask 022), as ``save_pretrained`` into a plain folder gives. Under torchrun every process calls
 the save functions (the FSDP2 shards are gathered, distributed.py) and process 0 writes.
 
 Nothing here knows about credit rules, policy.py or the report page: the trainer hands over its state as a
@@ -35,8 +36,8 @@ import math
 import os
 import random
 import re
+import secrets
 import shutil
-import tempfile
 import time
 
 import torch
@@ -98,6 +99,30 @@ def _replace_dir(tmp: str, path: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _new_tmp_dir(path: str) -> str:
+    """A new, empty sibling ``<path>.tmp-<pid>-<random>`` to write ``path`` into before ``_replace_dir``: made by
+    ``os.mkdir``, so it has the umask's mode as every other folder the run writes (``tempfile.mkdtemp`` makes 0700:
+    other users could not read the model), and a name no other save uses (it fails rather than reuse one)."""
+    for _ in range(100):
+        tmp = f"{os.path.abspath(path)}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            os.mkdir(tmp)
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"cannot make a temporary folder beside {path}")
+
+
+def _follow_umask(folder: str) -> None:
+    """Give every file under ``folder`` its folder's mode without the execute bits (0644 under umask 022): the
+    safetensors writer makes model.safetensors 0600 whatever the umask. The folder's own mode (``_new_tmp_dir``'s
+    ``os.mkdir``) is the umask's, read without changing the process's umask."""
+    mode = os.stat(folder).st_mode & 0o666
+    for root, _, files in os.walk(folder):
+        for name in files:
+            os.chmod(os.path.join(root, name), mode)
+
+
 def save_model(model, tokenizer, path: str, info: dict | None = None) -> None:
     """``save_pretrained`` (safetensors) of the model (a peft model: its adapter) and tokenizer, written to a
     temporary folder and renamed into place. Under FSDP2 every process calls it and process 0 writes the gathered
@@ -106,9 +131,9 @@ def save_model(model, tokenizer, path: str, info: dict | None = None) -> None:
     sd = distributed.gathered_model_state(model)
     if distributed.rank() != 0:
         return
-    tmp = path + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = _new_tmp_dir(path)
     _save_model_folder(tmp, model, tokenizer, sd, info)
+    _follow_umask(tmp)
     _replace_dir(tmp, path)
 
 
@@ -158,15 +183,15 @@ def save_checkpoint(path: str, model, tokenizer, optimizer, state: dict, info: d
     optim_sd = distributed.full_optimizer_state(model, optimizer)
     if distributed.rank() != 0:
         return
-    parent, name = os.path.split(os.path.abspath(path))
-    tmp = tempfile.mkdtemp(prefix=name + ".tmp-", dir=parent)
+    tmp = _new_tmp_dir(path)
     _save_model_folder(tmp, model, tokenizer, model_sd, info)
     torch.save(optim_sd, os.path.join(tmp, "optimizer.pt"))
     rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     torch.save(rng, os.path.join(tmp, "rng_state.pt"))
-    with open(os.path.join(tmp, TRAINER_STATE), "w") as f:
+    _follow_umask(tmp)
+    with open(os.path.join(tmp, TRAINER_STATE), "w") as f:  # last: its presence marks the folder complete
         json.dump(state, f, indent=1)
     _replace_dir(tmp, path)
 

@@ -125,3 +125,27 @@ def test_a_missing_data_file_lists_the_training_sets_too(tmp_path):
     with pytest.raises(SystemExit, match="training sets: math_train"):  # the trainer's one line, before any model
         grpo.main(["--data", str(tmp_path / "nosuch.jsonl"), "--output_dir", str(tmp_path / "run")])
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("umask,folder_mode", [(0o022, 0o755), (0o077, 0o700)])
+def test_saved_folders_follow_the_umask(tiny, tmp_path, umask, folder_mode):
+    """checkpoint-*/ and final/ get the umask's mode, as every other folder the run writes (tempfile.mkdtemp's 0700
+    kept other users from reading the model), and are still written whole or not at all (no .tmp-* left)."""
+    import checkpoint
+
+    model, tok = tiny
+    old = os.umask(umask)
+    try:
+        checkpoint.save_checkpoint(str(tmp_path / "checkpoint-1"), model, tok, torch.optim.AdamW(model.parameters()),
+                                   {"step": 1})
+        checkpoint.save_checkpoint(str(tmp_path / "checkpoint-1"), model, tok, torch.optim.AdamW(model.parameters()),
+                                   {"step": 1})  # over an existing one: the same mode
+        checkpoint.save_model(model, tok, str(tmp_path / "final"))
+    finally:
+        os.umask(old)
+    for name in ("checkpoint-1", "final"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == folder_mode, name
+        for f in (tmp_path / name).iterdir():
+            assert f.stat().st_mode & 0o777 == folder_mode & 0o666, f
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1", "final"]
+    assert checkpoint.latest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-1")
