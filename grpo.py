@@ -400,6 +400,8 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     loss_weights = torch.zeros_like(token_adv) if uses_loss_side_rule(cfg) else None  # (34 MB at 2,048 × 4,096)
     loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, batch, old, token_adv, cfg, step, credit.keep,
                                                        loss_weights)
+    no_signal = agg.pop("no_signal", 0.0)  # every advantage 0, no update: its statistics 0.0, so that every step's
+    agg = {name: 0.0 for name in update_stat_names(cfg)} if no_signal else agg  # line has the same keys
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
     peaks = distributed.all_gather_objects(policy.peak_memory())  # each process's; the largest is logged
     peak = {k: max(p[k] for p in peaks) for k in peaks[0]}
@@ -407,6 +409,7 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
                           batch.finish_reasons, verify.summarize(graded),
                           agg, {"loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
                                 "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
+                                "no_signal": no_signal,
                                 **credit_stats, **peak, "step_time": time.time() - t0, "generation_time": t_gen})
     if rank == 0 and cfg.logging_steps and (step + 1) % cfg.logging_steps == 0:
         token_credit = credit.token_credit(adv, token_adv)  # × the loss's own factor, where a rule has one
@@ -546,6 +549,16 @@ def backward_minibatch(model, batch, old: ThetaOld, token_adv, mb_idx, cfg: GRPO
             agg[key] = agg.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
     passes.backward_prompts()  # --shared_prompt: the prompts' share, summed over the responses that read them
     return loss_total, agg
+
+
+def update_stat_names(cfg: GRPOConfig) -> list[str]:
+    """The statistics ``policy_update`` logs for ``cfg`` (``policy_loss``'s, asked of a one-token call, and the
+    loss-side rule's, ``backward_minibatch``): a step without signal logs each as 0.0."""
+    one = torch.zeros(1, 1)
+    names = list(policy_loss(one, one, one[:, 0], torch.ones(1, 1), LossSettings.from_config(cfg))[1])
+    if cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1:
+        names.append("forking/kept_frac")
+    return names + (["fipo/f_mean", "fipo/dropped_frac"] if cfg.credit == "fipo" else [])
 
 
 def uses_loss_side_rule(cfg: GRPOConfig) -> bool:

@@ -81,6 +81,29 @@ def test_a_batch_without_signal_moves_nothing(toy_model_path, tmp_path, monkeypa
     assert [s["no_signal"] for s in steps] == [1.0, 1.0]
 
 
+@pytest.mark.parametrize("flags", [["--credit", "grpo"], ["--credit", "delta"], ["--credit", "fipo"],
+                                   ["--loss_type", "sapo"], ["--top_entropy_quantile", "0.8"],
+                                   ["--credit", "cscr"], ["--credit", "delta", "--delta_select", "top", "--loss_type", "dr_grpo"]])
+def test_every_step_line_has_the_same_keys_with_or_without_signal(toy_model_path, tmp_path, monkeypatch, flags):
+    """Step 1 has no signal (every reward 0), step 2 the verifier's: both metrics.jsonl lines have the same keys
+    (a tracker's columns get no holes); where no update ran its statistics are 0.0 and no_signal 1, else 0."""
+    grade, calls = verify.grade_batch, []
+
+    def first_batch_flat(texts, answers, **kw):
+        calls.append(len(texts))
+        return [(False, "ok")] * len(texts) if len(calls) == 1 else grade(texts, answers, **kw)
+
+    monkeypatch.setattr(verify, "grade_batch", first_batch_flat)
+    out = tmp_path / "run"
+    grpo.main(["--model", toy_model_path, "--output_dir", str(out), *BASE[:6], "--eval_num_generations", "0",
+               "--save_steps", "0", "--seed", "1", *flags])
+    first, second = [json.loads(line) for line in _lines(out)]
+    assert (first["no_signal"], second["no_signal"]) == (1.0, 0.0)  # step 2 had signal: it updated
+    assert sorted(first) == sorted(second)
+    assert first["clip_ratio/region_mean"] == first["kl"] == first["grad_norm"] == 0.0
+    assert any(k.startswith("clip_ratio/") for k in first)
+
+
 @pytest.mark.parametrize("flag,value", [("--temperature", "0"), ("--beta", "-1"), ("--cscr_alpha", "-1"),
                                         ("--cscr_w_min", "2"), ("--cscr_threshold_quantile", "1.5"),
                                         ("--eval_num_generations", "-1"), ("--weight_decay", "-0.1"),
