@@ -657,7 +657,7 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     last, started = {}, False
     try:
         first_eval = run_eval(0) if start_step == 0 else run.logged_eval(0)  # a resumed run logged it already
-        bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{cfg.credit}]", dynamic_ncols=True,
+        bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{rule_label(cfg)}]", dynamic_ncols=True,
                    initial=start_step, total=cfg.max_steps, **({} if rank == 0 else {"disable": True}))
         for step in bar:
             with policy.oom_guard(f"step {step + 1}"):
@@ -687,6 +687,16 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
         del llm
         gc.collect()
     return summary
+
+
+def rule_label(cfg: GRPOConfig) -> str:
+    """The run's rule for the progress bar, from its flags: the loss-side rules (SAPO's gate, Forking Tokens' mask),
+    then the credit (DelTA's Q2 selection as ``delta Q2``), e.g. ``grpo``, ``sapo``, ``forking``, ``sapo+delta``.
+    (report.py's ``rule_name`` spells a finished run's config out in words.)"""
+    loss = (["sapo"] if cfg.loss_type == "sapo" else []) + \
+        (["forking"] if cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1 else [])
+    credit = "delta Q2" if cfg.credit == "delta" and cfg.delta_select != "none" else cfg.credit
+    return "+".join(loss + ([credit] if credit != "grpo" or not loss else []))
 
 
 def main(argv=None):

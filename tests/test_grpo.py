@@ -417,3 +417,17 @@ def test_progress_bars_do_not_interleave(toy_model_path, tmp_path, capsys):
     assert "eval step 0: sample" in err and "eval step 2: greedy" in err  # the evaluation's bars
     assert "Writing model shards" not in err
     assert f"[checkpoint] step 1: {tmp_path / 'run' / 'checkpoint-1'}" in out
+
+
+def test_the_progress_bar_names_the_rule_from_the_flags(tiny_model_path, tmp_path, capsys):
+    label = lambda **kw: grpo.rule_label(grpo.GRPOConfig(**kw))  # noqa: E731
+    assert [label(), label(credit="delta"), label(credit="cscr"), label(credit="fipo")] == \
+        ["grpo", "delta", "cscr", "fipo"]
+    assert [label(loss_type="sapo"), label(entropy_top_ratio=0.2), label(top_entropy_quantile=0.8)] == \
+        ["sapo", "forking", "forking"]
+    assert label(loss_type="sapo", credit="delta") == "sapo+delta"
+    assert label(credit="delta", delta_select="top") == "delta Q2"
+    for flags, name in ((["--loss_type", "sapo"], "GRPO[sapo]"), (["--entropy_top_ratio", "0.2"], "GRPO[forking]")):
+        grpo.main(["--model", tiny_model_path, "--output_dir", str(tmp_path / name), *TINY_RUN, *flags])
+        err = capsys.readouterr().err
+        assert f"{name}: 100%" in err and "GRPO[grpo]" not in err
