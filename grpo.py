@@ -46,6 +46,7 @@ import dataclasses
 import gc
 import math
 import random
+import sys
 import time
 from collections import namedtuple
 from dataclasses import dataclass
@@ -654,7 +655,7 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
         return {"sampler_position": sampler.position, "cscr_threshold": float(credit.cscr_threshold),
                 "cscr_calibrated": credit.cscr_calibrated, "delta_gamma": credit.delta_gamma}
 
-    last, started = {}, False
+    last, started, bar = {}, False, None
     try:
         first_eval = run_eval(0) if start_step == 0 else run.logged_eval(0)  # a resumed run logged it already
         bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{rule_label(cfg)}]", dynamic_ncols=True,
@@ -673,16 +674,22 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
                 run.save_checkpoint(step + 1, model, tokenizer, optimizer, trainer_state())
         summary = {"before": first_eval, "after": run_eval(cfg.max_steps) if cfg.max_steps else first_eval,
                    "last_step": last}
-    except BaseException:
+    except BaseException as e:
         if not started and start_step == 0:  # stopped before its first step: leave nothing that blocks the rerun
             run.discard()
+        if isinstance(e, KeyboardInterrupt):  # Ctrl-C: main prints one line, what the folder holds and what next
+            if bar is not None:
+                bar.close()
+            raise KeyboardInterrupt(run.interrupted_note()) from None
         raise
     finally:
         run.close()
-    # final/ (save_pretrained, and resumable: AdamW's state and the trainer's) and summary.json
-    run.finish(model, tokenizer, summary, optimizer, {"step": cfg.max_steps, **trainer_state()})
-    if run.main:  # samples/summary.json: report.py's numbers of this run's logged samples
-        report.write_samples_summary(run.path)
+    try:  # final/ (save_pretrained, and resumable: AdamW's state and the trainer's) and summary.json
+        run.finish(model, tokenizer, summary, optimizer, {"step": cfg.max_steps, **trainer_state()})
+        if run.main:  # samples/summary.json: report.py's numbers of this run's logged samples
+            report.write_samples_summary(run.path)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(run.interrupted_note()) from None
     if llm is not None:  # free the engine before the process group goes (vLLM's shutdown touches it)
         del llm
         gc.collect()
@@ -702,13 +709,20 @@ def rule_label(cfg: GRPOConfig) -> str:
 def main(argv=None):
     cfg = GRPOConfig(**vars(build_parser().parse_args(argv)))
     given = set(vars(build_parser(defaults=False).parse_args(argv)))  # the flags given beat the recipe's values
+    interrupted = None
     try:
         summary = train(cfg, given)
         cfg = recipes.apply(cfg, given)  # the settings it ran with, for the closing line
     except (ValueError, OSError) as e:  # bad data file / model name / folder: one clear line, no traceback
         raise SystemExit(f"grpo.py: error: {e}")
+    except KeyboardInterrupt as e:  # Ctrl-C: train's note on the run folder (none: nothing written yet)
+        interrupted = str(e) or "before training began; the same command starts again"
     finally:
         distributed.close()
+    if interrupted is not None:  # (after the except block: the interrupted frames, and their bars, are gone)
+        if distributed.rank_from_env() == 0:
+            print(f"grpo.py: interrupted: {interrupted}", file=sys.stderr, flush=True)
+        raise SystemExit(130)  # a shell's status for SIGINT
     if summary is None:  # --dry_run
         return
     b, a, k = summary["before"], summary["after"], cfg.eval_num_generations
