@@ -420,6 +420,16 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     return record
 
 
+def update_stat_names(cfg: GRPOConfig) -> list[str]:
+    """The statistics ``policy_update`` logs for ``cfg`` (``policy_loss``'s, asked of a one-token call, and the
+    loss-side rule's, ``backward_minibatch``): a step without signal logs each as 0.0."""
+    one = torch.zeros(1, 1)
+    names = list(policy_loss(one, one, one[:, 0], torch.ones(1, 1), LossSettings.from_config(cfg))[1])
+    if cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1:
+        names.append("forking/kept_frac")
+    return names + (["fipo/f_mean", "fipo/dropped_frac"] if cfg.credit == "fipo" else [])
+
+
 # θ_old, as stage 4 leaves it for stages 5 and 6, float32 on the host (N responses × T tokens, hidden size H; at the
 # papers' scale 2,048 × 4,096, H = 4,096): logp N·T·4 bytes (34 MB); ref_logp (--beta > 0, else None) N·T·4 (34 MB);
 # hidden (DelTA's --delta_impl normal, else None) N·T·H·4 (137 GB), refused by policy.check_delta_cache above a quarter
@@ -550,16 +560,6 @@ def backward_minibatch(model, batch, old: ThetaOld, token_adv, mb_idx, cfg: GRPO
             agg[key] = agg.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
     passes.backward_prompts()  # --shared_prompt: the prompts' share, summed over the responses that read them
     return loss_total, agg
-
-
-def update_stat_names(cfg: GRPOConfig) -> list[str]:
-    """The statistics ``policy_update`` logs for ``cfg`` (``policy_loss``'s, asked of a one-token call, and the
-    loss-side rule's, ``backward_minibatch``): a step without signal logs each as 0.0."""
-    one = torch.zeros(1, 1)
-    names = list(policy_loss(one, one, one[:, 0], torch.ones(1, 1), LossSettings.from_config(cfg))[1])
-    if cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1:
-        names.append("forking/kept_frac")
-    return names + (["fipo/f_mean", "fipo/dropped_frac"] if cfg.credit == "fipo" else [])
 
 
 def uses_loss_side_rule(cfg: GRPOConfig) -> bool:
