@@ -34,7 +34,8 @@ and template C's answer is ``verify.extract_boxed`` of the response ("" without 
 ``Credit._cscr``.  All prompts, plain and conditioned, are tokenised by cscr.py's TOKENISATION RULE
 (``tokenizer(prompt)``, as the rollout does).
 
-Run (writes DIR/report.json, plus delta_scatter.png and s_by_class.png when matplotlib is installed)::
+Run (prints D1-D7 beside the paper's values, ``summary_table``; writes DIR/report.json, plus delta_scatter.png and
+s_by_class.png when matplotlib is installed)::
 
     python cscr_diagnostics.py --model toy --data toy --num_trajectories 64 --output_dir runs/cscr_diagnose
     python cscr_diagnostics.py --model Qwen/Qwen3-1.7B --data problems.jsonl --num_trajectories 400 \\
@@ -70,7 +71,7 @@ import verify
 
 __all__ = ["shift_masks", "pearson", "spearman", "full_vocab_overlap", "classify_token", "DISCOURSE_MARKERS",
            "FUNCTION_WORDS", "diagnostics", "sample_trajectories", "grade", "condition_contexts", "score_contexts",
-           "surface_classes", "diagnose", "PAPER_REFERENCE", "main"]
+           "surface_classes", "diagnose", "PAPER_REFERENCE", "summary_table", "main"]
 
 # ---- Spec §7: the diagnostics on tensors (D1-D7) -----------------------------------------------------------------
 
@@ -390,9 +391,53 @@ def _substitutability(sv, m, entropy, top1_prob):
 
 PAPER_REFERENCE = {  # [S2] numbers to compare a run with
     "d1_same_direction_rate": "0.914-0.958 (range over settings)",
+    "d2_sign_reversal_rate": "0.042-0.086 (1 - D1: rare)",
     "d3_polarity_outcome_consistency": "about 0.58",
+    "d4_overlap": "heavy (no figure in the abstract)",
+    "d6_token_class": "large shifts on surface-form tokens, content less sensitive",
+    "d7_substitutability": "large shifts on highly substitutable tokens",
     "num_trajectories": 400,
 }
+
+
+def summary_table(report: dict) -> str:
+    """The CLI's printout of a ``diagnose`` report: D1-D7 beside the paper's values ([S2], ``PAPER_REFERENCE``), one
+    line each (rates in %, correlations and shares as numbers, s in nats; "n/a" where nothing was measured)."""
+    d, paper = report["diagnostics"], PAPER_REFERENCE
+
+    def num(key, pct=False):
+        v = d.get(key)
+        return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}%" if pct else \
+            f"{v:.3f}"
+
+    def pair(a, b):
+        return f"{num(a)} / {num(b)}"
+
+    def pct_range(text):  # "0.914-0.958 (...)" -> "91.4-95.8%"
+        lo, hi = text.split()[0].split("-")
+        return f"{100 * float(lo):.1f}-{100 * float(hi):.1f}%"
+
+    rows = [("D1", "same-direction rate", num("d1_same_direction_rate", True),
+             pct_range(paper["d1_same_direction_rate"])),
+            ("D2", "sign-reversal rate (1 - D1)", num("d2_sign_reversal_rate", True),
+             pct_range(paper["d2_sign_reversal_rate"]) + ": rare"),
+            ("D3", "polarity-outcome consistency", num("d3_polarity_outcome_consistency", True),
+             "about 58% (50%: no information)"),
+            ("D4a", "Pearson / Spearman of d+, d-", pair("d4a_pearson", "d4a_spearman"), paper["d4_overlap"]),
+            ("D4b", "top-10% overlap (Jaccard)", num("d4b_topk_jaccard"), ""),
+            ("D4c", "full-vocabulary cosine", num("d4c_cosine_mean"), ""),
+            ("D5", "common-mode share", num("d5_common_mode_share"), ""),
+            ("D6", "mean s: surface / content", pair("d6_s_mean_surface", "d6_s_mean_content"), paper["d6_token_class"]),
+            ("", "surface share: top 5% / all", pair("d6_surface_share_top", "d6_surface_share_all"), ""),
+            ("D7", "corr(s, H(p0)): Pearson / Spearman", pair("d7_pearson_s_entropy", "d7_spearman_s_entropy"),
+             paper["d7_substitutability"]),
+            ("", "corr(s, 1 - p0 top-1)", pair("d7_pearson_s_1_minus_top1", "d7_spearman_s_1_minus_top1"), "")]
+    head = (f"CSCR diagnostics: {report['config']['num_trajectories']} trajectories (accuracy "
+            f"{report['accuracy']:.3f}), {d.get('d1_num_affected', 0)} of {d.get('num_valid_tokens', 0)} tokens "
+            f"affected (|d+| and |d-| > {report['config']['tau']} nats); the paper: {paper['num_trajectories']}")
+    lines = [head, f"{'':<4} {'':<36} {'this run':>15}   the paper [S2]"]
+    lines += [f"{i:<4} {name:<36} {value:>15}   {ref}".rstrip() for i, name, value, ref in rows]
+    return "\n".join(lines)
 
 
 def sample_trajectories(model, tokenizer, problems, answers, num_trajectories, prompt_template, max_new_tokens,
@@ -726,11 +771,8 @@ def main(argv=None):
         temperature=args.temperature, top_p=args.top_p, seed=args.seed, gen_batch_size=args.gen_batch_size,
         micro_batch_size=args.micro_batch_size, tau=args.tau, top_frac=args.top_frac, output_dir=args.output_dir,
     )
-    d = report["diagnostics"]
-    print(json.dumps({k: d.get(k) for k in ("d1_same_direction_rate", "d3_polarity_outcome_consistency",
-                                             "d4a_pearson", "d4b_topk_jaccard", "d4c_cosine_mean",
-                                             "d5_common_mode_share", "d6_surface_share_top")}, indent=2))
-    print(f"report: {os.path.join(args.output_dir, 'report.json')}")
+    print(summary_table(report))
+    print(f"report: {os.path.join(args.output_dir, 'report.json')} (every value, the most sensitive tokens)")
     return report
 
 

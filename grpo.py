@@ -46,6 +46,7 @@ import dataclasses
 import gc
 import math
 import random
+import sys
 import time
 from collections import namedtuple
 from dataclasses import dataclass
@@ -408,6 +409,8 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     loss_weights = torch.zeros_like(token_adv) if uses_loss_side_rule(cfg) else None  # (34 MB at 2,048 × 4,096)
     loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, batch, old, token_adv, cfg, step, credit.keep,
                                                        loss_weights)
+    no_signal = agg.pop("no_signal", 0.0)  # every advantage 0, no update: its statistics 0.0, so that every step's
+    agg = {name: 0.0 for name in update_stat_names(cfg)} if no_signal else agg  # line has the same keys
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
     peaks = distributed.all_gather_objects(policy.peak_memory())  # each process's; the largest is logged
     peak = {k: max(p[k] for p in peaks) for k in peaks[0]}
@@ -415,6 +418,7 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
                           batch.finish_reasons, verify.summarize(graded),
                           agg, {"loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
                                 "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
+                                "no_signal": no_signal,
                                 **credit_stats, **peak, "step_time": time.time() - t0, "generation_time": t_gen})
     if rank == 0 and cfg.logging_steps and (step + 1) % cfg.logging_steps == 0:
         token_credit = credit.token_credit(adv, token_adv)  # × the loss's own factor, where a rule has one
@@ -422,6 +426,16 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
                           token_credit if loss_weights is None else token_credit * loss_weights, credit.token_weights,
                           min(cfg.num_samples_to_log, per_rank))
     return record
+
+
+def update_stat_names(cfg: GRPOConfig) -> list[str]:
+    """The statistics ``policy_update`` logs for ``cfg`` (``policy_loss``'s, asked of a one-token call, and the
+    loss-side rule's, ``backward_minibatch``): a step without signal logs each as 0.0."""
+    one = torch.zeros(1, 1)
+    names = list(policy_loss(one, one, one[:, 0], torch.ones(1, 1), LossSettings.from_config(cfg))[1])
+    if cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1:
+        names.append("forking/kept_frac")
+    return names + (["fipo/f_mean", "fipo/dropped_frac"] if cfg.credit == "fipo" else [])
 
 
 # θ_old, as stage 4 leaves it for stages 5 and 6, float32 on the host (N responses × T tokens, hidden size H; at the
@@ -689,10 +703,10 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
         return {"sampler_position": sampler.position, "cscr_threshold": float(credit.cscr_threshold),
                 "cscr_calibrated": credit.cscr_calibrated, "delta_gamma": credit.delta_gamma}
 
-    last, started = {}, False
+    last, started, bar = {}, False, None
     try:
         first_eval = run_eval(0) if start_step == 0 else run.logged_eval(0)  # a resumed run logged it already
-        bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{cfg.credit}]", dynamic_ncols=True,
+        bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{rule_label(cfg)}]", dynamic_ncols=True,
                    initial=start_step, total=cfg.max_steps, **({} if rank == 0 else {"disable": True}))
         for step in bar:
             with policy.oom_guard(f"step {step + 1}"):
@@ -708,32 +722,55 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
                 run.save_checkpoint(step + 1, model, tokenizer, optimizer, trainer_state())
         summary = {"before": first_eval, "after": run_eval(cfg.max_steps) if cfg.max_steps else first_eval,
                    "last_step": last}
-    except BaseException:
+    except BaseException as e:
         if not started and start_step == 0:  # stopped before its first step: leave nothing that blocks the rerun
             run.discard()
+        if isinstance(e, KeyboardInterrupt):  # Ctrl-C: main prints one line, what the folder holds and what next
+            if bar is not None:
+                bar.close()
+            raise KeyboardInterrupt(run.interrupted_note()) from None
         raise
     finally:
         run.close()
-    # final/ (save_pretrained, and resumable: AdamW's state and the trainer's) and summary.json
-    run.finish(model, tokenizer, summary, optimizer, {"step": cfg.max_steps, **trainer_state()})
-    if run.main:  # samples/summary.json: report.py's numbers of this run's logged samples
-        report.write_samples_summary(run.path)
+    try:  # final/ (save_pretrained, and resumable: AdamW's state and the trainer's) and summary.json
+        run.finish(model, tokenizer, summary, optimizer, {"step": cfg.max_steps, **trainer_state()})
+        if run.main:  # samples/summary.json: report.py's numbers of this run's logged samples
+            report.write_samples_summary(run.path)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(run.interrupted_note()) from None
     if llm is not None:  # free the engine before the process group goes (vLLM's shutdown touches it)
         del llm
         gc.collect()
     return summary
 
 
+def rule_label(cfg: GRPOConfig) -> str:
+    """The run's rule for the progress bar, from its flags: the loss-side rules (SAPO's gate, Forking Tokens' mask),
+    then the credit (DelTA's Q2 selection as ``delta Q2``), e.g. ``grpo``, ``sapo``, ``forking``, ``sapo+delta``.
+    (report.py's ``rule_name`` spells a finished run's config out in words.)"""
+    loss = (["sapo"] if cfg.loss_type == "sapo" else []) + \
+        (["forking"] if cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1 else [])
+    credit = "delta Q2" if cfg.credit == "delta" and cfg.delta_select != "none" else cfg.credit
+    return "+".join(loss + ([credit] if credit != "grpo" or not loss else []))
+
+
 def main(argv=None):
     cfg = GRPOConfig(**vars(build_parser().parse_args(argv)))
     given = set(vars(build_parser(defaults=False).parse_args(argv)))  # the flags given beat the recipe's values
+    interrupted = None
     try:
         summary = train(cfg, given)
         cfg = recipes.apply(cfg, given)  # the settings it ran with, for the closing line
     except (ValueError, OSError) as e:  # bad data file / model name / folder: one clear line, no traceback
         raise SystemExit(f"grpo.py: error: {e}")
+    except KeyboardInterrupt as e:  # Ctrl-C: train's note on the run folder (none: nothing written yet)
+        interrupted = str(e) or "before training began; the same command starts again"
     finally:
         distributed.close()
+    if interrupted is not None:  # (after the except block: the interrupted frames, and their bars, are gone)
+        if distributed.rank_from_env() == 0:
+            print(f"grpo.py: interrupted: {interrupted}", file=sys.stderr, flush=True)
+        raise SystemExit(130)  # a shell's status for SIGINT
     if summary is None:  # --dry_run
         return
     b, a, k = summary["before"], summary["after"], cfg.eval_num_generations

@@ -11,6 +11,7 @@ and config.json in the run folder records every resolved value), environment-var
 from __future__ import annotations
 
 import argparse
+import difflib
 import dataclasses
 import importlib.util
 from dataclasses import dataclass, field
@@ -161,7 +162,17 @@ class GRPOConfig:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, like every other bad input (argparse would print the 45-line usage first)
-        raise SystemExit(f"grpo.py: error: {message} (python grpo.py --help lists the flags)")
+        raise SystemExit(f"grpo.py: error: {message}{self.suggest(message)} (python grpo.py --help lists the flags)")
+
+    def suggest(self, message: str) -> str:
+        """``; did you mean --num_generations?`` for each unknown flag of argparse's "unrecognized arguments: ..."
+        that is close to a known one (difflib), else ""."""
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        known = [s for action in self._actions for s in action.option_strings if s.startswith("--")]
+        close = [(flag, difflib.get_close_matches(flag, known, n=1, cutoff=0.75))
+                 for flag in (word.split("=")[0] for word in message.split(":", 1)[1].split()) if flag.startswith("--")]
+        return "".join(f"; did you mean {match[0]} (not {flag})?" for flag, match in close if match)
 
 
 def build_parser(defaults: bool = True) -> argparse.ArgumentParser:

@@ -60,8 +60,9 @@ CSCR_NOTE_TOKENS = 160
 VLLM_PROFILE_TOKENS = 8192
 VLLM_MAX_SEQS = 256
 # A GPU's memory beyond the tensors: the CUDA context (about 0.5 GB with cuBLAS workspaces) and the caching
-# allocator's free blocks (a fraction of the peak). Allowances, not measured here: bench/gpu_check.py records the
-# prediction beside the measured peak for the day a GPU is lent.
+# allocator's free blocks (a fraction of the largest stage, and of no more than the GPU has: a stage planned past the
+# GPU's size gets the GPU's fraction, not 5% of memory that is not there). Allowances, not measured here:
+# bench/gpu_check.py records the prediction beside the measured peak for the day a GPU is lent.
 CUDA_CONTEXT_GB = 0.6
 CUDA_ALLOCATOR_SLACK = 0.05
 PADDING_FREE_BUCKETS = 8  # policy.PADDING_FREE_BUCKETS (copied: this module imports no project file)
@@ -69,11 +70,25 @@ LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 # --- config.json ------------------------------------------------------------------------------------------------
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "model_configs"  # <hub id>/config.json (its README: sources)
+
+
+def shipped_config(model: str) -> Path | None:
+    """The folder of model_configs/ holding the config.json of the hub id ``model`` (e.g. ``Qwen/Qwen3-8B-Base``),
+    or None: a copy shipped so that the plan of the models the README names needs no network."""
+    parts = model.split("/")
+    if len(parts) != 2 or any(p in ("", ".", "..") for p in parts) or os.path.isdir(os.path.expanduser(model)):
+        return None
+    folder = SHIPPED_CONFIGS.joinpath(*parts)
+    return folder if (folder / "config.json").is_file() else None
+
+
 def read_model_config(model: str, trust_remote_code: bool = False) -> dict:
     """The text model's config of ``model`` (a folder, a hub id, or ``"toy"``: the shipped toy_model/) as a dict,
     from config.json only: never weights. ``transformers.AutoConfig`` from the local files first (a folder holding
-    only config.json works), then from the hub (config.json alone is downloaded); a multimodal config gives its
-    text config. A config AutoConfig does not know (a ``model_type`` of a newer transformers) is read as JSON.
+    only config.json works; a hub id in the local cache), then a hub id's copy in model_configs/
+    (``shipped_config``), then the hub (config.json alone is downloaded); a multimodal config gives its text config.
+    A config AutoConfig does not know (a ``model_type`` of a newer transformers) is read as JSON.
     Raises ValueError (one line) when it cannot be read."""
     from transformers import AutoConfig
 
@@ -84,7 +99,10 @@ def read_model_config(model: str, trust_remote_code: bool = False) -> dict:
         except OSError:
             if os.path.isdir(path):
                 raise
-            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+            shipped = shipped_config(model)
+            path = str(shipped) if shipped else path
+            config = AutoConfig.from_pretrained(path, local_files_only=shipped is not None,
+                                                trust_remote_code=trust_remote_code)
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         return {**text.to_dict(), "model_type": getattr(text, "model_type", None) or config.model_type}
     except (OSError, ValueError, KeyError) as e:
@@ -378,7 +396,8 @@ class MemoryPlan:
         lines += [f"{s.name:<12}{s.device_gb:>10.1f}{s.host_gb:>9.1f}  {s.what}" for s in self.stages]
         lines.append(f"fixed: weights {p['weights'] / GB:.2f} GB, AdamW {p['adamw'] / GB:.2f} GB, gradients "
                      f"(update) {p['gradients'] / GB:.2f} GB" +
-                     (f"; + {self.reserve_gb:.1f} GB CUDA context, allocator" if self.reserve_gb else ""))
+                     (f"; + {CUDA_CONTEXT_GB:.1f} GB CUDA context, {self.reserve_gb - CUDA_CONTEXT_GB:.1f} GB "
+                      f"allocator slack" if self.reserve_gb else ""))
         lines.append(f"per token: activations {p['activation_row'] / p['row_tokens'] / 1e6:.2f} MB kept to the "
                      f"backward, KV cache {p['kv_per_token'] / 1e6:.3f} MB")
         lines.append(self.verdict())
@@ -601,7 +620,8 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
     if not gpu:  # the CPU is the device: everything is on the host
         stages = [(a, d + h, 0.0, w) for a, d, h, w in stages]
     stages = [Stage(a, d / GB, h / GB, w) for a, d, h, w in stages]
-    reserve = CUDA_CONTEXT_GB + CUDA_ALLOCATOR_SLACK * max(x.device_gb for x in stages) if gpu else 0.0
+    largest = max(x.device_gb for x in stages)
+    reserve = CUDA_CONTEXT_GB + CUDA_ALLOCATOR_SLACK * min(largest, device_gb) if gpu else 0.0  # (the comment above)
     parts = {"parameters": n_params, "lora_parameters": n_lora, "trainable": trainable, "weights": weights,
              "gradients": grads, "adamw": adamw, "kv_per_token": kv_bpt, "row_tokens": S,
              "activation_row": kept_row(b6), "layer_row": layer(b6), "rows_per_micro_batch": b6,

@@ -145,14 +145,15 @@ def describe(cfg, given: set[str] | None, defaults) -> list[str]:
 # ----------------------------------------------------------------------------------------------------------
 def _kept_prompts(cfg, rows: list[dict], longest: int, notes: list[str], say) -> tuple[list[dict], int]:
     """Step 1 of ``preflight``: (the rows whose templated prompt fits ``--max_prompt_length``, the longest one's
-    tokens); under ``--dry_run`` a local folder without a tokenizer is a note and (rows, ``longest``)."""
+    tokens); under ``--dry_run`` a tokenizer that is not here (a folder without one, a hub id not in the cache and
+    out of reach) is a note and (rows, ``longest``): the plan needs only config.json."""
     import policy
     import rollout
 
     try:
         tokenizer = policy.load_tokenizer(cfg.model, cfg.trust_remote_code)
     except ValueError as e:
-        if not cfg.dry_run or not os.path.isdir(policy.model_path(cfg.model)):  # a hub id: its config.json neither
+        if not cfg.dry_run:  # a run needs the model anyway: fail now, in seconds
             raise
         notes.append(f"prompts not measured ({e}): planned at {longest} prompt tokens")
         return rows, longest
@@ -196,6 +197,10 @@ def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[st
     if quick and not delta_cache:
         return rows  # and it prints what it always printed
     model_config = memory_plan.read_model_config(cfg.model, cfg.trust_remote_code)
+    shipped = memory_plan.shipped_config(cfg.model)
+    if cfg.dry_run and shipped and model_config.get("_name_or_path") == str(shipped):  # the copy in model_configs/
+        notes.append(f"config.json of {cfg.model}: the copy in "  # (the cache had none)
+                     f"{shipped.relative_to(memory_plan.SHIPPED_CONFIGS.parent).as_posix()}/ (model_configs/README.md)")
     if delta_cache:  # stage 4's h_t cache at its largest
         policy.check_delta_cache(cfg.num_prompts_per_step // world * cfg.num_generations, cfg.max_completion_length,
                                  model_config["hidden_size"])

@@ -1,4 +1,4 @@
-"""memory_plan.py at the real shapes (tests/data: Qwen3-8B-Base's and Qwen3-14B-Base's config.json, no weights):
+"""memory_plan.py at the real shapes (model_configs/: Qwen3-8B-Base's and Qwen3-14B-Base's config.json, no weights):
 parameter counts, bytes per stage and per token computed by hand, the verdict and its suggestions re-planned, and
 the activation counts against the tensors autograd really saves on small Qwen3 layers (measured, not asserted)."""
 
@@ -18,18 +18,18 @@ sys.path.insert(0, str(ROOT))
 import memory_plan as mp  # noqa: E402
 from grpo import GRPOConfig  # noqa: E402
 
-DATA = ROOT / "tests" / "data"
+DATA = ROOT / "model_configs" / "Qwen"  # the shipped configs (model_configs/README.md)
 ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 
 @pytest.fixture(scope="module")
 def c8():
-    return mp.read_model_config(str(DATA / "qwen3_8b_base"))
+    return mp.read_model_config(str(DATA / "Qwen3-8B-Base"))
 
 
 @pytest.fixture(scope="module")
 def c14():
-    return mp.read_model_config(str(DATA / "qwen3_14b_base"))
+    return mp.read_model_config(str(DATA / "Qwen3-14B-Base"))
 
 
 def test_parameter_counts_at_the_real_shapes(c8, c14):
@@ -238,10 +238,29 @@ def test_delta_normal_host_peak_and_cpu_plan(c8):
         assert cpu.reserve_gb == 0 and cpu.device_gb == 2000
 
 
+def test_the_gpu_reserve_is_the_context_and_5_percent_of_what_the_gpu_holds(c8):
+    """The allocator's slack is 5% of the largest stage, but never of more memory than the GPU has: the paper's
+    recipe on one 80 GB GPU plans a 15.6 TB rollout, whose 5% (780 GB) the table once printed as a GPU's reserve."""
+    from recipes import DELTA_PAPER
+
+    paper = GRPOConfig(**{**DELTA_PAPER, "credit": "delta"})
+    big = mp.plan(c8, paper, prompt_tokens=2048, gpu_memory_gb=80, host_memory_gb=2000)
+    largest = max(s.device_gb for s in big.stages)
+    assert largest > 10_000 and not big.fits  # HF generate's KV cache of 2,048 rows × 22,528 tokens
+    assert big.reserve_gb == pytest.approx(0.6 + 0.05 * 80)  # 4.6 GB, not 0.6 + 0.05 × 15,600
+    assert big.peak_gb == pytest.approx(largest + 4.6)
+    assert "; + 0.6 GB CUDA context, 4.0 GB allocator slack" in big.table()
+    small = mp.plan(c8, GRPOConfig(use_peft=True, micro_batch_size=1, max_completion_length=1024), prompt_tokens=128,
+                    gpu_memory_gb=80, host_memory_gb=2000)
+    largest = max(s.device_gb for s in small.stages)
+    assert largest < 80 and small.reserve_gb == pytest.approx(0.6 + 0.05 * largest)  # within the GPU: 5% of it
+    assert f"; + 0.6 GB CUDA context, {0.05 * largest:.1f} GB allocator slack" in small.table()
+
+
 def test_read_model_config_from_a_folder_holding_only_config_json(tmp_path):
     folder = tmp_path / "Qwen3-14B-Base"
     folder.mkdir()
-    shutil.copy(DATA / "qwen3_14b_base" / "config.json", folder / "config.json")
+    shutil.copy(DATA / "Qwen3-14B-Base" / "config.json", folder / "config.json")
     c = mp.read_model_config(str(folder))
     assert (c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]) == (5120, 17408, 40)
     assert c["model_type"] == "qwen3" and sorted(p.name for p in folder.iterdir()) == ["config.json"]
@@ -256,7 +275,7 @@ def test_read_model_config_from_a_folder_holding_only_config_json(tmp_path):
 
 
 def test_text_config_of_a_multimodal_config_and_moe_refused(tmp_path):
-    text = json.loads((DATA / "qwen3_8b_base" / "config.json").read_text())
+    text = json.loads((DATA / "Qwen3-8B-Base" / "config.json").read_text())
     folder = tmp_path / "vl"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "qwen3_vl", "architectures": ["X"],
@@ -269,7 +288,7 @@ def test_text_config_of_a_multimodal_config_and_moe_refused(tmp_path):
 
 
 def test_licence_note_beside_the_configs():
-    note = (DATA / "README.md").read_text()
+    note = (DATA.parent / "README.md").read_text()
     assert "Apache-2.0" in note and "Qwen" in note
 
 
