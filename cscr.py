@@ -84,7 +84,7 @@ def condition_notes(template):
     name = aliases.get(template, template) if isinstance(template, str) else None
     if name in CONDITION_TEMPLATES:
         return name, CONDITION_TEMPLATES[name]
-    if isinstance(template, (tuple, list)) and len(template) == 2 and all(isinstance(t, str) and t for t in template):
+    if isinstance(template, (tuple, list)) and len(template) == 2 and all(isinstance(note, str) and note for note in template):
         return "custom", (template[0], template[1])
     raise ValueError(f"template must be one of {sorted(CONDITION_TEMPLATES)} (or A/B/C) or a (note_pos, note_neg) "
                      f"tuple of non-empty strings, got {template!r}")
@@ -95,8 +95,8 @@ def _insert_note(prompt, note, marker, turn_end, anchor):
     if anchor is not None:
         if anchor not in prompt:
             raise ValueError(f"anchor {anchor!r} does not occur in prompt")
-        j = prompt.rfind(anchor) + len(anchor)
-        return prompt[:j] + "\n\n" + note + prompt[j:]
+        cut = prompt.rfind(anchor) + len(anchor)
+        return prompt[:cut] + "\n\n" + note + prompt[cut:]
     at = prompt.rfind(marker) if marker else -1
     end = prompt.rfind(turn_end, 0, at) if turn_end and at >= 0 else -1
     if end >= 0:  # chat template: the note ends the last user turn; from its end-of-turn token on, byte for byte
@@ -153,7 +153,7 @@ def default_logprob_fn(model, input_ids, attention_mask, response_mask, temperat
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)  # left padding: the first real token is at 0
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
                 **kwargs)
-    logits = (out.logits if hasattr(out, "logits") else out[0])[:, -(T + 1) : -1, :]  # [B, T, V]: j predicts j + 1
+    logits = (out.logits if hasattr(out, "logits") else out[0])[:, -(T + 1) : -1, :]  # [B, T, V]: position k predicts k + 1
     targets, chunk = input_ids[:, -T:], 1024  # positions per float32 [B, chunk, V] block (memory of long responses)
     lp = torch.zeros(targets.shape, dtype=torch.promote_types(logits.dtype, torch.float32), device=logits.device)
     for a in range(0, T, chunk):  # positions a, ..., a + chunk - 1
@@ -170,8 +170,8 @@ def scoring_inputs(tokenizer, prompts, response_ids, response_mask):
     pad_id = getattr(tokenizer, "pad_token_id", None)
     if pad_id is None:
         raise ValueError("tokenizer.pad_token_id must be set (e.g. tokenizer.pad_token = tokenizer.eos_token)")
-    prompt_ids = [list(tokenizer(p)["input_ids"]) if isinstance(p, str) else torch.as_tensor(p).reshape(-1).tolist()
-                  for p in prompts]
+    prompt_ids = [list(tokenizer(x)["input_ids"]) if isinstance(x, str) else torch.as_tensor(x).reshape(-1).tolist()
+                  for x in prompts]
     if any(len(ids) == 0 for ids in prompt_ids):
         raise ValueError("every prompt must tokenise to at least one token")
     m, (b, T), device = _as_mask(response_mask), response_ids.shape, response_ids.device
@@ -232,12 +232,12 @@ def condition_shifts(old_logp, lp_pos, lp_neg, response_mask):
     """``(shift_pos, shift_neg, m)``: spec §4's likelihood shifts Δ± = ℓ± - ℓ0 [B, T] (nats; no gradient; the
     log-probs' dtype, at least float32; padding set to 0 BEFORE subtracting, so no NaN) and the bool mask."""
     m = _as_mask(response_mask)
-    for name, t in (("old_logp", old_logp), ("lp_pos", lp_pos), ("lp_neg", lp_neg)):
-        if not torch.is_tensor(t) or t.dim() != 2 or t.shape != m.shape:
+    for name, lp in (("old_logp", old_logp), ("lp_pos", lp_pos), ("lp_neg", lp_neg)):
+        if not torch.is_tensor(lp) or lp.dim() != 2 or lp.shape != m.shape:
             raise ValueError(f"{name} must be a [B, T] tensor of the response_mask's shape {tuple(m.shape)}")
     dt = torch.promote_types(torch.promote_types(old_logp.dtype, lp_pos.dtype), lp_neg.dtype)
     dt = torch.promote_types(dt, torch.float32)
-    l0, l_pos, l_neg = (torch.where(m, t.detach().to(dt), 0.0) for t in (old_logp, lp_pos, lp_neg))
+    l0, l_pos, l_neg = (torch.where(m, lp.detach().to(dt), 0.0) for lp in (old_logp, lp_pos, lp_neg))
     return l_pos - l0, l_neg - l0, m  # Δ+ = ℓ+ - ℓ0, Δ- = ℓ- - ℓ0
 
 
@@ -388,12 +388,12 @@ def calibrate_threshold(s, response_mask, quantile=0.8):
     then frozen; it suggests 0.8), linearly interpolated as ``torch.quantile(s[mask], quantile)`` (by a sort: no size
     limit).  Raises ValueError: quantile outside [0, 1]; s not of the mask's shape, or not finite; no valid token."""
     m = _as_mask(response_mask)
-    v = s.detach()[m].double() if torch.is_tensor(s) and s.shape == m.shape else None
-    if v is None or not 0.0 <= quantile <= 1.0 or v.numel() == 0 or not torch.isfinite(v).all():
+    s_valid = s.detach()[m].double() if torch.is_tensor(s) and s.shape == m.shape else None
+    if s_valid is None or not 0.0 <= quantile <= 1.0 or not s_valid.numel() or not torch.isfinite(s_valid).all():
         raise ValueError(f"calibrate_threshold needs a quantile in [0, 1] (got {quantile!r}) and s of the response "
                          f"mask's shape {tuple(m.shape)}, finite on the mask's valid tokens (it needs one)")
-    v, _ = v.sort()
-    pos = quantile * (v.numel() - 1)
+    s_valid, _ = s_valid.sort()
+    pos = quantile * (s_valid.numel() - 1)
     lo = int(math.floor(pos))
-    hi = min(lo + 1, v.numel() - 1)
-    return float(v[lo] + (pos - lo) * (v[hi] - v[lo]))
+    hi = min(lo + 1, s_valid.numel() - 1)
+    return float(s_valid[lo] + (pos - lo) * (s_valid[hi] - s_valid[lo]))

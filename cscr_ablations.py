@@ -40,8 +40,8 @@ def sign_aware(s, threshold, alpha, shift_pos=None, adv=None, eps=0.2, mix=0.5):
     mix = 0 or ε_w = 0 gives GRPO.  Bind ``eps`` and ``mix`` with functools.partial (``choose`` does)."""
     if shift_pos is None or adv is None:
         raise ValueError("sign_aware reads Δ+ and Â: use it as cscr.Settings(weight=...) in cscr.cscr_token_advantages")
-    x = (torch.sign(adv)[:, None] * shift_pos).clamp(math.log1p(-eps), math.log1p(eps))
-    return torch.log((1.0 - mix) + mix * torch.exp(x))
+    exponent = (torch.sign(adv)[:, None] * shift_pos).clamp(math.log1p(-eps), math.log1p(eps))  # sign(Â)·Δ+, clipped
+    return torch.log((1.0 - mix) + mix * torch.exp(exponent))
 
 
 def per_group(log_w, tokens, group_size):

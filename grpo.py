@@ -322,23 +322,24 @@ class Credit:
     def _cscr(self, model, batch, adv, old_logp, answers):
         import cscr
 
-        c, mask = self.cfg, batch.response_mask
+        cfg, mask = self.cfg, batch.response_mask
+        scored = mask.bool() & (adv != 0)[:, None]  # the tokens that carry credit: those of the rows with Â ≠ 0
         # spec §3: the two privileged prompts x + c+, x + c− of every response
         pairs = [cscr.build_condition_prompts(prompt, reference=ref, response_answer=verify.extract_boxed(text) or "",
-                                              template=c.cscr_template)
+                                              template=cfg.cscr_template)
                  for prompt, ref, text in zip(batch.prompts, answers, batch.texts)]
         # spec §4: ℓ+, ℓ− of the responses with Â ≠ 0 (no grad, eval mode; prompts tokenised as the rollout's)
         lp_pos, lp_neg = cscr.condition_logprobs(
-            model, self.tokenizer, pairs, batch.response_ids, mask.bool() & (adv != 0)[:, None], c.temperature,
-            micro_batch_size=c.micro_batch_size or None, logprob_fn=self._scoring_logprobs)
-        s = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask, mode=c.cscr_mode)  # s_t = max(|Δ+|, |Δ−|)
-        if c.cscr_threshold_quantile is not None and not self.cscr_calibrated:
+            model, self.tokenizer, pairs, batch.response_ids, scored, cfg.temperature,
+            micro_batch_size=cfg.micro_batch_size or None, logprob_fn=self._scoring_logprobs)
+        s = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask, mode=cfg.cscr_mode)  # s_t = max(|Δ+|, |Δ−|)
+        if cfg.cscr_threshold_quantile is not None and not self.cscr_calibrated:
             # spec §5: λ = a quantile of s over the scored tokens (every process's) of the first batch that has any
             # (a batch whose every group has equal rewards has none, and no token it would weight), then frozen
-            s_all = torch.cat(distributed.all_gather_objects(s[mask.bool() & (adv != 0)[:, None]].cpu()))[None]
+            s_all = torch.cat(distributed.all_gather_objects(s[scored].cpu()))[None]
             if s_all.numel():
                 self.cscr_threshold = cscr.calibrate_threshold(s_all, torch.ones_like(s_all),
-                                                               c.cscr_threshold_quantile)
+                                                               cfg.cscr_threshold_quantile)
                 self.cscr_calibrated = True
         # spec §5: w_t = max(w_min, exp(−α·max(0, s_t − λ))), Ã_{i,t} = Â_i·w_t / mean_t(w) (sign and budget kept)
         token_adv, stats = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, self.cscr_threshold,
