@@ -231,6 +231,13 @@ class Credit:
     def __init__(self, cfg: GRPOConfig, tokenizer):
         self.cfg, self.tokenizer, self.token_weights = cfg, tokenizer, {}
         self.cscr_threshold, self.cscr_calibrated = cfg.cscr_threshold, False
+        if cfg.credit == "cscr":  # CSCR's options; its ablations (cscr_ablations.py) chosen once, by their flags
+            import cscr
+            import cscr_ablations
+
+            weight, renormalise = cscr_ablations.choose(cfg.cscr_weight, cfg.cscr_scope, cfg.num_generations,
+                                                        cfg.cscr_sign_eps, cfg.cscr_sign_mix)
+            self.cscr_settings = cscr.Settings(cfg.cscr_alpha, cfg.cscr_w_min, cfg.cscr_mode, weight, renormalise)
         self.delta_gamma = None  # --delta_gamma frozen: (γ⁺, γ⁻) of the first batch with both sides, then kept
         # --delta_select: the tokens the loss trains on, [N, T] bool, N·T bytes (8.4 MB at 2,048 × 4,096; None: all)
         self.keep = None
@@ -324,30 +331,28 @@ class Credit:
     def _cscr(self, model, batch, adv, old_logp, answers):
         import cscr
 
-        c, mask = self.cfg, batch.response_mask
+        cfg, mask = self.cfg, batch.response_mask
+        scored = mask.bool() & (adv != 0)[:, None]  # the tokens that carry credit: those of the rows with Â ≠ 0
         # spec §3: the two privileged prompts x + c+, x + c− of every response
         pairs = [cscr.build_condition_prompts(prompt, reference=ref, response_answer=verify.extract_boxed(text) or "",
-                                              template=c.cscr_template)
+                                              template=cfg.cscr_template)
                  for prompt, ref, text in zip(batch.prompts, answers, batch.texts)]
         # spec §4: ℓ+, ℓ− of the responses with Â ≠ 0 (no grad, eval mode; prompts tokenised as the rollout's)
         lp_pos, lp_neg = cscr.condition_logprobs(
-            model, self.tokenizer, [p for p, _ in pairs], [q for _, q in pairs], batch.response_ids, mask,
-            temperature=c.temperature, micro_batch_size=c.micro_batch_size or None, logprob_fn=self._scoring_logprobs,
-            adv=adv)
-        s = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask, mode=c.cscr_mode)  # s_t = max(|Δ+|, |Δ−|)
-        if c.cscr_threshold_quantile is not None and not self.cscr_calibrated:
+            model, self.tokenizer, pairs, batch.response_ids, scored, cfg.temperature,
+            micro_batch_size=cfg.micro_batch_size or None, logprob_fn=self._scoring_logprobs)
+        s = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask, mode=cfg.cscr_mode)  # s_t = max(|Δ+|, |Δ−|)
+        if cfg.cscr_threshold_quantile is not None and not self.cscr_calibrated:
             # spec §5: λ = a quantile of s over the scored tokens (every process's) of the first batch that has any
             # (a batch whose every group has equal rewards has none, and no token it would weight), then frozen
-            s_all = torch.cat(distributed.all_gather_objects(s[mask.bool() & (adv != 0)[:, None]].cpu()))[None]
+            s_all = torch.cat(distributed.all_gather_objects(s[scored].cpu()))[None]
             if s_all.numel():
                 self.cscr_threshold = cscr.calibrate_threshold(s_all, torch.ones_like(s_all),
-                                                               c.cscr_threshold_quantile)
+                                                               cfg.cscr_threshold_quantile)
                 self.cscr_calibrated = True
         # spec §5: w_t = max(w_min, exp(−α·max(0, s_t − λ))), Ã_{i,t} = Â_i·w_t / mean_t(w) (sign and budget kept)
-        token_adv, stats = cscr.cscr_token_advantages(
-            adv, old_logp, lp_pos, lp_neg, mask, threshold=self.cscr_threshold, alpha=c.cscr_alpha,
-            w_min=c.cscr_w_min, mode=c.cscr_mode, weight=c.cscr_weight, scope=c.cscr_scope,
-            group_size=c.num_generations, sign_eps=c.cscr_sign_eps, sign_mix=c.cscr_sign_mix, return_stats=True)
+        token_adv, stats = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, self.cscr_threshold,
+                                                      self.cscr_settings, return_stats=True)
         self.token_weights = {"sensitivity": s}
         return token_adv, {**stats, "cscr/threshold": float(self.cscr_threshold)}
 

@@ -213,6 +213,8 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None)
         (not 0 <= cfg.cscr_w_min <= 1 or cfg.cscr_threshold_quantile is not None
          and not 0 < cfg.cscr_threshold_quantile <= 1, "--cscr_w_min must be in [0, 1] and "
          "--cscr_threshold_quantile in (0, 1]"),
+        (not -float("inf") < cfg.cscr_threshold < float("inf") or not cfg.cscr_alpha < float("inf"),
+         "--cscr_threshold (nats) and --cscr_alpha must be finite numbers"),
         (cfg.overlong_buffer_len < 0 or 0 < cfg.max_completion_length <= cfg.overlong_buffer_len,
          f"--overlong_buffer_len {cfg.overlong_buffer_len} must be >= 0 and shorter than --max_completion_length "
          f"{cfg.max_completion_length} (verl asserts the same)"),

@@ -78,7 +78,7 @@ from examples.theta_old import old_logps_and_hidden  # noqa: E402  (θ_old with 
 
 METHODS = ("grpo", "delta", "cscr")
 DELTA_KEYS = ("K", "lam_min", "lam_max", "eps")  # delta.delta_coefficients_streaming's keywords
-CSCR_KEYS = ("threshold", "alpha", "w_min", "mode", "weight")  # cscr.cscr_token_advantages's keywords
+CSCR_KEYS = ("alpha", "w_min", "mode", "weight")  # cscr.Settings's fields (and credit.threshold: λ)
 
 
 def credit_settings(config) -> dict:
@@ -152,17 +152,17 @@ def condition_log_probs(module, tokenizer, data: DataProto):
     lp0, _ = old_logps_and_hidden(module, b["input_ids"], b["attention_mask"], mask, temperature, size, hidden=False)
     prompt_mask = b["attention_mask"][:, :prompts.shape[1]].bool()
     refs = [(x or {}).get("ground_truth") for x in data.non_tensor_batch.get("reward_model", [None] * len(mask))]
-    pos, neg = [], []
+    pairs = []  # (x + c+, x + c−) of each row, as token ids
     for i in range(len(mask)):
         text = tokenizer.decode(responses[i][mask[i].bool()], skip_special_tokens=True)
         boxed = last_boxed_only_string(text)
         pair = cscr.build_condition_prompts(  # spec §3: x + c+, x + c−
             tokenizer.decode(prompts[i][prompt_mask[i]], skip_special_tokens=False), reference=refs[i],
             response_answer=remove_boxed(boxed) if boxed else "", template=settings.get("template", "verdict"))
-        pos.append(tokenizer(pair[0], add_special_tokens=False)["input_ids"])
-        neg.append(tokenizer(pair[1], add_special_tokens=False)["input_ids"])
-    lp_pos, lp_neg = cscr.condition_logprobs(module, tokenizer, pos, neg, responses, mask, temperature=temperature,
-                                             micro_batch_size=size, adv=b["seq_advantages"])  # spec §4
+        pairs.append(tuple(tokenizer(x, add_special_tokens=False)["input_ids"] for x in pair))
+    scored = mask.bool() & (b["seq_advantages"] != 0)[:, None]  # the rows with Â ≠ 0 (the others get no credit)
+    lp_pos, lp_neg = cscr.condition_logprobs(module, tokenizer, pairs, responses, scored, temperature=temperature,
+                                             micro_batch_size=size)  # spec §4
     return DataProto.from_dict(tensors={"log_probs_h": lp0, "lp_pos": lp_pos, "lp_neg": lp_neg})
 
 
@@ -238,8 +238,9 @@ class CreditRayPPOTrainer(RayPPOTrainer):
         else:
             out = self.actor_rollout_wg.compute_condition_log_probs(data)
             token_adv, stats = cscr.cscr_token_advantages(  # spec §5: w̃, Ã = Â·w̃ (sign and budget kept)
-                adv, out.batch["log_probs_h"], out.batch["lp_pos"], out.batch["lp_neg"], mask, return_stats=True,
-                **{k: settings[k] for k in CSCR_KEYS if k in settings})
+                adv, out.batch["log_probs_h"], out.batch["lp_pos"], out.batch["lp_neg"], mask,
+                settings.get("threshold", 0.2), cscr.Settings(**{k: settings[k] for k in CSCR_KEYS if k in settings}),
+                return_stats=True)
         batch.batch["advantages"] = token_adv.to(batch.batch["advantages"].dtype)
         return {f"credit/{k}": v for k, v in stats.items()}
 

@@ -405,8 +405,7 @@ def test_cscr_scoring_passes_share_each_privileged_prompt(rollout_batch, monkeyp
     monkeypatch.setattr(policy, "SharedPrompts", Spy)
     out = []
     for fn in (policy.token_logprobs, grpo.Credit(grpo.GRPOConfig(credit="cscr"), tok)._scoring_logprobs):
-        out.append(cscr.condition_logprobs(model, tok, [p for p, _ in pairs], [q for _, q in pairs],
-                                           batch.response_ids, batch.response_mask, logprob_fn=fn))
+        out.append(cscr.condition_logprobs(model, tok, pairs, batch.response_ids, batch.response_mask, logprob_fn=fn))
     assert built == [len(rows), len(rows)]  # x + c+ then x + c−: one row per group, not per response
     for shared, full in zip(out[1], out[0]):
         assert full.abs().sum() > 0
@@ -447,7 +446,7 @@ def test_cscr_diagnostics_scores_are_the_trainers(rollout_batch, float64_model):
     cfg = grpo.GRPOConfig(credit="cscr")
     trainer = {"old_logp": grpo.old_logprobs(model, batch, cfg).logp}
     trainer["lp_pos"], trainer["lp_neg"] = cscr.condition_logprobs(
-        model, tok, contexts["pos"], contexts["neg"], batch.response_ids, batch.response_mask,
+        model, tok, list(zip(contexts["pos"], contexts["neg"])), batch.response_ids, batch.response_mask,
         logprob_fn=grpo.Credit(cfg, tok)._scoring_logprobs)
     with torch.no_grad():
         trainer["entropy"] = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
