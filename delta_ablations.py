@@ -4,7 +4,7 @@ swaps (a field of ``delta.DeltaSteps``), so every ablation runs on the in-memory
 implementation); a trainer chooses them once when the run starts (``steps_from_flags``, ``proxy_from_flags``: grpo.py's
 flags). Usage:
 
-    steps = delta.DeltaSteps(assign=delta_ablations.hard_assignment)  # the hard 0/1 ablation, every other step the paper's
+    steps = delta.DeltaSteps(assign=delta_ablations.hard_assignment)  # hard 0/1 α, every other step the paper's
     lam_bar = delta.delta_coefficients(v, adv, mask, steps=steps)
 
   step (DeltaSteps)  the paper's (delta.py)   the ablation (here)
@@ -83,14 +83,15 @@ def random_coefficients(adv: Tensor, response_mask: Tensor, lam_min: float = 0.8
     at every call. Returns λ̄ [B, T], float32 (float64 if Â or u is). Raises ValueError on bad shapes, a non-0/1
     mask, non-finite Â, u outside [0, 1], not 0 <= lam_min <= lam_max."""
     B, T = response_mask.shape if response_mask.dim() == 2 else (-1, -1)
-    for bad, msg in ((B < 0 or tuple(adv.shape) != (B,), f"adv must be [B] and response_mask [B, T], got "
-                      f"{tuple(adv.shape)}, {tuple(response_mask.shape)}"),
-                     (u is not None and tuple(u.shape) != (B, T), f"u must be [B, T] = [{B}, {T}]"),
-                     (not 0 <= lam_min <= lam_max < math.inf or lam_max <= 0, f"need 0 <= lam_min <= lam_max, got "
-                      f"lam_min={lam_min}, lam_max={lam_max}"), (not bool(torch.isfinite(adv).all()), "adv must be finite"),
-                     (not bool(((response_mask == 0) | (response_mask == 1)).all()), "response_mask must be 0/1")):
-        if bad:
-            raise ValueError(msg)
+    if B < 0 or tuple(adv.shape) != (B,):
+        raise ValueError(f"adv must be [B] and response_mask [B, T], got {tuple(adv.shape)}, "
+                         f"{tuple(response_mask.shape)}")
+    if u is not None and tuple(u.shape) != (B, T):
+        raise ValueError(f"u must be [B, T] = [{B}, {T}], got {tuple(u.shape)}")
+    if not 0 <= lam_min <= lam_max < math.inf or lam_max <= 0:
+        raise ValueError(f"need 0 <= lam_min <= lam_max (finite, > 0), got lam_min={lam_min}, lam_max={lam_max}")
+    if not bool(torch.isfinite(adv).all()) or not bool(((response_mask == 0) | (response_mask == 1)).all()):
+        raise ValueError("adv must be finite and response_mask 0/1")
     dtype = torch.float64 if torch.float64 in (adv.dtype, getattr(u, "dtype", None)) else torch.float32
     with torch.no_grad():
         dev = response_mask.device
@@ -128,13 +129,14 @@ def topk_proxy_vectors(hidden: Tensor, token_ids: Tensor, response_mask: Tensor,
         raise ValueError(f"lm_head_weight must be a [V, H] tensor with H = {shape[2]}, got shape "
                          f"{tuple(getattr(lm_head_weight, 'shape', ()))}")
     V = lm_head_weight.shape[0]
-    for bad, msg in ((isinstance(K, bool) or not isinstance(K, int) or not 1 <= K <= V, f"K must be an int in [1, V] "
-                      f"= [1, {V}], got {K!r}"), (not (math.isfinite(float(temperature)) and float(temperature) > 0),
-                     f"temperature must be finite and > 0, got {temperature!r}"), (token_ids.dtype.is_floating_point
-                     or token_ids.dtype == torch.bool, f"token_ids must be an integer tensor, got {token_ids.dtype}"),
-                     (not bool(((response_mask == 0) | (response_mask == 1)).all()), "response_mask must be 0/1")):
-        if bad:
-            raise ValueError(msg)
+    if isinstance(K, bool) or not isinstance(K, int) or not 1 <= K <= V:
+        raise ValueError(f"K must be an int in [1, V] = [1, {V}], got {K!r}")
+    if not (math.isfinite(float(temperature)) and float(temperature) > 0):
+        raise ValueError(f"temperature must be finite and > 0, got {temperature!r}")
+    if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool:
+        raise ValueError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
+    if not bool(((response_mask == 0) | (response_mask == 1)).all()):
+        raise ValueError("response_mask must contain only 0/1 (or be bool)")
     dtype = torch.float64 if torch.float64 in (hidden.dtype, lm_head_weight.dtype) else torch.float32
     with torch.no_grad():
         b_idx, t_idx = (response_mask != 0).to(hidden.device).nonzero(as_tuple=True)  # the valid tokens, [n] each

@@ -299,8 +299,9 @@ class Credit:
                     v = self.delta_proxy(mb.hidden, mb.take(old.logp), mb.take(mask), mb.take(ids), head)
                     yield v, adv[mb.rows], mb.take(mask)
 
-        parts, stats = delta.delta_coefficients(chunks, K=self.cfg.delta_k, lam_min=self.cfg.delta_lam_min,
-                                                lam_max=self.cfg.delta_lam_max, steps=self.delta_steps, return_stats=True)
+        c = self.cfg
+        parts, stats = delta.delta_coefficients(chunks, K=c.delta_k, lam_min=c.delta_lam_min, lam_max=c.delta_lam_max,
+                                                steps=self.delta_steps, return_stats=True)
         lam_bar = torch.zeros(mask.shape, dtype=parts[0].dtype)
         for (rows, t), part in zip(layout, parts):
             lam_bar[rows, :t] = part.cpu()
