@@ -229,6 +229,8 @@ class Credit:
     s}`` (CSCR), ``{}`` (GRPO)."""
 
     def __init__(self, cfg: GRPOConfig, tokenizer):
+        import delta_ablations
+
         self.cfg, self.tokenizer, self.token_weights = cfg, tokenizer, {}
         self.cscr_threshold, self.cscr_calibrated = cfg.cscr_threshold, False
         if cfg.credit == "cscr":  # CSCR's options; its ablations (cscr_ablations.py) chosen once, by their flags
@@ -238,9 +240,23 @@ class Credit:
             weight, renormalise = cscr_ablations.choose(cfg.cscr_weight, cfg.cscr_scope, cfg.num_generations,
                                                         cfg.cscr_sign_eps, cfg.cscr_sign_mix)
             self.cscr_settings = cscr.Settings(cfg.cscr_alpha, cfg.cscr_w_min, cfg.cscr_mode, weight, renormalise)
-        self.delta_gamma = None  # --delta_gamma frozen: (γ⁺, γ⁻) of the first batch with both sides, then kept
+        # DelTA's steps and proxy: the paper's, or an ablation's (delta_ablations.py), chosen once from the flags; under
+        # torchrun --delta_scope global sums its statistics over the processes (spec §2.4)
+        pool = distributed.all_reduce_sum if distributed.is_distributed() and cfg.delta_scope == "global" else None
+        self.delta_steps = delta_ablations.steps_from_flags(cfg, pool)
+        self.delta_proxy = delta_ablations.proxy_from_flags(cfg)
+        self.delta_lam_bar = self._random_lam_bar if cfg.delta_coefficients == "random" else self._delta_lam_bar
         # --delta_select: the tokens the loss trains on, [N, T] bool, N·T bytes (8.4 MB at 2,048 × 4,096; None: all)
         self.keep = None
+
+    @property
+    def delta_gamma(self):  # --delta_gamma frozen's kept (γ₊, γ₋), which checkpoints save; else None
+        return getattr(self.delta_steps.temperature, "gamma", None)
+
+    @delta_gamma.setter
+    def delta_gamma(self, gamma):  # --resume: the (γ₊, γ₋) the run had frozen
+        if gamma is not None and hasattr(self.delta_steps.temperature, "gamma"):
+            self.delta_steps.temperature.gamma = tuple(gamma)
 
     def needs_hidden(self) -> bool:  # stage 4 keeps the batch's h_t (else DelTA's memory_efficient recomputes them)
         return self.cfg.credit == "delta" and self.cfg.delta_impl == "normal" and self.cfg.delta_coefficients != \
@@ -268,48 +284,7 @@ class Credit:
         import delta
 
         cfg, mask = self.cfg, batch.response_mask
-        # the ablations (baselines.md §6) are arguments of the step each one changes; the defaults are the paper's
-        kw = dict(K=cfg.delta_k, lam_min=cfg.delta_lam_min, lam_max=cfg.delta_lam_max, return_stats=True,
-                  scores=cfg.delta_scores, assignment=cfg.delta_assignment, gamma=self.delta_gamma,
-                  coefficients=cfg.delta_coefficients, normalize=cfg.delta_normalize)
-        pooled = distributed.is_distributed() and cfg.delta_scope == "global"
-        # --delta_proxy topk reads the whole LM head (gathered under FSDP2): V·H·4 bytes, 2.5 GB for Qwen3-8B
-        head = distributed.full_weight(model.get_output_embeddings().weight) if cfg.delta_proxy == "topk" else None
-        if cfg.delta_coefficients == "random":  # App. F's control: λ uniform in [λ_min, λ_max], fresh every step
-            draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + distributed.rank())
-            lam_bar, stats = delta.random_coefficients(adv, mask, cfg.delta_lam_min, cfg.delta_lam_max, generator=draw,
-                                                       normalize=cfg.delta_normalize), {}
-        elif old.hidden is not None and not pooled:  # --delta_impl normal: stage 4 kept the batch's h_t [N, T, H]
-            v = self._proxies(head, old.hidden, old.logp, batch.response_ids, mask)  # App. F (ThetaOld's bound)
-            lam_bar, stats = delta.delta_coefficients(v, adv, mask, **kw)
-        else:
-            # Streamed sufficient statistics (spec §2.5): every statistic is a sum or a count, so with --delta_scope
-            # global summing them over processes gives the whole batch's λ̄. memory_efficient: K + 3 passes, each
-            # re-running θ_old's no-grad, eval-mode forward for h, one micro-batch at a time (θ_old's log-probs are
-            # stage 4's); normal under torchrun: its kept h as one micro-batch.
-            if old.hidden is not None:  # one chunk; --delta_proxy topk: it carries v itself, (v, None, mask, Â)
-                layout = [(slice(None), mask.shape[1])]
-                micro_batches = [(old.hidden, old.logp, mask, adv) if cfg.delta_proxy == "hidden" else
-                                 (self._proxies(head, old.hidden, old.logp, batch.response_ids, mask), None, mask, adv)]
-            else:
-                passes = policy.Passes(model, batch, torch.arange(len(adv)), cfg, grad=False, hidden=True)
-                layout = [(rows, t) for rows, _, t in passes.layout]
-
-                def micro_batches():  # one pass: (h [b, t, H], log p [b, t], mask [b, t], Â [b]) of each, in order
-                    for mb in passes:  # --delta_proxy topk: (v, None, ...), v from h and the LM head
-                        logp = mb.take(old.logp)
-                        yield (mb.hidden, logp, mb.take(mask), adv[mb.rows]) if cfg.delta_proxy == "hidden" else \
-                            (self._proxies(head, mb.hidden, logp, mb.take(batch.response_ids), mb.take(mask)), None,
-                             mb.take(mask), adv[mb.rows])
-
-            parts, stats = delta.delta_coefficients_streaming(
-                micro_batches, reduce_fn=distributed.all_reduce_sum if pooled else None, **kw)
-            lam_bar = torch.zeros(mask.shape, dtype=parts[0].dtype)
-            for (rows, t), part in zip(layout, parts):
-                lam_bar[rows, :t] = part.cpu()
-            stats = distributed.pool_min_max(stats) if pooled else stats  # extremes are per process: pool them
-        if cfg.delta_gamma == "frozen" and self.delta_gamma is None and stats.get("delta/fallback") == 0.0:
-            self.delta_gamma = (stats["delta/gamma0_pos"], stats["delta/gamma0_neg"])  # "w/o adaptive γ", then kept
+        lam_bar, stats = self.delta_lam_bar(model, batch, adv, old, step)  # λ̄ [N, T]: DelTA, or the random control
         self.token_weights = {"lambda_bar": lam_bar}
         if cfg.delta_select != "none":  # Q2 (Sec. 5.2): plain DAPO on a share of the tokens chosen by λ ([N, T])
             draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + distributed.rank())
@@ -317,16 +292,43 @@ class Credit:
             return adv[:, None] * mask, {**stats, "delta/selected_frac": float(self.keep.sum() / mask.sum())}
         return delta.delta_token_advantages(adv, lam_bar, mask), stats  # Ã = Â·λ̄ (spec §2.3 step 7)
 
-    def _proxies(self, weight, hidden, old_logp, token_ids, mask):
-        """DelTA's proxy v ``[b, t, H]`` (App. F): (1 − p)·h, or with --delta_proxy topk W_y − Σ_{top K} p̃_j W_j
-        (``weight``: the LM head's W ``[V, H]``)."""
+    def _delta_lam_bar(self, model, batch, adv, old, step):
+        """DelTA's λ̄ ``[N, T]`` and its stats: ``delta.delta_coefficients`` with the steps chosen above, over chunks of
+        θ_old's proxies v (App. F). --delta_impl normal: stage 4's kept h_t ``[N, T, H]``, one chunk; memory_efficient:
+        the micro-batches of ``policy.Passes``, which re-runs θ_old's no-grad, eval-mode forward for h_t in each of
+        DelTA's K + 3 passes (the log-probs are stage 4's), so memory stays flat in the batch (spec §2.5)."""
         import delta
 
-        if self.cfg.delta_proxy == "hidden":
-            return delta.proxy_vectors(hidden, old_logp, mask)
-        at = weight.device
-        return delta.topk_proxy_vectors(hidden.to(at), token_ids.to(at), mask.to(at), weight, self.cfg.delta_proxy_topk,
-                                        self.cfg.temperature).cpu()
+        mask, ids = batch.response_mask, batch.response_ids
+        # --delta_proxy topk reads the whole LM head (gathered under FSDP2): V·H·4 bytes, 2.5 GB for Qwen3-8B
+        needs_head = getattr(self.delta_proxy, "needs_lm_head", False)
+        head = distributed.full_weight(model.get_output_embeddings().weight) if needs_head else None
+        if old.hidden is not None:  # (rows, length) of each chunk, and the chunks
+            layout, chunks = [(slice(None), mask.shape[1])], [(self.delta_proxy(old.hidden, old.logp, mask, ids, head),
+                                                               adv, mask)]
+        else:
+            passes = policy.Passes(model, batch, torch.arange(len(adv)), self.cfg, grad=False, hidden=True)
+            layout = [(rows, t) for rows, _, t in passes.layout]
+
+            def chunks():  # one pass: (v [b, t, H], Â [b], mask [b, t]) of each micro-batch, in order
+                for mb in passes:
+                    v = self.delta_proxy(mb.hidden, mb.take(old.logp), mb.take(mask), mb.take(ids), head)
+                    yield v, adv[mb.rows], mb.take(mask)
+
+        c = self.cfg
+        parts, stats = delta.delta_coefficients(chunks, K=c.delta_k, lam_min=c.delta_lam_min, lam_max=c.delta_lam_max,
+                                                steps=self.delta_steps, return_stats=True)
+        lam_bar = torch.zeros(mask.shape, dtype=parts[0].dtype)
+        for (rows, t), part in zip(layout, parts):
+            lam_bar[rows, :t] = part.cpu()
+        return lam_bar, distributed.pool_min_max(stats) if self.delta_steps.pool else stats  # extremes: per process
+
+    def _random_lam_bar(self, model, batch, adv, old, step):  # App. F's control: λ uniform in [λ_min, λ_max], no v
+        import delta_ablations
+
+        c, draw = self.cfg, torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step * 101 + distributed.rank())
+        return delta_ablations.random_coefficients(adv, batch.response_mask, c.delta_lam_min, c.delta_lam_max,
+                                                   generator=draw, normalize=c.delta_normalize), {}
 
     def _cscr(self, model, batch, adv, old_logp, answers):
         import cscr

@@ -59,10 +59,12 @@ class GRPOConfig:
     delta_k: int = _f(1, "DelTA refinement iterations K")
     delta_lam_min: float = _f(0.8, "DelTA λ_min")
     delta_lam_max: float = _f(1.2, "DelTA λ_max")
-    delta_impl: str = _f("normal", "DelTA: keep the batch's h (normal) or stream micro-batches, recomputing h in "
-                                   "K + 3 passes (memory_efficient; memory independent of the batch)",
+    delta_impl: str = _f("normal", "where DelTA's chunks come from: the batch's h kept from θ_old's pass (normal) or "
+                                   "micro-batches whose h is recomputed in each of K + 3 passes (memory_efficient; "
+                                   "memory independent of the batch)",
                          ["normal", "memory_efficient"])
-    # DelTA's ablations (docs/specs/baselines.md §6; docs/reproduce.md): each one changes one step of delta.py
+    # DelTA's ablations (docs/specs/baselines.md §6; docs/reproduce.md): each one swaps one step of delta.py for its
+    # function in delta_ablations.py (steps_from_flags, proxy_from_flags), chosen once when the run starts
     delta_scores: str = _f("contrastive", "DelTA margins: contrastive (Sec. 3.2) or within_side (−‖v − μ_own‖²)",
                            ["contrastive", "within_side"])
     delta_assignment: str = _f("soft", "DelTA assignment: soft α = σ(Δ/γ) or hard 1[Δ > 0]", ["soft", "hard"])

@@ -20,8 +20,8 @@
 * TRL's loss keeps its own ratio (the training forward's log-probs, detached, when it skipped the old pass).
 
 Left out on purpose: pooling DelTA's statistics over processes (each process uses its own rows, as DelTA's
-official code does; ``delta.delta_coefficients_streaming(reduce_fn=all_reduce)`` pools them), CSCR's threshold
-calibration (grpo.py ``--cscr_threshold_quantile``), conversational, multimodal and tool-calling prompts.
+official code does; ``delta.delta_coefficients(..., steps=delta.DeltaSteps(pool=all_reduce))`` pools them), CSCR's
+threshold calibration (grpo.py ``--cscr_threshold_quantile``), conversational, multimodal and tool-calling prompts.
 
 Run on the toy (CPU): ``python examples/trl_credit.py --credit delta`` trains with TRL and prints the held-out
 avg@8 before and after, as ``python grpo.py --credit delta`` does (same prompts in the same order, same reward,
