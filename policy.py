@@ -5,7 +5,7 @@
 * ``prepare_model``: gradient checkpointing and LoRA adapters (peft);
 * ``reference_model``: the frozen initial policy for the k3 KL term (``--beta > 0``);
 * ``build_optimizer``: AdamW; ``oom_guard``: out-of-memory errors as one line naming the flags that help;
-  ``check_host_memory`` (a kept tensor that would not fit stops the run first), ``peak_memory`` (per step);
+  ``peak_memory`` (per step; the host-memory guards are memory_plan.py's ``check_host_memory``);
 * ``token_logprobs`` and ``Passes``: the policy's log-probs (and LM-head inputs) of a batch's rows, micro-batch by
   micro-batch (laid out by ``micro_batches``; ``MicroBatch``), padding-free, with ``SharedPrompts`` (each group's
   prompt run once, ``--shared_prompt``), with or without grad: grpo.py's stages 4 and 6 and DelTA's streamed passes
@@ -34,7 +34,6 @@ import torch
 import baselines
 import distributed
 import hub
-import memory_plan
 
 
 def model_path(name: str) -> str:
@@ -234,46 +233,6 @@ def oom_guard(where: str):
             err = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise SystemExit("grpo.py: error: " + OOM_HINT.format(where=where, err=err)) from None
         raise
-
-
-
-
-# Host copies of N·T·H·4 bytes that DelTA's --delta_impl normal holds at stage 5's peak, its cache included
-# (grpo.Credit._delta -> delta.proxy_vectors -> delta.delta_coefficients): stage 4's h_t cache and the proxies v,
-# which proxy_vectors masks in place and delta_coefficients reads as they are (+0.0 on padding: no masked copy);
-# v − μ and its square exist one row block at a time (delta.ROW_BLOCK_BYTES = 16 MiB of v, or one response's
-# T·H·4 when larger). Beyond them: that block and [N, T] tensors (1/H of a copy each). Measured above the cache at
-# 64 and 256 MiB of h: 1.28 and 1.075 copies where v + a block gives 1.25 and 1.0625 (4.0 before the blocks;
-# bench/memory.py --only stage5, docs/scaling.md). check_delta_cache counts the two copies.
-DELTA_NORMAL_HOST_COPIES = 2
-# The most of the host memory available to a process that one allocation's peak may take (check_host_memory):
-# half, the other half for the process itself (model, rollouts, allocator slack). DelTA's cache may then take a
-# quarter (HOST_MEMORY_SHARE / DELTA_NORMAL_HOST_COPIES).
-HOST_MEMORY_SHARE = 0.5
-
-
-def host_memory_available() -> int:
-    """Bytes of host memory available to this process: MemAvailable (Linux; else the free physical pages) divided
-    among the node's processes (torchrun's LOCAL_WORLD_SIZE)."""
-    return memory_plan.host_available_bytes() // max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
-
-
-def check_host_memory(nbytes: int, what: str, fix: str) -> None:
-    """Stop (``SystemExit``, one line naming ``fix``) before ``nbytes`` (the peak of ``what``, every copy it will
-    hold counted) are allocated on the host when that is more than ``HOST_MEMORY_SHARE`` of
-    ``host_memory_available()``: a clear message instead of an out-of-memory kill in the middle of a step."""
-    avail = host_memory_available()
-    if nbytes > HOST_MEMORY_SHARE * avail:
-        raise SystemExit(f"grpo.py: error: {what} = {nbytes / 1e9:.1f} GB, more than {HOST_MEMORY_SHARE:.0%} of the "
-                         f"{avail / 1e9:.1f} GB of host memory available to this process; use {fix}")
-
-
-def check_delta_cache(N: int, T: int, H: int) -> None:  # one line, not an out-of-memory kill mid-step
-    copies = DELTA_NORMAL_HOST_COPIES  # stage 5's peak: the cache of h_t and the proxies v beside it
-    check_host_memory(copies * N * T * H * 4, f"--delta_impl normal's stage 5 holds DelTA's h_t of the whole "
-                             f"rollout batch and v on the host ({copies} × {N} responses × {T} tokens × {H} hidden × 4 "
-                             "bytes)", "--delta_impl memory_efficient (the same λ̄ from micro-batches: h recomputed in "
-                             "K + 3 forward passes)")
 
 
 def proc_status_kib(field: str) -> int | None:
