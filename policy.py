@@ -31,7 +31,6 @@ from collections import namedtuple
 
 import torch
 
-import baselines
 import distributed
 import hub
 
@@ -273,6 +272,41 @@ def peak_memory() -> dict:
     return out
 
 
+_ENTROPY_CHUNK = 256  # positions per float32 [chunk, V] temporary (148 MiB each at V = 151,936; a few live at once)
+
+
+def entropy_from_logits(logits, temperature=1.0):
+    """Policy entropy H = −Σ_j p_j log p_j, p = softmax(z/T) over the last dim (nats), without gradient (docs/specs/baselines.md §3).
+
+    Source: FT paper Eq. 1; FT dp_actor L439–447.  Computed as logsumexp(z/T) − Σ_j softmax(z/T)_j·z_j/T, in float32
+    (float64 for float64 logits) over ``_ENTROPY_CHUNK`` positions at a time, so the only full-size tensor is the
+    given logits (a float32 copy of bf16 [16k, 151,936] logits would be 9.3 GiB).  Under no_grad: the mask that
+    uses H is not differentiable.
+
+    Args: logits z [..., V] (any float dtype, e.g. [B, T, V] of the training forward); temperature T > 0, the
+    rollout temperature.  Returns H [...] (float32 or float64), in [0, log V].
+    Raises ValueError: temperature <= 0, logits not a floating tensor with at least one dimension.
+    """
+    if not (isinstance(temperature, (int, float)) and temperature > 0):
+        raise ValueError(f"policy.entropy_from_logits: temperature must be > 0, got {temperature!r}")
+    if not torch.is_tensor(logits) or logits.dim() < 1 or not logits.is_floating_point():
+        raise ValueError("policy.entropy_from_logits: logits must be a floating [..., V] tensor")
+    dt = torch.promote_types(logits.dtype, torch.float32)
+    x = logits.detach()
+    # [R, T, V] without a copy for the usual [B, T, V] (a slice along T of the full logits included)
+    rows = x.reshape(1, 1, -1) if x.dim() == 1 else x[None] if x.dim() == 2 else x.reshape(-1, *x.shape[-2:])
+    out = torch.empty(rows.shape[:2], dtype=dt, device=logits.device)
+    zero = torch.zeros((), dtype=dt, device=logits.device)
+    with torch.no_grad():
+        for r in range(rows.shape[0]):
+            for a in range(0, rows.shape[1], _ENTROPY_CHUNK):
+                z = rows[r, a:a + _ENTROPY_CHUNK].to(dt) / temperature
+                p = torch.softmax(z, dim=-1)
+                # H = logsumexp(z) − E_p[z]; p·z is taken as 0 where p = 0 (a −inf logit would give 0·inf = NaN)
+                out[r, a:a + _ENTROPY_CHUNK] = torch.logsumexp(z, dim=-1) - torch.where(p > 0, p * z, zero).sum(-1)
+    return out.reshape(logits.shape[:-1])
+
+
 def clip_and_step(model, optimizer, loss: float, max_grad_norm: float, step: int) -> float | None:
     """Clip the accumulated gradient to ``max_grad_norm`` (0: no clipping) and apply the optimizer; returns the
     pre-clip norm, or None (the gradient discarded, with a warning) when the loss or the norm is not finite."""
@@ -333,7 +367,7 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
     logp = torch.stack(rows)
     logp = logp * response_mask.to(logp.dtype)
     out = (logp,) + ((captured["h"][:, -(T + 1):-1],) if return_hidden else ()) \
-        + ((baselines.entropy_from_logits(logits, temperature) * response_mask.to(logp.dtype),) if return_entropy
+        + ((entropy_from_logits(logits, temperature) * response_mask.to(logp.dtype),) if return_entropy
            else ()) + ((logits,) if return_logits else ())  # entropy: a few positions at a time, no [T, V] copy
     return out if len(out) > 1 else logp
 
