@@ -57,6 +57,7 @@ import baselines
 import checkpoint
 import distributed
 import evaluate
+import memory_plan
 import policy
 import problems
 import recipes
@@ -447,8 +448,8 @@ def update_stat_names(cfg: GRPOConfig) -> list[str]:
 
 # θ_old, as stage 4 leaves it for stages 5 and 6, float32 on the host (N responses × T tokens, hidden size H; at the
 # papers' scale 2,048 × 4,096, H = 4,096): logp N·T·4 bytes (34 MB); ref_logp (--beta > 0, else None) N·T·4 (34 MB);
-# hidden (DelTA's --delta_impl normal, else None) N·T·H·4 (137 GB), refused by policy.check_delta_cache above a quarter
-# of the host's memory (stage 5 adds v: policy.DELTA_NORMAL_HOST_COPIES = 2 copies in HOST_MEMORY_SHARE = 1/2);
+# hidden (DelTA's --delta_impl normal, else None) N·T·H·4 (137 GB), refused by memory_plan.check_delta_cache above a quarter
+# of the host's memory (stage 5 adds v: memory_plan.DELTA_NORMAL_HOST_COPIES = 2 copies in HOST_MEMORY_SHARE = 1/2);
 # update_passes: stage 4's training forward, which stage 6 reuses (can_update_on_policy; graphs on the device), or None.
 ThetaOld = namedtuple("ThetaOld", "logp hidden ref_logp update_passes")
 
@@ -468,7 +469,7 @@ def old_logprobs(model, batch, cfg: GRPOConfig, need_hidden=False, ref_model=Non
         old_logp[mb.rows, :mb.t] = mb.logp.detach().cpu()
         if need_hidden:  # h_t on the host, bounded (the comment above ThetaOld)
             if hidden is None:
-                policy.check_delta_cache(N, T, mb.hidden.shape[-1])
+                memory_plan.check_delta_cache(N, T, mb.hidden.shape[-1])
                 hidden = torch.zeros(N, T, mb.hidden.shape[-1], dtype=dt)
             hidden[mb.rows, :mb.t] = mb.hidden.to(dt).cpu()
     ref_logp = policy.reference_logprobs(ref_model, batch, passes.layout, cfg.temperature) if ref_model else None

@@ -45,10 +45,20 @@ from pathlib import Path
 
 GB = 1e9  # docs/scaling.md's unit
 
-# DelTA --delta_impl normal: its host peak during stage 5 as a multiple of its h cache N·T·H·4 bytes: the cache and
-# the proxies v = (1 − p)·h (delta.py computes the margins in blocks of rows: one block more, 1/H-sized tensors);
-# policy.DELTA_NORMAL_HOST_COPIES, which the trainer's guard counts (the two are tested equal).
-DELTA_NORMAL_HOST_COPIES = 2
+# Host copies of N·T·H·4 bytes that DelTA's --delta_impl normal holds at stage 5's peak, its cache included
+# (grpo.Credit._delta -> delta.proxy_vectors -> delta.delta_coefficients): stage 4's h_t cache and the proxies v,
+# which proxy_vectors masks in place and delta_coefficients reads as they are (+0.0 on padding: no masked copy);
+# v − μ and its square exist one row block at a time (delta.ROW_BLOCK_BYTES = 16 MiB of v, or one response's
+# T·H·4 when larger). Beyond them: that block and [N, T] tensors (1/H of a copy each). Measured above the cache at
+# 64 and 256 MiB of h: 1.28 and 1.075 copies where v + a block gives 1.25 and 1.0625 (4.0 before the blocks;
+# bench/memory.py --only stage5, docs/scaling.md). check_delta_cache counts the two copies.
+DELTA_NORMAL_HOST_COPIES = 2  # the plan (stage 5's host peak) and check_delta_cache count these
+# The most of the host memory available to a process that one allocation's peak may take (check_host_memory):
+# half, the other half for the process itself (model, rollouts, allocator slack). DelTA's cache may then take a
+# quarter (HOST_MEMORY_SHARE / DELTA_NORMAL_HOST_COPIES).
+HOST_MEMORY_SHARE = 0.5
+
+
 # DelTA --delta_impl memory_efficient keeps per token, across its K + 3 passes: a float mask and two bool sides
 # (6 B, delta.py pass 1), the margin (4 B, pass 2) and λ̄ (4 B): 14 bytes on h's device (delta.py's comments).
 DELTA_STREAM_BYTES_PER_TOKEN = 14
@@ -418,13 +428,37 @@ def _cuda() -> bool:
 
 
 def host_available_bytes() -> int:
-    """The host's available memory in bytes: MemAvailable (Linux), else the free physical pages (policy.py's
-    guards divide it among a node's processes)."""
+    """The host's available memory in bytes: MemAvailable (Linux), else the free physical pages (``host_memory_available``
+    divides it among a node's processes)."""
     try:
         with open("/proc/meminfo") as f:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     except (OSError, StopIteration):
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def host_memory_available() -> int:
+    """Bytes of host memory available to this process: MemAvailable (Linux; else the free physical pages) divided
+    among the node's processes (torchrun's LOCAL_WORLD_SIZE)."""
+    return host_available_bytes() // max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+
+
+def check_host_memory(nbytes: int, what: str, fix: str) -> None:
+    """Stop (``SystemExit``, one line naming ``fix``) before ``nbytes`` (the peak of ``what``, every copy it will
+    hold counted) are allocated on the host when that is more than ``HOST_MEMORY_SHARE`` of
+    ``host_memory_available()``: a clear message instead of an out-of-memory kill in the middle of a step."""
+    avail = host_memory_available()
+    if nbytes > HOST_MEMORY_SHARE * avail:
+        raise SystemExit(f"grpo.py: error: {what} = {nbytes / 1e9:.1f} GB, more than {HOST_MEMORY_SHARE:.0%} of the "
+                         f"{avail / 1e9:.1f} GB of host memory available to this process; use {fix}")
+
+
+def check_delta_cache(N: int, T: int, H: int) -> None:  # one line, not an out-of-memory kill mid-step
+    copies = DELTA_NORMAL_HOST_COPIES  # stage 5's peak: the cache of h_t and the proxies v beside it
+    check_host_memory(copies * N * T * H * 4, f"--delta_impl normal's stage 5 holds DelTA's h_t of the whole "
+                             f"rollout batch and v on the host ({copies} × {N} responses × {T} tokens × {H} hidden × 4 "
+                             "bytes)", "--delta_impl memory_efficient (the same λ̄ from micro-batches: h recomputed in "
+                             "K + 3 forward passes)")
 
 
 def plan(model_config: dict, cfg, *, prompt_tokens: int, processes: int = 1, gpu_memory_gb: float | None = None,

@@ -171,7 +171,7 @@ def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[st
     1. Prompts longer than ``--max_prompt_length`` tokens (templated and tokenised as the rollout does) are counted
        and left out, with one line (verl's ``filter_overlong_prompts``; ``_kept_prompts``); the tokenizer is loaded
        alone for it. Then DelTA's ``--delta_impl normal`` cache of h_t at its largest is refused above its share
-       of host memory (``policy.check_delta_cache``), for the toy too.
+       of host memory (``memory_plan.check_delta_cache``), for the toy too.
     2. The memory plan of the run (``memory_plan.plan``) from the model's config.json and the longest prompt kept:
        printed for any model but the toy (whose output stays as it was), and a run that does not fit stops here
        with one line that gives the shortfall and what fits (``MemoryPlan.verdict``; for ``delta_paper``, whether
@@ -202,8 +202,8 @@ def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[st
         notes.append(f"config.json of {cfg.model}: the copy in "  # (the cache had none)
                      f"{shipped.relative_to(memory_plan.SHIPPED_CONFIGS.parent).as_posix()}/ (model_configs/README.md)")
     if delta_cache:  # stage 4's h_t cache at its largest
-        policy.check_delta_cache(cfg.num_prompts_per_step // world * cfg.num_generations, cfg.max_completion_length,
-                                 model_config["hidden_size"])
+        memory_plan.check_delta_cache(cfg.num_prompts_per_step // world * cfg.num_generations, cfg.max_completion_length,
+                                       model_config["hidden_size"])
     if quick:
         return rows
     processes = cfg.plan_processes or world

@@ -363,12 +363,6 @@ def test_nograd_layer_bytes_against_live_bytes(hidden, intermediate, masked):
     assert 0.85 * measured <= predicted <= 1.25 * measured
 
 
-def test_the_plans_delta_host_copies_are_the_guards():
-    import policy
-
-    assert mp.DELTA_NORMAL_HOST_COPIES == policy.DELTA_NORMAL_HOST_COPIES
-
-
 def test_the_plans_copies_of_project_constants_are_theirs():
     """memory_plan.py imports no project module, so it copies policy's bucket count: the two must agree."""
     import policy
