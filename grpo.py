@@ -63,6 +63,7 @@ import problems
 import recipes
 import report
 import rollout
+import sampler_mismatch
 import verify
 from grpo_config import GRPOConfig, build_parser, check_config  # every flag and its check (grpo_config.py)
 
@@ -415,7 +416,9 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     # 6. policy update: num_iterations passes × num_mini_batches AdamW steps, micro-batched backward
     # the loss's own factor of each token (FIPO's f, an entropy or Q2 mask) for samples/: [N, T], N·T·4 bytes
     loss_weights = torch.zeros_like(token_adv) if uses_loss_side_rule(cfg) else None  # (34 MB at 2,048 × 4,096)
-    loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, batch, old, token_adv, cfg, step, credit.keep,
+    # the sampler–trainer mismatch (--vllm_importance_sampling_correction, TRL's): Ã·w = TRL's ℓ·w (sampler_mismatch)
+    update_adv, sampling_stats = sampler_mismatch.correction(cfg)(token_adv, old.logp, batch)
+    loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, batch, old, update_adv, cfg, step, credit.keep,
                                                        loss_weights)
     no_signal = agg.pop("no_signal", 0.0)  # every advantage 0, no update: its statistics 0.0, so that every step's
     agg = {name: 0.0 for name in update_stat_names(cfg)} if no_signal else agg  # line has the same keys
@@ -427,7 +430,7 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
                           agg, {"loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
                                 "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
                                 "no_signal": no_signal,
-                                **credit_stats, **peak, "step_time": time.time() - t0, "generation_time": t_gen})
+                                **credit_stats, **sampling_stats, **peak, "step_time": time.time() - t0, "generation_time": t_gen})
     if rank == 0 and cfg.logging_steps and (step + 1) % cfg.logging_steps == 0:
         token_credit = credit.token_credit(adv, token_adv)  # × the loss's own factor, where a rule has one
         run.write_samples(step + 1, tokenizer, batch, rewards, adv, token_adv,
@@ -685,6 +688,7 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     llm = rollout.create_vllm_engine(  # after the policy is on the GPU: vLLM's memory check counts it
         policy.model_path(cfg.model), gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
         enable_sleep_mode=cfg.vllm_enable_sleep_mode, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
+        kv_cache_dtype=cfg.vllm_kv_cache_dtype, sampler_logprobs=cfg.vllm_importance_sampling_correction,
         dtype=str(compute_dtype or next(model.parameters()).dtype).removeprefix("torch.")) if cfg.use_vllm else None
     credit, sampler = Credit(cfg, tokenizer), rollout.PromptSampler(len(rows), cfg.seed)
     actor, source = Actor(model, tokenizer, optimizer, ref_model, llm), PromptSource(rows, sampler, template, stop_ids)
