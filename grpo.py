@@ -59,12 +59,16 @@ import distributed
 import evaluate
 import memory_plan
 import policy
+import preflight
 import problems
 import recipes
 import report
 import rollout
+import toy
 import verify
 from grpo_config import GRPOConfig, build_parser, check_config  # every flag and its check (grpo_config.py)
+
+toy.register()  # --model toy, --data toy: the built-in toy in the generic modules (toy.py)
 
 # --- The maths: pure functions on tensors ---------------------------------------------------------------------
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str = "group",
@@ -672,7 +676,7 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     if run is not None and run.finished(cfg.max_steps):  # --resume of a run that ran its --max_steps: nothing to do
         return run.summary()
     # before any weights: prompts over --max_prompt_length left out, DelTA's host cache checked, the memory plan
-    rows = recipes.preflight(cfg, rows, world, notes, given, say)
+    rows = preflight.check(cfg, rows, world, notes, given, say)
     if rows is None:  # --dry_run: the resolved settings and the plan were printed
         return None
     # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), --resume's weights, sharding, AdamW; then

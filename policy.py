@@ -34,17 +34,24 @@ import torch
 import distributed
 import hub
 
+# Named models an entry point adds (``register_model``): ``--model name`` loads the folder ``MODELS[name]()`` returns
+# (toy.py's ``register`` adds ``toy``). A function, not a path: the folder may be built on first use.
+MODELS: dict = {}
+
+
+def register_model(name: str, folder) -> None:
+    """Make ``--model name`` load the folder that ``folder()`` (no arguments) returns."""
+    MODELS[name] = folder
+
 
 def model_path(name: str) -> str:
-    """The folder or hub id ``from_pretrained`` gets for ``--model name``: ``"toy"`` is the toy's folder.
+    """The folder or hub id ``from_pretrained`` gets for ``--model name``: a registered name's folder (``MODELS``).
 
     Raises ValueError (one line) for a path that does not exist (``/x``, ``./x``, ``~/x``, or with two or more
     ``/``: a hub id has at most one), instead of the hub's "Repo id must be in the form ..." message.
     """
-    if name == "toy":
-        import toy
-
-        return toy.ensure_toy_model()
+    if name in MODELS:
+        return MODELS[name]()
     looks_like_path = name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
     if looks_like_path and not os.path.isdir(os.path.expanduser(name)):
         raise ValueError(f"model folder {name} does not exist")
