@@ -35,7 +35,7 @@ The file follows that order (its flags and their checks: grpo_config.py): the ma
 * Left out on purpose: entropy bonus, reward shaping beyond DAPO's overlong penalty, dynamic sampling, learning-rate
   schedules. The loss value is no progress signal (≈ 0 at θ_old): watch the reward and the held-out accuracy.
 * Infrastructure sits behind one-line calls: recipes and the checks before any weights load (recipes.py,
-  memory_plan.py), the data (problems.py), the policy model (policy.py), torchrun + FSDP2 (distributed.py), the run
+  preflight.py), the data (problems.py), the policy model (policy.py), torchrun + FSDP2 (distributed.py), the run
   folder (checkpoint.py), held-out evaluation (evaluate.py). Read next: delta.py and cscr.py, rollout.py, verify.py.
 """
 

@@ -1,7 +1,7 @@
 """The policy model of grpo.py: loading it, wrapping it for training, and the pieces that live next to it.
 
-* ``load_model_and_tokenizer``: ``from_pretrained`` of ``"toy"`` (toy.py), a local folder or a hub id, in the
-  dtype and on the device asked for; the tokenizer pads on the left;
+* ``load_model_and_tokenizer``: ``from_pretrained`` of a registered name (``MODELS``: ``"toy"``, toy.py), a local
+  folder or a hub id, in the dtype and on the device asked for; the tokenizer pads on the left;
 * ``prepare_model``: gradient checkpointing and LoRA adapters (peft);
 * ``reference_model``: the frozen initial policy for the k3 KL term (``--beta > 0``);
 * ``build_optimizer``: AdamW; ``oom_guard``: out-of-memory errors as one line naming the flags that help;

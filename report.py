@@ -11,11 +11,11 @@ colour scale centred at 1, with the exact value on hover. Runs sampled with the 
 the same step: their responses to a prompt stand next to each other (the prompt text is the key). Above them: one
 row per run (held-out accuracy before and after, reward, length), the credit's distribution per run (histograms
 on one scale) and the curves of ``metrics.jsonl`` (reward, held-out accuracy, length, DelTA's λ̄ statistics,
-CSCR's weight statistics) as small multiples. For runs on the toy (config.json: data "toy"), whose truth is known
-(``toy.response_truth``): "Where the credit lands", the mean credit of an incorrect response's first wrong token,
-of the shared prefix before it and of the tokens after it, and of a correct response's result digits and its other
-tokens, with the AUROCs of the credit at picking out those tokens, and the first wrong token marked in the token
-view; for DelTA runs, the tokens with the highest and lowest mean λ̄ per side. These numbers also go to
+CSCR's weight statistics) as small multiples. For runs on the toy, whose samples/ rows carry each response's truth
+(``toy.logged_truth``, written at training time): "Where the credit lands", the mean credit of an incorrect
+response's first wrong token, of the shared prefix before it and of the tokens after it, and of a correct response's
+result digits and its other tokens, with the AUROCs of the credit at picking out those tokens, and the first wrong
+token marked in the token view; for DelTA runs, the tokens with the highest and lowest mean λ̄ per side. These numbers also go to
 ``<page>.json`` next to the page (report.html -> report.json).
 
 The page is self-contained: inline CSS and SVG, no script, style or font from the network, so it can be mailed or

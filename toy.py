@@ -30,9 +30,13 @@ Why a toy? So the whole RLVR pipeline (sample -> verify -> advantage -> credit -
 Command line: ``python toy.py`` prints the folder ``--model toy`` loads (building it if needed);
 ``python toy.py --write_data DIR`` writes the two splits as jsonl.
 
-Left out on purpose: any other toy task or size, and every import of another project module (policy.py imports
-this file to resolve ``--model toy``), so the check that a rebuild still scores like the shipped model, which
-loads and evaluates both, is ``bench/toy_rebuild.py``, read next; ``compare_weights`` is its first step.
+``register`` (and ``register_data``, the data alone, without torch) adds the toy to the generic modules, which name
+no toy: ``--model toy`` (policy.py), ``--data toy`` / ``--benchmarks toy`` (problems.py), the ``auto`` prompt template
+and recipe (rollout.py, recipes.py) and its truth in each samples/ row (checkpoint.py, read by report.py). Each entry
+point (grpo.py, evaluate.py, the tools) calls it once; importing this file loads no torch and no other project file.
+
+Left out on purpose: any other toy task or size, and the check that a rebuild still scores like the shipped model,
+which loads and evaluates both: ``bench/toy_rebuild.py``, read next; ``compare_weights`` is its first step.
 """
 
 from __future__ import annotations
