@@ -35,7 +35,7 @@ The file follows that order (its flags and their checks: grpo_config.py): the ma
 * Left out on purpose: entropy bonus, reward shaping beyond DAPO's overlong penalty, dynamic sampling, learning-rate
   schedules. The loss value is no progress signal (≈ 0 at θ_old): watch the reward and the held-out accuracy.
 * Infrastructure sits behind one-line calls: recipes and the checks before any weights load (recipes.py,
-  memory_plan.py), the data (problems.py), the policy model (policy.py), torchrun + FSDP2 (distributed.py), the run
+  preflight.py), the data (problems.py), the policy model (policy.py), torchrun + FSDP2 (distributed.py), the run
   folder (checkpoint.py), held-out evaluation (evaluate.py). Read next: delta.py and cscr.py, rollout.py, verify.py.
 """
 
@@ -59,13 +59,17 @@ import distributed
 import evaluate
 import memory_plan
 import policy
+import preflight
 import problems
 import recipes
 import report
 import rollout
 import sampler_mismatch
+import toy
 import verify
 from grpo_config import GRPOConfig, build_parser, check_config  # every flag and its check (grpo_config.py)
+
+toy.register()  # --model toy, --data toy: the built-in toy in the generic modules (toy.py)
 
 # --- The maths: pure functions on tensors ---------------------------------------------------------------------
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str = "group",
@@ -675,7 +679,7 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     if run is not None and run.finished(cfg.max_steps):  # --resume of a run that ran its --max_steps: nothing to do
         return run.summary()
     # before any weights: prompts over --max_prompt_length left out, DelTA's host cache checked, the memory plan
-    rows = recipes.preflight(cfg, rows, world, notes, given, say)
+    rows = preflight.check(cfg, rows, world, notes, given, say)
     if rows is None:  # --dry_run: the resolved settings and the plan were printed
         return None
     # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), --resume's weights, sharding, AdamW; then

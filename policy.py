@@ -1,7 +1,7 @@
 """The policy model of grpo.py: loading it, wrapping it for training, and the pieces that live next to it.
 
-* ``load_model_and_tokenizer``: ``from_pretrained`` of ``"toy"`` (toy.py), a local folder or a hub id, in the
-  dtype and on the device asked for; the tokenizer pads on the left;
+* ``load_model_and_tokenizer``: ``from_pretrained`` of a registered name (``MODELS``: ``"toy"``, toy.py), a local
+  folder or a hub id, in the dtype and on the device asked for; the tokenizer pads on the left;
 * ``prepare_model``: gradient checkpointing and LoRA adapters (peft);
 * ``reference_model``: the frozen initial policy for the k3 KL term (``--beta > 0``);
 * ``build_optimizer``: AdamW; ``oom_guard``: out-of-memory errors as one line naming the flags that help;
@@ -34,17 +34,24 @@ import torch
 import distributed
 import hub
 
+# Named models an entry point adds (``register_model``): ``--model name`` loads the folder ``MODELS[name]()`` returns
+# (toy.py's ``register`` adds ``toy``). A function, not a path: the folder may be built on first use.
+MODELS: dict = {}
+
+
+def register_model(name: str, folder) -> None:
+    """Make ``--model name`` load the folder that ``folder()`` (no arguments) returns."""
+    MODELS[name] = folder
+
 
 def model_path(name: str) -> str:
-    """The folder or hub id ``from_pretrained`` gets for ``--model name``: ``"toy"`` is the toy's folder.
+    """The folder or hub id ``from_pretrained`` gets for ``--model name``: a registered name's folder (``MODELS``).
 
     Raises ValueError (one line) for a path that does not exist (``/x``, ``./x``, ``~/x``, or with two or more
     ``/``: a hub id has at most one), instead of the hub's "Repo id must be in the form ..." message.
     """
-    if name == "toy":
-        import toy
-
-        return toy.ensure_toy_model()
+    if name in MODELS:
+        return MODELS[name]()
     looks_like_path = name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
     if looks_like_path and not os.path.isdir(os.path.expanduser(name)):
         raise ValueError(f"model folder {name} does not exist")
