@@ -254,6 +254,8 @@ def test_a_misspelt_flag_gets_the_close_one_suggested_in_one_line(capsys):
                         "--num_generations (not --num_generatons)?"),
                        (["--lerning_rate=1e-5"], "unrecognized arguments: --lerning_rate=1e-5; did you mean "
                         "--learning_rate (not --lerning_rate)?"),
+                       (["--no-padding_fre"], "unrecognized arguments: --no-padding_fre; did you mean "
+                        "--no-padding_free (not --no-padding_fre)?"),  # a prefix is no flag (allow_abbrev=False)
                        (["--zzz_qqq", "1"], "unrecognized arguments: --zzz_qqq 1")):  # nothing close: no guess
         with pytest.raises(SystemExit) as e:
             grpo.main(argv)
