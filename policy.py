@@ -482,7 +482,9 @@ class ChunkedLMHead(torch.autograd.Function):
     backward: h (b·T·H·c bytes, 168 MB for one 20,480-token row of Qwen3-8B in bf16) and logsumexp(z/τ) (b·T·4).
     The backward recomputes each chunk's z and takes ∂log p(y)/∂(z/τ) = onehot(y) − softmax(z/τ) in place (times
     1 − tanh²(·) under soft-capping), then dh = dz·W and dW += dzᵀ·h: one chunk of float32 logits at a time, and
-    one W-sized gradient. Why our own: verl's FusedLinearForPPO and Liger-Kernel's fused linear losses do this
+    one W-sized gradient, summed in W's dtype (bfloat16 weights: one more rounding of the running sum per chunk,
+    2^-9 relative, as Liger-Kernel's fused linear losses accumulate; float32 and float64 differ from the whole
+    micro-batch's matmul only in the order of its sums). Why our own: verl's FusedLinearForPPO and Liger-Kernel's fused linear losses do this
     inside their trainers or on GPUs only; this is the same idea in plain torch, exact on the CPU too.
     """
 
