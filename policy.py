@@ -373,7 +373,7 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
     if budget and not return_logits and out_head is not None and B * T * out_head.weight.shape[0] * 4 > budget:
         head = lm_head(model)
         head, chunk = (None, 0) if isinstance(head, str) else (head, max(1, budget // (out_head.weight.shape[0] * 4)))
-    captured, handle = {}, None
+    captured, hooks = {}, []
 
     def from_body(module, args, output):  # inside the model's forward (under FSDP2: the head's weight gathered)
         h = output[0][:, -(T + 1):-1]  # [B, T, H]: the final norm's output at the positions predicting y_1..y_T
@@ -383,7 +383,11 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
                                                    temperature, head.softcap, chunk, return_entropy)
 
     if return_hidden or head is not None:
-        handle = (head.body if head is not None else _body(model)).register_forward_hook(from_body)
+        hooks.append((head.body if head is not None else _body(model)).register_forward_hook(from_body))
+    if head is not None:  # the model returns (its output, (log p, H)), also to the hooks after this one: FSDP2's
+        # post-forward, which on what the model returns registers the head weight's re-gathering for the backward
+        hooks.append(_base(model).register_forward_hook(lambda m, a, out: (out, captured.pop("head")),
+                                                        prepend=True))
     keep = {"logits_to_keep": 1} if head is not None else {}  # chunked: the model's own head sees one position
     try:
         if shared is None:  # left padding shifts every prompt: positions count real tokens only, as generate() does
@@ -393,10 +397,11 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
         else:  # --shared_prompt: all but the last prompt token are cached; run the last T + 1 positions only
             out = shared[0].forward(model, shared[1], input_ids[:, -(T + 1):], attention_mask[:, -(T + 1):], **keep)
     finally:
-        if handle is not None:
-            handle.remove()
+        for hook in hooks:
+            hook.remove()
     if head is not None:
-        logp, entropy = (x.view(B, T) if x is not None else None for x in captured.pop("head"))
+        out, (logp, entropy) = out
+        logp, entropy = logp.view(B, T), entropy.view(B, T) if entropy is not None else None
     else:
         logits = out.logits[:, -(T + 1):-1]  # position p predicts token p+1: [B, T, V]
         dt = torch.promote_types(logits.dtype, torch.float32)
@@ -418,9 +423,14 @@ def _log_softmax_at(u, targets):
     return picked - lse, lse
 
 
+def _base(model):
+    """The transformers model under a peft wrapper (the module FSDP2 shards last, as the root: distributed.py)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def _body(model):
     """The model's body: the module whose output (the final norm's) is the LM head's input."""
-    return (model.get_base_model() if hasattr(model, "get_base_model") else model).get_decoder()
+    return _base(model).get_decoder()
 
 
 LMHead = namedtuple("LMHead", "body head softcap")
@@ -441,7 +451,7 @@ def lm_head(model):
         return f"the LM head is a {kind}, not a bias-free nn.Linear"
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     softcap = getattr(config, "final_logit_softcapping", None)
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = _base(model)
     if type(base) not in _HEAD_CHECKS:
         seen, was = {}, model.training
 
@@ -484,8 +494,10 @@ class ChunkedLMHead(torch.autograd.Function):
     1 − tanh²(·) under soft-capping), then dh = dz·W and dW += dzᵀ·h: one chunk of float32 logits at a time, and
     one W-sized gradient, summed in W's dtype (bfloat16 weights: one more rounding of the running sum per chunk,
     2^-9 relative, as Liger-Kernel's fused linear losses accumulate; float32 and float64 differ from the whole
-    micro-batch's matmul only in the order of its sums). Why our own: verl's FusedLinearForPPO and Liger-Kernel's fused linear losses do this
-    inside their trainers or on GPUs only; this is the same idea in plain torch, exact on the CPU too.
+    micro-batch's matmul only in the order of its sums). Why our own: verl's FusedLinearForPPO and Liger-Kernel's
+    fused linear losses do this inside their trainers or on GPUs only; this is the same idea in plain torch, exact
+    on the CPU too. Under FSDP2 token_logprobs returns its outputs as the root module's, so that FSDP2 gathers W
+    again before this backward reads it (the root frees it after its forward).
     """
 
     @staticmethod
