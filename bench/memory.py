@@ -308,7 +308,8 @@ def run_lm_head(args, pool) -> dict:
         print(f"[memory] LM head, one row of {T:,} tokens, V = {V:,}, H = {H}, {name}"
               f"{' (' + str(r['chunk_positions']) + ' positions a chunk)' if r['chunked'] else ''}: peak live bytes "
               f"{r['live_peak_bytes'] / 1e9:.3f} GB = {r['live_over_logits']:.3f} × the row's float32 logits "
-              f"({logits / 1e9:.2f} GB), RSS {r['rss_over_logits']:.3f} ×; planned {r['predicted_over_logits']:.3f} × "
+              f"({logits / 1e9:.2f} GB), RSS {r['rss_over_logits']:.3f} ×; planned "
+              f"{r['predicted_over_logits']:.3f} × "
               f"(measured / planned {r['measured_over_predicted']:.3f}); {r['seconds']:.1f} s", flush=True)
     out["chunked_over_unchunked"] = out["chunked"]["live_peak_bytes"] / out["unchunked"]["live_peak_bytes"]
     return out
