@@ -119,21 +119,24 @@ UPDATES = {
     "forking_minibatch": ("grpo", {"entropy_top_ratio": 0.5}),  # H_t from a no-grad pass over the mini-batch
     "forking_micro": ("grpo", {"entropy_top_ratio": 0.5, "entropy_pool": "micro", "micro_batch_size": 4}),
     "seq_mean_loss": ("grpo", {"loss_type": "grpo", "micro_batch_size": 3}),
+    "dr_grpo_loss": ("grpo", {"loss_type": "dr_grpo"}),
+    "sapo_loss": ("grpo", {"loss_type": "sapo"}),
+    "kl_reference": ("grpo", {"beta": 0.1}),  # the frozen reference's passes (policy.reference_logprobs)
     "fipo": ("fipo", {}),
 }
 
 
 def _update(model, tok, batch, credit, flags):
-    """Stages 4-6 (θ_old, the credit, one mini-batch's backward) as grpo.py runs them: (θ_old's log-probs, token
-    advantages, loss, gradient)."""
+    """Stages 4-6 (θ_old and the reference, the credit, one mini-batch's backward) as grpo.py runs them: (θ_old's
+    log-probs, token advantages, loss, gradient)."""
     N = len(batch.response_mask)
     cfg = grpo.GRPOConfig(credit=credit, max_completion_length=batch.response_mask.shape[1],
                           **{"fuse_old_logprobs": False, **flags})
     adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0], dtype=torch.float64),
                                 batch.group_size)
-    credit_fn = grpo.Credit(cfg, tok)
-    fused = grpo.can_update_on_policy(cfg, N, has_reference=False)
-    old = grpo.old_logprobs(model, batch, cfg, credit_fn.needs_hidden(), None, training_forward=fused)
+    credit_fn, ref = grpo.Credit(cfg, tok), policy.reference_model(model, cfg)
+    fused = grpo.can_update_on_policy(cfg, N, has_reference=ref is not None)
+    old = grpo.old_logprobs(model, batch, cfg, credit_fn.needs_hidden(), ref, training_forward=fused)
     token_adv, _ = credit_fn(model, batch, adv, old, ["5"] * N)
     model.zero_grad(set_to_none=True)
     loss, _ = grpo.backward_minibatch(model, batch, old, token_adv, torch.arange(N), cfg)
