@@ -192,6 +192,8 @@ class AdapterDisabledReference:
         return self.model.parameters()
 
     def __getattr__(self, name):  # the rest (config, LM head, body: the chunked LM head's) is the policy's
+        if name == "model":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
         return getattr(self.model, name)
 
 
