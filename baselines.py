@@ -49,7 +49,7 @@ import math
 
 import torch
 
-__all__ = ["sapo_gate", "entropy_from_logits", "top_ratio_mask", "quantile_mask", "forking_mask", "select_tokens",
+__all__ = ["sapo_gate", "sapo_surrogate", "sapo_aggregation", "entropy_from_logits", "top_ratio_mask", "quantile_mask", "forking_mask", "select_tokens",
            "future_kl_weights", "fipo_dropped_rows", "fipo_weights"]
 
 _ENTROPY_CHUNK = 256  # positions per float32 [chunk, V] temporary (148 MiB each at V = 151,936; a few live at once)
@@ -97,6 +97,20 @@ def sapo_gate(ratio, adv, tau_pos=1.0, tau_neg=1.05):
     tau = torch.where(a > 0, torch.tensor(float(tau_pos), dtype=ratio.dtype, device=ratio.device),
                       torch.tensor(float(tau_neg), dtype=ratio.dtype, device=ratio.device))
     return (4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0))
+
+
+def sapo_surrogate(ratio, token_adv, settings):
+    """SAPO's per-token loss ℓ = −Ã·f(r) in place of the clipped surrogate (spec §4; no dual clip), with the
+    signature of ``grpo.clipped_surrogate``: ``settings`` gives τ_pos, τ_neg. Returns (ℓ [B, T], no token
+    dual-clipped [B, T] bool)."""
+    gate = sapo_gate(ratio, token_adv, settings.sapo_temperature_pos, settings.sapo_temperature_neg)
+    return -token_adv * gate, torch.zeros_like(ratio, dtype=torch.bool)
+
+
+def sapo_aggregation(settings):
+    """SAPO's normaliser: ``grpo``'s seq-mean-token-mean (``sapo_aggregation="sequence"``: verl forces it, TRL uses
+    it) or ``dapo``'s token-mean (``"token"``)."""
+    return "grpo" if settings.sapo_aggregation == "sequence" else "dapo"
 
 
 # ---- spec §3: Forking Tokens (entropy, top-ρ masks) --------------------------------------------------------------

@@ -5,38 +5,30 @@ One training step (``train_step``) is seven stages, in the order of the papers::
     1. rollout      G responses o_i for each prompt q             rollout.sample: HF generate or vLLM (--use_vllm)
     2. verify       binary reward r_i ∈ {0, 1} (+ overlong shaping) verify.grade_batch; overlong_penalty DAPO §3.4
     3. advantages   Â_i = (r_i − mean_g r) / (std_g r + 1e-6)       group_advantages   GRPO (Shao et al. 2024)
-    4. θ_old        log π_θold(o_{i,t}) per token, detached: a      old_logprobs       (+ h_t for DelTA, same pass)
-                    no-grad pass, or the training forward (one update: can_update_on_policy, stage 6 reuses it)
+    4. θ_old        log π_θold(o_{i,t}) per token, detached         old_logprobs       (+ h_t for DelTA, same pass)
     5. credit       token advantages Ã_{i,t} (--credit)             Credit: grpo broadcasts Â_i; delta Â_i·λ̄_{i,t}
-                                                                    (delta.py); cscr Â_i·w̃_{i,t} (cscr.py); fipo Â_i
+                                                                    (delta.py); cscr Â_i·w̃_{i,t} (cscr.py)
     6. update       clipped surrogate, token-mean, AdamW            policy_loss        DAPO (Yu et al. 2025) §3.1, §3.3
-                    (the current policy's masks/weights: FIPO,      backward_minibatch (baselines.py)
-                    Forking Tokens; SAPO's gate)
     7. log          metrics.jsonl, samples/                         checkpoint.RunFolder
 
-The file follows that order (its flags and their checks: grpo_config.py): the maths (``group_advantages``,
+The file follows that order (flags and their checks: grpo_config.py): the maths (``group_advantages``,
 ``policy_loss``; log π is ``policy.token_logprobs``); the credit hook (``Credit``); one step (``train_step``,
 ``old_logprobs``, ``policy_update``); the loop (``train``).
 
-* θ_old's log-probs come from this trainer's own forward pass, never from the sampler, so the ratio is exactly 1 at
-  the first update. When the batch is used for one update only, stage 4 takes them from the training forward itself
-  (``can_update_on_policy``); each such optimisation turns itself off where the model would make it inexact
-  (``policy.exact_optimisations``).
-* The loss is PPO's clipped surrogate with DAPO's asymmetric clip, an optional dual clip for negative advantages
-  and an optional k3 KL penalty to a frozen reference (off by default, as in TRL, verl's DAPO recipe and DelTA).
-  ``--loss_type dapo`` (default) is the token-mean over the mini-batch; with DelTA's normalised λ̄ (mean 1 over the
-  rollout batch) it is the paper's self-normalised surrogate Σλℓ / Σλ (DelTA Eq. 8) over the rollout batch; with
-  several mini-batches each one is only approximately self-normalised, as in DelTA's official code.
-* The papers' comparisons are flag values of the same step (docs/reproduce.md; the maths in baselines.py and
-  delta.py): a token weight computed once at θ_old goes through ``Credit`` (DelTA's ablations, its Q2 selection);
-  one that needs the current policy is a branch of the loss stage, ``backward_minibatch`` (FIPO's future-KL
-  weight, ``--credit fipo``; Forking Tokens' entropy mask, ``--entropy_top_ratio`` / ``--top_entropy_quantile``);
-  a surrogate is a branch of ``policy_loss`` (SAPO's soft gate, ``--loss_type sapo``).
+* θ_old's log-probs come from this trainer's own forward, never from the sampler: the ratio is exactly 1 at the
+  first update. For one update per batch stage 4 takes them from the training forward itself
+  (``can_update_on_policy``; off where the model would make it inexact: ``policy.exact_optimisations``).
+* The loss is PPO's clipped surrogate with DAPO's asymmetric clip, an optional dual clip and an optional k3 KL to a
+  frozen reference (off by default, as in TRL, verl's DAPO recipe and DelTA). ``--loss_type dapo`` is the token-mean
+  over the mini-batch; with DelTA's λ̄ (mean 1 over the rollout batch) it is DelTA's Σλℓ / Σλ (Eq. 8); with several
+  mini-batches each is only approximately self-normalised, as in DelTA's official code.
+* The papers' comparisons (docs/reproduce.md) are chosen once from their flags, never branches here: a surrogate is a
+  registered policy loss (``register_policy_loss``, TRL's ``loss_type`` names, as verl's); a token mask or weight of
+  the loss stage is a rule of loss_rules.py (maths: baselines.py); DelTA's ablations are delta.py's options.
 * Left out on purpose: entropy bonus, reward shaping beyond DAPO's overlong penalty, dynamic sampling, learning-rate
   schedules. The loss value is no progress signal (≈ 0 at θ_old): watch the reward and the held-out accuracy.
-* Infrastructure sits behind one-line calls: recipes and the checks before any weights load (recipes.py,
-  memory_plan.py), the data (problems.py), the policy model (policy.py), torchrun + FSDP2 (distributed.py), the run
-  folder (checkpoint.py), held-out evaluation (evaluate.py). Read next: delta.py and cscr.py, rollout.py, verify.py.
+* Infrastructure sits behind one-line calls: recipes.py, memory_plan.py, problems.py, policy.py, distributed.py
+  (torchrun + FSDP2), checkpoint.py (the run folder), run_setup.py (train's setup), evaluate.py.
 """
 
 from __future__ import annotations
@@ -44,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import math
 import random
 import sys
 import time
@@ -56,14 +47,15 @@ import torch
 import baselines
 import checkpoint
 import distributed
-import evaluate
+import loss_rules
 import policy
-import problems
 import recipes
-import report
 import rollout
+import run_setup
 import verify
 from grpo_config import GRPOConfig, build_parser, check_config  # every flag and its check (grpo_config.py)
+from loss_rules import rule_label  # noqa: F401  (the progress bar's name of the run's rule)
+
 
 # --- The maths: pure functions on tensors ---------------------------------------------------------------------
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str = "group",
@@ -102,8 +94,7 @@ def overlong_penalty(lengths: torch.Tensor, max_completion_length: int, buffer_l
 
 @dataclass(frozen=True)
 class LossSettings:
-    """The surrogate's settings (``policy_loss``), as the flags of the same names give them
-    (``LossSettings.from_config``)."""
+    """The surrogate's settings (``policy_loss``), as the flags of the same names give them (``from_config``)."""
     epsilon: float = 0.2
     epsilon_high: float = 0.28
     dual_clip: float | None = None
@@ -118,107 +109,95 @@ class LossSettings:
     def from_config(cls, cfg: GRPOConfig) -> LossSettings:
         return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
 
-    @property
-    def aggregation(self) -> str:
-        """How ``loss_type`` reduces the per-token loss: ``dapo`` (token-mean), ``grpo`` (per-sequence) or
-        ``dr_grpo``; SAPO takes ``grpo``'s or ``dapo``'s (``sapo_aggregation``)."""
-        if self.loss_type == "sapo":
-            return "grpo" if self.sapo_aggregation == "sequence" else "dapo"
-        return self.loss_type
+
+# The policy losses by TRL's loss_type (verl's @register_policy_loss): the per-token surrogate
+# ``surrogate(ratio [B, T], token_adv [B, T], settings) -> (ℓ [B, T], dual-clipped [B, T] bool)`` and how the loss
+# normalises, ``aggregation(settings)`` -> "dapo" | "grpo" | "dr_grpo" (policy_loss).
+PolicyLoss = namedtuple("PolicyLoss", "surrogate aggregation")
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
 
 
-def policy_loss(logp, old_logp, adv, response_mask, settings: LossSettings | None = None, *, ref_logp=None,
+def register_policy_loss(name: str, aggregation=None):
+    """Register ``surrogate`` under ``--loss_type name`` (a decorator); ``aggregation``: settings -> its normaliser
+    (default: ``name``'s own)."""
+    def add(surrogate):
+        POLICY_LOSSES[name] = PolicyLoss(surrogate, aggregation or (lambda settings: name))
+        return surrogate
+    return add
+
+
+@register_policy_loss("dapo")
+@register_policy_loss("grpo")
+@register_policy_loss("dr_grpo")
+def clipped_surrogate(ratio, token_adv, s: LossSettings):
+    """PPO's clipped surrogate (Schulman et al. 2017, Eq. 7) with DAPO's Clip-Higher (§3.1) and the dual clip::
+
+        ℓ = max(−Ã·ratio, −Ã·clip(ratio, 1−ε, 1+ε_high));   ℓ = min(ℓ, −Ã·c) where Ã < 0 (dual_clip c, Ye et al. 2020)
+    """
+    per_token = torch.maximum(-token_adv * ratio, -token_adv * ratio.clamp(1.0 - s.epsilon, 1.0 + s.epsilon_high))
+    if s.dual_clip is None:
+        return per_token, torch.zeros_like(ratio, dtype=torch.bool)
+    dual_bound = -token_adv * s.dual_clip  # [B, T]
+    dual_active = (token_adv < 0) & (per_token > dual_bound)  # [B, T] bool
+    return torch.where(token_adv < 0, torch.minimum(per_token, dual_bound), per_token), dual_active
+
+
+register_policy_loss("sapo", baselines.sapo_aggregation)(baselines.sapo_surrogate)  # SAPO: a soft gate (spec §4)
+
+
+def policy_loss(logp, old_logp, token_adv, response_mask, settings: LossSettings | None = None, *, ref_logp=None,
                 num_tokens=None, num_sequences=None, **keywords):
-    """Clipped surrogate loss (to minimise) and its statistics.
+    """The loss (to minimise) of ``settings.loss_type``'s surrogate (``clipped_surrogate`` by default), + β·k3 KL
+    (Schulman's k3 = exp(ref − logp) − (ref − logp) − 1, if β > 0), with ratio = exp(clamp(logp − old_logp, ±20)).
 
-    Per token (PPO, Schulman et al. 2017, Eq. 7, with DAPO's asymmetric clip, Yu et al. 2025, §3.1 Clip-Higher)::
-
-        ratio  = exp(clamp(logp − old_logp, −20, 20))
-        ℓ      = max(−Â·ratio, −Â·clip(ratio, 1−ε, 1+ε_high))
-        ℓ      = min(ℓ, −Â·c)     where Â < 0, if dual_clip=c (Ye et al. 2020; verl's clip_ratio_c)
-        ℓ     += β·k3,  k3 = exp(ref − logp) − (ref − logp) − 1   (Schulman's k3 KL estimator, if β > 0)
-
-    ``loss_type="sapo"`` (SAPO, Gao et al. 2025; docs/specs/baselines.md §4) puts a soft gate in place of the clip
-    and the dual clip: ℓ = −Â·(4/τ)·σ(τ(ratio − 1)), τ = τ_pos for Â > 0, else τ_neg; its gradient at ratio 1 is the
-    unclipped policy gradient's, its value 2/τ times DAPO's there.
-
-    Aggregation (``loss_type``):
-        ``dapo``: Σ ℓ·mask / Σ mask over the whole batch (token-mean; DelTA and TRL's default);
-        ``grpo``: mean over sequences of the per-sequence token-mean (the original GRPO 1/|o_i|);
-        ``dr_grpo``: Σ ℓ·mask / (B · max_completion_length) (Dr. GRPO's constant normaliser);
-        ``sapo``: ``grpo``'s (``sapo_aggregation="sequence"``: verl forces it, TRL uses it) or ``dapo``'s ("token").
-
-    Args: ``logp``, ``old_logp`` ``[B, T]`` (nats, policy and θ_old); ``adv``: Â_i ``[B]`` (broadcast) or the
-    token advantages Ã_{i,t} ``[B, T]`` (e.g. Â·λ̄); ``response_mask`` (EOS included), ``ref_logp`` (β > 0) ``[B, T]``;
-    ``settings``: a ``LossSettings``, or its fields as keywords (``epsilon=0.2``, ...); ``num_tokens`` /
-    ``num_sequences``: the normaliser's counts over the whole mini-batch when this call sees a micro-batch (the
-    gradient then does not depend on the micro-batch size).
-    Returns (loss, stats): token-means over this call of ``clip_ratio/low_mean`` (ratio < 1−ε, Â < 0),
-    ``clip_ratio/high_mean`` (ratio > 1+ε_high, Â > 0), ``clip_ratio/region_mean``, ``clip_ratio/dual_mean``, ``kl``;
-    and ``num_tokens``. Raises ValueError: shapes, ``loss_type``, ``dr_grpo`` without ``max_completion_length``,
-    β > 0 without ``ref_logp``.
+    Aggregation: ``dapo`` Σ ℓ·mask / Σ mask (token-mean, DelTA's and TRL's default); ``grpo`` the mean over sequences
+    of each one's token-mean (1/|o_i|); ``dr_grpo`` Σ ℓ·mask / (B · max_completion_length) (Dr. GRPO).
+    Args: ``logp``, ``old_logp``, ``response_mask`` (EOS included), ``ref_logp`` (β > 0) ``[B, T]`` (nats);
+    ``token_adv`` Ã ``[B, T]`` (or Â ``[B]``, broadcast); ``settings`` a ``LossSettings`` or its fields as keywords;
+    ``num_tokens`` / ``num_sequences``: the normaliser's counts over the whole mini-batch when this call sees a
+    micro-batch. Returns (loss, token-means of ``clip_ratio/{low,high,region,dual}_mean``, ``kl``; ``num_tokens``).
     """
     if settings is not None and keywords:
         raise ValueError(f"give policy_loss a LossSettings or its fields as keywords, not both: {sorted(keywords)}")
     s = settings or LossSettings(**keywords)  # an unknown keyword: TypeError, naming it
-    epsilon, epsilon_high, dual_clip, beta = s.epsilon, s.epsilon_high, s.dual_clip, s.beta
-    aggregation = s.aggregation
     mask = response_mask.to(logp.dtype)
-    adv = adv[:, None] if adv.dim() == 1 else adv
-    for bad, message in [
-            (logp.shape != old_logp.shape or logp.shape != mask.shape, f"logp {tuple(logp.shape)}, old_logp "
-             f"{tuple(old_logp.shape)} and response_mask {tuple(mask.shape)} must have the same [B, T] shape"),
-            (adv.shape[0] != logp.shape[0] or adv.shape[1] not in (1, logp.shape[-1]),
-             f"adv must be [B] or [B, T], got {tuple(adv.shape)} for logp {tuple(logp.shape)}"),
-            (s.loss_type not in ("dapo", "grpo", "dr_grpo", "sapo"),
-             f"loss_type must be dapo, grpo, dr_grpo or sapo, got {s.loss_type!r}"),
-            (s.sapo_aggregation not in ("sequence", "token"), "sapo_aggregation must be 'sequence' or 'token'"),
-            (s.loss_type == "dr_grpo" and not s.max_completion_length,
-             "loss_type='dr_grpo' needs max_completion_length"),
-            (beta > 0 and ref_logp is None, "beta > 0 needs ref_logp")]:
-        if bad:
-            raise ValueError(message)
-    adv = adv.to(logp.dtype).expand_as(logp)  # [B, T]
+    adv = (token_adv[:, None] if token_adv.dim() == 1 else token_adv).to(logp.dtype)
+    if logp.shape != old_logp.shape or logp.shape != mask.shape or adv.shape[0] != logp.shape[0] or adv.shape[1] \
+            not in (1, logp.shape[1]) or s.loss_type not in POLICY_LOSSES or (s.beta > 0 and ref_logp is None) or \
+            (s.loss_type == "dr_grpo" and not s.max_completion_length):
+        raise ValueError(f"policy_loss: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, response_mask "
+                         f"{tuple(mask.shape)} [B, T], token_adv {tuple(adv.shape)} [B] or [B, T]; loss_type "
+                         f"{s.loss_type!r} one of {sorted(POLICY_LOSSES)}; beta > 0 needs ref_logp, dr_grpo max_completion_length")
+    rule, adv = POLICY_LOSSES[s.loss_type], adv.expand_as(logp)  # [B, T]
     # padded positions may hold anything (e.g. -inf): zero them before exp so no NaN reaches the gradient
-    log_ratio = torch.where(mask > 0, logp - old_logp, torch.zeros_like(logp)).clamp(-20.0, 20.0)  # [B, T]
-    ratio = torch.exp(log_ratio)  # [B, T]
-    dual_active = torch.zeros_like(mask, dtype=torch.bool)  # [B, T]
-    if s.loss_type == "sapo":  # SAPO (spec §4): the soft gate f(ratio) in place of the clip; no dual clip
-        per_token = -adv * baselines.sapo_gate(ratio, adv, s.sapo_temperature_pos, s.sapo_temperature_neg)  # [B, T]
-    else:
-        loss_unclipped = -adv * ratio  # [B, T]
-        loss_clipped = -adv * ratio.clamp(1.0 - epsilon, 1.0 + epsilon_high)  # [B, T]
-        per_token = torch.maximum(loss_unclipped, loss_clipped)  # [B, T]
-    if dual_clip is not None and s.loss_type != "sapo":
-        # Dual clip bounds the loss of a negative-advantage token whose ratio exploded: ℓ ≤ −Â·c
-        dual_bound = -adv * dual_clip  # [B, T]
-        dual_active = (adv < 0) & (per_token > dual_bound)  # [B, T] bool
-        per_token = torch.where(adv < 0, torch.minimum(per_token, dual_bound), per_token)  # [B, T]
+    ratio = torch.exp(torch.where(mask > 0, logp - old_logp, torch.zeros_like(logp)).clamp(-20.0, 20.0))  # [B, T]
+    per_token, dual_active = rule.surrogate(ratio, adv, s)  # [B, T]
     kl = None
-    if beta > 0:
+    if s.beta > 0:
         d = torch.where(mask > 0, ref_logp - logp, torch.zeros_like(logp)).clamp(-20.0, 20.0)  # [B, T]
         kl = torch.exp(d) - d - 1.0  # [B, T]: k3 ≥ 0, unbiased for KL(π‖π_ref) under samples from π
-        per_token = per_token + beta * kl  # [B, T]
-    per_token = per_token * mask  # [B, T], 0 on padding
+        per_token = per_token + s.beta * kl
+    per_token, aggregation = per_token * mask, rule.aggregation(s)  # [B, T], 0 on padding
+    B = float(logp.shape[0] if num_sequences is None else num_sequences)
     if aggregation == "dapo":
-        denom = mask.sum() if num_tokens is None else num_tokens
-        loss = per_token.sum() / max(float(denom), 1.0)  # scalar
+        loss = per_token.sum() / max(float(mask.sum() if num_tokens is None else num_tokens), 1.0)
     elif aggregation == "grpo":
-        per_seq = per_token.sum(-1) / mask.sum(-1).clamp(min=1.0)  # [B]
-        loss = per_seq.sum() / float(logp.shape[0] if num_sequences is None else num_sequences)
-    else:
-        loss = per_token.sum() / (float(logp.shape[0] if num_sequences is None else num_sequences)
-                                  * s.max_completion_length)
-    with torch.no_grad():
-        n = mask.sum().clamp(min=1.0)
-        low = ((ratio < 1.0 - epsilon) & (adv < 0)).to(mask.dtype) * mask
-        high = ((ratio > 1.0 + epsilon_high) & (adv > 0)).to(mask.dtype) * mask
-        stats = {"clip_ratio/low_mean": (low.sum() / n).item(), "clip_ratio/high_mean": (high.sum() / n).item(),
-                 "clip_ratio/region_mean": ((low + high).sum() / n).item(),
-                 "clip_ratio/dual_mean": ((dual_active.to(mask.dtype) * mask).sum() / n).item(),
-                 "kl": ((kl * mask).sum() / n).item() if kl is not None else 0.0,
-                 "num_tokens": mask.sum().item()}
-    return loss, stats
+        loss = (per_token.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / B
+    else:  # dr_grpo (check_config: max_completion_length is set)
+        loss = per_token.sum() / (B * s.max_completion_length)
+    return loss, surrogate_stats(ratio, adv, mask, s, dual_active, kl)
+
+
+@torch.no_grad()
+def surrogate_stats(ratio, adv, mask, s: LossSettings, dual_active, kl) -> dict:
+    """Token-means of the clipped fractions (ratio < 1−ε with Ã < 0; > 1+ε_high with Ã > 0), the dual clip and k3."""
+    n = mask.sum().clamp(min=1.0)
+    low = ((ratio < 1.0 - s.epsilon) & (adv < 0)).to(mask.dtype) * mask
+    high = ((ratio > 1.0 + s.epsilon_high) & (adv > 0)).to(mask.dtype) * mask
+    return {"clip_ratio/low_mean": (low.sum() / n).item(), "clip_ratio/high_mean": (high.sum() / n).item(),
+            "clip_ratio/region_mean": ((low + high).sum() / n).item(),
+            "clip_ratio/dual_mean": ((dual_active.to(mask.dtype) * mask).sum() / n).item(),
+            "kl": ((kl * mask).sum() / n).item() if kl is not None else 0.0, "num_tokens": mask.sum().item()}
 
 
 # --- Credit assignment: sequence advantages Â_i -> token advantages Ã_{i,t} (the --credit hook) ---------------
@@ -232,8 +211,10 @@ class Credit:
         self.cfg, self.tokenizer, self.token_weights = cfg, tokenizer, {}
         self.cscr_threshold, self.cscr_calibrated = cfg.cscr_threshold, False
         self.delta_gamma = None  # --delta_gamma frozen: (γ⁺, γ⁻) of the first batch with both sides, then kept
-        # --delta_select: the tokens the loss trains on, [N, T] bool, N·T bytes (8.4 MB at 2,048 × 4,096; None: all)
-        self.keep = None
+        self.assign = {"delta": lambda model, batch, adv, old, answers, step: self._delta(model, batch, adv, old, step),
+                       "cscr": lambda model, batch, adv, old, answers, step: self._cscr(model, batch, adv, old.logp,
+                                                                                      answers)
+                       }.get(cfg.credit, self.broadcast)  # grpo, and FIPO's (its weight is the loss's: loss_rules)
 
     def needs_hidden(self) -> bool:  # stage 4 keeps the batch's h_t (else DelTA's memory_efficient recomputes them)
         return self.cfg.credit == "delta" and self.cfg.delta_impl == "normal" and self.cfg.delta_coefficients != \
@@ -244,11 +225,11 @@ class Credit:
         """Args: batch (its response_mask ``[N, T]``), adv Â_i ``[N]``, old (stage 4: ``old.logp`` ``[N, T]``, DelTA's
         ``old.hidden`` ``[N, T, H]`` or None), answers (the reference of each row, CSCR), step (seeds DelTA's random
         λ). Returns (token advantages Ã_{i,t} ``[N, T]``, stats)."""
-        if self.cfg.credit in ("grpo", "fipo"):  # FIPO weights Â in the loss, from the current policy
-            return adv[:, None] * batch.response_mask, {}  # GRPO: every token of o_i gets Â_i
-        if self.cfg.credit == "delta":
-            return self._delta(model, batch, adv, old, step)
-        return self._cscr(model, batch, adv, old.logp, answers)
+        return self.assign(model, batch, adv, old, answers, step)  # chosen once, by --credit (__init__)
+
+    @staticmethod
+    def broadcast(model, batch, adv, old, answers, step):  # GRPO: every token of o_i gets Â_i
+        return adv[:, None] * batch.response_mask, {}
 
     def token_credit(self, adv, token_adv):
         """The credit of each token, Ã_{i,t} / Â_i ``[N, T]`` (1 for GRPO, λ̄ for DelTA, w̃ for CSCR), for samples/;
@@ -303,11 +284,7 @@ class Credit:
             stats = distributed.pool_min_max(stats) if pooled else stats  # extremes are per process: pool them
         if cfg.delta_gamma == "frozen" and self.delta_gamma is None and stats.get("delta/fallback") == 0.0:
             self.delta_gamma = (stats["delta/gamma0_pos"], stats["delta/gamma0_neg"])  # "w/o adaptive γ", then kept
-        self.token_weights = {"lambda_bar": lam_bar}
-        if cfg.delta_select != "none":  # Q2 (Sec. 5.2): plain DAPO on a share of the tokens chosen by λ ([N, T])
-            draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + distributed.rank())
-            self.keep = baselines.select_tokens(lam_bar, mask, cfg.delta_select_fraction, cfg.delta_select, draw)
-            return adv[:, None] * mask, {**stats, "delta/selected_frac": float(self.keep.sum() / mask.sum())}
+        self.token_weights = {"lambda_bar": lam_bar}  # (#39: Q2's selection moved to loss_rules.Q2Selection)
         return delta.delta_token_advantages(adv, lam_bar, mask), stats  # Ã = Â·λ̄ (spec §2.3 step 7)
 
     def _proxies(self, weight, hidden, old_logp, token_ids, mask):
@@ -367,75 +344,75 @@ Actor = namedtuple("Actor", "model tokenizer optimizer ref_model llm", defaults=
 PromptSource = namedtuple("PromptSource", "rows sampler template stop_ids")
 
 
-def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit, run: checkpoint.RunFolder) -> dict:
+def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit, run: checkpoint.RunFolder,
+               rules: loss_rules.Rules | None = None) -> dict:
     """One step: the seven stages of the module header; returns its metrics record. Under torchrun each process
-    runs it on its own whole groups."""
+    runs it on its own whole groups. ``rules``: the loss stage's comparison rules (default: from ``cfg``)."""
     model, tokenizer, optimizer, ref_model, llm = actor
-    rows, sampler, template, stop_ids = source
-    t0 = time.time()
-    policy.reset_peak_memory()  # this step's peak host RSS (and GPU memory) go to metrics.jsonl
-    G, rank, world = cfg.num_generations, distributed.rank(), distributed.world_size()
+    rules, t0, _ = rules if rules is not None else loss_rules.choose(cfg), time.time(), policy.reset_peak_memory()
     # 1. rollout: G responses per prompt; every process takes its own whole groups of the same prompt order
-    per_rank = cfg.num_prompts_per_step // world
-    idx = sampler.take(cfg.num_prompts_per_step)[rank * per_rank:(rank + 1) * per_rank]
-    prompts = [rollout.apply_template(rows[i]["problem"], template) for i in idx]
-    answers = [rows[i]["answer"] for i in idx for _ in range(G)]
-    batch = rollout.sample(model, tokenizer, prompts, G, cfg.max_completion_length, cfg.temperature, cfg.top_p,
-                           seed=cfg.seed * 100_003 + step + 1_000_003 * rank, stop_ids=stop_ids,
-                           stop_strings=rollout.template_stop_strings(template), llm=llm,
-                           sleep_after=cfg.vllm_enable_sleep_mode)
-    t_gen = time.time() - t0
+    prompts, answers = run_setup.prompts_of_step(cfg, source.sampler, source.rows, source.template)
+    batch = rollout.sample(model, tokenizer, prompts, cfg.num_generations, cfg.max_completion_length, cfg.temperature,
+                           cfg.top_p, seed=cfg.seed * 100_003 + step + 1_000_003 * distributed.rank(),
+                           stop_ids=source.stop_ids, stop_strings=rollout.template_stop_strings(source.template),
+                           llm=llm, sleep_after=cfg.vllm_enable_sleep_mode)
+    times = (t0, time.time() - t0)
     # 2. verify: binary reward, every grader failure counted; DAPO's overlong shaping adds R_length ≤ 0 (§3.4)
-    graded = verify.grade_batch(batch.texts, answers)
+    graded, lengths = verify.grade_batch(batch.texts, answers), batch.response_lengths  # lengths as sampled
     correct = torch.tensor([float(ok) for ok, _ in graded])
-    rewards = (correct + overlong_penalty(batch.response_lengths, cfg.max_completion_length, cfg.overlong_buffer_len,
-                                          cfg.overlong_penalty_factor)) if cfg.overlong_buffer_len else correct
-    # 3. group advantages Â_i (GRPO)
-    adv = group_advantages(rewards, G, cfg.scale_rewards)
-    lengths = batch.response_lengths  # logged as sampled, masked or not
-    if cfg.mask_truncated_completions:
-        batch.response_mask = batch.response_mask * torch.tensor(
-            [r == "stop" for r in batch.finish_reasons], dtype=batch.response_mask.dtype)[:, None]
-    # 4. θ_old's log-probs, no grad (+ DelTA's h_t from the same forward, + the reference's for --beta > 0). The
-    #    step's one optimisation, chosen here: for one update at θ_old = θ, the training forward, which 6 reuses
+    rewards = correct + overlong_penalty(lengths, cfg.max_completion_length, cfg.overlong_buffer_len,
+                                         cfg.overlong_penalty_factor) if cfg.overlong_buffer_len else correct
+    # 3. group advantages Â_i (GRPO); --mask_truncated_completions leaves truncated responses out of the loss
+    adv, batch.response_mask = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards), loss_mask(batch, cfg)
+    # 4. θ_old's log-probs, no grad (+ DelTA's h_t from the same forward, + the reference's for --beta > 0); for one
+    #    update at θ_old = θ, the training forward, which stage 6 reuses
     old = old_logprobs(model, batch, cfg, credit.needs_hidden(), ref_model,
                        training_forward=can_update_on_policy(cfg, len(adv), ref_model is not None))
-    # 5. token advantages Ã_{i,t} (CSCR scores only rows with Â ≠ 0, a different number on each process: its
-    #    scoring passes need the gathered weights under FSDP2)
-    with distributed.gathered_weights(model) if cfg.credit == "cscr" else contextlib.nullcontext():
+    # 5. token advantages Ã_{i,t}; then the tokens a rule of the loss keeps from them (DelTA's Q2; None: all)
+    with distributed.gathered_weights(model) if cfg.credit == "cscr" else contextlib.nullcontext():  # CSCR: FSDP2
         token_adv, credit_stats = credit(model, batch, adv, old, answers, step)
-    # 6. policy update: num_iterations passes × num_mini_batches AdamW steps, micro-batched backward
-    # the loss's own factor of each token (FIPO's f, an entropy or Q2 mask) for samples/: [N, T], N·T·4 bytes
-    loss_weights = torch.zeros_like(token_adv) if uses_loss_side_rule(cfg) else None  # (34 MB at 2,048 × 4,096)
-    loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, batch, old, token_adv, cfg, step, credit.keep,
-                                                       loss_weights)
-    no_signal = agg.pop("no_signal", 0.0)  # every advantage 0, no update: its statistics 0.0, so that every step's
-    agg = {name: 0.0 for name in update_stat_names(cfg)} if no_signal else agg  # line has the same keys
+    token_adv, keep, rule_stats = rules.select(adv, token_adv, credit.token_weights, batch.response_mask, step)
+    # 6. policy update: num_iterations passes × num_mini_batches AdamW steps, micro-batched backward; the loss's own
+    #    factor of each token (a rule's mask or weight) for samples/: [N, T], N·T·4 bytes (34 MB at 2,048 × 4,096)
+    loss_weights = torch.zeros_like(token_adv) if rules else None
+    update = policy_update(model, optimizer, batch, old, token_adv, cfg, step, keep, loss_weights, rules)
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
-    peaks = distributed.all_gather_objects(policy.peak_memory())  # each process's; the largest is logged
-    peak = {k: max(p[k] for p in peaks) for k in peaks[0]}
-    record = run.log_step(step + 1, G, rewards, correct if cfg.overlong_buffer_len else None, lengths,
-                          batch.finish_reasons, verify.summarize(graded),
-                          agg, {"loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
-                                "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
-                                "no_signal": no_signal,
-                                **credit_stats, **peak, "step_time": time.time() - t0, "generation_time": t_gen})
-    if rank == 0 and cfg.logging_steps and (step + 1) % cfg.logging_steps == 0:
-        token_credit = credit.token_credit(adv, token_adv)  # × the loss's own factor, where a rule has one
-        run.write_samples(step + 1, tokenizer, batch, rewards, adv, token_adv,
-                          token_credit if loss_weights is None else token_credit * loss_weights, credit.token_weights,
-                          min(cfg.num_samples_to_log, per_rank))
+    record = run_setup.log_step(run, step, cfg, batch, rewards, correct, verify.summarize(graded), lengths,
+                                with_no_signal(update, cfg, rules), {**credit_stats, **rule_stats}, times)
+    if distributed.rank() == 0 and cfg.logging_steps and (step + 1) % cfg.logging_steps == 0:
+        write_samples(run, step, cfg, tokenizer, batch, rewards, adv, token_adv, credit, loss_weights, len(prompts))
     return record
 
 
-def update_stat_names(cfg: GRPOConfig) -> list[str]:
-    """The statistics ``policy_update`` logs for ``cfg`` (``policy_loss``'s, asked of a one-token call, and the
-    loss-side rule's, ``backward_minibatch``): a step without signal logs each as 0.0."""
+def loss_mask(batch, cfg: GRPOConfig):
+    """The response mask the loss uses: --mask_truncated_completions zeroes the responses cut at the length limit."""
+    if not cfg.mask_truncated_completions:
+        return batch.response_mask
+    return batch.response_mask * torch.tensor([r == "stop" for r in batch.finish_reasons],
+                                              dtype=batch.response_mask.dtype)[:, None]
+
+
+def with_no_signal(update, cfg: GRPOConfig, rules) -> tuple:
+    """policy_update's result with ``no_signal`` (every advantage 0, no update: each statistic logged as 0.0)."""
+    loss_sum, grad_norms, agg, skipped = update
+    no_signal = agg.pop("no_signal", 0.0)
+    return loss_sum, grad_norms, {n: 0.0 for n in update_stat_names(cfg, rules)} if no_signal else agg, skipped, \
+        no_signal
+
+
+def update_stat_names(cfg: GRPOConfig, rules=None) -> list[str]:
+    """The statistics ``policy_update`` logs for ``cfg``: ``policy_loss``'s (asked of a one-token call) and its rules'."""
     one = torch.zeros(1, 1)
     names = list(policy_loss(one, one, one[:, 0], torch.ones(1, 1), LossSettings.from_config(cfg))[1])
-    if cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1:
-        names.append("forking/kept_frac")
-    return names + (["fipo/f_mean", "fipo/dropped_frac"] if cfg.credit == "fipo" else [])
+    return names + (rules if rules is not None else loss_rules.choose(cfg)).stat_names
+
+
+def write_samples(run, step, cfg: GRPOConfig, tokenizer, batch, rewards, adv, token_adv, credit, loss_weights, n):
+    """samples/: each token's credit Ã / Â (× the loss's own factor, where a rule has one) and the credit's weights."""
+    token_credit = credit.token_credit(adv, token_adv)
+    run.write_samples(step + 1, tokenizer, batch, rewards, adv, token_adv,
+                      token_credit if loss_weights is None else token_credit * loss_weights, credit.token_weights,
+                      min(cfg.num_samples_to_log, n))
 
 
 # θ_old, as stage 4 leaves it for stages 5 and 6, float32 on the host (N responses × T tokens, hidden size H; at the
@@ -477,17 +454,17 @@ def can_update_on_policy(cfg: GRPOConfig, num_rows: int, has_reference: bool) ->
     return (cfg.fuse_old_logprobs and cfg.num_iterations == 1 and cfg.num_mini_batches == 1 and not has_reference
             and (cfg.micro_batch_size == 0 or cfg.micro_batch_size >= num_rows)
             and not (cfg.credit == "cscr" and distributed.is_distributed())
-            and not ((cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1) and cfg.entropy_pool == "micro"))
+            and not loss_rules.choose(cfg).needs_entropy)
 
 
 def policy_update(model, optimizer, batch, old: ThetaOld, token_adv, cfg: GRPOConfig, step: int, keep=None,
-                  loss_weights=None):
+                  loss_weights=None, rules=None):
     """Stage 6: ``num_iterations`` passes × ``num_mini_batches`` AdamW steps on one rollout batch. Each step
     accumulates the mini-batch's gradient (``backward_minibatch``), clips it and applies AdamW; one whose loss or
     gradient norm is not finite is skipped and counted. Pass ``e`` permutes the rows with a generator seeded by
     ``(seed, step, e)``, so a resumed run makes the same updates. ``token_adv`` Ã_{i,t} ``[N, T]``; ``keep``,
-    ``loss_weights``: see ``backward_minibatch``. Returns (Σ mini-batch losses, applied pre-clip gradient norms,
-    token-weighted statistic sums, skipped updates).
+    ``loss_weights``, ``rules``: see ``backward_minibatch``. Returns (Σ mini-batch losses, applied pre-clip gradient
+    norms, token-weighted statistic sums, skipped updates).
     """
     model.train()
     N = batch.response_mask.shape[0]
@@ -499,9 +476,9 @@ def policy_update(model, optimizer, batch, old: ThetaOld, token_adv, cfg: GRPOCo
     for epoch in range(cfg.num_iterations):
         perm = torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed + 7919 * step + epoch))
         for k in range(cfg.num_mini_batches):
-            mb_idx = perm[k * mb_size:(k + 1) * mb_size] if cfg.num_mini_batches > 1 else torch.arange(N)
+            mb_rows = perm[k * mb_size:(k + 1) * mb_size] if cfg.num_mini_batches > 1 else torch.arange(N)
             optimizer.zero_grad(set_to_none=True)
-            loss, stats = backward_minibatch(model, batch, old, token_adv, mb_idx, cfg, keep, loss_weights)
+            loss, stats = backward_minibatch(model, batch, old, token_adv, mb_rows, cfg, keep, loss_weights, rules)
             loss = distributed.all_reduce_sum(torch.tensor(loss, dtype=torch.float64)).item()  # Σ of the parts
             loss_sum += loss
             for name, value in stats.items():
@@ -516,123 +493,46 @@ def policy_update(model, optimizer, batch, old: ThetaOld, token_adv, cfg: GRPOCo
     return loss_sum, grad_norms, agg, skipped
 
 
-def backward_minibatch(model, batch, old: ThetaOld, token_adv, mb_idx, cfg: GRPOConfig, keep=None, loss_weights=None):
-    """Accumulate the gradient of one mini-batch's loss (rows ``mb_idx``), ``cfg.micro_batch_size`` rows at a time.
+def backward_minibatch(model, batch, old: ThetaOld, token_adv, mb_rows, cfg: GRPOConfig, keep=None,
+                       loss_weights=None, rules=None):
+    """Accumulate the gradient of one mini-batch's loss (rows ``mb_rows``), ``cfg.micro_batch_size`` rows at a time.
 
     The normaliser of ``cfg.loss_type`` (tokens for ``dapo``, sequences otherwise) is counted once over the whole
     mini-batch (and over processes), so the summed gradient does not depend on the micro-batch size or the number of
-    processes (trl#3021; FSDP sums the gradients). The rules that need the current policy are branches of this
-    stage (docs/specs/baselines.md): Forking Tokens' entropy mask (§3) and FIPO's future-KL weight (§5).
-    ``keep`` ``[N, T]`` bool: the tokens the loss trains on (--delta_select; None: all); ``loss_weights`` ``[N, T]``
-    (optional, written): each token's loss-side factor (FIPO's f, the entropy mask) for samples/. FIPO rescales the
-    gradients accumulated in the parameters when it drops responses (``fipo_rescale``): call it on zeroed gradients,
-    as ``policy_update`` does. Returns (loss, token-weighted ``policy_loss`` statistic sums).
+    processes (trl#3021; FSDP sums the gradients). ``keep`` ``[N, T]`` bool: the tokens the loss trains on (None:
+    all); ``rules``: the loss stage's comparison rules (loss_rules.choose(cfg) by default), which may mask or weight
+    tokens from the current policy and rescale the gradients (call on zeroed gradients, as ``policy_update`` does);
+    ``loss_weights`` ``[N, T]`` (optional, written): each token's loss-side factor for samples/.
+    Returns (loss, token-weighted ``policy_loss`` statistic sums).
     """
     device, loss_total, agg = next(model.parameters()).device, 0.0, {}
-    settings, ft_ratio, ft_quantile = LossSettings.from_config(cfg), cfg.entropy_top_ratio, cfg.top_entropy_quantile
-    forking = ft_ratio > 0 or ft_quantile < 1
-    if cfg.credit == "fipo":  # spec §5: FIPO's code always applies its dual clip c (clip_ratio_c = 10)
-        settings = dataclasses.replace(settings, dual_clip=fipo_dual_clip(cfg))
-    # H2 (spec §3): tokens ranked over the mini-batch at the current θ ([N, T] bool; None: each micro-batch's own)
-    pool = forking_tokens(model, batch, mb_idx, cfg) if forking and cfg.entropy_pool == "minibatch" else None
-    if pool is not None and ft_quantile == 1:  # Forking Tokens' code: the loss over the kept tokens, their mean
-        keep = pool
+    rules = rules if rules is not None else loss_rules.choose(cfg)
+    settings = rules.settings(LossSettings.from_config(cfg))
+    keep = rules.pool(model, batch, mb_rows, keep)  # a rule's tokens, ranked over the mini-batch at the current θ
     mask = batch.response_mask if keep is None else batch.response_mask * keep  # the tokens of the loss
-    counts = distributed.all_reduce_sum(torch.tensor([mask[mb_idx].sum().item(), float(len(mb_idx))],
+    counts = distributed.all_reduce_sum(torch.tensor([mask[mb_rows].sum().item(), float(len(mb_rows))],
                                                      dtype=torch.float64))
     n_tok, n_seq = counts[0].item(), int(counts[1].item())
-    own_count = forking and pool is None and ft_quantile == 1  # its code's micro pool: each micro-batch's own mean
-    dropped = torch.zeros(2, dtype=torch.float64)  # FIPO: the tokens and responses dropped (spec §5)
     # the training forward over these rows: stage 4's, when it was this one (its only update), else a new one
-    passes = old.update_passes or policy.Passes(model, batch, mb_idx, cfg, grad=True,
-                                                   entropy=forking and cfg.entropy_pool == "micro")
+    passes = old.update_passes or policy.Passes(model, batch, mb_rows, cfg, grad=True, entropy=rules.needs_entropy)
     for mb in passes:
         at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
-        adv_t, mask_t, n_mb, rule, weight = at(token_adv), at(mask), n_tok, {}, 1.0
-        if forking:  # the tokens of this micro-batch the entropy rule keeps: ranked over the pool, or here
-            valid_t = at(batch.response_mask)
-            picked = at(pool) if pool is not None else forking_mask(mb.entropy.to(device), valid_t, cfg)
-            if ft_quantile < 1:  # TRL: ℓ × the mask, every valid token still in the normaliser (tokens, |o_i|)
-                weight = picked.to(adv_t.dtype)  # on Ã: each surrogate here is 0 at Ã = 0, so ℓ(m·Ã) = m·ℓ(Ã)
-            elif pool is None:
-                mask_t = valid_t * picked
-            rule = {"forking/kept_frac": float((valid_t * picked).sum() / valid_t.sum().clamp(min=1.0))}
-        if cfg.credit == "fipo":  # H2 (spec §5): Ã = Â·f, f from the current log-ratio; a dropped response leaves
-            # the numerator here and the denominator after the loop (fipo_rescale), as in FIPO's code
-            f, kept = baselines.fipo_weights(mb.logp.detach() - at(old.logp), adv_t, mask_t, cfg.fipo_decay_rate,
-                                             cfg.fipo_clip, cfg.fipo_safety_threshold, math.log(fipo_dual_clip(cfg)))
-            rule = {"fipo/f_mean": float((f * kept).sum() / kept.sum().clamp(min=1.0)),
-                    "fipo/dropped_frac": float((mask_t - kept).sum() / mask_t.sum().clamp(min=1.0))}
-            dropped += torch.tensor([float((mask_t - kept).sum()),  # its tokens, and the responses
-                                     float(((mask_t.sum(-1) > 0) & (kept.sum(-1) == 0)).sum())], dtype=torch.float64)
-            weight, mask_t = weight * f, kept
-        if own_count:  # the kept tokens' mean of each micro-batch, divided by the micro-batches summed (accumulation)
-            n_mb = max(float(mask_t.sum()), 1.0) * len(passes.layout) * distributed.world_size()
+        adv_t, old_t = at(token_adv), at(old.logp)
+        weight, mask_t, rule_stats = rules.weigh(mb, old_t, at(batch.response_mask), adv_t, at(mask))
+        # a rule that counts each micro-batch's own kept tokens: their mean, divided by the micro-batches summed
+        n_mb = max(float(mask_t.sum()), 1.0) * len(passes.layout) * distributed.world_size() if rules.own_count \
+            else n_tok
         if loss_weights is not None:  # what the loss made of each token's credit: its mask, times its factor
             loss_weights[mb.rows, :mb.t] = (mask_t * weight).cpu().to(loss_weights.dtype)
-        loss, stats = policy_loss(mb.logp, at(old.logp), adv_t * weight, mask_t, settings, ref_logp=at(old.ref_logp),
+        loss, stats = policy_loss(mb.logp, old_t, adv_t * weight, mask_t, settings, ref_logp=at(old.ref_logp),
                                   num_tokens=n_mb, num_sequences=n_seq)
-        stats.update(rule)
         loss.backward()
         loss_total += loss.item()
-        for key, v in stats.items():  # token-weighted, so that Σ / Σ num_tokens is the step's token-mean
+        for key, v in {**stats, **rule_stats}.items():  # token-weighted: Σ / Σ num_tokens is the step's token-mean
             agg[key] = agg.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
     passes.backward_prompts()  # --shared_prompt: the prompts' share, summed over the responses that read them
-    if cfg.credit == "fipo" and not own_count:
-        loss_total *= fipo_rescale(model, settings, n_tok, n_seq, distributed.all_reduce_sum(dropped))
-    return loss_total, agg
-
-
-def fipo_dual_clip(cfg: GRPOConfig) -> float:
-    """FIPO's c (spec §5): --dual_clip, else its code's clip_ratio_c = 10; log c is its filter's bound too."""
-    return cfg.dual_clip or 10.0
-
-
-def fipo_rescale(model, settings: LossSettings, n_tok: float, n_seq: int, dropped: torch.Tensor) -> float:
-    """FIPO's sequence drop in the denominator (spec §5: its code masks a dropped response out of both): the
-    mini-batch's loss was divided by its whole count ``n_tok`` tokens (``n_seq`` responses under the per-sequence
-    aggregations), so every accumulated gradient is scaled by n / (n − dropped) of the loss type's unit.
-
-    Rescaling, not counting: the drop is known only from the current θ's log-ratio, which each micro-batch's own
-    training forward gives; counting it before the first backward would take a no-grad forward of the mini-batch
-    more (the update's largest cost) and a second, possibly differently rounded, decision. Gradient accumulation is
-    linear, so the scaled sum equals dividing each micro-batch by n − dropped, at every micro-batch size (tested in
-    float64). ``dropped`` [2]: tokens, responses (summed over processes). Returns the factor (1.0: nothing dropped).
-    """
-    n, d = (n_tok, float(dropped[0])) if settings.aggregation == "dapo" else (float(n_seq), float(dropped[1]))
-    if d == 0:
-        return 1.0
-    factor = max(n, 1.0) / max(n - d, 1.0)  # a mini-batch all dropped has no loss left: nothing to divide
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.grad is not None:
-                p.grad.mul_(factor)
-    return factor
-
-
-def uses_loss_side_rule(cfg: GRPOConfig) -> bool:
-    """Whether the loss masks or weights tokens itself (Forking Tokens, FIPO, DelTA's Q2 selection)."""
-    return cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1 or cfg.credit == "fipo" or \
-        cfg.delta_select != "none"
-
-
-def forking_mask(entropy, mask, cfg: GRPOConfig):  # spec §3: --entropy_top_ratio (FT's code) or TRL's quantile
-    return baselines.forking_mask(entropy, mask, cfg.entropy_top_ratio, cfg.top_entropy_quantile)
-
-
-@torch.no_grad()
-def forking_tokens(model, batch, mb_idx, cfg: GRPOConfig):
-    """``forking_mask`` over one mini-batch at the current θ: a no-grad pass for the entropies (the micro-batches'
-    own forwards come too late: the first one's backward needs the whole pool's ranking). Returns ``[N, T]`` bool,
-    False outside ``mb_idx``; the entropies are [N, T] floats (N·T·4 bytes: 34 MB at 2,048 × 4,096)."""
-    dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
-    mask, entropy = batch.response_mask, torch.zeros(batch.response_mask.shape, dtype=dt)
-    for mb in policy.Passes(model, batch, mb_idx, cfg, grad=False, entropy=True):
-        entropy[mb.rows, :mb.t] = mb.entropy.to(dt).cpu()
-    keep = torch.zeros(mask.shape, dtype=torch.bool)
-    keep[mb_idx] = forking_mask(entropy[mb_idx], mask[mb_idx], cfg)
-    model.train()
-    return keep
+    per_token = POLICY_LOSSES[settings.loss_type].aggregation(settings) == "dapo"
+    return loss_total * rules.finish(model, per_token, n_tok if per_token else float(n_seq)), agg
 
 
 # --- The loop -------------------------------------------------------------------------------------------------
@@ -650,77 +550,39 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     notes = check_config(cfg, cfg.plan_processes or world if cfg.dry_run else world, given)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    # data first: a bad row stops the run before any model is loaded
-    rows = problems.load_problems(cfg.data, split="train", problem_field=cfg.data_problem_field,
-                                  answer_field=cfg.data_answer_field)
-    eval_source = cfg.eval_data or ("toy" if cfg.data == "toy" else "")  # the toy's held-out split by default
-    eval_rows = problems.load_problems(eval_source, split="test") if eval_source else []
-    if not eval_rows or not cfg.eval_num_generations:  # said once: the closing line then names no accuracy
-        why = "--eval_num_generations 0; pass K >= 1" if eval_rows else \
-            "--data is not the toy and --eval_data is empty; pass --eval_data FILE (e.g. data/math500.jsonl)"
-        say(f"[eval] off: {why} for a held-out accuracy before and after training")
-    run = None if cfg.dry_run else checkpoint.RunFolder(  # an earlier run there: see RunFolder (nothing written yet)
-        cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit), dataclasses.asdict(cfg), rank == 0, say)
+    rows, eval_rows = run_setup.load_data(cfg, say)  # data first: a bad row stops the run before any model loads
+    run = run_setup.open_run(cfg, rank, say)
     if run is not None and run.finished(cfg.max_steps):  # --resume of a run that ran its --max_steps: nothing to do
         return run.summary()
     # before any weights: prompts over --max_prompt_length left out, DelTA's host cache checked, the memory plan
     rows = recipes.preflight(cfg, rows, world, notes, given, say)
     if rows is None:  # --dry_run: the resolved settings and the plan were printed
         return None
-    # the policy (LoRA, checkpointing), the frozen reference (--beta > 0), --resume's weights, sharding, AdamW; then
-    # --resume's AdamW and RNG states and its trainer state (None for a new run)
-    model, tokenizer, ref_model, optimizer, compute_dtype = policy.build(cfg, say, load_weights=run.load_weights)
-    state = run.load_optimizer(model, optimizer)
-    optimisations = policy.exact_optimisations(model, cfg, say)  # each default one exact here, or off with a reason
-    template = rollout.resolve_template(cfg.prompt_template, cfg.model, say, cfg.data)
-    stop_ids = rollout.stop_token_ids(tokenizer, template, model)
-    llm = rollout.create_vllm_engine(  # after the policy is on the GPU: vLLM's memory check counts it
-        policy.model_path(cfg.model), gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-        enable_sleep_mode=cfg.vllm_enable_sleep_mode, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
-        dtype=str(compute_dtype or next(model.parameters()).dtype).removeprefix("torch.")) if cfg.use_vllm else None
-    credit, sampler = Credit(cfg, tokenizer), rollout.PromptSampler(len(rows), cfg.seed)
+    model, tokenizer, ref_model, optimizer, llm, template, stop_ids, state, optimisations = \
+        run_setup.build_policy(cfg, run, say)
+    credit, sampler, rules = Credit(cfg, tokenizer), rollout.PromptSampler(len(rows), cfg.seed), loss_rules.choose(cfg)
     actor, source = Actor(model, tokenizer, optimizer, ref_model, llm), PromptSource(rows, sampler, template, stop_ids)
-    start_step = state["step"] if state else 0
-    if state:  # --resume: where the data order and CSCR's calibration stood
-        sampler.position, credit.cscr_threshold, credit.cscr_calibrated = (state[k] for k in (
-            "sampler_position", "cscr_threshold", "cscr_calibrated"))
-        credit.delta_gamma = tuple(state["delta_gamma"]) if state.get("delta_gamma") else None
+    start_step, heldout = run_setup.restore(state, sampler, credit), run_setup.HeldOut(cfg, model, tokenizer,
+                                                                                       eval_rows, template, run)
     run.start(model, {"prompt_template": template, "num_processes": world, "optimisations": optimisations})
-
-    def run_eval(step):  # held-out greedy, avg@k, pass@k
-        if not eval_rows or not cfg.eval_num_generations:
-            return {}
-        t = cfg.temperature if cfg.eval_temperature is None else cfg.eval_temperature  # the paper: T 1.0, top-p 0.7
-        p = cfg.top_p if cfg.eval_top_p is None else cfg.eval_top_p
-        with policy.oom_guard(f"the evaluation at step {step}"):
-            record = {"step": step, **evaluate.heldout(model, tokenizer, eval_rows, template,
-                                                       cfg.eval_num_generations, t, p,
-                                                       cfg.max_completion_length, seed=cfg.seed + 12345,
-                                                       progress=f"eval step {step}")}
-        return run.log(record, echo=f"[eval step {step}]")
-
-    def trainer_state():  # what a checkpoint keeps beside the weights: where the data order and the credit stood
-        return {"sampler_position": sampler.position, "cscr_threshold": float(credit.cscr_threshold),
-                "cscr_calibrated": credit.cscr_calibrated, "delta_gamma": credit.delta_gamma}
-
     last, started, bar = {}, False, None
     try:
-        first_eval = run_eval(0) if start_step == 0 else run.logged_eval(0)  # a resumed run logged it already
+        first_eval = heldout(0) if start_step == 0 else run.logged_eval(0)  # a resumed run logged it already
         bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{rule_label(cfg)}]", dynamic_ncols=True,
                    initial=start_step, total=cfg.max_steps, **({} if rank == 0 else {"disable": True}))
         for step in bar:
             with policy.oom_guard(f"step {step + 1}"):
-                last = train_step(step, cfg, actor, source, credit, run)
+                last = train_step(step, cfg, actor, source, credit, run, rules)
             started = True
             bar.set_postfix(reward=f"{last['reward']:.3f}", len=f"{last['completions/mean_length']:.1f}")
             if last["completions/clipped_ratio"] > 0.5 and step < 3:
                 say(f"[warn] {last['completions/clipped_ratio']:.0%} of responses hit --max_completion_length "
                     f"{cfg.max_completion_length}: they rarely score; raise it")
-            if cfg.eval_steps and (step + 1) % cfg.eval_steps == 0 and step + 1 < cfg.max_steps:
-                run_eval(step + 1)
+            if heldout.due(step + 1):
+                heldout(step + 1)
             if cfg.save_steps and (step + 1) % cfg.save_steps == 0 and step + 1 < cfg.max_steps:
-                run.save_checkpoint(step + 1, model, tokenizer, optimizer, trainer_state())
-        summary = {"before": first_eval, "after": run_eval(cfg.max_steps) if cfg.max_steps else first_eval,
+                run.save_checkpoint(step + 1, model, tokenizer, optimizer, run_setup.trainer_state(sampler, credit))
+        summary = {"before": first_eval, "after": heldout(cfg.max_steps) if cfg.max_steps else first_eval,
                    "last_step": last}
     except BaseException as e:
         if not started and start_step == 0:  # stopped before its first step: leave nothing that blocks the rerun
@@ -732,26 +594,15 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
         raise
     finally:
         run.close()
-    try:  # final/ (save_pretrained, and resumable: AdamW's state and the trainer's) and summary.json
-        run.finish(model, tokenizer, summary, optimizer, {"step": cfg.max_steps, **trainer_state()})
-        if run.main:  # samples/summary.json: report.py's numbers of this run's logged samples
-            report.write_samples_summary(run.path)
+    try:  # final/ (save_pretrained, resumable), summary.json and samples/summary.json (the logged samples' numbers)
+        run_setup.finish(run, model, tokenizer, summary, optimizer,
+                         {"step": cfg.max_steps, **run_setup.trainer_state(sampler, credit)})
     except KeyboardInterrupt:
         raise KeyboardInterrupt(run.interrupted_note()) from None
     if llm is not None:  # free the engine before the process group goes (vLLM's shutdown touches it)
         del llm
         gc.collect()
     return summary
-
-
-def rule_label(cfg: GRPOConfig) -> str:
-    """The run's rule for the progress bar, from its flags: the loss-side rules (SAPO's gate, Forking Tokens' mask),
-    then the credit (DelTA's Q2 selection as ``delta Q2``), e.g. ``grpo``, ``sapo``, ``forking``, ``sapo+delta``.
-    (report.py's ``rule_name`` spells a finished run's config out in words.)"""
-    loss = (["sapo"] if cfg.loss_type == "sapo" else []) + \
-        (["forking"] if cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1 else [])
-    credit = "delta Q2" if cfg.credit == "delta" and cfg.delta_select != "none" else cfg.credit
-    return "+".join(loss + ([credit] if credit != "grpo" or not loss else []))
 
 
 def main(argv=None):

@@ -1,0 +1,127 @@
+"""What grpo.py's ``train`` builds once before its loop and what each step hands to the run folder, behind one-line
+calls: the training and held-out problems, the run folder, the policy and its sampler engine, the held-out
+evaluation on its schedule, the state a checkpoint keeps beside the weights; a step's peak memory, its
+metrics.jsonl record and its samples/. Infrastructure only: no formula of the method is here (grpo.py holds them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import checkpoint
+import distributed
+import evaluate
+import policy
+import problems
+import report
+import rollout
+
+
+def load_data(cfg, say):
+    """The training rows and the held-out rows (the toy's test split by default for the toy; [] when off, said)."""
+    rows = problems.load_problems(cfg.data, split="train", problem_field=cfg.data_problem_field,
+                                  answer_field=cfg.data_answer_field)
+    eval_source = cfg.eval_data or ("toy" if cfg.data == "toy" else "")  # the toy's held-out split by default
+    eval_rows = problems.load_problems(eval_source, split="test") if eval_source else []
+    if not eval_rows or not cfg.eval_num_generations:  # said once: the closing line then names no accuracy
+        why = "--eval_num_generations 0; pass K >= 1" if eval_rows else \
+            "--data is not the toy and --eval_data is empty; pass --eval_data FILE (e.g. data/math500.jsonl)"
+        say(f"[eval] off: {why} for a held-out accuracy before and after training")
+    return rows, eval_rows
+
+
+def open_run(cfg, rank: int, say):
+    """The run folder (None for --dry_run); an earlier run there: see checkpoint.RunFolder (nothing written yet)."""
+    return None if cfg.dry_run else checkpoint.RunFolder(
+        cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit), dataclasses.asdict(cfg), rank == 0, say)
+
+
+def build_policy(cfg, run, say):
+    """The policy (LoRA, checkpointing), the frozen reference (--beta > 0), --resume's weights, sharding, AdamW, then
+    --resume's AdamW and RNG states; the template, its stop tokens and --use_vllm's engine (after the policy is on the
+    GPU: vLLM's memory check counts it). Returns (model, tokenizer, ref_model, optimizer, llm, template, stop_ids,
+    trainer state or None, the optimisations on)."""
+    model, tokenizer, ref_model, optimizer, compute_dtype = policy.build(cfg, say, load_weights=run.load_weights)
+    state = run.load_optimizer(model, optimizer)
+    optimisations = policy.exact_optimisations(model, cfg, say)  # each default one exact here, or off with a reason
+    template = rollout.resolve_template(cfg.prompt_template, cfg.model, say, cfg.data)
+    stop_ids = rollout.stop_token_ids(tokenizer, template, model)
+    llm = rollout.create_vllm_engine(
+        policy.model_path(cfg.model), gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        enable_sleep_mode=cfg.vllm_enable_sleep_mode, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
+        dtype=str(compute_dtype or next(model.parameters()).dtype).removeprefix("torch.")) if cfg.use_vllm else None
+    return model, tokenizer, ref_model, optimizer, llm, template, stop_ids, state, optimisations
+
+
+class HeldOut:
+    """Held-out greedy, avg@k and pass@k at a step (``__call__``), logged to the run folder; {} when off."""
+
+    def __init__(self, cfg, model, tokenizer, rows, template, run):
+        self.cfg, self.model, self.tokenizer, self.rows, self.template, self.run = cfg, model, tokenizer, rows, \
+            template, run
+
+    def __call__(self, step: int) -> dict:
+        cfg = self.cfg
+        if not self.rows or not cfg.eval_num_generations:
+            return {}
+        temperature = cfg.temperature if cfg.eval_temperature is None else cfg.eval_temperature  # paper: T 1.0
+        top_p = cfg.top_p if cfg.eval_top_p is None else cfg.eval_top_p  # paper: top-p 0.7
+        with policy.oom_guard(f"the evaluation at step {step}"):
+            record = {"step": step, **evaluate.heldout(self.model, self.tokenizer, self.rows, self.template,
+                                                       cfg.eval_num_generations, temperature, top_p,
+                                                       cfg.max_completion_length, seed=cfg.seed + 12345,
+                                                       progress=f"eval step {step}")}
+        return self.run.log(record, echo=f"[eval step {step}]")
+
+    def due(self, step: int) -> bool:  # after ``step`` steps: --eval_steps, not the last (train evaluates it)
+        return bool(self.cfg.eval_steps) and step % self.cfg.eval_steps == 0 and step < self.cfg.max_steps
+
+
+def trainer_state(sampler, credit) -> dict:  # what a checkpoint keeps beside the weights: the data order, the credit
+    return {"sampler_position": sampler.position, "cscr_threshold": float(credit.cscr_threshold),
+            "cscr_calibrated": credit.cscr_calibrated, "delta_gamma": credit.delta_gamma}
+
+
+def restore(state, sampler, credit) -> int:
+    """--resume: where the data order and the credit's state stood; returns the first step (0: a new run)."""
+    if not state:
+        return 0
+    sampler.position, credit.cscr_threshold, credit.cscr_calibrated = (state[k] for k in (
+        "sampler_position", "cscr_threshold", "cscr_calibrated"))
+    credit.delta_gamma = tuple(state["delta_gamma"]) if state.get("delta_gamma") else None
+    return state["step"]
+
+
+def finish(run, model, tokenizer, summary, optimizer, state) -> None:
+    """final/ (save_pretrained, and resumable: AdamW's state and the trainer's), summary.json, and
+    samples/summary.json: report.py's numbers of this run's logged samples."""
+    run.finish(model, tokenizer, summary, optimizer, state)
+    if run.main:
+        report.write_samples_summary(run.path)
+
+
+def prompts_of_step(cfg, sampler, rows, template):
+    """This process's whole groups of the step's prompt order: (prompts, each response's reference answer)."""
+    rank, world = distributed.rank(), distributed.world_size()
+    per_rank = cfg.num_prompts_per_step // world
+    idx = sampler.take(cfg.num_prompts_per_step)[rank * per_rank:(rank + 1) * per_rank]
+    return [rollout.apply_template(rows[i]["problem"], template) for i in idx], \
+        [rows[i]["answer"] for i in idx for _ in range(cfg.num_generations)]
+
+
+def step_peak() -> dict:  # this step's peak host RSS (and GPU memory), the largest over processes
+    peaks = distributed.all_gather_objects(policy.peak_memory())
+    return {k: max(p[k] for p in peaks) for k in peaks[0]}
+
+
+def log_step(run, step, cfg, batch, rewards, correct, graded_counts, lengths, update, credit_stats, times) -> dict:
+    """metrics.jsonl's line of a step (pooled over processes): ``update`` = policy_update's (Σ losses, grad norms,
+    statistic sums, skipped); ``times`` = (the step's start, the rollout's seconds)."""
+    loss_sum, grad_norms, agg, skipped, no_signal = update
+    return run.log_step(step + 1, cfg.num_generations, rewards, correct if cfg.overlong_buffer_len else None, lengths,
+                        batch.finish_reasons, graded_counts,
+                        agg, {"loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
+                              "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
+                              "no_signal": no_signal, **credit_stats, **step_peak(),
+                              "step_time": time.time() - times[0], "generation_time": times[1]})
