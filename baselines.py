@@ -347,7 +347,7 @@ def fipo_weights(log_ratio, adv, response_mask, decay_rate=32.0, clip=0.2, safet
     ``future_kl_weights`` (clip-high only) and ``kept`` = ``response_mask`` (its dtype) without the responses
     ``fipo_dropped_rows`` drops. The loss takes Ã = Â·f over ``kept``, and a dropped response leaves its
     denominator too (FIPO's code: ``response_mask & ~dropped`` into agg_loss, per micro-batch; grpo.py divides the
-    mini-batch by its kept tokens, ``grpo.fipo_rescale``). ``log_ratio`` on padding is ignored (may be -inf).
+    mini-batch by its kept tokens, ``loss_rules.fipo_rescale``). ``log_ratio`` on padding is ignored (may be -inf).
     ``adv``: Â or Ã (only its sign is read), [B] or [B, T]."""
     m = _as_mask(response_mask, log_ratio.shape, "log_ratio").to(log_ratio.device)
     log_ratio = torch.where(m, log_ratio, torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device))
