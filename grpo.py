@@ -48,10 +48,12 @@ import baselines
 import checkpoint
 import distributed
 import loss_rules
+import memory_plan
 import policy
 import recipes
 import rollout
 import run_setup
+import sampler_mismatch
 import verify
 from grpo_config import GRPOConfig, build_parser, check_config  # every flag and its check (grpo_config.py)
 from loss_rules import rule_label  # noqa: F401  (the progress bar's name of the run's rule)
@@ -108,6 +110,10 @@ class LossSettings:
     @classmethod
     def from_config(cls, cfg: GRPOConfig) -> LossSettings:
         return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
+
+    @property
+    def aggregation(self) -> str:  # its policy loss's normaliser: "dapo" | "grpo" | "dr_grpo"
+        return POLICY_LOSSES[self.loss_type].aggregation(self)
 
 
 # The policy losses by TRL's loss_type (verl's @register_policy_loss): the per-token surrogate
@@ -177,7 +183,7 @@ def policy_loss(logp, old_logp, token_adv, response_mask, settings: LossSettings
         d = torch.where(mask > 0, ref_logp - logp, torch.zeros_like(logp)).clamp(-20.0, 20.0)  # [B, T]
         kl = torch.exp(d) - d - 1.0  # [B, T]: k3 ≥ 0, unbiased for KL(π‖π_ref) under samples from π
         per_token = per_token + s.beta * kl
-    per_token, aggregation = per_token * mask, rule.aggregation(s)  # [B, T], 0 on padding
+    per_token, aggregation = per_token * mask, s.aggregation  # [B, T], 0 on padding
     B = float(logp.shape[0] if num_sequences is None else num_sequences)
     if aggregation == "dapo":
         loss = per_token.sum() / max(float(mask.sum() if num_tokens is None else num_tokens), 1.0)
@@ -208,13 +214,36 @@ class Credit:
     s}`` (CSCR), ``{}`` (GRPO)."""
 
     def __init__(self, cfg: GRPOConfig, tokenizer):
+        import delta_ablations
+
         self.cfg, self.tokenizer, self.token_weights = cfg, tokenizer, {}
         self.cscr_threshold, self.cscr_calibrated = cfg.cscr_threshold, False
-        self.delta_gamma = None  # --delta_gamma frozen: (γ⁺, γ⁻) of the first batch with both sides, then kept
+        if cfg.credit == "cscr":  # CSCR's options; its ablations (cscr_ablations.py) chosen once, by their flags
+            import cscr
+            import cscr_ablations
+
+            weight, renormalise = cscr_ablations.choose(cfg.cscr_weight, cfg.cscr_scope, cfg.num_generations,
+                                                        cfg.cscr_sign_eps, cfg.cscr_sign_mix)
+            self.cscr_settings = cscr.Settings(cfg.cscr_alpha, cfg.cscr_w_min, cfg.cscr_mode, weight, renormalise)
+        # DelTA's steps and proxy: the paper's, or an ablation's (delta_ablations.py), chosen once from the flags; under
+        # torchrun --delta_scope global sums its statistics over the processes (spec §2.4)
+        pool = distributed.all_reduce_sum if distributed.is_distributed() and cfg.delta_scope == "global" else None
+        self.delta_steps = delta_ablations.steps_from_flags(cfg, pool)
+        self.delta_proxy = delta_ablations.proxy_from_flags(cfg)
+        self.delta_lam_bar = self._random_lam_bar if cfg.delta_coefficients == "random" else self._delta_lam_bar
         self.assign = {"delta": lambda model, batch, adv, old, answers, step: self._delta(model, batch, adv, old, step),
                        "cscr": lambda model, batch, adv, old, answers, step: self._cscr(model, batch, adv, old.logp,
                                                                                       answers)
                        }.get(cfg.credit, self.broadcast)  # grpo, and FIPO's (its weight is the loss's: loss_rules)
+
+    @property
+    def delta_gamma(self):  # --delta_gamma frozen's kept (γ₊, γ₋), which checkpoints save; else None
+        return getattr(self.delta_steps.temperature, "gamma", None)
+
+    @delta_gamma.setter
+    def delta_gamma(self, gamma):  # --resume: the (γ₊, γ₋) the run had frozen
+        if gamma is not None and hasattr(self.delta_steps.temperature, "gamma"):
+            self.delta_steps.temperature.gamma = tuple(gamma)
 
     def needs_hidden(self) -> bool:  # stage 4 keeps the batch's h_t (else DelTA's memory_efficient recomputes them)
         return self.cfg.credit == "delta" and self.cfg.delta_impl == "normal" and self.cfg.delta_coefficients != \
@@ -242,89 +271,73 @@ class Credit:
         import delta
 
         cfg, mask = self.cfg, batch.response_mask
-        # the ablations (baselines.md §6) are arguments of the step each one changes; the defaults are the paper's
-        kw = dict(K=cfg.delta_k, lam_min=cfg.delta_lam_min, lam_max=cfg.delta_lam_max, return_stats=True,
-                  scores=cfg.delta_scores, assignment=cfg.delta_assignment, gamma=self.delta_gamma,
-                  coefficients=cfg.delta_coefficients, normalize=cfg.delta_normalize)
-        pooled = distributed.is_distributed() and cfg.delta_scope == "global"
-        # --delta_proxy topk reads the whole LM head (gathered under FSDP2): V·H·4 bytes, 2.5 GB for Qwen3-8B
-        head = distributed.full_weight(model.get_output_embeddings().weight) if cfg.delta_proxy == "topk" else None
-        if cfg.delta_coefficients == "random":  # App. F's control: λ uniform in [λ_min, λ_max], fresh every step
-            draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + distributed.rank())
-            lam_bar, stats = delta.random_coefficients(adv, mask, cfg.delta_lam_min, cfg.delta_lam_max, generator=draw,
-                                                       normalize=cfg.delta_normalize), {}
-        elif old.hidden is not None and not pooled:  # --delta_impl normal: stage 4 kept the batch's h_t [N, T, H]
-            v = self._proxies(head, old.hidden, old.logp, batch.response_ids, mask)  # App. F (ThetaOld's bound)
-            lam_bar, stats = delta.delta_coefficients(v, adv, mask, **kw)
-        else:
-            # Streamed sufficient statistics (spec §2.5): every statistic is a sum or a count, so with --delta_scope
-            # global summing them over processes gives the whole batch's λ̄. memory_efficient: K + 3 passes, each
-            # re-running θ_old's no-grad, eval-mode forward for h, one micro-batch at a time (θ_old's log-probs are
-            # stage 4's); normal under torchrun: its kept h as one micro-batch.
-            if old.hidden is not None:  # one chunk; --delta_proxy topk: it carries v itself, (v, None, mask, Â)
-                layout = [(slice(None), mask.shape[1])]
-                micro_batches = [(old.hidden, old.logp, mask, adv) if cfg.delta_proxy == "hidden" else
-                                 (self._proxies(head, old.hidden, old.logp, batch.response_ids, mask), None, mask, adv)]
-            else:
-                passes = policy.Passes(model, batch, torch.arange(len(adv)), cfg, grad=False, hidden=True)
-                layout = [(rows, t) for rows, _, t in passes.layout]
-
-                def micro_batches():  # one pass: (h [b, t, H], log p [b, t], mask [b, t], Â [b]) of each, in order
-                    for mb in passes:  # --delta_proxy topk: (v, None, ...), v from h and the LM head
-                        logp = mb.take(old.logp)
-                        yield (mb.hidden, logp, mb.take(mask), adv[mb.rows]) if cfg.delta_proxy == "hidden" else \
-                            (self._proxies(head, mb.hidden, logp, mb.take(batch.response_ids), mb.take(mask)), None,
-                             mb.take(mask), adv[mb.rows])
-
-            parts, stats = delta.delta_coefficients_streaming(
-                micro_batches, reduce_fn=distributed.all_reduce_sum if pooled else None, **kw)
-            lam_bar = torch.zeros(mask.shape, dtype=parts[0].dtype)
-            for (rows, t), part in zip(layout, parts):
-                lam_bar[rows, :t] = part.cpu()
-            stats = distributed.pool_min_max(stats) if pooled else stats  # extremes are per process: pool them
-        if cfg.delta_gamma == "frozen" and self.delta_gamma is None and stats.get("delta/fallback") == 0.0:
-            self.delta_gamma = (stats["delta/gamma0_pos"], stats["delta/gamma0_neg"])  # "w/o adaptive γ", then kept
-        self.token_weights = {"lambda_bar": lam_bar}  # (#39: Q2's selection moved to loss_rules.Q2Selection)
+        lam_bar, stats = self.delta_lam_bar(model, batch, adv, old, step)  # λ̄ [N, T]: DelTA, or the random control
+        self.token_weights = {"lambda_bar": lam_bar}  # (Q2's selection: loss_rules.Q2Selection)
         return delta.delta_token_advantages(adv, lam_bar, mask), stats  # Ã = Â·λ̄ (spec §2.3 step 7)
 
-    def _proxies(self, weight, hidden, old_logp, token_ids, mask):
-        """DelTA's proxy v ``[b, t, H]`` (App. F): (1 − p)·h, or with --delta_proxy topk W_y − Σ_{top K} p̃_j W_j
-        (``weight``: the LM head's W ``[V, H]``)."""
+    def _delta_lam_bar(self, model, batch, adv, old, step):
+        """DelTA's λ̄ ``[N, T]`` and its stats: ``delta.delta_coefficients`` with the steps chosen above, over chunks of
+        θ_old's proxies v (App. F). --delta_impl normal: stage 4's kept h_t ``[N, T, H]``, one chunk; memory_efficient:
+        the micro-batches of ``policy.Passes``, which re-runs θ_old's no-grad, eval-mode forward for h_t in each of
+        DelTA's K + 3 passes (the log-probs are stage 4's), so memory stays flat in the batch (spec §2.5)."""
         import delta
 
-        if self.cfg.delta_proxy == "hidden":
-            return delta.proxy_vectors(hidden, old_logp, mask)
-        at = weight.device
-        return delta.topk_proxy_vectors(hidden.to(at), token_ids.to(at), mask.to(at), weight, self.cfg.delta_proxy_topk,
-                                        self.cfg.temperature).cpu()
+        mask, ids = batch.response_mask, batch.response_ids
+        # --delta_proxy topk reads the whole LM head (gathered under FSDP2): V·H·4 bytes, 2.5 GB for Qwen3-8B
+        needs_head = getattr(self.delta_proxy, "needs_lm_head", False)
+        head = distributed.full_weight(model.get_output_embeddings().weight) if needs_head else None
+        if old.hidden is not None:  # (rows, length) of each chunk, and the chunks
+            layout, chunks = [(slice(None), mask.shape[1])], [(self.delta_proxy(old.hidden, old.logp, mask, ids, head),
+                                                               adv, mask)]
+        else:
+            passes = policy.Passes(model, batch, torch.arange(len(adv)), self.cfg, grad=False, hidden=True)
+            layout = [(rows, t) for rows, _, t in passes.layout]
+
+            def chunks():  # one pass: (v [b, t, H], Â [b], mask [b, t]) of each micro-batch, in order
+                for mb in passes:
+                    v = self.delta_proxy(mb.hidden, mb.take(old.logp), mb.take(mask), mb.take(ids), head)
+                    yield v, adv[mb.rows], mb.take(mask)
+
+        c = self.cfg
+        parts, stats = delta.delta_coefficients(chunks, K=c.delta_k, lam_min=c.delta_lam_min, lam_max=c.delta_lam_max,
+                                                steps=self.delta_steps, return_stats=True)
+        lam_bar = torch.zeros(mask.shape, dtype=parts[0].dtype)
+        for (rows, t), part in zip(layout, parts):
+            lam_bar[rows, :t] = part.cpu()
+        return lam_bar, distributed.pool_min_max(stats) if self.delta_steps.pool else stats  # extremes: per process
+
+    def _random_lam_bar(self, model, batch, adv, old, step):  # App. F's control: λ uniform in [λ_min, λ_max], no v
+        import delta_ablations
+
+        c, draw = self.cfg, torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step * 101 + distributed.rank())
+        return delta_ablations.random_coefficients(adv, batch.response_mask, c.delta_lam_min, c.delta_lam_max,
+                                                   generator=draw, normalize=c.delta_normalize), {}
 
     def _cscr(self, model, batch, adv, old_logp, answers):
         import cscr
 
-        c, mask = self.cfg, batch.response_mask
+        cfg, mask = self.cfg, batch.response_mask
+        scored = mask.bool() & (adv != 0)[:, None]  # the tokens that carry credit: those of the rows with Â ≠ 0
         # spec §3: the two privileged prompts x + c+, x + c− of every response
         pairs = [cscr.build_condition_prompts(prompt, reference=ref, response_answer=verify.extract_boxed(text) or "",
-                                              template=c.cscr_template)
+                                              template=cfg.cscr_template)
                  for prompt, ref, text in zip(batch.prompts, answers, batch.texts)]
         # spec §4: ℓ+, ℓ− of the responses with Â ≠ 0 (no grad, eval mode; prompts tokenised as the rollout's)
         lp_pos, lp_neg = cscr.condition_logprobs(
-            model, self.tokenizer, [p for p, _ in pairs], [q for _, q in pairs], batch.response_ids, mask,
-            temperature=c.temperature, micro_batch_size=c.micro_batch_size or None, logprob_fn=self._scoring_logprobs,
-            adv=adv)
-        s = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask, mode=c.cscr_mode)  # s_t = max(|Δ+|, |Δ−|)
-        if c.cscr_threshold_quantile is not None and not self.cscr_calibrated:
+            model, self.tokenizer, pairs, batch.response_ids, scored, cfg.temperature,
+            micro_batch_size=cfg.micro_batch_size or None, logprob_fn=self._scoring_logprobs)
+        s = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask, mode=cfg.cscr_mode)  # s_t = max(|Δ+|, |Δ−|)
+        if cfg.cscr_threshold_quantile is not None and not self.cscr_calibrated:
             # spec §5: λ = a quantile of s over the scored tokens (every process's) of the first batch that has any
             # (a batch whose every group has equal rewards has none, and no token it would weight), then frozen
-            s_all = torch.cat(distributed.all_gather_objects(s[mask.bool() & (adv != 0)[:, None]].cpu()))[None]
+            s_all = torch.cat(distributed.all_gather_objects(s[scored].cpu()))[None]
             if s_all.numel():
                 self.cscr_threshold = cscr.calibrate_threshold(s_all, torch.ones_like(s_all),
-                                                               c.cscr_threshold_quantile)
+                                                               cfg.cscr_threshold_quantile)
                 self.cscr_calibrated = True
         # spec §5: w_t = max(w_min, exp(−α·max(0, s_t − λ))), Ã_{i,t} = Â_i·w_t / mean_t(w) (sign and budget kept)
-        token_adv, stats = cscr.cscr_token_advantages(
-            adv, old_logp, lp_pos, lp_neg, mask, threshold=self.cscr_threshold, alpha=c.cscr_alpha,
-            w_min=c.cscr_w_min, mode=c.cscr_mode, weight=c.cscr_weight, scope=c.cscr_scope,
-            group_size=c.num_generations, sign_eps=c.cscr_sign_eps, sign_mix=c.cscr_sign_mix, return_stats=True)
+        token_adv, stats = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, self.cscr_threshold,
+                                                      self.cscr_settings, return_stats=True)
         self.token_weights = {"sensitivity": s}
         return token_adv, {**stats, "cscr/threshold": float(self.cscr_threshold)}
 
@@ -375,10 +388,12 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     # 6. policy update: num_iterations passes × num_mini_batches AdamW steps, micro-batched backward; the loss's own
     #    factor of each token (a rule's mask or weight) for samples/: [N, T], N·T·4 bytes (34 MB at 2,048 × 4,096)
     loss_weights = torch.zeros_like(token_adv) if rules else None
-    update = policy_update(model, optimizer, batch, old, token_adv, cfg, step, keep, loss_weights, rules)
+    # the sampler–trainer mismatch (--vllm_importance_sampling_correction, TRL's): Ã·w = TRL's ℓ·w (sampler_mismatch)
+    update_adv, sampling_stats = sampler_mismatch.correction(cfg)(token_adv, old.logp, batch)
+    update = policy_update(model, optimizer, batch, old, update_adv, cfg, step, keep, loss_weights, rules)
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
     record = run_setup.log_step(run, step, cfg, batch, rewards, correct, verify.summarize(graded), lengths,
-                                with_no_signal(update, cfg, rules), {**credit_stats, **rule_stats}, times)
+                                with_no_signal(update, cfg, rules), {**credit_stats, **rule_stats, **sampling_stats}, times)
     if distributed.rank() == 0 and cfg.logging_steps and (step + 1) % cfg.logging_steps == 0:
         write_samples(run, step, cfg, tokenizer, batch, rewards, adv, token_adv, credit, loss_weights, len(prompts))
     return record
@@ -417,8 +432,8 @@ def write_samples(run, step, cfg: GRPOConfig, tokenizer, batch, rewards, adv, to
 
 # θ_old, as stage 4 leaves it for stages 5 and 6, float32 on the host (N responses × T tokens, hidden size H; at the
 # papers' scale 2,048 × 4,096, H = 4,096): logp N·T·4 bytes (34 MB); ref_logp (--beta > 0, else None) N·T·4 (34 MB);
-# hidden (DelTA's --delta_impl normal, else None) N·T·H·4 (137 GB), refused by policy.check_delta_cache above a quarter
-# of the host's memory (stage 5 adds v: policy.DELTA_NORMAL_HOST_COPIES = 2 copies in HOST_MEMORY_SHARE = 1/2);
+# hidden (DelTA's --delta_impl normal, else None) N·T·H·4 (137 GB), refused by memory_plan.check_delta_cache above a quarter
+# of the host's memory (stage 5 adds v: memory_plan.DELTA_NORMAL_HOST_COPIES = 2 copies in HOST_MEMORY_SHARE = 1/2);
 # update_passes: stage 4's training forward, which stage 6 reuses (can_update_on_policy; graphs on the device), or None.
 ThetaOld = namedtuple("ThetaOld", "logp hidden ref_logp update_passes")
 
@@ -438,7 +453,7 @@ def old_logprobs(model, batch, cfg: GRPOConfig, need_hidden=False, ref_model=Non
         old_logp[mb.rows, :mb.t] = mb.logp.detach().cpu()
         if need_hidden:  # h_t on the host, bounded (the comment above ThetaOld)
             if hidden is None:
-                policy.check_delta_cache(N, T, mb.hidden.shape[-1])
+                memory_plan.check_delta_cache(N, T, mb.hidden.shape[-1])
                 hidden = torch.zeros(N, T, mb.hidden.shape[-1], dtype=dt)
             hidden[mb.rows, :mb.t] = mb.hidden.to(dt).cpu()
     ref_logp = policy.reference_logprobs(ref_model, batch, passes.layout, cfg.temperature) if ref_model else None
@@ -531,7 +546,7 @@ def backward_minibatch(model, batch, old: ThetaOld, token_adv, mb_rows, cfg: GRP
         for key, v in {**stats, **rule_stats}.items():  # token-weighted: Σ / Σ num_tokens is the step's token-mean
             agg[key] = agg.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
     passes.backward_prompts()  # --shared_prompt: the prompts' share, summed over the responses that read them
-    per_token = POLICY_LOSSES[settings.loss_type].aggregation(settings) == "dapo"
+    per_token = settings.aggregation == "dapo"
     return loss_total * rules.finish(model, per_token, n_tok if per_token else float(n_seq)), agg
 
 

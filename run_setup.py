@@ -50,6 +50,7 @@ def build_policy(cfg, run, say):
     llm = rollout.create_vllm_engine(
         policy.model_path(cfg.model), gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
         enable_sleep_mode=cfg.vllm_enable_sleep_mode, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
+        kv_cache_dtype=cfg.vllm_kv_cache_dtype, sampler_logprobs=cfg.vllm_importance_sampling_correction,
         dtype=str(compute_dtype or next(model.parameters()).dtype).removeprefix("torch.")) if cfg.use_vllm else None
     return model, tokenizer, ref_model, optimizer, llm, template, stop_ids, state, optimisations
 

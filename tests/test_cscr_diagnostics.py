@@ -137,7 +137,7 @@ def test_diagnose_smoke(tiny, tmp_path):
     assert " is not the correct final answer." in rep["example_condition_prompts"][1]
     assert len(rep["most_sensitive_tokens"]) == min(20, d["num_valid_tokens"])
     # the three passes agree with condition_logprobs and with an unpadded per-sequence computation
-    lp_pos, lp_neg = cscr.condition_logprobs(model, tok, ten["prompts_pos"], ten["prompts_neg"],
+    lp_pos, lp_neg = cscr.condition_logprobs(model, tok, list(zip(ten["prompts_pos"], ten["prompts_neg"])),
                                              ten["response_ids"], mask, temperature=0.9)
     assert torch.allclose(lp_pos, ten["lp_pos"], atol=1e-5) and torch.allclose(lp_neg, ten["lp_neg"], atol=1e-5)
     n0 = int(mask[0].sum())

@@ -2,6 +2,7 @@
 parameter counts, bytes per stage and per token computed by hand, the verdict and its suggestions re-planned, and
 the activation counts against the tensors autograd really saves on small Qwen3 layers (measured, not asserted)."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -363,14 +364,43 @@ def test_nograd_layer_bytes_against_live_bytes(hidden, intermediate, masked):
     assert 0.85 * measured <= predicted <= 1.25 * measured
 
 
-def test_the_plans_delta_host_copies_are_the_guards():
-    import policy
-
-    assert mp.DELTA_NORMAL_HOST_COPIES == policy.DELTA_NORMAL_HOST_COPIES
-
-
 def test_the_plans_copies_of_project_constants_are_theirs():
     """memory_plan.py imports no project module, so it copies policy's bucket count: the two must agree."""
     import policy
 
     assert mp.PADDING_FREE_BUCKETS == policy.PADDING_FREE_BUCKETS
+
+
+def test_sleep_mode_sizes_vllms_share_to_what_the_rollout_leaves_free(c8):
+    """Issue 40: the paper's recipe for 8B on 8 × 80 GB, vLLM with sleep mode and no --vllm_gpu_memory_utilization:
+    the plan sizes the share so that the rollout stage peaks at 90% of the GPU (CUDA context and slack counted), and
+    its KV cache holds at least 8 sequences of 22,528 tokens; a share given is kept."""
+    import recipes
+
+    cfg = recipes.apply(GRPOConfig(model="x", data="math_train", credit="delta", use_vllm=True,
+                                   vllm_enable_sleep_mode=True), set())
+    assert cfg.vllm_gpu_memory_utilization is None
+    p = mp.plan(c8, cfg, prompt_tokens=2048, processes=8, gpu_memory_gb=80, host_memory_gb=2000)
+    share, parts = p.parts["vllm_share"], p.parts
+    assert parts["vllm_sized"] and parts["vllm_sequences"] >= 8
+    # by hand: what stays resident (float32 weights and AdamW, sharded 8 ways) and vLLM's share, against 90% of 80 GB
+    n = parts["parameters"]
+    resident = (n * 4 + 2 * n * 4) / 8
+    limit = (0.9 * 80 - mp.CUDA_CONTEXT_GB) / (1 + mp.CUDA_ALLOCATOR_SLACK) * 1e9
+    assert resident + share * 80e9 <= limit < resident + (share + 0.01) * 80e9  # the largest share in 0.01 steps
+    rollout = p.stages[0].device_gb
+    assert rollout == pytest.approx((resident + share * 80e9) / 1e9)
+    assert rollout + mp.CUDA_CONTEXT_GB + mp.CUDA_ALLOCATOR_SLACK * rollout <= 0.9 * 80 + 1e-9
+    # KV cache: the share less vLLM's bf16 weights and profile run, in sequences of 22,528 tokens × 147,456 B/token
+    assert parts["vllm_sequences"] == int(parts["vllm_kv_budget"] // (22528 * 147_456))
+    assert parts["vllm_kv_budget"] <= share * 80e9 - 2 * n
+    assert "sized by the plan (sleep mode)" in p.table() and "--vllm_kv_cache_dtype fp8 holds" in p.table()
+    fp8 = mp.plan(c8, dataclasses.replace(cfg, vllm_kv_cache_dtype="fp8"), prompt_tokens=2048, processes=8,
+                  gpu_memory_gb=80, host_memory_gb=2000)
+    assert fp8.parts["vllm_sequences"] >= 2 * parts["vllm_sequences"]
+    given = mp.plan(c8, dataclasses.replace(cfg, vllm_gpu_memory_utilization=0.3), prompt_tokens=2048, processes=8,
+                    gpu_memory_gb=80, host_memory_gb=2000)
+    assert given.parts["vllm_share"] == 0.3 and not given.parts["vllm_sized"] and "as given" in given.table()
+    awake = mp.plan(c8, dataclasses.replace(cfg, vllm_enable_sleep_mode=False), prompt_tokens=2048, processes=8,
+                    gpu_memory_gb=80, host_memory_gb=2000)  # without sleep mode the share stays through the update
+    assert awake.parts["vllm_share"] == mp.VLLM_DEFAULT_SHARE

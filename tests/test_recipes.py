@@ -236,3 +236,23 @@ def test_sampling_and_plan_flags_are_checked_before_anything_runs(flags, said):
     with pytest.raises(SystemExit, match="^grpo.py: error: " + re.escape(said)):
         grpo.check_config(grpo.GRPOConfig(**flags))
     grpo.check_config(grpo.GRPOConfig(eval_temperature=0.6, eval_top_p=0.7, plan_processes=8, dry_run=True))
+
+
+def test_the_papers_recipe_samples_with_vllm_asleep_only_when_planned_for_gpus(monkeypatch):
+    """delta_paper turns on vLLM with sleep mode on GPUs or a dry run planned for them (--gpu_memory_gb), never on a
+    CPU run (which would then need vLLM), and leaves the IS correction off (DelTA's code has none)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    base = grpo.GRPOConfig(model="x", data="math_train", credit="delta")
+    cpu = recipes.apply(base, set())
+    planned = recipes.apply(dataclasses.replace(base, dry_run=True, gpu_memory_gb=80.0), {"dry_run", "gpu_memory_gb"})
+    real_with_gb = recipes.apply(dataclasses.replace(base, gpu_memory_gb=80.0), {"gpu_memory_gb"})
+    assert (cpu.use_vllm, cpu.vllm_enable_sleep_mode) == (False, False)
+    assert (real_with_gb.use_vllm, real_with_gb.vllm_enable_sleep_mode) == (False, False)
+    assert (planned.use_vllm, planned.vllm_enable_sleep_mode) == (True, True)
+    assert planned.vllm_gpu_memory_utilization is None  # sized by the plan at preflight
+    assert not planned.vllm_importance_sampling_correction
+    given = recipes.apply(dataclasses.replace(base, dry_run=True, gpu_memory_gb=80.0, use_vllm=False),
+                          {"dry_run", "gpu_memory_gb", "use_vllm"})
+    assert not given.use_vllm and not given.vllm_enable_sleep_mode  # a flag given beats the recipe
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert recipes.apply(base, set()).use_vllm
