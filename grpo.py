@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import gc
 import random
 import sys
@@ -277,29 +278,23 @@ class Credit:
 
     def _delta_lam_bar(self, model, batch, adv, old, step):
         """DelTA's λ̄ ``[N, T]`` and its stats: ``delta.delta_coefficients`` with the steps chosen above, over chunks of
-        θ_old's proxies v (App. F). --delta_impl normal: stage 4's kept h_t ``[N, T, H]``, one chunk; memory_efficient:
-        the micro-batches of ``policy.Passes``, which re-runs θ_old's no-grad, eval-mode forward for h_t in each of
-        DelTA's K + 3 passes (the log-probs are stage 4's), so memory stays flat in the batch (spec §2.5)."""
+        θ_old's proxies v (App. F); ``policy.hidden_chunks`` gives h_t: stage 4's, one chunk (--delta_impl normal), or
+        recomputed micro-batch by micro-batch in each of DelTA's K + 3 passes (memory_efficient; spec §2.5)."""
         import delta
 
-        mask, ids = batch.response_mask, batch.response_ids
+        cfg, mask, ids = self.cfg, batch.response_mask, batch.response_ids
         # --delta_proxy topk reads the whole LM head (gathered under FSDP2): V·H·4 bytes, 2.5 GB for Qwen3-8B
         needs_head = getattr(self.delta_proxy, "needs_lm_head", False)
         head = distributed.full_weight(model.get_output_embeddings().weight) if needs_head else None
-        if old.hidden is not None:  # (rows, length) of each chunk, and the chunks
-            layout, chunks = [(slice(None), mask.shape[1])], [(self.delta_proxy(old.hidden, old.logp, mask, ids, head),
-                                                               adv, mask)]
-        else:
-            passes = policy.Passes(model, batch, torch.arange(len(adv)), self.cfg, grad=False, hidden=True)
-            layout = [(rows, t) for rows, _, t in passes.layout]
+        layout, h_chunks = policy.hidden_chunks(model, batch, cfg, old.hidden)
 
-            def chunks():  # one pass: (v [b, t, H], Â [b], mask [b, t]) of each micro-batch, in order
-                for mb in passes:
-                    v = self.delta_proxy(mb.hidden, mb.take(old.logp), mb.take(mask), mb.take(ids), head)
-                    yield v, adv[mb.rows], mb.take(mask)
+        def chunks():  # (v [b, t, H], Â [b], mask [b, t]) of each chunk, in order
+            for h, rows, t in h_chunks():
+                yield self.delta_proxy(h, old.logp[rows, :t], mask[rows, :t], ids[rows, :t], head), adv[rows], \
+                    mask[rows, :t]
 
-        c = self.cfg
-        parts, stats = delta.delta_coefficients(chunks, K=c.delta_k, lam_min=c.delta_lam_min, lam_max=c.delta_lam_max,
+        parts, stats = delta.delta_coefficients(chunks if old.hidden is None else list(chunks()), K=cfg.delta_k,
+                                                lam_min=cfg.delta_lam_min, lam_max=cfg.delta_lam_max,
                                                 steps=self.delta_steps, return_stats=True)
         lam_bar = torch.zeros(mask.shape, dtype=parts[0].dtype)
         for (rows, t), part in zip(layout, parts):
@@ -309,9 +304,9 @@ class Credit:
     def _random_lam_bar(self, model, batch, adv, old, step):  # App. F's control: λ uniform in [λ_min, λ_max], no v
         import delta_ablations
 
-        c, draw = self.cfg, torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step * 101 + distributed.rank())
-        return delta_ablations.random_coefficients(adv, batch.response_mask, c.delta_lam_min, c.delta_lam_max,
-                                                   generator=draw, normalize=c.delta_normalize), {}
+        cfg, draw = self.cfg, torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step * 101 + distributed.rank())
+        return delta_ablations.random_coefficients(adv, batch.response_mask, cfg.delta_lam_min, cfg.delta_lam_max,
+                                                   generator=draw, normalize=cfg.delta_normalize), {}
 
     def _cscr(self, model, batch, adv, old_logp, answers):
         import cscr
@@ -352,9 +347,11 @@ class Credit:
 
 # --- One step: rollout -> verify -> advantages -> θ_old -> credit -> update -> log ----------------------------
 # What a step works on beside its config (``train`` makes both once): the policy and what policy.build makes beside
-# it (``llm``: --use_vllm's engine, None: HF generate); the training rows, their order, the template, its stop tokens
+# it (``llm``: --use_vllm's engine, None: HF generate); the training problems, their order, the template, its stop tokens
 Actor = namedtuple("Actor", "model tokenizer optimizer ref_model llm", defaults=(None,))
-PromptSource = namedtuple("PromptSource", "rows sampler template stop_ids")
+PromptSource = namedtuple("PromptSource", "dataset sampler template stop_ids")
+ThetaOld = policy.ThetaOld  # stage 4's results (policy.py: their sizes at the papers' scale)
+old_logprobs = functools.partial(policy.old_logprobs, check_hidden=memory_plan.check_delta_cache)  # stage 4
 
 
 def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit, run: checkpoint.RunFolder,
@@ -364,11 +361,7 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     model, tokenizer, optimizer, ref_model, llm = actor
     rules, t0, _ = rules if rules is not None else loss_rules.choose(cfg), time.time(), policy.reset_peak_memory()
     # 1. rollout: G responses per prompt; every process takes its own whole groups of the same prompt order
-    prompts, answers = run_setup.prompts_of_step(cfg, source.sampler, source.rows, source.template)
-    batch = rollout.sample(model, tokenizer, prompts, cfg.num_generations, cfg.max_completion_length, cfg.temperature,
-                           cfg.top_p, seed=cfg.seed * 100_003 + step + 1_000_003 * distributed.rank(),
-                           stop_ids=source.stop_ids, stop_strings=rollout.template_stop_strings(source.template),
-                           llm=llm, sleep_after=cfg.vllm_enable_sleep_mode)
+    batch, answers = run_setup.rollout_batch(step, cfg, actor, source)
     times = (t0, time.time() - t0)
     # 2. verify: binary reward, every grader failure counted; DAPO's overlong shaping adds R_length ≤ 0 (§3.4)
     graded, lengths = verify.grade_batch(batch.texts, answers), batch.response_lengths  # lengths as sampled
@@ -377,25 +370,24 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
                                          cfg.overlong_penalty_factor) if cfg.overlong_buffer_len else correct
     # 3. group advantages Â_i (GRPO); --mask_truncated_completions leaves truncated responses out of the loss
     adv, batch.response_mask = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards), loss_mask(batch, cfg)
-    # 4. θ_old's log-probs, no grad (+ DelTA's h_t from the same forward, + the reference's for --beta > 0); for one
-    #    update at θ_old = θ, the training forward, which stage 6 reuses
+    # 4. θ_old's log-probs, no grad (+ DelTA's h_t, + the reference's for --beta > 0); for one update at θ_old = θ,
+    #    the training forward, which stage 6 reuses
     old = old_logprobs(model, batch, cfg, credit.needs_hidden(), ref_model,
                        training_forward=can_update_on_policy(cfg, len(adv), ref_model is not None))
-    # 5. token advantages Ã_{i,t}; then the tokens a rule of the loss keeps from them (DelTA's Q2; None: all)
+    # 5. token advantages Ã_{i,t}; then the tokens a rule of the loss keeps from them (rules.kept; None: all)
     with distributed.gathered_weights(model) if cfg.credit == "cscr" else contextlib.nullcontext():  # CSCR: FSDP2
         token_adv, credit_stats = credit(model, batch, adv, old, answers, step)
-    token_adv, keep, rule_stats = rules.select(adv, token_adv, credit.token_weights, batch.response_mask, step)
-    # 6. policy update: num_iterations passes × num_mini_batches AdamW steps, micro-batched backward; the loss's own
-    #    factor of each token (a rule's mask or weight) for samples/: [N, T], N·T·4 bytes (34 MB at 2,048 × 4,096)
-    loss_weights = torch.zeros_like(token_adv) if rules else None
-    # the sampler–trainer mismatch (--vllm_importance_sampling_correction, TRL's): Ã·w = TRL's ℓ·w (sampler_mismatch)
+    token_adv, _, rule_stats = rules.select(adv, token_adv, credit.token_weights, batch.response_mask, step)
+    # 6. policy update: num_iterations passes × num_mini_batches AdamW steps, micro-batched backward, on Ã·w (w: the
+    #    sampler–trainer mismatch's weight, --vllm_importance_sampling_correction; 1 without); each token's loss-side
+    #    factor for samples/ in rules.loss_weights ([N, T], N·T·4 bytes: 34 MB at 2,048 × 4,096)
+    rules.loss_weights = torch.zeros_like(token_adv) if rules else None
     update_adv, sampling_stats = sampler_mismatch.correction(cfg)(token_adv, old.logp, batch)
-    update = policy_update(model, optimizer, batch, old, update_adv, cfg, step, keep, loss_weights, rules)
+    update = policy_update(model, optimizer, batch, old, update_adv, cfg, step, rules)
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
     record = run_setup.log_step(run, step, cfg, batch, rewards, correct, verify.summarize(graded), lengths,
-                                with_no_signal(update, cfg, rules), {**credit_stats, **rule_stats, **sampling_stats}, times)
-    if distributed.rank() == 0 and cfg.logging_steps and (step + 1) % cfg.logging_steps == 0:
-        write_samples(run, step, cfg, tokenizer, batch, rewards, adv, token_adv, credit, loss_weights, len(prompts))
+                                update, {**credit_stats, **rule_stats, **sampling_stats}, times)
+    run_setup.write_samples(run, step, cfg, tokenizer, batch, rewards, adv, token_adv, credit, rules.loss_weights)
     return record
 
 
@@ -407,14 +399,6 @@ def loss_mask(batch, cfg: GRPOConfig):
                                               dtype=batch.response_mask.dtype)[:, None]
 
 
-def with_no_signal(update, cfg: GRPOConfig, rules) -> tuple:
-    """policy_update's result with ``no_signal`` (every advantage 0, no update: each statistic logged as 0.0)."""
-    loss_sum, grad_norms, agg, skipped = update
-    no_signal = agg.pop("no_signal", 0.0)
-    return loss_sum, grad_norms, {n: 0.0 for n in update_stat_names(cfg, rules)} if no_signal else agg, skipped, \
-        no_signal
-
-
 def update_stat_names(cfg: GRPOConfig, rules=None) -> list[str]:
     """The statistics ``policy_update`` logs for ``cfg``: ``policy_loss``'s (asked of a one-token call) and its rules'."""
     one = torch.zeros(1, 1)
@@ -422,78 +406,36 @@ def update_stat_names(cfg: GRPOConfig, rules=None) -> list[str]:
     return names + (rules if rules is not None else loss_rules.choose(cfg)).stat_names
 
 
-def write_samples(run, step, cfg: GRPOConfig, tokenizer, batch, rewards, adv, token_adv, credit, loss_weights, n):
-    """samples/: each token's credit Ã / Â (× the loss's own factor, where a rule has one) and the credit's weights."""
-    token_credit = credit.token_credit(adv, token_adv)
-    run.write_samples(step + 1, tokenizer, batch, rewards, adv, token_adv,
-                      token_credit if loss_weights is None else token_credit * loss_weights, credit.token_weights,
-                      min(cfg.num_samples_to_log, n))
-
-
-# θ_old, as stage 4 leaves it for stages 5 and 6, float32 on the host (N responses × T tokens, hidden size H; at the
-# papers' scale 2,048 × 4,096, H = 4,096): logp N·T·4 bytes (34 MB); ref_logp (--beta > 0, else None) N·T·4 (34 MB);
-# hidden (DelTA's --delta_impl normal, else None) N·T·H·4 (137 GB), refused by memory_plan.check_delta_cache above a quarter
-# of the host's memory (stage 5 adds v: memory_plan.DELTA_NORMAL_HOST_COPIES = 2 copies in HOST_MEMORY_SHARE = 1/2);
-# update_passes: stage 4's training forward, which stage 6 reuses (can_update_on_policy; graphs on the device), or None.
-ThetaOld = namedtuple("ThetaOld", "logp hidden ref_logp update_passes")
-
-
-def old_logprobs(model, batch, cfg: GRPOConfig, need_hidden=False, ref_model=None, training_forward=False):
-    """Stage 4: θ_old's log-probs ``[N, T]`` from a no-grad, eval-mode pass over the batch (``policy.Passes``); the
-    LM-head inputs ``[N, T, H]`` from the same pass when ``need_hidden`` (DelTA, --delta_impl normal); the reference
-    log-probs when ``ref_model`` is given. ``training_forward``: the training forward instead (train mode, with
-    grad, TRL's choice when μ = 1; ``can_update_on_policy``), kept for stage 6 to reuse. Returns a ``ThetaOld``.
-    Every process runs as many micro-batches (FSDP's gathers)."""
-    N, T = batch.response_mask.shape
-    dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
-    old_logp, hidden = torch.zeros(N, T, dtype=dt), None
-    passes = policy.Passes(model, batch, torch.arange(N), cfg, grad=training_forward, hidden=need_hidden,
-                           keep_graphs=training_forward)
-    for mb in passes:
-        old_logp[mb.rows, :mb.t] = mb.logp.detach().cpu()
-        if need_hidden:  # h_t on the host, bounded (the comment above ThetaOld)
-            if hidden is None:
-                memory_plan.check_delta_cache(N, T, mb.hidden.shape[-1])
-                hidden = torch.zeros(N, T, mb.hidden.shape[-1], dtype=dt)
-            hidden[mb.rows, :mb.t] = mb.hidden.to(dt).cpu()
-    ref_logp = policy.reference_logprobs(ref_model, batch, passes.layout, cfg.temperature) if ref_model else None
-    return ThetaOld(old_logp, hidden, ref_logp, passes if training_forward else None)
-
-
 def can_update_on_policy(cfg: GRPOConfig, num_rows: int, has_reference: bool) -> bool:
     """Whether stage 4 may take θ_old's log-probs from the training forward: ``--fuse_old_logprobs`` (off by itself
-    on models whose training forward is not the eval forward: ``policy.exact_optimisations``), ``num_iterations``
-    1, one mini-batch, ``micro_batch_size`` 0 (or ≥ the batch) and no KL reference. Not for CSCR under FSDP (its
-    scoring passes need gathered weights, not available inside a forward/backward), nor for an entropy mask ranked in
-    each micro-batch (its entropies come from the update's own forward)."""
+    where inexact: ``policy.exact_optimisations``), one update (``num_iterations`` 1, one mini-batch, one
+    micro-batch) and no KL reference; not for CSCR under FSDP (its scoring passes need gathered weights), nor for a
+    rule that ranks each micro-batch's entropies (they come from the update's own forward)."""
     return (cfg.fuse_old_logprobs and cfg.num_iterations == 1 and cfg.num_mini_batches == 1 and not has_reference
             and (cfg.micro_batch_size == 0 or cfg.micro_batch_size >= num_rows)
             and not (cfg.credit == "cscr" and distributed.is_distributed())
             and not loss_rules.choose(cfg).needs_entropy)
 
 
-def policy_update(model, optimizer, batch, old: ThetaOld, token_adv, cfg: GRPOConfig, step: int, keep=None,
-                  loss_weights=None, rules=None):
-    """Stage 6: ``num_iterations`` passes × ``num_mini_batches`` AdamW steps on one rollout batch. Each step
-    accumulates the mini-batch's gradient (``backward_minibatch``), clips it and applies AdamW; one whose loss or
-    gradient norm is not finite is skipped and counted. Pass ``e`` permutes the rows with a generator seeded by
-    ``(seed, step, e)``, so a resumed run makes the same updates. ``token_adv`` Ã_{i,t} ``[N, T]``; ``keep``,
-    ``loss_weights``, ``rules``: see ``backward_minibatch``. Returns (Σ mini-batch losses, applied pre-clip gradient
-    norms, token-weighted statistic sums, skipped updates).
-    """
+def policy_update(model, optimizer, batch, old: ThetaOld, token_adv, cfg: GRPOConfig, step: int, rules=None):
+    """Stage 6: ``num_iterations`` passes × ``num_mini_batches`` AdamW steps on one rollout batch, each on the
+    mini-batch's accumulated gradient (``backward_minibatch``), clipped; one whose loss or gradient norm is not finite
+    is skipped and counted. Pass ``e`` permutes the rows with a generator seeded by ``(seed, step, e)`` (a resumed run
+    makes the same updates). ``token_adv`` Ã ``[N, T]``; ``rules``: the loss stage's (``loss_rules.choose(cfg)``).
+    Returns (Σ mini-batch losses, applied pre-clip gradient norms, token-weighted statistic sums, skipped updates)."""
     model.train()
-    N = batch.response_mask.shape[0]
-    mb_size = N // cfg.num_mini_batches
-    loss_sum, grad_norms, agg, skipped = 0.0, [], {}, 0
+    rules, N = rules if rules is not None else loss_rules.choose(cfg), batch.response_mask.shape[0]
+    mb_size, loss_sum, grad_norms, agg, skipped = N // cfg.num_mini_batches, 0.0, [], {}, 0
     signal = distributed.all_reduce_sum(torch.tensor([float(token_adv.abs().sum())], dtype=torch.float64)).item()
     if signal == 0 and cfg.beta == 0:  # every advantage 0: no gradient, and an AdamW step would still move the
-        return 0.0, [], {"no_signal": 1.0}, 0  # weights (decay, momentum): the weights and AdamW's state stay
+        return 0.0, [], {**dict.fromkeys(update_stat_names(cfg, rules), 0.0), "no_signal": 1.0}, 0  # weights
+        # (decay, momentum): the weights and AdamW's state stay, each statistic 0.0 (every line has the same keys)
     for epoch in range(cfg.num_iterations):
         perm = torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed + 7919 * step + epoch))
         for k in range(cfg.num_mini_batches):
-            mb_rows = perm[k * mb_size:(k + 1) * mb_size] if cfg.num_mini_batches > 1 else torch.arange(N)
+            rows = perm[k * mb_size:(k + 1) * mb_size] if cfg.num_mini_batches > 1 else torch.arange(N)
             optimizer.zero_grad(set_to_none=True)
-            loss, stats = backward_minibatch(model, batch, old, token_adv, mb_rows, cfg, keep, loss_weights, rules)
+            loss, stats = minibatch_backward(model, batch, old, token_adv, rows, cfg, rules)
             loss = distributed.all_reduce_sum(torch.tensor(loss, dtype=torch.float64)).item()  # Σ of the parts
             loss_sum += loss
             for name, value in stats.items():
@@ -508,28 +450,29 @@ def policy_update(model, optimizer, batch, old: ThetaOld, token_adv, cfg: GRPOCo
     return loss_sum, grad_norms, agg, skipped
 
 
-def backward_minibatch(model, batch, old: ThetaOld, token_adv, mb_rows, cfg: GRPOConfig, keep=None,
-                       loss_weights=None, rules=None):
-    """Accumulate the gradient of one mini-batch's loss (rows ``mb_rows``), ``cfg.micro_batch_size`` rows at a time.
+def backward_minibatch(model, batch, old: ThetaOld, token_adv, rows, cfg: GRPOConfig, keep=None, loss_weights=None):
+    """``minibatch_backward`` with the rules of ``cfg`` (``keep`` ``[N, T]`` bool: the tokens a rule selected, None:
+    all; ``loss_weights`` ``[N, T]``, optional, written: each token's loss-side factor). Returns (loss, stat sums)."""
+    return minibatch_backward(model, batch, old, token_adv, rows, cfg, loss_rules.choose(cfg, keep, loss_weights))
+
+
+def minibatch_backward(model, batch, old: ThetaOld, token_adv, rows, cfg: GRPOConfig, rules: loss_rules.Rules):
+    """Accumulate the gradient of one mini-batch's loss (``rows``), ``cfg.micro_batch_size`` rows at a time.
 
     The normaliser of ``cfg.loss_type`` (tokens for ``dapo``, sequences otherwise) is counted once over the whole
     mini-batch (and over processes), so the summed gradient does not depend on the micro-batch size or the number of
-    processes (trl#3021; FSDP sums the gradients). ``keep`` ``[N, T]`` bool: the tokens the loss trains on (None:
-    all); ``rules``: the loss stage's comparison rules (loss_rules.choose(cfg) by default), which may mask or weight
-    tokens from the current policy and rescale the gradients (call on zeroed gradients, as ``policy_update`` does);
-    ``loss_weights`` ``[N, T]`` (optional, written): each token's loss-side factor for samples/.
-    Returns (loss, token-weighted ``policy_loss`` statistic sums).
+    processes (trl#3021; FSDP sums the gradients). ``rules`` may mask or weight tokens (``rules.kept``, and from the
+    current policy) and rescale the gradients (call on zeroed gradients, as ``policy_update`` does); it writes each
+    token's factor to ``rules.loss_weights``. Returns (loss, token-weighted ``policy_loss`` statistic sums).
     """
     device, loss_total, agg = next(model.parameters()).device, 0.0, {}
-    rules = rules if rules is not None else loss_rules.choose(cfg)
     settings = rules.settings(LossSettings.from_config(cfg))
-    keep = rules.pool(model, batch, mb_rows, keep)  # a rule's tokens, ranked over the mini-batch at the current θ
-    mask = batch.response_mask if keep is None else batch.response_mask * keep  # the tokens of the loss
-    counts = distributed.all_reduce_sum(torch.tensor([mask[mb_rows].sum().item(), float(len(mb_rows))],
-                                                     dtype=torch.float64))
+    tokens = rules.pool(model, batch, rows, rules.kept)  # a rule's tokens, ranked over the mini-batch at the current θ
+    mask = batch.response_mask if tokens is None else batch.response_mask * tokens  # the tokens of the loss
+    counts = distributed.all_reduce_sum(torch.tensor([mask[rows].sum().item(), float(len(rows))], dtype=torch.float64))
     n_tok, n_seq = counts[0].item(), int(counts[1].item())
     # the training forward over these rows: stage 4's, when it was this one (its only update), else a new one
-    passes = old.update_passes or policy.Passes(model, batch, mb_rows, cfg, grad=True, entropy=rules.needs_entropy)
+    passes = old.update_passes or policy.Passes(model, batch, rows, cfg, grad=True, entropy=rules.needs_entropy)
     for mb in passes:
         at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
         adv_t, old_t = at(token_adv), at(old.logp)
@@ -537,8 +480,8 @@ def backward_minibatch(model, batch, old: ThetaOld, token_adv, mb_rows, cfg: GRP
         # a rule that counts each micro-batch's own kept tokens: their mean, divided by the micro-batches summed
         n_mb = max(float(mask_t.sum()), 1.0) * len(passes.layout) * distributed.world_size() if rules.own_count \
             else n_tok
-        if loss_weights is not None:  # what the loss made of each token's credit: its mask, times its factor
-            loss_weights[mb.rows, :mb.t] = (mask_t * weight).cpu().to(loss_weights.dtype)
+        if rules.loss_weights is not None:  # what the loss made of each token's credit: its mask, times its factor
+            rules.loss_weights[mb.rows, :mb.t] = (mask_t * weight).cpu().to(rules.loss_weights.dtype)
         loss, stats = policy_loss(mb.logp, old_t, adv_t * weight, mask_t, settings, ref_logp=at(old.ref_logp),
                                   num_tokens=n_mb, num_sequences=n_seq)
         loss.backward()
@@ -565,58 +508,28 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     notes = check_config(cfg, cfg.plan_processes or world if cfg.dry_run else world, given)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    rows, eval_rows = run_setup.load_data(cfg, say)  # data first: a bad row stops the run before any model loads
+    dataset, eval_set = run_setup.load_data(cfg, say)  # data first: a bad row stops the run before any model loads
     run = run_setup.open_run(cfg, rank, say)
     if run is not None and run.finished(cfg.max_steps):  # --resume of a run that ran its --max_steps: nothing to do
         return run.summary()
     # before any weights: prompts over --max_prompt_length left out, DelTA's host cache checked, the memory plan
-    rows = recipes.preflight(cfg, rows, world, notes, given, say)
-    if rows is None:  # --dry_run: the resolved settings and the plan were printed
+    dataset = recipes.preflight(cfg, dataset, world, notes, given, say)
+    if dataset is None:  # --dry_run: the resolved settings and the plan were printed
         return None
     model, tokenizer, ref_model, optimizer, llm, template, stop_ids, state, optimisations = \
         run_setup.build_policy(cfg, run, say)
-    credit, sampler, rules = Credit(cfg, tokenizer), rollout.PromptSampler(len(rows), cfg.seed), loss_rules.choose(cfg)
-    actor, source = Actor(model, tokenizer, optimizer, ref_model, llm), PromptSource(rows, sampler, template, stop_ids)
+    credit, sampler, rules = Credit(cfg, tokenizer), rollout.PromptSampler(len(dataset), cfg.seed), loss_rules.choose(cfg)
+    actor = Actor(model, tokenizer, optimizer, ref_model, llm)
+    source = PromptSource(dataset, sampler, template, stop_ids)
     start_step, heldout = run_setup.restore(state, sampler, credit), run_setup.HeldOut(cfg, model, tokenizer,
-                                                                                       eval_rows, template, run)
+                                                                                       eval_set, template, run)
     run.start(model, {"prompt_template": template, "num_processes": world, "optimisations": optimisations})
-    last, started, bar = {}, False, None
-    try:
-        first_eval = heldout(0) if start_step == 0 else run.logged_eval(0)  # a resumed run logged it already
-        bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{rule_label(cfg)}]", dynamic_ncols=True,
-                   initial=start_step, total=cfg.max_steps, **({} if rank == 0 else {"disable": True}))
-        for step in bar:
-            with policy.oom_guard(f"step {step + 1}"):
-                last = train_step(step, cfg, actor, source, credit, run, rules)
-            started = True
-            bar.set_postfix(reward=f"{last['reward']:.3f}", len=f"{last['completions/mean_length']:.1f}")
-            if last["completions/clipped_ratio"] > 0.5 and step < 3:
-                say(f"[warn] {last['completions/clipped_ratio']:.0%} of responses hit --max_completion_length "
-                    f"{cfg.max_completion_length}: they rarely score; raise it")
-            if heldout.due(step + 1):
-                heldout(step + 1)
-            if cfg.save_steps and (step + 1) % cfg.save_steps == 0 and step + 1 < cfg.max_steps:
-                run.save_checkpoint(step + 1, model, tokenizer, optimizer, run_setup.trainer_state(sampler, credit))
-        summary = {"before": first_eval, "after": heldout(cfg.max_steps) if cfg.max_steps else first_eval,
-                   "last_step": last}
-    except BaseException as e:
-        if not started and start_step == 0:  # stopped before its first step: leave nothing that blocks the rerun
-            run.discard()
-        if isinstance(e, KeyboardInterrupt):  # Ctrl-C: main prints one line, what the folder holds and what next
-            if bar is not None:
-                bar.close()
-            raise KeyboardInterrupt(run.interrupted_note()) from None
-        raise
-    finally:
-        run.close()
-    try:  # final/ (save_pretrained, resumable), summary.json and samples/summary.json (the logged samples' numbers)
-        run_setup.finish(run, model, tokenizer, summary, optimizer,
-                         {"step": cfg.max_steps, **run_setup.trainer_state(sampler, credit)})
-    except KeyboardInterrupt:
-        raise KeyboardInterrupt(run.interrupted_note()) from None
-    if llm is not None:  # free the engine before the process group goes (vLLM's shutdown touches it)
-        del llm
-        gc.collect()
+    summary = run_setup.run_steps(cfg, run, start_step, heldout, lambda step: train_step(
+        step, cfg, actor, source, credit, run, rules), lambda step: run.save_checkpoint(
+        step, model, tokenizer, optimizer, run_setup.trainer_state(sampler, credit)), rule_label(cfg))
+    run_setup.finish(run, actor, summary, {"step": cfg.max_steps, **run_setup.trainer_state(sampler, credit)})
+    del actor, llm  # free --use_vllm's engine before the process group goes (vLLM's shutdown touches it)
+    gc.collect()
     return summary
 
 
@@ -639,12 +552,8 @@ def main(argv=None):
         raise SystemExit(130)  # a shell's status for SIGINT
     if summary is None:  # --dry_run
         return
-    b, a, k = summary["before"], summary["after"], cfg.eval_num_generations
     if distributed.rank_from_env() == 0:
-        print(f"held-out avg@{k}: {b[f'eval/avg@{k}']:.3f} -> {a[f'eval/avg@{k}']:.3f}   "
-              f"greedy: {b['eval/greedy']:.3f} -> {a['eval/greedy']:.3f}" if b and a else
-              f"done: {cfg.max_steps} steps in {cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit)}"
-              " (held-out evaluation off)")
+        print(run_setup.closing_line(summary, cfg))
 
 
 if __name__ == "__main__":

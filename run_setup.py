@@ -94,12 +94,63 @@ def restore(state, sampler, credit) -> int:
     return state["step"]
 
 
-def finish(run, model, tokenizer, summary, optimizer, state) -> None:
-    """final/ (save_pretrained, and resumable: AdamW's state and the trainer's), summary.json, and
-    samples/summary.json: report.py's numbers of this run's logged samples."""
-    run.finish(model, tokenizer, summary, optimizer, state)
-    if run.main:
-        report.write_samples_summary(run.path)
+def run_steps(cfg, run, start_step, heldout, train_step, save_checkpoint, label) -> dict:
+    """The loop: ``train_step(step)`` from ``start_step`` to --max_steps under a progress bar (its name ``label``),
+    the held-out evaluation before, on --eval_steps and after, a checkpoint every --save_steps
+    (``save_checkpoint(step)``). A run stopped before its first step leaves nothing that blocks the rerun; Ctrl-C raises
+    KeyboardInterrupt with one line on what the folder holds and what next. Returns {before, after, last_step}."""
+    from tqdm import tqdm
+
+    last, started, bar = {}, False, None
+    try:
+        first_eval = heldout(0) if start_step == 0 else run.logged_eval(0)  # a resumed run logged it already
+        bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{label}]", dynamic_ncols=True, initial=start_step,
+                   total=cfg.max_steps, **({} if distributed.rank() == 0 else {"disable": True}))
+        for step in bar:
+            with policy.oom_guard(f"step {step + 1}"):
+                last = train_step(step)
+            started = True
+            bar.set_postfix(reward=f"{last['reward']:.3f}", len=f"{last['completions/mean_length']:.1f}")
+            if last["completions/clipped_ratio"] > 0.5 and step < 3 and distributed.rank() == 0:
+                tqdm.write(f"[warn] {last['completions/clipped_ratio']:.0%} of responses hit --max_completion_length "
+                           f"{cfg.max_completion_length}: they rarely score; raise it")
+            if heldout.due(step + 1):
+                heldout(step + 1)
+            if cfg.save_steps and (step + 1) % cfg.save_steps == 0 and step + 1 < cfg.max_steps:
+                save_checkpoint(step + 1)
+        return {"before": first_eval, "after": heldout(cfg.max_steps) if cfg.max_steps else first_eval,
+                "last_step": last}
+    except BaseException as e:
+        if not started and start_step == 0:  # stopped before its first step: leave nothing that blocks the rerun
+            run.discard()
+        if isinstance(e, KeyboardInterrupt):  # Ctrl-C: main prints one line, what the folder holds and what next
+            if bar is not None:
+                bar.close()
+            raise KeyboardInterrupt(run.interrupted_note()) from None
+        raise
+    finally:
+        run.close()
+
+
+def finish(run, actor, summary, state) -> None:
+    """final/ (save_pretrained, and resumable: AdamW's state and the trainer's ``state``), summary.json, and
+    samples/summary.json: report.py's numbers of this run's logged samples. Ctrl-C: one line on the folder."""
+    try:
+        run.finish(actor.model, actor.tokenizer, summary, actor.optimizer, state)
+        if run.main:
+            report.write_samples_summary(run.path)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(run.interrupted_note()) from None
+
+
+def closing_line(summary, cfg) -> str:
+    """main's last line: the held-out accuracy before -> after, or where the run went (evaluation off)."""
+    b, a, k = summary["before"], summary["after"], cfg.eval_num_generations
+    if b and a:
+        return f"held-out avg@{k}: {b[f'eval/avg@{k}']:.3f} -> {a[f'eval/avg@{k}']:.3f}   " \
+            f"greedy: {b['eval/greedy']:.3f} -> {a['eval/greedy']:.3f}"
+    return f"done: {cfg.max_steps} steps in {cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit)}" \
+        " (held-out evaluation off)"
 
 
 def prompts_of_step(cfg, sampler, rows, template):
@@ -119,10 +170,33 @@ def step_peak() -> dict:  # this step's peak host RSS (and GPU memory), the larg
 def log_step(run, step, cfg, batch, rewards, correct, graded_counts, lengths, update, credit_stats, times) -> dict:
     """metrics.jsonl's line of a step (pooled over processes): ``update`` = policy_update's (Σ losses, grad norms,
     statistic sums, skipped); ``times`` = (the step's start, the rollout's seconds)."""
-    loss_sum, grad_norms, agg, skipped, no_signal = update
+    loss_sum, grad_norms, agg, skipped = update
+    no_signal = agg.pop("no_signal", 0.0)  # no update: its statistics 0.0 (policy_update)
     return run.log_step(step + 1, cfg.num_generations, rewards, correct if cfg.overlong_buffer_len else None, lengths,
                         batch.finish_reasons, graded_counts,
                         agg, {"loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
                               "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
                               "no_signal": no_signal, **credit_stats, **step_peak(),
                               "step_time": time.time() - times[0], "generation_time": times[1]})
+
+
+def rollout_batch(step, cfg, actor, source):
+    """Stage 1: this process's whole groups of the step's prompts, G responses each (``rollout.sample``: HF or vLLM),
+    seeded by the step and the process. Returns (the ``rollout.Rollout``, each response's reference answer)."""
+    prompts, answers = prompts_of_step(cfg, source.sampler, source.dataset, source.template)
+    batch = rollout.sample(actor.model, actor.tokenizer, prompts, cfg.num_generations, cfg.max_completion_length,
+                           cfg.temperature, cfg.top_p, seed=cfg.seed * 100_003 + step + 1_000_003 * distributed.rank(),
+                           stop_ids=source.stop_ids, stop_strings=rollout.template_stop_strings(source.template),
+                           llm=actor.llm, sleep_after=cfg.vllm_enable_sleep_mode)
+    return batch, answers
+
+
+def write_samples(run, step, cfg, tokenizer, batch, rewards, adv, token_adv, credit, loss_weights) -> None:
+    """samples/ every --logging_steps (the main process): each token's credit Ã / Â (× the loss's own factor, where a
+    rule has one) and the credit's weights, for --num_samples_to_log responses."""
+    if distributed.rank() != 0 or not cfg.logging_steps or (step + 1) % cfg.logging_steps:
+        return
+    token_credit = credit.token_credit(adv, token_adv)
+    run.write_samples(step + 1, tokenizer, batch, rewards, adv, token_adv,
+                      token_credit if loss_weights is None else token_credit * loss_weights, credit.token_weights,
+                      min(cfg.num_samples_to_log, len(batch.texts) // cfg.num_generations))
