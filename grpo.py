@@ -11,24 +11,17 @@ One training step (``train_step``) is seven stages, in the order of the papers::
     6. update       clipped surrogate, token-mean, AdamW            policy_loss        DAPO (Yu et al. 2025) §3.1, §3.3
     7. log          metrics.jsonl, samples/                         checkpoint.RunFolder
 
-The file follows that order (flags and their checks: grpo_config.py): the maths (``group_advantages``,
-``policy_loss``; log π is ``policy.token_logprobs``); the credit hook (``Credit``); one step (``train_step``,
-``old_logprobs``, ``policy_update``); the loop (``train``).
+The file follows that order (flags and their checks: grpo_config.py): the maths, the credit hook (``Credit``), one
+step (``train_step``, ``policy_update``), the loop (``train``; its bookkeeping is run_setup.py's).
 
-* θ_old's log-probs come from this trainer's own forward, never from the sampler: the ratio is exactly 1 at the
-  first update. For one update per batch stage 4 takes them from the training forward itself
-  (``can_update_on_policy``; off where the model would make it inexact: ``policy.exact_optimisations``).
-* The loss is PPO's clipped surrogate with DAPO's asymmetric clip, an optional dual clip and an optional k3 KL to a
-  frozen reference (off by default, as in TRL, verl's DAPO recipe and DelTA). ``--loss_type dapo`` is the token-mean
-  over the mini-batch; with DelTA's λ̄ (mean 1 over the rollout batch) it is DelTA's Σλℓ / Σλ (Eq. 8); with several
-  mini-batches each is only approximately self-normalised, as in DelTA's official code.
+* θ_old's log-probs come from this trainer's own forward (the ratio is exactly 1 at the first update).
+* ``--loss_type dapo`` is the token-mean over the mini-batch; with DelTA's λ̄ (mean 1 over the batch) it is DelTA's
+  Σλℓ / Σλ (Eq. 8), only approximately so per mini-batch, as in DelTA's code. KL to a frozen reference: off by default.
 * The papers' comparisons (docs/reproduce.md) are chosen once from their flags, never branches here: a surrogate is a
-  registered policy loss (``register_policy_loss``, TRL's ``loss_type`` names, as verl's); a token mask or weight of
-  the loss stage is a rule of loss_rules.py (maths: baselines.py); DelTA's ablations are delta.py's options.
-* Left out on purpose: entropy bonus, reward shaping beyond DAPO's overlong penalty, dynamic sampling, learning-rate
-  schedules. The loss value is no progress signal (≈ 0 at θ_old): watch the reward and the held-out accuracy.
-* Infrastructure sits behind one-line calls: recipes.py, memory_plan.py, problems.py, policy.py, distributed.py
-  (torchrun + FSDP2), checkpoint.py (the run folder), run_setup.py (train's setup), evaluate.py.
+  registered policy loss (``register_policy_loss``, TRL's names, as verl's); a token mask or weight of the loss is
+  a rule of loss_rules.py; DelTA's and CSCR's ablations sit beside them (delta_ablations.py, cscr_ablations.py).
+* Left out: entropy bonus, reward shaping beyond DAPO's overlong penalty, dynamic sampling, learning-rate schedules.
+  The loss value is no progress signal (≈ 0 at θ_old): watch the reward and the held-out accuracy.
 """
 
 from __future__ import annotations
@@ -38,7 +31,6 @@ import dataclasses
 import functools
 import gc
 import random
-import sys
 import time
 from collections import namedtuple
 from dataclasses import dataclass
@@ -47,6 +39,10 @@ import torch
 
 import baselines
 import checkpoint
+import cscr
+import cscr_ablations
+import delta
+import delta_ablations
 import distributed
 import loss_rules
 import memory_plan
@@ -57,20 +53,14 @@ import run_setup
 import sampler_mismatch
 import verify
 from grpo_config import GRPOConfig, build_parser, check_config  # every flag and its check (grpo_config.py)
-from loss_rules import rule_label  # noqa: F401  (the progress bar's name of the run's rule)
 
 
 # --- The maths: pure functions on tensors ---------------------------------------------------------------------
 def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str = "group",
                      eps: float = 1e-6) -> torch.Tensor:
-    """GRPO group-normalised advantages Â_i = (r_i − mean_g) / (std_g + eps) (GRPO §4.1.2; DelTA spec §1).
-
-    ``rewards`` ``[N]`` group by group (N = groups × G). ``scale_rewards="group"`` (``--scale_rewards``) divides by
-    the unbiased group std (DelTA's code, verl, TRL); ``"none"`` gives r − mean (Dr. GRPO, Liu et al. 2025).
-    Returns ``[N]`` float32 (float64 for float64 rewards); a group whose rewards are all equal (or of one member)
-    gets exactly 0, no float residue (NeMo-RL #4161).
-    Raises ValueError: N not a multiple of ``group_size``, or an unknown ``scale_rewards``.
-    """
+    """GRPO's Â_i = (r_i − mean_g) / (std_g + eps) (GRPO §4.1.2; DelTA spec §1), ``rewards`` ``[N]`` group by group;
+    ``scale_rewards="none"``: r − mean (Dr. GRPO). Returns ``[N]`` float32 (float64 for float64 rewards), exactly 0
+    for a group whose rewards are all equal (NeMo-RL #4161)."""
     if group_size < 1 or rewards.dim() != 1 or rewards.numel() % group_size:
         raise ValueError(f"rewards must be 1-D with a length divisible by group_size={group_size}, "
                          f"got shape {tuple(rewards.shape)}")
@@ -86,11 +76,9 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_rewards: str 
 
 
 def overlong_penalty(lengths: torch.Tensor, max_completion_length: int, buffer_len: int, factor=1.0) -> torch.Tensor:
-    """DAPO's soft overlong punishment (Yu et al. 2025, §3.4; verl's ``overlong_buffer``), added to the
-    reward: R_length(o) = min(0, ((L_max − L_cache) − |o|) / L_cache · factor), 0 up to L_max − L_cache tokens, then
-    a ramp to −factor at L_max = ``max_completion_length`` (DAPO's −1 beyond L_max cannot occur: responses are cut
-    there). ``lengths`` ``[N]``: response tokens, EOS included (verl's valid response length); ``buffer_len``
-    L_cache tokens, 0 < L_cache < L_max. Returns ``[N]`` float32 (≤ 0)."""
+    """DAPO's soft overlong punishment (§3.4; verl's ``overlong_buffer``), added to the reward: R_length(o) =
+    min(0, ((L_max − L_cache) − |o|) / L_cache · factor), ``lengths`` ``[N]`` (EOS included), L_max =
+    ``max_completion_length``, L_cache = ``buffer_len``. Returns ``[N]`` float32 (≤ 0)."""
     expected = max_completion_length - buffer_len  # L_max − L_cache
     return torch.clamp((expected - lengths.to(torch.float32)) / buffer_len * factor, max=0.0)
 
@@ -125,8 +113,7 @@ POLICY_LOSSES: dict[str, PolicyLoss] = {}
 
 
 def register_policy_loss(name: str, aggregation=None):
-    """Register ``surrogate`` under ``--loss_type name`` (a decorator); ``aggregation``: settings -> its normaliser
-    (default: ``name``'s own)."""
+    """Register ``surrogate`` as ``--loss_type name`` (a decorator); ``aggregation``: settings -> its normaliser."""
     def add(surrogate):
         POLICY_LOSSES[name] = PolicyLoss(surrogate, aggregation or (lambda settings: name))
         return surrogate
@@ -137,10 +124,8 @@ def register_policy_loss(name: str, aggregation=None):
 @register_policy_loss("grpo")
 @register_policy_loss("dr_grpo")
 def clipped_surrogate(ratio, token_adv, s: LossSettings):
-    """PPO's clipped surrogate (Schulman et al. 2017, Eq. 7) with DAPO's Clip-Higher (§3.1) and the dual clip::
-
-        ℓ = max(−Ã·ratio, −Ã·clip(ratio, 1−ε, 1+ε_high));   ℓ = min(ℓ, −Ã·c) where Ã < 0 (dual_clip c, Ye et al. 2020)
-    """
+    """PPO's clipped surrogate (Eq. 7) with DAPO's Clip-Higher (§3.1) and the dual clip c (Ye et al. 2020):
+    ℓ = max(−Ã·ratio, −Ã·clip(ratio, 1−ε, 1+ε_high)); ℓ = min(ℓ, −Ã·c) where Ã < 0. Returns (ℓ, dual-clipped)."""
     per_token = torch.maximum(-token_adv * ratio, -token_adv * ratio.clamp(1.0 - s.epsilon, 1.0 + s.epsilon_high))
     if s.dual_clip is None:
         return per_token, torch.zeros_like(ratio, dtype=torch.bool)
@@ -154,16 +139,12 @@ register_policy_loss("sapo", baselines.sapo_aggregation)(baselines.sapo_surrogat
 
 def policy_loss(logp, old_logp, token_adv, response_mask, settings: LossSettings | None = None, *, ref_logp=None,
                 num_tokens=None, num_sequences=None, **keywords):
-    """The loss (to minimise) of ``settings.loss_type``'s surrogate (``clipped_surrogate`` by default), + β·k3 KL
-    (Schulman's k3 = exp(ref − logp) − (ref − logp) − 1, if β > 0), with ratio = exp(clamp(logp − old_logp, ±20)).
-
-    Aggregation: ``dapo`` Σ ℓ·mask / Σ mask (token-mean, DelTA's and TRL's default); ``grpo`` the mean over sequences
-    of each one's token-mean (1/|o_i|); ``dr_grpo`` Σ ℓ·mask / (B · max_completion_length) (Dr. GRPO).
-    Args: ``logp``, ``old_logp``, ``response_mask`` (EOS included), ``ref_logp`` (β > 0) ``[B, T]`` (nats);
-    ``token_adv`` Ã ``[B, T]`` (or Â ``[B]``, broadcast); ``settings`` a ``LossSettings`` or its fields as keywords;
-    ``num_tokens`` / ``num_sequences``: the normaliser's counts over the whole mini-batch when this call sees a
-    micro-batch. Returns (loss, token-means of ``clip_ratio/{low,high,region,dual}_mean``, ``kl``; ``num_tokens``).
-    """
+    """The loss (to minimise): ``settings.loss_type``'s surrogate ℓ of ratio = exp(clamp(logp − old_logp, ±20)),
+    + β·k3 (exp(ref − logp) − (ref − logp) − 1, β > 0), aggregated: ``dapo`` Σℓ·mask / Σmask; ``grpo`` the mean of
+    each sequence's token-mean; ``dr_grpo`` Σℓ·mask / (B·max_completion_length). ``logp``, ``old_logp``,
+    ``response_mask``, ``ref_logp`` ``[B, T]`` (nats); ``token_adv`` Ã ``[B, T]`` or Â ``[B]``; ``settings`` or its
+    fields as keywords; ``num_tokens`` / ``num_sequences``: the whole mini-batch's counts for a micro-batch.
+    Returns (loss, token-means of ``clip_ratio/{low,high,region,dual}_mean``, ``kl``; ``num_tokens``)."""
     if settings is not None and keywords:
         raise ValueError(f"give policy_loss a LossSettings or its fields as keywords, not both: {sorted(keywords)}")
     s = settings or LossSettings(**keywords)  # an unknown keyword: TypeError, naming it
@@ -174,7 +155,8 @@ def policy_loss(logp, old_logp, token_adv, response_mask, settings: LossSettings
             (s.loss_type == "dr_grpo" and not s.max_completion_length):
         raise ValueError(f"policy_loss: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, response_mask "
                          f"{tuple(mask.shape)} [B, T], token_adv {tuple(adv.shape)} [B] or [B, T]; loss_type "
-                         f"{s.loss_type!r} one of {sorted(POLICY_LOSSES)}; beta > 0 needs ref_logp, dr_grpo max_completion_length")
+                         f"{s.loss_type!r} one of {sorted(POLICY_LOSSES)}; beta > 0 needs ref_logp, dr_grpo "
+                         "max_completion_length")
     rule, adv = POLICY_LOSSES[s.loss_type], adv.expand_as(logp)  # [B, T]
     # padded positions may hold anything (e.g. -inf): zero them before exp so no NaN reaches the gradient
     ratio = torch.exp(torch.where(mask > 0, logp - old_logp, torch.zeros_like(logp)).clamp(-20.0, 20.0))  # [B, T]
@@ -209,33 +191,21 @@ def surrogate_stats(ratio, adv, mask, s: LossSettings, dual_active, kl) -> dict:
 
 # --- Credit assignment: sequence advantages Â_i -> token advantages Ã_{i,t} (the --credit hook) ---------------
 class Credit:
-    """Sequence advantages ``[N]`` -> token advantages ``[N, T]``, once per rollout batch, without gradient, from
-    θ_old; fixed for every mini-batch and epoch of the step (DelTA spec §2.4; CSCR spec §4). ``token_weights``: the
-    last call's per-token weights by name, for the samples log: ``{"lambda_bar": λ̄}`` (DelTA), ``{"sensitivity":
-    s}`` (CSCR), ``{}`` (GRPO)."""
+    """Â ``[N]`` -> Ã ``[N, T]`` once per rollout batch, no grad, from θ_old, fixed for the step's updates (DelTA spec
+    §2.4; CSCR spec §4). ``token_weights``: the last call's weights for samples/: λ̄ (DelTA), s (CSCR), none."""
 
     def __init__(self, cfg: GRPOConfig, tokenizer):
-        import delta_ablations
-
         self.cfg, self.tokenizer, self.token_weights = cfg, tokenizer, {}
         self.cscr_threshold, self.cscr_calibrated = cfg.cscr_threshold, False
         if cfg.credit == "cscr":  # CSCR's options; its ablations (cscr_ablations.py) chosen once, by their flags
-            import cscr
-            import cscr_ablations
-
-            weight, renormalise = cscr_ablations.choose(cfg.cscr_weight, cfg.cscr_scope, cfg.num_generations,
-                                                        cfg.cscr_sign_eps, cfg.cscr_sign_mix)
-            self.cscr_settings = cscr.Settings(cfg.cscr_alpha, cfg.cscr_w_min, cfg.cscr_mode, weight, renormalise)
+            self.cscr_settings = cscr_ablations.settings_from_flags(cfg)
         # DelTA's steps and proxy: the paper's, or an ablation's (delta_ablations.py), chosen once from the flags; under
         # torchrun --delta_scope global sums its statistics over the processes (spec §2.4)
         pool = distributed.all_reduce_sum if distributed.is_distributed() and cfg.delta_scope == "global" else None
         self.delta_steps = delta_ablations.steps_from_flags(cfg, pool)
         self.delta_proxy = delta_ablations.proxy_from_flags(cfg)
         self.delta_lam_bar = self._random_lam_bar if cfg.delta_coefficients == "random" else self._delta_lam_bar
-        self.assign = {"delta": lambda model, batch, adv, old, answers, step: self._delta(model, batch, adv, old, step),
-                       "cscr": lambda model, batch, adv, old, answers, step: self._cscr(model, batch, adv, old.logp,
-                                                                                      answers)
-                       }.get(cfg.credit, self.broadcast)  # grpo, and FIPO's (its weight is the loss's: loss_rules)
+        self.assign = {"delta": self._delta, "cscr": self._cscr}.get(cfg.credit, self.broadcast)  # grpo, fipo
 
     @property
     def delta_gamma(self):  # --delta_gamma frozen's kept (γ₊, γ₋), which checkpoints save; else None
@@ -246,15 +216,14 @@ class Credit:
         if gamma is not None and hasattr(self.delta_steps.temperature, "gamma"):
             self.delta_steps.temperature.gamma = tuple(gamma)
 
-    def needs_hidden(self) -> bool:  # stage 4 keeps the batch's h_t (else DelTA's memory_efficient recomputes them)
-        return self.cfg.credit == "delta" and self.cfg.delta_impl == "normal" and self.cfg.delta_coefficients != \
-            "random"
+    def needs_hidden(self) -> bool:  # stage 4 keeps h_t (DelTA's --delta_impl normal, not its random control)
+        return self.cfg.credit == "delta" and self.cfg.delta_impl == "normal" and \
+            self.delta_lam_bar == self._delta_lam_bar
 
     @torch.no_grad()
     def __call__(self, model, batch: rollout.Rollout, adv, old: ThetaOld, answers, step: int = 0):
-        """Args: batch (its response_mask ``[N, T]``), adv Â_i ``[N]``, old (stage 4: ``old.logp`` ``[N, T]``, DelTA's
-        ``old.hidden`` ``[N, T, H]`` or None), answers (the reference of each row, CSCR), step (seeds DelTA's random
-        λ). Returns (token advantages Ã_{i,t} ``[N, T]``, stats)."""
+        """adv Â ``[N]``, old: stage 4's ``ThetaOld``, answers: each row's reference (CSCR), step: seeds a random
+        draw. Returns (Ã ``[N, T]``, stats)."""
         return self.assign(model, batch, adv, old, answers, step)  # chosen once, by --credit (__init__)
 
     @staticmethod
@@ -262,26 +231,19 @@ class Credit:
         return adv[:, None] * batch.response_mask, {}
 
     def token_credit(self, adv, token_adv):
-        """The credit of each token, Ã_{i,t} / Â_i ``[N, T]`` (1 for GRPO, λ̄ for DelTA, w̃ for CSCR), for samples/;
-        a row with Â_i = 0 has nothing to divide: λ̄ itself for DelTA (its weights multiply Â), else 1."""
+        """Each token's credit Ã / Â ``[N, T]`` for samples/ (where Â = 0: DelTA's λ̄, else 1)."""
         share = token_adv / torch.where(adv == 0, 1.0, adv).to(token_adv.dtype)[:, None]
         fill = self.token_weights.get("lambda_bar", torch.ones_like(share))
         return torch.where((adv == 0)[:, None], fill.to(share.dtype), share)
 
-    def _delta(self, model, batch, adv, old, step):
-        import delta
-
-        cfg, mask = self.cfg, batch.response_mask
+    def _delta(self, model, batch, adv, old, answers, step):
         lam_bar, stats = self.delta_lam_bar(model, batch, adv, old, step)  # λ̄ [N, T]: DelTA, or the random control
         self.token_weights = {"lambda_bar": lam_bar}  # (Q2's selection: loss_rules.Q2Selection)
-        return delta.delta_token_advantages(adv, lam_bar, mask), stats  # Ã = Â·λ̄ (spec §2.3 step 7)
+        return delta.delta_token_advantages(adv, lam_bar, batch.response_mask), stats  # Ã = Â·λ̄ (spec §2.3 step 7)
 
     def _delta_lam_bar(self, model, batch, adv, old, step):
-        """DelTA's λ̄ ``[N, T]`` and its stats: ``delta.delta_coefficients`` with the steps chosen above, over chunks of
-        θ_old's proxies v (App. F); ``policy.hidden_chunks`` gives h_t: stage 4's, one chunk (--delta_impl normal), or
-        recomputed micro-batch by micro-batch in each of DelTA's K + 3 passes (memory_efficient; spec §2.5)."""
-        import delta
-
+        """DelTA's λ̄ ``[N, T]`` and stats: ``delta.delta_coefficients`` over chunks of θ_old's proxies v (App. F), from
+        h_t kept by stage 4 (one chunk) or recomputed in each of its K + 3 passes (--delta_impl; spec §2.5)."""
         cfg, mask, ids = self.cfg, batch.response_mask, batch.response_ids
         # --delta_proxy topk reads the whole LM head (gathered under FSDP2): V·H·4 bytes, 2.5 GB for Qwen3-8B
         needs_head = getattr(self.delta_proxy, "needs_lm_head", False)
@@ -302,16 +264,12 @@ class Credit:
         return lam_bar, distributed.pool_min_max(stats) if self.delta_steps.pool else stats  # extremes: per process
 
     def _random_lam_bar(self, model, batch, adv, old, step):  # App. F's control: λ uniform in [λ_min, λ_max], no v
-        import delta_ablations
-
         cfg, draw = self.cfg, torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step * 101 + distributed.rank())
         return delta_ablations.random_coefficients(adv, batch.response_mask, cfg.delta_lam_min, cfg.delta_lam_max,
                                                    generator=draw, normalize=cfg.delta_normalize), {}
 
-    def _cscr(self, model, batch, adv, old_logp, answers):
-        import cscr
-
-        cfg, mask = self.cfg, batch.response_mask
+    def _cscr(self, model, batch, adv, old, answers, step):
+        cfg, mask, old_logp = self.cfg, batch.response_mask, old.logp
         scored = mask.bool() & (adv != 0)[:, None]  # the tokens that carry credit: those of the rows with Â ≠ 0
         # spec §3: the two privileged prompts x + c+, x + c− of every response
         pairs = [cscr.build_condition_prompts(prompt, reference=ref, response_answer=verify.extract_boxed(text) or "",
@@ -336,18 +294,13 @@ class Credit:
         self.token_weights = {"sensitivity": s}
         return token_adv, {**stats, "cscr/threshold": float(self.cscr_threshold)}
 
-    def _scoring_logprobs(self, model, input_ids, attention_mask, response_mask, temperature):
-        """CSCR's scoring passes: ``token_logprobs``, each distinct privileged prompt run once (--shared_prompt)."""
-        rows = torch.arange(len(input_ids))
-        shared = policy.SharedPrompts(model, input_ids, attention_mask, rows, response_mask.shape[1]) \
-            if self.cfg.shared_prompt else None
-        return policy.token_logprobs(model, input_ids, attention_mask, response_mask, temperature,
-                                     shared=(shared, rows) if shared else None)
+    def _scoring_logprobs(self, *args):  # CSCR's scoring passes: each privileged prompt run once (--shared_prompt)
+        return (policy.shared_prompt_logprobs if self.cfg.shared_prompt else policy.token_logprobs)(*args)
 
 
 # --- One step: rollout -> verify -> advantages -> θ_old -> credit -> update -> log ----------------------------
 # What a step works on beside its config (``train`` makes both once): the policy and what policy.build makes beside
-# it (``llm``: --use_vllm's engine, None: HF generate); the training problems, their order, the template, its stop tokens
+# it (``llm``: --use_vllm's engine, None: HF generate); the training problems, their order, template and stop tokens
 Actor = namedtuple("Actor", "model tokenizer optimizer ref_model llm", defaults=(None,))
 PromptSource = namedtuple("PromptSource", "dataset sampler template stop_ids")
 ThetaOld = policy.ThetaOld  # stage 4's results (policy.py: their sizes at the papers' scale)
@@ -356,13 +309,12 @@ old_logprobs = functools.partial(policy.old_logprobs, check_hidden=memory_plan.c
 
 def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit, run: checkpoint.RunFolder,
                rules: loss_rules.Rules | None = None) -> dict:
-    """One step: the seven stages of the module header; returns its metrics record. Under torchrun each process
-    runs it on its own whole groups. ``rules``: the loss stage's comparison rules (default: from ``cfg``)."""
-    model, tokenizer, optimizer, ref_model, llm = actor
+    """One step: the seven stages of the module header (each process on its own whole groups); returns its metrics
+    record. ``rules``: the loss stage's comparison rules (default: from ``cfg``)."""
+    model, tokenizer, optimizer, ref_model, _ = actor
     rules, t0, _ = rules if rules is not None else loss_rules.choose(cfg), time.time(), policy.reset_peak_memory()
     # 1. rollout: G responses per prompt; every process takes its own whole groups of the same prompt order
-    batch, answers = run_setup.rollout_batch(step, cfg, actor, source)
-    times = (t0, time.time() - t0)
+    batch, answers, t_gen = run_setup.rollout_batch(step, cfg, actor, source)
     # 2. verify: binary reward, every grader failure counted; DAPO's overlong shaping adds R_length ≤ 0 (§3.4)
     graded, lengths = verify.grade_batch(batch.texts, answers), batch.response_lengths  # lengths as sampled
     correct = torch.tensor([float(ok) for ok, _ in graded])
@@ -386,31 +338,27 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     update = policy_update(model, optimizer, batch, old, update_adv, cfg, step, rules)
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
     record = run_setup.log_step(run, step, cfg, batch, rewards, correct, verify.summarize(graded), lengths,
-                                update, {**credit_stats, **rule_stats, **sampling_stats}, times)
+                                update, {**credit_stats, **rule_stats, **sampling_stats}, (t0, t_gen))
     run_setup.write_samples(run, step, cfg, tokenizer, batch, rewards, adv, token_adv, credit, rules.loss_weights)
     return record
 
 
 def loss_mask(batch, cfg: GRPOConfig):
     """The response mask the loss uses: --mask_truncated_completions zeroes the responses cut at the length limit."""
-    if not cfg.mask_truncated_completions:
-        return batch.response_mask
-    return batch.response_mask * torch.tensor([r == "stop" for r in batch.finish_reasons],
-                                              dtype=batch.response_mask.dtype)[:, None]
+    stopped = torch.tensor([r == "stop" for r in batch.finish_reasons], dtype=batch.response_mask.dtype)[:, None]
+    return batch.response_mask * stopped if cfg.mask_truncated_completions else batch.response_mask
 
 
 def update_stat_names(cfg: GRPOConfig, rules=None) -> list[str]:
-    """The statistics ``policy_update`` logs for ``cfg``: ``policy_loss``'s (asked of a one-token call) and its rules'."""
+    """The statistics ``policy_update`` logs: ``policy_loss``'s (asked of a one-token call) and its rules'."""
     one = torch.zeros(1, 1)
     names = list(policy_loss(one, one, one[:, 0], torch.ones(1, 1), LossSettings.from_config(cfg))[1])
     return names + (rules if rules is not None else loss_rules.choose(cfg)).stat_names
 
 
 def can_update_on_policy(cfg: GRPOConfig, num_rows: int, has_reference: bool) -> bool:
-    """Whether stage 4 may take θ_old's log-probs from the training forward: ``--fuse_old_logprobs`` (off by itself
-    where inexact: ``policy.exact_optimisations``), one update (``num_iterations`` 1, one mini-batch, one
-    micro-batch) and no KL reference; not for CSCR under FSDP (its scoring passes need gathered weights), nor for a
-    rule that ranks each micro-batch's entropies (they come from the update's own forward)."""
+    """Whether stage 4 may take θ_old's log-probs from the training forward: --fuse_old_logprobs (where exact), one
+    update of one micro-batch, no KL reference; not CSCR under FSDP, nor a rule that needs the update's entropies."""
     return (cfg.fuse_old_logprobs and cfg.num_iterations == 1 and cfg.num_mini_batches == 1 and not has_reference
             and (cfg.micro_batch_size == 0 or cfg.micro_batch_size >= num_rows)
             and not (cfg.credit == "cscr" and distributed.is_distributed())
@@ -418,10 +366,8 @@ def can_update_on_policy(cfg: GRPOConfig, num_rows: int, has_reference: bool) ->
 
 
 def policy_update(model, optimizer, batch, old: ThetaOld, token_adv, cfg: GRPOConfig, step: int, rules=None):
-    """Stage 6: ``num_iterations`` passes × ``num_mini_batches`` AdamW steps on one rollout batch, each on the
-    mini-batch's accumulated gradient (``backward_minibatch``), clipped; one whose loss or gradient norm is not finite
-    is skipped and counted. Pass ``e`` permutes the rows with a generator seeded by ``(seed, step, e)`` (a resumed run
-    makes the same updates). ``token_adv`` Ã ``[N, T]``; ``rules``: the loss stage's (``loss_rules.choose(cfg)``).
+    """Stage 6: ``num_iterations`` passes × ``num_mini_batches`` clipped AdamW steps (a non-finite one skipped), the
+    rows permuted by a generator seeded by (seed, step, pass). ``token_adv`` Ã ``[N, T]``; ``rules``: the loss's.
     Returns (Σ mini-batch losses, applied pre-clip gradient norms, token-weighted statistic sums, skipped updates)."""
     model.train()
     rules, N = rules if rules is not None else loss_rules.choose(cfg), batch.response_mask.shape[0]
@@ -438,13 +384,9 @@ def policy_update(model, optimizer, batch, old: ThetaOld, token_adv, cfg: GRPOCo
             loss, stats = minibatch_backward(model, batch, old, token_adv, rows, cfg, rules)
             loss = distributed.all_reduce_sum(torch.tensor(loss, dtype=torch.float64)).item()  # Σ of the parts
             loss_sum += loss
-            for name, value in stats.items():
-                agg[name] = agg.get(name, 0.0) + value
+            agg.update({name: agg.get(name, 0.0) + value for name, value in stats.items()})
             grad_norm = policy.clip_and_step(model, optimizer, loss, cfg.max_grad_norm, step)
-            if grad_norm is None:
-                skipped += 1
-            else:
-                grad_norms.append(grad_norm)
+            skipped, grad_norms = skipped + (grad_norm is None), grad_norms + ([] if grad_norm is None else [grad_norm])
     # free the gradients now: otherwise they stay allocated through the next rollout (16 GB for a full Qwen3-8B)
     optimizer.zero_grad(set_to_none=True)
     return loss_sum, grad_norms, agg, skipped
@@ -457,14 +399,9 @@ def backward_minibatch(model, batch, old: ThetaOld, token_adv, rows, cfg: GRPOCo
 
 
 def minibatch_backward(model, batch, old: ThetaOld, token_adv, rows, cfg: GRPOConfig, rules: loss_rules.Rules):
-    """Accumulate the gradient of one mini-batch's loss (``rows``), ``cfg.micro_batch_size`` rows at a time.
-
-    The normaliser of ``cfg.loss_type`` (tokens for ``dapo``, sequences otherwise) is counted once over the whole
-    mini-batch (and over processes), so the summed gradient does not depend on the micro-batch size or the number of
-    processes (trl#3021; FSDP sums the gradients). ``rules`` may mask or weight tokens (``rules.kept``, and from the
-    current policy) and rescale the gradients (call on zeroed gradients, as ``policy_update`` does); it writes each
-    token's factor to ``rules.loss_weights``. Returns (loss, token-weighted ``policy_loss`` statistic sums).
-    """
+    """Accumulate the gradient of one mini-batch's loss (``rows``), ``cfg.micro_batch_size`` rows at a time, its
+    normaliser counted once over the mini-batch and the processes (trl#3021). ``rules`` may mask, weight and rescale
+    (call on zeroed gradients). Returns (loss, token-weighted ``policy_loss`` statistic sums)."""
     device, loss_total, agg = next(model.parameters()).device, 0.0, {}
     settings = rules.settings(LossSettings.from_config(cfg))
     tokens = rules.pool(model, batch, rows, rules.kept)  # a rule's tokens, ranked over the mini-batch at the current θ
@@ -495,10 +432,9 @@ def minibatch_backward(model, batch, old: ThetaOld, token_adv, rows, cfg: GRPOCo
 
 # --- The loop -------------------------------------------------------------------------------------------------
 def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
-    """Run GRPO training as configured, under its recipe (``recipes.apply``: every setting of the recipe not in
-    ``given``, the flags given on the command line); returns the before/after evaluation and the last step's record
-    (None for ``--dry_run``). --resume continues exactly (checkpoint.py: every random draw is seeded by the step);
-    torchrun: see distributed.py."""
+    """Train as configured, under its recipe (``recipes.apply``: the recipe's settings not in ``given``, the flags
+    given); returns the before/after evaluation and the last step's record (None: --dry_run). --resume continues
+    exactly (every random draw is seeded by the step); torchrun: distributed.py."""
     from tqdm import tqdm
 
     rank, world = distributed.init_distributed()
@@ -518,15 +454,16 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
         return None
     model, tokenizer, ref_model, optimizer, llm, template, stop_ids, state, optimisations = \
         run_setup.build_policy(cfg, run, say)
-    credit, sampler, rules = Credit(cfg, tokenizer), rollout.PromptSampler(len(dataset), cfg.seed), loss_rules.choose(cfg)
-    actor = Actor(model, tokenizer, optimizer, ref_model, llm)
-    source = PromptSource(dataset, sampler, template, stop_ids)
+    credit, sampler = Credit(cfg, tokenizer), rollout.PromptSampler(len(dataset), cfg.seed)
+    actor, source = Actor(model, tokenizer, optimizer, ref_model, llm), PromptSource(dataset, sampler, template,
+                                                                                     stop_ids)
+    rules = loss_rules.choose(cfg)  # the loss stage's comparison rules, once
     start_step, heldout = run_setup.restore(state, sampler, credit), run_setup.HeldOut(cfg, model, tokenizer,
                                                                                        eval_set, template, run)
     run.start(model, {"prompt_template": template, "num_processes": world, "optimisations": optimisations})
     summary = run_setup.run_steps(cfg, run, start_step, heldout, lambda step: train_step(
         step, cfg, actor, source, credit, run, rules), lambda step: run.save_checkpoint(
-        step, model, tokenizer, optimizer, run_setup.trainer_state(sampler, credit)), rule_label(cfg))
+        step, model, tokenizer, optimizer, run_setup.trainer_state(sampler, credit)), loss_rules.rule_label(cfg))
     run_setup.finish(run, actor, summary, {"step": cfg.max_steps, **run_setup.trainer_state(sampler, credit)})
     del actor, llm  # free --use_vllm's engine before the process group goes (vLLM's shutdown touches it)
     gc.collect()
@@ -536,24 +473,7 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
 def main(argv=None):
     cfg = GRPOConfig(**vars(build_parser().parse_args(argv)))
     given = set(vars(build_parser(defaults=False).parse_args(argv)))  # the flags given beat the recipe's values
-    interrupted = None
-    try:
-        summary = train(cfg, given)
-        cfg = recipes.apply(cfg, given)  # the settings it ran with, for the closing line
-    except (ValueError, OSError) as e:  # bad data file / model name / folder: one clear line, no traceback
-        raise SystemExit(f"grpo.py: error: {e}")
-    except KeyboardInterrupt as e:  # Ctrl-C: train's note on the run folder (none: nothing written yet)
-        interrupted = str(e) or "before training began; the same command starts again"
-    finally:
-        distributed.close()
-    if interrupted is not None:  # (after the except block: the interrupted frames, and their bars, are gone)
-        if distributed.rank_from_env() == 0:
-            print(f"grpo.py: interrupted: {interrupted}", file=sys.stderr, flush=True)
-        raise SystemExit(130)  # a shell's status for SIGINT
-    if summary is None:  # --dry_run
-        return
-    if distributed.rank_from_env() == 0:
-        print(run_setup.closing_line(summary, cfg))
+    run_setup.run_command(train, cfg, given)  # errors and Ctrl-C as one line; the closing line
 
 
 if __name__ == "__main__":

@@ -688,3 +688,10 @@ def hidden_chunks(model, batch, cfg, kept=None):
         return [(slice(None), T)], lambda: iter([(kept, slice(None), T)])
     passes = Passes(model, batch, torch.arange(batch.response_mask.shape[0]), cfg, grad=False, hidden=True)
     return [(rows, t) for rows, _, t in passes.layout], lambda: ((mb.hidden, mb.rows, mb.t) for mb in passes)
+
+
+def shared_prompt_logprobs(model, input_ids, attention_mask, response_mask, temperature=1.0):
+    """``token_logprobs`` of every row with each distinct prompt run once (``SharedPrompts``; --shared_prompt)."""
+    rows = torch.arange(len(input_ids))
+    shared = SharedPrompts(model, input_ids, attention_mask, rows, response_mask.shape[1])
+    return token_logprobs(model, input_ids, attention_mask, response_mask, temperature, shared=(shared, rows))

@@ -7,6 +7,7 @@ metrics.jsonl record and its samples/. Infrastructure only: no formula of the me
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 
 import checkpoint
@@ -14,6 +15,7 @@ import distributed
 import evaluate
 import policy
 import problems
+import recipes
 import report
 import rollout
 
@@ -182,13 +184,14 @@ def log_step(run, step, cfg, batch, rewards, correct, graded_counts, lengths, up
 
 def rollout_batch(step, cfg, actor, source):
     """Stage 1: this process's whole groups of the step's prompts, G responses each (``rollout.sample``: HF or vLLM),
-    seeded by the step and the process. Returns (the ``rollout.Rollout``, each response's reference answer)."""
+    seeded by the step and the process. Returns (the ``rollout.Rollout``, each response's reference answer, seconds)."""
+    t0 = time.time()
     prompts, answers = prompts_of_step(cfg, source.sampler, source.dataset, source.template)
     batch = rollout.sample(actor.model, actor.tokenizer, prompts, cfg.num_generations, cfg.max_completion_length,
                            cfg.temperature, cfg.top_p, seed=cfg.seed * 100_003 + step + 1_000_003 * distributed.rank(),
                            stop_ids=source.stop_ids, stop_strings=rollout.template_stop_strings(source.template),
                            llm=actor.llm, sleep_after=cfg.vllm_enable_sleep_mode)
-    return batch, answers
+    return batch, answers, time.time() - t0
 
 
 def write_samples(run, step, cfg, tokenizer, batch, rewards, adv, token_adv, credit, loss_weights) -> None:
@@ -200,3 +203,24 @@ def write_samples(run, step, cfg, tokenizer, batch, rewards, adv, token_adv, cre
     run.write_samples(step + 1, tokenizer, batch, rewards, adv, token_adv,
                       token_credit if loss_weights is None else token_credit * loss_weights, credit.token_weights,
                       min(cfg.num_samples_to_log, len(batch.texts) // cfg.num_generations))
+
+
+def run_command(train, cfg, given) -> None:
+    """grpo.py's command: ``train(cfg, given)``; a bad data file, model name or folder is one line (no traceback);
+    Ctrl-C one line on the run folder and status 130; then the closing line (none for --dry_run)."""
+    interrupted = None
+    try:
+        summary = train(cfg, given)
+        cfg = recipes.apply(cfg, given)  # the settings it ran with, for the closing line
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"grpo.py: error: {e}")
+    except KeyboardInterrupt as e:  # train's note on the run folder (none: nothing written yet)
+        interrupted = str(e) or "before training began; the same command starts again"
+    finally:
+        distributed.close()
+    if interrupted is not None:  # (after the except block: the interrupted frames, and their bars, are gone)
+        if distributed.rank_from_env() == 0:
+            print(f"grpo.py: interrupted: {interrupted}", file=sys.stderr, flush=True)
+        raise SystemExit(130)  # a shell's status for SIGINT
+    if summary is not None and distributed.rank_from_env() == 0:
+        print(closing_line(summary, cfg))
