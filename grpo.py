@@ -14,14 +14,13 @@ One training step (``train_step``) is seven stages, in the order of the papers::
 The file follows that order (flags and their checks: grpo_config.py): the maths, the credit hook (``Credit``), one
 step (``train_step``, ``policy_update``), the loop (``train``; its bookkeeping is run_setup.py's).
 
-* θ_old's log-probs come from this trainer's own forward (the ratio is exactly 1 at the first update).
 * ``--loss_type dapo`` is the token-mean over the mini-batch; with DelTA's λ̄ (mean 1 over the batch) it is DelTA's
   Σλℓ / Σλ (Eq. 8), only approximately so per mini-batch, as in DelTA's code. KL to a frozen reference: off by default.
 * The papers' comparisons (docs/reproduce.md) are chosen once from their flags, never branches here: a surrogate is a
   registered policy loss (``register_policy_loss``, TRL's names, as verl's); a token mask or weight of the loss is
   a rule of loss_rules.py; DelTA's and CSCR's ablations sit beside them (delta_ablations.py, cscr_ablations.py).
 * Left out: entropy bonus, reward shaping beyond DAPO's overlong penalty, dynamic sampling, learning-rate schedules.
-  The loss value is no progress signal (≈ 0 at θ_old): watch the reward and the held-out accuracy.
+  θ_old's log-probs are this trainer's own (ratio 1 at the first update), so the loss (≈ 0) shows no progress.
 """
 
 from __future__ import annotations
@@ -123,13 +122,14 @@ def register_policy_loss(name: str, aggregation=None):
 @register_policy_loss("dapo")
 @register_policy_loss("grpo")
 @register_policy_loss("dr_grpo")
-def clipped_surrogate(ratio, token_adv, s: LossSettings):
+def clipped_surrogate(ratio, token_adv, settings: LossSettings):
     """PPO's clipped surrogate (Eq. 7) with DAPO's Clip-Higher (§3.1) and the dual clip c (Ye et al. 2020):
     ℓ = max(−Ã·ratio, −Ã·clip(ratio, 1−ε, 1+ε_high)); ℓ = min(ℓ, −Ã·c) where Ã < 0. Returns (ℓ, dual-clipped)."""
-    per_token = torch.maximum(-token_adv * ratio, -token_adv * ratio.clamp(1.0 - s.epsilon, 1.0 + s.epsilon_high))
-    if s.dual_clip is None:
+    clip = ratio.clamp(1.0 - settings.epsilon, 1.0 + settings.epsilon_high)  # [B, T]
+    per_token = torch.maximum(-token_adv * ratio, -token_adv * clip)
+    if settings.dual_clip is None:
         return per_token, torch.zeros_like(ratio, dtype=torch.bool)
-    dual_bound = -token_adv * s.dual_clip  # [B, T]
+    dual_bound = -token_adv * settings.dual_clip  # [B, T]
     dual_active = (token_adv < 0) & (per_token > dual_bound)  # [B, T] bool
     return torch.where(token_adv < 0, torch.minimum(per_token, dual_bound), per_token), dual_active
 
@@ -147,42 +147,43 @@ def policy_loss(logp, old_logp, token_adv, response_mask, settings: LossSettings
     Returns (loss, token-means of ``clip_ratio/{low,high,region,dual}_mean``, ``kl``; ``num_tokens``)."""
     if settings is not None and keywords:
         raise ValueError(f"give policy_loss a LossSettings or its fields as keywords, not both: {sorted(keywords)}")
-    s = settings or LossSettings(**keywords)  # an unknown keyword: TypeError, naming it
+    settings = settings or LossSettings(**keywords)  # an unknown keyword: TypeError, naming it
     mask = response_mask.to(logp.dtype)
     adv = (token_adv[:, None] if token_adv.dim() == 1 else token_adv).to(logp.dtype)
     if logp.shape != old_logp.shape or logp.shape != mask.shape or adv.shape[0] != logp.shape[0] or adv.shape[1] \
-            not in (1, logp.shape[1]) or s.loss_type not in POLICY_LOSSES or (s.beta > 0 and ref_logp is None) or \
-            (s.loss_type == "dr_grpo" and not s.max_completion_length):
+            not in (1, logp.shape[1]) or settings.loss_type not in POLICY_LOSSES or \
+            (settings.beta > 0 and ref_logp is None) or (settings.loss_type == "dr_grpo" and not
+                                                          settings.max_completion_length):
         raise ValueError(f"policy_loss: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, response_mask "
                          f"{tuple(mask.shape)} [B, T], token_adv {tuple(adv.shape)} [B] or [B, T]; loss_type "
-                         f"{s.loss_type!r} one of {sorted(POLICY_LOSSES)}; beta > 0 needs ref_logp, dr_grpo "
+                         f"{settings.loss_type!r} one of {sorted(POLICY_LOSSES)}; beta > 0 needs ref_logp, dr_grpo "
                          "max_completion_length")
-    rule, adv = POLICY_LOSSES[s.loss_type], adv.expand_as(logp)  # [B, T]
+    rule, adv = POLICY_LOSSES[settings.loss_type], adv.expand_as(logp)  # [B, T]
     # padded positions may hold anything (e.g. -inf): zero them before exp so no NaN reaches the gradient
     ratio = torch.exp(torch.where(mask > 0, logp - old_logp, torch.zeros_like(logp)).clamp(-20.0, 20.0))  # [B, T]
-    per_token, dual_active = rule.surrogate(ratio, adv, s)  # [B, T]
+    per_token, dual_active = rule.surrogate(ratio, adv, settings)  # [B, T]
     kl = None
-    if s.beta > 0:
+    if settings.beta > 0:
         d = torch.where(mask > 0, ref_logp - logp, torch.zeros_like(logp)).clamp(-20.0, 20.0)  # [B, T]
         kl = torch.exp(d) - d - 1.0  # [B, T]: k3 ≥ 0, unbiased for KL(π‖π_ref) under samples from π
-        per_token = per_token + s.beta * kl
-    per_token, aggregation = per_token * mask, s.aggregation  # [B, T], 0 on padding
+        per_token = per_token + settings.beta * kl
+    per_token, aggregation = per_token * mask, settings.aggregation  # [B, T], 0 on padding
     B = float(logp.shape[0] if num_sequences is None else num_sequences)
     if aggregation == "dapo":
         loss = per_token.sum() / max(float(mask.sum() if num_tokens is None else num_tokens), 1.0)
     elif aggregation == "grpo":
         loss = (per_token.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / B
     else:  # dr_grpo (check_config: max_completion_length is set)
-        loss = per_token.sum() / (B * s.max_completion_length)
-    return loss, surrogate_stats(ratio, adv, mask, s, dual_active, kl)
+        loss = per_token.sum() / (B * settings.max_completion_length)
+    return loss, surrogate_stats(ratio, adv, mask, settings, dual_active, kl)
 
 
 @torch.no_grad()
-def surrogate_stats(ratio, adv, mask, s: LossSettings, dual_active, kl) -> dict:
+def surrogate_stats(ratio, adv, mask, settings: LossSettings, dual_active, kl) -> dict:
     """Token-means of the clipped fractions (ratio < 1−ε with Ã < 0; > 1+ε_high with Ã > 0), the dual clip and k3."""
     n = mask.sum().clamp(min=1.0)
-    low = ((ratio < 1.0 - s.epsilon) & (adv < 0)).to(mask.dtype) * mask
-    high = ((ratio > 1.0 + s.epsilon_high) & (adv > 0)).to(mask.dtype) * mask
+    low = ((ratio < 1.0 - settings.epsilon) & (adv < 0)).to(mask.dtype) * mask
+    high = ((ratio > 1.0 + settings.epsilon_high) & (adv > 0)).to(mask.dtype) * mask
     return {"clip_ratio/low_mean": (low.sum() / n).item(), "clip_ratio/high_mean": (high.sum() / n).item(),
             "clip_ratio/region_mean": ((low + high).sum() / n).item(),
             "clip_ratio/dual_mean": ((dual_active.to(mask.dtype) * mask).sum() / n).item(),
@@ -312,7 +313,7 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     """One step: the seven stages of the module header (each process on its own whole groups); returns its metrics
     record. ``rules``: the loss stage's comparison rules (default: from ``cfg``)."""
     model, tokenizer, optimizer, ref_model, _ = actor
-    rules, t0, _ = rules if rules is not None else loss_rules.choose(cfg), time.time(), policy.reset_peak_memory()
+    rules, begun, _ = rules if rules is not None else loss_rules.choose(cfg), time.time(), policy.reset_peak_memory()
     # 1. rollout: G responses per prompt; every process takes its own whole groups of the same prompt order
     batch, answers, t_gen = run_setup.rollout_batch(step, cfg, actor, source)
     # 2. verify: binary reward, every grader failure counted; DAPO's overlong shaping adds R_length ≤ 0 (§3.4)
@@ -330,15 +331,14 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     with distributed.gathered_weights(model) if cfg.credit == "cscr" else contextlib.nullcontext():  # CSCR: FSDP2
         token_adv, credit_stats = credit(model, batch, adv, old, answers, step)
     token_adv, _, rule_stats = rules.select(adv, token_adv, credit.token_weights, batch.response_mask, step)
-    # 6. policy update: num_iterations passes × num_mini_batches AdamW steps, micro-batched backward, on Ã·w (w: the
-    #    sampler–trainer mismatch's weight, --vllm_importance_sampling_correction; 1 without); each token's loss-side
-    #    factor for samples/ in rules.loss_weights ([N, T], N·T·4 bytes: 34 MB at 2,048 × 4,096)
+    # 6. update: num_iterations × num_mini_batches AdamW steps on Ã·w (w: sampler_mismatch's, 1 without); each token's
+    #    loss-side factor for samples/ in rules.loss_weights ([N, T], N·T·4 bytes: 34 MB at 2,048 × 4,096)
     rules.loss_weights = torch.zeros_like(token_adv) if rules else None
     update_adv, sampling_stats = sampler_mismatch.correction(cfg)(token_adv, old.logp, batch)
     update = policy_update(model, optimizer, batch, old, update_adv, cfg, step, rules)
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
     record = run_setup.log_step(run, step, cfg, batch, rewards, correct, verify.summarize(graded), lengths,
-                                update, {**credit_stats, **rule_stats, **sampling_stats}, (t0, t_gen))
+                                update, {**credit_stats, **rule_stats, **sampling_stats}, (begun, t_gen))
     run_setup.write_samples(run, step, cfg, tokenizer, batch, rewards, adv, token_adv, credit, rules.loss_weights)
     return record
 
