@@ -822,3 +822,52 @@ def build(cfg, say=print, load_weights=None):
             "are rounded away (at --learning_rate 1e-6 almost all are); prefer --use_peft (float32 adapters) "
             "or --torch_dtype float32 if memory allows")
     return model, tokenizer, ref_model, build_optimizer(trainable, cfg), compute_dtype
+
+
+# θ_old, as grpo.py's stage 4 leaves it for stages 5 and 6, float32 on the host (N responses × T tokens, hidden size
+# H; at the papers' scale 2,048 × 4,096, H = 4,096): logp N·T·4 bytes (34 MB); ref_logp (--beta > 0, else None)
+# N·T·4 (34 MB); hidden (DelTA's --delta_impl normal, else None) N·T·H·4 (137 GB), refused by ``check_hidden``
+# (grpo.py: memory_plan.check_delta_cache, above a quarter of the host's memory); update_passes: the training
+# forward, which stage 6 reuses (grpo.can_update_on_policy; graphs on the device), or None.
+ThetaOld = namedtuple("ThetaOld", "logp hidden ref_logp update_passes")
+
+
+def old_logprobs(model, batch, cfg, need_hidden=False, ref_model=None, training_forward=False, check_hidden=None):
+    """θ_old's log-probs ``[N, T]`` from a no-grad, eval-mode pass over the batch (``Passes``); the LM-head inputs
+    ``[N, T, H]`` from the same pass when ``need_hidden`` (``check_hidden(N, T, H)`` first); the reference's log-probs
+    when ``ref_model`` is given. ``training_forward``: the training forward instead (train mode, with grad, TRL's
+    choice when μ = 1), kept for the update to reuse. Returns a ``ThetaOld``. Every process runs as many
+    micro-batches (FSDP's gathers)."""
+    N, T = batch.response_mask.shape
+    dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
+    logp, hidden = torch.zeros(N, T, dtype=dt), None
+    passes = Passes(model, batch, torch.arange(N), cfg, grad=training_forward, hidden=need_hidden,
+                    keep_graphs=training_forward)
+    for mb in passes:
+        logp[mb.rows, :mb.t] = mb.logp.detach().cpu()
+        if need_hidden:  # h_t on the host, bounded (the comment above ThetaOld)
+            if hidden is None:
+                if check_hidden is not None:
+                    check_hidden(N, T, mb.hidden.shape[-1])
+                hidden = torch.zeros(N, T, mb.hidden.shape[-1], dtype=dt)
+            hidden[mb.rows, :mb.t] = mb.hidden.to(dt).cpu()
+    ref_logp = reference_logprobs(ref_model, batch, passes.layout, cfg.temperature) if ref_model else None
+    return ThetaOld(logp, hidden, ref_logp, passes if training_forward else None)
+
+
+def hidden_chunks(model, batch, cfg, kept=None):
+    """The batch's LM-head inputs h_t in chunks: ``kept`` ``[N, T, H]`` (θ_old's pass kept them) as one chunk, else
+    recomputed on each call by a no-grad, eval-mode ``Passes`` over every row, one micro-batch at a time (memory flat
+    in the batch). Returns (the chunks' (rows, t), a callable yielding each chunk's (h ``[b, t, H]``, rows, t))."""
+    if kept is not None:
+        T = batch.response_mask.shape[1]
+        return [(slice(None), T)], lambda: iter([(kept, slice(None), T)])
+    passes = Passes(model, batch, torch.arange(batch.response_mask.shape[0]), cfg, grad=False, hidden=True)
+    return [(rows, t) for rows, _, t in passes.layout], lambda: ((mb.hidden, mb.rows, mb.t) for mb in passes)
+
+
+def shared_prompt_logprobs(model, input_ids, attention_mask, response_mask, temperature=1.0):
+    """``token_logprobs`` of every row with each distinct prompt run once (``SharedPrompts``; --shared_prompt)."""
+    rows = torch.arange(len(input_ids))
+    shared = SharedPrompts(model, input_ids, attention_mask, rows, response_mask.shape[1])
+    return token_logprobs(model, input_ids, attention_mask, response_mask, temperature, shared=(shared, rows))

@@ -12,6 +12,7 @@ import torch
 import checkpoint
 import evaluate
 import grpo
+import loss_rules
 import policy
 import problems
 import rollout
@@ -422,7 +423,7 @@ def test_progress_bars_do_not_interleave(toy_model_path, tmp_path, capsys):
 
 
 def test_the_progress_bar_names_the_rule_from_the_flags(tiny_model_path, tmp_path, capsys):
-    label = lambda **kw: grpo.rule_label(grpo.GRPOConfig(**kw))  # noqa: E731
+    label = lambda **kw: loss_rules.rule_label(grpo.GRPOConfig(**kw))  # noqa: E731
     assert [label(), label(credit="delta"), label(credit="cscr"), label(credit="fipo")] == \
         ["grpo", "delta", "cscr", "fipo"]
     assert [label(loss_type="sapo"), label(entropy_top_ratio=0.2), label(top_entropy_quantile=0.8)] == \
