@@ -49,7 +49,7 @@ import math
 
 import torch
 
-__all__ = ["sapo_gate", "sapo_surrogate", "sapo_aggregation", "top_ratio_mask", "quantile_mask", "forking_mask", "select_tokens",
+__all__ = ["sapo_gate", "sapo_surrogate", "sapo_aggregation", "SAPO_SETTINGS", "top_ratio_mask", "quantile_mask", "forking_mask", "select_tokens",
            "future_kl_weights", "fipo_dropped_rows", "fipo_weights"]
 
 _SCAN_CHUNK = 128  # FIPO scan block: a [128, 128] decay matrix, T / 128 sequential steps
@@ -104,6 +104,9 @@ def sapo_surrogate(ratio, token_adv, settings):
     dual-clipped [B, T] bool)."""
     gate = sapo_gate(ratio, token_adv, settings.sapo_temperature_pos, settings.sapo_temperature_neg)
     return -token_adv * gate, torch.zeros_like(ratio, dtype=torch.bool)
+
+
+SAPO_SETTINGS = {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "sapo_aggregation": "sequence"}  # flags
 
 
 def sapo_aggregation(settings):

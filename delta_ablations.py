@@ -21,6 +21,7 @@ Left out: Q2's token selection (Sec. 5.2), a mask of the loss, not of λ̄: base
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Optional
 
@@ -197,3 +198,37 @@ def proxy_from_flags(cfg):
     """The proxy step for grpo.py's --delta_proxy: ``paper_proxy`` (hidden) or ``TopKProxy`` (topk, with
     --delta_proxy_topk and the rollout's --temperature)."""
     return TopKProxy(cfg.delta_proxy_topk, cfg.temperature) if cfg.delta_proxy == "topk" else paper_proxy
+
+
+def proxy_for(proxy, model, full_weight=lambda w: w):
+    """``proxy`` (``proxy_from_flags``) bound to ``model``: ``(hidden, old_logp, mask, token_ids) -> v``. A proxy that
+    declares ``needs_lm_head`` (--delta_proxy topk) gets the whole LM head W [V, H] once, via ``full_weight`` (the
+    trainer's gather under FSDP2): V·H·4 bytes, 2.5 GB for Qwen3-8B."""
+    if not getattr(proxy, "needs_lm_head", False):
+        return proxy
+    return functools.partial(proxy, lm_head_weight=full_weight(model.get_output_embeddings().weight))
+
+
+def lam_bar_from_flags(cfg, paper_lam_bar, rank: int = 0):
+    """grpo.Credit's λ̄ step ``(model, batch, adv, old, step) -> (λ̄ [N, T], stats)`` for --delta_coefficients:
+    ``paper_lam_bar`` (DelTA's), or for ``random`` App. F's control: λ uniform in [λ_min, λ_max], no v, drawn from a
+    generator seeded by (seed, step, ``rank``)."""
+    if cfg.delta_coefficients != "random":
+        return paper_lam_bar
+
+    def random_lam_bar(model, batch, adv, old, step):
+        draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + rank)
+        return random_coefficients(adv, batch.response_mask, cfg.delta_lam_min, cfg.delta_lam_max, generator=draw,
+                                   normalize=cfg.delta_normalize), {}
+    return random_lam_bar
+
+
+def kept_gamma(steps: delta.DeltaSteps):
+    """--delta_gamma frozen's kept (γ₊, γ₋) of ``steps`` (``steps_from_flags``), which checkpoints save; else None."""
+    return getattr(steps.temperature, "gamma", None)
+
+
+def keep_gamma(steps: delta.DeltaSteps, gamma) -> None:
+    """--resume: give ``steps``' ``FrozenTemperature`` the (γ₊, γ₋) the run had frozen (None, or no such step: no-op)."""
+    if gamma and hasattr(steps.temperature, "gamma"):
+        steps.temperature.gamma = tuple(gamma)

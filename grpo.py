@@ -91,13 +91,22 @@ class LossSettings:
     loss_type: str = "dapo"
     max_completion_length: int | None = None
     beta: float = 0.0
-    sapo_temperature_pos: float = 1.0
-    sapo_temperature_neg: float = 1.05
-    sapo_aggregation: str = "sequence"
+    extra: dict = dataclasses.field(default_factory=dict)  # the registered losses' own settings (register_policy_loss)
+
+    @classmethod
+    def of(cls, **keywords) -> LossSettings:  # fields and registered losses' settings by name; unknown: TypeError
+        own = {k: keywords.pop(k) for k in list(keywords) if k in POLICY_LOSS_SETTINGS}
+        return cls(**keywords, extra=own)
 
     @classmethod
     def from_config(cls, cfg: GRPOConfig) -> LossSettings:
-        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
+        return cls.of(**{name: getattr(cfg, name) for name in [f.name for f in dataclasses.fields(cls)][:-1]
+                         + list(POLICY_LOSS_SETTINGS)})
+
+    def __getattr__(self, name):  # a registered loss's own setting, by its flag's name (its default if not given)
+        if name == "extra" or name not in POLICY_LOSS_SETTINGS:
+            raise AttributeError(name)
+        return self.extra.get(name, POLICY_LOSS_SETTINGS[name])
 
     @property
     def aggregation(self) -> str:  # its policy loss's normaliser: "dapo" | "grpo" | "dr_grpo"
@@ -109,12 +118,15 @@ class LossSettings:
 # normalises, ``aggregation(settings)`` -> "dapo" | "grpo" | "dr_grpo" (policy_loss).
 PolicyLoss = namedtuple("PolicyLoss", "surrogate aggregation")
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
+POLICY_LOSS_SETTINGS: dict[str, object] = {}  # the registered losses' own settings (flag name -> default)
 
 
-def register_policy_loss(name: str, aggregation=None):
-    """Register ``surrogate`` as ``--loss_type name`` (a decorator); ``aggregation``: settings -> its normaliser."""
+def register_policy_loss(name: str, aggregation=None, settings=None):
+    """Register ``surrogate`` as ``--loss_type name`` (a decorator); ``aggregation``: settings -> its normaliser;
+    ``settings``: its own settings {flag name: default}, read from the flags of those names (``LossSettings``)."""
     def add(surrogate):
         POLICY_LOSSES[name] = PolicyLoss(surrogate, aggregation or (lambda settings: name))
+        POLICY_LOSS_SETTINGS.update(settings or {})
         return surrogate
     return add
 
@@ -134,7 +146,7 @@ def clipped_surrogate(ratio, token_adv, settings: LossSettings):
     return torch.where(token_adv < 0, torch.minimum(per_token, dual_bound), per_token), dual_active
 
 
-register_policy_loss("sapo", baselines.sapo_aggregation)(baselines.sapo_surrogate)  # SAPO: a soft gate (spec §4)
+register_policy_loss("sapo", baselines.sapo_aggregation, baselines.SAPO_SETTINGS)(baselines.sapo_surrogate)  # SAPO: a soft gate (spec §4)
 
 
 def policy_loss(logp, old_logp, token_adv, response_mask, settings: LossSettings | None = None, *, ref_logp=None,
@@ -147,7 +159,7 @@ def policy_loss(logp, old_logp, token_adv, response_mask, settings: LossSettings
     Returns (loss, token-means of ``clip_ratio/{low,high,region,dual}_mean``, ``kl``; ``num_tokens``)."""
     if settings is not None and keywords:
         raise ValueError(f"give policy_loss a LossSettings or its fields as keywords, not both: {sorted(keywords)}")
-    settings = settings or LossSettings(**keywords)  # an unknown keyword: TypeError, naming it
+    settings = settings or LossSettings.of(**keywords)  # an unknown keyword: TypeError, naming it
     mask = response_mask.to(logp.dtype)
     adv = (token_adv[:, None] if token_adv.dim() == 1 else token_adv).to(logp.dtype)
     if logp.shape != old_logp.shape or logp.shape != mask.shape or adv.shape[0] != logp.shape[0] or adv.shape[1] \
@@ -204,22 +216,13 @@ class Credit:
         # torchrun --delta_scope global sums its statistics over the processes (spec §2.4)
         pool = distributed.all_reduce_sum if distributed.is_distributed() and cfg.delta_scope == "global" else None
         self.delta_steps = delta_ablations.steps_from_flags(cfg, pool)
-        self.delta_proxy = delta_ablations.proxy_from_flags(cfg)
-        self.delta_lam_bar = self._random_lam_bar if cfg.delta_coefficients == "random" else self._delta_lam_bar
+        self.proxy = delta_ablations.proxy_from_flags(cfg)
+        self.lam_bar = delta_ablations.lam_bar_from_flags(cfg, self._delta_lam_bar, distributed.rank())
         self.assign = {"delta": self._delta, "cscr": self._cscr}.get(cfg.credit, self.broadcast)  # grpo, fipo
-
-    @property
-    def delta_gamma(self):  # --delta_gamma frozen's kept (γ₊, γ₋), which checkpoints save; else None
-        return getattr(self.delta_steps.temperature, "gamma", None)
-
-    @delta_gamma.setter
-    def delta_gamma(self, gamma):  # --resume: the (γ₊, γ₋) the run had frozen
-        if gamma is not None and hasattr(self.delta_steps.temperature, "gamma"):
-            self.delta_steps.temperature.gamma = tuple(gamma)
 
     def needs_hidden(self) -> bool:  # stage 4 keeps h_t (DelTA's --delta_impl normal, not its random control)
         return self.cfg.credit == "delta" and self.cfg.delta_impl == "normal" and \
-            self.delta_lam_bar == self._delta_lam_bar
+            self.lam_bar == self._delta_lam_bar
 
     @torch.no_grad()
     def __call__(self, model, batch: rollout.Rollout, adv, old: ThetaOld, answers, step: int = 0):
@@ -238,7 +241,7 @@ class Credit:
         return torch.where((adv == 0)[:, None], fill.to(share.dtype), share)
 
     def _delta(self, model, batch, adv, old, answers, step):
-        lam_bar, stats = self.delta_lam_bar(model, batch, adv, old, step)  # λ̄ [N, T]: DelTA, or the random control
+        lam_bar, stats = self.lam_bar(model, batch, adv, old, step)  # λ̄ [N, T]: DelTA, or the random control
         self.token_weights = {"lambda_bar": lam_bar}  # (Q2's selection: loss_rules.Q2Selection)
         return delta.delta_token_advantages(adv, lam_bar, batch.response_mask), stats  # Ã = Â·λ̄ (spec §2.3 step 7)
 
@@ -246,14 +249,12 @@ class Credit:
         """DelTA's λ̄ ``[N, T]`` and stats: ``delta.delta_coefficients`` over chunks of θ_old's proxies v (App. F), from
         h_t kept by stage 4 (one chunk) or recomputed in each of its K + 3 passes (--delta_impl; spec §2.5)."""
         cfg, mask, ids = self.cfg, batch.response_mask, batch.response_ids
-        # --delta_proxy topk reads the whole LM head (gathered under FSDP2): V·H·4 bytes, 2.5 GB for Qwen3-8B
-        needs_head = getattr(self.delta_proxy, "needs_lm_head", False)
-        head = distributed.full_weight(model.get_output_embeddings().weight) if needs_head else None
+        proxy = delta_ablations.proxy_for(self.proxy, model, distributed.full_weight)  # v's step, bound to the model
         layout, h_chunks = policy.hidden_chunks(model, batch, cfg, old.hidden)
 
         def chunks():  # (v [b, t, H], Â [b], mask [b, t]) of each chunk, in order
             for h, rows, t in h_chunks():
-                yield self.delta_proxy(h, old.logp[rows, :t], mask[rows, :t], ids[rows, :t], head), adv[rows], \
+                yield proxy(h, old.logp[rows, :t], mask[rows, :t], ids[rows, :t]), adv[rows], \
                     mask[rows, :t]
 
         parts, stats = delta.delta_coefficients(chunks if old.hidden is None else list(chunks()), K=cfg.delta_k,
@@ -263,11 +264,6 @@ class Credit:
         for (rows, t), part in zip(layout, parts):
             lam_bar[rows, :t] = part.cpu()
         return lam_bar, distributed.pool_min_max(stats) if self.delta_steps.pool else stats  # extremes: per process
-
-    def _random_lam_bar(self, model, batch, adv, old, step):  # App. F's control: λ uniform in [λ_min, λ_max], no v
-        cfg, draw = self.cfg, torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step * 101 + distributed.rank())
-        return delta_ablations.random_coefficients(adv, batch.response_mask, cfg.delta_lam_min, cfg.delta_lam_max,
-                                                   generator=draw, normalize=cfg.delta_normalize), {}
 
     def _cscr(self, model, batch, adv, old, answers, step):
         cfg, mask, old_logp = self.cfg, batch.response_mask, old.logp

@@ -15,13 +15,90 @@ import difflib
 import dataclasses
 import importlib.util
 import math
+import re
 from dataclasses import dataclass, field
 
 import torch
 
-import policy
-import recipes
-import rollout
+
+# The recipes (--recipe; recipes.py applies them), the prompt templates (rollout.py) and the padding-free split
+# (policy.py): their data here, so that the settings read no model code
+# DelTA paper App. I, Tab. 4-5, and the official run_DelTA.sh (docs/specs/delta.md §4), row by row.
+DELTA_PAPER = {
+    "data": "math_train",                # the paper trains on DeepMath-103K (README: fetch it, pass --data); MATH ships
+    "eval_data": "aime25",               # checkpoints are chosen by AIME25 avg@8, validated every 4 steps (test_freq)
+    "eval_num_generations": 8, "eval_steps": 4,
+    "eval_temperature": 1.0, "eval_top_p": 0.7,  # in-training validation: T = 1.0, top-p 0.7
+    "num_prompts_per_step": 128, "num_generations": 16,  # train_prompt_bsz 128, rollout n 16
+    "num_mini_batches": 4,               # ppo_mini_batch_size 32 prompts: 4 updates per step, 1 epoch
+    "learning_rate": 1e-6, "weight_decay": 0.1, "max_grad_norm": 1.0,  # AdamW, constant, no warm-up
+    "epsilon": 0.2, "epsilon_high": 0.28, "dual_clip": 10.0,  # clip 0.2 / 0.28, clip_ratio_c 10
+    "loss_type": "dapo", "beta": 0.0,    # token-mean; no KL loss, no KL in the reward
+    "max_prompt_length": 2048, "max_completion_length": 20480,
+    "temperature": 1.0, "top_p": 1.0,    # rollout T 1.0, top-p 1.0
+    "overlong_buffer_len": 4096, "overlong_penalty_factor": 1.0,  # DAPO's overlong reward shaping, as run_DelTA.sh
+    "max_steps": 220,                    # 8B (300 for 14B)
+    "torch_dtype": "float32",            # master weights (FSDP2 computes in bf16 under torchrun)
+    "delta_impl": "memory_efficient",    # normal would keep h of 2,048 × 20,480 tokens: 687 GB at H = 4,096
+    "gradient_checkpointing": True,      # the official run's (with param/optimizer offload, sequence parallel 4)
+    "micro_batch_size": 1,               # rows of up to 22,528 tokens per forward (verl: dynamic, by tokens)
+}
+
+# One 80 GB GPU, Qwen3-8B-Base: the paper's method and loss at a smaller batch and budget (docs/scaling.md).
+ONE_GPU_CHANGES = {
+    "use_peft": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0,  # dropout 0 keeps train = eval exact
+    "learning_rate": 1e-5,               # LoRA wants about 10x full fine-tuning's (docs/scaling.md)
+    "torch_dtype": "auto",               # bf16 base weights on the GPU; peft keeps the adapters in float32
+    "use_vllm": True, "vllm_enable_sleep_mode": True,  # vLLM's share: sized by the plan (memory_plan.vllm_share)
+    "num_prompts_per_step": 64, "num_generations": 8,
+    "max_prompt_length": 1024, "max_completion_length": 4096, "overlong_buffer_len": 1024,
+    "micro_batch_size": 2,
+}
+DELTA_ONE_GPU = {**DELTA_PAPER, **ONE_GPU_CHANGES}
+
+RECIPES = {"toy": {}, "delta_paper": DELTA_PAPER, "delta_one_gpu": DELTA_ONE_GPU}
+
+
+def name_the_recipe(message: str, cfg, given: set[str] | None) -> str:
+    """``message`` (a one-line error naming flags) with the flags it names that the recipe set, not the command line:
+    ``... (--overlong_buffer_len 4096 is the delta_paper recipe's; a flag given beats it)``."""
+    named = dict.fromkeys(re.findall(r"--(\w+)", message))
+    table = RECIPES.get(cfg.recipe, {})
+    mine = [n for n in named if n in table and given is not None and n not in given]
+    return message + (f" ({', '.join(f'--{n} {table[n]}' for n in mine)} {'is' if len(mine) == 1 else 'are'} the "
+                      f"{cfg.recipe} recipe's; a flag given beats it)" if mine else "")
+
+
+def help_text() -> str:
+    """The recipes as ``--help`` lists them: each one's name and the flags it sets."""
+    def flags(table):
+        return " ".join(f"--{k}" if v is True else f"--no-{k}" if v is False else f"--{k} {v}"
+                        for k, v in table.items())
+
+    return (f"recipes (--recipe): toy: the defaults above; delta_paper: {flags(DELTA_PAPER)}; delta_one_gpu: "
+            f"delta_paper with {flags(ONE_GPU_CHANGES)}")
+
+
+
+QWEN_MATH_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
+PROMPT_TEMPLATES = {
+    # The raw problem and a newline (the toy uses this; understand-r1-zero's "no" template).
+    "none": ("{problem}\n", [], ["\n\nQuestion:", "\n\nProblem:"]),
+    # Qwen2.5-Math "qwen25-math-cot" ChatML written by hand (not the tokenizer's chat template, which adds
+    # Qwen3's <think> handling). A base model must stop on <|im_end|> *and* <|endoftext|> (Qwen3#927).
+    "qwen_math": ("<|im_start|>system\n" + QWEN_MATH_SYSTEM + "<|im_end|>\n<|im_start|>user\n{problem}<|im_end|>\n"
+                  "<|im_start|>assistant\n", ["<|im_end|>", "<|endoftext|>"], []),
+    # DeepSeek-R1-Zero's plain conversation; the answer ends with </answer>.
+    "r1": ("A conversation between User and Assistant. The User asks a question, and the Assistant solves it. "
+           "The Assistant first thinks about the reasoning process in the mind and then provides the User with "
+           "the answer. The reasoning process is enclosed within <think> </think> and answer is enclosed within "
+           "<answer> </answer> tags, respectively, i.e., <think> reasoning process here </think> <answer> answer "
+           "here </answer>. The final answer is put in \\boxed{}.\nUser: {problem}\nAssistant: <think>",
+           [], ["</answer>"]),
+}
+
+PADDING_FREE_BUCKETS = 8  # micro-batches of similar length a whole (mini-)batch is split into, with --padding_free
+
 
 # One dataclass, from which the argparse flags are generated (TRL's flag vocabulary)
 def _f(default, help, choices=None):
@@ -32,14 +109,14 @@ def _f(default, help, choices=None):
 class GRPOConfig:
     # recipe, model and data
     recipe: str = _f("auto", "settings that belong together (recipes.py, listed below); auto: toy for the toy, else "
-                             "delta_paper; a flag given beats the recipe", ["auto", *recipes.RECIPES])
+                             "delta_paper; a flag given beats the recipe", ["auto", *RECIPES])
     model: str = _f("toy", "'toy' (built-in), a local folder or a Hugging Face hub id")
     data: str = _f("toy", "training problems: a jsonl or parquet file, a folder of shards, a name in data/, or 'toy'")
     data_problem_field: str = _f("problem", "the data's problem column (DeepMath-103K: question)")
     data_answer_field: str = _f("answer", "the data's reference-answer column (DeepMath-103K: final_answer)")
     max_prompt_length: int = _f(0, "leave out prompts longer than this many tokens before training (0 = keep all)")
     eval_data: str = _f("", "held-out problems (before/after); empty: the toy's test split with --data toy")
-    prompt_template: str = _f("auto", "auto: none for the toy, else qwen_math", ["auto", *rollout.PROMPT_TEMPLATES])
+    prompt_template: str = _f("auto", "auto: none for the toy, else qwen_math", ["auto", *PROMPT_TEMPLATES])
     output_dir: str = _f("", "the run folder (config, metrics, samples, checkpoints); empty: runs/<credit> for the "
                              "toy, runs/<model>-<credit> for another model (e.g. runs/Qwen3-8B-Base-delta)")
     # model loading, LoRA and memory (docs/scaling.md)
@@ -128,7 +205,7 @@ class GRPOConfig:
     num_iterations: int = _f(1, "μ: passes over each rollout batch (PPO epochs)")
     num_mini_batches: int = _f(1, "optimizer steps per pass (the rollout batch is split into mini-batches)")
     micro_batch_size: int = _f(0, "rows per forward/backward (0: the whole mini-batch, with --padding_free in "
-                                  f"{policy.PADDING_FREE_BUCKETS} length-sorted parts); gradients are identical")
+                                  f"{PADDING_FREE_BUCKETS} length-sorted parts); gradients are identical")
     padding_free: bool = _f(True, "micro-batches of similar length, each cut to its own longest row (same loss)")
     shared_prompt: bool = _f(True, "run each group's prompt once, its keys/values read by its G responses (same loss)")
     fuse_old_logprobs: bool = _f(True, "one update per batch: θ_old's log-probs from the training forward (one forward "
@@ -199,7 +276,7 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     """argparse flags generated from ``GRPOConfig`` (name, type, default, help, choices); a bad flag or value stops
     with one line. ``defaults=False``: flags not given are absent from the parsed namespace (``main``)."""
     ap = _Parser(description="GRPO with token-level credit assignment (GRPO, DelTA, CSCR): the trainer, read top to "
-                 "bottom as the method.", epilog=recipes.help_text())
+                 "bottom as the method.", epilog=help_text())
     for f in dataclasses.fields(GRPOConfig):
         kind = (f.type if isinstance(f.type, str) else f.type.__name__).split("|")[0].strip()  # "float | None"
         kw = dict(default=f.default if defaults else argparse.SUPPRESS, **f.metadata)  # help, choices
@@ -294,7 +371,7 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None)
             problems.append((True, f"--cscr_template {cfg.cscr_template!r}: {e}"))
     for failed, message in problems + ([] if cfg.dry_run else environment):
         if failed:
-            raise SystemExit(f"grpo.py: error: {recipes.name_the_recipe(message, cfg, given)}")
+            raise SystemExit(f"grpo.py: error: {name_the_recipe(message, cfg, given)}")
     return [message for failed, message in environment if failed]
 
 

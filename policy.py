@@ -542,7 +542,7 @@ class ChunkedLMHead(torch.autograd.Function):
         return dh, dw, None, None, None, None, None
 
 
-PADDING_FREE_BUCKETS = 8  # micro-batches of similar length a whole (mini-)batch is split into, with --padding_free
+from grpo_config import PADDING_FREE_BUCKETS  # noqa: E402  (grpo_config.py: --micro_batch_size 0 help)
 
 
 def micro_batches(rows: torch.Tensor, attention_mask: torch.Tensor, size: int = 0, response_len: int | None = None,

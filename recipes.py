@@ -25,40 +25,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
-# DelTA paper App. I, Tab. 4-5, and the official run_DelTA.sh (docs/specs/delta.md §4), row by row.
-DELTA_PAPER = {
-    "data": "math_train",                # the paper trains on DeepMath-103K (README: fetch it, pass --data); MATH ships
-    "eval_data": "aime25",               # checkpoints are chosen by AIME25 avg@8, validated every 4 steps (test_freq)
-    "eval_num_generations": 8, "eval_steps": 4,
-    "eval_temperature": 1.0, "eval_top_p": 0.7,  # in-training validation: T = 1.0, top-p 0.7
-    "num_prompts_per_step": 128, "num_generations": 16,  # train_prompt_bsz 128, rollout n 16
-    "num_mini_batches": 4,               # ppo_mini_batch_size 32 prompts: 4 updates per step, 1 epoch
-    "learning_rate": 1e-6, "weight_decay": 0.1, "max_grad_norm": 1.0,  # AdamW, constant, no warm-up
-    "epsilon": 0.2, "epsilon_high": 0.28, "dual_clip": 10.0,  # clip 0.2 / 0.28, clip_ratio_c 10
-    "loss_type": "dapo", "beta": 0.0,    # token-mean; no KL loss, no KL in the reward
-    "max_prompt_length": 2048, "max_completion_length": 20480,
-    "temperature": 1.0, "top_p": 1.0,    # rollout T 1.0, top-p 1.0
-    "overlong_buffer_len": 4096, "overlong_penalty_factor": 1.0,  # DAPO's overlong reward shaping, as run_DelTA.sh
-    "max_steps": 220,                    # 8B (300 for 14B)
-    "torch_dtype": "float32",            # master weights (FSDP2 computes in bf16 under torchrun)
-    "delta_impl": "memory_efficient",    # normal would keep h of 2,048 × 20,480 tokens: 687 GB at H = 4,096
-    "gradient_checkpointing": True,      # the official run's (with param/optimizer offload, sequence parallel 4)
-    "micro_batch_size": 1,               # rows of up to 22,528 tokens per forward (verl: dynamic, by tokens)
-}
-
-# One 80 GB GPU, Qwen3-8B-Base: the paper's method and loss at a smaller batch and budget (docs/scaling.md).
-ONE_GPU_CHANGES = {
-    "use_peft": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0,  # dropout 0 keeps train = eval exact
-    "learning_rate": 1e-5,               # LoRA wants about 10x full fine-tuning's (docs/scaling.md)
-    "torch_dtype": "auto",               # bf16 base weights on the GPU; peft keeps the adapters in float32
-    "use_vllm": True, "vllm_enable_sleep_mode": True,  # vLLM's share: sized by the plan (memory_plan.vllm_share)
-    "num_prompts_per_step": 64, "num_generations": 8,
-    "max_prompt_length": 1024, "max_completion_length": 4096, "overlong_buffer_len": 1024,
-    "micro_batch_size": 2,
-}
-DELTA_ONE_GPU = {**DELTA_PAPER, **ONE_GPU_CHANGES}
-
-RECIPES = {"toy": {}, "delta_paper": DELTA_PAPER, "delta_one_gpu": DELTA_ONE_GPU}
+from grpo_config import (DELTA_ONE_GPU, DELTA_PAPER, ONE_GPU_CHANGES, RECIPES,  # noqa: F401  (the tables and
+                         help_text, name_the_recipe)  # their messages: grpo_config.py, which reads no model code)
 # What a recipe adds when the run is on GPUs or a dry run plans for them (``on_gpus``): the paper's rollouts came from
 # a fast engine (SGLang in DelTA's run_DelTA.sh); ours is a colocated vLLM that sleeps during the update, its share
 # sized by the plan. A CPU run of the recipe keeps HF generate (vLLM's CPU backend has no sleep mode). No IS
@@ -132,26 +100,6 @@ def apply(cfg, given: set[str] | None = None, say=None):
             say(f"[data] --data {out.data}: the {name} recipe's default (the shipped MATH training set); the paper "
                 f"trains on DeepMath-103K (README: how to fetch it and pass --data)")
     return out
-
-
-def name_the_recipe(message: str, cfg, given: set[str] | None) -> str:
-    """``message`` (a one-line error naming flags) with the flags it names that the recipe set, not the command line:
-    ``... (--overlong_buffer_len 4096 is the delta_paper recipe's; a flag given beats it)``."""
-    named = dict.fromkeys(re.findall(r"--(\w+)", message))
-    table = RECIPES.get(cfg.recipe, {})
-    mine = [n for n in named if n in table and given is not None and n not in given]
-    return message + (f" ({', '.join(f'--{n} {table[n]}' for n in mine)} {'is' if len(mine) == 1 else 'are'} the "
-                      f"{cfg.recipe} recipe's; a flag given beats it)" if mine else "")
-
-
-def help_text() -> str:
-    """The recipes as ``--help`` lists them: each one's name and the flags it sets."""
-    def flags(table):
-        return " ".join(f"--{k}" if v is True else f"--no-{k}" if v is False else f"--{k} {v}"
-                        for k, v in table.items())
-
-    return (f"recipes (--recipe): toy: the defaults above; delta_paper: {flags(DELTA_PAPER)}; delta_one_gpu: "
-            f"delta_paper with {flags(ONE_GPU_CHANGES)}")
 
 
 def describe(cfg, given: set[str] | None, defaults) -> list[str]:

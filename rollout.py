@@ -39,22 +39,7 @@ import torch
 # special tokens that end a response besides the tokenizer's EOS, and the stop *strings* that end it too: a base
 # model often runs on into an invented next question whose box would be graded instead (bug case C28).
 # ----------------------------------------------------------------------------------------------------------
-QWEN_MATH_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
-PROMPT_TEMPLATES = {
-    # The raw problem and a newline (the toy uses this; understand-r1-zero's "no" template).
-    "none": ("{problem}\n", [], ["\n\nQuestion:", "\n\nProblem:"]),
-    # Qwen2.5-Math "qwen25-math-cot" ChatML written by hand (not the tokenizer's chat template, which adds
-    # Qwen3's <think> handling). A base model must stop on <|im_end|> *and* <|endoftext|> (Qwen3#927).
-    "qwen_math": ("<|im_start|>system\n" + QWEN_MATH_SYSTEM + "<|im_end|>\n<|im_start|>user\n{problem}<|im_end|>\n"
-                  "<|im_start|>assistant\n", ["<|im_end|>", "<|endoftext|>"], []),
-    # DeepSeek-R1-Zero's plain conversation; the answer ends with </answer>.
-    "r1": ("A conversation between User and Assistant. The User asks a question, and the Assistant solves it. "
-           "The Assistant first thinks about the reasoning process in the mind and then provides the User with "
-           "the answer. The reasoning process is enclosed within <think> </think> and answer is enclosed within "
-           "<answer> </answer> tags, respectively, i.e., <think> reasoning process here </think> <answer> answer "
-           "here </answer>. The final answer is put in \\boxed{}.\nUser: {problem}\nAssistant: <think>",
-           [], ["</answer>"]),
-}
+from grpo_config import PROMPT_TEMPLATES, QWEN_MATH_SYSTEM  # noqa: E402,F401  (the templates: grpo_config.py)
 
 
 class PromptSampler:

@@ -11,6 +11,7 @@ import sys
 import time
 
 import checkpoint
+import delta_ablations
 import distributed
 import evaluate
 import policy
@@ -83,7 +84,7 @@ class HeldOut:
 
 def trainer_state(sampler, credit) -> dict:  # what a checkpoint keeps beside the weights: the data order, the credit
     return {"sampler_position": sampler.position, "cscr_threshold": float(credit.cscr_threshold),
-            "cscr_calibrated": credit.cscr_calibrated, "delta_gamma": credit.delta_gamma}
+            "cscr_calibrated": credit.cscr_calibrated, "delta_gamma": delta_ablations.kept_gamma(credit.delta_steps)}
 
 
 def restore(state, sampler, credit) -> int:
@@ -92,7 +93,7 @@ def restore(state, sampler, credit) -> int:
         return 0
     sampler.position, credit.cscr_threshold, credit.cscr_calibrated = (state[k] for k in (
         "sampler_position", "cscr_threshold", "cscr_calibrated"))
-    credit.delta_gamma = tuple(state["delta_gamma"]) if state.get("delta_gamma") else None
+    delta_ablations.keep_gamma(credit.delta_steps, state.get("delta_gamma"))
     return state["step"]
 
 

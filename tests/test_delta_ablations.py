@@ -561,16 +561,25 @@ def test_delta_py_code_names_no_ablation():
 
 def test_trainer_keeps_frozen_gamma_in_the_ablations_object_and_resumes_it():
     """grpo.Credit chooses the steps once; --delta_gamma frozen's state is the FrozenTemperature's, which the
-    checkpoint reads and --resume writes back (``Credit.delta_gamma``); without the flag there is no state to set."""
+    checkpoint reads and --resume writes back (``delta_ablations.kept_gamma`` / ``keep_gamma``, through
+    run_setup.trainer_state / restore); without the flag there is no state to set."""
     import grpo
+    import run_setup
     from grpo_config import GRPOConfig
 
     credit = grpo.Credit(GRPOConfig(credit="delta", delta_gamma="frozen"), None)
-    assert isinstance(credit.delta_steps.temperature, delta_ablations.FrozenTemperature) and credit.delta_gamma is None
-    credit.delta_gamma = [0.25, 0.5]  # as read back from a checkpoint's JSON
-    assert credit.delta_gamma == (0.25, 0.5) and credit.delta_steps.temperature((1.0, 2.0)) == (0.25, 0.5)
+    assert isinstance(credit.delta_steps.temperature, delta_ablations.FrozenTemperature)
+    assert delta_ablations.kept_gamma(credit.delta_steps) is None
+    delta_ablations.keep_gamma(credit.delta_steps, [0.25, 0.5])  # as read back from a checkpoint's JSON
+    assert delta_ablations.kept_gamma(credit.delta_steps) == (0.25, 0.5)
+    assert credit.delta_steps.temperature((1.0, 2.0)) == (0.25, 0.5)
+    sampler = type("Sampler", (), {"position": 3})()
+    state = {**run_setup.trainer_state(sampler, credit), "step": 4}
+    assert state["delta_gamma"] == (0.25, 0.5)
+    again = grpo.Credit(GRPOConfig(credit="delta", delta_gamma="frozen"), None)
+    assert run_setup.restore(state, sampler, again) == 4 and delta_ablations.kept_gamma(again.delta_steps) == (0.25, 0.5)
     plain = grpo.Credit(GRPOConfig(credit="delta"), None)
-    plain.delta_gamma = None  # what a run without the flag saved
-    assert plain.delta_gamma is None and plain.delta_steps == delta.DeltaSteps()
+    delta_ablations.keep_gamma(plain.delta_steps, None)  # what a run without the flag saved
+    assert delta_ablations.kept_gamma(plain.delta_steps) is None and plain.delta_steps == delta.DeltaSteps()
     assert not hasattr(delta.lagged_temperature, "gamma")
     assert grpo.Credit(GRPOConfig(credit="delta", delta_coefficients="random"), None).needs_hidden() is False
