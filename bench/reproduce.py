@@ -13,7 +13,8 @@ and greedy before and after, ``summary.json``) and the credit's AUROCs at the to
 digits (``samples/summary.json``, ``report.credit_lands``).
 
     python bench/reproduce.py --rules delta --seeds 0,1,2   # run a row's seeds, merge them into the record
-    python bench/reproduce.py --check delta --seed 0         # rerun one recorded run, compare (exit 1: differs)
+    python bench/reproduce.py --check delta --seed 0         # rerun one recorded run, compare (exit 1: differs;
+                                                             # --log_check adds the outcome to the record)
     python bench/reproduce.py --table --page docs/reproduce.md   # the page's tables from the record
 
 The record (``--record``, default bench/results/reproduce.json) keeps, per row and seed, the exact command, the
@@ -273,6 +274,8 @@ def check(record: dict, name: str, seed: int, extra: list[str], keep: bool) -> b
     print(f"  commit:  recorded {old_commit or 'not recorded'}, now {new['git'].get('commit')}"
           f"{' + uncommitted ' + ', '.join(dirty) if dirty else ''}")
     print(f"  machine: recorded {old_kind}\n           now      {new['machine_kind']}")
+    old.setdefault("checks", []).append({"date": now_iso(), "git": new["git"], "machine_kind": new["machine_kind"],
+                                         "match": not bad, "differs": bad})  # saved with --log_check
     if bad:
         why = "" if old_kind == new["machine_kind"] else \
             " (the record comes from another kind of machine, or does not say which: the figures depend on it)"
@@ -355,6 +358,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="with --check: the seed")
     ap.add_argument("--keep", action="store_true", help="with --check: keep its run folder (default: a temporary "
                     "one, deleted)")
+    ap.add_argument("--log_check", action="store_true", help="with --check: add its outcome (date, commit, "
+                    "machine, match) to the record's run")
     ap.add_argument("--extra", default="", help="flags added to every run's command (tiny smoke-test runs); they "
                     "are part of the recorded command")
     ap.add_argument("--table", action="store_true", help="only print the tables from the record")
@@ -368,7 +373,10 @@ def main(argv=None) -> int:
     record_path, extra = Path(args.record), shlex.split(args.extra)
     record = load_record(record_path)
     if args.check:
-        return 0 if check(record, args.check, args.seed, extra, args.keep) else 1
+        ok = check(record, args.check, args.seed, extra, args.keep)
+        if args.log_check:
+            save_record(record_path, record)
+        return 0 if ok else 1
     if args.table:
         print(table(record))
         if args.page:

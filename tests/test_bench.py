@@ -339,9 +339,12 @@ def test_reproduce_check_finds_a_changed_figure(tmp_path, capsys):
     assert f"`{run['command'][:-len('0')]}S` (S = 0)" in reproduce.table(saved)
     capsys.readouterr()
 
-    assert reproduce.main(["--check", "dapo", "--seed", "0", *tiny]) == 0
+    assert reproduce.main(["--check", "dapo", "--seed", "0", "--log_check", *tiny]) == 0
     out = capsys.readouterr().out
     assert "MATCH" in out and "DIFFERS" not in out and f"{run['avg8_after']:.4f}" in out
+    saved = json.loads(record.read_text())
+    (run,) = saved["results"]["dapo"]["runs"]
+    assert run["checks"][-1]["match"] is True and run["checks"][-1]["machine_kind"] == run["machine_kind"]
 
     run["avg8_after"] += 1 / 16  # one more correct sample of the 8 × 2
     record.write_text(json.dumps(saved))
