@@ -8,7 +8,7 @@ r ``ratio`` = exp(clamp(logπ_θ − logπ_old, ±20)), Δ ``log_ratio``, m ``re
 * Forking Tokens (``dapo_ft``, spec §3): Wang et al., "Beyond the 80/20 Rule", arXiv 2506.01939; official code
   Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR @6f5dda6 (core_algos L53–88 ``get_global_entropy_top_mask``, dp_actor
   L439–461).  DAPO on the top ρ = 20% of valid tokens by the policy entropy H = −Σ p log p of softmax(z/T),
-  loss = mean over the kept tokens.  ``entropy_from_logits`` (H), ``top_ratio_mask`` (the official
+  loss = mean over the kept tokens.  H from the forward (``policy.entropy_from_logits``), ``top_ratio_mask`` (the official
   k = max(1, int(n·ρ + 0.9999)) rule), ``quantile_mask`` (TRL's ``top_entropy_quantile``: H >= quantile 1 − ρ,
   ties all kept; TRL keeps the all-token normaliser, spec §3 (c)).
 * SAPO (``sapo``, spec §4): Gao et al. (Qwen), arXiv 2511.20347; verl ``compute_policy_loss_sapo`` (volcengine/verl
@@ -32,7 +32,7 @@ aggregations and where each rule runs (the pool, the micro-batch: spec §1 "hook
 
 How a trainer calls each, in one line (``logits`` [B, T, V] of the current forward, ``lam`` DelTA's λ [B, T])::
 
-    keep = baselines.top_ratio_mask(baselines.entropy_from_logits(logits, temp), mask, 0.2)   # FT: loss over keep
+    keep = baselines.top_ratio_mask(policy.entropy_from_logits(logits, temp), mask, 0.2)   # FT: loss over keep
     f = baselines.sapo_gate(ratio, adv)                                      # SAPO: loss = −f·Â, seq-mean-token-mean
     token_adv = adv[:, None] * baselines.future_kl_weights(logp - old_logp, adv, mask)        # FIPO: Ã = Â·f
     mask = mask & ~baselines.fipo_dropped_rows(logp - old_logp, adv, mask)[:, None]           # FIPO: sequence drop
@@ -49,10 +49,9 @@ import math
 
 import torch
 
-__all__ = ["sapo_gate", "entropy_from_logits", "top_ratio_mask", "quantile_mask", "forking_mask", "select_tokens",
+__all__ = ["sapo_gate", "top_ratio_mask", "quantile_mask", "forking_mask", "select_tokens",
            "future_kl_weights", "fipo_dropped_rows", "fipo_weights"]
 
-_ENTROPY_CHUNK = 256  # positions per float32 [chunk, V] temporary (148 MiB each at V = 151,936; a few live at once)
 _SCAN_CHUNK = 128  # FIPO scan block: a [128, 128] decay matrix, T / 128 sequential steps
 
 
@@ -100,38 +99,6 @@ def sapo_gate(ratio, adv, tau_pos=1.0, tau_neg=1.05):
 
 
 # ---- spec §3: Forking Tokens (entropy, top-ρ masks) --------------------------------------------------------------
-
-def entropy_from_logits(logits, temperature=1.0):
-    """Policy entropy H = −Σ_j p_j log p_j, p = softmax(z/T) over the last dim (nats), without gradient (spec §3).
-
-    Source: FT paper Eq. 1; FT dp_actor L439–447.  Computed as logsumexp(z/T) − Σ_j softmax(z/T)_j·z_j/T, in float32
-    (float64 for float64 logits) over ``_ENTROPY_CHUNK`` positions at a time, so the only full-size tensor is the
-    given logits (a float32 copy of bf16 [16k, 151,936] logits would be 9.3 GiB).  Under no_grad: the mask that
-    uses H is not differentiable.
-
-    Args: logits z [..., V] (any float dtype, e.g. [B, T, V] of the training forward); temperature T > 0, the
-    rollout temperature.  Returns H [...] (float32 or float64), in [0, log V].
-    Raises ValueError: temperature <= 0, logits not a floating tensor with at least one dimension.
-    """
-    if not (isinstance(temperature, (int, float)) and temperature > 0):
-        raise ValueError(f"baselines.entropy_from_logits: temperature must be > 0, got {temperature!r}")
-    if not torch.is_tensor(logits) or logits.dim() < 1 or not logits.is_floating_point():
-        raise ValueError("baselines.entropy_from_logits: logits must be a floating [..., V] tensor")
-    dt = torch.promote_types(logits.dtype, torch.float32)
-    x = logits.detach()
-    # [R, T, V] without a copy for the usual [B, T, V] (a slice along T of the full logits included)
-    rows = x.reshape(1, 1, -1) if x.dim() == 1 else x[None] if x.dim() == 2 else x.reshape(-1, *x.shape[-2:])
-    out = torch.empty(rows.shape[:2], dtype=dt, device=logits.device)
-    zero = torch.zeros((), dtype=dt, device=logits.device)
-    with torch.no_grad():
-        for r in range(rows.shape[0]):
-            for a in range(0, rows.shape[1], _ENTROPY_CHUNK):
-                z = rows[r, a:a + _ENTROPY_CHUNK].to(dt) / temperature
-                p = torch.softmax(z, dim=-1)
-                # H = logsumexp(z) − E_p[z]; p·z is taken as 0 where p = 0 (a −inf logit would give 0·inf = NaN)
-                out[r, a:a + _ENTROPY_CHUNK] = torch.logsumexp(z, dim=-1) - torch.where(p > 0, p * z, zero).sum(-1)
-    return out.reshape(logits.shape[:-1])
-
 
 def _valid_scores(scores, response_mask, fn):
     """(flat valid scores, flat mask) after the checks shared by the mask rules."""
@@ -331,9 +298,10 @@ def fipo_weights(log_ratio, adv, response_mask, decay_rate=32.0, clip=0.2, safet
                  log_c=math.log(10.0)):
     """Both FIPO factors of one (micro-)batch as a trainer applies them (spec §5): ``(f, kept)``, f [B, T] from
     ``future_kl_weights`` (clip-high only) and ``kept`` = ``response_mask`` (its dtype) without the responses
-    ``fipo_dropped_rows`` drops. The loss takes Ã = Â·f over ``kept``, its denominator unchanged (a trainer's
-    mini-batch token count; FIPO's code divides by the micro-batch's). ``log_ratio`` on padding is ignored (may be
-    -inf). ``adv``: Â or Ã (only its sign is read), [B] or [B, T]."""
+    ``fipo_dropped_rows`` drops. The loss takes Ã = Â·f over ``kept``, and a dropped response leaves its
+    denominator too (FIPO's code: ``response_mask & ~dropped`` into agg_loss, per micro-batch; grpo.py divides the
+    mini-batch by its kept tokens, ``grpo.fipo_rescale``). ``log_ratio`` on padding is ignored (may be -inf).
+    ``adv``: Â or Ã (only its sign is read), [B] or [B, T]."""
     m = _as_mask(response_mask, log_ratio.shape, "log_ratio").to(log_ratio.device)
     log_ratio = torch.where(m, log_ratio, torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device))
     f = future_kl_weights(log_ratio, adv, m, decay_rate, clip, True, safety_threshold, log_c)

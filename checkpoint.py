@@ -15,10 +15,13 @@ A run folder (``--output_dir``) holds::
     summary.json         the before/after evaluation and the last step's record
 
 A new run refuses a folder that holds an earlier one (``--resume`` continues it, ``--overwrite_output_dir`` deletes
-it first), and nothing is written before the model has loaded, so a run that fails to start leaves no folder.
+it first), but for a run that stopped (Ctrl-C, a crash) before its first checkpoint: there is nothing to resume, so
+the new run moves its logs into ``interrupted-<k>/`` there, says so in one line, and starts. Nothing is written
+before the model has loaded, so a run that fails to start leaves no folder.
 
 Every folder is written into a temporary sibling ``<name>.tmp-*`` and renamed into place when complete, so a crash
-leaves the previous checkpoints intact and no half-written ``checkpoint-<step>``. Under torchrun every process calls
+leaves the previous checkpoints intact and no half-written ``checkpoint-<step>``; folders and files get the umask's
+modes (0755 and 0644 under umask 022), as ``save_pretrained`` into a plain folder gives. Under torchrun every process calls
 the save functions (the FSDP2 shards are gathered, distributed.py) and process 0 writes.
 
 Nothing here knows about credit rules, policy.py or the report page: the trainer hands over its state as a
@@ -35,8 +38,8 @@ import math
 import os
 import random
 import re
+import secrets
 import shutil
-import tempfile
 import time
 
 import torch
@@ -45,6 +48,11 @@ import distributed
 
 TRAINER_STATE = "trainer_state.json"  # written last into a checkpoint: its presence marks the folder complete
 _CKPT_RE = re.compile(r"checkpoint-(\d+)")
+# What a run writes into its folder (a save in progress: <name>.tmp-*), and where the logs of a run stopped before
+# its first checkpoint are moved by the next run there (RunFolder)
+RUN_FILES = re.compile(r"config\.json|metrics\.jsonl|samples|tensorboard|summary\.json|"
+                       r"(checkpoint-\d+|final)(\.tmp.*)?")
+SET_ASIDE = re.compile(r"interrupted-(\d+)")
 
 # Flags that may change between a run and its --resume: when it stops, what it logs and saves, how it samples (vLLM
 # or HF draw different random numbers, but from the same policy) and how it computes the same update (micro-batches,
@@ -98,6 +106,30 @@ def _replace_dir(tmp: str, path: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _new_tmp_dir(path: str) -> str:
+    """A new, empty sibling ``<path>.tmp-<pid>-<random>`` to write ``path`` into before ``_replace_dir``: made by
+    ``os.mkdir``, so it has the umask's mode as every other folder the run writes (``tempfile.mkdtemp`` makes 0700:
+    other users could not read the model), and a name no other save uses (it fails rather than reuse one)."""
+    for _ in range(100):
+        tmp = f"{os.path.abspath(path)}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            os.mkdir(tmp)
+            return tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"cannot make a temporary folder beside {path}")
+
+
+def _follow_umask(folder: str) -> None:
+    """Give every file under ``folder`` its folder's mode without the execute bits (0644 under umask 022): the
+    safetensors writer makes model.safetensors 0600 whatever the umask. The folder's own mode (``_new_tmp_dir``'s
+    ``os.mkdir``) is the umask's, read without changing the process's umask."""
+    mode = os.stat(folder).st_mode & 0o666
+    for root, _, files in os.walk(folder):
+        for name in files:
+            os.chmod(os.path.join(root, name), mode)
+
+
 def save_model(model, tokenizer, path: str, info: dict | None = None) -> None:
     """``save_pretrained`` (safetensors) of the model (a peft model: its adapter) and tokenizer, written to a
     temporary folder and renamed into place. Under FSDP2 every process calls it and process 0 writes the gathered
@@ -106,9 +138,9 @@ def save_model(model, tokenizer, path: str, info: dict | None = None) -> None:
     sd = distributed.gathered_model_state(model)
     if distributed.rank() != 0:
         return
-    tmp = path + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = _new_tmp_dir(path)
     _save_model_folder(tmp, model, tokenizer, sd, info)
+    _follow_umask(tmp)
     _replace_dir(tmp, path)
 
 
@@ -158,15 +190,15 @@ def save_checkpoint(path: str, model, tokenizer, optimizer, state: dict, info: d
     optim_sd = distributed.full_optimizer_state(model, optimizer)
     if distributed.rank() != 0:
         return
-    parent, name = os.path.split(os.path.abspath(path))
-    tmp = tempfile.mkdtemp(prefix=name + ".tmp-", dir=parent)
+    tmp = _new_tmp_dir(path)
     _save_model_folder(tmp, model, tokenizer, model_sd, info)
     torch.save(optim_sd, os.path.join(tmp, "optimizer.pt"))
     rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     torch.save(rng, os.path.join(tmp, "rng_state.pt"))
-    with open(os.path.join(tmp, TRAINER_STATE), "w") as f:
+    _follow_umask(tmp)
+    with open(os.path.join(tmp, TRAINER_STATE), "w") as f:  # last: its presence marks the folder complete
         json.dump(state, f, indent=1)
     _replace_dir(tmp, path)
 
@@ -364,6 +396,8 @@ class RunFolder:
           the checkpoint, metrics.jsonl and config.json fit together and the training settings did not change;
         * ``config["overwrite_output_dir"]``: a new run; the earlier one is deleted by ``start`` (after the model
           loaded, so a run that fails to start loses nothing);
+        * a run of this trainer that stopped before its first complete checkpoint (only its own files there): a new
+          run; ``start`` moves those files into ``interrupted-<k>/`` (``set_aside``), with one line;
         * otherwise an earlier run there stops this one: ValueError naming both ways forward.
         The trackers of ``config["report_to"]`` are imported here (``import_trackers``) and opened by ``start``.
         Nothing is written here: a run that fails before ``start`` leaves no folder behind.
@@ -373,22 +407,62 @@ class RunFolder:
         self.skipped_updates_total = 0  # non-finite updates skipped so far (kept across --resume)
         self.resume_from, self.resume_state, self.model_info = None, None, {}
         self._tracker_modules, self.trackers = import_trackers(config.get("report_to", "none")), []
+        self.set_aside = []  # the names start() moves into interrupted-<k>/ (a run stopped before its checkpoint)
         if main:
             check_writable(path)
-        earlier = sorted(os.listdir(path)) if os.path.isdir(path) else []
+        earlier = [n for n in sorted(os.listdir(path)) if not SET_ASIDE.fullmatch(n)] if os.path.isdir(path) else []
         if config.get("resume"):
             self.resume_from = latest_checkpoint(path)
             if self.resume_from is None and earlier:
                 raise ValueError(f"--resume: {path} holds no complete checkpoint-<step>/ (the run stopped before its "
-                                 f"first --save_steps); start it again with --overwrite_output_dir")
+                                 f"first --save_steps); run the same command without --resume to start again (its "
+                                 f"logs are moved aside), or with --overwrite_output_dir to delete them")
             if self.resume_from is None:
                 say(f"[resume] {path} is empty: starting from step 0")
             else:
                 self._check_resumable()
         elif earlier and not config.get("overwrite_output_dir"):
+            if self._stopped_before_a_checkpoint(earlier):  # nothing to resume: start again, its logs kept aside
+                self.set_aside = earlier
+                return
             raise ValueError(f"{path} already holds a run ({', '.join(earlier[:4])}{', ...' if len(earlier) > 4 else ''}"
                              f"): pass --resume to continue it, or --overwrite_output_dir to delete it and start "
                              f"again (or choose another --output_dir)")
+
+    def _stopped_before_a_checkpoint(self, names: list[str]) -> bool:
+        """Whether the folder holds a run of this trainer (its config.json) that stopped (Ctrl-C, a crash) before
+        its first complete checkpoint, and nothing else: nothing to resume. TRL's trainer never refuses a folder;
+        this one starts again there, after moving those logs aside (``start``)."""
+        if latest_checkpoint(self.path) is not None or not all(RUN_FILES.fullmatch(n) for n in names):
+            return False
+        try:
+            with open(os.path.join(self.path, "config.json")) as f:
+                return isinstance(json.load(f).get("config"), dict)
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def _aside_folder(self) -> str:
+        """``<path>/interrupted-<k>``, the first k from 1 not taken."""
+        k = 1
+        while os.path.exists(os.path.join(self.path, f"interrupted-{k}")):
+            k += 1
+        return os.path.join(self.path, f"interrupted-{k}")
+
+    def interrupted_note(self) -> str:
+        """What an interrupted run leaves and what the next command does with it, for the trainer's one line."""
+        last = latest_checkpoint(self.path)
+        if last is not None:
+            with open(os.path.join(last, TRAINER_STATE)) as f:
+                step = json.load(f)["step"]
+            return (f"{last} holds step {step}: the same command with --resume continues from there (without it, the "
+                    f"run folder is refused)")
+        steps = sum('"reward"' in line for line in self.metrics_lines())
+        if not steps:
+            return f"stopped before step 1, nothing kept in {self.path}; the same command starts again"
+        every = self.config.get("save_steps")
+        return (f"{self.path} holds the logs of {steps} step{'s' * (steps != 1)} and no checkpoint ("
+                + (f"--save_steps {every} writes the first at step {every}" if every else "--save_steps 0") +
+                f"): the same command starts again, after moving them to {self._aside_folder()}/")
 
     def _check_resumable(self) -> None:
         """The checkpoint, metrics.jsonl and config.json of ``resume_from`` describe one run with these settings."""
@@ -430,6 +504,14 @@ class RunFolder:
         if self.main:
             if self.config.get("overwrite_output_dir") and not self.config.get("resume"):
                 shutil.rmtree(self.path, ignore_errors=True)
+            elif self.set_aside:  # a run stopped before its first checkpoint: its logs kept, out of the way
+                aside = self._aside_folder()
+                steps = sum('"reward"' in line for line in self.metrics_lines())
+                os.makedirs(aside)
+                for name in self.set_aside:
+                    os.replace(os.path.join(self.path, name), os.path.join(aside, name))
+                self.say(f"[run] {self.path} held a run stopped after {steps} step{'s' * (steps != 1)}, before its "
+                         f"first checkpoint: its logs are now in {aside}/; starting from step 0")
             os.makedirs(os.path.join(self.path, "samples"), exist_ok=True)
         self.write_json("config.json", {
             "config": self.config, **info, "num_parameters": sum(p.numel() for p in model.parameters()),
@@ -535,7 +617,17 @@ class RunFolder:
         late, an interrupted first evaluation): the corrected rerun then finds an empty folder. Process 0."""
         self.close()
         if self.main and self.resume_from is None and os.path.isdir(self.path):
-            shutil.rmtree(self.path, ignore_errors=True)
+            names = os.listdir(self.path)
+            if not any(SET_ASIDE.fullmatch(n) for n in names):
+                shutil.rmtree(self.path, ignore_errors=True)
+            for name in names:  # an earlier run's logs, set aside by start, stay
+                path = os.path.join(self.path, name)
+                if SET_ASIDE.fullmatch(name) or not os.path.exists(path):
+                    continue
+                if os.path.isdir(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    os.remove(path)
 
     def finish(self, model, tokenizer, summary: dict, optimizer=None, state: dict | None = None) -> None:
         """Write ``final/`` and summary.json; every process calls it and waits for process 0. ``final/`` is the model

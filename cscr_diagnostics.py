@@ -5,17 +5,17 @@ re-scored under c+ ("this response is correct") and c- ("... incorrect"), sample
 shifts compared at the same prefix.  Spec: ``docs/specs/cscr.md`` §7 (definitions) and §8 (toy numbers).  The
 method is in ``cscr.py``; this file is the analysis behind it: ``diagnostics`` on tensors, ``diagnose`` on a
 model, and a CLI.  Quantities as in cscr.py: old_logp = θ_old's sampled-token log-probs under the plain prompt
-(ℓ0), d_pos = lp_pos - old_logp, d_neg = lp_neg - old_logp, s = max(|d_pos|, |d_neg|); affected = |d_pos| > tau
-and |d_neg| > tau (tau = 0.05 nats).  Definitions [I] (spec §7):
+(ℓ0), Δ+ = lp_pos - old_logp and Δ− = lp_neg - old_logp (``shift_pos``, ``shift_neg``), s = max(|Δ+|, |Δ−|);
+affected = |Δ+| > tau and |Δ−| > tau (tau = 0.05 nats).  Definitions [I] (spec §7):
 
-    D1  same-direction rate       P[sign d_pos = sign d_neg | affected]                   paper [S2]: 91.4-95.8 %
+    D1  same-direction rate       P[sign Δ+ = sign Δ− | affected]                         paper [S2]: 91.4-95.8 %
     D2  sign-reversal rate        1 - D1
-    D3  polarity-outcome          share of affected tokens whose d_pos - d_neg has the sign the true outcome
+    D3  polarity-outcome          share of affected tokens whose Δ+ - Δ− has the sign the true outcome
         consistency               predicts (> 0 if correct, < 0 if not); 0.5 = no information    paper: ~58 %
-    D4a signal correlation        Pearson / Spearman of d_pos and d_neg over valid tokens
-    D4b top-k overlap             Jaccard of the top 10 % tokens by |d_pos| and by |d_neg|
+    D4a signal correlation        Pearson / Spearman of Δ+ and Δ− over valid tokens
+    D4b top-k overlap             Jaccard of the top 10 % tokens by |Δ+| and by |Δ−|
     D4c full-vocabulary overlap   mean cosine of the OPSD forward-KL gradients p0 - p+ and p0 - p- per position
-    D5  common-mode share         sum cm^2 / (sum cm^2 + sum df^2), cm = (d_pos + d_neg)/2, df = (d_pos - d_neg)/2
+    D5  common-mode share         sum cm^2 / (sum cm^2 + sum df^2), cm = (Δ+ + Δ−)/2, df = (Δ+ - Δ−)/2
     D6  token-class profile       mean s and share of the top 5 % most sensitive tokens: surface form vs content
     D7  substitutability          correlation of s with the base entropy H(p0) and with 1 - p0(top-1)
 
@@ -27,14 +27,15 @@ grad); 4. D1-D7 (``diagnostics``), plus CSCR's weights at the calibrated thresho
 
 Inferred choices [I] (spec §7, §11): the "affected" threshold ``tau`` (0.05 nats); the D4b fraction ``top_frac``
 / ``top_k`` (0.1); the D6 fraction ``sens_top_frac`` (0.05); the surface-form vs content heuristic
-(``classify_token``, ``DISCOURSE_MARKERS``, ``FUNCTION_WORDS``); D3 counts a zero d_pos - d_neg as inconsistent;
+(``classify_token``, ``DISCOURSE_MARKERS``, ``FUNCTION_WORDS``); D3 counts a zero Δ+ - Δ− as inconsistent;
 D4c uses g = p0 - p per position (``full_vocab_overlap``, also KL(p+ || p0), KL(p- || p0)); ``diagnose`` keeps a
 response's EOS token (as the trainer), shuffles the problems with the seed and cycles them (one response each),
 and template C's answer is ``verify.extract_boxed`` of the response ("" without a box), as in grpo.py's
 ``Credit._cscr``.  All prompts, plain and conditioned, are tokenised by cscr.py's TOKENISATION RULE
 (``tokenizer(prompt)``, as the rollout does).
 
-Run (writes DIR/report.json, plus delta_scatter.png and s_by_class.png when matplotlib is installed)::
+Run (prints D1-D7 beside the paper's values, ``summary_table``; writes DIR/report.json, plus delta_scatter.png and
+s_by_class.png when matplotlib is installed)::
 
     python cscr_diagnostics.py --model toy --data toy --num_trajectories 64 --output_dir runs/cscr_diagnose
     python cscr_diagnostics.py --model Qwen/Qwen3-1.7B --data problems.jsonl --num_trajectories 400 \\
@@ -70,25 +71,25 @@ import verify
 
 __all__ = ["shift_masks", "pearson", "spearman", "full_vocab_overlap", "classify_token", "DISCOURSE_MARKERS",
            "FUNCTION_WORDS", "diagnostics", "sample_trajectories", "grade", "condition_contexts", "score_contexts",
-           "surface_classes", "diagnose", "PAPER_REFERENCE", "main"]
+           "surface_classes", "diagnose", "PAPER_REFERENCE", "summary_table", "main"]
 
 # ---- Spec §7: the diagnostics on tensors (D1-D7) -----------------------------------------------------------------
 
 
-def _affected(d_pos, d_neg, m, tau):
-    """The D1/D2 masks from the shifts ``d_pos``, ``d_neg`` [B, T] (nats) and the valid-token mask ``m`` [B, T]."""
+def _affected(shift_pos, shift_neg, m, tau):
+    """The D1/D2 masks from the shifts ``shift_pos``, ``shift_neg`` [B, T] (nats) and the valid-token mask ``m``."""
     if not tau >= 0:
         raise ValueError(f"tau must be >= 0, got {tau!r}")
-    aff = m & (d_pos.abs() > tau) & (d_neg.abs() > tau)
-    same = aff & (torch.sign(d_pos) == torch.sign(d_neg))
+    aff = m & (shift_pos.abs() > tau) & (shift_neg.abs() > tau)
+    same = aff & (torch.sign(shift_pos) == torch.sign(shift_neg))
     return {"affected": aff, "same": same, "reversal": aff & ~same}
 
 
 def shift_masks(old_logp, lp_pos, lp_neg, response_mask, tau=0.05):
     """Per-token masks behind D1/D2 (spec §7).
 
-    affected = |d_pos| > tau and |d_neg| > tau (valid tokens only); same = affected and sign d_pos = sign d_neg;
-    reversal = affected and sign d_pos != sign d_neg.
+    affected = |Δ+| > tau and |Δ−| > tau (valid tokens only); same = affected and sign Δ+ = sign Δ−;
+    reversal = affected and sign Δ+ != sign Δ−.
 
     Args:
         old_logp, lp_pos, lp_neg: [B, T] sampled-token log-probs (nats) under x, x + c+, x + c-.
@@ -100,8 +101,8 @@ def shift_masks(old_logp, lp_pos, lp_neg, response_mask, tau=0.05):
     Raises:
         ValueError: tau < 0, shape mismatch.
     """
-    d_pos, d_neg, m = cscr.condition_shifts(old_logp, lp_pos, lp_neg, response_mask)
-    return _affected(d_pos, d_neg, m, tau)
+    shift_pos, shift_neg, m = cscr.condition_shifts(old_logp, lp_pos, lp_neg, response_mask)
+    return _affected(shift_pos, shift_neg, m, tau)
 
 
 def pearson(x, y):
@@ -270,7 +271,7 @@ def diagnostics(
     Source: [S] most affected tokens shift in the same direction under both conditions, reversals are rare,
     the induced signals overlap, large shifts sit on substitutable surface-form tokens; [S2] 91.4-95.8 %
     same direction, polarity agrees with the true outcome about 58 % of the time.  Definitions [I], spec §7,
-    with affected = |d_pos| > tau and |d_neg| > tau, in the spec's order:
+    with affected = |Δ+| > tau and |Δ−| > tau, in the spec's order:
 
     - D1-D3 (``_direction``): ``d1_num_affected``, ``d1_same_direction_rate``, ``d2_sign_reversal_rate``,
       ``d3_polarity_outcome_consistency``.
@@ -301,16 +302,16 @@ def diagnostics(
     Raises:
         ValueError: shape mismatches, bad tau / fractions / mode, no valid token.
     """
-    d_pos, d_neg, m = cscr.condition_shifts(old_logp, lp_pos, lp_neg, response_mask)
+    shift_pos, shift_neg, m = cscr.condition_shifts(old_logp, lp_pos, lp_neg, response_mask)
     if not torch.is_tensor(correct) or correct.shape != (m.shape[0],):
         raise ValueError(f"correct must be a [B] = [{m.shape[0]}] tensor")
     n = int(m.sum())
     if n == 0:
         raise ValueError("response_mask has no valid token")
     s = cscr.sensitivity(old_logp, lp_pos, lp_neg, response_mask, mode=mode)  # [B, T], nats
-    out = {"num_valid_tokens": n, **_direction(d_pos, d_neg, m, correct, tau)}
-    out.update(_overlap(d_pos[m], d_neg[m], top_frac, top_k))
-    out.update(_sensitivity_summary(s, m, d_pos[m], d_neg[m]))
+    out = {"num_valid_tokens": n, **_direction(shift_pos, shift_neg, m, correct, tau)}
+    out.update(_overlap(shift_pos[m], shift_neg[m], top_frac, top_k))
+    out.update(_sensitivity_summary(s, m, shift_pos[m], shift_neg[m]))
     if token_classes is not None:
         out.update(_token_class_profile(s[m].double(), _surface_mask(token_classes, m.shape, m.device)[m],
                                         sens_top_frac))
@@ -318,21 +319,21 @@ def diagnostics(
     return out
 
 
-def _direction(d_pos, d_neg, m, correct, tau):
+def _direction(shift_pos, shift_neg, m, correct, tau):
     """D1-D3 (spec §7) from the shifts [B, T] (nats), the valid mask [B, T] and the outcomes ``correct`` [B].
 
-    D3: the differential d_pos - d_neg should be > 0 on correct and < 0 on incorrect trajectories if the
+    D3: the differential Δ+ - Δ− should be > 0 on correct and < 0 on incorrect trajectories if the
     conditioning acted as a Bayesian posterior (spec §7's null); a zero difference counts as inconsistent [I].
     All three are nan without affected tokens.
     """
-    masks = _affected(d_pos, d_neg, m, tau)
+    masks = _affected(shift_pos, shift_neg, m, tau)
     n_aff = int(masks["affected"].sum())
     if not n_aff:
         nan = float("nan")
         return {"d1_num_affected": 0, "d1_same_direction_rate": nan, "d2_sign_reversal_rate": nan,
                 "d3_polarity_outcome_consistency": nan}
     d1 = int(masks["same"].sum()) / n_aff
-    diff = d_pos - d_neg
+    diff = shift_pos - shift_neg
     want = torch.where(correct.bool().to(m.device), 1.0, -1.0).unsqueeze(1).to(diff.dtype)
     consistent = masks["affected"] & (torch.sign(diff) == want)
     return {"d1_num_affected": n_aff, "d1_same_direction_rate": d1, "d2_sign_reversal_rate": 1.0 - d1,
@@ -340,8 +341,8 @@ def _direction(d_pos, d_neg, m, correct, tau):
 
 
 def _overlap(xp, xn, top_frac, top_k):
-    """D4a, D4b and D5 (spec §7) from the valid tokens' shifts ``xp`` = d_pos, ``xn`` = d_neg ([n], nats)."""
-    k = _top_k(xp.numel(), top_frac, top_k)  # D4b: Jaccard of the top-k sets by |d_pos| and |d_neg|
+    """D4a, D4b and D5 (spec §7) from the valid tokens' shifts ``xp`` = shift_pos, ``xn`` = shift_neg ([n], nats)."""
+    k = _top_k(xp.numel(), top_frac, top_k)  # D4b: Jaccard of the top-k sets by |Δ+| and |Δ−|
     a = set(torch.topk(xp.abs(), k).indices.tolist())
     b = set(torch.topk(xn.abs(), k).indices.tolist())
     cm, df = 0.5 * (xp + xn), 0.5 * (xp - xn)  # D5: common mode and differential
@@ -390,9 +391,53 @@ def _substitutability(sv, m, entropy, top1_prob):
 
 PAPER_REFERENCE = {  # [S2] numbers to compare a run with
     "d1_same_direction_rate": "0.914-0.958 (range over settings)",
+    "d2_sign_reversal_rate": "0.042-0.086 (1 - D1: rare)",
     "d3_polarity_outcome_consistency": "about 0.58",
+    "d4_overlap": "heavy (no figure in the abstract)",
+    "d6_token_class": "large shifts on surface-form tokens, content less sensitive",
+    "d7_substitutability": "large shifts on highly substitutable tokens",
     "num_trajectories": 400,
 }
+
+
+def summary_table(report: dict) -> str:
+    """The CLI's printout of a ``diagnose`` report: D1-D7 beside the paper's values ([S2], ``PAPER_REFERENCE``), one
+    line each (rates in %, correlations and shares as numbers, s in nats; "n/a" where nothing was measured)."""
+    d, paper = report["diagnostics"], PAPER_REFERENCE
+
+    def num(key, pct=False):
+        v = d.get(key)
+        return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}%" if pct else \
+            f"{v:.3f}"
+
+    def pair(a, b):
+        return f"{num(a)} / {num(b)}"
+
+    def pct_range(text):  # "0.914-0.958 (...)" -> "91.4-95.8%"
+        lo, hi = text.split()[0].split("-")
+        return f"{100 * float(lo):.1f}-{100 * float(hi):.1f}%"
+
+    rows = [("D1", "same-direction rate", num("d1_same_direction_rate", True),
+             pct_range(paper["d1_same_direction_rate"])),
+            ("D2", "sign-reversal rate (1 - D1)", num("d2_sign_reversal_rate", True),
+             pct_range(paper["d2_sign_reversal_rate"]) + ": rare"),
+            ("D3", "polarity-outcome consistency", num("d3_polarity_outcome_consistency", True),
+             "about 58% (50%: no information)"),
+            ("D4a", "Pearson / Spearman of d+, d-", pair("d4a_pearson", "d4a_spearman"), paper["d4_overlap"]),
+            ("D4b", "top-10% overlap (Jaccard)", num("d4b_topk_jaccard"), ""),
+            ("D4c", "full-vocabulary cosine", num("d4c_cosine_mean"), ""),
+            ("D5", "common-mode share", num("d5_common_mode_share"), ""),
+            ("D6", "mean s: surface / content", pair("d6_s_mean_surface", "d6_s_mean_content"), paper["d6_token_class"]),
+            ("", "surface share: top 5% / all", pair("d6_surface_share_top", "d6_surface_share_all"), ""),
+            ("D7", "corr(s, H(p0)): Pearson / Spearman", pair("d7_pearson_s_entropy", "d7_spearman_s_entropy"),
+             paper["d7_substitutability"]),
+            ("", "corr(s, 1 - p0 top-1)", pair("d7_pearson_s_1_minus_top1", "d7_spearman_s_1_minus_top1"), "")]
+    head = (f"CSCR diagnostics: {report['config']['num_trajectories']} trajectories (accuracy "
+            f"{report['accuracy']:.3f}), {d.get('d1_num_affected', 0)} of {d.get('num_valid_tokens', 0)} tokens "
+            f"affected (|d+| and |d-| > {report['config']['tau']} nats); the paper: {paper['num_trajectories']}")
+    lines = [head, f"{'':<4} {'':<36} {'this run':>15}   the paper [S2]"]
+    lines += [f"{i:<4} {name:<36} {value:>15}   {ref}".rstrip() for i, name, value, ref in rows]
+    return "\n".join(lines)
 
 
 def sample_trajectories(model, tokenizer, problems, answers, num_trajectories, prompt_template, max_new_tokens,
@@ -649,7 +694,7 @@ def diagnose(model, tokenizer, problems, answers, num_trajectories, *, prompt_te
 
 
 def _plots(output_dir, old_logp, lp_pos, lp_neg, mask, s, surf):
-    """Scatter of d_pos vs d_neg and histogram of s by token class (only if matplotlib is installed)."""
+    """Scatter of Δ+ vs Δ− and histogram of s by token class (only if matplotlib is installed)."""
     try:
         import matplotlib
 
@@ -657,16 +702,16 @@ def _plots(output_dir, old_logp, lp_pos, lp_neg, mask, s, surf):
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    d_pos = (lp_pos - old_logp)[mask].numpy()
-    d_neg = (lp_neg - old_logp)[mask].numpy()
+    shift_pos = (lp_pos - old_logp)[mask].numpy()
+    shift_neg = (lp_neg - old_logp)[mask].numpy()
     fig, ax = plt.subplots(figsize=(5, 5))
-    ax.scatter(d_pos, d_neg, s=3, alpha=0.3)
-    lim = float(max(abs(d_pos).max(), abs(d_neg).max(), 1e-3))
+    ax.scatter(shift_pos, shift_neg, s=3, alpha=0.3)
+    lim = float(max(abs(shift_pos).max(), abs(shift_neg).max(), 1e-3))
     ax.plot([-lim, lim], [-lim, lim], lw=0.5, color="gray")
     ax.axhline(0, lw=0.5, color="gray")
     ax.axvline(0, lw=0.5, color="gray")
-    ax.set_xlabel("d_pos = lp_pos − old_logp (nats)")
-    ax.set_ylabel("d_neg = lp_neg − old_logp (nats)")
+    ax.set_xlabel("Δ+ = lp_pos − old_logp (nats)")
+    ax.set_ylabel("Δ− = lp_neg − old_logp (nats)")
     ax.set_title("CSCR diagnostic: shifts under c+ and c−")
     fig.tight_layout()
     fig.savefig(os.path.join(output_dir, "delta_scatter.png"), dpi=120)
@@ -726,11 +771,8 @@ def main(argv=None):
         temperature=args.temperature, top_p=args.top_p, seed=args.seed, gen_batch_size=args.gen_batch_size,
         micro_batch_size=args.micro_batch_size, tau=args.tau, top_frac=args.top_frac, output_dir=args.output_dir,
     )
-    d = report["diagnostics"]
-    print(json.dumps({k: d.get(k) for k in ("d1_same_direction_rate", "d3_polarity_outcome_consistency",
-                                             "d4a_pearson", "d4b_topk_jaccard", "d4c_cosine_mean",
-                                             "d5_common_mode_share", "d6_surface_share_top")}, indent=2))
-    print(f"report: {os.path.join(args.output_dir, 'report.json')}")
+    print(summary_table(report))
+    print(f"report: {os.path.join(args.output_dir, 'report.json')} (every value, the most sensitive tokens)")
     return report
 
 

@@ -46,6 +46,7 @@ import dataclasses
 import gc
 import math
 import random
+import sys
 import time
 from collections import namedtuple
 from dataclasses import dataclass
@@ -56,11 +57,13 @@ import baselines
 import checkpoint
 import distributed
 import evaluate
+import memory_plan
 import policy
 import problems
 import recipes
 import report
 import rollout
+import sampler_mismatch
 import verify
 from grpo_config import GRPOConfig, build_parser, check_config  # every flag and its check (grpo_config.py)
 
@@ -117,6 +120,14 @@ class LossSettings:
     def from_config(cls, cfg: GRPOConfig) -> LossSettings:
         return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls)})
 
+    @property
+    def aggregation(self) -> str:
+        """How ``loss_type`` reduces the per-token loss: ``dapo`` (token-mean), ``grpo`` (per-sequence) or
+        ``dr_grpo``; SAPO takes ``grpo``'s or ``dapo``'s (``sapo_aggregation``)."""
+        if self.loss_type == "sapo":
+            return "grpo" if self.sapo_aggregation == "sequence" else "dapo"
+        return self.loss_type
+
 
 def policy_loss(logp, old_logp, adv, response_mask, settings: LossSettings | None = None, *, ref_logp=None,
                 num_tokens=None, num_sequences=None, **keywords):
@@ -153,7 +164,7 @@ def policy_loss(logp, old_logp, adv, response_mask, settings: LossSettings | Non
         raise ValueError(f"give policy_loss a LossSettings or its fields as keywords, not both: {sorted(keywords)}")
     s = settings or LossSettings(**keywords)  # an unknown keyword: TypeError, naming it
     epsilon, epsilon_high, dual_clip, beta = s.epsilon, s.epsilon_high, s.dual_clip, s.beta
-    aggregation = ("grpo" if s.sapo_aggregation == "sequence" else "dapo") if s.loss_type == "sapo" else s.loss_type
+    aggregation = s.aggregation
     mask = response_mask.to(logp.dtype)
     adv = adv[:, None] if adv.dim() == 1 else adv
     for bad, message in [
@@ -220,11 +231,34 @@ class Credit:
     s}`` (CSCR), ``{}`` (GRPO)."""
 
     def __init__(self, cfg: GRPOConfig, tokenizer):
+        import delta_ablations
+
         self.cfg, self.tokenizer, self.token_weights = cfg, tokenizer, {}
         self.cscr_threshold, self.cscr_calibrated = cfg.cscr_threshold, False
-        self.delta_gamma = None  # --delta_gamma frozen: (γ⁺, γ⁻) of the first batch with both sides, then kept
+        if cfg.credit == "cscr":  # CSCR's options; its ablations (cscr_ablations.py) chosen once, by their flags
+            import cscr
+            import cscr_ablations
+
+            weight, renormalise = cscr_ablations.choose(cfg.cscr_weight, cfg.cscr_scope, cfg.num_generations,
+                                                        cfg.cscr_sign_eps, cfg.cscr_sign_mix)
+            self.cscr_settings = cscr.Settings(cfg.cscr_alpha, cfg.cscr_w_min, cfg.cscr_mode, weight, renormalise)
+        # DelTA's steps and proxy: the paper's, or an ablation's (delta_ablations.py), chosen once from the flags; under
+        # torchrun --delta_scope global sums its statistics over the processes (spec §2.4)
+        pool = distributed.all_reduce_sum if distributed.is_distributed() and cfg.delta_scope == "global" else None
+        self.delta_steps = delta_ablations.steps_from_flags(cfg, pool)
+        self.delta_proxy = delta_ablations.proxy_from_flags(cfg)
+        self.delta_lam_bar = self._random_lam_bar if cfg.delta_coefficients == "random" else self._delta_lam_bar
         # --delta_select: the tokens the loss trains on, [N, T] bool, N·T bytes (8.4 MB at 2,048 × 4,096; None: all)
         self.keep = None
+
+    @property
+    def delta_gamma(self):  # --delta_gamma frozen's kept (γ₊, γ₋), which checkpoints save; else None
+        return getattr(self.delta_steps.temperature, "gamma", None)
+
+    @delta_gamma.setter
+    def delta_gamma(self, gamma):  # --resume: the (γ₊, γ₋) the run had frozen
+        if gamma is not None and hasattr(self.delta_steps.temperature, "gamma"):
+            self.delta_steps.temperature.gamma = tuple(gamma)
 
     def needs_hidden(self) -> bool:  # stage 4 keeps the batch's h_t (else DelTA's memory_efficient recomputes them)
         return self.cfg.credit == "delta" and self.cfg.delta_impl == "normal" and self.cfg.delta_coefficients != \
@@ -252,48 +286,7 @@ class Credit:
         import delta
 
         cfg, mask = self.cfg, batch.response_mask
-        # the ablations (baselines.md §6) are arguments of the step each one changes; the defaults are the paper's
-        kw = dict(K=cfg.delta_k, lam_min=cfg.delta_lam_min, lam_max=cfg.delta_lam_max, return_stats=True,
-                  scores=cfg.delta_scores, assignment=cfg.delta_assignment, gamma=self.delta_gamma,
-                  coefficients=cfg.delta_coefficients, normalize=cfg.delta_normalize)
-        pooled = distributed.is_distributed() and cfg.delta_scope == "global"
-        # --delta_proxy topk reads the whole LM head (gathered under FSDP2): V·H·4 bytes, 2.5 GB for Qwen3-8B
-        head = distributed.full_weight(model.get_output_embeddings().weight) if cfg.delta_proxy == "topk" else None
-        if cfg.delta_coefficients == "random":  # App. F's control: λ uniform in [λ_min, λ_max], fresh every step
-            draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + distributed.rank())
-            lam_bar, stats = delta.random_coefficients(adv, mask, cfg.delta_lam_min, cfg.delta_lam_max, generator=draw,
-                                                       normalize=cfg.delta_normalize), {}
-        elif old.hidden is not None and not pooled:  # --delta_impl normal: stage 4 kept the batch's h_t [N, T, H]
-            v = self._proxies(head, old.hidden, old.logp, batch.response_ids, mask)  # App. F (ThetaOld's bound)
-            lam_bar, stats = delta.delta_coefficients(v, adv, mask, **kw)
-        else:
-            # Streamed sufficient statistics (spec §2.5): every statistic is a sum or a count, so with --delta_scope
-            # global summing them over processes gives the whole batch's λ̄. memory_efficient: K + 3 passes, each
-            # re-running θ_old's no-grad, eval-mode forward for h, one micro-batch at a time (θ_old's log-probs are
-            # stage 4's); normal under torchrun: its kept h as one micro-batch.
-            if old.hidden is not None:  # one chunk; --delta_proxy topk: it carries v itself, (v, None, mask, Â)
-                layout = [(slice(None), mask.shape[1])]
-                micro_batches = [(old.hidden, old.logp, mask, adv) if cfg.delta_proxy == "hidden" else
-                                 (self._proxies(head, old.hidden, old.logp, batch.response_ids, mask), None, mask, adv)]
-            else:
-                passes = policy.Passes(model, batch, torch.arange(len(adv)), cfg, grad=False, hidden=True)
-                layout = [(rows, t) for rows, _, t in passes.layout]
-
-                def micro_batches():  # one pass: (h [b, t, H], log p [b, t], mask [b, t], Â [b]) of each, in order
-                    for mb in passes:  # --delta_proxy topk: (v, None, ...), v from h and the LM head
-                        logp = mb.take(old.logp)
-                        yield (mb.hidden, logp, mb.take(mask), adv[mb.rows]) if cfg.delta_proxy == "hidden" else \
-                            (self._proxies(head, mb.hidden, logp, mb.take(batch.response_ids), mb.take(mask)), None,
-                             mb.take(mask), adv[mb.rows])
-
-            parts, stats = delta.delta_coefficients_streaming(
-                micro_batches, reduce_fn=distributed.all_reduce_sum if pooled else None, **kw)
-            lam_bar = torch.zeros(mask.shape, dtype=parts[0].dtype)
-            for (rows, t), part in zip(layout, parts):
-                lam_bar[rows, :t] = part.cpu()
-            stats = distributed.pool_min_max(stats) if pooled else stats  # extremes are per process: pool them
-        if cfg.delta_gamma == "frozen" and self.delta_gamma is None and stats.get("delta/fallback") == 0.0:
-            self.delta_gamma = (stats["delta/gamma0_pos"], stats["delta/gamma0_neg"])  # "w/o adaptive γ", then kept
+        lam_bar, stats = self.delta_lam_bar(model, batch, adv, old, step)  # λ̄ [N, T]: DelTA, or the random control
         self.token_weights = {"lambda_bar": lam_bar}
         if cfg.delta_select != "none":  # Q2 (Sec. 5.2): plain DAPO on a share of the tokens chosen by λ ([N, T])
             draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + distributed.rank())
@@ -301,44 +294,69 @@ class Credit:
             return adv[:, None] * mask, {**stats, "delta/selected_frac": float(self.keep.sum() / mask.sum())}
         return delta.delta_token_advantages(adv, lam_bar, mask), stats  # Ã = Â·λ̄ (spec §2.3 step 7)
 
-    def _proxies(self, weight, hidden, old_logp, token_ids, mask):
-        """DelTA's proxy v ``[b, t, H]`` (App. F): (1 − p)·h, or with --delta_proxy topk W_y − Σ_{top K} p̃_j W_j
-        (``weight``: the LM head's W ``[V, H]``)."""
+    def _delta_lam_bar(self, model, batch, adv, old, step):
+        """DelTA's λ̄ ``[N, T]`` and its stats: ``delta.delta_coefficients`` with the steps chosen above, over chunks of
+        θ_old's proxies v (App. F). --delta_impl normal: stage 4's kept h_t ``[N, T, H]``, one chunk; memory_efficient:
+        the micro-batches of ``policy.Passes``, which re-runs θ_old's no-grad, eval-mode forward for h_t in each of
+        DelTA's K + 3 passes (the log-probs are stage 4's), so memory stays flat in the batch (spec §2.5)."""
         import delta
 
-        if self.cfg.delta_proxy == "hidden":
-            return delta.proxy_vectors(hidden, old_logp, mask)
-        at = weight.device
-        return delta.topk_proxy_vectors(hidden.to(at), token_ids.to(at), mask.to(at), weight, self.cfg.delta_proxy_topk,
-                                        self.cfg.temperature).cpu()
+        mask, ids = batch.response_mask, batch.response_ids
+        # --delta_proxy topk reads the whole LM head (gathered under FSDP2): V·H·4 bytes, 2.5 GB for Qwen3-8B
+        needs_head = getattr(self.delta_proxy, "needs_lm_head", False)
+        head = distributed.full_weight(model.get_output_embeddings().weight) if needs_head else None
+        if old.hidden is not None:  # (rows, length) of each chunk, and the chunks
+            layout, chunks = [(slice(None), mask.shape[1])], [(self.delta_proxy(old.hidden, old.logp, mask, ids, head),
+                                                               adv, mask)]
+        else:
+            passes = policy.Passes(model, batch, torch.arange(len(adv)), self.cfg, grad=False, hidden=True)
+            layout = [(rows, t) for rows, _, t in passes.layout]
+
+            def chunks():  # one pass: (v [b, t, H], Â [b], mask [b, t]) of each micro-batch, in order
+                for mb in passes:
+                    v = self.delta_proxy(mb.hidden, mb.take(old.logp), mb.take(mask), mb.take(ids), head)
+                    yield v, adv[mb.rows], mb.take(mask)
+
+        c = self.cfg
+        parts, stats = delta.delta_coefficients(chunks, K=c.delta_k, lam_min=c.delta_lam_min, lam_max=c.delta_lam_max,
+                                                steps=self.delta_steps, return_stats=True)
+        lam_bar = torch.zeros(mask.shape, dtype=parts[0].dtype)
+        for (rows, t), part in zip(layout, parts):
+            lam_bar[rows, :t] = part.cpu()
+        return lam_bar, distributed.pool_min_max(stats) if self.delta_steps.pool else stats  # extremes: per process
+
+    def _random_lam_bar(self, model, batch, adv, old, step):  # App. F's control: λ uniform in [λ_min, λ_max], no v
+        import delta_ablations
+
+        c, draw = self.cfg, torch.Generator().manual_seed(self.cfg.seed * 1_000_003 + step * 101 + distributed.rank())
+        return delta_ablations.random_coefficients(adv, batch.response_mask, c.delta_lam_min, c.delta_lam_max,
+                                                   generator=draw, normalize=c.delta_normalize), {}
 
     def _cscr(self, model, batch, adv, old_logp, answers):
         import cscr
 
-        c, mask = self.cfg, batch.response_mask
+        cfg, mask = self.cfg, batch.response_mask
+        scored = mask.bool() & (adv != 0)[:, None]  # the tokens that carry credit: those of the rows with Â ≠ 0
         # spec §3: the two privileged prompts x + c+, x + c− of every response
         pairs = [cscr.build_condition_prompts(prompt, reference=ref, response_answer=verify.extract_boxed(text) or "",
-                                              template=c.cscr_template)
+                                              template=cfg.cscr_template)
                  for prompt, ref, text in zip(batch.prompts, answers, batch.texts)]
         # spec §4: ℓ+, ℓ− of the responses with Â ≠ 0 (no grad, eval mode; prompts tokenised as the rollout's)
         lp_pos, lp_neg = cscr.condition_logprobs(
-            model, self.tokenizer, [p for p, _ in pairs], [q for _, q in pairs], batch.response_ids, mask,
-            temperature=c.temperature, micro_batch_size=c.micro_batch_size or None, logprob_fn=self._scoring_logprobs,
-            adv=adv)
-        s = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask, mode=c.cscr_mode)  # s_t = max(|Δ+|, |Δ−|)
-        if c.cscr_threshold_quantile is not None and not self.cscr_calibrated:
+            model, self.tokenizer, pairs, batch.response_ids, scored, cfg.temperature,
+            micro_batch_size=cfg.micro_batch_size or None, logprob_fn=self._scoring_logprobs)
+        s = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask, mode=cfg.cscr_mode)  # s_t = max(|Δ+|, |Δ−|)
+        if cfg.cscr_threshold_quantile is not None and not self.cscr_calibrated:
             # spec §5: λ = a quantile of s over the scored tokens (every process's) of the first batch that has any
             # (a batch whose every group has equal rewards has none, and no token it would weight), then frozen
-            s_all = torch.cat(distributed.all_gather_objects(s[mask.bool() & (adv != 0)[:, None]].cpu()))[None]
+            s_all = torch.cat(distributed.all_gather_objects(s[scored].cpu()))[None]
             if s_all.numel():
                 self.cscr_threshold = cscr.calibrate_threshold(s_all, torch.ones_like(s_all),
-                                                               c.cscr_threshold_quantile)
+                                                               cfg.cscr_threshold_quantile)
                 self.cscr_calibrated = True
         # spec §5: w_t = max(w_min, exp(−α·max(0, s_t − λ))), Ã_{i,t} = Â_i·w_t / mean_t(w) (sign and budget kept)
-        token_adv, stats = cscr.cscr_token_advantages(
-            adv, old_logp, lp_pos, lp_neg, mask, threshold=self.cscr_threshold, alpha=c.cscr_alpha,
-            w_min=c.cscr_w_min, mode=c.cscr_mode, weight=c.cscr_weight, scope=c.cscr_scope,
-            group_size=c.num_generations, sign_eps=c.cscr_sign_eps, sign_mix=c.cscr_sign_mix, return_stats=True)
+        token_adv, stats = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, self.cscr_threshold,
+                                                      self.cscr_settings, return_stats=True)
         self.token_weights = {"sensitivity": s}
         return token_adv, {**stats, "cscr/threshold": float(self.cscr_threshold)}
 
@@ -398,8 +416,12 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     # 6. policy update: num_iterations passes × num_mini_batches AdamW steps, micro-batched backward
     # the loss's own factor of each token (FIPO's f, an entropy or Q2 mask) for samples/: [N, T], N·T·4 bytes
     loss_weights = torch.zeros_like(token_adv) if uses_loss_side_rule(cfg) else None  # (34 MB at 2,048 × 4,096)
-    loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, batch, old, token_adv, cfg, step, credit.keep,
+    # the sampler–trainer mismatch (--vllm_importance_sampling_correction, TRL's): Ã·w = TRL's ℓ·w (sampler_mismatch)
+    update_adv, sampling_stats = sampler_mismatch.correction(cfg)(token_adv, old.logp, batch)
+    loss_sum, grad_norms, agg, skipped = policy_update(model, optimizer, batch, old, update_adv, cfg, step, credit.keep,
                                                        loss_weights)
+    no_signal = agg.pop("no_signal", 0.0)  # every advantage 0, no update: its statistics 0.0, so that every step's
+    agg = {name: 0.0 for name in update_stat_names(cfg)} if no_signal else agg  # line has the same keys
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
     peaks = distributed.all_gather_objects(policy.peak_memory())  # each process's; the largest is logged
     peak = {k: max(p[k] for p in peaks) for k in peaks[0]}
@@ -407,7 +429,8 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
                           batch.finish_reasons, verify.summarize(graded),
                           agg, {"loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
                                 "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
-                                **credit_stats, **peak, "step_time": time.time() - t0, "generation_time": t_gen})
+                                "no_signal": no_signal,
+                                **credit_stats, **sampling_stats, **peak, "step_time": time.time() - t0, "generation_time": t_gen})
     if rank == 0 and cfg.logging_steps and (step + 1) % cfg.logging_steps == 0:
         token_credit = credit.token_credit(adv, token_adv)  # × the loss's own factor, where a rule has one
         run.write_samples(step + 1, tokenizer, batch, rewards, adv, token_adv,
@@ -416,10 +439,20 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     return record
 
 
+def update_stat_names(cfg: GRPOConfig) -> list[str]:
+    """The statistics ``policy_update`` logs for ``cfg`` (``policy_loss``'s, asked of a one-token call, and the
+    loss-side rule's, ``backward_minibatch``): a step without signal logs each as 0.0."""
+    one = torch.zeros(1, 1)
+    names = list(policy_loss(one, one, one[:, 0], torch.ones(1, 1), LossSettings.from_config(cfg))[1])
+    if cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1:
+        names.append("forking/kept_frac")
+    return names + (["fipo/f_mean", "fipo/dropped_frac"] if cfg.credit == "fipo" else [])
+
+
 # θ_old, as stage 4 leaves it for stages 5 and 6, float32 on the host (N responses × T tokens, hidden size H; at the
 # papers' scale 2,048 × 4,096, H = 4,096): logp N·T·4 bytes (34 MB); ref_logp (--beta > 0, else None) N·T·4 (34 MB);
-# hidden (DelTA's --delta_impl normal, else None) N·T·H·4 (137 GB), refused by policy.check_delta_cache above a quarter
-# of the host's memory (stage 5 adds v: policy.DELTA_NORMAL_HOST_COPIES = 2 copies in HOST_MEMORY_SHARE = 1/2);
+# hidden (DelTA's --delta_impl normal, else None) N·T·H·4 (137 GB), refused by memory_plan.check_delta_cache above a quarter
+# of the host's memory (stage 5 adds v: memory_plan.DELTA_NORMAL_HOST_COPIES = 2 copies in HOST_MEMORY_SHARE = 1/2);
 # update_passes: stage 4's training forward, which stage 6 reuses (can_update_on_policy; graphs on the device), or None.
 ThetaOld = namedtuple("ThetaOld", "logp hidden ref_logp update_passes")
 
@@ -439,7 +472,7 @@ def old_logprobs(model, batch, cfg: GRPOConfig, need_hidden=False, ref_model=Non
         old_logp[mb.rows, :mb.t] = mb.logp.detach().cpu()
         if need_hidden:  # h_t on the host, bounded (the comment above ThetaOld)
             if hidden is None:
-                policy.check_delta_cache(N, T, mb.hidden.shape[-1])
+                memory_plan.check_delta_cache(N, T, mb.hidden.shape[-1])
                 hidden = torch.zeros(N, T, mb.hidden.shape[-1], dtype=dt)
             hidden[mb.rows, :mb.t] = mb.hidden.to(dt).cpu()
     ref_logp = policy.reference_logprobs(ref_model, batch, passes.layout, cfg.temperature) if ref_model else None
@@ -502,42 +535,53 @@ def backward_minibatch(model, batch, old: ThetaOld, token_adv, mb_idx, cfg: GRPO
     processes (trl#3021; FSDP sums the gradients). The rules that need the current policy are branches of this
     stage (docs/specs/baselines.md): Forking Tokens' entropy mask (§3) and FIPO's future-KL weight (§5).
     ``keep`` ``[N, T]`` bool: the tokens the loss trains on (--delta_select; None: all); ``loss_weights`` ``[N, T]``
-    (optional, written): each token's loss-side factor (FIPO's f, the entropy mask) for samples/. Returns (loss,
-    token-weighted ``policy_loss`` statistic sums).
+    (optional, written): each token's loss-side factor (FIPO's f, the entropy mask) for samples/. FIPO rescales the
+    gradients accumulated in the parameters when it drops responses (``fipo_rescale``): call it on zeroed gradients,
+    as ``policy_update`` does. Returns (loss, token-weighted ``policy_loss`` statistic sums).
     """
     device, loss_total, agg = next(model.parameters()).device, 0.0, {}
     settings, ft_ratio, ft_quantile = LossSettings.from_config(cfg), cfg.entropy_top_ratio, cfg.top_entropy_quantile
     forking = ft_ratio > 0 or ft_quantile < 1
-    if forking and cfg.entropy_pool == "minibatch":  # H2 (spec §3): tokens ranked over the mini-batch, current θ
-        keep = forking_tokens(model, batch, mb_idx, cfg)
+    if cfg.credit == "fipo":  # spec §5: FIPO's code always applies its dual clip c (clip_ratio_c = 10)
+        settings = dataclasses.replace(settings, dual_clip=fipo_dual_clip(cfg))
+    # H2 (spec §3): tokens ranked over the mini-batch at the current θ ([N, T] bool; None: each micro-batch's own)
+    pool = forking_tokens(model, batch, mb_idx, cfg) if forking and cfg.entropy_pool == "minibatch" else None
+    if pool is not None and ft_quantile == 1:  # Forking Tokens' code: the loss over the kept tokens, their mean
+        keep = pool
     mask = batch.response_mask if keep is None else batch.response_mask * keep  # the tokens of the loss
-    # the normaliser: the kept tokens (Forking Tokens' code, Q2), or all valid ones (TRL's entropy quantile)
-    counted = batch.response_mask if ft_quantile < 1 else mask
-    counts = distributed.all_reduce_sum(torch.tensor([counted[mb_idx].sum().item(), float(len(mb_idx))],
+    counts = distributed.all_reduce_sum(torch.tensor([mask[mb_idx].sum().item(), float(len(mb_idx))],
                                                      dtype=torch.float64))
     n_tok, n_seq = counts[0].item(), int(counts[1].item())
+    own_count = forking and pool is None and ft_quantile == 1  # its code's micro pool: each micro-batch's own mean
+    dropped = torch.zeros(2, dtype=torch.float64)  # FIPO: the tokens and responses dropped (spec §5)
     # the training forward over these rows: stage 4's, when it was this one (its only update), else a new one
     passes = old.update_passes or policy.Passes(model, batch, mb_idx, cfg, grad=True,
                                                    entropy=forking and cfg.entropy_pool == "micro")
     for mb in passes:
         at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
-        adv_t, mask_t, n_mb, rule = at(token_adv), at(mask), n_tok, {}
-        if forking and cfg.entropy_pool == "micro":  # Forking Tokens' code: ranked in each micro-batch, its loss
-            mask_t = at(batch.response_mask) * forking_mask(mb.entropy.to(device), at(batch.response_mask), cfg)
-            if ft_quantile == 1:  # the kept tokens' mean, divided by the micro-batches summed (gradient accumulation)
-                n_mb = max(float(mask_t.sum()), 1.0) * len(passes.layout) * distributed.world_size()
-        if forking:  # the share of the micro-batch's valid tokens the entropy rule keeps
-            rule = {"forking/kept_frac": float(mask_t.sum() / at(batch.response_mask).sum().clamp(min=1.0))}
-        f = None
-        if cfg.credit == "fipo":  # H2 (spec §5): Ã = Â·f, f from the current log-ratio (log c: --dual_clip's, else
+        adv_t, mask_t, n_mb, rule, weight = at(token_adv), at(mask), n_tok, {}, 1.0
+        if forking:  # the tokens of this micro-batch the entropy rule keeps: ranked over the pool, or here
+            valid_t = at(batch.response_mask)
+            picked = at(pool) if pool is not None else forking_mask(mb.entropy.to(device), valid_t, cfg)
+            if ft_quantile < 1:  # TRL: ℓ × the mask, every valid token still in the normaliser (tokens, |o_i|)
+                weight = picked.to(adv_t.dtype)  # on Ã: each surrogate here is 0 at Ã = 0, so ℓ(m·Ã) = m·ℓ(Ã)
+            elif pool is None:
+                mask_t = valid_t * picked
+            rule = {"forking/kept_frac": float((valid_t * picked).sum() / valid_t.sum().clamp(min=1.0))}
+        if cfg.credit == "fipo":  # H2 (spec §5): Ã = Â·f, f from the current log-ratio; a dropped response leaves
+            # the numerator here and the denominator after the loop (fipo_rescale), as in FIPO's code
             f, kept = baselines.fipo_weights(mb.logp.detach() - at(old.logp), adv_t, mask_t, cfg.fipo_decay_rate,
-                                             cfg.fipo_clip, cfg.fipo_safety_threshold, math.log(cfg.dual_clip or 10.0))
-            rule = {"fipo/f_mean": float((f * kept).sum() / kept.sum().clamp(min=1.0)),  # 10); a dropped response's
-                    "fipo/dropped_frac": float((mask_t - kept).sum() / mask_t.sum().clamp(min=1.0))}  # tokens leave
-            adv_t, mask_t = adv_t * f, kept  # the numerator, the denominator stays the mini-batch's token count
-        if loss_weights is not None:  # what the loss made of each token's credit: its mask, times f
-            loss_weights[mb.rows, :mb.t] = (mask_t if f is None else mask_t * f).cpu().to(loss_weights.dtype)
-        loss, stats = policy_loss(mb.logp, at(old.logp), adv_t, mask_t, settings, ref_logp=at(old.ref_logp),
+                                             cfg.fipo_clip, cfg.fipo_safety_threshold, math.log(fipo_dual_clip(cfg)))
+            rule = {"fipo/f_mean": float((f * kept).sum() / kept.sum().clamp(min=1.0)),
+                    "fipo/dropped_frac": float((mask_t - kept).sum() / mask_t.sum().clamp(min=1.0))}
+            dropped += torch.tensor([float((mask_t - kept).sum()),  # its tokens, and the responses
+                                     float(((mask_t.sum(-1) > 0) & (kept.sum(-1) == 0)).sum())], dtype=torch.float64)
+            weight, mask_t = weight * f, kept
+        if own_count:  # the kept tokens' mean of each micro-batch, divided by the micro-batches summed (accumulation)
+            n_mb = max(float(mask_t.sum()), 1.0) * len(passes.layout) * distributed.world_size()
+        if loss_weights is not None:  # what the loss made of each token's credit: its mask, times its factor
+            loss_weights[mb.rows, :mb.t] = (mask_t * weight).cpu().to(loss_weights.dtype)
+        loss, stats = policy_loss(mb.logp, at(old.logp), adv_t * weight, mask_t, settings, ref_logp=at(old.ref_logp),
                                   num_tokens=n_mb, num_sequences=n_seq)
         stats.update(rule)
         loss.backward()
@@ -545,7 +589,36 @@ def backward_minibatch(model, batch, old: ThetaOld, token_adv, mb_idx, cfg: GRPO
         for key, v in stats.items():  # token-weighted, so that Σ / Σ num_tokens is the step's token-mean
             agg[key] = agg.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
     passes.backward_prompts()  # --shared_prompt: the prompts' share, summed over the responses that read them
+    if cfg.credit == "fipo" and not own_count:
+        loss_total *= fipo_rescale(model, settings, n_tok, n_seq, distributed.all_reduce_sum(dropped))
     return loss_total, agg
+
+
+def fipo_dual_clip(cfg: GRPOConfig) -> float:
+    """FIPO's c (spec §5): --dual_clip, else its code's clip_ratio_c = 10; log c is its filter's bound too."""
+    return cfg.dual_clip or 10.0
+
+
+def fipo_rescale(model, settings: LossSettings, n_tok: float, n_seq: int, dropped: torch.Tensor) -> float:
+    """FIPO's sequence drop in the denominator (spec §5: its code masks a dropped response out of both): the
+    mini-batch's loss was divided by its whole count ``n_tok`` tokens (``n_seq`` responses under the per-sequence
+    aggregations), so every accumulated gradient is scaled by n / (n − dropped) of the loss type's unit.
+
+    Rescaling, not counting: the drop is known only from the current θ's log-ratio, which each micro-batch's own
+    training forward gives; counting it before the first backward would take a no-grad forward of the mini-batch
+    more (the update's largest cost) and a second, possibly differently rounded, decision. Gradient accumulation is
+    linear, so the scaled sum equals dividing each micro-batch by n − dropped, at every micro-batch size (tested in
+    float64). ``dropped`` [2]: tokens, responses (summed over processes). Returns the factor (1.0: nothing dropped).
+    """
+    n, d = (n_tok, float(dropped[0])) if settings.aggregation == "dapo" else (float(n_seq), float(dropped[1]))
+    if d == 0:
+        return 1.0
+    factor = max(n, 1.0) / max(n - d, 1.0)  # a mini-batch all dropped has no loss left: nothing to divide
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.mul_(factor)
+    return factor
 
 
 def uses_loss_side_rule(cfg: GRPOConfig) -> bool:
@@ -615,6 +688,7 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     llm = rollout.create_vllm_engine(  # after the policy is on the GPU: vLLM's memory check counts it
         policy.model_path(cfg.model), gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
         enable_sleep_mode=cfg.vllm_enable_sleep_mode, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
+        kv_cache_dtype=cfg.vllm_kv_cache_dtype, sampler_logprobs=cfg.vllm_importance_sampling_correction,
         dtype=str(compute_dtype or next(model.parameters()).dtype).removeprefix("torch.")) if cfg.use_vllm else None
     credit, sampler = Credit(cfg, tokenizer), rollout.PromptSampler(len(rows), cfg.seed)
     actor, source = Actor(model, tokenizer, optimizer, ref_model, llm), PromptSource(rows, sampler, template, stop_ids)
@@ -641,10 +715,10 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
         return {"sampler_position": sampler.position, "cscr_threshold": float(credit.cscr_threshold),
                 "cscr_calibrated": credit.cscr_calibrated, "delta_gamma": credit.delta_gamma}
 
-    last, started = {}, False
+    last, started, bar = {}, False, None
     try:
         first_eval = run_eval(0) if start_step == 0 else run.logged_eval(0)  # a resumed run logged it already
-        bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{cfg.credit}]", dynamic_ncols=True,
+        bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{rule_label(cfg)}]", dynamic_ncols=True,
                    initial=start_step, total=cfg.max_steps, **({} if rank == 0 else {"disable": True}))
         for step in bar:
             with policy.oom_guard(f"step {step + 1}"):
@@ -660,32 +734,55 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
                 run.save_checkpoint(step + 1, model, tokenizer, optimizer, trainer_state())
         summary = {"before": first_eval, "after": run_eval(cfg.max_steps) if cfg.max_steps else first_eval,
                    "last_step": last}
-    except BaseException:
+    except BaseException as e:
         if not started and start_step == 0:  # stopped before its first step: leave nothing that blocks the rerun
             run.discard()
+        if isinstance(e, KeyboardInterrupt):  # Ctrl-C: main prints one line, what the folder holds and what next
+            if bar is not None:
+                bar.close()
+            raise KeyboardInterrupt(run.interrupted_note()) from None
         raise
     finally:
         run.close()
-    # final/ (save_pretrained, and resumable: AdamW's state and the trainer's) and summary.json
-    run.finish(model, tokenizer, summary, optimizer, {"step": cfg.max_steps, **trainer_state()})
-    if run.main:  # samples/summary.json: report.py's numbers of this run's logged samples
-        report.write_samples_summary(run.path)
+    try:  # final/ (save_pretrained, and resumable: AdamW's state and the trainer's) and summary.json
+        run.finish(model, tokenizer, summary, optimizer, {"step": cfg.max_steps, **trainer_state()})
+        if run.main:  # samples/summary.json: report.py's numbers of this run's logged samples
+            report.write_samples_summary(run.path)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(run.interrupted_note()) from None
     if llm is not None:  # free the engine before the process group goes (vLLM's shutdown touches it)
         del llm
         gc.collect()
     return summary
 
 
+def rule_label(cfg: GRPOConfig) -> str:
+    """The run's rule for the progress bar, from its flags: the loss-side rules (SAPO's gate, Forking Tokens' mask),
+    then the credit (DelTA's Q2 selection as ``delta Q2``), e.g. ``grpo``, ``sapo``, ``forking``, ``sapo+delta``.
+    (report.py's ``rule_name`` spells a finished run's config out in words.)"""
+    loss = (["sapo"] if cfg.loss_type == "sapo" else []) + \
+        (["forking"] if cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1 else [])
+    credit = "delta Q2" if cfg.credit == "delta" and cfg.delta_select != "none" else cfg.credit
+    return "+".join(loss + ([credit] if credit != "grpo" or not loss else []))
+
+
 def main(argv=None):
     cfg = GRPOConfig(**vars(build_parser().parse_args(argv)))
     given = set(vars(build_parser(defaults=False).parse_args(argv)))  # the flags given beat the recipe's values
+    interrupted = None
     try:
         summary = train(cfg, given)
         cfg = recipes.apply(cfg, given)  # the settings it ran with, for the closing line
     except (ValueError, OSError) as e:  # bad data file / model name / folder: one clear line, no traceback
         raise SystemExit(f"grpo.py: error: {e}")
+    except KeyboardInterrupt as e:  # Ctrl-C: train's note on the run folder (none: nothing written yet)
+        interrupted = str(e) or "before training began; the same command starts again"
     finally:
         distributed.close()
+    if interrupted is not None:  # (after the except block: the interrupted frames, and their bars, are gone)
+        if distributed.rank_from_env() == 0:
+            print(f"grpo.py: interrupted: {interrupted}", file=sys.stderr, flush=True)
+        raise SystemExit(130)  # a shell's status for SIGINT
     if summary is None:  # --dry_run
         return
     b, a, k = summary["before"], summary["after"], cfg.eval_num_generations

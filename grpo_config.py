@@ -11,8 +11,10 @@ and config.json in the run folder records every resolved value), environment-var
 from __future__ import annotations
 
 import argparse
+import difflib
 import dataclasses
 import importlib.util
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -58,10 +60,12 @@ class GRPOConfig:
     delta_k: int = _f(1, "DelTA refinement iterations K")
     delta_lam_min: float = _f(0.8, "DelTA λ_min")
     delta_lam_max: float = _f(1.2, "DelTA λ_max")
-    delta_impl: str = _f("normal", "DelTA: keep the batch's h (normal) or stream micro-batches, recomputing h in "
-                                   "K + 3 passes (memory_efficient; memory independent of the batch)",
+    delta_impl: str = _f("normal", "where DelTA's chunks come from: the batch's h kept from θ_old's pass (normal) or "
+                                   "micro-batches whose h is recomputed in each of K + 3 passes (memory_efficient; "
+                                   "memory independent of the batch)",
                          ["normal", "memory_efficient"])
-    # DelTA's ablations (docs/specs/baselines.md §6; docs/reproduce.md): each one changes one step of delta.py
+    # DelTA's ablations (docs/specs/baselines.md §6; docs/reproduce.md): each one swaps one step of delta.py for its
+    # function in delta_ablations.py (steps_from_flags, proxy_from_flags), chosen once when the run starts
     delta_scores: str = _f("contrastive", "DelTA margins: contrastive (Sec. 3.2) or within_side (−‖v − μ_own‖²)",
                            ["contrastive", "within_side"])
     delta_assignment: str = _f("soft", "DelTA assignment: soft α = σ(Δ/γ) or hard 1[Δ > 0]", ["soft", "hard"])
@@ -100,8 +104,22 @@ class GRPOConfig:
     temperature: float = _f(1.0, "sampling temperature; the trainer's log-probs use the same temperature")
     top_p: float = _f(1.0, "nucleus sampling mass")
     use_vllm: bool = _f(False, "sample with vLLM colocated in this process (requirements-vllm.txt)")
-    vllm_gpu_memory_utilization: float = _f(0.3, "fraction of the GPU's memory vLLM takes (weights + KV cache)")
+    vllm_gpu_memory_utilization: float | None = _f(None, "fraction of the GPU's memory vLLM takes (weights + KV "
+                                                         "cache); default: with --vllm_enable_sleep_mode on a GPU "
+                                                         "the memory plan's size (memory_plan.vllm_share), else 0.3")
     vllm_enable_sleep_mode: bool = _f(False, "free vLLM's weights and KV cache during the policy update")
+    vllm_kv_cache_dtype: str = _f("auto", "vLLM's KV cache: auto (the model's dtype) or fp8 (half the bytes on a "
+                                          "GPU: twice the sequences at once; the sampler drifts further from the "
+                                          "trainer)", ["auto", "fp8"])
+    # the sampler–trainer mismatch (TRL 1.16's flags and meanings; sampler_mismatch.py): off by default
+    vllm_importance_sampling_correction: bool = _f(False, "--use_vllm: multiply each token's loss by the truncated IS "
+                                                          "weight π_θold / π_vLLM (vLLM's processed log-probs)")
+    vllm_importance_sampling_mode: str = _f("token_truncate", "token_truncate: w_t = min(ratio_t, C_max); token_mask: "
+                                                              "0 outside [C_min, C_max]; sequence_*: one ratio per "
+                                                              "response, the product of its tokens'",
+                                            ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+    vllm_importance_sampling_clip_max: float | None = _f(3.0, "C_max of the IS weight (TRL 1.16's; None: no bound)")
+    vllm_importance_sampling_clip_min: float | None = _f(None, "C_min of the IS weight (None: no lower bound)")
     # optimisation
     max_steps: int = _f(60, "training steps (one rollout batch each)")
     learning_rate: float = _f(3e-4, "AdamW learning rate (3e-4 suits the toy; ~1e-6 full fine-tuning, ~1e-5 LoRA)")
@@ -161,7 +179,17 @@ class GRPOConfig:
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, like every other bad input (argparse would print the 45-line usage first)
-        raise SystemExit(f"grpo.py: error: {message} (python grpo.py --help lists the flags)")
+        raise SystemExit(f"grpo.py: error: {message}{self.suggest(message)} (python grpo.py --help lists the flags)")
+
+    def suggest(self, message: str) -> str:
+        """``; did you mean --num_generations?`` for each unknown flag of argparse's "unrecognized arguments: ..."
+        that is close to a known one (difflib), else ""."""
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        known = [s for action in self._actions for s in action.option_strings if s.startswith("--")]
+        close = [(flag, difflib.get_close_matches(flag, known, n=1, cutoff=0.75))
+                 for flag in (word.split("=")[0] for word in message.split(":", 1)[1].split()) if flag.startswith("--")]
+        return "".join(f"; did you mean {match[0]} (not {flag})?" for flag, match in close if match)
 
 
 def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
@@ -202,6 +230,8 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None)
         (not 0 <= cfg.cscr_w_min <= 1 or cfg.cscr_threshold_quantile is not None
          and not 0 < cfg.cscr_threshold_quantile <= 1, "--cscr_w_min must be in [0, 1] and "
          "--cscr_threshold_quantile in (0, 1]"),
+        (not -float("inf") < cfg.cscr_threshold < float("inf") or not cfg.cscr_alpha < float("inf"),
+         "--cscr_threshold (nats) and --cscr_alpha must be finite numbers"),
         (cfg.overlong_buffer_len < 0 or 0 < cfg.max_completion_length <= cfg.overlong_buffer_len,
          f"--overlong_buffer_len {cfg.overlong_buffer_len} must be >= 0 and shorter than --max_completion_length "
          f"{cfg.max_completion_length} (verl asserts the same)"),
@@ -219,7 +249,12 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None)
         (cfg.use_peft and (cfg.lora_r < 1 or cfg.lora_alpha <= 0 or not 0 <= cfg.lora_dropout < 1
                            or not cfg.lora_target_modules.strip(",").strip()),
          "--use_peft needs --lora_r >= 1, --lora_alpha > 0, 0 <= --lora_dropout < 1 and --lora_target_modules"),
-        (not 0 < cfg.vllm_gpu_memory_utilization <= 1, "--vllm_gpu_memory_utilization must be in (0, 1]"),
+        (not 0 < _or(cfg.vllm_gpu_memory_utilization, 1) <= 1, "--vllm_gpu_memory_utilization must be in (0, 1]"),
+        (cfg.vllm_kv_cache_dtype != "auto" and not cfg.use_vllm, "--vllm_kv_cache_dtype needs --use_vllm"),
+        (cfg.vllm_importance_sampling_correction and not cfg.use_vllm, "--vllm_importance_sampling_correction needs "
+         "--use_vllm: HF generate returns no sampler log-probs (its sampler is the trainer's own model)"),
+        (not 0 <= _or(cfg.vllm_importance_sampling_clip_min, 0) < _or(cfg.vllm_importance_sampling_clip_max, math.inf),
+         "--vllm_importance_sampling_clip_min must be >= 0 and below --vllm_importance_sampling_clip_max"),
         (cfg.vllm_enable_sleep_mode and not cfg.use_vllm, "--vllm_enable_sleep_mode needs --use_vllm"),
         # the comparison rules (docs/specs/baselines.md)
         (not 0 <= cfg.entropy_top_ratio <= 1 or not 0 < cfg.top_entropy_quantile <= 1, "--entropy_top_ratio must be "

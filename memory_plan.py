@@ -45,10 +45,20 @@ from pathlib import Path
 
 GB = 1e9  # docs/scaling.md's unit
 
-# DelTA --delta_impl normal: its host peak during stage 5 as a multiple of its h cache N·T·H·4 bytes: the cache and
-# the proxies v = (1 − p)·h (delta.py computes the margins in blocks of rows: one block more, 1/H-sized tensors);
-# policy.DELTA_NORMAL_HOST_COPIES, which the trainer's guard counts (the two are tested equal).
-DELTA_NORMAL_HOST_COPIES = 2
+# Host copies of N·T·H·4 bytes that DelTA's --delta_impl normal holds at stage 5's peak, its cache included
+# (grpo.Credit._delta -> delta.proxy_vectors -> delta.delta_coefficients): stage 4's h_t cache and the proxies v,
+# which proxy_vectors masks in place and delta_coefficients reads as they are (+0.0 on padding: no masked copy);
+# v − μ and its square exist one row block at a time (delta.ROW_BLOCK_BYTES = 16 MiB of v, or one response's
+# T·H·4 when larger). Beyond them: that block and [N, T] tensors (1/H of a copy each). Measured above the cache at
+# 64 and 256 MiB of h: 1.28 and 1.075 copies where v + a block gives 1.25 and 1.0625 (4.0 before the blocks;
+# bench/memory.py --only stage5, docs/scaling.md). check_delta_cache counts the two copies.
+DELTA_NORMAL_HOST_COPIES = 2  # the plan (stage 5's host peak) and check_delta_cache count these
+# The most of the host memory available to a process that one allocation's peak may take (check_host_memory):
+# half, the other half for the process itself (model, rollouts, allocator slack). DelTA's cache may then take a
+# quarter (HOST_MEMORY_SHARE / DELTA_NORMAL_HOST_COPIES).
+HOST_MEMORY_SHARE = 0.5
+
+
 # DelTA --delta_impl memory_efficient keeps per token, across its K + 3 passes: a float mask and two bool sides
 # (6 B, delta.py pass 1), the margin (4 B, pass 2) and λ̄ (4 B): 14 bytes on h's device (delta.py's comments).
 DELTA_STREAM_BYTES_PER_TOKEN = 14
@@ -59,9 +69,16 @@ CSCR_NOTE_TOKENS = 160
 # max_num_batched_tokens for offline inference) and the logits of ``VLLM_MAX_SEQS`` sequences (max_num_seqs).
 VLLM_PROFILE_TOKENS = 8192
 VLLM_MAX_SEQS = 256
+# --vllm_gpu_memory_utilization not given: 0.3 of the device (TRL's default), except with sleep mode on a GPU, where
+# the plan sizes it (``vllm_share``) so that the rollout stage, vLLM's share beside what stays resident through the
+# rollout, leaves VLLM_HEADROOM of the GPU free at its peak (after the CUDA context and allocator slack) for what this
+# plan does not count on vLLM's side: CUDA graphs, the sampler's buffers beyond its profile run, NCCL's buffers.
+VLLM_DEFAULT_SHARE = 0.3
+VLLM_HEADROOM = 0.10
 # A GPU's memory beyond the tensors: the CUDA context (about 0.5 GB with cuBLAS workspaces) and the caching
-# allocator's free blocks (a fraction of the peak). Allowances, not measured here: bench/gpu_check.py records the
-# prediction beside the measured peak for the day a GPU is lent.
+# allocator's free blocks (a fraction of the largest stage, and of no more than the GPU has: a stage planned past the
+# GPU's size gets the GPU's fraction, not 5% of memory that is not there). Allowances, not measured here:
+# bench/gpu_check.py records the prediction beside the measured peak for the day a GPU is lent.
 CUDA_CONTEXT_GB = 0.6
 CUDA_ALLOCATOR_SLACK = 0.05
 PADDING_FREE_BUCKETS = 8  # policy.PADDING_FREE_BUCKETS (copied: this module imports no project file)
@@ -69,11 +86,25 @@ LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 
 
 # --- config.json ------------------------------------------------------------------------------------------------
+SHIPPED_CONFIGS = Path(__file__).resolve().parent / "model_configs"  # <hub id>/config.json (its README: sources)
+
+
+def shipped_config(model: str) -> Path | None:
+    """The folder of model_configs/ holding the config.json of the hub id ``model`` (e.g. ``Qwen/Qwen3-8B-Base``),
+    or None: a copy shipped so that the plan of the models the README names needs no network."""
+    parts = model.split("/")
+    if len(parts) != 2 or any(p in ("", ".", "..") for p in parts) or os.path.isdir(os.path.expanduser(model)):
+        return None
+    folder = SHIPPED_CONFIGS.joinpath(*parts)
+    return folder if (folder / "config.json").is_file() else None
+
+
 def read_model_config(model: str, trust_remote_code: bool = False) -> dict:
     """The text model's config of ``model`` (a folder, a hub id, or ``"toy"``: the shipped toy_model/) as a dict,
     from config.json only: never weights. ``transformers.AutoConfig`` from the local files first (a folder holding
-    only config.json works), then from the hub (config.json alone is downloaded); a multimodal config gives its
-    text config. A config AutoConfig does not know (a ``model_type`` of a newer transformers) is read as JSON.
+    only config.json works; a hub id in the local cache), then a hub id's copy in model_configs/
+    (``shipped_config``), then the hub (config.json alone is downloaded); a multimodal config gives its text config.
+    A config AutoConfig does not know (a ``model_type`` of a newer transformers) is read as JSON.
     Raises ValueError (one line) when it cannot be read."""
     from transformers import AutoConfig
 
@@ -84,7 +115,10 @@ def read_model_config(model: str, trust_remote_code: bool = False) -> dict:
         except OSError:
             if os.path.isdir(path):
                 raise
-            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+            shipped = shipped_config(model)
+            path = str(shipped) if shipped else path
+            config = AutoConfig.from_pretrained(path, local_files_only=shipped is not None,
+                                                trust_remote_code=trust_remote_code)
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         return {**text.to_dict(), "model_type": getattr(text, "model_type", None) or config.model_type}
     except (OSError, ValueError, KeyError) as e:
@@ -284,8 +318,9 @@ class Settings:
     num_iterations: int = 1
     max_completion_length: int = 64
     use_vllm: bool = False
-    vllm_gpu_memory_utilization: float = 0.3
+    vllm_gpu_memory_utilization: float | None = None  # None: sized by the plan (``vllm_share``)
     vllm_enable_sleep_mode: bool = False
+    vllm_kv_cache_dtype: str = "auto"  # "fp8": one byte per cached key/value element
     credit: str = "grpo"
     delta_impl: str = "normal"
     delta_k: int = 1
@@ -369,6 +404,22 @@ class MemoryPlan:
         fix = " or: ".join(s.command() for s in self.suggestions)
         return f"does not fit: {where}{why}; fits with: {fix}"
 
+    def vllm_line(self) -> str:
+        """One line on vLLM's share: who chose it, the sequences its KV cache holds at once, and what holds more:
+        an FP8 KV cache (``--vllm_kv_cache_dtype fp8``, one byte per element) and tensor parallelism over 2 GPUs,
+        which halves each GPU's copy of vLLM's weights (its KV cache is split too, but the engine then serves the
+        rows of 2 processes: per process the same bytes per sequence)."""
+        p = self.parts
+        budget, one, c = p["vllm_kv_budget"], p["vllm_sequence_bytes"], p["compute_bytes"]
+        who = "sized by the plan (sleep mode)" if p["vllm_sized"] else "as given"
+        more = []
+        if c > 1 and one % c == 0 and p["kv_per_token"] * p["row_tokens"] == one:  # not fp8 already
+            more.append(f"--vllm_kv_cache_dtype fp8 holds {int(budget // (one // c)):,}")
+        more.append(f"tensor parallel over 2 GPUs (vLLM's tensor_parallel_size, not a grpo.py flag) "
+                    f"{int((budget + p['vllm_weights'] / 2) // one):,}")
+        return (f"vLLM: --vllm_gpu_memory_utilization {p['vllm_share']:.2f} {who}, KV cache {budget / GB:.1f} GB: "
+                f"{p['vllm_sequences']:,} sequences at once; more: " + "; ".join(more))
+
     def table(self) -> str:
         """A short fixed-width table (at most 12 lines): one line per stage, the fixed parts, the verdict."""
         p = self.parts
@@ -378,11 +429,29 @@ class MemoryPlan:
         lines += [f"{s.name:<12}{s.device_gb:>10.1f}{s.host_gb:>9.1f}  {s.what}" for s in self.stages]
         lines.append(f"fixed: weights {p['weights'] / GB:.2f} GB, AdamW {p['adamw'] / GB:.2f} GB, gradients "
                      f"(update) {p['gradients'] / GB:.2f} GB" +
-                     (f"; + {self.reserve_gb:.1f} GB CUDA context, allocator" if self.reserve_gb else ""))
+                     (f"; + {CUDA_CONTEXT_GB:.1f} GB CUDA context, {self.reserve_gb - CUDA_CONTEXT_GB:.1f} GB "
+                      f"allocator slack" if self.reserve_gb else ""))
+        if p.get("vllm_share") and self.device == "GPU":
+            lines.append(self.vllm_line())
         lines.append(f"per token: activations {p['activation_row'] / p['row_tokens'] / 1e6:.2f} MB kept to the "
                      f"backward, KV cache {p['kv_per_token'] / 1e6:.3f} MB")
         lines.append(self.verdict())
         return "\n".join(lines)
+
+
+def vllm_share(resident: float, engine: float, sequence: float, rows: int, device_gb: float) -> float:
+    """``--vllm_gpu_memory_utilization`` sized for a colocated vLLM with sleep mode: the largest share (down to 0.01)
+    with which the rollout stage, ``resident`` bytes that stay through it (the trainer's sharded weights, AdamW, a
+    frozen reference) plus vLLM's share of the device, peaks at (1 − VLLM_HEADROOM) of ``device_gb`` with the CUDA
+    context and the allocator's slack counted as ``plan`` counts them; no larger than holding all ``rows`` sequences
+    of ``sequence`` bytes of KV cache beside ``engine`` bytes (vLLM's weights and profile run). Sleep mode frees the
+    share during the update, so the share is what the rollout leaves free, not what the update leaves. Where that
+    holds no sequence, the smallest share that holds one (into the headroom; the plan then says whether it fits)."""
+    stage = ((1 - VLLM_HEADROOM) * device_gb - CUDA_CONTEXT_GB) / (1 + CUDA_ALLOCATOR_SLACK) * GB  # rollout bytes
+    pool = min(stage - resident, engine + rows * sequence)
+    if pool < engine + sequence:
+        return min(math.ceil((engine + sequence) / (device_gb * GB) * 100) / 100, 1.0)
+    return math.floor(pool / (device_gb * GB) * 100) / 100
 
 
 def _rows(n: int) -> str:
@@ -399,13 +468,37 @@ def _cuda() -> bool:
 
 
 def host_available_bytes() -> int:
-    """The host's available memory in bytes: MemAvailable (Linux), else the free physical pages (policy.py's
-    guards divide it among a node's processes)."""
+    """The host's available memory in bytes: MemAvailable (Linux), else the free physical pages (``host_memory_available``
+    divides it among a node's processes)."""
     try:
         with open("/proc/meminfo") as f:
             return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
     except (OSError, StopIteration):
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def host_memory_available() -> int:
+    """Bytes of host memory available to this process: MemAvailable (Linux; else the free physical pages) divided
+    among the node's processes (torchrun's LOCAL_WORLD_SIZE)."""
+    return host_available_bytes() // max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+
+
+def check_host_memory(nbytes: int, what: str, fix: str) -> None:
+    """Stop (``SystemExit``, one line naming ``fix``) before ``nbytes`` (the peak of ``what``, every copy it will
+    hold counted) are allocated on the host when that is more than ``HOST_MEMORY_SHARE`` of
+    ``host_memory_available()``: a clear message instead of an out-of-memory kill in the middle of a step."""
+    avail = host_memory_available()
+    if nbytes > HOST_MEMORY_SHARE * avail:
+        raise SystemExit(f"grpo.py: error: {what} = {nbytes / 1e9:.1f} GB, more than {HOST_MEMORY_SHARE:.0%} of the "
+                         f"{avail / 1e9:.1f} GB of host memory available to this process; use {fix}")
+
+
+def check_delta_cache(N: int, T: int, H: int) -> None:  # one line, not an out-of-memory kill mid-step
+    copies = DELTA_NORMAL_HOST_COPIES  # stage 5's peak: the cache of h_t and the proxies v beside it
+    check_host_memory(copies * N * T * H * 4, f"--delta_impl normal's stage 5 holds DelTA's h_t of the whole "
+                             f"rollout batch and v on the host ({copies} × {N} responses × {T} tokens × {H} hidden × 4 "
+                             "bytes)", "--delta_impl memory_efficient (the same λ̄ from micro-batches: h recomputed in "
+                             "K + 3 forward passes)")
 
 
 def plan(model_config: dict, cfg, *, prompt_tokens: int, processes: int = 1, gpu_memory_gb: float | None = None,
@@ -530,17 +623,25 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
     # 1. rollout
     fixed = weights + adamw + ref
     if s.use_vllm:
-        pool = s.vllm_gpu_memory_utilization * (device_gb if gpu else (host_gb or 0)) * GB
+        pool_of = device_gb if gpu else (host_gb or 0)
         v_weights = n_params * c
         profile = VLLM_PROFILE_TOKENS * nograd_layer_bytes(sh, c=c, q_tokens=1, kv_tokens=1, masked=False) + \
             VLLM_MAX_SEQS * V * 4
+        resident = fixed + (gathered if peft else 0)  # LoRA under FSDP2: merged from full weights
+        v_kv = sh.kv_bytes_per_token(1 if s.vllm_kv_cache_dtype == "fp8" else c) * S  # one sequence's cache
+        share = s.vllm_gpu_memory_utilization or (
+            vllm_share(resident, v_weights + profile, v_kv, N, device_gb) if gpu and s.vllm_enable_sleep_mode
+            else VLLM_DEFAULT_SHARE)
+        pool = share * pool_of * GB
         kv_budget = pool - v_weights - profile if gpu else pool
-        sequences = int(max(kv_budget, 0) // (S * kv_bpt))
+        sequences = int(max(kv_budget, 0) // v_kv)
         pool_total = pool if gpu else pool + v_weights
-        rollout_dev = fixed + pool_total + (gathered if peft else 0)  # LoRA under FSDP2: merged from full weights
-        rollout_what = (f"vLLM {s.vllm_gpu_memory_utilization:.2f} × {device_gb:.0f} GB: its KV cache holds "
-                        f"{sequences:,} sequence{'' if sequences == 1 else 's'} of {S:,} tokens")
+        rollout_dev = resident + pool_total
+        rollout_what = (f"vLLM {share:.2f} × {device_gb:.0f} GB: its KV cache holds "
+                        f"{sequences:,} of {_rows(N)} of {S:,} tokens at once")
         held = 0 if s.vllm_enable_sleep_mode else pool_total
+        vllm = {"vllm_share": share, "vllm_sequences": sequences, "vllm_kv_budget": max(kv_budget, 0),
+                "vllm_sequence_bytes": v_kv, "vllm_weights": v_weights, "vllm_sized": not s.vllm_gpu_memory_utilization}
     else:
         prefill = N * nograd_layer_bytes(sh, c=c, q_tokens=P, kv_tokens=P, masked=True, lora=lora) + \
             N * P * kv_bpt + N * V * (c + 4)
@@ -550,7 +651,7 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
         rollout_what = f"HF generate: KV cache {N * S * kv_bpt / GB:.1f} GB ({_rows(N)} × {S:,} tokens)"
         if prefill > decode:
             rollout_what += f", prefill {prefill / GB:.1f} GB"
-        sequences, held = None, 0
+        sequences, held, vllm = None, 0, {"vllm_sequences": None}
     # 4. θ_old pass
     b4 = rows(N)
     base = fixed + held
@@ -601,16 +702,17 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
     if not gpu:  # the CPU is the device: everything is on the host
         stages = [(a, d + h, 0.0, w) for a, d, h, w in stages]
     stages = [Stage(a, d / GB, h / GB, w) for a, d, h, w in stages]
-    reserve = CUDA_CONTEXT_GB + CUDA_ALLOCATOR_SLACK * max(x.device_gb for x in stages) if gpu else 0.0
+    largest = max(x.device_gb for x in stages)
+    reserve = CUDA_CONTEXT_GB + CUDA_ALLOCATOR_SLACK * min(largest, device_gb) if gpu else 0.0  # (the comment above)
     parts = {"parameters": n_params, "lora_parameters": n_lora, "trainable": trainable, "weights": weights,
              "gradients": grads, "adamw": adamw, "kv_per_token": kv_bpt, "row_tokens": S,
              "activation_row": kept_row(b6), "layer_row": layer(b6), "rows_per_micro_batch": b6,
              "compute_bytes": c, "weight_bytes": cw, "h_cache": h_cache, "host_batch": host_batch,
-             "vllm_sequences": sequences, "fused": fuse, "shared_prompt": shared, "padding_free": padding_free}
+             **vllm, "fused": fuse, "shared_prompt": shared, "padding_free": padding_free}
     problems = []
     if s.use_vllm and gpu and sequences is not None and sequences < 1:
         problems.append(f"vLLM's KV cache holds no sequence of {S:,} tokens at --vllm_gpu_memory_utilization "
-                        f"{s.vllm_gpu_memory_utilization}")
+                        f"{vllm['vllm_share']:g}")
     host_need = max(x.host_gb for x in stages) * n  # torchrun: the node's processes share its host memory
     if gpu and host_gb is not None and host_need > host_gb:
         problems.append(f"host memory {host_need:.1f} GB of {host_gb:.1f} GB")

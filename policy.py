@@ -5,7 +5,7 @@
 * ``prepare_model``: gradient checkpointing and LoRA adapters (peft);
 * ``reference_model``: the frozen initial policy for the k3 KL term (``--beta > 0``);
 * ``build_optimizer``: AdamW; ``oom_guard``: out-of-memory errors as one line naming the flags that help;
-  ``check_host_memory`` (a kept tensor that would not fit stops the run first), ``peak_memory`` (per step);
+  ``peak_memory`` (per step; the host-memory guards are memory_plan.py's ``check_host_memory``);
 * ``token_logprobs`` and ``Passes``: the policy's log-probs (and LM-head inputs) of a batch's rows, micro-batch by
   micro-batch (laid out by ``micro_batches``; ``MicroBatch``), padding-free, with ``SharedPrompts`` (each group's
   prompt run once, ``--shared_prompt``), with or without grad: grpo.py's stages 4 and 6 and DelTA's streamed passes
@@ -31,10 +31,8 @@ from collections import namedtuple
 
 import torch
 
-import baselines
 import distributed
 import hub
-import memory_plan
 
 
 def model_path(name: str) -> str:
@@ -236,46 +234,6 @@ def oom_guard(where: str):
         raise
 
 
-
-
-# Host copies of N·T·H·4 bytes that DelTA's --delta_impl normal holds at stage 5's peak, its cache included
-# (grpo.Credit._delta -> delta.proxy_vectors -> delta.delta_coefficients): stage 4's h_t cache and the proxies v,
-# which proxy_vectors masks in place and delta_coefficients reads as they are (+0.0 on padding: no masked copy);
-# v − μ and its square exist one row block at a time (delta.ROW_BLOCK_BYTES = 16 MiB of v, or one response's
-# T·H·4 when larger). Beyond them: that block and [N, T] tensors (1/H of a copy each). Measured above the cache at
-# 64 and 256 MiB of h: 1.28 and 1.075 copies where v + a block gives 1.25 and 1.0625 (4.0 before the blocks;
-# bench/memory.py --only stage5, docs/scaling.md). check_delta_cache counts the two copies.
-DELTA_NORMAL_HOST_COPIES = 2
-# The most of the host memory available to a process that one allocation's peak may take (check_host_memory):
-# half, the other half for the process itself (model, rollouts, allocator slack). DelTA's cache may then take a
-# quarter (HOST_MEMORY_SHARE / DELTA_NORMAL_HOST_COPIES).
-HOST_MEMORY_SHARE = 0.5
-
-
-def host_memory_available() -> int:
-    """Bytes of host memory available to this process: MemAvailable (Linux; else the free physical pages) divided
-    among the node's processes (torchrun's LOCAL_WORLD_SIZE)."""
-    return memory_plan.host_available_bytes() // max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
-
-
-def check_host_memory(nbytes: int, what: str, fix: str) -> None:
-    """Stop (``SystemExit``, one line naming ``fix``) before ``nbytes`` (the peak of ``what``, every copy it will
-    hold counted) are allocated on the host when that is more than ``HOST_MEMORY_SHARE`` of
-    ``host_memory_available()``: a clear message instead of an out-of-memory kill in the middle of a step."""
-    avail = host_memory_available()
-    if nbytes > HOST_MEMORY_SHARE * avail:
-        raise SystemExit(f"grpo.py: error: {what} = {nbytes / 1e9:.1f} GB, more than {HOST_MEMORY_SHARE:.0%} of the "
-                         f"{avail / 1e9:.1f} GB of host memory available to this process; use {fix}")
-
-
-def check_delta_cache(N: int, T: int, H: int) -> None:  # one line, not an out-of-memory kill mid-step
-    copies = DELTA_NORMAL_HOST_COPIES  # stage 5's peak: the cache of h_t and the proxies v beside it
-    check_host_memory(copies * N * T * H * 4, f"--delta_impl normal's stage 5 holds DelTA's h_t of the whole "
-                             f"rollout batch and v on the host ({copies} × {N} responses × {T} tokens × {H} hidden × 4 "
-                             "bytes)", "--delta_impl memory_efficient (the same λ̄ from micro-batches: h recomputed in "
-                             "K + 3 forward passes)")
-
-
 def proc_status_kib(field: str) -> int | None:
     """A ``/proc/self/status`` field in KiB (``VmRSS``, ``VmHWM``), or None where unavailable (not Linux)."""
     try:
@@ -312,6 +270,41 @@ def peak_memory() -> dict:
         out["memory/peak_gpu_allocated_gb"] = torch.cuda.max_memory_allocated() / 1e9
         out["memory/peak_gpu_reserved_gb"] = torch.cuda.max_memory_reserved() / 1e9
     return out
+
+
+_ENTROPY_CHUNK = 256  # positions per float32 [chunk, V] temporary (148 MiB each at V = 151,936; a few live at once)
+
+
+def entropy_from_logits(logits, temperature=1.0):
+    """Policy entropy H = −Σ_j p_j log p_j, p = softmax(z/T) over the last dim (nats), without gradient (docs/specs/baselines.md §3).
+
+    Source: FT paper Eq. 1; FT dp_actor L439–447.  Computed as logsumexp(z/T) − Σ_j softmax(z/T)_j·z_j/T, in float32
+    (float64 for float64 logits) over ``_ENTROPY_CHUNK`` positions at a time, so the only full-size tensor is the
+    given logits (a float32 copy of bf16 [16k, 151,936] logits would be 9.3 GiB).  Under no_grad: the mask that
+    uses H is not differentiable.
+
+    Args: logits z [..., V] (any float dtype, e.g. [B, T, V] of the training forward); temperature T > 0, the
+    rollout temperature.  Returns H [...] (float32 or float64), in [0, log V].
+    Raises ValueError: temperature <= 0, logits not a floating tensor with at least one dimension.
+    """
+    if not (isinstance(temperature, (int, float)) and temperature > 0):
+        raise ValueError(f"policy.entropy_from_logits: temperature must be > 0, got {temperature!r}")
+    if not torch.is_tensor(logits) or logits.dim() < 1 or not logits.is_floating_point():
+        raise ValueError("policy.entropy_from_logits: logits must be a floating [..., V] tensor")
+    dt = torch.promote_types(logits.dtype, torch.float32)
+    x = logits.detach()
+    # [R, T, V] without a copy for the usual [B, T, V] (a slice along T of the full logits included)
+    rows = x.reshape(1, 1, -1) if x.dim() == 1 else x[None] if x.dim() == 2 else x.reshape(-1, *x.shape[-2:])
+    out = torch.empty(rows.shape[:2], dtype=dt, device=logits.device)
+    zero = torch.zeros((), dtype=dt, device=logits.device)
+    with torch.no_grad():
+        for r in range(rows.shape[0]):
+            for a in range(0, rows.shape[1], _ENTROPY_CHUNK):
+                z = rows[r, a:a + _ENTROPY_CHUNK].to(dt) / temperature
+                p = torch.softmax(z, dim=-1)
+                # H = logsumexp(z) − E_p[z]; p·z is taken as 0 where p = 0 (a −inf logit would give 0·inf = NaN)
+                out[r, a:a + _ENTROPY_CHUNK] = torch.logsumexp(z, dim=-1) - torch.where(p > 0, p * z, zero).sum(-1)
+    return out.reshape(logits.shape[:-1])
 
 
 def clip_and_step(model, optimizer, loss: float, max_grad_norm: float, step: int) -> float | None:
@@ -374,7 +367,7 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
     logp = torch.stack(rows)
     logp = logp * response_mask.to(logp.dtype)
     out = (logp,) + ((captured["h"][:, -(T + 1):-1],) if return_hidden else ()) \
-        + ((baselines.entropy_from_logits(logits, temperature) * response_mask.to(logp.dtype),) if return_entropy
+        + ((entropy_from_logits(logits, temperature) * response_mask.to(logp.dtype),) if return_entropy
            else ()) + ((logits,) if return_logits else ())  # entropy: a few positions at a time, no [T, V] copy
     return out if len(out) > 1 else logp
 

@@ -56,7 +56,7 @@ ONE_GPU_CHANGES = {
     "use_peft": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0,  # dropout 0 keeps train = eval exact
     "learning_rate": 1e-5,               # LoRA wants about 10x full fine-tuning's (docs/scaling.md)
     "torch_dtype": "auto",               # bf16 base weights on the GPU; peft keeps the adapters in float32
-    "use_vllm": True, "vllm_gpu_memory_utilization": 0.5, "vllm_enable_sleep_mode": True,
+    "use_vllm": True, "vllm_enable_sleep_mode": True,  # vLLM's share: sized by the plan (memory_plan.vllm_share)
     "num_prompts_per_step": 64, "num_generations": 8,
     "max_prompt_length": 1024, "max_completion_length": 4096, "overlong_buffer_len": 1024,
     "micro_batch_size": 2,
@@ -64,6 +64,19 @@ ONE_GPU_CHANGES = {
 DELTA_ONE_GPU = {**DELTA_PAPER, **ONE_GPU_CHANGES}
 
 RECIPES = {"toy": {}, "delta_paper": DELTA_PAPER, "delta_one_gpu": DELTA_ONE_GPU}
+# What a recipe adds when the run is on GPUs or a dry run plans for them (``on_gpus``): the paper's rollouts came from
+# a fast engine (SGLang in DelTA's run_DelTA.sh); ours is a colocated vLLM that sleeps during the update, its share
+# sized by the plan. A CPU run of the recipe keeps HF generate (vLLM's CPU backend has no sleep mode). No IS
+# correction for the sampler–trainer mismatch (--vllm_importance_sampling_correction stays off): DelTA's code has none.
+ON_GPUS = {"delta_paper": {"use_vllm": True, "vllm_enable_sleep_mode": True}}
+
+
+def on_gpus(cfg) -> bool:
+    """The run is on GPUs (CUDA here), or ``--dry_run --gpu_memory_gb`` plans one for them (a real run on this
+    machine ignores ``--gpu_memory_gb``'s GPU: it would run on the CPU)."""
+    import torch
+
+    return torch.cuda.is_available() or (cfg.dry_run and cfg.gpu_memory_gb is not None)
 
 
 def auto_recipe(model: str) -> str:
@@ -88,7 +101,9 @@ def apply(cfg, given: set[str] | None = None, say=None):
         raise ValueError(f"--recipe {cfg.recipe}: unknown recipe; choose from auto, {', '.join(RECIPES)}")
     if given is None:
         given = {f.name for f in dataclasses.fields(cfg) if getattr(cfg, f.name) != f.default}
-    overrides = {k: v for k, v in RECIPES[name].items() if k not in given}
+    gpus = on_gpus(cfg) and not ("use_vllm" in given and not cfg.use_vllm)  # --no-use_vllm: HF generate, awake
+    table = {**RECIPES[name], **(ON_GPUS.get(name, {}) if gpus else {})}
+    overrides = {k: v for k, v in table.items() if k not in given}
     out = dataclasses.replace(cfg, recipe=name, **overrides)
     if name != "toy" and out.data == "toy":
         table = RECIPES[name]
@@ -129,13 +144,14 @@ def help_text() -> str:
 def describe(cfg, given: set[str] | None, defaults) -> list[str]:
     """The resolved settings that differ from ``defaults`` (a ``GRPOConfig()``), one ``--flag value (source)`` line
     each, the source being ``flag`` or ``recipe``: what ``--dry_run`` prints."""
-    recipe = RECIPES.get(cfg.recipe, {})
+    recipe = {**RECIPES.get(cfg.recipe, {}), **(ON_GPUS.get(cfg.recipe, {}) if on_gpus(cfg) else {})}
     lines = [f"--recipe {cfg.recipe}"]
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         if f.name == "recipe" or value == getattr(defaults, f.name):
             continue
-        source = "flag" if given is None or f.name in given else "recipe" if f.name in recipe else "default"
+        source = "flag" if given is None or f.name in given else "recipe" if f.name in recipe else \
+            "memory plan" if f.name == "vllm_gpu_memory_utilization" else "default"
         lines.append(f"--{f.name} {value} ({source})")
     return lines
 
@@ -145,14 +161,15 @@ def describe(cfg, given: set[str] | None, defaults) -> list[str]:
 # ----------------------------------------------------------------------------------------------------------
 def _kept_prompts(cfg, rows: list[dict], longest: int, notes: list[str], say) -> tuple[list[dict], int]:
     """Step 1 of ``preflight``: (the rows whose templated prompt fits ``--max_prompt_length``, the longest one's
-    tokens); under ``--dry_run`` a local folder without a tokenizer is a note and (rows, ``longest``)."""
+    tokens); under ``--dry_run`` a tokenizer that is not here (a folder without one, a hub id not in the cache and
+    out of reach) is a note and (rows, ``longest``): the plan needs only config.json."""
     import policy
     import rollout
 
     try:
         tokenizer = policy.load_tokenizer(cfg.model, cfg.trust_remote_code)
     except ValueError as e:
-        if not cfg.dry_run or not os.path.isdir(policy.model_path(cfg.model)):  # a hub id: its config.json neither
+        if not cfg.dry_run:  # a run needs the model anyway: fail now, in seconds
             raise
         notes.append(f"prompts not measured ({e}): planned at {longest} prompt tokens")
         return rows, longest
@@ -170,7 +187,7 @@ def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[st
     1. Prompts longer than ``--max_prompt_length`` tokens (templated and tokenised as the rollout does) are counted
        and left out, with one line (verl's ``filter_overlong_prompts``; ``_kept_prompts``); the tokenizer is loaded
        alone for it. Then DelTA's ``--delta_impl normal`` cache of h_t at its largest is refused above its share
-       of host memory (``policy.check_delta_cache``), for the toy too.
+       of host memory (``memory_plan.check_delta_cache``), for the toy too.
     2. The memory plan of the run (``memory_plan.plan``) from the model's config.json and the longest prompt kept:
        printed for any model but the toy (whose output stays as it was), and a run that does not fit stops here
        with one line that gives the shortfall and what fits (``MemoryPlan.verdict``; for ``delta_paper``, whether
@@ -193,12 +210,18 @@ def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[st
     if not quick:  # the tokenizer first: a hub id that cannot be reached fails in seconds, before the config
         rows, longest = _kept_prompts(cfg, rows, longest, notes, say)
     delta_cache = cfg.credit == "delta" and cfg.delta_impl == "normal" and not cfg.dry_run
+    if quick and cfg.use_vllm and cfg.vllm_gpu_memory_utilization is None:  # the toy: vLLM's default share
+        cfg.vllm_gpu_memory_utilization = memory_plan.VLLM_DEFAULT_SHARE
     if quick and not delta_cache:
         return rows  # and it prints what it always printed
     model_config = memory_plan.read_model_config(cfg.model, cfg.trust_remote_code)
+    shipped = memory_plan.shipped_config(cfg.model)
+    if cfg.dry_run and shipped and model_config.get("_name_or_path") == str(shipped):  # the copy in model_configs/
+        notes.append(f"config.json of {cfg.model}: the copy in "  # (the cache had none)
+                     f"{shipped.relative_to(memory_plan.SHIPPED_CONFIGS.parent).as_posix()}/ (model_configs/README.md)")
     if delta_cache:  # stage 4's h_t cache at its largest
-        policy.check_delta_cache(cfg.num_prompts_per_step // world * cfg.num_generations, cfg.max_completion_length,
-                                 model_config["hidden_size"])
+        memory_plan.check_delta_cache(cfg.num_prompts_per_step // world * cfg.num_generations, cfg.max_completion_length,
+                                       model_config["hidden_size"])
     if quick:
         return rows
     processes = cfg.plan_processes or world
@@ -217,6 +240,8 @@ def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[st
                                prompt_tokens=min(longest, DELTA_ONE_GPU["max_prompt_length"]), processes=processes,
                                gpu_memory_gb=cfg.gpu_memory_gb)
         verdict += f"; or --recipe delta_one_gpu (LoRA, vLLM: {one.verdict().split(';')[0]})"
+    if cfg.use_vllm and cfg.vllm_gpu_memory_utilization is None:  # not given: the plan's share (vllm_share)
+        cfg.vllm_gpu_memory_utilization = the_plan.parts["vllm_share"]
     if cfg.dry_run:
         print("[dry_run] resolved settings (those that differ from the toy's defaults):")
         print("\n".join("  " + line for line in describe(cfg, given, type(cfg)())))

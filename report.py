@@ -167,9 +167,9 @@ def load_run(path: str, say=print) -> Run:
     no metrics.jsonl, any other line that is not JSON, a logged response without its fields or whose ``tokens``
     and ``credit`` differ in length."""
     if not os.path.isdir(path):
-        raise RunError(f"{path}: no such folder")
+        raise RunError(f"{path}: " + ("a file, not a run folder" if os.path.exists(path) else "no such folder"))
     if not os.path.isfile(os.path.join(path, "metrics.jsonl")):
-        raise RunError(f"{path} is not a run folder of grpo.py (it has no metrics.jsonl)")
+        raise RunError(f"{path}: not a run folder of grpo.py (it has no metrics.jsonl)")
     metrics, torn = _read_jsonl(os.path.join(path, "metrics.jsonl"))
     left_out = [torn] if torn else []
     docs = {}
@@ -272,6 +272,21 @@ def _fmt(v: float) -> str:
     return f"{v:.0f}" if abs(v) >= 100 else f"{v:.3g}"
 
 
+def _tick_labels(ticks: list[float]) -> list[str]:
+    """The labels of an axis's ticks with the fewest significant digits that write every tick exactly (to 1e-6 of
+    their spacing), so that no two read the same: 0.9965, 0.997, 0.9975, 0.998 where ``_fmt``'s three digits gave
+    0.997 twice; 200 ... 1000, never 1e+03."""
+    if len(ticks) < 2:
+        return [_fmt(t) for t in ticks]
+    spacing = min(b - a for a, b in zip(ticks, ticks[1:]))
+    for digits in range(1, 18):
+        labels = [f"{t:.{digits}g}" for t in ticks]
+        if not any("e+" in label for label in labels) and \
+                all(abs(float(label) - t) <= spacing * 1e-6 for label, t in zip(labels, ticks)):
+            return labels
+    return [repr(t) for t in ticks]
+
+
 def line_chart(series: list[dict], width: int = 330, height: int = 170) -> str:
     """An SVG chart of one metric: ``series`` of {colour, label, points [(x, y)], band [(x, lo, hi)] (optional)},
     drawn as lines (markers when a series has few points), bands as translucent areas."""
@@ -292,11 +307,13 @@ def line_chart(series: list[dict], width: int = 330, height: int = 170) -> str:
         return T + (y1 - y) / (y1 - y0) * (height - T - B)
 
     out = [f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">']
-    for t in _ticks(y0, y1):
+    ys = _ticks(y0, y1)
+    for t, text in zip(ys, _tick_labels(ys)):
         out.append(f'<line x1="{L}" x2="{width - R_}" y1="{Y(t):.1f}" y2="{Y(t):.1f}" class="grid"/>'
-                   f'<text x="{L - 5}" y="{Y(t) + 3.5:.1f}" class="yl">{_fmt(t)}</text>')
-    for t in _ticks(x0, x1, 5):
-        out.append(f'<text x="{X(t):.1f}" y="{height - 6}" class="xl">{_fmt(t)}</text>')
+                   f'<text x="{L - 5}" y="{Y(t) + 3.5:.1f}" class="yl">{text}</text>')
+    xs = _ticks(x0, x1, 5)
+    for t, text in zip(xs, _tick_labels(xs)):
+        out.append(f'<text x="{X(t):.1f}" y="{height - 6}" class="xl">{text}</text>')
     for s in series:
         if s.get("band"):
             upper = " ".join(f"{X(x):.1f},{Y(hi):.1f}" for x, lo, hi in s["band"])

@@ -18,7 +18,11 @@ vLLM), never taken from the checkpoint's ``generation_config.json``, which often
 ``top_k`` or ``min_p`` and would make every update silently off-policy (and avg@k not the stated protocol).
 
 Old log-probs are *not* taken from the sampler: the trainer recomputes them with its own forward pass, so the
-importance ratio is exactly 1 at the first update (sampler and trainer numerics always differ a little).
+importance ratio is exactly 1 at the first update (sampler and trainer numerics always differ a little). What changed
+(issue 40): with ``--vllm_importance_sampling_correction`` the engine is built with vLLM's
+``logprobs_mode="processed_logprobs"`` and ``generate_vllm`` returns the sampler's log-probs of the sampled tokens
+(``Rollout.sampler_logprobs``, after temperature and top-p); they serve only TRL's truncated IS weight θ_old / vLLM
+(sampler_mismatch.py), never as θ_old. Otherwise (the default, and always with HF generate) it is None as before.
 """
 
 from __future__ import annotations
@@ -228,6 +232,9 @@ class Rollout:
     texts: list[str]  # decoded responses, special tokens removed
     prompts: list[str]  # the prompt text of each row
     group_size: int
+    # vLLM's processed log-probs of the sampled tokens [N, T] float32, 0 on padding (N·T·4 bytes: 8.4 MB per process
+    # of 256 × 20,480 at the papers' scale); None unless the engine returns them (--vllm_importance_sampling_correction)
+    sampler_logprobs: torch.Tensor | None = None
 
     @property
     def response_lengths(self) -> torch.Tensor:
@@ -428,7 +435,7 @@ def _require_vllm():
 
 def create_vllm_engine(model_path: str, *, gpu_memory_utilization: float = 0.3, enable_sleep_mode: bool = False,
                        seed: int = 0, dtype: str = "auto", max_model_len: int | None = None,
-                       trust_remote_code: bool = False, **engine_kwargs):
+                       trust_remote_code: bool = False, sampler_logprobs: bool = False, **engine_kwargs):
     """A vLLM engine (``vllm.LLM``) colocated with the trainer: same process, same device, for ``generate_vllm``.
 
     Args:
@@ -446,6 +453,9 @@ def create_vllm_engine(model_path: str, *, gpu_memory_utilization: float = 0.3, 
         dtype: ``"auto"`` (the checkpoint's dtype), ``"bfloat16"``, ``"float32"``...
         max_model_len: longest prompt + response in tokens (default: the model's context length).
         trust_remote_code: allow a hub repository's own tokenizer/model code.
+        sampler_logprobs: build the engine with ``logprobs_mode="processed_logprobs"`` (the log-softmax after
+            temperature and top-p: the distribution it samples from); ``generate_vllm`` then returns the sampled
+            tokens' log-probs (``Rollout.sampler_logprobs``) for the IS correction (sampler_mismatch.py).
         engine_kwargs: passed to ``vllm.LLM`` unchanged (e.g. ``enforce_eager``, ``kv_cache_memory_bytes``,
             ``max_num_seqs``, ``tensor_parallel_size``).
     Returns:
@@ -498,6 +508,8 @@ def create_vllm_engine(model_path: str, *, gpu_memory_utilization: float = 0.3, 
                   # vLLM's neutral sampling defaults, not the checkpoint's generation_config.json: every field
                   # that matters is set explicitly by generate_vllm
                   generation_config="vllm")
+    if sampler_logprobs:
+        kwargs["logprobs_mode"] = "processed_logprobs"
     if not torch.cuda.is_available():
         kwargs["enforce_eager"] = True
     if torch.distributed.is_available() and torch.distributed.is_initialized() and \
@@ -513,13 +525,18 @@ def _max_model_len(llm) -> int | None:
     return getattr(config, "max_model_len", None)
 
 
+def _returns_logprobs(llm) -> bool:
+    config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
+    return getattr(config, "logprobs_mode", None) == "processed_logprobs"
+
+
 def _is_sleeping(llm) -> bool:
     engine = getattr(llm, "llm_engine", None)
     return bool(engine.is_sleeping()) if hasattr(engine, "is_sleeping") else False
 
 
 def _vllm_sampling_params(n: int, temperature: float, top_p: float, max_new_tokens: int, seed: int,
-                          stop_ids: list[int]):
+                          stop_ids: list[int], logprobs: int | None = None):
     """vLLM's counterpart of ``sampling_config``: ``n`` samples of softmax(logits / T) cut to the top-p nucleus
     (``temperature <= 0``: greedy), every other setting that changes the distribution neutral and stated here.
 
@@ -534,7 +551,7 @@ def _vllm_sampling_params(n: int, temperature: float, top_p: float, max_new_toke
                           top_k=0, min_p=0.0, repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
                           min_tokens=0, watermarking=False,  # min_tokens > 0 would forbid the stop ids
                           max_tokens=max_new_tokens, stop_token_ids=list(stop_ids), ignore_eos=True,
-                          detokenize=False)
+                          detokenize=False, logprobs=logprobs)  # 0: the sampled token's log-prob only
 
 
 @torch.no_grad()
@@ -557,7 +574,8 @@ def generate_vllm(llm, tokenizer, prompts: list[str], num_generations: int, max_
     seed + 0..G-1, so the same seed gives the same rollout on the same engine and weights, and no two rows share
     a random stream. ``temperature == 0``: greedy, one request per prompt (vLLM requires n = 1) repeated G times.
 
-    No log-probs come back: the trainer recomputes θ_old's log-probs with its own forward pass
+    θ_old's log-probs never come from here (``sampler_logprobs`` only feeds the IS weight, sampler_mismatch.py): the
+    trainer recomputes them with its own forward pass
     (``grpo.old_logprobs``), because vLLM's numbers always differ a little from the trainer's (kernels, bf16,
     temperature and top-p handling), which would bias the importance ratio from the first update on
     (anchors §B7-8; see the comment above ``create_vllm_engine``).
@@ -601,16 +619,25 @@ def generate_vllm(llm, tokenizer, prompts: list[str], num_generations: int, max_
                          f"max_model_len {limit}: raise max_model_len or shorten max_completion_length")
     greedy = temperature <= 0
     rng = random.Random(seed)
+    want = _returns_logprobs(llm)  # the engine was built for them (create_vllm_engine's sampler_logprobs)
     params = [_vllm_sampling_params(1 if greedy else G, temperature, top_p, max_new_tokens, rng.randrange(2 ** 31),
-                                    stop_ids) for _ in prompts]
+                                    stop_ids, 0 if want else None) for _ in prompts]
     outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompt_ids], params, use_tqdm=False)
-    responses = []
+    responses, logprobs = [], []
     for out in outputs:  # LLM.generate keeps the order of its inputs
-        samples = [list(c.token_ids) for c in sorted(out.outputs, key=lambda c: c.index)]
+        done = sorted(out.outputs, key=lambda c: c.index)
+        samples = [list(c.token_ids) for c in done]
         responses += samples * G if greedy else samples
+        if want:  # per position {token id: Logprob}: the sampled token's entry
+            lp = [[step[t].logprob for t, step in zip(c.token_ids, c.logprobs)] for c in done]
+            logprobs += lp * G if greedy else lp
     width = max(len(r) for r in responses)
     response_ids = torch.tensor([r + [pad_id] * (width - len(r)) for r in responses], dtype=torch.long)
-    return _build_rollout(enc, response_ids, rows, G, tokenizer, stop_ids, pad_id, stop_strings)
+    batch = _build_rollout(enc, response_ids, rows, G, tokenizer, stop_ids, pad_id, stop_strings)
+    if want:  # 0 after each response's end (its mask), as the trainer's log-probs
+        sampled = torch.tensor([r + [0.0] * (width - len(r)) for r in logprobs], dtype=torch.float32)
+        batch.sampler_logprobs = sampled * batch.response_mask
+    return batch
 
 
 # The parts of a parameter name that wrappers add and vLLM's loader does not know: torch.compile's ``_orig_mod``,
@@ -787,6 +814,8 @@ def sync_weights(model, llm) -> int:
     """
     asleep = _is_sleeping(llm)
     if asleep:
+        # the update's freed blocks go back to the driver first: vLLM's share (memory_plan.vllm_share) counts on it
+        torch.cuda.empty_cache()
         llm.wake_up(tags=["weights"])  # level 2 dropped the weights, level 1 offloaded them: both get overwritten
     is_peft = hasattr(model, "merge_adapter") and hasattr(model, "peft_config")
     if is_peft:

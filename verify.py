@@ -905,10 +905,26 @@ _POOL_PID = 0
 
 
 def _start_pool(workers: int) -> ProcessPool:
-    """A pool of ``workers`` spawned workers, once one of them is up (else RuntimeError, like a missing import)."""
+    """A pool of ``workers`` spawned workers, once one of them is up (else RuntimeError, like a missing import).
+
+    The workers ignore SIGINT: a Ctrl-C in a terminal reaches the whole process group, and it is the caller's to
+    handle (its exit stops them, ``shutdown``), not theirs to answer with a traceback each. pebble's worker loop
+    ignores it once running; before that, a spawned worker imports the caller's script (seconds, for a trainer that
+    imports torch), so the workers are spawned with SIGINT ignored (kept across exec: Python then installs no
+    KeyboardInterrupt handler), for the milliseconds ``schedule`` takes to start them, when called from the main
+    thread (the caller's handler is put back at once)."""
     pool = ProcessPool(max_workers=workers, initializer=_start_worker, context=multiprocessing.get_context("spawn"))
+    # a handler set outside Python (getsignal: None) could not be restored: then leave it alone
+    previous = signal.getsignal(signal.SIGINT) if threading.current_thread() is threading.main_thread() else None
+    if previous is not None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        pool.schedule(os.getpid).result(timeout=STARTUP_TIMEOUT)
+        first = pool.schedule(os.getpid)  # starts the workers, in this thread
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    try:
+        first.result(timeout=STARTUP_TIMEOUT)
     except Exception as e:
         pool.stop()
         threading.Thread(target=pool.join, daemon=True).start()

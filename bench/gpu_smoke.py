@@ -245,14 +245,14 @@ def train_step(model, optimizer, batch, credit_name, cfg):
         lp_pos, lp_neg = torch.zeros_like(old), torch.zeros_like(old)
         pc = [batch.prompts[i] + batch.note_c for i in rows]
         pi = [batch.prompts[i] + batch.note_i for i in rows]
-        lp_c, lp_i = cscr.condition_logprobs(model, SimpleNamespace(pad_token_id=batch.pad_id), pc, pi,
+        lp_c, lp_i = cscr.condition_logprobs(model, SimpleNamespace(pad_token_id=batch.pad_id), list(zip(pc, pi)),
                                              batch.response_ids[rows], mask[rows], temperature=cfg.temperature,
                                              micro_batch_size=cfg.micro_batch_size or None,
                                              logprob_fn=policy.token_logprobs)
         lp_pos[rows], lp_neg[rows] = lp_c.cpu(), lp_i.cpu()
         token_adv, stats = cscr.cscr_token_advantages(adv, old, lp_pos, lp_neg, mask, threshold=cfg.cscr_threshold,
-                                                      alpha=cfg.cscr_alpha, w_min=cfg.cscr_w_min, mode=cfg.cscr_mode,
-                                                      return_stats=True)
+                                                      settings=cscr.Settings(cfg.cscr_alpha, cfg.cscr_w_min,
+                                                                             cfg.cscr_mode), return_stats=True)
     _sync()
     t["credit"] = time.time() - t1
     t2 = time.time()

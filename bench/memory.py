@@ -27,7 +27,7 @@ Stage 5 alone (``--stage5_mib``, default 64 and 256 MiB of h): ``grpo.Credit._de
 T = ``--max_completion_length``, H = ``--hidden_size``, random lengths, half the rows Â > 0), each run in a fresh
 process, after one call on 4 rows (so that the code pages of its kernels, which RSS counts, are already resident):
 the peak RSS during the call above the RSS with the cache in place (``_common.PeakMemory``), in copies of N·T·H·4
-bytes, beside what the code holds by derivation: ``policy.DELTA_NORMAL_HOST_COPIES`` − 1 (v) plus one row block of
+bytes, beside what the code holds by derivation: ``memory_plan.DELTA_NORMAL_HOST_COPIES`` − 1 (v) plus one row block of
 v − μ (``delta.ROW_BLOCK_BYTES``, at least one row); the [N, T] tensors (1/H of a copy each) and what the allocator
 keeps of freed memory are left out of the derived figure. ``--only stage5`` runs this part alone (under a minute;
 ``--out`` then defaults to ``bench/results/memory_stage5.json``).
@@ -180,11 +180,11 @@ def stage5_peak(spec: dict) -> dict:
 def stage5_derived(N: int, T: int, H: int) -> dict:
     """What stage 5 holds above the cache by derivation, in copies of N·T·H·4 bytes: v, and one row block of v − μ."""
     import delta
-    import policy
+    import memory_plan
 
     rows = min(max(1, delta.ROW_BLOCK_BYTES // (T * H * 4)), N)
-    return {"copies_total": policy.DELTA_NORMAL_HOST_COPIES, "block_rows": rows,
-            "above_cache": policy.DELTA_NORMAL_HOST_COPIES - 1 + rows / N}
+    return {"copies_total": memory_plan.DELTA_NORMAL_HOST_COPIES, "block_rows": rows,
+            "above_cache": memory_plan.DELTA_NORMAL_HOST_COPIES - 1 + rows / N}
 
 
 def run_stage5(args, pool) -> dict:

@@ -20,8 +20,8 @@
 * TRL's loss keeps its own ratio (the training forward's log-probs, detached, when it skipped the old pass).
 
 Left out on purpose: pooling DelTA's statistics over processes (each process uses its own rows, as DelTA's
-official code does; ``delta.delta_coefficients_streaming(reduce_fn=all_reduce)`` pools them), CSCR's threshold
-calibration (grpo.py ``--cscr_threshold_quantile``), conversational, multimodal and tool-calling prompts.
+official code does; ``delta.delta_coefficients(..., steps=delta.DeltaSteps(pool=all_reduce))`` pools them), CSCR's
+threshold calibration (grpo.py ``--cscr_threshold_quantile``), conversational, multimodal and tool-calling prompts.
 
 Run on the toy (CPU): ``python examples/trl_credit.py --credit delta`` trains with TRL and prints the held-out
 avg@8 before and after, as ``python grpo.py --credit delta`` does (same prompts in the same order, same reward,
@@ -49,7 +49,7 @@ from examples.theta_old import old_logps_and_hidden  # noqa: E402  (θ_old with 
 class CreditGRPOTrainer(GRPOTrainer):
     """TRL's ``GRPOTrainer`` with token credit: ``credit`` "grpo" (TRL unchanged), "delta" (DelTA, ``delta_kwargs``
     for ``delta.delta_coefficients``: K, lam_min, lam_max) or "cscr" (CSCR, ``cscr_template`` and ``cscr_kwargs``
-    for ``cscr.cscr_token_advantages``: threshold, alpha, w_min, mode). The dataset's ``answer`` column is CSCR's
+    for ``cscr.cscr_token_advantages``: threshold, settings). The dataset's ``answer`` column is CSCR's
     ``reference``."""
 
     def __init__(self, *args, credit="grpo", delta_kwargs=None, cscr_template="verdict", cscr_kwargs=None, **kwargs):
@@ -86,8 +86,8 @@ class CreditGRPOTrainer(GRPOTrainer):
                                                   response_answer=verify.extract_boxed(text) or "")
                      for x, text in zip(inputs, texts)]  # CSCR spec §3: x + c+, x + c−
             lp_pos, lp_neg = cscr.condition_logprobs(  # spec §4: ℓ+, ℓ− of the rows with Â ≠ 0
-                model, self.processing_class, [p for p, _ in pairs], [q for _, q in pairs], response_ids, mask,
-                temperature=self.temperature, micro_batch_size=size, adv=adv)
+                model, self.processing_class, pairs, response_ids, mask.bool() & (adv != 0)[:, None],
+                temperature=self.temperature, micro_batch_size=size)
             token_adv, stats = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, return_stats=True,
                                                           **self.cscr_kwargs)
         for key, value in stats.items():  # logged by TRL with its own metrics (mean over the logging window)

@@ -14,7 +14,7 @@ before a pass that also returns h_t; so, as DelTA's own release does (``recipe/d
 * ``CreditActorRolloutRefWorker`` (verl's ``ActorRolloutRefWorker``) with two worker methods, dispatched over the
   data-parallel ranks as ``compute_log_prob`` is: ``compute_log_prob_h`` runs θ_old's no-grad, eval-mode forward
   on the rank's rows once more and reads h_t (the LM head's input, a forward pre-hook) with log p(y_t) from it
-  (``old_logps_and_hidden``); λ̄ is computed there by ``delta.delta_coefficients_streaming`` with ``reduce_fn`` = an
+  (``old_logps_and_hidden``); λ̄ is computed there by ``delta.delta_coefficients`` with ``DeltaSteps(pool=...)`` an
   all-reduce(SUM) over the data-parallel group, so h_t [b, T, H] never leaves the GPU that made it and λ̄ is the
   whole batch's (DelTA's release keeps each rank's own statistics). ``compute_condition_log_probs`` runs CSCR's
   plain pass ℓ0 and its two conditioned passes ℓ± (``cscr.condition_logprobs``) with the same function, position
@@ -77,8 +77,8 @@ import delta  # noqa: E402
 from examples.theta_old import old_logps_and_hidden  # noqa: E402  (θ_old with h_t, shared)
 
 METHODS = ("grpo", "delta", "cscr")
-DELTA_KEYS = ("K", "lam_min", "lam_max", "eps")  # delta.delta_coefficients_streaming's keywords
-CSCR_KEYS = ("threshold", "alpha", "w_min", "mode", "weight")  # cscr.cscr_token_advantages's keywords
+DELTA_KEYS = ("K", "lam_min", "lam_max")  # delta.delta_coefficients' keywords
+CSCR_KEYS = ("alpha", "w_min", "mode", "weight")  # cscr.Settings's fields (and credit.threshold: λ)
 
 
 def credit_settings(config) -> dict:
@@ -113,12 +113,13 @@ def delta_lambda_bar(module, data: DataProto, reduce_fn=None, return_hidden=Fals
     logp, h = old_logps_and_hidden(module, b["input_ids"], b["attention_mask"], mask, meta.get("temperature", 1.0),
                                    settings.get("micro_batch_size", 8), hidden=True)
     adv = b["seq_advantages"]
-    # spec §2.5: the shard's h as one chunk; every statistic (centroid sums, margin moments, N, Z) is a sum, so the
-    # all-reduce makes them the whole batch's (Eq. 2–3, App. H, Eq. 8) and λ̄ equals the one-process λ̄
-    parts, stats = delta.delta_coefficients_streaming(
-        [(h, logp, mask, adv.to(h.device))], reduce_fn=reduce_fn, return_stats=True,
-        **{k: settings[k] for k in DELTA_KEYS if k in settings})
-    out = {"lam_bar": parts[0], "log_probs_h": logp}
+    # spec §2.5: the shard is one chunk; every statistic (centroid sums, margin moments, N, Z) is a sum, so the
+    # all-reduce (the steps' pool) makes them the whole batch's (Eq. 2–3, App. H, Eq. 8): the one-process λ̄
+    v = delta.proxy_vectors(h, logp, mask)  # DelTA App. F: v_t = (1 − p(y_t))·h_t
+    keys = {k: settings[k] for k in DELTA_KEYS if k in settings}
+    lam_bar, stats = delta.delta_coefficients(v, adv.to(h.device), mask, steps=delta.DeltaSteps(pool=reduce_fn),
+                                              return_stats=True, **keys)
+    out = {"lam_bar": lam_bar, "log_probs_h": logp}
     if return_hidden:
         out["hidden"] = h
     return DataProto.from_dict(tensors=out, meta_info={"metrics": stats})  # verl's collect lists each rank's
@@ -152,17 +153,17 @@ def condition_log_probs(module, tokenizer, data: DataProto):
     lp0, _ = old_logps_and_hidden(module, b["input_ids"], b["attention_mask"], mask, temperature, size, hidden=False)
     prompt_mask = b["attention_mask"][:, :prompts.shape[1]].bool()
     refs = [(x or {}).get("ground_truth") for x in data.non_tensor_batch.get("reward_model", [None] * len(mask))]
-    pos, neg = [], []
+    pairs = []  # (x + c+, x + c−) of each row, as token ids
     for i in range(len(mask)):
         text = tokenizer.decode(responses[i][mask[i].bool()], skip_special_tokens=True)
         boxed = last_boxed_only_string(text)
         pair = cscr.build_condition_prompts(  # spec §3: x + c+, x + c−
             tokenizer.decode(prompts[i][prompt_mask[i]], skip_special_tokens=False), reference=refs[i],
             response_answer=remove_boxed(boxed) if boxed else "", template=settings.get("template", "verdict"))
-        pos.append(tokenizer(pair[0], add_special_tokens=False)["input_ids"])
-        neg.append(tokenizer(pair[1], add_special_tokens=False)["input_ids"])
-    lp_pos, lp_neg = cscr.condition_logprobs(module, tokenizer, pos, neg, responses, mask, temperature=temperature,
-                                             micro_batch_size=size, adv=b["seq_advantages"])  # spec §4
+        pairs.append(tuple(tokenizer(x, add_special_tokens=False)["input_ids"] for x in pair))
+    scored = mask.bool() & (b["seq_advantages"] != 0)[:, None]  # the rows with Â ≠ 0 (the others get no credit)
+    lp_pos, lp_neg = cscr.condition_logprobs(module, tokenizer, pairs, responses, scored, temperature=temperature,
+                                             micro_batch_size=size)  # spec §4
     return DataProto.from_dict(tensors={"log_probs_h": lp0, "lp_pos": lp_pos, "lp_neg": lp_neg})
 
 
@@ -238,8 +239,9 @@ class CreditRayPPOTrainer(RayPPOTrainer):
         else:
             out = self.actor_rollout_wg.compute_condition_log_probs(data)
             token_adv, stats = cscr.cscr_token_advantages(  # spec §5: w̃, Ã = Â·w̃ (sign and budget kept)
-                adv, out.batch["log_probs_h"], out.batch["lp_pos"], out.batch["lp_neg"], mask, return_stats=True,
-                **{k: settings[k] for k in CSCR_KEYS if k in settings})
+                adv, out.batch["log_probs_h"], out.batch["lp_pos"], out.batch["lp_neg"], mask,
+                settings.get("threshold", 0.2), cscr.Settings(**{k: settings[k] for k in CSCR_KEYS if k in settings}),
+                return_stats=True)
         batch.batch["advantages"] = token_adv.to(batch.batch["advantages"].dtype)
         return {f"credit/{k}": v for k, v in stats.items()}
 

@@ -86,3 +86,66 @@ def float64_model(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "float", lambda self, *a, **k: self if self.dtype == torch.float64
                         else flt(self, *a, **k))
     return lambda model: copy.deepcopy(model).double()
+
+
+class _LogProbPolicy(torch.nn.Module):
+    """A policy whose log π of each response token is its one parameter ``logp`` [N, T] and whose entropy is the
+    buffer ``entropy`` [N, T]: a loss stage's gradient w.r.t. log π is ``logp.grad``."""
+
+    def __init__(self, logp, entropy):
+        super().__init__()
+        self.logp = torch.nn.Parameter(logp.clone())
+        self.register_buffer("entropy", entropy)
+
+
+class _LogProbPasses:
+    """``policy.Passes`` over a ``_LogProbPolicy``: the same micro-batch layout (``policy.micro_batches``), each
+    micro-batch's log π a slice of the parameter (a graph to it under ``grad``), its entropy the buffer's."""
+
+    def __init__(self, model, batch, rows, cfg, *, grad, hidden=False, keep_graphs=False, entropy=False):
+        import policy
+
+        self.model, self.grad, self.micro_batch = model, grad, policy.MicroBatch
+        self.layout = policy.micro_batches(rows, batch.attention_mask, cfg.micro_batch_size,
+                                           batch.response_mask.shape[1], cfg.padding_free)
+
+    def __iter__(self):
+        for j, cols, t in self.layout:
+            with torch.set_grad_enabled(self.grad):
+                logp = self.model.logp[j, :t] * 1.0
+            yield self.micro_batch(j, cols, t, logp, None, self.model.entropy[j, :t])
+
+    def backward_prompts(self):
+        pass
+
+
+@pytest.fixture
+def loss_stage(monkeypatch):
+    """``loss_stage(logp, delta, adv, entropy=None, mask=None, ref_logp=None, **flags)``: one mini-batch (every
+    row) of the trainer's loss stage, ``grpo.backward_minibatch``, on a policy whose log π ``logp`` [N, T] you set
+    (float64): θ_old's log π = ``logp − delta``, Ã = Â ``adv`` [N] on every valid token of ``mask`` (default: all)
+    or the token advantages ``adv`` [N, T], the entropies ``entropy`` [N, T] (default 0), the flags those of
+    ``grpo.GRPOConfig`` (max_completion_length T, no shared prompt). Returns (loss, ∂loss/∂log π [N, T], the
+    stage's statistic sums, the loss weights [N, T])."""
+    import grpo
+    import policy
+    import rollout
+
+    monkeypatch.setattr(policy, "Passes", _LogProbPasses)
+
+    def run(logp, delta, adv, entropy=None, mask=None, ref_logp=None, **flags):
+        N, T = logp.shape
+        mask = torch.ones(N, T, dtype=logp.dtype) if mask is None else mask.to(logp.dtype)
+        batch = rollout.Rollout(input_ids=torch.ones(N, T + 1, dtype=torch.long),
+                                attention_mask=torch.cat([torch.ones(N, 1), mask], 1).long(),
+                                response_ids=torch.ones(N, T, dtype=torch.long), response_mask=mask, prompt_length=1,
+                                finish_reasons=["stop"] * N, texts=[""] * N, prompts=[""] * N, group_size=N)
+        model = _LogProbPolicy(logp, torch.zeros(N, T, dtype=logp.dtype) if entropy is None else entropy)
+        cfg = grpo.GRPOConfig(**{"max_completion_length": T, "shared_prompt": False, **flags})
+        old = grpo.ThetaOld(logp - delta, None, ref_logp, None)
+        weights = torch.zeros(N, T, dtype=logp.dtype)
+        token_adv = (adv[:, None] if adv.dim() == 1 else adv) * mask
+        loss, stats = grpo.backward_minibatch(model, batch, old, token_adv, torch.arange(N), cfg, None, weights)
+        return loss, model.logp.grad, stats, weights
+
+    return run

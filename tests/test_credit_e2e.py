@@ -8,6 +8,7 @@ import torch
 
 import checkpoint
 import grpo
+import memory_plan
 import policy
 import rollout
 import toy
@@ -197,18 +198,18 @@ def test_delta_memory_efficient_equals_normal_in_trainer(rollout_batch, float64_
 
 
 def test_delta_normal_stops_before_a_cache_that_does_not_fit(rollout_batch, monkeypatch):
-    """--delta_impl normal checks stage 5's peak, policy.DELTA_NORMAL_HOST_COPIES of its [N, T, H] float32 cache,
+    """--delta_impl normal checks stage 5's peak, memory_plan.DELTA_NORMAL_HOST_COPIES of its [N, T, H] float32 cache,
     against the host's memory before allocating the cache: one line naming the size and --delta_impl
     memory_efficient, not an out-of-memory kill mid-step."""
     model, tok, rows, batch = rollout_batch
     N, T = batch.response_mask.shape
-    nbytes = policy.DELTA_NORMAL_HOST_COPIES * N * T * model.config.hidden_size * 4
-    share = policy.HOST_MEMORY_SHARE
-    monkeypatch.setattr(policy, "host_memory_available", lambda: int(0.95 * nbytes / share))  # just too little
+    nbytes = memory_plan.DELTA_NORMAL_HOST_COPIES * N * T * model.config.hidden_size * 4
+    share = memory_plan.HOST_MEMORY_SHARE
+    monkeypatch.setattr(memory_plan, "host_memory_available", lambda: int(0.95 * nbytes / share))  # just too little
     with pytest.raises(SystemExit, match=rf"{N} responses × {T} tokens × {model.config.hidden_size} hidden .* use "
                                          r"--delta_impl memory_efficient"):
         _delta_credit(model, tok, batch, torch.ones(N))
-    monkeypatch.setattr(policy, "host_memory_available", lambda: int(1.05 * nbytes / share))
+    monkeypatch.setattr(memory_plan, "host_memory_available", lambda: int(1.05 * nbytes / share))
     _delta_credit(model, tok, batch, torch.ones(N))  # fits
     _delta_credit(model, tok, batch, torch.ones(N), delta_impl="memory_efficient")  # keeps no cache at all
 
@@ -405,8 +406,7 @@ def test_cscr_scoring_passes_share_each_privileged_prompt(rollout_batch, monkeyp
     monkeypatch.setattr(policy, "SharedPrompts", Spy)
     out = []
     for fn in (policy.token_logprobs, grpo.Credit(grpo.GRPOConfig(credit="cscr"), tok)._scoring_logprobs):
-        out.append(cscr.condition_logprobs(model, tok, [p for p, _ in pairs], [q for _, q in pairs],
-                                           batch.response_ids, batch.response_mask, logprob_fn=fn))
+        out.append(cscr.condition_logprobs(model, tok, pairs, batch.response_ids, batch.response_mask, logprob_fn=fn))
     assert built == [len(rows), len(rows)]  # x + c+ then x + c−: one row per group, not per response
     for shared, full in zip(out[1], out[0]):
         assert full.abs().sum() > 0
@@ -447,7 +447,7 @@ def test_cscr_diagnostics_scores_are_the_trainers(rollout_batch, float64_model):
     cfg = grpo.GRPOConfig(credit="cscr")
     trainer = {"old_logp": grpo.old_logprobs(model, batch, cfg).logp}
     trainer["lp_pos"], trainer["lp_neg"] = cscr.condition_logprobs(
-        model, tok, contexts["pos"], contexts["neg"], batch.response_ids, batch.response_mask,
+        model, tok, list(zip(contexts["pos"], contexts["neg"])), batch.response_ids, batch.response_mask,
         logprob_fn=grpo.Credit(cfg, tok)._scoring_logprobs)
     with torch.no_grad():
         trainer["entropy"] = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,

@@ -1,5 +1,6 @@
 """Tests for cscr.py against the hand-computed values of docs/specs/cscr.md §8 and independent formulas."""
 
+import functools
 import math
 import sys
 import textwrap
@@ -11,6 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cscr  # noqa: E402
+import cscr_ablations  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------
 # spec §8 worked example: one response of 8 tokens, lambda = 0.2
@@ -27,9 +29,10 @@ def t(x):
     return torch.tensor([x], dtype=torch.float64)
 
 
-def example(A=1.0, **kw):
+def example(A=1.0, threshold=0.2, return_stats=False, **settings):
     return cscr.cscr_token_advantages(
-        torch.tensor([A], dtype=torch.float64), t(LP0), t(LP_POS), t(LP_NEG), torch.ones(1, 8), **kw
+        torch.tensor([A], dtype=torch.float64), t(LP0), t(LP_POS), t(LP_NEG), torch.ones(1, 8), threshold,
+        cscr.Settings(**settings), return_stats
     )
 
 
@@ -113,7 +116,8 @@ def test_padding_example():
     lp0 = torch.tensor([LP0 + [-float("inf"), 3.7]], dtype=torch.float64)
     lp_pos = torch.tensor([LP_POS + [-float("inf"), -12.0]], dtype=torch.float64)
     lp_neg = torch.tensor([LP_NEG + [-float("inf"), float("nan")]], dtype=torch.float64)
-    adv = cscr.cscr_token_advantages(torch.tensor([1.0]), lp0, lp_pos, lp_neg, m, threshold=0.2, alpha=1.0)
+    adv = cscr.cscr_token_advantages(torch.tensor([1.0]), lp0, lp_pos, lp_neg, m, threshold=0.2,
+                                     settings=cscr.Settings(alpha=1.0))
     assert not torch.isnan(adv).any()
     assert close(adv[0, :8], W_TILDE_A1)
     assert torch.equal(adv[0, 8:], torch.zeros(2, dtype=adv.dtype))
@@ -159,7 +163,8 @@ def random_batch(B=12, T=15, seed=0):
 @pytest.mark.parametrize("w_min,alpha,thr", [(0.0, 1.0, 0.2), (0.1, 4.0, 0.0), (0.0, 30.0, 0.5)])
 def test_sign_and_budget_random(mode, w_min, alpha, thr):
     A, lp0, lp_pos, lp_neg, m = random_batch()
-    adv = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, threshold=thr, alpha=alpha, w_min=w_min, mode=mode)
+    adv = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, threshold=thr,
+                                     settings=cscr.Settings(alpha=alpha, w_min=w_min, mode=mode))
     assert adv.shape == m.shape and not torch.isnan(adv).any()
     sign = torch.sign(A).unsqueeze(1).expand_as(adv)
     assert torch.equal(torch.sign(adv)[m], sign[m])
@@ -183,7 +188,7 @@ def test_budget_exact_when_every_weight_underflows():
         s = cscr.sensitivity(lp0.to(dtype), lp_pos.to(dtype), lp_neg.to(dtype), m)
         assert (cscr.credit_weights(s, m, threshold=0.2, alpha=30.0)[m] == 0).all()  # all underflow
         adv = cscr.cscr_token_advantages(A.to(dtype), lp0.to(dtype), lp_pos.to(dtype), lp_neg.to(dtype), m,
-                                         threshold=0.2, alpha=30.0)
+                                         threshold=0.2, settings=cscr.Settings(alpha=30.0))
         for i in range(3):
             L = int(m[i].sum())
             expected = A[i] * L * torch.softmax(-30.0 * (lp0 - lp_pos)[i, :L].abs(), 0)
@@ -196,10 +201,11 @@ def test_budget_exact_when_every_weight_underflows():
 def test_scope_ablations():
     A, lp0, lp_pos, lp_neg, m = random_batch(B=8, T=10, seed=3)
     seq = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m)
-    g1 = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, scope="group", group_size=1)
+    group = lambda size: cscr.Settings(renormalise=functools.partial(cscr_ablations.per_group, group_size=size))  # noqa: E731
+    g1 = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=group(1))
     assert torch.allclose(seq, g1, atol=1e-12)
-    gb = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, scope="group", group_size=8)
-    bb = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, scope="batch")
+    gb = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=group(8))
+    bb = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=cscr.Settings(renormalise=cscr_ablations.per_batch))
     assert torch.allclose(gb, bb, atol=1e-12)
     # batch scope: the mean normalised weight over credit-carrying tokens is 1
     act = m & (A != 0).unsqueeze(1)
@@ -211,13 +217,13 @@ def test_scope_ablations():
 def test_argument_validation():
     A, lp0, lp_pos, lp_neg, m = random_batch(B=4, T=5)
     with pytest.raises(ValueError, match="alpha"):
-        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, alpha=-1.0)
+        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=cscr.Settings(alpha=-1.0))
     with pytest.raises(ValueError, match="w_min"):
-        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, w_min=1.5)
+        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=cscr.Settings(w_min=1.5))
     with pytest.raises(ValueError, match="w_min"):
-        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, w_min=-0.1)
+        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=cscr.Settings(w_min=-0.1))
     with pytest.raises(ValueError, match="mode"):
-        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, mode="kl")
+        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=cscr.Settings(mode="kl"))
     with pytest.raises(ValueError, match="mode"):
         cscr.sensitivity(lp0, lp_pos, lp_neg, m, mode="differential")
     with pytest.raises(ValueError, match="lp_pos"):
@@ -227,15 +233,16 @@ def test_argument_validation():
     with pytest.raises(ValueError, match="response_mask"):
         cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m[:, :2])
     with pytest.raises(ValueError, match="weight"):
-        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, weight="linear")
+        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=cscr.Settings(weight="linear"))
     with pytest.raises(ValueError, match="group_size"):
-        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, scope="group", group_size=3)
+        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=cscr.Settings(
+            renormalise=functools.partial(cscr_ablations.per_group, group_size=3)))
     bad = lp0.clone()
     bad[0, 0] = float("nan")
     with pytest.raises(ValueError, match="finite"):
         cscr.cscr_token_advantages(A, bad, lp_pos, lp_neg, m)
     with pytest.raises(ValueError, match="overflows"):  # alpha * (s - lambda) = 5e308 is inf: no weight at all
-        cscr.cscr_token_advantages(A, lp0, lp0 + 5.0, lp_neg, m, threshold=0.0, alpha=1e308)
+        cscr.cscr_token_advantages(A, lp0, lp0 + 5.0, lp_neg, m, threshold=0.0, settings=cscr.Settings(alpha=1e308))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -367,7 +374,7 @@ def test_condition_logprobs_matches_naive(tiny, float64_model):
         calls.append(args[1].shape)
         return cscr.default_logprob_fn(*args)
 
-    lp_pos, lp_neg = cscr.condition_logprobs(model, tok, prompts_pos, prompts_neg, resp_ids, mask, temperature=temp, logprob_fn=counting_fn)
+    lp_pos, lp_neg = cscr.condition_logprobs(model, tok, pairs, resp_ids, mask, temperature=temp, logprob_fn=counting_fn)
     assert lp_pos.shape == (3, T) and len(calls) == 2
     for i in range(3):
         L = len(resp[i])
@@ -377,13 +384,14 @@ def test_condition_logprobs_matches_naive(tiny, float64_model):
         assert torch.equal(lp_pos[i, L:], torch.zeros(T - L)) and torch.equal(lp_neg[i, L:], torch.zeros(T - L))
     assert not torch.allclose(lp_pos, lp_neg)  # the verdict changes the log-probs
     # micro-batching gives the same result
-    lp_pos1, lp_neg1 = cscr.condition_logprobs(model, tok, prompts_pos, prompts_neg, resp_ids, mask, temperature=temp, micro_batch_size=1)
+    lp_pos1, lp_neg1 = cscr.condition_logprobs(model, tok, pairs, resp_ids, mask, temperature=temp, micro_batch_size=1)
     assert torch.allclose(lp_pos1, lp_pos, atol=1e-10) and torch.allclose(lp_neg1, lp_neg, atol=1e-10)
 
-    # with advantages, only the rows with A != 0 are scored (one pass over them), the others stay 0
+    # with the mask of the rows with A != 0, only they are scored (one pass over them), the others stay 0
     calls.clear()
-    lp_pos2, lp_neg2 = cscr.condition_logprobs(model, tok, prompts_pos, prompts_neg, resp_ids, mask, temperature=temp,
-                                               logprob_fn=counting_fn, adv=torch.tensor([0.5, 0.0, -0.5]))
+    adv = torch.tensor([0.5, 0.0, -0.5])
+    lp_pos2, lp_neg2 = cscr.condition_logprobs(model, tok, pairs, resp_ids, mask * (adv != 0)[:, None], temperature=temp,
+                                               logprob_fn=counting_fn)
     assert [shape[0] for shape in calls] == [2, 2]
     assert torch.equal(lp_pos2[1], torch.zeros(T)) and torch.equal(lp_neg2[1], torch.zeros(T))
     for i, (p, q) in enumerate([(lp_pos2, lp_pos), (lp_neg2, lp_neg)]):
@@ -395,7 +403,7 @@ def test_condition_logprobs_matches_naive(tiny, float64_model):
     def attend_pads_fn(model_, input_ids, attention_mask, response_mask, temperature):
         return cscr.default_logprob_fn(model_, input_ids, torch.ones_like(attention_mask), response_mask, temperature)
 
-    lp_bad, _ = cscr.condition_logprobs(model, tok, prompts_pos, prompts_neg, resp_ids, mask, temperature=temp, logprob_fn=attend_pads_fn)
+    lp_bad, _ = cscr.condition_logprobs(model, tok, pairs, resp_ids, mask, temperature=temp, logprob_fn=attend_pads_fn)
     assert (lp_bad - lp_pos)[mask.bool()].abs().max() > 1e-3
 
 
@@ -404,11 +412,11 @@ def test_condition_logprobs_errors(tiny):
     ids = torch.ones(2, 3, dtype=torch.long)
     mask = torch.ones(2, 3)
     with pytest.raises(ValueError, match="prompts"):
-        cscr.condition_logprobs(model, tok, ["a\n"], ["b\n", "c\n"], ids, mask)
+        cscr.condition_logprobs(model, tok, [("a\n", "b\n")], ids, mask)
     with pytest.raises(ValueError, match="temperature"):
-        cscr.condition_logprobs(model, tok, ["a\n"] * 2, ["b\n"] * 2, ids, mask, temperature=0.0)
+        cscr.condition_logprobs(model, tok, [("a\n", "b\n")] * 2, ids, mask, temperature=0.0)
     with pytest.raises(ValueError, match="response_mask"):
-        cscr.condition_logprobs(model, tok, ["a\n"] * 2, ["b\n"] * 2, ids, mask[:, :2])
+        cscr.condition_logprobs(model, tok, [("a\n", "b\n")] * 2, ids, mask[:, :2])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -441,8 +449,7 @@ def test_conditioned_prompts_get_the_rollout_special_tokens(which, request):
         seen.extend(ids[a.bool()].tolist() for ids, a in zip(input_ids[:, :-T], attention_mask[:, :-T]))
         return cscr.default_logprob_fn(model_, input_ids, attention_mask, response_mask, temperature)
 
-    cscr.condition_logprobs(model, tok, [p for p, _ in pairs], [q for _, q in pairs], batch.response_ids,
-                            batch.response_mask, logprob_fn=spy)
+    cscr.condition_logprobs(model, tok, pairs, batch.response_ids, batch.response_mask, logprob_fn=spy)
     assert len(seen) == 2 * len(plain)
     bos_expected = which == "toy_tokenizer_adds_bos"
     special = {tok.bos_token_id, tok.eos_token_id} - {None}
@@ -462,8 +469,7 @@ def test_conditioned_prompts_get_the_rollout_special_tokens(which, request):
         assert edges(cond) == edges(x)
         assert cond == tok(pairs[k % len(plain)][k // len(plain)])["input_ids"]
     with pytest.raises(TypeError):  # no per-caller override of the rule
-        cscr.condition_logprobs(model, tok, [p for p, _ in pairs], [q for _, q in pairs], batch.response_ids,
-                                batch.response_mask, add_special_tokens=False)
+        cscr.condition_logprobs(model, tok, pairs, batch.response_ids, batch.response_mask, add_special_tokens=False)
 
 
 def usage_example():
@@ -526,3 +532,18 @@ def test_credit_log_weights_by_hand():
     m = torch.tensor([[True, True, False]])
     torch.testing.assert_close(cscr.credit_weights(s, m, 0.2, 1.0),
                                torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("flag,value", [("--cscr_threshold", "nan"), ("--cscr_threshold", "inf"),
+                                        ("--cscr_alpha", "inf")])
+def test_the_threshold_and_alpha_are_checked_at_the_command_line(tmp_path, flag, value):
+    """λ and α were checked on every call of cscr_token_advantages; a run checks its flags once, in check_config, in
+    one line before the run folder exists (cscr.Settings checks α for a library caller)."""
+    import grpo
+
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit, match=flag):
+        grpo.main(["--output_dir", str(out), "--credit", "cscr", flag, value])
+    assert not out.exists()
+    with pytest.raises(ValueError, match="alpha"):
+        cscr.Settings(alpha=math.inf)

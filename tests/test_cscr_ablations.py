@@ -1,4 +1,5 @@
-"""Tests for cscr.py's spec §9 weight ablations ("upweight", "sign_aware"), hand-computed in float64.
+"""Tests for cscr_ablations.py, the spec §9 ablations beside cscr.py (upweight, sign_aware, per_group, per_batch),
+hand-computed in float64; each is asked for by its flag's name through ``cscr_ablations.choose``, as grpo.py does.
 
 Inputs: the spec §8 example (one response of 8 tokens, lambda = 0.2) and a 4-row batch of two groups written here.
 """
@@ -13,6 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cscr  # noqa: E402
+import cscr_ablations  # noqa: E402
 
 F64 = torch.float64
 TOL = dict(rtol=0, atol=1e-12)
@@ -29,10 +31,16 @@ def close(actual, expected, **tol):
                                **(tol or TOL))
 
 
+def settings(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign_mix=0.5, **kw):
+    """cscr.Settings with the rules --cscr_weight and --cscr_scope name (and alpha, w_min, mode)."""
+    weight, renormalise = cscr_ablations.choose(weight, scope, group_size, sign_eps, sign_mix)
+    return cscr.Settings(weight=weight, renormalise=renormalise, **kw)
+
+
 def spec8(A, **kw):
     t = lambda x: torch.tensor([x], dtype=F64)  # noqa: E731
     return cscr.cscr_token_advantages(torch.tensor([A], dtype=F64), t(LP0), t(LP_POS), t(LP_NEG),
-                                      torch.ones(1, 8), threshold=0.2, **kw)[0]
+                                      torch.ones(1, 8), threshold=0.2, settings=settings(**kw))[0]
 
 
 def normalised(w, A):
@@ -52,8 +60,8 @@ def test_upweight_spec8_by_hand():
     # w_min has no effect (w >= 1); credit_weights gives the un-normalised w
     close(spec8(1.0, weight="upweight", w_min=0.5), normalised(w, 1.0))
     s = cscr.sensitivity(*(torch.tensor([x], dtype=F64) for x in (LP0, LP_POS, LP_NEG)), torch.ones(1, 8))
-    close(cscr.credit_weights(s, torch.ones(1, 8), 0.2, 1.0, weight="upweight")[0], w)
-    close(cscr.credit_log_weights(s, 0.2, 1.0, 0.0, "upweight")[0], [1.2, 0, 0.7, 0, 0, 0, 0, 0.3])
+    close(cscr.credit_weights(s, torch.ones(1, 8), 0.2, 1.0, weight=cscr_ablations.upweight)[0], w)
+    close(cscr.credit_log_weights(s, 0.2, 1.0, 0.0, cscr_ablations.upweight)[0], [1.2, 0, 0.7, 0, 0, 0, 0, 0.3])
 
 
 def test_sign_aware_spec8_by_hand():
@@ -90,8 +98,8 @@ SIGN = [[1.1, 1.0, 1.1], [1.0, 0.9], [1.0, 0.5 + 0.5 * math.exp(0.1), 1.1]]  # "
 
 
 def batch(weight, scope="sequence", **kw):
-    return cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, threshold=0.2, alpha=1.0, weight=weight,
-                                      scope=scope, group_size=2 if scope == "group" else None, **kw)
+    return cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, threshold=0.2, settings=settings(
+        weight, scope, group_size=2 if scope == "group" else None, alpha=1.0, **kw))
 
 
 def by_hand(w, scope):
@@ -135,8 +143,8 @@ def test_signs_and_per_sequence_budget_on_random_batches(weight, seed):
     mask = torch.arange(T)[None] < torch.randint(1, T + 1, (B, 1), generator=g)
     old, pos, neg = (-torch.rand(B, T, generator=g, dtype=F64) * 3 for _ in range(3))
     for scope in ("sequence", "group", "batch"):
-        out = cscr.cscr_token_advantages(adv, old, pos, neg, mask, alpha=3.0, weight=weight, scope=scope,
-                                         group_size=4 if scope == "group" else None)
+        out = cscr.cscr_token_advantages(adv, old, pos, neg, mask, settings=settings(
+            weight, scope, group_size=4 if scope == "group" else None, alpha=3.0))
         valid = mask & (adv != 0)[:, None]
         assert torch.equal(torch.sign(out[valid]), torch.sign(adv[:, None].expand(B, T)[valid]))
         assert (out[~valid] == 0).all()
@@ -153,9 +161,12 @@ def test_alpha_zero_mix_zero_eps_zero_give_grpo():
     grpo = torch.where(MASK, ADV[:, None].expand(4, 3), 0.0)
     for scope in ("sequence", "group", "batch"):
         kw = dict(scope=scope, group_size=2 if scope == "group" else None)
-        close(cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, alpha=0.0, weight="upweight", **kw), grpo)
-        close(cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, weight="sign_aware", sign_mix=0.0, **kw), grpo)
-        close(cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, weight="sign_aware", sign_eps=0.0, **kw), grpo)
+        close(cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, settings=settings("upweight", alpha=0.0, **kw)),
+              grpo)
+        close(cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, settings=settings("sign_aware", sign_mix=0.0, **kw)),
+              grpo)
+        close(cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, settings=settings("sign_aware", sign_eps=0.0, **kw)),
+              grpo)
 
 
 def test_upweight_stays_finite_when_the_weights_overflow():
@@ -165,8 +176,8 @@ def test_upweight_stays_finite_when_the_weights_overflow():
     adv = torch.tensor([1.0, -1.0])
     mask = torch.ones(2, 4)
     assert torch.isinf(cscr.credit_weights(cscr.sensitivity(old, pos, pos, mask), mask, 0.2, 60.0,
-                                           weight="upweight")).any()
-    out = cscr.cscr_token_advantages(adv, old, pos, pos, mask, alpha=60.0, weight="upweight")
+                                           weight=cscr_ablations.upweight)).any()
+    out = cscr.cscr_token_advantages(adv, old, pos, pos, mask, settings=settings("upweight", alpha=60.0))
     assert torch.isfinite(out).all()
     # float32 bound: each A_i,t (<= 4) carries ~2 roundings (w / w_bar, A·w̃), the 4-term sum 3 more
     bound = (4 * 2 + 3) * 4 * torch.finfo(torch.float32).eps
@@ -177,8 +188,8 @@ def test_upweight_stays_finite_when_the_weights_overflow():
 
 def test_errors():
     s = torch.zeros(1, 3, dtype=F64)
-    for fn in (lambda: cscr.credit_weights(s, torch.ones(1, 3), weight="sign_aware"),
-               lambda: cscr.credit_log_weights(s, weight="sign_aware")):
+    for fn in (lambda: cscr.credit_weights(s, torch.ones(1, 3), weight=cscr_ablations.sign_aware),
+               lambda: cscr.credit_log_weights(s, weight=cscr_ablations.sign_aware)):
         with pytest.raises(ValueError, match="cscr_token_advantages"):
             fn()
     with pytest.raises(ValueError, match="weight must be one of"):
@@ -187,3 +198,29 @@ def test_errors():
                      (dict(sign_mix=1.5), "sign_mix")):
         with pytest.raises(ValueError, match=name):
             batch("sign_aware", **kw)
+
+
+def test_choose_names_each_rule_once_and_binds_its_parameters():
+    """The flags' names -> the functions cscr.Settings takes: the spec's maps from cscr.py, the ablations from
+    cscr_ablations.py, their parameters bound (the run chooses once, in grpo.Credit)."""
+    assert cscr_ablations.choose() == (cscr.exp_weight, cscr.per_sequence)
+    assert cscr_ablations.choose("inverse", "batch") == (cscr.inverse_weight, cscr_ablations.per_batch)
+    assert cscr_ablations.choose("upweight")[0] is cscr_ablations.upweight
+    weight, renormalise = cscr_ablations.choose("sign_aware", "group", 2, sign_eps=0.1, sign_mix=0.3)
+    assert weight.keywords == {"eps": 0.1, "mix": 0.3} and renormalise.keywords == {"group_size": 2}
+    with pytest.raises(ValueError, match="weight must be one of"):
+        cscr_ablations.choose("linear")
+    with pytest.raises(ValueError, match="scope one of"):
+        cscr_ablations.choose("exp", "token")
+
+
+def test_grpo_credit_takes_the_rules_its_flags_name():
+    import grpo
+
+    cfg = grpo.GRPOConfig(credit="cscr", cscr_weight="sign_aware", cscr_scope="group", cscr_sign_eps=0.1,
+                          cscr_alpha=2.0, num_generations=4)
+    settings = grpo.Credit(cfg, None).cscr_settings
+    assert (settings.alpha, settings.w_min, settings.mode) == (2.0, 0.0, "max")
+    assert settings.weight.func is cscr_ablations.sign_aware and settings.weight.keywords == {"eps": 0.1, "mix": 0.5}
+    assert settings.renormalise.func is cscr_ablations.per_group and settings.renormalise.keywords == {"group_size": 4}
+    assert grpo.Credit(grpo.GRPOConfig(credit="cscr"), None).cscr_settings == cscr.Settings()

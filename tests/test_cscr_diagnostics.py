@@ -137,7 +137,7 @@ def test_diagnose_smoke(tiny, tmp_path):
     assert " is not the correct final answer." in rep["example_condition_prompts"][1]
     assert len(rep["most_sensitive_tokens"]) == min(20, d["num_valid_tokens"])
     # the three passes agree with condition_logprobs and with an unpadded per-sequence computation
-    lp_pos, lp_neg = cscr.condition_logprobs(model, tok, ten["prompts_pos"], ten["prompts_neg"],
+    lp_pos, lp_neg = cscr.condition_logprobs(model, tok, list(zip(ten["prompts_pos"], ten["prompts_neg"])),
                                              ten["response_ids"], mask, temperature=0.9)
     assert torch.allclose(lp_pos, ten["lp_pos"], atol=1e-5) and torch.allclose(lp_neg, ten["lp_neg"], atol=1e-5)
     n0 = int(mask[0].sum())
@@ -169,11 +169,13 @@ def test_report_config_names_the_template_used(tiny, tmp_path, template, expecte
     assert json.loads((tmp_path / "report.json").read_text())["config"]["template"] == expected
 
 
-def test_cli_writes_report(tiny_model_path, tmp_path):
+def test_cli_writes_report(tiny_model_path, tmp_path, capsys):
     out = tmp_path / "diag"
     rep = cscr_diagnostics.main(["--model", str(tiny_model_path), "--data", "toy", "--num_trajectories", "4",
                                  "--max_new_tokens", "4", "--prompt_template", "none", "--template", "reference",
                                  "--output_dir", str(out)])
+    printed = capsys.readouterr().out
+    assert cscr_diagnostics.summary_table(rep) in printed and "{" not in printed  # a table, not a dict
     saved = json.loads((out / "report.json").read_text())
     assert saved == json.loads(json.dumps(rep))
     assert saved["config"]["template"] == "reference" and saved["config"]["num_trajectories"] == 4
@@ -261,3 +263,23 @@ def test_diagnose_cuts_at_template_stop_strings(scripted):
     assert ten["response_mask"].shape[1] == max(lengths)  # nothing scored past the cut
     # graded on the cut text: the box after the stop string (5) would make it wrong
     assert bool(ten["correct"][3]) and not verify.verify(SCRIPTED[3], "3")
+
+
+def test_the_printed_table_has_d1_to_d7_beside_the_papers_values():
+    d = {"num_valid_tokens": 100, "d1_num_affected": 40, "d1_same_direction_rate": 0.9375,
+         "d2_sign_reversal_rate": 0.0625, "d3_polarity_outcome_consistency": 0.5, "d4a_pearson": 0.8,
+         "d4a_spearman": 0.7, "d4b_topk_jaccard": 0.25, "d4c_cosine_mean": 0.9, "d5_common_mode_share": 0.95,
+         "d6_s_mean_surface": 1.5, "d6_s_mean_content": 0.25, "d6_surface_share_top": 1.0,
+         "d6_surface_share_all": 0.4, "d7_pearson_s_entropy": 0.5, "d7_spearman_s_entropy": 0.6,
+         "d7_pearson_s_1_minus_top1": None, "d7_spearman_s_1_minus_top1": None}  # None: nan in report.json
+    table = cscr_diagnostics.summary_table({"diagnostics": d, "accuracy": 0.25,
+                                            "config": {"num_trajectories": 8, "tau": 0.05}})
+    lines = table.splitlines()
+    assert lines[0].startswith("CSCR diagnostics: 8 trajectories (accuracy 0.250), 40 of 100 tokens affected")
+    row = {line.split()[0]: line for line in lines[2:] if line[:1].strip()}
+    assert sorted(row) == ["D1", "D2", "D3", "D4a", "D4b", "D4c", "D5", "D6", "D7"]
+    assert "93.8%" in row["D1"] and "91.4-95.8%" in row["D1"]
+    assert "6.2%" in row["D2"] and "4.2-8.6%" in row["D2"]  # the paper's D2: 1 - D1
+    assert "50.0%" in row["D3"] and "about 58%" in row["D3"]
+    assert "0.800 / 0.700" in row["D4a"] and "1.500 / 0.250" in row["D6"] and "0.500 / 0.600" in row["D7"]
+    assert "n/a / n/a" in lines[-1]

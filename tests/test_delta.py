@@ -13,9 +13,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import delta  # noqa: E402
+import delta_ablations  # noqa: E402
 from delta import (  # noqa: E402
     delta_coefficients,
-    delta_coefficients_streaming,
     delta_token_advantages,
     proxy_vectors,
 )
@@ -138,10 +138,9 @@ def centroid_condition(v, adv, mask):
 
 
 def chunk(v, adv, mask):
-    """A streaming micro-batch ``(hidden, token_logprobs, response_mask, advantages)`` whose proxy is ``v`` itself:
-    log p = −∞ gives 1 − p = 1, so v = (1 − p)·h = h exactly (the proxy is tested on its own, and streamed from real
-    h and log p in ``test_example_lambda_bar``)."""
-    return v, torch.full(mask.shape, -math.inf, dtype=v.dtype), mask, adv
+    """A streamed micro-batch ``(v, advantages, response_mask)`` (the proxy is tested on its own, and streamed from
+    real h and log p in ``test_example_lambda_bar``)."""
+    return v, adv, mask
 
 
 def split_chunks(v, adv, mask, sizes, trim=True):
@@ -212,11 +211,12 @@ def test_example_lambda_bar(K):
     assert lb.dtype == F64
     assert torch.allclose(lb, exp, atol=1e-9, rtol=0)
     # the streamed path reproduces the printed numbers too (one response per micro-batch)
-    ls = delta_coefficients_streaming(split_chunks(v, adv, mask, [1, 1], trim=False), K=K)
+    ls = delta_coefficients(split_chunks(v, adv, mask, [1, 1], trim=False), K=K)
     assert torch.allclose(torch.cat(ls), exp, atol=1e-9, rtol=0)
     # and from the example's own h and log p, which the stream turns into v chunk by chunk
     h = example1()[0]
-    ls = delta_coefficients_streaming([(h[:1], logp[:1], mask[:1], adv[:1]), (h[1:], logp[1:], mask[1:], adv[1:])], K=K)
+    ls = delta_coefficients([(proxy_vectors(h[i:i + 1], logp[i:i + 1], mask[i:i + 1]), adv[i:i + 1], mask[i:i + 1])
+                             for i in range(2)], K=K)
     assert torch.allclose(torch.cat(ls), exp, atol=1e-9, rtol=0)
     # the default is K = 1
     if K == 1:
@@ -325,7 +325,7 @@ def test_example2_zero_advantage_group():
     exp_adv = torch.tensor([[0.7939163427, 0.8479168573, 0.8068001698], [-0.6744407863, -0.8250093243, 0],
                             [0, 0, 0], [0, 0, 0]], dtype=F64)
     assert torch.allclose(a_tok, exp_adv, atol=1e-9, rtol=0)
-    ls = delta_coefficients_streaming(split_chunks(v, adv, mask, [3, 1]), K=1)
+    ls = delta_coefficients(split_chunks(v, adv, mask, [3, 1]), K=1)
     assert torch.allclose(unsplit(ls, 3), exp, atol=1e-9, rtol=0)
 
 
@@ -387,7 +387,7 @@ def test_all_zero_advantages_gives_ones():
     lb, st = delta_coefficients(v, adv, mask, return_stats=True)
     assert torch.equal(lb, mask)
     assert st["delta/fallback"] == 1.0 and st["delta/n_zero"] == float(mask.sum())
-    ls = delta_coefficients_streaming(split_chunks(v, adv, mask, [5, 7]))
+    ls = delta_coefficients(split_chunks(v, adv, mask, [5, 7]))
     assert torch.equal(unsplit(ls, v.shape[1]), mask)
 
 
@@ -408,7 +408,7 @@ def test_one_side_empty_gives_ones(sign):
     mask2[-1] = 0
     adv2[-1] = -sign
     assert torch.equal(delta_coefficients(v2, adv2, mask2), mask2)
-    ls = delta_coefficients_streaming(split_chunks(v, adv, mask, [4, 4, 4]), K=1)
+    ls = delta_coefficients(split_chunks(v, adv, mask, [4, 4, 4]), K=1)
     assert torch.equal(unsplit(ls, v.shape[1]), mask)
 
 
@@ -421,20 +421,22 @@ def test_padding_garbage_is_ignored():
 
 
 @pytest.mark.parametrize("H", [6, 33])
-def test_squared_distances_in_row_blocks_equal_the_whole_batch_formula(H):
+def test_squared_distances_in_row_blocks_equal_the_whole_batch_formula(H, monkeypatch):
     """‖v − μ‖² a block of rows at a time (delta_coefficients' working memory) is (v − μ)² summed over H for the
     whole batch, exactly in float64: each token's sum is the same reduction in any block. Block sizes that divide
-    N = 7 and ones that do not, one row, and more rows than N."""
+    N = 7 and ones that do not, one row, and more rows than N; μ₊ and μ₋ share the block."""
     g = torch.Generator().manual_seed(40)
     v, mu = torch.randn(7, 5, H, generator=g, dtype=F64), torch.randn(H, generator=g, dtype=F64)
     whole = (v - mu).pow(2).sum(-1)
     assert whole.shape == (7, 5)
+    dist_pos, dist_neg = delta._squared_distances(v, (mu, -mu))  # the default block (all 7 rows here)
+    assert torch.equal(dist_pos, whole) and torch.equal(dist_neg, (v + mu).pow(2).sum(-1))
     for rows in (1, 2, 3, 4, 6, 7, 50):
-        block = delta._row_block(v, rows)
-        assert block.shape == (min(rows, 7), 5, H)
-        assert torch.equal(delta._squared_distances(v, mu, block), whole), rows
-        assert torch.equal(delta._squared_distances(v, -mu, block), (v + mu).pow(2).sum(-1)), rows  # block reused
-    assert torch.equal(delta._squared_distances(v, mu, delta._row_block(v)), whole)  # the default (all 7 rows here)
+        monkeypatch.setattr(delta, "ROW_BLOCK_BYTES", rows * 5 * H * 8)
+        assert delta._block_rows(v) == rows
+        dist_pos, dist_neg = delta._squared_distances(v, (mu, -mu))
+        assert torch.equal(dist_pos, whole), rows
+        assert torch.equal(dist_neg, (v + mu).pow(2).sum(-1)), rows  # the block reused
 
 
 @pytest.mark.parametrize("K", [0, 1, 2])
@@ -499,7 +501,7 @@ def test_no_gradient_into_lambda():
     v = v.masked_fill(mask[..., None] == 0, 0.0).requires_grad_(True)
     lb = delta_coefficients(v, adv, mask)
     assert not lb.requires_grad and lb.grad_fn is None
-    ls = delta_coefficients_streaming(split_chunks(v, adv, mask, [5, 7], trim=False))
+    ls = delta_coefficients(split_chunks(v, adv, mask, [5, 7], trim=False))
     assert all(not x.requires_grad for x in ls)
     # using λ̄ in a loss leaves v without a gradient path
     loss = (lb * (v ** 2).sum(-1)).sum()
@@ -524,7 +526,7 @@ def test_streaming_equals_whole_batch(K, dtype):
         rel = 1e-10 if dtype == F64 else \
             (K + 3) * v.shape[0] * v.shape[1] * 2.0 ** -24 * centroid_condition(v64, adv64, mask.double())
         lb, st = delta_coefficients(v, adv, mask, K=K, return_stats=True)
-        ls, st_s = delta_coefficients_streaming(split_chunks(v, adv, mask, sizes), K=K, return_stats=True)
+        ls, st_s = delta_coefficients(split_chunks(v, adv, mask, sizes), K=K, return_stats=True)
         assert all(x.dtype == dtype for x in ls)
         assert torch.allclose(unsplit(ls, v.shape[1]), lb, atol=tol, rtol=0)
         for key in delta.STAT_KEYS:
@@ -542,7 +544,7 @@ def test_streaming_callable_passes_and_recompute(K, expected_passes):
         # a fresh generator each call, as when h is recomputed by re-running the forward pass
         return ((c[0].clone(), *c[1:]) for c in chunks)
 
-    ls = delta_coefficients_streaming(make, K=K)
+    ls = delta_coefficients(make, K=K)
     assert len(calls) == expected_passes
     assert torch.allclose(unsplit(ls, v.shape[1]), delta_coefficients(v, adv, mask, K=K), atol=1e-12)
 
@@ -551,17 +553,17 @@ def test_streaming_rejects_bad_chunks():
     v, adv, mask = random_batch(15)
     chunks = split_chunks(v, adv, mask, [6, 6])
     with pytest.raises(ValueError, match="one-shot"):
-        delta_coefficients_streaming(iter(chunks))
+        delta_coefficients(iter(chunks))
     with pytest.raises(ValueError, match="empty"):
-        delta_coefficients_streaming([])
+        delta_coefficients([])
     state = {"n": 0}
 
     def changing():  # advantages differ between passes
         state["n"] += 1
-        return [(*c[:3], c[3] * state["n"]) for c in chunks]
+        return [(c[0], c[1] * state["n"], c[2]) for c in chunks]
 
     with pytest.raises(ValueError, match="changed between passes"):
-        delta_coefficients_streaming(changing)
+        delta_coefficients(changing)
     with pytest.raises(ValueError, match="expected 2"):
         state2 = {"n": 0}
 
@@ -569,11 +571,13 @@ def test_streaming_rejects_bad_chunks():
             state2["n"] += 1
             return chunks if state2["n"] == 1 else chunks[:1]
 
-        delta_coefficients_streaming(shrinking)
+        delta_coefficients(shrinking)
     with pytest.raises(ValueError, match="adv"):
-        delta_coefficients_streaming([chunk(v[:2], adv[:3], mask[:2])])
-    with pytest.raises(ValueError, match="hidden, old_logp, response_mask, adv"):
-        delta_coefficients_streaming([(v, adv, mask)])  # the whole-batch function's (v, Â, mask) order
+        delta_coefficients([chunk(v[:2], adv[:3], mask[:2])])
+    with pytest.raises(ValueError, match=r"\(v, adv, response_mask\) tuple"):
+        delta_coefficients([(v, torch.zeros(mask.shape, dtype=F64), mask, adv)])  # (h, log p, mask, Â): not a chunk
+    with pytest.raises(ValueError, match="chunks carry their own"):
+        delta_coefficients(chunks, adv, mask)
 
 
 class FakeAllReduce:
@@ -604,8 +608,8 @@ def run_ranks(rank_chunks, K, use_reduce=True):
 
     def work(r):
         try:
-            results[r] = delta_coefficients_streaming(
-                rank_chunks[r], K=K, reduce_fn=fake.for_rank(r) if use_reduce else None, return_stats=True)
+            results[r] = delta_coefficients(rank_chunks[r], K=K, steps=delta.DeltaSteps(
+                pool=fake.for_rank(r) if use_reduce else None), return_stats=True)
         except Exception as e:  # pragma: no cover - surfaced below
             errors.append(e)
             fake.barrier.abort()
@@ -680,7 +684,7 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="lam_min"):
         delta_coefficients(v, adv, mask, lam_min=1.3, lam_max=1.2)
     with pytest.raises(ValueError, match="lam_min"):
-        delta_coefficients_streaming([chunk(v, adv, mask)], lam_min=1.3, lam_max=1.2)
+        delta_coefficients([chunk(v, adv, mask)], lam_min=1.3, lam_max=1.2)
     with pytest.raises(ValueError, match="old_logp"):
         proxy_vectors(v, adv, mask)
     with pytest.raises(ValueError, match="hidden"):
@@ -804,11 +808,10 @@ def test_adaptive_temperature_is_the_population_std_of_the_margins():
 
 def test_soft_assignment_uses_each_tokens_own_side():
     ln3 = math.log(3.0)  # σ(ln 3) = 3/4
-    margin_pos = torch.tensor([[0.0, 2 * ln3], [9.0, 9.0]], dtype=F64)
-    margin_neg = torch.tensor([[9.0, 9.0], [ln3, 0.0]], dtype=F64)
-    assign = delta.soft_assignment(margin_pos, margin_neg, torch.tensor(2.0), torch.tensor(1.0),
-                                   torch.tensor([0.7, -0.7], dtype=F64))
-    # σ of an argument within one rounding of ln 3 or 0: a few ulp of 0.75 (2⁻⁵³ each), below 1e-15
+    margin = torch.tensor([[0.0, 2 * ln3], [ln3, 0.0]], dtype=F64)  # Δ⁺ on the first response, Δ⁻ on the second
+    assign = delta.soft_assignment(margin, torch.tensor(2.0), torch.tensor(1.0), torch.tensor([0.7, -0.7], dtype=F64))
+    # γ₊ = 2 on the first (Â > 0), γ₋ = 1 on the second. σ of an argument within one rounding of ln 3 or 0: a few
+    # ulp of 0.75 (2⁻⁵³ each), below 1e-15
     torch.testing.assert_close(assign, torch.tensor([[0.5, 0.75], [0.75, 0.5]], dtype=F64), rtol=0, atol=1e-15)
 
 
@@ -818,3 +821,71 @@ def test_bounded_coefficients_map_alpha_into_the_range():
     lam = delta.bounded_coefficients(assign, torch.tensor([1.0, 0.0], dtype=F64), mask, 0.8, 1.2)
     # λ = 0.8 + 0.4·α; the Â = 0 row gets λ_min; padding 0. Two roundings of values ≤ 1.2 (ulp 2.2e-16): 1e-15
     torch.testing.assert_close(lam, torch.tensor([[1.0, 1.1, 0.0], [0.8, 0.8, 0.8]], dtype=F64), rtol=1e-15, atol=1e-15)
+
+
+# ----------------------------------------------------------------------------------------------------
+# One implementation: the in-memory call is the one-chunk case, bit for bit as the former in-memory code
+# ----------------------------------------------------------------------------------------------------
+BITS = torch.load(Path(__file__).parent / "data" / "delta_float32_bits.pt")  # tests/data/README.md
+
+
+def recorded_steps(kw):
+    """The recorded call's keywords (delta.py at 71d7a89) as today's call: K and the λ range as they were, each
+    ablation keyword as the step delta_ablations.py swaps in."""
+    swaps = {"scores": ("score", delta_ablations.within_side_scores),
+             "assignment": ("assign", delta_ablations.hard_assignment),
+             "coefficients": ("coefficients", delta_ablations.raw_coefficients),
+             "normalize": ("normalize", delta_ablations.no_normalization)}
+    steps = dict(swaps[key] for key in kw if key in swaps)
+    if "gamma" in kw:
+        steps["temperature"] = delta_ablations.FrozenTemperature(kw["gamma"])
+    return {**{key: kw[key] for key in ("K", "lam_min", "lam_max") if key in kw}, "steps": delta.DeltaSteps(**steps)}
+
+
+@pytest.mark.parametrize("how", ["tensor", "one-chunk list", "one-chunk callable"])
+@pytest.mark.parametrize("case", list(BITS["cases"]))
+def test_float32_lambda_bar_is_bit_identical_to_the_recorded_one(case, how):
+    """float32 λ̄ and every statistic (what metrics.jsonl logs) equal, bit for bit, what the in-memory
+    delta_coefficients of 71d7a89 returned on the same inputs, for the default, K = 0 and 2, garbage on padding, a
+    λ range, each ablation and the top-K proxy; as a [B, T, H] tensor and as one chunk (a list, a callable)."""
+    x = BITS["inputs"]
+    h, logp, mask, adv = x["h"], x["logp"], x["mask"], x["adv"]
+    assert h.dtype == torch.float32 and adv.dtype == torch.float32
+    v = proxy_vectors(h, logp, mask)
+    v = {"garbage_padding": torch.where(mask[..., None], v, torch.full_like(v, 3.0)),
+         "topk_proxy": delta_ablations.topk_proxy_vectors(torch.nan_to_num(h), x["ids"], mask, x["W"], 3)}.get(case, v)
+    want, kw = BITS["cases"][case], recorded_steps(BITS["cases"][case]["kw"])
+    if how == "tensor":
+        lam_bar, stats = delta_coefficients(v, adv, mask, return_stats=True, **kw)
+    else:
+        chunks = [(v, adv, mask)]
+        (lam_bar,), stats = delta_coefficients(chunks if how == "one-chunk list" else (lambda: iter(chunks)),
+                                               return_stats=True, **kw)
+    assert lam_bar.dtype == torch.float32 and torch.equal(lam_bar, want["lam_bar"])
+    assert {k: s for k, s in stats.items() if s == s} == {k: s for k, s in want["stats"].items() if s == s}
+    assert {k for k, s in stats.items() if s != s} == {k for k, s in want["stats"].items() if s != s}  # NaNs
+
+
+def test_random_coefficients_float32_bit_identical_to_the_recorded_draw():
+    x = BITS["inputs"]
+    lam_bar = delta_ablations.random_coefficients(x["adv"], x["mask"], generator=torch.Generator().manual_seed(5))
+    assert torch.equal(lam_bar, BITS["random"])
+
+
+def test_delta_py_budgets_and_imports():
+    """delta.py is read in one sitting and copied alone: within 350 lines, no function over 60, no public function
+    with more than 8 parameters, imports torch and the standard library's typing and math only."""
+    import ast
+
+    source = (Path(__file__).resolve().parents[1] / "delta.py").read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    assert len(source.splitlines()) <= 350
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef):
+            assert node.end_lineno - node.lineno + 1 <= 60, node.name
+            a = node.args
+            if not node.name.startswith("_"):
+                assert len(a.posonlyargs + a.args + a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg) <= 8, node.name
+    imported = {alias.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for alias in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert imported <= {"torch", "typing", "math", "__future__"}, imported

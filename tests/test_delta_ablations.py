@@ -1,5 +1,5 @@
-"""Tests for DelTA's ablations in delta.py (docs/specs/baselines.md §6, "spec §6"): the keyword arguments of
-delta_coefficients / delta_coefficients_streaming, random_coefficients and topk_proxy_vectors.
+"""Tests for DelTA's ablations (docs/specs/baselines.md §6, "spec §6"): delta_ablations.py's steps, each swapped
+into delta.delta_coefficients (in memory and streamed), random_coefficients and topk_proxy_vectors.
 
 Values: spec §6's table on its Example B (spec §1), its top-K values on delta.md §7's Example A; the loss column
 is recomputed here by an independent dual-clip DAPO token-mean (not grpo.py's); random data is checked against an
@@ -17,12 +17,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import delta  # noqa: E402
-from delta import (  # noqa: E402
-    delta_coefficients,
-    delta_coefficients_streaming,
-    random_coefficients,
-    topk_proxy_vectors,
-)
+import delta_ablations  # noqa: E402
+from delta import delta_coefficients  # noqa: E402
+from delta_ablations import random_coefficients, topk_proxy_vectors  # noqa: E402
 
 F64 = torch.float64
 TOL = 1e-9  # spec values are printed to 10 digits
@@ -90,16 +87,30 @@ def np_reference(v, adv, mask, K=1, lam_min=0.8, lam_max=1.2, scores="contrastiv
     return lam * mask.sum() / max(lam.sum(), eps) if normalize else lam
 
 
+def with_steps(kw):
+    """The reference's keywords (spec §6's names) as delta_coefficients' call: K and the λ range as they are, each
+    ablation as the step delta_ablations.py swaps in (``gamma``: a ``FrozenTemperature`` holding it)."""
+    swaps = {("scores", "within_side"): ("score", delta_ablations.within_side_scores),
+             ("assignment", "hard"): ("assign", delta_ablations.hard_assignment),
+             ("coefficients", "raw"): ("coefficients", delta_ablations.raw_coefficients),
+             ("normalize", False): ("normalize", delta_ablations.no_normalization)}
+    steps = dict(swaps[key, value] for key, value in kw.items() if (key, value) in swaps)
+    if kw.get("gamma") is not None:
+        steps["temperature"] = delta_ablations.FrozenTemperature(kw["gamma"])
+    rest = {key: value for key, value in kw.items() if key in ("K", "lam_min", "lam_max", "return_stats")}
+    return {**rest, "steps": delta.DeltaSteps(**steps)}
+
+
 def stream(v, adv, mask, sizes, **kw):
-    """delta_coefficients_streaming on row chunks of ``sizes`` (each cut to its own length), v given directly
-    (old_logp = None); λ̄ re-padded to [B, T]."""
+    """delta_coefficients on row chunks (v, Â, mask) of ``sizes`` (each cut to its own length); λ̄ re-padded to
+    [B, T]."""
     chunks, s = [], 0
     for n in sizes:
         L = max(int(mask[s:s + n].sum(1).max()), 1)
-        chunks.append((v[s:s + n, :L], None, mask[s:s + n, :L], adv[s:s + n]))
+        chunks.append((v[s:s + n, :L], adv[s:s + n], mask[s:s + n, :L]))
         s += n
     assert s == v.shape[0]
-    out = delta_coefficients_streaming(chunks, **kw)
+    out = delta_coefficients(chunks, **with_steps(kw))
     lams, stats = out if kw.get("return_stats") else (out, None)
     lam = torch.cat([torch.nn.functional.pad(x, (0, v.shape[1] - x.shape[1])) for x in lams])
     return (lam, stats) if stats is not None else lam
@@ -201,7 +212,7 @@ def expected(rows):
 
 def coefficients_of(impl, v, adv, mask, **kw):
     if impl == "batch":
-        return delta_coefficients(v, adv, mask, **kw)
+        return delta_coefficients(v, adv, mask, **with_steps(kw))
     return stream(v, adv, mask, [1, v.shape[0] - 1], **kw)
 
 
@@ -309,7 +320,7 @@ def test_random_coefficients_zero_advantage_rows_draws_and_range():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_variants_match_reference_stream_and_invariants(kw, seed):
     v, adv, mask = random_batch(seed)
-    lb = delta_coefficients(v, adv, mask, **kw)
+    lb = delta_coefficients(v, adv, mask, **with_steps(kw))
     ref = torch.tensor(np_reference(v.numpy(), adv.numpy(), mask.numpy(), **kw), dtype=F64)
     torch.testing.assert_close(lb, ref, atol=1e-10, rtol=0)
     for sizes in ([5, 7], [4, 1, 3, 4]):  # uneven chunks, each cut to its own length
@@ -328,9 +339,10 @@ def test_variants_stream_from_hidden_and_old_logp(kw):
     """The (h, log p) chunks of the trainer give the same λ̄ as v = proxy_vectors(h, log p) for each ablation."""
     v, adv, mask = random_batch(9)
     logp = -torch.rand(mask.shape, generator=torch.Generator().manual_seed(2), dtype=F64) * 3
-    chunks = [(v[:6], logp[:6], mask[:6], adv[:6]), (v[6:], logp[6:], mask[6:], adv[6:])]
-    lb = torch.cat(delta_coefficients_streaming(chunks, **kw))
-    torch.testing.assert_close(lb, delta_coefficients(delta.proxy_vectors(v, logp, mask), adv, mask, **kw),
+    chunks = lambda: ((delta.proxy_vectors(v[s], logp[s], mask[s]), adv[s], mask[s])  # noqa: E731
+                      for s in (slice(0, 6), slice(6, None)))  # v made afresh in each pass, as the trainer does
+    lb = torch.cat(delta_coefficients(chunks, **with_steps(kw)))
+    torch.testing.assert_close(lb, delta_coefficients(delta.proxy_vectors(v, logp, mask), adv, mask, **with_steps(kw)),
                                atol=1e-10, rtol=0)
 
 
@@ -339,7 +351,7 @@ def test_variants_stream_from_hidden_and_old_logp(kw):
 def test_one_side_empty_gives_ones_for_every_variant(kw, case):
     v, adv, mask = random_batch(4)
     adv = {"no_negative": adv.clamp(min=0), "no_positive": adv.clamp(max=0), "all_zero": adv * 0}[case]
-    lb, st = delta_coefficients(v, adv, mask, return_stats=True, **kw)
+    lb, st = delta_coefficients(v, adv, mask, **with_steps({**kw, "return_stats": True}))
     assert torch.equal(lb, mask) and st["delta/fallback"] == 1.0
     assert math.isnan(st["delta/gamma0_pos"]) and math.isnan(st["delta/gamma0_neg"])
     assert torch.equal(stream(v, adv, mask, [6, 6], **kw), mask)
@@ -365,28 +377,19 @@ def test_default_call_is_unchanged_by_the_default_keywords():
     v, adv, mask = random_batch(6)
     for K in (0, 1, 2):
         base = delta_coefficients(v.float(), adv.float(), mask.float(), K=K)
-        same = delta_coefficients(v.float(), adv.float(), mask.float(), K=K, scores="contrastive",
-                                  assignment="soft", gamma=None, coefficients="bounded", normalize=True)
+        same = delta_coefficients(v.float(), adv.float(), mask.float(), K=K, steps=delta.DeltaSteps(
+            score=delta.contrastive_margins, temperature=delta.lagged_temperature, assign=delta.soft_assignment,
+            coefficients=delta.bounded_coefficients, normalize=delta.self_normalization))
         assert base.dtype == torch.float32 and torch.equal(base, same)
 
 
 def test_ablation_validation_errors():
     v, adv, mask = random_batch(7)
-    chunks = [(v[:6], None, mask[:6], adv[:6]), (v[6:], None, mask[6:], adv[6:])]
-    bad = [({"scores": "within"}, "scores"), ({"assignment": "sharp"}, "assignment"),
-           ({"coefficients": "alpha"}, "coefficients"), ({"normalize": 1}, "normalize"),
-           ({"gamma": 0.5}, "gamma"), ({"gamma": (0.5,)}, "gamma"), ({"gamma": (0.5, -1.0)}, "gamma"),
-           ({"gamma": (0.5, float("nan"))}, "gamma"), ({"gamma": ("a", "b")}, "gamma")]
-    for kw, match in bad:
-        with pytest.raises(ValueError, match=match):
-            delta_coefficients(v, adv, mask, **kw)
-        with pytest.raises(ValueError, match=match):
-            delta_coefficients_streaming(chunks, **kw)
-    logp = torch.zeros(6, v.shape[1], dtype=F64)
-    with pytest.raises(ValueError, match="all or none must be None"):
-        delta_coefficients_streaming([chunks[0], (v[6:], logp, mask[6:], adv[6:])])
-    with pytest.raises(ValueError, match="all or none must be None"):
-        delta_coefficients_streaming([(v[:6], logp, mask[:6], adv[:6]), chunks[1]])
+    for gamma in (0.5, (0.5,), (0.5, -1.0), (0.5, float("nan")), ("a", "b")):
+        with pytest.raises(ValueError, match="gamma"):
+            delta_ablations.FrozenTemperature(gamma)
+    with pytest.raises(ValueError, match=r"\(v, adv, response_mask\) tuple"):  # the former (v, None, mask, Â) chunk
+        delta_coefficients([(v[:6], None, mask[:6], adv[:6])])
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -469,10 +472,10 @@ def test_topk_proxy_dtype_grad_stream_and_errors():
     assert v.dtype == torch.float32 and not v.requires_grad
     torch.testing.assert_close(v.double(), topk_proxy_vectors(h, y, mask, W, 2), atol=1e-6, rtol=0)
     # top-K proxies streamed chunk by chunk (old_logp = None) equal the whole batch
-    chunks = [(topk_proxy_vectors(h[i:i + 1], y[i:i + 1], mask[i:i + 1], W, 2), None, mask[i:i + 1], adv[i:i + 1])
+    chunks = [(topk_proxy_vectors(h[i:i + 1], y[i:i + 1], mask[i:i + 1], W, 2), adv[i:i + 1], mask[i:i + 1])
               for i in range(2)]
     v64 = topk_proxy_vectors(h, y, mask, W, 2)
-    torch.testing.assert_close(torch.cat(delta_coefficients_streaming(chunks)), delta_coefficients(v64, adv, mask),
+    torch.testing.assert_close(torch.cat(delta_coefficients(chunks)), delta_coefficients(v64, adv, mask),
                                atol=1e-10, rtol=0)
     for K in (0, 4, 2.0, True):
         with pytest.raises(ValueError, match="K must"):
@@ -487,3 +490,87 @@ def test_topk_proxy_dtype_grad_stream_and_errors():
         topk_proxy_vectors(h, y, mask, W.T, 2)
     with pytest.raises(ValueError, match="token_ids"):
         topk_proxy_vectors(h, y[:, :2], mask, W, 2)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Beside the method: the steps a run chooses once, state across steps, and delta.py naming none of them
+# ----------------------------------------------------------------------------------------------------
+def test_frozen_temperature_keeps_the_first_batchs_gamma0():
+    """--delta_gamma frozen: the first batch with both sides freezes its γ±⁽⁰⁾ (at K = 1 its λ̄ is the default's,
+    bit for bit: the lag makes γ⁽¹⁾ = γ⁽⁰⁾); a later batch uses it, as if it had been given; a batch with one side
+    (the guard) measures nothing and freezes nothing."""
+    frozen = delta_ablations.FrozenTemperature()
+    steps = delta.DeltaSteps(temperature=frozen)
+    v1, adv1, mask1 = random_batch(21)
+    assert torch.equal(delta_coefficients(v1, adv1.clamp(min=0), mask1, steps=steps), mask1) and frozen.gamma is None
+    lb1, st1 = delta_coefficients(v1, adv1, mask1, steps=steps, return_stats=True)
+    assert torch.equal(lb1, delta_coefficients(v1, adv1, mask1))
+    assert frozen.gamma == (st1["delta/gamma0_pos"], st1["delta/gamma0_neg"])
+    v2, adv2, mask2 = random_batch(22)
+    lb2, st2 = delta_coefficients(v2, adv2, mask2, steps=steps, return_stats=True)
+    assert (st2["delta/gamma_pos"], st2["delta/gamma_neg"]) == frozen.gamma != (st2["delta/gamma0_pos"],
+                                                                               st2["delta/gamma0_neg"])
+    torch.testing.assert_close(lb2, torch.tensor(np_reference(v2.numpy(), adv2.numpy(), mask2.numpy(),
+                                                              gamma=frozen.gamma)), atol=1e-10, rtol=0)
+    assert not torch.allclose(lb2, delta_coefficients(v2, adv2, mask2), atol=1e-4)
+
+
+def test_steps_from_flags_swaps_one_step_per_ablation_flag():
+    from grpo_config import GRPOConfig
+
+    paper = delta.DeltaSteps()
+    assert delta_ablations.steps_from_flags(GRPOConfig(credit="delta")) == paper
+    for flags, field, fn in ((dict(delta_scores="within_side"), "score", delta_ablations.within_side_scores),
+                             (dict(delta_assignment="hard"), "assign", delta_ablations.hard_assignment),
+                             (dict(delta_coefficients="raw"), "coefficients", delta_ablations.raw_coefficients),
+                             (dict(delta_normalize=False), "normalize", delta_ablations.no_normalization)):
+        steps = delta_ablations.steps_from_flags(GRPOConfig(credit="delta", **flags))
+        assert getattr(steps, field) is fn and steps._replace(**{field: getattr(paper, field)}) == paper, flags
+    one, two = (delta_ablations.steps_from_flags(GRPOConfig(credit="delta", delta_gamma="frozen")) for _ in range(2))
+    assert isinstance(one.temperature, delta_ablations.FrozenTemperature) and one.temperature is not two.temperature
+    assert delta_ablations.proxy_from_flags(GRPOConfig(credit="delta")) is delta_ablations.paper_proxy
+    topk = delta_ablations.proxy_from_flags(GRPOConfig(credit="delta", delta_proxy="topk", delta_proxy_topk=7))
+    assert topk.needs_lm_head and topk.K == 7
+
+
+def test_delta_py_code_names_no_ablation():
+    """delta.py holds the paper's method: its code (names and string literals; docstrings and comments left out)
+    names none of the ablations, which live in delta_ablations.py. The former keyword values would be caught."""
+    import ast
+
+    def code_words(source):
+        tree = ast.parse(source)
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and node.body
+                      and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        words = set()
+        for node in ast.walk(tree):
+            for field in ("id", "attr", "name", "arg", "module"):
+                if isinstance(getattr(node, field, None), str):
+                    words.add(getattr(node, field).lower())
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                words.add(node.value.lower())
+        return words
+
+    ablations = ("hard", "within", "raw", "random", "frozen", "fixed", "topk", "top_k", "lamnorm", "ablation",
+                 "select", "uniform", "q2")
+    source = (Path(__file__).resolve().parents[1] / "delta.py").read_text(encoding="utf-8")
+    assert not {w for w in code_words(source) for a in ablations if a in w}
+    assert {w for w in code_words('if assignment == "hard":\n    x = scores\n') for a in ablations if a in w}
+
+
+def test_trainer_keeps_frozen_gamma_in_the_ablations_object_and_resumes_it():
+    """grpo.Credit chooses the steps once; --delta_gamma frozen's state is the FrozenTemperature's, which the
+    checkpoint reads and --resume writes back (``Credit.delta_gamma``); without the flag there is no state to set."""
+    import grpo
+    from grpo_config import GRPOConfig
+
+    credit = grpo.Credit(GRPOConfig(credit="delta", delta_gamma="frozen"), None)
+    assert isinstance(credit.delta_steps.temperature, delta_ablations.FrozenTemperature) and credit.delta_gamma is None
+    credit.delta_gamma = [0.25, 0.5]  # as read back from a checkpoint's JSON
+    assert credit.delta_gamma == (0.25, 0.5) and credit.delta_steps.temperature((1.0, 2.0)) == (0.25, 0.5)
+    plain = grpo.Credit(GRPOConfig(credit="delta"), None)
+    plain.delta_gamma = None  # what a run without the flag saved
+    assert plain.delta_gamma is None and plain.delta_steps == delta.DeltaSteps()
+    assert not hasattr(delta.lagged_temperature, "gamma")
+    assert grpo.Credit(GRPOConfig(credit="delta", delta_coefficients="random"), None).needs_hidden() is False

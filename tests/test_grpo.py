@@ -249,6 +249,18 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
         assert "\n" not in str(e.value) and capsys.readouterr() == ("", "")
 
 
+def test_a_misspelt_flag_gets_the_close_one_suggested_in_one_line(capsys):
+    for argv, said in ((["--num_generatons", "4"], "unrecognized arguments: --num_generatons 4; did you mean "
+                        "--num_generations (not --num_generatons)?"),
+                       (["--lerning_rate=1e-5"], "unrecognized arguments: --lerning_rate=1e-5; did you mean "
+                        "--learning_rate (not --lerning_rate)?"),
+                       (["--zzz_qqq", "1"], "unrecognized arguments: --zzz_qqq 1")):  # nothing close: no guess
+        with pytest.raises(SystemExit) as e:
+            grpo.main(argv)
+        assert str(e.value) == f"grpo.py: error: {said} (python grpo.py --help lists the flags)"
+        assert capsys.readouterr() == ("", "")
+
+
 def test_toy_splits_are_deterministic_and_disjoint():
     train, test = toy.make_split("train"), toy.make_split("test")
     assert len(test) == 200 and toy.make_split("test") == test
@@ -405,3 +417,17 @@ def test_progress_bars_do_not_interleave(toy_model_path, tmp_path, capsys):
     assert "eval step 0: sample" in err and "eval step 2: greedy" in err  # the evaluation's bars
     assert "Writing model shards" not in err
     assert f"[checkpoint] step 1: {tmp_path / 'run' / 'checkpoint-1'}" in out
+
+
+def test_the_progress_bar_names_the_rule_from_the_flags(tiny_model_path, tmp_path, capsys):
+    label = lambda **kw: grpo.rule_label(grpo.GRPOConfig(**kw))  # noqa: E731
+    assert [label(), label(credit="delta"), label(credit="cscr"), label(credit="fipo")] == \
+        ["grpo", "delta", "cscr", "fipo"]
+    assert [label(loss_type="sapo"), label(entropy_top_ratio=0.2), label(top_entropy_quantile=0.8)] == \
+        ["sapo", "forking", "forking"]
+    assert label(loss_type="sapo", credit="delta") == "sapo+delta"
+    assert label(credit="delta", delta_select="top") == "delta Q2"
+    for flags, name in ((["--loss_type", "sapo"], "GRPO[sapo]"), (["--entropy_top_ratio", "0.2"], "GRPO[forking]")):
+        grpo.main(["--model", tiny_model_path, "--output_dir", str(tmp_path / name), *TINY_RUN, *flags])
+        err = capsys.readouterr().err
+        assert f"{name}: 100%" in err and "GRPO[grpo]" not in err

@@ -96,21 +96,22 @@ def test_fipo_example_a_and_its_first_mini_batch():
     assert torch.equal(f0 * MASK, MASK) and loss0 == pytest.approx(-0.1414211562, abs=TOL)
 
 
-def test_fipo_safety_and_sequence_drop():
+def test_fipo_safety_and_sequence_drop(loss_stage):
     """§5: Â = −1, log-ratios [log 12, 0.3, 0.1]: f = [1.0 (safety), 1.2, 1.1051709181], losses [10 (dual clip),
-    1.6198305691, 1.2214027582], mean 4.2804111091; with [log 12, log 12, 0.1] the response is dropped: loss 0
-    over the same denominator, and its tokens leave the numerator only."""
+    1.6198305691, 1.2214027582], mean 4.2804111091; with [log 12, log 12, 0.1] the response is dropped: loss 0;
+    beside a kept response the trainer's stage removes it from the numerator and the denominator."""
     old, adv, mask = torch.zeros(1, 3, dtype=D), torch.tensor([-1.0], dtype=D), torch.ones(1, 3, dtype=D)
     loss, f, kept, _ = _fipo_loss(torch.tensor([[math.log(12), 0.3, 0.1]], dtype=D), old, adv, mask, 3)
     torch.testing.assert_close(f, torch.tensor([[1.0, 1.2, 1.1051709181]], dtype=D), rtol=0, atol=1e-9)
     assert loss == pytest.approx(4.2804111091, abs=TOL)
     loss, _, kept, stats = _fipo_loss(torch.tensor([[math.log(12), math.log(12), 0.1]], dtype=D), old, adv, mask, 3)
     assert loss == 0.0 and kept.sum() == 0 and stats["fipo/dropped_frac"] == 1.0
-    # beside a kept response, the dropped one's tokens still count in the denominator (fixed per mini-batch)
+    # beside a kept response: the kept one's mean over its own 3 tokens (spec §5; policy_loss alone, given the
+    # mini-batch's 6 tokens, would halve it: backward_minibatch rescales once the drop is known)
     two = torch.tensor([[math.log(12), math.log(12), 0.1], [math.log(12), 0.3, 0.1]], dtype=D)
-    loss, _, _, _ = _fipo_loss(two, torch.zeros(2, 3, dtype=D), torch.tensor([-1.0, -1.0], dtype=D),
-                               torch.ones(2, 3, dtype=D), 6)
-    assert loss == pytest.approx(4.2804111091 / 2, abs=TOL)
+    loss, _, _, _ = loss_stage(torch.zeros(2, 3, dtype=D), two, torch.tensor([-1.0, -1.0], dtype=D),
+                               credit="fipo", micro_batch_size=1, padding_free=False)
+    assert loss == pytest.approx(4.2804111091, abs=TOL)
 
 
 # ------------------------------------------------------------------------------------------ on the trainer's stages
@@ -149,7 +150,8 @@ def test_fipo_is_dapo_on_the_first_mini_batch(toy_batch, float64_model):
     assert torch.equal(w, batch.response_mask.to(w.dtype)) and stats["fipo/dropped_frac"] == 0.0
 
 
-@pytest.mark.parametrize("flag", [{"entropy_top_ratio": 0.2}, {"top_entropy_quantile": 0.2}])
+@pytest.mark.parametrize("flag", [{"entropy_top_ratio": 0.2}, {"top_entropy_quantile": 0.2},
+                                  {"top_entropy_quantile": 0.2, "loss_type": "grpo"}])
 def test_forking_tokens_do_not_depend_on_micro_batching(toy_batch, float64_model, flag):
     """The mini-batch pool: one ranking over the mini-batch, so --micro_batch_size and --padding_free leave the loss
     and the gradient unchanged (float64, 1e-10 relative); the official rule keeps ⌈ρn⌉ tokens."""
@@ -260,3 +262,133 @@ def test_policy_loss_on_example_b_dapo_and_delta():
     lam_bar = delta.delta_coefficients(v, adv, mask)
     ours, _ = grpo.policy_loss(old + dlogp, old, delta.delta_token_advantages(adv, lam_bar, mask), mask, dual_clip=10.0)
     assert float(dapo) == pytest.approx(-0.0546432602, abs=TOL) and float(ours) == pytest.approx(-0.0774846123, abs=TOL)
+
+
+# ------------------------------------------- the authors' minimal cases through the loss stage (issue #38, 1 and 2)
+@pytest.mark.parametrize("pool", ["minibatch", "micro"])
+@pytest.mark.parametrize("loss_type,value", [("grpo", -0.5), ("sapo", -1.0), ("dapo", -0.5), ("dr_grpo", -0.5)])
+def test_entropy_quantile_keeps_every_token_in_the_normaliser(loss_stage, pool, loss_type, value):
+    """Issue #38 item 1, TRL's numbers: one response of two tokens, Â = +1, entropies [1, 0], quantile 0.5, at
+    θ_old: TRL multiplies ℓ by the mask [1, 0] and divides by both tokens: loss −0.5 (SAPO −1.0: its gate is 2 at
+    r = 1), ∂/∂log π [−0.5, 0] (SAPO's gradient is the policy gradient's at r = 1). The old stage divided a
+    per-sequence loss by the kept token only: −1.0 (SAPO −2.0), [−1, 0]."""
+    logp = torch.full((1, 2), math.log(0.5), dtype=D)
+    loss, grad, stats, w = loss_stage(logp, torch.zeros(1, 2, dtype=D), torch.tensor([1.0], dtype=D),
+                                      torch.tensor([[1.0, 0.0]], dtype=D), top_entropy_quantile=0.5,
+                                      entropy_pool=pool, loss_type=loss_type)
+    assert loss == pytest.approx(value, abs=1e-15)
+    torch.testing.assert_close(grad, torch.tensor([[-0.5, 0.0]], dtype=D), rtol=0, atol=1e-15)
+    assert torch.equal(w, torch.tensor([[1.0, 0.0]], dtype=D))
+    assert stats["forking/kept_frac"] / stats["num_tokens"] == 0.5  # the stage's statistics are token-weighted sums
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "sapo", "dapo"])
+def test_entropy_quantile_micro_batch_size_and_pools(loss_stage, loss_type):
+    """Three responses off θ_old (|o| 3, 2, 3 tokens: the normaliser is each one's length, not its kept tokens), the
+    mini-batch pool at micro_batch_size 1 and the whole mini-batch give one loss and gradient (float64); so does the
+    micro pool where each row ranks as the pool does (each row's own 0.5 quantile picks what the pool's does). Hand
+    value: policy_loss with Ã × mask over every valid token, TRL's ℓ × mask / |o_i|."""
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand(3, 3, generator=g, dtype=D)
+    delta = 0.3 * torch.randn(3, 3, generator=g, dtype=D)
+    adv = torch.tensor([1.0, -0.5, 2.0], dtype=D)
+    entropy = torch.tensor([[2.0, 1.0, 0.0], [1.0, 0.0, 0.0], [2.0, 1.0, 0.0]], dtype=D)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=D)
+    runs = []
+    for pool, mbs in (("minibatch", 0), ("minibatch", 1), ("micro", 1), ("micro", 0)):
+        loss, grad, _, w = loss_stage(logp, delta, adv, entropy, mask, top_entropy_quantile=0.5, entropy_pool=pool,
+                                      micro_batch_size=mbs, loss_type=loss_type, padding_free=False)
+        runs.append((loss, grad.clone(), w))
+    for loss, grad, w in runs[1:]:
+        assert loss == pytest.approx(runs[0][0], rel=1e-13, abs=1e-15) and torch.equal(w, runs[0][2])
+        torch.testing.assert_close(grad, runs[0][1], rtol=1e-13, atol=1e-15)
+    picked = (entropy >= 1.0).to(D) * mask  # the 0.5 quantile of [0, 0, 0, 1, 1, 1, 2, 2] is 1
+    assert torch.equal(runs[0][2], picked)
+    want, _ = grpo.policy_loss(logp, logp - delta, adv[:, None] * picked, mask, loss_type=loss_type,
+                               max_completion_length=3)  # Ã·m over every valid token: TRL's ℓ·m / |o_i|
+    assert runs[0][0] == pytest.approx(float(want), rel=1e-13)
+
+
+DROP = torch.tensor([[0.0, 0.0], [math.log(12), math.log(12)]], dtype=D)  # issue #38 item 2's log-ratios
+
+
+@pytest.mark.parametrize("dual_clip", [None, 10.0])
+@pytest.mark.parametrize("micro_batch_size", [0, 1])
+def test_fipo_drop_leaves_the_denominator(loss_stage, dual_clip, micro_batch_size):
+    """Issue #38 item 2, FIPO's numbers: Δ = [[0, 0], [log 12, log 12]], Â = [+1, −1], c = 10: the second response
+    has two dual-clipped tokens and is dropped from the numerator and the denominator: loss −1.0, ∂/∂log π
+    [[−0.5, −0.5], [0, 0]] (the old stage kept its tokens in the denominator: −0.5, [[−0.25, −0.25], [0, 0]]), at
+    micro_batch_size 1 (the drop is seen after the first row's backward) and the whole mini-batch; c = 10 without
+    --dual_clip (FIPO's code)."""
+    logp = torch.full((2, 2), math.log(0.5), dtype=D)
+    loss, grad, stats, w = loss_stage(logp, DROP, torch.tensor([1.0, -1.0], dtype=D), credit="fipo",
+                                      dual_clip=dual_clip, micro_batch_size=micro_batch_size, padding_free=False)
+    assert loss == pytest.approx(-1.0, abs=1e-15)
+    torch.testing.assert_close(grad, torch.tensor([[-0.5, -0.5], [0.0, 0.0]], dtype=D), rtol=0, atol=1e-15)
+    assert torch.equal(w, torch.tensor([[1.0, 1.0], [0.0, 0.0]], dtype=D))  # the dropped response trains on nothing
+
+
+def test_fipo_applies_its_dual_clip_without_the_flag(loss_stage):
+    """FIPO's code always applies its dual clip (clip_ratio_c 10): one negative token at r = 12 (not dropped: one
+    dual-clipped token) loses min(12, 10) = 10, with or without --dual_clip 10; plain DAPO's loss is 12."""
+    delta = torch.tensor([[math.log(12), 0.0]], dtype=D)
+    logp = torch.full((1, 2), math.log(0.5), dtype=D)
+    adv = torch.tensor([-1.0], dtype=D)
+    # f ≡ 1 (F = 0: token 0's Δ > log c is left out of the sum; its safety clip keeps 1); token 1: r = 1, ℓ = 1
+    for flags in ({}, {"dual_clip": 10.0}):
+        loss, _, stats, _ = loss_stage(logp, delta, adv, credit="fipo", **flags)
+        assert loss == pytest.approx((10.0 + 1.0) / 2, abs=1e-12) and stats["fipo/dropped_frac"] == 0.0
+    loss, _, _, _ = loss_stage(logp, delta, adv)
+    assert loss == pytest.approx((12.0 + 1.0) / 2, abs=1e-12)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_fipo_drop_is_exact_at_every_micro_batch_size(toy_batch, float64_model, loss_type):
+    """FIPO's drop on the toy (float64): θ_old moved so that one negative response has two tokens at r = 12 and the
+    rest Δ ~ 0.05: micro_batch_size 1, 3 and the whole mini-batch give one loss and gradient (1e-10: the drop is
+    seen only by its own micro-batch's forward, the gradient rescaled after the last one); under dapo they equal the
+    same update with that response left out of the batch (``keep``), where nothing is dropped (grpo: divided by one
+    sequence fewer)."""
+    model, tok, batch = toy_batch
+    model = float64_model(model)
+    N, mask = batch.response_mask.shape[0], batch.response_mask.to(D)
+    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4), dtype=D), 4)
+    theta = grpo.old_logprobs(model, batch, grpo.GRPOConfig(max_completion_length=40))
+    delta = 0.05 * torch.randn(mask.shape, generator=torch.Generator().manual_seed(1), dtype=D) * mask
+    row = int(((adv < 0) & (mask.sum(1) >= 2)).nonzero()[0])
+    delta[row, :2] = math.log(12)
+    old = theta._replace(logp=theta.logp - delta)
+    token_adv = adv[:, None] * mask
+
+    def update(keep=None, **flags):
+        cfg = grpo.GRPOConfig(credit="fipo", loss_type=loss_type, max_completion_length=40, **flags)
+        model.zero_grad(set_to_none=True)
+        weights = torch.zeros_like(mask)
+        loss, _ = grpo.backward_minibatch(model, batch, old, token_adv, torch.arange(N), cfg, keep, weights)
+        return loss, torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]), weights
+
+    runs = [update(micro_batch_size=mbs, padding_free=pf) for mbs, pf in ((0, True), (1, False), (3, True))]
+    l0, g0, w0 = runs[0]
+    assert w0[row].sum() == 0 and (w0.sum(1) > 0).sum() == (mask.sum(1) > 0).sum() - 1  # that one response, dropped
+    for loss, grad, _ in runs[1:]:
+        assert loss == pytest.approx(l0, rel=1e-10) and (grad - g0).norm() <= 1e-10 * g0.norm()
+    keep = torch.ones(mask.shape, dtype=torch.bool)
+    keep[row] = False
+    loss, grad, _ = update(keep)
+    # a response masked out by ``keep`` still counts as a sequence (TRL's mean over B); a dropped one does not
+    scale = 1.0 if loss_type == "dapo" else N / (N - 1)
+    assert loss * scale == pytest.approx(l0, rel=1e-10) and (grad * scale - g0).norm() <= 1e-10 * g0.norm()
+
+
+@pytest.mark.parametrize("pool", ["minibatch", "micro"])
+@pytest.mark.parametrize("rho,official,trl", [(0.2, -0.7433598698, -0.1486719740), (0.5, -0.2203905546,
+                                                                                    -0.1322343328)])
+def test_forking_tokens_example_a_through_the_loss_stage(loss_stage, pool, rho, official, trl):
+    """baselines.md §3's worked example through ``backward_minibatch`` (Example A's entropies H, Δ and Â): Forking
+    Tokens' code (``--entropy_top_ratio``: the top ⌈ρn⌉ tokens, their mean) and TRL's reading
+    (``--top_entropy_quantile``: ℓ × the mask over all N = 5 tokens), the same mask at both ρ; one micro-batch, so
+    both pools rank the same tokens."""
+    H = torch.tensor([[1.0201913367, 0.4983717768, 1.0883583966], [1.0376992061, 0.8280477897, 0.0]], dtype=D)
+    for flags, value in (({"entropy_top_ratio": rho}, official), ({"top_entropy_quantile": rho}, trl)):
+        loss, _, _, w = loss_stage(OLD + DLOGP, DLOGP, ADV, H, MASK, entropy_pool=pool, padding_free=False, **flags)
+        assert loss == pytest.approx(value, abs=TOL) and int(w.sum()) == (1 if rho == 0.2 else 3)

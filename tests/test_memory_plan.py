@@ -1,7 +1,8 @@
-"""memory_plan.py at the real shapes (tests/data: Qwen3-8B-Base's and Qwen3-14B-Base's config.json, no weights):
+"""memory_plan.py at the real shapes (model_configs/: Qwen3-8B-Base's and Qwen3-14B-Base's config.json, no weights):
 parameter counts, bytes per stage and per token computed by hand, the verdict and its suggestions re-planned, and
 the activation counts against the tensors autograd really saves on small Qwen3 layers (measured, not asserted)."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -18,18 +19,18 @@ sys.path.insert(0, str(ROOT))
 import memory_plan as mp  # noqa: E402
 from grpo import GRPOConfig  # noqa: E402
 
-DATA = ROOT / "tests" / "data"
+DATA = ROOT / "model_configs" / "Qwen"  # the shipped configs (model_configs/README.md)
 ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 
 @pytest.fixture(scope="module")
 def c8():
-    return mp.read_model_config(str(DATA / "qwen3_8b_base"))
+    return mp.read_model_config(str(DATA / "Qwen3-8B-Base"))
 
 
 @pytest.fixture(scope="module")
 def c14():
-    return mp.read_model_config(str(DATA / "qwen3_14b_base"))
+    return mp.read_model_config(str(DATA / "Qwen3-14B-Base"))
 
 
 def test_parameter_counts_at_the_real_shapes(c8, c14):
@@ -238,10 +239,29 @@ def test_delta_normal_host_peak_and_cpu_plan(c8):
         assert cpu.reserve_gb == 0 and cpu.device_gb == 2000
 
 
+def test_the_gpu_reserve_is_the_context_and_5_percent_of_what_the_gpu_holds(c8):
+    """The allocator's slack is 5% of the largest stage, but never of more memory than the GPU has: the paper's
+    recipe on one 80 GB GPU plans a 15.6 TB rollout, whose 5% (780 GB) the table once printed as a GPU's reserve."""
+    from recipes import DELTA_PAPER
+
+    paper = GRPOConfig(**{**DELTA_PAPER, "credit": "delta"})
+    big = mp.plan(c8, paper, prompt_tokens=2048, gpu_memory_gb=80, host_memory_gb=2000)
+    largest = max(s.device_gb for s in big.stages)
+    assert largest > 10_000 and not big.fits  # HF generate's KV cache of 2,048 rows × 22,528 tokens
+    assert big.reserve_gb == pytest.approx(0.6 + 0.05 * 80)  # 4.6 GB, not 0.6 + 0.05 × 15,600
+    assert big.peak_gb == pytest.approx(largest + 4.6)
+    assert "; + 0.6 GB CUDA context, 4.0 GB allocator slack" in big.table()
+    small = mp.plan(c8, GRPOConfig(use_peft=True, micro_batch_size=1, max_completion_length=1024), prompt_tokens=128,
+                    gpu_memory_gb=80, host_memory_gb=2000)
+    largest = max(s.device_gb for s in small.stages)
+    assert largest < 80 and small.reserve_gb == pytest.approx(0.6 + 0.05 * largest)  # within the GPU: 5% of it
+    assert f"; + 0.6 GB CUDA context, {0.05 * largest:.1f} GB allocator slack" in small.table()
+
+
 def test_read_model_config_from_a_folder_holding_only_config_json(tmp_path):
     folder = tmp_path / "Qwen3-14B-Base"
     folder.mkdir()
-    shutil.copy(DATA / "qwen3_14b_base" / "config.json", folder / "config.json")
+    shutil.copy(DATA / "Qwen3-14B-Base" / "config.json", folder / "config.json")
     c = mp.read_model_config(str(folder))
     assert (c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]) == (5120, 17408, 40)
     assert c["model_type"] == "qwen3" and sorted(p.name for p in folder.iterdir()) == ["config.json"]
@@ -256,7 +276,7 @@ def test_read_model_config_from_a_folder_holding_only_config_json(tmp_path):
 
 
 def test_text_config_of_a_multimodal_config_and_moe_refused(tmp_path):
-    text = json.loads((DATA / "qwen3_8b_base" / "config.json").read_text())
+    text = json.loads((DATA / "Qwen3-8B-Base" / "config.json").read_text())
     folder = tmp_path / "vl"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "qwen3_vl", "architectures": ["X"],
@@ -269,7 +289,7 @@ def test_text_config_of_a_multimodal_config_and_moe_refused(tmp_path):
 
 
 def test_licence_note_beside_the_configs():
-    note = (DATA / "README.md").read_text()
+    note = (DATA.parent / "README.md").read_text()
     assert "Apache-2.0" in note and "Qwen" in note
 
 
@@ -344,14 +364,43 @@ def test_nograd_layer_bytes_against_live_bytes(hidden, intermediate, masked):
     assert 0.85 * measured <= predicted <= 1.25 * measured
 
 
-def test_the_plans_delta_host_copies_are_the_guards():
-    import policy
-
-    assert mp.DELTA_NORMAL_HOST_COPIES == policy.DELTA_NORMAL_HOST_COPIES
-
-
 def test_the_plans_copies_of_project_constants_are_theirs():
     """memory_plan.py imports no project module, so it copies policy's bucket count: the two must agree."""
     import policy
 
     assert mp.PADDING_FREE_BUCKETS == policy.PADDING_FREE_BUCKETS
+
+
+def test_sleep_mode_sizes_vllms_share_to_what_the_rollout_leaves_free(c8):
+    """Issue 40: the paper's recipe for 8B on 8 × 80 GB, vLLM with sleep mode and no --vllm_gpu_memory_utilization:
+    the plan sizes the share so that the rollout stage peaks at 90% of the GPU (CUDA context and slack counted), and
+    its KV cache holds at least 8 sequences of 22,528 tokens; a share given is kept."""
+    import recipes
+
+    cfg = recipes.apply(GRPOConfig(model="x", data="math_train", credit="delta", use_vllm=True,
+                                   vllm_enable_sleep_mode=True), set())
+    assert cfg.vllm_gpu_memory_utilization is None
+    p = mp.plan(c8, cfg, prompt_tokens=2048, processes=8, gpu_memory_gb=80, host_memory_gb=2000)
+    share, parts = p.parts["vllm_share"], p.parts
+    assert parts["vllm_sized"] and parts["vllm_sequences"] >= 8
+    # by hand: what stays resident (float32 weights and AdamW, sharded 8 ways) and vLLM's share, against 90% of 80 GB
+    n = parts["parameters"]
+    resident = (n * 4 + 2 * n * 4) / 8
+    limit = (0.9 * 80 - mp.CUDA_CONTEXT_GB) / (1 + mp.CUDA_ALLOCATOR_SLACK) * 1e9
+    assert resident + share * 80e9 <= limit < resident + (share + 0.01) * 80e9  # the largest share in 0.01 steps
+    rollout = p.stages[0].device_gb
+    assert rollout == pytest.approx((resident + share * 80e9) / 1e9)
+    assert rollout + mp.CUDA_CONTEXT_GB + mp.CUDA_ALLOCATOR_SLACK * rollout <= 0.9 * 80 + 1e-9
+    # KV cache: the share less vLLM's bf16 weights and profile run, in sequences of 22,528 tokens × 147,456 B/token
+    assert parts["vllm_sequences"] == int(parts["vllm_kv_budget"] // (22528 * 147_456))
+    assert parts["vllm_kv_budget"] <= share * 80e9 - 2 * n
+    assert "sized by the plan (sleep mode)" in p.table() and "--vllm_kv_cache_dtype fp8 holds" in p.table()
+    fp8 = mp.plan(c8, dataclasses.replace(cfg, vllm_kv_cache_dtype="fp8"), prompt_tokens=2048, processes=8,
+                  gpu_memory_gb=80, host_memory_gb=2000)
+    assert fp8.parts["vllm_sequences"] >= 2 * parts["vllm_sequences"]
+    given = mp.plan(c8, dataclasses.replace(cfg, vllm_gpu_memory_utilization=0.3), prompt_tokens=2048, processes=8,
+                    gpu_memory_gb=80, host_memory_gb=2000)
+    assert given.parts["vllm_share"] == 0.3 and not given.parts["vllm_sized"] and "as given" in given.table()
+    awake = mp.plan(c8, dataclasses.replace(cfg, vllm_enable_sleep_mode=False), prompt_tokens=2048, processes=8,
+                    gpu_memory_gb=80, host_memory_gb=2000)  # without sleep mode the share stays through the update
+    assert awake.parts["vllm_share"] == mp.VLLM_DEFAULT_SHARE

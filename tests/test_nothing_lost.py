@@ -81,6 +81,29 @@ def test_a_batch_without_signal_moves_nothing(toy_model_path, tmp_path, monkeypa
     assert [s["no_signal"] for s in steps] == [1.0, 1.0]
 
 
+@pytest.mark.parametrize("flags", [["--credit", "grpo"], ["--credit", "delta"], ["--credit", "fipo"],
+                                   ["--loss_type", "sapo"], ["--top_entropy_quantile", "0.8"],
+                                   ["--credit", "cscr"], ["--credit", "delta", "--delta_select", "top", "--loss_type", "dr_grpo"]])
+def test_every_step_line_has_the_same_keys_with_or_without_signal(toy_model_path, tmp_path, monkeypatch, flags):
+    """Step 1 has no signal (every reward 0), step 2 the verifier's: both metrics.jsonl lines have the same keys
+    (a tracker's columns get no holes); where no update ran its statistics are 0.0 and no_signal 1, else 0."""
+    grade, calls = verify.grade_batch, []
+
+    def first_batch_flat(texts, answers, **kw):
+        calls.append(len(texts))
+        return [(False, "ok")] * len(texts) if len(calls) == 1 else grade(texts, answers, **kw)
+
+    monkeypatch.setattr(verify, "grade_batch", first_batch_flat)
+    out = tmp_path / "run"
+    grpo.main(["--model", toy_model_path, "--output_dir", str(out), *BASE[:6], "--eval_num_generations", "0",
+               "--save_steps", "0", "--seed", "1", *flags])
+    first, second = [json.loads(line) for line in _lines(out)]
+    assert (first["no_signal"], second["no_signal"]) == (1.0, 0.0)  # step 2 had signal: it updated
+    assert sorted(first) == sorted(second)
+    assert first["clip_ratio/region_mean"] == first["kl"] == first["grad_norm"] == 0.0
+    assert any(k.startswith("clip_ratio/") for k in first)
+
+
 @pytest.mark.parametrize("flag,value", [("--temperature", "0"), ("--beta", "-1"), ("--cscr_alpha", "-1"),
                                         ("--cscr_w_min", "2"), ("--cscr_threshold_quantile", "1.5"),
                                         ("--eval_num_generations", "-1"), ("--weight_decay", "-0.1"),
@@ -125,3 +148,94 @@ def test_a_missing_data_file_lists_the_training_sets_too(tmp_path):
     with pytest.raises(SystemExit, match="training sets: math_train"):  # the trainer's one line, before any model
         grpo.main(["--data", str(tmp_path / "nosuch.jsonl"), "--output_dir", str(tmp_path / "run")])
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("umask,folder_mode", [(0o022, 0o755), (0o077, 0o700)])
+def test_saved_folders_follow_the_umask(tiny, tmp_path, umask, folder_mode):
+    """checkpoint-*/ and final/ get the umask's mode, as every other folder the run writes (tempfile.mkdtemp's 0700
+    kept other users from reading the model), and are still written whole or not at all (no .tmp-* left)."""
+    import checkpoint
+
+    model, tok = tiny
+    old = os.umask(umask)
+    try:
+        checkpoint.save_checkpoint(str(tmp_path / "checkpoint-1"), model, tok, torch.optim.AdamW(model.parameters()),
+                                   {"step": 1})
+        checkpoint.save_checkpoint(str(tmp_path / "checkpoint-1"), model, tok, torch.optim.AdamW(model.parameters()),
+                                   {"step": 1})  # over an existing one: the same mode
+        checkpoint.save_model(model, tok, str(tmp_path / "final"))
+    finally:
+        os.umask(old)
+    for name in ("checkpoint-1", "final"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == folder_mode, name
+        for f in (tmp_path / name).iterdir():
+            assert f.stat().st_mode & 0o777 == folder_mode & 0o666, f
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-1", "final"]
+    assert checkpoint.latest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-1")
+
+
+def test_ctrl_c_after_step_1_prints_one_line_and_the_plain_command_starts_again(toy_model_path, tmp_path, capsys):
+    """Ctrl-C in a terminal (SIGINT to the whole process group: the trainer and its grading workers) after step 1,
+    before the first checkpoint: exit status 130, one line on stderr and no traceback from any process; the folder
+    holds nothing to resume, so the same command without --resume starts again there, moving the stopped run's logs
+    into interrupted-1/ (nothing lost) and saying so in one line."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "run"
+    argv = ["--model", toy_model_path, "--output_dir", str(out), "--num_prompts_per_step", "4",
+            "--num_generations", "4", "--eval_num_generations", "0", "--max_steps", "50"]  # first checkpoint: 50
+    proc = subprocess.Popen([sys.executable, "grpo.py", *argv], cwd=root, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # its own process group
+    try:
+        deadline = time.time() + 600
+        while not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().count("\n") >= 1):
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    lines = [line for line in err.replace("\r", "\n").splitlines() if line.strip()]
+    assert proc.returncode == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    said = [line for line in lines if line.startswith("grpo.py:")]
+    assert said == [lines[-1]] and said[0].startswith(f"grpo.py: interrupted: {out} holds the logs of 1 step and no "
+                                                      f"checkpoint"), err[-3000:]
+    assert said[0].endswith(f"the same command starts again, after moving them to {out / 'interrupted-1'}/")
+    stopped = (out / "metrics.jsonl").read_text()
+    # the same command, to one step: it starts (no "pass --resume"), moves the logs aside, completes its step
+    grpo.main(argv[:-1] + ["1"])
+    said = capsys.readouterr().out
+    assert f"[run] {out} held a run stopped after 1 step, before its first checkpoint: its logs are now in " \
+           f"{out / 'interrupted-1'}/; starting from step 0" in said
+    assert (out / "interrupted-1" / "metrics.jsonl").read_text() == stopped
+    assert sorted(p.name for p in (out / "interrupted-1").iterdir()) == ["config.json", "metrics.jsonl", "samples"]
+    assert [json.loads(line)["step"] for line in _lines(out)] == [1] and (out / "final").is_dir()
+
+
+def test_a_folder_with_a_checkpoint_or_foreign_files_is_still_refused_and_the_note_says_resume(tmp_path):
+    import checkpoint
+
+    folder = tmp_path / "run"
+    (folder / "samples").mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"config": {"save_steps": 2}}))
+    (folder / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "reward": 0.5}\n')
+    run = checkpoint.RunFolder(str(folder), {"save_steps": 2}, say=lambda *a: None)
+    assert run.set_aside == ["config.json", "metrics.jsonl", "samples"]  # stopped before a checkpoint: start again
+    assert run.interrupted_note().startswith(f"{folder} holds the logs of 2 steps and no checkpoint")
+    (folder / "notes.txt").write_text("mine")  # a file the trainer never writes: not its folder to tidy
+    with pytest.raises(ValueError, match="already holds a run .*pass --resume"):
+        checkpoint.RunFolder(str(folder), {}, say=lambda *a: None)
+    (folder / "notes.txt").unlink()
+    (folder / "checkpoint-2").mkdir()
+    (folder / "checkpoint-2" / "trainer_state.json").write_text('{"step": 2}')
+    with pytest.raises(ValueError, match="already holds a run .*pass --resume"):
+        checkpoint.RunFolder(str(folder), {}, say=lambda *a: None)
+    run = checkpoint.RunFolder(str(folder), {"resume": False, "overwrite_output_dir": True}, say=lambda *a: None)
+    assert run.interrupted_note() == (f"{folder / 'checkpoint-2'} holds step 2: the same command with --resume "
+                                      f"continues from there (without it, the run folder is refused)")

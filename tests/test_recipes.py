@@ -3,8 +3,11 @@
 import dataclasses
 import importlib.util
 import json
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,8 @@ import torch
 import grpo
 import recipes
 import toy
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 # ------------------------------------------------------------------------------------------------ overlong shaping
@@ -129,12 +134,12 @@ def test_another_model_gets_the_paper_recipe_for_every_flag_not_given(toy_model_
 
 
 # ------------------------------------------------------------------------------------------------ --dry_run
-@pytest.fixture(params=["qwen3_8b_base", "qwen3_14b_base"])
+@pytest.fixture(params=["Qwen3-8B-Base", "Qwen3-14B-Base"])
 def config_only(request, tmp_path):
-    """A folder holding only a shipped config.json (tests/data): no weights, no tokenizer."""
+    """A folder holding only a shipped config.json (model_configs/): no weights, no tokenizer."""
     folder = tmp_path / request.param
     folder.mkdir()
-    shutil.copy(f"{__file__.rsplit('/', 1)[0]}/data/{request.param}/config.json", folder)
+    shutil.copy(ROOT / "model_configs" / "Qwen" / request.param / "config.json", folder)
     return str(folder)
 
 
@@ -166,6 +171,48 @@ def test_dry_run_of_the_one_gpu_recipe_and_of_the_papers_eight_gpu_run_say_they_
     assert "8 processes on a GPU of 141.0 GB" in out and out.strip().splitlines()[-1].startswith("fits: peak ")
 
 
+def _offline_env(tmp_path):
+    """A fresh clone's first hour without network: HF_HUB_OFFLINE, an empty Hugging Face cache, and every endpoint
+    and proxy on a closed local port (anything that still tried the network would fail, not hang)."""
+    dead = "http://127.0.0.1:9"
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": dead,
+            "HTTP_PROXY": dead, "HTTPS_PROXY": dead, "ALL_PROXY": dead, "NO_PROXY": ""}
+
+
+def test_the_readmes_dry_run_plans_qwen3_8b_offline_from_the_shipped_config(tmp_path):
+    """README's plan command, as a new user types it, offline with an empty cache: the tokenizer is not here (a note:
+    prompts not measured), config.json is the copy in model_configs/, the plan is printed, exit status 0."""
+    command = "python grpo.py --credit delta --model Qwen/Qwen3-8B-Base --dry_run --gpu_memory_gb 80"
+    assert command in (ROOT / "README.md").read_text()
+    res = subprocess.run([sys.executable, *command.split()[1:]], cwd=ROOT, env=_offline_env(tmp_path),
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = res.stdout
+    assert "[note] prompts not measured (" in out and "planned at 2048 prompt tokens" in out
+    assert "[note] config.json of Qwen/Qwen3-8B-Base: the copy in model_configs/Qwen/Qwen3-8B-Base/" in out
+    assert "memory plan: Qwen3-8B-Base, 8.19 B parameters, 1 process on a GPU of 80.0 GB" in out
+    assert out.strip().splitlines()[-1].startswith("does not fit: peak ")
+    assert not (tmp_path / "hf").exists() or not any((tmp_path / "hf").rglob("config.json"))  # nothing downloaded
+
+
+def test_the_14b_dry_run_plans_offline_too_and_a_hub_id_not_shipped_says_what_to_do(tmp_path, monkeypatch, capsys):
+    """The same for Qwen3-14B-Base in this process, with the network cut (a connection attempt fails the test);
+    a hub id with no copy here stops with one line naming it."""
+    import socket
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("the dry run tried the network")
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    out = _dry_run(capsys, "--credit", "delta", "--model", "Qwen/Qwen3-14B-Base", "--gpu_memory_gb", "80")
+    assert "memory plan: Qwen3-14B-Base, 14.77 B parameters" in out and "[note] prompts not measured" in out
+    assert out.strip().splitlines()[-1].startswith("does not fit: peak ")
+    with pytest.raises(SystemExit, match=r"^grpo.py: error: cannot read the config.json of model 'Qwen/Qwen3-4B'"):
+        grpo.main(["--model", "Qwen/Qwen3-4B", "--dry_run"])
+
+
 def test_an_error_about_a_value_the_recipe_set_names_the_recipe(tmp_path):
     with pytest.raises(SystemExit, match=r"^grpo.py: error: --overlong_buffer_len 4096 must be >= 0 and shorter than "
                                          r"--max_completion_length 8 \(verl asserts the same\) \(--overlong_buffer_len "
@@ -189,3 +236,23 @@ def test_sampling_and_plan_flags_are_checked_before_anything_runs(flags, said):
     with pytest.raises(SystemExit, match="^grpo.py: error: " + re.escape(said)):
         grpo.check_config(grpo.GRPOConfig(**flags))
     grpo.check_config(grpo.GRPOConfig(eval_temperature=0.6, eval_top_p=0.7, plan_processes=8, dry_run=True))
+
+
+def test_the_papers_recipe_samples_with_vllm_asleep_only_when_planned_for_gpus(monkeypatch):
+    """delta_paper turns on vLLM with sleep mode on GPUs or a dry run planned for them (--gpu_memory_gb), never on a
+    CPU run (which would then need vLLM), and leaves the IS correction off (DelTA's code has none)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    base = grpo.GRPOConfig(model="x", data="math_train", credit="delta")
+    cpu = recipes.apply(base, set())
+    planned = recipes.apply(dataclasses.replace(base, dry_run=True, gpu_memory_gb=80.0), {"dry_run", "gpu_memory_gb"})
+    real_with_gb = recipes.apply(dataclasses.replace(base, gpu_memory_gb=80.0), {"gpu_memory_gb"})
+    assert (cpu.use_vllm, cpu.vllm_enable_sleep_mode) == (False, False)
+    assert (real_with_gb.use_vllm, real_with_gb.vllm_enable_sleep_mode) == (False, False)
+    assert (planned.use_vllm, planned.vllm_enable_sleep_mode) == (True, True)
+    assert planned.vllm_gpu_memory_utilization is None  # sized by the plan at preflight
+    assert not planned.vllm_importance_sampling_correction
+    given = recipes.apply(dataclasses.replace(base, dry_run=True, gpu_memory_gb=80.0, use_vllm=False),
+                          {"dry_run", "gpu_memory_gb", "use_vllm"})
+    assert not given.use_vllm and not given.vllm_enable_sleep_mode  # a flag given beats the recipe
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert recipes.apply(base, set()).use_vllm

@@ -251,14 +251,16 @@ def test_bad_folders_get_one_line_and_the_others_are_reported(three_runs, tmp_pa
     with open(Path(broken) / "metrics.jsonl", "a") as f:
         f.write("{not json\n")
     out = tmp_path / "r.html"
+    (tmp_path / "old.html").write_text("<html></html>")  # an earlier page, e.g. met by `python report.py runs/*`
     report.main([str(tmp_path / "notarun"), three_runs[1], empty, broken, str(tmp_path / "missing"),
-                 "--output", str(out)])
+                 str(tmp_path / "old.html"), "--output", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 4
-    assert "notarun is not a run folder of grpo.py (it has no metrics.jsonl)" in err[0]
+    assert len(err) == 5
+    assert err[0] == f"report.py: skipping {tmp_path / 'notarun'}: not a run folder of grpo.py (it has no metrics.jsonl)"
     assert "nosamples has no samples/step_*.jsonl" in err[1]
     assert "broken/metrics.jsonl line 4: not a JSON object" in err[2]
-    assert "missing: no such folder" in err[3]
+    assert err[3] == f"report.py: skipping {tmp_path / 'missing'}: no such folder"
+    assert err[4] == f"report.py: skipping {tmp_path / 'old.html'}: a file, not a run folder"
     page = Page(out.read_text())
     assert page.table_runs == ["delta", "nosamples"] and set(page.columns) == {"delta", "nosamples"}
     with pytest.raises(SystemExit, match="none of the folders is a run"):
@@ -794,3 +796,18 @@ def test_report_renders_in_headless_chromium(chromium, toy_runs, tmp_path):
     subprocess.run([*flags, "--hide-scrollbars", "--window-size=1400,1200", f"--screenshot={shot}", out.as_uri()],
                    capture_output=True, timeout=120, check=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
+
+
+def test_tick_labels_of_a_narrow_range_are_distinct():
+    """A curve between 0.9962 and 0.9983: three significant digits labelled two ticks 0.997; each label now writes
+    its tick exactly. Wide ranges keep their short labels, and large ones no exponent."""
+    svg = report.line_chart([{"colour": "#000", "label": "reward", "points": [(1, 0.9962), (2, 0.9983), (3, 0.997)]}])
+    labels = re.findall(r'class="yl">([^<]*)<', svg)
+    assert len(labels) >= 3 and len(set(labels)) == len(labels)
+    assert all("e" not in label for label in labels)
+    for ticks, labels in (([0.9965, 0.997, 0.9975, 0.998], ["0.9965", "0.997", "0.9975", "0.998"]),
+                          ([0.0, 0.25, 0.5, 0.75, 1.0], ["0", "0.25", "0.5", "0.75", "1"]),
+                          ([200, 400, 600, 800, 1000], ["200", "400", "600", "800", "1000"]),
+                          ([100.2, 100.4, 100.6], ["100.2", "100.4", "100.6"]),
+                          ([1e-05, 1.5e-05, 2e-05], ["1e-05", "1.5e-05", "2e-05"])):
+        assert report._tick_labels(ticks) == labels

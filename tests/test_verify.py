@@ -513,6 +513,32 @@ def test_spawned_worker_does_not_rerun_callers_main(tmp_path):
     assert lines.count("train") == 1  # ... but ran its main block only in the caller
 
 
+def test_ctrl_c_while_the_workers_start_leaves_them_quiet(tmp_path):
+    # Ctrl-C in a terminal reaches the whole process group, grading workers included; pebble's workers ignore
+    # SIGINT once running, and _start_pool spawns them with it ignored, so that one still importing (spawn
+    # re-imports the caller's script: here it sleeps there, to be sure the signal lands then) prints no
+    # KeyboardInterrupt traceback and starts; the caller keeps its own handler.
+    script = tmp_path / "trainer.py"
+    script.write_text(
+        "import os, signal, sys, threading, time\n"
+        f"sys.path.insert(0, {str(Path(V.__file__).parent)!r})\n"
+        "import verify\n"
+        "if __name__ == '__mp_main__':\n"
+        "    time.sleep(3)  # a worker importing the caller's script (torch, for the trainer)\n"
+        "if __name__ == '__main__':\n"
+        "    caught = []\n"
+        "    signal.signal(signal.SIGINT, lambda *a: caught.append(1))\n"
+        "    threading.Timer(1.0, os.killpg, (0, signal.SIGINT)).start()\n"
+        "    print(verify.verify_with_reason(r'\\boxed{3}', '3'), caught == [1],\n"
+        "          signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False,
+                          start_new_session=True)  # its own process group: the signal reaches no one else
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "(True, 'ok') True True"
+    assert "KeyboardInterrupt" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
 def test_grade_answer_called_directly():
     # The grading rules without any process: extract, normalise, then the pure function.
     V.shutdown()

@@ -624,3 +624,34 @@ def test_trainer_with_use_vllm_keeps_the_engine_in_sync(toy_model_path, tmp_path
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(m["loss"] is not None for m in metrics)
     assert any(m["grad_norm"] > 0 for m in metrics)  # it trained on vLLM's samples
+
+
+@pytest.mark.vllm
+def test_importance_sampling_correction_on_the_toy_logs_trls_metrics(toy_model_path, tmp_path):
+    """One step of the toy with vLLM's processed log-probs and TRL's token_truncate correction: TRL's five metrics
+    in metrics.jsonl, and on the CPU, where vLLM and the trainer run the same float32 model, weights ≈ 1."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("vllm")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "run"
+    flags = ["--model", toy_model_path, "--use_vllm", "--vllm_importance_sampling_correction",
+             "--num_prompts_per_step", "4", "--num_generations", "4", "--max_completion_length", "24",
+             "--max_steps", "1", "--eval_num_generations", "0", "--save_steps", "0", "--output_dir", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "grpo.py", *flags], env=env, capture_output=True, text=True, timeout=600,
+                          cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out / "metrics.jsonl") as f:
+        (m,) = [json.loads(line) for line in f]
+    keys = ["sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
+            "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
+            "sampling/importance_sampling_ratio/max"]
+    assert all(k in m for k in keys), sorted(m)
+    # the same float32 model in two kernels: log-probs agree to rounding (1e-3 nats is ~100 float32 ulps of a
+    # log-softmax over the toy's vocabulary), so every weight is within 0.1% of 1
+    assert 0 <= m["sampling/sampling_logp_difference/mean"] <= m["sampling/sampling_logp_difference/max"] < 1e-3
+    assert 0.999 < m["sampling/importance_sampling_ratio/min"] <= m["sampling/importance_sampling_ratio/max"] < 1.001

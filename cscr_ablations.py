@@ -1,0 +1,76 @@
+"""CSCR's ablations (spec §9), each a short function with the signature of the cscr.py step it replaces.
+
+cscr.py holds the paper's method; a run that compares against it swaps one step of ``cscr_token_advantages``,
+chosen once when the run starts (``choose``, from ``--cscr_weight`` and ``--cscr_scope``), as a field of
+``cscr.Settings``::
+
+    step (cscr.Settings field)                              ablation     spec
+    weight       (s, threshold, alpha, shift_pos, adv) -> log w
+                                                            upweight     §9.3: the sensitive tokens get MORE credit
+                                                            sign_aware   §9.1: RLSD's direction weight
+    renormalise  (log_w, tokens) -> w̃                       per_group    §5 "scope", §9.3: one w̄ per group of rows
+                                                            per_batch    §9.3: one w̄ for the whole batch
+
+Every one keeps the renormalisation, so sign(Ã_i,t) = sign(Â_i); per_group and per_batch keep the group's / the
+batch's credit budget, not each sequence's.  The strength ablation (§9.2) is the α / λ sweep of the paper's map (no
+code here).  Usage: ``cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, settings=cscr.Settings(
+weight=cscr_ablations.upweight))``.  Imports torch and cscr.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+import cscr
+
+
+def upweight(s, threshold, alpha, shift_pos=None, adv=None):
+    """Spec §9.3 [I] (SC-GRPO/RLSD-like): log w = +α·max(0, s - λ), so w >= 1 and w_min has no effect; w itself may
+    overflow to inf, the log-space renormalisation stays finite.  α = 0 gives GRPO."""
+    return alpha * (s - threshold).clamp(min=0.0)
+
+
+def sign_aware(s, threshold, alpha, shift_pos=None, adv=None, eps=0.2, mix=0.5):
+    """Spec §9.1, the direction ablation, in RLSD's form (arXiv 2604.03128; ε_w = 0.2, mix = 0.5 as in the RLCSD
+    repo's RLSD config): w = (1 - mix) + mix·clip(exp(sign(Â_i)·Δ+_t), 1 - ε_w, 1 + ε_w), trusting the direction of
+    the c+ shift (s, λ and α unused).  The clip is taken on the exponent (exp is monotone), so w >= 1 - mix·ε_w > 0;
+    mix = 0 or ε_w = 0 gives GRPO.  Bind ``eps`` and ``mix`` with functools.partial (``choose`` does)."""
+    if shift_pos is None or adv is None:
+        raise ValueError("sign_aware reads Δ+ and Â: use it as cscr.Settings(weight=...) in cscr.cscr_token_advantages")
+    exponent = (torch.sign(adv)[:, None] * shift_pos).clamp(math.log1p(-eps), math.log1p(eps))  # sign(Â)·Δ+, clipped
+    return torch.log((1.0 - mix) + mix * torch.exp(exponent))
+
+
+def per_group(log_w, tokens, group_size):
+    """One w̄ per group of ``group_size`` contiguous rows (spec §5 "scope", §9.3 [I]), over the group's ``tokens``:
+    ``cscr.per_sequence`` with each group's rows laid end to end.  Raises ValueError: group_size does not divide B."""
+    B = tokens.shape[0]
+    if not (isinstance(group_size, int) and group_size >= 1 and B % group_size == 0):
+        raise ValueError(f"group_size must be a positive int dividing B = {B} for the group scope, got {group_size!r}")
+    n = B // group_size  # groups; reshape(n, -1) puts the tokens of one group in one row
+    return cscr.per_sequence(log_w.reshape(n, -1), tokens.reshape(n, -1)).reshape(tokens.shape)
+
+
+def per_batch(log_w, tokens):
+    """One w̄ for the whole batch (spec §9.3 [I]): ``per_group`` with one group."""
+    return per_group(log_w, tokens, tokens.shape[0])
+
+
+def choose(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign_mix=0.5):
+    """``cscr.Settings``'s (weight, renormalise) for the names that ``--cscr_weight`` and ``--cscr_scope`` take: the
+    spec's maps (``cscr.WEIGHT_MAPS``) and ``cscr.per_sequence``, or an ablation above with its parameters bound.
+    Called once, when a run starts.  Raises ValueError: an unknown name, sign_eps outside [0, 1) or sign_mix outside
+    [0, 1]."""
+    weights = {**cscr.WEIGHT_MAPS, "upweight": upweight,
+               "sign_aware": functools.partial(sign_aware, eps=sign_eps, mix=sign_mix)}
+    scopes = {"sequence": cscr.per_sequence, "group": functools.partial(per_group, group_size=group_size),
+              "batch": per_batch}
+    if weight not in weights or scope not in scopes:
+        raise ValueError(f"weight must be one of {sorted(weights)} and scope one of {sorted(scopes)}, got {weight!r} "
+                         f"and {scope!r}")
+    if not (0.0 <= sign_eps < 1.0 and 0.0 <= sign_mix <= 1.0):
+        raise ValueError(f"sign_eps must be in [0, 1) and sign_mix in [0, 1], got {sign_eps!r} and {sign_mix!r}")
+    return weights[weight], scopes[scope]
