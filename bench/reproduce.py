@@ -19,10 +19,10 @@ digits (``samples/summary.json``, ``report.credit_lands``).
 
 The record (``--record``, default bench/results/reproduce.json) keeps, per row and seed, the exact command, the
 commit and the uncommitted files it ran with, the machine (CPU family/model, its vector instructions, torch's CPU
-kernels) and the figures. Running rows replaces only their runs. At four mini-batches the figures depend on the
-machine's floating-point arithmetic (the same command prints other figures on another CPU): ``--check`` says when
-the record comes from another kind of machine. A run folder under ``--root`` that holds a finished run recorded with
-the same command and commit is read, not rerun (a killed batch resumes).
+kernels) and the figures. Running rows replaces only their runs. A run is exact on one machine, but the same
+command can print other figures on another (its rounding differs; docs/reproduce.md): ``--check`` names both
+machines. A run folder under ``--root`` that holds a finished run of the same command, on the same kind of machine,
+by code unchanged since (bench/, tests/ and documentation aside), is read, not rerun (a killed batch resumes).
 """
 
 from __future__ import annotations
@@ -122,9 +122,9 @@ def machine() -> dict:
 
 def machine_kind(m: dict | None) -> str:
     """What must agree for two runs of one command to agree: the CPU (vendor, family, model, vector instructions),
-    torch's CPU kernels and the library versions; '?' where the record does not say."""
+    torch's CPU kernels and the library versions; 'not recorded' where the record does not say."""
     if not m or "cpu" not in m:
-        return "?"
+        return "not recorded"
     c = m["cpu"]
     return (f"{c['vendor']} family {c['family']} model {c['model']} ({m.get('cpu_model')}), "
             f"{'/'.join(f for f in c['simd'] if f in ('avx2', 'avx512f', 'amx_tile'))}, torch kernels "
@@ -207,9 +207,14 @@ def load_record(path: Path) -> dict:
     if not path.exists():
         return {"results": {}}
     try:
-        return json.loads(path.read_text())
+        record = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise SystemExit(f"reproduce.py: {path}: not JSON ({e}); nothing was run or written")
+    for row in record.get("results", {}).values():
+        for r in row.get("runs", []):
+            r["machine_kind"] = machine_kind(r.get("machine")) if r.get("machine_kind") in (None, "?") else \
+                r["machine_kind"]
+    return record
 
 
 def merge(record: dict, name: str, new_runs: list[dict]) -> None:
@@ -261,21 +266,24 @@ def check(record: dict, name: str, seed: int, extra: list[str], keep: bool) -> b
     print(f"{name}, seed {seed}: {cmd}")
     print(f"  recorded: {old.get('command') or '(no command recorded)'}"
           f"{'' if same_cmd else '   <- not the row command'}")
-    print(f"  {'figure':<20} {'recorded':>10} {'now':>10}")
+    print(f"  {'figure':<20} {'recorded':>12} {'now':>12}")
     bad = [] if same_cmd else ["command"]
     for k in FIGURES:
         a, b = old.get(k), new.get(k)
-        ok = a == b
-        bad += [] if ok else [k]
-        fa, fb = ("-" if v is None else f"{v:.4f}" for v in (a, b))
-        print(f"  {k:<20} {fa:>10} {fb:>10}   {'same' if ok else 'DIFFERS'}")
+        fa, fb = ("–" if v is None else f"{v:.6f}" for v in (a, b))
+        if k not in old:  # an older record without this figure: nothing to compare
+            print(f"  {k:<20} {'not recorded':>12} {fb:>12}")
+            continue
+        bad += [] if a == b else [k]
+        print(f"  {k:<20} {fa:>12} {fb:>12}   {'same' if a == b else 'DIFFERS'}")
     old_commit = (old.get("git") or {}).get("commit")
     old_kind, dirty = old.get("machine_kind", machine_kind(old.get("machine"))), new["git"].get("dirty_python_files")
     print(f"  commit:  recorded {old_commit or 'not recorded'}, now {new['git'].get('commit')}"
           f"{' + uncommitted ' + ', '.join(dirty) if dirty else ''}")
     print(f"  machine: recorded {old_kind}\n           now      {new['machine_kind']}")
     old.setdefault("checks", []).append({"date": now_iso(), "git": new["git"], "machine_kind": new["machine_kind"],
-                                         "match": not bad, "differs": bad})  # saved with --log_check
+                                         "match": not bad, "differs": bad, **{k: new.get(k) for k in FIGURES}})
+    # (saved with --log_check)
     if bad:
         why = "" if old_kind == new["machine_kind"] else \
             " (the record comes from another kind of machine, or does not say which: the figures depend on it)"
@@ -320,8 +328,8 @@ def table(record: dict) -> str:
             prints = f"{s0['avg8_after']:.3f} / {s0['greedy_after']:.3f}" if s0 else "–"
             seeds = ",".join(str(x["seed"]) for x in runs)
             cmds = "`, `".join(sorted({x["command"].rsplit(" --seed ", 1)[0] + " --seed S" for x in runs}))
-            rows.append(f"| {name}: {what} | `{cmds}` (S = {seeds}) | {'–' if paper is None else f'{paper:.2f}'} | {prints} | "
-                        f"{cell(r['gain'], 1, '+')} | {cell(r['auroc_first_wrong'], 3)} | "
+            rows.append(f"| {name}: {what} | `{cmds}` (S = {seeds}) | {'–' if paper is None else f'{paper:.2f}'} | "
+                        f"{prints} | {cell(r['gain'], 1, '+')} | {cell(r['auroc_first_wrong'], 3)} | "
                         f"{cell(r['auroc_result_digits'], 3)} | {', '.join(sorted(set(tags)))} |")
         if rows:
             out += [f"\n**{where}**\n", "| row | toy command | paper | seed 0 prints: avg@8 / greedy after | "
