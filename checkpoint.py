@@ -53,6 +53,15 @@ _CKPT_RE = re.compile(r"checkpoint-(\d+)")
 RUN_FILES = re.compile(r"config\.json|metrics\.jsonl|samples|tensorboard|summary\.json|"
                        r"(checkpoint-\d+|final)(\.tmp.*)?")
 SET_ASIDE = re.compile(r"interrupted-(\d+)")
+# What an entry point adds (``register_truth``): for a run on ``--data name``, ``TRUTH[name](prompt, tokens)`` gives
+# each samples/ row's ``truth`` (a JSON-able dict, or None) (toy.py's ``register``: the toy's first wrong token and
+# result digits, which report.py measures the credit against).
+TRUTH: dict = {}
+
+
+def register_truth(data: str, truth) -> None:
+    """Make samples/ rows of runs on ``--data data`` carry ``truth(prompt, tokens)`` under ``truth``."""
+    TRUTH[data] = truth
 
 # Flags that may change between a run and its --resume: when it stops, what it logs and saves, how it samples (vLLM
 # or HF draw different random numbers, but from the same policy) and how it computes the same update (micro-batches,
@@ -693,7 +702,9 @@ class RunFolder:
         ``[n, T]``, e.g. Ã_{i,t} / Â_i; report.py paints it on the tokens); a response
         ``--mask_truncated_completions`` left out of the loss gets 0. For each per-token weight of ``weights``
         (``{name: [n, T]}``, e.g. λ̄, CSCR's sensitivity s) and Â_i ≠ 0 also the five highest and lowest tokens
-        under ``highest_<name>`` / ``lowest_<name>``, and then the token advantages ``token_adv`` ``[n, T]``."""
+        under ``highest_<name>`` / ``lowest_<name>``, and then the token advantages ``token_adv`` ``[n, T]``. A run
+        on a data set with a known truth (``TRUTH``: the toy's) also logs ``truth`` (its first wrong token...)."""
+        truth_of = TRUTH.get(self.config.get("data"))
         with open(self.samples_path(step), "w") as f:
             for i in range(groups * batch.group_size):
                 m = live = batch.response_mask[i].bool()
@@ -711,4 +722,6 @@ class RunFolder:
                         rec[f"highest_{name}"] = [(toks[j], round(w[j], 4)) for j in order[::-1][:5]]
                         rec[f"lowest_{name}"] = [(toks[j], round(w[j], 4)) for j in order[:5]]
                     rec["token_advantages"] = [round(x, 4) for x in token_adv[i][m].tolist()]
+                if truth_of and (truth := truth_of(batch.prompts[i], toks)) is not None:
+                    rec["truth"] = truth
                 f.write(json.dumps(rec) + "\n")

@@ -74,3 +74,11 @@ def choose(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign_m
     if not (0.0 <= sign_eps < 1.0 and 0.0 <= sign_mix <= 1.0):
         raise ValueError(f"sign_eps must be in [0, 1) and sign_mix in [0, 1], got {sign_eps!r} and {sign_mix!r}")
     return weights[weight], scopes[scope]
+
+
+def settings_from_flags(cfg):
+    """grpo.py's CSCR options as a ``cscr.Settings``: α, w_min, the aggregation, and the weight map and
+    renormalisation that ``--cscr_weight`` / ``--cscr_scope`` name (``choose``), once per run."""
+    weight, renormalise = choose(cfg.cscr_weight, cfg.cscr_scope, cfg.num_generations, cfg.cscr_sign_eps,
+                                 cfg.cscr_sign_mix)
+    return cscr.Settings(cfg.cscr_alpha, cfg.cscr_w_min, cfg.cscr_mode, weight, renormalise)

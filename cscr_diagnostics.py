@@ -67,7 +67,10 @@ import cscr
 import policy
 import problems
 import rollout
+import toy
 import verify
+
+toy.register()  # --model toy, --data toy: the built-in toy in the generic modules (toy.py)
 
 __all__ = ["shift_masks", "pearson", "spearman", "full_vocab_overlap", "classify_token", "DISCOURSE_MARKERS",
            "FUNCTION_WORDS", "diagnostics", "sample_trajectories", "grade", "condition_contexts", "score_contexts",

@@ -75,7 +75,10 @@ import checkpoint
 import policy
 import problems
 import rollout
+import toy
 import verify
+
+toy.register()  # --model toy, --benchmarks toy: the built-in toy in the generic modules (toy.py)
 
 # The column headers of DelTA's Table 1 (``--benchmarks delta_paper``: the benchmarks of problems.DELTA_PAPER, in
 # the table's order; docs/specs/delta.md, section 5).

@@ -178,6 +178,9 @@ class GRPOConfig:
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, **kw):  # no prefixes: a mistyped --no-padding_fre is an error, not --no-padding_free
+        super().__init__(allow_abbrev=False, **kw)
+
     def error(self, message):  # one line, like every other bad input (argparse would print the 45-line usage first)
         raise SystemExit(f"grpo.py: error: {message}{self.suggest(message)} (python grpo.py --help lists the flags)")
 

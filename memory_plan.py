@@ -15,6 +15,9 @@ docs/scaling.md's arithmetic as one function. GB = 10⁹ bytes. The stages (grpo
 * 6. update: weights, gradients, AdamW, one micro-batch's activations (all of them when stage 4's are reused), the
   shared prompt's kept activations, the LM head's float32 copy, the backward pass's working set.
 
+Every pass holds the LM head's logits as policy.token_logprobs does: a micro-batch's float32 logits b·T·V·4 when
+they fit in ``LOGITS_CHUNK_BYTES``, else one chunk of positions at a time (``chunked_head_bytes``).
+
 Every activation byte count is derived from the model's shapes and the code path (policy.token_logprobs over HF's
 Qwen3 decoder layer: q/k/v/o projections, RMSNorms, rotary, SDPA, SwiGLU MLP; peft's LoRA layers), tensor by tensor
 as autograd saves them (``layer_activation_bytes``); tests/test_memory_plan.py measures the saved tensors of real
@@ -82,6 +85,9 @@ VLLM_HEADROOM = 0.10
 CUDA_CONTEXT_GB = 0.6
 CUDA_ALLOCATOR_SLACK = 0.05
 PADDING_FREE_BUCKETS = 8  # policy.PADDING_FREE_BUCKETS (copied: this module imports no project file)
+# policy.LOGITS_CHUNK_BYTES (copied): a micro-batch whose b·T float32 logits exceed it goes through the LM head
+# LOGITS_CHUNK_BYTES // (V·4) positions at a time (policy.ChunkedLMHead; 441 at V = 151,936)
+LOGITS_CHUNK_BYTES = 256 * 2**20
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -295,6 +301,18 @@ def gradient_flow_bytes(sh: Shapes, c: int, lora: tuple | None = None) -> int:
     the kept activations (torch.profiler's memory events)."""
     extra = max(4 * (i + o) for m, (i, o) in sh.linear_shapes().items() if m in lora[0]) if lora and lora[0] else 0
     return c * sh.hidden + 2 * c * max(sh.hidden, sh.intermediate) + extra
+
+
+def chunked_head_bytes(chunk: int, V: int, H: int, c: int, trained: bool) -> dict:
+    """policy.ChunkedLMHead's working set, ``chunk`` positions at a time, in bytes (c: the compute dtype's bytes).
+    Forward: a chunk's logits z/τ in float32 and logsumexp's temporary, 2·4·chunk·V (bf16: its z, 2·chunk·V, is
+    freed before logsumexp runs). Backward: the chunk's float32 logits, turned in place into ∂/∂z, and their bf16
+    copy for the matmuls (c = 2), plus W's gradient V·H·c when the head is trained (accumulated chunk by chunk,
+    then added to W's .grad). Beside them: what ``kept_row`` counts (h and logsumexp per position). Measured with
+    the CPU allocator's live bytes (tests/test_chunked_head.py): forward 8.00·chunk·V, backward 4.00 and 6.00."""
+    f = max(c, 4)  # the float32 copy (float64 for a float64 model)
+    backward = (f + (c if c < f else 0)) * chunk * V + (V * H * c if trained else 0)
+    return {"forward": 2 * f * chunk * V, "backward": backward}
 
 
 # --- Settings: what the plan reads of the run's flags --------------------------------------------------------------
@@ -570,6 +588,8 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
     flash = s.attn_implementation.startswith("flash")
     masked = lambda b: not flash and not (b == 1 and padding_free)  # noqa: E731  (padding reaches SDPA)
     Sq = T + 1 if shared else S  # with the shared prompt: the last prompt token and the response
+    chunked = lambda b: b * T * V * 4 > LOGITS_CHUNK_BYTES  # noqa: E731  (policy.token_logprobs' rule)
+    head = chunked_head_bytes(max(1, LOGITS_CHUNK_BYTES // (V * 4)), V, H, c, full)
     kv_bpt = sh.kv_bytes_per_token(c)
 
     def layer(b):
@@ -579,20 +599,26 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
     def kept_row(b):  # one row's activations kept until its backward
         core = L * c * H * Sq if s.gradient_checkpointing else L * layer(b)  # checkpointing: each layer's input
         extra = 2 * c * sh.head_dim * Sq + (4 * H + 4 + (c * H if full else 0)) * Sq  # cos/sin, final norm
-        extra += (c * H * Sq if full else 0) + 4 * V * T  # the LM head's input (a view of the final norm's
-        # output: its whole storage when it needs no copy), logsumexp's float32 logits (policy.token_logprobs)
+        if chunked(b):  # ChunkedLMHead keeps h (the final norm's output: its whole storage when it needs no copy),
+            extra += c * H * Sq + 12 * T  # and per position logsumexp (4 B) and the token id (8 B)
+        else:  # the LM head's input (as above), logsumexp's float32 logits (policy.token_logprobs)
+            extra += (c * H * Sq if full else 0) + 4 * V * T
         extra += Sq * S if masked(b) else 0  # the bool mask
         return core + extra
 
     def backward_extra(b):  # beside the kept activations, the largest of:
-        head_fwd = b * (T + 1) * V * c + T * V * 4  # the logits (c) and one row's second float32 copy
-        head_bwd = max(3 * T * V * 4, 2 * b * (T + 1) * V * c)  # one row's float32 gradients; the logits' two
+        if chunked(b):  # one chunk's forward; its backward, with W's gradient and h's [b·T, H]
+            head_fwd, head_bwd = head["forward"] + b * V * c, head["backward"] + b * T * H * c
+        else:
+            head_fwd = b * (T + 1) * V * c + T * V * 4  # the logits (c) and one row's second float32 copy
+            head_bwd = max(3 * T * V * 4, 2 * b * (T + 1) * V * c)  # one row's float32 gradients; the logits' two
         flow = b * Sq * gradient_flow_bytes(sh, c, lora) + (b * layer(b) if s.gradient_checkpointing else 0)
         return max(head_fwd, head_bwd, flow)  # (measured: the LM head, policy.token_logprobs, exactly)
 
     def nograd(b, q=Sq, kv=S):  # one micro-batch's no-grad forward: a layer at a time, then the LM head
-        return b * nograd_layer_bytes(sh, c=c, q_tokens=q, kv_tokens=kv, masked=masked(b), lora=lora) + \
-            b * (T + 1) * V * c + 2 * T * V * 4  # the logits, one row's float32 copy and logsumexp's exp
+        return b * nograd_layer_bytes(sh, c=c, q_tokens=q, kv_tokens=kv, masked=masked(b), lora=lora) + (
+            head["forward"] + b * V * c if chunked(b) else  # a chunk (and the model's own head at one position)
+            b * (T + 1) * V * c + 2 * T * V * 4)  # the logits, one row's float32 copy and logsumexp's exp
 
     def prompt_pass(k, grad):  # the shared prompt pass of k distinct prompts (P − 1 tokens each)
         if not shared:
@@ -657,7 +683,7 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
     base = fixed + held
     if fuse:
         kept = N * kept_row(b4) + prompt_pass(prompts, True)
-        theta_dev = base + kept + fsdp_grad + b4 * (T + 1) * V * c
+        theta_dev = base + kept + fsdp_grad + (head["forward"] + b4 * V * c if chunked(b4) else b4 * (T + 1) * V * c)
         theta_what = f"training forward of {_rows(N)} kept for the update (micro-batches of {b4:,})"
     else:
         kept = 0
@@ -707,6 +733,8 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
     parts = {"parameters": n_params, "lora_parameters": n_lora, "trainable": trainable, "weights": weights,
              "gradients": grads, "adamw": adamw, "kv_per_token": kv_bpt, "row_tokens": S,
              "activation_row": kept_row(b6), "layer_row": layer(b6), "rows_per_micro_batch": b6,
+             "update_activations": kept6 + prompt_pass(min(prompts, mini), True) + backward_extra(b6),
+             "chunked_lm_head": chunked(b6),
              "compute_bytes": c, "weight_bytes": cw, "h_cache": h_cache, "host_batch": host_batch,
              **vllm, "fused": fuse, "shared_prompt": shared, "padding_free": padding_free}
     problems = []

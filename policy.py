@@ -1,7 +1,7 @@
 """The policy model of grpo.py: loading it, wrapping it for training, and the pieces that live next to it.
 
-* ``load_model_and_tokenizer``: ``from_pretrained`` of ``"toy"`` (toy.py), a local folder or a hub id, in the
-  dtype and on the device asked for; the tokenizer pads on the left;
+* ``load_model_and_tokenizer``: ``from_pretrained`` of a registered name (``MODELS``: ``"toy"``, toy.py), a local
+  folder or a hub id, in the dtype and on the device asked for; the tokenizer pads on the left;
 * ``prepare_model``: gradient checkpointing and LoRA adapters (peft);
 * ``reference_model``: the frozen initial policy for the k3 KL term (``--beta > 0``);
 * ``build_optimizer``: AdamW; ``oom_guard``: out-of-memory errors as one line naming the flags that help;
@@ -9,7 +9,9 @@
 * ``token_logprobs`` and ``Passes``: the policy's log-probs (and LM-head inputs) of a batch's rows, micro-batch by
   micro-batch (laid out by ``micro_batches``; ``MicroBatch``), padding-free, with ``SharedPrompts`` (each group's
   prompt run once, ``--shared_prompt``), with or without grad: grpo.py's stages 4 and 6 and DelTA's streamed passes
-  all run the model through it; ``reference_logprobs``: the KL reference's, on the same micro-batches;
+  all run the model through it; ``reference_logprobs``: the KL reference's, on the same micro-batches; above
+  ``LOGITS_CHUNK_BYTES`` of a micro-batch's logits, the LM head in chunks of positions (``ChunkedLMHead``, on the
+  models ``lm_head`` accepts);
 * ``exact_optimisations``: which default optimisations the model's features allow (``model_features``);
 * ``build``: loading, LoRA, reference, optimizer in the order that matters for the trainer, with a hook for
   ``--resume``'s weights and torchrun's sharding (distributed.py) in between.
@@ -34,17 +36,24 @@ import torch
 import distributed
 import hub
 
+# Named models an entry point adds (``register_model``): ``--model name`` loads the folder ``MODELS[name]()`` returns
+# (toy.py's ``register`` adds ``toy``). A function, not a path: the folder may be built on first use.
+MODELS: dict = {}
+
+
+def register_model(name: str, folder) -> None:
+    """Make ``--model name`` load the folder that ``folder()`` (no arguments) returns."""
+    MODELS[name] = folder
+
 
 def model_path(name: str) -> str:
-    """The folder or hub id ``from_pretrained`` gets for ``--model name``: ``"toy"`` is the toy's folder.
+    """The folder or hub id ``from_pretrained`` gets for ``--model name``: a registered name's folder (``MODELS``).
 
     Raises ValueError (one line) for a path that does not exist (``/x``, ``./x``, ``~/x``, or with two or more
     ``/``: a hub id has at most one), instead of the hub's "Repo id must be in the form ..." message.
     """
-    if name == "toy":
-        import toy
-
-        return toy.ensure_toy_model()
+    if name in MODELS:
+        return MODELS[name]()
     looks_like_path = name.startswith(("/", ".", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
     if looks_like_path and not os.path.isdir(os.path.expanduser(name)):
         raise ValueError(f"model folder {name} does not exist")
@@ -187,6 +196,11 @@ class AdapterDisabledReference:
     def parameters(self):
         return self.model.parameters()
 
+    def __getattr__(self, name):  # the rest (config, LM head, body: the chunked LM head's) is the policy's
+        if name == "model":  # not set yet (a copy being built): no recursion
+            raise AttributeError(name)
+        return getattr(self.model, name)
+
 
 def reference_model(model, cfg):
     """The frozen reference for the k3 KL term (``cfg.beta > 0``), or None. LoRA: ``AdapterDisabledReference``.
@@ -326,50 +340,206 @@ def clip_and_step(model, optimizer, loss: float, max_grad_norm: float, step: int
 # ----------------------------------------------------------------------------------------------------------
 # Log-probs of rows of a rollout batch: one forward per micro-batch, laid out as the run's flags say
 # ----------------------------------------------------------------------------------------------------------
+# The LM head in chunks of positions: a micro-batch whose b·T response positions hold more than this many bytes of
+# float32 logits (b·T·V·4) goes through the head LOGITS_CHUNK_BYTES // (V·4) positions at a time (441 at Qwen3's
+# V = 151,936), never holding its [b, T, V] logits (12.4 GB for one 20,480-token row); one that fits runs the
+# model's own head over all its positions at once, as before. Tests set it smaller to force several chunks.
+LOGITS_CHUNK_BYTES = 256 * 2**20
+
+
 def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=1.0, return_hidden=False,
-                   shared=None, return_entropy=False, return_logits=False):
+                   shared=None, return_entropy=False, return_logits=False, chunk_bytes=None):
     """log π(y_t | x, y_<t) (nats) of the response tokens under logits / temperature: ``[B, T]``, 0 on padding.
 
     ``input_ids``/``attention_mask`` ``[B, P + T]``: left-padded prompt, right-padded response in the last T
     positions; position ids count real tokens only, so padding changes nothing. Only the T + 1 last positions are
     projected to the vocabulary, and log p(y) = z_y − logsumexp(z) row by row in float32 (float64 for a float64
-    model; no [B, T, V] softmax).
-    ``return_hidden``: also the LM head's input ``[B, T, H]`` at the positions that predict the response tokens
-    (a forward pre-hook, detached), which DelTA's proxy needs (App. F): from the same forward, at no extra cost.
+    model; no [B, T, V] softmax). When the micro-batch's float32 logits B·T·V·4 exceed ``chunk_bytes`` (None:
+    ``LOGITS_CHUNK_BYTES``; 0: never), the head runs in chunks of positions instead (``ChunkedLMHead``: the same
+    values; the backward recomputes each chunk), inside the model's forward (FSDP2 gathers the head there), on the
+    models ``lm_head`` accepts; the others, and ``return_logits``, take the whole micro-batch at once.
+    ``return_hidden``: also the LM head's input ``[B, T, H]`` (the body's output, the final norm's, detached) at the
+    positions that predict the response tokens, which DelTA's proxy needs (App. F): from the same forward.
     ``shared``: ``(SharedPrompts, the rows' indices)``: the prompts already ran once per group (same result).
     ``return_entropy``: also the policy's entropy H_t = −Σ_j p_j log p_j (nats) ``[B, T]`` of softmax(z/T) at each
-    response position (Forking Tokens' score, docs/specs/baselines.md §3), no grad, from the same rows of logits.
+    response position (Forking Tokens' score, docs/specs/baselines.md §3), no grad, from the same logits.
     ``return_logits``: also those rows of logits z ``[B, T, V]`` (before the temperature; a view, no copy), for
     full-vocabulary quantities (cscr_diagnostics.py's D4c and top-1 probability).
     Returns log p, then h (``return_hidden``), then H (``return_entropy``), then z (``return_logits``): a tuple
     when any is asked for.
     """
-    T, captured, handle = response_mask.shape[1], {}, None
-    if return_hidden:
-        head = model.get_output_embeddings()
-        handle = head.register_forward_pre_hook(lambda mod, args: captured.__setitem__("h", args[0].detach()))
+    B, T = response_mask.shape
+    targets, chunk, head = input_ids[:, -T:], 0, None
+    budget = LOGITS_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
+    out_head = getattr(model, "get_output_embeddings", lambda: None)()
+    if budget and not return_logits and out_head is not None and B * T * out_head.weight.shape[0] * 4 > budget:
+        head = lm_head(model)
+        head, chunk = (None, 0) if isinstance(head, str) else (head, max(1, budget // (out_head.weight.shape[0] * 4)))
+    captured, hooks = {}, []
+
+    def from_body(module, args, output):  # inside the model's forward (under FSDP2: the head's weight gathered)
+        h = output[0][:, -(T + 1):-1]  # [B, T, H]: the final norm's output at the positions predicting y_1..y_T
+        captured["h"] = h.detach()
+        if head is not None:
+            captured["head"] = ChunkedLMHead.apply(h.reshape(-1, h.shape[-1]), head.head.weight, targets.reshape(-1),
+                                                   temperature, head.softcap, chunk, return_entropy)
+
+    if return_hidden or head is not None:
+        hooks.append((head.body if head is not None else _body(model)).register_forward_hook(from_body))
+    if head is not None:  # the model returns (its output, (log p, H)), also to the hooks after this one: FSDP2's
+        # post-forward, which on what the model returns registers the head weight's re-gathering for the backward
+        hooks.append(_base(model).register_forward_hook(lambda m, a, out: (out, captured.pop("head")),
+                                                        prepend=True))
+    keep = {"logits_to_keep": 1} if head is not None else {}  # chunked: the model's own head sees one position
     try:
         if shared is None:  # left padding shifts every prompt: positions count real tokens only, as generate() does
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
             out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        logits_to_keep=T + 1, use_cache=False)
+                        use_cache=False, **(keep or {"logits_to_keep": T + 1}))
         else:  # --shared_prompt: all but the last prompt token are cached; run the last T + 1 positions only
-            out = shared[0].forward(model, shared[1], input_ids[:, -(T + 1):], attention_mask[:, -(T + 1):])
+            out = shared[0].forward(model, shared[1], input_ids[:, -(T + 1):], attention_mask[:, -(T + 1):], **keep)
     finally:
-        if handle is not None:
+        for hook in hooks:
+            hook.remove()
+    if head is not None:
+        out, (logp, entropy) = out
+        logp, entropy = logp.view(B, T), entropy.view(B, T) if entropy is not None else None
+    else:
+        logits = out.logits[:, -(T + 1):-1]  # position p predicts token p+1: [B, T, V]
+        dt = torch.promote_types(logits.dtype, torch.float32)
+        # one row at a time keeps the float32 copy small (V can be 152k)
+        logp = torch.stack([_log_softmax_at(logits[i].to(dt) / temperature, targets[i])[0] for i in range(B)])
+        entropy = entropy_from_logits(logits, temperature) if return_entropy else None  # a few
+        # positions at a time, no [T, V] copy
+    mask = response_mask.to(logp.dtype)
+    out = (logp * mask,) + ((captured["h"],) if return_hidden else ()) + \
+        ((entropy * mask,) if return_entropy else ()) + ((logits,) if return_logits else ())
+    return out if len(out) > 1 else out[0]
+
+
+def _log_softmax_at(u, targets):
+    """(log softmax(u)_y ``[n]``, logsumexp(u) ``[n]``) of logits ``u`` ``[n, V]`` (already divided by the
+    temperature) at the token ids ``targets`` ``[n]``: log p(y) = u_y − logsumexp(u)."""
+    picked = u.gather(-1, targets[:, None]).squeeze(-1)  # before logsumexp: the backward's order and peak as before
+    lse = torch.logsumexp(u, -1)
+    return picked - lse, lse
+
+
+def _base(model):
+    """The transformers model under a peft wrapper (the module FSDP2 shards last, as the root: distributed.py)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _body(model):
+    """The model's body: the module whose output (the final norm's) is the LM head's input."""
+    return _base(model).get_decoder()
+
+
+LMHead = namedtuple("LMHead", "body head softcap")
+_HEAD_CHECKS = {}  # model class -> None (its logits are softcap(h·Wᵀ)) or why not: lm_head's forward, once a class
+
+
+def lm_head(model):
+    """What ``ChunkedLMHead`` needs of ``model``: ``LMHead(body, head, softcap)`` (the body, whose output h is the
+    head's input; the head, a bias-free ``nn.Linear`` W ``[V, H]``; Gemma's ``final_logit_softcapping``, or None),
+    or a string saying why its logits cannot be computed that way (then ``token_logprobs`` takes a micro-batch's
+    logits at once). Checked once per model class by one no-grad, eval-mode forward of 3 tokens: the model's own
+    logits must equal softcap(h·Wᵀ) bit for bit (the same operations on the same shapes), so any other
+    post-processing (Cohere's logit scale, Granite's divisor, a remote model's own code) turns chunking off. Under
+    FSDP2 every process must make that first call together (``exact_optimisations`` does, when the run starts)."""
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        kind = type(head).__name__ + (" with a bias" if type(head) is torch.nn.Linear else "")
+        return f"the LM head is a {kind}, not a bias-free nn.Linear"
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    softcap = getattr(config, "final_logit_softcapping", None)
+    base = _base(model)
+    if type(base) not in _HEAD_CHECKS:
+        seen, was = {}, model.training
+
+        def apply_head(module, args, output):  # the head as ChunkedLMHead applies it, inside the forward
+            seen["ours"] = _scaled_logits(output[0][:, -2:], head.weight, softcap, None)
+
+        handle = _body(model).register_forward_hook(apply_head)
+        try:
+            model.eval()
+            with torch.no_grad():
+                ids = torch.arange(3, device=head.weight.device)[None] % head.weight.shape[0]
+                theirs = model(input_ids=ids, logits_to_keep=2, use_cache=False).logits
+        finally:
             handle.remove()
-    logits = out.logits[:, -(T + 1):-1]  # position p predicts token p+1: [B, T, V]
-    targets = input_ids[:, -T:]
-    rows = []
-    for i in range(logits.shape[0]):  # one row at a time keeps the float32 copy small (V can be 152k)
-        z = logits[i].to(torch.promote_types(logits.dtype, torch.float32)) / temperature
-        rows.append(z.gather(-1, targets[i, :, None]).squeeze(-1) - torch.logsumexp(z, -1))
-    logp = torch.stack(rows)
-    logp = logp * response_mask.to(logp.dtype)
-    out = (logp,) + ((captured["h"][:, -(T + 1):-1],) if return_hidden else ()) \
-        + ((entropy_from_logits(logits, temperature) * response_mask.to(logp.dtype),) if return_entropy
-           else ()) + ((logits,) if return_logits else ())  # entropy: a few positions at a time, no [T, V] copy
-    return out if len(out) > 1 else logp
+            model.train(was)
+        _HEAD_CHECKS[type(base)] = None if torch.equal(seen["ours"], theirs) else \
+            f"{type(base).__name__}'s logits are not its LM head's output{' soft-capped' if softcap else ''}"
+    return _HEAD_CHECKS[type(base)] or LMHead(_body(model), head, softcap)
+
+
+def _scaled_logits(h, weight, softcap, temperature):
+    """z/τ in float32 (float64 for a float64 model) of the LM head's inputs ``h`` ``[n, H]`` (or ``[b, n, H]``):
+    z = h·Wᵀ, soft-capped as Gemma's forward does (z/c, tanh, ·c; ``softcap`` None: not), each step on a new
+    tensor in place; ``temperature`` None: z itself, in h's dtype."""
+    z = torch.nn.functional.linear(h, weight)
+    if softcap is not None:
+        z = z.div_(softcap).tanh_().mul_(softcap)
+    return z if temperature is None else z.to(torch.promote_types(z.dtype, torch.float32)).div_(temperature)
+
+
+class ChunkedLMHead(torch.autograd.Function):
+    """log π(y) and the entropy of softmax(z/τ), z = softcap(h·Wᵀ), ``chunk`` positions at a time: no [n, V] logits
+
+    ``apply(h, weight, targets, temperature, softcap, chunk, entropy)``: the LM head's inputs h ``[n, H]`` (one
+    micro-batch's response positions, rows after rows), W ``[V, H]``, the token ids y ``[n]``; returns log p(y)
+    ``[n]`` and H ``[n]`` (no grad; None unless ``entropy``), float32 (float64 for a float64 model), equal to the
+    whole micro-batch's computation up to the order of the matmul's sums (the float64 tests: 1e-10). Kept for the
+    backward: h (b·T·H·c bytes, 168 MB for one 20,480-token row of Qwen3-8B in bf16) and logsumexp(z/τ) (b·T·4).
+    The backward recomputes each chunk's z and takes ∂log p(y)/∂(z/τ) = onehot(y) − softmax(z/τ) in place (times
+    1 − tanh²(·) under soft-capping), then dh = dz·W and dW += dzᵀ·h: one chunk of float32 logits at a time, and
+    one W-sized gradient, summed in W's dtype (bfloat16 weights: one more rounding of the running sum per chunk,
+    2^-9 relative, as Liger-Kernel's fused linear losses accumulate; float32 and float64 differ from the whole
+    micro-batch's matmul only in the order of its sums). Why our own: verl's FusedLinearForPPO and Liger-Kernel's
+    fused linear losses do this inside their trainers or on GPUs only; this is the same idea in plain torch, exact
+    on the CPU too. Under FSDP2 token_logprobs returns its outputs as the root module's, so that FSDP2 gathers W
+    again before this backward reads it (the root frees it after its forward).
+    """
+
+    @staticmethod
+    def forward(ctx, h, weight, targets, temperature, softcap, chunk, entropy):
+        lse = torch.empty(len(h), dtype=torch.promote_types(h.dtype, torch.float32), device=h.device)
+        logp, ent = torch.empty_like(lse), torch.empty_like(lse) if entropy else None
+        for a in range(0, len(h), chunk):
+            u = _scaled_logits(h[a:a + chunk], weight, softcap, temperature)  # [c, V]
+            logp[a:a + chunk], lse[a:a + chunk] = _log_softmax_at(u, targets[a:a + chunk])
+            if entropy:
+                ent[a:a + chunk] = entropy_from_logits(u)  # u is z/τ already: temperature 1
+            del u  # before the next chunk's: one chunk of logits at a time
+        ctx.save_for_backward(h, weight, targets, lse)
+        ctx.temperature, ctx.softcap, ctx.chunk = temperature, softcap, chunk
+        if entropy:
+            ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        h, weight, targets, lse = ctx.saved_tensors
+        dh = torch.empty_like(h) if ctx.needs_input_grad[0] else None
+        dw = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        for a in range(0, len(h), ctx.chunk):
+            s = slice(a, a + ctx.chunk)
+            x = torch.nn.functional.linear(h[s], weight)  # h·Wᵀ [c, V]
+            t = None if ctx.softcap is None else x.div_(ctx.softcap).tanh_()  # z = c·tanh(x/c): t = tanh(x/c)
+            u = (x if t is None else t * ctx.softcap).to(lse.dtype).div_(ctx.temperature)  # z/τ, as the forward
+            del x  # (bfloat16: its float32 copy u is all the chunk needs from here)
+            g = grad[s, None] / ctx.temperature  # ∂/∂z of g·log p(y) = (g/τ)·(onehot(y) − softmax(z/τ))
+            dz = u.sub_(lse[s, None]).exp_().mul_(-g).scatter_add_(-1, targets[s, None], g)
+            if t is not None:  # ∂z/∂x = 1 − tanh²(x/c)
+                dz.mul_(t.square_().neg_().add_(1))
+            dz = dz.to(weight.dtype)
+            if dh is not None:
+                dh[s] = dz @ weight
+            if dw is not None:
+                dw.addmm_(dz.T, h[s])
+            del u, dz  # before the next chunk's
+        return dh, dw, None, None, None, None, None
 
 
 PADDING_FREE_BUCKETS = 8  # micro-batches of similar length a whole (mini-)batch is split into, with --padding_free
@@ -592,7 +762,9 @@ def model_features(model, cfg) -> dict:
 
 def exact_optimisations(model, cfg, say=print) -> dict:
     """Turn off each default optimisation of ``OPTIMISATIONS`` (a flag of ``cfg``) that ``model`` lacks a feature
-    for, with one logged line each; returns {flag: "on" | "off: <reason>"} for config.json."""
+    for, with one logged line each; returns {flag: "on" | "off: <reason>"} for config.json, and the same for
+    ``chunked_lm_head`` (``lm_head``'s check, made here once, by every process together under torchrun: a model whose
+    logits are not its head's output takes each micro-batch's logits at once, with one logged line)."""
     missing, out = model_features(model, cfg), {}
     for flag, needs in OPTIMISATIONS.items():
         reasons = [f"{feature}: {missing[feature]}" for feature in needs if missing[feature]]
@@ -600,6 +772,10 @@ def exact_optimisations(model, cfg, say=print) -> dict:
             setattr(cfg, flag, False)
             say(f"[exact] --{flag} off: it needs {'; '.join(reasons)}")
         out[flag] = "on" if getattr(cfg, flag) else f"off: {'; '.join(reasons) or 'the flag'}"
+    head = lm_head(model)  # the LM head in chunks of positions (token_logprobs): no flag, on where it is exact
+    if isinstance(head, str):
+        say(f"[exact] the LM head runs on a micro-batch's logits at once (not in chunks of positions): {head}")
+    out["chunked_lm_head"] = f"off: {head}" if isinstance(head, str) else "on"
     return out
 
 
@@ -646,3 +822,52 @@ def build(cfg, say=print, load_weights=None):
             "are rounded away (at --learning_rate 1e-6 almost all are); prefer --use_peft (float32 adapters) "
             "or --torch_dtype float32 if memory allows")
     return model, tokenizer, ref_model, build_optimizer(trainable, cfg), compute_dtype
+
+
+# θ_old, as grpo.py's stage 4 leaves it for stages 5 and 6, float32 on the host (N responses × T tokens, hidden size
+# H; at the papers' scale 2,048 × 4,096, H = 4,096): logp N·T·4 bytes (34 MB); ref_logp (--beta > 0, else None)
+# N·T·4 (34 MB); hidden (DelTA's --delta_impl normal, else None) N·T·H·4 (137 GB), refused by ``check_hidden``
+# (grpo.py: memory_plan.check_delta_cache, above a quarter of the host's memory); update_passes: the training
+# forward, which stage 6 reuses (grpo.can_update_on_policy; graphs on the device), or None.
+ThetaOld = namedtuple("ThetaOld", "logp hidden ref_logp update_passes")
+
+
+def old_logprobs(model, batch, cfg, need_hidden=False, ref_model=None, training_forward=False, check_hidden=None):
+    """θ_old's log-probs ``[N, T]`` from a no-grad, eval-mode pass over the batch (``Passes``); the LM-head inputs
+    ``[N, T, H]`` from the same pass when ``need_hidden`` (``check_hidden(N, T, H)`` first); the reference's log-probs
+    when ``ref_model`` is given. ``training_forward``: the training forward instead (train mode, with grad, TRL's
+    choice when μ = 1), kept for the update to reuse. Returns a ``ThetaOld``. Every process runs as many
+    micro-batches (FSDP's gathers)."""
+    N, T = batch.response_mask.shape
+    dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
+    logp, hidden = torch.zeros(N, T, dtype=dt), None
+    passes = Passes(model, batch, torch.arange(N), cfg, grad=training_forward, hidden=need_hidden,
+                    keep_graphs=training_forward)
+    for mb in passes:
+        logp[mb.rows, :mb.t] = mb.logp.detach().cpu()
+        if need_hidden:  # h_t on the host, bounded (the comment above ThetaOld)
+            if hidden is None:
+                if check_hidden is not None:
+                    check_hidden(N, T, mb.hidden.shape[-1])
+                hidden = torch.zeros(N, T, mb.hidden.shape[-1], dtype=dt)
+            hidden[mb.rows, :mb.t] = mb.hidden.to(dt).cpu()
+    ref_logp = reference_logprobs(ref_model, batch, passes.layout, cfg.temperature) if ref_model else None
+    return ThetaOld(logp, hidden, ref_logp, passes if training_forward else None)
+
+
+def hidden_chunks(model, batch, cfg, kept=None):
+    """The batch's LM-head inputs h_t in chunks: ``kept`` ``[N, T, H]`` (θ_old's pass kept them) as one chunk, else
+    recomputed on each call by a no-grad, eval-mode ``Passes`` over every row, one micro-batch at a time (memory flat
+    in the batch). Returns (the chunks' (rows, t), a callable yielding each chunk's (h ``[b, t, H]``, rows, t))."""
+    if kept is not None:
+        T = batch.response_mask.shape[1]
+        return [(slice(None), T)], lambda: iter([(kept, slice(None), T)])
+    passes = Passes(model, batch, torch.arange(batch.response_mask.shape[0]), cfg, grad=False, hidden=True)
+    return [(rows, t) for rows, _, t in passes.layout], lambda: ((mb.hidden, mb.rows, mb.t) for mb in passes)
+
+
+def shared_prompt_logprobs(model, input_ids, attention_mask, response_mask, temperature=1.0):
+    """``token_logprobs`` of every row with each distinct prompt run once (``SharedPrompts``; --shared_prompt)."""
+    rows = torch.arange(len(input_ids))
+    shared = SharedPrompts(model, input_ids, attention_mask, rows, response_mask.shape[1])
+    return token_logprobs(model, input_ids, attention_mask, response_mask, temperature, shared=(shared, rows))

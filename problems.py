@@ -2,8 +2,9 @@
 names the repository ships, and the checks every row passes before anything else runs.
 
 * ``load_problems``: a jsonl file, a parquet file (read batch by batch, only its used columns), a folder of shards,
-  a training set's name (``data/train/<name>.jsonl``), a benchmark name, or the toy task's ``train`` / ``test``
-  split (toy.py); grpo.py's ``--data`` / ``--eval_data``, evaluate.py's and cscr_diagnostics.py's problems;
+  a training set's name (``data/train/<name>.jsonl``), a benchmark name, or a registered task's ``train`` /
+  ``test`` split (``register_source``: the toy's, toy.py); grpo.py's ``--data`` / ``--eval_data``, evaluate.py's
+  and cscr_diagnostics.py's problems;
 * ``--data_problem_field`` / ``--data_answer_field``: the fields of a file's rows that hold the problem and the
   answer (DeepMath: ``question`` / ``final_answer``), renamed to ``problem`` / ``answer``;
 * row checks: a bad row is one error naming the file and line (``file:line: field 'answer' is missing``) or the
@@ -26,6 +27,16 @@ from pathlib import Path
 
 import hub
 import verify
+
+# Generated tasks an entry point adds (``register_source``): ``--data name`` / ``--benchmarks name`` read
+# ``SOURCES[name](split)`` (toy.py's ``register_data`` adds ``toy``: its ``train`` and held-out ``test`` splits).
+SOURCES: dict = {}
+
+
+def register_source(name: str, load_split) -> None:
+    """Make ``load_problems(name, split)`` return ``load_split(split)`` (rows ``{id, problem, answer, source}``) and
+    ``--benchmarks name`` its ``test`` split."""
+    SOURCES[name] = load_split
 
 REQUIRED_FIELDS = ("problem", "answer")
 
@@ -128,9 +139,9 @@ def _number_to_str(value) -> str:
 def load_problems(source: str, split: str = "train", data_dir: str | os.PathLike | None = None,
                   problem_field: str = "problem", answer_field: str = "answer") -> list[dict]:
     """Problems as ``{id, problem, answer, source}`` rows: a jsonl or parquet file, a folder of shards, a benchmark
-    name, or the toy task.
+    name, or a registered task (``SOURCES``: the toy, once toy.py's ``register_data`` ran).
 
-    ``source`` is resolved in this order: ``"toy"`` (the toy task's ``split``); an existing file: ``*.parquet``
+    ``source`` is resolved in this order: a name of ``SOURCES`` (that task's ``split``); an existing file: ``*.parquet``
     is read with pyarrow, any other file as jsonl (one JSON object per line with string ``problem`` and
     ``answer``; ``id`` defaults to ``<stem>-<line>``, ``source`` to the file stem); an existing folder: every
     ``*.parquet`` and ``*.jsonl`` file directly in it (not in subfolders), in the order of their names (Hugging Face
@@ -157,8 +168,9 @@ def load_problems(source: str, split: str = "train", data_dir: str | os.PathLike
     row of a jsonl file of two rows or more, is one line naming it and the columns (the first row's fields) there are.
 
     Args:
-        source: a ``.jsonl`` or ``.parquet`` path, a folder of them, a training set or benchmark name, or ``"toy"``.
-        split: for ``"toy"``: ``"train"`` or ``"test"`` (ignored otherwise).
+        source: a ``.jsonl`` or ``.parquet`` path, a folder of them, a training set or benchmark name, or a name of
+            ``SOURCES``.
+        split: for a name of ``SOURCES``: ``"train"`` or ``"test"`` (ignored otherwise).
         data_dir: folder of the benchmark files (default :func:`default_data_dir`).
         problem_field: the field (column) that holds the problem.
         answer_field: the field (column) that holds the reference answer.
@@ -169,10 +181,8 @@ def load_problems(source: str, split: str = "train", data_dir: str | os.PathLike
         ValueError: a bad row (message ``file:line: ...`` / ``file: row i: ...``), a missing column, a file that
             is not parquet, pyarrow not installed, or no rows at all.
     """
-    if source == "toy":
-        import toy
-
-        return toy.load_split(split)
+    if source in SOURCES:
+        return SOURCES[source](split)
     fields = (problem_field, answer_field)
     path = Path(source)
     train = Path(data_dir or default_data_dir()) / "train" / f"{source}.jsonl"
@@ -186,7 +196,8 @@ def load_problems(source: str, split: str = "train", data_dir: str | os.PathLike
             return _load_files([local], fields, local) if local.is_file() else load_hf_benchmark(source, local)
         trains = sorted(f.stem for f in (Path(data_dir or default_data_dir()) / "train").glob("*.jsonl"))
         raise FileNotFoundError(f"data file not found: {source} (benchmark names: {', '.join(KNOWN_BENCHMARKS)}; "
-                                f"training sets: {', '.join(trains) or 'none'}; or toy)")
+                                f"training sets: {', '.join(trains) or 'none'}"
+                                + "".join(f"; or {name}" for name in SOURCES) + ")")
     return _load_files([path], fields, path)
 
 
@@ -351,12 +362,13 @@ def load_hf_benchmark(name: str, local_path: str | os.PathLike | None = None) ->
 
 
 def resolve_benchmarks(spec: str, data_dir: str | os.PathLike | None = None) -> list[tuple[str, str]]:
-    """Parse ``--benchmarks`` into ``(name, source)`` pairs; ``source`` is a file path, ``"toy"`` or ``"hf"``.
+    """Parse ``--benchmarks`` into ``(name, source)`` pairs; ``source``: a file path, a name of ``SOURCES`` or ``"hf"``.
 
     ``spec`` is comma-separated; each item is a suite of :data:`SUITES` (``all``: the eight benchmarks of
-    :data:`BENCHMARKS`; ``delta_paper``: DelTA's seven of :data:`DELTA_PAPER`, in its Table 1's order), ``toy``
-    (the toy task's held-out split), a path to a ``.jsonl`` file (name = its stem), or a benchmark name of
-    :data:`KNOWN_BENCHMARKS` (``<data_dir>/<name>.jsonl`` if it exists, else ``"hf"``: the Hugging Face copy).
+    :data:`BENCHMARKS`; ``delta_paper``: DelTA's seven of :data:`DELTA_PAPER`, in its Table 1's order), a name of
+    ``SOURCES`` (that task's held-out split, e.g. ``toy``), a path to a ``.jsonl`` file (name = its stem), or a
+    benchmark name of :data:`KNOWN_BENCHMARKS` (``<data_dir>/<name>.jsonl`` if it exists, else ``"hf"``: the Hugging
+    Face copy).
     Raises:
         FileNotFoundError: a ``.jsonl`` path that does not exist.
         ValueError: an unknown name, an empty spec, or two items with the same name (their outputs would
@@ -371,8 +383,8 @@ def resolve_benchmarks(spec: str, data_dir: str | os.PathLike | None = None) -> 
         if item in SUITES:
             out += [(n, str(data_dir / f"{n}.jsonl") if (data_dir / f"{n}.jsonl").is_file() else "hf")
                     for n in SUITES[item]]
-        elif item == "toy":
-            out.append(("toy", "toy"))
+        elif item in SOURCES:  # a registered task's held-out split
+            out.append((item, item))
         elif item.endswith(".jsonl") or os.sep in item or Path(item).is_file():
             if not Path(item).is_file():
                 raise FileNotFoundError(f"benchmark file not found: {item}")
@@ -381,7 +393,8 @@ def resolve_benchmarks(spec: str, data_dir: str | os.PathLike | None = None) -> 
             local = data_dir / f"{item}.jsonl"
             out.append((item, str(local) if local.is_file() else "hf"))
         else:
-            raise ValueError(f"unknown benchmark {item!r} in --benchmarks: use a suite ({', '.join(SUITES)}), toy, a "
+            raise ValueError(f"unknown benchmark {item!r} in --benchmarks: use a suite ({', '.join(SUITES)}), "
+                             f"{''.join(name + ', ' for name in SOURCES)}a "
                              f".jsonl path or one of {', '.join(KNOWN_BENCHMARKS)}")
     names = [n for n, _ in out]
     dup = sorted({n for n in names if names.count(n) > 1})
@@ -392,8 +405,8 @@ def resolve_benchmarks(spec: str, data_dir: str | os.PathLike | None = None) -> 
 
 def load_benchmark(name: str, source: str, data_dir: str | os.PathLike | None = None) -> list[dict]:
     """The rows of one ``(name, source)`` pair from :func:`resolve_benchmarks` (errors: see load_problems)."""
-    if source == "toy":
-        return load_problems("toy", split="test")
+    if source in SOURCES:
+        return load_problems(source, split="test")
     if source == "hf":
         return load_hf_benchmark(name, local_path=Path(data_dir or default_data_dir()) / f"{name}.jsonl")
     return load_problems(source)

@@ -1,9 +1,9 @@
 """Recipes: the settings of grpo.py that belong together, as named tables of overrides of ``GRPOConfig``.
 
-A recipe is one short table. ``--recipe auto`` (the default) takes ``toy`` for the toy model (``toy.is_toy_model``:
-``--model toy`` or a folder holding the toy's ``toy_info.json``, as the prompt template's ``auto`` decides) and
-``delta_paper`` for any other model. A flag given on the command line beats the recipe; config.json records the
-recipe and every resolved value, and ``--resume`` compares resolved values (checkpoint.check_resume_config).
+A recipe is one short table. ``--recipe auto`` (the default) takes a model's own recipe when an entry point
+registered one (``register``: toy.py's ``toy`` for the toy model, ``--model toy`` or a folder holding the toy's
+``toy_info.json``) and ``delta_paper`` for any other model. A flag given on the command line beats the recipe;
+config.json records the recipe and every resolved value, and ``--resume`` compares resolved values (checkpoint.check_resume_config).
 
 * ``toy``: ``GRPOConfig``'s own defaults, unchanged (the quickstart's run).
 * ``delta_paper``: the DelTA paper's training recipe (docs/specs/delta.md §4, row by row; the same for every
@@ -14,9 +14,7 @@ recipe and every resolved value, and ``--resume`` compares resolved values (chec
   DelTA streamed, a colocated vLLM that sleeps during the update, a smaller batch and response budget
   (memory_plan.py shows that it fits, docs/scaling.md the arithmetic).
 
-``preflight`` is the trainer's one call between reading the data and loading the model: the resolved run is
-checked there (prompts over ``--max_prompt_length`` left out, the memory plan of memory_plan.py printed, a run that
-cannot fit stopped; ``--dry_run`` ends there).
+What the trainer checks with the resolved run before loading the model is preflight.py's.
 
 Left out on purpose: recipes for other papers' settings (their rows are flags: README), learning-rate schedules,
 and any setting a recipe would change silently: every value it sets is printed by ``--dry_run``.
@@ -25,10 +23,7 @@ and any setting a recipe would change silently: every value it sets is printed b
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-
-import toy
 
 # DelTA paper App. I, Tab. 4-5, and the official run_DelTA.sh (docs/specs/delta.md §4), row by row.
 DELTA_PAPER = {
@@ -79,9 +74,29 @@ def on_gpus(cfg) -> bool:
     return torch.cuda.is_available() or (cfg.dry_run and cfg.gpu_memory_gb is not None)
 
 
+# What an entry point adds (toy.py's ``register``): ``AUTO_RECIPES``, rules ``rule(model) -> recipe name | None`` for
+# ``--recipe auto`` (the toy's: ``toy`` for the toy model), and ``CHECKS``, ``check(name, cfg) -> error | None`` on
+# the resolved config under recipe ``name`` (the toy's: no paper recipe on the toy's data).
+AUTO_RECIPES: list = []
+CHECKS: list = []
+
+
+def register(auto=None, check=None) -> None:
+    """Add an ``auto`` rule to ``AUTO_RECIPES`` and a ``check`` to ``CHECKS`` (each once; either may be None)."""
+    for item, into in ((auto, AUTO_RECIPES), (check, CHECKS)):
+        if item is not None and item not in into:
+            into.append(item)
+
+
+def own_recipe(model: str) -> str | None:
+    """The recipe a rule of ``AUTO_RECIPES`` names for ``model`` (``toy`` for the toy model), else None. A run under
+    its model's own recipe prints no recipe line and no memory plan (the quickstart's output stays as it is)."""
+    return next((name for rule in AUTO_RECIPES if (name := rule(model))), None)
+
+
 def auto_recipe(model: str) -> str:
-    """``toy`` for the toy model (``toy.is_toy_model``), ``delta_paper`` for any other."""
-    return "toy" if toy.is_toy_model(model) else "delta_paper"
+    """The model's own recipe (``own_recipe``: ``toy`` for the toy model), ``delta_paper`` for any other."""
+    return own_recipe(model) or "delta_paper"
 
 
 def apply(cfg, given: set[str] | None = None, say=None):
@@ -105,13 +120,11 @@ def apply(cfg, given: set[str] | None = None, say=None):
     table = {**RECIPES[name], **(ON_GPUS.get(name, {}) if gpus else {})}
     overrides = {k: v for k, v in table.items() if k not in given}
     out = dataclasses.replace(cfg, recipe=name, **overrides)
-    if name != "toy" and out.data == "toy":
-        table = RECIPES[name]
-        raise ValueError(f"--data toy under --recipe {name}: the paper's settings (e.g. "
-                         f"{table['max_completion_length']}-token responses, lr {table['learning_rate']:g}) do not "
-                         f"suit the toy's 20-token task; pass --recipe toy to train this model on the toy task")
-    if say and not (name == "toy" and toy.is_toy_model(cfg.model)):
-        why = "--recipe" if cfg.recipe != "auto" else "auto: the toy" if name == "toy" else "auto: a real model"
+    for check in CHECKS:
+        if error := check(name, out):
+            raise ValueError(error)
+    if say and name != own_recipe(cfg.model):
+        why = "--recipe" if cfg.recipe != "auto" else "auto: a real model"
         say(f"[recipe] {name} ({why}): " + ("GRPOConfig's defaults" if name == "toy" else
             f"{len(overrides)} settings from the recipe, {len(given & set(RECIPES[name]))} of its settings given as "
             f"flags (--dry_run lists them)"))
@@ -154,108 +167,3 @@ def describe(cfg, given: set[str] | None, defaults) -> list[str]:
             "memory plan" if f.name == "vllm_gpu_memory_utilization" else "default"
         lines.append(f"--{f.name} {value} ({source})")
     return lines
-
-
-# ----------------------------------------------------------------------------------------------------------
-# Before any weights load: the trainer's one call (grpo.py train) after it read the data
-# ----------------------------------------------------------------------------------------------------------
-def _kept_prompts(cfg, rows: list[dict], longest: int, notes: list[str], say) -> tuple[list[dict], int]:
-    """Step 1 of ``preflight``: (the rows whose templated prompt fits ``--max_prompt_length``, the longest one's
-    tokens); under ``--dry_run`` a tokenizer that is not here (a folder without one, a hub id not in the cache and
-    out of reach) is a note and (rows, ``longest``): the plan needs only config.json."""
-    import policy
-    import rollout
-
-    try:
-        tokenizer = policy.load_tokenizer(cfg.model, cfg.trust_remote_code)
-    except ValueError as e:
-        if not cfg.dry_run:  # a run needs the model anyway: fail now, in seconds
-            raise
-        notes.append(f"prompts not measured ({e}): planned at {longest} prompt tokens")
-        return rows, longest
-    kept = rollout.filter_overlong_prompts(rows, tokenizer, rollout.resolve_template(cfg.prompt_template, cfg.model),
-                                           cfg.max_prompt_length)
-    if kept.dropped:
-        say(f"[data] {kept.dropped} of {len(rows)} prompts are longer than --max_prompt_length "
-            f"{cfg.max_prompt_length} tokens: left out (verl's filter_overlong_prompts)")
-    return kept.rows, kept.longest
-
-
-def preflight(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] | None, say=print):
-    """What grpo.py checks between reading the data and loading the model, in one call.
-
-    1. Prompts longer than ``--max_prompt_length`` tokens (templated and tokenised as the rollout does) are counted
-       and left out, with one line (verl's ``filter_overlong_prompts``; ``_kept_prompts``); the tokenizer is loaded
-       alone for it. Then DelTA's ``--delta_impl normal`` cache of h_t at its largest is refused above its share
-       of host memory (``memory_plan.check_delta_cache``), for the toy too.
-    2. The memory plan of the run (``memory_plan.plan``) from the model's config.json and the longest prompt kept:
-       printed for any model but the toy (whose output stays as it was), and a run that does not fit stops here
-       with one line that gives the shortfall and what fits (``MemoryPlan.verdict``; for ``delta_paper``, whether
-       ``delta_one_gpu`` fits).
-    3. ``--dry_run``: the resolved settings (``describe``), the plan, ``notes`` (the checks of this machine
-       that ``check_config`` turned into notes) and the verdict are printed; returns None.
-
-    Args: ``cfg`` the resolved ``GRPOConfig``; ``rows`` the training problems; ``world`` this run's processes
-    (``--plan_processes`` plans for another number); ``given`` the flags given (``describe``).
-    Returns the rows to train on, or None (``--dry_run``). Raises SystemExit (one line): it does not fit.
-    ValueError: every prompt is too long; the tokenizer or config.json cannot be read (the tokenizer: a note
-    under ``--dry_run``).
-    """
-    import memory_plan
-    import policy
-
-    is_toy = toy.is_toy_model(cfg.model)
-    quick = is_toy and not cfg.dry_run and not cfg.max_prompt_length  # the toy's run: nothing to filter or print
-    longest = cfg.max_prompt_length or 1024  # when the prompts cannot be measured (no tokenizer, --dry_run)
-    if not quick:  # the tokenizer first: a hub id that cannot be reached fails in seconds, before the config
-        rows, longest = _kept_prompts(cfg, rows, longest, notes, say)
-    delta_cache = cfg.credit == "delta" and cfg.delta_impl == "normal" and not cfg.dry_run
-    if quick and cfg.use_vllm and cfg.vllm_gpu_memory_utilization is None:  # the toy: vLLM's default share
-        cfg.vllm_gpu_memory_utilization = memory_plan.VLLM_DEFAULT_SHARE
-    if quick and not delta_cache:
-        return rows  # and it prints what it always printed
-    model_config = memory_plan.read_model_config(cfg.model, cfg.trust_remote_code)
-    shipped = memory_plan.shipped_config(cfg.model)
-    if cfg.dry_run and shipped and model_config.get("_name_or_path") == str(shipped):  # the copy in model_configs/
-        notes.append(f"config.json of {cfg.model}: the copy in "  # (the cache had none)
-                     f"{shipped.relative_to(memory_plan.SHIPPED_CONFIGS.parent).as_posix()}/ (model_configs/README.md)")
-    if delta_cache:  # stage 4's h_t cache at its largest
-        memory_plan.check_delta_cache(cfg.num_prompts_per_step // world * cfg.num_generations, cfg.max_completion_length,
-                                       model_config["hidden_size"])
-    if quick:
-        return rows
-    processes = cfg.plan_processes or world
-    the_plan = memory_plan.plan(model_config, cfg, prompt_tokens=longest, processes=processes,
-                                gpu_memory_gb=cfg.gpu_memory_gb)
-    verdict = the_plan.verdict()
-    context = model_config.get("max_position_embeddings")
-    if context and longest + cfg.max_completion_length > context:  # RoPE runs on past it, but the model never saw it
-        notes.append(f"prompts of up to {longest} tokens + --max_completion_length {cfg.max_completion_length} exceed "
-                     f"the model's max_position_embeddings {context}")
-    if the_plan.device == "CPU" and not the_plan.fits:
-        verdict += "; planned for this machine's host memory (no GPU here: --gpu_memory_gb plans for one)"
-    if not the_plan.fits and cfg.recipe == "delta_paper" and given is not None and "recipe" not in given:
-        # the paper's recipe is sized for eight GPUs: say whether the one-GPU recipe fits this device
-        one = memory_plan.plan(model_config, apply(dataclasses.replace(cfg, recipe="delta_one_gpu"), given),
-                               prompt_tokens=min(longest, DELTA_ONE_GPU["max_prompt_length"]), processes=processes,
-                               gpu_memory_gb=cfg.gpu_memory_gb)
-        verdict += f"; or --recipe delta_one_gpu (LoRA, vLLM: {one.verdict().split(';')[0]})"
-    if cfg.use_vllm and cfg.vllm_gpu_memory_utilization is None:  # not given: the plan's share (vllm_share)
-        cfg.vllm_gpu_memory_utilization = the_plan.parts["vllm_share"]
-    if cfg.dry_run:
-        print("[dry_run] resolved settings (those that differ from the toy's defaults):")
-        print("\n".join("  " + line for line in describe(cfg, given, type(cfg)())))
-        for note in notes:
-            print(f"[note] {note}")
-        print(the_plan.table().rsplit("\n", 1)[0])  # the table without its last line, the plan's own verdict
-        print(verdict)
-        return None
-    for note in notes:
-        say(f"[warn] {note}")
-    if not is_toy or not the_plan.fits:
-        say(the_plan.table().rsplit("\n", 1)[0])
-    if not the_plan.fits:
-        raise SystemExit(f"grpo.py: error: {verdict}")
-    if not is_toy:
-        say(verdict)
-    return rows

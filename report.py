@@ -11,11 +11,11 @@ colour scale centred at 1, with the exact value on hover. Runs sampled with the 
 the same step: their responses to a prompt stand next to each other (the prompt text is the key). Above them: one
 row per run (held-out accuracy before and after, reward, length), the credit's distribution per run (histograms
 on one scale) and the curves of ``metrics.jsonl`` (reward, held-out accuracy, length, DelTA's λ̄ statistics,
-CSCR's weight statistics) as small multiples. For runs on the toy (config.json: data "toy"), whose truth is known
-(``toy.response_truth``): "Where the credit lands", the mean credit of an incorrect response's first wrong token,
-of the shared prefix before it and of the tokens after it, and of a correct response's result digits and its other
-tokens, with the AUROCs of the credit at picking out those tokens, and the first wrong token marked in the token
-view; for DelTA runs, the tokens with the highest and lowest mean λ̄ per side. These numbers also go to
+CSCR's weight statistics) as small multiples. For runs on the toy, whose samples/ rows carry each response's truth
+(``toy.logged_truth``, written at training time): "Where the credit lands", the mean credit of an incorrect
+response's first wrong token, of the shared prefix before it and of the tokens after it, and of a correct response's
+result digits and its other tokens, with the AUROCs of the credit at picking out those tokens, and the first wrong
+token marked in the token view; for DelTA runs, the tokens with the highest and lowest mean λ̄ per side. These numbers also go to
 ``<page>.json`` next to the page (report.html -> report.json).
 
 The page is self-contained: inline CSS and SVG, no script, style or font from the network, so it can be mailed or
@@ -537,11 +537,11 @@ def pick_steps(runs: list[Run], choice: str) -> tuple[list[int], list[int]]:
 
 
 def _first_wrong(run: Run, row: dict) -> int | None:
-    """The first wrong token of an incorrect response of a toy run (``toy.response_truth``), else None."""
-    if not is_toy(run) or row["reward"] > 0:
+    """The first wrong token of an incorrect response whose truth was logged (a toy run's), else None."""
+    if row["reward"] > 0:
         return None
-    truth = toy_truth(row)
-    return truth.first_wrong if truth else None
+    truth = logged_truth(row)
+    return truth["first_wrong"] if truth else None
 
 
 def step_section(step: int, runs: list[Run], colours: dict, R: float, is_open: bool) -> str:
@@ -591,9 +591,9 @@ MIN_TOKEN_COUNT = 20
 TOP_TOKENS = 8  # DelTA's token view: how many highest and lowest tokens per side
 
 
-def is_toy(run: Run) -> bool:
-    """A run on the built-in toy task (config.json: ``data == "toy"``), whose responses' truth is known."""
-    return run.config.get("data") == "toy"
+def has_truth(run: Run) -> bool:
+    """A run whose samples/ rows carry their truth (``logged_truth``): a run on the built-in toy task."""
+    return any("truth" in row for rows in run.samples.values() for row in rows)
 
 
 def auroc(pos: list[float], neg: list[float]) -> float:
@@ -604,17 +604,11 @@ def auroc(pos: list[float], neg: list[float]) -> float:
     return wins / (len(pos) * len(neg))
 
 
-def toy_truth(row: dict):
-    """``toy.response_truth`` of a logged response (its prompt is the problem), or None: no tokens logged, or the
-    prompt holds no toy problem."""
-    import toy  # only for toy runs (it loads no torch until it builds a model)
-
-    if "tokens" not in row:
-        return None
-    try:
-        return toy.response_truth(row["prompt"], row["tokens"])
-    except ValueError:
-        return None
+def logged_truth(row: dict) -> dict | None:
+    """The truth a run logged with a response (checkpoint.py's ``TRUTH``; the toy's ``toy.logged_truth``):
+    ``{"first_wrong": token index | None, "result_digits": [token indices]}``, or None: none logged (no tokens, no
+    toy problem, not a toy run, or a run folder written before the truth was logged)."""
+    return row.get("truth") if "tokens" in row else None
 
 
 def token_classes(row: dict) -> tuple[str, dict[str, list[int]]]:
@@ -627,14 +621,14 @@ def token_classes(row: dict) -> tuple[str, dict[str, list[int]]]:
     """
     if not row.get("advantage") or not any(row.get("credit", ())):
         return "no_gradient", {}
-    truth = toy_truth(row)
+    truth = logged_truth(row)
     if truth is None:
         return "not_toy", {}
     n = len(row["tokens"])
     if row["reward"] > 0:
-        digits = set(truth.result_digits)
+        digits = set(truth["result_digits"])
         return "correct", {"result_digits": sorted(digits), "other": [i for i in range(n) if i not in digits]}
-    k = truth.first_wrong
+    k = truth["first_wrong"]
     if k is None:
         return "no_wrong_token", {}
     return "incorrect", {"first_wrong": [k], "prefix": list(range(k)), "after": list(range(k + 1, n))}
@@ -863,7 +857,7 @@ def legend(runs: list[Run], R: float) -> str:
     if any(_masks(run.config, run.credit) for run in runs):
         lines.append('<p><b>Masked rules</b> (Forking Tokens, DelTA\'s Q2): c is 0 on the tokens the loss leaves '
                      'out (darkest purple) and the rule\'s weight on the others.</p>')
-    if any(is_toy(run) for run in runs):
+    if any(has_truth(run) for run in runs):
         lines.append('<p><b style="color:#d1242f">Red underline</b> (toy runs): an incorrect response\'s first wrong '
                      'token, where it is no longer a prefix of any correct solution (see "Where the credit '
                      'lands").</p>')
@@ -917,7 +911,7 @@ def truth_numbers(runs: list[Run]) -> dict:
     """What ``<page>.json`` holds: ``where_the_credit_lands`` (``credit_lands`` of each toy run) and
     ``delta_tokens`` (``delta_tokens`` of each delta run), by run name; with the definitions in words. Empty when
     no run is on the toy or DelTA."""
-    lands = {run.name: credit_lands(run) for run in runs if is_toy(run) and run.samples}
+    lands = {run.name: credit_lands(run) for run in runs if has_truth(run) and run.samples}
     views = {run.name: delta_tokens(run) for run in runs if run.symbol == "λ̄" and run.samples}
     if not lands and not views:
         return {}

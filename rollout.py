@@ -34,8 +34,6 @@ from dataclasses import dataclass
 
 import torch
 
-import toy
-
 # ----------------------------------------------------------------------------------------------------------
 # Prompt templates for base models (anchors §C5). Each maps a problem to the text the model continues, names the
 # special tokens that end a response besides the tokenizer's EOS, and the stop *strings* that end it too: a base
@@ -76,11 +74,22 @@ class PromptSampler:
         return out
 
 
+# Rules an entry point adds for ``--prompt_template auto`` (``register_auto_template``): ``rule(model, data)`` gives
+# ``(template, why)`` for a model it knows, else None (toy.py's ``register``: the toy reads bare prompts, ``none``).
+AUTO_TEMPLATES: list = []
+
+
+def register_auto_template(rule) -> None:
+    """Add ``rule(model_name, data) -> (template, why) | None`` to ``AUTO_TEMPLATES`` (once)."""
+    if rule not in AUTO_TEMPLATES:
+        AUTO_TEMPLATES.append(rule)
+
+
 def resolve_template(template: str, model_name: str, say=None, data: str | None = None) -> str:
     """The prompt template to use. ``"auto"``: the one a trained model folder names in its ``run_info.json``
-    (grpo.py writes it into ``final/`` and every checkpoint), ``"none"`` for the toy (``toy.is_toy_model``),
-    ``"qwen_math"`` for any other model; other names pass through. ``say``: a print function that is told the
-    template and why (``data``: the training data's name, so that the toy model on other data says why).
+    (grpo.py writes it into ``final/`` and every checkpoint), the first answer of a rule of ``AUTO_TEMPLATES`` (the
+    toy's: ``"none"``), ``"qwen_math"`` for any other model; other names pass through. ``say``: a print function
+    that is told the template and why (``data``: the training data's name, which a rule may name in its why).
 
     Raises:
         ValueError: an unknown template name.
@@ -95,9 +104,8 @@ def resolve_template(template: str, model_name: str, say=None, data: str | None 
         if folder and os.path.isfile(info):
             with open(info) as f:
                 template, why = json.load(f)["prompt_template"], f"auto: the template it was trained with, {info}"
-        elif toy.is_toy_model(model_name):  # trained on bare "Compute ..." prompts: a chat template is noise to it
-            template, why = "none", "auto: the toy" if data in (None, "toy") else \
-                f"auto: the toy model reads bare prompts, so --data {data} is asked without a template"
+        elif rule := next((hit for r in AUTO_TEMPLATES if (hit := r(model_name, data))), None):  # e.g. the toy's
+            template, why = rule[0], f"auto: {rule[1]}"
         else:
             template, why = "qwen_math", "auto: a real model"
     if template not in PROMPT_TEMPLATES:

@@ -30,9 +30,13 @@ Why a toy? So the whole RLVR pipeline (sample -> verify -> advantage -> credit -
 Command line: ``python toy.py`` prints the folder ``--model toy`` loads (building it if needed);
 ``python toy.py --write_data DIR`` writes the two splits as jsonl.
 
-Left out on purpose: any other toy task or size, and every import of another project module (policy.py imports
-this file to resolve ``--model toy``), so the check that a rebuild still scores like the shipped model, which
-loads and evaluates both, is ``bench/toy_rebuild.py``, read next; ``compare_weights`` is its first step.
+``register`` (and ``register_data``, the data alone, without torch) adds the toy to the generic modules, which name
+no toy: ``--model toy`` (policy.py), ``--data toy`` / ``--benchmarks toy`` (problems.py), the ``auto`` prompt template
+and recipe (rollout.py, recipes.py) and its truth in each samples/ row (checkpoint.py, read by report.py). Each entry
+point (grpo.py, evaluate.py, the tools) calls it once; importing this file loads no torch and no other project file.
+
+Left out on purpose: any other toy task or size, and the check that a rebuild still scores like the shipped model,
+which loads and evaluates both: ``bench/toy_rebuild.py``, read next; ``compare_weights`` is its first step.
 """
 
 from __future__ import annotations
@@ -434,6 +438,68 @@ def compare_weights(built: str | os.PathLike, shipped: str | os.PathLike = SHIPP
         raise ValueError(f"{built} and {shipped} hold different tensors: {sorted(a.keys() ^ b.keys())[:3]}")
     return {"identical": all(torch.equal(a[k], b[k]) for k in a),
             "max_abs_weight_diff": max((a[k].float() - b[k].float()).abs().max().item() for k in a)}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# What the toy adds to the generic modules: each entry point (grpo.py, evaluate.py, the tools) calls ``register``
+# ----------------------------------------------------------------------------------------------------------
+def logged_truth(prompt: str, tokens: list[str]) -> dict | None:
+    """What a samples/ row records of a logged response's truth (``response_truth``; report.py reads it):
+    ``{"first_wrong": index | None, "result_digits": [indices]}``; None: the prompt holds no toy problem."""
+    try:
+        truth = response_truth(prompt, tokens)
+    except ValueError:
+        return None
+    return {"first_wrong": truth.first_wrong, "result_digits": truth.result_digits}
+
+
+def _auto_template(model: str, data: str | None):
+    """rollout's ``--prompt_template auto`` for the toy: it was trained on bare "Compute ..." prompts, so a chat
+    template is noise to it (``none``); None for any other model."""
+    if not is_toy_model(model):
+        return None
+    return "none", "the toy" if data in (None, "toy") else \
+        f"the toy model reads bare prompts, so --data {data} is asked without a template"
+
+
+def _auto_recipe(model: str) -> str | None:
+    """recipes' ``--recipe auto`` for the toy model: ``toy`` (GRPOConfig's defaults)."""
+    return "toy" if is_toy_model(model) else None
+
+
+def _check_recipe(name: str, cfg) -> str | None:
+    """The paper's recipe on the toy's 20-token task is a mistake: one line, or None."""
+    if name == "toy" or cfg.data != "toy":
+        return None
+    import recipes
+
+    table = recipes.RECIPES[name]
+    return (f"--data toy under --recipe {name}: the paper's settings (e.g. {table['max_completion_length']}-token "
+            f"responses, lr {table['learning_rate']:g}) do not suit the toy's 20-token task; pass --recipe toy to "
+            f"train this model on the toy task")
+
+
+def register_data() -> None:
+    """``--data toy`` / ``--benchmarks toy``: the toy task's splits in problems.py (loads no torch)."""
+    import problems
+
+    problems.register_source("toy", load_split)
+
+
+def register() -> None:
+    """The toy in every generic module, once per process (again is harmless): ``--model toy`` (policy.py: the
+    folder ``ensure_toy_model`` returns), its data (``register_data``), its prompt template and recipe for ``auto``
+    (rollout.py, recipes.py), and its truth in each samples/ row of a run on ``--data toy`` (checkpoint.py)."""
+    import checkpoint
+    import policy
+    import recipes
+    import rollout
+
+    register_data()
+    policy.register_model("toy", ensure_toy_model)
+    rollout.register_auto_template(_auto_template)
+    recipes.register(auto=_auto_recipe, check=_check_recipe)
+    checkpoint.register_truth("toy", logged_truth)
 
 
 def main(argv=None):

@@ -32,6 +32,19 @@ v − μ (``delta.ROW_BLOCK_BYTES``, at least one row); the [N, T] tensors (1/H 
 keeps of freed memory are left out of the derived figure. ``--only stage5`` runs this part alone (under a minute;
 ``--out`` then defaults to ``bench/results/memory_stage5.json``).
 
+The LM head alone (``--only lm_head``): one row of ``--lm_head_tokens`` response tokens (4,096) after 16 prompt
+tokens, ``policy.token_logprobs`` forward and ``.sum().backward()`` in train mode, on a one-layer Qwen3 with Qwen3's
+vocabulary (151,936) and hidden size ``--lm_head_hidden`` (512: Qwen3-8B's 4,096 would need 11.5 GB of weights and
+gradients beside the unchunked run's 10 GB), float32, its gradients already allocated (as from an earlier
+micro-batch), each variant in a fresh process after a 64-token warm-up through the same path: the LM head in
+chunks of positions (``policy.LOGITS_CHUNK_BYTES``, the default) and the whole row at once (no chunking). Measured:
+the peak of the CPU allocator's live bytes above those at the start (torch.profiler's memory events) and the peak
+resident-set increase (``_common.PeakMemory``, glibc's mmap threshold held at 128 KiB so that freed tensors leave
+the resident set), each as a multiple of the row's float32 logits T·V·4, beside ``memory_plan``'s prediction of
+the same (``parts["update_activations"]``: the kept activations and the backward's extra of a one-row micro-batch).
+About a minute; it needs about 12 GB of free memory (the unchunked run). ``--out`` then defaults to
+``bench/results/memory_lm_head.json``.
+
 Results: a markdown table and ``--out`` (default ``bench/results/memory.json``) with the machine, versions, commit,
 command, every step's numbers and the summary. About 20 minutes on 2 CPU cores with the defaults.
 
@@ -40,6 +53,7 @@ Usage::
     python bench/memory.py
     python bench/memory.py --sizes 64,256 --hidden_size 1024 --repeats 1
     python bench/memory.py --only stage5 --stage5_repeats 5
+    python bench/memory.py --only lm_head
 """
 
 from __future__ import annotations
@@ -207,6 +221,100 @@ def run_stage5(args, pool) -> dict:
     return out
 
 
+M_MMAP_THRESHOLD, MMAP_THRESHOLD = -3, 131072  # mallopt's parameter (malloc.h) and glibc's default threshold
+
+
+def live_peak(fn) -> int:
+    """Peak of the CPU allocator's live bytes during ``fn()`` above those at its start (torch.profiler's memory
+    events, summed in time order)."""
+    import json
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as d:
+        prof.export_chrome_trace(os.path.join(d, "trace.json"))
+        with open(os.path.join(d, "trace.json")) as f:
+            events = json.load(f)["traceEvents"]
+    cur = peak = 0
+    for _, b in sorted((e["ts"], e["args"]["Bytes"]) for e in events
+                       if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0):
+        cur += b
+        peak = max(peak, cur)
+    return peak
+
+
+def lm_head_peak(spec: dict) -> dict:
+    """One row's ``policy.token_logprobs`` forward and backward on a one-layer Qwen3 (``spec``: T, P, H, V, the chunk
+    budget) in this (fresh) process: the live-byte and resident-set peaks above the start, in bytes, and
+    ``memory_plan``'s prediction for the same budget. Both modules read the budget from their constant; the
+    unchunked variant sets one no micro-batch exceeds."""
+    import ctypes
+
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    import memory_plan
+    import policy
+
+    from bench._common import PeakMemory
+
+    if not ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD):
+        raise RuntimeError("mallopt(M_MMAP_THRESHOLD) failed")
+    T, P, H, V = spec["T"], spec["P"], spec["H"], spec["V"]
+    if spec["chunk_bytes"] is not None:  # None: the default budget
+        policy.LOGITS_CHUNK_BYTES = memory_plan.LOGITS_CHUNK_BYTES = spec["chunk_bytes"]
+    config = Qwen3Config(vocab_size=V, hidden_size=H, intermediate_size=3 * H, num_hidden_layers=1,
+                         num_attention_heads=H // 128, num_key_value_heads=max(1, H // 512), head_dim=128,
+                         max_position_embeddings=P + T, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(config).train()
+    for p in model.parameters():  # the gradients are there, as after an earlier micro-batch
+        p.grad = torch.zeros_like(p)
+    gen = torch.Generator().manual_seed(1)
+
+    def row(t):  # one row of P prompt and t response tokens: its log-probs' forward and backward
+        ids = torch.randint(0, V, (1, P + t), generator=gen)
+        policy.token_logprobs(model, ids, torch.ones_like(ids), torch.ones(1, t)).sum().backward()
+
+    budget = policy.LOGITS_CHUNK_BYTES
+    policy.LOGITS_CHUNK_BYTES = min(budget, 16 * V * 4)  # the warm-up takes the measured run's path: code pages in
+    row(64)
+    policy.LOGITS_CHUNK_BYTES = budget
+    with PeakMemory() as mem:
+        t0 = time.perf_counter()
+        live = live_peak(lambda: row(T))
+        seconds = time.perf_counter() - t0
+    cfg = memory_plan.Settings(torch_dtype="float32", max_completion_length=T, micro_batch_size=1,
+                               num_prompts_per_step=1, num_generations=1, shared_prompt=False)
+    plan = memory_plan.plan({**config.to_dict(), "model_type": "qwen3"}, cfg, prompt_tokens=P, host_memory_gb=1e3)
+    return {"live_peak_bytes": live, "rss_peak_increase_bytes": mem.peak_rss_increase_mib * 2**20,
+            "rss_method": mem.rss_method, "predicted_bytes": plan.parts["update_activations"],
+            "chunked": plan.parts["chunked_lm_head"], "chunk_positions": max(1, budget // (V * 4)),
+            "seconds": seconds, "torch_threads": torch.get_num_threads()}
+
+
+def run_lm_head(args, pool) -> dict:
+    T, H, V, P = args.lm_head_tokens, args.lm_head_hidden, 151_936, 16
+    logits = T * V * 4  # the row's float32 logits
+    out = {"T": T, "P": P, "H": H, "V": V, "row_logits_bytes": logits}
+    for name, budget in (("chunked", None), ("unchunked", 2**62)):  # the default budget; one no row exceeds
+        r = pool.apply(lm_head_peak, ({"T": T, "P": P, "H": H, "V": V, "chunk_bytes": budget},))
+        r.update(live_over_logits=r["live_peak_bytes"] / logits, rss_over_logits=r["rss_peak_increase_bytes"] / logits,
+                 predicted_over_logits=r["predicted_bytes"] / logits,
+                 measured_over_predicted=r["live_peak_bytes"] / r["predicted_bytes"])
+        out[name] = r
+        print(f"[memory] LM head, one row of {T:,} tokens, V = {V:,}, H = {H}, {name}"
+              f"{' (' + str(r['chunk_positions']) + ' positions a chunk)' if r['chunked'] else ''}: peak live bytes "
+              f"{r['live_peak_bytes'] / 1e9:.3f} GB = {r['live_over_logits']:.3f} × the row's float32 logits "
+              f"({logits / 1e9:.2f} GB), RSS {r['rss_over_logits']:.3f} ×; planned "
+              f"{r['predicted_over_logits']:.3f} × "
+              f"(measured / planned {r['measured_over_predicted']:.3f}); {r['seconds']:.1f} s", flush=True)
+    out["chunked_over_unchunked"] = out["chunked"]["live_peak_bytes"] / out["unchunked"]["live_peak_bytes"]
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -217,11 +325,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--micro_batch_size", type=int, default=32, help="rows per forward/backward (every variant)")
     ap.add_argument("--steps", type=int, default=2, help="steps per run (the first is not counted)")
     ap.add_argument("--repeats", type=int, default=2, help="interleaved rounds")
-    ap.add_argument("--only", choices=["steps", "stage5"], default=None, help="run one part (default: both)")
+    ap.add_argument("--only", choices=["steps", "stage5", "lm_head"], default=None,
+                    help="run one part (default: steps and stage5)")
     ap.add_argument("--stage5_mib", default="64,256", help="stage 5 alone: sizes of the h cache, MiB")
     ap.add_argument("--stage5_repeats", type=int, default=3, help="stage 5 alone: fresh-process runs per size")
+    ap.add_argument("--lm_head_tokens", type=int, default=4096, help="--only lm_head: the row's response tokens")
+    ap.add_argument("--lm_head_hidden", type=int, default=512, help="--only lm_head: the one-layer Qwen3's hidden "
+                    "size (a multiple of 128)")
     ap.add_argument("--out", default=None, help="JSON results ('' = none; default bench/results/memory.json, "
-                    "memory_stage5.json with --only stage5)")
+                    "memory_stage5.json with --only stage5, memory_lm_head.json with --only lm_head)")
     ap.add_argument("--keep_runs", action="store_true", help="keep the runs' folders (printed)")
     return ap
 
@@ -236,11 +348,22 @@ def main(argv=None) -> dict:
     if args.stage5_repeats < 1:
         raise SystemExit("memory.py: error: --stage5_repeats must be >= 1")
     out = args.out if args.out is not None else str(REPO / "bench" / "results" / (
-        "memory_stage5.json" if args.only == "stage5" else "memory.json"))
+        {"stage5": "memory_stage5.json", "lm_head": "memory_lm_head.json"}.get(args.only, "memory.json")))
     os.environ["TQDM_DISABLE"] = "1"  # before the fork server imports tqdm
     t_start = time.time()
     result = {"benchmark": "memory", "date": _common.now_iso(), "command": command, "git": _common.git_state(),
               "machine": _common.machine_description()}
+    if args.only == "lm_head":
+        pool = _common.forkserver_pool(PRELOAD)
+        try:
+            result["lm_head"] = run_lm_head(args, pool)
+        finally:
+            pool.close()
+            pool.join()
+        result.update(settings=vars(args), total_seconds=time.time() - t_start)
+        if out:
+            _common.write_json(out, result)
+        return result
     if args.only != "steps":
         pool = _common.forkserver_pool(PRELOAD)
         try:

@@ -117,7 +117,9 @@ def longest_prompt_tokens(model_path: str) -> int:
 
     import problems
     import rollout
+    import toy
 
+    toy.register_data()  # problems.load_problems("toy") reads the toy's split once toy.py registered it
     tok = AutoTokenizer.from_pretrained(model_path)
     return max(len(tok(rollout.apply_template(r["problem"], "none"))["input_ids"])
                for r in problems.load_problems("toy", split="train"))

@@ -155,6 +155,9 @@ def heldout(model, tokenizer, args) -> dict:
 
 def main(argv=None) -> dict:
     import policy
+    import toy
+
+    toy.register()  # --model toy, the toy's data: the built-in toy in the repository's generic modules (toy.py)
 
     args = build_parser().parse_args(argv)
     model, tokenizer = policy.load_model_and_tokenizer("toy")

@@ -12,6 +12,15 @@ sys.path.insert(0, str(ROOT))
 torch.set_num_threads(1)  # tiny models: threads cost more than they give, and keep CI predictable
 
 
+@pytest.fixture(scope="session", autouse=True)
+def toy_registered():
+    """The toy in the generic modules, as every entry point registers it (``toy.register``): ``"toy"`` as a model,
+    a data source, its prompt template and recipe for ``auto``, its truth in samples/."""
+    import toy
+
+    toy.register()
+
+
 @pytest.fixture(scope="session")
 def toy_model_path():
     """The warmed-up toy base model that ships in toy_model/ (toy.py)."""

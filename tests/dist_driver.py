@@ -51,6 +51,23 @@ def per_prompt_generate(model, tokenizer, prompts, num_generations, max_new_toke
                            group_size=num_generations)
 
 
+def count_chunked_lm_head_calls(budget: int) -> None:
+    """``policy.LOGITS_CHUNK_BYTES`` set to ``budget`` (tests force the chunked LM head on the toy's small
+    vocabulary), and each process writes how many micro-batches went through ``ChunkedLMHead`` to
+    ``<output_dir>/chunked_lm_head_calls.<rank>`` when it exits."""
+    import atexit
+
+    import policy
+
+    policy.LOGITS_CHUNK_BYTES, calls, apply = budget, [0], policy.ChunkedLMHead.apply
+    policy.ChunkedLMHead.apply = lambda *a: calls.__setitem__(0, calls[0] + 1) or apply(*a)
+    out = sys.argv[sys.argv.index("--output_dir") + 1]
+    rank = os.environ.get("RANK", "0")
+    atexit.register(lambda: open(os.path.join(out, f"chunked_lm_head_calls.{rank}"), "w").write(str(calls[0])))
+
+
 if __name__ == "__main__":
     rollout.generate = per_prompt_generate
+    if os.environ.get("TEST_LOGITS_CHUNK_BYTES"):
+        count_chunked_lm_head_calls(int(os.environ["TEST_LOGITS_CHUNK_BYTES"]))
     grpo.main(sys.argv[1:])

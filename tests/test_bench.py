@@ -256,6 +256,22 @@ def test_widened_toy_computes_the_same_function(toy_model_path, tmp_path, float6
     torch.testing.assert_close(logp[1], logp[0], rtol=1e-10, atol=1e-10)
 
 
+def test_memory_lm_head_smallest(tmp_path):
+    """bench/memory.py --only lm_head at 512 tokens and hidden 128 (1.3 GB for the unchunked run): both variants
+    measured beside memory_plan's prediction; the chunked one in chunks (2 of 441 positions), below the other."""
+    from bench import memory
+
+    out = tmp_path / "lm_head.json"
+    res = memory.main(["--only", "lm_head", "--lm_head_tokens", "512", "--lm_head_hidden", "128", "--out", str(out)])
+    r = res["lm_head"]
+    assert (r["chunked"]["chunked"], r["unchunked"]["chunked"]) == (True, False)
+    assert r["chunked"]["chunk_positions"] == 441 and r["row_logits_bytes"] == 512 * 151_936 * 4
+    for v in ("chunked", "unchunked"):
+        assert r[v]["measured_over_predicted"] == pytest.approx(r[v]["live_peak_bytes"] / r[v]["predicted_bytes"])
+    assert r["chunked"]["live_peak_bytes"] < r["unchunked"]["live_peak_bytes"]
+    assert json.loads(out.read_text())["lm_head"]["T"] == 512
+
+
 # ------------------------------------------------------------------------------------------------ credit_overhead.py
 def test_credit_overhead_rows_are_the_rules_flags():
     """--rules (default: every row of RULES) runs each rule's flags as grpo.py's parser reads them; --credits keeps

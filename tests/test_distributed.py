@@ -23,10 +23,10 @@ FLAGS = ["--prompt_template", "none", "--num_prompts_per_step", "4", "--num_gene
          "--max_completion_length", "24", "--max_steps", "2", "--eval_num_generations", "0", "--learning_rate", "1e-3", "--save_steps", "0"]
 
 
-def _run(out, model, nproc, *extra):
+def _run(out, model, nproc, *extra, env=None):
     cmd = [sys.executable, DRIVER] if nproc == 1 else \
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), DRIVER]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     res = subprocess.run(cmd + ["--model", str(model), "--output_dir", str(out), *FLAGS, *extra], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
@@ -103,6 +103,23 @@ def test_two_processes_resume(toy_model_path, tmp_path):
     measured = lambda r: {k: v for k, v in r.items() if k in ("step_time", "generation_time")  # noqa: E731
                           or k.startswith("memory/")}
     assert _metrics(resumed) == [{**m, **measured(r)} for m, r in zip(_metrics(full), _metrics(resumed))]
+
+
+def test_two_processes_chunked_lm_head(toy_model_path, tmp_path):
+    """The LM head in chunks of positions under FSDP2 (its weight gathered by the root module's forward, inside which
+    ChunkedLMHead runs; its gradient reduce-scattered with the root's): with a budget of 10 positions (the toy's
+    V = 100) every pass of 2 DelTA steps is chunked, on 2 processes as on 1, and both end where the unchunked single
+    process does (1e-5, test_two_processes_equal_one_process's bound: float32 sums in another order)."""
+    chunked = {"TEST_LOGITS_CHUNK_BYTES": str(10 * 100 * 4)}
+    plain = _run(tmp_path / "plain", toy_model_path, 1, "--credit", "delta")
+    one = _run(tmp_path / "one", toy_model_path, 1, "--credit", "delta", env=chunked)
+    two = _run(tmp_path / "two", toy_model_path, 2, "--credit", "delta", env=chunked)
+    calls = {(run.name, f.name): int(f.read_text()) for run in (one, two)
+             for f in run.glob("chunked_lm_head_calls.*")}
+    assert len(calls) == 3 and min(calls.values()) > 0, calls
+    w0, w1, w2 = _weights(plain / "final"), _weights(one / "final"), _weights(two / "final")
+    assert _max_diff(_weights(toy_model_path), w0) > 1e-4
+    assert _max_diff(w0, w1) < 1e-5 and _max_diff(w1, w2) < 1e-5
 
 
 MIXED_DRIVER = r"""

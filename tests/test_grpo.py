@@ -12,6 +12,7 @@ import torch
 import checkpoint
 import evaluate
 import grpo
+import loss_rules
 import policy
 import problems
 import rollout
@@ -254,6 +255,8 @@ def test_a_misspelt_flag_gets_the_close_one_suggested_in_one_line(capsys):
                         "--num_generations (not --num_generatons)?"),
                        (["--lerning_rate=1e-5"], "unrecognized arguments: --lerning_rate=1e-5; did you mean "
                         "--learning_rate (not --lerning_rate)?"),
+                       (["--no-padding_fre"], "unrecognized arguments: --no-padding_fre; did you mean "
+                        "--no-padding_free (not --no-padding_fre)?"),  # a prefix is no flag (allow_abbrev=False)
                        (["--zzz_qqq", "1"], "unrecognized arguments: --zzz_qqq 1")):  # nothing close: no guess
         with pytest.raises(SystemExit) as e:
             grpo.main(argv)
@@ -420,7 +423,7 @@ def test_progress_bars_do_not_interleave(toy_model_path, tmp_path, capsys):
 
 
 def test_the_progress_bar_names_the_rule_from_the_flags(tiny_model_path, tmp_path, capsys):
-    label = lambda **kw: grpo.rule_label(grpo.GRPOConfig(**kw))  # noqa: E731
+    label = lambda **kw: loss_rules.rule_label(grpo.GRPOConfig(**kw))  # noqa: E731
     assert [label(), label(credit="delta"), label(credit="cscr"), label(credit="fipo")] == \
         ["grpo", "delta", "cscr", "fipo"]
     assert [label(loss_type="sapo"), label(entropy_top_ratio=0.2), label(top_entropy_quantile=0.8)] == \

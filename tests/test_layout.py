@@ -17,15 +17,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # Modules that import no project module: delta.py, cscr.py and verify.py are copied into other trainers on their own
-# (README), toy.py is imported by policy.py to resolve --model toy, memory_plan.py plans a run before anything loads
-# (torch, transformers' AutoConfig and the standard library only), hub.py is asked by the model and the data alike.
-LEAVES = {"delta", "cscr", "verify", "toy", "memory_plan", "hub"}
+# (README), memory_plan.py plans a run before anything loads (torch, transformers' AutoConfig and the standard
+# library only), hub.py is asked by the model and the data alike. (toy.py is not one: its ``register`` fills the
+# generic modules' registries, and the entry points call it.)
+LEAVES = {"delta", "cscr", "verify", "memory_plan", "hub"}
 # Arrows that must not exist, directly or through other files (issue #33): the model (policy.py) knows no run
 # folder, report, evaluation, data or sampler; the run folder (checkpoint.py) no report page and no model code; the
 # data (problems.py) no model, sampler, run folder or evaluation.
 FORBIDDEN = {"policy": {"checkpoint", "report", "evaluate", "problems", "rollout", "recipes", "grpo"},
              "checkpoint": {"report", "policy", "evaluate", "problems", "grpo"},
              "problems": {"policy", "rollout", "checkpoint", "evaluate", "report", "recipes", "grpo"}}
+# Imports point down (issue #39): the generic modules know nothing of the toy, the comparison rules or the memory
+# planner, directly or through other files; the entry points (grpo.py, evaluate.py, the tools) register the toy and
+# choose the rules.
+GENERIC = ("policy", "rollout", "problems", "recipes", "report", "grpo_config", "checkpoint")
+SPECIFIC = {"toy", "baselines", "delta_ablations", "cscr_ablations", "memory_plan", "preflight"}
+for _name in GENERIC:
+    FORBIDDEN[_name] = FORBIDDEN.get(_name, set()) | SPECIFIC
 # What grpo.py takes from evaluate.py: the held-out evaluation only (its data comes from problems.py).
 GRPO_USES_OF_EVALUATE = {"heldout"}
 GRAPH_FILES = ("README.md",)  # where the floors block is written (above its file table)
@@ -153,7 +161,7 @@ def _attributes_of(path: Path, module: str) -> set[str]:
 
 
 def test_the_data_comes_from_problems_not_from_evaluate():
-    assert _attributes_of(ROOT / "grpo.py", "evaluate") == GRPO_USES_OF_EVALUATE
+    assert _attributes_of(ROOT / "run_setup.py", "evaluate") == GRPO_USES_OF_EVALUATE  # grpo.train's setup
     tree = ast.parse((ROOT / "problems.py").read_text(encoding="utf-8"))
     data_names = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))} | \
         {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
@@ -164,7 +172,8 @@ def test_the_data_comes_from_problems_not_from_evaluate():
 
 
 def test_problems_loads_no_model_code():
-    code = ("import sys, problems; problems.load_problems('toy', split='test'); problems.load_problems('math_train'); "
+    code = ("import sys, problems, toy; toy.register_data(); problems.load_problems('toy', split='test'); "
+            "problems.load_problems('math_train'); "
             "print(sorted(m for m in ('torch', 'transformers', 'policy', 'rollout') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

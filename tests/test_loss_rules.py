@@ -9,6 +9,7 @@ import torch
 
 import baselines
 import grpo
+import loss_rules
 import rollout
 import toy
 import policy
@@ -133,9 +134,10 @@ def _update(model, tok, batch, **flags):
     fused = grpo.can_update_on_policy(cfg, N, False)
     old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden(), training_forward=fused)
     token_adv, _ = credit(model, batch, adv, old, [""] * N)
+    token_adv, keep, _ = loss_rules.choose(cfg).select(adv, token_adv, credit.token_weights, batch.response_mask, 0)
     model.zero_grad(set_to_none=True)
     weights = torch.zeros_like(token_adv)
-    loss, stats = grpo.backward_minibatch(model, batch, old, token_adv, torch.arange(N), cfg, credit.keep, weights)
+    loss, stats = grpo.backward_minibatch(model, batch, old, token_adv, torch.arange(N), cfg, keep, weights)
     grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     return loss, grad, credit, weights, stats
 
@@ -192,9 +194,8 @@ def test_delta_q2_selection_trains_on_half_the_tokens_by_lambda(toy_batch, which
     loss, _, credit, w, _ = _update(model, tok, batch, credit="delta", delta_select=which)
     valid = batch.response_mask.bool()
     lam = credit.token_weights["lambda_bar"]
-    kept = credit.keep & valid
-    assert int(kept.sum()) == math.ceil(0.5 * int(valid.sum()) - 1e-9) and not (credit.keep & ~valid).any()
-    assert torch.equal(w > 0, kept)
+    kept = w > 0  # the loss's tokens (Q2Selection's keep)
+    assert int(kept.sum()) == math.ceil(0.5 * int(valid.sum()) - 1e-9) and not (kept & ~valid).any()
     if which == "top":
         assert lam[kept].min() >= lam[valid & ~kept].max()
     if which == "bottom":

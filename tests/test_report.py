@@ -352,10 +352,13 @@ def test_steps_shown(three_runs, monkeypatch):
 
 # ----------------------------------------------------------------------------------------------- where the credit lands
 def _toy_row(text, reward, adv, credit_of, finish="stop", prompt="Compute 2+3.\n"):
-    """A logged toy response (answer 5): its characters as tokens (EOS when it stopped), credit_of(k) per token."""
+    """A logged toy response (answer 5): its characters as tokens (EOS when it stopped), credit_of(k) per token, and
+    its truth as a toy run logs it (checkpoint.TRUTH: ``toy.logged_truth``)."""
+    import toy
+
     toks = list(text) + ["</s>"] * (finish == "stop")
     return {"prompt": prompt, "response": text, "reward": reward, "advantage": adv, "finish_reason": finish,
-            "tokens": toks, "credit": [credit_of(k) for k in range(len(toks))]}
+            "tokens": toks, "credit": [credit_of(k) for k in range(len(toks))], "truth": toy.logged_truth(prompt, toks)}
 
 
 def _toy_steps(grpo=False):

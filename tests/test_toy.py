@@ -139,3 +139,26 @@ def test_first_wrong_token_of_multi_character_tokens():
 def test_result_digits_by_hand(text, expected):
     assert toy.result_digits(_toks(text)) == expected
     assert toy.response_truth("Compute 1+2.", _toks(text)).result_digits == expected
+
+
+def test_register_fills_the_generic_modules_registries():
+    """toy.register (conftest calls it, as every entry point does) adds the toy to registries that name no toy:
+    the model folder, the data, the auto template and recipe, the recipe check and the logged truth."""
+    import checkpoint
+    import policy
+    import problems
+    import recipes
+    import rollout
+
+    toy.register()
+    toy.register()  # again: nothing doubles
+    assert policy.model_path("toy") == toy.ensure_toy_model()
+    assert problems.load_problems("toy", split="test") == toy.load_split("test")
+    assert problems.resolve_benchmarks("toy") == [("toy", "toy")]
+    assert rollout.resolve_template("auto", "toy") == "none"
+    assert rollout.resolve_template("auto", "Qwen/Qwen3-8B-Base") == "qwen_math"
+    assert recipes.auto_recipe("toy") == "toy" and recipes.auto_recipe("Qwen/Qwen3-8B-Base") == "delta_paper"
+    assert rollout.AUTO_TEMPLATES.count(toy._auto_template) == 1 and recipes.CHECKS.count(toy._check_recipe) == 1
+    assert checkpoint.TRUTH["toy"]("Compute 2+3.\n", list("\\boxed{6}") + ["</s>"]) == \
+        {"first_wrong": 7, "result_digits": [7]}
+    assert toy.logged_truth("no problem here", ["a"]) is None

@@ -1,0 +1,243 @@
+"""The LM head in chunks of positions (policy.ChunkedLMHead, used by policy.token_logprobs above
+``LOGITS_CHUNK_BYTES``) gives the unchunked computation: in float64 to 1e-10, values and gradients (the model body's
+included), on the six architectures of tests/test_architectures.py (Gemma-3 with its final soft-capping), through
+every pass that runs it: the training loss (grpo.backward_minibatch), θ_old's pass with h (DelTA), DelTA's streamed
+passes, CSCR's scoring passes, the Forking Tokens entropy. Budgets of a few positions force many chunks, the last one
+ragged. Models whose logits are not the head's output (Cohere's logit scale), or whose head is not a plain Linear
+(LoRA on lm_head), are refused by ``policy.lm_head`` and keep the unchunked path. The memory it holds: the live bytes
+of the CPU allocator against memory_plan's chunk terms."""
+
+import pytest
+import torch
+from test_architectures import _batch, _config
+
+import grpo
+import memory_plan
+import policy
+
+TOL = 1e-10
+ARCHS = ["qwen3", "qwen3_sliding", "llama", "mistral", "gemma3", "tied"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(toy_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(toy_model_path)
+
+
+def _model(name, vocab, float64_model):
+    import transformers as tf
+
+    config = _config(name, vocab)
+    if name == "gemma3":  # its own post-processing, applied per chunk: a cap that bends these logits
+        config.final_logit_softcapping = 0.8
+    torch.manual_seed(0)
+    return float64_model(tf.AutoModelForCausalLM.from_config(config))
+
+
+def _budget(vocab, positions):
+    """A chunk budget of ``positions`` positions of float32 logits."""
+    return positions * vocab * 4
+
+
+def _grads(model):
+    return torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+
+
+def _close(a, b):
+    torch.testing.assert_close(a, b, rtol=TOL, atol=TOL)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_token_logprobs_chunked_equals_unchunked(arch, tokenizer, float64_model):
+    """log p, h, H and the gradient of Σ c_t·log p_t (every weight: head, body, embeddings) at budgets of 1, 5 and 7
+    positions (a batch of 9 rows × 12: 108 positions, 5 and 7 leave a ragged last chunk), temperature 0.7, against
+    ``chunk_bytes=0`` (the micro-batch at once)."""
+    V = len(tokenizer)
+    model, batch = _model(arch, V, float64_model), _batch(tokenizer)
+    assert not isinstance(policy.lm_head(model), str)
+    B, T = batch.response_mask.shape
+    weights = torch.randn(B, T, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    runs = {}
+    for positions in (0, 1, 5, 7):
+        model.zero_grad(set_to_none=True)
+        lp, h, ent = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, 0.7,
+                                           return_hidden=True, return_entropy=True,
+                                           chunk_bytes=_budget(V, positions))
+        (weights * lp).sum().backward()
+        runs[positions] = (lp.detach(), h, ent, _grads(model))
+    lp0, h0, ent0, g0 = runs[0]
+    assert lp0.dtype == torch.float64 and (lp0 < 0).sum() == batch.response_mask.sum() and g0.abs().sum() > 0
+    assert len(g0) == sum(p.numel() for p in model.parameters())  # the body's weights have gradients too
+    for positions in (1, 5, 7):
+        lp, h, ent, g = runs[positions]
+        _close(lp, lp0)
+        _close(h, h0)
+        _close(ent, ent0)
+        assert (g - g0).norm() <= TOL * g0.norm()
+
+
+def test_gemma_soft_capping_is_applied_per_chunk(tokenizer, float64_model):
+    """Without the cap the log-probs differ: the test above would notice a chunk that skipped it."""
+    V = len(tokenizer)
+    model, batch = _model("gemma3", V, float64_model), _batch(tokenizer)
+    capped = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
+                                   chunk_bytes=_budget(V, 5))
+    model.config.final_logit_softcapping = None
+    plain = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
+                                  chunk_bytes=_budget(V, 5))
+    assert (capped - plain).abs().max() > 1e-2
+
+
+def test_shared_prompt_pass_chunked(tokenizer, float64_model):
+    """``--shared_prompt``'s forward (the responses on top of each group's cached prompt) through the chunked head:
+    the same log-probs and gradient (the prompt pass's share included) as unchunked."""
+    V = len(tokenizer)
+    model, batch = _model("qwen3", V, float64_model), _batch(tokenizer)
+    rows = torch.arange(len(batch.input_ids))
+    runs = []
+    for positions in (0, 4):
+        model.zero_grad(set_to_none=True)
+        shared = policy.SharedPrompts(model, batch.input_ids, batch.attention_mask, rows, batch.response_mask.shape[1])
+        lp = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
+                                   shared=(shared, rows), chunk_bytes=_budget(V, positions))
+        lp.sum().backward()
+        shared.backward()
+        runs.append((lp.detach(), _grads(model)))
+    _close(runs[1][0], runs[0][0])
+    assert (runs[1][1] - runs[0][1]).norm() <= TOL * runs[0][1].norm()
+
+
+# (credit, GRPOConfig overrides): the passes each one runs through the LM head
+UPDATES = {
+    "grpo": ("grpo", {}),  # θ_old's no-grad pass, the update's training forward
+    "grpo_fused": ("grpo", {"fuse_old_logprobs": True}),  # stage 4's training forward kept for the update
+    "delta": ("delta", {}),  # θ_old's pass with h (DelTA normal)
+    "delta_memory_efficient": ("delta", {"delta_impl": "memory_efficient", "micro_batch_size": 4}),  # streamed h
+    "cscr": ("cscr", {}),  # CSCR's two scoring passes
+    "forking_minibatch": ("grpo", {"entropy_top_ratio": 0.5}),  # H_t from a no-grad pass over the mini-batch
+    "forking_micro": ("grpo", {"entropy_top_ratio": 0.5, "entropy_pool": "micro", "micro_batch_size": 4}),
+    "seq_mean_loss": ("grpo", {"loss_type": "grpo", "micro_batch_size": 3}),
+    "dr_grpo_loss": ("grpo", {"loss_type": "dr_grpo"}),
+    "sapo_loss": ("grpo", {"loss_type": "sapo"}),
+    "kl_reference": ("grpo", {"beta": 0.1}),  # the frozen reference's passes (policy.reference_logprobs)
+    "fipo": ("fipo", {}),
+}
+
+
+def _update(model, tok, batch, credit, flags):
+    """Stages 4-6 (θ_old and the reference, the credit, one mini-batch's backward) as grpo.py runs them: (θ_old's
+    log-probs, token advantages, loss, gradient)."""
+    N = len(batch.response_mask)
+    cfg = grpo.GRPOConfig(credit=credit, max_completion_length=batch.response_mask.shape[1],
+                          **{"fuse_old_logprobs": False, **flags})
+    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0], dtype=torch.float64),
+                                batch.group_size)
+    credit_fn, ref = grpo.Credit(cfg, tok), policy.reference_model(model, cfg)
+    fused = grpo.can_update_on_policy(cfg, N, has_reference=ref is not None)
+    old = grpo.old_logprobs(model, batch, cfg, credit_fn.needs_hidden(), ref, training_forward=fused)
+    token_adv, _ = credit_fn(model, batch, adv, old, ["5"] * N)
+    model.zero_grad(set_to_none=True)
+    loss, _ = grpo.backward_minibatch(model, batch, old, token_adv, torch.arange(N), cfg)
+    return old.logp, token_adv, loss, _grads(model)
+
+
+@pytest.mark.parametrize("case", list(UPDATES))
+def test_every_pass_of_a_step_chunked(case, tokenizer, float64_model, monkeypatch):
+    """One step's θ_old log-probs, token advantages (DelTA's λ̄ from h, CSCR's ℓ± from its scoring passes, Forking
+    Tokens' entropy mask), loss and gradient with ``policy.LOGITS_CHUNK_BYTES`` at 3 positions (every pass chunked,
+    ragged) equal those at 0 (every pass unchunked)."""
+    credit, flags = UPDATES[case]
+    V = len(tokenizer)
+    model, batch = _model("qwen3", V, float64_model), _batch(tokenizer)
+    runs = []
+    for budget in (0, _budget(V, 3)):
+        monkeypatch.setattr(policy, "LOGITS_CHUNK_BYTES", budget)
+        runs.append(_update(model, tokenizer, batch, credit, flags))
+    (old0, adv0, loss0, g0), (old1, adv1, loss1, g1) = runs
+    assert g0.abs().sum() > 0
+    if credit in ("delta", "cscr"):  # λ̄ (from h) or w̃ (from ℓ±): the tokens of a row get different credit
+        assert ((adv0 != adv0[:, :1]) & batch.response_mask.bool()).any()
+    _close(old1, old0)
+    _close(adv1, adv0)
+    assert loss1 == pytest.approx(loss0, rel=TOL, abs=TOL)
+    assert (g1 - g0).norm() <= TOL * g0.norm()
+
+
+def test_chunks_really_run(tokenizer, float64_model, monkeypatch):
+    """The tests above compare something: at a small budget the training forward goes through ChunkedLMHead, in
+    chunks of the budget's positions (the last ragged), and at 0 it never does."""
+    V = len(tokenizer)
+    model, batch = _model("qwen3", V, float64_model), _batch(tokenizer)
+    seen = []
+    apply = policy.ChunkedLMHead.apply
+    monkeypatch.setattr(policy.ChunkedLMHead, "apply", lambda h, *a: seen.append((len(h), a[4])) or apply(h, *a))
+    for positions in (0, 5):
+        policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
+                              chunk_bytes=_budget(V, positions)).sum().backward()
+    assert seen == [(batch.response_mask.numel(), 5)] and batch.response_mask.numel() % 5
+    seen.clear()  # the default budget: the toy's micro-batches (and these) fit in one chunk, the path of before
+    policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask)
+    assert seen == []
+
+
+def test_models_whose_logits_are_not_the_heads_output_keep_the_unchunked_path(tokenizer, float64_model):
+    """Cohere multiplies its logits by ``logit_scale``: lm_head's check forward sees it, says why, and
+    token_logprobs stays exact (the unchunked path); exact_optimisations logs one line. LoRA on lm_head: the head
+    is not a plain Linear."""
+    import transformers as tf
+
+    V = len(tokenizer)
+    torch.manual_seed(0)
+    cohere = float64_model(tf.CohereForCausalLM(tf.CohereConfig(
+        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, logit_scale=0.25, pad_token_id=0, bos_token_id=1, eos_token_id=2)))
+    why = policy.lm_head(cohere)
+    assert isinstance(why, str) and "CohereForCausalLM's logits are not its LM head's output" in why
+    said = []
+    plan = policy.exact_optimisations(cohere, grpo.GRPOConfig(), said.append)
+    assert plan["chunked_lm_head"] == f"off: {why}" and said == [
+        f"[exact] the LM head runs on a micro-batch's logits at once (not in chunks of positions): {why}"]
+    batch = _batch(tokenizer)
+    small = policy.token_logprobs(cohere, batch.input_ids, batch.attention_mask, batch.response_mask, chunk_bytes=1)
+    whole = policy.token_logprobs(cohere, batch.input_ids, batch.attention_mask, batch.response_mask, chunk_bytes=0)
+    assert torch.equal(small, whole)
+
+    lora = policy.prepare_model(_model("qwen3", V, float64_model),
+                                grpo.GRPOConfig(use_peft=True, lora_target_modules="q_proj,lm_head"))
+    assert "not a bias-free nn.Linear" in policy.lm_head(lora)
+    plain = policy.prepare_model(_model("qwen3", V, float64_model), grpo.GRPOConfig(use_peft=True))
+    assert policy.exact_optimisations(plain, grpo.GRPOConfig(use_peft=True), lambda *a: None)[
+        "chunked_lm_head"] == "on"
+
+
+def _live_peak(fn):
+    from test_memory_plan import _live_peak as peak
+
+    return peak(fn)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_chunk_memory_against_the_plans_terms(dtype):
+    """ChunkedLMHead over n = 240 positions in chunks of 50 at V = 20,000: the forward's live-byte peak above what it
+    is given, and the backward's, against memory_plan.chunked_head_bytes (within 10%); both far below one
+    micro-batch's float32 logits n·V·4."""
+    n, V, H, chunk = 240, 20_000, 8, 50
+    dt = getattr(torch, dtype)
+    c = torch.finfo(dt).bits // 8
+    gen = torch.Generator().manual_seed(0)
+    W = torch.randn(V, H, dtype=dt, generator=gen).requires_grad_()
+    h = torch.randn(n, H, dtype=dt, generator=gen).requires_grad_()
+    y = torch.randint(0, V, (n,), generator=gen)
+    box = {}
+    fwd = _live_peak(lambda: box.setdefault("lp", policy.ChunkedLMHead.apply(h, W, y, 0.7, None, chunk, False)[0]))
+    bwd = _live_peak(lambda: box.pop("lp").sum().backward())
+    plan = memory_plan.chunked_head_bytes(chunk, V, H, c, trained=True)
+    assert fwd == pytest.approx(plan["forward"] + 2 * 4 * n, rel=0.1)  # + log p and logsumexp [n] float32
+    assert bwd == pytest.approx(plan["backward"] + c * n * H, rel=0.1)  # + dh [n, H]
+    assert max(fwd, bwd - c * V * H) < 0.5 * n * V * 4
+
+
+def test_plan_and_policy_share_the_chunk_budget():
+    assert memory_plan.LOGITS_CHUNK_BYTES == policy.LOGITS_CHUNK_BYTES
