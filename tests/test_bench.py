@@ -326,3 +326,48 @@ def test_credit_overhead_times_two_rules(tmp_path, capsys):
             assert ("fipo/f_mean" in metrics) == (name == "fipo")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------------------ reproduce.py
+def test_reproduce_check_finds_a_changed_figure(tmp_path, capsys):
+    """bench/reproduce.py on one tiny run of the dapo row (one step, --extra): the record keeps its exact command,
+    commit, machine and figures, and the page's table prints that command; --check reruns it, prints both figures and
+    matches (exit 0); with one recorded figure changed it names it and exits 1; a seed the record lacks stops."""
+    if str(REPO / "bench") not in sys.path:
+        sys.path.insert(0, str(REPO / "bench"))
+    import reproduce
+
+    import problems
+
+    record, root, held_out = tmp_path / "record.json", tmp_path / "runs", tmp_path / "held_out.jsonl"
+    held_out.write_text("".join(json.dumps(r) + "\n" for r in problems.load_problems("toy", split="test")[:8]))
+    tiny = ["--extra", f"--max_steps 1 --num_prompts_per_step 2 --num_generations 2 --eval_data {held_out} "
+            "--eval_num_generations 2 --save_steps 0", "--record", str(record)]
+    assert reproduce.main(["--rules", "dapo", "--seeds", "0", "--root", str(root), *tiny]) == 0
+    saved = json.loads(record.read_text())
+    (run,) = saved["results"]["dapo"]["runs"]
+    assert run["command"] == ("python grpo.py --num_mini_batches 4 --max_steps 1 --num_prompts_per_step 2 "
+                              f"--num_generations 2 --eval_data {held_out} --eval_num_generations 2 --save_steps 0 "
+                              "--seed 0")
+    assert run["git"]["commit"] and run["machine"]["cpu"]["simd"] and run["machine_kind"] != "not recorded"
+    summary = json.loads((root / "dapo-seed0" / "summary.json").read_text())
+    assert (run["avg8_after"], run["greedy_after"]) == (summary["after"]["eval/avg@2"], summary["after"]["eval/greedy"])
+    assert f"`{run['command'][:-len('0')]}S` (S = 0)" in reproduce.table(saved)
+    capsys.readouterr()
+
+    assert reproduce.main(["--check", "dapo", "--seed", "0", "--log_check", *tiny]) == 0
+    out = capsys.readouterr().out
+    assert "MATCH" in out and "DIFFERS" not in out and f"{run['avg8_after']:.6f}" in out
+    saved = json.loads(record.read_text())
+    (run,) = saved["results"]["dapo"]["runs"]
+    assert run["checks"][-1]["match"] is True and run["checks"][-1]["machine_kind"] == run["machine_kind"]
+    assert all(run["checks"][-1][k] == run[k] for k in reproduce.FIGURES)
+
+    run["avg8_after"] += 1 / 16  # one more correct sample of the 8 × 2
+    record.write_text(json.dumps(saved))
+    assert reproduce.main(["--check", "dapo", "--seed", "0", *tiny]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"avg8_after\s+\S+\s+\S+\s+DIFFERS", out) and "MISMATCH: avg8_after" in out
+    assert re.search(r"greedy_after\s+\S+\s+\S+\s+same", out)
+    with pytest.raises(SystemExit, match="the record has no such run"):
+        reproduce.main(["--check", "dapo", "--seed", "1", *tiny])
