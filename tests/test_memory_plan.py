@@ -293,26 +293,7 @@ def test_licence_note_beside_the_configs():
     assert "Apache-2.0" in note and "Qwen" in note
 
 
-def _live_peak(fn):
-    """Peak of the CPU allocator's live bytes during ``fn()`` above those at its start (torch.profiler's memory
-    events, summed in time order)."""
-    import os
-    import tempfile
-
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    path = tempfile.mktemp(suffix=".json")
-    prof.export_chrome_trace(path)
-    events = json.loads(Path(path).read_text())["traceEvents"]
-    os.remove(path)
-    cur = peak = 0
-    for _, b in sorted((e["ts"], e["args"]["Bytes"]) for e in events
-                       if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0):
-        cur += b
-        peak = max(peak, cur)
-    return peak
+from bench.memory import live_peak as _live_peak  # noqa: E402  (the allocator's live-byte peak, as the bench measures it)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
