@@ -859,7 +859,9 @@ def hidden_chunks(model, batch, cfg, kept=None):
     """The batch's LM-head inputs h_t in chunks: ``kept`` ``[N, T, H]`` (θ_old's pass kept them) as one chunk, else
     recomputed on each call by a no-grad, eval-mode ``Passes`` over every row, one micro-batch at a time (memory flat
     in the batch). Returns (the chunks' (rows, t), a callable yielding each chunk's (h ``[b, t, H]``, rows, t))."""
-    if kept is not None:
+    if kept is not None:  # N·T·H·4 bytes (137 GB at 2,048 × 4,096 × 4,096): bounded, as stage 4 keeps it only
+        # under --delta_impl normal, which memory_plan.check_delta_cache refuses above its share of host memory
+        # before any weights load; the paper's recipe streams (memory_efficient: kept is None, a micro-batch at once)
         T = batch.response_mask.shape[1]
         return [(slice(None), T)], lambda: iter([(kept, slice(None), T)])
     passes = Passes(model, batch, torch.arange(batch.response_mask.shape[0]), cfg, grad=False, hidden=True)
