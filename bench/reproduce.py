@@ -19,9 +19,13 @@ digits (``samples/summary.json``, ``report.credit_lands``).
 
 The record (``--record``, default bench/results/reproduce.json) keeps, per row and seed, the exact command, the
 commit and the uncommitted files it ran with, the machine (CPU family/model, its vector instructions, torch's CPU
-kernels) and the figures. Running rows replaces only their runs. A run is exact on one machine, but the same
-command can print other figures on another (its rounding differs; docs/reproduce.md): ``--check`` names both
-machines. A run folder under ``--root`` that holds a finished run of the same command, on the same kind of machine,
+kernels) and the figures. Running rows replaces only their runs.
+
+Figures depend on torch's CPU kernels (``torch.backends.cpu.get_cpu_capability()``: DEFAULT, AVX2, AVX512), which
+torch picks from the CPU unless ``ATEN_CPU_CAPABILITY`` names a set the CPU supports. So every run is made under a
+named set (``--cpu_capability``, default avx2: the record's set, which any x86 CPU since 2013 has) and recorded with
+it, and ``--check`` reruns a row under the set its record names; where this CPU lacks that set it says so in one
+line (exit 2) instead of comparing figures that cannot agree. A run folder under ``--root`` that holds a finished run of the same command, on the same kind of machine,
 by code unchanged since (bench/, tests/ and documentation aside), is read, not rerun (a killed batch resumes).
 """
 
@@ -95,6 +99,27 @@ SIDECAR = "reproduce_run.json"  # in a run folder: how bench/reproduce.py ran it
 def command(flags: list[str], seed: int, extra: list[str] = ()) -> list[str]:
     """A row's toy command, as the page prints it (the output folder, which changes no figure, left out)."""
     return ["python", "grpo.py", *flags, *TOY, *extra, "--seed", str(seed)]
+
+
+CAPABILITY_DEFAULT = "avx2"  # the kernels the record's runs are made with (docs/reproduce.md)
+
+
+def capability_env(capability: str) -> str:
+    """``ATEN_CPU_CAPABILITY``'s value for a capability as torch reports it (``AVX2`` -> ``avx2``)."""
+    return capability.lower()
+
+
+def pin_capability(capability: str) -> str | None:
+    """Make this process and its runs use torch's ``capability`` kernels (set before torch is imported); returns
+    None where this CPU runs them, else one line saying why not."""
+    os.environ["ATEN_CPU_CAPABILITY"] = capability_env(capability)
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+                           capture_output=True, text=True, env=os.environ)
+    got = probe.stdout.strip()
+    if got.lower() == capability_env(capability):
+        return None
+    return (f"this CPU cannot run torch's {capability.upper()} kernels (ATEN_CPU_CAPABILITY={capability_env(capability)}"
+            f" gives {got or probe.stderr.strip()[-200:]})")
 
 
 def machine() -> dict:
@@ -254,6 +279,14 @@ def check(record: dict, name: str, seed: int, extra: list[str], keep: bool) -> b
                          f"(its seeds of {name}: {sorted(runs) or 'none'}); run it: python bench/reproduce.py "
                          f"--rules {name} --seeds {seed}")
     old, cmd = runs[seed], shlex.join(command(flags, seed, extra))
+    wanted = (old.get("machine") or {}).get("torch_cpu_capability")
+    if not wanted:
+        raise SystemExit(f"reproduce.py: --check {name} --seed {seed}: the record does not say which CPU kernels "
+                         f"made this run; rerun it: python bench/reproduce.py --rules {name} --seeds {seed}")
+    cannot = pin_capability(wanted)
+    if cannot:
+        print(f"cannot check {name} seed {seed}: its figures come from torch's {wanted} kernels and {cannot}")
+        raise SystemExit(2)
     work = Path(tempfile.mkdtemp(prefix="reproduce-check-"))
     try:
         new = run(work, name, flags, seed, extra)
@@ -370,6 +403,8 @@ def main(argv=None) -> int:
                     "machine, match) to the record's run")
     ap.add_argument("--extra", default="", help="flags added to every run's command (tiny smoke-test runs); they "
                     "are part of the recorded command")
+    ap.add_argument("--cpu_capability", default=CAPABILITY_DEFAULT, choices=["default", "avx2", "avx512"],
+                    help="torch's CPU kernels for new runs (ATEN_CPU_CAPABILITY; --check uses its record's)")
     ap.add_argument("--table", action="store_true", help="only print the tables from the record")
     ap.add_argument("--page", default="", help="with --table: also write them into this page's tables block")
     args = ap.parse_args(argv)
@@ -390,6 +425,9 @@ def main(argv=None) -> int:
         if args.page:
             write_page(Path(args.page), table(record))
         return 0
+    cannot = pin_capability(args.cpu_capability)
+    if cannot:
+        raise SystemExit(f"reproduce.py: --cpu_capability {args.cpu_capability}: {cannot}")
     seeds, root = [int(s) for s in args.seeds.split(",")], Path(args.root)
     jobs = [(name, flags, seed) for seed in seeds for name, _, flags, _, _ in chosen]  # seed-major: rows fill evenly
     with ThreadPoolExecutor(args.jobs) as pool:
