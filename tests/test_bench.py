@@ -30,7 +30,7 @@ if str(REPO) not in sys.path:
 
 from bench import credit_overhead, gpu_check, gpu_smoke, memory_plan_check, scaling  # noqa: E402
 
-pytestmark = pytest.mark.bench  # the benchmark scripts' smoke tests: -m bench (pytest.ini; .ci/run runs them)
+pytestmark = pytest.mark.bench  # the benchmark scripts' smoke tests: -m bench (pyproject.toml; .ci/run runs them)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ can match them) are left out; :data:`KNOWN` lists the four whose failures are ma
 Each form is a rewrite that keeps the LaTeX's meaning by construction (spaces only where TeX ignores them, never
 between two digits nor inside ``\text{}``), so a failure is the grader's. The generators are tested by hand in
 the default run (:func:`test_forms_by_hand`); the full check grades about 30,000 pairs, a few minutes on two
-cores, so it is marked ``forms`` (left out of the default run, pytest.ini; .ci/run runs it).
+cores, so it is marked ``forms`` (left out of the default run, pyproject.toml; .ci/run runs it).
 Source: the issue "Correct answers graded wrong" (item 4); verify.py's module docstring, *Grading rules*.
 """
 

@@ -1,7 +1,7 @@
 """report.py (the HTML run report), the per-token samples it reads, and --report_to's experiment trackers.
 
 The page is checked with Python's html.parser here; `python -m pytest -q -m browser` renders it in headless
-Chromium (left out of the default run, pytest.ini; .ci/run installs Debian's chromium and runs it).
+Chromium (left out of the default run, pyproject.toml; .ci/run installs Debian's chromium and runs it).
 """
 
 import dataclasses
