@@ -50,9 +50,9 @@ def importance_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask:
                        clip_min: float | None = None) -> torch.Tensor:
     """TRL 1.16's vLLM importance weights ``[B, T]`` (``vllm_importance_sampling_mode``), float as ``old_logp``.
 
-    d_t = (old_logp_t − sampler_logp_t)·mask_t (nats; 0 on padding), then NaN → 0 (l.2662–2665: ``(old − sampling)
-    · mask`` then ``torch.nan_to_num(·, nan=0.0)``, which also maps ±inf to the dtype's extremes): a valid token whose
-    sampler log-prob is NaN gets d_t = 0. ``token_*``: ratio_t = exp(d_t) (l.2674), so 1 at such a token;
+    d_t = (old_logp_t − sampler_logp_t)·mask_t (nats; 0 on padding), then NaN → 0 (l.2662–2665: the masked
+    difference, then ``torch.nan_to_num(·, nan=0.0)``, which also maps ±inf to the dtype's extremes): a valid token
+    whose sampler log-prob is NaN gets d_t = 0. ``token_*``: ratio_t = exp(d_t) (l.2674), so 1 at such a token;
     ``sequence_*``: one ratio per response, exp(Σ_t d_t) (l.2668–2670), on each of its positions, such a token
     adding 0 and a response with no valid token getting exp(0) = 1. ``*_truncate``: clamp(ratio, C_min, C_max)
     (l.2680); ``*_mask``: ratio where C_min ≤ ratio ≤ C_max, else 0, a bound of None absent (l.2686–2703).
@@ -86,8 +86,8 @@ def mismatch_stats(old_logp, sampler_logp, weights, mask, mode: str) -> dict:
     weight exp(0) = 1 clamped or masked by C_min, C_max. ``old_logp``, ``sampler_logp``, ``weights``
     (``importance_weights``), ``mask`` ``[B, T]``."""
     valid = mask > 0
-    gap = (old_logp - sampler_logp.to(old_logp.dtype)).abs()  # [B, T]
-    delta = gap[valid & ~torch.isnan(gap)]
+    abs_diff = (old_logp - sampler_logp.to(old_logp.dtype)).abs()  # [B, T]
+    delta = abs_diff[valid & ~torch.isnan(abs_diff)]
     w = weights[:, 0] if mode.startswith("sequence") else weights[valid]
     out = {"sampling/sampling_logp_difference/mean": delta.mean() if delta.numel() else 0.0,
            "sampling/sampling_logp_difference/max": delta.max() if delta.numel() else 0.0,
