@@ -19,10 +19,12 @@ it first), but for a run that stopped (Ctrl-C, a crash) before its first checkpo
 the new run moves its logs into ``interrupted-<k>/`` there, says so in one line, and starts. Nothing is written
 before the model has loaded, so a run that fails to start leaves no folder.
 
-Every folder is written into a temporary sibling ``<name>.tmp-*`` and renamed into place when complete, so a crash
-leaves the previous checkpoints intact and no half-written ``checkpoint-<step>``; folders and files get the umask's
-modes (0755 and 0644 under umask 022), as ``save_pretrained`` into a plain folder gives. Under torchrun every process calls
-the save functions (the FSDP2 shards are gathered, distributed.py) and process 0 writes.
+Every folder is written into a temporary sibling ``<name>.tmp-<pid>-<hex>`` and renamed into place when complete, so
+a crash leaves the previous checkpoints intact and no half-written ``checkpoint-<step>``; folders and files get the
+umask's modes (0755 and 0644 under umask 022), as ``save_pretrained`` into a plain folder gives, the temporary ones
+too. A save that was stopped (Ctrl-C, a kill) leaves its temporary folder (a whole model copy): the next run in the
+folder, plain or ``--resume``, removes those whose process is gone, in one line (``clear_stale_saves``). Under
+torchrun every process calls the save functions (the FSDP2 shards are gathered, distributed.py) and process 0 writes.
 
 Nothing here knows about credit rules, policy.py or the report page: the trainer hands over its state as a
 dict, the model as an object to save or load into, and report.py reads the folder back. Left out on purpose: keeping
@@ -53,6 +55,9 @@ _CKPT_RE = re.compile(r"checkpoint-(\d+)")
 RUN_FILES = re.compile(r"config\.json|metrics\.jsonl|samples|tensorboard|summary\.json|"
                        r"(checkpoint-\d+|final)(\.tmp.*)?")
 SET_ASIDE = re.compile(r"interrupted-(\d+)")
+# A save's temporary folders: ``_new_tmp_dir``'s <name>.tmp-<pid>-<hex> (group 2: the pid) and ``_replace_dir``'s
+# <name>.tmp-old-<pid> (group 3), the checkpoint it replaces, for the moment between its two renames
+TMP_SAVE = re.compile(r"(checkpoint-\d+|final)\.tmp-(?:(\d+)-[0-9a-f]+|old-(\d+))")
 # What an entry point adds (``register_truth``): for a run on ``--data name``, ``TRUTH[name](prompt, tokens)`` gives
 # each samples/ row's ``truth`` (a JSON-able dict, or None) (toy.py's ``register``: the toy's first wrong token and
 # result digits, which report.py measures the credit against).
@@ -139,6 +144,62 @@ def _follow_umask(folder: str) -> None:
             os.chmod(os.path.join(root, name), mode)
 
 
+def _process_gone(pid: int) -> bool:
+    """Whether no process ``pid`` runs on this machine (``os.kill`` with signal 0 only checks; a process of another
+    user exists too). pid 0 or less names no single process: not gone."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError):  # another user's process; a number no pid can be (not a save of ours)
+        return False
+    return False
+
+
+def stale_saves(output_dir: str) -> list[str]:
+    """The names of the temporary save folders in ``output_dir`` (``TMP_SAVE``) whose process is gone: a save
+    stopped by Ctrl-C or a kill, a whole model copy that nothing else removes. Those of a running process (a save in
+    progress) are not listed. The pid is checked on this machine: a save in progress on another machine, into the
+    same folder, is not seen."""
+    if not os.path.isdir(output_dir):
+        return []
+    names = []
+    for name in sorted(os.listdir(output_dir)):
+        m = TMP_SAVE.fullmatch(name)
+        if m and os.path.isdir(os.path.join(output_dir, name)) and _process_gone(int(m.group(2) or m.group(3))):
+            names.append(name)
+    return names
+
+
+def _folder_bytes(folder: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(folder) for f in files)
+
+
+def clear_stale_saves(output_dir: str, say=print) -> None:
+    """Remove ``stale_saves(output_dir)``, saying so in one line (names and bytes freed); nothing is said when there
+    are none. A ``<name>.tmp-old-<pid>`` whose ``<name>`` is missing (the process died between ``_replace_dir``'s
+    two renames) is the only copy of that checkpoint: it is renamed back to ``<name>`` instead, in its own line."""
+    removed, freed = [], 0
+    for name in stale_saves(output_dir):
+        folder = os.path.join(output_dir, name)
+        m = TMP_SAVE.fullmatch(name)
+        target = os.path.join(output_dir, m.group(1))
+        if m.group(3) is not None and not os.path.exists(target):  # a .tmp-old-<pid>, the only copy left
+            os.replace(folder, target)
+            say(f"[run] {folder}/ renamed back to {target}/: its process stopped while replacing it")
+            continue
+        size = _folder_bytes(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        if not os.path.exists(folder):
+            removed.append(name)
+            freed += size
+    if removed:
+        say(f"[run] removed {', '.join(n + '/' for n in removed)} from {output_dir} ({freed / 2**30:.2f} GiB): "
+            f"the unfinished save{'s' * (len(removed) != 1)} of a process that is gone")
+
+
 def save_model(model, tokenizer, path: str, info: dict | None = None) -> None:
     """``save_pretrained`` (safetensors) of the model (a peft model: its adapter) and tokenizer, written to a
     temporary folder and renamed into place. Under FSDP2 every process calls it and process 0 writes the gathered
@@ -201,12 +262,12 @@ def save_checkpoint(path: str, model, tokenizer, optimizer, state: dict, info: d
         return
     tmp = _new_tmp_dir(path)
     _save_model_folder(tmp, model, tokenizer, model_sd, info)
-    torch.save(optim_sd, os.path.join(tmp, "optimizer.pt"))
+    _follow_umask(tmp)  # now, before the optimizer's long write: a save stopped there leaves no 0600 model file
+    torch.save(optim_sd, os.path.join(tmp, "optimizer.pt"))  # this and the next files: open()'s umask modes
     rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
     torch.save(rng, os.path.join(tmp, "rng_state.pt"))
-    _follow_umask(tmp)
     with open(os.path.join(tmp, TRAINER_STATE), "w") as f:  # last: its presence marks the folder complete
         json.dump(state, f, indent=1)
     _replace_dir(tmp, path)
@@ -409,7 +470,8 @@ class RunFolder:
           run; ``start`` moves those files into ``interrupted-<k>/`` (``set_aside``), with one line;
         * otherwise an earlier run there stops this one: ValueError naming both ways forward.
         The trackers of ``config["report_to"]`` are imported here (``import_trackers``) and opened by ``start``.
-        Nothing is written here: a run that fails before ``start`` leaves no folder behind.
+        First the temporary folders of saves whose process is gone are removed (``clear_stale_saves``, one line);
+        nothing is written here: a run that fails before ``start`` leaves no folder behind.
         Raises ValueError: see above, and an unknown or missing tracker; each case in one line that says what to do.
         """
         self.path, self.config, self.main, self.say, self._metrics = path, config, main, say, None
@@ -419,7 +481,10 @@ class RunFolder:
         self.set_aside = []  # the names start() moves into interrupted-<k>/ (a run stopped before its checkpoint)
         if main:
             check_writable(path)
-        earlier = [n for n in sorted(os.listdir(path)) if not SET_ASIDE.fullmatch(n)] if os.path.isdir(path) else []
+            clear_stale_saves(path, say)
+        stale = set(stale_saves(path))  # the other processes: what process 0 removes now is no earlier run
+        earlier = ([n for n in sorted(os.listdir(path)) if not SET_ASIDE.fullmatch(n) and n not in stale]
+                   if os.path.isdir(path) else [])
         if config.get("resume"):
             self.resume_from = latest_checkpoint(path)
             if self.resume_from is None and earlier:

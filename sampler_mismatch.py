@@ -1,4 +1,4 @@
-"""The sampler–trainer mismatch: TRL's truncated importance sampling for vLLM rollouts (``--vllm_importance_sampling_*``).
+"""The sampler–trainer mismatch: TRL's truncated importance sampling for vLLM rollouts (--vllm_importance_sampling_*).
 
 vLLM samples o_t from its own kernels' distribution π_vLLM (other matmul and attention kernels, bf16 sampling), while
 the trainer scores o_t with its own θ_old; on a GPU the samples are therefore slightly off-policy. TRL 1.16
@@ -27,8 +27,13 @@ response's tokens (TRL 1.16 sums the log-ratios), so at a mean |log-ratio| of 0.
 already has a ratio of e^1.2 ≈ 3.3 and is masked at C_max = 3 (trl#4772); a 20,480-token response of the DelTA
 recipe would be masked or truncated almost always, leaving no gradient. Token modes bound each token's weight alone.
 
-Left out: TRL's ``tool_mask`` (no tool calls here), NaN sampler log-probs (vLLM gives one for every sampled token:
-none is expected), verl's other rollout corrections (its ``rollout_is`` geometric-mean modes).
+A NaN sampler log-prob (vLLM returns one for a token it could not score) is treated as TRL 1.16 treats it: that
+token's d_t is 0 (weight 1, no correction; a sequence mode's sum leaves it out) and the logp-difference statistics
+leave it out, instead of a NaN weight that would skip the whole update (``importance_weights``, ``mismatch_stats``).
+Line numbers below are those of trl 1.16.0's ``trl/trainer/grpo_trainer.py``.
+
+Left out: TRL's ``tool_mask`` (no tool calls here), verl's other rollout corrections (its ``rollout_is``
+geometric-mean modes).
 """
 
 from __future__ import annotations
@@ -45,9 +50,12 @@ def importance_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask:
                        clip_min: float | None = None) -> torch.Tensor:
     """TRL 1.16's vLLM importance weights ``[B, T]`` (``vllm_importance_sampling_mode``), float as ``old_logp``.
 
-    d_t = (old_logp_t − sampler_logp_t)·mask_t (nats; 0 on padding). ``token_*``: ratio_t = exp(d_t);
-    ``sequence_*``: one ratio per response, exp(Σ_t d_t), on each of its positions. ``*_truncate``: clamp(ratio,
-    C_min, C_max); ``*_mask``: ratio where C_min ≤ ratio ≤ C_max, else 0 (a bound of None is absent).
+    d_t = (old_logp_t − sampler_logp_t)·mask_t (nats; 0 on padding), then NaN → 0 (l.2662–2665: the masked
+    difference, then ``torch.nan_to_num(·, nan=0.0)``, which also maps ±inf to the dtype's extremes): a valid token
+    whose sampler log-prob is NaN gets d_t = 0. ``token_*``: ratio_t = exp(d_t) (l.2674), so 1 at such a token;
+    ``sequence_*``: one ratio per response, exp(Σ_t d_t) (l.2668–2670), on each of its positions, such a token
+    adding 0 and a response with no valid token getting exp(0) = 1. ``*_truncate``: clamp(ratio, C_min, C_max)
+    (l.2680); ``*_mask``: ratio where C_min ≤ ratio ≤ C_max, else 0, a bound of None absent (l.2686–2703).
     ``old_logp``, ``sampler_logp``, ``mask`` ``[B, T]`` (θ_old's and vLLM's processed log-probs of the sampled
     tokens, the response mask). Raises ValueError: an unknown mode or mismatched shapes."""
     if mode not in MODES:
@@ -55,10 +63,11 @@ def importance_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask:
     if old_logp.shape != sampler_logp.shape or old_logp.shape != mask.shape:
         raise ValueError(f"old_logp {tuple(old_logp.shape)}, sampler_logp {tuple(sampler_logp.shape)} and mask "
                          f"{tuple(mask.shape)} must have the same [B, T] shape")
-    diff = torch.where(mask > 0, old_logp - sampler_logp.to(old_logp.dtype), torch.zeros_like(old_logp))  # [B, T]
-    if mode.startswith("sequence"):
-        diff = diff.sum(-1, keepdim=True).expand_as(old_logp)  # [B, T]: log of the product of the token ratios
-    ratio = torch.exp(diff)
+    gap = torch.where(mask > 0, old_logp - sampler_logp.to(old_logp.dtype), torch.zeros_like(old_logp))  # [B, T]
+    diff = torch.nan_to_num(gap, nan=0.0)  # [B, T] d_t: a NaN sampler log-prob gives 0 (TRL l.2665)
+    # [B, T] log-ratio: d_t, or (sequence modes) Σ_t d_t, the log of the product of the token ratios, on every position
+    log_ratio = diff.sum(-1, keepdim=True).expand_as(old_logp) if mode.startswith("sequence") else diff
+    ratio = torch.exp(log_ratio)
     if mode.endswith("truncate"):
         return ratio.clamp(min=clip_min, max=clip_max) if clip_min is not None or clip_max is not None else ratio
     low = -math.inf if clip_min is None else clip_min
@@ -67,12 +76,19 @@ def importance_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask:
 
 
 def mismatch_stats(old_logp, sampler_logp, weights, mask, mode: str) -> dict:
-    """TRL's metrics of one batch: ``sampling/sampling_logp_difference/mean|max`` (|old − sampler| over the response
-    tokens) and ``sampling/importance_sampling_ratio/min|mean|max`` (over the tokens; one value per response for the
-    sequence modes). Floats; 0.0 when there is no token."""
+    """TRL's metrics of one batch (l.2860–2893), floats; 0.0 over an empty set, as there.
+
+    ``sampling/sampling_logp_difference/mean|max``: |old − sampler| over the response tokens whose difference is not
+    NaN (l.2865: a token vLLM could not score is left out). ``sampling/importance_sampling_ratio/min|mean|max``:
+    token modes over the response tokens (l.2877: ``ratio[mask]``, a NaN-scored token's weight 1 included);
+    sequence modes over one value per response, every response of the batch (l.2875: the ``[B, 1]`` ratios
+    flattened), so a response with no valid token (e.g. masked by ``--mask_truncated_completions``) counts with its
+    weight exp(0) = 1 clamped or masked by C_min, C_max. ``old_logp``, ``sampler_logp``, ``weights``
+    (``importance_weights``), ``mask`` ``[B, T]``."""
     valid = mask > 0
-    delta = (old_logp - sampler_logp.to(old_logp.dtype)).abs()[valid]
-    w = weights[:, 0][valid.any(-1)] if mode.startswith("sequence") else weights[valid]
+    abs_diff = (old_logp - sampler_logp.to(old_logp.dtype)).abs()  # [B, T]
+    delta = abs_diff[valid & ~torch.isnan(abs_diff)]
+    w = weights[:, 0] if mode.startswith("sequence") else weights[valid]
     out = {"sampling/sampling_logp_difference/mean": delta.mean() if delta.numel() else 0.0,
            "sampling/sampling_logp_difference/max": delta.max() if delta.numel() else 0.0,
            "sampling/importance_sampling_ratio/min": w.min() if w.numel() else 0.0,

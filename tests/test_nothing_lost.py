@@ -239,3 +239,105 @@ def test_a_folder_with_a_checkpoint_or_foreign_files_is_still_refused_and_the_no
     run = checkpoint.RunFolder(str(folder), {"resume": False, "overwrite_output_dir": True}, say=lambda *a: None)
     assert run.interrupted_note() == (f"{folder / 'checkpoint-2'} holds step 2: the same command with --resume "
                                       f"continues from there (without it, the run folder is refused)")
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has ended (and been waited for)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", ""])
+    proc.wait()
+    return proc.pid
+
+
+def _stopped_save(folder, name):
+    """A temporary save folder as a stopped save leaves it: one (fake) weights file inside."""
+    (folder / name).mkdir(parents=True)
+    (folder / name / "model.safetensors").write_bytes(b"\0" * 1000)
+
+
+@pytest.mark.parametrize("resume", [False, True], ids=["plain", "resume"])
+def test_the_next_run_removes_the_saves_of_processes_that_are_gone(tmp_path, resume):
+    """Issue #43 item 7: Ctrl-C (or a kill) during a save leaves checkpoint-<step>.tmp-<pid>-<hex>/, a whole model
+    copy. The next RunFolder there, plain or --resume, removes those whose process is gone, in one line, and keeps
+    a running process's (a save in progress)."""
+    import checkpoint
+
+    folder = tmp_path / "run"
+    (folder / "samples").mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"config": {"save_steps": 2}}))
+    (folder / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "reward": 0.5}\n')
+    if resume:  # a run with checkpoint-2, stopped while saving checkpoint-3
+        (folder / "checkpoint-2").mkdir()
+        (folder / "checkpoint-2" / "trainer_state.json").write_text(json.dumps(
+            {"step": 2, "metrics_lines": 2, "skipped_updates_total": 0}))
+    dead = f"checkpoint-3.tmp-{_dead_pid()}-abcd"
+    live = f"checkpoint-4.tmp-{os.getpid()}-beef"
+    _stopped_save(folder, dead)
+    _stopped_save(folder, live)
+    said = []
+    run = checkpoint.RunFolder(str(folder), {"save_steps": 2, "resume": resume}, say=said.append)
+    assert not (folder / dead).exists() and (folder / live / "model.safetensors").exists()
+    removal = [line for line in said if dead in line]
+    assert removal == [f"[run] removed {dead}/ from {folder} (0.00 GiB): the unfinished save of a process that is "
+                       f"gone"]
+    assert all(live not in line for line in said)
+    if resume:
+        assert run.resume_from == str(folder / "checkpoint-2") and said == removal
+    else:  # the stopped run's logs go aside as before; the removed save is not among them
+        assert "metrics.jsonl" in run.set_aside and dead not in run.set_aside
+    said.clear()
+    checkpoint.RunFolder(str(folder), {"save_steps": 2, "resume": resume}, say=said.append)
+    assert not any("removed" in line for line in said)  # nothing left to remove: nothing said
+
+
+def test_a_stale_old_copy_whose_checkpoint_is_missing_is_put_back(tmp_path):
+    """A process killed between _replace_dir's two renames leaves <name>.tmp-old-<pid>/ as the only copy of that
+    checkpoint: the next run renames it back rather than removing it; a .tmp-old- whose checkpoint exists is removed."""
+    import checkpoint
+
+    pid = _dead_pid()
+    _stopped_save(tmp_path, f"checkpoint-4.tmp-old-{pid}")
+    _stopped_save(tmp_path, f"final.tmp-old-{pid}")
+    (tmp_path / "final").mkdir()
+    said = []
+    checkpoint.clear_stale_saves(str(tmp_path), say=said.append)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4", "final"]
+    assert (tmp_path / "checkpoint-4" / "model.safetensors").exists()
+    assert said == [f"[run] {tmp_path / f'checkpoint-4.tmp-old-{pid}'}/ renamed back to {tmp_path / 'checkpoint-4'}/: "
+                    f"its process stopped while replacing it",
+                    f"[run] removed final.tmp-old-{pid}/ from {tmp_path} (0.00 GiB): the unfinished save of a process "
+                    f"that is gone"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077], ids=["022", "027", "077"])
+def test_a_stopped_saves_files_follow_the_umask(tiny, tmp_path, umask):
+    """Issue #43 item 7: the files of a save's temporary folder follow the umask (the safetensors writer makes
+    model.safetensors 0600 whatever the umask): a save stopped while writing the optimizer state leaves a folder of
+    0777 & ~umask and files of 0666 & ~umask."""
+    import checkpoint
+
+    model, tok = tiny
+    real_save = torch.save
+
+    def stop_at_the_optimizer(obj, f, *a, **kw):
+        if str(f).endswith("optimizer.pt"):
+            raise KeyboardInterrupt("Ctrl-C during the save")
+        return real_save(obj, f, *a, **kw)
+
+    old = os.umask(umask)
+    try:
+        torch.save = stop_at_the_optimizer
+        with pytest.raises(KeyboardInterrupt):
+            checkpoint.save_checkpoint(str(tmp_path / "checkpoint-1"), model, tok,
+                                       torch.optim.AdamW(model.parameters()), {"step": 1})
+    finally:
+        torch.save = real_save
+        os.umask(old)
+    (tmp,) = tmp_path.glob("checkpoint-1.tmp-*")
+    assert tmp.stat().st_mode & 0o777 == 0o777 & ~umask
+    files = [f for f in tmp.rglob("*") if f.is_file()]
+    assert any(f.name == "model.safetensors" for f in files)
+    for f in files:
+        assert f.stat().st_mode & 0o777 == 0o666 & ~umask, f

@@ -113,3 +113,73 @@ def test_the_rule_is_chosen_once_and_the_flag_needs_vllm():
     assert sorted(stats) == sorted(f"sampling/{k}" for k in (
         "sampling_logp_difference/mean", "sampling_logp_difference/max", "importance_sampling_ratio/min",
         "importance_sampling_ratio/mean", "importance_sampling_ratio/max"))
+
+
+def test_a_nan_sampler_logprob_gets_weight_one_as_in_trl():
+    """TRL 1.16 (grpo_trainer.py l.2665, ``nan_to_num(d, nan=0.0)``): a NaN sampler log-prob on a valid token gives
+    d_t = 0 there, so weight 1 in the token modes and no term in a sequence's sum; every other weight is unchanged, and
+    the logp-difference statistics leave that token out (l.2865). Hand values, float64."""
+    e = math.exp
+    sampler = SAMPLER.clone()
+    sampler[0, 1] = math.nan  # a valid token (d was −1.0)
+    sampler[1, 2] = math.nan  # padding
+    w = sm.importance_weights(OLD, sampler, MASK, "token_truncate", clip_max=1.5)
+    assert torch.equal(w, torch.tensor([[1.5, 1.0, 1.0], [1.0, 1.5, 1.0]], dtype=torch.float64))
+    clean = sm.importance_weights(OLD, SAMPLER, MASK, "token_truncate", clip_max=1.5)
+    unchanged = torch.ones_like(MASK, dtype=torch.bool)
+    unchanged[0, 1] = False
+    assert torch.equal(w[unchanged], clean[unchanged])
+    w = sm.importance_weights(OLD, sampler, MASK, "token_mask", clip_max=1.5)
+    assert torch.equal(w, torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 1.0]], dtype=torch.float64))
+    w = sm.importance_weights(OLD, sampler, MASK, "sequence_truncate", clip_max=3.0)  # row 0: d sums to 0.5
+    assert torch.allclose(w, torch.tensor([[e(0.5)] * 3, [3.0] * 3], dtype=torch.float64), rtol=1e-15, atol=0)
+    stats = sm.mismatch_stats(OLD, sampler, sm.importance_weights(OLD, sampler, MASK, "token_truncate", 3.0), MASK,
+                              "token_truncate")
+    assert all(math.isfinite(v) for v in stats.values())
+    assert stats["sampling/sampling_logp_difference/mean"] == pytest.approx((0.5 + 0.0 + 0.0 + 1.3) / 4, rel=1e-14)
+    assert stats["sampling/sampling_logp_difference/max"] == pytest.approx(1.3, rel=1e-14)
+    # the ratio statistics over the 5 response tokens, the NaN-scored one's weight 1 included (l.2877)
+    assert stats["sampling/importance_sampling_ratio/mean"] == pytest.approx((e(0.5) + 1.0 + 1.0 + 1.0 + 3.0) / 5,
+                                                                              rel=1e-14)
+    assert stats["sampling/importance_sampling_ratio/min"] == 1.0
+
+
+@pytest.mark.parametrize("mode, clip_min, clip_max, ratios", [
+    # row ratios before the bounds: e^−0.5, e^1.3, and 1 for the empty row (exp of an empty sum)
+    ("sequence_truncate", 0.5, 3.0, [math.exp(-0.5), 3.0, 1.0]),
+    ("sequence_mask", None, 3.0, [math.exp(-0.5), 0.0, 1.0]),
+    ("sequence_mask", 1.2, None, [0.0, math.exp(1.3), 0.0]),  # the empty row's 1 < C_min: masked to 0, still counted
+])
+def test_an_empty_response_counts_in_the_sequence_ratio_stats_as_in_trl(mode, clip_min, clip_max, ratios):
+    """TRL 1.16 (l.2874–2886): the sequence modes' ratio statistics are min/mean/max of the flattened [B, 1] ratios,
+    every response included; one with no valid token (--mask_truncated_completions) has ratio exp(0) = 1, then
+    clamped or masked. Hand values of that formula, float64."""
+    old = torch.cat([OLD, torch.tensor([[-0.2, -0.4, -0.6]], dtype=torch.float64)])
+    sampler = torch.cat([SAMPLER, torch.tensor([[-3.0, 0.5, -0.1]], dtype=torch.float64)])  # garbage: masked out
+    mask = torch.cat([MASK, torch.zeros(1, 3, dtype=torch.float64)])
+    w = sm.importance_weights(old, sampler, mask, mode, clip_max=clip_max, clip_min=clip_min)
+    assert torch.allclose(w, torch.tensor(ratios, dtype=torch.float64)[:, None].expand(3, 3), rtol=1e-15, atol=0)
+    stats = sm.mismatch_stats(old, sampler, w, mask, mode)
+    assert stats["sampling/importance_sampling_ratio/min"] == pytest.approx(min(ratios), rel=1e-15)
+    assert stats["sampling/importance_sampling_ratio/mean"] == pytest.approx(sum(ratios) / 3, rel=1e-15)
+    assert stats["sampling/importance_sampling_ratio/max"] == pytest.approx(max(ratios), rel=1e-15)
+    # the logp difference is over the 5 response tokens only (l.2862–2865): the empty row adds none
+    assert stats["sampling/sampling_logp_difference/mean"] == pytest.approx((0.5 + 1.0 + 0.0 + 0.0 + 1.3) / 5,
+                                                                            rel=1e-14)
+
+
+def test_a_nan_sampler_logprob_no_longer_skips_the_update():
+    """The rule as grpo.py calls it: with a NaN sampler log-prob on a valid token the corrected advantages and every
+    statistic are finite (before, the NaN weight made the update's loss NaN and the step was skipped)."""
+
+    class Batch:
+        response_mask = MASK
+        sampler_logprobs = torch.tensor([[-1.5, math.nan, -0.5], [-0.3, -2.0, 0.0]], dtype=torch.float64)
+
+    cfg = grpo.GRPOConfig(use_vllm=True, vllm_importance_sampling_correction=True,
+                          vllm_importance_sampling_mode="sequence_mask")
+    out, stats = sm.correction(cfg)(torch.full((2, 3), 2.0, dtype=torch.float64), OLD, Batch)
+    assert torch.isfinite(out).all()
+    assert torch.allclose(out, torch.tensor([[2 * math.exp(0.5)] * 3, [0.0] * 3], dtype=torch.float64),
+                          rtol=1e-15, atol=0)
+    assert all(math.isfinite(v) for v in stats.values())
