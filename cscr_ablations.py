@@ -1,23 +1,23 @@
-"""CSCR's ablations (spec §9), each a short function with the signature of the cscr.py step it replaces.
+"""CSCR's ablations (spec §9), each a whole function with the signature of the cscr.py step it replaces.
 
-cscr.py holds the paper's method; a run that compares against it swaps one step of ``cscr_token_advantages``,
-chosen once when the run starts (``choose``, from ``--cscr_weight`` and ``--cscr_scope``), as a field of
-``cscr.Settings``::
+cscr.py holds the paper's method; a run that compares against it replaces one step of ``cscr_token_advantages``,
+chosen once when the run starts (``choose``, from ``--cscr_weight`` and ``--cscr_scope``, through plain dicts), as a
+field of ``cscr.Settings``::
 
-    step (cscr.Settings field)                              ablation     spec
-    weight       (s, threshold, alpha, shift_pos, adv) -> log w
-                                                            upweight     §9.3: the sensitive tokens get MORE credit
-                                                            sign_aware   §9.1: RLSD's direction weight
-    renormalise  (log_w, tokens) -> w̃                       per_group    §5 "scope", §9.3: one w̄ per group of rows
-                                                            per_batch    §9.3: one w̄ for the whole batch
+    weight_step   (s, shift_pos, adv, threshold, settings) -> log w     the paper's: cscr.sensitivity_weights
+        upweight      §9.3: the sensitive tokens get MORE credit
+        sign_aware    §9.1: RLSD's direction weight
+    renormalise   (log_w, tokens) -> w̃                                  the paper's: cscr.per_sequence
+        per_group     §5 "scope", §9.3: one w̄ per group of rows
+        per_batch     §9.3: one w̄ for the whole batch
 
-Every one keeps the renormalisation, so sign(Ã_i,t) = sign(Â_i); per_group and per_batch keep the group's / the
-batch's credit budget, not each sequence's.  The strength ablation (§9.2) is the α / λ sweep of the paper's map (no
-code here).  Usage: ``cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, settings=cscr.Settings(
-weight=cscr_ablations.upweight))``.  Imports torch and cscr.py.
+Every one keeps the floor w = max(w_min, w) (cscr.credit_log_weights applies it after the step) and the
+renormalisation, so sign(Ã_i,t) = sign(Â_i); per_group and per_batch keep the group's / the batch's credit budget, not
+each sequence's.  The strength ablation (§9.2) is the α / λ sweep of the paper's map (no code here); the spec §5
+alternative maps ``exp_abs`` and ``inverse`` are cscr.py's (``Settings.weight``).  Usage:
+``cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, settings=cscr_ablations.choose("upweight"))``.
+Imports torch and cscr.py.
 """
-
-from __future__ import annotations
 
 import functools
 import math
@@ -27,19 +27,19 @@ import torch
 import cscr
 
 
-def upweight(s, threshold, alpha, shift_pos=None, adv=None):
-    """Spec §9.3 [I] (SC-GRPO/RLSD-like): log w = +α·max(0, s - λ), so w >= 1 and w_min has no effect; w itself may
-    overflow to inf, the log-space renormalisation stays finite.  α = 0 gives GRPO."""
-    return alpha * (s - threshold).clamp(min=0.0)
+def upweight(s, shift_pos, adv, threshold, settings):
+    """Spec §9.3 [I] (SC-GRPO/RLSD-like), in place of ``cscr.sensitivity_weights``: log w = +α·max(0, s - λ) [B, T]
+    (α = ``settings.alpha``, λ = ``threshold``, nats), so w >= 1 and w_min has no effect; w itself may overflow to inf,
+    the log-space renormalisation stays finite.  Δ+ and Â unread.  α = 0 gives GRPO."""
+    return settings.alpha * (s - threshold).clamp(min=0.0)
 
 
-def sign_aware(s, threshold, alpha, shift_pos=None, adv=None, eps=0.2, mix=0.5):
-    """Spec §9.1, the direction ablation, in RLSD's form (arXiv 2604.03128; ε_w = 0.2, mix = 0.5 as in the RLCSD
-    repo's RLSD config): w = (1 - mix) + mix·clip(exp(sign(Â_i)·Δ+_t), 1 - ε_w, 1 + ε_w), trusting the direction of
-    the c+ shift (s, λ and α unused).  The clip is taken on the exponent (exp is monotone), so w >= 1 - mix·ε_w > 0;
-    mix = 0 or ε_w = 0 gives GRPO.  Bind ``eps`` and ``mix`` with functools.partial (``choose`` does)."""
-    if shift_pos is None or adv is None:
-        raise ValueError("sign_aware reads Δ+ and Â: use it as cscr.Settings(weight=...) in cscr.cscr_token_advantages")
+def sign_aware(s, shift_pos, adv, threshold, settings, eps=0.2, mix=0.5):
+    """Spec §9.1, the direction ablation, in place of ``cscr.sensitivity_weights``, in RLSD's form (arXiv 2604.03128;
+    ε_w = 0.2, mix = 0.5 as in the RLCSD repo's RLSD config): log w [B, T] of w = (1 - mix) + mix·clip(exp(sign(Â_i)·
+    Δ+_t), 1 - ε_w, 1 + ε_w), trusting the direction of the c+ shift Δ+ [B, T] (nats) under Â [B] (s, λ, α unread).
+    The clip is taken on the exponent (exp is monotone), so w >= 1 - mix·ε_w > 0; mix = 0 or ε_w = 0 gives GRPO.
+    ``eps`` and ``mix`` are bound by ``choose`` (functools.partial)."""
     exponent = (torch.sign(adv)[:, None] * shift_pos).clamp(math.log1p(-eps), math.log1p(eps))  # sign(Â)·Δ+, clipped
     return torch.log((1.0 - mix) + mix * torch.exp(exponent))
 
@@ -59,26 +59,42 @@ def per_batch(log_w, tokens):
     return per_group(log_w, tokens, tokens.shape[0])
 
 
-def choose(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign_mix=0.5):
-    """``cscr.Settings``'s (weight, renormalise) for the names that ``--cscr_weight`` and ``--cscr_scope`` take: the
-    spec's maps (``cscr.WEIGHT_MAPS``) and ``cscr.per_sequence``, or an ablation above with its parameters bound.
-    Called once, when a run starts.  Raises ValueError: an unknown name, sign_eps outside [0, 1) or sign_mix outside
-    [0, 1]."""
-    weights = {**cscr.WEIGHT_MAPS, "upweight": upweight,
-               "sign_aware": functools.partial(sign_aware, eps=sign_eps, mix=sign_mix)}
-    scopes = {"sequence": cscr.per_sequence, "group": functools.partial(per_group, group_size=group_size),
-              "batch": per_batch}
+def choose(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign_mix=0.5, **settings):
+    """The ``cscr.Settings`` of the names ``--cscr_weight`` and ``--cscr_scope`` take, with ``settings`` (alpha,
+    w_min, mode): one of the spec's maps (``cscr.WEIGHT_MAPS``) in the paper's weight step, or an ablation above in
+    that step's place, its parameters bound; the paper's renormalisation (``cscr.per_sequence``) or one above.  Called
+    once, when a run starts.  Raises ValueError: an unknown name, sign_eps outside [0, 1) or sign_mix outside [0, 1]."""
+    weights = {  # the fields of cscr.Settings that each --cscr_weight sets
+        "exp": {"weight": "exp"},
+        "exp_abs": {"weight": "exp_abs"},
+        "inverse": {"weight": "inverse"},
+        "upweight": {"weight_step": upweight},
+        "sign_aware": {"weight_step": functools.partial(sign_aware, eps=sign_eps, mix=sign_mix)},
+    }
+    scopes = {
+        "sequence": cscr.per_sequence,
+        "group": functools.partial(per_group, group_size=group_size),
+        "batch": per_batch,
+    }
     if weight not in weights or scope not in scopes:
-        raise ValueError(f"weight must be one of {sorted(weights)} and scope one of {sorted(scopes)}, got {weight!r} "
-                         f"and {scope!r}")
+        raise ValueError(
+            f"weight must be one of {sorted(weights)} and scope one of {sorted(scopes)}, got {weight!r} and {scope!r}"
+        )
     if not (0.0 <= sign_eps < 1.0 and 0.0 <= sign_mix <= 1.0):
         raise ValueError(f"sign_eps must be in [0, 1) and sign_mix in [0, 1], got {sign_eps!r} and {sign_mix!r}")
-    return weights[weight], scopes[scope]
+    return cscr.Settings(**settings, **weights[weight], renormalise=scopes[scope])
 
 
 def settings_from_flags(cfg):
-    """grpo.py's CSCR options as a ``cscr.Settings``: α, w_min, the aggregation, and the weight map and
+    """grpo.py's CSCR options as a ``cscr.Settings``: α, w_min, the aggregation, and the weight step and
     renormalisation that ``--cscr_weight`` / ``--cscr_scope`` name (``choose``), once per run."""
-    weight, renormalise = choose(cfg.cscr_weight, cfg.cscr_scope, cfg.num_generations, cfg.cscr_sign_eps,
-                                 cfg.cscr_sign_mix)
-    return cscr.Settings(cfg.cscr_alpha, cfg.cscr_w_min, cfg.cscr_mode, weight, renormalise)
+    return choose(
+        cfg.cscr_weight,
+        cfg.cscr_scope,
+        cfg.num_generations,
+        cfg.cscr_sign_eps,
+        cfg.cscr_sign_mix,
+        alpha=cfg.cscr_alpha,
+        w_min=cfg.cscr_w_min,
+        mode=cfg.cscr_mode,
+    )

@@ -575,12 +575,12 @@ def surface_classes(tokenizer, response_ids, response_mask):
 def _cscr_at_q80(scores, response_mask, correct):
     """CSCR on the study's tokens: λ = the 0.8 quantile of s (spec §5), α = 1, adv = ±1 by outcome.
 
-    Returns (s [N, T] nats, λ, ``cscr.cscr_token_advantages`` stats)."""
+    Returns (s [N, T] nats, λ, ``cscr.cscr_stats``)."""
     lp = (scores["old_logp"], scores["lp_pos"], scores["lp_neg"])
     s = cscr.sensitivity(*lp, response_mask)
     threshold = cscr.calibrate_threshold(s, response_mask, 0.8)
     adv = torch.where(correct, 1.0, -1.0)  # the sign of a GRPO sequence advantage Â_i (magnitude 1)
-    _, stats = cscr.cscr_token_advantages(adv, *lp, response_mask, threshold=threshold, return_stats=True)
+    stats = cscr.cscr_stats(adv, *lp, response_mask, threshold=threshold)
     return s, threshold, stats
 
 
@@ -623,8 +623,8 @@ def _check_study(tokenizer, problems, answers, num_trajectories, temperature):
 
 def diagnose(model, tokenizer, problems, answers, num_trajectories, *, prompt_template="none", template="verdict",
              max_new_tokens=64, temperature=1.0, top_p=1.0, seed=0, gen_batch_size=16, micro_batch_size=8, tau=0.05,
-             top_frac=0.1, sens_top_frac=0.05, output_dir=None, marker=cscr.DEFAULT_MARKER,
-             turn_end=cscr.DEFAULT_TURN_END, num_examples=20, return_tensors=False):
+             top_frac=0.1, sens_top_frac=0.05, output_dir=None, marker=cscr.MARKER,
+             turn_end=cscr.TURN_END, num_examples=20, return_tensors=False):
     """Sample on-policy trajectories, grade them, re-score them under c+ and c-, and report D1-D7 (spec §7).
 
     Paper ([S2]): 400 on-policy trajectories re-scored under both conditions, sampled-token and full-vocabulary

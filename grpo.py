@@ -286,8 +286,9 @@ class Credit:
                                                                cfg.cscr_threshold_quantile)
                 self.cscr_calibrated = True
         # spec §5: w_t = max(w_min, exp(−α·max(0, s_t − λ))), Ã_{i,t} = Â_i·w_t / mean_t(w) (sign and budget kept)
-        token_adv, stats = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, self.cscr_threshold,
-                                                      self.cscr_settings, return_stats=True)
+        token_adv = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, self.cscr_threshold,
+                                               self.cscr_settings)
+        stats = cscr.cscr_stats(adv, old_logp, lp_pos, lp_neg, mask, self.cscr_threshold, self.cscr_settings)
         self.token_weights = {"sensitivity": s}
         return token_adv, {**stats, "cscr/threshold": float(self.cscr_threshold)}
 

@@ -19,7 +19,7 @@ What it does (no download, no generation, one process, about two minutes on one 
              delta: ``grpo.Credit`` -> delta.py (``--delta_impl memory_efficient`` streaming by default)
              cscr:  ``cscr.condition_logprobs`` on prompt-variant token ids (the prompt + a "correct" or an
                     "incorrect" note of 24 random tokens: the two conditioned passes, tokenizer-free) and
-                    ``cscr.cscr_token_advantages``
+                    ``cscr.cscr_token_advantages``, ``cscr.cscr_stats``
      update  ``grpo.policy_update`` -> ``backward_minibatch`` (micro-batches with the whole-mini-batch
              normaliser, gradient checkpointing) -> clip -> AdamW (``policy.build_optimizer``)
    after one untimed-for-the-table warm-up GRPO step (CUDA context, cuBLAS, allocator growth).
@@ -250,9 +250,9 @@ def train_step(model, optimizer, batch, credit_name, cfg):
                                              micro_batch_size=cfg.micro_batch_size or None,
                                              logprob_fn=policy.token_logprobs)
         lp_pos[rows], lp_neg[rows] = lp_c.cpu(), lp_i.cpu()
-        token_adv, stats = cscr.cscr_token_advantages(adv, old, lp_pos, lp_neg, mask, threshold=cfg.cscr_threshold,
-                                                      settings=cscr.Settings(cfg.cscr_alpha, cfg.cscr_w_min,
-                                                                             cfg.cscr_mode), return_stats=True)
+        settings = cscr.Settings(cfg.cscr_alpha, cfg.cscr_w_min, cfg.cscr_mode)
+        token_adv = cscr.cscr_token_advantages(adv, old, lp_pos, lp_neg, mask, cfg.cscr_threshold, settings)
+        stats = cscr.cscr_stats(adv, old, lp_pos, lp_neg, mask, cfg.cscr_threshold, settings)
     _sync()
     t["credit"] = time.time() - t1
     t2 = time.time()

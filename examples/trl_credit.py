@@ -49,8 +49,8 @@ from examples.theta_old import old_logps_and_hidden  # noqa: E402  (θ_old with 
 class CreditGRPOTrainer(GRPOTrainer):
     """TRL's ``GRPOTrainer`` with token credit: ``credit`` "grpo" (TRL unchanged), "delta" (DelTA, ``delta_kwargs``
     for ``delta.delta_coefficients``: K, lam_min, lam_max) or "cscr" (CSCR, ``cscr_template`` and ``cscr_kwargs``
-    for ``cscr.cscr_token_advantages``: threshold, settings). The dataset's ``answer`` column is CSCR's
-    ``reference``."""
+    for ``cscr.cscr_token_advantages`` and ``cscr.cscr_stats``: threshold, settings). The dataset's ``answer`` column
+    is CSCR's ``reference``."""
 
     def __init__(self, *args, credit="grpo", delta_kwargs=None, cscr_template="verdict", cscr_kwargs=None, **kwargs):
         if credit not in ("grpo", "delta", "cscr"):
@@ -88,8 +88,8 @@ class CreditGRPOTrainer(GRPOTrainer):
             lp_pos, lp_neg = cscr.condition_logprobs(  # spec §4: ℓ+, ℓ− of the rows with Â ≠ 0
                 model, self.processing_class, pairs, response_ids, mask.bool() & (adv != 0)[:, None],
                 temperature=self.temperature, micro_batch_size=size)
-            token_adv, stats = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, return_stats=True,
-                                                          **self.cscr_kwargs)
+            token_adv = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, **self.cscr_kwargs)
+            stats = cscr.cscr_stats(adv, old_logp, lp_pos, lp_neg, mask, **self.cscr_kwargs)  # CSCR spec §5's logs
         for key, value in stats.items():  # logged by TRL with its own metrics (mean over the logging window)
             self._metrics["train" if self.model.training else "eval"][key].append(value)
         return token_adv

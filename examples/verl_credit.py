@@ -238,10 +238,11 @@ class CreditRayPPOTrainer(RayPPOTrainer):
             stats = pool_stats(out.meta_info["metrics"])
         else:
             out = self.actor_rollout_wg.compute_condition_log_probs(data)
-            token_adv, stats = cscr.cscr_token_advantages(  # spec §5: w̃, Ã = Â·w̃ (sign and budget kept)
-                adv, out.batch["log_probs_h"], out.batch["lp_pos"], out.batch["lp_neg"], mask,
-                settings.get("threshold", 0.2), cscr.Settings(**{k: settings[k] for k in CSCR_KEYS if k in settings}),
-                return_stats=True)
+            cscr_settings = cscr.Settings(**{k: settings[k] for k in CSCR_KEYS if k in settings})
+            inputs = (adv, out.batch["log_probs_h"], out.batch["lp_pos"], out.batch["lp_neg"], mask,
+                      settings.get("threshold", 0.2), cscr_settings)
+            token_adv = cscr.cscr_token_advantages(*inputs)  # spec §5: w̃, Ã = Â·w̃ (sign and budget kept)
+            stats = cscr.cscr_stats(*inputs)  # what is logged of them
         batch.batch["advantages"] = token_adv.to(batch.batch["advantages"].dtype)
         return {f"credit/{k}": v for k, v in stats.items()}
 

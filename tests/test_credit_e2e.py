@@ -441,7 +441,7 @@ def test_cscr_diagnostics_scores_are_the_trainers(rollout_batch, float64_model):
     model = float64_model(model).eval()
     answers = [r["answer"] for r in rows for _ in range(4)]
     contexts = cscr_diagnostics.condition_contexts(batch.prompts, answers, batch.texts, "verdict",
-                                                   cscr.DEFAULT_MARKER, cscr.DEFAULT_TURN_END)
+                                                   cscr.MARKER, cscr.TURN_END)
     mask = batch.response_mask.bool()
     scores = cscr_diagnostics.score_contexts(model, tok, contexts, batch.response_ids, mask, 1.0, 3)
     cfg = grpo.GRPOConfig(credit="cscr")

@@ -29,11 +29,22 @@ def t(x):
     return torch.tensor([x], dtype=torch.float64)
 
 
-def example(A=1.0, threshold=0.2, return_stats=False, **settings):
-    return cscr.cscr_token_advantages(
-        torch.tensor([A], dtype=torch.float64), t(LP0), t(LP_POS), t(LP_NEG), torch.ones(1, 8), threshold,
-        cscr.Settings(**settings), return_stats
-    )
+def example(A=1.0, threshold=0.2, **settings):
+    """Ã [1, 8] of the spec §8 example."""
+    return cscr.cscr_token_advantages(torch.tensor([A], dtype=torch.float64), t(LP0), t(LP_POS), t(LP_NEG),
+                                      torch.ones(1, 8), threshold, cscr.Settings(**settings))
+
+
+def example_stats(A=1.0, threshold=0.2, **settings):
+    """cscr_stats of the spec §8 example."""
+    return cscr.cscr_stats(torch.tensor([A], dtype=torch.float64), t(LP0), t(LP_POS), t(LP_NEG), torch.ones(1, 8),
+                           threshold, cscr.Settings(**settings))
+
+
+def example_weights(threshold=0.2, **settings):
+    """w = exp(log w) [1, 8] of the spec §8 example (credit_log_weights: s, the weight step, the floor)."""
+    return torch.exp(cscr.credit_log_weights(torch.ones(1, dtype=torch.float64), t(LP0), t(LP_POS), t(LP_NEG),
+                                             torch.ones(1, 8), threshold, cscr.Settings(**settings)))
 
 
 def close(a, b, tol=1e-6):
@@ -46,13 +57,12 @@ def test_sensitivity_max_example():
 
 
 def test_weights_example():
-    s = cscr.sensitivity(t(LP0), t(LP_POS), t(LP_NEG), torch.ones(1, 8))
-    w = cscr.credit_weights(s, torch.ones(1, 8), threshold=0.2, alpha=1.0)
-    assert close(w[0], W_A1)
+    assert close(example_weights(alpha=1.0)[0], W_A1)
 
 
 def test_example_alpha1_positive_and_negative():
-    adv, st = example(1.0, threshold=0.2, alpha=1.0, return_stats=True)
+    adv = example(1.0, threshold=0.2, alpha=1.0)
+    st = example_stats(1.0, threshold=0.2, alpha=1.0)
     assert close(adv[0], W_TILDE_A1)
     assert abs(st["cscr/w_bar_mean"] - 0.817325) < 1e-6
     assert abs(adv.sum().item() - 8.0) < 1e-9
@@ -64,7 +74,7 @@ def test_example_alpha1_positive_and_negative():
 
 
 def test_stats_example():
-    _, st = example(1.0, threshold=0.2, alpha=1.0, return_stats=True)
+    st = example_stats(1.0, threshold=0.2, alpha=1.0)
     assert abs(st["cscr/w_mean"] - 0.817325) < 1e-6
     assert abs(st["cscr/frac_w_lt_1"] - 3 / 8) < 1e-12
     assert abs(st["cscr/w_tilde_max"] - 1.223504) < 1e-6
@@ -72,7 +82,7 @@ def test_stats_example():
     assert abs(st["cscr/s_pos_mean"] - sum(S_MAX) / 8) < 1e-9
     assert st["cscr/s_neg_mean"] == 0.0  # no A < 0 row
     assert st["cscr/num_tokens"] == 8
-    _, st_neg = example(-0.5, return_stats=True)
+    st_neg = example_stats(-0.5)
     assert abs(st_neg["cscr/s_neg_mean"] - sum(S_MAX) / 8) < 1e-9 and st_neg["cscr/s_pos_mean"] == 0.0
 
 
@@ -82,10 +92,9 @@ def test_alpha0_is_grpo():
 
 
 def test_alpha5_strong():
-    s = cscr.sensitivity(t(LP0), t(LP_POS), t(LP_NEG), torch.ones(1, 8))
-    w = cscr.credit_weights(s, torch.ones(1, 8), threshold=0.2, alpha=5.0)
-    assert close(w[0], [0.002479, 1, 0.030197, 1, 1, 1, 1, 0.223130])
-    adv, st = example(1.0, alpha=5.0, return_stats=True)
+    assert close(example_weights(alpha=5.0)[0], [0.002479, 1, 0.030197, 1, 1, 1, 1, 0.223130])
+    adv = example(1.0, alpha=5.0)
+    st = example_stats(1.0, alpha=5.0)
     assert abs(st["cscr/w_bar_mean"] - 0.656976) < 1e-6
     assert close(adv[0], [0.003773, 1.522126, 0.045964, 1.522126, 1.522126, 1.522126, 1.522126, 0.339632])
     assert abs(adv.sum().item() - 8.0) < 1e-9
@@ -93,9 +102,7 @@ def test_alpha5_strong():
 
 
 def test_alpha5_with_floor():
-    s = cscr.sensitivity(t(LP0), t(LP_POS), t(LP_NEG), torch.ones(1, 8))
-    w = cscr.credit_weights(s, torch.ones(1, 8), threshold=0.2, alpha=5.0, w_min=0.5)
-    assert close(w[0], [0.5, 1, 0.5, 1, 1, 1, 1, 0.5])
+    assert close(example_weights(alpha=5.0, w_min=0.5)[0], [0.5, 1, 0.5, 1, 1, 1, 1, 0.5])
     adv = example(1.0, alpha=5.0, w_min=0.5)
     assert close(adv[0], [0.615385, 1.230769, 0.615385, 1.230769, 1.230769, 1.230769, 1.230769, 0.615385])
 
@@ -127,18 +134,39 @@ def test_padding_example():
 
 
 def test_zero_advantage_gives_zeros():
-    adv, st = example(0.0, return_stats=True)
+    adv = example(0.0)
+    st = example_stats(0.0)
     assert torch.equal(adv, torch.zeros(1, 8, dtype=adv.dtype))
     assert st["cscr/num_tokens"] == 0 and st["cscr/eff_token_frac"] == 0.0
 
 
-def test_other_weight_maps():
-    s = torch.tensor([S_MAX], dtype=torch.float64)
-    m = torch.ones(1, 8)
-    w = cscr.credit_weights(s, m, threshold=0.2, alpha=2.0, weight="inverse")
-    assert close(w[0], [1 / (1 + 2 * max(0.0, x - 0.2)) for x in S_MAX])
-    w = cscr.credit_weights(s, m, threshold=0.2, alpha=2.0, weight="exp_abs")
-    assert close(w[0], [math.exp(-2 * x) if x > 0.2 else 1.0 for x in S_MAX])
+# The spec §5 alternative maps have no threshold: w = exp(−α·s) and w = 1 / (1 + α·s).  At α = 2 and s = 0, 0.1,
+# 0.5, 1, 2 nats, by hand: exp(−2s) = 1, e^−0.2, e^−1, e^−2, e^−4 and 1/(1 + 2s) = 1, 1/1.2, 1/2, 1/3, 1/5.
+S_HAND = [0.0, 0.1, 0.5, 1.0, 2.0]
+EXP_ABS_HAND = [1.0, 0.8187307530779818, 0.36787944117144233, 0.1353352832366127, 0.01831563888873418]
+INVERSE_HAND = [1.0, 5 / 6, 0.5, 1 / 3, 0.2]
+# float64: each w is one product and one exp or log1p (then exp) of it, a few roundings of 2^-53 relative each;
+# 1e-14 is far above that and far below the old thresholded forms' difference here (w = 1 at s = 0.1, not 0.82)
+F64_MAPS = dict(rtol=1e-14, atol=0.0)
+
+
+@pytest.mark.parametrize("weight,hand", [("exp_abs", EXP_ABS_HAND), ("inverse", INVERSE_HAND)])
+def test_alternative_weight_maps_by_hand(weight, hand):
+    s = torch.tensor([S_HAND], dtype=torch.float64)
+    w = torch.exp(cscr.WEIGHT_MAPS[weight](s, 2.0))
+    torch.testing.assert_close(w, torch.tensor([hand], dtype=torch.float64), **F64_MAPS)
+    # the same through the weight step and credit_log_weights: ℓ0 = 0, ℓ+ = −s, ℓ− = 0 give the sensitivity s; the
+    # threshold (0.5 here, between the s values) does not enter
+    zeros = torch.zeros_like(s)
+    log_w = cscr.credit_log_weights(torch.ones(1, dtype=torch.float64), zeros, -s, zeros, torch.ones(1, 5), 0.5,
+                                    cscr.Settings(alpha=2.0, weight=weight))
+    torch.testing.assert_close(torch.exp(log_w), torch.tensor([hand], dtype=torch.float64), **F64_MAPS)
+
+
+def test_alternative_weight_maps_on_the_example():
+    """Ã = A·w / mean(w) with the spec §8 example's s and the alternative maps' formulas (no threshold)."""
+    for weight, w in (("exp_abs", [math.exp(-2 * x) for x in S_MAX]), ("inverse", [1 / (1 + 2 * x) for x in S_MAX])):
+        assert close(example(1.0, alpha=2.0, weight=weight)[0], [8 * x / sum(w) for x in w], tol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -185,8 +213,9 @@ def test_budget_exact_when_every_weight_underflows():
         lp_neg = lp0 - 1.0
         m = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] + [0] * 5], dtype=torch.bool)
         A = torch.tensor([1.5, -0.5, 2.0], dtype=torch.float64)
-        s = cscr.sensitivity(lp0.to(dtype), lp_pos.to(dtype), lp_neg.to(dtype), m)
-        assert (cscr.credit_weights(s, m, threshold=0.2, alpha=30.0)[m] == 0).all()  # all underflow
+        log_w = cscr.credit_log_weights(A.to(dtype), lp0.to(dtype), lp_pos.to(dtype), lp_neg.to(dtype), m, 0.2,
+                                        cscr.Settings(alpha=30.0))
+        assert (torch.exp(log_w)[m] == 0).all()  # all underflow
         adv = cscr.cscr_token_advantages(A.to(dtype), lp0.to(dtype), lp_pos.to(dtype), lp_neg.to(dtype), m,
                                          threshold=0.2, settings=cscr.Settings(alpha=30.0))
         for i in range(3):
@@ -520,30 +549,30 @@ def test_header_usage_example_runs(toy_tiny, float64_model):
 
 
 def test_credit_log_weights_by_hand():
-    """The formula the trainer uses (cscr_token_advantages works in logs) against hand values, and
-    credit_weights is its exp on valid tokens."""
+    """The formulas the trainer uses (cscr_token_advantages works in logs) against hand values: the paper's map, and
+    credit_log_weights (ℓ0 = 0, ℓ+ = −s, ℓ− = 0: the sensitivity s) with its floor w_min."""
     s = torch.tensor([[0.1, 0.2, 1.2]], dtype=torch.float64)
-    assert cscr.credit_log_weights(s, 0.2, 1.0, 0.0).tolist() == [[0.0, 0.0, -1.0]]  # −α·max(0, s − λ)
-    assert cscr.credit_log_weights(s, 0.2, 1.0, 0.0, "exp_abs").tolist() == [[0.0, 0.0, -1.2]]  # −α·s above λ
-    torch.testing.assert_close(cscr.credit_log_weights(s, 0.2, 1.0, 0.0, "inverse"),
-                               torch.tensor([[0.0, 0.0, -math.log(2.0)]], dtype=torch.float64))  # −log(1 + α·excess)
-    torch.testing.assert_close(cscr.credit_log_weights(s, 0.2, 1.0, 0.5),
+    assert cscr.exp_weight(s, 0.2, 1.0).tolist() == [[0.0, 0.0, -1.0]]  # −α·max(0, s − λ)
+    assert cscr.exp_weight(s, 0.2, 2.0).tolist() == [[0.0, 0.0, -2.0]]
+    zeros = torch.zeros_like(s)
+    one = torch.ones(1, dtype=torch.float64)
+    mask = torch.tensor([[True, True, True]])
+    assert cscr.credit_log_weights(one, zeros, -s, zeros, mask).tolist() == [[0.0, 0.0, -1.0]]  # the defaults
+    torch.testing.assert_close(cscr.credit_log_weights(one, zeros, -s, zeros, mask, 0.2, cscr.Settings(w_min=0.5)),
                                torch.tensor([[0.0, 0.0, math.log(0.5)]], dtype=torch.float64))  # floor w_min
-    m = torch.tensor([[True, True, False]])
-    torch.testing.assert_close(cscr.credit_weights(s, m, 0.2, 1.0),
-                               torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64))
 
 
 @pytest.mark.parametrize("flag,value", [("--cscr_threshold", "nan"), ("--cscr_threshold", "inf"),
                                         ("--cscr_alpha", "inf")])
 def test_the_threshold_and_alpha_are_checked_at_the_command_line(tmp_path, flag, value):
     """λ and α were checked on every call of cscr_token_advantages; a run checks its flags once, in check_config, in
-    one line before the run folder exists (cscr.Settings checks α for a library caller)."""
+    one line before the run folder exists (cscr_token_advantages checks the Settings of a library caller)."""
     import grpo
 
     out = tmp_path / "run"
     with pytest.raises(SystemExit, match=flag):
         grpo.main(["--output_dir", str(out), "--credit", "cscr", flag, value])
     assert not out.exists()
+    A, lp0, lp_pos, lp_neg, m = random_batch(B=4, T=3)
     with pytest.raises(ValueError, match="alpha"):
-        cscr.Settings(alpha=math.inf)
+        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=cscr.Settings(alpha=math.inf))

@@ -1,5 +1,6 @@
 """Tests for cscr_ablations.py, the spec §9 ablations beside cscr.py (upweight, sign_aware, per_group, per_batch),
-hand-computed in float64; each is asked for by its flag's name through ``cscr_ablations.choose``, as grpo.py does.
+hand-computed in float64; each is asked for by its flag's name through ``cscr_ablations.choose``, as grpo.py does:
+a whole function in place of cscr.py's weight step or renormalisation.
 
 Inputs: the spec §8 example (one response of 8 tokens, lambda = 0.2) and a 4-row batch of two groups written here.
 """
@@ -33,8 +34,15 @@ def close(actual, expected, **tol):
 
 def settings(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign_mix=0.5, **kw):
     """cscr.Settings with the rules --cscr_weight and --cscr_scope name (and alpha, w_min, mode)."""
-    weight, renormalise = cscr_ablations.choose(weight, scope, group_size, sign_eps, sign_mix)
-    return cscr.Settings(weight=weight, renormalise=renormalise, **kw)
+    return cscr_ablations.choose(weight, scope, group_size, sign_eps, sign_mix, **kw)
+
+
+def log_weights(s, weight, alpha=1.0, w_min=0.0):
+    """log w [1, 8] of the sensitivities s [1, 8] under ``weight``: credit_log_weights with ℓ0 = 0, ℓ+ = −s, ℓ− = 0
+    (so the sensitivity is s, and Δ+ = −s), Â = 1, λ = 0.2."""
+    zeros = torch.zeros_like(s)
+    return cscr.credit_log_weights(torch.ones(1, dtype=F64), zeros, -s, zeros, torch.ones(1, 8), 0.2,
+                                   settings(weight, alpha=alpha, w_min=w_min))
 
 
 def spec8(A, **kw):
@@ -57,11 +65,13 @@ def test_upweight_spec8_by_hand():
     close(spec8(1.0, alpha=2.0, weight="upweight"), normalised(w2, 1.0))
     # the down-weighting default on the same inputs (w = 1 / the up-weights), for contrast: opposite reallocation
     close(spec8(1.0), normalised([1 / x for x in w], 1.0))
-    # w_min has no effect (w >= 1); credit_weights gives the un-normalised w
+    # w_min has no effect (w >= 1); credit_log_weights gives the un-normalised log w
     close(spec8(1.0, weight="upweight", w_min=0.5), normalised(w, 1.0))
     s = cscr.sensitivity(*(torch.tensor([x], dtype=F64) for x in (LP0, LP_POS, LP_NEG)), torch.ones(1, 8))
-    close(cscr.credit_weights(s, torch.ones(1, 8), 0.2, 1.0, weight=cscr_ablations.upweight)[0], w)
-    close(cscr.credit_log_weights(s, 0.2, 1.0, 0.0, cscr_ablations.upweight)[0], [1.2, 0, 0.7, 0, 0, 0, 0, 0.3])
+    close(torch.exp(log_weights(s, "upweight"))[0], w)
+    close(log_weights(s, "upweight", w_min=0.5)[0], [1.2, 0, 0.7, 0, 0, 0, 0, 0.3])
+    # the step itself, in place of cscr.sensitivity_weights (Δ+ and Â unread)
+    close(cscr_ablations.upweight(s, None, None, 0.2, cscr.Settings(alpha=2.0))[0], [2.4, 0, 1.4, 0, 0, 0, 0, 0.6])
 
 
 def test_sign_aware_spec8_by_hand():
@@ -175,8 +185,8 @@ def test_upweight_stays_finite_when_the_weights_overflow():
     pos = torch.tensor([[-3.0, -0.1, -1.0, 0.0], [-2.9, -3.0, 0.0, 0.0]])
     adv = torch.tensor([1.0, -1.0])
     mask = torch.ones(2, 4)
-    assert torch.isinf(cscr.credit_weights(cscr.sensitivity(old, pos, pos, mask), mask, 0.2, 60.0,
-                                           weight=cscr_ablations.upweight)).any()
+    log_w = cscr.credit_log_weights(adv, old, pos, pos, mask, 0.2, settings("upweight", alpha=60.0))
+    assert torch.isinf(torch.exp(log_w)).any()
     out = cscr.cscr_token_advantages(adv, old, pos, pos, mask, settings=settings("upweight", alpha=60.0))
     assert torch.isfinite(out).all()
     # float32 bound: each A_i,t (<= 4) carries ~2 roundings (w / w_bar, A·w̃), the 4-term sum 3 more
@@ -187,13 +197,8 @@ def test_upweight_stays_finite_when_the_weights_overflow():
 
 
 def test_errors():
-    s = torch.zeros(1, 3, dtype=F64)
-    for fn in (lambda: cscr.credit_weights(s, torch.ones(1, 3), weight=cscr_ablations.sign_aware),
-               lambda: cscr.credit_log_weights(s, weight=cscr_ablations.sign_aware)):
-        with pytest.raises(ValueError, match="cscr_token_advantages"):
-            fn()
-    with pytest.raises(ValueError, match="weight must be one of"):
-        cscr.credit_log_weights(s, weight="linear")
+    with pytest.raises(ValueError, match="weight in"):  # a name cscr.py's weight step does not know
+        cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, settings=cscr.Settings(weight="linear"))
     for kw, name in ((dict(sign_eps=1.0), "sign_eps"), (dict(sign_eps=-0.1), "sign_eps"),
                      (dict(sign_mix=1.5), "sign_mix")):
         with pytest.raises(ValueError, match=name):
@@ -203,11 +208,14 @@ def test_errors():
 def test_choose_names_each_rule_once_and_binds_its_parameters():
     """The flags' names -> the functions cscr.Settings takes: the spec's maps from cscr.py, the ablations from
     cscr_ablations.py, their parameters bound (the run chooses once, in grpo.Credit)."""
-    assert cscr_ablations.choose() == (cscr.exp_weight, cscr.per_sequence)
-    assert cscr_ablations.choose("inverse", "batch") == (cscr.inverse_weight, cscr_ablations.per_batch)
-    assert cscr_ablations.choose("upweight")[0] is cscr_ablations.upweight
-    weight, renormalise = cscr_ablations.choose("sign_aware", "group", 2, sign_eps=0.1, sign_mix=0.3)
-    assert weight.keywords == {"eps": 0.1, "mix": 0.3} and renormalise.keywords == {"group_size": 2}
+    assert cscr_ablations.choose() == cscr.Settings()
+    assert cscr_ablations.choose("inverse", "batch", alpha=2.0) == cscr.Settings(
+        alpha=2.0, weight="inverse", renormalise=cscr_ablations.per_batch)
+    assert cscr_ablations.choose("upweight").weight_step is cscr_ablations.upweight
+    chosen = cscr_ablations.choose("sign_aware", "group", 2, sign_eps=0.1, sign_mix=0.3, w_min=0.1)
+    assert chosen.weight_step.func is cscr_ablations.sign_aware and chosen.weight_step.keywords == {"eps": 0.1,
+                                                                                                    "mix": 0.3}
+    assert chosen.renormalise.keywords == {"group_size": 2} and chosen.w_min == 0.1
     with pytest.raises(ValueError, match="weight must be one of"):
         cscr_ablations.choose("linear")
     with pytest.raises(ValueError, match="scope one of"):
@@ -221,6 +229,7 @@ def test_grpo_credit_takes_the_rules_its_flags_name():
                           cscr_alpha=2.0, num_generations=4)
     settings = grpo.Credit(cfg, None).cscr_settings
     assert (settings.alpha, settings.w_min, settings.mode) == (2.0, 0.0, "max")
-    assert settings.weight.func is cscr_ablations.sign_aware and settings.weight.keywords == {"eps": 0.1, "mix": 0.5}
+    assert settings.weight_step.func is cscr_ablations.sign_aware
+    assert settings.weight_step.keywords == {"eps": 0.1, "mix": 0.5}
     assert settings.renormalise.func is cscr_ablations.per_group and settings.renormalise.keywords == {"group_size": 4}
     assert grpo.Credit(grpo.GRPOConfig(credit="cscr"), None).cscr_settings == cscr.Settings()
