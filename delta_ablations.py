@@ -9,7 +9,7 @@ flags). Usage:
 
   step (DeltaSteps)  the paper's (delta.py)   the ablation (here)
   score              contrastive_margins      within_side_scores: Δ := −‖v − μ_own‖² (DelTA Q1)
-  temperature        lagged_temperature       FrozenTemperature: γ± of the first batch (γ⁽⁰⁾), or given, kept
+  temperature        adaptive_temperature     FrozenTemperature: γ± of the first batch (γ⁽⁰⁾), or given, kept
   assign             soft_assignment          hard_assignment: α = 1[Δ > 0]
   coefficients       bounded_coefficients     raw_coefficients: λ = α*
   normalize          self_normalization       no_normalization: λ̄ := λ
@@ -58,10 +58,11 @@ class FrozenTemperature:
             raise ValueError(f"gamma must be None or a pair (gamma_pos, gamma_neg) of finite floats > 0, got {gamma!r}")
         self.gamma = None if gamma is None else tuple(float(g) for g in gamma)
 
-    def __call__(self, gamma: tuple) -> tuple:  # (γ₊, γ₋) measured -> (γ₊, γ₋) used, 0-dim float64
+    def __call__(self, sum_margin: Tensor, sum_margin2: Tensor, count: Tensor) -> Tensor:
+        # the sums of P's and Nn's margins [2] each -> (γ₊, γ₋) used [2] float64: the kept ones (the first: measured)
         if self.gamma is None:
-            self.gamma = tuple(float(g) for g in gamma)
-        return tuple(torch.tensor(g, dtype=torch.float64) for g in self.gamma)
+            self.gamma = tuple(float(g) for g in delta.adaptive_temperature(sum_margin, sum_margin2, count))
+        return torch.tensor(self.gamma, dtype=torch.float64)
 
 
 def raw_coefficients(assign: Tensor, adv: Tensor, mask: Tensor, lam_min: float, lam_max: float) -> Tensor:
@@ -74,9 +75,15 @@ def no_normalization(n_valid: Tensor, Z: Tensor) -> Tensor:
     return torch.ones((), dtype=torch.float64, device=Z.device)
 
 
-def random_coefficients(adv: Tensor, response_mask: Tensor, lam_min: float = 0.8, lam_max: float = 1.2,
-                        u: Optional[Tensor] = None, generator: Optional[torch.Generator] = None,
-                        normalize: bool = True) -> Tensor:
+def random_coefficients(
+    adv: Tensor,
+    response_mask: Tensor,
+    lam_min: float = 0.8,
+    lam_max: float = 1.2,
+    u: Optional[Tensor] = None,
+    generator: Optional[torch.Generator] = None,
+    normalize: bool = True,
+) -> Tensor:
     """The random-coefficient control (App. F "sampled randomly from the same bounded range … same coefficient
     normalization"; spec §6 random), in place of ``delta.delta_coefficients`` (it needs no v): λ = λ_min + (λ_max −
     λ_min)·u, u ~ U(0, 1) per token, λ_min where Â = 0, 0 on padding, then λ̄ = λ·N/Z (``normalize``) and the one-side
@@ -85,8 +92,9 @@ def random_coefficients(adv: Tensor, response_mask: Tensor, lam_min: float = 0.8
     mask, non-finite Â, u outside [0, 1], not 0 <= lam_min <= lam_max."""
     B, T = response_mask.shape if response_mask.dim() == 2 else (-1, -1)
     if B < 0 or tuple(adv.shape) != (B,):
-        raise ValueError(f"adv must be [B] and response_mask [B, T], got {tuple(adv.shape)}, "
-                         f"{tuple(response_mask.shape)}")
+        raise ValueError(
+            f"adv must be [B] and response_mask [B, T], got {tuple(adv.shape)}, {tuple(response_mask.shape)}"
+        )
     if u is not None and tuple(u.shape) != (B, T):
         raise ValueError(f"u must be [B, T] = [{B}, {T}], got {tuple(u.shape)}")
     if not 0 <= lam_min <= lam_max < math.inf or lam_max <= 0:
@@ -99,7 +107,8 @@ def random_coefficients(adv: Tensor, response_mask: Tensor, lam_min: float = 0.8
         mask = (response_mask != 0).to(dtype)  # [B, T]
         if u is None:
             u = torch.rand(mask.shape, generator=generator, dtype=dtype, device=generator.device if generator else dev)
-        u, adv = u.detach().to(device=dev, dtype=dtype), adv.detach().to(device=dev, dtype=dtype)
+        u = u.detach().to(device=dev, dtype=dtype)
+        adv = adv.detach().to(device=dev, dtype=dtype)
         if not bool(((u >= 0) & (u <= 1))[mask > 0].all()):
             raise ValueError("u must lie in [0, 1] on valid tokens")
         if not (bool((mask * (adv > 0)[:, None]).any()) and bool((mask * (adv < 0)[:, None]).any())):
@@ -110,8 +119,9 @@ def random_coefficients(adv: Tensor, response_mask: Tensor, lam_min: float = 0.8
         return lam * delta.self_normalization(mask.sum(dtype=torch.float64), lam.sum(dtype=torch.float64)).to(dtype)
 
 
-def topk_proxy_vectors(hidden: Tensor, token_ids: Tensor, response_mask: Tensor, lm_head_weight: Tensor, K: int,
-                       temperature: float = 1.0) -> Tensor:
+def topk_proxy_vectors(
+    hidden: Tensor, token_ids: Tensor, response_mask: Tensor, lm_head_weight: Tensor, K: int, temperature: float = 1.0
+) -> Tensor:
     """The top-K hidden-gradient proxy (App. F; spec §6 delta_topk_proxy) in place of ``delta.proxy_vectors``:
     v_t = W_{y_t} − Σ_{j ∈ top-K(z_t/T)} p̃_t(j)·W_j, an approximation of ∇_h log p(y_t) = W_{y_t} − Σ_j p_t(j)·W_j.
 
@@ -124,11 +134,15 @@ def topk_proxy_vectors(hidden: Tensor, token_ids: Tensor, response_mask: Tensor,
     ValueError on bad shapes, a non-0/1 mask, K not in [1, V], T not > 0, a token id outside [0, V)."""
     shape = tuple(getattr(hidden, "shape", ()))
     if len(shape) != 3 or tuple(token_ids.shape) != shape[:2] or tuple(response_mask.shape) != shape[:2]:
-        raise ValueError(f"hidden must be [B, T, H] and token_ids, response_mask [B, T], got {shape}, "
-                         f"{tuple(token_ids.shape)}, {tuple(response_mask.shape)}")
+        raise ValueError(
+            f"hidden must be [B, T, H] and token_ids, response_mask [B, T], got {shape}, "
+            f"{tuple(token_ids.shape)}, {tuple(response_mask.shape)}"
+        )
     if not isinstance(lm_head_weight, Tensor) or lm_head_weight.dim() != 2 or lm_head_weight.shape[1] != shape[2]:
-        raise ValueError(f"lm_head_weight must be a [V, H] tensor with H = {shape[2]}, got shape "
-                         f"{tuple(getattr(lm_head_weight, 'shape', ()))}")
+        raise ValueError(
+            f"lm_head_weight must be a [V, H] tensor with H = {shape[2]}, got shape "
+            f"{tuple(getattr(lm_head_weight, 'shape', ()))}"
+        )
     V = lm_head_weight.shape[0]
     if isinstance(K, bool) or not isinstance(K, int) or not 1 <= K <= V:
         raise ValueError(f"K must be an int in [1, V] = [1, {V}], got {K!r}")
@@ -149,11 +163,12 @@ def topk_proxy_vectors(hidden: Tensor, token_ids: Tensor, response_mask: Tensor,
         # Tokens per block: their logits [n, V] and gathered rows [n, K, H] within delta.ROW_BLOCK_BYTES.
         n_blk = max(1, delta.ROW_BLOCK_BYTES // ((V + (K + 2) * W.shape[1]) * W.element_size()))
         for a in range(0, ids.numel(), n_blk):
-            b, t, y = b_idx[a:a + n_blk], t_idx[a:a + n_blk], ids[a:a + n_blk]
-            z = hidden[b, t].detach().to(dtype) @ W.T  # [n, V] logits z_t = h_t Wᵀ
+            tokens = slice(a, a + n_blk)  # this block's valid tokens: rows b_idx, positions t_idx, ids y
+            z = hidden[b_idx[tokens], t_idx[tokens]].detach().to(dtype) @ W.T  # [n, V] logits z_t = h_t Wᵀ
             top, j = (z / float(temperature)).topk(K, dim=-1)  # [n, K]: the K largest of z_t/T, their indices
             p = torch.softmax(top, dim=-1)  # [n, K] p̃_t, renormalised over the top K
-            v[b, t] = W[y] - torch.bmm(p[:, None, :], W[j]).squeeze(1)  # W_y − Σ_j p̃_j W_j, [n, H]
+            W_y = W[ids[tokens]]  # [n, H]
+            v[b_idx[tokens], t_idx[tokens]] = W_y - torch.bmm(p[:, None, :], W[j]).squeeze(1)  # W_y − Σ_j p̃_j W_j
         return v
 
 
@@ -161,15 +176,18 @@ def topk_proxy_vectors(hidden: Tensor, token_ids: Tensor, response_mask: Tensor,
 class TopKProxy:
     """--delta_proxy topk as a trainer's proxy step: ``(hidden, old_logp, mask, token_ids, lm_head_weight) -> v``,
     computed where W lies, returned on ``hidden``'s device. Declares ``needs_lm_head`` (W [V, H], gathered)."""
+
     needs_lm_head = True
 
     def __init__(self, K: int, temperature: float):
-        self.K, self.temperature = K, temperature
+        self.K = K
+        self.temperature = temperature
 
     def __call__(self, hidden, old_logp, mask, token_ids, lm_head_weight):
         at = lm_head_weight.device
-        return topk_proxy_vectors(hidden.to(at), token_ids.to(at), mask.to(at), lm_head_weight, self.K,
-                                  self.temperature).to(hidden.device)
+        return topk_proxy_vectors(
+            hidden.to(at), token_ids.to(at), mask.to(at), lm_head_weight, self.K, self.temperature
+        ).to(hidden.device)
 
 
 def paper_proxy(hidden, old_logp, mask, token_ids=None, lm_head_weight=None):
@@ -178,10 +196,12 @@ def paper_proxy(hidden, old_logp, mask, token_ids=None, lm_head_weight=None):
 
 
 # grpo.py's flag values -> (the DeltaSteps field, the function swapped in); any other value is the paper's step
-FLAG_STEPS = {("delta_scores", "within_side"): ("score", within_side_scores),
-              ("delta_assignment", "hard"): ("assign", hard_assignment),
-              ("delta_coefficients", "raw"): ("coefficients", raw_coefficients),
-              ("delta_normalize", False): ("normalize", no_normalization)}
+FLAG_STEPS = {
+    ("delta_scores", "within_side"): ("score", within_side_scores),
+    ("delta_assignment", "hard"): ("assign", hard_assignment),
+    ("delta_coefficients", "raw"): ("coefficients", raw_coefficients),
+    ("delta_normalize", False): ("normalize", no_normalization),
+}
 
 
 def steps_from_flags(cfg, pool=None) -> delta.DeltaSteps:
@@ -218,8 +238,15 @@ def lam_bar_from_flags(cfg, paper_lam_bar, rank: int = 0):
 
     def random_lam_bar(model, batch, adv, old, step):
         draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + rank)
-        return random_coefficients(adv, batch.response_mask, cfg.delta_lam_min, cfg.delta_lam_max, generator=draw,
-                                   normalize=cfg.delta_normalize), {}
+        return random_coefficients(
+            adv,
+            batch.response_mask,
+            cfg.delta_lam_min,
+            cfg.delta_lam_max,
+            generator=draw,
+            normalize=cfg.delta_normalize,
+        ), {}
+
     return random_lam_bar
 
 
@@ -229,6 +256,7 @@ def kept_gamma(steps: delta.DeltaSteps):
 
 
 def keep_gamma(steps: delta.DeltaSteps, gamma) -> None:
-    """--resume: give ``steps``' ``FrozenTemperature`` the (γ₊, γ₋) the run had frozen (None, or no such step: no-op)."""
+    """--resume: give ``steps``' ``FrozenTemperature`` the (γ₊, γ₋) the run had frozen (None, or no such step: a
+    no-op)."""
     if gamma and hasattr(steps.temperature, "gamma"):
         steps.temperature.gamma = tuple(gamma)

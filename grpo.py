@@ -246,7 +246,7 @@ class Credit:
         return delta.delta_token_advantages(adv, lam_bar, batch.response_mask), stats  # Ã = Â·λ̄ (spec §2.3 step 7)
 
     def _delta_lam_bar(self, model, batch, adv, old, step):
-        """DelTA's λ̄ ``[N, T]`` and stats: ``delta.delta_coefficients`` over chunks of θ_old's proxies v (App. F), from
+        """DelTA's λ̄ ``[N, T]`` and stats: ``delta.delta_coefficients_chunked`` over θ_old's proxies v (App. F), from
         h_t kept by stage 4 (one chunk) or recomputed in each of its K + 3 passes (--delta_impl; spec §2.5)."""
         cfg, mask, ids = self.cfg, batch.response_mask, batch.response_ids
         proxy = delta_ablations.proxy_for(self.proxy, model, distributed.full_weight)  # v's step, bound to the model
@@ -257,12 +257,12 @@ class Credit:
                 yield proxy(h, old.logp[rows, :t], mask[rows, :t], ids[rows, :t]), adv[rows], \
                     mask[rows, :t]
 
-        parts, stats = delta.delta_coefficients(chunks if old.hidden is None else list(chunks()), K=cfg.delta_k,
-                                                lam_min=cfg.delta_lam_min, lam_max=cfg.delta_lam_max,
-                                                steps=self.delta_steps, return_stats=True)
-        lam_bar = torch.zeros(mask.shape, dtype=parts[0].dtype)
-        for (rows, t), part in zip(layout, parts):
+        result = delta.delta_coefficients_chunked(chunks if old.hidden is None else list(chunks()), cfg.delta_k,
+                                                  cfg.delta_lam_min, cfg.delta_lam_max, self.delta_steps)
+        lam_bar = torch.zeros(mask.shape, dtype=result.lam_bar[0].dtype)
+        for (rows, t), part in zip(layout, result.lam_bar):
             lam_bar[rows, :t] = part.cpu()
+        stats = delta.delta_stats(result)
         return lam_bar, distributed.pool_min_max(stats) if self.delta_steps.pool else stats  # extremes: per process
 
     def _cscr(self, model, batch, adv, old, answers, step):

@@ -48,9 +48,9 @@ from examples.theta_old import old_logps_and_hidden  # noqa: E402  (θ_old with 
 
 class CreditGRPOTrainer(GRPOTrainer):
     """TRL's ``GRPOTrainer`` with token credit: ``credit`` "grpo" (TRL unchanged), "delta" (DelTA, ``delta_kwargs``
-    for ``delta.delta_coefficients``: K, lam_min, lam_max) or "cscr" (CSCR, ``cscr_template`` and ``cscr_kwargs``
-    for ``cscr.cscr_token_advantages`` and ``cscr.cscr_stats``: threshold, settings). The dataset's ``answer`` column
-    is CSCR's ``reference``."""
+    for ``delta.delta_coefficients_chunked``: K, lam_min, lam_max) or "cscr" (CSCR, ``cscr_template`` and
+    ``cscr_kwargs`` for ``cscr.cscr_token_advantages`` and ``cscr.cscr_stats``: threshold, settings). The dataset's
+    ``answer`` column is CSCR's ``reference``."""
 
     def __init__(self, *args, credit="grpo", delta_kwargs=None, cscr_template="verdict", cscr_kwargs=None, **kwargs):
         if credit not in ("grpo", "delta", "cscr"):
@@ -78,8 +78,9 @@ class CreditGRPOTrainer(GRPOTrainer):
                                       hidden=self.credit == "delta")
         if self.credit == "delta":
             v = delta.proxy_vectors(h, old_logp, mask)  # DelTA App. F: v_t = (1 − p(y_t))·h_t
-            lam_bar, stats = delta.delta_coefficients(v, adv, mask, return_stats=True, **self.delta_kwargs)
-            token_adv = delta.delta_token_advantages(adv, lam_bar, mask)  # Ã = Â·λ̄, over the whole batch
+            result = delta.delta_coefficients_chunked([(v, adv, mask)], **self.delta_kwargs)  # the batch: one chunk
+            stats = delta.delta_stats(result)
+            token_adv = delta.delta_token_advantages(adv, result.lam_bar[0], mask)  # Ã = Â·λ̄, over the whole batch
         else:
             texts = self.processing_class.batch_decode(response_ids, skip_special_tokens=True)
             pairs = [cscr.build_condition_prompts(x["prompt"], reference=x.get("answer"), template=self.cscr_template,

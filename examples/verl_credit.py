@@ -14,8 +14,8 @@ before a pass that also returns h_t; so, as DelTA's own release does (``recipe/d
 * ``CreditActorRolloutRefWorker`` (verl's ``ActorRolloutRefWorker``) with two worker methods, dispatched over the
   data-parallel ranks as ``compute_log_prob`` is: ``compute_log_prob_h`` runs θ_old's no-grad, eval-mode forward
   on the rank's rows once more and reads h_t (the LM head's input, a forward pre-hook) with log p(y_t) from it
-  (``old_logps_and_hidden``); λ̄ is computed there by ``delta.delta_coefficients`` with ``DeltaSteps(pool=...)`` an
-  all-reduce(SUM) over the data-parallel group, so h_t [b, T, H] never leaves the GPU that made it and λ̄ is the
+  (``old_logps_and_hidden``); λ̄ is computed there by ``delta.delta_coefficients_chunked``, ``DeltaSteps(pool=...)``
+  an all-reduce(SUM) over the data-parallel group, so h_t [b, T, H] never leaves the GPU that made it and λ̄ is the
   whole batch's (DelTA's release keeps each rank's own statistics). ``compute_condition_log_probs`` runs CSCR's
   plain pass ℓ0 and its two conditioned passes ℓ± (``cscr.condition_logprobs``) with the same function, position
   ids and temperature, so ℓ± − ℓ0 measures the prompt only; the driver turns them into w̃.
@@ -77,7 +77,7 @@ import delta  # noqa: E402
 from examples.theta_old import old_logps_and_hidden  # noqa: E402  (θ_old with h_t, shared)
 
 METHODS = ("grpo", "delta", "cscr")
-DELTA_KEYS = ("K", "lam_min", "lam_max")  # delta.delta_coefficients' keywords
+DELTA_KEYS = ("K", "lam_min", "lam_max")  # delta.delta_coefficients_chunked's keywords
 CSCR_KEYS = ("alpha", "w_min", "mode", "weight")  # cscr.Settings's fields (and credit.threshold: λ)
 
 
@@ -117,9 +117,10 @@ def delta_lambda_bar(module, data: DataProto, reduce_fn=None, return_hidden=Fals
     # all-reduce (the steps' pool) makes them the whole batch's (Eq. 2–3, App. H, Eq. 8): the one-process λ̄
     v = delta.proxy_vectors(h, logp, mask)  # DelTA App. F: v_t = (1 − p(y_t))·h_t
     keys = {k: settings[k] for k in DELTA_KEYS if k in settings}
-    lam_bar, stats = delta.delta_coefficients(v, adv.to(h.device), mask, steps=delta.DeltaSteps(pool=reduce_fn),
-                                              return_stats=True, **keys)
-    out = {"lam_bar": lam_bar, "log_probs_h": logp}
+    result = delta.delta_coefficients_chunked([(v, adv.to(h.device), mask)], steps=delta.DeltaSteps(pool=reduce_fn),
+                                              **keys)  # one chunk: λ̄ and what the statistics read
+    stats = delta.delta_stats(result)
+    out = {"lam_bar": result.lam_bar[0], "log_probs_h": logp}
     if return_hidden:
         out["hidden"] = h
     return DataProto.from_dict(tensors=out, meta_info={"metrics": stats})  # verl's collect lists each rank's

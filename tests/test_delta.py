@@ -16,6 +16,7 @@ import delta  # noqa: E402
 import delta_ablations  # noqa: E402
 from delta import (  # noqa: E402
     delta_coefficients,
+    delta_coefficients_chunked,
     delta_token_advantages,
     proxy_vectors,
 )
@@ -143,6 +144,18 @@ def chunk(v, adv, mask):
     return v, adv, mask
 
 
+def with_stats(v, adv, mask, **kw):
+    """λ̄ [B, T] and the logged statistics (``delta.delta_stats``) of the batch (v, Â, mask) as one chunk."""
+    result = delta_coefficients_chunked([(v, adv, mask)], **kw)
+    return result.lam_bar[0], delta.delta_stats(result)
+
+
+def chunks_with_stats(chunks, **kw):
+    """λ̄ [b, t] of each chunk and the logged statistics of the batch the chunks make."""
+    result = delta_coefficients_chunked(chunks, **kw)
+    return result.lam_bar, delta.delta_stats(result)
+
+
 def split_chunks(v, adv, mask, sizes, trim=True):
     """Uneven micro-batches (``chunk``); with trim, each chunk is cut to its own max length (T differs per chunk)."""
     out, s = [], 0
@@ -211,12 +224,12 @@ def test_example_lambda_bar(K):
     assert lb.dtype == F64
     assert torch.allclose(lb, exp, atol=1e-9, rtol=0)
     # the streamed path reproduces the printed numbers too (one response per micro-batch)
-    ls = delta_coefficients(split_chunks(v, adv, mask, [1, 1], trim=False), K=K)
+    ls = delta_coefficients_chunked(split_chunks(v, adv, mask, [1, 1], trim=False), K=K).lam_bar
     assert torch.allclose(torch.cat(ls), exp, atol=1e-9, rtol=0)
     # and from the example's own h and log p, which the stream turns into v chunk by chunk
     h = example1()[0]
-    ls = delta_coefficients([(proxy_vectors(h[i:i + 1], logp[i:i + 1], mask[i:i + 1]), adv[i:i + 1], mask[i:i + 1])
-                             for i in range(2)], K=K)
+    ls = delta_coefficients_chunked([(proxy_vectors(h[i:i + 1], logp[i:i + 1], mask[i:i + 1]), adv[i:i + 1],
+                                      mask[i:i + 1]) for i in range(2)], K=K).lam_bar
     assert torch.allclose(torch.cat(ls), exp, atol=1e-9, rtol=0)
     # the default is K = 1
     if K == 1:
@@ -235,7 +248,7 @@ def test_example_intermediates_via_stats():
         return float(a @ b / (a.norm() * b.norm()))
 
     # K = 0: final centroids are μ⁽⁰⁾, final temperatures γ⁽⁰⁾
-    _, s0 = delta_coefficients(v, adv, mask, K=0, return_stats=True)
+    _, s0 = with_stats(v, adv, mask, K=0)
     assert s0["delta/gamma_pos"] == pytest.approx(g_p0, abs=1e-12)
     assert s0["delta/gamma_neg"] == pytest.approx(g_n0, abs=1e-12)
     assert s0["delta/mu_pos_norm"] == pytest.approx(float(mu_p0.norm()), abs=1e-9)
@@ -243,7 +256,7 @@ def test_example_intermediates_via_stats():
     assert s0["delta/cos_mu"] == pytest.approx(cos(mu_p0, mu_n0), abs=1e-8)
 
     # K = 1: centroids μ⁽¹⁾, temperature lagged: γ⁽¹⁾ == γ⁽⁰⁾ exactly
-    lb1, s1 = delta_coefficients(v, adv, mask, K=1, return_stats=True)
+    lb1, s1 = with_stats(v, adv, mask, K=1)
     assert s1["delta/gamma_pos"] == pytest.approx(g_p0, abs=1e-12)
     assert s1["delta/gamma_neg"] == pytest.approx(g_n0, abs=1e-12)
     assert s1["delta/mu_pos_norm"] == pytest.approx(float(mu_p1.norm()), abs=1e-9)
@@ -259,7 +272,7 @@ def test_example_intermediates_via_stats():
     # K = 2: γ⁽²⁾ is the population std of the margins at μ⁽¹⁾, i.e. of the K = 1 final margins Δ(*)
     d_pos_star = np.array([0.1027674940, 0.2949246275, 0.1259282592])
     d_neg_star = np.array([-0.0821285533, 0.3289111159])
-    _, s2 = delta_coefficients(v, adv, mask, K=2, return_stats=True)
+    _, s2 = with_stats(v, adv, mask, K=2)
     assert s2["delta/gamma_pos"] == pytest.approx(float(d_pos_star.std()), abs=1e-9)
     assert s2["delta/gamma_neg"] == pytest.approx(float(d_neg_star.std()), abs=1e-9)
 
@@ -311,21 +324,21 @@ def test_example2_zero_advantage_group():
     adv = grpo_advantages([1.0, 0.0, 1.0, 1.0], [0, 0, 1, 1])
     assert torch.equal(adv[2:], torch.zeros(2, dtype=F64))
 
-    lb, st = delta_coefficients(v, adv, mask, K=1, return_stats=True)
+    lb, st = with_stats(v, adv, mask, K=1)
     exp = torch.tensor([[1.1227688471, 1.1991372152, 1.1409893559], [0.9538046559, 1.1667410255, 0],
                         [0.8055196335, 0.8055196335, 0], [0.8055196335, 0, 0]], dtype=F64)
     assert torch.allclose(lb, exp, atol=1e-9, rtol=0)
     assert st["delta/scale"] == pytest.approx(1.0068995418832392, abs=1e-12)
     assert st["delta/n_zero"] == 3.0
     # group-1 centroids / temperatures unchanged by the zero-advantage group
-    _, st1 = delta_coefficients(v[:2], adv[:2], mask[:2], K=1, return_stats=True)
+    _, st1 = with_stats(v[:2], adv[:2], mask[:2], K=1)
     for key in ("delta/gamma_pos", "delta/gamma_neg", "delta/cos_mu", "delta/mu_pos_norm"):
         assert st[key] == pytest.approx(st1[key], abs=1e-12)
     a_tok = delta_token_advantages(adv, lb, mask)
     exp_adv = torch.tensor([[0.7939163427, 0.8479168573, 0.8068001698], [-0.6744407863, -0.8250093243, 0],
                             [0, 0, 0], [0, 0, 0]], dtype=F64)
     assert torch.allclose(a_tok, exp_adv, atol=1e-9, rtol=0)
-    ls = delta_coefficients(split_chunks(v, adv, mask, [3, 1]), K=1)
+    ls = delta_coefficients_chunked(split_chunks(v, adv, mask, [3, 1]), K=1).lam_bar
     assert torch.allclose(unsplit(ls, 3), exp, atol=1e-9, rtol=0)
 
 
@@ -336,7 +349,7 @@ def test_example2_zero_advantage_group():
 @pytest.mark.parametrize("K", [0, 1, 3])
 def test_matches_numpy_reference_and_normalises(seed, K):
     v, adv, mask = random_batch(seed)
-    lb, st = delta_coefficients(v, adv, mask, K=K, return_stats=True)
+    lb, st = with_stats(v, adv, mask, K=K)
     ref = np_reference(np.where(mask.numpy()[..., None] > 0, v.numpy(), 0.0), adv.numpy(), mask.numpy(), K=K)
     assert np.allclose(lb.numpy(), ref, atol=1e-12, rtol=0)
     # Σ λ̄·mask = Σ mask, λ̄ = 0 on padding, λ̄ > 0 on valid tokens
@@ -384,10 +397,10 @@ def test_scale_invariance_of_v():
 def test_all_zero_advantages_gives_ones():
     v, _, mask = random_batch(7)
     adv = torch.zeros(v.shape[0], dtype=F64)
-    lb, st = delta_coefficients(v, adv, mask, return_stats=True)
+    lb, st = with_stats(v, adv, mask)
     assert torch.equal(lb, mask)
     assert st["delta/fallback"] == 1.0 and st["delta/n_zero"] == float(mask.sum())
-    ls = delta_coefficients(split_chunks(v, adv, mask, [5, 7]))
+    ls = delta_coefficients_chunked(split_chunks(v, adv, mask, [5, 7])).lam_bar
     assert torch.equal(unsplit(ls, v.shape[1]), mask)
 
 
@@ -396,7 +409,7 @@ def test_one_side_empty_gives_ones(sign):
     v, adv, mask = random_batch(8)
     adv = torch.where(adv * sign > 0, adv, torch.zeros_like(adv))  # only one side (plus zeros) left
     assert (adv != 0).any()
-    lb, st = delta_coefficients(v, adv, mask, K=1, return_stats=True)
+    lb, st = with_stats(v, adv, mask, K=1)
     assert torch.equal(lb, mask)
     assert st["delta/fallback"] == 1.0
     assert math.isnan(st["delta/gamma_pos"]) and math.isnan(st["delta/cos_mu"])
@@ -408,7 +421,7 @@ def test_one_side_empty_gives_ones(sign):
     mask2[-1] = 0
     adv2[-1] = -sign
     assert torch.equal(delta_coefficients(v2, adv2, mask2), mask2)
-    ls = delta_coefficients(split_chunks(v, adv, mask, [4, 4, 4]), K=1)
+    ls = delta_coefficients_chunked(split_chunks(v, adv, mask, [4, 4, 4]), K=1).lam_bar
     assert torch.equal(unsplit(ls, v.shape[1]), mask)
 
 
@@ -447,14 +460,13 @@ def test_lambda_does_not_depend_on_the_row_block(K, monkeypatch):
     v, adv, mask = random_batch(41)
     row_bytes = v.shape[1] * v.shape[2] * v.element_size()
     v_zero = v.masked_fill(mask[..., None] == 0, 0.0)
-    ref = {name: delta_coefficients(x, adv, mask, K=K, return_stats=True) for name, x in (("zero", v_zero),
-                                                                                          ("garbage", v))}
+    ref = {name: with_stats(x, adv, mask, K=K) for name, x in (("zero", v_zero), ("garbage", v))}
     assert torch.equal(ref["zero"][0], ref["garbage"][0])
     for rows in (1, 2, 5, 7, 12, 100):
         monkeypatch.setattr(delta, "ROW_BLOCK_BYTES", rows * row_bytes)
         assert delta._block_rows(v) == rows
         for name, x in (("zero", v_zero), ("garbage", v)):
-            lam_bar, stats = delta_coefficients(x, adv, mask, K=K, return_stats=True)
+            lam_bar, stats = with_stats(x, adv, mask, K=K)
             assert torch.equal(lam_bar, ref[name][0]), (rows, name)
             assert stats == ref[name][1], (rows, name)
 
@@ -468,13 +480,13 @@ def test_prepare_copies_v_only_when_its_padding_is_not_plus_zero(monkeypatch):
     pv = proxy_vectors(h, torch.log(torch.rand(mask.shape, dtype=F64)), mask)
     pad = (mask == 0)[..., None].expand_as(pv)
     assert torch.all(pv[pad] == 0) and not torch.signbit(pv[pad]).any()  # +0.0, even under NaN
-    assert delta._prepare(pv, adv, mask)[0].data_ptr() == pv.data_ptr()
+    assert delta._prepare(pv, adv, mask, F64)[0].data_ptr() == pv.data_ptr()
     last = int(mask[-1].sum())  # the last row's first padded token (the last block)
     assert last < mask.shape[1]
     for bad in (-0.0, float("nan")):
         x = pv.clone()
         x[-1, last, 0] = bad
-        out = delta._prepare(x, adv, mask)[0]
+        out = delta._prepare(x, adv, mask, F64)[0]
         assert out.data_ptr() != x.data_ptr() and torch.equal(out, pv) and not torch.signbit(out[pad]).any()
         assert x[-1, last, 0].isnan() or torch.signbit(x[-1, last, 0])  # the caller's v untouched
     out = delta._prepare(h.float(), adv, mask, dtype=F64)[0]  # converted: masked in place on the new copy
@@ -501,7 +513,7 @@ def test_no_gradient_into_lambda():
     v = v.masked_fill(mask[..., None] == 0, 0.0).requires_grad_(True)
     lb = delta_coefficients(v, adv, mask)
     assert not lb.requires_grad and lb.grad_fn is None
-    ls = delta_coefficients(split_chunks(v, adv, mask, [5, 7], trim=False))
+    ls = delta_coefficients_chunked(split_chunks(v, adv, mask, [5, 7], trim=False)).lam_bar
     assert all(not x.requires_grad for x in ls)
     # using λ̄ in a loss leaves v without a gradient path
     loss = (lb * (v ** 2).sum(-1)).sum()
@@ -525,8 +537,8 @@ def test_streaming_equals_whole_batch(K, dtype):
         # κ = Σ|Â|·‖v‖ / ‖Σ|Â|·v‖ of the centroid sums (their cancellation), relative; absolute for the cosine
         rel = 1e-10 if dtype == F64 else \
             (K + 3) * v.shape[0] * v.shape[1] * 2.0 ** -24 * centroid_condition(v64, adv64, mask.double())
-        lb, st = delta_coefficients(v, adv, mask, K=K, return_stats=True)
-        ls, st_s = delta_coefficients(split_chunks(v, adv, mask, sizes), K=K, return_stats=True)
+        lb, st = with_stats(v, adv, mask, K=K)
+        ls, st_s = chunks_with_stats(split_chunks(v, adv, mask, sizes), K=K)
         assert all(x.dtype == dtype for x in ls)
         assert torch.allclose(unsplit(ls, v.shape[1]), lb, atol=tol, rtol=0)
         for key in delta.STAT_KEYS:
@@ -544,7 +556,7 @@ def test_streaming_callable_passes_and_recompute(K, expected_passes):
         # a fresh generator each call, as when h is recomputed by re-running the forward pass
         return ((c[0].clone(), *c[1:]) for c in chunks)
 
-    ls = delta_coefficients(make, K=K)
+    ls = delta_coefficients_chunked(make, K=K).lam_bar
     assert len(calls) == expected_passes
     assert torch.allclose(unsplit(ls, v.shape[1]), delta_coefficients(v, adv, mask, K=K), atol=1e-12)
 
@@ -553,9 +565,9 @@ def test_streaming_rejects_bad_chunks():
     v, adv, mask = random_batch(15)
     chunks = split_chunks(v, adv, mask, [6, 6])
     with pytest.raises(ValueError, match="one-shot"):
-        delta_coefficients(iter(chunks))
-    with pytest.raises(ValueError, match="empty"):
-        delta_coefficients([])
+        delta_coefficients_chunked(iter(chunks))
+    with pytest.raises(ValueError, match="yielded 0 chunks, expected at least one"):
+        delta_coefficients_chunked([])
     state = {"n": 0}
 
     def changing():  # advantages differ between passes
@@ -563,7 +575,7 @@ def test_streaming_rejects_bad_chunks():
         return [(c[0], c[1] * state["n"], c[2]) for c in chunks]
 
     with pytest.raises(ValueError, match="changed between passes"):
-        delta_coefficients(changing)
+        delta_coefficients_chunked(changing)
     with pytest.raises(ValueError, match="expected 2"):
         state2 = {"n": 0}
 
@@ -571,13 +583,17 @@ def test_streaming_rejects_bad_chunks():
             state2["n"] += 1
             return chunks if state2["n"] == 1 else chunks[:1]
 
-        delta_coefficients(shrinking)
-    with pytest.raises(ValueError, match="adv"):
-        delta_coefficients([chunk(v[:2], adv[:3], mask[:2])])
+        delta_coefficients_chunked(shrinking)
+    with pytest.raises(ValueError, match=r"^adv must be a tensor of shape \[2\]"):  # one chunk: no chunk named
+        delta_coefficients_chunked([chunk(v[:2], adv[:3], mask[:2])])
+    with pytest.raises(ValueError, match=r"^adv in chunks\[1\] must be a tensor of shape \[2\]"):
+        delta_coefficients_chunked([chunk(v[:2], adv[:2], mask[:2]), chunk(v[2:4], adv[2:5], mask[2:4])])
     with pytest.raises(ValueError, match=r"\(v, adv, response_mask\) tuple"):
-        delta_coefficients([(v, torch.zeros(mask.shape, dtype=F64), mask, adv)])  # (h, log p, mask, Â): not a chunk
-    with pytest.raises(ValueError, match="chunks carry their own"):
-        delta_coefficients(chunks, adv, mask)
+        delta_coefficients_chunked([(v, torch.zeros(mask.shape, dtype=F64), mask, adv)])  # (h, log p, mask, Â)
+    with pytest.raises(ValueError, match=r"chunks\[0\] must be a \(v, adv, response_mask\) tuple"):
+        delta_coefficients_chunked(v)  # a [B, T, H] tensor is one chunk of delta_coefficients, not a list of chunks
+    with pytest.raises(ValueError, match="v must be a 3-dim tensor"):
+        delta_coefficients(chunks, adv, mask)  # chunks go to delta_coefficients_chunked
 
 
 class FakeAllReduce:
@@ -608,8 +624,8 @@ def run_ranks(rank_chunks, K, use_reduce=True):
 
     def work(r):
         try:
-            results[r] = delta_coefficients(rank_chunks[r], K=K, steps=delta.DeltaSteps(
-                pool=fake.for_rank(r) if use_reduce else None), return_stats=True)
+            results[r] = chunks_with_stats(rank_chunks[r], K=K, steps=delta.DeltaSteps(
+                pool=fake.for_rank(r) if use_reduce else None))
         except Exception as e:  # pragma: no cover - surfaced below
             errors.append(e)
             fake.barrier.abort()
@@ -631,7 +647,7 @@ def test_streaming_reduce_fn_two_ranks_equals_union(K):
     rank_chunks = [split_chunks(v[:7], adv[:7], mask[:7], [3, 4]),
                    split_chunks(v[7:], adv[7:], mask[7:], [2, 5, 2])]
     (res0, st0), (res1, st1) = run_ranks(rank_chunks, K)[0]
-    lb, st = delta_coefficients(v, adv, mask, K=K, return_stats=True)
+    lb, st = with_stats(v, adv, mask, K=K)
     union = torch.cat([unsplit(res0, 7), unsplit(res1, 7)])
     assert torch.allclose(union, lb, atol=1e-12, rtol=0)
     for key in delta.STAT_KEYS:
@@ -684,7 +700,7 @@ def test_validation_errors():
     with pytest.raises(ValueError, match="lam_min"):
         delta_coefficients(v, adv, mask, lam_min=1.3, lam_max=1.2)
     with pytest.raises(ValueError, match="lam_min"):
-        delta_coefficients([chunk(v, adv, mask)], lam_min=1.3, lam_max=1.2)
+        delta_coefficients_chunked([chunk(v, adv, mask)], lam_min=1.3, lam_max=1.2)
     with pytest.raises(ValueError, match="old_logp"):
         proxy_vectors(v, adv, mask)
     with pytest.raises(ValueError, match="hidden"):
@@ -856,11 +872,11 @@ def test_float32_lambda_bar_is_bit_identical_to_the_recorded_one(case, how):
          "topk_proxy": delta_ablations.topk_proxy_vectors(torch.nan_to_num(h), x["ids"], mask, x["W"], 3)}.get(case, v)
     want, kw = BITS["cases"][case], recorded_steps(BITS["cases"][case]["kw"])
     if how == "tensor":
-        lam_bar, stats = delta_coefficients(v, adv, mask, return_stats=True, **kw)
+        lam_bar = delta_coefficients(v, adv, mask, **kw)
+        stats = with_stats(v, adv, mask, **kw)[1]
     else:
         chunks = [(v, adv, mask)]
-        (lam_bar,), stats = delta_coefficients(chunks if how == "one-chunk list" else (lambda: iter(chunks)),
-                                               return_stats=True, **kw)
+        (lam_bar,), stats = chunks_with_stats(chunks if how == "one-chunk list" else (lambda: iter(chunks)), **kw)
     assert lam_bar.dtype == torch.float32 and torch.equal(lam_bar, want["lam_bar"])
     assert {k: s for k, s in stats.items() if s == s} == {k: s for k, s in want["stats"].items() if s == s}
     assert {k for k, s in stats.items() if s != s} == {k for k, s in want["stats"].items() if s != s}  # NaNs
@@ -873,19 +889,28 @@ def test_random_coefficients_float32_bit_identical_to_the_recorded_draw():
 
 
 def test_delta_py_budgets_and_imports():
-    """delta.py is read in one sitting and copied alone: within 350 lines, no function over 60, no public function
-    with more than 8 parameters, imports torch and the standard library's typing and math only."""
+    """delta.py is read in one sitting and copied alone (issue #44's budgets): within 360 lines (as ruff formats it
+    at 120), no function over 60, no public function with more than 8 parameters, at most 2 assignments that pack
+    several values into a tuple, no call at import time (module level: constants, imports, defs, classes whose
+    fields are plain defaults), imports torch and the standard library's typing and math only."""
     import ast
 
     source = (Path(__file__).resolve().parents[1] / "delta.py").read_text(encoding="utf-8")
     tree = ast.parse(source)
-    assert len(source.splitlines()) <= 350
+    assert len(source.splitlines()) <= 360
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef):
             assert node.end_lineno - node.lineno + 1 <= 60, node.name
             a = node.args
             if not node.name.startswith("_"):
                 assert len(a.posonlyargs + a.args + a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg) <= 8, node.name
+            assert not [d for d in a.defaults + a.kw_defaults if isinstance(d, ast.Call)], node.name  # import time
+    packed = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, (ast.Tuple, ast.List))
+              and any(isinstance(t, (ast.Tuple, ast.List)) for t in n.targets)]
+    assert len(packed) <= 2, [n.lineno for n in packed]
+    top = [n.value for n in tree.body if isinstance(n, (ast.Assign, ast.Expr))]
+    top += [n.value for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body if isinstance(n, ast.AnnAssign)]
+    assert not [n for value in top if value is not None for n in ast.walk(value) if isinstance(n, ast.Call)]
     imported = {alias.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for alias in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     assert imported <= {"torch", "typing", "math", "__future__"}, imported

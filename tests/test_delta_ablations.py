@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import delta  # noqa: E402
 import delta_ablations  # noqa: E402
-from delta import delta_coefficients  # noqa: E402
+from delta import delta_coefficients, delta_coefficients_chunked  # noqa: E402
 from delta_ablations import random_coefficients, topk_proxy_vectors  # noqa: E402
 
 F64 = torch.float64
@@ -97,23 +97,28 @@ def with_steps(kw):
     steps = dict(swaps[key, value] for key, value in kw.items() if (key, value) in swaps)
     if kw.get("gamma") is not None:
         steps["temperature"] = delta_ablations.FrozenTemperature(kw["gamma"])
-    rest = {key: value for key, value in kw.items() if key in ("K", "lam_min", "lam_max", "return_stats")}
+    rest = {key: value for key, value in kw.items() if key in ("K", "lam_min", "lam_max")}
     return {**rest, "steps": delta.DeltaSteps(**steps)}
 
 
+def with_stats(v, adv, mask, **kw):
+    """λ̄ [B, T] and the logged statistics (``delta.delta_stats``) of the batch (v, Â, mask) as one chunk."""
+    result = delta_coefficients_chunked([(v, adv, mask)], **kw)
+    return result.lam_bar[0], delta.delta_stats(result)
+
+
 def stream(v, adv, mask, sizes, **kw):
-    """delta_coefficients on row chunks (v, Â, mask) of ``sizes`` (each cut to its own length); λ̄ re-padded to
-    [B, T]."""
+    """delta_coefficients_chunked on row chunks (v, Â, mask) of ``sizes`` (each cut to its own length); λ̄ re-padded
+    to [B, T] (and, with ``return_stats``, the statistics)."""
     chunks, s = [], 0
     for n in sizes:
         L = max(int(mask[s:s + n].sum(1).max()), 1)
         chunks.append((v[s:s + n, :L], adv[s:s + n], mask[s:s + n, :L]))
         s += n
     assert s == v.shape[0]
-    out = delta_coefficients(chunks, **with_steps(kw))
-    lams, stats = out if kw.get("return_stats") else (out, None)
-    lam = torch.cat([torch.nn.functional.pad(x, (0, v.shape[1] - x.shape[1])) for x in lams])
-    return (lam, stats) if stats is not None else lam
+    result = delta_coefficients_chunked(chunks, **with_steps(kw))
+    lam = torch.cat([torch.nn.functional.pad(x, (0, v.shape[1] - x.shape[1])) for x in result.lam_bar])
+    return (lam, delta.delta_stats(result)) if kw.get("return_stats") else lam
 
 
 def random_batch(seed, B=12, T=8, H=5, group=4):
@@ -212,6 +217,8 @@ def expected(rows):
 
 def coefficients_of(impl, v, adv, mask, **kw):
     if impl == "batch":
+        if kw.get("return_stats"):
+            return with_stats(v, adv, mask, **with_steps(kw))
         return delta_coefficients(v, adv, mask, **with_steps(kw))
     return stream(v, adv, mask, [1, v.shape[0] - 1], **kw)
 
@@ -341,7 +348,7 @@ def test_variants_stream_from_hidden_and_old_logp(kw):
     logp = -torch.rand(mask.shape, generator=torch.Generator().manual_seed(2), dtype=F64) * 3
     chunks = lambda: ((delta.proxy_vectors(v[s], logp[s], mask[s]), adv[s], mask[s])  # noqa: E731
                       for s in (slice(0, 6), slice(6, None)))  # v made afresh in each pass, as the trainer does
-    lb = torch.cat(delta_coefficients(chunks, **with_steps(kw)))
+    lb = torch.cat(delta_coefficients_chunked(chunks, **with_steps(kw)).lam_bar)
     torch.testing.assert_close(lb, delta_coefficients(delta.proxy_vectors(v, logp, mask), adv, mask, **with_steps(kw)),
                                atol=1e-10, rtol=0)
 
@@ -351,7 +358,7 @@ def test_variants_stream_from_hidden_and_old_logp(kw):
 def test_one_side_empty_gives_ones_for_every_variant(kw, case):
     v, adv, mask = random_batch(4)
     adv = {"no_negative": adv.clamp(min=0), "no_positive": adv.clamp(max=0), "all_zero": adv * 0}[case]
-    lb, st = delta_coefficients(v, adv, mask, **with_steps({**kw, "return_stats": True}))
+    lb, st = with_stats(v, adv, mask, **with_steps(kw))
     assert torch.equal(lb, mask) and st["delta/fallback"] == 1.0
     assert math.isnan(st["delta/gamma0_pos"]) and math.isnan(st["delta/gamma0_neg"])
     assert torch.equal(stream(v, adv, mask, [6, 6], **kw), mask)
@@ -378,7 +385,7 @@ def test_default_call_is_unchanged_by_the_default_keywords():
     for K in (0, 1, 2):
         base = delta_coefficients(v.float(), adv.float(), mask.float(), K=K)
         same = delta_coefficients(v.float(), adv.float(), mask.float(), K=K, steps=delta.DeltaSteps(
-            score=delta.contrastive_margins, temperature=delta.lagged_temperature, assign=delta.soft_assignment,
+            score=delta.contrastive_margins, temperature=delta.adaptive_temperature, assign=delta.soft_assignment,
             coefficients=delta.bounded_coefficients, normalize=delta.self_normalization))
         assert base.dtype == torch.float32 and torch.equal(base, same)
 
@@ -389,7 +396,7 @@ def test_ablation_validation_errors():
         with pytest.raises(ValueError, match="gamma"):
             delta_ablations.FrozenTemperature(gamma)
     with pytest.raises(ValueError, match=r"\(v, adv, response_mask\) tuple"):  # the former (v, None, mask, Â) chunk
-        delta_coefficients([(v[:6], None, mask[:6], adv[:6])])
+        delta_coefficients_chunked([(v[:6], None, mask[:6], adv[:6])])
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -475,8 +482,8 @@ def test_topk_proxy_dtype_grad_stream_and_errors():
     chunks = [(topk_proxy_vectors(h[i:i + 1], y[i:i + 1], mask[i:i + 1], W, 2), adv[i:i + 1], mask[i:i + 1])
               for i in range(2)]
     v64 = topk_proxy_vectors(h, y, mask, W, 2)
-    torch.testing.assert_close(torch.cat(delta_coefficients(chunks)), delta_coefficients(v64, adv, mask),
-                               atol=1e-10, rtol=0)
+    streamed = torch.cat(delta_coefficients_chunked(chunks).lam_bar)
+    torch.testing.assert_close(streamed, delta_coefficients(v64, adv, mask), atol=1e-10, rtol=0)
     for K in (0, 4, 2.0, True):
         with pytest.raises(ValueError, match="K must"):
             topk_proxy_vectors(h, y, mask, W, K)
@@ -503,11 +510,11 @@ def test_frozen_temperature_keeps_the_first_batchs_gamma0():
     steps = delta.DeltaSteps(temperature=frozen)
     v1, adv1, mask1 = random_batch(21)
     assert torch.equal(delta_coefficients(v1, adv1.clamp(min=0), mask1, steps=steps), mask1) and frozen.gamma is None
-    lb1, st1 = delta_coefficients(v1, adv1, mask1, steps=steps, return_stats=True)
+    lb1, st1 = with_stats(v1, adv1, mask1, steps=steps)
     assert torch.equal(lb1, delta_coefficients(v1, adv1, mask1))
     assert frozen.gamma == (st1["delta/gamma0_pos"], st1["delta/gamma0_neg"])
     v2, adv2, mask2 = random_batch(22)
-    lb2, st2 = delta_coefficients(v2, adv2, mask2, steps=steps, return_stats=True)
+    lb2, st2 = with_stats(v2, adv2, mask2, steps=steps)
     assert (st2["delta/gamma_pos"], st2["delta/gamma_neg"]) == frozen.gamma != (st2["delta/gamma0_pos"],
                                                                                st2["delta/gamma0_neg"])
     torch.testing.assert_close(lb2, torch.tensor(np_reference(v2.numpy(), adv2.numpy(), mask2.numpy(),
@@ -572,7 +579,8 @@ def test_trainer_keeps_frozen_gamma_in_the_ablations_object_and_resumes_it():
     assert delta_ablations.kept_gamma(credit.delta_steps) is None
     delta_ablations.keep_gamma(credit.delta_steps, [0.25, 0.5])  # as read back from a checkpoint's JSON
     assert delta_ablations.kept_gamma(credit.delta_steps) == (0.25, 0.5)
-    assert credit.delta_steps.temperature((1.0, 2.0)) == (0.25, 0.5)
+    sums = torch.tensor([[1.0, 2.0], [5.0, 9.0], [1.0, 1.0]], dtype=F64)  # Σ Δ, Σ Δ², count of P, Nn: γ = 0 (ε)
+    assert torch.equal(credit.delta_steps.temperature(*sums), torch.tensor([0.25, 0.5], dtype=F64))
     sampler = type("Sampler", (), {"position": 3})()
     state = {**run_setup.trainer_state(sampler, credit), "step": 4}
     assert state["delta_gamma"] == (0.25, 0.5)
@@ -581,5 +589,5 @@ def test_trainer_keeps_frozen_gamma_in_the_ablations_object_and_resumes_it():
     plain = grpo.Credit(GRPOConfig(credit="delta"), None)
     delta_ablations.keep_gamma(plain.delta_steps, None)  # what a run without the flag saved
     assert delta_ablations.kept_gamma(plain.delta_steps) is None and plain.delta_steps == delta.DeltaSteps()
-    assert not hasattr(delta.lagged_temperature, "gamma")
+    assert not hasattr(delta.adaptive_temperature, "gamma")
     assert grpo.Credit(GRPOConfig(credit="delta", delta_coefficients="random"), None).needs_hidden() is False
