@@ -229,8 +229,9 @@ def test_a_folder_with_a_checkpoint_or_foreign_files_is_still_refused_and_the_no
     assert run.set_aside == ["config.json", "metrics.jsonl", "samples"]  # stopped before a checkpoint: start again
     assert run.interrupted_note().startswith(f"{folder} holds the logs of 2 steps and no checkpoint")
     (folder / "notes.txt").write_text("mine")  # a file the trainer never writes: not its folder to tidy
-    with pytest.raises(ValueError, match="already holds a run .*pass --resume"):
-        checkpoint.RunFolder(str(folder), {}, say=lambda *a: None)
+    with pytest.raises(ValueError, match=r"holds files this trainer did not write \(notes.txt\) and no checkpoint "
+                                         r"to resume: --overwrite_output_dir deletes them all"):
+        checkpoint.RunFolder(str(folder), {}, say=lambda *a: None)  # (--resume would refuse it: not named)
     (folder / "notes.txt").unlink()
     (folder / "checkpoint-2").mkdir()
     (folder / "checkpoint-2" / "trainer_state.json").write_text('{"step": 2}')
