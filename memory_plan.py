@@ -105,13 +105,15 @@ def shipped_config(model: str) -> Path | None:
     return folder if (folder / "config.json").is_file() else None
 
 
-def read_model_config(model: str, trust_remote_code: bool = False) -> dict:
+def read_model_config(model: str, trust_remote_code: bool = False, before_download=None) -> dict:
     """The text model's config of ``model`` (a folder, a hub id, or ``"toy"``: the shipped toy_model/) as a dict,
     from config.json only: never weights. ``transformers.AutoConfig`` from the local files first (a folder holding
     only config.json works; a hub id in the local cache), then a hub id's copy in model_configs/
-    (``shipped_config``), then the hub (config.json alone is downloaded); a multimodal config gives its text config.
+    (``shipped_config``), then the hub (config.json alone is downloaded), after ``before_download()`` (grpo.py's
+    preflight: hub.require_hub, which fails in seconds where the hub cannot answer, instead of the hub client's
+    half a minute of retries); a multimodal config gives its text config.
     A config AutoConfig does not know (a ``model_type`` of a newer transformers) is read as JSON.
-    Raises ValueError (one line) when it cannot be read."""
+    Raises ValueError (one line) when it cannot be read (``before_download``'s line after "cannot read ...: ")."""
     from transformers import AutoConfig
 
     path = str(Path(__file__).resolve().parent / "toy_model") if model == "toy" else os.path.expanduser(model)
@@ -123,6 +125,8 @@ def read_model_config(model: str, trust_remote_code: bool = False) -> dict:
                 raise
             shipped = shipped_config(model)
             path = str(shipped) if shipped else path
+            if shipped is None and before_download is not None:  # the hub is next: can it answer?
+                before_download()
             config = AutoConfig.from_pretrained(path, local_files_only=shipped is not None,
                                                 trust_remote_code=trust_remote_code)
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
