@@ -103,7 +103,9 @@ def check(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] |
         one_gpu = recipes.apply(dataclasses.replace(cfg, recipe="delta_one_gpu"), given)
         one = memory_plan.plan(model_config, one_gpu, processes=processes, gpu_memory_gb=cfg.gpu_memory_gb,
                                prompt_tokens=min(longest, recipes.DELTA_ONE_GPU["max_prompt_length"]))
-        verdict += f"; or --recipe delta_one_gpu (LoRA, vLLM: {one.verdict().split(';')[0]})"
+        n = one.parts["vllm_sequences"]
+        verdict += (f"; or --recipe delta_one_gpu (LoRA and vLLM: {one.verdict().split(';')[0]}" +
+                    (f", vLLM's KV cache holding {n:,} sequence{'s' * (n != 1)} at once)" if n else ")"))
     if cfg.use_vllm and cfg.vllm_gpu_memory_utilization is None:  # not given: the plan's share (vllm_share)
         cfg.vllm_gpu_memory_utilization = the_plan.parts["vllm_share"]
     if cfg.dry_run:
