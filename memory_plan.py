@@ -80,8 +80,8 @@ VLLM_DEFAULT_SHARE = 0.3
 VLLM_HEADROOM = 0.10
 # A suggested flag set (``suggest``) must leave a usable run: on a GPU with vLLM, a KV cache that holds at least this
 # many sequences at once. One sequence at a time decodes the process's rows one after another (2,048 rows of the
-# paper's recipe: 2,048 passes); 4 is the fewest that the plans of docs/scaling.md hold (the paper's 14B run, 8 × 80
-# GB), so every run documented there counts as usable and none with fewer does.
+# paper's recipe: 2,048 passes). 4: the fewest that any plan of docs/scaling.md holds (the paper's 14B run on 8 × 80
+# GB), so that each run documented there counts as usable; a judgement of throughput, not a measured bound.
 MIN_VLLM_SEQUENCES = 4
 # A GPU's memory beyond the tensors: the CUDA context (about 0.5 GB with cuBLAS workspaces) and the caching
 # allocator's free blocks (a fraction of the largest stage, and of no more than the GPU has: a stage planned past the
