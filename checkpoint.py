@@ -54,6 +54,10 @@ _CKPT_RE = re.compile(r"checkpoint-(\d+)")
 # its first checkpoint are moved by the next run there (RunFolder)
 RUN_FILES = re.compile(r"config\.json|metrics\.jsonl|samples|tensorboard|summary\.json|"
                        r"(checkpoint-\d+|final)(\.tmp.*)?")
+# What report.py writes into a run's folder (``python report.py runs/x``): its page, report.html by default (any
+# ``--output <name>.html``), and the page's numbers beside it (<name>.json). Part of the run for RunFolder: moved
+# aside with its logs, deleted with it.
+REPORT_PAGE = re.compile(r".+\.html")
 SET_ASIDE = re.compile(r"interrupted-(\d+)")
 # A save's temporary folders: ``_new_tmp_dir``'s <name>.tmp-<pid>-<hex> (group 2: the pid) and ``_replace_dir``'s
 # <name>.tmp-old-<pid> (group 3), the checkpoint it replaces, for the moment between its two renames
@@ -466,9 +470,11 @@ class RunFolder:
           the checkpoint, metrics.jsonl and config.json fit together and the training settings did not change;
         * ``config["overwrite_output_dir"]``: a new run; the earlier one is deleted by ``start`` (after the model
           loaded, so a run that fails to start loses nothing);
-        * a run of this trainer that stopped before its first complete checkpoint (only its own files there): a new
-          run; ``start`` moves those files into ``interrupted-<k>/`` (``set_aside``), with one line;
-        * otherwise an earlier run there stops this one: ValueError naming both ways forward.
+        * a run of this trainer that stopped before its first complete checkpoint (only its own files there, and
+          report.py's page on it): a new run; ``start`` moves those files into ``interrupted-<k>/`` (``set_aside``),
+          with one line;
+        * otherwise an earlier run there stops this one: ValueError naming the ways forward that work (--resume only
+          where a checkpoint is: no message sends the user to a command that refuses in turn).
         The trackers of ``config["report_to"]`` are imported here (``import_trackers``) and opened by ``start``.
         First the temporary folders of saves whose process is gone are removed (``clear_stale_saves``, one line);
         nothing is written here: a run that fails before ``start`` leaves no folder behind.
@@ -487,10 +493,15 @@ class RunFolder:
                    if os.path.isdir(path) else [])
         if config.get("resume"):
             self.resume_from = latest_checkpoint(path)
-            if self.resume_from is None and earlier:
+            if self.resume_from is None and earlier and self._stopped_before_a_checkpoint(earlier):
                 raise ValueError(f"--resume: {path} holds no complete checkpoint-<step>/ (the run stopped before its "
                                  f"first --save_steps); run the same command without --resume to start again (its "
                                  f"logs are moved aside), or with --overwrite_output_dir to delete them")
+            if self.resume_from is None and earlier:  # not this trainer's logs alone: nothing it may move aside
+                raise ValueError(f"--resume: {path} holds no complete checkpoint-<step>/ and files this trainer did "
+                                 f"not write ({self._listed(self._foreign(earlier) or earlier)}): "
+                                 f"--overwrite_output_dir deletes them all and starts again, or choose another "
+                                 f"--output_dir")
             if self.resume_from is None:
                 say(f"[resume] {path} is empty: starting from step 0")
             else:
@@ -499,15 +510,32 @@ class RunFolder:
             if self._stopped_before_a_checkpoint(earlier):  # nothing to resume: start again, its logs kept aside
                 self.set_aside = earlier
                 return
-            raise ValueError(f"{path} already holds a run ({', '.join(earlier[:4])}{', ...' if len(earlier) > 4 else ''}"
-                             f"): pass --resume to continue it, or --overwrite_output_dir to delete it and start "
-                             f"again (or choose another --output_dir)")
+            if latest_checkpoint(path) is None:  # --resume would refuse it too: name only what works
+                raise ValueError(f"{path} holds files this trainer did not write "
+                                 f"({self._listed(self._foreign(earlier) or earlier)}) and no checkpoint to resume: "
+                                 f"--overwrite_output_dir deletes them all and starts again, or choose another "
+                                 f"--output_dir")
+            raise ValueError(f"{path} already holds a run ({self._listed(earlier)}): pass --resume to continue it, or "
+                             f"--overwrite_output_dir to delete it and start again (or choose another --output_dir)")
+
+    @staticmethod
+    def _foreign(names: list[str]) -> list[str]:
+        """The names of a folder's listing that are neither what a run of this trainer writes (``RUN_FILES``) nor
+        what report.py writes about it (``REPORT_PAGE``: a page, and the <name>.json of its numbers beside it)."""
+        pages = {n.removesuffix(".html") for n in names if REPORT_PAGE.fullmatch(n)}
+        return [n for n in names if not (RUN_FILES.fullmatch(n) or REPORT_PAGE.fullmatch(n)
+                                         or n.endswith(".json") and n.removesuffix(".json") in pages)]
+
+    @staticmethod
+    def _listed(names: list[str]) -> str:
+        return f"{', '.join(names[:4])}{', ...' if len(names) > 4 else ''}"
 
     def _stopped_before_a_checkpoint(self, names: list[str]) -> bool:
         """Whether the folder holds a run of this trainer (its config.json) that stopped (Ctrl-C, a crash) before
-        its first complete checkpoint, and nothing else: nothing to resume. TRL's trainer never refuses a folder;
-        this one starts again there, after moving those logs aside (``start``)."""
-        if latest_checkpoint(self.path) is not None or not all(RUN_FILES.fullmatch(n) for n in names):
+        its first complete checkpoint, and nothing else (report.py's page on it included: ``_foreign``): nothing
+        to resume. TRL's trainer never refuses a folder; this one starts again there, after moving those logs aside
+        (``start``)."""
+        if latest_checkpoint(self.path) is not None or self._foreign(names):
             return False
         try:
             with open(os.path.join(self.path, "config.json")) as f:

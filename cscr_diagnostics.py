@@ -437,7 +437,8 @@ def summary_table(report: dict) -> str:
             ("", "corr(s, 1 - p0 top-1)", pair("d7_pearson_s_1_minus_top1", "d7_spearman_s_1_minus_top1"), "")]
     head = (f"CSCR diagnostics: {report['config']['num_trajectories']} trajectories (accuracy "
             f"{report['accuracy']:.3f}), {d.get('d1_num_affected', 0)} of {d.get('num_valid_tokens', 0)} tokens "
-            f"affected (|d+| and |d-| > {report['config']['tau']} nats); the paper: {paper['num_trajectories']}")
+            f"affected (|d+| and |d-| > {report['config']['tau']} nats); the paper: {paper['num_trajectories']} "
+            f"on-policy trajectories, each re-scored under both conditions")
     lines = [head, f"{'':<4} {'':<36} {'this run':>15}   the paper [S2]"]
     lines += [f"{i:<4} {name:<36} {value:>15}   {ref}".rstrip() for i, name, value, ref in rows]
     return "\n".join(lines)
@@ -740,7 +741,8 @@ def _parser():
                                                    "(policy.load_model_and_tokenizer)")
     ap.add_argument("--data", required=True, help="a jsonl file of {problem, answer} rows, a benchmark or training set "
                                                   "name, or 'toy' (problems.load_problems, train split)")
-    ap.add_argument("--num_trajectories", type=int, default=400, help="paper: 400")
+    ap.add_argument("--num_trajectories", type=int, default=400, help="on-policy trajectories (one response per "
+                    "prompt) to re-score under c+ and c- (paper: 400)")
     ap.add_argument("--output_dir", default="runs/cscr_diagnose")
     ap.add_argument("--template", default="verdict", choices=sorted(cscr.CONDITION_TEMPLATES))
     ap.add_argument("--prompt_template", default="auto", choices=["auto", *rollout.PROMPT_TEMPLATES],

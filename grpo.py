@@ -23,6 +23,25 @@ In that order: the maths, the credit hook (``Credit``), one step (``train_step``
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+
+
+def _interrupted_while_importing(signum, frame):
+    """Ctrl-C before ``main`` (the imports below take seconds: torch, transformers): run_setup.run_command's line for
+    a run stopped before training began, from process 0 only, and a shell's status for SIGINT; no traceback. It
+    leaves at once (``os._exit``): nothing was written, and a half-imported torch is not finalised."""
+    if os.environ.get("RANK", "0") == "0":
+        print("grpo.py: interrupted: before training began; the same command starts again", file=sys.stderr,
+              flush=True)
+    os._exit(130)
+
+
+if __name__ == "__main__":  # until main: from then on run_setup.run_command turns Ctrl-C into its line
+    signal.signal(signal.SIGINT, _interrupted_while_importing)
+
+# (after the handler: these imports take seconds)
 import contextlib
 import dataclasses
 import functools
@@ -474,4 +493,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt, run_command's line
     main()

@@ -291,12 +291,12 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
 def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None) -> list[str]:
     """Reject settings that cannot work, with a one-line message naming the flag (and the recipe that set it, for a
     flag not in ``given``) (``SystemExit``). Under ``--dry_run`` the checks of this machine (vLLM installed, a GPU
-    present) are returned as notes of the plan."""
+    present) are returned as notes of the plan, unless ``--gpu_memory_gb`` plans for another machine (then none)."""
     rows = cfg.num_prompts_per_step // max(world, 1) * cfg.num_generations  # one process's rollout rows
     problems = [
         (cfg.num_generations < 1, "--num_generations must be >= 1"),
-        (cfg.num_generations == 1 and cfg.scale_rewards == "group", "--num_generations 1 with --scale_rewards "
-         "group gives every response advantage 0 (a group of one has no spread); use --num_generations >= 2"),
+        (cfg.num_generations == 1, f"--num_generations 1 with --scale_rewards {cfg.scale_rewards} gives every "
+         "response advantage 0 (a group of one: r − mean = 0, and nothing to scale); use --num_generations >= 2"),
         *[(getattr(cfg, n) < 1, f"--{n} must be >= 1") for n in
           ("num_prompts_per_step", "max_completion_length", "num_iterations", "num_mini_batches")],
         (cfg.num_prompts_per_step % world, f"--num_prompts_per_step {cfg.num_prompts_per_step} must be a multiple "
@@ -356,7 +356,8 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None)
         (cfg.credit != "delta" and any(getattr(cfg, n) != f.default for f in dataclasses.fields(GRPOConfig)
                                        if (n := f.name) in DELTA_ABLATIONS),
          f"--{', --'.join(DELTA_ABLATIONS)} change DelTA's steps: use them with --credit delta")]
-    environment = [  # this machine's: notes of the plan under --dry_run
+    elsewhere = cfg.dry_run and cfg.gpu_memory_gb is not None  # a plan for another machine: none of this one's notes
+    environment = [] if elsewhere else [  # this machine's: notes of the plan under --dry_run
         (cfg.vllm_enable_sleep_mode and not torch.cuda.is_available(),
          "--vllm_enable_sleep_mode needs a GPU (vLLM's CPU backend has no sleep mode)"),
         (cfg.use_vllm and importlib.util.find_spec("vllm") is None, "--use_vllm needs vLLM, which this "

@@ -12,16 +12,18 @@ from __future__ import annotations
 import os
 
 
-def require_hub(name: str, what: str = "model") -> None:
+def require_hub(name: str, what: str = "model", fix: str = "") -> None:
     """Fail in seconds, with one line, when ``name`` must be downloaded from the Hugging Face hub and cannot be:
     ``HF_HUB_OFFLINE`` is set, or the hub's host does not answer within 3 s (instead of waiting through the hub
-    client's retries). Call it after a cache-only load of ``name`` failed."""
+    client's retries). Call it after a cache-only load of ``name`` failed. ``fix``: what the line tells the user to
+    do (default: download it where there is network and pass its folder)."""
     import socket
     from urllib.parse import urlparse
 
     folder = name.split("/")[-1]
-    fix = (f"download it on a machine with network (`hf download {name} --local-dir {folder}`, huggingface-hub's CLI) "
-           f"and pass its folder, e.g. --{'model' if what == 'model' else 'benchmarks'} /path/to/{folder}")
+    fix = fix or (f"download it on a machine with network (`hf download {name} --local-dir {folder}`, "
+                  f"huggingface-hub's CLI) and pass its folder, e.g. "
+                  f"--{'model' if what == 'model' else 'benchmarks'} /path/to/{folder}")
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
         raise ValueError(f"{what} {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: {fix}")
     host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"

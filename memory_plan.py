@@ -78,6 +78,11 @@ VLLM_MAX_SEQS = 256
 # plan does not count on vLLM's side: CUDA graphs, the sampler's buffers beyond its profile run, NCCL's buffers.
 VLLM_DEFAULT_SHARE = 0.3
 VLLM_HEADROOM = 0.10
+# A suggested flag set (``suggest``) must leave a usable run: on a GPU with vLLM, a KV cache that holds at least this
+# many sequences at once. One sequence at a time decodes the process's rows one after another (2,048 rows of the
+# paper's recipe: 2,048 passes). 4: the fewest that any plan of docs/scaling.md holds (the paper's 14B run on 8 × 80
+# GB), so that each run documented there counts as usable; a judgement of throughput, not a measured bound.
+MIN_VLLM_SEQUENCES = 4
 # A GPU's memory beyond the tensors: the CUDA context (about 0.5 GB with cuBLAS workspaces) and the caching
 # allocator's free blocks (a fraction of the largest stage, and of no more than the GPU has: a stage planned past the
 # GPU's size gets the GPU's fraction, not 5% of memory that is not there). Allowances, not measured here:
@@ -105,13 +110,15 @@ def shipped_config(model: str) -> Path | None:
     return folder if (folder / "config.json").is_file() else None
 
 
-def read_model_config(model: str, trust_remote_code: bool = False) -> dict:
+def read_model_config(model: str, trust_remote_code: bool = False, before_download=None) -> dict:
     """The text model's config of ``model`` (a folder, a hub id, or ``"toy"``: the shipped toy_model/) as a dict,
     from config.json only: never weights. ``transformers.AutoConfig`` from the local files first (a folder holding
     only config.json works; a hub id in the local cache), then a hub id's copy in model_configs/
-    (``shipped_config``), then the hub (config.json alone is downloaded); a multimodal config gives its text config.
+    (``shipped_config``), then the hub (config.json alone is downloaded), after ``before_download()`` (grpo.py's
+    preflight: hub.require_hub, which fails in seconds where the hub cannot answer, instead of the hub client's
+    half a minute of retries); a multimodal config gives its text config.
     A config AutoConfig does not know (a ``model_type`` of a newer transformers) is read as JSON.
-    Raises ValueError (one line) when it cannot be read."""
+    Raises ValueError (one line) when it cannot be read (``before_download``'s line after "cannot read ...: ")."""
     from transformers import AutoConfig
 
     path = str(Path(__file__).resolve().parent / "toy_model") if model == "toy" else os.path.expanduser(model)
@@ -123,6 +130,8 @@ def read_model_config(model: str, trust_remote_code: bool = False) -> dict:
                 raise
             shipped = shipped_config(model)
             path = str(shipped) if shipped else path
+            if shipped is None and before_download is not None:  # the hub is next: can it answer?
+                before_download()
             config = AutoConfig.from_pretrained(path, local_files_only=shipped is not None,
                                                 trust_remote_code=trust_remote_code)
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -365,6 +374,7 @@ class Suggestion:
     flags: list  # e.g. ["--gradient_checkpointing", "--micro_batch_size 2"]
     processes: int
     peak_gb: float
+    vllm_sequences: int | None = None  # what its vLLM KV cache holds at once (None: no vLLM)
 
     def command(self) -> str:
         launch = f"torchrun --nproc_per_node {self.processes} grpo.py" if self.processes > 1 else ""
@@ -377,7 +387,9 @@ class MemoryPlan:
     their device and host GB and what dominates; ``device_gb`` the device's memory (host memory when the CPU is
     the device), ``reserve_gb`` what a GPU needs beyond its tensors (CUDA context, allocator slack); ``peak_gb``
     the largest stage plus the reserve; ``parts`` the components in bytes (docs/scaling.md's rows);
-    ``suggestions`` flag sets that fit when re-planned (empty when it fits)."""
+    ``suggestions`` flag sets that fit when re-planned, each a usable run (``MIN_VLLM_SEQUENCES``; empty when it
+    fits); ``near_misses`` when there is none, the flag sets that fit but leave vLLM fewer sequences (the verdict
+    says why nothing is suggested)."""
     model: str
     device: str  # "GPU" or "CPU"
     processes: int
@@ -388,6 +400,7 @@ class MemoryPlan:
     parts: dict
     problems: list = field(default_factory=list)  # reasons beyond the peak (vLLM's KV cache, host memory)
     suggestions: list = field(default_factory=list)
+    near_misses: list = field(default_factory=list)
 
     @property
     def peak_gb(self) -> float:
@@ -411,12 +424,17 @@ class MemoryPlan:
 
     def verdict(self) -> str:
         """One line: ``fits: peak X GB of Y GB`` or ``does not fit: ..., short by Z GB; fits with: <flags> [or:
-        torchrun --nproc_per_node N ...]``."""
+        torchrun --nproc_per_node N ...]``, or, where only runs whose vLLM holds too few sequences fit, why nothing
+        is suggested, naming them (``near_misses``)."""
         where = f"peak {self.peak_gb:.1f} GB of {self.device_gb:.1f} GB ({self.peak_stage})"
         if self.fits:
             return f"fits: {where}"
         why = f", short by {self.shortfall_gb:.1f} GB" if self.shortfall_gb > 0 else ""
         why += "".join(f"; {p}" for p in self.problems)
+        if not self.suggestions and self.near_misses:
+            near = " or: ".join(f"{s.command()} ({_sequences(s.vllm_sequences)})" for s in self.near_misses)
+            return (f"does not fit: {where}{why}; nothing tried leaves a usable run (vLLM's KV cache holding "
+                    f"at least {MIN_VLLM_SEQUENCES} sequences at once); these fit with fewer: {near}")
         if not self.suggestions:
             return f"does not fit: {where}{why}; nothing tried fits (every flag of the ladder, torchrun up to 8)"
         fix = " or: ".join(s.command() for s in self.suggestions)
@@ -433,10 +451,10 @@ class MemoryPlan:
         more = []
         if c > 1 and one % c == 0 and p["kv_per_token"] * p["row_tokens"] == one:  # not fp8 already
             more.append(f"--vllm_kv_cache_dtype fp8 holds {int(budget // (one // c)):,}")
-        more.append(f"tensor parallel over 2 GPUs (vLLM's tensor_parallel_size, not a grpo.py flag) "
+        more.append(f"tensor parallel over 2 GPUs (vLLM's tensor_parallel_size, not a grpo.py flag) holds "
                     f"{int((budget + p['vllm_weights'] / 2) // one):,}")
         return (f"vLLM: --vllm_gpu_memory_utilization {p['vllm_share']:.2f} {who}, KV cache {budget / GB:.1f} GB: "
-                f"{p['vllm_sequences']:,} sequences at once; more: " + "; ".join(more))
+                f"{_sequences(p['vllm_sequences'])} at once; more: " + "; ".join(more))
 
     def table(self) -> str:
         """A short fixed-width table (at most 12 lines): one line per stage, the fixed parts, the verdict."""
@@ -474,6 +492,10 @@ def vllm_share(resident: float, engine: float, sequence: float, rows: int, devic
 
 def _rows(n: int) -> str:
     return f"{n:,} row" + ("" if n == 1 else "s")
+
+
+def _sequences(n: int) -> str:
+    return f"{n:,} sequence" + ("" if n == 1 else "s")
 
 
 def _cuda() -> bool:
@@ -541,6 +563,8 @@ def plan(model_config: dict, cfg, *, prompt_tokens: int, processes: int = 1, gpu
     out = _plan(sh, s, prompt_tokens, processes, gpu, gpu_memory_gb if gpu else host, host, name)
     if not out.fits:
         out.suggestions = suggest(sh, s, prompt_tokens, processes, gpu, out.device_gb, host, name)
+    if not out.fits and not out.suggestions:  # why: some flag set fits, but vLLM holds too few sequences?
+        out.near_misses = suggest(sh, s, prompt_tokens, processes, gpu, out.device_gb, host, name, min_sequences=1)
     return out
 
 
@@ -748,9 +772,11 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
 
 
 def _ladder(s: Settings, gpu: bool) -> list:
-    """The flags tried, in order, each with the settings it changes: with vLLM, a share large enough for its KV
-    cache to hold one sequence; checkpointing, smaller micro-batches (the largest that fits, halving down to 1),
-    vLLM (with sleep mode on a GPU, and a share that holds one sequence), DelTA memory_efficient, LoRA."""
+    """The flags tried, in order, each with the settings it changes: with vLLM at a share given, one large enough for
+    its KV cache to hold the sequences of a usable run; checkpointing, smaller micro-batches (the largest that fits,
+    halving down to 1), vLLM (with sleep mode on a GPU), DelTA memory_efficient, LoRA: on a GPU over bf16 base
+    weights (``--torch_dtype bfloat16`` where they were float32: TRL's and the papers' LoRA runs keep the frozen
+    base in bf16, the adapters in float32; LoRA over a float32 base halves neither the weights nor vLLM's room)."""
     steps = [("vllm_util", None)] if s.use_vllm and gpu else []
     if not s.gradient_checkpointing:
         steps.append((["--gradient_checkpointing"], {"gradient_checkpointing": True}))
@@ -762,31 +788,38 @@ def _ladder(s: Settings, gpu: bool) -> list:
             steps.append(("vllm_util", None))
     if s.credit == "delta" and s.delta_impl == "normal":
         steps.append((["--delta_impl memory_efficient"], {"delta_impl": "memory_efficient"}))
-    if not s.use_peft:
+    if not s.use_peft and gpu and s.torch_dtype == "float32":
+        steps.append((["--use_peft", "--torch_dtype bfloat16"], {"use_peft": True, "torch_dtype": "bfloat16"}))
+    elif not s.use_peft:
         steps.append((["--use_peft"], {"use_peft": True}))
     return steps
 
 
-def suggest(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, host_gb, name) -> list:
+def suggest(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, host_gb, name,
+            min_sequences: int = MIN_VLLM_SEQUENCES) -> list:
     """Flag sets that make the run fit, each found by re-planning with them applied: the first prefix of the
     ladder (``_ladder``, applied cumulatively) that fits on ``n`` processes, and the fewest torchrun processes
-    (2, 4, 8) that fit with the flags unchanged, else with the fewest ladder flags. Empty when nothing fits."""
+    (2, 4, 8) that fit with the flags unchanged, else with the fewest ladder flags. On a GPU with vLLM, fitting
+    includes a KV cache that holds ``min_sequences`` sequences at once (a usable run). Empty when nothing fits."""
     def fits(settings, procs):
         try:
             p = _plan(sh, settings, P, procs, gpu, device_gb, host_gb, name)
         except ValueError:
             return None
-        return p if p.fits else None
+        few = gpu and settings.use_vllm and p.parts["vllm_sequences"] < min_sequences
+        return p if p.fits and not few else None
 
     def climb(procs):  # the ladder, cumulatively; the first prefix that fits
         cur, flags = dataclasses.replace(s), []
         for step, change in _ladder(s, gpu):
-            if step == "vllm_util":  # the smallest share (in 0.05 steps) whose KV cache holds one sequence
-                if _plan(sh, cur, P, procs, gpu, device_gb, host_gb, name).parts["vllm_sequences"] >= 1:
-                    continue
+            if step == "vllm_util":  # a share given: the smallest (in 0.05 steps) whose KV cache holds enough
+                if cur.vllm_gpu_memory_utilization is None or _plan(
+                        sh, cur, P, procs, gpu, device_gb, host_gb, name).parts["vllm_sequences"] >= min_sequences:
+                    continue  # (a share the plan sizes is sized again at every step)
                 for k in range(1, 20):
                     tried = dataclasses.replace(cur, vllm_gpu_memory_utilization=round(0.05 * k, 2))
-                    if _plan(sh, tried, P, procs, gpu, device_gb, host_gb, name).parts["vllm_sequences"] >= 1:
+                    if _plan(sh, tried, P, procs, gpu, device_gb, host_gb, name).parts["vllm_sequences"] >= \
+                            min_sequences:
                         share = tried.vllm_gpu_memory_utilization
                         cur, flags = tried, flags + [f"--vllm_gpu_memory_utilization {share}"]
                         break
@@ -805,7 +838,7 @@ def suggest(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float
                 cur, flags = dataclasses.replace(cur, **change), flags + step
             p = fits(cur, procs)
             if p:
-                return Suggestion(flags, procs, p.peak_gb)
+                return Suggestion(flags, procs, p.peak_gb, p.parts["vllm_sequences"])
         return None
 
     out = []
@@ -817,7 +850,8 @@ def suggest(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float
             continue
         try:
             p = fits(s, procs)
-            more = Suggestion([], procs, p.peak_gb) if p else (None if here else climb(procs))
+            more = Suggestion([], procs, p.peak_gb, p.parts["vllm_sequences"]) if p else \
+                (None if here else climb(procs))
         except ValueError:  # the prompts or mini-batches do not divide among that many processes
             continue
         if more:

@@ -12,10 +12,21 @@ from __future__ import annotations
 
 import dataclasses
 
+import hub
 import memory_plan
 import policy
 import recipes
 import rollout
+
+def _plan_fix(cfg) -> str:
+    """What to do when the hub cannot give the config.json of ``--model`` (hub.require_hub's ``fix``): under
+    ``--dry_run`` a folder holding config.json alone plans it; a run needs the whole model."""
+    folder = cfg.model.split("/")[-1]
+    if not cfg.dry_run:
+        return ""  # hub.require_hub's own: download the model and pass its folder
+    return (f"the plan needs only its config.json: --model /path/to/{folder}, a folder holding it, plans it "
+            f"(`hf download {cfg.model} config.json --local-dir {folder}` on a machine with network)")
+
 
 def _kept_prompts(cfg, rows: list[dict], longest: int, notes: list[str], say) -> tuple[list[dict], int]:
     """Step 1 of ``check``: (the rows whose templated prompt fits ``--max_prompt_length``, the longest one's
@@ -66,7 +77,8 @@ def check(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] |
         cfg.vllm_gpu_memory_utilization = memory_plan.VLLM_DEFAULT_SHARE
     if quick and not delta_cache:
         return rows  # and it prints what it always printed
-    model_config = memory_plan.read_model_config(cfg.model, cfg.trust_remote_code)
+    model_config = memory_plan.read_model_config(cfg.model, cfg.trust_remote_code,
+                                                 before_download=lambda: hub.require_hub(cfg.model, fix=_plan_fix(cfg)))
     shipped = memory_plan.shipped_config(cfg.model)
     if cfg.dry_run and shipped and model_config.get("_name_or_path") == str(shipped):  # the copy in model_configs/
         notes.append(f"config.json of {cfg.model}: the copy in "  # (the cache had none)
@@ -91,7 +103,9 @@ def check(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] |
         one_gpu = recipes.apply(dataclasses.replace(cfg, recipe="delta_one_gpu"), given)
         one = memory_plan.plan(model_config, one_gpu, processes=processes, gpu_memory_gb=cfg.gpu_memory_gb,
                                prompt_tokens=min(longest, recipes.DELTA_ONE_GPU["max_prompt_length"]))
-        verdict += f"; or --recipe delta_one_gpu (LoRA, vLLM: {one.verdict().split(';')[0]})"
+        n = one.parts["vllm_sequences"]
+        verdict += (f"; or --recipe delta_one_gpu (LoRA and vLLM: {one.verdict().split(';')[0]}" +
+                    (f", vLLM's KV cache holding {n:,} sequence{'s' * (n != 1)} at once)" if n else ")"))
     if cfg.use_vllm and cfg.vllm_gpu_memory_utilization is None:  # not given: the plan's share (vllm_share)
         cfg.vllm_gpu_memory_utilization = the_plan.parts["vllm_share"]
     if cfg.dry_run:

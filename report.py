@@ -961,12 +961,19 @@ def truth_sections(runs: list[Run], colours: dict, numbers: dict) -> str:
 def default_output(run_folders: list) -> str:
     """``report.html`` in a folder the runs own: the one run's folder, or the folder that holds all of them
     (runs/report.html for runs/grpo runs/delta runs/cscr) unless that is the working directory (then the first
-    run's folder). Never the repository's root, which git does not ignore."""
+    run's folder). Never the repository's root, which git does not ignore. In a run's folder the trainer counts the
+    page and its numbers as the run's own (checkpoint.REPORT_PAGE): a run stopped before its first checkpoint
+    starts again there, the page moved aside with its logs."""
     folders = [os.path.abspath(p) for p in run_folders]
     parent = os.path.commonpath(folders) if len(folders) > 1 else folders[0]
     if parent == os.getcwd() or parent == os.path.dirname(parent):  # the working directory, or the root
         parent = folders[0]
     return os.path.relpath(os.path.join(parent, "report.html"))
+
+
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless n is 1: "1 run", "3 runs", "1,200 tokens"."""
+    return f"{n:,} {noun}{'s' * (n != 1)}"
 
 
 def numbers_path(page: str) -> str:
@@ -1003,9 +1010,9 @@ def main(argv=None) -> str:
         with open(numbers_path(args.output), "w", encoding="utf-8") as f:
             json.dump(info["numbers"], f, indent=1, ensure_ascii=False)
     size = os.path.getsize(args.output)
-    print(f"report.py: wrote {args.output}: {info['runs']} runs, {info['responses']:,} responses "
-          f"({info['tokens']:,} tokens) of {info['steps_shown']}/{info['steps_logged']} logged steps, "
-          f"{size / 1e6:.2f} MB, in {time.time() - t0:.2f} s"
+    print(f"report.py: wrote {args.output}: {_count(info['runs'], 'run')}, {_count(info['responses'], 'response')} "
+          f"({_count(info['tokens'], 'token')}) of {info['steps_shown']}/"
+          f"{_count(info['steps_logged'], 'logged step')}, {size / 1e6:.2f} MB, in {time.time() - t0:.2f} s"
           + (f"; its numbers in {numbers_path(args.output)}" if info["numbers"] else ""))
     return args.output
 

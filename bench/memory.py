@@ -215,7 +215,8 @@ def run_stage5(args, pool) -> dict:
                     "measured_over_derived": [m / derived["above_cache"] for m in measured]}
         print(f"[memory] stage 5, h = {cache_mib:.0f} MiB ({N} × {T} × {H}): peak above the cache "
               f"{median(measured):.3f} ({min(measured):.3f} – {max(measured):.3f}) × N·T·H·4 over "
-              f"{len(runs)} runs; derived {derived['above_cache']:.3f} (v + a block of {derived['block_rows']} rows); "
+              f"{len(runs)} run{'s' * (len(runs) != 1)}; derived {derived['above_cache']:.3f} "
+              f"(v + a block of {derived['block_rows']} rows); "
               f"measured / derived {median(measured) / derived['above_cache']:.3f}; "
               f"{median([r['seconds'] for r in runs]):.2f} s", flush=True)
     return out

@@ -275,7 +275,9 @@ def test_the_printed_table_has_d1_to_d7_beside_the_papers_values():
     table = cscr_diagnostics.summary_table({"diagnostics": d, "accuracy": 0.25,
                                             "config": {"num_trajectories": 8, "tau": 0.05}})
     lines = table.splitlines()
-    assert lines[0].startswith("CSCR diagnostics: 8 trajectories (accuracy 0.250), 40 of 100 tokens affected")
+    assert lines[0] == ("CSCR diagnostics: 8 trajectories (accuracy 0.250), 40 of 100 tokens affected (|d+| and "
+                        "|d-| > 0.05 nats); the paper: 400 on-policy trajectories, each re-scored under both "
+                        "conditions")  # (what the paper's 400 counts)
     row = {line.split()[0]: line for line in lines[2:] if line[:1].strip()}
     assert sorted(row) == ["D1", "D2", "D3", "D4a", "D4b", "D4c", "D5", "D6", "D7"]
     assert "93.8%" in row["D1"] and "91.4-95.8%" in row["D1"]

@@ -311,6 +311,29 @@ def test_use_vllm_without_vllm_is_one_clear_line():
         grpo.check_config(grpo.GRPOConfig(use_vllm=True))
 
 
+@pytest.mark.parametrize("scale", ["group", "none"])
+def test_one_response_per_prompt_is_refused_under_either_scaling(scale):
+    """G = 1: Â = r − mean of a group of one = 0 for every response, scaled or not (group_advantages), so the run
+    would train its steps on zero advantages; refused before anything runs, in one line naming both flags."""
+    assert torch.equal(grpo.group_advantages(torch.tensor([1.0, 0.0, 1.0]), 1, scale), torch.zeros(3))
+    with pytest.raises(SystemExit, match=rf"^grpo.py: error: --num_generations 1 with --scale_rewards {scale} gives "
+                                         r"every response advantage 0 .*use --num_generations >= 2$"):
+        grpo.check_config(grpo.GRPOConfig(num_generations=1, scale_rewards=scale))
+
+
+def test_a_plan_for_another_machine_has_no_notes_of_this_one(monkeypatch):
+    """--dry_run notes what this machine lacks for the run (vLLM, a GPU for sleep mode), but not in a plan for
+    another machine (--gpu_memory_gb): that machine's environment is not this one's."""
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else object())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = grpo.GRPOConfig(use_vllm=True, vllm_enable_sleep_mode=True, dry_run=True)
+    here = grpo.check_config(cfg)
+    assert len(here) == 2 and "sleep mode" in here[0] and "--use_vllm needs vLLM" in here[1]
+    assert grpo.check_config(dataclasses.replace(cfg, gpu_memory_gb=80.0)) == []
+
+
 # ------------------------------------------------------------------------------------------------ the first hour
 TINY_RUN = ["--prompt_template", "none", "--max_steps", "1", "--num_prompts_per_step", "2", "--num_generations", "2",
             "--max_completion_length", "8", "--eval_num_generations", "0", "--save_steps", "0"]

@@ -385,3 +385,49 @@ def test_sleep_mode_sizes_vllms_share_to_what_the_rollout_leaves_free(c8):
     awake = mp.plan(c8, dataclasses.replace(cfg, vllm_enable_sleep_mode=False), prompt_tokens=2048, processes=8,
                     gpu_memory_gb=80, host_memory_gb=2000)  # without sleep mode the share stays through the update
     assert awake.parts["vllm_share"] == mp.VLLM_DEFAULT_SHARE
+
+
+def _paper_with_vllm():
+    """The paper's recipe for GPUs: vLLM asleep during the update, its share sized by the plan."""
+    import recipes
+
+    return recipes.apply(GRPOConfig(model="x", data="math_train", credit="delta", use_vllm=True,
+                                    vllm_enable_sleep_mode=True), {"use_vllm", "vllm_enable_sleep_mode"})
+
+
+def test_a_suggestion_leaves_a_usable_run_lora_over_bf16_weights(c8):
+    """Issue 43: the paper's recipe on one 80 GB GPU once suggested --use_peft alone, which keeps the recipe's float32
+    base weights (32.8 GB) and leaves vLLM one sequence of 22,528 tokens at a time, eating the headroom. LoRA as TRL
+    and the papers run it keeps the frozen base in bf16: the suggestion is --use_peft --torch_dtype bfloat16, and
+    re-planned it holds at least MIN_VLLM_SEQUENCES sequences at once within 90% of the GPU."""
+    cfg = _paper_with_vllm()
+    assert cfg.torch_dtype == "float32" and cfg.vllm_gpu_memory_utilization is None
+    p = mp.plan(c8, cfg, prompt_tokens=2048, gpu_memory_gb=80, host_memory_gb=2000)
+    assert not p.fits and p.suggestions[0].flags == ["--use_peft", "--torch_dtype bfloat16"]
+    assert p.suggestions[0].processes == 1
+    float32_lora = mp.plan(c8, dataclasses.replace(cfg, use_peft=True), prompt_tokens=2048, gpu_memory_gb=80,
+                           host_memory_gb=2000)  # what was suggested: it fits, but vLLM holds one sequence
+    assert float32_lora.fits and float32_lora.parts["vllm_sequences"] < mp.MIN_VLLM_SEQUENCES
+    for s in p.suggestions:  # each re-planned: it fits and its vLLM holds enough
+        again = mp.plan(c8, dataclasses.replace(cfg, use_peft=s.flags != [], torch_dtype="bfloat16" if s.flags
+                                                else "float32"), prompt_tokens=2048, processes=s.processes,
+                        gpu_memory_gb=80, host_memory_gb=2000)
+        assert again.fits and again.parts["vllm_sequences"] == s.vllm_sequences >= mp.MIN_VLLM_SEQUENCES
+        assert again.peak_gb <= 0.9 * 80 + 1e-9  # within the plan's headroom
+    # the vLLM line names each number: 1 sequence (singular), the fp8 cache's and tensor parallelism's counts
+    line = next(x for x in p.table().splitlines() if x.startswith("vLLM: "))
+    assert re.fullmatch(r"vLLM: --vllm_gpu_memory_utilization 0\.\d\d sized by the plan \(sleep mode\), KV cache "
+                        r"\d+\.\d GB: 1 sequence at once; more: --vllm_kv_cache_dtype fp8 holds \d+; tensor parallel "
+                        r"over 2 GPUs \(vLLM's tensor_parallel_size, not a grpo.py flag\) holds \d+", line), line
+
+
+def test_when_only_runs_with_too_few_sequences_fit_the_verdict_says_so(c8):
+    """On a 48 GB GPU the paper's recipe for 8B fits only with vLLM holding fewer than MIN_VLLM_SEQUENCES sequences
+    at once: nothing is suggested, and the verdict says why, naming those flag sets and what each holds."""
+    p = mp.plan(c8, _paper_with_vllm(), prompt_tokens=2048, gpu_memory_gb=48, host_memory_gb=2000)
+    assert not p.suggestions and p.near_misses
+    assert all(s.vllm_sequences < mp.MIN_VLLM_SEQUENCES for s in p.near_misses)
+    v = p.verdict()
+    assert "nothing tried leaves a usable run (vLLM's KV cache holding at least 4 sequences at once); these fit " \
+           "with fewer: --use_peft --torch_dtype bfloat16 (1 sequence)" in v, v
+    assert "fits with:" not in v

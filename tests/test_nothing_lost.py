@@ -218,6 +218,35 @@ def test_ctrl_c_after_step_1_prints_one_line_and_the_plain_command_starts_again(
     assert [json.loads(line)["step"] for line in _lines(out)] == [1] and (out / "final").is_dir()
 
 
+def test_ctrl_c_while_torch_imports_prints_one_line(tmp_path):
+    """Ctrl-C in the first seconds of `python grpo.py`, while torch imports (before main's own handling): one line
+    on stderr, no traceback, exit status 130. The signal goes once torch's shared library is mapped into the
+    process (/proc/<pid>/maps), so it lands inside the imports, after grpo.py's first lines ran."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    if not os.path.exists("/proc/self/maps"):
+        pytest.skip("needs /proc/<pid>/maps (Linux) to see when torch is being imported")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "grpo.py", "--dry_run", "--output_dir", str(tmp_path / "run")], cwd=root,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        while "libtorch" not in open(f"/proc/{proc.pid}/maps").read():
+            assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-3000:]
+    assert err.splitlines() == ["grpo.py: interrupted: before training began; the same command starts again"], err
+    assert out == "" and not (tmp_path / "run").exists()
+
+
 def test_a_folder_with_a_checkpoint_or_foreign_files_is_still_refused_and_the_note_says_resume(tmp_path):
     import checkpoint
 
@@ -229,8 +258,9 @@ def test_a_folder_with_a_checkpoint_or_foreign_files_is_still_refused_and_the_no
     assert run.set_aside == ["config.json", "metrics.jsonl", "samples"]  # stopped before a checkpoint: start again
     assert run.interrupted_note().startswith(f"{folder} holds the logs of 2 steps and no checkpoint")
     (folder / "notes.txt").write_text("mine")  # a file the trainer never writes: not its folder to tidy
-    with pytest.raises(ValueError, match="already holds a run .*pass --resume"):
-        checkpoint.RunFolder(str(folder), {}, say=lambda *a: None)
+    with pytest.raises(ValueError, match=r"holds files this trainer did not write \(notes.txt\) and no checkpoint "
+                                         r"to resume: --overwrite_output_dir deletes them all"):
+        checkpoint.RunFolder(str(folder), {}, say=lambda *a: None)  # (--resume would refuse it: not named)
     (folder / "notes.txt").unlink()
     (folder / "checkpoint-2").mkdir()
     (folder / "checkpoint-2" / "trainer_state.json").write_text('{"step": 2}')

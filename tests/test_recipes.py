@@ -1,7 +1,6 @@
 """Recipes (recipes.py), DAPO's overlong reward shaping (grpo.overlong_penalty) and the paper's recipe end to end."""
 
 import dataclasses
-import importlib.util
 import json
 import os
 import re
@@ -163,7 +162,7 @@ def test_dry_run_of_the_papers_recipe_on_one_80gb_gpu_says_it_does_not_fit_and_w
 def test_dry_run_of_the_one_gpu_recipe_and_of_the_papers_eight_gpu_run_say_they_fit(config_only, capsys):
     out = _dry_run(capsys, "--credit", "delta", "--model", config_only, "--recipe", "delta_one_gpu",
                    "--gpu_memory_gb", "80")
-    assert "[note] --use_vllm needs vLLM" in out or importlib.util.find_spec("vllm")  # a note, not an error
+    assert "[note] --use_vllm" not in out and "[note] --vllm_enable_sleep_mode" not in out  # another machine's plan
     assert out.strip().splitlines()[-1].startswith("fits: peak ")
     # README's torchrun command: the paper's recipe on 8 GPUs with vLLM (H200s: 141 GB each)
     out = _dry_run(capsys, "--credit", "delta", "--model", config_only, "--plan_processes", "8", "--use_vllm",
@@ -209,8 +208,40 @@ def test_the_14b_dry_run_plans_offline_too_and_a_hub_id_not_shipped_says_what_to
     out = _dry_run(capsys, "--credit", "delta", "--model", "Qwen/Qwen3-14B-Base", "--gpu_memory_gb", "80")
     assert "memory plan: Qwen3-14B-Base, 14.77 B parameters" in out and "[note] prompts not measured" in out
     assert out.strip().splitlines()[-1].startswith("does not fit: peak ")
-    with pytest.raises(SystemExit, match=r"^grpo.py: error: cannot read the config.json of model 'Qwen/Qwen3-4B'"):
+    with pytest.raises(SystemExit, match=r"^grpo.py: error: cannot read the config.json of model 'Qwen/Qwen3-4B': "
+                                         r".*HF_HUB_OFFLINE is set: the plan needs only its config.json: --model "
+                                         r"/path/to/Qwen3-4B, a folder holding it, plans it"):
         grpo.main(["--model", "Qwen/Qwen3-4B", "--dry_run"])
+
+
+def test_a_dry_run_of_a_hub_id_not_shipped_fails_at_once_without_network(monkeypatch):
+    """No network and HF_HUB_OFFLINE not set: the config.json of a hub id with no copy in model_configs/ is not asked
+    of the hub client (half a minute of retries, once) but of hub.require_hub, which finds no network in one try;
+    the line names the folder flag that plans it."""
+    import socket
+
+    tried = []
+
+    def no_network(*args, **kwargs):  # hub.require_hub's one try: the host does not resolve
+        tried.append(args[0])
+        raise socket.gaierror(-2, "Name or service not known")
+
+    def the_hub_client(*args, **kwargs):
+        raise AssertionError("the hub client tried the network")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(socket, "getaddrinfo", the_hub_client)
+    monkeypatch.setattr(socket.socket, "connect", the_hub_client)
+    with pytest.raises(SystemExit) as e:
+        grpo.main(["--model", "Qwen/Qwen3-4B-Base", "--dry_run"])
+    assert str(e.value) == (
+        "grpo.py: error: cannot read the config.json of model 'Qwen/Qwen3-4B-Base': cannot reach huggingface.co to "
+        "download model 'Qwen/Qwen3-4B-Base' (gaierror: no network?): the plan needs only its config.json: --model "
+        "/path/to/Qwen3-4B-Base, a folder holding it, plans it (`hf download Qwen/Qwen3-4B-Base config.json "
+        "--local-dir Qwen3-4B-Base` on a machine with network)")
+    assert tried == [("huggingface.co", 443)] * 2  # the tokenizer's (a note of the plan), then config.json's
 
 
 def test_an_error_about_a_value_the_recipe_set_names_the_recipe(tmp_path):

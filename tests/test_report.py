@@ -484,6 +484,36 @@ def test_report_shows_where_the_credit_lands(toy_hand_runs, tmp_path):
     assert "where-the-credit-lands" not in out_plain.read_text() and not (tmp_path / "plain.json").exists()
 
 
+def test_a_report_in_an_interrupted_run_folder_does_not_stop_the_next_run(toy_hand_runs, capsys):
+    """report.py's page and its numbers, written into the folder of a run stopped before its first checkpoint, are
+    part of that run for the trainer (checkpoint.REPORT_PAGE): the same command starts again there, moving them
+    aside with the logs; --resume points to that command, which works (once a circle: the trainer refused the
+    folder and sent the user to --resume, which sent them back). Files the trainer did not write stop it, and then
+    no message names --resume, which could not continue a run without a checkpoint."""
+    run = Path(toy_hand_runs[1])  # a DelTA run on the toy, no checkpoint: report.py writes report.json too
+    report.main([str(run)])
+    report.main([str(run), "--output", str(run / "delta.html")])  # a page of another name, in the same folder
+    written = ["delta.html", "delta.json", "report.html", "report.json"]
+    assert sorted(p.name for p in run.iterdir()) == sorted(["config.json", "metrics.jsonl", "samples", *written])
+    folder = checkpoint.RunFolder(str(run), {"save_steps": 50}, say=lambda *a: None)
+    assert folder.set_aside == sorted(["config.json", "metrics.jsonl", "samples", *written])
+    with pytest.raises(ValueError, match=r"holds no complete checkpoint-<step>/ \(the run stopped before its first "
+                                         r"--save_steps\); run the same command without --resume to start again"):
+        checkpoint.RunFolder(str(run), {"resume": True}, say=lambda *a: None)
+    said = []
+    folder.start(torch.nn.Linear(2, 2), {"prompt_template": "none"})  # the same command: its logs moved aside
+    folder.close()
+    assert sorted(p.name for p in (run / "interrupted-1").iterdir()) == sorted(
+        ["config.json", "metrics.jsonl", "samples", *written])
+    (run / "interrupted-1").rename(run.parent / "kept")
+    (run / "notes.txt").write_text("mine")  # a file neither the trainer nor report.py writes: not theirs to move
+    for config in ({}, {"resume": True}):
+        with pytest.raises(ValueError) as e:
+            checkpoint.RunFolder(str(run), config, say=said.append)
+        assert "notes.txt" in str(e.value) and "--overwrite_output_dir deletes them all" in str(e.value)
+        assert "pass --resume" not in str(e.value) and "without --resume" not in str(e.value)
+
+
 # ------------------------------------------------------------------------------------------------ rule names
 def _config(**flags):
     """A run's config.json "config" as grpo.py writes it (dataclasses.asdict of its GRPOConfig)."""
