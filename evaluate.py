@@ -312,9 +312,9 @@ def generate_records(model, tokenizer, rows: list[dict], template: str, mode: st
         raise ValueError(f"mode must be 'greedy' or 'sample', got {mode!r}")
     prompts = [rollout.apply_template(r["problem"], template) for r in rows]
     temp = 0.0 if mode == "greedy" else temperature
-    ro = rollout.generate(model, tokenizer, prompts, n, max_new_tokens, temperature=temp, top_p=top_p, seed=seed,
-                          stop_ids=stop_ids, batch_size=batch_size,
-                          stop_strings=rollout.template_stop_strings(template), progress=progress)
+    stop_strings = rollout.template_stop_strings(template)
+    sampling = rollout.SamplingSettings(max_new_tokens, temp, top_p, seed, stop_ids, stop_strings)
+    ro = rollout.generate(model, tokenizer, prompts, n, sampling, batch_size, progress)
     refs = [r["answer"] for r in rows for _ in range(n)]
     graded = verify.grade_batch(ro.texts, refs, timeout=grade_timeout, num_workers=num_workers)
     lengths = ro.response_lengths.tolist()

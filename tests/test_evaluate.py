@@ -434,11 +434,10 @@ def counting_generate(monkeypatch):
     calls = []
     real = rollout.generate
 
-    def wrapper(model, tokenizer, prompts, num_generations, max_new_tokens, temperature=1.0, top_p=1.0, seed=0,
-                stop_ids=None, batch_size=None, stop_strings=None, progress=""):
-        calls.append({"prompts": list(prompts), "n": num_generations, "temperature": temperature, "seed": seed})
-        return real(model, tokenizer, prompts, num_generations, max_new_tokens, temperature, top_p, seed, stop_ids,
-                    batch_size, stop_strings, progress)
+    def wrapper(model, tokenizer, prompts, num_generations, settings, batch_size=None, progress=""):
+        calls.append({"prompts": list(prompts), "n": num_generations, "temperature": settings.temperature,
+                      "seed": settings.seed})
+        return real(model, tokenizer, prompts, num_generations, settings, batch_size, progress)
 
     monkeypatch.setattr(rollout, "generate", wrapper)
     return calls
