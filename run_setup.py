@@ -72,10 +72,10 @@ class HeldOut:
             return {}
         temperature = cfg.temperature if cfg.eval_temperature is None else cfg.eval_temperature  # paper: T 1.0
         top_p = cfg.top_p if cfg.eval_top_p is None else cfg.eval_top_p  # paper: top-p 0.7
+        settings = evaluate.EvalSettings(cfg.eval_num_generations, temperature, top_p, cfg.max_completion_length,
+                                         seed=cfg.seed + 12345)
         with policy.oom_guard(f"the evaluation at step {step}"):
-            record = {"step": step, **evaluate.heldout(self.model, self.tokenizer, self.rows, self.template,
-                                                       cfg.eval_num_generations, temperature, top_p,
-                                                       cfg.max_completion_length, seed=cfg.seed + 12345,
+            record = {"step": step, **evaluate.heldout(self.model, self.tokenizer, self.rows, self.template, settings,
                                                        progress=f"eval step {step}")}
         return self.run.log(record, echo=f"[eval step {step}]")
 
