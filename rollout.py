@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import random
-from collections import namedtuple
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -97,8 +96,12 @@ def apply_template(problem: str, template: str) -> str:
     return PROMPT_TEMPLATES[template][0].replace("{problem}", problem)
 
 
-# filter_overlong_prompts' result: the rows kept (in order), how many were left out, the longest kept prompt's tokens.
-PromptFilter = namedtuple("PromptFilter", "rows dropped longest")
+class PromptFilter(NamedTuple):
+    """filter_overlong_prompts' result: the rows kept (in order), how many were left out, the longest kept's tokens."""
+
+    rows: list[dict]
+    dropped: int
+    longest: int
 
 
 def filter_overlong_prompts(
@@ -217,11 +220,9 @@ class Rollout:
 
 
 def response_mask_from_ids(response_ids: torch.Tensor, stop_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask up to and including the first stop token of each row, and whether a stop token was found.
-
-    Works when the pad token equals EOS (common for base models): only the *first* stop token counts.
-    Returns (mask ``[N, T]`` float, stopped ``[N]`` bool).
-    """
+    """Mask up to and including the first stop token of each row, and whether a stop token was found: (mask
+    ``[N, T]`` float, stopped ``[N]`` bool). Works when the pad token equals EOS (common for base models): only the
+    *first* stop token counts."""
     is_stop = torch.isin(response_ids, torch.tensor(stop_ids, device=response_ids.device))
     stopped = is_stop.any(-1)
     no_stop = torch.full_like(stopped, response_ids.shape[1], dtype=torch.long)
@@ -254,12 +255,10 @@ def sampling_config(max_new_tokens: int, temperature: float, top_p: float, stop_
 @contextlib.contextmanager
 def generation_config_set_aside(model, config):
     """Make ``config`` the model's ``generation_config`` for the duration of the block, then put the checkpoint's back.
-
-    Passing ``generate(generation_config=config)`` alone is not enough: transformers fills every field the passed
-    config leaves None (and adds any custom entry) from ``model.generation_config``, the checkpoint's
-    generation_config.json, so a shipped ``min_p``, ``bad_words_ids``, ``suppress_tokens``, ``forced_eos_token_id``,
-    ``watermarking_config``... would still apply. A PEFT model's ``generate`` reads the base model's config.
-    """
+    ``generate(generation_config=config)`` alone is not enough: transformers fills every field it leaves None (and
+    adds any custom entry) from ``model.generation_config``, the checkpoint's, so a shipped ``min_p``,
+    ``bad_words_ids``, ``suppress_tokens``, ``forced_eos_token_id``... would still apply. A PEFT model's
+    ``generate`` reads the base model's config."""
     target = model.get_base_model() if hasattr(model, "get_base_model") else model
     saved = target.generation_config
     target.generation_config = config

