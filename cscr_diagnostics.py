@@ -462,9 +462,10 @@ def sample_trajectories(model, tokenizer, problems, answers, num_trajectories, p
     order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(seed)).tolist()
     idx = [order[i % len(order)] for i in range(num_trajectories)]
     prompts = [rollout.apply_template(problems[i], prompt_template) for i in idx]
-    batch = rollout.generate(model, tokenizer, prompts, 1, max_new_tokens, temperature, top_p, seed=seed,
-                             stop_ids=rollout.stop_token_ids(tokenizer, prompt_template, model), batch_size=batch_size,
-                             stop_strings=rollout.template_stop_strings(prompt_template))
+    settings = rollout.SamplingSettings(max_new_tokens, temperature, top_p, seed,
+                                        rollout.stop_token_ids(tokenizer, prompt_template, model),
+                                        rollout.template_stop_strings(prompt_template))
+    batch = rollout.generate(model, tokenizer, prompts, 1, settings, batch_size=batch_size)
     T = int(batch.response_mask.sum(1).max())  # columns past every stop string or stop token hold only padding
     batch.response_ids, batch.response_mask = batch.response_ids[:, :T], batch.response_mask[:, :T].bool()
     return batch, [answers[i] for i in idx]

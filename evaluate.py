@@ -70,6 +70,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import checkpoint
 import policy
@@ -78,16 +79,16 @@ import rollout
 import toy
 import verify
 
-toy.register()  # --model toy, --benchmarks toy: the built-in toy in the generic modules (toy.py)
-
 # The column headers of DelTA's Table 1 (``--benchmarks delta_paper``: the benchmarks of problems.DELTA_PAPER, in
 # the table's order; docs/specs/delta.md, section 5).
-DELTA_PAPER_COLUMNS = dict(zip(problems.DELTA_PAPER, ("AIME24", "AIME25", "AIME26", "HMMT25 Feb", "HMMT25 Nov",
-                                                      "HMMT26 Feb", "Brumo25")))
+DELTA_PAPER_COLUMNS = dict(
+    zip(problems.DELTA_PAPER, ("AIME24", "AIME25", "AIME26", "HMMT25 Feb", "HMMT25 Nov", "HMMT26 Feb", "Brumo25"))
+)
 
 # Generation settings: explicit flag > protocol preset > a trained run's held-out settings (run_settings) > these.
-DEFAULT_SETTINGS = dict(num_samples=8, temperature=1.0, top_p=1.0, max_new_tokens=64, greedy=True, seed=0,
-                        batch_size=256, chunk_size=32)
+DEFAULT_SETTINGS = dict(
+    num_samples=8, temperature=1.0, top_p=1.0, max_new_tokens=64, greedy=True, seed=0, batch_size=256, chunk_size=32
+)
 PROTOCOLS = {
     # DelTA paper, evaluation: avg@16, temperature 1.0, top-p 0.7, up to 30k new tokens.
     "delta": dict(num_samples=16, temperature=1.0, top_p=0.7, max_new_tokens=30000, greedy=False),
@@ -129,8 +130,12 @@ def resolve_settings(protocol: str | None = None, base: dict | None = None, **fl
     unknown = set(flags) - set(DEFAULT_SETTINGS)
     if unknown:
         raise ValueError(f"unknown setting(s) {sorted(unknown)}; known: {sorted(DEFAULT_SETTINGS)}")
-    s = {**DEFAULT_SETTINGS, **(base or {}), **PROTOCOLS.get(protocol, {}),
-         **{k: v for k, v in flags.items() if v is not None}}
+    s = {
+        **DEFAULT_SETTINGS,
+        **(base or {}),
+        **PROTOCOLS.get(protocol, {}),
+        **{k: v for k, v in flags.items() if v is not None},
+    }
     for key in ("num_samples", "max_new_tokens", "batch_size", "chunk_size", "seed"):
         if isinstance(s[key], bool) or not isinstance(s[key], int):
             raise ValueError(f"{key} must be an int, got {s[key]!r}")
@@ -146,15 +151,20 @@ def resolve_settings(protocol: str | None = None, base: dict | None = None, **fl
     if s["num_samples"] == 0 and not s["greedy"]:
         raise ValueError("nothing to evaluate: num_samples is 0 and the greedy pass is off")
     if s["temperature"] == 0 and s["num_samples"] > 1:
-        raise ValueError(f"temperature 0 makes the {s['num_samples']} samples identical: set --temperature > 0, "
-                         "or use --num_samples 0 (the greedy pass alone)")
-    s["temperature"], s["top_p"], s["greedy"] = float(s["temperature"]), float(s["top_p"]), bool(s["greedy"])
+        raise ValueError(
+            f"temperature 0 makes the {s['num_samples']} samples identical: set --temperature > 0, "
+            "or use --num_samples 0 (the greedy pass alone)"
+        )
+    s["temperature"] = float(s["temperature"])
+    s["top_p"] = float(s["top_p"])
+    s["greedy"] = bool(s["greedy"])
     return s
 
 
 def default_pass_ks(n: int) -> list[int]:
     """k = 1, 2, 4, ... up to n, and n itself: the pass@k reported for n samples (empty for n = 0)."""
-    ks, k = [], 1
+    ks = []
+    k = 1
     while k <= n:
         ks.append(k)
         k *= 2
@@ -189,8 +199,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
 
 
-def compute_metrics(records: list[dict], rows: list[dict], num_samples: int, greedy: bool,
-                    pass_ks: list[int] | None = None) -> dict:
+def compute_metrics(
+    records: list[dict], rows: list[dict], num_samples: int, greedy: bool, pass_ks: list[int] | None = None
+) -> dict:
     """Per-benchmark metrics from graded response records (see the module docstring for the definitions).
 
     Args:
@@ -278,8 +289,12 @@ def overall_metrics(benchmarks: dict[str, dict]) -> dict:
         if not isinstance(m.get("num_problems"), int) or m["num_problems"] < 1:
             raise ValueError(f"benchmark {name!r} has no num_problems >= 1")
     first = next(iter(benchmarks.values()))
-    keys = [k for k in first if all(k in m for m in benchmarks.values())
-            and all(isinstance(m[k], (int, float)) and not isinstance(m[k], bool) for m in benchmarks.values())]
+    keys = [
+        k
+        for k in first
+        if all(k in m for m in benchmarks.values())
+        and all(isinstance(m[k], (int, float)) and not isinstance(m[k], bool) for m in benchmarks.values())
+    ]
     out = {}
     for k in keys:
         values = [(m["num_problems"], m[k]) for m in benchmarks.values()]
@@ -295,85 +310,144 @@ def overall_metrics(benchmarks: dict[str, dict]) -> dict:
 # ----------------------------------------------------------------------------------------------------------
 # Generation + grading
 # ----------------------------------------------------------------------------------------------------------
-def generate_records(model, tokenizer, rows: list[dict], template: str, mode: str, n: int, temperature: float,
-                     top_p: float, max_new_tokens: int, seed: int, stop_ids: list[int], batch_size: int,
-                     num_workers: int = 1, grade_timeout: float = 5.0, progress: str = "") -> list[dict]:
-    """Generate and grade ``n`` responses per row with one ``rollout.generate`` call; one record each.
+class EvalSettings(NamedTuple):
+    """What an evaluation draws: ``num_samples`` sampled responses per problem (0: none) at ``temperature`` /
+    ``top_p`` and, with ``greedy``, one greedy response, each of up to ``max_new_tokens`` tokens, seeded by ``seed``,
+    ``batch_size`` rows per generate call, ended by ``stop_ids`` (None: :func:`rollout.stop_token_ids` with the model
+    and template). The defaults are the trainer's held-out evaluation's (:func:`heldout`)."""
+
+    num_samples: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 64
+    seed: int = 0
+    batch_size: int = HELDOUT_BATCH_SIZE
+    greedy: bool = True
+    stop_ids: list[int] | None = None
+
+
+class Grading(NamedTuple):
+    """How responses are graded: ``workers`` processes (verify.grade_batch), ``timeout`` seconds per response."""
+
+    workers: int = 1
+    timeout: float = 5.0
+
+
+def modes(settings: EvalSettings) -> list[tuple[str, int]]:
+    """The (mode, responses per problem) passes of an evaluation: ("greedy", 1) and ("sample", n), those asked for."""
+    greedy = [("greedy", 1)] if settings.greedy else []
+    return greedy + ([("sample", settings.num_samples)] if settings.num_samples else [])
+
+
+def generate_records(
+    model,
+    tokenizer,
+    rows: list[dict],
+    template: str,
+    mode: str,
+    settings: EvalSettings,
+    grading: Grading = Grading(),
+    progress: str = "",
+) -> list[dict]:
+    """Generate and grade the responses of one mode per row with one ``rollout.generate`` call; one record each.
 
     Args:
-        mode: ``"greedy"`` (temperature 0, n must be 1) or ``"sample"``.
-        seed: seeds the sampler (the same rows, settings and seed give the same responses).
-        num_workers: grading worker processes (verify.grade_batch).
+        mode: ``"greedy"`` (one response, temperature 0) or ``"sample"`` (``settings.num_samples`` responses).
+        settings: ``stop_ids`` resolved (not None); its seed seeds the sampler (the same rows, settings and seed
+            give the same responses).
     Returns:
         records ``{id, mode, sample, response, answer, extracted, correct, reason, length, finish_reason}``
         ordered by row, then sample index.
     """
     if mode not in ("greedy", "sample"):
         raise ValueError(f"mode must be 'greedy' or 'sample', got {mode!r}")
+    n = 1 if mode == "greedy" else settings.num_samples
     prompts = [rollout.apply_template(r["problem"], template) for r in rows]
-    temp = 0.0 if mode == "greedy" else temperature
-    ro = rollout.generate(model, tokenizer, prompts, n, max_new_tokens, temperature=temp, top_p=top_p, seed=seed,
-                          stop_ids=stop_ids, batch_size=batch_size,
-                          stop_strings=rollout.template_stop_strings(template), progress=progress)
+    temp = 0.0 if mode == "greedy" else settings.temperature
+    sampling = rollout.SamplingSettings(
+        settings.max_new_tokens,
+        temp,
+        settings.top_p,
+        settings.seed,
+        settings.stop_ids,
+        rollout.template_stop_strings(template),
+    )
+    ro = rollout.generate(model, tokenizer, prompts, n, sampling, settings.batch_size, progress)
     refs = [r["answer"] for r in rows for _ in range(n)]
-    graded = verify.grade_batch(ro.texts, refs, timeout=grade_timeout, num_workers=num_workers)
+    graded = verify.grade_batch(ro.texts, refs, timeout=grading.timeout, num_workers=grading.workers)
     lengths = ro.response_lengths.tolist()
     records = []
     for i, (text, (ok, reason)) in enumerate(zip(ro.texts, graded)):
         row = rows[i // n]
-        records.append({"id": row["id"], "mode": mode, "sample": i % n, "response": text, "answer": row["answer"],
-                        "extracted": verify.extract_boxed(text), "correct": bool(ok), "reason": reason,
-                        "length": int(lengths[i]), "finish_reason": ro.finish_reasons[i]})
+        records.append(
+            {
+                "id": row["id"],
+                "mode": mode,
+                "sample": i % n,
+                "response": text,
+                "answer": row["answer"],
+                "extracted": verify.extract_boxed(text),
+                "correct": bool(ok),
+                "reason": reason,
+                "length": int(lengths[i]),
+                "finish_reason": ro.finish_reasons[i],
+            }
+        )
     return records
 
 
-def evaluate_rows(model, tokenizer, rows: list[dict], template: str, num_samples: int = 8,
-                  temperature: float = 1.0, top_p: float = 1.0, max_new_tokens: int = 64, seed: int = 0,
-                  batch_size: int = HELDOUT_BATCH_SIZE, greedy: bool = True, num_workers: int = 1,
-                  pass_ks: list[int] | None = None, stop_ids: list[int] | None = None, progress: str = "") -> dict:
+def evaluate_rows(
+    model,
+    tokenizer,
+    rows: list[dict],
+    template: str,
+    settings: EvalSettings = EvalSettings(),
+    grading: Grading = Grading(),
+    pass_ks: list[int] | None = None,
+    progress: str = "",
+) -> dict:
     """Greedy accuracy, avg@k and pass@k (k = 1, 2, 4, ..., n) of ``model`` on ``rows``, all in memory.
 
-    The in-memory core used by the trainer: one ``rollout.generate`` call per mode with ``seed``, no files.
+    The in-memory core used by the trainer: one ``rollout.generate`` call per mode with ``settings.seed``, no files.
     Args:
         rows: ``{id, problem, answer}`` dicts with unique ids.
         template: a key of rollout.PROMPT_TEMPLATES (the training template).
-        num_samples: n sampled responses per problem (0 = none).
-        greedy: also one greedy response per problem.
-        num_workers: grading worker processes.
         pass_ks: the ks of pass@k (default 1, 2, 4, ..., n).
-        stop_ids: ids that end a response (default :func:`rollout.stop_token_ids` with the model).
         progress: a description: a progress bar over each mode's responses (``rollout.generate``).
     Returns:
         the metrics of :func:`compute_metrics` and ``"responses"``: every record with its grade.
     Raises:
         ValueError: see compute_metrics and rollout.generate.
     """
-    stops = stop_ids or rollout.stop_token_ids(tokenizer, template, model)
+    resolved = settings._replace(stop_ids=settings.stop_ids or rollout.stop_token_ids(tokenizer, template, model))
     records = []
-    runs = ([("greedy", 1)] if greedy else []) + ([("sample", num_samples)] if num_samples else [])
-    for mode, n in runs:
-        records += generate_records(model, tokenizer, rows, template, mode, n, temperature, top_p, max_new_tokens,
-                                    seed, stops, batch_size, num_workers=num_workers,
-                                    progress=progress and f"{progress}: {mode}")
-    out = compute_metrics(records, rows, num_samples, greedy, pass_ks)
+    for mode, _ in modes(settings):
+        records += generate_records(
+            model, tokenizer, rows, template, mode, resolved, grading, progress=progress and f"{progress}: {mode}"
+        )
+    out = compute_metrics(records, rows, settings.num_samples, settings.greedy, pass_ks)
     out["responses"] = records
     return out
 
 
-def heldout(model, tokenizer, rows: list[dict], template: str, k: int, temperature: float, top_p: float,
-            max_new_tokens: int, seed: int, progress: str = "") -> dict:
-    """The trainer's held-out evaluation, as ``eval/`` metrics: greedy accuracy, avg@k, pass@k and sample
-    statistics of :func:`evaluate_rows`. Under torchrun each process evaluates every world-th problem and the graded
-    responses are pooled (every process gets the same numbers). ``progress``: a bar's description (process 0)."""
+def heldout(model, tokenizer, rows: list[dict], template: str, settings: EvalSettings, progress: str = "") -> dict:
+    """The trainer's held-out evaluation, as ``eval/`` metrics: greedy accuracy, avg@k, pass@k (k =
+    ``settings.num_samples``) and sample statistics of :func:`evaluate_rows`. Under torchrun each process evaluates
+    every world-th problem and the graded responses are pooled (every process gets the same numbers). ``progress``:
+    a bar's description (process 0)."""
     import distributed
 
-    rank, world = distributed.rank(), distributed.world_size()
+    rank = distributed.rank()
+    world = distributed.world_size()
+    k = settings.num_samples
     with distributed.gathered_weights(model):  # FSDP2: each process runs its own number of forwards
-        res = evaluate_rows(model, tokenizer, rows[rank::world], template, k, temperature, top_p, max_new_tokens,
-                            seed=seed, batch_size=HELDOUT_BATCH_SIZE, progress=progress if rank == 0 else "")
+        res = evaluate_rows(
+            model, tokenizer, rows[rank::world], template, settings, progress=progress if rank == 0 else ""
+        )
     if world > 1:
-        res = compute_metrics([r for part in distributed.all_gather_objects(res["responses"]) for r in part], rows,
-                              k, True)
+        res = compute_metrics(
+            [r for part in distributed.all_gather_objects(res["responses"]) for r in part], rows, k, settings.greedy
+        )
     keep = ("greedy", f"avg@{k}", f"pass@{k}", "sample/mean_length", "sample/truncation_rate", "sample/boxed_rate")
     return {f"eval/{key}": res[key] for key in keep if key in res}
 
@@ -406,7 +480,7 @@ def make_chunks(rows: list[dict], chunk_size: int) -> list[list[dict]]:
     the same chunks, whatever was generated before."""
     order = sorted(range(len(rows)), key=lambda i: (len(rows[i]["problem"]), i))
     ordered = [rows[i] for i in order]
-    return [ordered[i:i + chunk_size] for i in range(0, len(ordered), chunk_size)]
+    return [ordered[i : i + chunk_size] for i in range(0, len(ordered), chunk_size)]
 
 
 def load_responses(path: str | os.PathLike, expected_hash: str, overwrite: bool = False) -> dict:
@@ -433,9 +507,11 @@ def load_responses(path: str | os.PathLike, expected_hash: str, overwrite: bool 
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue
             if h != expected_hash:
-                raise ValueError(f"{path} was written with different settings (hash {h}, now {expected_hash}): "
-                                 "rerun with the same settings to resume, or use another --output_dir or "
-                                 "--overwrite")
+                raise ValueError(
+                    f"{path} was written with different settings (hash {h}, now {expected_hash}): "
+                    "rerun with the same settings to resume, or use another --output_dir or "
+                    "--overwrite"
+                )
             found.setdefault(key, {})[item] = rec  # a regenerated chunk comes later and wins
     return found
 
@@ -491,19 +567,38 @@ def _append(path: Path, records: list[dict]) -> None:
         os.fsync(f.fileno())
 
 
-def run_benchmark(model, tokenizer, name: str, rows: list[dict], template: str, settings: dict, stop_ids: list[int],
-                  path: str | os.PathLike, run_hash: str, num_workers: int = 2, grade_timeout: float = 5.0,
-                  overwrite: bool = False, progress: bool = True) -> tuple[list[dict], int]:
-    """Generate, grade and save the responses of one benchmark, resuming from ``path``.
+class BenchmarkPlan(NamedTuple):
+    """How :func:`run_benchmark` draws a benchmark's responses: the prompt ``template``, the generation ``settings``
+    (``stop_ids`` resolved), the ``grading``, and the ``sampling`` rule (:data:`SAMPLINGS`) with its ``chunk_size``."""
 
-    ``settings["sampling"]`` ``"chunks"`` (the default): problems are cut into chunks of ``settings["chunk_size"]``
+    template: str
+    settings: EvalSettings
+    grading: Grading = Grading(workers=2)
+    sampling: str = "chunks"
+    chunk_size: int = 32
+
+
+class ResponsesFile(NamedTuple):
+    """Where a benchmark's graded responses are saved and resumed from: the jsonl ``path``, the ``run_hash`` every
+    record carries (:func:`settings_hash`), and ``overwrite``: delete a file of other settings instead of refusing."""
+
+    path: str | os.PathLike
+    run_hash: str
+    overwrite: bool = False
+
+
+def run_benchmark(
+    model, tokenizer, name: str, rows: list[dict], plan: BenchmarkPlan, saved: ResponsesFile, progress: bool = True
+) -> tuple[list[dict], int]:
+    """Generate, grade and save the responses of one benchmark, resuming from ``saved.path``.
+
+    ``plan.sampling`` ``"chunks"`` (the default): problems are cut into chunks of ``plan.chunk_size``
     (:func:`make_chunks`), each generated with :func:`chunk_seed`. ``"trainer"``: one chunk of every problem in
-    file order, generated with ``settings["seed"]`` itself, as :func:`evaluate_rows` (the trainer's held-out
-    evaluation) draws them: the same responses. For each mode and chunk: if ``path`` already holds all its records
+    file order, generated with ``plan.settings.seed`` itself, as :func:`evaluate_rows` (the trainer's held-out
+    evaluation) draws them: the same responses. For each mode and chunk: if the file already holds all its records
     (same settings hash and chunk key) they are reused; otherwise the chunk is generated whole, graded, and
-    appended to ``path`` at once. At the end
-    ``path`` is rewritten in canonical order (mode, problem in file order, sample) with exactly this run's
-    records.
+    appended to the file at once. At the end the file is rewritten in canonical order (mode, problem in file order,
+    sample) with exactly this run's records.
     Returns:
         (records in canonical order, number of records reused from the file).
     Raises:
@@ -511,18 +606,16 @@ def run_benchmark(model, tokenizer, name: str, rows: list[dict], template: str, 
     """
     from tqdm import tqdm
 
-    path = Path(path)
-    found = load_responses(path, run_hash, overwrite=overwrite)
+    path = Path(saved.path)
+    found = load_responses(path, saved.run_hash, overwrite=saved.overwrite)
     cut_torn_tail(path)  # appending onto a torn half-line would merge (and lose) the first new record
-    trainer = settings.get("sampling", "chunks") == "trainer"
-    chunks = [rows] if trainer else make_chunks(rows, settings["chunk_size"])
-    runs = ([("greedy", 1)] if settings["greedy"] else []) + \
-           ([("sample", settings["num_samples"])] if settings["num_samples"] else [])
-    total = sum(n * len(rows) for _, n in runs)
+    chunks = [rows] if plan.sampling == "trainer" else make_chunks(rows, plan.chunk_size)
+    total = sum(n * len(rows) for _, n in modes(plan.settings))
     bar = tqdm(total=total, desc=name, unit="resp", disable=not progress, dynamic_ncols=True, mininterval=1.0)
-    records, reused = [], 0
+    records = []
+    reused = 0
     try:
-        for mode, n in runs:
+        for mode, n in modes(plan.settings):
             for ci, chunk in enumerate(chunks):
                 key = chunk_key(ci, chunk)
                 have = found.get((mode, key), {})
@@ -531,19 +624,33 @@ def run_benchmark(model, tokenizer, name: str, rows: list[dict], template: str, 
                     records += [have[w] for w in wanted]
                     reused += len(wanted)
                 else:  # missing or partial: generate the whole chunk (same seed, same batch -> same responses)
-                    seed = settings["seed"] if trainer else chunk_seed(settings["seed"], name, mode, ci)
-                    new = generate_records(model, tokenizer, chunk, template, mode, n, settings["temperature"],
-                                           settings["top_p"], settings["max_new_tokens"], seed, stop_ids,
-                                           settings["batch_size"], num_workers=num_workers,
-                                           grade_timeout=grade_timeout)
-                    for rec in new:
-                        rec.update(chunk=key, settings_hash=run_hash)
-                    _append(path, new)
-                    records += new
+                    records += _new_chunk(model, tokenizer, (name, mode, ci, chunk), plan, saved)
                 bar.set_postfix_str(mode)
                 bar.update(len(wanted))
     finally:
         bar.close()
+    _rewrite_in_file_order(path, records, rows)
+    return records, reused
+
+
+def _new_chunk(
+    model, tokenizer, where: tuple[str, str, int, list[dict]], plan: BenchmarkPlan, saved: ResponsesFile
+) -> list[dict]:
+    """Generate and grade one chunk (``where``: benchmark name, mode, chunk index, its rows) and append its records,
+    tagged with the chunk key and the settings hash, to the responses file."""
+    name, mode, index, chunk = where
+    seed = plan.settings.seed if plan.sampling == "trainer" else chunk_seed(plan.settings.seed, name, mode, index)
+    new = generate_records(
+        model, tokenizer, chunk, plan.template, mode, plan.settings._replace(seed=seed), plan.grading
+    )
+    for rec in new:
+        rec.update(chunk=chunk_key(index, chunk), settings_hash=saved.run_hash)
+    _append(Path(saved.path), new)
+    return new
+
+
+def _rewrite_in_file_order(path: Path, records: list[dict], rows: list[dict]) -> None:
+    """Sort ``records`` in place (mode, problem in file order, sample) and rewrite ``path`` with exactly them."""
     position = {r["id"]: i for i, r in enumerate(rows)}
     mode_rank = {"greedy": 0, "sample": 1}
     records.sort(key=lambda r: (mode_rank[r["mode"]], position[r["id"]], r["sample"]))  # file order
@@ -551,7 +658,6 @@ def run_benchmark(model, tokenizer, name: str, rows: list[dict], template: str, 
     with open(tmp, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     os.replace(tmp, path)
-    return records, reused
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -576,19 +682,28 @@ def format_table(results: dict) -> str:
     greedy ones; time-outs and parse errors are summed over both modes.
     """
     cols = _acc_columns(results)
-    rows = list(results["benchmarks"].items()) + ([("**overall**", results["overall"])] if "overall" in results
-                                                  else [])
+    rows = list(results["benchmarks"].items()) + ([("**overall**", results["overall"])] if "overall" in results else [])
     mode = "sample" if any("sample/mean_length" in m for _, m in rows) else "greedy"
-    head = ["benchmark", "problems"] + cols + [f"mean len ({mode})", "max len", "truncated %", "boxed %",
-                                               "timeouts", "parse errors"]
+    head = (
+        ["benchmark", "problems"]
+        + cols
+        + [f"mean len ({mode})", "max len", "truncated %", "boxed %", "timeouts", "parse errors"]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
     for name, m in rows:
+
         def count(reason):
             return sum(m.get(f"{md}/{reason}", 0) for md in ("greedy", "sample"))
+
         cells = [name, str(m.get("num_problems", ""))] + [_pct(m.get(c)) for c in cols]
-        cells += [f"{m[f'{mode}/mean_length']:.1f}" if f"{mode}/mean_length" in m else "–",
-                  str(m.get(f"{mode}/max_length", "–")), _pct(m.get(f"{mode}/truncation_rate")),
-                  _pct(m.get(f"{mode}/boxed_rate")), str(count("timeout")), str(count("parse_error"))]
+        cells += [
+            f"{m[f'{mode}/mean_length']:.1f}" if f"{mode}/mean_length" in m else "–",
+            str(m.get(f"{mode}/max_length", "–")),
+            _pct(m.get(f"{mode}/truncation_rate")),
+            _pct(m.get(f"{mode}/boxed_rate")),
+            str(count("timeout")),
+            str(count("parse_error")),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -611,17 +726,26 @@ def delta_paper_table(results: dict) -> dict | None:
     settings = results.get("settings", {})
     n = settings.get("num_samples", 0)
     metric = f"avg@{n}" if n else "greedy"
-    cells = {name: {"column": DELTA_PAPER_COLUMNS[name], "questions": b[name]["num_problems"],
-                    "accuracy": b[name][metric]} for name in problems.DELTA_PAPER}
+    cells = {
+        name: {"column": DELTA_PAPER_COLUMNS[name], "questions": b[name]["num_problems"], "accuracy": b[name][metric]}
+        for name in problems.DELTA_PAPER
+    }
     total = sum(c["questions"] for c in cells.values())
     questions = problems.DELTA_PAPER_QUESTIONS
     notes = [f"{total} questions, not DelTA's {questions}"] if total != questions else []
-    notes += [f"{k} {settings[k]} (delta: {v})" for k, v in PROTOCOLS["delta"].items()
-              if k in settings and settings[k] != v]
-    return {"model": results.get("model"), "protocol": results.get("protocol"), "metric": metric,
-            "columns": [DELTA_PAPER_COLUMNS[name] for name in problems.DELTA_PAPER], "benchmarks": cells,
-            "questions": total, "avg": weighted_average((c["questions"], c["accuracy"]) for c in cells.values()),
-            "notes": notes}
+    notes += [
+        f"{k} {settings[k]} (delta: {v})" for k, v in PROTOCOLS["delta"].items() if k in settings and settings[k] != v
+    ]
+    return {
+        "model": results.get("model"),
+        "protocol": results.get("protocol"),
+        "metric": metric,
+        "columns": [DELTA_PAPER_COLUMNS[name] for name in problems.DELTA_PAPER],
+        "benchmarks": cells,
+        "questions": total,
+        "avg": weighted_average((c["questions"], c["accuracy"]) for c in cells.values()),
+        "notes": notes,
+    }
 
 
 def format_delta_paper_table(table: dict) -> str:
@@ -630,11 +754,18 @@ def format_delta_paper_table(table: dict) -> str:
     counts the average is weighted by); its notes, if any, under the table."""
     head = ["Model", "Metric"] + table["columns"] + ["Avg."]
     cells = list(table["benchmarks"].values())
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|",
-             "| " + " | ".join([str(table["model"]), table["metric"]] + [f"{100 * c['accuracy']:.2f}" for c in cells]
-                               + [f"{100 * table['avg']:.2f}"]) + " |",
-             "| " + " | ".join(["questions", ""] + [str(c["questions"]) for c in cells] + [str(table["questions"])])
-             + " |"]
+    lines = [
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join(["---"] * 2 + ["---:"] * (len(head) - 2)) + "|",
+        "| "
+        + " | ".join(
+            [str(table["model"]), table["metric"]]
+            + [f"{100 * c['accuracy']:.2f}" for c in cells]
+            + [f"{100 * table['avg']:.2f}"]
+        )
+        + " |",
+        "| " + " | ".join(["questions", ""] + [str(c["questions"]) for c in cells] + [str(table["questions"])]) + " |",
+    ]
     if table["notes"]:
         lines.append("\nNot DelTA's evaluation: " + "; ".join(table["notes"]) + ".")
     return "\n".join(lines)
@@ -675,7 +806,8 @@ def format_compare(a: dict, b: dict, label_a: str = "A", label_b: str = "B") -> 
     for key in ("model", "protocol", "prompt_template"):
         if a.get(key) != b.get(key):
             notes.append(f"{key}: {a.get(key)} vs {b.get(key)}")
-    sa, sb = a.get("settings", {}), b.get("settings", {})
+    sa = a.get("settings", {})
+    sb = b.get("settings", {})
     for key in sorted(set(sa) | set(sb)):
         if sa.get(key) != sb.get(key):
             notes.append(f"{key}: {sa.get(key)} vs {sb.get(key)}")
@@ -699,8 +831,7 @@ def plot_results(results: dict, output_dir: str | os.PathLike) -> list[str]:
         return []
     cols = _acc_columns(results)
     paths = []
-    items = list(results["benchmarks"].items()) + ([("overall", results["overall"])] if "overall" in results
-                                                   else [])
+    items = list(results["benchmarks"].items()) + ([("overall", results["overall"])] if "overall" in results else [])
     for name, m in items:
         keys = [c for c in cols if c in m]
         values = [100 * m[c] for c in keys]
@@ -711,8 +842,9 @@ def plot_results(results: dict, output_dir: str | os.PathLike) -> list[str]:
         ax.set_xlim(-1, len(keys))
         ax.set_ylim(0, max(100.0, max(values, default=0) * 1.1))
         ax.set_ylabel("accuracy (%)")
-        ax.set_title(f"{name} ({m.get('num_problems', '?')} problems)\n{Path(str(results.get('model', ''))).name}",
-                     fontsize=9)
+        ax.set_title(
+            f"{name} ({m.get('num_problems', '?')} problems)\n{Path(str(results.get('model', ''))).name}", fontsize=9
+        )
         ax.tick_params(axis="x", labelrotation=45, labelsize=8)
         fig.tight_layout()
         p = os.path.join(output_dir, f"{name}.png")
@@ -732,63 +864,103 @@ class _Parser(argparse.ArgumentParser):
 
 def help_text() -> str:
     """The named suites and protocols as ``--help`` lists them: each suite's benchmarks, each protocol's flags."""
+
     def flags(table):
-        return " ".join(f"--{k}" if v is True else f"--no-{k}" if v is False else f"--{k} {v}"
-                        for k, v in table.items())
+        return " ".join(
+            f"--{k}" if v is True else f"--no-{k}" if v is False else f"--{k} {v}" for k, v in table.items()
+        )
 
     suites = problems.SUITES.items()
-    return ("suites (--benchmarks): " + "; ".join(f"{name}: {','.join(names)}" for name, names in suites)
-            + " (delta_paper also prints DelTA's Table 1 row: one column per benchmark and the question-weighted "
-            "Avg.). protocols (--protocol; a flag given beats the protocol's value): "
-            + "; ".join(f"{name}: {flags(table)}" for name, table in PROTOCOLS.items()))
+    return (
+        "suites (--benchmarks): "
+        + "; ".join(f"{name}: {','.join(names)}" for name, names in suites)
+        + " (delta_paper also prints DelTA's Table 1 row: one column per benchmark and the question-weighted "
+        "Avg.). protocols (--protocol; a flag given beats the protocol's value): "
+        + "; ".join(f"{name}: {flags(table)}" for name, table in PROTOCOLS.items())
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(description="Evaluate a model on math benchmarks (greedy, avg@k, pass@k).", epilog=help_text())
     ap.add_argument("--model", default="toy", help="'toy', a local folder or a hub id")
-    ap.add_argument("--benchmarks", default="toy",
-                    help="comma-separated: a suite (all: the eight benchmarks; delta_paper: DelTA's seven, with its "
-                         "Table 1), toy, a benchmark name (" + ", ".join(problems.KNOWN_BENCHMARKS)
-                         + ") or a .jsonl path")
-    ap.add_argument("--data_dir", default=None,
-                    help="folder of <name>.jsonl benchmark files (default: $RLVR_DATA_DIR or data/)")
-    ap.add_argument("--protocol", choices=sorted(PROTOCOLS), default=None,
-                    help="preset: delta = DelTA's evaluation (avg@16, T=1.0, top-p 0.7, 30k tokens, no greedy "
-                         "pass); greedy = one greedy response; a flag given beats the preset")
+    ap.add_argument(
+        "--benchmarks",
+        default="toy",
+        help="comma-separated: a suite (all: the eight benchmarks; delta_paper: DelTA's seven, with its "
+        "Table 1), toy, a benchmark name (" + ", ".join(problems.KNOWN_BENCHMARKS) + ") or a .jsonl path",
+    )
+    ap.add_argument(
+        "--data_dir", default=None, help="folder of <name>.jsonl benchmark files (default: $RLVR_DATA_DIR or data/)"
+    )
+    ap.add_argument(
+        "--protocol",
+        choices=sorted(PROTOCOLS),
+        default=None,
+        help="preset: delta = DelTA's evaluation (avg@16, T=1.0, top-p 0.7, 30k tokens, no greedy "
+        "pass); greedy = one greedy response; a flag given beats the preset",
+    )
     ap.add_argument("--prompt_template", default="auto", help="none | qwen_math | r1 | auto (as in training)")
+    _add_generation_flags(ap)
+    ap.add_argument("--limit", type=int, default=None, help="only the first N problems of each benchmark")
+    ap.add_argument("--grade_workers", type=int, default=2, help="grading worker processes")
+    ap.add_argument("--grade_timeout", type=float, default=5.0, help="seconds per graded response")
+    ap.add_argument(
+        "--num_threads", type=int, default=None, help="torch CPU threads (default: 1 for models under 10M parameters)"
+    )
+    ap.add_argument(
+        "--output_dir",
+        default=None,
+        help="where results.json, results.md and the responses go (default: eval_results/<model>-<hash "
+        "of the settings>); results of other benchmarks with the same settings there are kept",
+    )
+    ap.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="discard responses and results saved in --output_dir with other settings",
+    )
+    ap.add_argument(
+        "--resample",
+        action="store_true",
+        help="generate every response anew, discarding those saved in --output_dir with these settings",
+    )
+    ap.add_argument("--no_plot", action="store_true", help="skip the PNG bar charts")
+    ap.add_argument("--no_progress", action="store_true", help="no progress bar")
+    ap.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("A.json", "B.json"),
+        help="print two results.json side by side with the difference, and exit",
+    )
+    return ap
+
+
+def _add_generation_flags(ap: argparse.ArgumentParser) -> None:
+    """The flags of :data:`DEFAULT_SETTINGS` (None: not given), ``--sampling`` and ``--pass_k``."""
     ap.add_argument("--num_samples", type=int, default=None, help="n sampled responses per problem (default 8)")
     ap.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 1.0)")
     ap.add_argument("--top_p", type=float, default=None, help="nucleus mass (default 1.0)")
     ap.add_argument("--max_new_tokens", type=int, default=None, help="response budget in tokens (default 64)")
-    ap.add_argument("--greedy", action=argparse.BooleanOptionalAction, default=None,
-                    help="also one greedy response per problem (default on; off in --protocol delta)")
+    ap.add_argument(
+        "--greedy",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also one greedy response per problem (default on; off in --protocol delta)",
+    )
     ap.add_argument("--seed", type=int, default=None, help="base seed (default 0)")
     ap.add_argument("--batch_size", type=int, default=None, help="rows per generate call (default 256)")
-    ap.add_argument("--chunk_size", type=int, default=None,
-                    help="problems generated, saved and resumed together (default 32)")
-    ap.add_argument("--sampling", choices=SAMPLINGS, default=None,
-                    help="chunks: length-sorted chunks of --chunk_size, each with its own seed (resumes chunk by "
-                         "chunk); trainer: as grpo.py's held-out evaluation (file order, one pass per mode with "
-                         "--seed: its very responses; resumes mode by mode). Default: trainer for a trained run's "
-                         "checkpoint without --protocol, else chunks")
+    ap.add_argument(
+        "--chunk_size", type=int, default=None, help="problems generated, saved and resumed together (default 32)"
+    )
+    ap.add_argument(
+        "--sampling",
+        choices=SAMPLINGS,
+        default=None,
+        help="chunks: length-sorted chunks of --chunk_size, each with its own seed (resumes chunk by "
+        "chunk); trainer: as grpo.py's held-out evaluation (file order, one pass per mode with "
+        "--seed: its very responses; resumes mode by mode). Default: trainer for a trained run's "
+        "checkpoint without --protocol, else chunks",
+    )
     ap.add_argument("--pass_k", default=None, help="comma-separated ks for pass@k (default 1,2,4,...,n)")
-    ap.add_argument("--limit", type=int, default=None, help="only the first N problems of each benchmark")
-    ap.add_argument("--grade_workers", type=int, default=2, help="grading worker processes")
-    ap.add_argument("--grade_timeout", type=float, default=5.0, help="seconds per graded response")
-    ap.add_argument("--num_threads", type=int, default=None,
-                    help="torch CPU threads (default: 1 for models under 10M parameters)")
-    ap.add_argument("--output_dir", default=None,
-                    help="where results.json, results.md and the responses go (default: eval_results/<model>-<hash "
-                         "of the settings>); results of other benchmarks with the same settings there are kept")
-    ap.add_argument("--overwrite", action="store_true",
-                    help="discard responses and results saved in --output_dir with other settings")
-    ap.add_argument("--resample", action="store_true",
-                    help="generate every response anew, discarding those saved in --output_dir with these settings")
-    ap.add_argument("--no_plot", action="store_true", help="skip the PNG bar charts")
-    ap.add_argument("--no_progress", action="store_true", help="no progress bar")
-    ap.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
-                    help="print two results.json side by side with the difference, and exit")
-    return ap
 
 
 def main(argv=None):
@@ -801,37 +973,32 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     if args.compare:
         return compare_results_files(*args.compare)
-    run = trained_run(args.model) if args.protocol is None else None  # its held-out evaluation is the default
-    settings = resolve_settings(args.protocol, run_settings(run) if run else None,
-                                **{k: getattr(args, k) for k in DEFAULT_SETTINGS})
-    settings["sampling"] = args.sampling or ("trainer" if run else "chunks")
-    if run:
-        print(f"[settings] {args.model} is a checkpoint of a grpo.py run: its held-out evaluation's settings and "
-              f"sampling (seed {run.get('seed', 0)} + {HELDOUT_SEED_OFFSET}, file order, one pass per mode) unless a "
-              "flag says otherwise")
+    settings = _settings_from_flags(args)
     n = settings["num_samples"]
-    pass_ks = check_pass_ks([int(k) for k in args.pass_k.split(",") if k.strip()], n) if args.pass_k else \
-        default_pass_ks(n)
+    pass_ks = (
+        check_pass_ks([int(k) for k in args.pass_k.split(",") if k.strip()], n) if args.pass_k else default_pass_ks(n)
+    )
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
+    toy.register()  # "toy" as a model, a benchmark and --prompt_template auto's rule (toy.py), from here on
     benches = problems.resolve_benchmarks(args.benchmarks, args.data_dir)
     data = _load_all_rows(benches, args.data_dir, args.limit)  # a bad row or missing file stops before the model loads
     model, tokenizer = _load_model(args.model, args.num_threads)
     template = rollout.resolve_template(args.prompt_template, args.model, print)
     stop_ids = rollout.stop_token_ids(tokenizer, template, model)
-    generation = {"model": args.model, "prompt_template": template, "stop_ids": stop_ids,
-                  "chunking": CHUNKING[settings["sampling"]],
-                  **{k: settings[k] for k in DEFAULT_SETTINGS}}
+    generation = {
+        "model": args.model,
+        "prompt_template": template,
+        "stop_ids": stop_ids,
+        "chunking": CHUNKING[settings["sampling"]],
+        **{k: settings[k] for k in DEFAULT_SETTINGS},
+    }
     run_hash = settings_hash(generation)
     args.output_dir = args.output_dir or os.path.join("eval_results", f"{_model_slug(args.model)}-{run_hash[:8]}")
     earlier = _earlier_results(args.output_dir, run_hash, args.overwrite)
     os.makedirs(args.output_dir, exist_ok=True)
-    results = {"model": args.model, "protocol": args.protocol, "prompt_template": template,
-               "settings": {**{k: settings[k] for k in DEFAULT_SETTINGS}, "sampling": settings["sampling"],
-                            "pass_k": pass_ks, "stop_ids": stop_ids,
-                            "limit": args.limit, "grade_timeout": args.grade_timeout},
-               "settings_hash": run_hash, "versions": checkpoint.library_versions(), "benchmarks": {},
-               "run": {"seconds": {}, "reused_responses": {}}}
+    recorded = {"pass_k": pass_ks, "stop_ids": stop_ids, "limit": args.limit, "grade_timeout": args.grade_timeout}
+    results = _new_results(args, template, settings, recorded, run_hash)
     t_start = time.time()
     _evaluate_benchmarks(results, model, tokenizer, benches, data, settings, args)
     results["benchmarks"] = {**earlier, **results["benchmarks"]}  # the folder's other benchmarks, same settings
@@ -842,6 +1009,45 @@ def main(argv=None):
     results["run"]["seconds"]["total"] = round(time.time() - t_start, 2)
     _save_and_print(results, settings, args)
     return results
+
+
+def _settings_from_flags(args: argparse.Namespace) -> dict:
+    """The generation settings (:func:`resolve_settings`) and ``"sampling"``; a trained run's checkpoint without
+    ``--protocol`` defaults to its held-out evaluation's (said)."""
+    run = trained_run(args.model) if args.protocol is None else None  # its held-out evaluation is the default
+    settings = resolve_settings(
+        args.protocol, run_settings(run) if run else None, **{k: getattr(args, k) for k in DEFAULT_SETTINGS}
+    )
+    settings["sampling"] = args.sampling or ("trainer" if run else "chunks")
+    if run:
+        print(
+            f"[settings] {args.model} is a checkpoint of a grpo.py run: its held-out evaluation's settings and "
+            f"sampling (seed {run.get('seed', 0)} + {HELDOUT_SEED_OFFSET}, file order, one pass per mode) unless a "
+            "flag says otherwise"
+        )
+    return settings
+
+
+def _new_results(args: argparse.Namespace, template: str, settings: dict, recorded: dict, run_hash: str) -> dict:
+    """results.json before any benchmark: the model, protocol, template, settings (``recorded``: pass ks, stop ids,
+    limit, grade timeout), the settings hash and the library versions."""
+    return {
+        "model": args.model,
+        "protocol": args.protocol,
+        "prompt_template": template,
+        "settings": {
+            **{k: settings[k] for k in DEFAULT_SETTINGS},
+            "sampling": settings["sampling"],
+            "pass_k": recorded["pass_k"],
+            "stop_ids": recorded["stop_ids"],
+            "limit": recorded["limit"],
+            "grade_timeout": recorded["grade_timeout"],
+        },
+        "settings_hash": run_hash,
+        "versions": checkpoint.library_versions(),
+        "benchmarks": {},
+        "run": {"seconds": {}, "reused_responses": {}},
+    }
 
 
 def compare_results_files(path_a: str, path_b: str) -> str:
@@ -887,34 +1093,47 @@ def _load_model(name: str, num_threads: int | None):
     return model, tokenizer
 
 
-def _evaluate_benchmarks(results: dict, model, tokenizer, benches: list[tuple[str, str]], data: dict,
-                         settings: dict, args: argparse.Namespace) -> None:
+def _evaluate_benchmarks(
+    results: dict,
+    model,
+    tokenizer,
+    benches: list[tuple[str, str]],
+    data: dict,
+    settings: dict,
+    args: argparse.Namespace,
+) -> None:
     """Generate (or reuse), grade and score each benchmark into ``results["benchmarks"]``, with its seconds and how
     many responses were reused (the template, stop ids, pass ks and settings hash are the ones ``results`` records);
     on Ctrl-C, says where the responses so far are (the same command resumes)."""
+    drawn = {k: settings[k] for k in EvalSettings._fields if k != "stop_ids"}
+    generation = EvalSettings(**drawn, stop_ids=results["settings"]["stop_ids"])
+    grading = Grading(args.grade_workers, args.grade_timeout)
+    plan = BenchmarkPlan(results["prompt_template"], generation, grading, settings["sampling"], settings["chunk_size"])
     for name, source in benches:
         t0 = time.time()
         path = Path(args.output_dir) / f"{name}_responses.jsonl"
         if args.resample and path.exists():  # asked for: the saved responses of these settings go
             path.unlink()
         try:
-            records, reused = run_benchmark(model, tokenizer, name, data[name], results["prompt_template"], settings,
-                                            results["settings"]["stop_ids"], path, results["settings_hash"],
-                                            num_workers=args.grade_workers, grade_timeout=args.grade_timeout,
-                                            overwrite=args.overwrite, progress=not args.no_progress)
+            saved = ResponsesFile(path, results["settings_hash"], args.overwrite)
+            records, reused = run_benchmark(model, tokenizer, name, data[name], plan, saved, not args.no_progress)
         except KeyboardInterrupt:
-            print(f"\ninterrupted: the responses so far are in {path}; rerun the same command to resume",
-                  file=sys.stderr)
+            print(
+                f"\ninterrupted: the responses so far are in {path}; rerun the same command to resume", file=sys.stderr
+            )
             raise
-        metrics = compute_metrics(records, data[name], settings["num_samples"], settings["greedy"],
-                                  results["settings"]["pass_k"])
+        metrics = compute_metrics(
+            records, data[name], settings["num_samples"], settings["greedy"], results["settings"]["pass_k"]
+        )
         metrics["source"] = source if source in ("toy", "hf") else str(Path(source).resolve())
         results["benchmarks"][name] = metrics
         results["run"]["seconds"][name] = round(time.time() - t0, 2)
         results["run"]["reused_responses"][name] = reused
         if reused:  # said, so that a run of saved responses is never mistaken for a new one
-            print(f"[reused] {name}: {reused} of {len(records)} responses from {path} (the same settings; --resample "
-                  "generates them anew)")
+            print(
+                f"[reused] {name}: {reused} of {len(records)} responses from {path} (the same settings; --resample "
+                "generates them anew)"
+            )
 
 
 def _save_and_print(results: dict, settings: dict, args: argparse.Namespace) -> None:
@@ -929,22 +1148,34 @@ def _save_and_print(results: dict, settings: dict, args: argparse.Namespace) -> 
             json.dump(data, f, indent=1)
         with open(os.path.join(args.output_dir, f"{stem}.md"), "w", encoding="utf-8") as f:
             f.write(text + "\n")
-    print(f"\nmodel {args.model} | template {results['prompt_template']} | protocol {args.protocol or '-'} | "
-          + ", ".join(f"{k}={settings[k]}" for k in ("num_samples", "temperature", "top_p", "max_new_tokens",
-                                                     "greedy", "seed")) + "\n")
+    print(
+        f"\nmodel {args.model} | template {results['prompt_template']} | protocol {args.protocol or '-'} | "
+        + ", ".join(
+            f"{k}={settings[k]}" for k in ("num_samples", "temperature", "top_p", "max_new_tokens", "greedy", "seed")
+        )
+        + "\n"
+    )
     print(table)
     if paper:
-        print(f"\nDelTA's Table 1 (--benchmarks delta_paper; {results['delta_paper']['metric']}, Avg. weighted by "
-              f"question count):\n{paper}")
+        print(
+            f"\nDelTA's Table 1 (--benchmarks delta_paper; {results['delta_paper']['metric']}, Avg. weighted by "
+            f"question count):\n{paper}"
+        )
     for line in trainer_figures(args.model, results, settings):  # the same checkpoint, as grpo.py logged it
         print(line)
     if not args.no_plot:
         pngs = plot_results(results, args.output_dir)
-        print(f"\nbar charts: {len(pngs)} PNG in {args.output_dir}" if pngs else
-              "\n(matplotlib not installed: no bar charts)")
-    print(f"results: {os.path.join(args.output_dir, 'results.json')}"
-          + (f"; DelTA's table: {os.path.join(args.output_dir, 'delta_paper.md')}" if paper else "") + "; responses: "
-          f"{os.path.join(args.output_dir, '<benchmark>_responses.jsonl')}")
+        print(
+            f"\nbar charts: {len(pngs)} PNG in {args.output_dir}"
+            if pngs
+            else "\n(matplotlib not installed: no bar charts)"
+        )
+    print(
+        f"results: {os.path.join(args.output_dir, 'results.json')}"
+        + (f"; DelTA's table: {os.path.join(args.output_dir, 'delta_paper.md')}" if paper else "")
+        + "; responses: "
+        f"{os.path.join(args.output_dir, '<benchmark>_responses.jsonl')}"
+    )
 
 
 def trained_run(model: str) -> dict | None:
@@ -965,8 +1196,12 @@ def run_settings(cfg: dict) -> dict:
     and avg@``eval_num_generations`` at ``eval_temperature`` / ``eval_top_p`` (default: the training ones) with up
     to ``max_completion_length`` tokens, seed = the run's seed + 12345, batches of :data:`HELDOUT_BATCH_SIZE`."""
     out = {"greedy": True, "seed": cfg.get("seed", 0) + HELDOUT_SEED_OFFSET, "batch_size": HELDOUT_BATCH_SIZE}
-    pick = {"temperature": ("eval_temperature", "temperature"), "top_p": ("eval_top_p", "top_p"),
-            "max_new_tokens": ("max_completion_length",), "num_samples": ("eval_num_generations",)}
+    pick = {
+        "temperature": ("eval_temperature", "temperature"),
+        "top_p": ("eval_top_p", "top_p"),
+        "max_new_tokens": ("max_completion_length",),
+        "num_samples": ("eval_num_generations",),
+    }
     for key, names in pick.items():
         value = next((cfg[n] for n in names if cfg.get(n) is not None), None)
         if value is not None and not (key == "num_samples" and value == 0):
@@ -988,32 +1223,47 @@ def trainer_figures(model: str, results: dict, settings: dict) -> list[str]:
         return []
     if cfg is None:
         return []
-    step = int(os.path.basename(os.path.normpath(model)).rpartition("-")[2]) if "checkpoint-" in model else \
-        cfg.get("max_steps")
+    step = (
+        int(os.path.basename(os.path.normpath(model)).rpartition("-")[2])
+        if "checkpoint-" in model
+        else cfg.get("max_steps")
+    )
     heldout = cfg.get("eval_data") or ("toy" if cfg.get("data") == "toy" else "")
     mine = next((m for name, m in results["benchmarks"].items() if heldout in (name, m.get("source"))), None)
     theirs = next((r for r in logged if r["step"] == step), None)
     k = settings["num_samples"]
     if mine is None or theirs is None or f"eval/avg@{k}" not in theirs or f"avg@{k}" not in mine:
         return []
-    p, n, greedy = mine[f"avg@{k}"], mine["num_problems"] * k, mine.get("greedy", float("nan"))
-    head = (f"\ngrpo.py logged for this checkpoint (step {step}): avg@{k} {theirs[f'eval/avg@{k}']:.3f}, greedy "
-            f"{theirs['eval/greedy']:.3f}; here: avg@{k} {p:.3f}, greedy {greedy:.3f}.")
+    p = mine[f"avg@{k}"]
+    n = mine["num_problems"] * k
+    greedy = mine.get("greedy", float("nan"))
+    head = (
+        f"\ngrpo.py logged for this checkpoint (step {step}): avg@{k} {theirs[f'eval/avg@{k}']:.3f}, greedy "
+        f"{theirs['eval/greedy']:.3f}; here: avg@{k} {p:.3f}, greedy {greedy:.3f}."
+    )
     expected = {**run_settings(cfg), "num_samples": k}
     other = [f"--{key} {settings[key]} (run: {v})" for key, v in expected.items() if settings.get(key) != v]
     other += [f"--sampling {settings.get('sampling')}"] if settings.get("sampling") != "trainer" else []
     other += [f"--limit {results['settings']['limit']}"] if results.get("settings", {}).get("limit") else []
     if not other and cfg.get("num_processes", 1) == 1:
-        return [head, "The same responses as the trainer's evaluation (--sampling trainer, the run's held-out "
-                      "settings): the figures agree."]
-    why = ", ".join(other) if other else \
-        f"the run evaluated on {cfg['num_processes']} processes, each drawing its own share of the problems"
+        return [
+            head,
+            "The same responses as the trainer's evaluation (--sampling trainer, the run's held-out "
+            "settings): the figures agree.",
+        ]
+    why = (
+        ", ".join(other)
+        if other
+        else f"the run evaluated on {cfg['num_processes']} processes, each drawing its own share of the problems"
+    )
     same = abs(greedy - theirs.get("eval/greedy", float("nan"))) < 1e-9
-    return [head,
-            f"The same model with other random draws ({why}; the trainer's: --sampling trainer with the run's "
-            f"held-out settings). Sampled figures differ by sampling noise: one standard deviation of "
-            f"avg@{k} over {n:,} responses is {(p * (1 - p) / max(n, 1)) ** 0.5:.3f}. Greedy decoding draws nothing"
-            + (" and agrees." if same else ", but other batches round differently: an argmax tie can flip.")]
+    return [
+        head,
+        f"The same model with other random draws ({why}; the trainer's: --sampling trainer with the run's "
+        f"held-out settings). Sampled figures differ by sampling noise: one standard deviation of "
+        f"avg@{k} over {n:,} responses is {(p * (1 - p) / max(n, 1)) ** 0.5:.3f}. Greedy decoding draws nothing"
+        + (" and agrees." if same else ", but other batches round differently: an argmax tie can flip."),
+    ]
 
 
 def _model_slug(name: str) -> str:
@@ -1034,8 +1284,10 @@ def _earlier_results(output_dir: str, run_hash: str, overwrite: bool) -> dict:
         return old.get("benchmarks", {})
     if overwrite:
         return {}
-    raise ValueError(f"{path} holds results made with different settings (model {old.get('model')}, protocol "
-                     f"{old.get('protocol')}): choose another --output_dir, or pass --overwrite to replace them")
+    raise ValueError(
+        f"{path} holds results made with different settings (model {old.get('model')}, protocol "
+        f"{old.get('protocol')}): choose another --output_dir, or pass --overwrite to replace them"
+    )
 
 
 if __name__ == "__main__":

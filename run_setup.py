@@ -19,6 +19,7 @@ import problems
 import recipes
 import report
 import rollout
+from trainer import vllm_engine
 
 
 def load_data(cfg, say):
@@ -50,7 +51,7 @@ def build_policy(cfg, run, say):
     optimisations = policy.exact_optimisations(model, cfg, say)  # each default one exact here, or off with a reason
     template = rollout.resolve_template(cfg.prompt_template, cfg.model, say, cfg.data)
     stop_ids = rollout.stop_token_ids(tokenizer, template, model)
-    llm = rollout.create_vllm_engine(
+    llm = vllm_engine.create_engine(
         policy.model_path(cfg.model), gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
         enable_sleep_mode=cfg.vllm_enable_sleep_mode, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
         kv_cache_dtype=cfg.vllm_kv_cache_dtype, sampler_logprobs=cfg.vllm_importance_sampling_correction,
@@ -71,10 +72,10 @@ class HeldOut:
             return {}
         temperature = cfg.temperature if cfg.eval_temperature is None else cfg.eval_temperature  # paper: T 1.0
         top_p = cfg.top_p if cfg.eval_top_p is None else cfg.eval_top_p  # paper: top-p 0.7
+        settings = evaluate.EvalSettings(cfg.eval_num_generations, temperature, top_p, cfg.max_completion_length,
+                                         seed=cfg.seed + 12345)
         with policy.oom_guard(f"the evaluation at step {step}"):
-            record = {"step": step, **evaluate.heldout(self.model, self.tokenizer, self.rows, self.template,
-                                                       cfg.eval_num_generations, temperature, top_p,
-                                                       cfg.max_completion_length, seed=cfg.seed + 12345,
+            record = {"step": step, **evaluate.heldout(self.model, self.tokenizer, self.rows, self.template, settings,
                                                        progress=f"eval step {step}")}
         return self.run.log(record, echo=f"[eval step {step}]")
 
@@ -188,10 +189,11 @@ def rollout_batch(step, cfg, actor, source):
     seeded by the step and the process. Returns (the ``rollout.Rollout``, each response's reference answer, seconds)."""
     t0 = time.time()
     prompts, answers = prompts_of_step(cfg, source.sampler, source.dataset, source.template)
-    batch = rollout.sample(actor.model, actor.tokenizer, prompts, cfg.num_generations, cfg.max_completion_length,
-                           cfg.temperature, cfg.top_p, seed=cfg.seed * 100_003 + step + 1_000_003 * distributed.rank(),
-                           stop_ids=source.stop_ids, stop_strings=rollout.template_stop_strings(source.template),
-                           llm=actor.llm, sleep_after=cfg.vllm_enable_sleep_mode)
+    seed = cfg.seed * 100_003 + step + 1_000_003 * distributed.rank()
+    settings = rollout.SamplingSettings(cfg.max_completion_length, cfg.temperature, cfg.top_p, seed, source.stop_ids,
+                                        rollout.template_stop_strings(source.template))
+    batch = rollout.sample(actor.model, actor.tokenizer, prompts, cfg.num_generations, settings, llm=actor.llm,
+                           sleep_after=cfg.vllm_enable_sleep_mode)
     return batch, answers, time.time() - t0
 
 

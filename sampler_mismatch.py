@@ -15,7 +15,7 @@ GRPO normalisers do not depend on Ã. So ``policy_loss(logp, old, Ã·w, ...)`` 
 with β > 0 too (grpo.policy_loss adds β·k3 outside the Ã term, as TRL adds it after the IS product). Tested against
 the explicit product (tests/test_sampler_mismatch.py).
 
-The sampler's log-probs are vLLM's ``processed_logprobs`` (rollout.create_vllm_engine: the log-softmax after the
+The sampler's log-probs are vLLM's ``processed_logprobs`` (trainer/vllm_engine.create_engine: the log-softmax after the
 temperature and top-p, the distribution it sampled from). With top-p < 1 they are renormalised over the nucleus, log
 (p_t / S) with S the nucleus mass, while the trainer scores the full distribution, log p_t: the ratio is then S ≤ 1 for
 every sampled token even with identical numerics (trl#6789), i.e. the correction also scales each token's loss by its

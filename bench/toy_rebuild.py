@@ -51,7 +51,7 @@ def compare_models(built, shipped=toy.SHIPPED, rows: list[dict] | None = None) -
         rows = toy.load_split("test") if rows is None else rows
         for name, folder in (("rebuilt", built), ("shipped", shipped)):
             model, tokenizer = policy.load_model_and_tokenizer(str(folder), device="cpu")
-            res = evaluate.evaluate_rows(model, tokenizer, rows, "none", 8, seed=12345)
+            res = evaluate.evaluate_rows(model, tokenizer, rows, "none", evaluate.EvalSettings(8, seed=12345))
             out[name] = {"greedy": 100 * res["greedy"], "avg@8": 100 * res["avg@8"]}
         out["ok"] = all(abs(out["rebuilt"][k] - out["shipped"][k]) <= REBUILD_TOLERANCE for k in ("greedy", "avg@8"))
     return out

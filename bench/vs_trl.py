@@ -137,8 +137,8 @@ def _evaluate(model, tokenizer, spec) -> dict:
     if spec["eval_limit"]:
         rows = rows[:spec["eval_limit"]]
     t0 = time.perf_counter()
-    res = evaluate.evaluate_rows(model, tokenizer, rows, TEMPLATE, spec["eval_k"], 1.0, 1.0,
-                                 spec["max_completion_length"], seed=spec["eval_seed"])
+    settings = evaluate.EvalSettings(spec["eval_k"], 1.0, 1.0, spec["max_completion_length"], seed=spec["eval_seed"])
+    res = evaluate.evaluate_rows(model, tokenizer, rows, TEMPLATE, settings)
     k = spec["eval_k"]
     return {"greedy": res["greedy"], f"avg@{k}": res[f"avg@{k}"], "problems": len(rows),
             "eval_seconds": time.perf_counter() - t0}

@@ -150,8 +150,8 @@ def heldout(model, tokenizer, args) -> dict:
     import problems
 
     rows = problems.load_problems("toy", split="test")[:args.eval_limit or None]
-    return evaluate.evaluate_rows(model, tokenizer, rows, "none", 8, 1.0, 1.0, args.max_completion_length,
-                                  seed=args.seed + 12345)
+    settings = evaluate.EvalSettings(8, 1.0, 1.0, args.max_completion_length, seed=args.seed + 12345)
+    return evaluate.evaluate_rows(model, tokenizer, rows, "none", settings)
 
 
 def main(argv=None) -> dict:

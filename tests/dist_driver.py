@@ -28,12 +28,10 @@ def _pad(t, width, value, left):
     return torch.nn.functional.pad(t, pad, value=value)
 
 
-def per_prompt_generate(model, tokenizer, prompts, num_generations, max_new_tokens, temperature=1.0, top_p=1.0,
-                        seed=0, stop_ids=None, batch_size=None, stop_strings=None, progress=""):
-    step_seed = seed % 1_000_003  # grpo seeds a step with seed*100_003 + step + 1_000_003*rank: drop the rank
-    parts = [_generate(model, tokenizer, [p], num_generations, max_new_tokens, temperature, top_p,
-                       seed=zlib.crc32(p.encode()) + step_seed, stop_ids=stop_ids, stop_strings=stop_strings,
-                       progress=progress)
+def per_prompt_generate(model, tokenizer, prompts, num_generations, settings, batch_size=None, progress=""):
+    step_seed = settings.seed % 1_000_003  # grpo seeds a step with seed*100_003 + step + 1_000_003*rank: drop the rank
+    parts = [_generate(model, tokenizer, [p], num_generations,
+                       settings._replace(seed=zlib.crc32(p.encode()) + step_seed), progress=progress)
              for p in prompts]
     P = max(r.prompt_length for r in parts)
     T = max(r.response_ids.shape[1] for r in parts)

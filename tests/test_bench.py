@@ -249,7 +249,7 @@ def test_widened_toy_computes_the_same_function(toy_model_path, tmp_path, float6
         p.numel() for p in toy.parameters())
     for layer in wide.model.layers:
         layer.self_attn.q_norm.variance_epsilon = layer.self_attn.k_norm.variance_epsilon = toy.config.rms_norm_eps
-    batch = rollout.generate(toy, tok, ["Compute 7+5-3.\n", "Compute 12+30.\n"], 3, 16, seed=0)
+    batch = rollout.generate(toy, tok, ["Compute 7+5-3.\n", "Compute 12+30.\n"], 3, rollout.SamplingSettings(16))
     logp = [policy.token_logprobs(float64_model(m).eval(), batch.input_ids, batch.attention_mask, batch.response_mask)
             for m in (toy, wide)]
     assert logp[0].abs().sum() > 0

@@ -62,7 +62,7 @@ def rollout_batch(toy_model_path):
     torch.manual_seed(0)
     model, tok = policy.load_model_and_tokenizer(toy_model_path)
     rows = toy.make_split("train")[:4]
-    batch = rollout.generate(model, tok, [r["problem"] + "\n" for r in rows], 4, 48, seed=3)
+    batch = rollout.generate(model, tok, [r["problem"] + "\n" for r in rows], 4, rollout.SamplingSettings(48, seed=3))
     return model, tok, rows, batch
 
 
@@ -324,7 +324,7 @@ def test_shared_prompt_runs_each_distinct_prompt_once_and_handles_one_token_prom
     model, tok = policy.load_model_and_tokenizer(toy_model_path)
     model = float64_model(model)
     for prompts in (["Compute 1+2.\n", "", "7", "Compute 12-3+4.\n"], ["", ""]):
-        batch = rollout.generate(model, tok, prompts, 3, 12, seed=5)
+        batch = rollout.generate(model, tok, prompts, 3, rollout.SamplingSettings(12, seed=5))
         N, T = batch.response_mask.shape
         shared = policy.SharedPrompts(model, batch.input_ids, batch.attention_mask, torch.arange(N), T)
         assert shared.mask.shape[0] == len(set(prompts)) and shared.mask.shape[1] == \

@@ -467,7 +467,7 @@ def test_conditioned_prompts_get_the_rollout_special_tokens(which, request):
 
     model, tok = request.getfixturevalue("toy_tiny" if which == "toy_tokenizer_adds_bos" else "tiny")
     batch = rollout.generate(model, tok, ["Compute 7+5-3.\n", "Compute 12+30.\n"], num_generations=2,
-                             max_new_tokens=3, seed=0)
+                             settings=rollout.SamplingSettings(max_new_tokens=3, seed=0))
     P = batch.prompt_length
     plain = [ids[a.bool()].tolist() for ids, a in zip(batch.input_ids[:, :P], batch.attention_mask[:, :P])]
     pairs = [cscr.build_condition_prompts(p) for p in batch.prompts]
@@ -523,7 +523,7 @@ def test_header_usage_example_runs(toy_tiny, float64_model):
     assert "cscr.scoring_inputs" in code and "cscr.default_logprob_fn" in code  # ℓ0 from public names alone
     assert "cscr._" not in code
     batch = rollout.generate(model, tokenizer, ["Compute 7+5-3.\n", "Compute 12+30.\n"], num_generations=2,
-                             max_new_tokens=6, seed=1)
+                             settings=rollout.SamplingSettings(max_new_tokens=6, seed=1))
     m = batch.response_mask.bool()
     # the trainer's plain old-log-prob pass over the rollout's own rows
     lp0 = cscr.default_logprob_fn(model, batch.input_ids, batch.attention_mask, batch.response_mask, 1.0)

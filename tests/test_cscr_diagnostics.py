@@ -190,9 +190,9 @@ def test_diagnose_samples_as_the_trainer(tiny):
     _, ten = cscr_diagnostics.diagnose(model, tok, ["compute one plus two.", "compute ten."], ["3", "10"], 4,
                                        max_new_tokens=8, gen_batch_size=4, seed=3, temperature=0.9, top_p=0.95,
                                        return_tensors=True)
-    batch = rollout.sample(model, tok, ten["prompts"], 1, 8, 0.9, 0.95, seed=3,
-                           stop_ids=rollout.stop_token_ids(tok, "none", model),
-                           stop_strings=rollout.template_stop_strings("none"))
+    batch = rollout.sample(model, tok, ten["prompts"], 1, rollout.SamplingSettings(
+        8, 0.9, 0.95, seed=3, stop_ids=rollout.stop_token_ids(tok, "none", model),
+        stop_strings=rollout.template_stop_strings("none")))
     T = ten["response_mask"].shape[1]
     assert torch.equal(batch.response_mask.bool()[:, :T], ten["response_mask"])
     assert not batch.response_mask[:, T:].any()  # the study drops only columns that hold no response token

@@ -197,7 +197,7 @@ def test_filter_drops_exactly_the_prompts_longer_than_the_limit(toy_tokenizer, t
     prompts = [rollout.apply_template(r["problem"], template) for r in rows]
     counts = [len(toy_tokenizer(p).input_ids) for p in prompts]  # independent: one prompt at a time
     # the rollout's own encoding (left-padded batch) has the same number of real tokens per prompt
-    _, enc = rollout._encode_prompts(toy_tokenizer, prompts, 1)
+    _, enc = rollout.encode_prompts(toy_tokenizer, prompts, 1)
     assert enc["attention_mask"].sum(1).tolist() == counts
     limit = sorted(counts)[len(counts) // 2]  # a row exactly at the limit is kept (verl: len <= max_prompt_length)
     expect = [r for r, n in zip(rows, counts) if n <= limit]

@@ -434,11 +434,10 @@ def counting_generate(monkeypatch):
     calls = []
     real = rollout.generate
 
-    def wrapper(model, tokenizer, prompts, num_generations, max_new_tokens, temperature=1.0, top_p=1.0, seed=0,
-                stop_ids=None, batch_size=None, stop_strings=None, progress=""):
-        calls.append({"prompts": list(prompts), "n": num_generations, "temperature": temperature, "seed": seed})
-        return real(model, tokenizer, prompts, num_generations, max_new_tokens, temperature, top_p, seed, stop_ids,
-                    batch_size, stop_strings, progress)
+    def wrapper(model, tokenizer, prompts, num_generations, settings, batch_size=None, progress=""):
+        calls.append({"prompts": list(prompts), "n": num_generations, "temperature": settings.temperature,
+                      "seed": settings.seed})
+        return real(model, tokenizer, prompts, num_generations, settings, batch_size, progress)
 
     monkeypatch.setattr(rollout, "generate", wrapper)
     return calls
@@ -593,7 +592,7 @@ def test_evaluate_rows_keeps_the_trainer_keys(tiny_model_path):
 
     model, tokenizer = policy.load_model_and_tokenizer(tiny_model_path)
     rows = toy.make_split("test", n=3)
-    res = evaluate.evaluate_rows(model, tokenizer, rows, "none", num_samples=2, max_new_tokens=4, seed=1)
+    res = evaluate.evaluate_rows(model, tokenizer, rows, "none", evaluate.EvalSettings(2, max_new_tokens=4, seed=1))
     for key in ("greedy", "avg@2", "pass@2", "sample/mean_length", "sample/truncation_rate", "sample/boxed_rate"):
         assert key in res
     assert len(res["responses"]) == 3 + 6
@@ -685,9 +684,10 @@ def test_a_trained_run_is_evaluated_as_the_trainer_evaluates_it(toy_model_path, 
     rows = problems.load_problems("toy", split="test")
     assert len(rows) * 2 > evaluate.HELDOUT_BATCH_SIZE  # more than one batch of the trainer's
     # grpo.py's run_eval, as it calls it
-    logged = evaluate.heldout(model, tokenizer, rows, "none", 2, 1.0, 0.9, 40, seed=3 + 12345)
+    settings = evaluate.EvalSettings(2, 1.0, 0.9, 40, seed=3 + 12345)
+    logged = evaluate.heldout(model, tokenizer, rows, "none", settings)
     (run / "metrics.jsonl").write_text(json.dumps({"step": 60, **logged}) + "\n")
-    in_memory = evaluate.evaluate_rows(model, tokenizer, rows, "none", 2, 1.0, 0.9, 40, seed=3 + 12345)["responses"]
+    in_memory = evaluate.evaluate_rows(model, tokenizer, rows, "none", settings)["responses"]
     counting_generate.clear()
     res = evaluate.main(["--model", str(run / "final"), "--benchmarks", "toy", "--output_dir", str(tmp_path / "ev"),
                          "--no_plot", "--no_progress", "--grade_workers", "1"])

@@ -181,7 +181,7 @@ def test_response_mask_includes_eos_when_pad_equals_eos():
 def test_generate_layout_and_eos_in_mask(tiny):
     model, tok = tiny
     prompts = ["Compute 3+4.\n", "Compute 12+7-5.\n"]
-    ro = rollout.generate(model, tok, prompts, num_generations=3, max_new_tokens=12, seed=1)
+    ro = rollout.generate(model, tok, prompts, 3, rollout.SamplingSettings(max_new_tokens=12, seed=1))
     assert ro.input_ids.shape[0] == 6 and ro.prompts == [prompts[0]] * 3 + [prompts[1]] * 3
     assert ro.input_ids.shape[1] == ro.prompt_length + ro.response_ids.shape[1]
     for i in range(6):
@@ -191,7 +191,7 @@ def test_generate_layout_and_eos_in_mask(tiny):
         else:
             assert n == 12
     # same seed, same rollout
-    again = rollout.generate(model, tok, prompts, num_generations=3, max_new_tokens=12, seed=1)
+    again = rollout.generate(model, tok, prompts, 3, rollout.SamplingSettings(max_new_tokens=12, seed=1))
     assert torch.equal(again.response_ids, ro.response_ids)
 
 

@@ -121,7 +121,7 @@ def toy_batch(toy_model_path):
     torch.manual_seed(0)
     model, tok = policy.load_model_and_tokenizer(toy_model_path)
     rows = toy.make_split("train")[:4]
-    batch = rollout.generate(model, tok, [r["problem"] + "\n" for r in rows], 4, 40, seed=5)
+    batch = rollout.generate(model, tok, [r["problem"] + "\n" for r in rows], 4, rollout.SamplingSettings(40, seed=5))
     return model, tok, batch
 
 

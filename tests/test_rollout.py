@@ -51,8 +51,8 @@ def rigged(tiny):
 
 
 def _sample(model, tok, seed=0, num_generations=4, **kw):
-    return rollout.generate(model, tok, PROMPTS, num_generations, MAX_NEW, temperature=kw.pop("temperature", 1.0),
-                            seed=seed, stop_ids=[tok.eos_token_id], **kw)
+    settings = rollout.SamplingSettings(MAX_NEW, seed=seed, stop_ids=[tok.eos_token_id], **kw)
+    return rollout.generate(model, tok, PROMPTS, num_generations, settings)
 
 
 def _frequency(ro, token):

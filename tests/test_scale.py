@@ -29,7 +29,7 @@ def fixed_batch(tiny_model_path):
     """A rollout of the tiny random model: 2 prompts × 4 responses (the responses are random text)."""
     model, tok = _load(tiny_model_path)
     rows = toy.make_split("train")[:2]
-    return rollout.generate(model, tok, [r["problem"] + "\n" for r in rows], 4, 16, seed=3)
+    return rollout.generate(model, tok, [r["problem"] + "\n" for r in rows], 4, rollout.SamplingSettings(16, seed=3))
 
 
 def _logp(model, batch):
@@ -402,7 +402,7 @@ def test_lora_run_names_its_base_model_as_given_and_its_folder_loads(toy_model_p
     model, tok = policy.load_model_and_tokenizer(str(out / "final"))
     assert hasattr(model, "peft_config")  # the adapter is on
     base, _ = policy.load_model_and_tokenizer(toy_model_path)
-    batch = rollout.generate(base, tok, ["Compute 1+2.\n"], 2, 12, seed=0)
+    batch = rollout.generate(base, tok, ["Compute 1+2.\n"], 2, rollout.SamplingSettings(12))
     trained = policy.token_logprobs(model.eval(), batch.input_ids, batch.attention_mask, batch.response_mask)
     plain = policy.token_logprobs(base.eval(), batch.input_ids, batch.attention_mask, batch.response_mask)
     assert (trained - plain).abs().max() > 1e-4  # the adapter's update is there

@@ -1,4 +1,4 @@
-"""The vLLM rollout backend (rollout.create_vllm_engine / generate_vllm / sync_weights / vllm_weight_name).
+"""The vLLM rollout backend (trainer/vllm_engine.py: create_engine / generate / sync_weights / vllm_weight_name).
 
 Two kinds of tests:
 
@@ -28,6 +28,7 @@ import grpo
 import policy
 import rollout
 import toy
+from trainer import vllm_engine
 
 VLLM_NAME_CASES = [
     # plain HF names pass through
@@ -57,12 +58,12 @@ VLLM_NAME_CASES = [
 
 @pytest.mark.parametrize("name,expected", VLLM_NAME_CASES)
 def test_vllm_weight_name(name, expected):
-    assert rollout.vllm_weight_name(name) == expected
+    assert vllm_engine.vllm_weight_name(name) == expected
 
 
 def test_vllm_weight_name_rejects_empty():
     with pytest.raises(ValueError, match="empty"):
-        rollout.vllm_weight_name("")
+        vllm_engine.vllm_weight_name("")
 
 
 # ------------------------------------------------------------------------------------------------ fake engine
@@ -113,7 +114,7 @@ def _toy_model():
 def test_sync_weights_plain_model_pushes_every_parameter_then_resets_cache():
     model = _toy_model()
     llm = FakeEngine()
-    n = rollout.sync_weights(model, llm)
+    n = vllm_engine.sync_weights(model, llm)
     params = dict(model.named_parameters())
     assert n == len(params) == len(llm.loaded)
     assert set(llm.loaded) == set(params)  # HF names are what vLLM's load_weights expects
@@ -130,7 +131,7 @@ def test_sync_weights_tied_embeddings_pushed_once():
                                          tie_word_embeddings=True))
     assert model.lm_head.weight is model.model.embed_tokens.weight
     llm = FakeEngine()
-    rollout.sync_weights(model, llm)
+    vllm_engine.sync_weights(model, llm)
     # the shared tensor goes once, as the embedding: vLLM ties lm_head to it when the config says so
     assert "model.embed_tokens.weight" in llm.loaded and "lm_head.weight" not in llm.loaded
     assert set(llm.loaded) == {n for n, _ in model.named_parameters()}
@@ -152,7 +153,7 @@ def test_sync_weights_lora_pushes_merged_base_names_then_unmerges():
         q.lora_A["default"].weight
 
     llm = FakeEngine(model=model)
-    n = rollout.sync_weights(model, llm)
+    n = vllm_engine.sync_weights(model, llm)
 
     assert set(llm.loaded) == plain_names and n == len(plain_names)  # base names only, no lora_, no prefix
     assert all(llm.merged_while_loading)  # every tensor was read while the adapter was merged
@@ -200,7 +201,7 @@ def test_sync_weights_pushes_the_active_adapters_modules_to_save_copy_once():
     for active in ("default", "ref"):
         model.set_adapter(active)
         llm = FakeEngine()  # it refuses a name pushed twice
-        n = rollout.sync_weights(model, llm)
+        n = vllm_engine.sync_weights(model, llm)
         assert set(llm.loaded) == plain_names and n == len(plain_names)  # nothing the engine does not have
         torch.testing.assert_close(llm.loaded["lm_head.weight"], copies[active], atol=0, rtol=0)
         # v_proj: the default adapter's LoRA merged in, or (ref has none there) the base weight
@@ -222,7 +223,7 @@ def test_sync_weights_merges_trainable_tokens_into_the_embedding():
     delta = emb.trainable_tokens_delta["default"].detach().clone()
     assert not torch.equal(base[rows], delta)
     llm = FakeEngine()
-    rollout.sync_weights(model, llm)
+    vllm_engine.sync_weights(model, llm)
     assert set(llm.loaded) == plain_names
     expected = base.clone()
     expected[rows] = delta  # peft's trainable tokens replace the rows of the listed ids
@@ -233,7 +234,7 @@ def test_sync_weights_merges_trainable_tokens_into_the_embedding():
 def test_vllm_weights_refuses_an_unmerged_adapter_and_a_name_twice():
     model = _peft_toy(dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj"]))
     with pytest.raises(RuntimeError, match=r"\['default'\] of .*layers\.0\.self_attn\.q_proj is not merged"):
-        list(rollout._vllm_weights(model))
+        list(vllm_engine._vllm_weights(model))
 
     class Wrapped(torch.nn.Module):  # "weight" and "_orig_mod.weight" are both the engine's "weight"
         def __init__(self):
@@ -242,12 +243,12 @@ def test_vllm_weights_refuses_an_unmerged_adapter_and_a_name_twice():
             self._orig_mod = torch.nn.Linear(2, 2)
 
     with pytest.raises(RuntimeError, match="weight and _orig_mod.weight both map to the engine weight weight"):
-        list(rollout._vllm_weights(Wrapped()))
+        list(vllm_engine._vllm_weights(Wrapped()))
 
 
 def test_sync_weights_wakes_a_sleeping_engine_weights_first():
     llm = FakeEngine(sleeping=True)
-    rollout.sync_weights(_toy_model(), llm)
+    vllm_engine.sync_weights(_toy_model(), llm)
     assert llm.events == [("wake_up", ("weights",)), ("reload_weights",), ("reset_prefix_cache",),
                           ("wake_up", ("kv_cache",))]
     assert not llm.sleeping
@@ -260,24 +261,24 @@ def test_sync_weights_refuses_an_engine_in_another_process():
     llm = FakeEngine()
     llm.engine_core = MPClient()
     with pytest.raises(RuntimeError, match="in this process"):
-        rollout.sync_weights(_toy_model(), llm)
+        vllm_engine.sync_weights(_toy_model(), llm)
 
 
 def test_generate_vllm_and_engine_argument_checks():
     tok = toy.build_tokenizer()
     with pytest.raises(ValueError, match="prompts"):
-        rollout.generate_vllm(FakeEngine(), tok, [], 2, 8)
+        vllm_engine.generate(FakeEngine(), tok, [], 2, rollout.SamplingSettings(8))
     with pytest.raises(ValueError, match="max_new_tokens"):
-        rollout.generate_vllm(FakeEngine(), tok, ["Compute 1+2.\n"], 2, 0)
+        vllm_engine.generate(FakeEngine(), tok, ["Compute 1+2.\n"], 2, rollout.SamplingSettings(0))
     with pytest.raises(RuntimeError, match="asleep"):
-        rollout.generate_vllm(FakeEngine(sleeping=True), tok, ["Compute 1+2.\n"], 2, 8)
+        vllm_engine.generate(FakeEngine(sleeping=True), tok, ["Compute 1+2.\n"], 2, rollout.SamplingSettings(8))
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
-        rollout.create_vllm_engine("x", gpu_memory_utilization=1.5)
+        vllm_engine.create_engine("x", gpu_memory_utilization=1.5)
     with pytest.raises(ValueError, match="model_path"):
-        rollout.create_vllm_engine("")
+        vllm_engine.create_engine("")
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="sleep"):
-            rollout.create_vllm_engine("x", enable_sleep_mode=True)
+            vllm_engine.create_engine("x", enable_sleep_mode=True)
 
 
 # ------------------------------------------------------------------------------------------------ real engine
@@ -291,28 +292,30 @@ import gc, sys
 import torch, torch.distributed as dist
 torch.set_num_threads(1)
 import policy, rollout, toy
+from trainer import vllm_engine
 
 def main(path):
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     model, tok = policy.load_model_and_tokenizer(path, device="cpu")
-    llm = rollout.create_vllm_engine(path, dtype="float32", max_model_len=128, seed=rank,
-                                     kv_cache_memory_bytes=32 * 2 ** 20)
+    llm = vllm_engine.create_engine(path, dtype="float32", max_model_len=128, seed=rank,
+                                    kv_cache_memory_bytes=32 * 2 ** 20)
     backend = llm.llm_engine.vllm_config.parallel_config.distributed_executor_backend
     rows = toy.make_split("test")[3 * rank:3 * rank + 3]  # each rank its own prompts
     prompts = [rollout.apply_template(r["problem"], "none") for r in rows]
     stop = rollout.stop_token_ids(tok, "none", model)
     same, texts = [], []
     for step in range(2):
-        hf = rollout.generate(model, tok, prompts, 2, 40, temperature=0.0, stop_ids=stop)
-        vl = rollout.generate_vllm(llm, tok, prompts, 2, 40, temperature=0.0, stop_ids=stop)
+        greedy = rollout.SamplingSettings(40, temperature=0.0, stop_ids=stop)
+        hf = rollout.generate(model, tok, prompts, 2, greedy)
+        vl = vllm_engine.generate(llm, tok, prompts, 2, greedy)
         same.append(torch.equal(hf.response_ids, vl.response_ids) and hf.texts == vl.texts)
         texts.append(hf.texts)
         gen = torch.Generator().manual_seed(step)  # the same update on every rank, as data parallelism gives
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.05 * torch.randn(p.shape, generator=gen))
-        rollout.sync_weights(model, llm)
+        vllm_engine.sync_weights(model, llm)
     total = torch.tensor([rank + 1.0])
     dist.all_reduce(total)
     print(f"RESULT rank={rank} backend={backend} same={all(same)} changed={texts[0] != texts[1]} "
@@ -367,8 +370,8 @@ def engine(toy_model_path, tmp_path_factory):
     shutil.copytree(toy_model_path, path)
     config = json.loads((path / "generation_config.json").read_text())
     (path / "generation_config.json").write_text(json.dumps({**config, **POLLUTED_GENERATION_CONFIG}))
-    llm = rollout.create_vllm_engine(str(path), dtype="float32", max_model_len=128, seed=0, enforce_eager=True,
-                                     kv_cache_memory_bytes=64 * 2 ** 20, generation_config="auto")
+    llm = vllm_engine.create_engine(str(path), dtype="float32", max_model_len=128, seed=0, enforce_eager=True,
+                                    kv_cache_memory_bytes=64 * 2 ** 20, generation_config="auto")
     assert llm.get_default_sampling_params().repetition_penalty == 100.0  # vLLM did read the polluted file
     yield llm
     del llm
@@ -378,7 +381,7 @@ def engine(toy_model_path, tmp_path_factory):
 def fresh(engine, toy_model_path):
     """The toy policy loaded from disk (float32, CPU) and synced into the shared engine."""
     model, tok = policy.load_model_and_tokenizer(toy_model_path, device="cpu")
-    rollout.sync_weights(model, engine)
+    vllm_engine.sync_weights(model, engine)
     return engine, model, tok
 
 
@@ -387,9 +390,9 @@ def _prompts(n=6):
 
 
 def _greedy_both(llm, model, tok, prompts, stop):
-    kw = dict(num_generations=2, max_new_tokens=MAX_NEW, temperature=0.0, stop_ids=stop,
-              stop_strings=rollout.template_stop_strings("none"))
-    return rollout.generate(model, tok, prompts, **kw), rollout.generate_vllm(llm, tok, prompts, **kw)
+    greedy = rollout.SamplingSettings(MAX_NEW, temperature=0.0, stop_ids=stop,
+                                      stop_strings=rollout.template_stop_strings("none"))
+    return rollout.generate(model, tok, prompts, 2, greedy), vllm_engine.generate(llm, tok, prompts, 2, greedy)
 
 
 def _assert_same_rollout(a, b):
@@ -456,13 +459,14 @@ def test_vllm_matches_hf_on_the_same_weights(fresh):
     assert "stop" in vl.finish_reasons
     # vLLM stops on the given stop ids only, as HF does: with "Q" as the only stop id both run past EOS
     only_q = [tok.convert_tokens_to_ids("Q")]
-    kw = dict(num_generations=1, max_new_tokens=MAX_NEW, temperature=0.0, stop_ids=only_q)
-    hf_q, vl_q = rollout.generate(model, tok, prompts, **kw), rollout.generate_vllm(llm, tok, prompts, **kw)
+    greedy_q = rollout.SamplingSettings(MAX_NEW, temperature=0.0, stop_ids=only_q)
+    hf_q = rollout.generate(model, tok, prompts, 1, greedy_q)
+    vl_q = vllm_engine.generate(llm, tok, prompts, 1, greedy_q)
     _assert_same_rollout(hf_q, vl_q)
     assert (vl_q.response_ids == tok.eos_token_id).any()  # EOS was generated and did not end the response
     # sampling: layout, EOS in the mask, reproducible by seed, rows of a group differ
     G = 4
-    ro = rollout.generate_vllm(llm, tok, prompts, G, MAX_NEW, temperature=1.0, seed=3, stop_ids=stop)
+    ro = vllm_engine.generate(llm, tok, prompts, G, rollout.SamplingSettings(MAX_NEW, 1.0, seed=3, stop_ids=stop))
     assert ro.input_ids.shape == (len(prompts) * G, ro.prompt_length + ro.response_ids.shape[1])
     assert ro.prompts == [p for p in prompts for _ in range(G)]
     for i in range(len(ro.input_ids)):
@@ -474,21 +478,21 @@ def test_vllm_matches_hf_on_the_same_weights(fresh):
         else:
             assert n == MAX_NEW
         assert ro.texts[i] == tok.decode(ro.response_ids[i, :n], skip_special_tokens=True)
-    again = rollout.generate_vllm(llm, tok, prompts, G, MAX_NEW, temperature=1.0, seed=3, stop_ids=stop)
+    again = vllm_engine.generate(llm, tok, prompts, G, rollout.SamplingSettings(MAX_NEW, 1.0, seed=3, stop_ids=stop))
     assert torch.equal(again.response_ids, ro.response_ids)
-    other = rollout.generate_vllm(llm, tok, prompts, G, MAX_NEW, temperature=1.0, seed=4, stop_ids=stop)
+    other = vllm_engine.generate(llm, tok, prompts, G, rollout.SamplingSettings(MAX_NEW, 1.0, seed=4, stop_ids=stop))
     assert not torch.equal(other.response_ids, ro.response_ids)
     assert len(set(ro.texts)) > len(prompts)  # not G copies of one sample per prompt
     # the trainer's log-probs of vLLM's and of HF's samples are finite, and vLLM scores its samples as the
     # trainer does (same weights, float32: only kernel round-off; anchors §B7-8)
     _check_scores_match_trainer(llm, model, ro, atol=1e-3)
-    hf_sampled = rollout.generate(model, tok, prompts, G, MAX_NEW, temperature=1.0, seed=3, stop_ids=stop)
+    hf_sampled = rollout.generate(model, tok, prompts, G, rollout.SamplingSettings(MAX_NEW, 1.0, seed=3, stop_ids=stop))
     with torch.no_grad():
         assert torch.isfinite(policy.token_logprobs(model, hf_sampled.input_ids, hf_sampled.attention_mask,
                                                   hf_sampled.response_mask)).all()
     # a prompt + budget beyond max_model_len is refused rather than silently cut short
     with pytest.raises(ValueError, match="max_model_len"):
-        rollout.generate_vllm(llm, tok, prompts, 1, 200, temperature=0.0, stop_ids=stop)
+        vllm_engine.generate(llm, tok, prompts, 1, rollout.SamplingSettings(200, temperature=0.0, stop_ids=stop))
 
 
 @pytest.mark.vllm
@@ -501,9 +505,9 @@ def test_vllm_samples_softmax_over_temperature_whatever_the_generation_config(fr
     llm, model, tok = fresh
     rigged, _, a = rigged_model((model, tok))
     assert a == 69 and tok.eos_token_id == 2  # the ids written in POLLUTED_GENERATION_CONFIG
-    rollout.sync_weights(rigged, llm)
-    ro = rollout.generate_vllm(llm, tok, _prompts(8), 8, MAX_NEW, temperature=temperature, seed=0,
-                               stop_ids=[tok.eos_token_id])
+    vllm_engine.sync_weights(rigged, llm)
+    ro = vllm_engine.generate(llm, tok, _prompts(8), 8,
+                              rollout.SamplingSettings(MAX_NEW, temperature, stop_ids=[tok.eos_token_id]))
     ids = ro.response_ids[ro.response_mask.bool()]
     n_rest = len(tok) - 5  # ordinary tokens besides "a": vocabulary minus pad, BOS, EOS, unk and "a"
     weights = [P_A, P_EOS] + [(1 - P_A - P_EOS) / n_rest] * n_rest
@@ -521,15 +525,15 @@ def test_sync_weights_after_a_full_finetuning_step(fresh):
     prompts = _prompts()
     stop = rollout.stop_token_ids(tok, "none", model)
     before, _ = _greedy_both(llm, model, tok, prompts, stop)
-    ro = rollout.generate_vllm(llm, tok, prompts, 4, MAX_NEW, temperature=1.0, seed=0, stop_ids=stop)
+    ro = vllm_engine.generate(llm, tok, prompts, 4, rollout.SamplingSettings(MAX_NEW, 1.0, stop_ids=stop))
     _one_step(model, tok, ro, lr=1e-2)
-    hf_new = rollout.generate(model, tok, prompts, 2, MAX_NEW, temperature=0.0, stop_ids=stop,
-                              stop_strings=rollout.template_stop_strings("none"))
+    greedy = rollout.SamplingSettings(MAX_NEW, temperature=0.0, stop_ids=stop,
+                                      stop_strings=rollout.template_stop_strings("none"))
+    hf_new = rollout.generate(model, tok, prompts, 2, greedy)
     assert hf_new.texts != before.texts  # the step really changed the policy, or this test proves nothing
-    stale = rollout.generate_vllm(llm, tok, prompts, 2, MAX_NEW, temperature=0.0, stop_ids=stop,
-                                  stop_strings=rollout.template_stop_strings("none"))
+    stale = vllm_engine.generate(llm, tok, prompts, 2, greedy)
     assert stale.texts == before.texts  # the engine still has the old weights until the sync
-    rollout.sync_weights(model, llm)
+    vllm_engine.sync_weights(model, llm)
     hf, vl = _greedy_both(llm, model, tok, prompts, stop)
     _assert_same_rollout(hf, vl)
     _check_scores_match_trainer(llm, model, ro, atol=1e-3)
@@ -544,13 +548,14 @@ def test_sync_weights_after_a_lora_step(fresh):
     model = policy.prepare_model(model, cfg)
     model.eval()
     before, _ = _greedy_both(llm, model, tok, prompts, stop)
-    ro = rollout.generate_vllm(llm, tok, prompts, 4, MAX_NEW, temperature=1.0, seed=0, stop_ids=stop)
+    ro = vllm_engine.generate(llm, tok, prompts, 4, rollout.SamplingSettings(MAX_NEW, 1.0, stop_ids=stop))
     _one_step(model, tok, ro, lr=5e-2)
     base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
-    hf_new = rollout.generate(model, tok, prompts, 2, MAX_NEW, temperature=0.0, stop_ids=stop,
-                              stop_strings=rollout.template_stop_strings("none"))
+    greedy = rollout.SamplingSettings(MAX_NEW, temperature=0.0, stop_ids=stop,
+                                      stop_strings=rollout.template_stop_strings("none"))
+    hf_new = rollout.generate(model, tok, prompts, 2, greedy)
     assert hf_new.texts != before.texts  # the adapter step changed the policy
-    rollout.sync_weights(model, llm)
+    vllm_engine.sync_weights(model, llm)
     hf, vl = _greedy_both(llm, model, tok, prompts, stop)
     _assert_same_rollout(hf, vl)
     _check_scores_match_trainer(llm, model, ro, atol=1e-3)
@@ -561,16 +566,17 @@ def test_sync_weights_after_a_lora_step(fresh):
             torch.testing.assert_close(p.detach(), base[n], atol=1e-6, rtol=0)
 
 
-# The trainer end to end with --use_vllm: grpo.main under a wrapper of rollout.sync_weights that, after every push,
+# The trainer end to end with --use_vllm: grpo.main under a wrapper of vllm_engine.sync_weights that, after every push,
 # checks that the engine's greedy responses equal the trainer policy's own (HF) greedy responses, so each rollout of
 # the run really samples the current policy. Also under torchrun with FSDP2 (each rank its own engine; full
 # fine-tuning gathers each sharded weight with DTensor.full_tensor while pushing).
 TRAIN_DRIVER = r"""
 import sys
 import distributed, grpo, policy, rollout, toy
+from trainer import vllm_engine
 
 checks = []
-real_sync = rollout.sync_weights
+real_sync = vllm_engine.sync_weights
 
 def checked_sync(model, llm):
     n = real_sync(model, llm)
@@ -578,8 +584,8 @@ def checked_sync(model, llm):
     prompts = [rollout.apply_template(r["problem"], "none") for r in toy.make_split("test")[:3]]
     stop = rollout.stop_token_ids(tok, "none")
     with distributed.gathered_weights(model):
-        hf = rollout.generate(model, tok, prompts, 1, 24, temperature=0.0, stop_ids=stop)
-    vl = rollout.generate_vllm(llm, tok, prompts, 1, 24, temperature=0.0, stop_ids=stop)
+        hf = rollout.generate(model, tok, prompts, 1, rollout.SamplingSettings(24, temperature=0.0, stop_ids=stop))
+    vl = vllm_engine.generate(llm, tok, prompts, 1, rollout.SamplingSettings(24, temperature=0.0, stop_ids=stop))
     checks.append(hf.texts == vl.texts)
     return n
 
@@ -588,7 +594,7 @@ def _tok():
     return AutoTokenizer.from_pretrained(sys.argv[1])
 
 if __name__ == "__main__":  # verify.py's grading workers are spawned: they re-import this file
-    rollout.sync_weights = checked_sync
+    vllm_engine.sync_weights = checked_sync
     grpo.main(["--model", sys.argv[1]] + sys.argv[2:])
     print(f"SYNC_CHECKS rank={distributed.rank_from_env()} {checks}", flush=True)
 """
