@@ -72,9 +72,9 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-import checkpoint
-import policy
-import problems
+from trainer import checkpoint
+from trainer import policy
+from trainer import problems
 import rollout
 import toy
 import verify
@@ -435,7 +435,7 @@ def heldout(model, tokenizer, rows: list[dict], template: str, settings: EvalSet
     ``settings.num_samples``) and sample statistics of :func:`evaluate_rows`. Under torchrun each process evaluates
     every world-th problem and the graded responses are pooled (every process gets the same numbers). ``progress``:
     a bar's description (process 0)."""
-    import distributed
+    from trainer import distributed
 
     rank = distributed.rank()
     world = distributed.world_size()

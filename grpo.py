@@ -53,24 +53,24 @@ from dataclasses import dataclass
 
 import torch
 
-import baselines
-import checkpoint
+from comparisons import baselines
+from trainer import checkpoint
 import cscr
-import cscr_ablations
+from comparisons import cscr_ablations
 import delta
-import delta_ablations
-import distributed
-import loss_rules
-import memory_plan
-import policy
-import preflight
-import recipes
+from comparisons import delta_ablations
+from trainer import distributed
+from comparisons import loss_rules
+from trainer import memory_plan
+from trainer import policy
+from trainer import preflight
+from trainer import recipes
 import rollout
-import run_setup
-import sampler_mismatch
+from trainer import run_setup
+from trainer import sampler_mismatch
 import toy
 import verify
-from grpo_config import GRPOConfig, build_parser, check_config  # every flag and its check (grpo_config.py)
+from trainer.grpo_config import GRPOConfig, build_parser, check_config  # every flag and its check (grpo_config.py)
 toy.register()  # --model toy, --data toy: the built-in toy in the generic modules (toy.py)
 
 # --- The maths: pure functions on tensors ---------------------------------------------------------------------

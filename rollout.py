@@ -25,7 +25,7 @@ import torch
 
 # The prompt templates (anchors §C5; grpo_config.py): each gives a problem's text, the special tokens that end a
 # response besides EOS, and the stop *strings* (a base model runs on into an invented question: bug case C28).
-from grpo_config import PROMPT_TEMPLATES, QWEN_MATH_SYSTEM  # noqa: F401
+from trainer.grpo_config import PROMPT_TEMPLATES, QWEN_MATH_SYSTEM  # noqa: F401
 from trainer import vllm_engine
 
 
@@ -347,7 +347,7 @@ def sample(
     weights are pushed into it first; with ``sleep_after`` it then frees its memory for the update), else HF
     ``generate``. Under FSDP2 both read the gathered full weights (distributed.py)."""
 
-    import distributed
+    from trainer import distributed
 
     if llm is None:
         with distributed.gathered_weights(model):  # sampling runs a different number of forwards on each process

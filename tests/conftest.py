@@ -23,7 +23,7 @@ def toy_registered():
 
 @pytest.fixture(scope="session")
 def toy_model_path():
-    """The warmed-up toy base model that ships in toy_model/ (toy.py)."""
+    """The warmed-up toy base model that ships in toy/model/ (toy.py)."""
     import toy
 
     return toy.ensure_toy_model()
@@ -112,7 +112,7 @@ class _LogProbPasses:
     micro-batch's log π a slice of the parameter (a graph to it under ``grad``), its entropy the buffer's."""
 
     def __init__(self, model, batch, rows, cfg, *, grad, hidden=False, keep_graphs=False, entropy=False):
-        import policy
+        from trainer import policy
 
         self.model, self.grad, self.micro_batch = model, grad, policy.MicroBatch
         self.layout = policy.micro_batches(rows, batch.attention_mask, cfg.micro_batch_size,
@@ -137,7 +137,7 @@ def loss_stage(monkeypatch):
     ``grpo.GRPOConfig`` (max_completion_length T, no shared prompt). Returns (loss, ∂loss/∂log π [N, T], the
     stage's statistic sums, the loss weights [N, T])."""
     import grpo
-    import policy
+    from trainer import policy
     import rollout
 
     monkeypatch.setattr(policy, "Passes", _LogProbPasses)

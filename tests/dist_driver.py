@@ -55,7 +55,7 @@ def count_chunked_lm_head_calls(budget: int) -> None:
     ``<output_dir>/chunked_lm_head_calls.<rank>`` when it exits."""
     import atexit
 
-    import policy
+    from trainer import policy
 
     policy.LOGITS_CHUNK_BYTES, calls, apply = budget, [0], policy.ChunkedLMHead.apply
     policy.ChunkedLMHead.apply = lambda *a: calls.__setitem__(0, calls[0] + 1) or apply(*a)

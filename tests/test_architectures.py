@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import grpo
-import policy
+from trainer import policy
 import rollout
 
 TOL = 1e-10

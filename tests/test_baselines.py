@@ -12,8 +12,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import baselines  # noqa: E402
-import policy  # noqa: E402
+from comparisons import baselines  # noqa: E402
+from trainer import policy  # noqa: E402
 
 F64 = torch.float64
 TOL = dict(rtol=0, atol=1e-9)

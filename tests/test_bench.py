@@ -1,6 +1,6 @@
-"""Smoke tests of bench/scaling.py (the benchmark-only patches and the summary), on a tiny grid, of
-bench/credit_overhead.py's rows (every comparison rule of bench/reproduce.py) on two tiny ones, and of the GPU
-check (bench/gpu_check.py, bench/gpu_smoke.py, bench/gpu_wheels.sh) on the CPU with --tiny.
+"""Smoke tests of tools/bench/scaling.py (the benchmark-only patches and the summary), on a tiny grid, of
+tools/bench/credit_overhead.py's rows (every comparison rule of tools/bench/reproduce.py) on two tiny ones, and of the GPU
+check (tools/bench/gpu_check.py, tools/bench/gpu_smoke.py, tools/bench/gpu_wheels.sh) on the CPU with --tiny.
 
 Checks what the benchmark's numbers rely on, not timings: every response really has the forced length, the random
 rewards give every response a non-zero advantage (so DelTA's and CSCR's hooks run on every row), the runs of one
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench import credit_overhead, gpu_check, gpu_smoke, memory_plan_check, scaling  # noqa: E402
+from tools.bench import credit_overhead, gpu_check, gpu_smoke, memory_plan_check, scaling  # noqa: E402
 
 pytestmark = pytest.mark.bench  # the benchmark scripts' smoke tests: -m bench (pyproject.toml; .ci/run runs them)
 
@@ -76,7 +76,7 @@ def test_bad_cells_rejected():
 
 
 # ----------------------------------------------------------------------------------------------------------
-# bench/gpu_check.py (the GPU check, issue #17) and bench/gpu_smoke.py, on the CPU with --tiny: every part runs
+# tools/bench/gpu_check.py (the GPU check, issue #17) and tools/bench/gpu_smoke.py, on the CPU with --tiny: every part runs
 # through the same code as on the device; what it records is checked against its sources (the run folders, the
 # tiny config), and a child past its time limit is stopped with its whole process group.
 # ----------------------------------------------------------------------------------------------------------
@@ -118,14 +118,14 @@ def test_gpu_check_tiny_runs_every_part(tmp_path, random_toy_root):
         if (REPO / ".git").exists() and shutil.which("git") else None
     if head is not None and head.returncode == 0:
         assert env["git"]["commit"] == head.stdout.strip()
-    elif gpu_smoke.GIT_STAMP.exists():  # bench/gpu_wheels.sh's stamp of a tree copied without .git
+    elif gpu_smoke.GIT_STAMP.exists():  # tools/bench/gpu_wheels.sh's stamp of a tree copied without .git
         assert env["git"]["source"] and len(env["git"]["commit"]) == 40
     else:
         assert env["git"]["commit"] is None and "not a git checkout" in env["git"]["note"]
 
     smoke = next(p for p in saved["parts"] if p["part"] == "smoke")["result"]
     assert smoke == json.loads((out / "gpu_smoke_tiny.json").read_text())
-    assert smoke["all_ok"] is True and smoke["command"].startswith("python bench/gpu_smoke.py")
+    assert smoke["all_ok"] is True and smoke["command"].startswith("python tools/bench/gpu_smoke.py")
     assert [(r["mode"], r["credit"], r["micro_batch_size"]) for r in smoke["runs"]] == [
         ("lora", "grpo", 3), ("lora", "delta", 3), ("lora", "cscr", 3), ("full", "grpo", 2)]
     # KV cache per token by hand from the tiny config: K and V × layers × KV heads × head_dim × 4 bytes (float32)
@@ -160,7 +160,7 @@ def test_gpu_check_tiny_runs_every_part(tmp_path, random_toy_root):
 
 
 def test_memory_plan_check_tiny(tmp_path):
-    """bench/memory_plan_check.py --tiny: two runs measured and predicted, the bound applied as stated."""
+    """tools/bench/memory_plan_check.py --tiny: two runs measured and predicted, the bound applied as stated."""
     out = tmp_path / "memory_plan_check.json"
     res = memory_plan_check.main(["--tiny", "--out", str(out)])
     rows = res["rows"]
@@ -206,11 +206,11 @@ def test_gpu_check_device_call_and_wheel_pins():
     call = re.search(r'run\(command="([^"]+)", carry=(\[[^\]]*\]),\s*timeout_s=(\d+)\)', doc)
     command, carry, timeout_s = call.group(1), json.loads(call.group(2)), int(call.group(3))
     words = shlex.split(command)
-    assert len(command) < 2000 and words[1:3] == ["python3", "bench/gpu_check.py"]
+    assert len(command) < 2000 and words[1:3] == ["python3", "tools/bench/gpu_check.py"]
     args = gpu_check.parse_args(words[3:])
     assert timeout_s >= args.budget + 30 and timeout_s <= 600 and carry == [".whl"]
     # the wheels carried to the device are requirements.txt's pins (and math-verify's own pin)
-    script = (REPO / "bench" / "gpu_wheels.sh").read_text()
+    script = (REPO / "tools" / "bench" / "gpu_wheels.sh").read_text()
     pins = dict(p.split("==") for p in re.search(r"PINS=\(([^)]*)\)", script).group(1).split())
     req = {re.split(r"[\[=]", line)[0]: line for line in (REPO / "requirements.txt").read_text().splitlines()
            if "==" in line and not line.startswith("#")}
@@ -233,14 +233,14 @@ def test_scaling_update_lengths_runs_both_modes_on_the_same_batch(tmp_path):
 
 
 def test_widened_toy_computes_the_same_function(toy_model_path, tmp_path, float64_model):
-    """bench/memory.py's widened toy (hidden 128 -> 512, zeros everywhere else) gives the toy's log-probs: float64,
+    """tools/bench/memory.py's widened toy (hidden 128 -> 512, zeros everywhere else) gives the toy's log-probs: float64,
     1e-10, once the per-head q/k norms get back their ε (the one change the widening makes, see its docstring).
     (512 = 4·128: the norm weights' factor sqrt(h/H) = 1/2 is exact in the float32 the model is saved in.)"""
     from transformers import AutoModelForCausalLM
 
-    import policy
+    from trainer import policy
     import rollout
-    from bench import memory
+    from tools.bench import memory
 
     wide_path = memory.widen_toy_model(toy_model_path, str(tmp_path / "wide"), 512)
     toy, tok = policy.load_model_and_tokenizer(toy_model_path)
@@ -257,9 +257,9 @@ def test_widened_toy_computes_the_same_function(toy_model_path, tmp_path, float6
 
 
 def test_memory_lm_head_smallest(tmp_path):
-    """bench/memory.py --only lm_head at 512 tokens and hidden 128 (1.3 GB for the unchunked run): both variants
+    """tools/bench/memory.py --only lm_head at 512 tokens and hidden 128 (1.3 GB for the unchunked run): both variants
     measured beside memory_plan's prediction; the chunked one in chunks (2 of 441 positions), below the other."""
-    from bench import memory
+    from tools.bench import memory
 
     out = tmp_path / "lm_head.json"
     res = memory.main(["--only", "lm_head", "--lm_head_tokens", "512", "--lm_head_hidden", "128", "--out", str(out)])
@@ -330,14 +330,14 @@ def test_credit_overhead_times_two_rules(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------------------ reproduce.py
 def test_reproduce_check_finds_a_changed_figure(tmp_path, capsys):
-    """bench/reproduce.py on one tiny run of the dapo row (one step, --extra): the record keeps its exact command,
+    """tools/bench/reproduce.py on one tiny run of the dapo row (one step, --extra): the record keeps its exact command,
     commit, machine and figures, and the page's table prints that command; --check reruns it, prints both figures and
     matches (exit 0); with one recorded figure changed it names it and exits 1; a seed the record lacks stops."""
-    if str(REPO / "bench") not in sys.path:
-        sys.path.insert(0, str(REPO / "bench"))
+    if str(REPO / "tools" / "bench") not in sys.path:
+        sys.path.insert(0, str(REPO / "tools" / "bench"))
     import reproduce
 
-    import problems
+    from trainer import problems
 
     record, root, held_out = tmp_path / "record.json", tmp_path / "runs", tmp_path / "held_out.jsonl"
     held_out.write_text("".join(json.dumps(r) + "\n" for r in problems.load_problems("toy", split="test")[:8]))

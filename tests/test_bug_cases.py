@@ -10,7 +10,7 @@ import torch
 
 import evaluate
 import grpo
-import policy
+from trainer import policy
 import rollout
 
 

@@ -12,8 +12,8 @@ import torch
 from test_architectures import _batch, _config
 
 import grpo
-import memory_plan
-import policy
+from trainer import memory_plan
+from trainer import policy
 
 TOL = 1e-10
 ARCHS = ["qwen3", "qwen3_sliding", "llama", "mistral", "gemma3", "tied"]

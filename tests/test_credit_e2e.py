@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-import checkpoint
+from trainer import checkpoint
 import grpo
-import memory_plan
-import policy
+from trainer import memory_plan
+from trainer import policy
 import rollout
 import toy
 
@@ -435,7 +435,7 @@ def test_cscr_diagnostics_scores_are_the_trainers(rollout_batch, float64_model):
     stage 4's θ_old pass (``grpo.old_logprobs``, the run's default layout), its ℓ± are ``Credit._cscr``'s scoring
     passes, its H(p0) the entropy the trainer's pass returns (float64, 1e-10)."""
     import cscr
-    import cscr_diagnostics
+    from tools import cscr_diagnostics
 
     model, tok, rows, batch = rollout_batch
     model = float64_model(model).eval()

@@ -12,7 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cscr  # noqa: E402
-import cscr_ablations  # noqa: E402
+from comparisons import cscr_ablations  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------
 # spec §8 worked example: one response of 8 tokens, lambda = 0.2

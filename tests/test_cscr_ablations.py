@@ -15,7 +15,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cscr  # noqa: E402
-import cscr_ablations  # noqa: E402
+from comparisons import cscr_ablations  # noqa: E402
 
 F64 = torch.float64
 TOL = dict(rtol=0, atol=1e-12)

@@ -12,8 +12,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cscr  # noqa: E402
-import cscr_diagnostics  # noqa: E402
-import policy  # noqa: E402
+from tools import cscr_diagnostics  # noqa: E402
+from trainer import policy  # noqa: E402
 import rollout  # noqa: E402
 import verify  # noqa: E402
 from test_cscr import LP0, LP_NEG, LP_POS, naive_logprobs, random_batch, t  # noqa: E402

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import cscr  # noqa: E402
-import cscr_ablations  # noqa: E402
+from comparisons import cscr_ablations  # noqa: E402
 
 REF = torch.load(ROOT / "tests" / "data" / "cscr_reference.pt", weights_only=True)
 DTYPES = ("float32", "float64")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import problems
+from trainer import problems
 import rollout
 
 try:  # a requirement (requirements.txt); a Python without it still runs the filter's tests

@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import delta  # noqa: E402
-import delta_ablations  # noqa: E402
+from comparisons import delta_ablations  # noqa: E402
 from delta import (  # noqa: E402
     delta_coefficients,
     delta_coefficients_chunked,

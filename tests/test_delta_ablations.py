@@ -17,9 +17,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import delta  # noqa: E402
-import delta_ablations  # noqa: E402
+from comparisons import delta_ablations  # noqa: E402
 from delta import delta_coefficients, delta_coefficients_chunked  # noqa: E402
-from delta_ablations import random_coefficients, topk_proxy_vectors  # noqa: E402
+from comparisons.delta_ablations import random_coefficients, topk_proxy_vectors  # noqa: E402
 
 F64 = torch.float64
 TOL = 1e-9  # spec values are printed to 10 digits
@@ -523,7 +523,7 @@ def test_frozen_temperature_keeps_the_first_batchs_gamma0():
 
 
 def test_steps_from_flags_swaps_one_step_per_ablation_flag():
-    from grpo_config import GRPOConfig
+    from trainer.grpo_config import GRPOConfig
 
     paper = delta.DeltaSteps()
     assert delta_ablations.steps_from_flags(GRPOConfig(credit="delta")) == paper
@@ -571,8 +571,8 @@ def test_trainer_keeps_frozen_gamma_in_the_ablations_object_and_resumes_it():
     checkpoint reads and --resume writes back (``delta_ablations.kept_gamma`` / ``keep_gamma``, through
     run_setup.trainer_state / restore); without the flag there is no state to set."""
     import grpo
-    import run_setup
-    from grpo_config import GRPOConfig
+    from trainer import run_setup
+    from trainer.grpo_config import GRPOConfig
 
     credit = grpo.Credit(GRPOConfig(credit="delta", delta_gamma="frozen"), None)
     assert isinstance(credit.delta_steps.temperature, delta_ablations.FrozenTemperature)

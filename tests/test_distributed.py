@@ -126,7 +126,8 @@ MIXED_DRIVER = r"""
 import os
 import sys
 import torch
-import distributed, grpo, policy, rollout
+import grpo, rollout
+from trainer import distributed, policy
 
 distributed.init_distributed()
 torch.manual_seed(0)

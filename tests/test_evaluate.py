@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import evaluate
-import hub
-import policy
-import problems
+from trainer import hub
+from trainer import policy
+from trainer import problems
 import rollout
 import toy
 

@@ -9,12 +9,12 @@ import os
 import pytest
 import torch
 
-import checkpoint
+from trainer import checkpoint
 import evaluate
 import grpo
-import loss_rules
-import policy
-import problems
+from comparisons import loss_rules
+from trainer import policy
+from trainer import problems
 import rollout
 import toy
 
@@ -307,7 +307,7 @@ def test_use_vllm_without_vllm_is_one_clear_line():
 
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")
-    with pytest.raises(SystemExit, match="--use_vllm needs vLLM.*requirements-vllm.txt.*uninstall"):
+    with pytest.raises(SystemExit, match="--use_vllm needs vLLM.*tools/requirements-vllm.txt.*uninstall"):
         grpo.check_config(grpo.GRPOConfig(use_vllm=True))
 
 

@@ -1,7 +1,7 @@
 """The project's modules import each other without a circle, lazy (function-level) imports included, and every
 arrow points from a file to something it needs for its own concept.
 
-Read from the source with ``ast``, nothing imported: every top-level ``*.py``, ``bench/*.py`` and ``examples/*.py``,
+Read from the source with ``ast``, nothing imported: every top-level ``*.py``, ``tools/bench/*.py`` and ``tools/examples/*.py``,
 each ``import X`` / ``from X import ...`` anywhere in the file (module level or inside a function) that names a
 project module. A circle (evaluate -> policy -> toy -> evaluate was one) means a module cannot be read, tested or
 copied without the ones above it; the bottom of the stack (the credit rules, the grader, the toy) imports no project
@@ -166,7 +166,7 @@ def test_the_data_comes_from_problems_not_from_evaluate():
     data_names = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))} | \
         {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
     assert "load_problems" in data_names
-    files = [*ROOT.glob("*.py"), *ROOT.glob("bench/*.py"), *ROOT.glob("examples/*.py"), *ROOT.glob("tests/*.py")]
+    files = [*ROOT.glob("*.py"), *ROOT.glob("tools/bench/*.py"), *ROOT.glob("tools/examples/*.py"), *ROOT.glob("tests/*.py")]
     wrong = {p.relative_to(ROOT).as_posix(): sorted(_attributes_of(p, "evaluate") & data_names) for p in files}
     assert {path: names for path, names in wrong.items() if names} == {}
 
@@ -198,7 +198,7 @@ if __name__ == "__main__":  # the floors block, as README.md holds it
 def test_no_project_file_reads_a_private_name_of_the_copyable_modules():
     """delta.py, cscr.py and verify.py are copied into other trainers alone: what the project itself needs of them
     (the trainer, the diagnostics, the examples, the benches) is public, so a copy needs nothing private either."""
-    files = [*ROOT.glob("*.py"), *ROOT.glob("bench/*.py"), *ROOT.glob("examples/*.py")]
+    files = [*ROOT.glob("*.py"), *ROOT.glob("tools/bench/*.py"), *ROOT.glob("tools/examples/*.py")]
     private = {p.relative_to(ROOT).as_posix(): sorted(n for m in ("delta", "cscr", "verify")
                                                        for n in _attributes_of(p, m) if n.startswith("_"))
                for p in files}

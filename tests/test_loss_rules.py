@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-import baselines
+from comparisons import baselines
 import grpo
-import loss_rules
+from comparisons import loss_rules
 import rollout
 import toy
-import policy
+from trainer import policy
 
 D = torch.float64
 # Example A (docs/specs/delta.md §7; baselines.md §1): θ_old's log-probs, Δlog π, Â, the mask

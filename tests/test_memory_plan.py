@@ -1,4 +1,4 @@
-"""memory_plan.py at the real shapes (model_configs/: Qwen3-8B-Base's and Qwen3-14B-Base's config.json, no weights):
+"""memory_plan.py at the real shapes (trainer/model_configs/: Qwen3-8B-Base's and Qwen3-14B-Base's config.json, no weights):
 parameter counts, bytes per stage and per token computed by hand, the verdict and its suggestions re-planned, and
 the activation counts against the tensors autograd really saves on small Qwen3 layers (measured, not asserted)."""
 
@@ -16,10 +16,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import memory_plan as mp  # noqa: E402
+from trainer import memory_plan as mp  # noqa: E402
 from grpo import GRPOConfig  # noqa: E402
 
-DATA = ROOT / "model_configs" / "Qwen"  # the shipped configs (model_configs/README.md)
+DATA = ROOT / "model_configs" / "Qwen"  # the shipped configs (trainer/model_configs/README.md)
 ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 
@@ -161,7 +161,7 @@ def test_layer_activation_bytes_match_what_autograd_saves(dtype, lora, dropout, 
 
 def test_lm_head_keeps_one_float32_copy_of_each_rows_logits():
     """policy.token_logprobs keeps, per response token, logsumexp's float32 input: 4·V bytes (the plan's 4·V·T)."""
-    import policy
+    from trainer import policy
 
     b, P, T, V, H = 2, 3, 7, 1000, 8
     W = torch.randn(V, H, dtype=torch.bfloat16)
@@ -242,7 +242,7 @@ def test_delta_normal_host_peak_and_cpu_plan(c8):
 def test_the_gpu_reserve_is_the_context_and_5_percent_of_what_the_gpu_holds(c8):
     """The allocator's slack is 5% of the largest stage, but never of more memory than the GPU has: the paper's
     recipe on one 80 GB GPU plans a 15.6 TB rollout, whose 5% (780 GB) the table once printed as a GPU's reserve."""
-    from recipes import DELTA_PAPER
+    from trainer.recipes import DELTA_PAPER
 
     paper = GRPOConfig(**{**DELTA_PAPER, "credit": "delta"})
     big = mp.plan(c8, paper, prompt_tokens=2048, gpu_memory_gb=80, host_memory_gb=2000)
@@ -293,7 +293,7 @@ def test_licence_note_beside_the_configs():
     assert "Apache-2.0" in note and "Qwen" in note
 
 
-from bench.memory import live_peak as _live_peak  # noqa: E402  (the allocator's live-byte peak, as the bench measures it)
+from tools.bench.memory import live_peak as _live_peak  # noqa: E402  (the allocator's live-byte peak, as the bench measures it)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -301,7 +301,7 @@ def test_lm_head_transients_against_live_bytes(dtype):
     """policy.token_logprobs over a large vocabulary: the forward's peak is the kept float32 rows, one more row and
     the logits; the backward's, beside what is kept, the larger of three float32 row copies and two logits copies
     (memory_plan's backward_extra). Live bytes of the CPU allocator."""
-    import policy
+    from trainer import policy
 
     b, P, T, V, H = 2, 2, 50, 20_000, 8
     dt = getattr(torch, dtype)
@@ -347,7 +347,7 @@ def test_nograd_layer_bytes_against_live_bytes(hidden, intermediate, masked):
 
 def test_the_plans_copies_of_project_constants_are_theirs():
     """memory_plan.py imports no project module, so it copies policy's bucket count: the two must agree."""
-    import policy
+    from trainer import policy
 
     assert mp.PADDING_FREE_BUCKETS == policy.PADDING_FREE_BUCKETS
 
@@ -356,7 +356,7 @@ def test_sleep_mode_sizes_vllms_share_to_what_the_rollout_leaves_free(c8):
     """Issue 40: the paper's recipe for 8B on 8 × 80 GB, vLLM with sleep mode and no --vllm_gpu_memory_utilization:
     the plan sizes the share so that the rollout stage peaks at 90% of the GPU (CUDA context and slack counted), and
     its KV cache holds at least 8 sequences of 22,528 tokens; a share given is kept."""
-    import recipes
+    from trainer import recipes
 
     cfg = recipes.apply(GRPOConfig(model="x", data="math_train", credit="delta", use_vllm=True,
                                    vllm_enable_sleep_mode=True), set())
@@ -389,7 +389,7 @@ def test_sleep_mode_sizes_vllms_share_to_what_the_rollout_leaves_free(c8):
 
 def _paper_with_vllm():
     """The paper's recipe for GPUs: vLLM asleep during the update, its share sized by the plan."""
-    import recipes
+    from trainer import recipes
 
     return recipes.apply(GRPOConfig(model="x", data="math_train", credit="delta", use_vllm=True,
                                     vllm_enable_sleep_mode=True), {"use_vllm", "vllm_enable_sleep_mode"})

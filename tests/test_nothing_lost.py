@@ -140,7 +140,7 @@ def test_the_toy_models_parameter_count_is_the_one_its_docstring_gives(toy_model
 
 def test_a_missing_data_file_lists_the_training_sets_too(tmp_path):
     """Item 8: the "data file not found" line names the shipped training sets (math_train) beside the benchmarks."""
-    import problems
+    from trainer import problems
 
     with pytest.raises(FileNotFoundError, match=r"data file not found: nosuch \(benchmark names: aime24, .*; "
                                                 r"training sets: math_train; or toy\)"):
@@ -154,7 +154,7 @@ def test_a_missing_data_file_lists_the_training_sets_too(tmp_path):
 def test_saved_folders_follow_the_umask(tiny, tmp_path, umask, folder_mode):
     """checkpoint-*/ and final/ get the umask's mode, as every other folder the run writes (tempfile.mkdtemp's 0700
     kept other users from reading the model), and are still written whole or not at all (no .tmp-* left)."""
-    import checkpoint
+    from trainer import checkpoint
 
     model, tok = tiny
     old = os.umask(umask)
@@ -248,7 +248,7 @@ def test_ctrl_c_while_torch_imports_prints_one_line(tmp_path):
 
 
 def test_a_folder_with_a_checkpoint_or_foreign_files_is_still_refused_and_the_note_says_resume(tmp_path):
-    import checkpoint
+    from trainer import checkpoint
 
     folder = tmp_path / "run"
     (folder / "samples").mkdir(parents=True)
@@ -292,7 +292,7 @@ def test_the_next_run_removes_the_saves_of_processes_that_are_gone(tmp_path, res
     """Issue #43 item 7: Ctrl-C (or a kill) during a save leaves checkpoint-<step>.tmp-<pid>-<hex>/, a whole model
     copy. The next RunFolder there, plain or --resume, removes those whose process is gone, in one line, and keeps
     a running process's (a save in progress)."""
-    import checkpoint
+    from trainer import checkpoint
 
     folder = tmp_path / "run"
     (folder / "samples").mkdir(parents=True)
@@ -325,7 +325,7 @@ def test_the_next_run_removes_the_saves_of_processes_that_are_gone(tmp_path, res
 def test_a_stale_old_copy_whose_checkpoint_is_missing_is_put_back(tmp_path):
     """A process killed between _replace_dir's two renames leaves <name>.tmp-old-<pid>/ as the only copy of that
     checkpoint: the next run renames it back rather than removing it; a .tmp-old- whose checkpoint exists is removed."""
-    import checkpoint
+    from trainer import checkpoint
 
     pid = _dead_pid()
     _stopped_save(tmp_path, f"checkpoint-4.tmp-old-{pid}")
@@ -346,7 +346,7 @@ def test_a_stopped_saves_files_follow_the_umask(tiny, tmp_path, umask):
     """Issue #43 item 7: the files of a save's temporary folder follow the umask (the safetensors writer makes
     model.safetensors 0600 whatever the umask): a save stopped while writing the optimizer state leaves a folder of
     0777 & ~umask and files of 0666 & ~umask."""
-    import checkpoint
+    from trainer import checkpoint
 
     model, tok = tiny
     real_save = torch.save

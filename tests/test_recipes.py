@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import grpo
-import recipes
+from trainer import recipes
 import toy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,7 +135,7 @@ def test_another_model_gets_the_paper_recipe_for_every_flag_not_given(toy_model_
 # ------------------------------------------------------------------------------------------------ --dry_run
 @pytest.fixture(params=["Qwen3-8B-Base", "Qwen3-14B-Base"])
 def config_only(request, tmp_path):
-    """A folder holding only a shipped config.json (model_configs/): no weights, no tokenizer."""
+    """A folder holding only a shipped config.json (trainer/model_configs/): no weights, no tokenizer."""
     folder = tmp_path / request.param
     folder.mkdir()
     shutil.copy(ROOT / "model_configs" / "Qwen" / request.param / "config.json", folder)
@@ -180,7 +180,7 @@ def _offline_env(tmp_path):
 
 def test_the_readmes_dry_run_plans_qwen3_8b_offline_from_the_shipped_config(tmp_path):
     """README's plan command, as a new user types it, offline with an empty cache: the tokenizer is not here (a note:
-    prompts not measured), config.json is the copy in model_configs/, the plan is printed, exit status 0."""
+    prompts not measured), config.json is the copy in trainer/model_configs/, the plan is printed, exit status 0."""
     command = "python grpo.py --credit delta --model Qwen/Qwen3-8B-Base --dry_run --gpu_memory_gb 80"
     assert command in (ROOT / "README.md").read_text()
     res = subprocess.run([sys.executable, *command.split()[1:]], cwd=ROOT, env=_offline_env(tmp_path),
@@ -188,7 +188,7 @@ def test_the_readmes_dry_run_plans_qwen3_8b_offline_from_the_shipped_config(tmp_
     assert res.returncode == 0, res.stderr[-2000:]
     out = res.stdout
     assert "[note] prompts not measured (" in out and "planned at 2048 prompt tokens" in out
-    assert "[note] config.json of Qwen/Qwen3-8B-Base: the copy in model_configs/Qwen/Qwen3-8B-Base/" in out
+    assert "[note] config.json of Qwen/Qwen3-8B-Base: the copy in trainer/model_configs/Qwen/Qwen3-8B-Base/" in out
     assert "memory plan: Qwen3-8B-Base, 8.19 B parameters, 1 process on a GPU of 80.0 GB" in out
     assert out.strip().splitlines()[-1].startswith("does not fit: peak ")
     assert not (tmp_path / "hf").exists() or not any((tmp_path / "hf").rglob("config.json"))  # nothing downloaded
@@ -215,7 +215,7 @@ def test_the_14b_dry_run_plans_offline_too_and_a_hub_id_not_shipped_says_what_to
 
 
 def test_a_dry_run_of_a_hub_id_not_shipped_fails_at_once_without_network(monkeypatch):
-    """No network and HF_HUB_OFFLINE not set: the config.json of a hub id with no copy in model_configs/ is not asked
+    """No network and HF_HUB_OFFLINE not set: the config.json of a hub id with no copy in trainer/model_configs/ is not asked
     of the hub client (half a minute of retries, once) but of hub.require_hub, which finds no network in one try;
     the line names the folder flag that plans it."""
     import socket

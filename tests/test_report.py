@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoint
+from trainer import checkpoint
 import grpo
-import report
+from tools import report
 
 
 # ------------------------------------------------------------------------------------------------ page parsing
@@ -251,7 +251,7 @@ def test_bad_folders_get_one_line_and_the_others_are_reported(three_runs, tmp_pa
     with open(Path(broken) / "metrics.jsonl", "a") as f:
         f.write("{not json\n")
     out = tmp_path / "r.html"
-    (tmp_path / "old.html").write_text("<html></html>")  # an earlier page, e.g. met by `python report.py runs/*`
+    (tmp_path / "old.html").write_text("<html></html>")  # an earlier page, e.g. met by `python tools/report.py runs/*`
     report.main([str(tmp_path / "notarun"), three_runs[1], empty, broken, str(tmp_path / "missing"),
                  str(tmp_path / "old.html"), "--output", str(out)])
     err = capsys.readouterr().err.strip().splitlines()
@@ -520,7 +520,7 @@ def _config(**flags):
     return dataclasses.asdict(grpo.GRPOConfig(**flags))
 
 
-# Every comparison rule of bench/reproduce.py's RULES (and combinations) with the name the page gives it.
+# Every comparison rule of tools/bench/reproduce.py's RULES (and combinations) with the name the page gives it.
 RULE_NAMES = [
     (dict(), "grpo"), (dict(credit="delta"), "delta"), (dict(credit="cscr"), "cscr"), (dict(credit="fipo"), "fipo"),
     (dict(loss_type="sapo"), "sapo"), (dict(entropy_top_ratio=0.2), "forking tokens ρ=0.2"),
@@ -559,7 +559,7 @@ def test_rule_name_of_every_rule(flags, name):
 
 
 def test_every_row_of_reproduce_has_its_own_name():
-    """bench/reproduce.py's RULES, each row's flags through grpo.py's parser: the rows get distinct names, DAPO's
+    """tools/bench/reproduce.py's RULES, each row's flags through grpo.py's parser: the rows get distinct names, DAPO's
     (no flags) is "grpo", and each name is the one RULE_NAMES lists for the same settings where it lists them."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
     try:

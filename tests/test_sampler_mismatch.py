@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import grpo
-import sampler_mismatch as sm
+from trainer import sampler_mismatch as sm
 
 # two responses of 3 and 2 tokens (the last position of row 1 is padding, its log-probs garbage)
 OLD = torch.tensor([[-1.0, -2.0, -0.5], [-0.3, -0.7, -9.0]], dtype=torch.float64)

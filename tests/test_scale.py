@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import checkpoint
+from trainer import checkpoint
 import grpo
-import policy
+from trainer import policy
 import rollout
 import toy
 
@@ -376,7 +376,7 @@ def test_out_of_memory_names_the_memory_flags(tiny_model_path, tmp_path, monkeyp
 
 # ------------------------------------------------------------------------------------------------ GPU smoke script
 def test_gpu_smoke_script_runs_tiny_on_cpu(tmp_path):
-    spec = importlib.util.spec_from_file_location("gpu_smoke", ROOT / "bench" / "gpu_smoke.py")
+    spec = importlib.util.spec_from_file_location("gpu_smoke", ROOT / "tools" / "bench" / "gpu_smoke.py")
     smoke = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(smoke)
     result = smoke.main(["--tiny", "--out", str(tmp_path)])

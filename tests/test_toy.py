@@ -1,5 +1,5 @@
-"""The shipped toy base model (toy_model/) is the one today's recipe builds, toy.py decides once which folder
-``--model toy`` loads, and bench/toy_rebuild.py (.ci/run's rebuild check) can tell a rebuild from the shipped model;
+"""The shipped toy base model (toy/model/) is the one today's recipe builds, toy.py decides once which folder
+``--model toy`` loads, and tools/bench/toy_rebuild.py (.ci/run's rebuild check) can tell a rebuild from the shipped model;
 the truth of a toy response (its first wrong token, shared prefix, result digits) on hand-made responses."""
 
 import json
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import toy
-from bench import toy_rebuild
+from tools.bench import toy_rebuild
 
 
 def test_shipped_toy_model_is_todays_recipe():
@@ -43,7 +43,7 @@ def test_rebuild_check_passes_when_the_recipe_makes_the_shipped_model(tmp_path, 
     # the 7-minute warm-up replaced by a copy of the shipped folder: the script's path from build to verdict
     monkeypatch.setattr(toy, "build_toy_model", lambda path: shutil.copytree(toy.SHIPPED, path))
     assert toy_rebuild.main(["--output", str(tmp_path)]) == 0
-    assert "identical weights to the shipped toy_model/" in capsys.readouterr().out
+    assert "identical weights to the shipped toy/model/" in capsys.readouterr().out
     assert (tmp_path / "model" / "model.safetensors").exists()
     monkeypatch.setattr(toy, "SHIPPED", tmp_path / "missing")
     with pytest.raises(SystemExit, match="no shipped model to compare with"):
@@ -144,10 +144,10 @@ def test_result_digits_by_hand(text, expected):
 def test_register_fills_the_generic_modules_registries():
     """toy.register (conftest calls it, as every entry point does) adds the toy to registries that name no toy:
     the model folder, the data, the auto template and recipe, the recipe check and the logged truth."""
-    import checkpoint
-    import policy
-    import problems
-    import recipes
+    from trainer import checkpoint
+    from trainer import policy
+    from trainer import problems
+    from trainer import recipes
     import rollout
 
     toy.register()

@@ -1,6 +1,6 @@
-"""examples/trl_credit.py: delta.py and cscr.py inside TRL's GRPOTrainer give grpo.py's token credit.
+"""tools/examples/trl_credit.py: delta.py and cscr.py inside TRL's GRPOTrainer give grpo.py's token credit.
 
-Marker ``trl`` (needs requirements-bench.txt; left out of the default run; ``.ci/run`` runs ``pytest -m trl`` in its
+Marker ``trl`` (needs tools/requirements-bench.txt; left out of the default run; ``.ci/run`` runs ``pytest -m trl`` in its
 own virtual environment). One TRL step on the toy with a generation batch of 2 prompts × 8 responses split into 4
 micro-batches of 4 rows (``gradient_accumulation_steps`` 4): grpo.py's credit hook (``grpo.old_logprobs`` +
 ``grpo.Credit``, whole batch, its own θ_old pass) runs on TRL's batch at θ_old, before the subclass; the token
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import grpo
-import policy
+from trainer import policy
 import rollout
 
 pytestmark = pytest.mark.trl
@@ -24,7 +24,7 @@ TOL = 1e-10
 
 @pytest.fixture(scope="module")
 def example():
-    from examples import trl_credit  # needs trl: pip install -r requirements.txt -r requirements-bench.txt
+    from tools.examples import trl_credit  # needs trl: pip install -r requirements.txt -r tools/requirements-bench.txt
 
     return trl_credit
 

@@ -1,6 +1,6 @@
 """The comparison rules' losses against TRL 1.16's own ``GRPOTrainer._compute_loss`` (issue #38).
 
-Marker ``trl`` (needs requirements-bench.txt; left out of the default run; ``.ci/run`` runs ``pytest -m trl`` in its
+Marker ``trl`` (needs tools/requirements-bench.txt; left out of the default run; ``.ci/run`` runs ``pytest -m trl`` in its
 own virtual environment). TRL's method runs unchanged on a stub trainer (the attributes it reads, TRL's own
 ``get_high_entropy_mask``, a one-process accelerator) whose ``_get_per_token_logps_and_entropies`` returns log π
 [B, T] from one float64 leaf and entropies we set; the same log π go through grpo.py's loss stage

@@ -634,7 +634,7 @@ def test_grading_inside_a_multiprocessing_worker_exits_cleanly():
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["verify"])  # imported before the fork too (as bench/ does): each owner must stop it
+    ctx.set_forkserver_preload(["verify"])  # imported before the fork too (as tools/bench/ does): each owner must stop it
     with ProcessPoolExecutor(1, mp_context=ctx, max_tasks_per_child=1) as ex:
         results = [ex.submit(_grade_in_a_child).result(timeout=120) for _ in range(2)]  # the second needs a new worker
     assert results == [[(True, "ok")], [(True, "ok")]]

@@ -1,6 +1,6 @@
-"""examples/verl_credit.py: delta.py and cscr.py as verl 0.9's advantage stage give grpo.py's token credit.
+"""tools/examples/verl_credit.py: delta.py and cscr.py as verl 0.9's advantage stage give grpo.py's token credit.
 
-Marker ``verl`` (needs requirements-verl.txt; left out of the default run; ``.ci/run`` runs ``pytest -m verl`` in its
+Marker ``verl`` (needs tools/requirements-verl.txt; left out of the default run; ``.ci/run`` runs ``pytest -m verl`` in its
 own virtual environment). On a CPU, without Ray: a tiny random Qwen3 (float64: tests/conftest.py ``float64_model``)
 and a batch laid out as verl's driver lays it out (``DataProto``: left-padded ``prompts``, right-padded
 ``responses``, ``input_ids``, ``attention_mask``, ``position_ids`` from verl's ``compute_position_id_with_mask``,
@@ -41,8 +41,8 @@ PROMPTS = ["12+7=", "3+45=", "8-2=", "40+9="]
 
 @pytest.fixture(scope="module")
 def example():
-    pytest.importorskip("verl")  # the verl environment only (requirements-verl.txt); in a fixture, so that the
-    from examples import verl_credit  # default run, which deselects these tests, collects the file without a skip
+    pytest.importorskip("verl")  # the verl environment only (tools/requirements-verl.txt); in a fixture, so that the
+    from tools.examples import verl_credit  # default run, which deselects these tests, collects the file without a skip
 
     return verl_credit
 
@@ -307,11 +307,11 @@ def test_the_launch_registers_the_worker_and_the_trainer(example):
 
 
 def test_the_launch_command_refuses_what_it_cannot_run(example, tmp_path):
-    """``python examples/verl_credit.py ...``: verl's hydra config with the ``credit`` block is composed and checked
+    """``python tools/examples/verl_credit.py ...``: verl's hydra config with the ``credit`` block is composed and checked
     before Ray starts; v1's driver (verl 0.9.1's default) and an unknown method are refused with the fix."""
     for overrides, message in ((["+credit.name=delta"], "pass trainer.use_v1=False"),
                                (["trainer.use_v1=False", "+credit.name=ppo"], "credit.name must be grpo, delta or")):
-        proc = subprocess.run([sys.executable, str(ROOT / "examples" / "verl_credit.py"), *overrides], cwd=tmp_path,
+        proc = subprocess.run([sys.executable, str(ROOT / "tools" / "examples" / "verl_credit.py"), *overrides], cwd=tmp_path,
                               capture_output=True, text=True, timeout=600)  # hydra's outputs/ goes to tmp_path
         assert message in proc.stdout + proc.stderr, proc.stderr[-2000:]
 

@@ -1,7 +1,7 @@
 """The comparison rules' losses against verl 0.9.1's own functions (issue #38): ``compute_policy_loss_vanilla``
 (the clipped surrogate with its dual clip), ``compute_policy_loss_sapo`` and ``agg_loss``.
 
-Marker ``verl`` (needs requirements-verl.txt; left out of the default run; ``.ci/run`` runs ``pytest -m verl`` in its
+Marker ``verl`` (needs tools/requirements-verl.txt; left out of the default run; ``.ci/run`` runs ``pytest -m verl`` in its
 own virtual environment). verl's functions take log π and θ_old's log π [B, T], Ã [B, T] and the mask, as grpo.py's
 ``policy_loss`` and its loss stage (``backward_minibatch``, conftest ``loss_stage``) do: value and gradient w.r.t.
 log π agree to 1e-12 in float64 (verl computes in its inputs' dtype; its seq-mean-token-mean divides by |o_i| + 1e-8,
@@ -185,7 +185,7 @@ def test_fipo_drop_equals_verl_agg_loss_on_the_kept_mask(verl, loss_stage, loss_
     ``response_mask & ~dropped``. The loss stage with --credit fipo (no --dual_clip) at micro_batch_size 1 gives
     verl's value and gradient on the whole mini-batch, issue #38 item 2's rows among others (f and the drop from
     baselines.py, the same on both sides)."""
-    import baselines
+    from comparisons import baselines
 
     core_algos, config = verl
     logp, delta, _, mask = _batch(3)

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import grpo
-import policy
+from trainer import policy
 import rollout
 import toy
 from trainer import vllm_engine
@@ -291,7 +291,8 @@ DIST_DRIVER = r"""
 import gc, sys
 import torch, torch.distributed as dist
 torch.set_num_threads(1)
-import policy, rollout, toy
+import rollout, toy
+from trainer import policy
 from trainer import vllm_engine
 
 def main(path):
@@ -572,7 +573,8 @@ def test_sync_weights_after_a_lora_step(fresh):
 # fine-tuning gathers each sharded weight with DTensor.full_tensor while pushing).
 TRAIN_DRIVER = r"""
 import sys
-import distributed, grpo, policy, rollout, toy
+import grpo, rollout, toy
+from trainer import distributed, policy
 from trainer import vllm_engine
 
 checks = []

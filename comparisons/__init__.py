@@ -1,0 +1,3 @@
+"""The papers' comparisons, beside the methods they are compared with: DelTA's baselines (SAPO, Forking Tokens,
+FIPO; baselines.py and loss_rules.py), DelTA's ablations and Q2 (delta_ablations.py), CSCR's ablations
+(cscr_ablations.py). Each is chosen once from its flag; grpo.py, delta.py and cscr.py name none of them."""

@@ -1,0 +1,3 @@
+"""Tools beside the trainer, run as scripts: report.py (a run folder's page), cscr_diagnostics.py (CSCR's
+sensitivity on saved samples), bench/ (benchmarks and the reproduce tool), examples/ (delta.py and cscr.py inside TRL
+and verl) and their extra requirements (requirements-*.txt). Nothing in grpo.py imports them."""

@@ -1,0 +1,229 @@
+"""What grpo.py's ``train`` builds once before its loop and what each step hands to the run folder, behind one-line
+calls: the training and held-out problems, the run folder, the policy and its sampler engine, the held-out
+evaluation on its schedule, the state a checkpoint keeps beside the weights; a step's peak memory, its
+metrics.jsonl record and its samples/. Infrastructure only: no formula of the method is here (grpo.py holds them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+
+from trainer import checkpoint
+from comparisons import delta_ablations
+from trainer import distributed
+import evaluate
+from trainer import policy
+from trainer import problems
+from trainer import recipes
+from tools import report
+import rollout
+from trainer import vllm_engine
+
+
+def load_data(cfg, say):
+    """The training rows and the held-out rows (the toy's test split by default for the toy; [] when off, said)."""
+    rows = problems.load_problems(cfg.data, split="train", problem_field=cfg.data_problem_field,
+                                  answer_field=cfg.data_answer_field)
+    eval_source = cfg.eval_data or ("toy" if cfg.data == "toy" else "")  # the toy's held-out split by default
+    eval_rows = problems.load_problems(eval_source, split="test") if eval_source else []
+    if not eval_rows or not cfg.eval_num_generations:  # said once: the closing line then names no accuracy
+        why = "--eval_num_generations 0; pass K >= 1" if eval_rows else \
+            "--data is not the toy and --eval_data is empty; pass --eval_data FILE (e.g. data/math500.jsonl)"
+        say(f"[eval] off: {why} for a held-out accuracy before and after training")
+    return rows, eval_rows
+
+
+def open_run(cfg, rank: int, say):
+    """The run folder (None for --dry_run); an earlier run there: see checkpoint.RunFolder (nothing written yet)."""
+    return None if cfg.dry_run else checkpoint.RunFolder(
+        cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit), dataclasses.asdict(cfg), rank == 0, say)
+
+
+def build_policy(cfg, run, say):
+    """The policy (LoRA, checkpointing), the frozen reference (--beta > 0), --resume's weights, sharding, AdamW, then
+    --resume's AdamW and RNG states; the template, its stop tokens and --use_vllm's engine (after the policy is on the
+    GPU: vLLM's memory check counts it). Returns (model, tokenizer, ref_model, optimizer, llm, template, stop_ids,
+    trainer state or None, the optimisations on)."""
+    model, tokenizer, ref_model, optimizer, compute_dtype = policy.build(cfg, say, load_weights=run.load_weights)
+    state = run.load_optimizer(model, optimizer)
+    optimisations = policy.exact_optimisations(model, cfg, say)  # each default one exact here, or off with a reason
+    template = rollout.resolve_template(cfg.prompt_template, cfg.model, say, cfg.data)
+    stop_ids = rollout.stop_token_ids(tokenizer, template, model)
+    llm = vllm_engine.create_engine(
+        policy.model_path(cfg.model), gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+        enable_sleep_mode=cfg.vllm_enable_sleep_mode, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
+        kv_cache_dtype=cfg.vllm_kv_cache_dtype, sampler_logprobs=cfg.vllm_importance_sampling_correction,
+        dtype=str(compute_dtype or next(model.parameters()).dtype).removeprefix("torch.")) if cfg.use_vllm else None
+    return model, tokenizer, ref_model, optimizer, llm, template, stop_ids, state, optimisations
+
+
+class HeldOut:
+    """Held-out greedy, avg@k and pass@k at a step (``__call__``), logged to the run folder; {} when off."""
+
+    def __init__(self, cfg, model, tokenizer, rows, template, run):
+        self.cfg, self.model, self.tokenizer, self.rows, self.template, self.run = cfg, model, tokenizer, rows, \
+            template, run
+
+    def __call__(self, step: int) -> dict:
+        cfg = self.cfg
+        if not self.rows or not cfg.eval_num_generations:
+            return {}
+        temperature = cfg.temperature if cfg.eval_temperature is None else cfg.eval_temperature  # paper: T 1.0
+        top_p = cfg.top_p if cfg.eval_top_p is None else cfg.eval_top_p  # paper: top-p 0.7
+        settings = evaluate.EvalSettings(cfg.eval_num_generations, temperature, top_p, cfg.max_completion_length,
+                                         seed=cfg.seed + 12345)
+        with policy.oom_guard(f"the evaluation at step {step}"):
+            record = {"step": step, **evaluate.heldout(self.model, self.tokenizer, self.rows, self.template, settings,
+                                                       progress=f"eval step {step}")}
+        return self.run.log(record, echo=f"[eval step {step}]")
+
+    def due(self, step: int) -> bool:  # after ``step`` steps: --eval_steps, not the last (train evaluates it)
+        return bool(self.cfg.eval_steps) and step % self.cfg.eval_steps == 0 and step < self.cfg.max_steps
+
+
+def trainer_state(sampler, credit) -> dict:  # what a checkpoint keeps beside the weights: the data order, the credit
+    return {"sampler_position": sampler.position, "cscr_threshold": float(credit.cscr_threshold),
+            "cscr_calibrated": credit.cscr_calibrated, "delta_gamma": delta_ablations.kept_gamma(credit.delta_steps)}
+
+
+def restore(state, sampler, credit) -> int:
+    """--resume: where the data order and the credit's state stood; returns the first step (0: a new run)."""
+    if not state:
+        return 0
+    sampler.position, credit.cscr_threshold, credit.cscr_calibrated = (state[k] for k in (
+        "sampler_position", "cscr_threshold", "cscr_calibrated"))
+    delta_ablations.keep_gamma(credit.delta_steps, state.get("delta_gamma"))
+    return state["step"]
+
+
+def run_steps(cfg, run, start_step, heldout, train_step, save_checkpoint, label) -> dict:
+    """The loop: ``train_step(step)`` from ``start_step`` to --max_steps under a progress bar (its name ``label``),
+    the held-out evaluation before, on --eval_steps and after, a checkpoint every --save_steps
+    (``save_checkpoint(step)``). A run stopped before its first step leaves nothing that blocks the rerun; Ctrl-C raises
+    KeyboardInterrupt with one line on what the folder holds and what next. Returns {before, after, last_step}."""
+    from tqdm import tqdm
+
+    last, started, bar = {}, False, None
+    try:
+        first_eval = heldout(0) if start_step == 0 else run.logged_eval(0)  # a resumed run logged it already
+        bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{label}]", dynamic_ncols=True, initial=start_step,
+                   total=cfg.max_steps, **({} if distributed.rank() == 0 else {"disable": True}))
+        for step in bar:
+            with policy.oom_guard(f"step {step + 1}"):
+                last = train_step(step)
+            started = True
+            bar.set_postfix(reward=f"{last['reward']:.3f}", len=f"{last['completions/mean_length']:.1f}")
+            if last["completions/clipped_ratio"] > 0.5 and step < 3 and distributed.rank() == 0:
+                tqdm.write(f"[warn] {last['completions/clipped_ratio']:.0%} of responses hit --max_completion_length "
+                           f"{cfg.max_completion_length}: they rarely score; raise it")
+            if heldout.due(step + 1):
+                heldout(step + 1)
+            if cfg.save_steps and (step + 1) % cfg.save_steps == 0 and step + 1 < cfg.max_steps:
+                save_checkpoint(step + 1)
+        return {"before": first_eval, "after": heldout(cfg.max_steps) if cfg.max_steps else first_eval,
+                "last_step": last}
+    except BaseException as e:
+        if not started and start_step == 0:  # stopped before its first step: leave nothing that blocks the rerun
+            run.discard()
+        if isinstance(e, KeyboardInterrupt):  # Ctrl-C: main prints one line, what the folder holds and what next
+            if bar is not None:
+                bar.close()
+            raise KeyboardInterrupt(run.interrupted_note()) from None
+        raise
+    finally:
+        run.close()
+
+
+def finish(run, actor, summary, state) -> None:
+    """final/ (save_pretrained, and resumable: AdamW's state and the trainer's ``state``), summary.json, and
+    samples/summary.json: report.py's numbers of this run's logged samples. Ctrl-C: one line on the folder."""
+    try:
+        run.finish(actor.model, actor.tokenizer, summary, actor.optimizer, state)
+        if run.main:
+            report.write_samples_summary(run.path)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(run.interrupted_note()) from None
+
+
+def closing_line(summary, cfg) -> str:
+    """main's last line: the held-out accuracy before -> after, or where the run went (evaluation off)."""
+    b, a, k = summary["before"], summary["after"], cfg.eval_num_generations
+    if b and a:
+        return f"held-out avg@{k}: {b[f'eval/avg@{k}']:.3f} -> {a[f'eval/avg@{k}']:.3f}   " \
+            f"greedy: {b['eval/greedy']:.3f} -> {a['eval/greedy']:.3f}"
+    return f"done: {cfg.max_steps} steps in {cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit)}" \
+        " (held-out evaluation off)"
+
+
+def prompts_of_step(cfg, sampler, rows, template):
+    """This process's whole groups of the step's prompt order: (prompts, each response's reference answer)."""
+    rank, world = distributed.rank(), distributed.world_size()
+    per_rank = cfg.num_prompts_per_step // world
+    idx = sampler.take(cfg.num_prompts_per_step)[rank * per_rank:(rank + 1) * per_rank]
+    return [rollout.apply_template(rows[i]["problem"], template) for i in idx], \
+        [rows[i]["answer"] for i in idx for _ in range(cfg.num_generations)]
+
+
+def step_peak() -> dict:  # this step's peak host RSS (and GPU memory), the largest over processes
+    peaks = distributed.all_gather_objects(policy.peak_memory())
+    return {k: max(p[k] for p in peaks) for k in peaks[0]}
+
+
+def log_step(run, step, cfg, batch, rewards, correct, graded_counts, lengths, update, credit_stats, times) -> dict:
+    """metrics.jsonl's line of a step (pooled over processes): ``update`` = policy_update's (Σ losses, grad norms,
+    statistic sums, skipped); ``times`` = (the step's start, the rollout's seconds)."""
+    loss_sum, grad_norms, agg, skipped = update
+    no_signal = agg.pop("no_signal", 0.0)  # no update: its statistics 0.0 (policy_update)
+    return run.log_step(step + 1, cfg.num_generations, rewards, correct if cfg.overlong_buffer_len else None, lengths,
+                        batch.finish_reasons, graded_counts,
+                        agg, {"loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
+                              "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
+                              "no_signal": no_signal, **credit_stats, **step_peak(),
+                              "step_time": time.time() - times[0], "generation_time": times[1]})
+
+
+def rollout_batch(step, cfg, actor, source):
+    """Stage 1: this process's whole groups of the step's prompts, G responses each (``rollout.sample``: HF or vLLM),
+    seeded by the step and the process. Returns (the ``rollout.Rollout``, each response's reference answer, seconds)."""
+    t0 = time.time()
+    prompts, answers = prompts_of_step(cfg, source.sampler, source.dataset, source.template)
+    seed = cfg.seed * 100_003 + step + 1_000_003 * distributed.rank()
+    settings = rollout.SamplingSettings(cfg.max_completion_length, cfg.temperature, cfg.top_p, seed, source.stop_ids,
+                                        rollout.template_stop_strings(source.template))
+    batch = rollout.sample(actor.model, actor.tokenizer, prompts, cfg.num_generations, settings, llm=actor.llm,
+                           sleep_after=cfg.vllm_enable_sleep_mode)
+    return batch, answers, time.time() - t0
+
+
+def write_samples(run, step, cfg, tokenizer, batch, rewards, adv, token_adv, credit, loss_weights) -> None:
+    """samples/ every --logging_steps (the main process): each token's credit Ã / Â (× the loss's own factor, where a
+    rule has one) and the credit's weights, for --num_samples_to_log responses."""
+    if distributed.rank() != 0 or not cfg.logging_steps or (step + 1) % cfg.logging_steps:
+        return
+    token_credit = credit.token_credit(adv, token_adv)
+    run.write_samples(step + 1, tokenizer, batch, rewards, adv, token_adv,
+                      token_credit if loss_weights is None else token_credit * loss_weights, credit.token_weights,
+                      min(cfg.num_samples_to_log, len(batch.texts) // cfg.num_generations))
+
+
+def run_command(train, cfg, given) -> None:
+    """grpo.py's command: ``train(cfg, given)``; a bad data file, model name or folder is one line (no traceback);
+    Ctrl-C one line on the run folder and status 130; then the closing line (none for --dry_run)."""
+    interrupted = None
+    try:
+        summary = train(cfg, given)
+        cfg = recipes.apply(cfg, given)  # the settings it ran with, for the closing line
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"grpo.py: error: {e}")
+    except KeyboardInterrupt as e:  # train's note on the run folder (none: nothing written yet)
+        interrupted = str(e) or "before training began; the same command starts again"
+    finally:
+        distributed.close()
+    if interrupted is not None:  # (after the except block: the interrupted frames, and their bars, are gone)
+        if distributed.rank_from_env() == 0:
+            print(f"grpo.py: interrupted: {interrupted}", file=sys.stderr, flush=True)
+        raise SystemExit(130)  # a shell's status for SIGINT
+    if summary is not None and distributed.rank_from_env() == 0:
+        print(closing_line(summary, cfg))
