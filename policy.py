@@ -494,9 +494,13 @@ class ChunkedLMHead(torch.autograd.Function):
     backward: h (b·T·H·c bytes, 168 MB for one 20,480-token row of Qwen3-8B in bf16) and logsumexp(z/τ) (b·T·4).
     The backward recomputes each chunk's z and takes ∂log p(y)/∂(z/τ) = onehot(y) − softmax(z/τ) in place (times
     1 − tanh²(·) under soft-capping), then dh = dz·W and dW += dzᵀ·h: one chunk of float32 logits at a time, and
-    one W-sized gradient, summed in W's dtype (bfloat16 weights: one more rounding of the running sum per chunk,
-    2^-9 relative, as Liger-Kernel's fused linear losses accumulate; float32 and float64 differ from the whole
-    micro-batch's matmul only in the order of its sums). Why our own: verl's FusedLinearForPPO and Liger-Kernel's
+    one W-sized gradient, summed in float32 (float64 for a float64 model) and cast to W's dtype once, after the
+    last chunk, as TRL's chunked log-probs and Liger-Kernel's float32 ``accum_dtype`` do: for bfloat16 weights
+    dzᵀ·h is a float32 matmul and the sum holds a float32 buffer V·H·4 (2.5 GB at Qwen3-8B), whose one rounding
+    at the end leaves dW as close to the exact sum as the model's own head's (a running bf16 sum rounded once per
+    chunk: 3.3× its error over one 20,480-token row's 47 chunks; tests/test_chunked_head.py); for float32 and
+    float64 weights the sum is W's gradient itself, the same operations as before, and differs from the whole
+    micro-batch's matmul only in the order of its sums. Why our own: verl's FusedLinearForPPO and Liger-Kernel's
     fused linear losses do this inside their trainers or on GPUs only; this is the same idea in plain torch, exact
     on the CPU too. Under FSDP2 token_logprobs returns its outputs as the root module's, so that FSDP2 gathers W
     again before this backward reads it (the root frees it after its forward).
@@ -522,7 +526,8 @@ class ChunkedLMHead(torch.autograd.Function):
     def backward(ctx, grad, _):
         h, weight, targets, lse = ctx.saved_tensors
         dh = torch.empty_like(h) if ctx.needs_input_grad[0] else None
-        dw = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        sum_dtype = torch.promote_types(weight.dtype, torch.float32)  # dW summed over chunks in float32 at least
+        dw = torch.zeros_like(weight, dtype=sum_dtype) if ctx.needs_input_grad[1] else None
         for a in range(0, len(h), ctx.chunk):
             s = slice(a, a + ctx.chunk)
             x = torch.nn.functional.linear(h[s], weight)  # h·Wᵀ [c, V]
@@ -533,13 +538,12 @@ class ChunkedLMHead(torch.autograd.Function):
             dz = u.sub_(lse[s, None]).exp_().mul_(-g).scatter_add_(-1, targets[s, None], g)
             if t is not None:  # ∂z/∂x = 1 − tanh²(x/c)
                 dz.mul_(t.square_().neg_().add_(1))
-            dz = dz.to(weight.dtype)
             if dh is not None:
-                dh[s] = dz @ weight
-            if dw is not None:
-                dw.addmm_(dz.T, h[s])
+                dh[s] = dz.to(weight.dtype) @ weight
+            if dw is not None:  # float32 and float64: dz and h[s] themselves, no copies
+                dw.addmm_(dz.T, h[s].to(sum_dtype))
             del u, dz  # before the next chunk's
-        return dh, dw, None, None, None, None, None
+        return dh, None if dw is None else dw.to(weight.dtype), None, None, None, None, None
 
 
 from grpo_config import PADDING_FREE_BUCKETS  # noqa: E402  (grpo_config.py: --micro_batch_size 0 help)

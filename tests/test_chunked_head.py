@@ -219,11 +219,14 @@ def _live_peak(fn):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_chunk_memory_against_the_plans_terms(dtype):
-    """ChunkedLMHead over n = 240 positions in chunks of 50 at V = 20,000: the forward's live-byte peak above what it
-    is given, and the backward's, against memory_plan.chunked_head_bytes (within 10%); both far below one
-    micro-batch's float32 logits n·V·4."""
-    n, V, H, chunk = 240, 20_000, 8, 50
+@pytest.mark.parametrize("chunk", [50, 5])
+def test_chunk_memory_against_the_plans_terms(dtype, chunk):
+    """ChunkedLMHead over n = 240 positions in chunks of 50 (5) at V = 20,000, H = 64: the forward's live-byte peak
+    above what it is given, and the backward's, against memory_plan.chunked_head_bytes (within 10%); both far below
+    one micro-batch's float32 logits n·V·4. At H = 64 W's gradient is as large as a chunk's working set: bf16's
+    float32 sum V·H·4 (5.1 MB), beside the chunk (chunks of 50: 6 MB) or beside its bf16 cast V·H·2 at the end
+    (chunks of 5: the larger), is half the backward's peak or more, which a plan without it would miss."""
+    n, V, H = 240, 20_000, 64
     dt = getattr(torch, dtype)
     c = torch.finfo(dt).bits // 8
     gen = torch.Generator().manual_seed(0)
@@ -236,7 +239,41 @@ def test_chunk_memory_against_the_plans_terms(dtype):
     plan = memory_plan.chunked_head_bytes(chunk, V, H, c, trained=True)
     assert fwd == pytest.approx(plan["forward"] + 2 * 4 * n, rel=0.1)  # + log p and logsumexp [n] float32
     assert bwd == pytest.approx(plan["backward"] + c * n * H, rel=0.1)  # + dh [n, H]
-    assert max(fwd, bwd - c * V * H) < 0.5 * n * V * 4
+    assert max(fwd, bwd - max(c, 4) * V * H) < 0.5 * n * V * 4  # beside W's gradient, summed in float32
+
+
+def test_bf16_head_gradient_as_close_to_exact_as_the_unchunked_heads():
+    """W's gradient over one 20,480-token row of bf16 h and W in chunks of 441 positions (Qwen3's at V = 151,936:
+    47 chunks; a small V and H keep it to seconds), every token of the row weighted by its one advantage / T (as
+    the loss does): its relative error against the same computation in float64 (the float64 head, from the same
+    bf16 values) is at most 1.25 × the unchunked head's (the model's own bf16 matmul, autograd). Why 1.25, not a
+    tuned number: issue #43 asks the chunked head to be as accurate as the one it replaces, 1.25 leaving room for
+    the difference of where each rounds (dz kept in float32 here, rounded to bf16 by autograd there), not for a
+    per-chunk rounding: summed in bf16, 47 roundings of a growing sum measured 3.3×; summed in float32 the 47
+    additions add ≲ 47·2^-24 relative, against bf16's 2^-9 of the one final rounding both share (measured 0.99×)."""
+    n, V, H, chunk = 20_480, 256, 32, 441
+    gen = torch.Generator().manual_seed(0)
+    W = torch.randn(V, H, generator=gen).to(torch.bfloat16)
+    h = torch.randn(n, H, generator=gen).to(torch.bfloat16)
+    y = torch.randint(0, V, (n,), generator=gen)
+
+    def grad_w(logp, weight):  # ∂/∂W of Σ_t (1/n)·log p_t, in float64
+        weight = weight.clone().requires_grad_()
+        (logp(weight) / n).sum().backward()
+        return weight.grad.double()
+
+    def unchunked(weight):  # token_logprobs' path for logits that fit: the model's head, then float32
+        z = torch.nn.functional.linear(h.to(weight.dtype), weight)
+        return policy._log_softmax_at(z.to(torch.promote_types(z.dtype, torch.float32)), y)[0]
+
+    def chunked(weight):
+        return policy.ChunkedLMHead.apply(h, weight, y, 1.0, None, chunk, False)[0]
+
+    exact = grad_w(unchunked, W.double())
+    error = {name: (grad_w(fn, W) - exact).norm() / exact.norm() for name, fn in
+             (("unchunked", unchunked), ("chunked", chunked))}
+    assert -(-n // chunk) == 47 and error["unchunked"] > 1e-4  # bf16's rounding is there to compare
+    assert error["chunked"] <= 1.25 * error["unchunked"]
 
 
 def test_plan_and_policy_share_the_chunk_budget():
