@@ -436,17 +436,20 @@ def _body(model):
 
 
 LMHead = namedtuple("LMHead", "body head softcap")
-_HEAD_CHECKS = {}  # model class -> None (its logits are softcap(h·Wᵀ)) or why not: lm_head's forward, once a class
+_HEAD_CHECKS = {}  # (model class, head dtype, config JSON) -> None (logits = softcap(h·Wᵀ)) or why not: lm_head's
 
 
 def lm_head(model):
     """What ``ChunkedLMHead`` needs of ``model``: ``LMHead(body, head, softcap)`` (the body, whose output h is the
     head's input; the head, a bias-free ``nn.Linear`` W ``[V, H]``; Gemma's ``final_logit_softcapping``, or None),
     or a string saying why its logits cannot be computed that way (then ``token_logprobs`` takes a micro-batch's
-    logits at once). Checked once per model class by one no-grad, eval-mode forward of 3 tokens: the model's own
-    logits must equal softcap(h·Wᵀ) bit for bit (the same operations on the same shapes), so any other
-    post-processing (Cohere's logit scale, Granite's divisor, a remote model's own code) turns chunking off. Under
-    FSDP2 every process must make that first call together (``exact_optimisations`` does, when the run starts)."""
+    logits at once). Checked by one no-grad, eval-mode forward of 3 tokens, once per model class, head dtype and
+    config (every value of it: Granite's ``logits_scaling``, Cohere's ``logit_scale``, Gemma's
+    ``final_logit_softcapping`` and whatever else scales, caps or biases a model's logits; a LoRA or a bias on the
+    head is refused before): the model's own logits must equal softcap(h·Wᵀ) bit for bit (the same operations on
+    the same shapes), so any other post-processing (Cohere's logit scale, Granite's divisor, a remote model's own
+    code) turns chunking off. Under FSDP2 every process must make that first call together
+    (``exact_optimisations`` does, when the run starts)."""
     head = getattr(model, "get_output_embeddings", lambda: None)()
     if type(head) is not torch.nn.Linear or head.bias is not None:
         kind = type(head).__name__ + (" with a bias" if type(head) is torch.nn.Linear else "")
@@ -454,7 +457,8 @@ def lm_head(model):
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     softcap = getattr(config, "final_logit_softcapping", None)
     base = _base(model)
-    if type(base) not in _HEAD_CHECKS:
+    key = (type(base), head.weight.dtype, model.config.to_json_string(use_diff=False))
+    if key not in _HEAD_CHECKS:
         seen, was = {}, model.training
 
         def apply_head(module, args, output):  # the head as ChunkedLMHead applies it, inside the forward
@@ -469,9 +473,9 @@ def lm_head(model):
         finally:
             handle.remove()
             model.train(was)
-        _HEAD_CHECKS[type(base)] = None if torch.equal(seen["ours"], theirs) else \
+        _HEAD_CHECKS[key] = None if torch.equal(seen["ours"], theirs) else \
             f"{type(base).__name__}'s logits are not its LM head's output{' soft-capped' if softcap else ''}"
-    return _HEAD_CHECKS[type(base)] or LMHead(_body(model), head, softcap)
+    return _HEAD_CHECKS[key] or LMHead(_body(model), head, softcap)
 
 
 def _scaled_logits(h, weight, softcap, temperature):

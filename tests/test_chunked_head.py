@@ -276,5 +276,48 @@ def test_bf16_head_gradient_as_close_to_exact_as_the_unchunked_heads():
     assert error["chunked"] <= 1.25 * error["unchunked"]
 
 
+def _granite(V, scale):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    return tf.GraniteForCausalLM(tf.GraniteConfig(
+        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, logits_scaling=scale, pad_token_id=0, bos_token_id=1, eos_token_id=2))
+
+
+def _cohere(V, scale):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    return tf.CohereForCausalLM(tf.CohereConfig(
+        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, logit_scale=scale, pad_token_id=0, bos_token_id=1, eos_token_id=2))
+
+
+@pytest.mark.parametrize("build,scale", [(_granite, 8.0), (_cohere, 0.125)])
+def test_the_heads_check_is_per_config_not_per_class(build, scale, tokenizer, float64_model, monkeypatch):
+    """Granite divides its logits by ``logits_scaling``, Cohere multiplies them by ``logit_scale``: a first model
+    of the class with scale 1.0 passes lm_head's check (x/1 and x·1 are x), a second one built in the same process
+    with 8.0 (0.125) must not inherit it: it is checked again, refused, and its log-probs and gradient at a budget
+    of 5 positions equal the unchunked ones (float64, 1e-10). Keyed on the class alone, the second took the
+    chunked path without its scale."""
+    monkeypatch.setattr(policy, "_HEAD_CHECKS", {})  # this process's earlier models of the class: not this test's
+    V = len(tokenizer)
+    batch = _batch(tokenizer)
+    assert not isinstance(policy.lm_head(float64_model(build(V, 1.0))), str)
+    model = float64_model(build(V, scale))
+    why = policy.lm_head(model)
+    assert isinstance(why, str) and "logits are not its LM head's output" in why
+    runs = []
+    for positions in (0, 5):
+        model.zero_grad(set_to_none=True)
+        lp = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, 0.7,
+                                   chunk_bytes=_budget(V, positions))
+        lp.sum().backward()
+        runs.append((lp.detach(), _grads(model)))
+    _close(runs[1][0], runs[0][0])
+    assert (runs[1][1] - runs[0][1]).norm() <= TOL * runs[0][1].norm()
+
+
 def test_plan_and_policy_share_the_chunk_budget():
     assert memory_plan.LOGITS_CHUNK_BYTES == policy.LOGITS_CHUNK_BYTES
