@@ -2,7 +2,7 @@
 
 * ``load_model_and_tokenizer``: ``from_pretrained`` of a registered name (``MODELS``: ``"toy"``, toy.py), a local
   folder or a hub id, in the dtype and on the device asked for; the tokenizer pads on the left;
-* ``prepare_model``: gradient checkpointing and LoRA adapters (peft);
+* ``prepare_model``: the float32 LM head (``cast_lm_head_to_fp32``), gradient checkpointing and LoRA adapters (peft);
 * ``reference_model``: the frozen initial policy for the k3 KL term (``--beta > 0``);
 * ``build_optimizer``: AdamW; ``oom_guard``: out-of-memory errors as one line naming the flags that help;
   ``peak_memory`` (per step; the host-memory guards are memory_plan.py's ``check_host_memory``);
@@ -161,12 +161,15 @@ def _left_padded(tokenizer, name: str):
 
 
 def prepare_model(model, cfg):
-    """Gradient checkpointing (non-reentrant: it restores the RNG, so dropout masks match) and LoRA adapters
-    (``peft.get_peft_model``; only the adapters require gradients) as ``cfg`` asks; returns the policy.
+    """The float32 LM head (``--cast_lm_head_to_fp32``), gradient checkpointing (non-reentrant: it restores the RNG,
+    so dropout masks match) and LoRA adapters (``peft.get_peft_model``; only the adapters require gradients) as
+    ``cfg`` asks; returns the policy.
 
     With both, ``enable_input_require_grads`` makes the embeddings' output require grad (as peft and TRL do).
     Raises ValueError when no module matches ``cfg.lora_target_modules`` (peft's message).
     """
+    if cfg.cast_lm_head_to_fp32:
+        cast_lm_head_to_fp32(model)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if not cfg.use_peft:
@@ -180,6 +183,24 @@ def prepare_model(model, cfg):
     lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                       target_modules=targets, bias="none", task_type="CAUSAL_LM")
     return get_peft_model(model, lora)
+
+
+def cast_lm_head_to_fp32(model):
+    """``--cast_lm_head_to_fp32`` (TRL's flag of that name; ScaleRL, arXiv 2510.13786): the LM head's weight in
+    float32 and its input cast to float32 before the matmul, so the logits and the head's gradient are computed in
+    float32 while the body keeps its dtype. Returns ``model``. Raises ValueError (one line) for a head tied to the
+    input embeddings: its float32 weight would change the body's input too."""
+    head = model.get_output_embeddings()
+    if head.weight is model.get_input_embeddings().weight:
+        raise ValueError("--cast_lm_head_to_fp32 needs an LM head of its own: this model ties it to its input "
+                         "embeddings (tie_word_embeddings)")
+    head.float()
+    head.register_forward_pre_hook(_input_in_weight_dtype)
+    return model
+
+
+def _input_in_weight_dtype(module, args):
+    return (args[0].to(module.weight.dtype),) + args[1:]
 
 
 class AdapterDisabledReference:
@@ -215,6 +236,8 @@ def reference_model(model, cfg):
         ref, _ = load_model_and_tokenizer(cfg.model, dtype=dtype, device="cpu",
                                                   attn_implementation=cfg.attn_implementation,
                                                   trust_remote_code=cfg.trust_remote_code)
+        if cfg.cast_lm_head_to_fp32:  # the policy's head, as prepare_model made it
+            cast_lm_head_to_fp32(ref)
         return ref.eval().requires_grad_(False)
     import copy
 
@@ -480,9 +503,9 @@ def lm_head(model):
 
 def _scaled_logits(h, weight, softcap, temperature):
     """z/τ in float32 (float64 for a float64 model) of the LM head's inputs ``h`` ``[n, H]`` (or ``[b, n, H]``):
-    z = h·Wᵀ, soft-capped as Gemma's forward does (z/c, tanh, ·c; ``softcap`` None: not), each step on a new
-    tensor in place; ``temperature`` None: z itself, in h's dtype."""
-    z = torch.nn.functional.linear(h, weight)
+    z = h·Wᵀ (in W's dtype), soft-capped as Gemma's forward does (z/c, tanh, ·c; ``softcap`` None: not), each step
+    on a new tensor in place; ``temperature`` None: z itself, in W's dtype."""
+    z = torch.nn.functional.linear(h.to(weight.dtype), weight)  # (--cast_lm_head_to_fp32: bf16 h, float32 W)
     if softcap is not None:
         z = z.div_(softcap).tanh_().mul_(softcap)
     return z if temperature is None else z.to(torch.promote_types(z.dtype, torch.float32)).div_(temperature)
@@ -492,8 +515,9 @@ class ChunkedLMHead(torch.autograd.Function):
     """log π(y) and the entropy of softmax(z/τ), z = softcap(h·Wᵀ), ``chunk`` positions at a time: no [n, V] logits
 
     ``apply(h, weight, targets, temperature, softcap, chunk, entropy)``: the LM head's inputs h ``[n, H]`` (one
-    micro-batch's response positions, rows after rows), W ``[V, H]``, the token ids y ``[n]``; returns log p(y)
-    ``[n]`` and H ``[n]`` (no grad; None unless ``entropy``), float32 (float64 for a float64 model), equal to the
+    micro-batch's response positions, rows after rows; cast to W's dtype a chunk at a time: a bf16 h under
+    ``--cast_lm_head_to_fp32``'s float32 W), W ``[V, H]``, the token ids y ``[n]``; returns log p(y) ``[n]`` and
+    H ``[n]`` (no grad; None unless ``entropy``), float32 (float64 for a float64 head), equal to the
     whole micro-batch's computation up to the order of the matmul's sums (the float64 tests: 1e-10). Kept for the
     backward: h (b·T·H·c bytes, 168 MB for one 20,480-token row of Qwen3-8B in bf16) and logsumexp(z/τ) (b·T·4).
     The backward recomputes each chunk's z and takes ∂log p(y)/∂(z/τ) = onehot(y) − softmax(z/τ) in place (times
@@ -512,7 +536,7 @@ class ChunkedLMHead(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, weight, targets, temperature, softcap, chunk, entropy):
-        lse = torch.empty(len(h), dtype=torch.promote_types(h.dtype, torch.float32), device=h.device)
+        lse = torch.empty(len(h), dtype=torch.promote_types(weight.dtype, torch.float32), device=h.device)
         logp, ent = torch.empty_like(lse), torch.empty_like(lse) if entropy else None
         for a in range(0, len(h), chunk):
             u = _scaled_logits(h[a:a + chunk], weight, softcap, temperature)  # [c, V]
@@ -534,7 +558,7 @@ class ChunkedLMHead(torch.autograd.Function):
         dw = torch.zeros_like(weight, dtype=sum_dtype) if ctx.needs_input_grad[1] else None
         for a in range(0, len(h), ctx.chunk):
             s = slice(a, a + ctx.chunk)
-            x = torch.nn.functional.linear(h[s], weight)  # h·Wᵀ [c, V]
+            x = torch.nn.functional.linear(h[s].to(weight.dtype), weight)  # h·Wᵀ [c, V]
             t = None if ctx.softcap is None else x.div_(ctx.softcap).tanh_()  # z = c·tanh(x/c): t = tanh(x/c)
             u = (x if t is None else t * ctx.softcap).to(lse.dtype).div_(ctx.temperature)  # z/τ, as the forward
             del x  # (bfloat16: its float32 copy u is all the chunk needs from here)

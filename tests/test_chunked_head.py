@@ -276,6 +276,29 @@ def test_bf16_head_gradient_as_close_to_exact_as_the_unchunked_heads():
     assert error["chunked"] <= 1.25 * error["unchunked"]
 
 
+def test_a_head_in_a_wider_dtype_than_its_input():
+    """h in float32, W in float64 (as --cast_lm_head_to_fp32's bf16 h and float32 W): h goes to W's dtype, and the
+    log-probs, entropy and gradients in chunks of 7 equal the whole computation in float64 (1e-10)."""
+    n, V, H = 40, 30, 8
+    gen = torch.Generator().manual_seed(0)
+    W = torch.randn(V, H, dtype=torch.float64, generator=gen)
+    h = torch.randn(n, H, generator=gen)
+    y = torch.randint(0, V, (n,), generator=gen)
+    c = torch.randn(n, dtype=torch.float64, generator=gen)
+    runs = []
+    for chunk in (n, 7):
+        w, x = W.clone().requires_grad_(), h.clone().requires_grad_()
+        lp, ent = policy.ChunkedLMHead.apply(x, w, y, 0.7, 2.0, chunk, True)
+        (c * lp).sum().backward()
+        runs.append((lp.detach(), ent, w.grad, x.grad))
+    assert runs[0][0].dtype == runs[0][2].dtype == torch.float64 and runs[0][3].dtype == torch.float32
+    whole = torch.nn.functional.linear(h.double(), W)
+    assert torch.equal(runs[0][0], policy._log_softmax_at((whole / 2).tanh() * 2 / 0.7, y)[0])
+    for a, b in zip(runs[0][:3], runs[1][:3]):
+        _close(b, a)
+    torch.testing.assert_close(runs[1][3], runs[0][3], rtol=2**-23, atol=0)  # dh rounded once to h's float32
+
+
 def _granite(V, scale):
     import transformers as tf
 
@@ -317,6 +340,56 @@ def test_the_heads_check_is_per_config_not_per_class(build, scale, tokenizer, fl
         runs.append((lp.detach(), _grads(model)))
     _close(runs[1][0], runs[0][0])
     assert (runs[1][1] - runs[0][1]).norm() <= TOL * runs[0][1].norm()
+
+
+def test_cast_lm_head_to_fp32(tokenizer):
+    """--cast_lm_head_to_fp32 on a bf16 model: the head's weight is float32 (the bf16 values, exactly), the body's
+    stay bf16, the logits are the float32 matmul of the body's bf16 output (bit for bit), lm_head's check accepts
+    the head, and a chunked pass and its backward run (W's gradient float32, the body's bf16); the reference copy
+    keeps the float32 head. Off: every weight and the logits stay bf16, the logits those of the unprepared model.
+    Refused in one line: a tied head, LoRA on lm_head, torchrun."""
+    import copy
+
+    import transformers as tf
+
+    V = len(tokenizer)
+    torch.manual_seed(0)
+    bf16 = tf.AutoModelForCausalLM.from_config(_config("qwen3", V)).to(torch.bfloat16)
+    batch = _batch(tokenizer)
+    ids = batch.input_ids[:, -4:]
+    before = bf16(input_ids=ids).logits
+    off = policy.prepare_model(copy.deepcopy(bf16), grpo.GRPOConfig())
+    assert {p.dtype for p in off.parameters()} == {torch.bfloat16} and torch.equal(off(input_ids=ids).logits, before)
+
+    cfg = grpo.GRPOConfig(cast_lm_head_to_fp32=True, beta=0.1)
+    on = policy.prepare_model(copy.deepcopy(bf16), cfg)
+    head = on.get_output_embeddings()
+    assert head.weight.dtype == torch.float32 and torch.equal(head.weight, bf16.get_output_embeddings().weight.float())
+    assert {p.dtype for p in on.parameters() if p is not head.weight} == {torch.bfloat16}
+    seen = {}
+    hook = policy._body(on).register_forward_hook(lambda m, a, out: seen.update(h=out[0]))
+    logits = on(input_ids=ids).logits
+    hook.remove()
+    assert seen["h"].dtype == torch.bfloat16 and logits.dtype == torch.float32
+    assert torch.equal(logits, torch.nn.functional.linear(seen["h"].float(), head.weight))
+    assert not torch.equal(logits, before.float())  # not the bf16 logits made float32 after the matmul
+    assert not isinstance(policy.lm_head(on), str)
+    lp = policy.token_logprobs(on, batch.input_ids, batch.attention_mask, batch.response_mask,
+                               chunk_bytes=_budget(V, 5))
+    lp.sum().backward()
+    assert lp.dtype == torch.float32 and head.weight.grad.dtype == torch.float32
+    assert policy._body(on).layers[0].mlp.down_proj.weight.grad.dtype == torch.bfloat16
+    ref = policy.reference_model(on, cfg)
+    assert torch.equal(ref(input_ids=ids).logits, logits)
+
+    tied = tf.AutoModelForCausalLM.from_config(_config("tied", V)).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="--cast_lm_head_to_fp32 needs an LM head of its own"):
+        policy.prepare_model(tied, cfg)
+    lora = grpo.GRPOConfig(cast_lm_head_to_fp32=True, use_peft=True, lora_target_modules="q_proj, lm_head")
+    with pytest.raises(SystemExit, match="--cast_lm_head_to_fp32 with LoRA on lm_head"):
+        grpo.check_config(lora)
+    with pytest.raises(SystemExit, match="--cast_lm_head_to_fp32 runs in one process"):
+        grpo.check_config(grpo.GRPOConfig(cast_lm_head_to_fp32=True), world=2)
 
 
 def test_plan_and_policy_share_the_chunk_budget():
