@@ -131,6 +131,9 @@ class GRPOConfig:
                                   "comma-separated module names that get LoRA adapters, or all-linear")
     gradient_checkpointing: bool = _f(False, "recompute each layer in the backward pass (less activation memory)")
     ref_on_cpu: bool = _f(False, "full fine-tuning with --beta > 0: keep the frozen reference on the CPU")
+    cast_lm_head_to_fp32: bool = _f(False, "the LM head's weight and matmul in float32, the body in --torch_dtype "
+                                           "(TRL's flag; ScaleRL): float32 logits from a bf16 model; an untied "
+                                           "head, one process")
     # credit assignment
     credit: str = _f("grpo", "token credit: grpo (broadcast), delta (DelTA), cscr (CSCR), fipo (FIPO's future-KL "
                              "weight, in the loss)", ["grpo", "delta", "cscr", "fipo"])
@@ -329,6 +332,12 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None)
         (cfg.use_peft and (cfg.lora_r < 1 or cfg.lora_alpha <= 0 or not 0 <= cfg.lora_dropout < 1
                            or not cfg.lora_target_modules.strip(",").strip()),
          "--use_peft needs --lora_r >= 1, --lora_alpha > 0, 0 <= --lora_dropout < 1 and --lora_target_modules"),
+        (cfg.cast_lm_head_to_fp32 and world > 1, "--cast_lm_head_to_fp32 runs in one process: FSDP2 (torchrun) "
+         "shards the LM head with the embeddings and final norm, in one dtype"),
+        (cfg.cast_lm_head_to_fp32 and cfg.use_peft
+         and "lm_head" in [t.strip() for t in cfg.lora_target_modules.split(",")], "--cast_lm_head_to_fp32 with "
+         "LoRA on lm_head (--lora_target_modules): the adapter would wrap the float32 head; leave lm_head out (TRL "
+         "refuses it too)"),
         (not 0 < _or(cfg.vllm_gpu_memory_utilization, 1) <= 1, "--vllm_gpu_memory_utilization must be in (0, 1]"),
         (cfg.vllm_kv_cache_dtype != "auto" and not cfg.use_vllm, "--vllm_kv_cache_dtype needs --use_vllm"),
         (cfg.vllm_importance_sampling_correction and not cfg.use_vllm, "--vllm_importance_sampling_correction needs "

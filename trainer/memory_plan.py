@@ -316,12 +316,15 @@ def chunked_head_bytes(chunk: int, V: int, H: int, c: int, trained: bool) -> dic
     """policy.ChunkedLMHead's working set, ``chunk`` positions at a time, in bytes (c: the compute dtype's bytes).
     Forward: a chunk's logits z/τ in float32 and logsumexp's temporary, 2·4·chunk·V (bf16: its z, 2·chunk·V, is
     freed before logsumexp runs). Backward: the chunk's float32 logits, turned in place into ∂/∂z, and their bf16
-    copy for the matmuls (c = 2), plus W's gradient V·H·c when the head is trained (accumulated chunk by chunk,
-    then added to W's .grad). Beside them: what ``kept_row`` counts (h and logsumexp per position). Measured with
-    the CPU allocator's live bytes (tests/test_chunked_head.py): forward 8.00·chunk·V, backward 4.00 and 6.00."""
+    copy for dh's matmul (c = 2), plus, when the head is trained, W's gradient summed chunk by chunk in float32,
+    V·H·4 (float64: V·H·8), then added to W's .grad; a bf16 head's sum is a buffer of its own, cast to V·H·2 once
+    after the last chunk, when the chunk's logits are gone. Beside them: what ``kept_row`` counts (h and logsumexp
+    per position). Measured with the CPU allocator's live bytes (tests/test_chunked_head.py): forward
+    8.00·chunk·V, backward 4.00 and 6.00 beside V·H·4."""
     f = max(c, 4)  # the float32 copy (float64 for a float64 model)
-    backward = (f + (c if c < f else 0)) * chunk * V + (V * H * c if trained else 0)
-    return {"forward": 2 * f * chunk * V, "backward": backward}
+    per_chunk = (f + (c if c < f else 0)) * chunk * V  # its float32 logits and their bf16 copy
+    cast = V * H * c if c < f else 0  # a bf16 head: its gradient cast from the float32 sum
+    return {"forward": 2 * f * chunk * V, "backward": (V * H * f + max(per_chunk, cast)) if trained else per_chunk}
 
 
 # --- Settings: what the plan reads of the run's flags --------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 * ``load_model_and_tokenizer``: ``from_pretrained`` of a registered name (``MODELS``: ``"toy"``, toy.py), a local
   folder or a hub id, in the dtype and on the device asked for; the tokenizer pads on the left;
-* ``prepare_model``: gradient checkpointing and LoRA adapters (peft);
+* ``prepare_model``: the float32 LM head (``cast_lm_head_to_fp32``), gradient checkpointing and LoRA adapters (peft);
 * ``reference_model``: the frozen initial policy for the k3 KL term (``--beta > 0``);
 * ``build_optimizer``: AdamW; ``oom_guard``: out-of-memory errors as one line naming the flags that help;
   ``peak_memory`` (per step; the host-memory guards are memory_plan.py's ``check_host_memory``);
@@ -161,12 +161,15 @@ def _left_padded(tokenizer, name: str):
 
 
 def prepare_model(model, cfg):
-    """Gradient checkpointing (non-reentrant: it restores the RNG, so dropout masks match) and LoRA adapters
-    (``peft.get_peft_model``; only the adapters require gradients) as ``cfg`` asks; returns the policy.
+    """The float32 LM head (``--cast_lm_head_to_fp32``), gradient checkpointing (non-reentrant: it restores the RNG,
+    so dropout masks match) and LoRA adapters (``peft.get_peft_model``; only the adapters require gradients) as
+    ``cfg`` asks; returns the policy.
 
     With both, ``enable_input_require_grads`` makes the embeddings' output require grad (as peft and TRL do).
     Raises ValueError when no module matches ``cfg.lora_target_modules`` (peft's message).
     """
+    if cfg.cast_lm_head_to_fp32:
+        cast_lm_head_to_fp32(model)
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if not cfg.use_peft:
@@ -180,6 +183,24 @@ def prepare_model(model, cfg):
     lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
                       target_modules=targets, bias="none", task_type="CAUSAL_LM")
     return get_peft_model(model, lora)
+
+
+def cast_lm_head_to_fp32(model):
+    """``--cast_lm_head_to_fp32`` (TRL's flag of that name; ScaleRL, arXiv 2510.13786): the LM head's weight in
+    float32 and its input cast to float32 before the matmul, so the logits and the head's gradient are computed in
+    float32 while the body keeps its dtype. Returns ``model``. Raises ValueError (one line) for a head tied to the
+    input embeddings: its float32 weight would change the body's input too."""
+    head = model.get_output_embeddings()
+    if head.weight is model.get_input_embeddings().weight:
+        raise ValueError("--cast_lm_head_to_fp32 needs an LM head of its own: this model ties it to its input "
+                         "embeddings (tie_word_embeddings)")
+    head.float()
+    head.register_forward_pre_hook(_input_in_weight_dtype)
+    return model
+
+
+def _input_in_weight_dtype(module, args):
+    return (args[0].to(module.weight.dtype),) + args[1:]
 
 
 class AdapterDisabledReference:
@@ -215,6 +236,8 @@ def reference_model(model, cfg):
         ref, _ = load_model_and_tokenizer(cfg.model, dtype=dtype, device="cpu",
                                                   attn_implementation=cfg.attn_implementation,
                                                   trust_remote_code=cfg.trust_remote_code)
+        if cfg.cast_lm_head_to_fp32:  # the policy's head, as prepare_model made it
+            cast_lm_head_to_fp32(ref)
         return ref.eval().requires_grad_(False)
     import copy
 
@@ -436,17 +459,20 @@ def _body(model):
 
 
 LMHead = namedtuple("LMHead", "body head softcap")
-_HEAD_CHECKS = {}  # model class -> None (its logits are softcap(h·Wᵀ)) or why not: lm_head's forward, once a class
+_HEAD_CHECKS = {}  # (model class, head dtype, config JSON) -> None (logits = softcap(h·Wᵀ)) or why not: lm_head's
 
 
 def lm_head(model):
     """What ``ChunkedLMHead`` needs of ``model``: ``LMHead(body, head, softcap)`` (the body, whose output h is the
     head's input; the head, a bias-free ``nn.Linear`` W ``[V, H]``; Gemma's ``final_logit_softcapping``, or None),
     or a string saying why its logits cannot be computed that way (then ``token_logprobs`` takes a micro-batch's
-    logits at once). Checked once per model class by one no-grad, eval-mode forward of 3 tokens: the model's own
-    logits must equal softcap(h·Wᵀ) bit for bit (the same operations on the same shapes), so any other
-    post-processing (Cohere's logit scale, Granite's divisor, a remote model's own code) turns chunking off. Under
-    FSDP2 every process must make that first call together (``exact_optimisations`` does, when the run starts)."""
+    logits at once). Checked by one no-grad, eval-mode forward of 3 tokens, once per model class, head dtype and
+    config (every value of it: Granite's ``logits_scaling``, Cohere's ``logit_scale``, Gemma's
+    ``final_logit_softcapping`` and whatever else scales, caps or biases a model's logits; a LoRA or a bias on the
+    head is refused before): the model's own logits must equal softcap(h·Wᵀ) bit for bit (the same operations on
+    the same shapes), so any other post-processing (Cohere's logit scale, Granite's divisor, a remote model's own
+    code) turns chunking off. Under FSDP2 every process must make that first call together
+    (``exact_optimisations`` does, when the run starts)."""
     head = getattr(model, "get_output_embeddings", lambda: None)()
     if type(head) is not torch.nn.Linear or head.bias is not None:
         kind = type(head).__name__ + (" with a bias" if type(head) is torch.nn.Linear else "")
@@ -454,7 +480,8 @@ def lm_head(model):
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     softcap = getattr(config, "final_logit_softcapping", None)
     base = _base(model)
-    if type(base) not in _HEAD_CHECKS:
+    key = (type(base), head.weight.dtype, model.config.to_json_string(use_diff=False))
+    if key not in _HEAD_CHECKS:
         seen, was = {}, model.training
 
         def apply_head(module, args, output):  # the head as ChunkedLMHead applies it, inside the forward
@@ -469,16 +496,16 @@ def lm_head(model):
         finally:
             handle.remove()
             model.train(was)
-        _HEAD_CHECKS[type(base)] = None if torch.equal(seen["ours"], theirs) else \
+        _HEAD_CHECKS[key] = None if torch.equal(seen["ours"], theirs) else \
             f"{type(base).__name__}'s logits are not its LM head's output{' soft-capped' if softcap else ''}"
-    return _HEAD_CHECKS[type(base)] or LMHead(_body(model), head, softcap)
+    return _HEAD_CHECKS[key] or LMHead(_body(model), head, softcap)
 
 
 def _scaled_logits(h, weight, softcap, temperature):
     """z/τ in float32 (float64 for a float64 model) of the LM head's inputs ``h`` ``[n, H]`` (or ``[b, n, H]``):
-    z = h·Wᵀ, soft-capped as Gemma's forward does (z/c, tanh, ·c; ``softcap`` None: not), each step on a new
-    tensor in place; ``temperature`` None: z itself, in h's dtype."""
-    z = torch.nn.functional.linear(h, weight)
+    z = h·Wᵀ (in W's dtype), soft-capped as Gemma's forward does (z/c, tanh, ·c; ``softcap`` None: not), each step
+    on a new tensor in place; ``temperature`` None: z itself, in W's dtype."""
+    z = torch.nn.functional.linear(h.to(weight.dtype), weight)  # (--cast_lm_head_to_fp32: bf16 h, float32 W)
     if softcap is not None:
         z = z.div_(softcap).tanh_().mul_(softcap)
     return z if temperature is None else z.to(torch.promote_types(z.dtype, torch.float32)).div_(temperature)
@@ -488,15 +515,20 @@ class ChunkedLMHead(torch.autograd.Function):
     """log π(y) and the entropy of softmax(z/τ), z = softcap(h·Wᵀ), ``chunk`` positions at a time: no [n, V] logits
 
     ``apply(h, weight, targets, temperature, softcap, chunk, entropy)``: the LM head's inputs h ``[n, H]`` (one
-    micro-batch's response positions, rows after rows), W ``[V, H]``, the token ids y ``[n]``; returns log p(y)
-    ``[n]`` and H ``[n]`` (no grad; None unless ``entropy``), float32 (float64 for a float64 model), equal to the
+    micro-batch's response positions, rows after rows; cast to W's dtype a chunk at a time: a bf16 h under
+    ``--cast_lm_head_to_fp32``'s float32 W), W ``[V, H]``, the token ids y ``[n]``; returns log p(y) ``[n]`` and
+    H ``[n]`` (no grad; None unless ``entropy``), float32 (float64 for a float64 head), equal to the
     whole micro-batch's computation up to the order of the matmul's sums (the float64 tests: 1e-10). Kept for the
     backward: h (b·T·H·c bytes, 168 MB for one 20,480-token row of Qwen3-8B in bf16) and logsumexp(z/τ) (b·T·4).
     The backward recomputes each chunk's z and takes ∂log p(y)/∂(z/τ) = onehot(y) − softmax(z/τ) in place (times
     1 − tanh²(·) under soft-capping), then dh = dz·W and dW += dzᵀ·h: one chunk of float32 logits at a time, and
-    one W-sized gradient, summed in W's dtype (bfloat16 weights: one more rounding of the running sum per chunk,
-    2^-9 relative, as Liger-Kernel's fused linear losses accumulate; float32 and float64 differ from the whole
-    micro-batch's matmul only in the order of its sums). Why our own: verl's FusedLinearForPPO and Liger-Kernel's
+    one W-sized gradient, summed in float32 (float64 for a float64 model) and cast to W's dtype once, after the
+    last chunk, as TRL's chunked log-probs and Liger-Kernel's float32 ``accum_dtype`` do: for bfloat16 weights
+    dzᵀ·h is a float32 matmul and the sum holds a float32 buffer V·H·4 (2.5 GB at Qwen3-8B), whose one rounding
+    at the end leaves dW as close to the exact sum as the model's own head's (a running bf16 sum rounded once per
+    chunk: 3.3× its error over one 20,480-token row's 47 chunks; tests/test_chunked_head.py); for float32 and
+    float64 weights the sum is W's gradient itself, the same operations as before, and differs from the whole
+    micro-batch's matmul only in the order of its sums. Why our own: verl's FusedLinearForPPO and Liger-Kernel's
     fused linear losses do this inside their trainers or on GPUs only; this is the same idea in plain torch, exact
     on the CPU too. Under FSDP2 token_logprobs returns its outputs as the root module's, so that FSDP2 gathers W
     again before this backward reads it (the root frees it after its forward).
@@ -504,7 +536,7 @@ class ChunkedLMHead(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, weight, targets, temperature, softcap, chunk, entropy):
-        lse = torch.empty(len(h), dtype=torch.promote_types(h.dtype, torch.float32), device=h.device)
+        lse = torch.empty(len(h), dtype=torch.promote_types(weight.dtype, torch.float32), device=h.device)
         logp, ent = torch.empty_like(lse), torch.empty_like(lse) if entropy else None
         for a in range(0, len(h), chunk):
             u = _scaled_logits(h[a:a + chunk], weight, softcap, temperature)  # [c, V]
@@ -522,10 +554,11 @@ class ChunkedLMHead(torch.autograd.Function):
     def backward(ctx, grad, _):
         h, weight, targets, lse = ctx.saved_tensors
         dh = torch.empty_like(h) if ctx.needs_input_grad[0] else None
-        dw = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        sum_dtype = torch.promote_types(weight.dtype, torch.float32)  # dW summed over chunks in float32 at least
+        dw = torch.zeros_like(weight, dtype=sum_dtype) if ctx.needs_input_grad[1] else None
         for a in range(0, len(h), ctx.chunk):
             s = slice(a, a + ctx.chunk)
-            x = torch.nn.functional.linear(h[s], weight)  # h·Wᵀ [c, V]
+            x = torch.nn.functional.linear(h[s].to(weight.dtype), weight)  # h·Wᵀ [c, V]
             t = None if ctx.softcap is None else x.div_(ctx.softcap).tanh_()  # z = c·tanh(x/c): t = tanh(x/c)
             u = (x if t is None else t * ctx.softcap).to(lse.dtype).div_(ctx.temperature)  # z/τ, as the forward
             del x  # (bfloat16: its float32 copy u is all the chunk needs from here)
@@ -533,13 +566,12 @@ class ChunkedLMHead(torch.autograd.Function):
             dz = u.sub_(lse[s, None]).exp_().mul_(-g).scatter_add_(-1, targets[s, None], g)
             if t is not None:  # ∂z/∂x = 1 − tanh²(x/c)
                 dz.mul_(t.square_().neg_().add_(1))
-            dz = dz.to(weight.dtype)
             if dh is not None:
-                dh[s] = dz @ weight
-            if dw is not None:
-                dw.addmm_(dz.T, h[s])
+                dh[s] = dz.to(weight.dtype) @ weight
+            if dw is not None:  # float32 and float64: dz and h[s] themselves, no copies
+                dw.addmm_(dz.T, h[s].to(sum_dtype))
             del u, dz  # before the next chunk's
-        return dh, dw, None, None, None, None, None
+        return dh, None if dw is None else dw.to(weight.dtype), None, None, None, None, None
 
 
 from trainer.grpo_config import PADDING_FREE_BUCKETS  # noqa: E402  (grpo_config.py: --micro_batch_size 0 help)
