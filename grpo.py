@@ -41,6 +41,7 @@ import cscr_ablations
 import delta
 import delta_ablations
 import distributed
+import grpo_config
 import loss_rules
 import memory_plan
 import policy
@@ -51,7 +52,7 @@ import run_setup
 import sampler_mismatch
 import toy
 import verify
-from grpo_config import GRPOConfig, build_parser, check_config  # every flag and its check (grpo_config.py)
+from grpo_config import GRPOConfig  # every flag (grpo_config.py); its parser and checks: build_parser, check_config
 toy.register()  # --model toy, --data toy: the built-in toy in the generic modules (toy.py)
 
 # --- The maths: pure functions on tensors ---------------------------------------------------------------------
@@ -109,31 +110,43 @@ class LossSettings:
         return self.extra.get(name, POLICY_LOSS_SETTINGS[name])
 
     @property
-    def aggregation(self) -> str:  # its policy loss's normaliser: "dapo" | "grpo" | "dr_grpo"
-        return POLICY_LOSSES[self.loss_type].aggregation(self)
+    def aggregation(self) -> str:  # its policy loss's normaliser: one of AGGREGATIONS
+        normaliser = POLICY_LOSSES[self.loss_type].aggregation(self)
+        if normaliser not in AGGREGATIONS:
+            raise ValueError(f"policy loss {self.loss_type!r}: its aggregation gave {normaliser!r}, not one of "
+                             f"{AGGREGATIONS}")
+        return normaliser
 
 
 # The policy losses by TRL's loss_type (verl's @register_policy_loss): the per-token surrogate
 # ``surrogate(ratio [B, T], token_adv [B, T], settings) -> (ℓ [B, T], dual-clipped [B, T] bool)`` and how the loss
-# normalises, ``aggregation(settings)`` -> "dapo" | "grpo" | "dr_grpo" (policy_loss).
+# normalises, ``aggregation(settings)`` -> one of AGGREGATIONS (policy_loss).
 PolicyLoss = namedtuple("PolicyLoss", "surrogate aggregation")
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
 POLICY_LOSS_SETTINGS: dict[str, object] = {}  # the registered losses' own settings (flag name -> default)
+AGGREGATIONS = ("dapo", "grpo", "dr_grpo")  # policy_loss's normalisers (TRL's loss_type names)
 
 
-def register_policy_loss(name: str, aggregation=None, settings=None):
-    """Register ``surrogate`` as ``--loss_type name`` (a decorator); ``aggregation``: settings -> its normaliser;
-    ``settings``: its own settings {flag name: default}, read from the flags of those names (``LossSettings``)."""
+def register_policy_loss(name: str, aggregation, settings=None):
+    """Register ``surrogate`` as ``--loss_type name`` (a decorator; the flag's choices are the names registered when
+    ``build_parser`` is called). ``aggregation`` (required: there is no default normaliser): one of AGGREGATIONS, or
+    a function settings -> one of them; ``settings``: its own settings {flag name: default}, read from the flags of
+    those names (``LossSettings``). Left out: TypeError; None or another name: ValueError, naming the loss."""
+    if not (callable(aggregation) or aggregation in AGGREGATIONS):
+        raise ValueError(f"register_policy_loss({name!r}): aggregation must be one of {AGGREGATIONS} or a function "
+                         f"of the settings returning one, not {aggregation!r}")
+    normaliser = aggregation if callable(aggregation) else (lambda _settings: aggregation)
+
     def add(surrogate):
-        POLICY_LOSSES[name] = PolicyLoss(surrogate, aggregation or (lambda settings: name))
+        POLICY_LOSSES[name] = PolicyLoss(surrogate, normaliser)
         POLICY_LOSS_SETTINGS.update(settings or {})
         return surrogate
     return add
 
 
-@register_policy_loss("dapo")
-@register_policy_loss("grpo")
-@register_policy_loss("dr_grpo")
+@register_policy_loss("dr_grpo", "dr_grpo")  # (decorators apply bottom-up: --loss_type lists dapo, grpo, dr_grpo)
+@register_policy_loss("grpo", "grpo")
+@register_policy_loss("dapo", "dapo")
 def clipped_surrogate(ratio, token_adv, settings: LossSettings):
     """PPO's clipped surrogate (Eq. 7) with DAPO's Clip-Higher (§3.1) and the dual clip c (Ye et al. 2020):
     ℓ = max(−Ã·ratio, −Ã·clip(ratio, 1−ε, 1+ε_high)); ℓ = min(ℓ, −Ã·c) where Ã < 0. Returns (ℓ, dual-clipped)."""
@@ -146,7 +159,18 @@ def clipped_surrogate(ratio, token_adv, settings: LossSettings):
     return torch.where(token_adv < 0, torch.minimum(per_token, dual_bound), per_token), dual_active
 
 
-register_policy_loss("sapo", baselines.sapo_aggregation, baselines.SAPO_SETTINGS)(baselines.sapo_surrogate)  # SAPO: a soft gate (spec §4)
+# SAPO: a soft gate in place of the clip (spec §4)
+register_policy_loss("sapo", baselines.sapo_aggregation, baselines.SAPO_SETTINGS)(baselines.sapo_surrogate)
+
+
+def build_parser(defaults: bool = True):
+    """The command line (grpo_config.build_parser), ``--loss_type`` one of the losses registered by now."""
+    return grpo_config.build_parser(defaults, loss_types=list(POLICY_LOSSES))
+
+
+def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None) -> list[str]:
+    """grpo_config.check_config, ``loss_type`` one of the losses registered by now (before any weights load)."""
+    return grpo_config.check_config(cfg, world, given, loss_types=list(POLICY_LOSSES))
 
 
 def policy_loss(logp, old_logp, token_adv, response_mask, settings: LossSettings | None = None, *, ref_logp=None,

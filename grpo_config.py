@@ -3,9 +3,10 @@ generated from it (``build_parser``) and the checks of every value (``check_conf
 is created or any weights load, each failing in one line that names the flag (and the recipe that set it).
 
 Held apart from grpo.py so that the trainer opens on the method (TRL keeps ``GRPOConfig`` in its own file too);
-grpo.py re-exports all three names. Which settings belong together is recipes.py's business (``--recipe``), what
-the values cost in memory memory_plan.py's. Left out on purpose: config files (YAML/TOML: one flag per setting,
-and config.json in the run folder records every resolved value), environment-variable overrides.
+grpo.py re-exports ``GRPOConfig`` and wraps the other two, handing them its registered policy losses (``loss_types``:
+the names of a registry this file cannot import). Which settings belong together is recipes.py's business
+(``--recipe``), what the values cost in memory memory_plan.py's. Left out on purpose: config files (YAML/TOML: one
+flag per setting, and config.json in the run folder records every resolved value), environment-variable overrides.
 """
 
 from __future__ import annotations
@@ -215,8 +216,8 @@ class GRPOConfig:
     dual_clip: float | None = _f(None, "dual-clip constant c for negative advantages (e.g. 10)")
     beta: float = _f(0.0, "k3 KL coefficient to a frozen reference (0 = no reference model)")
     loss_type: str = _f("dapo", "dapo: token-mean over the batch; grpo: per-sequence mean, then mean; dr_grpo: "
-                                "sum / (B·max_completion_length); sapo: SAPO's soft gate in place of the clip",
-                        ["dapo", "grpo", "dr_grpo", "sapo"])
+                                "sum / (B·max_completion_length); sapo: SAPO's soft gate in place of the clip; any "
+                                "other loss registered by grpo.register_policy_loss")
     sapo_temperature_pos: float = _f(1.0, "SAPO's gate temperature τ for Â > 0")
     sapo_temperature_neg: float = _f(1.05, "SAPO's gate temperature τ for Â < 0")
     sapo_aggregation: str = _f("sequence", "SAPO: per-sequence mean then mean (verl, TRL) or token-mean",
@@ -272,14 +273,18 @@ class _Parser(argparse.ArgumentParser):
         return "".join(f"; did you mean {match[0]} (not {flag})?" for flag, match in close if match)
 
 
-def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
+def build_parser(defaults: bool = True, *, loss_types: list[str]) -> argparse.ArgumentParser:
     """argparse flags generated from ``GRPOConfig`` (name, type, default, help, choices); a bad flag or value stops
-    with one line. ``defaults=False``: flags not given are absent from the parsed namespace (``main``)."""
+    with one line. ``defaults=False``: flags not given are absent from the parsed namespace (``main``).
+    ``loss_types``: the choices of ``--loss_type``, the policy losses registered when the parser is built (grpo.py's
+    registry, which this file cannot import: grpo.build_parser passes them)."""
     ap = _Parser(description="GRPO with token-level credit assignment (GRPO, DelTA, CSCR): the trainer, read top to "
                  "bottom as the method.", epilog=help_text())
     for f in dataclasses.fields(GRPOConfig):
         kind = (f.type if isinstance(f.type, str) else f.type.__name__).split("|")[0].strip()  # "float | None"
         kw = dict(default=f.default if defaults else argparse.SUPPRESS, **f.metadata)  # help, choices
+        if f.name == "loss_type":
+            kw["choices"] = list(loss_types)
         kw["help"] += " (default: %(default)s)" if f.default not in ("", None) else ""  # empty: the help says
         if kind == "bool":
             ap.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, **kw)
@@ -288,12 +293,16 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     return ap
 
 
-def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None) -> list[str]:
+def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None, *,
+                 loss_types: list[str]) -> list[str]:
     """Reject settings that cannot work, with a one-line message naming the flag (and the recipe that set it, for a
     flag not in ``given``) (``SystemExit``). Under ``--dry_run`` the checks of this machine (vLLM installed, a GPU
-    present) are returned as notes of the plan."""
+    present) are returned as notes of the plan. ``loss_types``: the registered policy losses (grpo.check_config
+    passes grpo.py's registry)."""
     rows = cfg.num_prompts_per_step // max(world, 1) * cfg.num_generations  # one process's rollout rows
     problems = [
+        (cfg.loss_type not in loss_types, f"--loss_type {cfg.loss_type!r} is not a registered policy loss: one of "
+         f"{', '.join(loss_types)} (grpo.register_policy_loss)"),
         (cfg.num_generations < 1, "--num_generations must be >= 1"),
         (cfg.num_generations == 1 and cfg.scale_rewards == "group", "--num_generations 1 with --scale_rewards "
          "group gives every response advantage 0 (a group of one has no spread); use --num_generations >= 2"),
