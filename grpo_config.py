@@ -354,6 +354,9 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None,
          "--sapo_temperature_pos and --sapo_temperature_neg must be > 0"),
         (cfg.loss_type == "sapo" and cfg.credit == "fipo", "--credit fipo weights DAPO's clipped surrogate: "
          "use it with --loss_type dapo, not sapo"),
+        (cfg.credit == "fipo" and cfg.beta > 0, "--credit fipo with --beta > 0: FIPO's sequence drop is known only "
+         "after the mini-batch's last backward and rescales its whole gradient (loss_rules.fipo_rescale), the k3 "
+         "term's too, which must stay over every valid token; use --beta 0 (DelTA's runs) or another credit"),
         (cfg.fipo_decay_rate <= 0 or cfg.fipo_clip < 0 or cfg.fipo_safety_threshold <= 0, "--fipo_decay_rate and "
          "--fipo_safety_threshold must be > 0, --fipo_clip >= 0"),
         (not 0 < cfg.delta_select_fraction <= 1 or cfg.delta_proxy_topk < 1, "--delta_select_fraction must be in "
