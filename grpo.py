@@ -13,7 +13,8 @@ One training step (``train_step``) is seven stages, in the order of the papers::
 In that order: the maths, the credit hook (``Credit``), one step (``train_step``), the loop (``train``; run_setup.py).
 
 * ``--loss_type dapo`` is the token-mean over the mini-batch; with DelTA's λ̄ (mean 1 over the batch) it is DelTA's
-  Σλℓ / Σλ (Eq. 8), only approximately so per mini-batch, as in DelTA's code. KL to a frozen reference: off by default.
+  Σλℓ / Σλ (Eq. 8), only approximately so per mini-batch, as in DelTA's code. KL to a frozen reference: off by default;
+  with --beta > 0 its k3 term covers every valid token, whatever tokens a rule of the loss keeps (policy_loss).
 * The papers' comparisons (docs/reproduce.md) are chosen once from their flags, never branches here: a surrogate is a
   registered policy loss (``register_policy_loss``, TRL's names, as verl's); a token mask or weight of the loss is
   a rule of loss_rules.py; DelTA's and CSCR's ablations sit beside them (delta_ablations.py, cscr_ablations.py).
@@ -65,12 +66,13 @@ from trainer import memory_plan
 from trainer import policy
 from trainer import preflight
 from trainer import recipes
+from trainer import grpo_config
 import rollout
 from trainer import run_setup
 from trainer import sampler_mismatch
 import toy
 import verify
-from trainer.grpo_config import GRPOConfig, build_parser, check_config  # every flag and its check (grpo_config.py)
+from trainer.grpo_config import GRPOConfig  # every flag (grpo_config.py); its parser and checks: build_parser, check_config
 toy.register()  # --model toy, --data toy: the built-in toy in the generic modules (toy.py)
 
 # --- The maths: pure functions on tensors ---------------------------------------------------------------------
@@ -128,31 +130,43 @@ class LossSettings:
         return self.extra.get(name, POLICY_LOSS_SETTINGS[name])
 
     @property
-    def aggregation(self) -> str:  # its policy loss's normaliser: "dapo" | "grpo" | "dr_grpo"
-        return POLICY_LOSSES[self.loss_type].aggregation(self)
+    def aggregation(self) -> str:  # its policy loss's normaliser: one of AGGREGATIONS
+        normaliser = POLICY_LOSSES[self.loss_type].aggregation(self)
+        if normaliser not in AGGREGATIONS:
+            raise ValueError(f"policy loss {self.loss_type!r}: its aggregation gave {normaliser!r}, not one of "
+                             f"{AGGREGATIONS}")
+        return normaliser
 
 
 # The policy losses by TRL's loss_type (verl's @register_policy_loss): the per-token surrogate
 # ``surrogate(ratio [B, T], token_adv [B, T], settings) -> (ℓ [B, T], dual-clipped [B, T] bool)`` and how the loss
-# normalises, ``aggregation(settings)`` -> "dapo" | "grpo" | "dr_grpo" (policy_loss).
+# normalises, ``aggregation(settings)`` -> one of AGGREGATIONS (policy_loss).
 PolicyLoss = namedtuple("PolicyLoss", "surrogate aggregation")
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
 POLICY_LOSS_SETTINGS: dict[str, object] = {}  # the registered losses' own settings (flag name -> default)
+AGGREGATIONS = ("dapo", "grpo", "dr_grpo")  # policy_loss's normalisers (TRL's loss_type names)
 
 
-def register_policy_loss(name: str, aggregation=None, settings=None):
-    """Register ``surrogate`` as ``--loss_type name`` (a decorator); ``aggregation``: settings -> its normaliser;
-    ``settings``: its own settings {flag name: default}, read from the flags of those names (``LossSettings``)."""
+def register_policy_loss(name: str, aggregation, settings=None):
+    """Register ``surrogate`` as ``--loss_type name`` (a decorator; the flag's choices are the names registered when
+    ``build_parser`` is called). ``aggregation`` (required: there is no default normaliser): one of AGGREGATIONS, or
+    a function settings -> one of them; ``settings``: its own settings {flag name: default}, read from the flags of
+    those names (``LossSettings``). Left out: TypeError; None or another name: ValueError, naming the loss."""
+    if not (callable(aggregation) or aggregation in AGGREGATIONS):
+        raise ValueError(f"register_policy_loss({name!r}): aggregation must be one of {AGGREGATIONS} or a function "
+                         f"of the settings returning one, not {aggregation!r}")
+    normaliser = aggregation if callable(aggregation) else (lambda _settings: aggregation)
+
     def add(surrogate):
-        POLICY_LOSSES[name] = PolicyLoss(surrogate, aggregation or (lambda settings: name))
+        POLICY_LOSSES[name] = PolicyLoss(surrogate, normaliser)
         POLICY_LOSS_SETTINGS.update(settings or {})
         return surrogate
     return add
 
 
-@register_policy_loss("dapo")
-@register_policy_loss("grpo")
-@register_policy_loss("dr_grpo")
+@register_policy_loss("dr_grpo", "dr_grpo")  # (decorators apply bottom-up: --loss_type lists dapo, grpo, dr_grpo)
+@register_policy_loss("grpo", "grpo")
+@register_policy_loss("dapo", "dapo")
 def clipped_surrogate(ratio, token_adv, settings: LossSettings):
     """PPO's clipped surrogate (Eq. 7) with DAPO's Clip-Higher (§3.1) and the dual clip c (Ye et al. 2020):
     ℓ = max(−Ã·ratio, −Ã·clip(ratio, 1−ε, 1+ε_high)); ℓ = min(ℓ, −Ã·c) where Ã < 0. Returns (ℓ, dual-clipped)."""
@@ -165,60 +179,86 @@ def clipped_surrogate(ratio, token_adv, settings: LossSettings):
     return torch.where(token_adv < 0, torch.minimum(per_token, dual_bound), per_token), dual_active
 
 
-register_policy_loss("sapo", baselines.sapo_aggregation, baselines.SAPO_SETTINGS)(baselines.sapo_surrogate)  # SAPO: a soft gate (spec §4)
+# SAPO: a soft gate in place of the clip (spec §4)
+register_policy_loss("sapo", baselines.sapo_aggregation, baselines.SAPO_SETTINGS)(baselines.sapo_surrogate)
+
+
+def build_parser(defaults: bool = True):
+    """The command line (grpo_config.build_parser), ``--loss_type`` one of the losses registered by now."""
+    return grpo_config.build_parser(defaults, loss_types=list(POLICY_LOSSES))
+
+
+def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None) -> list[str]:
+    """grpo_config.check_config, ``loss_type`` one of the losses registered by now (before any weights load)."""
+    return grpo_config.check_config(cfg, world, given, loss_types=list(POLICY_LOSSES))
 
 
 def policy_loss(logp, old_logp, token_adv, response_mask, settings: LossSettings | None = None, *, ref_logp=None,
-                num_tokens=None, num_sequences=None, **keywords):
-    """The loss (to minimise): ``settings.loss_type``'s surrogate ℓ of ratio = exp(clamp(logp − old_logp, ±20)),
-    + β·k3 (exp(ref − logp) − (ref − logp) − 1, β > 0), aggregated: ``dapo`` Σℓ·mask / Σmask; ``grpo`` the mean of
-    each sequence's token-mean; ``dr_grpo`` Σℓ·mask / (B·max_completion_length). ``logp``, ``old_logp``,
-    ``response_mask``, ``ref_logp`` ``[B, T]`` (nats); ``token_adv`` Ã ``[B, T]`` or Â ``[B]``; ``settings`` or its
-    fields as keywords; ``num_tokens`` / ``num_sequences``: the whole mini-batch's counts for a micro-batch.
-    Returns (loss, token-means of ``clip_ratio/{low,high,region,dual}_mean``, ``kl``; ``num_tokens``)."""
+                num_tokens=None, num_sequences=None, valid_mask=None, num_valid=None, **keywords):
+    """The loss (to minimise): ``settings.loss_type``'s surrogate ℓ of ratio = exp(clamp(logp − old_logp, ±20)) over
+    the tokens of ``response_mask``, + β·k3 (exp(ref − logp) − (ref − logp) − 1, β > 0) over every valid token,
+    ``valid_mask`` (default: ``response_mask``), each aggregated by ``aggregate`` (``dapo`` token-mean, ``grpo`` the
+    mean of each sequence's token-mean, ``dr_grpo`` Σ / (B·max_completion_length)): a rule that masks ℓ leaves the
+    k3 term the default's, as Forking Tokens' and FIPO's code add verl's kl_loss = agg_loss(k3, response_mask).
+    ``logp``, ``old_logp``, ``response_mask``, ``valid_mask``, ``ref_logp`` ``[B, T]`` (nats; response_mask ⊆
+    valid_mask); ``token_adv`` Ã ``[B, T]`` or Â ``[B]``; ``settings`` or its fields as keywords; ``num_tokens`` /
+    ``num_valid`` / ``num_sequences``: the whole mini-batch's counts (of response_mask's tokens, of valid_mask's,
+    given with it, and of rows) for a micro-batch. Returns (loss, token-means of ``clip_ratio/{low,high,region,
+    dual}_mean`` and ``kl`` (k3 over the valid tokens); ``num_tokens``)."""
     if settings is not None and keywords:
         raise ValueError(f"give policy_loss a LossSettings or its fields as keywords, not both: {sorted(keywords)}")
     settings = settings or LossSettings.of(**keywords)  # an unknown keyword: TypeError, naming it
     mask = response_mask.to(logp.dtype)
+    valid = mask if valid_mask is None else valid_mask.to(logp.dtype)
     adv = (token_adv[:, None] if token_adv.dim() == 1 else token_adv).to(logp.dtype)
-    if logp.shape != old_logp.shape or logp.shape != mask.shape or adv.shape[0] != logp.shape[0] or adv.shape[1] \
-            not in (1, logp.shape[1]) or settings.loss_type not in POLICY_LOSSES or \
-            (settings.beta > 0 and ref_logp is None) or (settings.loss_type == "dr_grpo" and not
-                                                          settings.max_completion_length):
+    if logp.shape != old_logp.shape or logp.shape != mask.shape or logp.shape != valid.shape or \
+            adv.shape[0] != logp.shape[0] or adv.shape[1] not in (1, logp.shape[1]) or \
+            settings.loss_type not in POLICY_LOSSES or (settings.beta > 0 and ref_logp is None) or \
+            (num_valid is not None and valid_mask is None) or \
+            (settings.aggregation == "dr_grpo" and not settings.max_completion_length):
         raise ValueError(f"policy_loss: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, response_mask "
-                         f"{tuple(mask.shape)} [B, T], token_adv {tuple(adv.shape)} [B] or [B, T]; loss_type "
-                         f"{settings.loss_type!r} one of {sorted(POLICY_LOSSES)}; beta > 0 needs ref_logp, dr_grpo "
-                         "max_completion_length")
+                         f"{tuple(mask.shape)}, valid_mask {tuple(valid.shape)} [B, T], token_adv {tuple(adv.shape)} "
+                         f"[B] or [B, T]; loss_type {settings.loss_type!r} one of {sorted(POLICY_LOSSES)}; beta > 0 "
+                         "needs ref_logp, num_valid valid_mask, dr_grpo max_completion_length")
     rule, adv = POLICY_LOSSES[settings.loss_type], adv.expand_as(logp)  # [B, T]
     # padded positions may hold anything (e.g. -inf): zero them before exp so no NaN reaches the gradient
     ratio = torch.exp(torch.where(mask > 0, logp - old_logp, torch.zeros_like(logp)).clamp(-20.0, 20.0))  # [B, T]
     per_token, dual_active = rule.surrogate(ratio, adv, settings)  # [B, T]
-    kl = None
-    if settings.beta > 0:
-        d = torch.where(mask > 0, ref_logp - logp, torch.zeros_like(logp)).clamp(-20.0, 20.0)  # [B, T]
-        kl = torch.exp(d) - d - 1.0  # [B, T]: k3 ≥ 0, unbiased for KL(π‖π_ref) under samples from π
-        per_token = per_token + settings.beta * kl
-    per_token, aggregation = per_token * mask, settings.aggregation  # [B, T], 0 on padding
     B = float(logp.shape[0] if num_sequences is None else num_sequences)
+    aggregation = settings.aggregation
+    surrogate = aggregate(per_token * mask, mask, aggregation, num_tokens, B, settings.max_completion_length)  # ℓ·mask
+    if settings.beta <= 0:
+        return surrogate, surrogate_stats(ratio, adv, mask, settings, dual_active, None, valid)
+    d = torch.where(valid > 0, ref_logp - logp, torch.zeros_like(logp)).clamp(-20.0, 20.0)  # [B, T]
+    kl = torch.exp(d) - d - 1.0  # [B, T]: k3 ≥ 0, unbiased for KL(π‖π_ref) under samples from π
+    kl_count = num_tokens if valid_mask is None else num_valid  # the valid tokens' count over the mini-batch
+    penalty = aggregate(kl * valid, valid, aggregation, kl_count, B, settings.max_completion_length)
+    return surrogate + settings.beta * penalty, surrogate_stats(ratio, adv, mask, settings, dual_active, kl, valid)
+
+
+def aggregate(per_token, mask, aggregation: str, num_tokens, num_sequences: float, max_completion_length):
+    """``per_token`` ``[B, T]`` (0 outside ``mask``) reduced by one of AGGREGATIONS: ``dapo`` Σ / Σmask (or
+    ``num_tokens``, the mini-batch's count); ``grpo`` Σ over the rows of each row's Σ / its Σmask, / ``num_sequences``;
+    ``dr_grpo`` Σ / (num_sequences·max_completion_length). Returns a scalar tensor."""
     if aggregation == "dapo":
-        loss = per_token.sum() / max(float(mask.sum() if num_tokens is None else num_tokens), 1.0)
-    elif aggregation == "grpo":
-        loss = (per_token.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / B
-    else:  # dr_grpo (check_config: max_completion_length is set)
-        loss = per_token.sum() / (B * settings.max_completion_length)
-    return loss, surrogate_stats(ratio, adv, mask, settings, dual_active, kl)
+        return per_token.sum() / max(float(mask.sum() if num_tokens is None else num_tokens), 1.0)
+    if aggregation == "grpo":
+        return (per_token.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / num_sequences
+    return per_token.sum() / (num_sequences * max_completion_length)  # dr_grpo (LossSettings.aggregation checked)
 
 
 @torch.no_grad()
-def surrogate_stats(ratio, adv, mask, settings: LossSettings, dual_active, kl) -> dict:
-    """Token-means of the clipped fractions (ratio < 1−ε with Ã < 0; > 1+ε_high with Ã > 0), the dual clip and k3."""
+def surrogate_stats(ratio, adv, mask, settings: LossSettings, dual_active, kl, valid) -> dict:
+    """Token-means over ``mask`` of the clipped fractions (ratio < 1−ε with Ã < 0; > 1+ε_high with Ã > 0) and the dual
+    clip, and k3's over ``valid`` (the tokens of its term)."""
     n = mask.sum().clamp(min=1.0)
     low = ((ratio < 1.0 - settings.epsilon) & (adv < 0)).to(mask.dtype) * mask
     high = ((ratio > 1.0 + settings.epsilon_high) & (adv > 0)).to(mask.dtype) * mask
     return {"clip_ratio/low_mean": (low.sum() / n).item(), "clip_ratio/high_mean": (high.sum() / n).item(),
             "clip_ratio/region_mean": ((low + high).sum() / n).item(),
             "clip_ratio/dual_mean": ((dual_active.to(mask.dtype) * mask).sum() / n).item(),
-            "kl": ((kl * mask).sum() / n).item() if kl is not None else 0.0, "num_tokens": mask.sum().item()}
+            "kl": ((kl * valid).sum() / valid.sum().clamp(min=1.0)).item() if kl is not None else 0.0,
+            "num_tokens": mask.sum().item()}
 
 
 # --- Credit assignment: sequence advantages Â_i -> token advantages Ã_{i,t} (the --credit hook) ---------------
@@ -421,22 +461,24 @@ def minibatch_backward(model, batch, old: ThetaOld, token_adv, rows, cfg: GRPOCo
     device, loss_total, agg = next(model.parameters()).device, 0.0, {}
     settings = rules.settings(LossSettings.from_config(cfg))
     tokens = rules.pool(model, batch, rows, rules.kept)  # a rule's tokens, ranked over the mini-batch at the current θ
-    mask = batch.response_mask if tokens is None else batch.response_mask * tokens  # the tokens of the loss
-    counts = distributed.all_reduce_sum(torch.tensor([mask[rows].sum().item(), float(len(rows))], dtype=torch.float64))
-    n_tok, n_seq = counts[0].item(), int(counts[1].item())
+    valid = batch.response_mask  # every valid token: the k3 term's, whatever a rule keeps (policy_loss)
+    mask = valid if tokens is None else valid * tokens  # the tokens of the surrogate
+    counts = distributed.all_reduce_sum(torch.tensor([mask[rows].sum().item(), valid[rows].sum().item(),
+                                                      float(len(rows))], dtype=torch.float64))
+    n_tok, n_valid, n_seq = counts[0].item(), counts[1].item(), int(counts[2].item())
     # the training forward over these rows: stage 4's, when it was this one (its only update), else a new one
     passes = old.update_passes or policy.Passes(model, batch, rows, cfg, grad=True, entropy=rules.needs_entropy)
     for mb in passes:
         at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
-        adv_t, old_t = at(token_adv), at(old.logp)
-        weight, mask_t, rule_stats = rules.weigh(mb, old_t, at(batch.response_mask), adv_t, at(mask))
+        adv_t, old_t, valid_t = at(token_adv), at(old.logp), at(valid)
+        weight, mask_t, rule_stats = rules.weigh(mb, old_t, valid_t, adv_t, at(mask))
         # a rule that counts each micro-batch's own kept tokens: their mean, divided by the micro-batches summed
         n_mb = max(float(mask_t.sum()), 1.0) * len(passes.layout) * distributed.world_size() if rules.own_count \
             else n_tok
         if rules.loss_weights is not None:  # what the loss made of each token's credit: its mask, times its factor
             rules.loss_weights[mb.rows, :mb.t] = (mask_t * weight).cpu().to(rules.loss_weights.dtype)
         loss, stats = policy_loss(mb.logp, old_t, adv_t * weight, mask_t, settings, ref_logp=at(old.ref_logp),
-                                  num_tokens=n_mb, num_sequences=n_seq)
+                                  num_tokens=n_mb, num_sequences=n_seq, valid_mask=valid_t, num_valid=n_valid)
         loss.backward()
         loss_total += loss.item()
         for key, v in {**stats, **rule_stats}.items():  # token-weighted: Σ / Σ num_tokens is the step's token-mean

@@ -102,7 +102,8 @@ def forking_tokens(model, batch, rows, rule: ForkingTokens):
 class FIPO(TokenRule):
     """FIPO (spec §5): Ã = Â·f, f the future-KL weight of the current log-ratio; a response with more than one
     dual-clipped token leaves the numerator here and the denominator in ``finish``, as in FIPO's code, which always
-    applies its dual clip c (clip_ratio_c = 10; log c is its filter's bound too)."""
+    applies its dual clip c (clip_ratio_c = 10; log c is its filter's bound too). Not with --beta > 0 (check_config):
+    ``finish`` rescales the whole gradient, and the k3 term over every valid token must not be rescaled."""
     stat_names = ("fipo/f_mean", "fipo/dropped_frac")
 
     def __init__(self, cfg):

@@ -130,11 +130,12 @@ class _LogProbPasses:
 
 @pytest.fixture
 def loss_stage(monkeypatch):
-    """``loss_stage(logp, delta, adv, entropy=None, mask=None, ref_logp=None, **flags)``: one mini-batch (every
-    row) of the trainer's loss stage, ``grpo.backward_minibatch``, on a policy whose log π ``logp`` [N, T] you set
-    (float64): θ_old's log π = ``logp − delta``, Ã = Â ``adv`` [N] on every valid token of ``mask`` (default: all)
-    or the token advantages ``adv`` [N, T], the entropies ``entropy`` [N, T] (default 0), the flags those of
-    ``grpo.GRPOConfig`` (max_completion_length T, no shared prompt). Returns (loss, ∂loss/∂log π [N, T], the
+    """``loss_stage(logp, delta, adv, entropy=None, mask=None, ref_logp=None, keep=None, **flags)``: one mini-batch
+    (every row) of the trainer's loss stage, ``grpo.backward_minibatch``, on a policy whose log π ``logp`` [N, T] you
+    set (float64): θ_old's log π = ``logp − delta``, Ã = Â ``adv`` [N] on every valid token of ``mask`` (default:
+    all) or the token advantages ``adv`` [N, T], the entropies ``entropy`` [N, T] (default 0), ``keep`` [N, T] bool
+    the tokens a rule's ``select`` chose (DelTA's Q2; None: all), the flags those of ``grpo.GRPOConfig``
+    (max_completion_length T, no shared prompt). Returns (loss, ∂loss/∂log π [N, T], the
     stage's statistic sums, the loss weights [N, T])."""
     import grpo
     from trainer import policy
@@ -142,7 +143,7 @@ def loss_stage(monkeypatch):
 
     monkeypatch.setattr(policy, "Passes", _LogProbPasses)
 
-    def run(logp, delta, adv, entropy=None, mask=None, ref_logp=None, **flags):
+    def run(logp, delta, adv, entropy=None, mask=None, ref_logp=None, keep=None, **flags):
         N, T = logp.shape
         mask = torch.ones(N, T, dtype=logp.dtype) if mask is None else mask.to(logp.dtype)
         batch = rollout.Rollout(input_ids=torch.ones(N, T + 1, dtype=torch.long),
@@ -154,7 +155,7 @@ def loss_stage(monkeypatch):
         old = grpo.ThetaOld(logp - delta, None, ref_logp, None)
         weights = torch.zeros(N, T, dtype=logp.dtype)
         token_adv = (adv[:, None] if adv.dim() == 1 else adv) * mask
-        loss, stats = grpo.backward_minibatch(model, batch, old, token_adv, torch.arange(N), cfg, None, weights)
+        loss, stats = grpo.backward_minibatch(model, batch, old, token_adv, torch.arange(N), cfg, keep, weights)
         return loss, model.logp.grad, stats, weights
 
     return run

@@ -128,6 +128,63 @@ def test_policy_loss_errors():
         grpo.policy_loss(old, old, ADV, MASK, beta=0.1)
 
 
+# ----------------------------------------------------------------------------------- the policy-loss registry
+@pytest.fixture
+def registry(monkeypatch):
+    """grpo.py's policy-loss registry, restored after the test (a loss registered here stays here)."""
+    monkeypatch.setattr(grpo, "POLICY_LOSSES", dict(grpo.POLICY_LOSSES))
+    monkeypatch.setattr(grpo, "POLICY_LOSS_SETTINGS", dict(grpo.POLICY_LOSS_SETTINGS))
+
+
+def _plain_pg(ratio, token_adv, settings):  # ℓ = −Ã·r: the unclipped policy gradient's surrogate
+    return -token_adv * ratio, torch.zeros_like(ratio, dtype=torch.bool)
+
+
+def test_a_registered_loss_is_a_choice_of_the_flag_with_its_own_aggregation(registry):
+    """Issue #43 item 6: --loss_type's choices are the registry's when the parser is built; the loss is normalised
+    as registered (dapo: Σℓ / 5 tokens of the hand example, float64), not by Dr. GRPO's B·max_completion_length."""
+    assert "plain_pg" not in grpo.build_parser()._option_string_actions["--loss_type"].choices
+    grpo.register_policy_loss("plain_pg", "dapo")(_plain_pg)
+    assert grpo.build_parser().parse_args(["--loss_type", "plain_pg"]).loss_type == "plain_pg"
+    assert grpo.build_parser(defaults=False).parse_args(["--loss_type", "plain_pg"]).loss_type == "plain_pg"
+    grpo.check_config(grpo.GRPOConfig(loss_type="plain_pg"))  # accepted
+    d64 = torch.float64
+    logp = torch.tensor([[0.3, -0.3, 0.05], [-0.4, 3.0, 0.0]], dtype=d64)
+    old = torch.zeros(2, 3, dtype=d64)
+    loss, _ = grpo.policy_loss(logp, old, ADV.to(d64), MASK.to(d64), loss_type="plain_pg", max_completion_length=3)
+    hand = (-math.exp(0.3) - math.exp(-0.3) - math.exp(0.05) + 0.5 * math.exp(-0.4) + 0.5 * math.exp(3.0)) / 5
+    assert loss.item() == pytest.approx(hand, rel=1e-12)  # Dr. GRPO's Σ / (2·3) was 5/6 of it
+    grpo.register_policy_loss("plain_pg_seq", lambda settings: "grpo")(_plain_pg)  # a function of the settings
+    seq, _ = grpo.policy_loss(logp, old, ADV.to(d64), MASK.to(d64), loss_type="plain_pg_seq")
+    rows = ((-math.exp(0.3) - math.exp(-0.3) - math.exp(0.05)) / 3, (0.5 * math.exp(-0.4) + 0.5 * math.exp(3.0)) / 2)
+    assert seq.item() == pytest.approx(sum(rows) / 2, rel=1e-12)
+
+
+def test_a_loss_registered_without_its_aggregation_is_refused(registry):
+    with pytest.raises(TypeError, match="aggregation"):
+        grpo.register_policy_loss("no_norm")  # there is no default normaliser
+    for bad in (None, "token_mean"):
+        with pytest.raises(ValueError, match=r"register_policy_loss\('no_norm'\): aggregation must be one of"):
+            grpo.register_policy_loss("no_norm", bad)
+    assert "no_norm" not in grpo.POLICY_LOSSES
+    grpo.register_policy_loss("odd_norm", lambda settings: "bnpo")(_plain_pg)  # a function that gives another name
+    with pytest.raises(ValueError, match=r"policy loss 'odd_norm': its aggregation gave 'bnpo'"):
+        grpo.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), ADV, MASK, loss_type="odd_norm")
+
+
+def test_an_unknown_loss_type_in_code_stops_before_any_model_loads(tmp_path, monkeypatch):
+    """GRPOConfig(loss_type="nope") (no parser in between): check_config names the field and the registered losses
+    in one line, before the run folder or any weights (it reached step 1 before, after loading and a rollout)."""
+    said = r"^grpo.py: error: --loss_type 'nope' is not a registered policy loss: one of dapo, grpo, dr_grpo, sapo "
+    with pytest.raises(SystemExit, match=said + r"\(grpo.register_policy_loss\)$"):
+        grpo.check_config(grpo.GRPOConfig(loss_type="nope"))
+    loaded = []
+    monkeypatch.setattr(policy, "build", lambda *a, **k: loaded.append(1))
+    with pytest.raises(SystemExit, match=said):
+        grpo.train(grpo.GRPOConfig(loss_type="nope", output_dir=str(tmp_path / "run")))
+    assert loaded == [] and not (tmp_path / "run").exists()
+
+
 # ------------------------------------------------------------------------------------------------ log-probs
 @pytest.fixture(scope="module")
 def tiny(tiny_model_path):

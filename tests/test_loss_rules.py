@@ -393,3 +393,61 @@ def test_forking_tokens_example_a_through_the_loss_stage(loss_stage, pool, rho, 
     for flags, value in (({"entropy_top_ratio": rho}, official), ({"top_entropy_quantile": rho}, trl)):
         loss, _, _, w = loss_stage(OLD + DLOGP, DLOGP, ADV, H, MASK, entropy_pool=pool, padding_free=False, **flags)
         assert loss == pytest.approx(value, abs=TOL) and int(w.sum()) == (1 if rho == 0.2 else 3)
+
+
+# ------------------------------------------------------------------- the KL term beside a token rule (issue #43, 9)
+def _k3_term(logp, ref, mask, loss_type):
+    """The default loss's k3 term (β = 1) over every valid token, by hand: k3 = e^d − d − 1, d = ref − log π, reduced
+    as the loss reduces: Σ / Σmask (dapo), the mean of the rows' token-means (grpo), Σ / (N·T) (dr_grpo); and its
+    gradient, (1 − e^d)·mask over the same normaliser. Returns (value, ∂/∂log π [N, T])."""
+    d = ref - logp
+    k3 = (torch.exp(d) - d - 1) * mask
+    grad = (1 - torch.exp(d)) * mask
+    N, T = mask.shape
+    if loss_type == "dapo":
+        return float(k3.sum() / mask.sum()), grad / mask.sum()
+    if loss_type == "grpo":
+        return float((k3.sum(1) / mask.sum(1)).sum() / N), grad / mask.sum(1, keepdim=True) / N
+    return float(k3.sum() / (N * T)), grad / (N * T)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+@pytest.mark.parametrize("flags", [{}, {"entropy_top_ratio": 0.4}, {"top_entropy_quantile": 0.4},
+                                   {"entropy_top_ratio": 0.4, "entropy_pool": "micro", "micro_batch_size": 1},
+                                   {"delta_select": "top"}], ids=["default", "forking", "forking_trl",
+                                                                  "forking_micro", "delta_q2"])
+def test_the_kl_term_covers_every_valid_token_beside_a_token_rule(loss_stage, flags, loss_type):
+    """With β > 0 a rule that keeps some tokens (Forking Tokens, DelTA's Q2) leaves the k3 term the default loss's:
+    over every valid token with the default's normaliser, as Forking Tokens' and FIPO's code add verl's
+    kl_loss = agg_loss(k3, response_mask) to the masked policy loss. Float64: the loss at β minus the loss at β = 0
+    is β × the hand k3 term, value and gradient w.r.t. log π (1e-12; before, the k3 term covered the kept tokens
+    only, divided by their count)."""
+    g = torch.Generator().manual_seed(3)
+    N, T, beta = 4, 5, 0.04
+    logp = -torch.rand(N, T, generator=g, dtype=D) - 0.1
+    delta = 0.4 * torch.randn(N, T, generator=g, dtype=D)
+    ref = logp + 0.3 * torch.randn(N, T, generator=g, dtype=D)
+    adv = torch.tensor([1.0, -0.5, 0.75, -1.25], dtype=D)
+    mask = (torch.arange(T)[None] < torch.tensor([5, 2, 4, 3])[:, None]).to(D)
+    entropy = torch.randperm(N * T, generator=g).reshape(N, T).to(D) / 8
+    keep = (torch.rand(N, T, generator=g) < 0.5) & mask.bool() if "delta_select" in flags else None
+    common = dict(loss_type=loss_type, padding_free=False, keep=keep, **flags)
+    loss, grad, stats, w = loss_stage(logp, delta, adv, entropy, mask, ref, beta=beta, **common)
+    loss0, grad0, _, w0 = loss_stage(logp, delta, adv, entropy, mask, **common)
+    assert torch.equal(w, w0) and (0 < (w > 0).sum() < mask.sum() if flags else torch.equal(w, mask))
+    k3, k3_grad = _k3_term(logp, ref, mask, loss_type)
+    assert loss == pytest.approx(loss0 + beta * k3, rel=1e-12, abs=1e-14)
+    torch.testing.assert_close(grad, grad0 + beta * k3_grad, rtol=1e-12, atol=1e-14)
+    if flags.get("micro_batch_size", 0) == 0:  # one micro-batch: the logged kl is k3's mean over the valid tokens
+        d = ref - logp
+        assert stats["kl"] / stats["num_tokens"] == pytest.approx(float(((torch.exp(d) - d - 1) * mask).sum()
+                                                                        / mask.sum()), rel=1e-12)
+
+
+def test_fipo_with_a_kl_term_is_refused_in_one_line():
+    """FIPO's sequence drop rescales the whole accumulated gradient after the last micro-batch (fipo_rescale), which
+    would rescale the k3 term too: check_config refuses the pair before any model loads."""
+    with pytest.raises(SystemExit, match=r"^grpo.py: error: --credit fipo with --beta > 0: [^\n]*--beta 0[^\n]*$"):
+        grpo.check_config(grpo.GRPOConfig(credit="fipo", beta=0.01))
+    grpo.check_config(grpo.GRPOConfig(credit="fipo"))
+    grpo.check_config(grpo.GRPOConfig(entropy_top_ratio=0.2, beta=0.01))

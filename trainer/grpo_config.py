@@ -3,9 +3,10 @@ generated from it (``build_parser``) and the checks of every value (``check_conf
 is created or any weights load, each failing in one line that names the flag (and the recipe that set it).
 
 Held apart from grpo.py so that the trainer opens on the method (TRL keeps ``GRPOConfig`` in its own file too);
-grpo.py re-exports all three names. Which settings belong together is recipes.py's business (``--recipe``), what
-the values cost in memory memory_plan.py's. Left out on purpose: config files (YAML/TOML: one flag per setting,
-and config.json in the run folder records every resolved value), environment-variable overrides.
+grpo.py re-exports ``GRPOConfig`` and wraps the other two, handing them its registered policy losses (``loss_types``:
+the names of a registry this file cannot import). Which settings belong together is recipes.py's business
+(``--recipe``), what the values cost in memory memory_plan.py's. Left out on purpose: config files (YAML/TOML: one
+flag per setting, and config.json in the run folder records every resolved value), environment-variable overrides.
 """
 
 from __future__ import annotations
@@ -218,8 +219,8 @@ class GRPOConfig:
     dual_clip: float | None = _f(None, "dual-clip constant c for negative advantages (e.g. 10)")
     beta: float = _f(0.0, "k3 KL coefficient to a frozen reference (0 = no reference model)")
     loss_type: str = _f("dapo", "dapo: token-mean over the batch; grpo: per-sequence mean, then mean; dr_grpo: "
-                                "sum / (B·max_completion_length); sapo: SAPO's soft gate in place of the clip",
-                        ["dapo", "grpo", "dr_grpo", "sapo"])
+                                "sum / (B·max_completion_length); sapo: SAPO's soft gate in place of the clip; any "
+                                "other loss registered by grpo.register_policy_loss")
     sapo_temperature_pos: float = _f(1.0, "SAPO's gate temperature τ for Â > 0")
     sapo_temperature_neg: float = _f(1.05, "SAPO's gate temperature τ for Â < 0")
     sapo_aggregation: str = _f("sequence", "SAPO: per-sequence mean then mean (verl, TRL) or token-mean",
@@ -275,14 +276,18 @@ class _Parser(argparse.ArgumentParser):
         return "".join(f"; did you mean {match[0]} (not {flag})?" for flag, match in close if match)
 
 
-def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
+def build_parser(defaults: bool = True, *, loss_types: list[str]) -> argparse.ArgumentParser:
     """argparse flags generated from ``GRPOConfig`` (name, type, default, help, choices); a bad flag or value stops
-    with one line. ``defaults=False``: flags not given are absent from the parsed namespace (``main``)."""
+    with one line. ``defaults=False``: flags not given are absent from the parsed namespace (``main``).
+    ``loss_types``: the choices of ``--loss_type``, the policy losses registered when the parser is built (grpo.py's
+    registry, which this file cannot import: grpo.build_parser passes them)."""
     ap = _Parser(description="GRPO with token-level credit assignment (GRPO, DelTA, CSCR): the trainer, read top to "
                  "bottom as the method.", epilog=help_text())
     for f in dataclasses.fields(GRPOConfig):
         kind = (f.type if isinstance(f.type, str) else f.type.__name__).split("|")[0].strip()  # "float | None"
         kw = dict(default=f.default if defaults else argparse.SUPPRESS, **f.metadata)  # help, choices
+        if f.name == "loss_type":
+            kw["choices"] = list(loss_types)
         kw["help"] += " (default: %(default)s)" if f.default not in ("", None) else ""  # empty: the help says
         if kind == "bool":
             ap.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, **kw)
@@ -291,12 +296,16 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     return ap
 
 
-def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None) -> list[str]:
+def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None, *,
+                 loss_types: list[str]) -> list[str]:
     """Reject settings that cannot work, with a one-line message naming the flag (and the recipe that set it, for a
     flag not in ``given``) (``SystemExit``). Under ``--dry_run`` the checks of this machine (vLLM installed, a GPU
-    present) are returned as notes of the plan, unless ``--gpu_memory_gb`` plans for another machine (then none)."""
+    present) are returned as notes of the plan, unless ``--gpu_memory_gb`` plans for another machine (then none).
+    ``loss_types``: the registered policy losses (grpo.check_config passes grpo.py's registry)."""
     rows = cfg.num_prompts_per_step // max(world, 1) * cfg.num_generations  # one process's rollout rows
     problems = [
+        (cfg.loss_type not in loss_types, f"--loss_type {cfg.loss_type!r} is not a registered policy loss: one of "
+         f"{', '.join(loss_types)} (grpo.register_policy_loss)"),
         (cfg.num_generations < 1, "--num_generations must be >= 1"),
         (cfg.num_generations == 1, f"--num_generations 1 with --scale_rewards {cfg.scale_rewards} gives every "
          "response advantage 0 (a group of one: r − mean = 0, and nothing to scale); use --num_generations >= 2"),
@@ -354,6 +363,9 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None)
          "--sapo_temperature_pos and --sapo_temperature_neg must be > 0"),
         (cfg.loss_type == "sapo" and cfg.credit == "fipo", "--credit fipo weights DAPO's clipped surrogate: "
          "use it with --loss_type dapo, not sapo"),
+        (cfg.credit == "fipo" and cfg.beta > 0, "--credit fipo with --beta > 0: FIPO's sequence drop is known only "
+         "after the mini-batch's last backward and rescales its whole gradient (loss_rules.fipo_rescale), the k3 "
+         "term's too, which must stay over every valid token; use --beta 0 (DelTA's runs) or another credit"),
         (cfg.fipo_decay_rate <= 0 or cfg.fipo_clip < 0 or cfg.fipo_safety_threshold <= 0, "--fipo_decay_rate and "
          "--fipo_safety_threshold must be > 0, --fipo_clip >= 0"),
         (not 0 < cfg.delta_select_fraction <= 1 or cfg.delta_proxy_topk < 1, "--delta_select_fraction must be in "
