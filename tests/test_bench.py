@@ -371,3 +371,26 @@ def test_reproduce_check_finds_a_changed_figure(tmp_path, capsys):
     assert re.search(r"greedy_after\s+\S+\s+\S+\s+same", out)
     with pytest.raises(SystemExit, match="the record has no such run"):
         reproduce.main(["--check", "dapo", "--seed", "1", *tiny])
+
+
+def test_reproduce_pins_the_kernels_of_the_record(monkeypatch, capsys):
+    """--check runs a row under the CPU kernels its record names (ATEN_CPU_CAPABILITY), and says in one line (exit 2)
+    when this CPU cannot run them; the caller's environment is left as it was."""
+    if str(REPO / "tools" / "bench") not in sys.path:
+        sys.path.insert(0, str(REPO / "tools" / "bench"))
+    import reproduce
+
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    assert reproduce.pin_capability("default") is None  # every x86 CPU runs torch's scalar kernels
+    assert reproduce.torch_kernels() == "DEFAULT"
+    monkeypatch.setattr(reproduce, "torch_kernels", lambda: "AVX2")  # a CPU without AVX-512
+    assert "cannot run torch's AVX512 kernels" in reproduce.pin_capability("AVX512")
+    record = {"results": {"dapo": {"runs": [{"seed": 0, "command": "x", "machine": {"torch_cpu_capability": "AVX512"}}]}}}
+    with pytest.raises(SystemExit) as stop:
+        reproduce.check(record, "dapo", 0, [], keep=False)
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    assert line.startswith("cannot check dapo seed 0: its figures come from torch's AVX512 kernels")
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
+    assert reproduce.main(["--table", "--record", str(REPO / "tools" / "bench" / "results" / "reproduce.json")]) == 0
+    assert "ATEN_CPU_CAPABILITY" not in os.environ

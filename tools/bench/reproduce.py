@@ -109,24 +109,28 @@ def capability_env(capability: str) -> str:
     return capability.lower()
 
 
-def pin_capability(capability: str) -> str | None:
-    """Make this process and its runs use torch's ``capability`` kernels (set before torch is imported); returns
-    None where this CPU runs them, else one line saying why not."""
-    os.environ["ATEN_CPU_CAPABILITY"] = capability_env(capability)
+def torch_kernels() -> str:
+    """The CPU kernels torch picks in a new process under this process's environment (``ATEN_CPU_CAPABILITY`` as
+    set), e.g. ``AVX2``: what the runs started from here use, whatever this process's own torch was started with."""
     probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
                            capture_output=True, text=True, env=os.environ)
-    got = probe.stdout.strip()
+    return probe.stdout.strip() or f"unknown ({probe.stderr.strip()[-200:]})"
+
+
+def pin_capability(capability: str) -> str | None:
+    """Make the runs started from here use torch's ``capability`` kernels (sets ``ATEN_CPU_CAPABILITY``); returns
+    None where this CPU runs them, else one line saying why not."""
+    os.environ["ATEN_CPU_CAPABILITY"] = capability_env(capability)
+    got = torch_kernels()
     if got.lower() == capability_env(capability):
         return None
     return (f"this CPU cannot run torch's {capability.upper()} kernels (ATEN_CPU_CAPABILITY={capability_env(capability)}"
-            f" gives {got or probe.stderr.strip()[-200:]})")
+            f" gives {got})")
 
 
 def machine() -> dict:
     """``_common.machine_description`` and what decides the toy's floating-point results: the CPU's family, model
-    and vector instructions, and the kernels torch picks for it (``get_cpu_capability``)."""
-    import torch
-
+    and vector instructions, and the kernels torch picks for its runs (``torch_kernels``)."""
     desc, info = machine_description(), {}
     try:
         with open("/proc/cpuinfo") as f:
@@ -141,7 +145,7 @@ def machine() -> dict:
     simd = sorted(f for f in info.get("flags", "").split() if f.startswith(("avx", "amx", "fma", "sse4")))
     desc["cpu"] = {"vendor": info.get("vendor_id"), "family": info.get("cpu family"), "model": info.get("model"),
                    "stepping": info.get("stepping"), "simd": simd}
-    desc["torch_cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    desc["torch_cpu_capability"] = torch_kernels()  # the runs', not this process's
     return desc
 
 
@@ -389,6 +393,17 @@ def write_page(page: Path, text: str) -> None:
 
 
 def main(argv=None) -> int:
+    before = os.environ.get("ATEN_CPU_CAPABILITY")
+    try:
+        return _main(argv)
+    finally:  # the kernels pinned for the runs, not for the caller's later work
+        if before is None:
+            os.environ.pop("ATEN_CPU_CAPABILITY", None)
+        else:
+            os.environ["ATEN_CPU_CAPABILITY"] = before
+
+
+def _main(argv) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rules", default="", help="comma-separated names of RULES to run (default: all)")
     ap.add_argument("--seeds", default="0,1,2")
