@@ -1,4 +1,7 @@
-"""The built-in toy: a verifiable arithmetic task and a tiny Qwen3 "base model", no download needed.
+"""The built-in toy: a verifiable arithmetic task and a tiny Qwen3 "base model" (toy/model/), no download needed.
+
+Imported by the entry points alone (grpo.py, evaluate.py, the tools) and the tests, each of which calls
+``toy.register()`` once before it runs (``register``, below); the generic code (trainer/, rollout.py) names no toy.
 
 Why a toy? So the whole RLVR pipeline (sample -> verify -> advantage -> credit -> clipped surrogate) runs on a
 2-core CPU in minutes, through exactly the code paths a real model uses:
@@ -27,8 +30,8 @@ Why a toy? So the whole RLVR pipeline (sample -> verify -> advantage -> credit -
   longer a prefix of any correct solution the grammar allows, ``correct_solutions``), the shared prefix before it,
   its result digits. report.py measures the token credit against it ("Where the credit lands").
 
-Command line: ``python toy.py`` prints the folder ``--model toy`` loads (building it if needed);
-``python toy.py --write_data DIR`` writes the two splits as jsonl.
+Command line: ``python -m toy`` prints the folder ``--model toy`` loads (building it if needed);
+``python -m toy --write_data DIR`` writes the two splits as jsonl.
 
 ``register`` (and ``register_data``, the data alone, without torch) adds the toy to the generic modules, which name
 no toy: ``--model toy`` (policy.py), ``--data toy`` / ``--benchmarks toy`` (problems.py), the ``auto`` prompt template
@@ -503,7 +506,7 @@ def register() -> None:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m toy", description=__doc__.split("\n")[0])
     ap.add_argument("--write_data", metavar="DIR", help="write toy_train.jsonl and toy_test.jsonl to DIR")
     args = ap.parse_args(argv)
     if args.write_data:
