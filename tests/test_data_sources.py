@@ -22,7 +22,7 @@ except ImportError:
     pa = pq = None
 needs_pyarrow = pytest.mark.skipif(pa is None, reason="pyarrow is not installed (pip install -r requirements.txt)")
 
-ROOT = Path(problems.__file__).resolve().parent
+ROOT = Path(problems.__file__).resolve().parents[1]  # the repository (problems.py is in trainer/)
 ROWS = [{"id": f"r{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i), "source": "mine"} for i in range(7)]
 DEEPMATH_COLUMNS = ["question", "final_answer", "difficulty", "topic", "r1_solution_1", "r1_solution_2",
                     "r1_solution_3"]
@@ -172,8 +172,8 @@ def test_folders_without_data_and_unreadable_files_fail_in_one_line(tmp_path):
 @needs_pyarrow
 def test_pyarrow_is_imported_only_for_parquet(tmp_path):
     path = write_parquet(tmp_path / "one.parquet", ROWS[:1])
-    code = ("import sys, problems; problems.load_problems('math_train'); print('pyarrow' in sys.modules); "
-            "problems.load_problems(sys.argv[1]); print('pyarrow' in sys.modules)")
+    code = ("import sys; from trainer import problems; problems.load_problems('math_train'); "
+            "print('pyarrow' in sys.modules); problems.load_problems(sys.argv[1]); print('pyarrow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
