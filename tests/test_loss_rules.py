@@ -9,6 +9,7 @@ import torch
 
 from comparisons import baselines
 import grpo
+from conftest import backward
 from comparisons import loss_rules
 import rollout
 import toy
@@ -134,10 +135,9 @@ def _update(model, tok, batch, **flags):
     fused = grpo.can_update_on_policy(cfg, N, False)
     old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden(), training_forward=fused)
     token_adv, _ = credit(model, batch, adv, old, [""] * N)
-    token_adv, keep, _ = loss_rules.choose(cfg).select(adv, token_adv, credit.token_weights, batch.response_mask, 0)
     model.zero_grad(set_to_none=True)
-    weights = torch.zeros_like(token_adv)
-    loss, stats = grpo.backward_minibatch(model, batch, old, token_adv, torch.arange(N), cfg, keep, weights)
+    loss, stats, weights = backward(model, batch, old, token_adv, torch.arange(N), cfg,
+                                    credit.token_values.get("q2_selected"))
     grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     return loss, grad, credit, weights, stats
 
@@ -193,7 +193,7 @@ def test_delta_q2_selection_trains_on_half_the_tokens_by_lambda(toy_batch, which
     model, tok, batch = toy_batch
     loss, _, credit, w, _ = _update(model, tok, batch, credit="delta", delta_select=which)
     valid = batch.response_mask.bool()
-    lam = credit.token_weights["lambda_bar"]
+    lam = credit.token_values["lambda_bar"]
     kept = w > 0  # the loss's tokens (Q2Selection's keep)
     assert int(kept.sum()) == math.ceil(0.5 * int(valid.sum()) - 1e-9) and not (kept & ~valid).any()
     if which == "top":
@@ -218,7 +218,7 @@ def test_delta_variants_give_one_lambda_under_both_implementations(toy_batch, fl
         credit = grpo.Credit(cfg, tok)
         old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden())
         token_adv, _ = credit(model, batch, adv, old, [""] * N)
-        lam[impl] = credit.token_weights["lambda_bar"]
+        lam[impl] = credit.token_values["lambda_bar"]
         valid = mask.bool() & (adv != 0)[:, None]
         assert (torch.sign(token_adv[valid]) == torch.sign(adv[:, None].expand_as(mask)[valid])).all()
     torch.testing.assert_close(lam["memory_efficient"], lam["normal"], rtol=1e-10, atol=1e-10)
@@ -364,8 +364,7 @@ def test_fipo_drop_is_exact_at_every_micro_batch_size(toy_batch, float64_model, 
     def update(keep=None, **flags):
         cfg = grpo.GRPOConfig(credit="fipo", loss_type=loss_type, max_completion_length=40, **flags)
         model.zero_grad(set_to_none=True)
-        weights = torch.zeros_like(mask)
-        loss, _ = grpo.backward_minibatch(model, batch, old, token_adv, torch.arange(N), cfg, keep, weights)
+        loss, _, weights = backward(model, batch, old, token_adv, torch.arange(N), cfg, keep)
         return loss, torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]), weights
 
     runs = [update(micro_batch_size=mbs, padding_free=pf) for mbs, pf in ((0, True), (1, False), (3, True))]

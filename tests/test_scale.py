@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from trainer import checkpoint
 import grpo
+from conftest import backward
 from trainer import policy
 import rollout
 import toy
@@ -197,8 +198,7 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_path, fixed_b
         model.zero_grad(set_to_none=True)
         model.train()
         torch.manual_seed(3)
-        grpo.backward_minibatch(model, b, theta_old._replace(logp=old), adv[:, None] * b.response_mask,
-                                torch.arange(N), cfg)
+        backward(model, b, theta_old._replace(logp=old), adv[:, None] * b.response_mask, torch.arange(N), cfg)
         handle.remove()
         calls.append(n_calls[0])
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
