@@ -102,6 +102,10 @@ class LossSettings:
     beta: float = 0.0
     aggregation: str | None = None
 
+    def __post_init__(self):  # the normaliser: the loss_type's own, where not given
+        if self.aggregation is None and self.loss_type in POLICY_LOSSES:
+            object.__setattr__(self, "aggregation", POLICY_LOSSES[self.loss_type].aggregation)
+
     @classmethod
     def from_config(cls, cfg: GRPOConfig) -> LossSettings:  # the fields of the flags of the same names
         return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls) if hasattr(cfg, f.name)})
@@ -247,7 +251,8 @@ class GRPOCredit:
     needs: tuple[str, ...] = ()  # what it asks of θ_old's pass by name ("hidden": h_t)
 
     def __init__(self, cfg: GRPOConfig, tokenizer=None):
-        self.cfg, self.tokenizer = cfg, tokenizer
+        self.cfg = cfg
+        self.tokenizer = tokenizer
 
     def __call__(self, model, x: CreditInputs) -> CreditResult:
         return CreditResult(x.adv[:, None] * x.loss_mask, {}, {})
@@ -279,7 +284,8 @@ class DeltaCredit(GRPOCredit):
 
     def lam_bar(self, model, x: CreditInputs):
         """DelTA's λ̄ ``[N, T]`` and stats: ``delta.delta_coefficients_chunked`` over the batch's chunks."""
-        cfg, mask, ids, proxy = self.cfg, x.loss_mask, x.batch.response_ids, self.proxy(model)
+        cfg, mask, ids = self.cfg, x.loss_mask, x.batch.response_ids
+        proxy = self.proxy(model)
         layout, h_chunks = policy.hidden_chunks(model, x.batch, cfg, x.old.hidden)
 
         def chunks():  # (v [b, t, H], Â [b], mask [b, t]) of each chunk, in order
@@ -307,10 +313,13 @@ class CscrCredit(GRPOCredit):
     def __init__(self, cfg: GRPOConfig, tokenizer=None):
         super().__init__(cfg, tokenizer)
         self.settings = cscr.Settings(alpha=cfg.cscr_alpha, w_min=cfg.cscr_w_min, mode=cfg.cscr_mode)
-        self.threshold, self.calibrated = cfg.cscr_threshold, False
+        self.threshold = cfg.cscr_threshold
+        self.calibrated = False  # (--cscr_threshold_quantile: λ set from the first scored batch)
 
     def __call__(self, model, x: CreditInputs) -> CreditResult:
-        cfg, mask, old_logp = self.cfg, x.loss_mask, x.old.logp
+        cfg = self.cfg
+        mask = x.loss_mask
+        old_logp = x.old.logp
         scored = mask.bool() & (x.adv != 0)[:, None]  # the tokens that carry credit: those of the rows with Â ≠ 0
         # spec §3: the two privileged prompts x + c+, x + c− of every response
         pairs = [
@@ -351,7 +360,8 @@ class CscrCredit(GRPOCredit):
         return {"cscr_threshold": float(self.threshold), "cscr_calibrated": self.calibrated}
 
     def load_state_dict(self, state: dict) -> None:
-        self.threshold, self.calibrated = state["cscr_threshold"], state["cscr_calibrated"]
+        self.threshold = state["cscr_threshold"]
+        self.calibrated = state["cscr_calibrated"]
 
 
 # The credit functions by name (--credit, and the comparisons' names: run_setup.credit_name), the loss stages by name
@@ -482,7 +492,8 @@ def policy_update(model, optimizer, update: Update, cfg: GRPOConfig, step: int, 
     loss_stage = loss_stage or LOSS_STAGES[run_setup.loss_stage_name(cfg)]
     N = update.loss_mask.shape[0]
     mb_size = N // cfg.num_mini_batches
-    loss_sum, grad_norms, sums, skipped = 0.0, [], {}, 0
+    loss_sum = 0.0
+    grad_norms, sums, skipped = [], {}, 0
     signal = distributed.all_reduce_sum(torch.tensor([float(update.token_adv.abs().sum())], dtype=torch.float64))
     if signal.item() == 0 and cfg.beta == 0:  # every advantage 0: no gradient, and an AdamW step would still move
         # the weights (decay, momentum): the weights and AdamW's state stay, each statistic 0.0 (same keys each line)
@@ -510,12 +521,14 @@ def minibatch_backward(model, update: Update, rows, cfg: GRPOConfig):
     (trl#3021); call on zeroed gradients. Returns (loss, token-weighted ``policy_loss`` statistic sums)."""
     device = next(model.parameters()).device
     settings = POLICY_LOSSES[cfg.loss_type].settings.from_config(cfg)
-    mask, old = update.loss_mask, update.old
+    mask = update.loss_mask
+    old = update.old
     counts = distributed.all_reduce_sum(torch.tensor([mask[rows].sum().item(), float(len(rows))], dtype=torch.float64))
     scope = LossScope(num_tokens=counts[0].item(), num_sequences=int(counts[1].item()))
     # the training forward over these rows: stage 4's, when it was this one (its only update), else a new one
     passes = old.update_passes or policy.Passes(model, update.batch, rows, cfg, grad=True)
-    loss_total, sums = 0.0, {}
+    loss_total = 0.0
+    sums = {}
     for mb in passes:
         at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
         loss, stats = policy_loss(

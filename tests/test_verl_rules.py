@@ -171,7 +171,7 @@ def test_micro_batch_normalisers(verl):
         mask = (torch.arange(T) < n).to(D)[None]
         adv = torch.full((1, T), -1.0 if i < 3 else 0.0, dtype=D)  # at r = 1: ℓ = −Ã
         zero = torch.zeros(1, T, dtype=D)
-        ours += float(grpo.policy_loss(zero, zero, adv, mask, num_tokens=sum(lengths))[0])
+        ours += float(grpo.policy_loss(zero, zero, adv, mask, scope=grpo.LossScope(sum(lengths)))[0])
         ell = -adv * mask
         verl_global += float(core_algos.agg_loss(ell, mask, "token-mean", batch_num_tokens=sum(lengths)))
         own += float(core_algos.agg_loss(ell, mask, "token-mean")) / len(lengths)
