@@ -208,9 +208,10 @@ def test_delta_normal_stops_before_a_cache_that_does_not_fit(rollout_batch, monk
     monkeypatch.setattr(memory_plan, "host_memory_available", lambda: int(0.95 * nbytes / share))  # just too little
     with pytest.raises(SystemExit, match=rf"{N} responses × {T} tokens × {model.config.hidden_size} hidden .* use "
                                          r"--delta_impl memory_efficient"):
-        _delta_credit(model, tok, batch, torch.ones(N))
+        memory_plan.check_delta_cache(N, T, model.config.hidden_size)  # once, before the loop (preflight.check)
     monkeypatch.setattr(memory_plan, "host_memory_available", lambda: int(1.05 * nbytes / share))
-    _delta_credit(model, tok, batch, torch.ones(N))  # fits
+    memory_plan.check_delta_cache(N, T, model.config.hidden_size)  # fits
+    _delta_credit(model, tok, batch, torch.ones(N))
     _delta_credit(model, tok, batch, torch.ones(N), delta_impl="memory_efficient")  # keeps no cache at all
 
 

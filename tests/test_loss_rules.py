@@ -108,7 +108,7 @@ def test_fipo_safety_and_sequence_drop(loss_stage):
     loss, _, kept, stats = _fipo_loss(torch.tensor([[math.log(12), math.log(12), 0.1]], dtype=D), old, adv, mask, 3)
     assert loss == 0.0 and kept.sum() == 0 and stats["fipo/dropped_frac"] == 1.0
     # beside a kept response: the kept one's mean over its own 3 tokens (spec §5; policy_loss alone, given the
-    # mini-batch's 6 tokens, would halve it: backward_minibatch rescales once the drop is known)
+    # mini-batch's 6 tokens, would halve it: fipo_backward rescales once the drop is known)
     two = torch.tensor([[math.log(12), math.log(12), 0.1], [math.log(12), 0.3, 0.1]], dtype=D)
     loss, _, _, _ = loss_stage(torch.zeros(2, 3, dtype=D), two, torch.tensor([-1.0, -1.0], dtype=D),
                                credit="fipo", micro_batch_size=1, padding_free=False)
@@ -378,7 +378,7 @@ def test_fipo_drop_is_exact_at_every_micro_batch_size(toy_batch, float64_model, 
 @pytest.mark.parametrize("rho,official,trl", [(0.2, -0.7433598698, -0.1486719740), (0.5, -0.2203905546,
                                                                                     -0.1322343328)])
 def test_forking_tokens_example_a_through_the_loss_stage(loss_stage, pool, rho, official, trl):
-    """baselines.md §3's worked example through ``backward_minibatch`` (Example A's entropies H, Δ and Â): Forking
+    """baselines.md §3's worked example through its loss stage (Example A's entropies H, Δ and Â): Forking
     Tokens' code (``--entropy_top_ratio``: the top ⌈ρn⌉ tokens, their mean) and TRL's reading
     (``--top_entropy_quantile``: ℓ × the mask over all N = 5 tokens), the same mask at both ρ; one micro-batch, so
     both pools rank the same tokens."""

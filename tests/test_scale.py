@@ -51,7 +51,8 @@ def _train_lora(tiny_model_path, batch, steps=2, **kw):
     ref = policy.reference_model(model, cfg)  # None unless beta > 0
     for step in range(steps):
         theta_old = grpo.old_logprobs(model, batch, cfg, ref_model=ref)
-        _, norms, _, skipped = grpo.policy_update(model, opt, batch, theta_old, token_adv, cfg, step)
+        update = grpo.Update(batch, theta_old, token_adv, batch.response_mask, {})
+        _, norms, _, skipped = grpo.policy_update(model, opt, update, cfg, step)
         assert skipped == 0 and norms[0] > 0
     return model, tok, cfg, before
 

@@ -3,7 +3,7 @@
 
 Marker ``verl`` (needs tools/requirements-verl.txt; left out of the default run; ``.ci/run`` runs ``pytest -m verl`` in its
 own virtual environment). verl's functions take log π and θ_old's log π [B, T], Ã [B, T] and the mask, as grpo.py's
-``policy_loss`` and its loss stage (``backward_minibatch``, conftest ``loss_stage``) do: value and gradient w.r.t.
+``policy_loss`` and its loss stage (``grpo.LOSS_STAGES``, conftest ``loss_stage``) do: value and gradient w.r.t.
 log π agree to 1e-12 in float64 (verl computes in its inputs' dtype; its seq-mean-token-mean divides by |o_i| + 1e-8,
 so there the mean is composed from verl's per-response token-means and the 1e-8 checked against its bound,
 1e-8/|o_i| relative). verl's names beside ours: ``loss_agg_mode``
