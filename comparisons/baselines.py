@@ -49,7 +49,7 @@ import math
 
 import torch
 
-__all__ = ["sapo_gate", "sapo_surrogate", "sapo_aggregation", "SAPO_SETTINGS", "top_ratio_mask", "quantile_mask", "forking_mask", "select_tokens",
+__all__ = ["sapo_gate", "sapo_surrogate", "top_ratio_mask", "quantile_mask", "forking_mask", "select_tokens",
            "future_kl_weights", "fipo_dropped_rows", "fipo_weights"]
 
 _SCAN_CHUNK = 128  # FIPO scan block: a [128, 128] decay matrix, T / 128 sequential steps
@@ -104,15 +104,6 @@ def sapo_surrogate(ratio, token_adv, settings):
     dual-clipped [B, T] bool)."""
     gate = sapo_gate(ratio, token_adv, settings.sapo_temperature_pos, settings.sapo_temperature_neg)
     return -token_adv * gate, torch.zeros_like(ratio, dtype=torch.bool)
-
-
-SAPO_SETTINGS = {"sapo_temperature_pos": 1.0, "sapo_temperature_neg": 1.05, "sapo_aggregation": "sequence"}  # flags
-
-
-def sapo_aggregation(settings):
-    """SAPO's normaliser: ``grpo``'s seq-mean-token-mean (``sapo_aggregation="sequence"``: verl forces it, TRL uses
-    it) or ``dapo``'s token-mean (``"token"``)."""
-    return "grpo" if settings.sapo_aggregation == "sequence" else "dapo"
 
 
 # ---- spec §3: Forking Tokens (entropy, top-ρ masks) --------------------------------------------------------------
@@ -317,7 +308,7 @@ def fipo_weights(log_ratio, adv, response_mask, decay_rate=32.0, clip=0.2, safet
     ``future_kl_weights`` (clip-high only) and ``kept`` = ``response_mask`` (its dtype) without the responses
     ``fipo_dropped_rows`` drops. The loss takes Ã = Â·f over ``kept``, and a dropped response leaves its
     denominator too (FIPO's code: ``response_mask & ~dropped`` into agg_loss, per micro-batch; grpo.py divides the
-    mini-batch by its kept tokens, ``loss_rules.fipo_rescale``). ``log_ratio`` on padding is ignored (may be -inf).
+    mini-batch by its kept tokens, ``fipo.fipo_rescale``). ``log_ratio`` on padding is ignored (may be -inf).
     ``adv``: Â or Ã (only its sign is read), [B] or [B, T]."""
     m = _as_mask(response_mask, log_ratio.shape, "log_ratio").to(log_ratio.device)
     log_ratio = torch.where(m, log_ratio, torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device))

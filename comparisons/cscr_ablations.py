@@ -25,6 +25,7 @@ import math
 import torch
 
 import cscr
+import grpo
 
 
 def upweight(s, shift_pos, adv, threshold, settings):
@@ -98,3 +99,15 @@ def settings_from_flags(cfg):
         w_min=cfg.cscr_w_min,
         mode=cfg.cscr_mode,
     )
+
+
+class CscrAblationCredit(grpo.CscrCredit):
+    """grpo.CscrCredit with the weight step and renormalisation that --cscr_weight / --cscr_scope name."""
+
+    def __init__(self, cfg, tokenizer=None):
+        super().__init__(cfg, tokenizer)
+        self.settings = settings_from_flags(cfg)
+
+
+def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
+    credit_functions["cscr_ablation"] = CscrAblationCredit

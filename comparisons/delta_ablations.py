@@ -29,6 +29,8 @@ import torch
 from torch import Tensor
 
 import delta
+import grpo
+from trainer import distributed
 
 
 def within_side_scores(dist_pos: Tensor, dist_neg: Tensor, adv: Tensor) -> Tensor:
@@ -229,27 +231,6 @@ def proxy_for(proxy, model, full_weight=lambda w: w):
     return functools.partial(proxy, lm_head_weight=full_weight(model.get_output_embeddings().weight))
 
 
-def lam_bar_from_flags(cfg, paper_lam_bar, rank: int = 0):
-    """grpo.Credit's λ̄ step ``(model, batch, adv, old, step) -> (λ̄ [N, T], stats)`` for --delta_coefficients:
-    ``paper_lam_bar`` (DelTA's), or for ``random`` App. F's control: λ uniform in [λ_min, λ_max], no v, drawn from a
-    generator seeded by (seed, step, ``rank``)."""
-    if cfg.delta_coefficients != "random":
-        return paper_lam_bar
-
-    def random_lam_bar(model, batch, adv, old, step):
-        draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + rank)
-        return random_coefficients(
-            adv,
-            batch.response_mask,
-            cfg.delta_lam_min,
-            cfg.delta_lam_max,
-            generator=draw,
-            normalize=cfg.delta_normalize,
-        ), {}
-
-    return random_lam_bar
-
-
 def kept_gamma(steps: delta.DeltaSteps):
     """--delta_gamma frozen's kept (γ₊, γ₋) of ``steps`` (``steps_from_flags``), which checkpoints save; else None."""
     return getattr(steps.temperature, "gamma", None)
@@ -260,3 +241,39 @@ def keep_gamma(steps: delta.DeltaSteps, gamma) -> None:
     no-op)."""
     if gamma and hasattr(steps.temperature, "gamma"):
         steps.temperature.gamma = tuple(gamma)
+
+
+class DeltaAblationCredit(grpo.DeltaCredit):
+    """grpo.DeltaCredit with the ablations of the --delta_* flags, chosen once (``steps_from_flags``,
+    ``proxy_from_flags``; --delta_coefficients random: App. F's control, λ uniform in [λ_min, λ_max], no v, drawn
+    from a generator seeded by (seed, step, process)). Its state: --delta_gamma frozen's γ±."""
+
+    def __init__(self, cfg, tokenizer=None):
+        super().__init__(cfg, tokenizer)
+        self.steps = steps_from_flags(cfg, self.steps.pool)
+        self.chosen_proxy = proxy_from_flags(cfg)
+        if cfg.delta_coefficients == "random":  # no v: no h_t
+            self.needs = ()
+
+    def proxy(self, model):
+        return proxy_for(self.chosen_proxy, model, distributed.full_weight)
+
+    def lam_bar(self, model, x):
+        cfg = self.cfg
+        if cfg.delta_coefficients != "random":
+            return super().lam_bar(model, x)
+        draw = torch.Generator().manual_seed(cfg.seed * 1_000_003 + x.step * 101 + distributed.rank())
+        lam_bar = random_coefficients(
+            x.adv, x.loss_mask, cfg.delta_lam_min, cfg.delta_lam_max, generator=draw, normalize=cfg.delta_normalize
+        )
+        return lam_bar, {}
+
+    def state_dict(self) -> dict:
+        return {"delta_gamma": kept_gamma(self.steps)}
+
+    def load_state_dict(self, state: dict) -> None:
+        keep_gamma(self.steps, state.get("delta_gamma"))
+
+
+def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
+    credit_functions["delta_ablation"] = DeltaAblationCredit

@@ -16,9 +16,9 @@ torch.set_num_threads(1)  # tiny models: threads cost more than they give, and k
 def toy_registered():
     """The toy in the generic modules, as every entry point registers it (``toy.register``): ``"toy"`` as a model,
     a data source, its prompt template and recipe for ``auto``, its truth in samples/."""
-    import toy
+    import grpo
 
-    toy.register()
+    grpo.register()  # the toy and the comparisons' functions in grpo.py's registries, as main and train do
 
 
 @pytest.fixture(scope="session")
@@ -131,15 +131,18 @@ class _LogProbPasses:
 @pytest.fixture
 def loss_stage(monkeypatch):
     """``loss_stage(logp, delta, adv, entropy=None, mask=None, ref_logp=None, keep=None, **flags)``: one mini-batch
-    (every row) of the trainer's loss stage, ``grpo.backward_minibatch``, on a policy whose log π ``logp`` [N, T] you
+    (every row) of the trainer's loss stage (``grpo.LOSS_STAGES``, from the flags), on a policy whose log π
+    ``logp`` [N, T] you
     set (float64): θ_old's log π = ``logp − delta``, Ã = Â ``adv`` [N] on every valid token of ``mask`` (default:
     all) or the token advantages ``adv`` [N, T], the entropies ``entropy`` [N, T] (default 0), ``keep`` [N, T] bool
     the tokens a rule's ``select`` chose (DelTA's Q2; None: all), the flags those of ``grpo.GRPOConfig``
     (max_completion_length T, no shared prompt). Returns (loss, ∂loss/∂log π [N, T], the
     stage's statistic sums, the loss weights [N, T])."""
+    import dataclasses
+
     import grpo
-    from trainer import policy
     import rollout
+    from trainer import policy, run_setup
 
     monkeypatch.setattr(policy, "Passes", _LogProbPasses)
 
@@ -152,10 +155,28 @@ def loss_stage(monkeypatch):
                                 finish_reasons=["stop"] * N, texts=[""] * N, prompts=[""] * N, group_size=N)
         model = _LogProbPolicy(logp, torch.zeros(N, T, dtype=logp.dtype) if entropy is None else entropy)
         cfg = grpo.GRPOConfig(**{"max_completion_length": T, "shared_prompt": False, **flags})
+        if keep is not None:  # DelTA's Q2: its loss stage on the selected tokens
+            cfg = dataclasses.replace(cfg, credit="delta", delta_select="top")
         old = grpo.ThetaOld(logp - delta, None, ref_logp, None)
-        weights = torch.zeros(N, T, dtype=logp.dtype)
         token_adv = (adv[:, None] if adv.dim() == 1 else adv) * mask
-        loss, stats = grpo.backward_minibatch(model, batch, old, token_adv, torch.arange(N), cfg, keep, weights)
+        values = {} if keep is None else {"q2_selected": keep}
+        update = grpo.Update(batch, old, token_adv, mask, values)
+        stage = grpo.LOSS_STAGES[run_setup.loss_stage_name(cfg)]
+        loss, stats = stage.backward(model, update, torch.arange(N), cfg)
+        weights = mask.clone() if update.loss_factor is None else update.loss_factor  # the default: 1 on each token
         return loss, model.logp.grad, stats, weights
 
     return run
+
+
+def backward(model, batch, old, token_adv, rows, cfg, selected=None):
+    """One mini-batch of the trainer's loss stage of ``cfg`` (``grpo.LOSS_STAGES``, chosen from the flags) on
+    ``rows``: (loss, statistic sums, each token's loss factor [N, T] (the loss mask where the stage has none)).
+    ``selected``: DelTA's Q2 tokens (its credit's ``q2_selected``)."""
+    import grpo
+    from trainer import run_setup
+
+    update = grpo.Update(batch, old, token_adv, batch.response_mask, {} if selected is None else
+                         {"q2_selected": selected})
+    loss, stats = grpo.LOSS_STAGES[run_setup.loss_stage_name(cfg)].backward(model, update, rows, cfg)
+    return loss, stats, batch.response_mask.clone() if update.loss_factor is None else update.loss_factor

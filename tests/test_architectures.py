@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import grpo
+from conftest import backward
 from trainer import policy
 import rollout
 
@@ -108,9 +109,9 @@ def _one_update(model, tok, batch, **flags):
     theta_old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden(), None, training_forward=fused)
     token_adv, _ = credit(model, batch, adv, theta_old, None)
     model.zero_grad(set_to_none=True)
-    loss, _ = grpo.backward_minibatch(model, batch, theta_old, token_adv, torch.arange(N), cfg)
+    loss, _, _ = backward(model, batch, theta_old, token_adv, torch.arange(N), cfg)
     grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-    return theta_old.logp, credit.token_weights.get("lambda_bar"), token_adv, loss, grad, plan
+    return theta_old.logp, credit.token_values.get("lambda_bar"), token_adv, loss, grad, plan
 
 
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))

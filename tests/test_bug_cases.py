@@ -31,7 +31,7 @@ def test_C18_token_mean_across_micro_batches():
     total = 0.0
     for adv, mask in ((torch.tensor([-4.0]), torch.ones(1, 1)), (torch.tensor([0.0]), torch.ones(1, 3))):
         lp = torch.zeros_like(mask)
-        loss, _ = grpo.policy_loss(lp, lp, adv, mask, num_tokens=4)
+        loss, _ = grpo.policy_loss(lp, lp, adv, mask, scope=grpo.LossScope(num_tokens=4))
         total += loss.item()
     assert total == pytest.approx(1.0)
 

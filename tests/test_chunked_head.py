@@ -1,7 +1,7 @@
 """The LM head in chunks of positions (policy.ChunkedLMHead, used by policy.token_logprobs above
 ``LOGITS_CHUNK_BYTES``) gives the unchunked computation: in float64 to 1e-10, values and gradients (the model body's
 included), on the six architectures of tests/test_architectures.py (Gemma-3 with its final soft-capping), through
-every pass that runs it: the training loss (grpo.backward_minibatch), θ_old's pass with h (DelTA), DelTA's streamed
+every pass that runs it: the training loss (grpo.LOSS_STAGES), θ_old's pass with h (DelTA), DelTA's streamed
 passes, CSCR's scoring passes, the Forking Tokens entropy. Budgets of a few positions force many chunks, the last one
 ragged. Models whose logits are not the head's output (Cohere's logit scale), or whose head is not a plain Linear
 (LoRA on lm_head), are refused by ``policy.lm_head`` and keep the unchunked path. The memory it holds: the live bytes
@@ -12,6 +12,7 @@ import torch
 from test_architectures import _batch, _config
 
 import grpo
+from conftest import backward
 from trainer import memory_plan
 from trainer import policy
 
@@ -139,7 +140,7 @@ def _update(model, tok, batch, credit, flags):
     old = grpo.old_logprobs(model, batch, cfg, credit_fn.needs_hidden(), ref, training_forward=fused)
     token_adv, _ = credit_fn(model, batch, adv, old, ["5"] * N)
     model.zero_grad(set_to_none=True)
-    loss, _ = grpo.backward_minibatch(model, batch, old, token_adv, torch.arange(N), cfg)
+    loss, _, _ = backward(model, batch, old, token_adv, torch.arange(N), cfg)
     return old.logp, token_adv, loss, _grads(model)
 
 

@@ -8,6 +8,7 @@ import torch
 
 from trainer import checkpoint
 import grpo
+from conftest import backward
 from trainer import memory_plan
 from trainer import policy
 import rollout
@@ -84,8 +85,7 @@ def _stages_4_to_6(model, tok, rows, batch, **flags):
     perturbed = old + 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * mask
     model.zero_grad(set_to_none=True)
     model.train()
-    loss, _ = grpo.backward_minibatch(model, batch, theta_old._replace(logp=perturbed), token_adv, torch.arange(N),
-                                      cfg)
+    loss, _, _ = backward(model, batch, theta_old._replace(logp=perturbed), token_adv, torch.arange(N), cfg)
     grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     return old, None if hidden is None else hidden[mask], token_adv, loss, grad
 
@@ -159,7 +159,7 @@ def _delta_credit(model, tok, batch, adv, **flags):
     theta_old = grpo.old_logprobs(model, batch, cfg, need_hidden=credit.needs_hidden())
     token_adv, stats = credit(model, batch, adv, theta_old, None)
     handle.remove()
-    return credit.token_weights["lambda_bar"], token_adv, stats, len(calls)
+    return credit.token_values["lambda_bar"], token_adv, stats, len(calls)
 
 
 @pytest.mark.parametrize("K", [0, 1, 2])
@@ -208,9 +208,10 @@ def test_delta_normal_stops_before_a_cache_that_does_not_fit(rollout_batch, monk
     monkeypatch.setattr(memory_plan, "host_memory_available", lambda: int(0.95 * nbytes / share))  # just too little
     with pytest.raises(SystemExit, match=rf"{N} responses × {T} tokens × {model.config.hidden_size} hidden .* use "
                                          r"--delta_impl memory_efficient"):
-        _delta_credit(model, tok, batch, torch.ones(N))
+        memory_plan.check_delta_cache(N, T, model.config.hidden_size)  # once, before the loop (preflight.check)
     monkeypatch.setattr(memory_plan, "host_memory_available", lambda: int(1.05 * nbytes / share))
-    _delta_credit(model, tok, batch, torch.ones(N))  # fits
+    memory_plan.check_delta_cache(N, T, model.config.hidden_size)  # fits
+    _delta_credit(model, tok, batch, torch.ones(N))
     _delta_credit(model, tok, batch, torch.ones(N), delta_impl="memory_efficient")  # keeps no cache at all
 
 
@@ -388,7 +389,7 @@ def test_shared_prompt_on_the_training_forward_gives_the_same_update(toy_model_p
 
 
 def test_cscr_scoring_passes_share_each_privileged_prompt(rollout_batch, monkeypatch, float64_model):
-    """CSCR's ℓ+ and ℓ− with --shared_prompt (each group's x + c± run once, ``Credit._scoring_logprobs``) equal the
+    """CSCR's ℓ+ and ℓ− with --shared_prompt (each group's x + c± run once, ``CscrCredit.scoring_logprobs``) equal the
     full forward's, and the prompt pass really ran on the distinct privileged prompts only."""
     import cscr
 
@@ -405,7 +406,7 @@ def test_cscr_scoring_passes_share_each_privileged_prompt(rollout_batch, monkeyp
 
     monkeypatch.setattr(policy, "SharedPrompts", Spy)
     out = []
-    for fn in (policy.token_logprobs, grpo.Credit(grpo.GRPOConfig(credit="cscr"), tok)._scoring_logprobs):
+    for fn in (policy.token_logprobs, grpo.Credit(grpo.GRPOConfig(credit="cscr"), tok).method.scoring_logprobs):
         out.append(cscr.condition_logprobs(model, tok, pairs, batch.response_ids, batch.response_mask, logprob_fn=fn))
     assert built == [len(rows), len(rows)]  # x + c+ then x + c−: one row per group, not per response
     for shared, full in zip(out[1], out[0]):
@@ -448,7 +449,7 @@ def test_cscr_diagnostics_scores_are_the_trainers(rollout_batch, float64_model):
     trainer = {"old_logp": grpo.old_logprobs(model, batch, cfg).logp}
     trainer["lp_pos"], trainer["lp_neg"] = cscr.condition_logprobs(
         model, tok, list(zip(contexts["pos"], contexts["neg"])), batch.response_ids, batch.response_mask,
-        logprob_fn=grpo.Credit(cfg, tok)._scoring_logprobs)
+        logprob_fn=grpo.Credit(cfg, tok).method.scoring_logprobs)
     with torch.no_grad():
         trainer["entropy"] = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
                                                    return_entropy=True)[1]

@@ -227,9 +227,9 @@ def test_grpo_credit_takes_the_rules_its_flags_name():
 
     cfg = grpo.GRPOConfig(credit="cscr", cscr_weight="sign_aware", cscr_scope="group", cscr_sign_eps=0.1,
                           cscr_alpha=2.0, num_generations=4)
-    settings = grpo.Credit(cfg, None).cscr_settings
+    settings = grpo.Credit(cfg, None).method.settings
     assert (settings.alpha, settings.w_min, settings.mode) == (2.0, 0.0, "max")
     assert settings.weight_step.func is cscr_ablations.sign_aware
     assert settings.weight_step.keywords == {"eps": 0.1, "mix": 0.5}
     assert settings.renormalise.func is cscr_ablations.per_group and settings.renormalise.keywords == {"group_size": 4}
-    assert grpo.Credit(grpo.GRPOConfig(credit="cscr"), None).cscr_settings == cscr.Settings()
+    assert grpo.Credit(grpo.GRPOConfig(credit="cscr"), None).method.settings == cscr.Settings()

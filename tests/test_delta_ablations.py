@@ -568,26 +568,28 @@ def test_delta_py_code_names_no_ablation():
 
 def test_trainer_keeps_frozen_gamma_in_the_ablations_object_and_resumes_it():
     """grpo.Credit chooses the steps once; --delta_gamma frozen's state is the FrozenTemperature's, which the
-    checkpoint reads and --resume writes back (``delta_ablations.kept_gamma`` / ``keep_gamma``, through
+    checkpoint reads and --resume writes back (the credit's ``state_dict`` / ``load_state_dict``, through
     run_setup.trainer_state / restore); without the flag there is no state to set."""
     import grpo
     from trainer import run_setup
     from trainer.grpo_config import GRPOConfig
 
     credit = grpo.Credit(GRPOConfig(credit="delta", delta_gamma="frozen"), None)
-    assert isinstance(credit.delta_steps.temperature, delta_ablations.FrozenTemperature)
-    assert delta_ablations.kept_gamma(credit.delta_steps) is None
-    delta_ablations.keep_gamma(credit.delta_steps, [0.25, 0.5])  # as read back from a checkpoint's JSON
-    assert delta_ablations.kept_gamma(credit.delta_steps) == (0.25, 0.5)
+    steps = credit.method.steps
+    assert isinstance(credit.method, delta_ablations.DeltaAblationCredit)
+    assert isinstance(steps.temperature, delta_ablations.FrozenTemperature)
+    assert credit.state_dict() == {"delta_gamma": None}
+    credit.load_state_dict({"delta_gamma": [0.25, 0.5]})  # as read back from a checkpoint's JSON
+    assert delta_ablations.kept_gamma(steps) == (0.25, 0.5)
     sums = torch.tensor([[1.0, 2.0], [5.0, 9.0], [1.0, 1.0]], dtype=F64)  # Σ Δ, Σ Δ², count of P, Nn: γ = 0 (ε)
-    assert torch.equal(credit.delta_steps.temperature(*sums), torch.tensor([0.25, 0.5], dtype=F64))
+    assert torch.equal(steps.temperature(*sums), torch.tensor([0.25, 0.5], dtype=F64))
     sampler = type("Sampler", (), {"position": 3})()
     state = {**run_setup.trainer_state(sampler, credit), "step": 4}
     assert state["delta_gamma"] == (0.25, 0.5)
     again = grpo.Credit(GRPOConfig(credit="delta", delta_gamma="frozen"), None)
-    assert run_setup.restore(state, sampler, again) == 4 and delta_ablations.kept_gamma(again.delta_steps) == (0.25, 0.5)
+    assert run_setup.restore(state, sampler, again) == 4 and delta_ablations.kept_gamma(again.method.steps) == (0.25, 0.5)
     plain = grpo.Credit(GRPOConfig(credit="delta"), None)
-    delta_ablations.keep_gamma(plain.delta_steps, None)  # what a run without the flag saved
-    assert delta_ablations.kept_gamma(plain.delta_steps) is None and plain.delta_steps == delta.DeltaSteps()
+    assert type(plain.method) is grpo.DeltaCredit and plain.state_dict() == {}  # the paper's: no state
+    assert plain.method.steps == delta.DeltaSteps()
     assert not hasattr(delta.adaptive_temperature, "gamma")
     assert grpo.Credit(GRPOConfig(credit="delta", delta_coefficients="random"), None).needs_hidden() is False

@@ -12,7 +12,7 @@ import torch
 from trainer import checkpoint
 import evaluate
 import grpo
-from comparisons import loss_rules
+import comparisons
 from trainer import policy
 from trainer import problems
 import rollout
@@ -133,7 +133,6 @@ def test_policy_loss_errors():
 def registry(monkeypatch):
     """grpo.py's policy-loss registry, restored after the test (a loss registered here stays here)."""
     monkeypatch.setattr(grpo, "POLICY_LOSSES", dict(grpo.POLICY_LOSSES))
-    monkeypatch.setattr(grpo, "POLICY_LOSS_SETTINGS", dict(grpo.POLICY_LOSS_SETTINGS))
 
 
 def _plain_pg(ratio, token_adv, settings):  # ℓ = −Ã·r: the unclipped policy gradient's surrogate
@@ -144,7 +143,7 @@ def test_a_registered_loss_is_a_choice_of_the_flag_with_its_own_aggregation(regi
     """Issue #43 item 6: --loss_type's choices are the registry's when the parser is built; the loss is normalised
     as registered (dapo: Σℓ / 5 tokens of the hand example, float64), not by Dr. GRPO's B·max_completion_length."""
     assert "plain_pg" not in grpo.build_parser()._option_string_actions["--loss_type"].choices
-    grpo.register_policy_loss("plain_pg", "dapo")(_plain_pg)
+    grpo.POLICY_LOSSES["plain_pg"] = grpo.PolicyLoss(_plain_pg, "dapo")
     assert grpo.build_parser().parse_args(["--loss_type", "plain_pg"]).loss_type == "plain_pg"
     assert grpo.build_parser(defaults=False).parse_args(["--loss_type", "plain_pg"]).loss_type == "plain_pg"
     grpo.check_config(grpo.GRPOConfig(loss_type="plain_pg"))  # accepted
@@ -154,7 +153,7 @@ def test_a_registered_loss_is_a_choice_of_the_flag_with_its_own_aggregation(regi
     loss, _ = grpo.policy_loss(logp, old, ADV.to(d64), MASK.to(d64), loss_type="plain_pg", max_completion_length=3)
     hand = (-math.exp(0.3) - math.exp(-0.3) - math.exp(0.05) + 0.5 * math.exp(-0.4) + 0.5 * math.exp(3.0)) / 5
     assert loss.item() == pytest.approx(hand, rel=1e-12)  # Dr. GRPO's Σ / (2·3) was 5/6 of it
-    grpo.register_policy_loss("plain_pg_seq", lambda settings: "grpo")(_plain_pg)  # a function of the settings
+    grpo.POLICY_LOSSES["plain_pg_seq"] = grpo.PolicyLoss(_plain_pg, "grpo")
     seq, _ = grpo.policy_loss(logp, old, ADV.to(d64), MASK.to(d64), loss_type="plain_pg_seq")
     rows = ((-math.exp(0.3) - math.exp(-0.3) - math.exp(0.05)) / 3, (0.5 * math.exp(-0.4) + 0.5 * math.exp(3.0)) / 2)
     assert seq.item() == pytest.approx(sum(rows) / 2, rel=1e-12)
@@ -162,21 +161,18 @@ def test_a_registered_loss_is_a_choice_of_the_flag_with_its_own_aggregation(regi
 
 def test_a_loss_registered_without_its_aggregation_is_refused(registry):
     with pytest.raises(TypeError, match="aggregation"):
-        grpo.register_policy_loss("no_norm")  # there is no default normaliser
-    for bad in (None, "token_mean"):
-        with pytest.raises(ValueError, match=r"register_policy_loss\('no_norm'\): aggregation must be one of"):
-            grpo.register_policy_loss("no_norm", bad)
-    assert "no_norm" not in grpo.POLICY_LOSSES
-    grpo.register_policy_loss("odd_norm", lambda settings: "bnpo")(_plain_pg)  # a function that gives another name
-    with pytest.raises(ValueError, match=r"policy loss 'odd_norm': its aggregation gave 'bnpo'"):
-        grpo.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), ADV, MASK, loss_type="odd_norm")
+        grpo.PolicyLoss(_plain_pg)  # there is no default normaliser
+    for bad in (None, "token_mean", "bnpo"):
+        grpo.POLICY_LOSSES["odd_norm"] = grpo.PolicyLoss(_plain_pg, bad)
+        with pytest.raises(ValueError, match=r"loss 'odd_norm''s aggregation .* one of"):
+            grpo.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), ADV, MASK, loss_type="odd_norm")
 
 
 def test_an_unknown_loss_type_in_code_stops_before_any_model_loads(tmp_path, monkeypatch):
     """GRPOConfig(loss_type="nope") (no parser in between): check_config names the field and the registered losses
     in one line, before the run folder or any weights (it reached step 1 before, after loading and a rollout)."""
     said = r"^grpo.py: error: --loss_type 'nope' is not a registered policy loss: one of dapo, grpo, dr_grpo, sapo "
-    with pytest.raises(SystemExit, match=said + r"\(grpo.register_policy_loss\)$"):
+    with pytest.raises(SystemExit, match=said + r"\(grpo.POLICY_LOSSES\)$"):
         grpo.check_config(grpo.GRPOConfig(loss_type="nope"))
     loaded = []
     monkeypatch.setattr(policy, "build", lambda *a, **k: loaded.append(1))
@@ -503,7 +499,7 @@ def test_progress_bars_do_not_interleave(toy_model_path, tmp_path, capsys):
 
 
 def test_the_progress_bar_names_the_rule_from_the_flags(tiny_model_path, tmp_path, capsys):
-    label = lambda **kw: loss_rules.rule_label(grpo.GRPOConfig(**kw))  # noqa: E731
+    label = lambda **kw: comparisons.label(grpo.GRPOConfig(**kw))  # noqa: E731
     assert [label(), label(credit="delta"), label(credit="cscr"), label(credit="fipo")] == \
         ["grpo", "delta", "cscr", "fipo"]
     assert [label(loss_type="sapo"), label(entropy_top_ratio=0.2), label(top_entropy_quantile=0.8)] == \

@@ -1,6 +1,6 @@
 """The comparison rules on the trainer's loss stage (docs/specs/baselines.md): SAPO as a branch of ``policy_loss``,
-FIPO's future-KL weight and Forking Tokens' entropy mask as branches of ``backward_minibatch``, DelTA's Q2 selection
-through ``Credit``; the spec's float64 worked examples (Example A, delta.md §7) and the invariances."""
+FIPO's future-KL weight and Forking Tokens' entropy mask as their own loss stages (``grpo.LOSS_STAGES``), DelTA's
+Q2 selection through its credit and loss stage; the spec's float64 worked examples (Example A, delta.md §7) and the invariances."""
 
 import math
 
@@ -9,7 +9,7 @@ import torch
 
 from comparisons import baselines
 import grpo
-from comparisons import loss_rules
+from conftest import backward
 import rollout
 import toy
 from trainer import policy
@@ -81,7 +81,7 @@ def _fipo_loss(logp, old, adv, mask, num_tokens):
     token_adv = adv[:, None] * mask
     f, kept = baselines.fipo_weights(logp - old, token_adv, mask, cfg.fipo_decay_rate, cfg.fipo_clip,
                                      cfg.fipo_safety_threshold, math.log(cfg.dual_clip))
-    loss, _ = grpo.policy_loss(logp, old, token_adv * f, kept, dual_clip=10.0, num_tokens=num_tokens)
+    loss, _ = grpo.policy_loss(logp, old, token_adv * f, kept, dual_clip=10.0, scope=grpo.LossScope(num_tokens))
     return float(loss), f, kept, {"fipo/dropped_frac": float((mask - kept).sum() / mask.sum())}
 
 
@@ -108,7 +108,7 @@ def test_fipo_safety_and_sequence_drop(loss_stage):
     loss, _, kept, stats = _fipo_loss(torch.tensor([[math.log(12), math.log(12), 0.1]], dtype=D), old, adv, mask, 3)
     assert loss == 0.0 and kept.sum() == 0 and stats["fipo/dropped_frac"] == 1.0
     # beside a kept response: the kept one's mean over its own 3 tokens (spec §5; policy_loss alone, given the
-    # mini-batch's 6 tokens, would halve it: backward_minibatch rescales once the drop is known)
+    # mini-batch's 6 tokens, would halve it: fipo_backward rescales once the drop is known)
     two = torch.tensor([[math.log(12), math.log(12), 0.1], [math.log(12), 0.3, 0.1]], dtype=D)
     loss, _, _, _ = loss_stage(torch.zeros(2, 3, dtype=D), two, torch.tensor([-1.0, -1.0], dtype=D),
                                credit="fipo", micro_batch_size=1, padding_free=False)
@@ -134,10 +134,9 @@ def _update(model, tok, batch, **flags):
     fused = grpo.can_update_on_policy(cfg, N, False)
     old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden(), training_forward=fused)
     token_adv, _ = credit(model, batch, adv, old, [""] * N)
-    token_adv, keep, _ = loss_rules.choose(cfg).select(adv, token_adv, credit.token_weights, batch.response_mask, 0)
     model.zero_grad(set_to_none=True)
-    weights = torch.zeros_like(token_adv)
-    loss, stats = grpo.backward_minibatch(model, batch, old, token_adv, torch.arange(N), cfg, keep, weights)
+    loss, stats, weights = backward(model, batch, old, token_adv, torch.arange(N), cfg,
+                                    credit.token_values.get("q2_selected"))
     grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     return loss, grad, credit, weights, stats
 
@@ -193,7 +192,7 @@ def test_delta_q2_selection_trains_on_half_the_tokens_by_lambda(toy_batch, which
     model, tok, batch = toy_batch
     loss, _, credit, w, _ = _update(model, tok, batch, credit="delta", delta_select=which)
     valid = batch.response_mask.bool()
-    lam = credit.token_weights["lambda_bar"]
+    lam = credit.token_values["lambda_bar"]
     kept = w > 0  # the loss's tokens (Q2Selection's keep)
     assert int(kept.sum()) == math.ceil(0.5 * int(valid.sum()) - 1e-9) and not (kept & ~valid).any()
     if which == "top":
@@ -218,7 +217,7 @@ def test_delta_variants_give_one_lambda_under_both_implementations(toy_batch, fl
         credit = grpo.Credit(cfg, tok)
         old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden())
         token_adv, _ = credit(model, batch, adv, old, [""] * N)
-        lam[impl] = credit.token_weights["lambda_bar"]
+        lam[impl] = credit.token_values["lambda_bar"]
         valid = mask.bool() & (adv != 0)[:, None]
         assert (torch.sign(token_adv[valid]) == torch.sign(adv[:, None].expand_as(mask)[valid])).all()
     torch.testing.assert_close(lam["memory_efficient"], lam["normal"], rtol=1e-10, atol=1e-10)
@@ -361,11 +360,10 @@ def test_fipo_drop_is_exact_at_every_micro_batch_size(toy_batch, float64_model, 
     old = theta._replace(logp=theta.logp - delta)
     token_adv = adv[:, None] * mask
 
-    def update(keep=None, **flags):
+    def update(**flags):
         cfg = grpo.GRPOConfig(credit="fipo", loss_type=loss_type, max_completion_length=40, **flags)
         model.zero_grad(set_to_none=True)
-        weights = torch.zeros_like(mask)
-        loss, _ = grpo.backward_minibatch(model, batch, old, token_adv, torch.arange(N), cfg, keep, weights)
+        loss, _, weights = backward(model, batch, old, token_adv, torch.arange(N), cfg)
         return loss, torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]), weights
 
     runs = [update(micro_batch_size=mbs, padding_free=pf) for mbs, pf in ((0, True), (1, False), (3, True))]
@@ -373,19 +371,14 @@ def test_fipo_drop_is_exact_at_every_micro_batch_size(toy_batch, float64_model, 
     assert w0[row].sum() == 0 and (w0.sum(1) > 0).sum() == (mask.sum(1) > 0).sum() - 1  # that one response, dropped
     for loss, grad, _ in runs[1:]:
         assert loss == pytest.approx(l0, rel=1e-10) and (grad - g0).norm() <= 1e-10 * g0.norm()
-    keep = torch.ones(mask.shape, dtype=torch.bool)
-    keep[row] = False
-    loss, grad, _ = update(keep)
-    # a response masked out by ``keep`` still counts as a sequence (TRL's mean over B); a dropped one does not
-    scale = 1.0 if loss_type == "dapo" else N / (N - 1)
-    assert loss * scale == pytest.approx(l0, rel=1e-10) and (grad * scale - g0).norm() <= 1e-10 * g0.norm()
+
 
 
 @pytest.mark.parametrize("pool", ["minibatch", "micro"])
 @pytest.mark.parametrize("rho,official,trl", [(0.2, -0.7433598698, -0.1486719740), (0.5, -0.2203905546,
                                                                                     -0.1322343328)])
 def test_forking_tokens_example_a_through_the_loss_stage(loss_stage, pool, rho, official, trl):
-    """baselines.md §3's worked example through ``backward_minibatch`` (Example A's entropies H, Δ and Â): Forking
+    """baselines.md §3's worked example through its loss stage (Example A's entropies H, Δ and Â): Forking
     Tokens' code (``--entropy_top_ratio``: the top ⌈ρn⌉ tokens, their mean) and TRL's reading
     (``--top_entropy_quantile``: ℓ × the mask over all N = 5 tokens), the same mask at both ρ; one micro-batch, so
     both pools rank the same tokens."""

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from trainer import checkpoint
+from trainer import run_setup
 import grpo
 from tools import report
 
@@ -102,12 +103,12 @@ def test_samples_hold_tokens_and_credit(tmp_path, char_tokenizer, weight_name):
     token_adv = adv[:, None] * (weights if weight_name else torch.ones(4, 6)) * batch.response_mask
     run = checkpoint.RunFolder(str(tmp_path), {})
     os.makedirs(tmp_path / "samples")
-    # the trainer's credit hook decides what a token's credit is (grpo.Credit.token_credit); samples/ writes it
+    # the trainer's credit hook decides what a token's credit is (run_setup.credit_shares); samples/ writes it
     kind = {"lambda_bar": "delta", "sensitivity": "cscr", None: "grpo"}[weight_name]
     credit = grpo.Credit(grpo.GRPOConfig(credit=kind), tok)
-    credit.token_weights = {weight_name: weights} if weight_name else {}
+    credit.token_values = {weight_name: weights} if weight_name else {}
     run.write_samples(3, tok, batch, torch.tensor([1.0, 0.0, 1.0, 0.0]), adv, token_adv,
-                      credit.token_credit(adv, token_adv), credit.token_weights, 1)
+                      run_setup.credit_shares(adv, token_adv, credit.token_values), credit.token_values, 1)
     rows = [json.loads(l) for l in (tmp_path / "samples" / "step_000003.jsonl").read_text().splitlines()]
     assert [r["tokens"] for r in rows] == [["1", "+", "2", "=", "3", "</s>"], ["7", "</s>"], ["a", "b", "</s>"],
                                            ["9", " ", "9"]]
@@ -137,7 +138,7 @@ def test_samples_of_a_truncated_response_left_out_of_the_loss(tmp_path, char_tok
     token_adv = adv[:, None] * batch.response_mask
     credit = grpo.Credit(grpo.GRPOConfig(), char_tokenizer)
     run.write_samples(1, char_tokenizer, batch, torch.tensor([1.0, 0.0]), adv, token_adv,
-                      credit.token_credit(adv, token_adv), {}, 1)
+                      run_setup.credit_shares(adv, token_adv, credit.token_values), {}, 1)
     rows = [json.loads(l) for l in (tmp_path / "samples" / "step_000001.jsonl").read_text().splitlines()]
     assert rows[1]["tokens"] == ["3", "4", "5"] and rows[1]["credit"] == [0.0, 0.0, 0.0]
 

@@ -1,6 +1,7 @@
 """sampler_mismatch.py: TRL 1.16's vLLM importance weights against hand values, and the weight folded into the token
 advantages against TRL's per-token-loss × weight."""
 
+import dataclasses
 import math
 
 import pytest
@@ -70,16 +71,16 @@ def test_folding_the_weight_into_the_advantages_is_trls_loss_times_the_weight(lo
     sampler = old + 0.5 * torch.randn(B, T, generator=g, dtype=torch.float64)
     w = sm.importance_weights(old, sampler, mask, "token_mask", clip_max=1.5)  # zeros included
     assert (w[mask > 0] == 0).any() and (w[mask > 0] > 1).any()
-    settings = grpo.LossSettings(**loss)
+    settings = grpo.POLICY_LOSSES[loss["loss_type"]].settings(**loss)  # SAPO: its own settings
     ours, _ = grpo.policy_loss(logp, old, adv * w, mask, settings, ref_logp=ref)
     beta = settings.beta
-    plain = grpo.LossSettings(**{**loss, "beta": 0.0})
+    plain = dataclasses.replace(settings, beta=0.0)
     per_token = torch.zeros(B, T, dtype=torch.float64)
     for i in range(B):
         for t in range(T):
             one = lambda x: x[i:i + 1, t:t + 1]  # noqa: E731
             ell, _ = grpo.policy_loss(one(logp), one(old), one(adv), torch.ones(1, 1, dtype=torch.float64), plain,
-                                      num_tokens=1, num_sequences=1)
+                                      scope=grpo.LossScope(1, 1))
             d = one(ref) - one(logp)
             per_token[i, t] = ell * (1 if plain.loss_type != "dr_grpo" else plain.max_completion_length) * one(w) \
                 + beta * (torch.exp(d) - d - 1)  # TRL: ℓ·w, then + β·k3

@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 
 from trainer import checkpoint
 import grpo
+from conftest import backward
 from trainer import policy
 import rollout
 import toy
@@ -50,7 +51,8 @@ def _train_lora(tiny_model_path, batch, steps=2, **kw):
     ref = policy.reference_model(model, cfg)  # None unless beta > 0
     for step in range(steps):
         theta_old = grpo.old_logprobs(model, batch, cfg, ref_model=ref)
-        _, norms, _, skipped = grpo.policy_update(model, opt, batch, theta_old, token_adv, cfg, step)
+        update = grpo.Update(batch, theta_old, token_adv, batch.response_mask, {})
+        _, norms, _, skipped = grpo.policy_update(model, opt, update, cfg, step)
         assert skipped == 0 and norms[0] > 0
     return model, tok, cfg, before
 
@@ -197,8 +199,7 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_path, fixed_b
         model.zero_grad(set_to_none=True)
         model.train()
         torch.manual_seed(3)
-        grpo.backward_minibatch(model, b, theta_old._replace(logp=old), adv[:, None] * b.response_mask,
-                                torch.arange(N), cfg)
+        backward(model, b, theta_old._replace(logp=old), adv[:, None] * b.response_mask, torch.arange(N), cfg)
         handle.remove()
         calls.append(n_calls[0])
         grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})

@@ -3,7 +3,7 @@
 
 Marker ``verl`` (needs tools/requirements-verl.txt; left out of the default run; ``.ci/run`` runs ``pytest -m verl`` in its
 own virtual environment). verl's functions take log π and θ_old's log π [B, T], Ã [B, T] and the mask, as grpo.py's
-``policy_loss`` and its loss stage (``backward_minibatch``, conftest ``loss_stage``) do: value and gradient w.r.t.
+``policy_loss`` and its loss stage (``grpo.LOSS_STAGES``, conftest ``loss_stage``) do: value and gradient w.r.t.
 log π agree to 1e-12 in float64 (verl computes in its inputs' dtype; its seq-mean-token-mean divides by |o_i| + 1e-8,
 so there the mean is composed from verl's per-response token-means and the 1e-8 checked against its bound,
 1e-8/|o_i| relative). verl's names beside ours: ``loss_agg_mode``
@@ -171,7 +171,7 @@ def test_micro_batch_normalisers(verl):
         mask = (torch.arange(T) < n).to(D)[None]
         adv = torch.full((1, T), -1.0 if i < 3 else 0.0, dtype=D)  # at r = 1: ℓ = −Ã
         zero = torch.zeros(1, T, dtype=D)
-        ours += float(grpo.policy_loss(zero, zero, adv, mask, num_tokens=sum(lengths))[0])
+        ours += float(grpo.policy_loss(zero, zero, adv, mask, scope=grpo.LossScope(sum(lengths)))[0])
         ell = -adv * mask
         verl_global += float(core_algos.agg_loss(ell, mask, "token-mean", batch_num_tokens=sum(lengths)))
         own += float(core_algos.agg_loss(ell, mask, "token-mean")) / len(lengths)

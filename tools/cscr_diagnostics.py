@@ -75,8 +75,6 @@ import rollout
 import toy
 import verify
 
-toy.register()  # --model toy, --data toy: the built-in toy in the generic modules (toy.py)
-
 __all__ = ["shift_masks", "pearson", "spearman", "full_vocab_overlap", "classify_token", "DISCOURSE_MARKERS",
            "FUNCTION_WORDS", "diagnostics", "sample_trajectories", "grade", "condition_contexts", "score_contexts",
            "surface_classes", "diagnose", "PAPER_REFERENCE", "summary_table", "main"]
@@ -772,6 +770,7 @@ def main(argv=None):
 
     Raises ValueError / OSError (one line under ``python tools/cscr_diagnostics.py``): a bad data row or file, a model
     that cannot be loaded, an unknown template."""
+    toy.register()  # --model toy, --data toy: the built-in toy in the generic modules (toy/)
     args = _parser().parse_args(argv)
     prompt_template = rollout.resolve_template(args.prompt_template, args.model)
     rows = problems.load_problems(args.data, split="train")  # data first: a bad row stops before the model loads

@@ -220,7 +220,7 @@ class GRPOConfig:
     beta: float = _f(0.0, "k3 KL coefficient to a frozen reference (0 = no reference model)")
     loss_type: str = _f("dapo", "dapo: token-mean over the batch; grpo: per-sequence mean, then mean; dr_grpo: "
                                 "sum / (B·max_completion_length); sapo: SAPO's soft gate in place of the clip; any "
-                                "other loss registered by grpo.register_policy_loss")
+                                "other loss registered in grpo.POLICY_LOSSES")
     sapo_temperature_pos: float = _f(1.0, "SAPO's gate temperature τ for Â > 0")
     sapo_temperature_neg: float = _f(1.05, "SAPO's gate temperature τ for Â < 0")
     sapo_aggregation: str = _f("sequence", "SAPO: per-sequence mean then mean (verl, TRL) or token-mean",
@@ -305,7 +305,7 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None,
     rows = cfg.num_prompts_per_step // max(world, 1) * cfg.num_generations  # one process's rollout rows
     problems = [
         (cfg.loss_type not in loss_types, f"--loss_type {cfg.loss_type!r} is not a registered policy loss: one of "
-         f"{', '.join(loss_types)} (grpo.register_policy_loss)"),
+         f"{', '.join(loss_types)} (grpo.POLICY_LOSSES)"),
         (cfg.num_generations < 1, "--num_generations must be >= 1"),
         (cfg.num_generations == 1, f"--num_generations 1 with --scale_rewards {cfg.scale_rewards} gives every "
          "response advantage 0 (a group of one: r − mean = 0, and nothing to scale); use --num_generations >= 2"),
@@ -363,8 +363,10 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None,
          "--sapo_temperature_pos and --sapo_temperature_neg must be > 0"),
         (cfg.loss_type == "sapo" and cfg.credit == "fipo", "--credit fipo weights DAPO's clipped surrogate: "
          "use it with --loss_type dapo, not sapo"),
+        (cfg.credit == "fipo" and (cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1), "--credit fipo and the "
+         "entropy masks (--entropy_top_ratio, --top_entropy_quantile) each replace the loss stage: give one"),
         (cfg.credit == "fipo" and cfg.beta > 0, "--credit fipo with --beta > 0: FIPO's sequence drop is known only "
-         "after the mini-batch's last backward and rescales its whole gradient (loss_rules.fipo_rescale), the k3 "
+         "after the mini-batch's last backward and rescales its whole gradient (comparisons/fipo.py), the k3 "
          "term's too, which must stay over every valid token; use --beta 0 (DelTA's runs) or another credit"),
         (cfg.fipo_decay_rate <= 0 or cfg.fipo_clip < 0 or cfg.fipo_safety_threshold <= 0, "--fipo_decay_rate and "
          "--fipo_safety_threshold must be > 0, --fipo_clip >= 0"),

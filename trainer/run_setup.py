@@ -10,16 +10,91 @@ import dataclasses
 import sys
 import time
 
+import random
+from collections import namedtuple
+
+import torch
+
+import comparisons
 from trainer import checkpoint
-from comparisons import delta_ablations
 from trainer import distributed
 import evaluate
+from trainer import grpo_config
 from trainer import policy
+from trainer import preflight
 from trainer import problems
 from trainer import recipes
+from trainer import sampler_mismatch
 from tools import report
 import rollout
 from trainer import vllm_engine
+
+# What a step works on beside its config (``prepare`` makes both once): the policy and what policy.build makes beside
+# it (``llm``: --use_vllm's engine, None: HF generate); the training problems, their order, template and stop tokens
+Actor = namedtuple("Actor", "model tokenizer optimizer ref_model llm", defaults=(None,))
+PromptSource = namedtuple("PromptSource", "dataset sampler template stop_ids")
+# What stage 7 logs of a step: the rollout as trained, rewards [N], correctness [N], the grader's results, the
+# lengths as sampled [N], Â [N] and the credit's Ã [N, T]
+StepLog = namedtuple("StepLog", "batch rewards correct graded lengths adv token_adv")
+
+
+def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
+    """The comparisons' functions into grpo.py's registries (comparisons/__init__.py) and the toy under its name
+    (toy/: --model toy, --data toy); once per process, again a no-op."""
+    import toy
+
+    toy.register()
+    comparisons.register(credit_functions, loss_stages, policy_losses)
+
+
+credit_name = comparisons.credit_name  # the flags -> a key of grpo.CREDIT_FUNCTIONS
+loss_stage_name = comparisons.loss_stage_name  # the flags -> a key of grpo.LOSS_STAGES
+sampler_correction = sampler_mismatch.correction  # the update's Ã from stage 5's, chosen once
+
+
+def build_parser(defaults: bool, loss_types: list[str]):  # grpo_config.build_parser, --loss_type the registered
+    return grpo_config.build_parser(defaults, loss_types=loss_types)
+
+
+def check_config(cfg, world: int, given, loss_types: list[str]) -> list[str]:  # grpo_config.check_config
+    return grpo_config.check_config(cfg, world, given, loss_types=loss_types)
+
+
+def masked_rollout(batch, cfg):
+    """The rollout as trained: its response_mask the loss mask (--mask_truncated_completions zeroes the responses cut
+    at the length limit; else the rollout itself)."""
+    if not cfg.mask_truncated_completions:
+        return batch
+    stopped = torch.tensor([r == "stop" for r in batch.finish_reasons], dtype=batch.response_mask.dtype)[:, None]
+    return dataclasses.replace(batch, response_mask=batch.response_mask * stopped)
+
+
+def prepare(cfg, given, world: int, loss_types: list[str]):
+    """What ``train`` does once before its loop: the recipe, the checks, the data, the run folder, the preflight, the
+    policy. Returns None (--dry_run), a finished run's summary (--resume of a run that ran its --max_steps), or
+    (cfg, run, actor, source, heldout, trainer state or None)."""
+    from tqdm import tqdm
+
+    say = tqdm.write if distributed.rank() == 0 else (lambda *a, **k: None)
+    policy.model_path(cfg.model)  # a folder that does not exist: one line before anything else is said
+    cfg = recipes.apply(cfg, given, say)
+    notes = check_config(cfg, cfg.plan_processes or world if cfg.dry_run else world, given, loss_types)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    dataset, eval_set = load_data(cfg, say)  # data first: a bad row stops the run before any model loads
+    run = open_run(cfg, distributed.rank(), say)
+    if run is not None and run.finished(cfg.max_steps):  # --resume of a run that ran its --max_steps: nothing to do
+        return run.summary()
+    # before any weights: prompts over --max_prompt_length left out, DelTA's host cache checked, the memory plan
+    dataset = preflight.check(cfg, dataset, world, notes, given, say)
+    if dataset is None:  # --dry_run: the resolved settings and the plan were printed
+        return None
+    model, tokenizer, ref_model, optimizer, llm, template, stop_ids, state, optimisations = build_policy(cfg, run, say)
+    actor = Actor(model, tokenizer, optimizer, ref_model, llm)
+    source = PromptSource(dataset, rollout.PromptSampler(len(dataset), cfg.seed), template, stop_ids)
+    heldout = HeldOut(cfg, model, tokenizer, eval_set, template, run)
+    run.start(model, {"prompt_template": template, "num_processes": world, "optimisations": optimisations})
+    return cfg, run, actor, source, heldout, state
 
 
 def load_data(cfg, say):
@@ -83,23 +158,31 @@ class HeldOut:
         return bool(self.cfg.eval_steps) and step % self.cfg.eval_steps == 0 and step < self.cfg.max_steps
 
 
-def trainer_state(sampler, credit) -> dict:  # what a checkpoint keeps beside the weights: the data order, the credit
-    return {"sampler_position": sampler.position, "cscr_threshold": float(credit.cscr_threshold),
-            "cscr_calibrated": credit.cscr_calibrated, "delta_gamma": delta_ablations.kept_gamma(credit.delta_steps)}
+def trainer_state(sampler, credit) -> dict:
+    """What a checkpoint keeps beside the weights: the data order, the credit's own state (``state_dict``: CSCR's
+    calibrated λ, DelTA's frozen γ)."""
+    return {"sampler_position": sampler.position, **credit.state_dict()}
 
 
 def restore(state, sampler, credit) -> int:
     """--resume: where the data order and the credit's state stood; returns the first step (0: a new run)."""
     if not state:
         return 0
-    sampler.position, credit.cscr_threshold, credit.cscr_calibrated = (state[k] for k in (
-        "sampler_position", "cscr_threshold", "cscr_calibrated"))
-    delta_ablations.keep_gamma(credit.delta_steps, state.get("delta_gamma"))
+    sampler.position = state["sampler_position"]
+    credit.load_state_dict(state)
     return state["step"]
 
 
-def run_steps(cfg, run, start_step, heldout, train_step, save_checkpoint, label) -> dict:
-    """The loop: ``train_step(step)`` from ``start_step`` to --max_steps under a progress bar (its name ``label``),
+def save_checkpoint(run, step: int, actor, source, credit) -> None:  # checkpoint-<step>/: weights, AdamW, state
+    run.save_checkpoint(step, actor.model, actor.tokenizer, actor.optimizer, trainer_state(source.sampler, credit))
+
+
+def finish_run(cfg, run, summary, actor, source, credit) -> None:  # ``finish`` with the trainer's state at the end
+    finish(run, actor, summary, {"step": cfg.max_steps, **trainer_state(source.sampler, credit)})
+
+
+def run_steps(cfg, run, start_step, heldout, train_step, save_checkpoint) -> dict:
+    """The loop: ``train_step(step)`` from ``start_step`` to --max_steps under a progress bar (``comparisons.label``),
     the held-out evaluation before, on --eval_steps and after, a checkpoint every --save_steps
     (``save_checkpoint(step)``). A run stopped before its first step leaves nothing that blocks the rerun; Ctrl-C raises
     KeyboardInterrupt with one line on what the folder holds and what next. Returns {before, after, last_step}."""
@@ -108,8 +191,8 @@ def run_steps(cfg, run, start_step, heldout, train_step, save_checkpoint, label)
     last, started, bar = {}, False, None
     try:
         first_eval = heldout(0) if start_step == 0 else run.logged_eval(0)  # a resumed run logged it already
-        bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{label}]", dynamic_ncols=True, initial=start_step,
-                   total=cfg.max_steps, **({} if distributed.rank() == 0 else {"disable": True}))
+        bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{comparisons.label(cfg)}]", dynamic_ncols=True,
+                   initial=start_step, total=cfg.max_steps, **({} if distributed.rank() == 0 else {"disable": True}))
         for step in bar:
             with policy.oom_guard(f"step {step + 1}"):
                 last = train_step(step)
@@ -171,9 +254,13 @@ def step_peak() -> dict:  # this step's peak host RSS (and GPU memory), the larg
     return {k: max(p[k] for p in peaks) for k in peaks[0]}
 
 
-def log_step(run, step, cfg, batch, rewards, correct, graded_counts, lengths, update, credit_stats, times) -> dict:
+def log_step(run, step, cfg, logged: StepLog, update, credit_stats, times) -> dict:
     """metrics.jsonl's line of a step (pooled over processes): ``update`` = policy_update's (Σ losses, grad norms,
     statistic sums, skipped); ``times`` = (the step's start, the rollout's seconds)."""
+    import verify
+
+    batch, rewards, correct, lengths = logged.batch, logged.rewards, logged.correct, logged.lengths
+    graded_counts = verify.summarize(logged.graded)
     loss_sum, grad_norms, agg, skipped = update
     no_signal = agg.pop("no_signal", 0.0)  # no update: its statistics 0.0 (policy_update)
     return run.log_step(step + 1, cfg.num_generations, rewards, correct if cfg.overlong_buffer_len else None, lengths,
@@ -197,15 +284,24 @@ def rollout_batch(step, cfg, actor, source):
     return batch, answers, time.time() - t0
 
 
-def write_samples(run, step, cfg, tokenizer, batch, rewards, adv, token_adv, credit, loss_weights) -> None:
-    """samples/ every --logging_steps (the main process): each token's credit Ã / Â (× the loss's own factor, where a
-    rule has one) and the credit's weights, for --num_samples_to_log responses."""
+def write_samples(run, step, cfg, tokenizer, logged: StepLog, update) -> None:
+    """samples/ every --logging_steps (the main process): each token's credit Ã / Â (where Â = 0: DelTA's λ̄, else
+    1; × the loss's own factor, where a comparison's loss stage has one) and the credit's per-token values, for
+    --num_samples_to_log responses."""
     if distributed.rank() != 0 or not cfg.logging_steps or (step + 1) % cfg.logging_steps:
         return
-    token_credit = credit.token_credit(adv, token_adv)
-    run.write_samples(step + 1, tokenizer, batch, rewards, adv, token_adv,
-                      token_credit if loss_weights is None else token_credit * loss_weights, credit.token_weights,
-                      min(cfg.num_samples_to_log, len(batch.texts) // cfg.num_generations))
+    token_credit = credit_shares(logged.adv, logged.token_adv, update.token_values)
+    factor = update.loss_factor
+    run.write_samples(step + 1, tokenizer, logged.batch, logged.rewards, logged.adv, logged.token_adv,
+                      token_credit if factor is None else token_credit * factor, update.token_values,
+                      min(cfg.num_samples_to_log, len(logged.batch.texts) // cfg.num_generations))
+
+
+def credit_shares(adv, token_adv, token_values):
+    """Each token's credit Ã / Â ``[N, T]`` for samples/ (where Â = 0: DelTA's λ̄, else 1)."""
+    share = token_adv / torch.where(adv == 0, 1.0, adv).to(token_adv.dtype)[:, None]
+    fill = token_values.get("lambda_bar", torch.ones_like(share))
+    return torch.where((adv == 0)[:, None], fill.to(share.dtype), share)
 
 
 def run_command(train, cfg, given) -> None:

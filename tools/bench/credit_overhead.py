@@ -21,7 +21,7 @@ slow drift of the machine's load hits every row alike; an untimed warm-up round 
 
 Where each rule's cost lives: DelTA's variants (the top-K proxy too: v from h and the LM head) and CSCR's in the
 credit hook (``grpo.Credit.__call__``, timed on its own below); SAPO, FIPO and Forking Tokens in the policy update
-(their losses and weights in ``grpo.backward_minibatch``; Forking Tokens' default mini-batch entropy pool adds one
+(their losses and weights in ``grpo.LOSS_STAGES``; Forking Tokens' default mini-batch entropy pool adds one
 no-grad forward per mini-batch), so for them the credit-hook column shows GRPO's broadcast and the whole step's
 seconds carry the difference.
 

@@ -20,7 +20,7 @@ What it does (no download, no generation, one process, about two minutes on one 
              cscr:  ``cscr.condition_logprobs`` on prompt-variant token ids (the prompt + a "correct" or an
                     "incorrect" note of 24 random tokens: the two conditioned passes, tokenizer-free) and
                     ``cscr.cscr_token_advantages``, ``cscr.cscr_stats``
-     update  ``grpo.policy_update`` -> ``backward_minibatch`` (micro-batches with the whole-mini-batch
+     update  ``grpo.policy_update`` -> ``minibatch_backward`` (micro-batches with the whole-mini-batch
              normaliser, gradient checkpointing) -> clip -> AdamW (``policy.build_optimizer``)
    after one untimed-for-the-table warm-up GRPO step (CUDA context, cuBLAS, allocator growth).
 6. Then the same model without adapters (``unload``), every weight trainable (full fine-tuning, bfloat16
@@ -258,7 +258,8 @@ def train_step(model, optimizer, batch, credit_name, cfg):
     t2 = time.time()
     watch = [p for p in model.parameters() if p.requires_grad][-2:]  # e.g. the last adapter's A and B
     before = [p.detach().float().clone() for p in watch]
-    loss_sum, grad_norms, agg, skipped = grpo.policy_update(model, optimizer, batch, theta_old, token_adv, cfg, step=0)
+    loss_sum, grad_norms, agg, skipped = grpo.policy_update(
+        model, optimizer, grpo.Update(batch, theta_old, token_adv, batch.response_mask, {}), cfg, step=0)
     _sync()
     t["update"] = time.time() - t2
     t["total"] = time.time() - t0

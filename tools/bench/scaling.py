@@ -166,7 +166,7 @@ def update_only(spec: dict) -> dict:
             old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden(), None,
                                     training_forward=grpo.can_update_on_policy(cfg, N, False))
             token_adv, _ = credit(model, batch, adv, old, None)
-            grpo.policy_update(model, optimizer, batch, old, token_adv, cfg, step)
+            grpo.policy_update(model, optimizer, grpo.Update(batch, old, token_adv, batch.response_mask, {}), cfg, step)
             times.append(time.perf_counter() - t0)
     return {"padding_free": spec["padding_free"], "shared_prompt": spec["shared_prompt"], "seconds": times,
             "response_tokens": int(mask.sum()), "padded_response_tokens": N * T, "batch_shape": [N, P + T],

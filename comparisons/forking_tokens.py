@@ -1,0 +1,122 @@
+"""Forking Tokens (docs/specs/baselines.md §3): grpo.py's loss stage on the top ⌈ρn⌉ valid tokens by the current
+policy's entropy (--entropy_top_ratio, its code: the kept tokens' mean) or on those at or above the quantile 1 − ρ
+(--top_entropy_quantile, TRL: ℓ × the mask, every valid token in the normaliser). The pool (--entropy_pool): the
+mini-batch (one no-grad entropy pass before the first backward: ``forking_backward``) or each micro-batch (its own
+forward's entropies: ``forking_micro_backward``). Each is ``grpo.minibatch_backward`` with its change; the k3 term
+(--beta > 0) stays over every valid token (Forking Tokens' code adds verl's kl_loss = agg_loss(k3, response_mask))."""
+
+from __future__ import annotations
+
+import torch
+
+import grpo
+from comparisons import baselines
+from trainer import distributed, policy
+
+STATS = ("forking/kept_frac",)
+
+
+def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
+    loss_stages["forking"] = grpo.LossStage(forking_backward, STATS)
+    loss_stages["forking_micro"] = grpo.LossStage(forking_micro_backward, STATS, reuses_old_forward=False)
+
+
+def picked_tokens(entropy, valid, cfg):  # the tokens of the rule among ``valid`` [b, t] bool
+    return baselines.forking_mask(entropy, valid, cfg.entropy_top_ratio, cfg.top_entropy_quantile)
+
+
+@torch.no_grad()
+def minibatch_pool(model, batch, rows, cfg):
+    """The rule over the mini-batch ``rows`` at the current θ: a no-grad pass for the entropies (the micro-batches'
+    own forwards come too late: the first one's backward needs the whole pool's ranking). Returns ``[N, T]`` bool,
+    False outside ``rows``; the entropies are [N, T] floats (N·T·4 bytes: 34 MB at 2,048 × 4,096)."""
+    dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
+    valid, entropy = batch.response_mask, torch.zeros(batch.response_mask.shape, dtype=dt)
+    for mb in policy.Passes(model, batch, rows, cfg, grad=False, entropy=True):
+        entropy[mb.rows, : mb.t] = mb.entropy.to(dt).cpu()
+    picked = torch.zeros(valid.shape, dtype=torch.bool)
+    picked[rows] = picked_tokens(entropy[rows], valid[rows], cfg)
+    model.train()
+    return picked
+
+
+def forking_backward(model, update, rows, cfg):
+    """``grpo.minibatch_backward`` on the mini-batch pool's tokens: --entropy_top_ratio, the surrogate on the picked
+    tokens and their count; --top_entropy_quantile, ℓ × the mask (on Ã: each surrogate here is 0 at Ã = 0, so
+    ℓ(m·Ã) = m·ℓ(Ã)) over every valid token's count. Returns (loss, statistic sums)."""
+    device = next(model.parameters()).device
+    settings = grpo.POLICY_LOSSES[cfg.loss_type].settings.from_config(cfg)
+    quantile = cfg.top_entropy_quantile < 1
+    picked, valid, old = minibatch_pool(model, update.batch, rows, cfg), update.loss_mask, update.old
+    mask = valid if quantile else valid * picked  # the tokens of the surrogate
+    counts = distributed.all_reduce_sum(
+        torch.tensor([mask[rows].sum().item(), valid[rows].sum().item(), float(len(rows))], dtype=torch.float64)
+    )
+    scope = grpo.LossScope(counts[0].item(), int(counts[2].item()), None, counts[1].item())
+    if update.loss_factor is None:
+        update.loss_factor = torch.zeros_like(update.token_adv)
+    passes = old.update_passes or policy.Passes(model, update.batch, rows, cfg, grad=True)
+    loss_total, sums = 0.0, {}
+    for mb in passes:
+        at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
+        adv_t, valid_t, mask_t, picked_t = at(update.token_adv), at(valid), at(mask), at(picked)
+        weight = picked_t.to(adv_t.dtype) if quantile else 1.0  # TRL: ℓ × the mask
+        update.loss_factor[mb.rows, : mb.t] = (mask_t * weight).cpu().to(update.loss_factor.dtype)
+        loss, stats = grpo.policy_loss(
+            mb.logp,
+            at(old.logp),
+            adv_t * weight,
+            mask_t,
+            settings,
+            ref_logp=at(old.ref_logp),
+            scope=scope._replace(valid_mask=valid_t),
+        )
+        loss.backward()
+        loss_total += loss.item()
+        kept = {"forking/kept_frac": float((valid_t * picked_t).sum() / valid_t.sum().clamp(min=1.0))}
+        for key, v in {**stats, **kept}.items():  # token-weighted: Σ / Σ num_tokens is the step's token-mean
+            sums[key] = sums.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
+    passes.backward_prompts()
+    return loss_total, sums
+
+
+def forking_micro_backward(model, update, rows, cfg):
+    """``grpo.minibatch_backward`` with each micro-batch's own pool (its training forward's entropies):
+    --entropy_top_ratio, the surrogate on its picked tokens, each micro-batch's mean over its picked tokens divided
+    by the number of micro-batches (Forking Tokens' code); --top_entropy_quantile, ℓ × the mask over every valid
+    token's count. Returns (loss, statistic sums)."""
+    device = next(model.parameters()).device
+    settings = grpo.POLICY_LOSSES[cfg.loss_type].settings.from_config(cfg)
+    quantile = cfg.top_entropy_quantile < 1
+    valid, old = update.loss_mask, update.old
+    counts = distributed.all_reduce_sum(torch.tensor([valid[rows].sum().item(), float(len(rows))], dtype=torch.float64))
+    n_valid, n_seq = counts[0].item(), int(counts[1].item())
+    if update.loss_factor is None:
+        update.loss_factor = torch.zeros_like(update.token_adv)
+    passes = policy.Passes(model, update.batch, rows, cfg, grad=True, entropy=True)
+    loss_total, sums = 0.0, {}
+    for mb in passes:
+        at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
+        adv_t, valid_t = at(update.token_adv), at(valid)
+        picked = picked_tokens(mb.entropy.to(valid_t.device), valid_t, cfg)
+        weight = picked.to(adv_t.dtype) if quantile else 1.0
+        mask_t = valid_t if quantile else valid_t * picked
+        # its own count: this micro-batch's picked tokens, times the micro-batches summed (Forking Tokens' code)
+        n_tok = n_valid if quantile else max(float(mask_t.sum()), 1.0) * len(passes.layout) * distributed.world_size()
+        update.loss_factor[mb.rows, : mb.t] = (mask_t * weight).cpu().to(update.loss_factor.dtype)
+        loss, stats = grpo.policy_loss(
+            mb.logp,
+            at(old.logp),
+            adv_t * weight,
+            mask_t,
+            settings,
+            ref_logp=at(old.ref_logp),
+            scope=grpo.LossScope(n_tok, n_seq, valid_t, n_valid),
+        )
+        loss.backward()
+        loss_total += loss.item()
+        kept = {"forking/kept_frac": float((valid_t * picked).sum() / valid_t.sum().clamp(min=1.0))}
+        for key, v in {**stats, **kept}.items():  # token-weighted: Σ / Σ num_tokens is the step's token-mean
+            sums[key] = sums.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
+    passes.backward_prompts()
+    return loss_total, sums

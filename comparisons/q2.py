@@ -1,0 +1,67 @@
+"""DelTA's Q2 (Sec. 5.2, docs/specs/baselines.md §6): plain DAPO (Ã = Â) on a share of the tokens ranked by DelTA's
+λ̄ (--delta_select top|bottom|random, --delta_select_fraction), chosen once per step from the credit's λ̄ (random
+with a generator seeded by the step). Two functions: the credit (``Q2Credit``: DelTA's λ̄, with any other --delta_*
+ablation, then the selection; Ã = Â) and the loss stage (``q2_backward``: grpo.py's on the selected tokens, the
+k3 term over every valid token)."""
+
+from __future__ import annotations
+
+import torch
+
+import grpo
+from comparisons import baselines, delta_ablations
+from trainer import distributed, policy
+
+
+def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
+    credit_functions["delta_q2"] = Q2Credit
+    loss_stages["q2"] = grpo.LossStage(q2_backward)
+
+
+class Q2Credit(delta_ablations.DeltaAblationCredit):
+    """DelTA's λ̄ ranks the tokens; the selected ones (``token_values["q2_selected"]`` [N, T] bool) are the loss's."""
+
+    def __call__(self, model, x: grpo.CreditInputs) -> grpo.CreditResult:
+        delta_result = super().__call__(model, x)
+        c = self.cfg
+        draw = torch.Generator().manual_seed(c.seed * 1_000_003 + x.step * 101 + distributed.rank())
+        lam_bar = delta_result.token_values["lambda_bar"]
+        selected = baselines.select_tokens(lam_bar, x.loss_mask, c.delta_select_fraction, c.delta_select, draw)
+        stats = {**delta_result.stats, "delta/selected_frac": float(selected.sum() / x.loss_mask.sum())}
+        return grpo.CreditResult(x.adv[:, None] * x.loss_mask, stats, {"lambda_bar": lam_bar, "q2_selected": selected})
+
+
+def q2_backward(model, update, rows, cfg):
+    """``grpo.minibatch_backward`` with the surrogate on the selected tokens (and their count). Returns (loss,
+    statistic sums)."""
+    device = next(model.parameters()).device
+    settings = grpo.POLICY_LOSSES[cfg.loss_type].settings.from_config(cfg)
+    valid, old = update.loss_mask, update.old
+    mask = valid * update.token_values["q2_selected"]  # the tokens of the surrogate
+    counts = distributed.all_reduce_sum(
+        torch.tensor([mask[rows].sum().item(), valid[rows].sum().item(), float(len(rows))], dtype=torch.float64)
+    )
+    scope = grpo.LossScope(counts[0].item(), int(counts[2].item()), None, counts[1].item())
+    if update.loss_factor is None:
+        update.loss_factor = torch.zeros_like(update.token_adv)
+    passes = old.update_passes or policy.Passes(model, update.batch, rows, cfg, grad=True)
+    loss_total, sums = 0.0, {}
+    for mb in passes:
+        at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
+        mask_t = at(mask)
+        update.loss_factor[mb.rows, : mb.t] = mask_t.cpu().to(update.loss_factor.dtype)
+        loss, stats = grpo.policy_loss(
+            mb.logp,
+            at(old.logp),
+            at(update.token_adv),
+            mask_t,
+            settings,
+            ref_logp=at(old.ref_logp),
+            scope=scope._replace(valid_mask=at(valid)),
+        )
+        loss.backward()
+        loss_total += loss.item()
+        for key, v in stats.items():  # token-weighted: Σ / Σ num_tokens is the step's token-mean
+            sums[key] = sums.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
+    passes.backward_prompts()
+    return loss_total, sums
