@@ -854,7 +854,7 @@ OLD_CASES = {"default": {}, "K=0": {"K": 0}, "K=2": {"K": 2}, "garbage_padding":
              "raw": {"coefficients": "raw"}, "no_normalize": {"normalize": False}, "topk_proxy": {}}
 
 
-def recorded_steps(kw):
+def former_steps(kw):
     """The former call's keywords (delta.py at 71d7a89) as today's call: K and the λ range as they were, each
     ablation keyword as the step delta_ablations.py swaps in."""
     swaps = {"scores": ("score", delta_ablations.within_side_scores),
@@ -892,7 +892,7 @@ def test_float32_lambda_bar_is_bit_identical_to_the_former_code(case, how):
         _, old_stats = OLD_DELTA.delta_coefficients(v, adv, mask, return_stats=True)
         old_kw["gamma"] = (old_stats["delta/gamma0_pos"], old_stats["delta/gamma0_neg"])
     want, want_stats = OLD_DELTA.delta_coefficients(v, adv, mask, return_stats=True, **old_kw)
-    kw = recorded_steps(old_kw)
+    kw = former_steps(old_kw)
     if how == "tensor":
         lam_bar, stats = delta_coefficients(v, adv, mask, return_stats=True, **kw)
     else:
