@@ -1,5 +1,6 @@
 """Shared fixtures: the toy model (warmed up, cached) and a tiny random toy model (fast)."""
 
+import math
 import sys
 from pathlib import Path
 
@@ -180,3 +181,35 @@ def backward(model, batch, old, token_adv, rows, cfg, selected=None):
                          {"q2_selected": selected})
     loss, stats = grpo.LOSS_STAGES[run_setup.loss_stage_name(cfg)].backward(model, update, rows, cfg)
     return loss, stats, batch.response_mask.clone() if update.loss_factor is None else update.loss_factor
+
+
+@pytest.fixture(scope="session")
+def fipo_by_hand():
+    """``fipo_by_hand(delta, adv, mask, decay_rate=32, clip=0.2, safety=10, c=10)``: FIPO's weight f and kept mask
+    [B, T] (float64; f = 1 on padding, kept = mask without the dropped responses), docs/specs/baselines.md §5 read
+    literally, one token at a time in Python floats (not baselines.py's scan): Δ_t = clamp(Δ, ±20),
+    F_t = Σ_{k ≥ t} γ^{k−t} m_k 1[Δ_k ≤ log c] Δ_k with γ = 2^{−1/decay_rate}, f_t = clip(exp F_t, 1, 1 + clip),
+    then clip(f_t, 0.8, 1) where Â_i < 0 and r_t = exp Δ_t > safety; a response with more than one valid token with
+    Â_i < 0 and r_t > c (the dual clip active) is dropped. ``adv``: Â [B] or Ã [B, T] (its sign per row)."""
+
+    def by_hand(delta, adv, mask, decay_rate=32.0, clip=0.2, safety=10.0, c=10.0):
+        gamma = 2.0 ** (-1.0 / decay_rate)
+        B, T = delta.shape
+        f = torch.ones(B, T, dtype=torch.float64)
+        kept = torch.as_tensor(mask, dtype=torch.float64).clone()
+        for i in range(B):
+            row = adv[i] if adv.dim() == 1 else adv[i][mask[i] > 0]  # Â, or Ã on the valid tokens (Â's sign)
+            a = float(row.reshape(-1)[0]) if row.numel() else 0.0
+            d = [min(max(float(delta[i, t]), -20.0), 20.0) for t in range(T)]
+            valid = [bool(mask[i, t]) for t in range(T)]
+            for t in range(T):
+                F = sum(gamma ** (k - t) * d[k] for k in range(t, T) if valid[k] and d[k] <= math.log(c))
+                w = min(max(math.exp(F), 1.0), 1.0 + clip)
+                if a < 0 and math.exp(d[t]) > safety:
+                    w = min(max(w, 0.8), 1.0)
+                f[i, t] = w if valid[t] else 1.0
+            if sum(valid[t] and a < 0 and math.exp(d[t]) > c for t in range(T)) > 1:
+                kept[i] = 0.0
+        return f, kept
+
+    return by_hand

@@ -1,14 +1,17 @@
 """cscr.py and cscr_ablations.py give, bit for bit, what cscr.py gave before the ablations moved beside it.
 
-tests/data/cscr_reference.pt holds random float32 and float64 inputs (8 rows of 6 tokens: padding with -inf / NaN
-garbage, a row with Â = 0, a row whose every weight underflows at α = 30) and what the old keyword API (commit
-71d7a89, ``cscr_token_advantages(..., threshold=, alpha=, w_min=, mode=, weight=, scope=, group_size=, sign_eps=,
-sign_mix=, return_stats=True)``) returned for the default and for every option and ablation: Ã, the logged stats,
-s of each mode, log w and w of each weight map, and λ at q = 0.8.  Each case keeps its old keywords; ``call`` says
-how the same run is asked for now (the ablations by their flag's name through ``cscr_ablations.choose``, as grpo.py
-does).  The arithmetic did not change, so the comparison is ``torch.equal`` (and == for the stats).
+The former code runs here, beside today's, on the same torch kernels: tests/frozen/cscr_71d7a89.py is cscr.py at
+commit 71d7a89 byte for byte (tests/frozen/README.md), with its keyword API (``cscr_token_advantages(...,
+threshold=, alpha=, w_min=, mode=, weight=, scope=, group_size=, sign_eps=, sign_mix=, return_stats=True)``).
+Bits recorded on another CPU would not do: torch's kernel sets (ATEN_CPU_CAPABILITY) round exp and sums differently.
+The inputs: random float32 and float64 tensors (8 rows of 6 tokens: padding with -inf / NaN garbage, a row with
+Â = 0, a row whose every weight underflows at α = 30). Each case keeps its old keywords; ``call`` says how the same
+run is asked for now (the ablations by their flag's name through ``cscr_ablations.choose``, as grpo.py does).
+Compared: Ã, the logged stats, s of each mode, log w and w of each weight map, and λ at q = 0.8. The arithmetic did
+not change, so the comparison is ``torch.equal`` (and == for the stats).
 """
 
+import math
 import sys
 from pathlib import Path
 
@@ -20,9 +23,41 @@ sys.path.insert(0, str(ROOT))
 
 import cscr  # noqa: E402
 from comparisons import cscr_ablations  # noqa: E402
+from frozen import frozen_sha256, load_frozen  # noqa: E402  tests/frozen/ (pytest puts tests/ on sys.path)
 
-REF = torch.load(ROOT / "tests" / "data" / "cscr_reference.pt", weights_only=True)
-DTYPES = ("float32", "float64")
+OLD = load_frozen("cscr_71d7a89")
+DTYPES = (torch.float32, torch.float64)
+CASES = [("default", {}), ("threshold_0.5", {"threshold": 0.5}), ("alpha_0", {"alpha": 0.0}),
+         ("alpha_3", {"alpha": 3.0}), ("alpha_30", {"alpha": 30.0}), ("floor", {"alpha": 4.0, "w_min": 0.1}),
+         ("mean", {"mode": "mean"}), ("common", {"mode": "common"}), ("exp_abs", {"weight": "exp_abs", "alpha": 2.0}),
+         ("inverse", {"weight": "inverse", "alpha": 2.0, "w_min": 0.3}), ("upweight", {"weight": "upweight"}),
+         ("upweight_60", {"weight": "upweight", "alpha": 60.0, "w_min": 0.5}), ("sign_aware", {"weight": "sign_aware"}),
+         ("sign_aware_args", {"weight": "sign_aware", "sign_eps": 0.1, "sign_mix": 0.3, "w_min": 0.95, "mode": "mean"}),
+         ("group", {"scope": "group", "group_size": 4}), ("batch", {"scope": "batch"}),
+         ("group_alpha_30", {"scope": "group", "group_size": 2, "alpha": 30.0}),
+         ("upweight_group", {"weight": "upweight", "scope": "group", "group_size": 4}),
+         ("sign_aware_batch", {"weight": "sign_aware", "scope": "batch"}),
+         ("inverse_batch", {"weight": "inverse", "scope": "batch", "mode": "common", "threshold": 0.1})]
+WEIGHT_CASES = [("exp", 1.0, 0.0), ("exp", 5.0, 0.5), ("exp_abs", 2.0, 0.0), ("inverse", 2.0, 0.0),
+                ("upweight", 1.0, 0.0)]  # (weight map, α, w_min) of credit_log_weights / credit_weights
+
+
+def inputs(dtype):
+    """Ã's inputs in ``dtype``, drawn in float64: Â [8], ℓ0, ℓ+, ℓ− [8, 6], the bool mask [8, 6]."""
+    B, T = 8, 6
+    g = torch.Generator().manual_seed(39)
+    mask = torch.arange(T)[None] < torch.tensor([6, 4, 6, 1, 5, 6, 3, 6])[:, None]
+    lp0 = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
+    lp_pos = lp0 + torch.randn(B, T, generator=g, dtype=torch.float64)
+    lp_neg = lp0 + 0.8 * torch.randn(B, T, generator=g, dtype=torch.float64)
+    lp_pos[5] = lp0[5] - 40 - torch.rand(T, generator=g, dtype=torch.float64)  # row 5: every w underflows at α 30
+    lp0[~mask] = -math.inf  # garbage on padding
+    lp_pos[~mask] = -math.inf
+    lp_neg[~mask] = math.nan
+    adv = torch.randn(B, generator=g, dtype=torch.float64)
+    adv[2] = 0.0  # a row without credit
+    x = {"adv": adv, "old_logp": lp0, "lp_pos": lp_pos, "lp_neg": lp_neg}
+    return {**{k: v.to(dtype) for k, v in x.items()}, "mask": mask}
 
 
 def call(x, old_keywords, return_stats=True):
@@ -37,42 +72,60 @@ def call(x, old_keywords, return_stats=True):
 
 
 # Issue #44 gave exp_abs and inverse the spec §5 forms, w = exp(−α·s) and 1 / (1 + α·s), without the threshold the
-# recorded ones had (tests/test_cscr.py checks them by hand).  exp_abs's recorded inputs have every valid s above λ,
-# where its two forms agree, so it is still compared; the recorded cases of inverse are not.
-CHANGED_MAPS = ("inverse",)
+# former ones had (tests/test_cscr.py checks them by hand): the former code's cases of those two maps are not compared.
+CHANGED_MAPS = ("exp_abs", "inverse")
 
 
-def test_the_fixture_covers_every_option_and_ablation():
-    used = {(k, str(v)) for _, kw in REF["cases"] for k, v in kw.items()}
+def test_the_frozen_cscr_is_the_commits_file():
+    """tests/frozen/cscr_71d7a89.py is `git show 71d7a89:cscr.py`, unedited (its SHA-256 as README.md states)."""
+    assert frozen_sha256("cscr_71d7a89") == "fd3d38c519222b23992642399ac5c13806affae1e9db961d4ecb2f632ec533b5"
+
+
+def test_the_cases_cover_every_option_and_ablation():
+    used = {(k, str(v)) for _, kw in CASES for k, v in kw.items()}
     for key, values in {"weight": ("exp_abs", "inverse", "upweight", "sign_aware"), "scope": ("group", "batch"),
                         "mode": ("mean", "common")}.items():
         assert {(key, v) for v in values} <= used
     assert {"alpha", "w_min", "threshold", "sign_eps", "sign_mix"} <= {k for k, _ in used}
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_inputs_hold_what_the_cases_need():
+    for dtype in DTYPES:
+        x = inputs(dtype)
+        a = cscr.cscr_token_advantages(x["adv"], x["old_logp"], x["lp_pos"], x["lp_neg"], x["mask"], 0.2,
+                                       cscr.Settings(alpha=30.0))
+        assert torch.all(a[2] == 0) and bool(torch.isnan(x["lp_neg"][~x["mask"]]).all())
+        assert torch.all(torch.exp(-30.0 * (x["old_logp"][5] - x["lp_pos"][5] - 0.2)) == 0)  # row 5 underflows
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_token_advantages_and_stats_are_bit_identical(dtype):
-    x = REF["inputs"][dtype]
-    for k, (name, kw) in enumerate(REF["cases"]):
+    x = inputs(dtype)
+    for name, kw in CASES:
         if kw.get("weight") in CHANGED_MAPS:
             continue
         token_adv, stats = call(x, kw)
-        assert token_adv.dtype == REF["token_adv"][dtype][k].dtype, name
-        assert torch.equal(token_adv, REF["token_adv"][dtype][k]), name
+        want, want_stats = OLD.cscr_token_advantages(x["adv"], x["old_logp"], x["lp_pos"], x["lp_neg"], x["mask"],
+                                                     return_stats=True, **kw)
+        assert token_adv.dtype == want.dtype == dtype, name
+        assert torch.equal(token_adv, want), name
         assert torch.equal(call(x, kw, return_stats=False), token_adv), name
-        assert stats == REF["stats"][dtype][k], name
+        assert stats == want_stats, name
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_sensitivity_weights_and_threshold_are_bit_identical(dtype):
-    x = REF["inputs"][dtype]
-    s = [cscr.sensitivity(x["old_logp"], x["lp_pos"], x["lp_neg"], x["mask"], mode=m) for m in ("max", "mean", "common")]
-    assert torch.equal(torch.stack(s), REF["sensitivity"][dtype])
-    for k, (weight, alpha, w_min) in enumerate(REF["weight_cases"]):
+    x = inputs(dtype)
+    logps = (x["old_logp"], x["lp_pos"], x["lp_neg"], x["mask"])
+    for mode in ("max", "mean", "common"):
+        assert torch.equal(cscr.sensitivity(*logps, mode=mode), OLD.sensitivity(*logps, mode=mode)), mode
+    s = cscr.sensitivity(*logps)
+    for weight, alpha, w_min in WEIGHT_CASES:
         if weight in CHANGED_MAPS:
             continue
         settings = cscr_ablations.choose(weight, alpha=alpha, w_min=w_min)  # the map, or the up-weighting ablation
-        log_w = cscr.credit_log_weights(x["adv"], x["old_logp"], x["lp_pos"], x["lp_neg"], x["mask"], 0.2, settings)
-        assert torch.equal(log_w, REF["log_weights"][dtype][k])
-        assert torch.equal(torch.where(x["mask"], torch.exp(log_w), 0.0), REF["weights"][dtype][k])
-    assert cscr.calibrate_threshold(s[0], x["mask"], 0.8) == REF["threshold_q0.8"][dtype]
+        log_w = cscr.credit_log_weights(x["adv"], *logps, 0.2, settings)
+        assert torch.equal(log_w, OLD.credit_log_weights(s, 0.2, alpha, w_min, weight)), weight
+        assert torch.equal(torch.where(x["mask"], torch.exp(log_w), 0.0),
+                           OLD.credit_weights(s, x["mask"], 0.2, alpha, w_min, weight)), weight
+    assert cscr.calibrate_threshold(s, x["mask"], 0.8) == OLD.calibrate_threshold(s, x["mask"], 0.8)

@@ -20,6 +20,7 @@ from delta import (  # noqa: E402
     delta_token_advantages,
     proxy_vectors,
 )
+from frozen import frozen_sha256, load_frozen  # noqa: E402  tests/frozen/ (pytest puts tests/ on sys.path)
 
 F64 = torch.float64
 
@@ -842,11 +843,35 @@ def test_bounded_coefficients_map_alpha_into_the_range():
 # ----------------------------------------------------------------------------------------------------
 # One implementation: the in-memory call is the one-chunk case, bit for bit as the former in-memory code
 # ----------------------------------------------------------------------------------------------------
-BITS = torch.load(Path(__file__).parent / "data" / "delta_float32_bits.pt")  # tests/data/README.md
+# The former code is run here, on this machine's kernels: tests/frozen/delta_71d7a89.py is delta.py at commit 71d7a89
+# byte for byte (tests/frozen/README.md), before its two implementations were merged. Bits recorded on another CPU
+# would not do: torch's kernel sets (ATEN_CPU_CAPABILITY) round float32 sums differently, by an ulp here and there.
+OLD_DELTA = load_frozen("delta_71d7a89")
 
 
-def recorded_steps(kw):
-    """The recorded call's keywords (delta.py at 71d7a89) as today's call: K and the λ range as they were, each
+def float32_inputs():
+    """8 responses (two groups of 4, GRPO's Â in float32), 6 positions, H = 5, a vocabulary of 11: θ_old's h with
+    NaN on padding, log-probs, the mask, an LM head W and token ids."""
+    g = torch.Generator().manual_seed(43)
+    mask = torch.arange(6)[None] < torch.tensor([6, 4, 5, 2, 6, 3, 6, 1])[:, None]
+    h = torch.randn(8, 6, 5, generator=g, dtype=F64).float()
+    h[~mask] = math.nan  # garbage on padding
+    logp = (-8 * torch.rand(8, 6, generator=g, dtype=F64)).float()
+    adv = grpo_advantages([1, 0, 0, 1, 1, 1, 0, 1], [0] * 4 + [1] * 4).float()
+    return {"h": h, "logp": logp, "mask": mask, "adv": adv, "W": torch.randn(11, 5, generator=g, dtype=F64).float(),
+            "ids": torch.randint(11, (8, 6), generator=g)}
+
+
+# each case: the former call's keywords (delta.py at 71d7a89); "garbage_padding" and "topk_proxy" change v
+OLD_CASES = {"default": {}, "K=0": {"K": 0}, "K=2": {"K": 2}, "garbage_padding": {},
+             "lam_0.5_1.5": {"lam_min": 0.5, "lam_max": 1.5}, "within_side": {"scores": "within_side"},
+             "hard": {"assignment": "hard"}, "hard_K=2": {"assignment": "hard", "K": 2},
+             "fixed_gamma0_K=2": {"gamma": "gamma0", "K": 2}, "fixed_gamma": {"gamma": (0.05, 0.2)},
+             "raw": {"coefficients": "raw"}, "no_normalize": {"normalize": False}, "topk_proxy": {}}
+
+
+def former_steps(kw):
+    """The former call's keywords (delta.py at 71d7a89) as today's call: K and the λ range as they were, each
     ablation keyword as the step delta_ablations.py swaps in."""
     swaps = {"scores": ("score", delta_ablations.within_side_scores),
              "assignment": ("assign", delta_ablations.hard_assignment),
@@ -858,34 +883,48 @@ def recorded_steps(kw):
     return {**{key: kw[key] for key in ("K", "lam_min", "lam_max") if key in kw}, "steps": delta.DeltaSteps(**steps)}
 
 
+def test_the_frozen_delta_is_the_commits_file():
+    """tests/frozen/delta_71d7a89.py is `git show 71d7a89:delta.py`, unedited (its SHA-256 as README.md states)."""
+    assert frozen_sha256("delta_71d7a89") == "21f1b5ad12206a763ba7ae8d0b9f025513eb3ea356db25bb16a33a9262d00248"
+
+
 @pytest.mark.parametrize("how", ["tensor", "one-chunk list", "one-chunk callable"])
-@pytest.mark.parametrize("case", list(BITS["cases"]))
-def test_float32_lambda_bar_is_bit_identical_to_the_recorded_one(case, how):
+@pytest.mark.parametrize("case", list(OLD_CASES))
+def test_float32_lambda_bar_is_bit_identical_to_the_former_code(case, how):
     """float32 λ̄ and every statistic (what metrics.jsonl logs) equal, bit for bit, what the in-memory
-    delta_coefficients of 71d7a89 returned on the same inputs, for the default, K = 0 and 2, garbage on padding, a
-    λ range, each ablation and the top-K proxy; as a [B, T, H] tensor and as one chunk (a list, a callable)."""
-    x = BITS["inputs"]
+    delta_coefficients of 71d7a89 returns on the same inputs, run here, for the default, K = 0 and 2, garbage on
+    padding, a λ range, each ablation and the top-K proxy; as a [B, T, H] tensor and as one chunk (a list, a
+    callable)."""
+    x = float32_inputs()
     h, logp, mask, adv = x["h"], x["logp"], x["mask"], x["adv"]
-    assert h.dtype == torch.float32 and adv.dtype == torch.float32
     v = proxy_vectors(h, logp, mask)
+    assert torch.equal(v, OLD_DELTA.proxy_vectors(h, logp, mask))
     v = {"garbage_padding": torch.where(mask[..., None], v, torch.full_like(v, 3.0)),
          "topk_proxy": delta_ablations.topk_proxy_vectors(torch.nan_to_num(h), x["ids"], mask, x["W"], 3)}.get(case, v)
-    want, kw = BITS["cases"][case], recorded_steps(BITS["cases"][case]["kw"])
+    if case == "topk_proxy":
+        assert torch.equal(v, OLD_DELTA.topk_proxy_vectors(torch.nan_to_num(h), x["ids"], mask, x["W"], 3))
+    old_kw = dict(OLD_CASES[case])
+    if old_kw.get("gamma") == "gamma0":  # this batch's own γ⁽⁰⁾, frozen
+        _, old_stats = OLD_DELTA.delta_coefficients(v, adv, mask, return_stats=True)
+        old_kw["gamma"] = (old_stats["delta/gamma0_pos"], old_stats["delta/gamma0_neg"])
+    want, want_stats = OLD_DELTA.delta_coefficients(v, adv, mask, return_stats=True, **old_kw)
+    kw = former_steps(old_kw)
     if how == "tensor":
         lam_bar = delta_coefficients(v, adv, mask, **kw)
         stats = with_stats(v, adv, mask, **kw)[1]
     else:
         chunks = [(v, adv, mask)]
         (lam_bar,), stats = chunks_with_stats(chunks if how == "one-chunk list" else (lambda: iter(chunks)), **kw)
-    assert lam_bar.dtype == torch.float32 and torch.equal(lam_bar, want["lam_bar"])
-    assert {k: s for k, s in stats.items() if s == s} == {k: s for k, s in want["stats"].items() if s == s}
-    assert {k for k, s in stats.items() if s != s} == {k for k, s in want["stats"].items() if s != s}  # NaNs
+    assert lam_bar.dtype == torch.float32 and torch.equal(lam_bar, want)
+    assert {k: s for k, s in stats.items() if s == s} == {k: s for k, s in want_stats.items() if s == s}
+    assert {k for k, s in stats.items() if s != s} == {k for k, s in want_stats.items() if s != s}  # NaNs
 
 
-def test_random_coefficients_float32_bit_identical_to_the_recorded_draw():
-    x = BITS["inputs"]
+def test_random_coefficients_float32_bit_identical_to_the_former_draw():
+    x = float32_inputs()
     lam_bar = delta_ablations.random_coefficients(x["adv"], x["mask"], generator=torch.Generator().manual_seed(5))
-    assert torch.equal(lam_bar, BITS["random"])
+    want = OLD_DELTA.random_coefficients(x["adv"], x["mask"], generator=torch.Generator().manual_seed(5))
+    assert lam_bar.dtype == torch.float32 and torch.equal(lam_bar, want)
 
 
 def test_delta_py_budgets_and_imports():

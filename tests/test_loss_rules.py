@@ -85,25 +85,32 @@ def _fipo_loss(logp, old, adv, mask, num_tokens):
     return float(loss), f, kept, {"fipo/dropped_frac": float((mask - kept).sum() / mask.sum())}
 
 
-def test_fipo_example_a_and_its_first_mini_batch():
+def test_fipo_example_a_and_its_first_mini_batch(fipo_by_hand):
     """§5: token-mean −0.0980852254 with f = [[1, 1, 1.0512710964], [1.1075416105, 1]]; at Δ ≡ 0, f ≡ 1 and the loss
-    is DAPO's at r = 1, −0.1414211562."""
+    is DAPO's at r = 1, −0.1414211562. conftest's ``fipo_by_hand`` gives the spec's f too."""
     loss, f, kept, _ = _fipo_loss(OLD + DLOGP, OLD, ADV, MASK, 5)
     assert loss == pytest.approx(-0.0980852254, abs=TOL)
-    torch.testing.assert_close(f * MASK, torch.tensor([[1, 1, 1.0512710964], [1.1075416105, 1, 0]], dtype=D),
-                               rtol=0, atol=1e-9)
+    spec_f = torch.tensor([[1, 1, 1.0512710964], [1.1075416105, 1, 0]], dtype=D)
+    torch.testing.assert_close(f * MASK, spec_f, rtol=0, atol=1e-9)
     assert torch.equal(kept, MASK)
+    f_hand, kept_hand = fipo_by_hand(DLOGP, ADV, MASK)
+    torch.testing.assert_close(f_hand * MASK, spec_f, rtol=0, atol=1e-9)
+    assert torch.equal(kept_hand, MASK)
     loss0, f0, _, _ = _fipo_loss(OLD, OLD, ADV, MASK, 5)
     assert torch.equal(f0 * MASK, MASK) and loss0 == pytest.approx(-0.1414211562, abs=TOL)
 
 
-def test_fipo_safety_and_sequence_drop(loss_stage):
+def test_fipo_safety_and_sequence_drop(loss_stage, fipo_by_hand):
     """§5: Â = −1, log-ratios [log 12, 0.3, 0.1]: f = [1.0 (safety), 1.2, 1.1051709181], losses [10 (dual clip),
     1.6198305691, 1.2214027582], mean 4.2804111091; with [log 12, log 12, 0.1] the response is dropped: loss 0;
     beside a kept response the trainer's stage removes it from the numerator and the denominator."""
     old, adv, mask = torch.zeros(1, 3, dtype=D), torch.tensor([-1.0], dtype=D), torch.ones(1, 3, dtype=D)
     loss, f, kept, _ = _fipo_loss(torch.tensor([[math.log(12), 0.3, 0.1]], dtype=D), old, adv, mask, 3)
     torch.testing.assert_close(f, torch.tensor([[1.0, 1.2, 1.1051709181]], dtype=D), rtol=0, atol=1e-9)
+    f_hand, kept_hand = fipo_by_hand(torch.tensor([[math.log(12), 0.3, 0.1]], dtype=D), adv, mask)
+    torch.testing.assert_close(f_hand, torch.tensor([[1.0, 1.2, 1.1051709181]], dtype=D), rtol=0, atol=1e-9)
+    assert torch.equal(kept_hand, mask)
+    assert fipo_by_hand(torch.tensor([[math.log(12), math.log(12), 0.1]], dtype=D), adv, mask)[1].sum() == 0
     assert loss == pytest.approx(4.2804111091, abs=TOL)
     loss, _, kept, stats = _fipo_loss(torch.tensor([[math.log(12), math.log(12), 0.1]], dtype=D), old, adv, mask, 3)
     assert loss == 0.0 and kept.sum() == 0 and stats["fipo/dropped_frac"] == 1.0
@@ -113,6 +120,60 @@ def test_fipo_safety_and_sequence_drop(loss_stage):
     loss, _, _, _ = loss_stage(torch.zeros(2, 3, dtype=D), two, torch.tensor([-1.0, -1.0], dtype=D),
                                credit="fipo", micro_batch_size=1, padding_free=False)
     assert loss == pytest.approx(4.2804111091, abs=TOL)
+
+
+def fipo_batch():
+    """6 responses of up to 7 tokens (float64): log π, Δ = log π − log π_old (|Δ| ~ 0.3), Â of each sign and 0, the
+    mask; ratios r = 12 (Δ = log 12 > log c, c = 10) on: response 1 (Â < 0) twice, dropped; response 3 (Â < 0)
+    once, kept and dual-clipped; response 0 (Â > 0) twice, kept (the drop needs Â < 0); response 4
+    (Â < 0) once on a valid token (safety-clipped) and once on padding, kept. Every such token is left out of F."""
+    g = torch.Generator().manual_seed(10)
+    logp = -torch.rand(6, 7, generator=g, dtype=D) - 0.1
+    delta = 0.3 * torch.randn(6, 7, generator=g, dtype=D)
+    for i, t in ((1, 1), (1, 4), (3, 2), (0, 0), (0, 5), (4, 1), (4, 6)):
+        delta[i, t] = math.log(12.0)
+    adv = torch.tensor([0.9, -1.1, 0.4, -0.6, -1.3, 0.0], dtype=D)
+    mask = (torch.arange(7)[None] < torch.tensor([7, 6, 4, 7, 5, 3])[:, None]).to(D)
+    return logp, delta, adv, mask
+
+
+def test_fipo_weights_and_drops_equal_the_formula_by_hand(fipo_by_hand):
+    """baselines.fipo_weights' f and kept mask against spec §5 computed token by token (conftest ``fipo_by_hand``):
+    the discounted future sum with the high-ratio tokens left out, the clip to [1, 1.2], the safety clip and the
+    drop of a response with two dual-clipped tokens. Bound: F sums at most 7 terms γʲ·Δ, Σ|γʲΔ| ≤ 7·log 10 < 17, in
+    another order than the scan and with γʲ as a power, not a product (j ≤ 6 roundings): |δF| ≤ 2·7·2⁻⁵³·17 < 3e-14;
+    f = clip(exp F) ≤ 1.2 moves by at most 1.2·(|δF| + 2⁻⁵³) < 4e-14: 1e-13."""
+    _, delta, adv, mask = fipo_batch()
+    f, kept = baselines.fipo_weights(delta, adv, mask)
+    f_hand, kept_hand = fipo_by_hand(delta, adv, mask)
+    assert kept_hand.sum(1).tolist() == [7.0, 0.0, 4.0, 7.0, 5.0, 3.0]  # response 1 dropped, and only it
+    assert torch.equal(kept, kept_hand)
+    torch.testing.assert_close(f * mask, f_hand * mask, rtol=0, atol=1e-13)
+    # the branches taken: the cap 1.2 (4, 0); the safety clip (4, 1), whose exp F > 1.2; an up-weight inside (2, 1)
+    assert float(f_hand[4, 0]) == 1.2 and float(f_hand[4, 1]) == 1.0 and 1.0 < float(f_hand[2, 1]) < 1.2
+    f2, kept2 = baselines.fipo_weights(delta, adv[:, None] * mask, mask)  # Ã [B, T]: the same
+    assert torch.equal(f2, f) and torch.equal(kept2, kept)
+
+
+def test_fipo_stage_is_the_dual_clip_loss_on_the_hand_weights(loss_stage, fipo_by_hand):
+    """The trainer's loss stage with --credit fipo (c = 10, ε 0.2 / 0.28, DAPO's token-mean) at micro-batch sizes 1
+    and 6: value and gradient w.r.t. log π of Σ_kept ℓ(Â·f, r) / Σ kept, f and kept by hand (spec §5), ℓ the dual-clip
+    surrogate, the dropped response out of both sums. Bound: each |ℓ| ≤ c·|Â|·f ≤ 10·1.3·1.2 < 16 moves by at most
+    16·4e-14/1.2 through f (the bound above) and the mean of 32 terms adds 32·2⁻⁵³·16: below 1e-12."""
+    logp, delta, adv, mask = fipo_batch()
+    f, kept = fipo_by_hand(delta, adv, mask)
+    leaf = logp.clone().requires_grad_(True)
+    r = torch.exp(leaf - (logp - delta))
+    token_adv = adv[:, None] * f
+    ell = torch.maximum(-token_adv * r, -token_adv * r.clamp(0.8, 1.28))
+    ell = torch.where(token_adv < 0, torch.minimum(ell, -token_adv * 10.0), ell)
+    want = (ell * kept).sum() / kept.sum()
+    want.backward()
+    for size in (1, 6):
+        loss, grad, _, _ = loss_stage(logp, delta, adv, mask=mask, credit="fipo", micro_batch_size=size,
+                                      padding_free=False)
+        assert float(loss) == pytest.approx(float(want.detach()), abs=1e-12)
+        torch.testing.assert_close(grad * mask, leaf.grad * mask, rtol=0, atol=1e-12)
 
 
 # ------------------------------------------------------------------------------------------ on the trainer's stages

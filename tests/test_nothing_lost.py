@@ -188,8 +188,11 @@ def test_ctrl_c_after_step_1_prints_one_line_and_the_plain_command_starts_again(
     out = tmp_path / "run"
     argv = ["--model", toy_model_path, "--output_dir", str(out), "--num_prompts_per_step", "4",
             "--num_generations", "4", "--eval_num_generations", "0", "--max_steps", "50"]  # first checkpoint: 50
+    # its own process group, with SIGINT at its default as a terminal's foreground command has it: a runner started
+    # in the background (nohup pytest &, some CI) ignores SIGINT, and an ignored signal stays ignored across exec
     proc = subprocess.Popen([sys.executable, "grpo.py", *argv], cwd=root, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)  # its own process group
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 600
         while not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().count("\n") >= 1):

@@ -180,20 +180,18 @@ def test_micro_batch_normalisers(verl):
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
-def test_fipo_drop_equals_verl_agg_loss_on_the_kept_mask(verl, loss_stage, loss_type):
+def test_fipo_drop_equals_verl_agg_loss_on_the_kept_mask(verl, loss_stage, fipo_by_hand, loss_type):
     """FIPO's code: the dual-clip loss (c = 10) on Ã = Â·f, aggregated by verl's ``agg_loss`` over
     ``response_mask & ~dropped``. The loss stage with --credit fipo (no --dual_clip) at micro_batch_size 1 gives
-    verl's value and gradient on the whole mini-batch, issue #38 item 2's rows among others (f and the drop from
-    baselines.py, the same on both sides)."""
-    from comparisons import baselines
-
+    verl's value and gradient on the whole mini-batch, issue #38 item 2's rows among others. verl's side takes f and
+    the drop from spec §5 by hand (conftest ``fipo_by_hand``), not from baselines.py, which the stage uses."""
     core_algos, config = verl
     logp, delta, _, mask = _batch(3)
     delta = 0.1 * delta
     delta[1, :2] = math.log(12)  # response 1 (Â < 0): two dual-clipped tokens, dropped
     delta[3, 0] = math.log(12)  # response 3 (Â < 0): one, kept (its loss is dual-clipped at 10)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=D)
-    f, kept = baselines.fipo_weights(delta, adv, mask)
+    f, kept = fipo_by_hand(delta, adv, mask)
     assert kept[1].sum() == 0 and kept[3].sum() == mask[3].sum()
     theirs = _verl(core_algos.compute_policy_loss_vanilla, logp, delta, adv[:, None] * f, kept, MODES[loss_type],
                    config(10.0))
