@@ -95,7 +95,7 @@ def test_name_path_and_toy_resolution(tmp_path):
 
 def test_data_dir_default_and_env_override(tmp_path, monkeypatch):
     monkeypatch.delenv("RLVR_DATA_DIR", raising=False)
-    assert problems.default_data_dir() == Path(problems.__file__).resolve().parent / "data" == DATA
+    assert problems.default_data_dir() == Path(problems.__file__).resolve().parents[1] / "data" == DATA
     (tmp_path / "math500.jsonl").write_text("".join(
         json.dumps({"id": str(i), "problem": f"p{i}", "answer": str(i)}) + "\n" for i in range(3)))
     monkeypatch.setenv("RLVR_DATA_DIR", str(tmp_path))
@@ -628,7 +628,7 @@ def test_cli_errors_are_one_line(tmp_path):
     files, a model folder that does not exist)."""
     import subprocess
 
-    root = Path(problems.__file__).resolve().parent
+    root = Path(problems.__file__).resolve().parents[1]  # the repository (problems.py is in trainer/)
     env = {**__import__("os").environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}
     (tmp_path / "bad.json").write_text("{not json")
     for argv, expected in [

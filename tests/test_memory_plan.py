@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 from trainer import memory_plan as mp  # noqa: E402
 from grpo import GRPOConfig  # noqa: E402
 
-DATA = ROOT / "model_configs" / "Qwen"  # the shipped configs (trainer/model_configs/README.md)
+DATA = ROOT / "trainer" / "model_configs" / "Qwen"  # the shipped configs (trainer/model_configs/README.md)
 ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 

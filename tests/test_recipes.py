@@ -138,7 +138,7 @@ def config_only(request, tmp_path):
     """A folder holding only a shipped config.json (trainer/model_configs/): no weights, no tokenizer."""
     folder = tmp_path / request.param
     folder.mkdir()
-    shutil.copy(ROOT / "model_configs" / "Qwen" / request.param / "config.json", folder)
+    shutil.copy(ROOT / "trainer" / "model_configs" / "Qwen" / request.param / "config.json", folder)
     return str(folder)
 
 

@@ -14,7 +14,7 @@ from tools.bench import toy_rebuild
 
 
 def test_shipped_toy_model_is_todays_recipe():
-    assert toy.ensure_toy_model() == str(toy.SHIPPED) and toy.SHIPPED == Path(toy.__file__).parent / "toy_model"
+    assert toy.ensure_toy_model() == str(toy.SHIPPED) and toy.SHIPPED == Path(toy.__file__).resolve().parent / "model"
     info = json.loads((toy.SHIPPED / "toy_info.json").read_text())
     assert info == {"version": toy.TOY_VERSION, "warmup_steps": toy.WARMUP["steps"], "seed": 0,
                     "warmup": toy.WARMUP, "model": toy.MODEL}

@@ -82,7 +82,7 @@ def check(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] |
     shipped = memory_plan.shipped_config(cfg.model)
     if cfg.dry_run and shipped and model_config.get("_name_or_path") == str(shipped):  # the copy in trainer/model_configs/
         notes.append(f"config.json of {cfg.model}: the copy in "  # (the cache had none)
-                     f"{shipped.relative_to(memory_plan.SHIPPED_CONFIGS.parent).as_posix()}/ (trainer/model_configs/README.md)")
+                     f"{shipped.relative_to(memory_plan.SHIPPED_CONFIGS.parents[1]).as_posix()}/ (trainer/model_configs/README.md)")
     if delta_cache:  # stage 4's h_t cache at its largest
         memory_plan.check_delta_cache(cfg.num_prompts_per_step // world * cfg.num_generations,
                                       cfg.max_completion_length, model_config["hidden_size"])
