@@ -119,18 +119,19 @@ def install_patches(patches: dict) -> dict:
     group has reward spread, every response a non-zero advantage, and the DelTA/CSCR code paths do real work.
     """
     import grpo
+    import rollout
 
     done = {}
     if patches.get("no_stop"):
-        original = grpo.rollout.stop_token_ids
+        original = rollout.stop_token_ids
 
         def stop_token_ids(tokenizer, template="none", model=None):
             vocab = getattr(getattr(model, "config", None), "vocab_size", None) or len(tokenizer)
             original(tokenizer, template, model)  # same validation as the trainer's call
             return [int(vocab)]
 
-        grpo.rollout.stop_token_ids = stop_token_ids
-        grpo.rollout.template_stop_strings = lambda template: []
+        rollout.stop_token_ids = stop_token_ids
+        rollout.template_stop_strings = lambda template: []
         done["no_stop"] = ("stop ids = [vocab_size] (never sampled), no stop strings: every response has exactly "
                            "max_completion_length tokens")
     if patches.get("random_rewards") is not None:
@@ -168,6 +169,8 @@ def run_one(spec: dict) -> dict:
 
     import grpo
 
+    import rollout
+
     patched = install_patches(spec.get("patches") or {})
     cuda = torch.cuda.is_available()
     hook = []
@@ -194,7 +197,7 @@ def run_one(spec: dict) -> dict:
     marks = []
     from trainer import checkpoint
 
-    original_generate, original_log = grpo.rollout.generate, checkpoint.RunFolder.log_step
+    original_generate, original_log = rollout.generate, checkpoint.RunFolder.log_step
 
     def generate(*a, **k):
         c0 = time.process_time()
@@ -206,7 +209,7 @@ def run_one(spec: dict) -> dict:
         marks[-1]["cpu_end"] = time.process_time()
         return original_log(*a, **k)
 
-    grpo.rollout.generate, checkpoint.RunFolder.log_step = generate, log_step
+    rollout.generate, checkpoint.RunFolder.log_step = generate, log_step
     cfg = grpo.GRPOConfig(**{"recipe": "toy", **spec["config"]})  # toy-sized settings, on widened toys too
     profiler = None
     if spec.get("profile"):

@@ -196,10 +196,12 @@ def run_ours(spec: dict) -> dict:
 
     import grpo
 
+    import rollout
+
     _quiet()
     torch.set_num_threads(spec["num_threads"])
     prompts_per_step, cpu = [], []
-    original_generate, original_step = grpo.rollout.generate, grpo.train_step
+    original_generate, original_step = rollout.generate, grpo.train_step
 
     def generate(model, tokenizer, prompts, *a, **k):
         prompts_per_step.append(list(prompts))
@@ -211,7 +213,7 @@ def run_ours(spec: dict) -> dict:
         cpu.append(time.process_time() - c0)
         return out
 
-    grpo.rollout.generate, grpo.train_step = generate, train_step
+    rollout.generate, grpo.train_step = generate, train_step
     # where a step's time goes (each wrapper appends one entry per step)
     parts = {"grading": [], "old_logprobs": [], "update": []}
     originals = [(grpo.verify, "grade_batch", _timed(grpo.verify, "grade_batch", parts["grading"])),
@@ -231,7 +233,7 @@ def run_ours(spec: dict) -> dict:
     with _common.PeakMemory() as mem:
         _profiled(spec, lambda: grpo.train(cfg))
     wall = time.perf_counter() - t0
-    grpo.rollout.generate, grpo.train_step = original_generate, original_step  # the evaluation is not recorded
+    rollout.generate, grpo.train_step = original_generate, original_step  # the evaluation is not recorded
     for owner, name, fn in originals:
         setattr(owner, name, fn)
     threads = torch.get_num_threads()
