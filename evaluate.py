@@ -72,12 +72,10 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-from trainer import checkpoint
-from trainer import policy
-from trainer import problems
 import rollout
 import toy
 import verify
+from trainer import checkpoint, policy, problems
 
 # The column headers of DelTA's Table 1 (``--benchmarks delta_paper``: the benchmarks of problems.DELTA_PAPER, in
 # the table's order; docs/specs/delta.md, section 5).

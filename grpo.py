@@ -43,7 +43,6 @@ if __name__ == "__main__":  # until main: from then on run_setup.run_command tur
 
 # (after the handler: these imports take seconds)
 import dataclasses
-import gc
 import time
 from collections import namedtuple
 from dataclasses import dataclass
@@ -53,9 +52,7 @@ import torch
 import cscr
 import delta
 import verify
-from trainer import distributed
-from trainer import policy
-from trainer import run_setup
+from trainer import distributed, policy, run_setup
 from trainer.grpo_config import GRPOConfig  # every flag (grpo_config.py); its parser and checks: build_parser
 
 
@@ -571,9 +568,7 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
         lambda step: run_setup.save_checkpoint(run, step, actor, source, credit),
     )
     run_setup.finish_run(cfg, run, summary, actor, source, credit)
-    del actor  # free --use_vllm's engine before the process group goes (vLLM's shutdown touches it)
-    gc.collect()
-    return summary
+    return summary  # (--use_vllm's engine is freed before the process group goes: distributed.close)
 
 
 def register() -> None:

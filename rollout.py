@@ -23,10 +23,11 @@ from typing import NamedTuple
 
 import torch
 
+from trainer import vllm_engine
+
 # The prompt templates (anchors §C5; grpo_config.py): each gives a problem's text, the special tokens that end a
 # response besides EOS, and the stop *strings* (a base model runs on into an invented question: bug case C28).
 from trainer.grpo_config import PROMPT_TEMPLATES, QWEN_MATH_SYSTEM  # noqa: F401
-from trainer import vllm_engine
 
 
 class PromptSampler:

@@ -124,7 +124,8 @@ Read next: ``docs/specs/bug_cases.md`` (the cases C01-C13, C28 cited here), ``te
 rule as an example), ``tests/test_oracle.py`` (every benchmark reference), math-verify's README (its ``parse``
 and ``verify`` options) and pebble's ``ProcessPool`` documentation (the time-outs).
 
-How to call it from any trainer (this file plus ``pip install math-verify==0.9.0 antlr4-python3-runtime==4.13.2 pebble``; the
+How to call it from any trainer (this file plus ``pip install math-verify==0.9.0 antlr4-python3-runtime==4.13.2
+pebble``; the
 workers are spawned and re-import the calling script, so guard its entry point with ``if __name__ ==
 "__main__":`` as for any multiprocessing program)::
 
@@ -326,7 +327,9 @@ _NP_FUNC_RE = re.compile(
 _TRAILING_DOT_RE = re.compile(r"(?<=\d)\.(?=[\s/*)}\],]|$)")
 # Operator names used as subscript labels (`m_{\max}`, `M_{\odot}`) do not parse in latex2sympy2_extended
 # 1.11.0; as labels they only name a symbol, so `M_{\odot}` -> `M_{odot}` (both sides alike).
-_SUB_CMD_RE = re.compile(r"_(?:\{\s*\\(max|min|odot|oplus|star|ast|bullet)\s*\}|\\(max|min|odot|oplus|star|ast|bullet)(?![A-Za-z]))")
+_SUB_CMD_RE = re.compile(
+    r"_(?:\{\s*\\(max|min|odot|oplus|star|ast|bullet)\s*\}|\\(max|min|odot|oplus|star|ast|bullet)(?![A-Za-z]))"
+)
 # The word "or" / `\vee` / `\lor` anywhere in an answer, also inside \text{...} (hedging check, C03).
 _HEDGE_RE = re.compile(r"(?i)(?<![A-Za-z])or(?![A-Za-z])|\\(?:vee|lor)(?![A-Za-z])")
 
@@ -336,18 +339,50 @@ _HEDGE_RE = re.compile(r"(?i)(?<![A-Za-z])or(?![A-Za-z])|\\(?:vee|lor)(?![A-Za-z
 # it stays apart (`∞x` -> `\infty x`); `√3`, `√x`, `√(x+1)` -> `\sqrt{3}`, `\sqrt{x}`, `\sqrt{(x+1)}`; a run of
 # superscript characters -> `^{...}` (`r²` -> `r^{2}`, `x⁻¹` -> `x^{-1}`), of subscript digits -> `_{...}`.
 _UNICODE_LATEX = {
-    "\u2212": "-", "\ufe63": "-", "\uff0d": "-",  # minus sign, small and full-width hyphen-minus (not a dash: 3–5)
-    "\u221e": r"\infty ", "\u03c0": r"\pi ", "\u00d7": r"\times ", "\u22c5": r"\cdot ", "\u00b7": r"\cdot ",
-    "\u2219": r"\cdot ", "\u00f7": r"\div ", "\u2264": r"\le ", "\u2265": r"\ge ", "\u2a7d": r"\le ",
-    "\u2a7e": r"\ge ", "\u2260": r"\ne ", "\u00b1": r"\pm ", "\u2213": r"\mp ", "\u222a": r"\cup ", "\u2229": r"\cap ",
-    "\u2208": r"\in ", "\u2205": r"\emptyset ", "\u03b8": r"\theta ", "\u03b1": r"\alpha ", "\u03b2": r"\beta ",
-    "\u2032": "'", "\u00a0": " ", "\u2009": " ", "\u202f": " ", "\u2007": " ", "\u200a": " ", "\u2008": " ",
-    "\u00bd": r"\frac{1}{2}", "\u2153": r"\frac{1}{3}", "\u2154": r"\frac{2}{3}", "\u00bc": r"\frac{1}{4}",
+    "\u2212": "-",
+    "\ufe63": "-",
+    "\uff0d": "-",  # minus sign, small and full-width hyphen-minus (not a dash: 3–5)
+    "\u221e": r"\infty ",
+    "\u03c0": r"\pi ",
+    "\u00d7": r"\times ",
+    "\u22c5": r"\cdot ",
+    "\u00b7": r"\cdot ",
+    "\u2219": r"\cdot ",
+    "\u00f7": r"\div ",
+    "\u2264": r"\le ",
+    "\u2265": r"\ge ",
+    "\u2a7d": r"\le ",
+    "\u2a7e": r"\ge ",
+    "\u2260": r"\ne ",
+    "\u00b1": r"\pm ",
+    "\u2213": r"\mp ",
+    "\u222a": r"\cup ",
+    "\u2229": r"\cap ",
+    "\u2208": r"\in ",
+    "\u2205": r"\emptyset ",
+    "\u03b8": r"\theta ",
+    "\u03b1": r"\alpha ",
+    "\u03b2": r"\beta ",
+    "\u2032": "'",
+    "\u00a0": " ",
+    "\u2009": " ",
+    "\u202f": " ",
+    "\u2007": " ",
+    "\u200a": " ",
+    "\u2008": " ",
+    "\u00bd": r"\frac{1}{2}",
+    "\u2153": r"\frac{1}{3}",
+    "\u2154": r"\frac{2}{3}",
+    "\u00bc": r"\frac{1}{4}",
     "\u00be": r"\frac{3}{4}",
 }
 _UNICODE_RE = re.compile("|".join(map(re.escape, _UNICODE_LATEX)))
-_SUPERSCRIPTS = dict(zip("\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079"
-                         "\u207a\u207b\u207c\u207d\u207e\u207f", "0123456789+-=()n"))
+_SUPERSCRIPTS = dict(
+    zip(
+        "\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079\u207a\u207b\u207c\u207d\u207e\u207f",
+        "0123456789+-=()n",
+    )
+)
 _SUBSCRIPTS = dict(zip("\u2080\u2081\u2082\u2083\u2084\u2085\u2086\u2087\u2088\u2089", "0123456789"))
 _SUPER_RE = re.compile("[" + "".join(_SUPERSCRIPTS) + "]+")
 _SUB_RE = re.compile("[" + "".join(_SUBSCRIPTS) + "]+")
@@ -372,8 +407,12 @@ def _unicode_to_latex(s: str) -> str:
     s = _SUPER_RE.sub(lambda m: "^{" + "".join(_SUPERSCRIPTS[c] for c in m.group(0)) + "}", s)
     s = _SUB_RE.sub(lambda m: "_{" + "".join(_SUBSCRIPTS[c] for c in m.group(0)) + "}", s)
     # the space after a command only before a letter (`∞x` -> `\infty x`; `θ(t)` -> `\theta(t)`, not `\theta (t)`)
-    s = _UNICODE_RE.sub(lambda m: _UNICODE_LATEX[m.group(0)] if s[m.end():m.end() + 1].isalpha()
-                        else _UNICODE_LATEX[m.group(0)].rstrip(), s)  # before the roots: `√π` -> `\sqrt{\pi}`
+    s = _UNICODE_RE.sub(
+        lambda m: (
+            _UNICODE_LATEX[m.group(0)] if s[m.end() : m.end() + 1].isalpha() else _UNICODE_LATEX[m.group(0)].rstrip()
+        ),
+        s,
+    )  # before the roots: `√π` -> `\sqrt{\pi}`
     return _ROOT_RE.sub(_root, s)
 
 
@@ -382,15 +421,20 @@ def _unicode_to_latex(s: str) -> str:
 # `a+b+c` == `a+b+d` all verify True. We switch it off and strip only unambiguous trailing units:
 #   a \text{...}-like group (with an optional ^2 / ^3), a degree mark, or a multi-letter unit word after
 #   a number; repeated for compound units (`10 \text{ m}/\text{s}`), never leaving an empty answer.
-_TEXT_UNIT = r"\\(?:text|textrm|textnormal|textit|textbf|mbox|mathrm)\s*\{[^{}]*[A-Za-z][^{}]*\}(?:\s*\^\s*\{?\s*[23]\s*\}?)?"
-_DEGREE_UNIT = r"(?:\^\s*\{?\s*\\circ\s*\}?|°|\\degree|\\textdegree)(?:\s*(?:\\(?:text|mathrm)\{\s*[CF]\s*\}|[CF](?![A-Za-z])))?"
+_TEXT_UNIT = (
+    r"\\(?:text|textrm|textnormal|textit|textbf|mbox|mathrm)\s*\{[^{}]*[A-Za-z][^{}]*\}(?:\s*\^\s*\{?\s*[23]\s*\}?)?"
+)
+_DEGREE_UNIT = (
+    r"(?:\^\s*\{?\s*\\circ\s*\}?|°|\\degree|\\textdegree)(?:\s*(?:\\(?:text|mathrm)\{\s*[CF]\s*\}|[CF](?![A-Za-z])))?"
+)
 _UNIT_WORDS = (
     "cm|mm|km|kg|mg|ml|ft|feet|foot|inch|inches|in\\.|meters?|metres?|miles?|mph|kmh|kph|secs?|seconds?|mins?|"
     "minutes?|hrs?|hours?|days?|weeks?|months?|years?|yrs?|dollars?|cents?|units?|degrees?|deg|sq|square|cubic|"
     "liters?|litres?|gallons?|pounds?|lbs?|ounces?|oz|grams?|kilograms?|acres?|yards?|tons?"
 )
 _TRAILING_UNIT_RE = re.compile(
-    rf"(?:\s|\\[,;: ]|~)*(?:{_TEXT_UNIT}|{_DEGREE_UNIT}|(?<=[\d}})])\s*(?:{_UNIT_WORDS})(?:\s*\^\s*\{{?\s*[23]\s*\}}?)?)\s*\.?\s*$"
+    rf"(?:\s|\\[,;: ]|~)*(?:{_TEXT_UNIT}|{_DEGREE_UNIT}|(?<=[\d}})])\s*(?:{_UNIT_WORDS})"
+    rf"(?:\s*\^\s*\{{?\s*[23]\s*\}}?)?)\s*\.?\s*$"
 )
 _UNIT_SEP_RE = re.compile(r"(?:\s|\\[,;: ]|~|/|\\cdot|\\times)+$")
 

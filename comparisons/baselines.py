@@ -8,9 +8,9 @@ r ``ratio`` = exp(clamp(logπ_θ − logπ_old, ±20)), Δ ``log_ratio``, m ``re
 * Forking Tokens (``dapo_ft``, spec §3): Wang et al., "Beyond the 80/20 Rule", arXiv 2506.01939; official code
   Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR @6f5dda6 (core_algos L53–88 ``get_global_entropy_top_mask``, dp_actor
   L439–461).  DAPO on the top ρ = 20% of valid tokens by the policy entropy H = −Σ p log p of softmax(z/T),
-  loss = mean over the kept tokens.  H from the forward (``policy.entropy_from_logits``), ``top_ratio_mask`` (the official
-  k = max(1, int(n·ρ + 0.9999)) rule), ``quantile_mask`` (TRL's ``top_entropy_quantile``: H >= quantile 1 − ρ,
-  ties all kept; TRL keeps the all-token normaliser, spec §3 (c)).
+  loss = mean over the kept tokens.  H from the forward (``policy.entropy_from_logits``), ``top_ratio_mask``
+  (the official k = max(1, int(n·ρ + 0.9999)) rule), ``quantile_mask`` (TRL's ``top_entropy_quantile``:
+  H >= quantile 1 − ρ, ties all kept; TRL keeps the all-token normaliser, spec §3 (c)).
 * SAPO (``sapo``, spec §4): Gao et al. (Qwen), arXiv 2511.20347; verl ``compute_policy_loss_sapo`` (volcengine/verl
   @b178a3c core_algos L1329–1411), TRL ``loss_type="sapo"``.  The clip is replaced by a soft gate
   f(r) = (4/τ)·σ(τ(r − 1)), τ = τ_pos (1.0) if Â > 0 else τ_neg (1.05); loss −f·Â, seq-mean-token-mean.
@@ -49,8 +49,17 @@ import math
 
 import torch
 
-__all__ = ["sapo_gate", "sapo_surrogate", "top_ratio_mask", "quantile_mask", "forking_mask", "select_tokens",
-           "future_kl_weights", "fipo_dropped_rows", "fipo_weights"]
+__all__ = [
+    "sapo_gate",
+    "sapo_surrogate",
+    "top_ratio_mask",
+    "quantile_mask",
+    "forking_mask",
+    "select_tokens",
+    "future_kl_weights",
+    "fipo_dropped_rows",
+    "fipo_weights",
+]
 
 _SCAN_CHUNK = 128  # FIPO scan block: a [128, 128] decay matrix, T / 128 sequential steps
 
@@ -68,13 +77,16 @@ def _as_mask(response_mask, shape=None, name="scores"):
 def _row_values(adv, shape, name="adv"):
     """Â broadcast to ``shape`` [B, T] from [B] or [B, T] (detached)."""
     if not torch.is_tensor(adv) or adv.shape not in (shape[:1], shape):
-        raise ValueError(f"baselines.py: {name} must be a [B] or [B, T] tensor for shape {tuple(shape)}, got "
-                         f"{tuple(adv.shape) if torch.is_tensor(adv) else type(adv).__name__}")
+        raise ValueError(
+            f"baselines.py: {name} must be a [B] or [B, T] tensor for shape {tuple(shape)}, got "
+            f"{tuple(adv.shape) if torch.is_tensor(adv) else type(adv).__name__}"
+        )
     adv = adv.detach()
     return (adv[:, None] if adv.dim() == 1 else adv).expand(shape)
 
 
 # ---- spec §4: SAPO soft gate -------------------------------------------------------------------------------------
+
 
 def sapo_gate(ratio, adv, tau_pos=1.0, tau_neg=1.05):
     """SAPO's soft gate f(r) = (4/τ)·σ(τ(r − 1)), τ = ``tau_pos`` where Â > 0 else ``tau_neg`` (spec §4).
@@ -93,8 +105,11 @@ def sapo_gate(ratio, adv, tau_pos=1.0, tau_neg=1.05):
     if not torch.is_tensor(ratio) or ratio.dim() != 2:
         raise ValueError("baselines.sapo_gate: ratio must be a [B, T] tensor")
     a = _row_values(adv, ratio.shape).to(ratio.device)
-    tau = torch.where(a > 0, torch.tensor(float(tau_pos), dtype=ratio.dtype, device=ratio.device),
-                      torch.tensor(float(tau_neg), dtype=ratio.dtype, device=ratio.device))
+    tau = torch.where(
+        a > 0,
+        torch.tensor(float(tau_pos), dtype=ratio.dtype, device=ratio.device),
+        torch.tensor(float(tau_neg), dtype=ratio.dtype, device=ratio.device),
+    )
     return (4.0 / tau) * torch.sigmoid(tau * (ratio - 1.0))
 
 
@@ -107,6 +122,7 @@ def sapo_surrogate(ratio, token_adv, settings):
 
 
 # ---- spec §3: Forking Tokens (entropy, top-ρ masks) --------------------------------------------------------------
+
 
 def _valid_scores(scores, response_mask, fn):
     """(flat valid scores, flat mask) after the checks shared by the mask rules."""
@@ -219,6 +235,7 @@ def select_tokens(scores, response_mask, fraction=0.5, which="top", generator=No
 
 # ---- spec §5: FIPO future-KL weights -----------------------------------------------------------------------------
 
+
 def _discounted_future_sum(x, gamma, chunk=_SCAN_CHUNK):
     """F_t = Σ_{k≥t} γ^{k−t} x_k over the last dim of x [B, T]: the reverse scan F_t = x_t + γ F_{t+1}, a block of
     ``chunk`` positions at a time (inside a block a [c, c] matmul, between blocks the carried F), O(T·chunk)."""
@@ -226,8 +243,9 @@ def _discounted_future_sum(x, gamma, chunk=_SCAN_CHUNK):
     F = torch.empty_like(x)
     idx = torch.arange(min(chunk, T) if T else 1, device=x.device, dtype=x.dtype)
     lag = idx[:, None] - idx[None, :]  # lag[k, t] = k − t
-    decay = torch.where(lag >= 0, torch.exp(lag.clamp(min=0) * math.log(gamma)), torch.zeros((), dtype=x.dtype,
-                                                                                                 device=x.device))
+    decay = torch.where(
+        lag >= 0, torch.exp(lag.clamp(min=0) * math.log(gamma)), torch.zeros((), dtype=x.dtype, device=x.device)
+    )
     carry = torch.zeros(B, dtype=x.dtype, device=x.device)  # F at the first position after the block
     for e in range(T, 0, -chunk):
         s = max(0, e - chunk)
@@ -238,8 +256,16 @@ def _discounted_future_sum(x, gamma, chunk=_SCAN_CHUNK):
     return F
 
 
-def future_kl_weights(log_ratio, adv, response_mask, decay_rate=32.0, clip=0.2, clip_high_only=True,
-                      safety_threshold=10.0, log_c=math.log(10.0)):
+def future_kl_weights(
+    log_ratio,
+    adv,
+    response_mask,
+    decay_rate=32.0,
+    clip=0.2,
+    clip_high_only=True,
+    safety_threshold=10.0,
+    log_c=math.log(10.0),
+):
     """FIPO's future-KL token weight f [B, T] (detached); the loss uses Ã = Â·f in the dual-clip loss (spec §5).
 
     Source: FIPO (arXiv 2603.19835) README "Core Change"; official ``compute_policy_loss_future_kl`` (vukrosic/FIPO
@@ -302,8 +328,7 @@ def fipo_dropped_rows(log_ratio, adv, response_mask, log_c=math.log(10.0)):
     return dual.sum(1) > 1
 
 
-def fipo_weights(log_ratio, adv, response_mask, decay_rate=32.0, clip=0.2, safety_threshold=10.0,
-                 log_c=math.log(10.0)):
+def fipo_weights(log_ratio, adv, response_mask, decay_rate=32.0, clip=0.2, safety_threshold=10.0, log_c=math.log(10.0)):
     """Both FIPO factors of one (micro-)batch as a trainer applies them (spec §5): ``(f, kept)``, f [B, T] from
     ``future_kl_weights`` (clip-high only) and ``kept`` = ``response_mask`` (its dtype) without the responses
     ``fipo_dropped_rows`` drops. The loss takes Ã = Â·f over ``kept``, and a dropped response leaves its

@@ -52,9 +52,19 @@ def tiny():
         tokenizer_object=tk, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
     cfg = transformers.Qwen3Config(
-        vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, head_dim=8, max_position_embeddings=512, initializer_range=0.3,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+        vocab_size=len(vocab),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        max_position_embeddings=512,
+        initializer_range=0.3,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
     )
     torch.manual_seed(0)
     model = transformers.Qwen3ForCausalLM(cfg).eval()
@@ -88,13 +98,15 @@ def float64_model(monkeypatch):
         return to(self, *args, **kwargs)
 
     def softmax64(x, *args, dtype=None, **kwargs):
-        return softmax(x, *args, dtype=torch.float64 if x.dtype == torch.float64 and dtype is not None else dtype,
-                       **kwargs)
+        return softmax(
+            x, *args, dtype=torch.float64 if x.dtype == torch.float64 and dtype is not None else dtype, **kwargs
+        )
 
     monkeypatch.setattr(torch.Tensor, "to", to64)
     monkeypatch.setattr(torch.nn.functional, "softmax", softmax64)
-    monkeypatch.setattr(torch.Tensor, "float", lambda self, *a, **k: self if self.dtype == torch.float64
-                        else flt(self, *a, **k))
+    monkeypatch.setattr(
+        torch.Tensor, "float", lambda self, *a, **k: self if self.dtype == torch.float64 else flt(self, *a, **k)
+    )
     return lambda model: copy.deepcopy(model).double()
 
 
@@ -116,8 +128,9 @@ class _LogProbPasses:
         from trainer import policy
 
         self.model, self.grad, self.micro_batch = model, grad, policy.MicroBatch
-        self.layout = policy.micro_batches(rows, batch.attention_mask, cfg.micro_batch_size,
-                                           batch.response_mask.shape[1], cfg.padding_free)
+        self.layout = policy.micro_batches(
+            rows, batch.attention_mask, cfg.micro_batch_size, batch.response_mask.shape[1], cfg.padding_free
+        )
 
     def __iter__(self):
         for j, cols, t in self.layout:
@@ -150,10 +163,17 @@ def loss_stage(monkeypatch):
     def run(logp, delta, adv, entropy=None, mask=None, ref_logp=None, keep=None, **flags):
         N, T = logp.shape
         mask = torch.ones(N, T, dtype=logp.dtype) if mask is None else mask.to(logp.dtype)
-        batch = rollout.Rollout(input_ids=torch.ones(N, T + 1, dtype=torch.long),
-                                attention_mask=torch.cat([torch.ones(N, 1), mask], 1).long(),
-                                response_ids=torch.ones(N, T, dtype=torch.long), response_mask=mask, prompt_length=1,
-                                finish_reasons=["stop"] * N, texts=[""] * N, prompts=[""] * N, group_size=N)
+        batch = rollout.Rollout(
+            input_ids=torch.ones(N, T + 1, dtype=torch.long),
+            attention_mask=torch.cat([torch.ones(N, 1), mask], 1).long(),
+            response_ids=torch.ones(N, T, dtype=torch.long),
+            response_mask=mask,
+            prompt_length=1,
+            finish_reasons=["stop"] * N,
+            texts=[""] * N,
+            prompts=[""] * N,
+            group_size=N,
+        )
         model = _LogProbPolicy(logp, torch.zeros(N, T, dtype=logp.dtype) if entropy is None else entropy)
         cfg = grpo.GRPOConfig(**{"max_completion_length": T, "shared_prompt": False, **flags})
         if keep is not None:  # DelTA's Q2: its loss stage on the selected tokens
@@ -177,8 +197,9 @@ def backward(model, batch, old, token_adv, rows, cfg, selected=None):
     import grpo
     from trainer import run_setup
 
-    update = grpo.Update(batch, old, token_adv, batch.response_mask, {} if selected is None else
-                         {"q2_selected": selected})
+    update = grpo.Update(
+        batch, old, token_adv, batch.response_mask, {} if selected is None else {"q2_selected": selected}
+    )
     loss, stats = grpo.LOSS_STAGES[run_setup.loss_stage_name(cfg)].backward(model, update, rows, cfg)
     return loss, stats, batch.response_mask.clone() if update.loss_factor is None else update.loss_factor
 

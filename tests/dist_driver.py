@@ -30,23 +30,36 @@ def _pad(t, width, value, left):
 
 def per_prompt_generate(model, tokenizer, prompts, num_generations, settings, batch_size=None, progress=""):
     step_seed = settings.seed % 1_000_003  # grpo seeds a step with seed*100_003 + step + 1_000_003*rank: drop the rank
-    parts = [_generate(model, tokenizer, [p], num_generations,
-                       settings._replace(seed=zlib.crc32(p.encode()) + step_seed), progress=progress)
-             for p in prompts]
+    parts = [
+        _generate(
+            model,
+            tokenizer,
+            [p],
+            num_generations,
+            settings._replace(seed=zlib.crc32(p.encode()) + step_seed),
+            progress=progress,
+        )
+        for p in prompts
+    ]
     P = max(r.prompt_length for r in parts)
     T = max(r.response_ids.shape[1] for r in parts)
     pad = tokenizer.pad_token_id
     cat = lambda f: torch.cat([f(r) for r in parts])  # noqa: E731
-    prompt_ids = cat(lambda r: _pad(r.input_ids[:, :r.prompt_length], P, pad, True))
-    prompt_attn = cat(lambda r: _pad(r.attention_mask[:, :r.prompt_length], P, 0, True))
+    prompt_ids = cat(lambda r: _pad(r.input_ids[:, : r.prompt_length], P, pad, True))
+    prompt_attn = cat(lambda r: _pad(r.attention_mask[:, : r.prompt_length], P, 0, True))
     response_ids = cat(lambda r: _pad(r.response_ids, T, pad, False))
     response_mask = cat(lambda r: _pad(r.response_mask, T, 0, False))
-    return rollout.Rollout(input_ids=torch.cat([prompt_ids, response_ids], 1),
-                           attention_mask=torch.cat([prompt_attn, response_mask.long()], 1),
-                           response_ids=response_ids, response_mask=response_mask, prompt_length=P,
-                           finish_reasons=[f for r in parts for f in r.finish_reasons],
-                           texts=[t for r in parts for t in r.texts], prompts=[q for r in parts for q in r.prompts],
-                           group_size=num_generations)
+    return rollout.Rollout(
+        input_ids=torch.cat([prompt_ids, response_ids], 1),
+        attention_mask=torch.cat([prompt_attn, response_mask.long()], 1),
+        response_ids=response_ids,
+        response_mask=response_mask,
+        prompt_length=P,
+        finish_reasons=[f for r in parts for f in r.finish_reasons],
+        texts=[t for r in parts for t in r.texts],
+        prompts=[q for r in parts for q in r.prompts],
+        group_size=num_generations,
+    )
 
 
 def count_chunked_lm_head_calls(budget: int) -> None:

@@ -11,11 +11,11 @@ a feature, the test also shows what the refusal prevents: forcing the optimisati
 
 import pytest
 import torch
+from conftest import backward
 
 import grpo
-from conftest import backward
-from trainer import policy
 import rollout
+from trainer import policy
 
 TOL = 1e-10
 WINDOW = 6  # a sliding window shorter than the prompts: where sliding-window attention differs from full attention
@@ -25,17 +25,33 @@ OFF = dict(padding_free=False, shared_prompt=False, fuse_old_logprobs=False)
 def _config(name, vocab):
     import transformers as tf
 
-    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                  initializer_range=0.2)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        initializer_range=0.2,
+    )
     return {
         "qwen3": lambda: tf.Qwen3Config(head_dim=8, **common),
-        "qwen3_sliding": lambda: tf.Qwen3Config(head_dim=8, use_sliding_window=True, sliding_window=WINDOW,
-                                                max_window_layers=0, **common),
+        "qwen3_sliding": lambda: tf.Qwen3Config(
+            head_dim=8, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=0, **common
+        ),
         "llama": lambda: tf.LlamaConfig(**common),
         "mistral": lambda: tf.MistralConfig(sliding_window=WINDOW, **common),
-        "gemma3": lambda: tf.Gemma3TextConfig(head_dim=8, sliding_window=WINDOW, query_pre_attn_scalar=8,
-                                              layer_types=["sliding_attention", "full_attention"], **common),
+        "gemma3": lambda: tf.Gemma3TextConfig(
+            head_dim=8,
+            sliding_window=WINDOW,
+            query_pre_attn_scalar=8,
+            layer_types=["sliding_attention", "full_attention"],
+            **common,
+        ),
         "tied": lambda: tf.Qwen3Config(head_dim=8, tie_word_embeddings=True, **common),
     }[name]()
 
@@ -66,18 +82,26 @@ def _batch(tok, G=3):
     gen = torch.Generator().manual_seed(0)
     prompts = ["Compute 7+5-3.\n", "Compute 12+30-4+1.\n", "Compute 1+2.\n"]
     p_ids = [tok(p)["input_ids"] for p in prompts]
-    lengths = [3, 9, 6, 12, 4, 7, 10, 5, 8][:G * len(prompts)]
+    lengths = [3, 9, 6, 12, 4, 7, 10, 5, 8][: G * len(prompts)]
     r_ids = [torch.randint(3, len(tok), (n - 1,), generator=gen).tolist() + [tok.eos_token_id] for n in lengths]
     P, T, N = max(map(len, p_ids)), max(lengths), len(lengths)
     ids, attn = torch.zeros(N, P + T, dtype=torch.long), torch.zeros(N, P + T, dtype=torch.long)
     for i, r in enumerate(r_ids):
         p = p_ids[i // G]
-        ids[i, P - len(p):P + len(r)] = torch.tensor(p + r)
-        attn[i, P - len(p):P + len(r)] = 1
+        ids[i, P - len(p) : P + len(r)] = torch.tensor(p + r)
+        attn[i, P - len(p) : P + len(r)] = 1
     mask = attn[:, P:].double()
-    return rollout.Rollout(input_ids=ids, attention_mask=attn, response_ids=ids[:, P:], response_mask=mask,
-                           prompt_length=P, finish_reasons=["stop"] * N, texts=[""] * N,
-                           prompts=[p for p in prompts for _ in range(G)], group_size=G)
+    return rollout.Rollout(
+        input_ids=ids,
+        attention_mask=attn,
+        response_ids=ids[:, P:],
+        response_mask=mask,
+        prompt_length=P,
+        finish_reasons=["stop"] * N,
+        texts=[""] * N,
+        prompts=[p for p in prompts for _ in range(G)],
+        group_size=G,
+    )
 
 
 def _model(name, lora_dropout, vocab, float64_model):
@@ -101,8 +125,9 @@ def _one_update(model, tok, batch, **flags):
     cfg = grpo.GRPOConfig(credit="delta", max_completion_length=batch.response_mask.shape[1], **flags)
     plan = policy.exact_optimisations(model, cfg, say=lambda *a: None)
     N = len(batch.response_mask)
-    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0], dtype=torch.float64),
-                                batch.group_size)
+    adv = grpo.group_advantages(
+        torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0], dtype=torch.float64), batch.group_size
+    )
     credit = grpo.Credit(cfg, tok)
     fused = grpo.can_update_on_policy(cfg, N, has_reference=False)
     torch.manual_seed(3)  # the same dropout masks where the two runs make the same computation
@@ -149,7 +174,7 @@ def test_sliding_window_models_refuse_the_shared_prompt_and_keep_padding_free(ar
         passes = policy.Passes(model, batch, torch.arange(N), grpo.GRPOConfig(**flags), grad=False)
         out = torch.zeros(N, T, dtype=torch.float64)
         for mb in passes:
-            out[mb.rows, :mb.t] = mb.logp
+            out[mb.rows, : mb.t] = mb.logp
         logp[forced] = out
     assert (logp["shared_prompt"] - logp[None]).abs().max() > 1e-3
     torch.testing.assert_close(logp["padding_free"], logp[None], rtol=TOL, atol=TOL)

@@ -30,8 +30,9 @@ Y = torch.tensor([[1, 0, 2], [1, 2, 0]])
 MASK = torch.tensor([[True, True, True], [True, True, False]])
 ADV = torch.tensor([0.7071057812, -0.7071057812], dtype=F64)  # (r − 0.5)/(std_unbiased + 1e-6), rewards [1, 0]
 DLOGP = torch.tensor([[0.1, -0.3, 0.05], [0.2, -0.1, 0.0]], dtype=F64)  # logπ_new − logπ_old (padding: 0)
-LAM_BAR = torch.tensor([[1.0054452327, 1.0738334961, 1.0217617913], [0.8541369371, 1.0448225428, 0.0]],
-                       dtype=F64)  # DelTA's λ̄ of Example A (delta.md §7, K = 1)
+LAM_BAR = torch.tensor(
+    [[1.0054452327, 1.0738334961, 1.0217617913], [0.8541369371, 1.0448225428, 0.0]], dtype=F64
+)  # DelTA's λ̄ of Example A (delta.md §7, K = 1)
 DAPO_LOSS = [[-0.7814727454, -0.5238368467, -0.7433598698], [0.8636609515, 0.6398157693, 0.0]]
 GAMMA = 2.0 ** (-1.0 / 32.0)
 
@@ -109,10 +110,13 @@ def test_entropy_chunks_dtypes_no_grad_and_views(monkeypatch):
         policy.entropy_from_logits(z, 0.0)
 
 
-@pytest.mark.parametrize("rho, keep, official, trl, threshold", [
-    (0.2, [[0, 0, 1], [0, 0, 0]], -0.7433598698, -0.1486719740, 1.0478310442),
-    (0.5, [[1, 0, 1], [1, 0, 0]], -0.2203905546, -0.1322343328, 1.0201913367),
-])
+@pytest.mark.parametrize(
+    "rho, keep, official, trl, threshold",
+    [
+        (0.2, [[0, 0, 1], [0, 0, 0]], -0.7433598698, -0.1486719740, 1.0478310442),
+        (0.5, [[1, 0, 1], [1, 0, 0]], -0.2203905546, -0.1322343328, 1.0201913367),
+    ],
+)
 def test_forking_tokens_example_a(rho, keep, official, trl, threshold):
     """Spec §3 worked example: both masks, the official (kept-mean) and TRL-style (kept-sum / N) losses."""
     H = entropy_example_a()
@@ -273,13 +277,14 @@ def test_sapo_zero_advantage_and_errors():
 
 # ---- §5 FIPO -------------------------------------------------------------------------------------------------------
 
+
 def official_future_sum(x, gamma, chunk):
     """The official block matmul: F[:, s:e] = x[:, s:] @ D[s:, s:e], D[k, t] = γ^(k−t)·1[k >= t] (B·T² MAC)."""
     T = x.shape[1]
     k = torch.arange(T, dtype=x.dtype)
     lag = k[:, None] - k[None, :]
     D = torch.where(lag >= 0, gamma ** lag.clamp(min=0), torch.zeros((), dtype=x.dtype))
-    return torch.cat([x[:, s:] @ D[s:, s:s + chunk] for s in range(0, T, chunk)], dim=1)
+    return torch.cat([x[:, s:] @ D[s:, s : s + chunk] for s in range(0, T, chunk)], dim=1)
 
 
 def fipo_reference(dlogp, adv, mask, clip=0.2, clip_high_only=True):
@@ -300,8 +305,9 @@ def test_fipo_example_a():
     close(f, [[1.0, 1.0, 1.0512710964], [1.1075416105, 1.0, 1.0]])  # 1 on padding
     assert not f.requires_grad and f.dtype == F64
     loss = dual_clip_loss(ratio_example_a(), ADV[:, None] * f)
-    close(torch.where(MASK, loss, 0.0), [[-0.7814727454, -0.5238368467, -0.7814727454],
-                                         [0.9565404411, 0.6398157693, 0.0]])
+    close(
+        torch.where(MASK, loss, 0.0), [[-0.7814727454, -0.5238368467, -0.7814727454], [0.9565404411, 0.6398157693, 0.0]]
+    )
     close(masked_mean(loss, MASK), -0.0980852254)
     # two-sided clip [0.8, 1.2]
     f2 = baselines.future_kl_weights(DLOGP, ADV, MASK, clip_high_only=False)
@@ -324,8 +330,10 @@ def test_fipo_safety_and_sequence_drop():
     adv = torch.tensor([-1.0], dtype=F64)
     mask = torch.ones(1, 3, dtype=torch.bool)
     d = torch.tensor([[math.log(12.0), 0.3, 0.1]], dtype=F64)
-    close(baselines._discounted_future_sum(torch.where(d <= math.log(10.0), d, 0.0), GAMMA),
-          [[0.3893319467, 0.3978572062, 0.1]])
+    close(
+        baselines._discounted_future_sum(torch.where(d <= math.log(10.0), d, 0.0), GAMMA),
+        [[0.3893319467, 0.3978572062, 0.1]],
+    )
     f = baselines.future_kl_weights(d, adv, mask)
     close(f, [[1.0, 1.2, 1.1051709181]])
     loss = dual_clip_loss(torch.exp(d), adv[:, None] * f)
@@ -370,9 +378,8 @@ def test_fipo_clip_zero_caps_at_ten():
     d = torch.tensor([[2.0, 1.0, 0.5], [-0.5, -0.2, 0.0]], dtype=F64)
     mask = torch.ones(2, 3, dtype=torch.bool)
     f = baselines.future_kl_weights(d, torch.ones(2, dtype=F64), mask, clip=0.0)
-    F0 = 2.0 + GAMMA * 1.0 + GAMMA ** 2 * 0.5  # exp = 31.9 > 10
-    close(f, [[10.0, math.exp(1.0 + GAMMA * 0.5), math.exp(0.5)],
-              [math.exp(-0.5 - 0.2 * GAMMA), math.exp(-0.2), 1.0]])
+    F0 = 2.0 + GAMMA * 1.0 + GAMMA**2 * 0.5  # exp = 31.9 > 10
+    close(f, [[10.0, math.exp(1.0 + GAMMA * 0.5), math.exp(0.5)], [math.exp(-0.5 - 0.2 * GAMMA), math.exp(-0.2), 1.0]])
     assert math.exp(F0) > 10
 
 
@@ -388,6 +395,7 @@ def test_fipo_errors():
 
 
 # ---- §6 Q2 selection -----------------------------------------------------------------------------------------------
+
 
 def test_q2_selection_example_a():
     """Top 50% by λ̄: [[0,1,1],[0,1,0]], kept-mean DAPO loss −0.2091269824; bottom 50%: the other end."""

@@ -1,5 +1,6 @@
 """Smoke tests of tools/bench/scaling.py (the benchmark-only patches and the summary), on a tiny grid, of
-tools/bench/credit_overhead.py's rows (every comparison rule of tools/bench/reproduce.py) on two tiny ones, and of the GPU
+tools/bench/credit_overhead.py's rows (every comparison rule of tools/bench/reproduce.py) on two tiny ones, and of the
+GPU
 check (tools/bench/gpu_check.py, tools/bench/gpu_smoke.py, tools/bench/gpu_wheels.sh) on the CPU with --tiny.
 
 Checks what the benchmark's numbers rely on, not timings: every response really has the forced length, the random
@@ -36,8 +37,22 @@ pytestmark = pytest.mark.bench  # the benchmark scripts' smoke tests: -m bench (
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("scaling") / "scaling.json"
-    res = scaling.main(["--cells", "toy:12", "--credits", "grpo,delta,cscr", "--steps", "2",
-                        "--num_prompts_per_step", "2", "--num_generations", "2", "--out", str(out)])
+    res = scaling.main(
+        [
+            "--cells",
+            "toy:12",
+            "--credits",
+            "grpo,delta,cscr",
+            "--steps",
+            "2",
+            "--num_prompts_per_step",
+            "2",
+            "--num_generations",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     return res, out
 
 
@@ -76,7 +91,8 @@ def test_bad_cells_rejected():
 
 
 # ----------------------------------------------------------------------------------------------------------
-# tools/bench/gpu_check.py (the GPU check, issue #17) and tools/bench/gpu_smoke.py, on the CPU with --tiny: every part runs
+# tools/bench/gpu_check.py (the GPU check, issue #17) and tools/bench/gpu_smoke.py, on the CPU with --tiny: every part
+# runs
 # through the same code as on the device; what it records is checked against its sources (the run folders, the
 # tiny config), and a child past its time limit is stopped with its whole process group.
 # ----------------------------------------------------------------------------------------------------------
@@ -93,13 +109,32 @@ def random_toy_root(tmp_path_factory):
 @pytest.mark.slow
 def test_gpu_check_tiny_runs_every_part(tmp_path, random_toy_root):
     out, work = tmp_path / "out", tmp_path / "work"
-    res = gpu_check.main(["--tiny", "--out", str(out), "--work", str(work), "--wheels", "", "--toy_credits", "delta",
-                          "--toy_cache", str(random_toy_root), "--budget", "900"])
+    res = gpu_check.main(
+        [
+            "--tiny",
+            "--out",
+            str(out),
+            "--work",
+            str(work),
+            "--wheels",
+            "",
+            "--toy_credits",
+            "delta",
+            "--toy_cache",
+            str(random_toy_root),
+            "--budget",
+            "900",
+        ]
+    )
     status = {(p["part"], p["label"]): p["status"] for p in res["parts"]}
-    assert status == {("setup", "install wheels"): "skipped", ("setup", "environment"): "ok",
-                      ("smoke", "gpu_smoke.py"): "ok", ("toy", "toy delta"): "ok",
-                      ("vllm", "probe"): "ok",
-                      ("vllm", "--use_vllm"): "absent" if importlib.util.find_spec("vllm") is None else "skipped"}
+    assert status == {
+        ("setup", "install wheels"): "skipped",
+        ("setup", "environment"): "ok",
+        ("smoke", "gpu_smoke.py"): "ok",
+        ("toy", "toy delta"): "ok",
+        ("vllm", "probe"): "ok",
+        ("vllm", "--use_vllm"): "absent" if importlib.util.find_spec("vllm") is None else "skipped",
+    }
     assert res["ok"] is True and res["problems"] == []
     # four files, as they come back from the device (at most 8), rewritten after every part
     assert sorted(os.listdir(out)) == ["gpu_check.json", "gpu_check.log", "gpu_smoke_tiny.json", "toy_runs.tar.gz"]
@@ -114,8 +149,11 @@ def test_gpu_check_tiny_runs_every_part(tmp_path, random_toy_root):
     assert env["grading"]["ok"] is True and env["grading"]["right"][0] is True
     assert all(i["ok"] for i in env["imports"].values()) and env["gpu"] is None
     # the commit where this tree is a git checkout; "no git" in a source tree without .git (a downloaded archive)
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True) \
-        if (REPO / ".git").exists() and shutil.which("git") else None
+    head = (
+        subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        if (REPO / ".git").exists() and shutil.which("git")
+        else None
+    )
     if head is not None and head.returncode == 0:
         assert env["git"]["commit"] == head.stdout.strip()
     elif gpu_smoke.GIT_STAMP.exists():  # tools/bench/gpu_wheels.sh's stamp of a tree copied without .git
@@ -127,7 +165,11 @@ def test_gpu_check_tiny_runs_every_part(tmp_path, random_toy_root):
     assert smoke == json.loads((out / "gpu_smoke_tiny.json").read_text())
     assert smoke["all_ok"] is True and smoke["command"].startswith("python tools/bench/gpu_smoke.py")
     assert [(r["mode"], r["credit"], r["micro_batch_size"]) for r in smoke["runs"]] == [
-        ("lora", "grpo", 3), ("lora", "delta", 3), ("lora", "cscr", 3), ("full", "grpo", 2)]
+        ("lora", "grpo", 3),
+        ("lora", "delta", 3),
+        ("lora", "cscr", 3),
+        ("full", "grpo", 2),
+    ]
     # KV cache per token by hand from the tiny config: K and V × layers × KV heads × head_dim × 4 bytes (float32)
     t = gpu_smoke.TINY
     per_token = 2 * t["num_hidden_layers"] * t["num_key_value_heads"] * t["head_dim"] * 4
@@ -138,8 +180,14 @@ def test_gpu_check_tiny_runs_every_part(tmp_path, random_toy_root):
     # memory_plan.py's prediction beside every measured peak (on the CPU: no GPU peak, a CPU plan)
     plans = next(p for p in saved["parts"] if p["part"] == "smoke")["plan"]
     assert [(e["mode"], e["credit"]) for e in plans] == [(r["mode"], r["credit"]) for r in smoke["runs"]]
-    assert all("error" not in e and e["device"] == "CPU" and e["predicted_tensors_gb"] > 0 and
-               "rollout" not in e["predicted_stages_gb"] and e["measured_peak_allocated_gb"] is None for e in plans)
+    assert all(
+        "error" not in e
+        and e["device"] == "CPU"
+        and e["predicted_tensors_gb"] > 0
+        and "rollout" not in e["predicted_stages_gb"]
+        and e["measured_peak_allocated_gb"] is None
+        for e in plans
+    )
     toy_plan = next(p for p in saved["parts"] if p["label"] == "toy delta")["plan"]
     assert "error" not in toy_plan and toy_plan["measured_peak_rss_gb"] > 0
     assert toy_plan["predicted_tensors_gb"] == max(toy_plan["predicted_stages_gb"].values()) > 0
@@ -177,17 +225,21 @@ def test_memory_plan_check_tiny(tmp_path):
 def test_gpu_check_stops_a_child_past_its_limit(tmp_path, monkeypatch):
     monkeypatch.setitem(gpu_check.LIMITS, "smoke", (2, 2))
     monkeypatch.setattr(gpu_check, "MIN_PART_S", 0)
-    check = gpu_check.Check(gpu_check.parse_args(["--tiny", "--out", str(tmp_path / "out"),
-                                                  "--work", str(tmp_path / "w")]), [])
+    check = gpu_check.Check(
+        gpu_check.parse_args(["--tiny", "--out", str(tmp_path / "out"), "--work", str(tmp_path / "w")]), []
+    )
     pid_file = tmp_path / "grandchild.pid"
-    sleeper = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
-               "time.sleep(120)']); open(sys.argv[1], 'w').write(str(p.pid)); time.sleep(120)")
+    sleeper = (
+        "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+        "time.sleep(120)']); open(sys.argv[1], 'w').write(str(p.pid)); time.sleep(120)"
+    )
     rec = check.child("smoke", "sleeper", [sys.executable, "-c", sleeper, str(pid_file)], "smoke")
     assert rec["status"] == "timeout" and rec["timeout_s"] == 2 and rec["rc"] is not None
     grandchild = int(pid_file.read_text())
     for _ in range(50):  # gone, or a zombie waiting for init to reap it
-        state = subprocess.run(["ps", "-o", "stat=", "-p", str(grandchild)], capture_output=True, text=True,
-                               check=False).stdout
+        state = subprocess.run(
+            ["ps", "-o", "stat=", "-p", str(grandchild)], capture_output=True, text=True, check=False
+        ).stdout
         if not state.strip() or state.strip().startswith("Z"):
             break
         time.sleep(0.1)
@@ -212,8 +264,11 @@ def test_gpu_check_device_call_and_wheel_pins():
     # the wheels carried to the device are requirements.txt's pins (and math-verify's own pin)
     script = (REPO / "tools" / "bench" / "gpu_wheels.sh").read_text()
     pins = dict(p.split("==") for p in re.search(r"PINS=\(([^)]*)\)", script).group(1).split())
-    req = {re.split(r"[\[=]", line)[0]: line for line in (REPO / "requirements.txt").read_text().splitlines()
-           if "==" in line and not line.startswith("#")}
+    req = {
+        re.split(r"[\[=]", line)[0]: line
+        for line in (REPO / "requirements.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    }
     assert req["math-verify"] == f"math-verify=={pins['math-verify']}" and req["pebble"] == f"pebble=={pins['pebble']}"
     assert req["antlr4-python3-runtime"] == f"antlr4-python3-runtime=={pins['antlr4-python3-runtime']}"
     if importlib.util.find_spec("math_verify") is not None:
@@ -221,37 +276,57 @@ def test_gpu_check_device_call_and_wheel_pins():
 
 
 def test_scaling_update_lengths_runs_both_modes_on_the_same_batch(tmp_path):
-    res = scaling.main(["--update_lengths", "4:20", "--cells", "toy:0", "--num_prompts_per_step", "2",
-                        "--num_generations", "2", "--steps", "2", "--out", ""])
+    res = scaling.main(
+        [
+            "--update_lengths",
+            "4:20",
+            "--cells",
+            "toy:0",
+            "--num_prompts_per_step",
+            "2",
+            "--num_generations",
+            "2",
+            "--steps",
+            "2",
+            "--out",
+            "",
+        ]
+    )
     rows = {(r["padding_free"], r["shared_prompt"]): r for r in res["summary"]}
-    assert set(rows) == {(True, True), (True, False), (False, False)} and rows[True, True]["speedup"] == \
-        pytest.approx(rows[False, False]["s_update"] / rows[True, True]["s_update"]) and \
-        rows[False, False]["speedup"] == 1.0
+    assert (
+        set(rows) == {(True, True), (True, False), (False, False)}
+        and rows[True, True]["speedup"] == pytest.approx(rows[False, False]["s_update"] / rows[True, True]["s_update"])
+        and rows[False, False]["speedup"] == 1.0
+    )
     runs = res["runs"]
     assert {r["response_tokens"] for r in runs} == {4 + 9 + 15 + 20}  # lengths evenly spread over 4..20
     assert all(r["padded_response_tokens"] == 4 * 20 and len(r["seconds"]) == 2 for r in runs)
 
 
 def test_widened_toy_computes_the_same_function(toy_model_path, tmp_path, float64_model):
-    """tools/bench/memory.py's widened toy (hidden 128 -> 512, zeros everywhere else) gives the toy's log-probs: float64,
+    """tools/bench/memory.py's widened toy (hidden 128 -> 512, zeros everywhere else) gives the toy's log-probs:
+    float64,
     1e-10, once the per-head q/k norms get back their ε (the one change the widening makes, see its docstring).
     (512 = 4·128: the norm weights' factor sqrt(h/H) = 1/2 is exact in the float32 the model is saved in.)"""
     from transformers import AutoModelForCausalLM
 
-    from trainer import policy
     import rollout
     from tools.bench import memory
+    from trainer import policy
 
     wide_path = memory.widen_toy_model(toy_model_path, str(tmp_path / "wide"), 512)
     toy, tok = policy.load_model_and_tokenizer(toy_model_path)
     wide = AutoModelForCausalLM.from_pretrained(wide_path)
     assert wide.config.hidden_size == 512 and sum(p.numel() for p in wide.parameters()) > 1.5 * sum(
-        p.numel() for p in toy.parameters())
+        p.numel() for p in toy.parameters()
+    )
     for layer in wide.model.layers:
         layer.self_attn.q_norm.variance_epsilon = layer.self_attn.k_norm.variance_epsilon = toy.config.rms_norm_eps
     batch = rollout.generate(toy, tok, ["Compute 7+5-3.\n", "Compute 12+30.\n"], 3, rollout.SamplingSettings(16))
-    logp = [policy.token_logprobs(float64_model(m).eval(), batch.input_ids, batch.attention_mask, batch.response_mask)
-            for m in (toy, wide)]
+    logp = [
+        policy.token_logprobs(float64_model(m).eval(), batch.input_ids, batch.attention_mask, batch.response_mask)
+        for m in (toy, wide)
+    ]
     assert logp[0].abs().sum() > 0
     torch.testing.assert_close(logp[1], logp[0], rtol=1e-10, atol=1e-10)
 
@@ -287,14 +362,22 @@ def test_credit_overhead_rows_are_the_rules_flags():
         assert cfg == grpo.GRPOConfig(**vars(grpo.build_parser().parse_args(flags))), name
     assert by_name["no_lamnorm"] == {"credit": "delta", "delta_normalize": False}
     assert by_name["topk_proxy"] == {"credit": "delta", "delta_proxy": "topk", "delta_proxy_topk": 20}
-    assert credit_overhead.row_specs(ap.parse_args(["--rules", "fipo,dapo,fipo"])) == [("fipo", {"credit": "fipo"}),
-                                                                                      ("dapo", {})]
+    assert credit_overhead.row_specs(ap.parse_args(["--rules", "fipo,dapo,fipo"])) == [
+        ("fipo", {"credit": "fipo"}),
+        ("dapo", {}),
+    ]
     old = credit_overhead.row_specs(ap.parse_args(["--credits", "grpo,delta,cscr"]))
-    assert old == [("dapo", {}), ("delta", {"credit": "delta", "delta_impl": "normal"}),
-                   ("delta[memory_efficient]", {"credit": "delta", "delta_impl": "memory_efficient"}),
-                   ("cscr", {"credit": "cscr"})]
-    for argv, words in ((["--rules", "dapo,fipoo"], "unknown ['fipoo']"), (["--credits", "fipo"], "unknown credit"),
-                        (["--rules", "dapo", "--credits", "grpo"], "not both")):
+    assert old == [
+        ("dapo", {}),
+        ("delta", {"credit": "delta", "delta_impl": "normal"}),
+        ("delta[memory_efficient]", {"credit": "delta", "delta_impl": "memory_efficient"}),
+        ("cscr", {"credit": "cscr"}),
+    ]
+    for argv, words in (
+        (["--rules", "dapo,fipoo"], "unknown ['fipoo']"),
+        (["--credits", "fipo"], "unknown credit"),
+        (["--rules", "dapo", "--credits", "grpo"], "not both"),
+    ):
         with pytest.raises(SystemExit, match=re.escape(words)):
             credit_overhead.row_specs(ap.parse_args(argv))
     with pytest.raises(SystemExit, match="--rules must include dapo"):
@@ -305,19 +388,38 @@ def test_credit_overhead_times_two_rules(tmp_path, capsys):
     """The tiniest run (2 steps, 1 round, 2 × 2 responses): each rule's row, its ratio to the dapo row of the same
     run, its flags reached the trainer (FIPO's branch logged), at reproduce.py's four mini-batches."""
     out = tmp_path / "co.json"
-    res = credit_overhead.main(["--rules", "dapo,fipo", "--steps", "2", "--repeats", "1", "--num_prompts_per_step",
-                                "2", "--num_generations", "2", "--no-warmup_round", "--keep_runs", "--out", str(out)])
+    res = credit_overhead.main(
+        [
+            "--rules",
+            "dapo,fipo",
+            "--steps",
+            "2",
+            "--repeats",
+            "1",
+            "--num_prompts_per_step",
+            "2",
+            "--num_generations",
+            "2",
+            "--no-warmup_round",
+            "--keep_runs",
+            "--out",
+            str(out),
+        ]
+    )
     workdir = Path(re.search(r"runs kept in (\S+)", capsys.readouterr().out).group(1))
     try:
         s = res["summary"]
         assert list(s) == ["dapo", "fipo"] and s["dapo"]["ratio_s_per_step"] == 1.0
         assert s["fipo"]["ratio_s_per_step"] == pytest.approx(s["fipo"]["s_per_step"] / s["dapo"]["s_per_step"])
         assert s["fipo"]["ratio_cpu_s_per_step_train"] == pytest.approx(
-            s["fipo"]["cpu_s_per_step_train"] / s["dapo"]["cpu_s_per_step_train"])
+            s["fipo"]["cpu_s_per_step_train"] / s["dapo"]["cpu_s_per_step_train"]
+        )
         assert all(r["steps_timed"] == 1 and "goal_met" not in r for r in s.values())
         assert res["identical_rollouts"] is True and res["settings"]["train_config"]["num_mini_batches"] == 4
-        assert res["rows"] == [{"name": "dapo", "flags": [], "config": {}},
-                               {"name": "fipo", "flags": ["--credit", "fipo"], "config": {"credit": "fipo"}}]
+        assert res["rows"] == [
+            {"name": "dapo", "flags": [], "config": {}},
+            {"name": "fipo", "flags": ["--credit", "fipo"], "config": {"credit": "fipo"}},
+        ]
         assert json.loads(out.read_text())["summary"].keys() == s.keys()
         for name, credit in (("dapo", "grpo"), ("fipo", "fipo")):
             cfg = json.loads((workdir / f"r0_{name}" / "config.json").read_text())["config"]
@@ -341,18 +443,25 @@ def test_reproduce_check_finds_a_changed_figure(tmp_path, capsys):
 
     record, root, held_out = tmp_path / "record.json", tmp_path / "runs", tmp_path / "held_out.jsonl"
     held_out.write_text("".join(json.dumps(r) + "\n" for r in problems.load_problems("toy", split="test")[:8]))
-    tiny = ["--extra", f"--max_steps 1 --num_prompts_per_step 2 --num_generations 2 --eval_data {held_out} "
-            "--eval_num_generations 2 --save_steps 0", "--record", str(record)]
+    tiny = [
+        "--extra",
+        f"--max_steps 1 --num_prompts_per_step 2 --num_generations 2 --eval_data {held_out} "
+        "--eval_num_generations 2 --save_steps 0",
+        "--record",
+        str(record),
+    ]
     assert reproduce.main(["--rules", "dapo", "--seeds", "0", "--root", str(root), *tiny]) == 0
     saved = json.loads(record.read_text())
     (run,) = saved["results"]["dapo"]["runs"]
-    assert run["command"] == ("python grpo.py --num_mini_batches 4 --max_steps 1 --num_prompts_per_step 2 "
-                              f"--num_generations 2 --eval_data {held_out} --eval_num_generations 2 --save_steps 0 "
-                              "--seed 0")
+    assert run["command"] == (
+        "python grpo.py --num_mini_batches 4 --max_steps 1 --num_prompts_per_step 2 "
+        f"--num_generations 2 --eval_data {held_out} --eval_num_generations 2 --save_steps 0 "
+        "--seed 0"
+    )
     assert run["git"]["commit"] and run["machine"]["cpu"]["simd"] and run["machine_kind"] != "not recorded"
     summary = json.loads((root / "dapo-seed0" / "summary.json").read_text())
     assert (run["avg8_after"], run["greedy_after"]) == (summary["after"]["eval/avg@2"], summary["after"]["eval/greedy"])
-    assert f"`{run['command'][:-len('0')]}S` (S = 0)" in reproduce.table(saved)
+    assert f"`{run['command'][: -len('0')]}S` (S = 0)" in reproduce.table(saved)
     capsys.readouterr()
 
     assert reproduce.main(["--check", "dapo", "--seed", "0", "--log_check", *tiny]) == 0
@@ -385,7 +494,9 @@ def test_reproduce_pins_the_kernels_of_the_record(monkeypatch, capsys):
     assert reproduce.torch_kernels() == "DEFAULT"
     monkeypatch.setattr(reproduce, "torch_kernels", lambda: "AVX2")  # a CPU without AVX-512
     assert "cannot run torch's AVX512 kernels" in reproduce.pin_capability("AVX512")
-    record = {"results": {"dapo": {"runs": [{"seed": 0, "command": "x", "machine": {"torch_cpu_capability": "AVX512"}}]}}}
+    record = {
+        "results": {"dapo": {"runs": [{"seed": 0, "command": "x", "machine": {"torch_cpu_capability": "AVX512"}}]}}
+    }
     with pytest.raises(SystemExit) as stop:
         reproduce.check(record, "dapo", 0, [], keep=False)
     assert stop.value.code == 2

@@ -10,8 +10,8 @@ import torch
 
 import evaluate
 import grpo
-from trainer import policy
 import rollout
+from trainer import policy
 
 
 def test_C16_group_of_one_gives_zero_advantage():
@@ -140,7 +140,7 @@ def test_C28_stop_strings_cut_a_run_on_continuation():
     assert found == [True]
     assert texts[0] == "2+3 = 5, so \\boxed{5}.\n\nQuestion:" and verify.verify(texts[0], "5")
     # the mask ends at the token that completes the stop string (character tokenizer: one token per character)
-    assert int(mask.sum()) == len(texts[0]) and mask[0, len(texts[0]):].sum() == 0
+    assert int(mask.sum()) == len(texts[0]) and mask[0, len(texts[0]) :].sum() == 0
     assert rollout.template_stop_strings("r1") == ["</answer>"]
 
 

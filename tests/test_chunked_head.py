@@ -9,12 +9,11 @@ of the CPU allocator against memory_plan's chunk terms."""
 
 import pytest
 import torch
+from conftest import backward
 from test_architectures import _batch, _config
 
 import grpo
-from conftest import backward
-from trainer import memory_plan
-from trainer import policy
+from trainer import memory_plan, policy
 
 TOL = 1e-10
 ARCHS = ["qwen3", "qwen3_sliding", "llama", "mistral", "gemma3", "tied"]
@@ -63,9 +62,16 @@ def test_token_logprobs_chunked_equals_unchunked(arch, tokenizer, float64_model)
     runs = {}
     for positions in (0, 1, 5, 7):
         model.zero_grad(set_to_none=True)
-        lp, h, ent = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, 0.7,
-                                           return_hidden=True, return_entropy=True,
-                                           chunk_bytes=_budget(V, positions))
+        lp, h, ent = policy.token_logprobs(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.response_mask,
+            0.7,
+            return_hidden=True,
+            return_entropy=True,
+            chunk_bytes=_budget(V, positions),
+        )
         (weights * lp).sum().backward()
         runs[positions] = (lp.detach(), h, ent, _grads(model))
     lp0, h0, ent0, g0 = runs[0]
@@ -83,11 +89,13 @@ def test_gemma_soft_capping_is_applied_per_chunk(tokenizer, float64_model):
     """Without the cap the log-probs differ: the test above would notice a chunk that skipped it."""
     V = len(tokenizer)
     model, batch = _model("gemma3", V, float64_model), _batch(tokenizer)
-    capped = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
-                                   chunk_bytes=_budget(V, 5))
+    capped = policy.token_logprobs(
+        model, batch.input_ids, batch.attention_mask, batch.response_mask, chunk_bytes=_budget(V, 5)
+    )
     model.config.final_logit_softcapping = None
-    plain = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
-                                  chunk_bytes=_budget(V, 5))
+    plain = policy.token_logprobs(
+        model, batch.input_ids, batch.attention_mask, batch.response_mask, chunk_bytes=_budget(V, 5)
+    )
     assert (capped - plain).abs().max() > 1e-2
 
 
@@ -101,8 +109,14 @@ def test_shared_prompt_pass_chunked(tokenizer, float64_model):
     for positions in (0, 4):
         model.zero_grad(set_to_none=True)
         shared = policy.SharedPrompts(model, batch.input_ids, batch.attention_mask, rows, batch.response_mask.shape[1])
-        lp = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
-                                   shared=(shared, rows), chunk_bytes=_budget(V, positions))
+        lp = policy.token_logprobs(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.response_mask,
+            shared=(shared, rows),
+            chunk_bytes=_budget(V, positions),
+        )
         lp.sum().backward()
         shared.backward()
         runs.append((lp.detach(), _grads(model)))
@@ -131,10 +145,12 @@ def _update(model, tok, batch, credit, flags):
     """Stages 4-6 (θ_old and the reference, the credit, one mini-batch's backward) as grpo.py runs them: (θ_old's
     log-probs, token advantages, loss, gradient)."""
     N = len(batch.response_mask)
-    cfg = grpo.GRPOConfig(credit=credit, max_completion_length=batch.response_mask.shape[1],
-                          **{"fuse_old_logprobs": False, **flags})
-    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0], dtype=torch.float64),
-                                batch.group_size)
+    cfg = grpo.GRPOConfig(
+        credit=credit, max_completion_length=batch.response_mask.shape[1], **{"fuse_old_logprobs": False, **flags}
+    )
+    adv = grpo.group_advantages(
+        torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0], dtype=torch.float64), batch.group_size
+    )
     credit_fn, ref = grpo.Credit(cfg, tok), policy.reference_model(model, cfg)
     fused = grpo.can_update_on_policy(cfg, N, has_reference=ref is not None)
     old = grpo.old_logprobs(model, batch, cfg, credit_fn.needs_hidden(), ref, training_forward=fused)
@@ -175,8 +191,9 @@ def test_chunks_really_run(tokenizer, float64_model, monkeypatch):
     apply = policy.ChunkedLMHead.apply
     monkeypatch.setattr(policy.ChunkedLMHead, "apply", lambda h, *a: seen.append((len(h), a[4])) or apply(h, *a))
     for positions in (0, 5):
-        policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
-                              chunk_bytes=_budget(V, positions)).sum().backward()
+        policy.token_logprobs(
+            model, batch.input_ids, batch.attention_mask, batch.response_mask, chunk_bytes=_budget(V, positions)
+        ).sum().backward()
     assert seen == [(batch.response_mask.numel(), 5)] and batch.response_mask.numel() % 5
     seen.clear()  # the default budget: the toy's micro-batches (and these) fit in one chunk, the path of before
     policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask)
@@ -191,26 +208,40 @@ def test_models_whose_logits_are_not_the_heads_output_keep_the_unchunked_path(to
 
     V = len(tokenizer)
     torch.manual_seed(0)
-    cohere = float64_model(tf.CohereForCausalLM(tf.CohereConfig(
-        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, logit_scale=0.25, pad_token_id=0, bos_token_id=1, eos_token_id=2)))
+    cohere = float64_model(
+        tf.CohereForCausalLM(
+            tf.CohereConfig(
+                vocab_size=V,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=1,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                logit_scale=0.25,
+                pad_token_id=0,
+                bos_token_id=1,
+                eos_token_id=2,
+            )
+        )
+    )
     why = policy.lm_head(cohere)
     assert isinstance(why, str) and "CohereForCausalLM's logits are not its LM head's output" in why
     said = []
     plan = policy.exact_optimisations(cohere, grpo.GRPOConfig(), said.append)
     assert plan["chunked_lm_head"] == f"off: {why}" and said == [
-        f"[exact] the LM head runs on a micro-batch's logits at once (not in chunks of positions): {why}"]
+        f"[exact] the LM head runs on a micro-batch's logits at once (not in chunks of positions): {why}"
+    ]
     batch = _batch(tokenizer)
     small = policy.token_logprobs(cohere, batch.input_ids, batch.attention_mask, batch.response_mask, chunk_bytes=1)
     whole = policy.token_logprobs(cohere, batch.input_ids, batch.attention_mask, batch.response_mask, chunk_bytes=0)
     assert torch.equal(small, whole)
 
-    lora = policy.prepare_model(_model("qwen3", V, float64_model),
-                                grpo.GRPOConfig(use_peft=True, lora_target_modules="q_proj,lm_head"))
+    lora = policy.prepare_model(
+        _model("qwen3", V, float64_model), grpo.GRPOConfig(use_peft=True, lora_target_modules="q_proj,lm_head")
+    )
     assert "not a bias-free nn.Linear" in policy.lm_head(lora)
     plain = policy.prepare_model(_model("qwen3", V, float64_model), grpo.GRPOConfig(use_peft=True))
-    assert policy.exact_optimisations(plain, grpo.GRPOConfig(use_peft=True), lambda *a: None)[
-        "chunked_lm_head"] == "on"
+    assert policy.exact_optimisations(plain, grpo.GRPOConfig(use_peft=True), lambda *a: None)["chunked_lm_head"] == "on"
 
 
 def _live_peak(fn):
@@ -271,8 +302,10 @@ def test_bf16_head_gradient_as_close_to_exact_as_the_unchunked_heads():
         return policy.ChunkedLMHead.apply(h, weight, y, 1.0, None, chunk, False)[0]
 
     exact = grad_w(unchunked, W.double())
-    error = {name: (grad_w(fn, W) - exact).norm() / exact.norm() for name, fn in
-             (("unchunked", unchunked), ("chunked", chunked))}
+    error = {
+        name: (grad_w(fn, W) - exact).norm() / exact.norm()
+        for name, fn in (("unchunked", unchunked), ("chunked", chunked))
+    }
     assert -(-n // chunk) == 47 and error["unchunked"] > 1e-4  # bf16's rounding is there to compare
     assert error["chunked"] <= 1.25 * error["unchunked"]
 
@@ -304,18 +337,40 @@ def _granite(V, scale):
     import transformers as tf
 
     torch.manual_seed(0)
-    return tf.GraniteForCausalLM(tf.GraniteConfig(
-        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, logits_scaling=scale, pad_token_id=0, bos_token_id=1, eos_token_id=2))
+    return tf.GraniteForCausalLM(
+        tf.GraniteConfig(
+            vocab_size=V,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            logits_scaling=scale,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+    )
 
 
 def _cohere(V, scale):
     import transformers as tf
 
     torch.manual_seed(0)
-    return tf.CohereForCausalLM(tf.CohereConfig(
-        vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, logit_scale=scale, pad_token_id=0, bos_token_id=1, eos_token_id=2))
+    return tf.CohereForCausalLM(
+        tf.CohereConfig(
+            vocab_size=V,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            logit_scale=scale,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+    )
 
 
 @pytest.mark.parametrize("build,scale", [(_granite, 8.0), (_cohere, 0.125)])
@@ -335,8 +390,9 @@ def test_the_heads_check_is_per_config_not_per_class(build, scale, tokenizer, fl
     runs = []
     for positions in (0, 5):
         model.zero_grad(set_to_none=True)
-        lp = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, 0.7,
-                                   chunk_bytes=_budget(V, positions))
+        lp = policy.token_logprobs(
+            model, batch.input_ids, batch.attention_mask, batch.response_mask, 0.7, chunk_bytes=_budget(V, positions)
+        )
         lp.sum().backward()
         runs.append((lp.detach(), _grads(model)))
     _close(runs[1][0], runs[0][0])
@@ -375,8 +431,9 @@ def test_cast_lm_head_to_fp32(tokenizer):
     assert torch.equal(logits, torch.nn.functional.linear(seen["h"].float(), head.weight))
     assert not torch.equal(logits, before.float())  # not the bf16 logits made float32 after the matmul
     assert not isinstance(policy.lm_head(on), str)
-    lp = policy.token_logprobs(on, batch.input_ids, batch.attention_mask, batch.response_mask,
-                               chunk_bytes=_budget(V, 5))
+    lp = policy.token_logprobs(
+        on, batch.input_ids, batch.attention_mask, batch.response_mask, chunk_bytes=_budget(V, 5)
+    )
     lp.sum().backward()
     assert lp.dtype == torch.float32 and head.weight.grad.dtype == torch.float32
     assert policy._body(on).layers[0].mlp.down_proj.weight.grad.dtype == torch.bfloat16

@@ -5,21 +5,39 @@ import json
 
 import pytest
 import torch
-
-from trainer import checkpoint
-import grpo
 from conftest import backward
-from trainer import memory_plan
-from trainer import policy
+
+import grpo
 import rollout
 import toy
+from trainer import checkpoint, memory_plan, policy
 
 
 def _run(tmp_path, model_path, credit, *extra):
     out = tmp_path / credit
-    grpo.main(["--model", model_path, "--prompt_template", "none", "--credit", credit, "--max_steps", "2",
-               "--num_prompts_per_step", "8", "--num_generations", "4", "--eval_num_generations", "0",
-               "--output_dir", str(out), "--save_steps", "0", *extra])
+    grpo.main(
+        [
+            "--model",
+            model_path,
+            "--prompt_template",
+            "none",
+            "--credit",
+            credit,
+            "--max_steps",
+            "2",
+            "--num_prompts_per_step",
+            "8",
+            "--num_generations",
+            "4",
+            "--eval_num_generations",
+            "0",
+            "--output_dir",
+            str(out),
+            "--save_steps",
+            "0",
+            *extra,
+        ]
+    )
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     samples = [json.loads(l) for f in sorted((out / "samples").glob("*.jsonl")) for l in f.read_text().splitlines()]
     return lines, samples
@@ -29,8 +47,15 @@ def _run(tmp_path, model_path, credit, *extra):
 def test_delta_end_to_end_logs_coefficients(toy_model_path, tmp_path, impl):
     lines, samples = _run(tmp_path, toy_model_path, "delta", "--delta_impl", impl, "--micro_batch_size", "5")
     assert len(lines) == 2
-    for key in ("delta/lam_pos_mean", "delta/lam_neg_mean", "delta/lam_pos_max", "delta/lam_neg_min",
-                "delta/cos_mu", "delta/gamma_pos", "delta/gamma_neg"):
+    for key in (
+        "delta/lam_pos_mean",
+        "delta/lam_neg_mean",
+        "delta/lam_pos_max",
+        "delta/lam_neg_min",
+        "delta/cos_mu",
+        "delta/gamma_pos",
+        "delta/gamma_neg",
+    ):
         assert key in lines[0]
     live = [l for l in lines if l["delta/n_pos"] > 0 and l["delta/n_neg"] > 0]
     assert live, "the toy should produce both positive and negative responses"
@@ -47,8 +72,15 @@ def test_delta_end_to_end_logs_coefficients(toy_model_path, tmp_path, impl):
 
 def test_cscr_end_to_end_logs_weights(toy_model_path, tmp_path):
     lines, samples = _run(tmp_path, toy_model_path, "cscr", "--cscr_threshold_quantile", "0.8")
-    for key in ("cscr/w_mean", "cscr/frac_w_lt_1", "cscr/w_tilde_max", "cscr/eff_token_frac", "cscr/s_pos_mean",
-                "cscr/s_neg_mean", "cscr/threshold"):
+    for key in (
+        "cscr/w_mean",
+        "cscr/frac_w_lt_1",
+        "cscr/w_tilde_max",
+        "cscr/eff_token_frac",
+        "cscr/s_pos_mean",
+        "cscr/s_neg_mean",
+        "cscr/threshold",
+    ):
         assert key in lines[0]
     assert lines[0]["cscr/threshold"] == lines[1]["cscr/threshold"]  # calibrated once, then frozen
     assert any("highest_sensitivity" in s for s in samples)
@@ -101,8 +133,10 @@ TOL = 1e-10
 def test_gradient_does_not_depend_on_micro_batch_size(rollout_batch, float64_model, credit, loss_type):
     model, tok, rows, batch = rollout_batch
     model = float64_model(model)
-    runs = [_stages_4_to_6(model, tok, rows, batch, credit=credit, loss_type=loss_type, micro_batch_size=mbs)
-            for mbs in (1, 2, 0)]
+    runs = [
+        _stages_4_to_6(model, tok, rows, batch, credit=credit, loss_type=loss_type, micro_batch_size=mbs)
+        for mbs in (1, 2, 0)
+    ]
     _assert_same_update(runs[2], runs[0])
     _assert_same_update(runs[2], runs[1])
 
@@ -128,9 +162,22 @@ def test_padding_free_gives_the_padded_loss_and_gradient(rollout_batch, float64_
     model, tok, rows, batch = rollout_batch
     model = float64_model(model)
     for mbs in (1, 2, 0):
-        _assert_same_update(*[_stages_4_to_6(model, tok, rows, batch, credit=credit, loss_type=loss_type,
-                                             micro_batch_size=mbs, padding_free=pf, shared_prompt=False)
-                              for pf in (False, True)])
+        _assert_same_update(
+            *[
+                _stages_4_to_6(
+                    model,
+                    tok,
+                    rows,
+                    batch,
+                    credit=credit,
+                    loss_type=loss_type,
+                    micro_batch_size=mbs,
+                    padding_free=pf,
+                    shared_prompt=False,
+                )
+                for pf in (False, True)
+            ]
+        )
 
 
 def test_padding_free_micro_batches_cover_each_row_once_at_its_own_width(rollout_batch):
@@ -170,8 +217,11 @@ def test_delta_memory_efficient_equals_normal_in_trainer(rollout_batch, float64_
     whole batch, with zero-advantage groups and with one side empty (λ̄ ≡ 1): float64, 1e-10 (conftest)."""
     model, tok, rows, batch = rollout_batch
     model = float64_model(model)
-    r = {"mixed": [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0], "zero_groups": [1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0],
-         "one_side": [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]}[rewards]
+    r = {
+        "mixed": [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0],
+        "zero_groups": [1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0],
+        "one_side": [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+    }[rewards]
     # one_side: with --scale_rewards none, a group with one 1 among four 0s gives Â > 0 to one row only; the other
     # group is all 0 (Â = 0): no negative side, so the guard gives λ̄ ≡ 1
     scale = "none" if rewards == "one_side" else "group"
@@ -185,8 +235,9 @@ def test_delta_memory_efficient_equals_normal_in_trainer(rollout_batch, float64_
         assert not torch.allclose(lam0, mask.double())  # not the guard's λ̄ ≡ 1
     for mbs in (1, 3, 0):
         _, _, _, n0 = _delta_credit(model, tok, batch, adv, delta_k=K, micro_batch_size=mbs)  # stage 4's forwards
-        lam1, adv1, st1, n1 = _delta_credit(model, tok, batch, adv, delta_k=K, micro_batch_size=mbs,
-                                            delta_impl="memory_efficient")
+        lam1, adv1, st1, n1 = _delta_credit(
+            model, tok, batch, adv, delta_k=K, micro_batch_size=mbs, delta_impl="memory_efficient"
+        )
         torch.testing.assert_close(lam1, lam0, atol=TOL, rtol=TOL)
         torch.testing.assert_close(adv1, adv0, atol=TOL, rtol=TOL)
         for key in st0:
@@ -206,8 +257,11 @@ def test_delta_normal_stops_before_a_cache_that_does_not_fit(rollout_batch, monk
     nbytes = memory_plan.DELTA_NORMAL_HOST_COPIES * N * T * model.config.hidden_size * 4
     share = memory_plan.HOST_MEMORY_SHARE
     monkeypatch.setattr(memory_plan, "host_memory_available", lambda: int(0.95 * nbytes / share))  # just too little
-    with pytest.raises(SystemExit, match=rf"{N} responses × {T} tokens × {model.config.hidden_size} hidden .* use "
-                                         r"--delta_impl memory_efficient"):
+    with pytest.raises(
+        SystemExit,
+        match=rf"{N} responses × {T} tokens × {model.config.hidden_size} hidden .* use "
+        r"--delta_impl memory_efficient",
+    ):
         memory_plan.check_delta_cache(N, T, model.config.hidden_size)  # once, before the loop (preflight.check)
     monkeypatch.setattr(memory_plan, "host_memory_available", lambda: int(1.05 * nbytes / share))
     memory_plan.check_delta_cache(N, T, model.config.hidden_size)  # fits
@@ -233,16 +287,18 @@ def _one_step(model, tok, cfg, rows, out_dir, monkeypatch, from_training_forward
     run = checkpoint.RunFolder(str(out_dir), dataclasses.asdict(cfg))
     run.start(model, {"prompt_template": "none"})
     actor = grpo.Actor(model, tok, policy.build_optimizer(model.parameters(), cfg), None)
-    source = grpo.PromptSource(rows, rollout.PromptSampler(len(rows), 0), "none",
-                               rollout.stop_token_ids(tok, "none", model))
+    source = grpo.PromptSource(
+        rows, rollout.PromptSampler(len(rows), 0), "none", rollout.stop_token_ids(tok, "none", model)
+    )
     record = grpo.train_step(0, cfg, actor, source, hook, run)
     run.close()
     return record, [p.detach().clone() for p in model.parameters()], seen
 
 
 @pytest.mark.parametrize("credit", ["grpo", "delta", "cscr"])
-def test_theta_old_from_the_training_forward_gives_the_same_update(toy_model_path, tmp_path, monkeypatch, credit,
-                                                                    float64_model):
+def test_theta_old_from_the_training_forward_gives_the_same_update(
+    toy_model_path, tmp_path, monkeypatch, credit, float64_model
+):
     """Stage 4's branch (θ_old's log-probs taken from the training forward, which stage 6 then reuses) makes the
     same AdamW update, token advantages and statistics as the separate no-grad pass. In float64: AdamW's first step
     is about lr·sign(g), so a float32 gradient entry near 0 could flip and move its weight by 2·lr."""
@@ -257,8 +313,10 @@ def test_theta_old_from_the_training_forward_gives_the_same_update(toy_model_pat
     assert not grpo.can_update_on_policy(grpo.GRPOConfig(micro_batch_size=4), 16, has_reference=False)
     assert not grpo.can_update_on_policy(grpo.GRPOConfig(fuse_old_logprobs=False), 16, has_reference=False)
     assert not grpo.can_update_on_policy(cfg, 16, has_reference=True)
-    results = [_one_step(copy.deepcopy(model), tok, cfg, rows, tmp_path / str(fused), monkeypatch, fused)
-               for fused in (False, True)]
+    results = [
+        _one_step(copy.deepcopy(model), tok, cfg, rows, tmp_path / str(fused), monkeypatch, fused)
+        for fused in (False, True)
+    ]
     (r0, w0, s0), (r1, w1, s1) = results
     assert r0["grad_norm"] > 0 and r1["grad_norm"] == pytest.approx(r0["grad_norm"], rel=TOL)
     assert r1["loss"] == pytest.approx(r0["loss"], abs=TOL) and r1["reward"] == r0["reward"]
@@ -269,8 +327,9 @@ def test_theta_old_from_the_training_forward_gives_the_same_update(toy_model_pat
 
 
 @pytest.mark.parametrize("credit", ["delta", "cscr"])
-def test_dropout_takes_theta_old_and_credit_from_eval_mode(toy_model_path, tmp_path, monkeypatch, float64_model,
-                                                           credit):
+def test_dropout_takes_theta_old_and_credit_from_eval_mode(
+    toy_model_path, tmp_path, monkeypatch, float64_model, credit
+):
     """With dropout (LoRA's, here 0.5) a training-mode forward is noisy: θ_old's log-probs, DelTA's h_t and CSCR's ℓ0
     come from eval mode (spec §2.1) on every path. The fused stage 4 turns itself off (``exact_optimisations``):
     the defaults give the λ̄ (or w̃) of --no-fuse_old_logprobs and the eval-mode log-probs; forcing the fused
@@ -285,10 +344,20 @@ def test_dropout_takes_theta_old_and_credit_from_eval_mode(toy_model_path, tmp_p
             if "lora_B" in name:
                 p.copy_(0.05 * torch.randn(p.shape, generator=gen))
     rows, runs = toy.make_split("train")[:8], {}
-    for name, flags, force in (("defaults", {}, None), ("no_fuse", {"fuse_old_logprobs": False}, None),
-                               ("forced", {}, True)):
-        cfg = grpo.GRPOConfig(credit=credit, num_prompts_per_step=4, num_generations=4, max_completion_length=48,
-                              use_peft=True, lora_dropout=0.5, **flags)
+    for name, flags, force in (
+        ("defaults", {}, None),
+        ("no_fuse", {"fuse_old_logprobs": False}, None),
+        ("forced", {}, True),
+    ):
+        cfg = grpo.GRPOConfig(
+            credit=credit,
+            num_prompts_per_step=4,
+            num_generations=4,
+            max_completion_length=48,
+            use_peft=True,
+            lora_dropout=0.5,
+            **flags,
+        )
         plan = policy.exact_optimisations(model, cfg, say=lambda *a: None)
         assert plan["fuse_old_logprobs"].startswith("off") and "dropout" in plan["fuse_old_logprobs"]
         if force:
@@ -314,8 +383,21 @@ def test_shared_prompt_gives_the_unshared_log_probs_and_gradient(rollout_batch, 
     model, tok, rows, batch = rollout_batch
     model = float64_model(model)
     for mbs in (1, 2, 0):
-        _assert_same_update(*[_stages_4_to_6(model, tok, rows, batch, credit=credit, loss_type=loss_type,
-                                             micro_batch_size=mbs, shared_prompt=shared) for shared in (False, True)])
+        _assert_same_update(
+            *[
+                _stages_4_to_6(
+                    model,
+                    tok,
+                    rows,
+                    batch,
+                    credit=credit,
+                    loss_type=loss_type,
+                    micro_batch_size=mbs,
+                    shared_prompt=shared,
+                )
+                for shared in (False, True)
+            ]
+        )
 
 
 def test_shared_prompt_runs_each_distinct_prompt_once_and_handles_one_token_prompts(toy_model_path, float64_model):
@@ -328,14 +410,21 @@ def test_shared_prompt_runs_each_distinct_prompt_once_and_handles_one_token_prom
         batch = rollout.generate(model, tok, prompts, 3, rollout.SamplingSettings(12, seed=5))
         N, T = batch.response_mask.shape
         shared = policy.SharedPrompts(model, batch.input_ids, batch.attention_mask, torch.arange(N), T)
-        assert shared.mask.shape[0] == len(set(prompts)) and shared.mask.shape[1] == \
-            int(batch.attention_mask[:, :-T].sum(1).max()) - 1
+        assert (
+            shared.mask.shape[0] == len(set(prompts))
+            and shared.mask.shape[1] == int(batch.attention_mask[:, :-T].sum(1).max()) - 1
+        )
         assert shared.index.tolist() == [shared.index[g * 3].item() for g in range(len(prompts)) for _ in range(3)]
         grads, logps = [], []
         for s in (None, shared):
             model.zero_grad(set_to_none=True)
-            lp = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
-                                     shared=None if s is None else (s, torch.arange(N)))
+            lp = policy.token_logprobs(
+                model,
+                batch.input_ids,
+                batch.attention_mask,
+                batch.response_mask,
+                shared=None if s is None else (s, torch.arange(N)),
+            )
             (lp * torch.linspace(-1, 1, N)[:, None].double()).sum().backward()
             if s is not None:
                 s.backward()
@@ -359,15 +448,17 @@ def test_shared_prompt_is_off_where_it_would_not_be_exact(toy_model_path):
     assert decide(grpo.GRPOConfig()) == ("on", [])
     assert decide(grpo.GRPOConfig(shared_prompt=False)) == ("off: the flag", [])
     plan, said = decide(grpo.GRPOConfig(gradient_checkpointing=True))
-    assert plan.startswith("off") and said == ["[exact] --shared_prompt off: it needs no gradient checkpointing: "
-                                               "--gradient_checkpointing"]
+    assert plan.startswith("off") and said == [
+        "[exact] --shared_prompt off: it needs no gradient checkpointing: --gradient_checkpointing"
+    ]
     lora = policy.prepare_model(model, grpo.GRPOConfig(use_peft=True, lora_dropout=0.1))
     plan, said = decide(grpo.GRPOConfig(), lora)
     assert "train = eval: the model has dropout" in plan and len(said) == 3  # and padding-free, the fused stage 4
 
 
-def test_shared_prompt_on_the_training_forward_gives_the_same_update(toy_model_path, tmp_path, monkeypatch,
-                                                                   float64_model):
+def test_shared_prompt_on_the_training_forward_gives_the_same_update(
+    toy_model_path, tmp_path, monkeypatch, float64_model
+):
     """Stage 4's training forward with the shared prompt pass (its backward run by stage 6 after the micro-batches')
     makes the same AdamW update as without it. In float64: AdamW's first step is about lr·sign(g), so float32
     rounding of a gradient entry near 0 would move its weight by up to 2·lr."""
@@ -378,8 +469,9 @@ def test_shared_prompt_on_the_training_forward_gives_the_same_update(toy_model_p
     rows = toy.make_split("train")[:8]
     results = []
     for shared in (False, True):
-        cfg = grpo.GRPOConfig(credit="delta", num_prompts_per_step=4, num_generations=4, max_completion_length=48,
-                              shared_prompt=shared)
+        cfg = grpo.GRPOConfig(
+            credit="delta", num_prompts_per_step=4, num_generations=4, max_completion_length=48, shared_prompt=shared
+        )
         results.append(_one_step(copy.deepcopy(model), tok, cfg, rows, tmp_path / str(shared), monkeypatch, True))
     (r0, w0, s0), (r1, w1, s1) = results
     assert r0["grad_norm"] > 0 and r1["grad_norm"] == pytest.approx(r0["grad_norm"], rel=TOL)
@@ -425,8 +517,7 @@ def test_cscr_standalone_logprob_fn_is_the_trainers(rollout_batch, float64_model
     model = float64_model(model)
     for temperature in (1.0, 0.7):
         ours = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, temperature)
-        theirs = cscr.default_logprob_fn(model, batch.input_ids, batch.attention_mask, batch.response_mask,
-                                         temperature)
+        theirs = cscr.default_logprob_fn(model, batch.input_ids, batch.attention_mask, batch.response_mask, temperature)
         assert ours.dtype == torch.float64 and ours.abs().sum() > 0
         torch.testing.assert_close(theirs, ours, rtol=1e-10, atol=1e-10)
 
@@ -441,18 +532,25 @@ def test_cscr_diagnostics_scores_are_the_trainers(rollout_batch, float64_model):
     model, tok, rows, batch = rollout_batch
     model = float64_model(model).eval()
     answers = [r["answer"] for r in rows for _ in range(4)]
-    contexts = cscr_diagnostics.condition_contexts(batch.prompts, answers, batch.texts, "verdict",
-                                                   cscr.MARKER, cscr.TURN_END)
+    contexts = cscr_diagnostics.condition_contexts(
+        batch.prompts, answers, batch.texts, "verdict", cscr.MARKER, cscr.TURN_END
+    )
     mask = batch.response_mask.bool()
     scores = cscr_diagnostics.score_contexts(model, tok, contexts, batch.response_ids, mask, 1.0, 3)
     cfg = grpo.GRPOConfig(credit="cscr")
     trainer = {"old_logp": grpo.old_logprobs(model, batch, cfg).logp}
     trainer["lp_pos"], trainer["lp_neg"] = cscr.condition_logprobs(
-        model, tok, list(zip(contexts["pos"], contexts["neg"])), batch.response_ids, batch.response_mask,
-        logprob_fn=grpo.Credit(cfg, tok).method.scoring_logprobs)
+        model,
+        tok,
+        list(zip(contexts["pos"], contexts["neg"])),
+        batch.response_ids,
+        batch.response_mask,
+        logprob_fn=grpo.Credit(cfg, tok).method.scoring_logprobs,
+    )
     with torch.no_grad():
-        trainer["entropy"] = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask,
-                                                   return_entropy=True)[1]
+        trainer["entropy"] = policy.token_logprobs(
+            model, batch.input_ids, batch.attention_mask, batch.response_mask, return_entropy=True
+        )[1]
     for name, expected in trainer.items():
         assert scores[name].dtype == torch.float64 and expected.abs().sum() > 0, name
         torch.testing.assert_close(scores[name], expected.to(torch.float64), rtol=TOL, atol=TOL)

@@ -31,24 +31,49 @@ def t(x):
 
 def example(A=1.0, threshold=0.2, **settings):
     """Ã [1, 8] of the spec §8 example."""
-    return cscr.cscr_token_advantages(torch.tensor([A], dtype=torch.float64), t(LP0), t(LP_POS), t(LP_NEG),
-                                      torch.ones(1, 8), threshold, cscr.Settings(**settings))
+    return cscr.cscr_token_advantages(
+        torch.tensor([A], dtype=torch.float64),
+        t(LP0),
+        t(LP_POS),
+        t(LP_NEG),
+        torch.ones(1, 8),
+        threshold,
+        cscr.Settings(**settings),
+    )
 
 
 def example_stats(A=1.0, threshold=0.2, **settings):
     """cscr_stats of the spec §8 example."""
-    return cscr.cscr_stats(torch.tensor([A], dtype=torch.float64), t(LP0), t(LP_POS), t(LP_NEG), torch.ones(1, 8),
-                           threshold, cscr.Settings(**settings))
+    return cscr.cscr_stats(
+        torch.tensor([A], dtype=torch.float64),
+        t(LP0),
+        t(LP_POS),
+        t(LP_NEG),
+        torch.ones(1, 8),
+        threshold,
+        cscr.Settings(**settings),
+    )
 
 
 def example_weights(threshold=0.2, **settings):
     """w = exp(log w) [1, 8] of the spec §8 example (credit_log_weights: s, the weight step, the floor)."""
-    return torch.exp(cscr.credit_log_weights(torch.ones(1, dtype=torch.float64), t(LP0), t(LP_POS), t(LP_NEG),
-                                             torch.ones(1, 8), threshold, cscr.Settings(**settings)))
+    return torch.exp(
+        cscr.credit_log_weights(
+            torch.ones(1, dtype=torch.float64),
+            t(LP0),
+            t(LP_POS),
+            t(LP_NEG),
+            torch.ones(1, 8),
+            threshold,
+            cscr.Settings(**settings),
+        )
+    )
 
 
 def close(a, b, tol=1e-6):
-    return torch.allclose(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=tol, rtol=0)
+    return torch.allclose(
+        torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=tol, rtol=0
+    )
 
 
 def test_sensitivity_max_example():
@@ -123,8 +148,9 @@ def test_padding_example():
     lp0 = torch.tensor([LP0 + [-float("inf"), 3.7]], dtype=torch.float64)
     lp_pos = torch.tensor([LP_POS + [-float("inf"), -12.0]], dtype=torch.float64)
     lp_neg = torch.tensor([LP_NEG + [-float("inf"), float("nan")]], dtype=torch.float64)
-    adv = cscr.cscr_token_advantages(torch.tensor([1.0]), lp0, lp_pos, lp_neg, m, threshold=0.2,
-                                     settings=cscr.Settings(alpha=1.0))
+    adv = cscr.cscr_token_advantages(
+        torch.tensor([1.0]), lp0, lp_pos, lp_neg, m, threshold=0.2, settings=cscr.Settings(alpha=1.0)
+    )
     assert not torch.isnan(adv).any()
     assert close(adv[0, :8], W_TILDE_A1)
     assert torch.equal(adv[0, 8:], torch.zeros(2, dtype=adv.dtype))
@@ -158,8 +184,15 @@ def test_alternative_weight_maps_by_hand(weight, hand):
     # the same through the weight step and credit_log_weights: ℓ0 = 0, ℓ+ = −s, ℓ− = 0 give the sensitivity s; the
     # threshold (0.5 here, between the s values) does not enter
     zeros = torch.zeros_like(s)
-    log_w = cscr.credit_log_weights(torch.ones(1, dtype=torch.float64), zeros, -s, zeros, torch.ones(1, 5), 0.5,
-                                    cscr.Settings(alpha=2.0, weight=weight))
+    log_w = cscr.credit_log_weights(
+        torch.ones(1, dtype=torch.float64),
+        zeros,
+        -s,
+        zeros,
+        torch.ones(1, 5),
+        0.5,
+        cscr.Settings(alpha=2.0, weight=weight),
+    )
     torch.testing.assert_close(torch.exp(log_w), torch.tensor([hand], dtype=torch.float64), **F64_MAPS)
 
 
@@ -191,8 +224,9 @@ def random_batch(B=12, T=15, seed=0):
 @pytest.mark.parametrize("w_min,alpha,thr", [(0.0, 1.0, 0.2), (0.1, 4.0, 0.0), (0.0, 30.0, 0.5)])
 def test_sign_and_budget_random(mode, w_min, alpha, thr):
     A, lp0, lp_pos, lp_neg, m = random_batch()
-    adv = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, threshold=thr,
-                                     settings=cscr.Settings(alpha=alpha, w_min=w_min, mode=mode))
+    adv = cscr.cscr_token_advantages(
+        A, lp0, lp_pos, lp_neg, m, threshold=thr, settings=cscr.Settings(alpha=alpha, w_min=w_min, mode=mode)
+    )
     assert adv.shape == m.shape and not torch.isnan(adv).any()
     sign = torch.sign(A).unsqueeze(1).expand_as(adv)
     assert torch.equal(torch.sign(adv)[m], sign[m])
@@ -213,11 +247,19 @@ def test_budget_exact_when_every_weight_underflows():
         lp_neg = lp0 - 1.0
         m = torch.tensor([[1] * 6, [1] * 4 + [0] * 2, [1] + [0] * 5], dtype=torch.bool)
         A = torch.tensor([1.5, -0.5, 2.0], dtype=torch.float64)
-        log_w = cscr.credit_log_weights(A.to(dtype), lp0.to(dtype), lp_pos.to(dtype), lp_neg.to(dtype), m, 0.2,
-                                        cscr.Settings(alpha=30.0))
+        log_w = cscr.credit_log_weights(
+            A.to(dtype), lp0.to(dtype), lp_pos.to(dtype), lp_neg.to(dtype), m, 0.2, cscr.Settings(alpha=30.0)
+        )
         assert (torch.exp(log_w)[m] == 0).all()  # all underflow
-        adv = cscr.cscr_token_advantages(A.to(dtype), lp0.to(dtype), lp_pos.to(dtype), lp_neg.to(dtype), m,
-                                         threshold=0.2, settings=cscr.Settings(alpha=30.0))
+        adv = cscr.cscr_token_advantages(
+            A.to(dtype),
+            lp0.to(dtype),
+            lp_pos.to(dtype),
+            lp_neg.to(dtype),
+            m,
+            threshold=0.2,
+            settings=cscr.Settings(alpha=30.0),
+        )
         for i in range(3):
             L = int(m[i].sum())
             expected = A[i] * L * torch.softmax(-30.0 * (lp0 - lp_pos)[i, :L].abs(), 0)
@@ -234,7 +276,9 @@ def test_scope_ablations():
     g1 = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=group(1))
     assert torch.allclose(seq, g1, atol=1e-12)
     gb = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=group(8))
-    bb = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=cscr.Settings(renormalise=cscr_ablations.per_batch))
+    bb = cscr.cscr_token_advantages(
+        A, lp0, lp_pos, lp_neg, m, settings=cscr.Settings(renormalise=cscr_ablations.per_batch)
+    )
     assert torch.allclose(gb, bb, atol=1e-12)
     # batch scope: the mean normalised weight over credit-carrying tokens is 1
     act = m & (A != 0).unsqueeze(1)
@@ -264,8 +308,14 @@ def test_argument_validation():
     with pytest.raises(ValueError, match="weight"):
         cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=cscr.Settings(weight="linear"))
     with pytest.raises(ValueError, match="group_size"):
-        cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=cscr.Settings(
-            renormalise=functools.partial(cscr_ablations.per_group, group_size=3)))
+        cscr.cscr_token_advantages(
+            A,
+            lp0,
+            lp_pos,
+            lp_neg,
+            m,
+            settings=cscr.Settings(renormalise=functools.partial(cscr_ablations.per_group, group_size=3)),
+        )
     bad = lp0.clone()
     bad[0, 0] = float("nan")
     with pytest.raises(ValueError, match="finite"):
@@ -315,11 +365,14 @@ def diff_middles(a, b):
     return a[i : len(a) - j], b[i : len(b) - j]
 
 
-@pytest.mark.parametrize("template,kw,middles", [
-    ("verdict", {}, ("", "IN")),
-    ("reference", {"reference": "73"}, ("", "IN")),
-    ("answer", {"response_answer": "\\frac{1}{2}"}, ("", "not ")),
-])
+@pytest.mark.parametrize(
+    "template,kw,middles",
+    [
+        ("verdict", {}, ("", "IN")),
+        ("reference", {"reference": "73"}, ("", "IN")),
+        ("answer", {"response_answer": "\\frac{1}{2}"}, ("", "not ")),
+    ],
+)
 def test_condition_prompts_minimal_pair_chatml(template, kw, middles):
     p_pos, p_neg = cscr.build_condition_prompts(CHATML, template=template, **kw)
     assert diff_middles(p_pos, p_neg) == middles
@@ -348,9 +401,13 @@ def test_condition_prompts_plain_text():
     # anchor: placed right after the problem
     p_pos3, _ = cscr.build_condition_prompts(CHATML, anchor="Compute 37+48-12.")
     assert p_pos3.startswith(CHATML[: CHATML.find("Compute 37+48-12.") + 17] + "\n\nNote:")
-    assert p_pos3.endswith("\nPut the final answer in \\boxed{}.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert p_pos3.endswith(
+        "\nPut the final answer in \\boxed{}.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
     # custom templates with placeholders (LaTeX braces in values need no escaping)
-    p_pos4, p_neg4 = cscr.build_condition_prompts(p, reference="\\frac{1}{2}", template=("ref {reference} yes", "ref {reference} no"))
+    p_pos4, p_neg4 = cscr.build_condition_prompts(
+        p, reference="\\frac{1}{2}", template=("ref {reference} yes", "ref {reference} no")
+    )
     assert "ref \\frac{1}{2} yes" in p_pos4 and "ref \\frac{1}{2} no" in p_neg4
 
 
@@ -403,7 +460,9 @@ def test_condition_logprobs_matches_naive(tiny, float64_model):
         calls.append(args[1].shape)
         return cscr.default_logprob_fn(*args)
 
-    lp_pos, lp_neg = cscr.condition_logprobs(model, tok, pairs, resp_ids, mask, temperature=temp, logprob_fn=counting_fn)
+    lp_pos, lp_neg = cscr.condition_logprobs(
+        model, tok, pairs, resp_ids, mask, temperature=temp, logprob_fn=counting_fn
+    )
     assert lp_pos.shape == (3, T) and len(calls) == 2
     for i in range(3):
         L = len(resp[i])
@@ -419,8 +478,9 @@ def test_condition_logprobs_matches_naive(tiny, float64_model):
     # with the mask of the rows with A != 0, only they are scored (one pass over them), the others stay 0
     calls.clear()
     adv = torch.tensor([0.5, 0.0, -0.5])
-    lp_pos2, lp_neg2 = cscr.condition_logprobs(model, tok, pairs, resp_ids, mask * (adv != 0)[:, None], temperature=temp,
-                                               logprob_fn=counting_fn)
+    lp_pos2, lp_neg2 = cscr.condition_logprobs(
+        model, tok, pairs, resp_ids, mask * (adv != 0)[:, None], temperature=temp, logprob_fn=counting_fn
+    )
     assert [shape[0] for shape in calls] == [2, 2]
     assert torch.equal(lp_pos2[1], torch.zeros(T)) and torch.equal(lp_neg2[1], torch.zeros(T))
     for i, (p, q) in enumerate([(lp_pos2, lp_pos), (lp_neg2, lp_neg)]):
@@ -466,8 +526,13 @@ def test_conditioned_prompts_get_the_rollout_special_tokens(which, request):
     import rollout
 
     model, tok = request.getfixturevalue("toy_tiny" if which == "toy_tokenizer_adds_bos" else "tiny")
-    batch = rollout.generate(model, tok, ["Compute 7+5-3.\n", "Compute 12+30.\n"], num_generations=2,
-                             settings=rollout.SamplingSettings(max_new_tokens=3, seed=0))
+    batch = rollout.generate(
+        model,
+        tok,
+        ["Compute 7+5-3.\n", "Compute 12+30.\n"],
+        num_generations=2,
+        settings=rollout.SamplingSettings(max_new_tokens=3, seed=0),
+    )
     P = batch.prompt_length
     plain = [ids[a.bool()].tolist() for ids, a in zip(batch.input_ids[:, :P], batch.attention_mask[:, :P])]
     pairs = [cscr.build_condition_prompts(p) for p in batch.prompts]
@@ -504,7 +569,7 @@ def test_conditioned_prompts_get_the_rollout_special_tokens(which, request):
 def usage_example():
     """The indented code block after "Usage from any trainer" in cscr.py's header."""
     doc = cscr.__doc__
-    block = doc[doc.index("Usage from any trainer"):]
+    block = doc[doc.index("Usage from any trainer") :]
     lines = []
     for line in block[block.index("::\n") + 3 :].splitlines():
         if line.strip() and not line.startswith("    "):
@@ -522,14 +587,25 @@ def test_header_usage_example_runs(toy_tiny, float64_model):
     assert "cscr.condition_logprobs" in code and "cscr.cscr_token_advantages" in code
     assert "cscr.scoring_inputs" in code and "cscr.default_logprob_fn" in code  # ℓ0 from public names alone
     assert "cscr._" not in code
-    batch = rollout.generate(model, tokenizer, ["Compute 7+5-3.\n", "Compute 12+30.\n"], num_generations=2,
-                             settings=rollout.SamplingSettings(max_new_tokens=6, seed=1))
+    batch = rollout.generate(
+        model,
+        tokenizer,
+        ["Compute 7+5-3.\n", "Compute 12+30.\n"],
+        num_generations=2,
+        settings=rollout.SamplingSettings(max_new_tokens=6, seed=1),
+    )
     m = batch.response_mask.bool()
     # the trainer's plain old-log-prob pass over the rollout's own rows
     lp0 = cscr.default_logprob_fn(model, batch.input_ids, batch.attention_mask, batch.response_mask, 1.0)
     advantages = torch.tensor([1.0, -1.0, 0.5, 0.0], dtype=torch.float64)
-    ns = {"model": model, "tokenizer": tokenizer, "prompts": batch.prompts, "response_ids": batch.response_ids,
-          "response_mask": batch.response_mask, "adv": advantages}
+    ns = {
+        "model": model,
+        "tokenizer": tokenizer,
+        "prompts": batch.prompts,
+        "response_ids": batch.response_ids,
+        "response_mask": batch.response_mask,
+        "adv": advantages,
+    }
     exec(code, ns)
     token_adv = ns["token_adv"]
     # the header's ℓ0: scoring_inputs of the plain prompts are the rollout's own rows, and their pass is lp0
@@ -558,12 +634,15 @@ def test_credit_log_weights_by_hand():
     one = torch.ones(1, dtype=torch.float64)
     mask = torch.tensor([[True, True, True]])
     assert cscr.credit_log_weights(one, zeros, -s, zeros, mask).tolist() == [[0.0, 0.0, -1.0]]  # the defaults
-    torch.testing.assert_close(cscr.credit_log_weights(one, zeros, -s, zeros, mask, 0.2, cscr.Settings(w_min=0.5)),
-                               torch.tensor([[0.0, 0.0, math.log(0.5)]], dtype=torch.float64))  # floor w_min
+    torch.testing.assert_close(
+        cscr.credit_log_weights(one, zeros, -s, zeros, mask, 0.2, cscr.Settings(w_min=0.5)),
+        torch.tensor([[0.0, 0.0, math.log(0.5)]], dtype=torch.float64),
+    )  # floor w_min
 
 
-@pytest.mark.parametrize("flag,value", [("--cscr_threshold", "nan"), ("--cscr_threshold", "inf"),
-                                        ("--cscr_alpha", "inf")])
+@pytest.mark.parametrize(
+    "flag,value", [("--cscr_threshold", "nan"), ("--cscr_threshold", "inf"), ("--cscr_alpha", "inf")]
+)
 def test_the_threshold_and_alpha_are_checked_at_the_command_line(tmp_path, flag, value):
     """λ and α were checked on every call of cscr_token_advantages; a run checks its flags once, in check_config, in
     one line before the run folder exists (cscr_token_advantages checks the Settings of a library caller)."""

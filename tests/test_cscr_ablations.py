@@ -28,8 +28,7 @@ D_POS = [1.40, 0.15, 0.90, 0.02, 0.00, 0.10, 0.10, 0.50]
 
 
 def close(actual, expected, **tol):
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=F64), torch.as_tensor(expected, dtype=F64),
-                               **(tol or TOL))
+    torch.testing.assert_close(torch.as_tensor(actual, dtype=F64), torch.as_tensor(expected, dtype=F64), **(tol or TOL))
 
 
 def settings(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign_mix=0.5, **kw):
@@ -41,14 +40,22 @@ def log_weights(s, weight, alpha=1.0, w_min=0.0):
     """log w [1, 8] of the sensitivities s [1, 8] under ``weight``: credit_log_weights with ℓ0 = 0, ℓ+ = −s, ℓ− = 0
     (so the sensitivity is s, and Δ+ = −s), Â = 1, λ = 0.2."""
     zeros = torch.zeros_like(s)
-    return cscr.credit_log_weights(torch.ones(1, dtype=F64), zeros, -s, zeros, torch.ones(1, 8), 0.2,
-                                   settings(weight, alpha=alpha, w_min=w_min))
+    return cscr.credit_log_weights(
+        torch.ones(1, dtype=F64), zeros, -s, zeros, torch.ones(1, 8), 0.2, settings(weight, alpha=alpha, w_min=w_min)
+    )
 
 
 def spec8(A, **kw):
     t = lambda x: torch.tensor([x], dtype=F64)  # noqa: E731
-    return cscr.cscr_token_advantages(torch.tensor([A], dtype=F64), t(LP0), t(LP_POS), t(LP_NEG),
-                                      torch.ones(1, 8), threshold=0.2, settings=settings(**kw))[0]
+    return cscr.cscr_token_advantages(
+        torch.tensor([A], dtype=F64),
+        t(LP0),
+        t(LP_POS),
+        t(LP_NEG),
+        torch.ones(1, 8),
+        threshold=0.2,
+        settings=settings(**kw),
+    )[0]
 
 
 def normalised(w, A):
@@ -61,7 +68,7 @@ def test_upweight_spec8_by_hand():
     w = [math.exp(1.2), 1, math.exp(0.7), 1, 1, 1, 1, math.exp(0.3)]
     close(spec8(1.0, weight="upweight"), normalised(w, 1.0))
     close(spec8(-0.5, weight="upweight"), normalised(w, -0.5))
-    w2 = [x ** 2 for x in w]
+    w2 = [x**2 for x in w]
     close(spec8(1.0, alpha=2.0, weight="upweight"), normalised(w2, 1.0))
     # the down-weighting default on the same inputs (w = 1 / the up-weights), for contrast: opposite reallocation
     close(spec8(1.0), normalised([1 / x for x in w], 1.0))
@@ -80,8 +87,19 @@ def test_sign_aware_spec8_by_hand():
     c = lambda x: min(max(x, 0.8), 1.2)  # noqa: E731
     w_pos = [0.5 + 0.5 * c(math.exp(d)) for d in D_POS]
     w_neg = [0.5 + 0.5 * c(math.exp(-d)) for d in D_POS]
-    close(w_pos, [1.1, 0.5 + 0.5 * math.exp(0.15), 1.1, 0.5 + 0.5 * math.exp(0.02), 1.0, 0.5 + 0.5 * math.exp(0.1),
-                  0.5 + 0.5 * math.exp(0.1), 1.1])
+    close(
+        w_pos,
+        [
+            1.1,
+            0.5 + 0.5 * math.exp(0.15),
+            1.1,
+            0.5 + 0.5 * math.exp(0.02),
+            1.0,
+            0.5 + 0.5 * math.exp(0.1),
+            0.5 + 0.5 * math.exp(0.1),
+            1.1,
+        ],
+    )
     close(spec8(1.0, weight="sign_aware"), normalised(w_pos, 1.0))
     close(spec8(-0.5, weight="sign_aware"), normalised(w_neg, -0.5))
     # other eps_w, mix: 0.7 + 0.3 · clip(exp(d+), 0.9, 1.1)
@@ -108,8 +126,15 @@ SIGN = [[1.1, 1.0, 1.1], [1.0, 0.9], [1.0, 0.5 + 0.5 * math.exp(0.1), 1.1]]  # "
 
 
 def batch(weight, scope="sequence", **kw):
-    return cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, threshold=0.2, settings=settings(
-        weight, scope, group_size=2 if scope == "group" else None, alpha=1.0, **kw))
+    return cscr.cscr_token_advantages(
+        ADV,
+        OLD,
+        POS,
+        NEG,
+        MASK,
+        threshold=0.2,
+        settings=settings(weight, scope, group_size=2 if scope == "group" else None, alpha=1.0, **kw),
+    )
 
 
 def by_hand(w, scope):
@@ -123,7 +148,7 @@ def by_hand(w, scope):
         bars = [(sum(w[0]) + sum(w[1]) + sum(w[2])) / 8] * 3
     out = torch.zeros(4, 3, dtype=F64)
     for i, (row, bar) in enumerate(zip(w, bars)):
-        out[i, :len(row)] = torch.tensor([float(ADV[i]) * x / bar for x in row], dtype=F64)
+        out[i, : len(row)] = torch.tensor([float(ADV[i]) * x / bar for x in row], dtype=F64)
     return out
 
 
@@ -153,8 +178,14 @@ def test_signs_and_per_sequence_budget_on_random_batches(weight, seed):
     mask = torch.arange(T)[None] < torch.randint(1, T + 1, (B, 1), generator=g)
     old, pos, neg = (-torch.rand(B, T, generator=g, dtype=F64) * 3 for _ in range(3))
     for scope in ("sequence", "group", "batch"):
-        out = cscr.cscr_token_advantages(adv, old, pos, neg, mask, settings=settings(
-            weight, scope, group_size=4 if scope == "group" else None, alpha=3.0))
+        out = cscr.cscr_token_advantages(
+            adv,
+            old,
+            pos,
+            neg,
+            mask,
+            settings=settings(weight, scope, group_size=4 if scope == "group" else None, alpha=3.0),
+        )
         valid = mask & (adv != 0)[:, None]
         assert torch.equal(torch.sign(out[valid]), torch.sign(adv[:, None].expand(B, T)[valid]))
         assert (out[~valid] == 0).all()
@@ -171,12 +202,17 @@ def test_alpha_zero_mix_zero_eps_zero_give_grpo():
     grpo = torch.where(MASK, ADV[:, None].expand(4, 3), 0.0)
     for scope in ("sequence", "group", "batch"):
         kw = dict(scope=scope, group_size=2 if scope == "group" else None)
-        close(cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, settings=settings("upweight", alpha=0.0, **kw)),
-              grpo)
-        close(cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, settings=settings("sign_aware", sign_mix=0.0, **kw)),
-              grpo)
-        close(cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, settings=settings("sign_aware", sign_eps=0.0, **kw)),
-              grpo)
+        close(
+            cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, settings=settings("upweight", alpha=0.0, **kw)), grpo
+        )
+        close(
+            cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, settings=settings("sign_aware", sign_mix=0.0, **kw)),
+            grpo,
+        )
+        close(
+            cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, settings=settings("sign_aware", sign_eps=0.0, **kw)),
+            grpo,
+        )
 
 
 def test_upweight_stays_finite_when_the_weights_overflow():
@@ -199,8 +235,11 @@ def test_upweight_stays_finite_when_the_weights_overflow():
 def test_errors():
     with pytest.raises(ValueError, match="weight in"):  # a name cscr.py's weight step does not know
         cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, settings=cscr.Settings(weight="linear"))
-    for kw, name in ((dict(sign_eps=1.0), "sign_eps"), (dict(sign_eps=-0.1), "sign_eps"),
-                     (dict(sign_mix=1.5), "sign_mix")):
+    for kw, name in (
+        (dict(sign_eps=1.0), "sign_eps"),
+        (dict(sign_eps=-0.1), "sign_eps"),
+        (dict(sign_mix=1.5), "sign_mix"),
+    ):
         with pytest.raises(ValueError, match=name):
             batch("sign_aware", **kw)
 
@@ -210,11 +249,14 @@ def test_choose_names_each_rule_once_and_binds_its_parameters():
     cscr_ablations.py, their parameters bound (the run chooses once, in grpo.Credit)."""
     assert cscr_ablations.choose() == cscr.Settings()
     assert cscr_ablations.choose("inverse", "batch", alpha=2.0) == cscr.Settings(
-        alpha=2.0, weight="inverse", renormalise=cscr_ablations.per_batch)
+        alpha=2.0, weight="inverse", renormalise=cscr_ablations.per_batch
+    )
     assert cscr_ablations.choose("upweight").weight_step is cscr_ablations.upweight
     chosen = cscr_ablations.choose("sign_aware", "group", 2, sign_eps=0.1, sign_mix=0.3, w_min=0.1)
-    assert chosen.weight_step.func is cscr_ablations.sign_aware and chosen.weight_step.keywords == {"eps": 0.1,
-                                                                                                    "mix": 0.3}
+    assert chosen.weight_step.func is cscr_ablations.sign_aware and chosen.weight_step.keywords == {
+        "eps": 0.1,
+        "mix": 0.3,
+    }
     assert chosen.renormalise.keywords == {"group_size": 2} and chosen.w_min == 0.1
     with pytest.raises(ValueError, match="weight must be one of"):
         cscr_ablations.choose("linear")
@@ -225,8 +267,14 @@ def test_choose_names_each_rule_once_and_binds_its_parameters():
 def test_grpo_credit_takes_the_rules_its_flags_name():
     import grpo
 
-    cfg = grpo.GRPOConfig(credit="cscr", cscr_weight="sign_aware", cscr_scope="group", cscr_sign_eps=0.1,
-                          cscr_alpha=2.0, num_generations=4)
+    cfg = grpo.GRPOConfig(
+        credit="cscr",
+        cscr_weight="sign_aware",
+        cscr_scope="group",
+        cscr_sign_eps=0.1,
+        cscr_alpha=2.0,
+        num_generations=4,
+    )
     settings = grpo.Credit(cfg, None).method.settings
     assert (settings.alpha, settings.w_min, settings.mode) == (2.0, 0.0, "max")
     assert settings.weight_step.func is cscr_ablations.sign_aware

@@ -21,25 +21,42 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from frozen import frozen_sha256, load_frozen  # noqa: E402  tests/frozen/ (pytest puts tests/ on sys.path)
+
 import cscr  # noqa: E402
 from comparisons import cscr_ablations  # noqa: E402
-from frozen import frozen_sha256, load_frozen  # noqa: E402  tests/frozen/ (pytest puts tests/ on sys.path)
 
 OLD = load_frozen("cscr_71d7a89")
 DTYPES = (torch.float32, torch.float64)
-CASES = [("default", {}), ("threshold_0.5", {"threshold": 0.5}), ("alpha_0", {"alpha": 0.0}),
-         ("alpha_3", {"alpha": 3.0}), ("alpha_30", {"alpha": 30.0}), ("floor", {"alpha": 4.0, "w_min": 0.1}),
-         ("mean", {"mode": "mean"}), ("common", {"mode": "common"}), ("exp_abs", {"weight": "exp_abs", "alpha": 2.0}),
-         ("inverse", {"weight": "inverse", "alpha": 2.0, "w_min": 0.3}), ("upweight", {"weight": "upweight"}),
-         ("upweight_60", {"weight": "upweight", "alpha": 60.0, "w_min": 0.5}), ("sign_aware", {"weight": "sign_aware"}),
-         ("sign_aware_args", {"weight": "sign_aware", "sign_eps": 0.1, "sign_mix": 0.3, "w_min": 0.95, "mode": "mean"}),
-         ("group", {"scope": "group", "group_size": 4}), ("batch", {"scope": "batch"}),
-         ("group_alpha_30", {"scope": "group", "group_size": 2, "alpha": 30.0}),
-         ("upweight_group", {"weight": "upweight", "scope": "group", "group_size": 4}),
-         ("sign_aware_batch", {"weight": "sign_aware", "scope": "batch"}),
-         ("inverse_batch", {"weight": "inverse", "scope": "batch", "mode": "common", "threshold": 0.1})]
-WEIGHT_CASES = [("exp", 1.0, 0.0), ("exp", 5.0, 0.5), ("exp_abs", 2.0, 0.0), ("inverse", 2.0, 0.0),
-                ("upweight", 1.0, 0.0)]  # (weight map, α, w_min) of credit_log_weights / credit_weights
+CASES = [
+    ("default", {}),
+    ("threshold_0.5", {"threshold": 0.5}),
+    ("alpha_0", {"alpha": 0.0}),
+    ("alpha_3", {"alpha": 3.0}),
+    ("alpha_30", {"alpha": 30.0}),
+    ("floor", {"alpha": 4.0, "w_min": 0.1}),
+    ("mean", {"mode": "mean"}),
+    ("common", {"mode": "common"}),
+    ("exp_abs", {"weight": "exp_abs", "alpha": 2.0}),
+    ("inverse", {"weight": "inverse", "alpha": 2.0, "w_min": 0.3}),
+    ("upweight", {"weight": "upweight"}),
+    ("upweight_60", {"weight": "upweight", "alpha": 60.0, "w_min": 0.5}),
+    ("sign_aware", {"weight": "sign_aware"}),
+    ("sign_aware_args", {"weight": "sign_aware", "sign_eps": 0.1, "sign_mix": 0.3, "w_min": 0.95, "mode": "mean"}),
+    ("group", {"scope": "group", "group_size": 4}),
+    ("batch", {"scope": "batch"}),
+    ("group_alpha_30", {"scope": "group", "group_size": 2, "alpha": 30.0}),
+    ("upweight_group", {"weight": "upweight", "scope": "group", "group_size": 4}),
+    ("sign_aware_batch", {"weight": "sign_aware", "scope": "batch"}),
+    ("inverse_batch", {"weight": "inverse", "scope": "batch", "mode": "common", "threshold": 0.1}),
+]
+WEIGHT_CASES = [
+    ("exp", 1.0, 0.0),
+    ("exp", 5.0, 0.5),
+    ("exp_abs", 2.0, 0.0),
+    ("inverse", 2.0, 0.0),
+    ("upweight", 1.0, 0.0),
+]  # (weight map, α, w_min) of credit_log_weights / credit_weights
 
 
 def inputs(dtype):
@@ -64,8 +81,14 @@ def call(x, old_keywords, return_stats=True):
     """The old call ``cscr_token_advantages(*x, **old_keywords)`` in today's API (the stats: ``cscr_stats``)."""
     kw = dict(old_keywords)
     threshold = kw.pop("threshold", 0.2)
-    settings = cscr_ablations.choose(kw.pop("weight", "exp"), kw.pop("scope", "sequence"), kw.pop("group_size", None),
-                                     kw.pop("sign_eps", 0.2), kw.pop("sign_mix", 0.5), **kw)  # alpha, w_min, mode
+    settings = cscr_ablations.choose(
+        kw.pop("weight", "exp"),
+        kw.pop("scope", "sequence"),
+        kw.pop("group_size", None),
+        kw.pop("sign_eps", 0.2),
+        kw.pop("sign_mix", 0.5),
+        **kw,
+    )  # alpha, w_min, mode
     args = (x["adv"], x["old_logp"], x["lp_pos"], x["lp_neg"], x["mask"], threshold, settings)
     token_adv = cscr.cscr_token_advantages(*args)
     return (token_adv, cscr.cscr_stats(*args)) if return_stats else token_adv
@@ -83,8 +106,11 @@ def test_the_frozen_cscr_is_the_commits_file():
 
 def test_the_cases_cover_every_option_and_ablation():
     used = {(k, str(v)) for _, kw in CASES for k, v in kw.items()}
-    for key, values in {"weight": ("exp_abs", "inverse", "upweight", "sign_aware"), "scope": ("group", "batch"),
-                        "mode": ("mean", "common")}.items():
+    for key, values in {
+        "weight": ("exp_abs", "inverse", "upweight", "sign_aware"),
+        "scope": ("group", "batch"),
+        "mode": ("mean", "common"),
+    }.items():
         assert {(key, v) for v in values} <= used
     assert {"alpha", "w_min", "threshold", "sign_eps", "sign_mix"} <= {k for k, _ in used}
 
@@ -92,8 +118,9 @@ def test_the_cases_cover_every_option_and_ablation():
 def test_the_inputs_hold_what_the_cases_need():
     for dtype in DTYPES:
         x = inputs(dtype)
-        a = cscr.cscr_token_advantages(x["adv"], x["old_logp"], x["lp_pos"], x["lp_neg"], x["mask"], 0.2,
-                                       cscr.Settings(alpha=30.0))
+        a = cscr.cscr_token_advantages(
+            x["adv"], x["old_logp"], x["lp_pos"], x["lp_neg"], x["mask"], 0.2, cscr.Settings(alpha=30.0)
+        )
         assert torch.all(a[2] == 0) and bool(torch.isnan(x["lp_neg"][~x["mask"]]).all())
         assert torch.all(torch.exp(-30.0 * (x["old_logp"][5] - x["lp_pos"][5] - 0.2)) == 0)  # row 5 underflows
 
@@ -105,8 +132,9 @@ def test_token_advantages_and_stats_are_bit_identical(dtype):
         if kw.get("weight") in CHANGED_MAPS:
             continue
         token_adv, stats = call(x, kw)
-        want, want_stats = OLD.cscr_token_advantages(x["adv"], x["old_logp"], x["lp_pos"], x["lp_neg"], x["mask"],
-                                                     return_stats=True, **kw)
+        want, want_stats = OLD.cscr_token_advantages(
+            x["adv"], x["old_logp"], x["lp_pos"], x["lp_neg"], x["mask"], return_stats=True, **kw
+        )
         assert token_adv.dtype == want.dtype == dtype, name
         assert torch.equal(token_adv, want), name
         assert torch.equal(call(x, kw, return_stats=False), token_adv), name
@@ -126,6 +154,7 @@ def test_sensitivity_weights_and_threshold_are_bit_identical(dtype):
         settings = cscr_ablations.choose(weight, alpha=alpha, w_min=w_min)  # the map, or the up-weighting ablation
         log_w = cscr.credit_log_weights(x["adv"], *logps, 0.2, settings)
         assert torch.equal(log_w, OLD.credit_log_weights(s, 0.2, alpha, w_min, weight)), weight
-        assert torch.equal(torch.where(x["mask"], torch.exp(log_w), 0.0),
-                           OLD.credit_weights(s, x["mask"], 0.2, alpha, w_min, weight)), weight
+        assert torch.equal(
+            torch.where(x["mask"], torch.exp(log_w), 0.0), OLD.credit_weights(s, x["mask"], 0.2, alpha, w_min, weight)
+        ), weight
     assert cscr.calibrate_threshold(s, x["mask"], 0.8) == OLD.calibrate_threshold(s, x["mask"], 0.8)

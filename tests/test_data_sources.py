@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer import problems
 import rollout
+from trainer import problems
 
 try:  # a requirement (requirements.txt); a Python without it still runs the filter's tests
     import pyarrow as pa
@@ -24,8 +24,15 @@ needs_pyarrow = pytest.mark.skipif(pa is None, reason="pyarrow is not installed 
 
 ROOT = Path(problems.__file__).resolve().parents[1]  # the repository (problems.py is in trainer/)
 ROWS = [{"id": f"r{i}", "problem": f"What is {i} + {i}?", "answer": str(2 * i), "source": "mine"} for i in range(7)]
-DEEPMATH_COLUMNS = ["question", "final_answer", "difficulty", "topic", "r1_solution_1", "r1_solution_2",
-                    "r1_solution_3"]
+DEEPMATH_COLUMNS = [
+    "question",
+    "final_answer",
+    "difficulty",
+    "topic",
+    "r1_solution_1",
+    "r1_solution_2",
+    "r1_solution_3",
+]
 
 
 def write_jsonl(path, rows):
@@ -40,9 +47,16 @@ def write_parquet(path, rows, columns=None):
 
 
 def deepmath_rows(n):
-    return [{"question": f"Evaluate the limit {i}.", "final_answer": f"\\frac{{{i}}}{{2}}", "difficulty": 5.5 + i,
-             "topic": "Mathematics -> Calculus", **{f"r1_solution_{k}": f"Solution {k}: \\boxed{{{i}/2}}"
-                                                    for k in (1, 2, 3)}} for i in range(n)]
+    return [
+        {
+            "question": f"Evaluate the limit {i}.",
+            "final_answer": f"\\frac{{{i}}}{{2}}",
+            "difficulty": 5.5 + i,
+            "topic": "Mathematics -> Calculus",
+            **{f"r1_solution_{k}": f"Solution {k}: \\boxed{{{i}/2}}" for k in (1, 2, 3)},
+        }
+        for i in range(n)
+    ]
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -69,10 +83,14 @@ def test_default_ids_sources_and_numbers(tmp_path):
     rows = [{"problem": "p0", "answer": 27.0}, {"problem": "p1", "answer": 2.5}]
     got = problems.load_problems(str(write_parquet(tmp_path / "nums.parquet", rows)))
     # ids count rows from 0 (as pyarrow and pandas do); jsonl ids stay line numbers; numbers become strings
-    assert got == [{"id": "nums-0", "problem": "p0", "answer": "27", "source": "nums"},
-                   {"id": "nums-1", "problem": "p1", "answer": "2.5", "source": "nums"}]
-    assert [r["id"] for r in problems.load_problems(str(write_jsonl(tmp_path / "nums.jsonl", rows)))] == \
-        ["nums-1", "nums-2"]
+    assert got == [
+        {"id": "nums-0", "problem": "p0", "answer": "27", "source": "nums"},
+        {"id": "nums-1", "problem": "p1", "answer": "2.5", "source": "nums"},
+    ]
+    assert [r["id"] for r in problems.load_problems(str(write_jsonl(tmp_path / "nums.jsonl", rows)))] == [
+        "nums-1",
+        "nums-2",
+    ]
     ints = problems.load_problems(str(write_parquet(tmp_path / "ints.parquet", [{"problem": "p", "answer": 3}])))
     assert ints[0]["answer"] == "3"
 
@@ -85,15 +103,31 @@ def test_deepmath_schema_is_mapped_in_parquet_and_jsonl(tmp_path):
     write_parquet(shards / "train-00000-of-00002.parquet", raw[:3])
     write_parquet(shards / "train-00001-of-00002.parquet", raw[3:])
     got = problems.load_problems(str(shards), problem_field="question", answer_field="final_answer")
-    assert got == [{"id": f"train-0000{s}-of-00002-{j}", "problem": r["question"], "answer": r["final_answer"],
-                    "source": f"train-0000{s}-of-00002"}
-                   for s, j, r in [(0, 0, raw[0]), (0, 1, raw[1]), (0, 2, raw[2]), (1, 0, raw[3]), (1, 1, raw[4])]]
+    assert got == [
+        {
+            "id": f"train-0000{s}-of-00002-{j}",
+            "problem": r["question"],
+            "answer": r["final_answer"],
+            "source": f"train-0000{s}-of-00002",
+        }
+        for s, j, r in [(0, 0, raw[0]), (0, 1, raw[1]), (0, 2, raw[2]), (1, 0, raw[3]), (1, 1, raw[4])]
+    ]
     # jsonl: the same mapping; the row keeps its other fields (not the mapped ones under their old names)
-    js = problems.load_problems(str(write_jsonl(tmp_path / "dm.jsonl", raw)), problem_field="question",
-                                answer_field="final_answer")
+    js = problems.load_problems(
+        str(write_jsonl(tmp_path / "dm.jsonl", raw)), problem_field="question", answer_field="final_answer"
+    )
     assert [(r["problem"], r["answer"]) for r in js] == [(r["question"], r["final_answer"]) for r in raw]
-    assert set(js[0]) == {"id", "problem", "answer", "source", "difficulty", "topic", "r1_solution_1",
-                          "r1_solution_2", "r1_solution_3"}
+    assert set(js[0]) == {
+        "id",
+        "problem",
+        "answer",
+        "source",
+        "difficulty",
+        "topic",
+        "r1_solution_1",
+        "r1_solution_2",
+        "r1_solution_3",
+    }
     assert js[2]["difficulty"] == raw[2]["difficulty"]
 
 
@@ -123,9 +157,11 @@ def test_a_bad_row_in_a_shard_names_the_shard_row_and_field(tmp_path):
     bad = write_parquet(shards / "train-00001-of-00002.parquet", raw[3:])
     with pytest.raises(ValueError) as e:
         problems.load_problems(str(shards), problem_field="question", answer_field="final_answer")
-    assert str(e.value).splitlines() == [f"2 bad row(s) in {shards}:",
-                                         f"{bad}: row 1: field 'final_answer' is empty",
-                                         f"{bad}: row 2: field 'final_answer' is null"]
+    assert str(e.value).splitlines() == [
+        f"2 bad row(s) in {shards}:",
+        f"{bad}: row 1: field 'final_answer' is empty",
+        f"{bad}: row 2: field 'final_answer' is null",
+    ]
     # every shard is checked before any error: bad rows of two files are listed together
     write_jsonl(shards / "train-00002-of-00003.jsonl", [{"question": "q"}, {"question": "q", "final_answer": "1"}])
     with pytest.raises(ValueError) as e:
@@ -139,8 +175,10 @@ def test_a_missing_column_is_one_line_naming_the_columns(tmp_path):
     path = write_parquet(tmp_path / "dm.parquet", deepmath_rows(2))
     with pytest.raises(ValueError) as e:
         problems.load_problems(str(path))  # the default problem field on DeepMath's schema
-    assert str(e.value) == f"--data_problem_field problem: no such column in {path} (columns: " \
-                           f"{', '.join(DEEPMATH_COLUMNS)})"
+    assert (
+        str(e.value) == f"--data_problem_field problem: no such column in {path} (columns: "
+        f"{', '.join(DEEPMATH_COLUMNS)})"
+    )
     with pytest.raises(ValueError) as e:
         problems.load_problems(str(path), problem_field="question", answer_field="answer")
     assert str(e.value).startswith(f"--data_answer_field answer: no such column in {path} (columns: question, ")
@@ -148,15 +186,20 @@ def test_a_missing_column_is_one_line_naming_the_columns(tmp_path):
     js = write_jsonl(tmp_path / "dm.jsonl", [{"question": "q", "final_answer": "1"}] * 3)
     with pytest.raises(ValueError) as e:
         problems.load_problems(str(js), problem_field="question")
-    assert str(e.value) == f"--data_answer_field answer: no such field in {js} (fields of its first row: question, " \
-                           f"final_answer)"
+    assert (
+        str(e.value) == f"--data_answer_field answer: no such field in {js} (fields of its first row: question, "
+        f"final_answer)"
+    )
 
 
 @needs_pyarrow
 def test_folders_without_data_and_unreadable_files_fail_in_one_line(tmp_path):
     (tmp_path / "deepmath" / "data").mkdir(parents=True)  # `hf download --local-dir` puts the shards in data/
-    with pytest.raises(FileNotFoundError, match=r"no \*\.parquet or \*\.jsonl file in the folder .*deepmath "
-                                                r"\(its subfolders: data\)$"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"no \*\.parquet or \*\.jsonl file in the folder .*deepmath "
+        r"\(its subfolders: data\)$",
+    ):
         problems.load_problems(str(tmp_path / "deepmath"))
     fake = tmp_path / "truncated.parquet"
     fake.write_bytes(b"version https://git-lfs.github.com/spec/v1\n")  # an LFS pointer, not the file
@@ -172,10 +215,11 @@ def test_folders_without_data_and_unreadable_files_fail_in_one_line(tmp_path):
 @needs_pyarrow
 def test_pyarrow_is_imported_only_for_parquet(tmp_path):
     path = write_parquet(tmp_path / "one.parquet", ROWS[:1])
-    code = ("import sys; from trainer import problems; problems.load_problems('math_train'); "
-            "print('pyarrow' in sys.modules); problems.load_problems(sys.argv[1]); print('pyarrow' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=300)
+    code = (
+        "import sys; from trainer import problems; problems.load_problems('math_train'); "
+        "print('pyarrow' in sys.modules); problems.load_problems(sys.argv[1]); print('pyarrow' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True"]
 
@@ -223,6 +267,9 @@ def test_filter_refuses_a_negative_limit_and_leaving_nothing(toy_tokenizer):
     shortest = min(len(toy_tokenizer(rollout.apply_template(r["problem"], "none")).input_ids) for r in rows)
     with pytest.raises(ValueError, match=r"^--max_prompt_length must be >= 0"):
         rollout.filter_overlong_prompts(rows, toy_tokenizer, "none", -1)
-    with pytest.raises(ValueError, match=rf"^--max_prompt_length 2: all 3 prompts are longer \(the shortest has "
-                                         rf"{shortest} tokens under the template 'none'\)$"):
+    with pytest.raises(
+        ValueError,
+        match=rf"^--max_prompt_length 2: all 3 prompts are longer \(the shortest has "
+        rf"{shortest} tokens under the template 'none'\)$",
+    ):
         rollout.filter_overlong_prompts(rows, toy_tokenizer, "none", 2)

@@ -12,6 +12,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from frozen import frozen_sha256, load_frozen  # noqa: E402  tests/frozen/ (pytest puts tests/ on sys.path)
+
 import delta  # noqa: E402
 from comparisons import delta_ablations  # noqa: E402
 from delta import (  # noqa: E402
@@ -20,7 +22,6 @@ from delta import (  # noqa: E402
     delta_token_advantages,
     proxy_vectors,
 )
-from frozen import frozen_sha256, load_frozen  # noqa: E402  tests/frozen/ (pytest puts tests/ on sys.path)
 
 F64 = torch.float64
 
@@ -58,7 +59,7 @@ def np_reference(v, adv, mask, K=1, lam_min=0.8, lam_max=1.2, eps=1e-8):
     def side_std(mm, sel):
         c = max(sel.sum(), 1.0)
         mu = (mm * sel).sum() / c
-        return np.sqrt(max((mm * mm * sel).sum() / c - mu ** 2, eps))
+        return np.sqrt(max((mm * mm * sel).sum() / c - mu**2, eps))
 
     ps = (adv > 0).astype(float)[:, None]
     ns = (adv < 0).astype(float)[:, None]
@@ -82,8 +83,11 @@ def np_reference(v, adv, mask, K=1, lam_min=0.8, lam_max=1.2, eps=1e-8):
         g_p, g_n = side_std(Mp, pos), side_std(Mn, neg)
         mu_p, mu_n = new_p, new_n
     Mp, Mn = margins(mu_p, mu_n)
-    lam = ((lam_min + (lam_max - lam_min) * sig(Mp / g_p)) * ps
-           + (lam_min + (lam_max - lam_min) * sig(Mn / g_n)) * ns + lam_min * zs) * mask
+    lam = (
+        (lam_min + (lam_max - lam_min) * sig(Mp / g_p)) * ps
+        + (lam_min + (lam_max - lam_min) * sig(Mn / g_n)) * ns
+        + lam_min * zs
+    ) * mask
     return lam * mask.sum() / max(lam.sum(), eps)
 
 
@@ -127,7 +131,7 @@ def float32_bound(v, adv, mask, K, lam_min=0.8, lam_max=1.2):
         up[i] += d
         down[i] -= d
         sens += ((f(up) - f(down)) / (2 * d)).abs() * abs(float(flat[i]))
-    return (K + 3) * max(H, B * T) * 2.0 ** -24 * float(sens.max())
+    return (K + 3) * max(H, B * T) * 2.0**-24 * float(sens.max())
 
 
 def centroid_condition(v, adv, mask):
@@ -161,7 +165,7 @@ def split_chunks(v, adv, mask, sizes, trim=True):
     """Uneven micro-batches (``chunk``); with trim, each chunk is cut to its own max length (T differs per chunk)."""
     out, s = [], 0
     for n in sizes:
-        vc, ac, mc = v[s:s + n], adv[s:s + n], mask[s:s + n]
+        vc, ac, mc = v[s : s + n], adv[s : s + n], mask[s : s + n]
         if trim:
             L = int(mc.sum(1).max())
             vc, mc = vc[:, :L], mc[:, :L]
@@ -206,13 +210,19 @@ def test_example_inputs_and_proxy():
     assert torch.allclose(adv, torch.tensor([0.7071057812, -0.7071057812], dtype=F64), atol=1e-9)
     p = torch.exp(logp)
     exp_p = torch.tensor([[0.5064803911, 0.8517093232, 0.2700445302], [0.4916552361, 0.6099310476, 0]], dtype=F64)
-    exp_logp = torch.tensor([[-0.6802696706, -0.1605099803, -1.3091684070], [-0.7099775478, -0.4944093649, 0]],
-                            dtype=F64)
+    exp_logp = torch.tensor(
+        [[-0.6802696706, -0.1605099803, -1.3091684070], [-0.7099775478, -0.4944093649, 0]], dtype=F64
+    )
     valid = mask.bool()
     assert torch.allclose(p[valid], exp_p[valid], atol=1e-9)
     assert torch.allclose(logp[valid], exp_logp[valid], atol=1e-9)
-    exp_v = torch.tensor([[[0.2467598045, 0.4935196089], [0.2224360152, -0.0741453384], [0.1459910940, 0.2189866409]],
-                          [[0.2033379056, 0.4575102875], [-0.3900689524, 0.3120551619], [0, 0]]], dtype=F64)
+    exp_v = torch.tensor(
+        [
+            [[0.2467598045, 0.4935196089], [0.2224360152, -0.0741453384], [0.1459910940, 0.2189866409]],
+            [[0.2033379056, 0.4575102875], [-0.3900689524, 0.3120551619], [0, 0]],
+        ],
+        dtype=F64,
+    )
     assert v.dtype == F64
     assert torch.allclose(v, exp_v, atol=1e-9)
 
@@ -229,8 +239,13 @@ def test_example_lambda_bar(K):
     assert torch.allclose(torch.cat(ls), exp, atol=1e-9, rtol=0)
     # and from the example's own h and log p, which the stream turns into v chunk by chunk
     h = example1()[0]
-    ls = delta_coefficients_chunked([(proxy_vectors(h[i:i + 1], logp[i:i + 1], mask[i:i + 1]), adv[i:i + 1],
-                                      mask[i:i + 1]) for i in range(2)], K=K).lam_bar
+    ls = delta_coefficients_chunked(
+        [
+            (proxy_vectors(h[i : i + 1], logp[i : i + 1], mask[i : i + 1]), adv[i : i + 1], mask[i : i + 1])
+            for i in range(2)
+        ],
+        K=K,
+    ).lam_bar
     assert torch.allclose(torch.cat(ls), exp, atol=1e-9, rtol=0)
     # the default is K = 1
     if K == 1:
@@ -282,8 +297,7 @@ def test_example_weighted_adv_and_loss():
     *_, mask, logp_old, v, adv = example1()
     lb = delta_coefficients(v, adv, mask, K=1)
     a_tok = delta_token_advantages(adv, lb, mask)
-    exp_adv = torch.tensor([[0.7109561367, 0.7593138731, 0.7224936696], [-0.6039651662, -0.7388000604, 0]],
-                           dtype=F64)
+    exp_adv = torch.tensor([[0.7109561367, 0.7593138731, 0.7224936696], [-0.6039651662, -0.7388000604, 0]], dtype=F64)
     assert torch.allclose(a_tok, exp_adv, atol=1e-9, rtol=0)
 
     delta_lp = torch.tensor([[0.1, -0.3, 0.05], [0.2, -0.1, 0.0]], dtype=F64)
@@ -295,8 +309,7 @@ def test_example_weighted_adv_and_loss():
     valid = mask.bool()
     exp_ratio = torch.tensor([[1.1051709181, 0.7408182207, 1.0512710964], [1.2214027582, 0.9048374180, 1]], dtype=F64)
     assert torch.allclose(ratio.detach()[valid], exp_ratio[valid], atol=1e-9)
-    exp_tok = torch.tensor([[-0.7857280463, -0.5625135524, -0.7595367122], [0.7376847198, 0.6684939391, 0]],
-                           dtype=F64)
+    exp_tok = torch.tensor([[-0.7857280463, -0.5625135524, -0.7595367122], [0.7376847198, 0.6684939391, 0]], dtype=F64)
     assert torch.allclose(tok_delta.detach()[valid], exp_tok[valid], atol=1e-9)
     assert loss_delta.item() == pytest.approx(-0.14031993040642649, abs=1e-12)
     assert loss_dapo.item() == pytest.approx(-0.1090385482172839, abs=1e-12)
@@ -307,8 +320,8 @@ def test_example_weighted_adv_and_loss():
     self_norm = float((lam * tok_dapo.detach() * mask).sum() / (lam * mask).sum())
     assert loss_delta.item() == pytest.approx(self_norm, abs=1e-9)
     # the gradient flows only through logp_new: dL_delta/dlogp = λ̄ · dL_dapo/dlogp
-    g_delta, = torch.autograd.grad(loss_delta, logp_new, retain_graph=True)
-    g_dapo, = torch.autograd.grad(loss_dapo, logp_new)
+    (g_delta,) = torch.autograd.grad(loss_delta, logp_new, retain_graph=True)
+    (g_dapo,) = torch.autograd.grad(loss_dapo, logp_new)
     assert torch.allclose(g_delta, lb * g_dapo, atol=1e-14)
     assert not lb.requires_grad and not a_tok.requires_grad
 
@@ -326,8 +339,15 @@ def test_example2_zero_advantage_group():
     assert torch.equal(adv[2:], torch.zeros(2, dtype=F64))
 
     lb, st = with_stats(v, adv, mask, K=1)
-    exp = torch.tensor([[1.1227688471, 1.1991372152, 1.1409893559], [0.9538046559, 1.1667410255, 0],
-                        [0.8055196335, 0.8055196335, 0], [0.8055196335, 0, 0]], dtype=F64)
+    exp = torch.tensor(
+        [
+            [1.1227688471, 1.1991372152, 1.1409893559],
+            [0.9538046559, 1.1667410255, 0],
+            [0.8055196335, 0.8055196335, 0],
+            [0.8055196335, 0, 0],
+        ],
+        dtype=F64,
+    )
     assert torch.allclose(lb, exp, atol=1e-9, rtol=0)
     assert st["delta/scale"] == pytest.approx(1.0068995418832392, abs=1e-12)
     assert st["delta/n_zero"] == 3.0
@@ -336,8 +356,9 @@ def test_example2_zero_advantage_group():
     for key in ("delta/gamma_pos", "delta/gamma_neg", "delta/cos_mu", "delta/mu_pos_norm"):
         assert st[key] == pytest.approx(st1[key], abs=1e-12)
     a_tok = delta_token_advantages(adv, lb, mask)
-    exp_adv = torch.tensor([[0.7939163427, 0.8479168573, 0.8068001698], [-0.6744407863, -0.8250093243, 0],
-                            [0, 0, 0], [0, 0, 0]], dtype=F64)
+    exp_adv = torch.tensor(
+        [[0.7939163427, 0.8479168573, 0.8068001698], [-0.6744407863, -0.8250093243, 0], [0, 0, 0], [0, 0, 0]], dtype=F64
+    )
     assert torch.allclose(a_tok, exp_adv, atol=1e-9, rtol=0)
     ls = delta_coefficients_chunked(split_chunks(v, adv, mask, [3, 1]), K=1).lam_bar
     assert torch.allclose(unsplit(ls, 3), exp, atol=1e-9, rtol=0)
@@ -382,11 +403,15 @@ def test_float32_path_and_custom_range():
     lb64 = delta_coefficients(v, adv, mask, K=1, lam_min=0.5, lam_max=1.5)
     assert lb32.dtype == torch.float32
     assert (lb32.double() - lb64).abs().max() <= float32_bound(v, adv, mask, 1, 0.5, 1.5)
-    ref = np_reference(np.where(mask.numpy()[..., None] > 0, v.numpy(), 0.0), adv.numpy(), mask.numpy(),
-                       K=1, lam_min=0.5, lam_max=1.5)
+    ref = np_reference(
+        np.where(mask.numpy()[..., None] > 0, v.numpy(), 0.0), adv.numpy(), mask.numpy(), K=1, lam_min=0.5, lam_max=1.5
+    )
     assert np.allclose(lb64.numpy(), ref, atol=1e-12)
-    assert not np.allclose(ref, np_reference(np.where(mask.numpy()[..., None] > 0, v.numpy(), 0.0),
-                                             adv.numpy(), mask.numpy(), K=1), atol=1e-3)
+    assert not np.allclose(
+        ref,
+        np_reference(np.where(mask.numpy()[..., None] > 0, v.numpy(), 0.0), adv.numpy(), mask.numpy(), K=1),
+        atol=1e-3,
+    )
 
 
 def test_scale_invariance_of_v():
@@ -517,7 +542,7 @@ def test_no_gradient_into_lambda():
     ls = delta_coefficients_chunked(split_chunks(v, adv, mask, [5, 7], trim=False)).lam_bar
     assert all(not x.requires_grad for x in ls)
     # using λ̄ in a loss leaves v without a gradient path
-    loss = (lb * (v ** 2).sum(-1)).sum()
+    loss = (lb * (v**2).sum(-1)).sum()
     loss.backward()
     assert torch.allclose(v.grad, 2 * lb[..., None] * v.detach())
 
@@ -536,8 +561,11 @@ def test_streaming_equals_whole_batch(K, dtype):
         tol = 1e-12 if dtype == F64 else 2 * float32_bound(v64, adv64, mask.double(), K)
         # the other statistics (μ norms and cosine, γ, counts): n·u per round of sums, times the condition number
         # κ = Σ|Â|·‖v‖ / ‖Σ|Â|·v‖ of the centroid sums (their cancellation), relative; absolute for the cosine
-        rel = 1e-10 if dtype == F64 else \
-            (K + 3) * v.shape[0] * v.shape[1] * 2.0 ** -24 * centroid_condition(v64, adv64, mask.double())
+        rel = (
+            1e-10
+            if dtype == F64
+            else (K + 3) * v.shape[0] * v.shape[1] * 2.0**-24 * centroid_condition(v64, adv64, mask.double())
+        )
         lb, st = with_stats(v, adv, mask, K=K)
         ls, st_s = chunks_with_stats(split_chunks(v, adv, mask, sizes), K=K)
         assert all(x.dtype == dtype for x in ls)
@@ -616,6 +644,7 @@ class FakeAllReduce:
                 total += s
             self.barrier.wait()  # nobody overwrites a slot before everyone has summed
             t.copy_(total)  # in place, like torch.distributed.all_reduce, and returns None
+
         return reduce_fn
 
 
@@ -625,8 +654,9 @@ def run_ranks(rank_chunks, K, use_reduce=True):
 
     def work(r):
         try:
-            results[r] = chunks_with_stats(rank_chunks[r], K=K, steps=delta.DeltaSteps(
-                pool=fake.for_rank(r) if use_reduce else None))
+            results[r] = chunks_with_stats(
+                rank_chunks[r], K=K, steps=delta.DeltaSteps(pool=fake.for_rank(r) if use_reduce else None)
+            )
         except Exception as e:  # pragma: no cover - surfaced below
             errors.append(e)
             fake.barrier.abort()
@@ -645,8 +675,7 @@ def run_ranks(rank_chunks, K, use_reduce=True):
 def test_streaming_reduce_fn_two_ranks_equals_union(K):
     v, adv, mask = random_batch(16, B=16, T=7, group=4, zero_groups=1)
     # rank 0 holds rows 0..6, rank 1 rows 7..15 (a group split across ranks, uneven micro-batches)
-    rank_chunks = [split_chunks(v[:7], adv[:7], mask[:7], [3, 4]),
-                   split_chunks(v[7:], adv[7:], mask[7:], [2, 5, 2])]
+    rank_chunks = [split_chunks(v[:7], adv[:7], mask[:7], [3, 4]), split_chunks(v[7:], adv[7:], mask[7:], [2, 5, 2])]
     (res0, st0), (res1, st1) = run_ranks(rank_chunks, K)[0]
     lb, st = with_stats(v, adv, mask, K=K)
     union = torch.cat([unsplit(res0, 7), unsplit(res1, 7)])
@@ -733,9 +762,17 @@ def test_proxy_is_lm_head_row_gradient_on_tiny_qwen3(temperature):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=11, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=8, max_position_embeddings=32,
-                      tie_word_embeddings=False)
+    cfg = Qwen3Config(
+        vocab_size=11,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+    )
     model = Qwen3ForCausalLM(cfg).to(F64).eval()
     W = model.lm_head.weight
     assert model.model.embed_tokens.weight.data_ptr() != W.data_ptr()  # untied
@@ -749,9 +786,9 @@ def test_proxy_is_lm_head_row_gradient_on_tiny_qwen3(temperature):
     h_all = out.hidden_states[-1]
     assert torch.equal(h_all, captured[0])  # post final-norm state == lm_head input
 
-    h = h_all[:, -L - 1:-1]  # position that predicts response token t
+    h = h_all[:, -L - 1 : -1]  # position that predicts response token t
     y = ids[:, -L:]
-    logp = torch.log_softmax(out.logits[:, -L - 1:-1] / temperature, dim=-1).gather(-1, y[..., None]).squeeze(-1)
+    logp = torch.log_softmax(out.logits[:, -L - 1 : -1] / temperature, dim=-1).gather(-1, y[..., None]).squeeze(-1)
     mask = torch.ones(1, L, dtype=torch.bool)
     v = proxy_vectors(h, logp, mask)
     for t in range(L):
@@ -775,8 +812,16 @@ def test_header_example_runs_on_tiny_qwen3(float64_model):
     assert "delta.delta_coefficients(" in code and "delta.delta_token_advantages(" in code
 
     torch.manual_seed(0)
-    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+    cfg = Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=64,
+    )
     model = float64_model(Qwen3ForCausalLM(cfg)).eval()  # compared with an independent pass: float64, 1e-10
     B, P, T = 4, 3, 5
     input_ids = torch.randint(0, 64, (B, P + T))
@@ -788,10 +833,15 @@ def test_header_example_runs_on_tiny_qwen3(float64_model):
     with torch.no_grad():
         logits = model(input_ids=input_ids).logits
     hook.remove()
-    h = captured[0][:, P - 1:-1]  # the position that predicts response token t
-    logp = torch.log_softmax(logits[:, P - 1:-1], -1).gather(-1, input_ids[:, P:, None]).squeeze(-1)
-    ns = {"model": model, "input_ids": input_ids, "attention_mask": torch.ones(B, P + T, dtype=torch.long),
-          "response_mask": response_mask, "adv": advantages}
+    h = captured[0][:, P - 1 : -1]  # the position that predicts response token t
+    logp = torch.log_softmax(logits[:, P - 1 : -1], -1).gather(-1, input_ids[:, P:, None]).squeeze(-1)
+    ns = {
+        "model": model,
+        "input_ids": input_ids,
+        "attention_mask": torch.ones(B, P + T, dtype=torch.long),
+        "response_mask": response_mask,
+        "adv": advantages,
+    }
     exec(compile(code, "delta.__doc__ example", "exec"), ns)
     lam_bar, token_adv = ns["lam_bar"], ns["token_adv"]
     assert "delta._" not in code  # public names only
@@ -858,25 +908,43 @@ def float32_inputs():
     h[~mask] = math.nan  # garbage on padding
     logp = (-8 * torch.rand(8, 6, generator=g, dtype=F64)).float()
     adv = grpo_advantages([1, 0, 0, 1, 1, 1, 0, 1], [0] * 4 + [1] * 4).float()
-    return {"h": h, "logp": logp, "mask": mask, "adv": adv, "W": torch.randn(11, 5, generator=g, dtype=F64).float(),
-            "ids": torch.randint(11, (8, 6), generator=g)}
+    return {
+        "h": h,
+        "logp": logp,
+        "mask": mask,
+        "adv": adv,
+        "W": torch.randn(11, 5, generator=g, dtype=F64).float(),
+        "ids": torch.randint(11, (8, 6), generator=g),
+    }
 
 
 # each case: the former call's keywords (delta.py at 71d7a89); "garbage_padding" and "topk_proxy" change v
-OLD_CASES = {"default": {}, "K=0": {"K": 0}, "K=2": {"K": 2}, "garbage_padding": {},
-             "lam_0.5_1.5": {"lam_min": 0.5, "lam_max": 1.5}, "within_side": {"scores": "within_side"},
-             "hard": {"assignment": "hard"}, "hard_K=2": {"assignment": "hard", "K": 2},
-             "fixed_gamma0_K=2": {"gamma": "gamma0", "K": 2}, "fixed_gamma": {"gamma": (0.05, 0.2)},
-             "raw": {"coefficients": "raw"}, "no_normalize": {"normalize": False}, "topk_proxy": {}}
+OLD_CASES = {
+    "default": {},
+    "K=0": {"K": 0},
+    "K=2": {"K": 2},
+    "garbage_padding": {},
+    "lam_0.5_1.5": {"lam_min": 0.5, "lam_max": 1.5},
+    "within_side": {"scores": "within_side"},
+    "hard": {"assignment": "hard"},
+    "hard_K=2": {"assignment": "hard", "K": 2},
+    "fixed_gamma0_K=2": {"gamma": "gamma0", "K": 2},
+    "fixed_gamma": {"gamma": (0.05, 0.2)},
+    "raw": {"coefficients": "raw"},
+    "no_normalize": {"normalize": False},
+    "topk_proxy": {},
+}
 
 
 def former_steps(kw):
     """The former call's keywords (delta.py at 71d7a89) as today's call: K and the λ range as they were, each
     ablation keyword as the step delta_ablations.py swaps in."""
-    swaps = {"scores": ("score", delta_ablations.within_side_scores),
-             "assignment": ("assign", delta_ablations.hard_assignment),
-             "coefficients": ("coefficients", delta_ablations.raw_coefficients),
-             "normalize": ("normalize", delta_ablations.no_normalization)}
+    swaps = {
+        "scores": ("score", delta_ablations.within_side_scores),
+        "assignment": ("assign", delta_ablations.hard_assignment),
+        "coefficients": ("coefficients", delta_ablations.raw_coefficients),
+        "normalize": ("normalize", delta_ablations.no_normalization),
+    }
     steps = dict(swaps[key] for key in kw if key in swaps)
     if "gamma" in kw:
         steps["temperature"] = delta_ablations.FrozenTemperature(kw["gamma"])
@@ -899,8 +967,10 @@ def test_float32_lambda_bar_is_bit_identical_to_the_former_code(case, how):
     h, logp, mask, adv = x["h"], x["logp"], x["mask"], x["adv"]
     v = proxy_vectors(h, logp, mask)
     assert torch.equal(v, OLD_DELTA.proxy_vectors(h, logp, mask))
-    v = {"garbage_padding": torch.where(mask[..., None], v, torch.full_like(v, 3.0)),
-         "topk_proxy": delta_ablations.topk_proxy_vectors(torch.nan_to_num(h), x["ids"], mask, x["W"], 3)}.get(case, v)
+    v = {
+        "garbage_padding": torch.where(mask[..., None], v, torch.full_like(v, 3.0)),
+        "topk_proxy": delta_ablations.topk_proxy_vectors(torch.nan_to_num(h), x["ids"], mask, x["W"], 3),
+    }.get(case, v)
     if case == "topk_proxy":
         assert torch.equal(v, OLD_DELTA.topk_proxy_vectors(torch.nan_to_num(h), x["ids"], mask, x["W"], 3))
     old_kw = dict(OLD_CASES[case])
@@ -944,8 +1014,13 @@ def test_delta_py_budgets_and_imports():
             if not node.name.startswith("_"):
                 assert len(a.posonlyargs + a.args + a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg) <= 8, node.name
             assert not [d for d in a.defaults + a.kw_defaults if isinstance(d, ast.Call)], node.name  # import time
-    packed = [n for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, (ast.Tuple, ast.List))
-              and any(isinstance(t, (ast.Tuple, ast.List)) for t in n.targets)]
+    packed = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign)
+        and isinstance(n.value, (ast.Tuple, ast.List))
+        and any(isinstance(t, (ast.Tuple, ast.List)) for t in n.targets)
+    ]
     assert len(packed) <= 2, [n.lineno for n in packed]
     top = [n.value for n in tree.body if isinstance(n, (ast.Assign, ast.Expr))]
     top += [n.value for c in tree.body if isinstance(c, ast.ClassDef) for n in c.body if isinstance(n, ast.AnnAssign)]

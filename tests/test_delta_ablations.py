@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import delta  # noqa: E402
 from comparisons import delta_ablations  # noqa: E402
-from delta import delta_coefficients, delta_coefficients_chunked  # noqa: E402
 from comparisons.delta_ablations import random_coefficients, topk_proxy_vectors  # noqa: E402
+from delta import delta_coefficients, delta_coefficients_chunked  # noqa: E402
 
 F64 = torch.float64
 TOL = 1e-9  # spec values are printed to 10 digits
@@ -42,8 +42,20 @@ def dapo_token_mean(token_adv, dlogp, mask, clip_low=0.2, clip_high=0.28, clip_c
     return float((per_tok * mask).sum() / mask.sum())
 
 
-def np_reference(v, adv, mask, K=1, lam_min=0.8, lam_max=1.2, scores="contrastive", assignment="soft", gamma=None,
-                 coefficients="bounded", normalize=True, eps=1e-8):
+def np_reference(
+    v,
+    adv,
+    mask,
+    K=1,
+    lam_min=0.8,
+    lam_max=1.2,
+    scores="contrastive",
+    assignment="soft",
+    gamma=None,
+    coefficients="bounded",
+    normalize=True,
+    eps=1e-8,
+):
     """λ̄ of every spec §6 variant, numpy float64, loops over tokens' own sides by explicit P / Nn masks."""
     v, adv, mask = (np.asarray(x, dtype=float) for x in (v, adv, mask))
     P, Nn = (adv > 0)[:, None] * mask, (adv < 0)[:, None] * mask
@@ -90,10 +102,12 @@ def np_reference(v, adv, mask, K=1, lam_min=0.8, lam_max=1.2, scores="contrastiv
 def with_steps(kw):
     """The reference's keywords (spec §6's names) as delta_coefficients' call: K and the λ range as they are, each
     ablation as the step delta_ablations.py swaps in (``gamma``: a ``FrozenTemperature`` holding it)."""
-    swaps = {("scores", "within_side"): ("score", delta_ablations.within_side_scores),
-             ("assignment", "hard"): ("assign", delta_ablations.hard_assignment),
-             ("coefficients", "raw"): ("coefficients", delta_ablations.raw_coefficients),
-             ("normalize", False): ("normalize", delta_ablations.no_normalization)}
+    swaps = {
+        ("scores", "within_side"): ("score", delta_ablations.within_side_scores),
+        ("assignment", "hard"): ("assign", delta_ablations.hard_assignment),
+        ("coefficients", "raw"): ("coefficients", delta_ablations.raw_coefficients),
+        ("normalize", False): ("normalize", delta_ablations.no_normalization),
+    }
     steps = dict(swaps[key, value] for key, value in kw.items() if (key, value) in swaps)
     if kw.get("gamma") is not None:
         steps["temperature"] = delta_ablations.FrozenTemperature(kw["gamma"])
@@ -112,8 +126,8 @@ def stream(v, adv, mask, sizes, **kw):
     to [B, T] (and, with ``return_stats``, the statistics)."""
     chunks, s = [], 0
     for n in sizes:
-        L = max(int(mask[s:s + n].sum(1).max()), 1)
-        chunks.append((v[s:s + n, :L], adv[s:s + n], mask[s:s + n, :L]))
+        L = max(int(mask[s : s + n].sum(1).max()), 1)
+        chunks.append((v[s : s + n, :L], adv[s : s + n], mask[s : s + n, :L]))
         s += n
     assert s == v.shape[0]
     result = delta_coefficients_chunked(chunks, **with_steps(kw))
@@ -132,7 +146,7 @@ def random_batch(seed, B=12, T=8, H=5, group=4):
     rewards[:group] = 1.0
     for s in range(group, B, group):
         rewards[s], rewards[s + 1] = 1.0, 0.0
-    adv = torch.cat([grpo_advantages(rewards[s:s + group].tolist()) for s in range(0, B, group)])
+    adv = torch.cat([grpo_advantages(rewards[s : s + group].tolist()) for s in range(0, B, group)])
     adv[:group] = 0.0  # the all-equal group (NaN-free: its std is 0)
     return v.masked_fill(mask[..., None] == 0, 1e3), adv, mask
 
@@ -140,9 +154,11 @@ def random_batch(seed, B=12, T=8, H=5, group=4):
 # ----------------------------------------------------------------------------------------------------
 # Example B (spec §1) and spec §6's table
 # ----------------------------------------------------------------------------------------------------
-V_B = [[[0.5, 0.2], [0.1, 0.9], [-0.3, 0.4], [0.8, -0.1]],
-       [[0.4, 0.3], [-0.6, 0.2], [0.2, -0.5], [0.0, 0.0]],  # last: padding
-       [[0.0, 0.7], [0.3, 0.1], [-0.2, -0.4], [0.6, 0.6]]]
+V_B = [
+    [[0.5, 0.2], [0.1, 0.9], [-0.3, 0.4], [0.8, -0.1]],
+    [[0.4, 0.3], [-0.6, 0.2], [0.2, -0.5], [0.0, 0.0]],  # last: padding
+    [[0.0, 0.7], [0.3, 0.1], [-0.2, -0.4], [0.6, 0.6]],
+]
 MASK_B = [[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]]
 DLOGP_B = [[0.1, -0.2, 0.3, 0.0], [0.05, -0.1, 0.2, 0.0], [-0.3, 0.1, 0.0, 0.25]]
 GAMMA_B = (0.1231199173, 0.2432273375)  # default γ±⁽⁰⁾
@@ -150,60 +166,134 @@ GAMMA_B_WITHIN = (0.1460468675, 0.1620007147)
 
 # flag: (keyword arguments, λ̄ rows (None on padding), loss)
 TABLE_B = {
-    "delta": ({}, [[1.0985491049, 1.1428667940, 0.8455375423, 1.0879153147],
-                   [0.8698839773, 1.1101566035, 1.1094178099, None],
-                   [0.8588903015, 0.9517633914, 1.1305136578, 0.7945055027]], -0.0774846123),
-    "within_side": ({"scores": "within_side"}, [[1.1181388040, 0.9511656529, 0.9480562160, 0.9499831966],
-                                                [1.1209801047, 0.9275062863, 0.9467933263, None],
-                                                [0.9750141425, 1.1441008559, 0.9391212310, 0.9791401838]],
-                    -0.0493918966),
-    "hard": ({"assignment": "hard"}, [[1.1785714286, 1.1785714286, 0.7857142857, 1.1785714286],
-                                      [0.7857142857, 1.1785714286, 1.1785714286, None],
-                                      [0.7857142857, 0.7857142857, 1.1785714286, 0.7857142857]], -0.0990515796),
-    "no_lamnorm": ({"normalize": False}, [[1.1471261027, 1.1934034859, 0.8829265630, 1.1360220944],
-                                          [0.9083495787, 1.1592468758, 1.1584754134, None],
-                                          [0.8968697709, 0.9938496376, 1.1805041035, 0.8296379258]],
-                   -0.0809109224),
-    "raw_alpha": ({"coefficients": "raw"}, [[1.4213708717, 1.6108620223, 0.3395578733, 1.3759034932],
-                                            [0.4436570284, 1.4710015789, 1.4678426859, None],
-                                            [0.3966508704, 0.7937525479, 1.5580431581, 0.1213578700]],
-                  -0.1523070642),
-    "K=0": ({"K": 0}, [[1.0359093951, 1.1134390762, 0.8888329652, 1.0222623982],
-                       [0.9301034634, 1.0728609483, 1.0756429695, None],
-                       [0.9203720331, 0.9765079566, 1.0997166021, 0.8643521924]], -0.0601200708),
-    "K=2": ({"K": 2}, [[1.0869451462, 1.1294230597, 0.8878665360, 1.0890888708],
-                       [0.8934983588, 1.0796815472, 1.0637450790, None],
-                       [0.8956663375, 0.9457519218, 1.0991760913, 0.8291570517]], -0.0819799926),
-    "K=3": ({"K": 3}, [[1.0604842776, 1.1057531375, 0.9064041775, 1.0639560657],
-                       [0.9206065619, 1.0645293241, 1.0489214408, None],
-                       [0.9235451122, 0.9600962253, 1.0813162155, 0.8643874618]], -0.0734630238),
-    "lam 0.5,1.2": ({"lam_min": 0.5, "lam_max": 1.2}, [[1.1941882656, 1.2815150371, 0.6956360306, 1.1732346782],
-                                                        [0.7436100026, 1.2170605180, 1.2156047459, None],
-                                                        [0.7219472705, 0.9049511068, 1.2571735264, 0.5950788183]],
-                    -0.0996515082),
-    "lam 0.8,1.5": ({"lam_min": 0.8, "lam_max": 1.5}, [[1.1467243130, 1.2127064696, 0.7700293879, 1.1308922507],
-                                                        [0.8062774488, 1.1640060757, 1.1629061268, None],
-                                                        [0.7899095726, 0.9281831808, 1.1943145682, 0.6940506059]],
-                    -0.0886504864),
-    "lam 0.5,1.5": ({"lam_min": 0.5, "lam_max": 1.5}, [[1.2316578465, 1.3358347482, 0.6369075057, 1.2066611614],
-                                                        [0.6941382915, 1.2589434126, 1.2572067421, None],
-                                                        [0.6682956288, 0.8866109553, 1.3067964232, 0.5169472847]],
-                    -0.1083360710),
-    "fixed_gamma=(0.5,0.5)": ({"gamma": (0.5, 0.5)}, [[1.0126847301, 1.0537496709, 0.9578991411, 1.0065415555],
-                                                       [0.9491317109, 1.0558759373, 1.0599030124, None],
-                                                       [0.9410691664, 0.9826709335, 1.0817723956, 0.8987017463]],
-                              -0.0580916583),
+    "delta": (
+        {},
+        [
+            [1.0985491049, 1.1428667940, 0.8455375423, 1.0879153147],
+            [0.8698839773, 1.1101566035, 1.1094178099, None],
+            [0.8588903015, 0.9517633914, 1.1305136578, 0.7945055027],
+        ],
+        -0.0774846123,
+    ),
+    "within_side": (
+        {"scores": "within_side"},
+        [
+            [1.1181388040, 0.9511656529, 0.9480562160, 0.9499831966],
+            [1.1209801047, 0.9275062863, 0.9467933263, None],
+            [0.9750141425, 1.1441008559, 0.9391212310, 0.9791401838],
+        ],
+        -0.0493918966,
+    ),
+    "hard": (
+        {"assignment": "hard"},
+        [
+            [1.1785714286, 1.1785714286, 0.7857142857, 1.1785714286],
+            [0.7857142857, 1.1785714286, 1.1785714286, None],
+            [0.7857142857, 0.7857142857, 1.1785714286, 0.7857142857],
+        ],
+        -0.0990515796,
+    ),
+    "no_lamnorm": (
+        {"normalize": False},
+        [
+            [1.1471261027, 1.1934034859, 0.8829265630, 1.1360220944],
+            [0.9083495787, 1.1592468758, 1.1584754134, None],
+            [0.8968697709, 0.9938496376, 1.1805041035, 0.8296379258],
+        ],
+        -0.0809109224,
+    ),
+    "raw_alpha": (
+        {"coefficients": "raw"},
+        [
+            [1.4213708717, 1.6108620223, 0.3395578733, 1.3759034932],
+            [0.4436570284, 1.4710015789, 1.4678426859, None],
+            [0.3966508704, 0.7937525479, 1.5580431581, 0.1213578700],
+        ],
+        -0.1523070642,
+    ),
+    "K=0": (
+        {"K": 0},
+        [
+            [1.0359093951, 1.1134390762, 0.8888329652, 1.0222623982],
+            [0.9301034634, 1.0728609483, 1.0756429695, None],
+            [0.9203720331, 0.9765079566, 1.0997166021, 0.8643521924],
+        ],
+        -0.0601200708,
+    ),
+    "K=2": (
+        {"K": 2},
+        [
+            [1.0869451462, 1.1294230597, 0.8878665360, 1.0890888708],
+            [0.8934983588, 1.0796815472, 1.0637450790, None],
+            [0.8956663375, 0.9457519218, 1.0991760913, 0.8291570517],
+        ],
+        -0.0819799926,
+    ),
+    "K=3": (
+        {"K": 3},
+        [
+            [1.0604842776, 1.1057531375, 0.9064041775, 1.0639560657],
+            [0.9206065619, 1.0645293241, 1.0489214408, None],
+            [0.9235451122, 0.9600962253, 1.0813162155, 0.8643874618],
+        ],
+        -0.0734630238,
+    ),
+    "lam 0.5,1.2": (
+        {"lam_min": 0.5, "lam_max": 1.2},
+        [
+            [1.1941882656, 1.2815150371, 0.6956360306, 1.1732346782],
+            [0.7436100026, 1.2170605180, 1.2156047459, None],
+            [0.7219472705, 0.9049511068, 1.2571735264, 0.5950788183],
+        ],
+        -0.0996515082,
+    ),
+    "lam 0.8,1.5": (
+        {"lam_min": 0.8, "lam_max": 1.5},
+        [
+            [1.1467243130, 1.2127064696, 0.7700293879, 1.1308922507],
+            [0.8062774488, 1.1640060757, 1.1629061268, None],
+            [0.7899095726, 0.9281831808, 1.1943145682, 0.6940506059],
+        ],
+        -0.0886504864,
+    ),
+    "lam 0.5,1.5": (
+        {"lam_min": 0.5, "lam_max": 1.5},
+        [
+            [1.2316578465, 1.3358347482, 0.6369075057, 1.2066611614],
+            [0.6941382915, 1.2589434126, 1.2572067421, None],
+            [0.6682956288, 0.8866109553, 1.3067964232, 0.5169472847],
+        ],
+        -0.1083360710,
+    ),
+    "fixed_gamma=(0.5,0.5)": (
+        {"gamma": (0.5, 0.5)},
+        [
+            [1.0126847301, 1.0537496709, 0.9578991411, 1.0065415555],
+            [0.9491317109, 1.0558759373, 1.0599030124, None],
+            [0.9410691664, 0.9826709335, 1.0817723956, 0.8987017463],
+        ],
+        -0.0580916583,
+    ),
 }
-U_B = [[.1, .9, .5, .3], [.7, .2, .6, 0.0], [.4, .8, .05, .35]]
-RANDOM_B = ([[0.8587360595, 1.1858736059, 1.0223048327, 0.9405204461],
-             [1.1040892193, 0.8996282528, 1.0631970260, None],
-             [0.9814126394, 1.1449814126, 0.8382899628, 0.9609665428]], -0.0494437723)
+U_B = [[0.1, 0.9, 0.5, 0.3], [0.7, 0.2, 0.6, 0.0], [0.4, 0.8, 0.05, 0.35]]
+RANDOM_B = (
+    [
+        [0.8587360595, 1.1858736059, 1.0223048327, 0.9405204461],
+        [1.1040892193, 0.8996282528, 1.0631970260, None],
+        [0.9814126394, 1.1449814126, 0.8382899628, 0.9609665428],
+    ],
+    -0.0494437723,
+)
 # spec §6 fixed_gamma: K = 2 with γ frozen at γ⁽⁰⁾ (first row and loss given there)
 K2_FROZEN_ROW0, K2_FROZEN_LOSS = [1.1305667960, 1.1474965893, 0.8307952616, 1.1318852898], -0.0879996934
 # Every variant of delta_coefficients (the table's keyword sets, and some combinations), for the invariants.
 VARIANTS = [kw for kw, _, _ in TABLE_B.values()] + [
-    {"scores": "within_side", "K": 2}, {"assignment": "hard", "K": 3}, {"coefficients": "raw", "normalize": False},
-    {"gamma": (0.3, 0.7), "K": 2}, {"scores": "within_side", "coefficients": "raw"}]
+    {"scores": "within_side", "K": 2},
+    {"assignment": "hard", "K": 3},
+    {"coefficients": "raw", "normalize": False},
+    {"gamma": (0.3, 0.7), "K": 2},
+    {"scores": "within_side", "coefficients": "raw"},
+]
 
 
 def example_b():
@@ -346,11 +436,14 @@ def test_variants_stream_from_hidden_and_old_logp(kw):
     """The (h, log p) chunks of the trainer give the same λ̄ as v = proxy_vectors(h, log p) for each ablation."""
     v, adv, mask = random_batch(9)
     logp = -torch.rand(mask.shape, generator=torch.Generator().manual_seed(2), dtype=F64) * 3
-    chunks = lambda: ((delta.proxy_vectors(v[s], logp[s], mask[s]), adv[s], mask[s])  # noqa: E731
-                      for s in (slice(0, 6), slice(6, None)))  # v made afresh in each pass, as the trainer does
+
+    def chunks():  # v made afresh in each pass, as the trainer does
+        return ((delta.proxy_vectors(v[s], logp[s], mask[s]), adv[s], mask[s]) for s in (slice(0, 6), slice(6, None)))
+
     lb = torch.cat(delta_coefficients_chunked(chunks, **with_steps(kw)).lam_bar)
-    torch.testing.assert_close(lb, delta_coefficients(delta.proxy_vectors(v, logp, mask), adv, mask, **with_steps(kw)),
-                               atol=1e-10, rtol=0)
+    torch.testing.assert_close(
+        lb, delta_coefficients(delta.proxy_vectors(v, logp, mask), adv, mask, **with_steps(kw)), atol=1e-10, rtol=0
+    )
 
 
 @pytest.mark.parametrize("kw", VARIANTS, ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()) or "delta")
@@ -384,9 +477,19 @@ def test_default_call_is_unchanged_by_the_default_keywords():
     v, adv, mask = random_batch(6)
     for K in (0, 1, 2):
         base = delta_coefficients(v.float(), adv.float(), mask.float(), K=K)
-        same = delta_coefficients(v.float(), adv.float(), mask.float(), K=K, steps=delta.DeltaSteps(
-            score=delta.contrastive_margins, temperature=delta.adaptive_temperature, assign=delta.soft_assignment,
-            coefficients=delta.bounded_coefficients, normalize=delta.self_normalization))
+        same = delta_coefficients(
+            v.float(),
+            adv.float(),
+            mask.float(),
+            K=K,
+            steps=delta.DeltaSteps(
+                score=delta.contrastive_margins,
+                temperature=delta.adaptive_temperature,
+                assign=delta.soft_assignment,
+                coefficients=delta.bounded_coefficients,
+                normalize=delta.self_normalization,
+            ),
+        )
         assert base.dtype == torch.float32 and torch.equal(base, same)
 
 
@@ -407,18 +510,33 @@ H_A = [[[0.5, 1.0], [1.5, -0.5], [0.2, 0.3]], [[0.4, 0.9], [-1.0, 0.8], [0.0, 0.
 Y_A, MASK_A = [[1, 0, 2], [1, 2, 0]], [[1, 1, 1], [1, 1, 0]]
 DLOGP_A = [[0.1, -0.3, 0.05], [0.2, -0.1, 0.0]]
 TOPK_A = {  # K: (v rows, λ̄ rows, loss), spec §6
-    2: ([[[-0.3775406688, 0.3775406688], [0.1192029220, -0.1192029220], [-1.4750208125, -0.0249791875]],
-         [[-0.3775406688, 0.3775406688], [-0.3543436938, -0.1771718469], [0.0, 0.0]]],
-        [[0.8615144800, 0.7791493091, 1.1081024804], [1.1256168652, 1.1256168652, None]], -0.0425554730),
-    3: ([[[-0.1208721625, 0.4003577473], [0.1813150311, -0.1317784996], [-1.0766995102, -0.0182336945]],
-         [[-0.0880631854, 0.4032743693], [-0.4454006487, -0.1397027799], [0.0, 0.0]]],
-        [[0.8388125788, 0.8373298082, 1.2407416552], [1.2401428589, 0.8429730989, None]], -0.0812080974),
+    2: (
+        [
+            [[-0.3775406688, 0.3775406688], [0.1192029220, -0.1192029220], [-1.4750208125, -0.0249791875]],
+            [[-0.3775406688, 0.3775406688], [-0.3543436938, -0.1771718469], [0.0, 0.0]],
+        ],
+        [[0.8615144800, 0.7791493091, 1.1081024804], [1.1256168652, 1.1256168652, None]],
+        -0.0425554730,
+    ),
+    3: (
+        [
+            [[-0.1208721625, 0.4003577473], [0.1813150311, -0.1317784996], [-1.0766995102, -0.0182336945]],
+            [[-0.0880631854, 0.4032743693], [-0.4454006487, -0.1397027799], [0.0, 0.0]],
+        ],
+        [[0.8388125788, 0.8373298082, 1.2407416552], [1.2401428589, 0.8429730989, None]],
+        -0.0812080974,
+    ),
 }
 
 
 def example_a():
-    return (torch.tensor(H_A, dtype=F64), torch.tensor(Y_A), torch.tensor(MASK_A, dtype=F64),
-            torch.tensor(W_A, dtype=F64), grpo_advantages([1.0, 0.0]))
+    return (
+        torch.tensor(H_A, dtype=F64),
+        torch.tensor(Y_A),
+        torch.tensor(MASK_A, dtype=F64),
+        torch.tensor(W_A, dtype=F64),
+        grpo_advantages([1.0, 0.0]),
+    )
 
 
 def exact_hidden_gradient(h, y, W, temperature=1.0):
@@ -479,8 +597,10 @@ def test_topk_proxy_dtype_grad_stream_and_errors():
     assert v.dtype == torch.float32 and not v.requires_grad
     torch.testing.assert_close(v.double(), topk_proxy_vectors(h, y, mask, W, 2), atol=1e-6, rtol=0)
     # top-K proxies streamed chunk by chunk (old_logp = None) equal the whole batch
-    chunks = [(topk_proxy_vectors(h[i:i + 1], y[i:i + 1], mask[i:i + 1], W, 2), adv[i:i + 1], mask[i:i + 1])
-              for i in range(2)]
+    chunks = [
+        (topk_proxy_vectors(h[i : i + 1], y[i : i + 1], mask[i : i + 1], W, 2), adv[i : i + 1], mask[i : i + 1])
+        for i in range(2)
+    ]
     v64 = topk_proxy_vectors(h, y, mask, W, 2)
     streamed = torch.cat(delta_coefficients_chunked(chunks).lam_bar)
     torch.testing.assert_close(streamed, delta_coefficients(v64, adv, mask), atol=1e-10, rtol=0)
@@ -515,10 +635,14 @@ def test_frozen_temperature_keeps_the_first_batchs_gamma0():
     assert frozen.gamma == (st1["delta/gamma0_pos"], st1["delta/gamma0_neg"])
     v2, adv2, mask2 = random_batch(22)
     lb2, st2 = with_stats(v2, adv2, mask2, steps=steps)
-    assert (st2["delta/gamma_pos"], st2["delta/gamma_neg"]) == frozen.gamma != (st2["delta/gamma0_pos"],
-                                                                               st2["delta/gamma0_neg"])
-    torch.testing.assert_close(lb2, torch.tensor(np_reference(v2.numpy(), adv2.numpy(), mask2.numpy(),
-                                                              gamma=frozen.gamma)), atol=1e-10, rtol=0)
+    assert (
+        (st2["delta/gamma_pos"], st2["delta/gamma_neg"])
+        == frozen.gamma
+        != (st2["delta/gamma0_pos"], st2["delta/gamma0_neg"])
+    )
+    torch.testing.assert_close(
+        lb2, torch.tensor(np_reference(v2.numpy(), adv2.numpy(), mask2.numpy(), gamma=frozen.gamma)), atol=1e-10, rtol=0
+    )
     assert not torch.allclose(lb2, delta_coefficients(v2, adv2, mask2), atol=1e-4)
 
 
@@ -527,10 +651,12 @@ def test_steps_from_flags_swaps_one_step_per_ablation_flag():
 
     paper = delta.DeltaSteps()
     assert delta_ablations.steps_from_flags(GRPOConfig(credit="delta")) == paper
-    for flags, field, fn in ((dict(delta_scores="within_side"), "score", delta_ablations.within_side_scores),
-                             (dict(delta_assignment="hard"), "assign", delta_ablations.hard_assignment),
-                             (dict(delta_coefficients="raw"), "coefficients", delta_ablations.raw_coefficients),
-                             (dict(delta_normalize=False), "normalize", delta_ablations.no_normalization)):
+    for flags, field, fn in (
+        (dict(delta_scores="within_side"), "score", delta_ablations.within_side_scores),
+        (dict(delta_assignment="hard"), "assign", delta_ablations.hard_assignment),
+        (dict(delta_coefficients="raw"), "coefficients", delta_ablations.raw_coefficients),
+        (dict(delta_normalize=False), "normalize", delta_ablations.no_normalization),
+    ):
         steps = delta_ablations.steps_from_flags(GRPOConfig(credit="delta", **flags))
         assert getattr(steps, field) is fn and steps._replace(**{field: getattr(paper, field)}) == paper, flags
     one, two = (delta_ablations.steps_from_flags(GRPOConfig(credit="delta", delta_gamma="frozen")) for _ in range(2))
@@ -547,9 +673,14 @@ def test_delta_py_code_names_no_ablation():
 
     def code_words(source):
         tree = ast.parse(source)
-        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                      if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and node.body
-                      and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
         words = set()
         for node in ast.walk(tree):
             for field in ("id", "attr", "name", "arg", "module"):
@@ -559,8 +690,21 @@ def test_delta_py_code_names_no_ablation():
                 words.add(node.value.lower())
         return words
 
-    ablations = ("hard", "within", "raw", "random", "frozen", "fixed", "topk", "top_k", "lamnorm", "ablation",
-                 "select", "uniform", "q2")
+    ablations = (
+        "hard",
+        "within",
+        "raw",
+        "random",
+        "frozen",
+        "fixed",
+        "topk",
+        "top_k",
+        "lamnorm",
+        "ablation",
+        "select",
+        "uniform",
+        "q2",
+    )
     source = (Path(__file__).resolve().parents[1] / "delta.py").read_text(encoding="utf-8")
     assert not {w for w in code_words(source) for a in ablations if a in w}
     assert {w for w in code_words('if assignment == "hard":\n    x = scores\n') for a in ablations if a in w}
@@ -587,7 +731,10 @@ def test_trainer_keeps_frozen_gamma_in_the_ablations_object_and_resumes_it():
     state = {**run_setup.trainer_state(sampler, credit), "step": 4}
     assert state["delta_gamma"] == (0.25, 0.5)
     again = grpo.Credit(GRPOConfig(credit="delta", delta_gamma="frozen"), None)
-    assert run_setup.restore(state, sampler, again) == 4 and delta_ablations.kept_gamma(again.method.steps) == (0.25, 0.5)
+    assert run_setup.restore(state, sampler, again) == 4 and delta_ablations.kept_gamma(again.method.steps) == (
+        0.25,
+        0.5,
+    )
     plain = grpo.Credit(GRPOConfig(credit="delta"), None)
     assert type(plain.method) is grpo.DeltaCredit and plain.state_dict() == {}  # the paper's: no state
     assert plain.method.steps == delta.DeltaSteps()

@@ -19,23 +19,51 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRIVER = os.path.join(ROOT, "tests", "dist_driver.py")
-FLAGS = ["--prompt_template", "none", "--num_prompts_per_step", "4", "--num_generations", "4",
-         "--max_completion_length", "24", "--max_steps", "2", "--eval_num_generations", "0", "--learning_rate", "1e-3", "--save_steps", "0"]
+FLAGS = [
+    "--prompt_template",
+    "none",
+    "--num_prompts_per_step",
+    "4",
+    "--num_generations",
+    "4",
+    "--max_completion_length",
+    "24",
+    "--max_steps",
+    "2",
+    "--eval_num_generations",
+    "0",
+    "--learning_rate",
+    "1e-3",
+    "--save_steps",
+    "0",
+]
 
 
 def _run(out, model, nproc, *extra, env=None):
-    cmd = [sys.executable, DRIVER] if nproc == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), DRIVER]
+    cmd = (
+        [sys.executable, DRIVER]
+        if nproc == 1
+        else [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), DRIVER]
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    res = subprocess.run(cmd + ["--model", str(model), "--output_dir", str(out), *FLAGS, *extra], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        cmd + ["--model", str(model), "--output_dir", str(out), *FLAGS, *extra],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-4000:]
     return out
 
 
 def _weights(folder):
-    name = "adapter_model.safetensors" if os.path.exists(os.path.join(folder, "adapter_model.safetensors")) \
+    name = (
+        "adapter_model.safetensors"
+        if os.path.exists(os.path.join(folder, "adapter_model.safetensors"))
         else "model.safetensors"
+    )
     return load_file(os.path.join(folder, name))
 
 
@@ -55,9 +83,13 @@ def test_two_processes_equal_one_process(toy_model_path, tmp_path, credit):
     gradient (summed in another order over 2 processes), except where |g| ≈ ε = 1e-8, where it moves by at most
     lr·δg/(4ε) = 1e-3·δg/4e-8: below 1e-5 for the float32 δg ≲ 1e-10 of these sums. delta_memory_efficient: each
     process streams its micro-batches through K + 3 passes and the statistics are summed over both."""
-    flags = ["--credit", "delta", "--delta_impl", "memory_efficient", "--micro_batch_size", "3"] \
-        if credit == "delta_memory_efficient" else ["--credit", "delta", "--delta_proxy", "topk"] \
-        if credit == "delta_topk" else ["--credit", credit]
+    flags = (
+        ["--credit", "delta", "--delta_impl", "memory_efficient", "--micro_batch_size", "3"]
+        if credit == "delta_memory_efficient"
+        else ["--credit", "delta", "--delta_proxy", "topk"]
+        if credit == "delta_topk"
+        else ["--credit", credit]
+    )
     one = _run(tmp_path / "one", toy_model_path, 1, *flags)
     two = _run(tmp_path / "two", toy_model_path, 2, *flags)
     w0, w1, w2 = _weights(toy_model_path), _weights(one / "final"), _weights(two / "final")
@@ -100,8 +132,10 @@ def test_two_processes_resume(toy_model_path, tmp_path):
     shutil.copy(full / "metrics.jsonl", tmp_path / "resumed" / "metrics.jsonl")
     resumed = _run(tmp_path / "resumed", toy_model_path, 2, "--credit", "delta", "--resume")
     assert _max_diff(_weights(full / "final"), _weights(resumed / "final")) == 0.0
-    measured = lambda r: {k: v for k, v in r.items() if k in ("step_time", "generation_time")  # noqa: E731
-                          or k.startswith("memory/")}
+
+    def measured(r):
+        return {k: v for k, v in r.items() if k in ("step_time", "generation_time") or k.startswith("memory/")}
+
     assert _metrics(resumed) == [{**m, **measured(r)} for m, r in zip(_metrics(full), _metrics(resumed))]
 
 
@@ -114,8 +148,7 @@ def test_two_processes_chunked_lm_head(toy_model_path, tmp_path):
     plain = _run(tmp_path / "plain", toy_model_path, 1, "--credit", "delta")
     one = _run(tmp_path / "one", toy_model_path, 1, "--credit", "delta", env=chunked)
     two = _run(tmp_path / "two", toy_model_path, 2, "--credit", "delta", env=chunked)
-    calls = {(run.name, f.name): int(f.read_text()) for run in (one, two)
-             for f in run.glob("chunked_lm_head_calls.*")}
+    calls = {(run.name, f.name): int(f.read_text()) for run in (one, two) for f in run.glob("chunked_lm_head_calls.*")}
     assert len(calls) == 3 and min(calls.values()) > 0, calls
     w0, w1, w2 = _weights(plain / "final"), _weights(one / "final"), _weights(two / "final")
     assert _max_diff(_weights(toy_model_path), w0) > 1e-4
@@ -159,8 +192,22 @@ def test_mixed_precision_keeps_float32_master_weights(toy_model_path, tmp_path):
     driver = tmp_path / "mixed.py"
     driver.write_text(MIXED_DRIVER)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          str(driver), str(toy_model_path)], env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(driver),
+            str(toy_model_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     lines = [l for l in res.stdout.splitlines() if l.startswith("RESULT")]
     assert lines == ["RESULT torch.bfloat16 {torch.float32} {torch.float32} True True"], res.stdout[-2000:]

@@ -23,9 +23,9 @@ import re
 from pathlib import Path
 
 import pytest
+from test_oracle import FILES, UNPARSABLE
 
 import verify as V
-from test_oracle import FILES, UNPARSABLE
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -51,47 +51,64 @@ def _outside_text(s: str, fn) -> str:
     """``fn`` applied to each stretch of ``s`` between \\text{..} groups."""
     out, last = [], 0
     for m in _TEXT_RE.finditer(s):
-        out += [fn(s[last:m.start()]), m.group(0)]
+        out += [fn(s[last : m.start()]), m.group(0)]
         last = m.end()
     return "".join(out + [fn(s[last:])])
 
 
 def spaced(r: str) -> str:
     """A space around every ``+ - =`` (not an e-notation sign) and after a list comma (not a thousands comma)."""
+
     def f(seg):
         seg = re.sub(r"\s*(?<!\d[eE])([-+=])\s*", r" \1 ", seg)
         return re.sub(r"(?<!\\),(?!\\!)(?!\d{3}(?!\d))\s*", ", ", seg)
+
     return _outside_text(r, f)
 
 
 def compact(r: str) -> str:
     """Every space removed except between two letters (``\\cdot x``, ``m n``) and between two digits."""
+
     def f(seg):
         def one(m):
-            a, b = seg[m.start() - 1:m.start()], seg[m.end():m.end() + 1]
+            a, b = seg[m.start() - 1 : m.start()], seg[m.end() : m.end() + 1]
             return m.group(0) if (a.isalpha() and b.isalpha()) or (a.isdigit() and b.isdigit()) else ""
+
         return re.sub(r"\s+", one, seg)
+
     return _outside_text(r, f)
 
 
 def thin(r: str) -> str:
     r"""Spaces as ``\,`` (not between two digits, not after a control word, not before ``^ _ {``), ``\,``
     between a number and the letter after it (``7\,i``, ``2\,k``; not e-notation), and a trailing ``\,``."""
+
     def f(seg):
         def one(m):
-            a, b = seg[m.start() - 1:m.start()], seg[m.end():m.end() + 1]
-            after_word = re.search(r"\\[A-Za-z]+$", seg[:m.start()])
+            a, b = seg[m.start() - 1 : m.start()], seg[m.end() : m.end() + 1]
+            after_word = re.search(r"\\[A-Za-z]+$", seg[: m.start()])
             keep = (a.isdigit() and b.isdigit()) or a == "!" or b in ("^", "_", "{") or after_word
             return m.group(0) if keep else r"\,"
+
         seg = re.sub(r"\s+", one, seg)
         return re.sub(r"(?<=\d)(?=[A-Za-z])(?![eE][-+\d])", r"\\,", seg)
+
     return _outside_text(r, f) + r"\,"
 
 
-_TO_UNICODE = [(r"\\infty(?![A-Za-z])\s*", "∞"), (r"\\pi(?![A-Za-z])\s*", "π"), (r"\\cdot(?![A-Za-z])\s*", "·"),
-               (r"\\times(?![A-Za-z])\s*", "×"), (r"\\pm(?![A-Za-z])\s*", "±"), (r"\\leq?(?![A-Za-z])\s*", "≤"),
-               (r"\\geq?(?![A-Za-z])\s*", "≥"), (r"\\cup(?![A-Za-z])\s*", "∪"), (r"\\in(?![A-Za-z])\s*", "∈"),
-               (r"\\theta(?![A-Za-z])\s*", "θ"), (r"\\alpha(?![A-Za-z])\s*", "α")]
+_TO_UNICODE = [
+    (r"\\infty(?![A-Za-z])\s*", "∞"),
+    (r"\\pi(?![A-Za-z])\s*", "π"),
+    (r"\\cdot(?![A-Za-z])\s*", "·"),
+    (r"\\times(?![A-Za-z])\s*", "×"),
+    (r"\\pm(?![A-Za-z])\s*", "±"),
+    (r"\\leq?(?![A-Za-z])\s*", "≤"),
+    (r"\\geq?(?![A-Za-z])\s*", "≥"),
+    (r"\\cup(?![A-Za-z])\s*", "∪"),
+    (r"\\in(?![A-Za-z])\s*", "∈"),
+    (r"\\theta(?![A-Za-z])\s*", "θ"),
+    (r"\\alpha(?![A-Za-z])\s*", "α"),
+]
 _SUP = dict(zip("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻"))
 _SUBS = dict(zip("0123456789", "₀₁₂₃₄₅₆₇₈₉"))
 
@@ -100,16 +117,23 @@ def unicode(r: str) -> str:
     """``-`` as ``−``, ``\\sqrt{3}``/``\\sqrt{x}`` as ``√3``/``√x`` (not before a digit), ``\\infty \\pi \\cdot
     \\times \\pm \\le \\ge \\cup \\in \\theta \\alpha`` as their symbols, digit exponents as superscripts
     (``^{2}``, ``^{-1}``, ``^5``), digit subscripts as subscript digits."""
+
     def f(seg):
-        seg = re.sub(r"\\sqrt\s*(?:\{\s*(\d+|[A-Za-z])\s*\}|(\d))(?![\d.])", lambda m: "√" + (m.group(1) or m.group(2)),
-                     seg)
+        seg = re.sub(
+            r"\\sqrt\s*(?:\{\s*(\d+|[A-Za-z])\s*\}|(\d))(?![\d.])", lambda m: "√" + (m.group(1) or m.group(2)), seg
+        )
         for pat, sym in _TO_UNICODE:
             seg = re.sub(pat, sym, seg)
-        seg = re.sub(r"\^\s*(?:\{\s*(-?\d+)\s*\}|(\d))(?!\d)",
-                     lambda m: "".join(_SUP[c] for c in (m.group(1) or m.group(2))), seg)
-        seg = re.sub(r"_\s*(?:\{\s*(\d+)\s*\}|(\d))(?!\d)",
-                     lambda m: "".join(_SUBS[c] for c in (m.group(1) or m.group(2))), seg)
+        seg = re.sub(
+            r"\^\s*(?:\{\s*(-?\d+)\s*\}|(\d))(?!\d)",
+            lambda m: "".join(_SUP[c] for c in (m.group(1) or m.group(2))),
+            seg,
+        )
+        seg = re.sub(
+            r"_\s*(?:\{\s*(\d+)\s*\}|(\d))(?!\d)", lambda m: "".join(_SUBS[c] for c in (m.group(1) or m.group(2))), seg
+        )
         return seg.replace("-", "−")
+
     return _outside_text(r, f)
 
 
@@ -139,7 +163,7 @@ def left_right(r: str) -> str | None:
     text_spans = [m.span() for m in _TEXT_RE.finditer(r)]
     stack, pairs = [], []
     for i, c in enumerate(r):
-        if any(a <= i < b for a, b in text_spans) or r[i - 1:i] == "\\":
+        if any(a <= i < b for a, b in text_spans) or r[i - 1 : i] == "\\":
             continue
         if c in "([" and not (c == "[" and r[:i].rstrip().endswith(r"\sqrt")):
             stack.append(i)
@@ -155,8 +179,15 @@ def left_right(r: str) -> str | None:
 
 def forms(r: str) -> list[tuple[str, str]]:
     """(name, form) for every form of ``r`` that differs from it."""
-    out = [("spaced", spaced(r)), ("compact", compact(r)), ("thin", thin(r)), ("unicode", unicode(r)),
-           ("unicode+compact", unicode(compact(r))), ("frac", fracs(r)), ("left", left_right(r))]
+    out = [
+        ("spaced", spaced(r)),
+        ("compact", compact(r)),
+        ("thin", thin(r)),
+        ("unicode", unicode(r)),
+        ("unicode+compact", unicode(compact(r))),
+        ("frac", fracs(r)),
+        ("left", left_right(r)),
+    ]
     out += [("percent", p) for p in percent(r)]
     seen, kept = {r}, []
     for name, f in out:
@@ -171,7 +202,7 @@ def wrong(r: str) -> str | None:
     spans = [m.span() for m in _TEXT_RE.finditer(r)]
     for i, c in enumerate(r):
         if c.isdigit() and not any(a <= i < b for a, b in spans):
-            return r[:i] + str(int(c) + 1 if c != "9" else 8) + r[i + 1:]
+            return r[:i] + str(int(c) + 1 if c != "9" else 8) + r[i + 1 :]
     return None
 
 
@@ -196,8 +227,12 @@ def test_forms_by_hand():
     assert left_right("(a+5)(b+2)") == r"\left(a+5\right)\left(b+2\right)"
     assert left_right(r"\sqrt[3]{2}") is None and left_right("(1,2") is None and left_right(r"\text{(C)}") is None
     assert wrong(r"\frac{1}{2}") == r"\frac{2}{2}" and wrong("90^\\circ") == "80^\\circ" and wrong(r"\text{A1}") is None
-    assert forms("62.5%") == [("thin", r"62.5%\,"), ("percent", "62.5"), ("percent", r"62.5\%"),
-                              ("percent", r"62.5 \%")]
+    assert forms("62.5%") == [
+        ("thin", r"62.5%\,"),
+        ("percent", "62.5"),
+        ("percent", r"62.5\%"),
+        ("percent", r"62.5 \%"),
+    ]
 
 
 def _references():
@@ -218,8 +253,7 @@ def test_every_reference_in_equivalent_forms_and_no_changed_number():
         if (bad := wrong(ref)) is not None:
             cases.append((name, rid, ref, "wrong", bad, False))
             cases += [(name, rid, ref, "wrong " + what, f, False) for what, f in forms(bad) if what != "percent"]
-    results = V.grade_batch([r"\boxed{" + c[4] + "}" for c in cases], [c[2] for c in cases], timeout=30,
-                            num_workers=2)
+    results = V.grade_batch([r"\boxed{" + c[4] + "}" for c in cases], [c[2] for c in cases], timeout=30, num_workers=2)
     failures = [(*c, res) for c, res in zip(cases, results) if res[0] is not c[5]]
     for f in failures:
         print("FORM FAILURE", "(known)" if f[:2] in KNOWN else "(NEW)", f)

@@ -12,16 +12,25 @@ from pathlib import Path
 import pytest
 
 import evaluate
-from trainer import hub
-from trainer import policy
-from trainer import problems
 import rollout
 import toy
+from trainer import hub, policy, problems
 
 DATA = Path(__file__).resolve().parents[1] / "data"  # the benchmarks the repository ships
-COUNTS = {"aime24": 30, "aime25": 30, "amc23": 40, "math500": 500, "minerva": 272, "olympiadbench": 675,
-          "gsm8k": 1319, "hmmt_feb25": 30,  # the eight of --benchmarks all, then DelTA's four more (data/README.md)
-          "aime26": 30, "hmmt_nov25": 30, "hmmt_feb26": 33, "brumo25": 30}
+COUNTS = {
+    "aime24": 30,
+    "aime25": 30,
+    "amc23": 40,
+    "math500": 500,
+    "minerva": 272,
+    "olympiadbench": 675,
+    "gsm8k": 1319,
+    "hmmt_feb25": 30,  # the eight of --benchmarks all, then DelTA's four more (data/README.md)
+    "aime26": 30,
+    "hmmt_nov25": 30,
+    "hmmt_feb26": 33,
+    "brumo25": 30,
+}
 ALL = list(COUNTS)[:8]
 
 
@@ -96,8 +105,9 @@ def test_name_path_and_toy_resolution(tmp_path):
 def test_data_dir_default_and_env_override(tmp_path, monkeypatch):
     monkeypatch.delenv("RLVR_DATA_DIR", raising=False)
     assert problems.default_data_dir() == Path(problems.__file__).resolve().parents[1] / "data" == DATA
-    (tmp_path / "math500.jsonl").write_text("".join(
-        json.dumps({"id": str(i), "problem": f"p{i}", "answer": str(i)}) + "\n" for i in range(3)))
+    (tmp_path / "math500.jsonl").write_text(
+        "".join(json.dumps({"id": str(i), "problem": f"p{i}", "answer": str(i)}) + "\n" for i in range(3))
+    )
     monkeypatch.setenv("RLVR_DATA_DIR", str(tmp_path))
     assert problems.default_data_dir() == tmp_path
     assert [r["answer"] for r in problems.load_problems("math500")] == ["0", "1", "2"]
@@ -107,10 +117,14 @@ def test_data_dir_default_and_env_override(tmp_path, monkeypatch):
 # Hugging Face mapping (a fake `datasets` module) and the offline error
 # ------------------------------------------------------------------------------------------------------
 FAKE_HUB = {
-    "openai/gsm8k": [{"question": "How many?", "answer": "Add them.\n#### 1,234"},
-                     {"question": "And now?", "answer": "So #### 7"}],
-    "Hothan/OlympiadBench": [{"id": 1606, "question": "Find x.", "final_answer": ["$\\frac{1}{2 n+2}$"]},
-                             {"id": 1607, "question": "Find y.", "final_answer": ["$69$,$84$"]}],
+    "openai/gsm8k": [
+        {"question": "How many?", "answer": "Add them.\n#### 1,234"},
+        {"question": "And now?", "answer": "So #### 7"},
+    ],
+    "Hothan/OlympiadBench": [
+        {"id": 1606, "question": "Find x.", "final_answer": ["$\\frac{1}{2 n+2}$"]},
+        {"id": 1607, "question": "Find y.", "final_answer": ["$69$,$84$"]},
+    ],
     "math-ai/amc23": [{"id": 0, "question": "Cities?", "answer": 27.0}],
     "HuggingFaceH4/MATH-500": [{"problem": "Define p.", "answer": "p - q", "unique_id": "test/algebra/1.json"}],
     "HuggingFaceH4/aime_2024": [{"id": 60, "problem": "Aya walks.", "answer": "204"}],
@@ -138,12 +152,16 @@ def test_hub_mapping_converts_rows_like_the_local_files(tmp_path, monkeypatch):
     empty = tmp_path  # no local files: every name goes to the hub
     gsm = problems.load_problems("gsm8k", data_dir=empty)
     assert calls[-1] == ("openai/gsm8k", "main", "test")
-    assert gsm == [{"id": "0", "problem": "How many?", "answer": "1,234", "source": "gsm8k"},
-                   {"id": "1", "problem": "And now?", "answer": "7", "source": "gsm8k"}]
+    assert gsm == [
+        {"id": "0", "problem": "How many?", "answer": "1,234", "source": "gsm8k"},
+        {"id": "1", "problem": "And now?", "answer": "7", "source": "gsm8k"},
+    ]
     oly = problems.load_problems("olympiadbench", data_dir=empty)
     assert calls[-1] == ("Hothan/OlympiadBench", "OE_TO_maths_en_COMP", "train")
     assert [(r["id"], r["problem"], r["answer"]) for r in oly] == [
-        ("1606", "Find x.", "\\frac{1}{2 n+2}"), ("1607", "Find y.", "69,84")]
+        ("1606", "Find x.", "\\frac{1}{2 n+2}"),
+        ("1607", "Find y.", "69,84"),
+    ]
     amc = problems.load_problems("amc23", data_dir=empty)
     assert (amc[0]["problem"], amc[0]["answer"]) == ("Cities?", "27")  # 27.0 -> "27"
     math500 = problems.load_problems("math500", data_dir=empty)
@@ -182,12 +200,18 @@ def test_no_network_fails_at_once_in_one_line(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     calls = []
     monkeypatch.setitem(sys.modules, "datasets", _fake_datasets(calls))
-    with pytest.raises(FileNotFoundError, match=r"no local file and cannot download: math500 .*cannot reach "
-                                                r"127\.0\.0\.1 .*no network") as e:
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"no local file and cannot download: math500 .*cannot reach "
+        r"127\.0\.0\.1 .*no network",
+    ) as e:
         problems.load_problems("math500", data_dir=tmp_path)
     assert calls == [] and "\n" not in str(e.value)  # the download was not even tried
-    with pytest.raises(ValueError, match=r"cannot reach 127\.0\.0\.1 to download model 'no-org/no-model'.*`hf download "
-                                         r"no-org/no-model --local-dir no-model`.*--model /path/to/no-model"):
+    with pytest.raises(
+        ValueError,
+        match=r"cannot reach 127\.0\.0\.1 to download model 'no-org/no-model'.*`hf download "
+        r"no-org/no-model --local-dir no-model`.*--model /path/to/no-model",
+    ):
         policy.load_model_and_tokenizer("no-org/no-model")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # honoured: the local cache only, and a message that says so
     with pytest.raises(ValueError, match="not in the local Hugging Face cache and HF_HUB_OFFLINE is set"):
@@ -210,16 +234,26 @@ def test_bad_hub_rows_are_reported(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------------------------------------
 def test_presets_and_explicit_overrides():
     d = evaluate.resolve_settings("delta")
-    assert (d["num_samples"], d["temperature"], d["top_p"], d["max_new_tokens"], d["greedy"]) == (16, 1.0, 0.7,
-                                                                                                   30000, False)
+    assert (d["num_samples"], d["temperature"], d["top_p"], d["max_new_tokens"], d["greedy"]) == (
+        16,
+        1.0,
+        0.7,
+        30000,
+        False,
+    )
     g = evaluate.resolve_settings("greedy")
     assert (g["num_samples"], g["temperature"], g["greedy"]) == (0, 0.0, True)
     base = evaluate.resolve_settings(None)
     assert base == evaluate.DEFAULT_SETTINGS
     # an explicit flag beats the preset; unset (None) flags fall back to preset, then defaults
     o = evaluate.resolve_settings("delta", top_p=0.95, num_samples=4, max_new_tokens=None, greedy=True)
-    assert (o["num_samples"], o["top_p"], o["max_new_tokens"], o["temperature"], o["greedy"]) == (4, 0.95, 30000,
-                                                                                                  1.0, True)
+    assert (o["num_samples"], o["top_p"], o["max_new_tokens"], o["temperature"], o["greedy"]) == (
+        4,
+        0.95,
+        30000,
+        1.0,
+        True,
+    )
     assert o["seed"] == 0 and o["chunk_size"] == evaluate.DEFAULT_SETTINGS["chunk_size"]
     assert evaluate.resolve_settings("greedy", max_new_tokens=64)["max_new_tokens"] == 64
 
@@ -233,15 +267,18 @@ def test_cli_flags_default_to_none_so_presets_apply():
     assert evaluate.build_parser().parse_args(["--no-greedy"]).greedy is False
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(protocol="delta2"), "unknown protocol"),
-    (dict(protocol="greedy", num_samples=4), "identical"),
-    (dict(num_samples=0, greedy=False), "nothing to evaluate"),
-    (dict(top_p=0.0), "top_p"),
-    (dict(temperature=-1.0), "temperature"),
-    (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(num_samples=-2), "num_samples"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(protocol="delta2"), "unknown protocol"),
+        (dict(protocol="greedy", num_samples=4), "identical"),
+        (dict(num_samples=0, greedy=False), "nothing to evaluate"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(num_samples=-2), "num_samples"),
+    ],
+)
 def test_bad_settings_are_refused(kwargs, match):
     protocol = kwargs.pop("protocol", None)
     with pytest.raises(ValueError, match=match):
@@ -262,20 +299,40 @@ def test_pass_k_list_and_refusal_of_k_above_n():
 # Metrics by hand
 # ------------------------------------------------------------------------------------------------------
 def _rec(pid, mode, sample, correct, length=10, finish="stop", boxed=True, reason=None):
-    return {"id": pid, "mode": mode, "sample": sample, "correct": correct, "length": length, "finish_reason": finish,
-            "extracted": "1" if boxed else None, "reason": reason or ("ok" if boxed else "no_box")}
+    return {
+        "id": pid,
+        "mode": mode,
+        "sample": sample,
+        "correct": correct,
+        "length": length,
+        "finish_reason": finish,
+        "extracted": "1" if boxed else None,
+        "reason": reason or ("ok" if boxed else "no_box"),
+    }
 
 
 def test_metrics_by_hand():
     rows = [{"id": i, "problem": "p", "answer": "1"} for i in ("a", "b", "c")]
-    recs = [_rec("a", "greedy", 0, True, length=5), _rec("b", "greedy", 0, False, length=7, finish="length",
-                                                         boxed=False),
-            _rec("c", "greedy", 0, False, length=9, reason="timeout")]
+    recs = [
+        _rec("a", "greedy", 0, True, length=5),
+        _rec("b", "greedy", 0, False, length=7, finish="length", boxed=False),
+        _rec("c", "greedy", 0, False, length=9, reason="timeout"),
+    ]
     correct = {"a": [True] * 4, "b": [False, True, False, False], "c": [False] * 4}
     for pid, flags in correct.items():
         for s, ok in enumerate(flags):
-            recs.append(_rec(pid, "sample", s, ok, length=10 * (s + 1), finish="length" if s == 3 else "stop",
-                             boxed=s != 2, reason="parse_error" if (pid, s) == ("c", 0) else None))
+            recs.append(
+                _rec(
+                    pid,
+                    "sample",
+                    s,
+                    ok,
+                    length=10 * (s + 1),
+                    finish="length" if s == 3 else "stop",
+                    boxed=s != 2,
+                    reason="parse_error" if (pid, s) == ("c", 0) else None,
+                )
+            )
     m = evaluate.compute_metrics(recs, rows, num_samples=4, greedy=True)
     assert m["num_problems"] == 3
     assert m["greedy"] == pytest.approx(1 / 3)
@@ -297,10 +354,23 @@ def test_metrics_by_hand():
 
 
 def test_overall_is_question_count_weighted():
-    x = {"num_problems": 30, "greedy": 0.5, "avg@4": 0.2, "sample/max_length": 100, "sample/timeout": 1,
-         "sample/mean_length": 50.0}
-    y = {"num_problems": 10, "greedy": 0.1, "avg@4": 0.6, "sample/max_length": 300, "sample/timeout": 2,
-         "sample/mean_length": 10.0, "only_here": 1.0}
+    x = {
+        "num_problems": 30,
+        "greedy": 0.5,
+        "avg@4": 0.2,
+        "sample/max_length": 100,
+        "sample/timeout": 1,
+        "sample/mean_length": 50.0,
+    }
+    y = {
+        "num_problems": 10,
+        "greedy": 0.1,
+        "avg@4": 0.6,
+        "sample/max_length": 300,
+        "sample/timeout": 2,
+        "sample/mean_length": 10.0,
+        "only_here": 1.0,
+    }
     o = evaluate.overall_metrics({"x": x, "y": y})
     assert o["greedy"] == pytest.approx((30 * 0.5 + 10 * 0.1) / 40)  # 0.4, not the plain mean 0.3
     assert o["avg@4"] == pytest.approx(0.3)  # not the plain mean 0.4
@@ -317,8 +387,10 @@ def test_weighted_average_by_hand_and_on_deltas_table_1():
     # DelTA's Table 1 (docs/specs/delta.md, section 5), Qwen3-8B and -14B DelTA rows, 30 questions each and 33 for
     # HMMT26 Feb: by hand 8B (179.37 * 30 + 20.27 * 33) / 213 = 6050.01 / 213 = 28.4038; 14B 8499.87 / 213 = 39.9055.
     # The paper rounds every cell to 0.005, so its Avg and the average of its cells differ by at most 0.01.
-    cols_8b, cols_14b = [43.13, 26.46, 28.12, 18.33, 18.54, 20.27, 44.79], [56.87, 37.92, 45.21, 26.04, 32.92,
-                                                                           26.89, 54.79]
+    cols_8b, cols_14b = (
+        [43.13, 26.46, 28.12, 18.33, 18.54, 20.27, 44.79],
+        [56.87, 37.92, 45.21, 26.04, 32.92, 26.89, 54.79],
+    )
     n = [30, 30, 30, 30, 30, 33, 30]
     assert evaluate.weighted_average(zip(n, cols_8b)) == pytest.approx(6050.01 / 213, abs=1e-12)
     assert evaluate.weighted_average(zip(n, cols_8b)) == pytest.approx(28.40, abs=0.01)
@@ -330,8 +402,12 @@ def test_weighted_average_by_hand_and_on_deltas_table_1():
 
 def _paper_results(counts, accs, settings=None):
     names = problems.DELTA_PAPER
-    return {"model": "m", "protocol": "delta", "settings": settings or evaluate.resolve_settings("delta"),
-            "benchmarks": {b: {"num_problems": c, "avg@16": a} for b, c, a in zip(names, counts, accs)}}
+    return {
+        "model": "m",
+        "protocol": "delta",
+        "settings": settings or evaluate.resolve_settings("delta"),
+        "benchmarks": {b: {"num_problems": c, "avg@16": a} for b, c, a in zip(names, counts, accs)},
+    }
 
 
 def test_delta_paper_table_by_hand():
@@ -340,15 +416,19 @@ def test_delta_paper_table_by_hand():
     assert table["metric"] == "avg@16" and table["questions"] == 213 and table["notes"] == []
     assert table["avg"] == pytest.approx(60.5001 / 213)
     lines = evaluate.format_delta_paper_table(table).splitlines()
-    assert lines == ["| Model | Metric | AIME24 | AIME25 | AIME26 | HMMT25 Feb | HMMT25 Nov | HMMT26 Feb | Brumo25 "
-                     "| Avg. |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-                     "| m | avg@16 | 43.13 | 26.46 | 28.12 | 18.33 | 18.54 | 20.27 | 44.79 | 28.40 |",
-                     "| questions |  | 30 | 30 | 30 | 30 | 30 | 33 | 30 | 213 |"]
+    assert lines == [
+        "| Model | Metric | AIME24 | AIME25 | AIME26 | HMMT25 Feb | HMMT25 Nov | HMMT26 Feb | Brumo25 | Avg. |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| m | avg@16 | 43.13 | 26.46 | 28.12 | 18.33 | 18.54 | 20.27 | 44.79 | 28.40 |",
+        "| questions |  | 30 | 30 | 30 | 30 | 30 | 33 | 30 | 213 |",
+    ]
     # not DelTA's evaluation: said under the table; a missing benchmark: no table
     small = _paper_results([2] * 7, [0.5] * 7, evaluate.resolve_settings("delta", num_samples=2))
     small["benchmarks"] = {b: {"num_problems": 2, "avg@2": 0.5} for b in problems.DELTA_PAPER}
-    assert evaluate.format_delta_paper_table(evaluate.delta_paper_table(small)).splitlines()[-1] == \
-        "Not DelTA's evaluation: 14 questions, not DelTA's 213; num_samples 2 (delta: 16)."
+    assert (
+        evaluate.format_delta_paper_table(evaluate.delta_paper_table(small)).splitlines()[-1]
+        == "Not DelTA's evaluation: 14 questions, not DelTA's 213; num_samples 2 (delta: 16)."
+    )
     del res["benchmarks"]["brumo25"]
     assert evaluate.delta_paper_table(res) is None
 
@@ -357,15 +437,40 @@ def test_delta_paper_table_by_hand():
 # Markdown table and --compare
 # ------------------------------------------------------------------------------------------------------
 def _result(model, math500, aime24, temperature=1.0):
-    b = {"math500": {"num_problems": 400, "greedy": math500[0], "avg@4": math500[1], "sample/mean_length": 300.0,
-                     "sample/max_length": 900, "sample/truncation_rate": 0.05, "sample/boxed_rate": 0.9,
-                     "sample/timeout": 1, "sample/parse_error": 2, "greedy/parse_error": 1},
-         "aime24": {"num_problems": 30, "greedy": aime24[0], "avg@4": aime24[1], "sample/mean_length": 800.0,
-                    "sample/max_length": 1000, "sample/truncation_rate": 0.5, "sample/boxed_rate": 0.4,
-                    "sample/timeout": 0, "sample/parse_error": 0, "greedy/parse_error": 0}}
-    return {"model": model, "protocol": None, "prompt_template": "qwen_math",
-            "settings": {"temperature": temperature, "num_samples": 4}, "benchmarks": b,
-            "overall": evaluate.overall_metrics(b)}
+    b = {
+        "math500": {
+            "num_problems": 400,
+            "greedy": math500[0],
+            "avg@4": math500[1],
+            "sample/mean_length": 300.0,
+            "sample/max_length": 900,
+            "sample/truncation_rate": 0.05,
+            "sample/boxed_rate": 0.9,
+            "sample/timeout": 1,
+            "sample/parse_error": 2,
+            "greedy/parse_error": 1,
+        },
+        "aime24": {
+            "num_problems": 30,
+            "greedy": aime24[0],
+            "avg@4": aime24[1],
+            "sample/mean_length": 800.0,
+            "sample/max_length": 1000,
+            "sample/truncation_rate": 0.5,
+            "sample/boxed_rate": 0.4,
+            "sample/timeout": 0,
+            "sample/parse_error": 0,
+            "greedy/parse_error": 0,
+        },
+    }
+    return {
+        "model": model,
+        "protocol": None,
+        "prompt_template": "qwen_math",
+        "settings": {"temperature": temperature, "num_samples": 4},
+        "benchmarks": b,
+        "overall": evaluate.overall_metrics(b),
+    }
 
 
 def test_markdown_table():
@@ -435,8 +540,9 @@ def counting_generate(monkeypatch):
     real = rollout.generate
 
     def wrapper(model, tokenizer, prompts, num_generations, settings, batch_size=None, progress=""):
-        calls.append({"prompts": list(prompts), "n": num_generations, "temperature": settings.temperature,
-                      "seed": settings.seed})
+        calls.append(
+            {"prompts": list(prompts), "n": num_generations, "temperature": settings.temperature, "seed": settings.seed}
+        )
         return real(model, tokenizer, prompts, num_generations, settings, batch_size, progress)
 
     monkeypatch.setattr(rollout, "generate", wrapper)
@@ -449,8 +555,9 @@ def _without_run(path):
     return res
 
 
-def test_resume_generates_only_missing_chunks_and_matches_uninterrupted_run(tmp_path, tiny_model_path,
-                                                                             counting_generate, capsys):
+def test_resume_generates_only_missing_chunks_and_matches_uninterrupted_run(
+    tmp_path, tiny_model_path, counting_generate, capsys
+):
     import toy
 
     data = tmp_path / "four.jsonl"
@@ -458,22 +565,52 @@ def test_resume_generates_only_missing_chunks_and_matches_uninterrupted_run(tmp_
     rows = sorted(toy.make_split("test", n=4), key=lambda r: len(r["problem"]))
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
-    argv = ["--model", tiny_model_path, "--benchmarks", str(data), "--prompt_template", "none", "--num_samples",
-            "2", "--max_new_tokens", "6", "--chunk_size", "2", "--output_dir", str(out), "--no_progress",
-            "--grade_workers", "1"]
+    argv = [
+        "--model",
+        tiny_model_path,
+        "--benchmarks",
+        str(data),
+        "--prompt_template",
+        "none",
+        "--num_samples",
+        "2",
+        "--max_new_tokens",
+        "6",
+        "--chunk_size",
+        "2",
+        "--output_dir",
+        str(out),
+        "--no_progress",
+        "--grade_workers",
+        "1",
+    ]
     res = evaluate.main(argv)
     # 4 problems in chunks of 2, greedy then sample: 4 generate calls, 4 + 8 records
-    assert [(c["temperature"], len(c["prompts"]), c["n"]) for c in counting_generate] == \
-        [(0.0, 2, 1), (0.0, 2, 1), (1.0, 2, 2), (1.0, 2, 2)]
+    assert [(c["temperature"], len(c["prompts"]), c["n"]) for c in counting_generate] == [
+        (0.0, 2, 1),
+        (0.0, 2, 1),
+        (1.0, 2, 2),
+        (1.0, 2, 2),
+    ]
     first_calls = list(counting_generate)
     responses = out / "four_responses.jsonl"
     full_text = responses.read_text()
     lines = full_text.splitlines(keepends=True)
     assert len(lines) == 12
     uninterrupted = _without_run(out / "results.json")
-    assert set(res["benchmarks"]["four"]) >= {"greedy", "avg@2", "pass@1", "pass@2", "sample/mean_length",
-                                              "sample/max_length", "sample/truncation_rate", "sample/boxed_rate",
-                                              "sample/timeout", "sample/parse_error", "greedy/truncation_rate"}
+    assert set(res["benchmarks"]["four"]) >= {
+        "greedy",
+        "avg@2",
+        "pass@1",
+        "pass@2",
+        "sample/mean_length",
+        "sample/max_length",
+        "sample/truncation_rate",
+        "sample/boxed_rate",
+        "sample/timeout",
+        "sample/parse_error",
+        "greedy/truncation_rate",
+    }
     assert uninterrupted["settings"]["seed"] == 0 and uninterrupted["prompt_template"] == "none"
     assert "torch" in uninterrupted["versions"] and "| four | 4 |" in capsys.readouterr().out
     assert (out / "results.md").read_text().startswith("| benchmark |")
@@ -482,8 +619,9 @@ def test_resume_generates_only_missing_chunks_and_matches_uninterrupted_run(tmp_
     counting_generate.clear()
     responses.write_text("".join(lines[:7]))
     evaluate.main(argv)
-    assert [(c["temperature"], c["seed"], c["prompts"]) for c in counting_generate] == \
-        [(c["temperature"], c["seed"], c["prompts"]) for c in first_calls[2:]]
+    assert [(c["temperature"], c["seed"], c["prompts"]) for c in counting_generate] == [
+        (c["temperature"], c["seed"], c["prompts"]) for c in first_calls[2:]
+    ]
     assert responses.read_text() == full_text
     assert _without_run(out / "results.json") == uninterrupted
     assert json.loads((out / "results.json").read_text())["run"]["reused_responses"]["four"] == 4
@@ -492,8 +630,9 @@ def test_resume_generates_only_missing_chunks_and_matches_uninterrupted_run(tmp_
     counting_generate.clear()
     responses.write_text("".join(lines[:8]) + lines[8][:25])
     evaluate.main(argv)
-    assert [(c["temperature"], c["seed"]) for c in counting_generate] == \
-        [(first_calls[3]["temperature"], first_calls[3]["seed"])]
+    assert [(c["temperature"], c["seed"]) for c in counting_generate] == [
+        (first_calls[3]["temperature"], first_calls[3]["seed"])
+    ]
     assert responses.read_text() == full_text
     assert _without_run(out / "results.json") == uninterrupted
 
@@ -502,11 +641,14 @@ def test_resume_generates_only_missing_chunks_and_matches_uninterrupted_run(tmp_
     capsys.readouterr()
     evaluate.main(argv)
     assert counting_generate == []
-    assert f"[reused] four: 12 of 12 responses from {responses} (the same settings; --resample generates them " \
+    assert (
+        f"[reused] four: 12 of 12 responses from {responses} (the same settings; --resample generates them "
         "anew)" in capsys.readouterr().out
+    )
     evaluate.main(argv + ["--resample"])  # every chunk generated again: the same seeds, the same responses
-    assert [(c["temperature"], c["seed"]) for c in counting_generate] == \
-        [(c["temperature"], c["seed"]) for c in first_calls]
+    assert [(c["temperature"], c["seed"]) for c in counting_generate] == [
+        (c["temperature"], c["seed"]) for c in first_calls
+    ]
     assert responses.read_text() == full_text and "[reused]" not in capsys.readouterr().out
     counting_generate.clear()
 
@@ -547,9 +689,25 @@ def test_resume_after_a_torn_last_line_redoes_its_record_once(tmp_path, tiny_mod
     rows = sorted(toy.make_split("test", n=4), key=lambda r: len(r["problem"]))
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
-    argv = ["--model", tiny_model_path, "--benchmarks", str(data), "--prompt_template", "none", "--num_samples",
-            "2", "--max_new_tokens", "6", "--chunk_size", "2", "--output_dir", str(out), "--no_progress",
-            "--grade_workers", "1"]
+    argv = [
+        "--model",
+        tiny_model_path,
+        "--benchmarks",
+        str(data),
+        "--prompt_template",
+        "none",
+        "--num_samples",
+        "2",
+        "--max_new_tokens",
+        "6",
+        "--chunk_size",
+        "2",
+        "--output_dir",
+        str(out),
+        "--no_progress",
+        "--grade_workers",
+        "1",
+    ]
     evaluate.main(argv)
     responses = out / "four_responses.jsonl"
     full_text = responses.read_text()
@@ -597,7 +755,8 @@ def test_evaluate_rows_keeps_the_trainer_keys(tiny_model_path):
         assert key in res
     assert len(res["responses"]) == 3 + 6
     assert res["sample/mean_length"] == pytest.approx(
-        sum(r["length"] for r in res["responses"] if r["mode"] == "sample") / 6)
+        sum(r["length"] for r in res["responses"] if r["mode"] == "sample") / 6
+    )
 
 
 def test_default_folder_keeps_each_settings_and_model_apart(tmp_path, tiny_model_path, monkeypatch, capsys):
@@ -608,15 +767,28 @@ def test_default_folder_keeps_each_settings_and_model_apart(tmp_path, tiny_model
     monkeypatch.chdir(tmp_path)
     for name in ("a", "b"):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in toy.make_split("test", n=2)))
-    argv = ["--model", tiny_model_path, "--prompt_template", "none", "--num_samples", "1", "--max_new_tokens", "4",
-            "--no_progress", "--no_plot", "--grade_workers", "1"]
+    argv = [
+        "--model",
+        tiny_model_path,
+        "--prompt_template",
+        "none",
+        "--num_samples",
+        "1",
+        "--max_new_tokens",
+        "4",
+        "--no_progress",
+        "--no_plot",
+        "--grade_workers",
+        "1",
+    ]
     first = evaluate.main(argv + ["--benchmarks", str(tmp_path / "a.jsonl")])
     evaluate.main(argv + ["--benchmarks", str(tmp_path / "b.jsonl")])  # same settings: the same folder, kept
     other = evaluate.main(argv + ["--benchmarks", str(tmp_path / "a.jsonl"), "--temperature", "0.5"])
     slug = evaluate._model_slug(tiny_model_path)  # the folder's last two parts, e.g. "tiny0-model"
     assert slug == "-".join(Path(tiny_model_path).parts[-2:])
     assert sorted(p.name for p in (tmp_path / "eval_results").iterdir()) == sorted(
-        f"{slug}-{r['settings_hash'][:8]}" for r in (first, other))
+        f"{slug}-{r['settings_hash'][:8]}" for r in (first, other)
+    )
     same = json.loads((tmp_path / "eval_results" / f"{slug}-{first['settings_hash'][:8]}" / "results.json").read_text())
     assert sorted(same["benchmarks"]) == ["a", "b"] and same["overall"]["num_problems"] == 4
     assert other["settings_hash"] != first["settings_hash"]
@@ -632,16 +804,22 @@ def test_cli_errors_are_one_line(tmp_path):
     env = {**__import__("os").environ, "HF_ENDPOINT": "http://127.0.0.1:9", "HF_HUB_OFFLINE": "0"}
     (tmp_path / "bad.json").write_text("{not json")
     for argv, expected in [
-            (["--benchmarks", "math500", "--data_dir", str(tmp_path / "missing")], "no local file and cannot download"),
-            (["--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")], "a.json"),
-            (["--compare", str(tmp_path / "bad.json"), str(tmp_path / "b.json")],
-             "--compare " + str(tmp_path / "bad.json")),
-            (["--model", str(tmp_path / "no_model"), "--benchmarks", "toy"], "does not exist"),
-            (["--benchmarks", "delta_papr"], "unknown benchmark 'delta_papr' in --benchmarks: use a suite (all, "
-                                             "delta_paper)"),
-            (["--benchmarks", "delta_paper", "--protocol", "deltaa"], "argument --protocol: invalid choice: 'deltaa'")]:
-        res = subprocess.run([sys.executable, "evaluate.py", *argv], cwd=root, env=env, capture_output=True,
-                             text=True, timeout=120)
+        (["--benchmarks", "math500", "--data_dir", str(tmp_path / "missing")], "no local file and cannot download"),
+        (["--compare", str(tmp_path / "a.json"), str(tmp_path / "b.json")], "a.json"),
+        (
+            ["--compare", str(tmp_path / "bad.json"), str(tmp_path / "b.json")],
+            "--compare " + str(tmp_path / "bad.json"),
+        ),
+        (["--model", str(tmp_path / "no_model"), "--benchmarks", "toy"], "does not exist"),
+        (
+            ["--benchmarks", "delta_papr"],
+            "unknown benchmark 'delta_papr' in --benchmarks: use a suite (all, delta_paper)",
+        ),
+        (["--benchmarks", "delta_paper", "--protocol", "deltaa"], "argument --protocol: invalid choice: 'deltaa'"),
+    ]:
+        res = subprocess.run(
+            [sys.executable, "evaluate.py", *argv], cwd=root, env=env, capture_output=True, text=True, timeout=120
+        )
         assert res.returncode != 0 and "Traceback" not in res.stderr, res.stderr
         lines = [line for line in res.stderr.strip().splitlines() if line.startswith("evaluate.py: error:")]
         assert len(lines) == 1 and expected in lines[0], res.stderr
@@ -654,17 +832,38 @@ def test_a_checkpoint_of_a_run_is_set_beside_the_trainers_figures(toy_model_path
 
     run = tmp_path / "run"
     shutil.copytree(toy_model_path, run / "final")
-    (run / "config.json").write_text(json.dumps({"config": {"data": "toy", "eval_data": "", "seed": 0,
-                                                            "max_steps": 60}}))
-    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval/avg@2": 0.1, "eval/greedy": 0.2}) + "\n" +
-                                       json.dumps({"step": 60, "eval/avg@2": 0.853, "eval/greedy": 0.9}) + "\n")
-    evaluate.main(["--model", str(run / "final"), "--benchmarks", "toy", "--num_samples", "2", "--limit", "8",
-                   "--output_dir", str(tmp_path / "eval"), "--no_plot", "--no_progress"])
+    (run / "config.json").write_text(
+        json.dumps({"config": {"data": "toy", "eval_data": "", "seed": 0, "max_steps": 60}})
+    )
+    (run / "metrics.jsonl").write_text(
+        json.dumps({"step": 0, "eval/avg@2": 0.1, "eval/greedy": 0.2})
+        + "\n"
+        + json.dumps({"step": 60, "eval/avg@2": 0.853, "eval/greedy": 0.9})
+        + "\n"
+    )
+    evaluate.main(
+        [
+            "--model",
+            str(run / "final"),
+            "--benchmarks",
+            "toy",
+            "--num_samples",
+            "2",
+            "--limit",
+            "8",
+            "--output_dir",
+            str(tmp_path / "eval"),
+            "--no_plot",
+            "--no_progress",
+        ]
+    )
     out = capsys.readouterr().out
     res = json.loads((tmp_path / "eval" / "results.json").read_text())["benchmarks"]["toy"]
     p = res["avg@2"]
-    assert (f"grpo.py logged for this checkpoint (step 60): avg@2 0.853, greedy 0.900; here: avg@2 {p:.3f}, "
-            f"greedy {res['greedy']:.3f}.") in out
+    assert (
+        f"grpo.py logged for this checkpoint (step 60): avg@2 0.853, greedy 0.900; here: avg@2 {p:.3f}, "
+        f"greedy {res['greedy']:.3f}."
+    ) in out
     assert f"one standard deviation of avg@2 over 16 responses is {(p * (1 - p) / 16) ** 0.5:.3f}" in out
     assert evaluate.trainer_figures(toy_model_path, {"benchmarks": {"toy": res}}, {"num_samples": 2}) == []  # no run
 
@@ -677,8 +876,18 @@ def test_a_trained_run_is_evaluated_as_the_trainer_evaluates_it(toy_model_path, 
 
     run = tmp_path / "run"
     shutil.copytree(toy_model_path, run / "final")
-    cfg = {"data": "toy", "eval_data": "", "seed": 3, "max_steps": 60, "eval_num_generations": 2,
-           "temperature": 1.0, "top_p": 1.0, "eval_temperature": None, "eval_top_p": 0.9, "max_completion_length": 40}
+    cfg = {
+        "data": "toy",
+        "eval_data": "",
+        "seed": 3,
+        "max_steps": 60,
+        "eval_num_generations": 2,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "eval_temperature": None,
+        "eval_top_p": 0.9,
+        "max_completion_length": 40,
+    }
     (run / "config.json").write_text(json.dumps({"config": cfg, "num_processes": 1}))
     model, tokenizer = policy.load_model_and_tokenizer(str(run / "final"))
     rows = problems.load_problems("toy", split="test")
@@ -689,20 +898,49 @@ def test_a_trained_run_is_evaluated_as_the_trainer_evaluates_it(toy_model_path, 
     (run / "metrics.jsonl").write_text(json.dumps({"step": 60, **logged}) + "\n")
     in_memory = evaluate.evaluate_rows(model, tokenizer, rows, "none", settings)["responses"]
     counting_generate.clear()
-    res = evaluate.main(["--model", str(run / "final"), "--benchmarks", "toy", "--output_dir", str(tmp_path / "ev"),
-                         "--no_plot", "--no_progress", "--grade_workers", "1"])
+    res = evaluate.main(
+        [
+            "--model",
+            str(run / "final"),
+            "--benchmarks",
+            "toy",
+            "--output_dir",
+            str(tmp_path / "ev"),
+            "--no_plot",
+            "--no_progress",
+            "--grade_workers",
+            "1",
+        ]
+    )
     mine, prompts = res["benchmarks"]["toy"], [rollout.apply_template(r["problem"], "none") for r in rows]
     assert res["settings"]["sampling"] == "trainer" and res["settings"]["seed"] == 3 + 12345
     assert {k: mine[k.removeprefix("eval/")] for k in logged} == logged  # greedy, avg@2, pass@2, lengths: exactly
     assert [(c["prompts"], c["n"], c["seed"]) for c in counting_generate] == [
-        (prompts, 1, 12348), (prompts, 2, 12348)]  # one pass per mode, rows in file order
+        (prompts, 1, 12348),
+        (prompts, 2, 12348),
+    ]  # one pass per mode, rows in file order
     saved = [json.loads(line) for line in (tmp_path / "ev" / "toy_responses.jsonl").read_text().splitlines()]
-    assert [(r["mode"], r["id"], r["sample"], r["response"]) for r in saved] == \
-        [(r["mode"], r["id"], r["sample"], r["response"]) for r in in_memory]
+    assert [(r["mode"], r["id"], r["sample"], r["response"]) for r in saved] == [
+        (r["mode"], r["id"], r["sample"], r["response"]) for r in in_memory
+    ]
     assert "The same responses as the trainer's evaluation" in capsys.readouterr().out
     # the length-sorted chunks (other seeds, other batches) draw other responses; greedy draws nothing
-    other = evaluate.main(["--model", str(run / "final"), "--benchmarks", "toy", "--sampling", "chunks",
-                           "--output_dir", str(tmp_path / "ev2"), "--no_plot", "--no_progress", "--grade_workers", "1"])
+    other = evaluate.main(
+        [
+            "--model",
+            str(run / "final"),
+            "--benchmarks",
+            "toy",
+            "--sampling",
+            "chunks",
+            "--output_dir",
+            str(tmp_path / "ev2"),
+            "--no_plot",
+            "--no_progress",
+            "--grade_workers",
+            "1",
+        ]
+    )
     assert other["settings_hash"] != res["settings_hash"] and other["benchmarks"]["toy"]["greedy"] == mine["greedy"]
     assert "(--sampling chunks; the trainer's" in capsys.readouterr().out
 
@@ -714,13 +952,36 @@ def test_trainer_sampling_resumes_after_its_first_chunk_byte_for_byte(tmp_path, 
     data = tmp_path / "five.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in toy.make_split("test", n=5)))
     out = tmp_path / "out"
-    argv = ["--model", tiny_model_path, "--benchmarks", str(data), "--prompt_template", "none", "--num_samples", "3",
-            "--max_new_tokens", "6", "--sampling", "trainer", "--batch_size", "4", "--seed", "7", "--output_dir",
-            str(out), "--no_progress", "--no_plot", "--grade_workers", "1"]
+    argv = [
+        "--model",
+        tiny_model_path,
+        "--benchmarks",
+        str(data),
+        "--prompt_template",
+        "none",
+        "--num_samples",
+        "3",
+        "--max_new_tokens",
+        "6",
+        "--sampling",
+        "trainer",
+        "--batch_size",
+        "4",
+        "--seed",
+        "7",
+        "--output_dir",
+        str(out),
+        "--no_progress",
+        "--no_plot",
+        "--grade_workers",
+        "1",
+    ]
     evaluate.main(argv)
     prompts = [rollout.apply_template(json.loads(line)["problem"], "none") for line in data.read_text().splitlines()]
     assert [(c["prompts"], c["n"], c["temperature"], c["seed"]) for c in counting_generate] == [
-        (prompts, 1, 0.0, 7), (prompts, 3, 1.0, 7)]
+        (prompts, 1, 0.0, 7),
+        (prompts, 3, 1.0, 7),
+    ]
     responses = out / "five_responses.jsonl"
     full_text = responses.read_text()
     lines = full_text.splitlines(keepends=True)
@@ -744,22 +1005,40 @@ def test_delta_paper_table_end_to_end_on_the_toy(toy_model_path, tmp_path, count
     DelTA's Table 1 layout; then seven files of toy problems of uneven sizes (the toy solves some), whose Avg. is
     checked against the question-weighted average of the per-benchmark numbers, computed here; a rerun reuses every
     chunk, an interrupted one regenerates only what is missing, and both give the same table."""
-    head = ("| Model | Metric | AIME24 | AIME25 | AIME26 | HMMT25 Feb | HMMT25 Nov | HMMT26 Feb | Brumo25 "
-            "| Avg. |")
-    base = ["--model", toy_model_path, "--benchmarks", "delta_paper", "--protocol", "delta", "--num_samples", "2",
-            "--no_progress", "--no_plot", "--grade_workers", "1"]
+    head = "| Model | Metric | AIME24 | AIME25 | AIME26 | HMMT25 Feb | HMMT25 Nov | HMMT26 Feb | Brumo25 | Avg. |"
+    base = [
+        "--model",
+        toy_model_path,
+        "--benchmarks",
+        "delta_paper",
+        "--protocol",
+        "delta",
+        "--num_samples",
+        "2",
+        "--no_progress",
+        "--no_plot",
+        "--grade_workers",
+        "1",
+    ]
     out = tmp_path / "shipped"
     res = evaluate.main(base + ["--max_new_tokens", "8", "--limit", "2", "--output_dir", str(out)])
     printed = capsys.readouterr().out
     # the protocol's values, except the two flags given
-    assert {k: res["settings"][k] for k in ("num_samples", "temperature", "top_p", "max_new_tokens", "greedy")} == \
-        {"num_samples": 2, "temperature": 1.0, "top_p": 0.7, "max_new_tokens": 8, "greedy": False}
+    assert {k: res["settings"][k] for k in ("num_samples", "temperature", "top_p", "max_new_tokens", "greedy")} == {
+        "num_samples": 2,
+        "temperature": 1.0,
+        "top_p": 0.7,
+        "max_new_tokens": 8,
+        "greedy": False,
+    }
     md = (out / "delta_paper.md").read_text().splitlines()
     assert md[0] == head and md[1] == "|---|---|" + "---:|" * 8 and md[0] in printed and md[2] in printed
     assert _paper_cells(md[2])[:2] == [toy_model_path, "avg@2"]
     assert md[3] == "| questions |  | 2 | 2 | 2 | 2 | 2 | 2 | 2 | 14 |"
-    assert md[-1] == ("Not DelTA's evaluation: 14 questions, not DelTA's 213; num_samples 2 (delta: 16); "
-                      "max_new_tokens 8 (delta: 30000).")
+    assert md[-1] == (
+        "Not DelTA's evaluation: 14 questions, not DelTA's 213; num_samples 2 (delta: 16); "
+        "max_new_tokens 8 (delta: 30000)."
+    )
     assert json.loads((out / "delta_paper.json").read_text()) == res["delta_paper"]
 
     # toy problems under the seven names, of uneven sizes: the weighted and the plain mean differ

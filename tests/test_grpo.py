@@ -9,14 +9,12 @@ import os
 import pytest
 import torch
 
-from trainer import checkpoint
+import comparisons
 import evaluate
 import grpo
-import comparisons
-from trainer import policy
-from trainer import problems
 import rollout
 import toy
+from trainer import checkpoint, policy, problems
 
 
 # ------------------------------------------------------------------------------------------------ advantages
@@ -34,8 +32,9 @@ def test_group_advantages_hand_values():
 
 def test_group_advantages_dr_grpo_and_degenerate_groups():
     r = torch.tensor([1.0, 0.0, 0.0, 0.0])
-    torch.testing.assert_close(grpo.group_advantages(r, 4, scale_rewards="none"),
-                               torch.tensor([0.75, -0.25, -0.25, -0.25]))
+    torch.testing.assert_close(
+        grpo.group_advantages(r, 4, scale_rewards="none"), torch.tensor([0.75, -0.25, -0.25, -0.25])
+    )
     # all-equal groups, with a non-dyadic value: exactly zero, no NaN, no amplified residue
     same = torch.tensor([0.1, 0.1, 0.1, 0.7, 0.7, 0.7])
     a = grpo.group_advantages(same, 3)
@@ -209,18 +208,21 @@ def test_token_logprobs_left_padding_matches_naive(tiny, float64_model):
     P = max(map(len, p_ids))
     pad = tok.pad_token_id
     input_ids = torch.tensor([[pad] * (P - len(p)) + p + r + [pad] * (T - len(r)) for p, r in zip(p_ids, r_ids)])
-    attn = torch.tensor([[0] * (P - len(p)) + [1] * (len(p) + len(r)) + [0] * (T - len(r))
-                         for p, r in zip(p_ids, r_ids)])
+    attn = torch.tensor(
+        [[0] * (P - len(p)) + [1] * (len(p) + len(r)) + [0] * (T - len(r)) for p, r in zip(p_ids, r_ids)]
+    )
     mask = torch.tensor([[1.0] * len(r) + [0.0] * (T - len(r)) for r in r_ids])
     with torch.no_grad():
         lp, hidden = policy.token_logprobs(model, input_ids, attn, mask, temperature=0.7, return_hidden=True)
         for i, (p, r) in enumerate(zip(p_ids, r_ids)):
             naive = _naive_logprobs(model, [p + r], len(r), 0.7)[0]
-            torch.testing.assert_close(lp[i, :len(r)], naive, atol=1e-10, rtol=1e-10)
-            assert torch.all(lp[i, len(r):] == 0)
+            torch.testing.assert_close(lp[i, : len(r)], naive, atol=1e-10, rtol=1e-10)
+            assert torch.all(lp[i, len(r) :] == 0)
             # hidden = input of lm_head at the positions predicting the response tokens
             hs = model(input_ids=torch.tensor([p + r]), output_hidden_states=True).hidden_states[-1][0]
-            torch.testing.assert_close(hidden[i, :len(r)], hs[len(p) - 1:len(p) + len(r) - 1], atol=1e-10, rtol=1e-10)
+            torch.testing.assert_close(
+                hidden[i, : len(r)], hs[len(p) - 1 : len(p) + len(r) - 1], atol=1e-10, rtol=1e-10
+            )
 
 
 def test_response_mask_includes_eos_when_pad_equals_eos():
@@ -265,10 +267,9 @@ def test_pass_at_k_matches_brute_force():
 
 def test_bad_rows_name_file_line_and_field(tmp_path):
     p = tmp_path / "train.jsonl"
-    p.write_text('{"problem": "1+1", "answer": "2"}\n'
-                 'not json\n'
-                 '{"problem": "2+2"}\n'
-                 '{"problem": "3+3", "answer": "  "}\n')
+    p.write_text(
+        '{"problem": "1+1", "answer": "2"}\nnot json\n{"problem": "2+2"}\n{"problem": "3+3", "answer": "  "}\n'
+    )
     with pytest.raises(ValueError) as e:
         problems.load_problems(str(p))
     msg = str(e.value)
@@ -294,23 +295,33 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert not (tmp_path / "o").exists()  # a run that fails to start leaves no folder behind
     with pytest.raises(SystemExit, match=r"--learning_rate must be > 0, got -1.0$"):
         grpo.main(["--learning_rate", "-1"])
-    for argv, said in ((["--loss_type", "bogus"], "argument --loss_type: invalid choice: 'bogus'"),
-                       (["--credit", "foo"], "argument --credit: invalid choice: 'foo'"),
-                       (["--max_steps", "x"], "argument --max_steps: invalid int value: 'x'"),
-                       (["--no_such_flag"], "unrecognized arguments: --no_such_flag")):
+    for argv, said in (
+        (["--loss_type", "bogus"], "argument --loss_type: invalid choice: 'bogus'"),
+        (["--credit", "foo"], "argument --credit: invalid choice: 'foo'"),
+        (["--max_steps", "x"], "argument --max_steps: invalid int value: 'x'"),
+        (["--no_such_flag"], "unrecognized arguments: --no_such_flag"),
+    ):
         with pytest.raises(SystemExit, match=f"^grpo.py: error: {said}.*python grpo.py --help") as e:
             grpo.main(argv)  # one line (argparse alone would print the whole usage first)
         assert "\n" not in str(e.value) and capsys.readouterr() == ("", "")
 
 
 def test_a_misspelt_flag_gets_the_close_one_suggested_in_one_line(capsys):
-    for argv, said in ((["--num_generatons", "4"], "unrecognized arguments: --num_generatons 4; did you mean "
-                        "--num_generations (not --num_generatons)?"),
-                       (["--lerning_rate=1e-5"], "unrecognized arguments: --lerning_rate=1e-5; did you mean "
-                        "--learning_rate (not --lerning_rate)?"),
-                       (["--no-padding_fre"], "unrecognized arguments: --no-padding_fre; did you mean "
-                        "--no-padding_free (not --no-padding_fre)?"),  # a prefix is no flag (allow_abbrev=False)
-                       (["--zzz_qqq", "1"], "unrecognized arguments: --zzz_qqq 1")):  # nothing close: no guess
+    for argv, said in (
+        (
+            ["--num_generatons", "4"],
+            "unrecognized arguments: --num_generatons 4; did you mean --num_generations (not --num_generatons)?",
+        ),
+        (
+            ["--lerning_rate=1e-5"],
+            "unrecognized arguments: --lerning_rate=1e-5; did you mean --learning_rate (not --lerning_rate)?",
+        ),
+        (
+            ["--no-padding_fre"],
+            "unrecognized arguments: --no-padding_fre; did you mean --no-padding_free (not --no-padding_fre)?",
+        ),  # a prefix is no flag (allow_abbrev=False)
+        (["--zzz_qqq", "1"], "unrecognized arguments: --zzz_qqq 1"),
+    ):  # nothing close: no guess
         with pytest.raises(SystemExit) as e:
             grpo.main(argv)
         assert str(e.value) == f"grpo.py: error: {said} (python grpo.py --help lists the flags)"
@@ -322,7 +333,7 @@ def test_toy_splits_are_deterministic_and_disjoint():
     assert len(test) == 200 and toy.make_split("test") == test
     assert not {r["problem"] for r in train} & {r["problem"] for r in test}
     for row in test[:20]:  # the reference answer is the arithmetic value of the expression
-        assert eval(row["problem"][len("Compute "):-1]) == int(row["answer"])
+        assert eval(row["problem"][len("Compute ") : -1]) == int(row["answer"])
 
 
 # ------------------------------------------------------------------------------------------------ end to end
@@ -331,13 +342,40 @@ def test_three_grpo_steps_change_parameters_and_log(toy_model_path, tmp_path):
 
     before = {k: v.clone() for k, v in AutoModelForCausalLM.from_pretrained(toy_model_path).state_dict().items()}
     out = tmp_path / "run"
-    grpo.main(["--model", toy_model_path, "--prompt_template", "none", "--max_steps", "3",
-               "--num_prompts_per_step", "8", "--num_generations", "4", "--eval_num_generations", "0",
-               "--output_dir", str(out), "--save_steps", "0"])
+    grpo.main(
+        [
+            "--model",
+            toy_model_path,
+            "--prompt_template",
+            "none",
+            "--max_steps",
+            "3",
+            "--num_prompts_per_step",
+            "8",
+            "--num_generations",
+            "4",
+            "--eval_num_generations",
+            "0",
+            "--output_dir",
+            str(out),
+            "--save_steps",
+            "0",
+        ]
+    )
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert [l["step"] for l in lines] == [1, 2, 3]
-    for key in ("reward", "accuracy", "completions/mean_length", "completions/clipped_ratio", "frac_reward_zero_std",
-                "loss", "clip_ratio/low_mean", "kl", "grad_norm", "step_time"):
+    for key in (
+        "reward",
+        "accuracy",
+        "completions/mean_length",
+        "completions/clipped_ratio",
+        "frac_reward_zero_std",
+        "loss",
+        "clip_ratio/low_mean",
+        "kl",
+        "grad_norm",
+        "step_time",
+    ):
         assert key in lines[0]
     after = AutoModelForCausalLM.from_pretrained(out / "final").state_dict()
     changed = [k for k in before if not torch.equal(before[k], after[k])]
@@ -349,10 +387,13 @@ def test_resume_refuses_changed_training_settings(tmp_path):
     path = tmp_path / "config.json"
     cfg = grpo.GRPOConfig(credit="delta", learning_rate=3e-4)
     path.write_text(json.dumps({"config": dataclasses.asdict(cfg)}))
-    checkpoint.check_resume_config(str(path), dataclasses.asdict(
-        dataclasses.replace(cfg, max_steps=100, resume=True, use_vllm=True)))
+    checkpoint.check_resume_config(
+        str(path), dataclasses.asdict(dataclasses.replace(cfg, max_steps=100, resume=True, use_vllm=True))
+    )
     with pytest.raises(ValueError, match=r"--credit 'delta' -> 'grpo', --learning_rate 0.0003 -> 0.001"):
-        checkpoint.check_resume_config(str(path), dataclasses.asdict(dataclasses.replace(cfg, credit="grpo", learning_rate=1e-3)))
+        checkpoint.check_resume_config(
+            str(path), dataclasses.asdict(dataclasses.replace(cfg, credit="grpo", learning_rate=1e-3))
+        )
 
 
 def test_use_vllm_without_vllm_is_one_clear_line():
@@ -369,8 +410,11 @@ def test_one_response_per_prompt_is_refused_under_either_scaling(scale):
     """G = 1: Â = r − mean of a group of one = 0 for every response, scaled or not (group_advantages), so the run
     would train its steps on zero advantages; refused before anything runs, in one line naming both flags."""
     assert torch.equal(grpo.group_advantages(torch.tensor([1.0, 0.0, 1.0]), 1, scale), torch.zeros(3))
-    with pytest.raises(SystemExit, match=rf"^grpo.py: error: --num_generations 1 with --scale_rewards {scale} gives "
-                                         r"every response advantage 0 .*use --num_generations >= 2$"):
+    with pytest.raises(
+        SystemExit,
+        match=rf"^grpo.py: error: --num_generations 1 with --scale_rewards {scale} gives "
+        r"every response advantage 0 .*use --num_generations >= 2$",
+    ):
         grpo.check_config(grpo.GRPOConfig(num_generations=1, scale_rewards=scale))
 
 
@@ -388,8 +432,22 @@ def test_a_plan_for_another_machine_has_no_notes_of_this_one(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------------------ the first hour
-TINY_RUN = ["--prompt_template", "none", "--max_steps", "1", "--num_prompts_per_step", "2", "--num_generations", "2",
-            "--max_completion_length", "8", "--eval_num_generations", "0", "--save_steps", "0"]
+TINY_RUN = [
+    "--prompt_template",
+    "none",
+    "--max_steps",
+    "1",
+    "--num_prompts_per_step",
+    "2",
+    "--num_generations",
+    "2",
+    "--max_completion_length",
+    "8",
+    "--eval_num_generations",
+    "0",
+    "--save_steps",
+    "0",
+]
 
 
 def test_help_shows_each_default_once(capsys):
@@ -408,8 +466,11 @@ def test_output_folder_of_an_earlier_run(tiny_model_path, tmp_path):
     argv = ["--model", tiny_model_path, "--output_dir", str(out), *TINY_RUN]
     grpo.main(argv)
     (out / "samples" / "step_000057.jsonl").write_text("{}\n")  # litter of an older, longer run
-    with pytest.raises(SystemExit, match=r"already holds a run \(config.json, final, metrics.jsonl, samples.*"
-                                         r"--resume to continue it, or --overwrite_output_dir to delete it"):
+    with pytest.raises(
+        SystemExit,
+        match=r"already holds a run \(config.json, final, metrics.jsonl, samples.*"
+        r"--resume to continue it, or --overwrite_output_dir to delete it",
+    ):
         grpo.main(argv)
     grpo.main(argv + ["--overwrite_output_dir"])
     assert sorted(p.name for p in (out / "samples").iterdir()) == ["step_000001.jsonl", "summary.json"]  # no 57
@@ -418,8 +479,11 @@ def test_output_folder_of_an_earlier_run(tiny_model_path, tmp_path):
         grpo.main(argv + ["--resume"])  # it stopped before its first --save_steps
     grpo.main(argv + ["--overwrite_output_dir", "--max_steps", "2", "--save_steps", "1"])
     (out / "metrics.jsonl").write_text("")  # another run started here after its checkpoints were written
-    with pytest.raises(SystemExit, match=r"cannot --resume from .*final: .*metrics.jsonl has 0 lines, fewer "
-                                         r"than the \d+ .*--overwrite_output_dir"):
+    with pytest.raises(
+        SystemExit,
+        match=r"cannot --resume from .*final: .*metrics.jsonl has 0 lines, fewer "
+        r"than the \d+ .*--overwrite_output_dir",
+    ):
         grpo.main(argv + ["--max_steps", "3", "--save_steps", "1", "--resume"])
 
 
@@ -433,8 +497,11 @@ def test_default_output_folder_names_the_model_and_the_credit():
 def test_unwritable_output_dir_stops_before_the_model_loads(tmp_path, monkeypatch):
     a_file = tmp_path / "a_file"
     a_file.write_text("")
-    with pytest.raises(SystemExit, match=r"^grpo.py: error: --output_dir .*a_file/run: .*a_file is a file, not a "
-                                         r"folder; choose another --output_dir$"):
+    with pytest.raises(
+        SystemExit,
+        match=r"^grpo.py: error: --output_dir .*a_file/run: .*a_file is a file, not a "
+        r"folder; choose another --output_dir$",
+    ):
         grpo.main(["--output_dir", str(a_file / "run")])
     loaded = []
     monkeypatch.setattr(policy, "build", lambda *a, **k: loaded.append(1))
@@ -446,21 +513,42 @@ def test_unwritable_output_dir_stops_before_the_model_loads(tmp_path, monkeypatc
 
 def test_a_run_without_evaluation_says_so_and_how_to_turn_it_on(tiny_model_path, tmp_path, capsys):
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"id": i, "problem": f"Compute {i}+1.", "answer": str(i + 1)}) + "\n"
-                            for i in range(4)))
+    data.write_text(
+        "".join(json.dumps({"id": i, "problem": f"Compute {i}+1.", "answer": str(i + 1)}) + "\n" for i in range(4))
+    )
     out = tmp_path / "run"
     grpo.main(["--model", tiny_model_path, "--data", str(data), "--output_dir", str(out), *TINY_RUN[:-4]])
     said = capsys.readouterr()
-    assert said.out.count("[eval] off: --data is not the toy and --eval_data is empty; pass --eval_data FILE (e.g. "
-                          "data/math500.jsonl) for a held-out accuracy before and after training") == 1
+    assert (
+        said.out.count(
+            "[eval] off: --data is not the toy and --eval_data is empty; pass --eval_data FILE (e.g. "
+            "data/math500.jsonl) for a held-out accuracy before and after training"
+        )
+        == 1
+    )
     assert said.out.strip().splitlines()[-1] == f"done: 1 steps in {out} (held-out evaluation off)"
 
 
 def test_logged_lengths_do_not_depend_on_masking_truncated_responses(toy_model_path, tmp_path):
     """--mask_truncated_completions drops truncated responses from the loss, not from the logged lengths."""
-    argv = ["--model", toy_model_path, "--prompt_template", "none", "--max_steps", "2", "--num_prompts_per_step",
-            "4", "--num_generations", "4", "--max_completion_length", "14", "--eval_num_generations", "0",
-            "--save_steps", "0"]
+    argv = [
+        "--model",
+        toy_model_path,
+        "--prompt_template",
+        "none",
+        "--max_steps",
+        "2",
+        "--num_prompts_per_step",
+        "4",
+        "--num_generations",
+        "4",
+        "--max_completion_length",
+        "14",
+        "--eval_num_generations",
+        "0",
+        "--save_steps",
+        "0",
+    ]
     logged = []
     for flag in ([], ["--mask_truncated_completions"]):
         grpo.main(argv + ["--output_dir", str(tmp_path / str(len(flag)))] + flag)
@@ -473,8 +561,21 @@ def test_trained_folder_says_its_template(tiny_model_path, tmp_path, capsys):
     """final/ (and every checkpoint) carries run_info.json: --prompt_template auto uses the template it was trained
     with, and says so."""
     out = tmp_path / "run"
-    grpo.main(["--model", tiny_model_path, "--output_dir", str(out), *TINY_RUN, "--prompt_template", "r1",
-               "--max_steps", "2", "--save_steps", "1"])
+    grpo.main(
+        [
+            "--model",
+            tiny_model_path,
+            "--output_dir",
+            str(out),
+            *TINY_RUN,
+            "--prompt_template",
+            "r1",
+            "--max_steps",
+            "2",
+            "--save_steps",
+            "1",
+        ]
+    )
     for folder in (out / "final", out / "checkpoint-1"):
         assert json.loads((folder / "run_info.json").read_text())["prompt_template"] == "r1"
         assert rollout.resolve_template("auto", str(folder)) == "r1"
@@ -489,9 +590,28 @@ def test_trained_folder_says_its_template(tiny_model_path, tmp_path, capsys):
 def test_progress_bars_do_not_interleave(toy_model_path, tmp_path, capsys):
     """The held-out evaluation shows a bar (cleared when done); a checkpoint written mid-run says one line instead
     of transformers' "Writing model shards" bar, which broke the training bar."""
-    grpo.main(["--model", toy_model_path, "--prompt_template", "none", "--max_steps", "2", "--save_steps", "1",
-               "--num_prompts_per_step", "2", "--num_generations", "2", "--max_completion_length", "16",
-               "--eval_num_generations", "1", "--output_dir", str(tmp_path / "run")])
+    grpo.main(
+        [
+            "--model",
+            toy_model_path,
+            "--prompt_template",
+            "none",
+            "--max_steps",
+            "2",
+            "--save_steps",
+            "1",
+            "--num_prompts_per_step",
+            "2",
+            "--num_generations",
+            "2",
+            "--max_completion_length",
+            "16",
+            "--eval_num_generations",
+            "1",
+            "--output_dir",
+            str(tmp_path / "run"),
+        ]
+    )
     out, err = capsys.readouterr()
     assert "eval step 0: sample" in err and "eval step 2: greedy" in err  # the evaluation's bars
     assert "Writing model shards" not in err
@@ -500,10 +620,17 @@ def test_progress_bars_do_not_interleave(toy_model_path, tmp_path, capsys):
 
 def test_the_progress_bar_names_the_rule_from_the_flags(tiny_model_path, tmp_path, capsys):
     label = lambda **kw: comparisons.label(grpo.GRPOConfig(**kw))  # noqa: E731
-    assert [label(), label(credit="delta"), label(credit="cscr"), label(credit="fipo")] == \
-        ["grpo", "delta", "cscr", "fipo"]
-    assert [label(loss_type="sapo"), label(entropy_top_ratio=0.2), label(top_entropy_quantile=0.8)] == \
-        ["sapo", "forking", "forking"]
+    assert [label(), label(credit="delta"), label(credit="cscr"), label(credit="fipo")] == [
+        "grpo",
+        "delta",
+        "cscr",
+        "fipo",
+    ]
+    assert [label(loss_type="sapo"), label(entropy_top_ratio=0.2), label(top_entropy_quantile=0.8)] == [
+        "sapo",
+        "forking",
+        "forking",
+    ]
     assert label(loss_type="sapo", credit="delta") == "sapo+delta"
     assert label(credit="delta", delta_select="top") == "delta Q2"
     for flags, name in ((["--loss_type", "sapo"], "GRPO[sapo]"), (["--entropy_top_ratio", "0.2"], "GRPO[forking]")):

@@ -1,17 +1,18 @@
 """The comparison rules on the trainer's loss stage (docs/specs/baselines.md): SAPO as a branch of ``policy_loss``,
 FIPO's future-KL weight and Forking Tokens' entropy mask as their own loss stages (``grpo.LOSS_STAGES``), DelTA's
-Q2 selection through its credit and loss stage; the spec's float64 worked examples (Example A, delta.md §7) and the invariances."""
+Q2 selection through its credit and loss stage; the spec's float64 worked examples (Example A, delta.md §7) and the
+invariances."""
 
 import math
 
 import pytest
 import torch
-
-from comparisons import baselines
-import grpo
 from conftest import backward
+
+import grpo
 import rollout
 import toy
+from comparisons import baselines
 from trainer import policy
 
 D = torch.float64
@@ -39,10 +40,10 @@ def test_sapo_gradient_is_the_policy_gradient_at_ratio_one(aggregation, dapo_lik
     gradient is the same, under the same aggregation."""
     logp = OLD.clone().requires_grad_(True)
     sapo, _ = grpo.policy_loss(logp, OLD, ADV, MASK, loss_type="sapo", sapo_aggregation=aggregation)
-    g_sapo, = torch.autograd.grad(sapo, logp)
+    (g_sapo,) = torch.autograd.grad(sapo, logp)
     logp = OLD.clone().requires_grad_(True)
     dapo, _ = grpo.policy_loss(logp, OLD, ADV, MASK, loss_type=dapo_like)
-    g_dapo, = torch.autograd.grad(dapo, logp)
+    (g_dapo,) = torch.autograd.grad(dapo, logp)
     torch.testing.assert_close(g_sapo, g_dapo, rtol=1e-12, atol=1e-15)
     # the values: per token −Â·2/τ against −Â, so the row means scale by 2/τ of the row's sign
     per_row = torch.tensor([2.0, 2.0 / 1.05], dtype=D)
@@ -56,7 +57,7 @@ def test_sapo_gradient_is_the_gate_derivative():
     """§4: ∂ℓ/∂log π = −Â·w, w = 4s(1 − s)·r with s = σ(τ(r − 1)) (token-mean: divided by N)."""
     logp = (OLD + DLOGP).requires_grad_(True)
     loss, _ = grpo.policy_loss(logp, OLD, ADV, MASK, loss_type="sapo", sapo_aggregation="token")
-    g, = torch.autograd.grad(loss, logp)
+    (g,) = torch.autograd.grad(loss, logp)
     r = torch.exp(DLOGP)
     tau = torch.tensor([1.0, 1.05], dtype=D)[:, None]  # τ_pos for Â > 0 (row 0), τ_neg for Â < 0
     s = torch.sigmoid(tau * (r - 1))
@@ -66,8 +67,9 @@ def test_sapo_gradient_is_the_gate_derivative():
 def test_loss_settings_object_and_keywords_agree():
     s = grpo.LossSettings(epsilon=0.1, epsilon_high=0.3, dual_clip=3.0, loss_type="grpo")
     a, sa = grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, s)
-    b, sb = grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, epsilon=0.1, epsilon_high=0.3, dual_clip=3.0,
-                             loss_type="grpo")
+    b, sb = grpo.policy_loss(
+        OLD + DLOGP, OLD, ADV, MASK, epsilon=0.1, epsilon_high=0.3, dual_clip=3.0, loss_type="grpo"
+    )
     assert float(a) == float(b) and sa == sb
     assert grpo.LossSettings.from_config(grpo.GRPOConfig(loss_type="sapo")).loss_type == "sapo"
     with pytest.raises(ValueError, match="not both"):
@@ -79,8 +81,15 @@ def test_loss_settings_object_and_keywords_agree():
 def _fipo_loss(logp, old, adv, mask, num_tokens):
     cfg = grpo.GRPOConfig(credit="fipo", dual_clip=10.0)
     token_adv = adv[:, None] * mask
-    f, kept = baselines.fipo_weights(logp - old, token_adv, mask, cfg.fipo_decay_rate, cfg.fipo_clip,
-                                     cfg.fipo_safety_threshold, math.log(cfg.dual_clip))
+    f, kept = baselines.fipo_weights(
+        logp - old,
+        token_adv,
+        mask,
+        cfg.fipo_decay_rate,
+        cfg.fipo_clip,
+        cfg.fipo_safety_threshold,
+        math.log(cfg.dual_clip),
+    )
     loss, _ = grpo.policy_loss(logp, old, token_adv * f, kept, dual_clip=10.0, scope=grpo.LossScope(num_tokens))
     return float(loss), f, kept, {"fipo/dropped_frac": float((mask - kept).sum() / mask.sum())}
 
@@ -117,8 +126,14 @@ def test_fipo_safety_and_sequence_drop(loss_stage, fipo_by_hand):
     # beside a kept response: the kept one's mean over its own 3 tokens (spec §5; policy_loss alone, given the
     # mini-batch's 6 tokens, would halve it: fipo_backward rescales once the drop is known)
     two = torch.tensor([[math.log(12), math.log(12), 0.1], [math.log(12), 0.3, 0.1]], dtype=D)
-    loss, _, _, _ = loss_stage(torch.zeros(2, 3, dtype=D), two, torch.tensor([-1.0, -1.0], dtype=D),
-                               credit="fipo", micro_batch_size=1, padding_free=False)
+    loss, _, _, _ = loss_stage(
+        torch.zeros(2, 3, dtype=D),
+        two,
+        torch.tensor([-1.0, -1.0], dtype=D),
+        credit="fipo",
+        micro_batch_size=1,
+        padding_free=False,
+    )
     assert loss == pytest.approx(4.2804111091, abs=TOL)
 
 
@@ -170,8 +185,9 @@ def test_fipo_stage_is_the_dual_clip_loss_on_the_hand_weights(loss_stage, fipo_b
     want = (ell * kept).sum() / kept.sum()
     want.backward()
     for size in (1, 6):
-        loss, grad, _, _ = loss_stage(logp, delta, adv, mask=mask, credit="fipo", micro_batch_size=size,
-                                      padding_free=False)
+        loss, grad, _, _ = loss_stage(
+            logp, delta, adv, mask=mask, credit="fipo", micro_batch_size=size, padding_free=False
+        )
         assert float(loss) == pytest.approx(float(want.detach()), abs=1e-12)
         torch.testing.assert_close(grad * mask, leaf.grad * mask, rtol=0, atol=1e-12)
 
@@ -196,8 +212,9 @@ def _update(model, tok, batch, **flags):
     old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden(), training_forward=fused)
     token_adv, _ = credit(model, batch, adv, old, [""] * N)
     model.zero_grad(set_to_none=True)
-    loss, stats, weights = backward(model, batch, old, token_adv, torch.arange(N), cfg,
-                                    credit.token_values.get("q2_selected"))
+    loss, stats, weights = backward(
+        model, batch, old, token_adv, torch.arange(N), cfg, credit.token_values.get("q2_selected")
+    )
     grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
     return loss, grad, credit, weights, stats
 
@@ -212,15 +229,19 @@ def test_fipo_is_dapo_on_the_first_mini_batch(toy_batch, float64_model):
     assert torch.equal(w, batch.response_mask.to(w.dtype)) and stats["fipo/dropped_frac"] == 0.0
 
 
-@pytest.mark.parametrize("flag", [{"entropy_top_ratio": 0.2}, {"top_entropy_quantile": 0.2},
-                                  {"top_entropy_quantile": 0.2, "loss_type": "grpo"}])
+@pytest.mark.parametrize(
+    "flag",
+    [{"entropy_top_ratio": 0.2}, {"top_entropy_quantile": 0.2}, {"top_entropy_quantile": 0.2, "loss_type": "grpo"}],
+)
 def test_forking_tokens_do_not_depend_on_micro_batching(toy_batch, float64_model, flag):
     """The mini-batch pool: one ranking over the mini-batch, so --micro_batch_size and --padding_free leave the loss
     and the gradient unchanged (float64, 1e-10 relative); the official rule keeps ⌈ρn⌉ tokens."""
     model, tok, batch = toy_batch
     model = float64_model(model)
-    runs = [_update(model, tok, batch, micro_batch_size=mbs, padding_free=pf, **flag)
-            for mbs, pf in ((0, True), (3, True), (2, False))]
+    runs = [
+        _update(model, tok, batch, micro_batch_size=mbs, padding_free=pf, **flag)
+        for mbs, pf in ((0, True), (3, True), (2, False))
+    ]
     (l0, g0, _, w0, _) = runs[0]
     for l1, g1, _, w1, _ in runs[1:]:
         assert l1 == pytest.approx(l0, rel=1e-10, abs=1e-12)
@@ -241,7 +262,7 @@ def test_forking_tokens_keep_the_highest_entropies(toy_batch, float64_model):
     with torch.no_grad():
         pos = (batch.attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         z = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=pos).logits
-        p = torch.softmax(z[:, -T - 1:-1].double(), -1)
+        p = torch.softmax(z[:, -T - 1 : -1].double(), -1)
         ent = -(p * torch.log(p.clamp(min=1e-300))).sum(-1)
     valid = batch.response_mask.bool()
     kept, rest = ent[valid & (w > 0)], ent[valid & (w == 0)]
@@ -262,9 +283,17 @@ def test_delta_q2_selection_trains_on_half_the_tokens_by_lambda(toy_batch, which
         assert lam[kept].max() <= lam[valid & ~kept].min()
 
 
-@pytest.mark.parametrize("flags", [{"delta_scores": "within_side"}, {"delta_assignment": "hard"},
-                                   {"delta_coefficients": "raw"}, {"delta_normalize": False},
-                                   {"delta_proxy": "topk", "delta_proxy_topk": 7}, {"delta_k": 2}])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"delta_scores": "within_side"},
+        {"delta_assignment": "hard"},
+        {"delta_coefficients": "raw"},
+        {"delta_normalize": False},
+        {"delta_proxy": "topk", "delta_proxy_topk": 7},
+        {"delta_k": 2},
+    ],
+)
 def test_delta_variants_give_one_lambda_under_both_implementations(toy_batch, float64_model, flags):
     """Every DelTA ablation through the trainer: --delta_impl normal (the batch's h kept) and memory_efficient (h
     recomputed, K + 3 streamed passes) give the same λ̄ (float64, 1e-10); the invariants hold."""
@@ -310,13 +339,19 @@ def test_policy_loss_on_example_b_dapo_and_delta():
     −0.0546432602 and, with Ã = Â·λ̄ of delta.py's default call on its proxy vectors, DelTA's −0.0774846123 (§6)."""
     import delta
 
-    v = torch.tensor([[[0.5, 0.2], [0.1, 0.9], [-0.3, 0.4], [0.8, -0.1]],
-                      [[0.4, 0.3], [-0.6, 0.2], [0.2, -0.5], [0.0, 0.0]],
-                      [[0.0, 0.7], [0.3, 0.1], [-0.2, -0.4], [0.6, 0.6]]], dtype=D)
+    v = torch.tensor(
+        [
+            [[0.5, 0.2], [0.1, 0.9], [-0.3, 0.4], [0.8, -0.1]],
+            [[0.4, 0.3], [-0.6, 0.2], [0.2, -0.5], [0.0, 0.0]],
+            [[0.0, 0.7], [0.3, 0.1], [-0.2, -0.4], [0.6, 0.6]],
+        ],
+        dtype=D,
+    )
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]], dtype=D)
     adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0], dtype=D), 3)
-    torch.testing.assert_close(adv, torch.tensor([1.1546985384, -0.5773492692, -0.5773492692], dtype=D),
-                               rtol=0, atol=1e-9)
+    torch.testing.assert_close(
+        adv, torch.tensor([1.1546985384, -0.5773492692, -0.5773492692], dtype=D), rtol=0, atol=1e-9
+    )
     dlogp = torch.tensor([[0.1, -0.2, 0.3, 0.0], [0.05, -0.1, 0.2, 0.0], [-0.3, 0.1, 0.0, 0.25]], dtype=D)
     old = torch.zeros(3, 4, dtype=D)
     dapo, _ = grpo.policy_loss(old + dlogp, old, adv, mask, dual_clip=10.0)
@@ -334,9 +369,15 @@ def test_entropy_quantile_keeps_every_token_in_the_normaliser(loss_stage, pool, 
     r = 1), ∂/∂log π [−0.5, 0] (SAPO's gradient is the policy gradient's at r = 1). The old stage divided a
     per-sequence loss by the kept token only: −1.0 (SAPO −2.0), [−1, 0]."""
     logp = torch.full((1, 2), math.log(0.5), dtype=D)
-    loss, grad, stats, w = loss_stage(logp, torch.zeros(1, 2, dtype=D), torch.tensor([1.0], dtype=D),
-                                      torch.tensor([[1.0, 0.0]], dtype=D), top_entropy_quantile=0.5,
-                                      entropy_pool=pool, loss_type=loss_type)
+    loss, grad, stats, w = loss_stage(
+        logp,
+        torch.zeros(1, 2, dtype=D),
+        torch.tensor([1.0], dtype=D),
+        torch.tensor([[1.0, 0.0]], dtype=D),
+        top_entropy_quantile=0.5,
+        entropy_pool=pool,
+        loss_type=loss_type,
+    )
     assert loss == pytest.approx(value, abs=1e-15)
     torch.testing.assert_close(grad, torch.tensor([[-0.5, 0.0]], dtype=D), rtol=0, atol=1e-15)
     assert torch.equal(w, torch.tensor([[1.0, 0.0]], dtype=D))
@@ -357,16 +398,27 @@ def test_entropy_quantile_micro_batch_size_and_pools(loss_stage, loss_type):
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=D)
     runs = []
     for pool, mbs in (("minibatch", 0), ("minibatch", 1), ("micro", 1), ("micro", 0)):
-        loss, grad, _, w = loss_stage(logp, delta, adv, entropy, mask, top_entropy_quantile=0.5, entropy_pool=pool,
-                                      micro_batch_size=mbs, loss_type=loss_type, padding_free=False)
+        loss, grad, _, w = loss_stage(
+            logp,
+            delta,
+            adv,
+            entropy,
+            mask,
+            top_entropy_quantile=0.5,
+            entropy_pool=pool,
+            micro_batch_size=mbs,
+            loss_type=loss_type,
+            padding_free=False,
+        )
         runs.append((loss, grad.clone(), w))
     for loss, grad, w in runs[1:]:
         assert loss == pytest.approx(runs[0][0], rel=1e-13, abs=1e-15) and torch.equal(w, runs[0][2])
         torch.testing.assert_close(grad, runs[0][1], rtol=1e-13, atol=1e-15)
     picked = (entropy >= 1.0).to(D) * mask  # the 0.5 quantile of [0, 0, 0, 1, 1, 1, 2, 2] is 1
     assert torch.equal(runs[0][2], picked)
-    want, _ = grpo.policy_loss(logp, logp - delta, adv[:, None] * picked, mask, loss_type=loss_type,
-                               max_completion_length=3)  # Ã·m over every valid token: TRL's ℓ·m / |o_i|
+    want, _ = grpo.policy_loss(
+        logp, logp - delta, adv[:, None] * picked, mask, loss_type=loss_type, max_completion_length=3
+    )  # Ã·m over every valid token: TRL's ℓ·m / |o_i|
     assert runs[0][0] == pytest.approx(float(want), rel=1e-13)
 
 
@@ -382,8 +434,15 @@ def test_fipo_drop_leaves_the_denominator(loss_stage, dual_clip, micro_batch_siz
     micro_batch_size 1 (the drop is seen after the first row's backward) and the whole mini-batch; c = 10 without
     --dual_clip (FIPO's code)."""
     logp = torch.full((2, 2), math.log(0.5), dtype=D)
-    loss, grad, stats, w = loss_stage(logp, DROP, torch.tensor([1.0, -1.0], dtype=D), credit="fipo",
-                                      dual_clip=dual_clip, micro_batch_size=micro_batch_size, padding_free=False)
+    loss, grad, stats, w = loss_stage(
+        logp,
+        DROP,
+        torch.tensor([1.0, -1.0], dtype=D),
+        credit="fipo",
+        dual_clip=dual_clip,
+        micro_batch_size=micro_batch_size,
+        padding_free=False,
+    )
     assert loss == pytest.approx(-1.0, abs=1e-15)
     torch.testing.assert_close(grad, torch.tensor([[-0.5, -0.5], [0.0, 0.0]], dtype=D), rtol=0, atol=1e-15)
     assert torch.equal(w, torch.tensor([[1.0, 1.0], [0.0, 0.0]], dtype=D))  # the dropped response trains on nothing
@@ -434,10 +493,8 @@ def test_fipo_drop_is_exact_at_every_micro_batch_size(toy_batch, float64_model, 
         assert loss == pytest.approx(l0, rel=1e-10) and (grad - g0).norm() <= 1e-10 * g0.norm()
 
 
-
 @pytest.mark.parametrize("pool", ["minibatch", "micro"])
-@pytest.mark.parametrize("rho,official,trl", [(0.2, -0.7433598698, -0.1486719740), (0.5, -0.2203905546,
-                                                                                    -0.1322343328)])
+@pytest.mark.parametrize("rho,official,trl", [(0.2, -0.7433598698, -0.1486719740), (0.5, -0.2203905546, -0.1322343328)])
 def test_forking_tokens_example_a_through_the_loss_stage(loss_stage, pool, rho, official, trl):
     """baselines.md §3's worked example through its loss stage (Example A's entropies H, Δ and Â): Forking
     Tokens' code (``--entropy_top_ratio``: the top ⌈ρn⌉ tokens, their mean) and TRL's reading
@@ -466,10 +523,17 @@ def _k3_term(logp, ref, mask, loss_type):
 
 
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
-@pytest.mark.parametrize("flags", [{}, {"entropy_top_ratio": 0.4}, {"top_entropy_quantile": 0.4},
-                                   {"entropy_top_ratio": 0.4, "entropy_pool": "micro", "micro_batch_size": 1},
-                                   {"delta_select": "top"}], ids=["default", "forking", "forking_trl",
-                                                                  "forking_micro", "delta_q2"])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {},
+        {"entropy_top_ratio": 0.4},
+        {"top_entropy_quantile": 0.4},
+        {"entropy_top_ratio": 0.4, "entropy_pool": "micro", "micro_batch_size": 1},
+        {"delta_select": "top"},
+    ],
+    ids=["default", "forking", "forking_trl", "forking_micro", "delta_q2"],
+)
 def test_the_kl_term_covers_every_valid_token_beside_a_token_rule(loss_stage, flags, loss_type):
     """With β > 0 a rule that keeps some tokens (Forking Tokens, DelTA's Q2) leaves the k3 term the default loss's:
     over every valid token with the default's normaliser, as Forking Tokens' and FIPO's code add verl's
@@ -494,8 +558,9 @@ def test_the_kl_term_covers_every_valid_token_beside_a_token_rule(loss_stage, fl
     torch.testing.assert_close(grad, grad0 + beta * k3_grad, rtol=1e-12, atol=1e-14)
     if flags.get("micro_batch_size", 0) == 0:  # one micro-batch: the logged kl is k3's mean over the valid tokens
         d = ref - logp
-        assert stats["kl"] / stats["num_tokens"] == pytest.approx(float(((torch.exp(d) - d - 1) * mask).sum()
-                                                                        / mask.sum()), rel=1e-12)
+        assert stats["kl"] / stats["num_tokens"] == pytest.approx(
+            float(((torch.exp(d) - d - 1) * mask).sum() / mask.sum()), rel=1e-12
+        )
 
 
 def test_fipo_with_a_kl_term_is_refused_in_one_line():

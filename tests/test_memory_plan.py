@@ -1,4 +1,5 @@
-"""memory_plan.py at the real shapes (trainer/model_configs/: Qwen3-8B-Base's and Qwen3-14B-Base's config.json, no weights):
+"""memory_plan.py at the real shapes (trainer/model_configs/: Qwen3-8B-Base's and Qwen3-14B-Base's config.json, no
+weights):
 parameter counts, bytes per stage and per token computed by hand, the verdict and its suggestions re-planned, and
 the activation counts against the tensors autograd really saves on small Qwen3 layers (measured, not asserted)."""
 
@@ -16,8 +17,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trainer import memory_plan as mp  # noqa: E402
 from grpo import GRPOConfig  # noqa: E402
+from trainer import memory_plan as mp  # noqa: E402
 
 DATA = ROOT / "trainer" / "model_configs" / "Qwen"  # the shipped configs (trainer/model_configs/README.md)
 ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
@@ -96,14 +97,16 @@ def test_activation_bytes_per_layer_by_hand_at_8b(c8):
     assert mp.layer_activation_bytes(sh, c=2, full=False, lora=(targets, 16, 0.0), cuda=False, **one) == lora0
     assert lora0 == 295_656  # 296 KB
     cpu_dropout = lora0 + sum(4 * w for w in widths)  # dropout: its float32 output and float32 noise
-    assert mp.layer_activation_bytes(sh, c=2, full=False, lora=(targets, 16, 0.05), cuda=False, **one) == \
-        cpu_dropout == 443_112  # 443 KB
+    assert (
+        mp.layer_activation_bytes(sh, c=2, full=False, lora=(targets, 16, 0.05), cuda=False, **one)
+        == cpu_dropout
+        == 443_112
+    )  # 443 KB
     gpu_dropout = lora0 + sum(1 * w for w in widths)  # CUDA's fused dropout: a bool mask
     assert mp.layer_activation_bytes(sh, c=2, full=False, lora=(targets, 16, 0.05), cuda=True, **one) == gpu_dropout
     # a padded micro-batch: the KV heads repeated to 32 and the mask's bf16 copy, per key position
     S = 1000
-    masked = mp.layer_activation_bytes(sh, c=2, full=True, lora=None, cuda=True, q_tokens=S, kv_tokens=S,
-                                       masked=True)
+    masked = mp.layer_activation_bytes(sh, c=2, full=True, lora=None, cuda=True, q_tokens=S, kv_tokens=S, masked=True)
     assert masked == S * (full + 2 * 2 * (Hq - Hkv)) + S * S * 2
 
 
@@ -124,10 +127,18 @@ def _saved_bytes(model, ids, mask):
     return sum(seen.values())
 
 
-@pytest.mark.parametrize("dtype,lora,dropout,pad", [
-    ("bfloat16", 0, 0.0, True), ("bfloat16", 0, 0.0, False), ("float32", 0, 0.0, True),
-    ("bfloat16", 8, 0.0, True), ("bfloat16", 8, 0.05, True), ("float32", 8, 0.0, False),
-    ("float32", 8, 0.05, True)])
+@pytest.mark.parametrize(
+    "dtype,lora,dropout,pad",
+    [
+        ("bfloat16", 0, 0.0, True),
+        ("bfloat16", 0, 0.0, False),
+        ("float32", 0, 0.0, True),
+        ("bfloat16", 8, 0.0, True),
+        ("bfloat16", 8, 0.05, True),
+        ("float32", 8, 0.0, False),
+        ("float32", 8, 0.05, True),
+    ],
+)
 def test_layer_activation_bytes_match_what_autograd_saves(dtype, lora, dropout, pad):
     """A decoder layer's saved bytes (3 layers minus 2, HF's Qwen3 with SDPA on the CPU, peft's LoRA) equal
     ``layer_activation_bytes`` to the byte."""
@@ -137,15 +148,24 @@ def test_layer_activation_bytes_match_what_autograd_saves(dtype, lora, dropout, 
 
     def saved(layers):
         torch.manual_seed(0)
-        config = Qwen3Config(hidden_size=64, intermediate_size=192, num_attention_heads=4, num_key_value_heads=2,
-                             head_dim=16, num_hidden_layers=layers, vocab_size=50, tie_word_embeddings=False,
-                             attn_implementation="sdpa")
+        config = Qwen3Config(
+            hidden_size=64,
+            intermediate_size=192,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_hidden_layers=layers,
+            vocab_size=50,
+            tie_word_embeddings=False,
+            attn_implementation="sdpa",
+        )
         model = Qwen3ForCausalLM(config).to(dt).train()
         if lora:
             from peft import LoraConfig, get_peft_model
 
-            model = get_peft_model(model, LoraConfig(r=lora, lora_alpha=16, lora_dropout=dropout,
-                                                     target_modules=list(mp.LINEAR_NAMES)))
+            model = get_peft_model(
+                model, LoraConfig(r=lora, lora_alpha=16, lora_dropout=dropout, target_modules=list(mp.LINEAR_NAMES))
+            )
         ids, mask = torch.randint(1, 50, (B, S)), torch.ones(B, S, dtype=torch.long)
         if pad:
             mask[0, :3] = 0  # left padding: a 4-D mask reaches SDPA
@@ -154,8 +174,15 @@ def test_layer_activation_bytes_match_what_autograd_saves(dtype, lora, dropout, 
     (two, config), (three, _) = saved(2), saved(3)
     sh = mp.Shapes.from_config({**config.to_dict(), "model_type": "qwen3"})
     predicted = mp.layer_activation_bytes(
-        sh, c=2 if dtype == "bfloat16" else 4, full=not lora, lora=(set(mp.LINEAR_NAMES), lora, dropout)
-        if lora else None, cuda=False, q_tokens=S, kv_tokens=S, masked=pad)
+        sh,
+        c=2 if dtype == "bfloat16" else 4,
+        full=not lora,
+        lora=(set(mp.LINEAR_NAMES), lora, dropout) if lora else None,
+        cuda=False,
+        q_tokens=S,
+        kv_tokens=S,
+        masked=pad,
+    )
     assert three - two == B * predicted
 
 
@@ -166,7 +193,7 @@ def test_lm_head_keeps_one_float32_copy_of_each_rows_logits():
     b, P, T, V, H = 2, 3, 7, 1000, 8
     W = torch.randn(V, H, dtype=torch.bfloat16)
     hidden = torch.randn(b, P + T, H, dtype=torch.bfloat16, requires_grad=True)
-    model = lambda **kw: SimpleNamespace(logits=hidden[:, -kw["logits_to_keep"]:] @ W.T)  # noqa: E731
+    model = lambda **kw: SimpleNamespace(logits=hidden[:, -kw["logits_to_keep"] :] @ W.T)  # noqa: E731
     seen = {}
 
     def pack(t):
@@ -182,9 +209,20 @@ def test_lm_head_keeps_one_float32_copy_of_each_rows_logits():
 
 
 def test_verdicts_and_a_suggestion_that_fits_when_replanned(c8):
-    ok = mp.plan(c8, GRPOConfig(use_peft=True, gradient_checkpointing=True, micro_batch_size=2, lora_dropout=0.0,
-                                max_completion_length=1024, num_prompts_per_step=16, num_generations=8),
-                 prompt_tokens=128, gpu_memory_gb=80)
+    ok = mp.plan(
+        c8,
+        GRPOConfig(
+            use_peft=True,
+            gradient_checkpointing=True,
+            micro_batch_size=2,
+            lora_dropout=0.0,
+            max_completion_length=1024,
+            num_prompts_per_step=16,
+            num_generations=8,
+        ),
+        prompt_tokens=128,
+        gpu_memory_gb=80,
+    )
     assert ok.fits and ok.shortfall_gb == 0 and not ok.suggestions
     assert re.fullmatch(r"fits: peak \d+\.\d GB of 80\.0 GB \(\S+( \S+)?\)", ok.verdict())
     cfg = GRPOConfig(max_completion_length=4096, num_prompts_per_step=32, num_generations=8, credit="delta")
@@ -214,8 +252,14 @@ def test_nothing_fits_says_so_and_processes_must_divide_the_prompts(c14):
 
 
 def test_vllm_kv_budget_must_hold_one_sequence(c8):
-    cfg = GRPOConfig(use_peft=True, gradient_checkpointing=True, micro_batch_size=1, use_vllm=True,
-                     vllm_gpu_memory_utilization=0.22, max_completion_length=20480)
+    cfg = GRPOConfig(
+        use_peft=True,
+        gradient_checkpointing=True,
+        micro_batch_size=1,
+        use_vllm=True,
+        vllm_gpu_memory_utilization=0.22,
+        max_completion_length=20480,
+    )
     p = mp.plan(c8, cfg, prompt_tokens=2048, gpu_memory_gb=80, host_memory_gb=2000)
     assert p.parts["vllm_sequences"] == 0 and not p.fits
     assert "vLLM's KV cache holds no sequence of 22,528 tokens" in p.verdict()
@@ -226,8 +270,9 @@ def test_vllm_kv_budget_must_hold_one_sequence(c8):
 
 
 def test_delta_normal_host_peak_and_cpu_plan(c8):
-    cfg = GRPOConfig(credit="delta", use_peft=True, gradient_checkpointing=True, micro_batch_size=2,
-                     max_completion_length=1024)
+    cfg = GRPOConfig(
+        credit="delta", use_peft=True, gradient_checkpointing=True, micro_batch_size=2, max_completion_length=1024
+    )
     p = mp.plan(c8, cfg, prompt_tokens=128, gpu_memory_gb=80, host_memory_gb=2000)
     N, T, H = 16 * 8, 1024, 4096
     credit = next(s for s in p.stages if s.name == "credit")
@@ -251,8 +296,13 @@ def test_the_gpu_reserve_is_the_context_and_5_percent_of_what_the_gpu_holds(c8):
     assert big.reserve_gb == pytest.approx(0.6 + 0.05 * 80)  # 4.6 GB, not 0.6 + 0.05 × 15,600
     assert big.peak_gb == pytest.approx(largest + 4.6)
     assert "; + 0.6 GB CUDA context, 4.0 GB allocator slack" in big.table()
-    small = mp.plan(c8, GRPOConfig(use_peft=True, micro_batch_size=1, max_completion_length=1024), prompt_tokens=128,
-                    gpu_memory_gb=80, host_memory_gb=2000)
+    small = mp.plan(
+        c8,
+        GRPOConfig(use_peft=True, micro_batch_size=1, max_completion_length=1024),
+        prompt_tokens=128,
+        gpu_memory_gb=80,
+        host_memory_gb=2000,
+    )
     largest = max(s.device_gb for s in small.stages)
     assert largest < 80 and small.reserve_gb == pytest.approx(0.6 + 0.05 * largest)  # within the GPU: 5% of it
     assert f"; + 0.6 GB CUDA context, {0.05 * largest:.1f} GB allocator slack" in small.table()
@@ -279,9 +329,16 @@ def test_text_config_of_a_multimodal_config_and_moe_refused(tmp_path):
     text = json.loads((DATA / "Qwen3-8B-Base" / "config.json").read_text())
     folder = tmp_path / "vl"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "qwen3_vl", "architectures": ["X"],
-                                                    "text_config": {**text, "model_type": "qwen3_vl_text"},
-                                                    "vision_config": {}}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3_vl",
+                "architectures": ["X"],
+                "text_config": {**text, "model_type": "qwen3_vl_text"},
+                "vision_config": {},
+            }
+        )
+    )
     c = mp.read_model_config(str(folder))
     assert c["hidden_size"] == 4096 and mp.Shapes.from_config(c).parameters() == 8_190_735_360
     with pytest.raises(ValueError, match="mixture-of-experts"):
@@ -308,7 +365,7 @@ def test_lm_head_transients_against_live_bytes(dtype):
     c = torch.finfo(dt).bits // 8
     W = torch.randn(V, H, dtype=dt)
     hidden = torch.randn(b, P + T, H, dtype=dt, requires_grad=True)
-    model = lambda **kw: SimpleNamespace(logits=hidden[:, -kw["logits_to_keep"]:] @ W.T)  # noqa: E731
+    model = lambda **kw: SimpleNamespace(logits=hidden[:, -kw["logits_to_keep"] :] @ W.T)  # noqa: E731
     ids, am = torch.randint(0, V, (b, P + T)), torch.ones(b, P + T, dtype=torch.long)
     box = {}
     fwd = _live_peak(lambda: box.setdefault("lp", policy.token_logprobs(model, ids, am, torch.ones(b, T))))
@@ -325,9 +382,17 @@ def test_nograd_layer_bytes_against_live_bytes(hidden, intermediate, masked):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     B, S = 2, 128
-    config = Qwen3Config(hidden_size=hidden, intermediate_size=intermediate, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=32, num_hidden_layers=2, vocab_size=50,
-                         tie_word_embeddings=False, attn_implementation="sdpa")
+    config = Qwen3Config(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_hidden_layers=2,
+        vocab_size=50,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
     model = Qwen3ForCausalLM(config).eval()
     ids, mask = torch.randint(1, 50, (B, S)), torch.ones(B, S, dtype=torch.long)
     if masked:
@@ -358,8 +423,9 @@ def test_sleep_mode_sizes_vllms_share_to_what_the_rollout_leaves_free(c8):
     its KV cache holds at least 8 sequences of 22,528 tokens; a share given is kept."""
     from trainer import recipes
 
-    cfg = recipes.apply(GRPOConfig(model="x", data="math_train", credit="delta", use_vllm=True,
-                                   vllm_enable_sleep_mode=True), set())
+    cfg = recipes.apply(
+        GRPOConfig(model="x", data="math_train", credit="delta", use_vllm=True, vllm_enable_sleep_mode=True), set()
+    )
     assert cfg.vllm_gpu_memory_utilization is None
     p = mp.plan(c8, cfg, prompt_tokens=2048, processes=8, gpu_memory_gb=80, host_memory_gb=2000)
     share, parts = p.parts["vllm_share"], p.parts
@@ -376,14 +442,32 @@ def test_sleep_mode_sizes_vllms_share_to_what_the_rollout_leaves_free(c8):
     assert parts["vllm_sequences"] == int(parts["vllm_kv_budget"] // (22528 * 147_456))
     assert parts["vllm_kv_budget"] <= share * 80e9 - 2 * n
     assert "sized by the plan (sleep mode)" in p.table() and "--vllm_kv_cache_dtype fp8 holds" in p.table()
-    fp8 = mp.plan(c8, dataclasses.replace(cfg, vllm_kv_cache_dtype="fp8"), prompt_tokens=2048, processes=8,
-                  gpu_memory_gb=80, host_memory_gb=2000)
+    fp8 = mp.plan(
+        c8,
+        dataclasses.replace(cfg, vllm_kv_cache_dtype="fp8"),
+        prompt_tokens=2048,
+        processes=8,
+        gpu_memory_gb=80,
+        host_memory_gb=2000,
+    )
     assert fp8.parts["vllm_sequences"] >= 2 * parts["vllm_sequences"]
-    given = mp.plan(c8, dataclasses.replace(cfg, vllm_gpu_memory_utilization=0.3), prompt_tokens=2048, processes=8,
-                    gpu_memory_gb=80, host_memory_gb=2000)
+    given = mp.plan(
+        c8,
+        dataclasses.replace(cfg, vllm_gpu_memory_utilization=0.3),
+        prompt_tokens=2048,
+        processes=8,
+        gpu_memory_gb=80,
+        host_memory_gb=2000,
+    )
     assert given.parts["vllm_share"] == 0.3 and not given.parts["vllm_sized"] and "as given" in given.table()
-    awake = mp.plan(c8, dataclasses.replace(cfg, vllm_enable_sleep_mode=False), prompt_tokens=2048, processes=8,
-                    gpu_memory_gb=80, host_memory_gb=2000)  # without sleep mode the share stays through the update
+    awake = mp.plan(
+        c8,
+        dataclasses.replace(cfg, vllm_enable_sleep_mode=False),
+        prompt_tokens=2048,
+        processes=8,
+        gpu_memory_gb=80,
+        host_memory_gb=2000,
+    )  # without sleep mode the share stays through the update
     assert awake.parts["vllm_share"] == mp.VLLM_DEFAULT_SHARE
 
 
@@ -391,8 +475,10 @@ def _paper_with_vllm():
     """The paper's recipe for GPUs: vLLM asleep during the update, its share sized by the plan."""
     from trainer import recipes
 
-    return recipes.apply(GRPOConfig(model="x", data="math_train", credit="delta", use_vllm=True,
-                                    vllm_enable_sleep_mode=True), {"use_vllm", "vllm_enable_sleep_mode"})
+    return recipes.apply(
+        GRPOConfig(model="x", data="math_train", credit="delta", use_vllm=True, vllm_enable_sleep_mode=True),
+        {"use_vllm", "vllm_enable_sleep_mode"},
+    )
 
 
 def test_a_suggestion_leaves_a_usable_run_lora_over_bf16_weights(c8):
@@ -405,20 +491,29 @@ def test_a_suggestion_leaves_a_usable_run_lora_over_bf16_weights(c8):
     p = mp.plan(c8, cfg, prompt_tokens=2048, gpu_memory_gb=80, host_memory_gb=2000)
     assert not p.fits and p.suggestions[0].flags == ["--use_peft", "--torch_dtype bfloat16"]
     assert p.suggestions[0].processes == 1
-    float32_lora = mp.plan(c8, dataclasses.replace(cfg, use_peft=True), prompt_tokens=2048, gpu_memory_gb=80,
-                           host_memory_gb=2000)  # what was suggested: it fits, but vLLM holds one sequence
+    float32_lora = mp.plan(
+        c8, dataclasses.replace(cfg, use_peft=True), prompt_tokens=2048, gpu_memory_gb=80, host_memory_gb=2000
+    )  # what was suggested: it fits, but vLLM holds one sequence
     assert float32_lora.fits and float32_lora.parts["vllm_sequences"] < mp.MIN_VLLM_SEQUENCES
     for s in p.suggestions:  # each re-planned: it fits and its vLLM holds enough
-        again = mp.plan(c8, dataclasses.replace(cfg, use_peft=s.flags != [], torch_dtype="bfloat16" if s.flags
-                                                else "float32"), prompt_tokens=2048, processes=s.processes,
-                        gpu_memory_gb=80, host_memory_gb=2000)
+        again = mp.plan(
+            c8,
+            dataclasses.replace(cfg, use_peft=s.flags != [], torch_dtype="bfloat16" if s.flags else "float32"),
+            prompt_tokens=2048,
+            processes=s.processes,
+            gpu_memory_gb=80,
+            host_memory_gb=2000,
+        )
         assert again.fits and again.parts["vllm_sequences"] == s.vllm_sequences >= mp.MIN_VLLM_SEQUENCES
         assert again.peak_gb <= 0.9 * 80 + 1e-9  # within the plan's headroom
     # the vLLM line names each number: 1 sequence (singular), the fp8 cache's and tensor parallelism's counts
     line = next(x for x in p.table().splitlines() if x.startswith("vLLM: "))
-    assert re.fullmatch(r"vLLM: --vllm_gpu_memory_utilization 0\.\d\d sized by the plan \(sleep mode\), KV cache "
-                        r"\d+\.\d GB: 1 sequence at once; more: --vllm_kv_cache_dtype fp8 holds \d+; tensor parallel "
-                        r"over 2 GPUs \(vLLM's tensor_parallel_size, not a grpo.py flag\) holds \d+", line), line
+    assert re.fullmatch(
+        r"vLLM: --vllm_gpu_memory_utilization 0\.\d\d sized by the plan \(sleep mode\), KV cache "
+        r"\d+\.\d GB: 1 sequence at once; more: --vllm_kv_cache_dtype fp8 holds \d+; tensor parallel "
+        r"over 2 GPUs \(vLLM's tensor_parallel_size, not a grpo.py flag\) holds \d+",
+        line,
+    ), line
 
 
 def test_when_only_runs_with_too_few_sequences_fit_the_verdict_says_so(c8):
@@ -428,6 +523,8 @@ def test_when_only_runs_with_too_few_sequences_fit_the_verdict_says_so(c8):
     assert not p.suggestions and p.near_misses
     assert all(s.vllm_sequences < mp.MIN_VLLM_SEQUENCES for s in p.near_misses)
     v = p.verdict()
-    assert "nothing tried leaves a usable run (vLLM's KV cache holding at least 4 sequences at once); these fit " \
-           "with fewer: --use_peft --torch_dtype bfloat16 (1 sequence)" in v, v
+    assert (
+        "nothing tried leaves a usable run (vLLM's KV cache holding at least 4 sequences at once); these fit "
+        "with fewer: --use_peft --torch_dtype bfloat16 (1 sequence)" in v
+    ), v
     assert "fits with:" not in v

@@ -10,8 +10,18 @@ import torch
 import grpo
 import verify
 
-BASE = ["--max_steps", "2", "--num_prompts_per_step", "4", "--num_generations", "4", "--eval_num_generations", "2",
-        "--save_steps", "0"]
+BASE = [
+    "--max_steps",
+    "2",
+    "--num_prompts_per_step",
+    "4",
+    "--num_generations",
+    "4",
+    "--eval_num_generations",
+    "2",
+    "--save_steps",
+    "0",
+]
 
 
 def _lines(folder):
@@ -21,8 +31,19 @@ def _lines(folder):
 def test_bad_cscr_template_stops_before_anything_is_written(toy_model_path, tmp_path):
     out = tmp_path / "run"
     with pytest.raises(SystemExit, match="--cscr_template 'nonsense'"):
-        grpo.main(["--model", toy_model_path, "--credit", "cscr", "--cscr_template", "nonsense", "--output_dir",
-                   str(out), *BASE])
+        grpo.main(
+            [
+                "--model",
+                toy_model_path,
+                "--credit",
+                "cscr",
+                "--cscr_template",
+                "nonsense",
+                "--output_dir",
+                str(out),
+                *BASE,
+            ]
+        )
     assert not out.exists()
 
 
@@ -60,9 +81,17 @@ def test_resume_of_a_finished_run_does_nothing_and_loses_no_row(toy_model_path, 
     assert _lines(out)[:4] == before["metrics.jsonl"].decode().splitlines()
 
 
-@pytest.mark.parametrize("flags", [["--credit", "grpo"], ["--credit", "delta"], ["--credit", "fipo"],
-                                   ["--loss_type", "sapo"], ["--entropy_top_ratio", "0.2"],
-                                   ["--credit", "cscr", "--cscr_threshold_quantile", "0.8"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--credit", "grpo"],
+        ["--credit", "delta"],
+        ["--credit", "fipo"],
+        ["--loss_type", "sapo"],
+        ["--entropy_top_ratio", "0.2"],
+        ["--credit", "cscr", "--cscr_threshold_quantile", "0.8"],
+    ],
+)
 def test_a_batch_without_signal_moves_nothing(toy_model_path, tmp_path, monkeypatch, flags):
     """Every group's rewards equal: every advantage is 0, so the optimizer step is skipped (weight decay and AdamW's
     momentum would move the weights); metrics.jsonl says so; CSCR's calibration waits for a batch with signal."""
@@ -81,9 +110,18 @@ def test_a_batch_without_signal_moves_nothing(toy_model_path, tmp_path, monkeypa
     assert [s["no_signal"] for s in steps] == [1.0, 1.0]
 
 
-@pytest.mark.parametrize("flags", [["--credit", "grpo"], ["--credit", "delta"], ["--credit", "fipo"],
-                                   ["--loss_type", "sapo"], ["--top_entropy_quantile", "0.8"],
-                                   ["--credit", "cscr"], ["--credit", "delta", "--delta_select", "top", "--loss_type", "dr_grpo"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--credit", "grpo"],
+        ["--credit", "delta"],
+        ["--credit", "fipo"],
+        ["--loss_type", "sapo"],
+        ["--top_entropy_quantile", "0.8"],
+        ["--credit", "cscr"],
+        ["--credit", "delta", "--delta_select", "top", "--loss_type", "dr_grpo"],
+    ],
+)
 def test_every_step_line_has_the_same_keys_with_or_without_signal(toy_model_path, tmp_path, monkeypatch, flags):
     """Step 1 has no signal (every reward 0), step 2 the verifier's: both metrics.jsonl lines have the same keys
     (a tracker's columns get no holes); where no update ran its statistics are 0.0 and no_signal 1, else 0."""
@@ -95,8 +133,22 @@ def test_every_step_line_has_the_same_keys_with_or_without_signal(toy_model_path
 
     monkeypatch.setattr(verify, "grade_batch", first_batch_flat)
     out = tmp_path / "run"
-    grpo.main(["--model", toy_model_path, "--output_dir", str(out), *BASE[:6], "--eval_num_generations", "0",
-               "--save_steps", "0", "--seed", "1", *flags])
+    grpo.main(
+        [
+            "--model",
+            toy_model_path,
+            "--output_dir",
+            str(out),
+            *BASE[:6],
+            "--eval_num_generations",
+            "0",
+            "--save_steps",
+            "0",
+            "--seed",
+            "1",
+            *flags,
+        ]
+    )
     first, second = [json.loads(line) for line in _lines(out)]
     assert (first["no_signal"], second["no_signal"]) == (1.0, 0.0)  # step 2 had signal: it updated
     assert sorted(first) == sorted(second)
@@ -104,10 +156,20 @@ def test_every_step_line_has_the_same_keys_with_or_without_signal(toy_model_path
     assert any(k.startswith("clip_ratio/") for k in first)
 
 
-@pytest.mark.parametrize("flag,value", [("--temperature", "0"), ("--beta", "-1"), ("--cscr_alpha", "-1"),
-                                        ("--cscr_w_min", "2"), ("--cscr_threshold_quantile", "1.5"),
-                                        ("--eval_num_generations", "-1"), ("--weight_decay", "-0.1"),
-                                        ("--entropy_top_ratio", "1.5"), ("--sapo_temperature_neg", "0")])
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("--temperature", "0"),
+        ("--beta", "-1"),
+        ("--cscr_alpha", "-1"),
+        ("--cscr_w_min", "2"),
+        ("--cscr_threshold_quantile", "1.5"),
+        ("--eval_num_generations", "-1"),
+        ("--weight_decay", "-0.1"),
+        ("--entropy_top_ratio", "1.5"),
+        ("--sapo_temperature_neg", "0"),
+    ],
+)
 def test_every_bad_value_stops_in_one_line_before_the_folder(tmp_path, flag, value):
     out = tmp_path / "run"
     with pytest.raises(SystemExit, match=flag):
@@ -122,8 +184,9 @@ def test_the_toy_on_other_data_says_why_it_gets_no_template(toy_model_path):
 
     said = []
     assert rollout.resolve_template("auto", toy_model_path, said.append, "math_train") == "none"
-    assert said == ["[template] none (auto: the toy model reads bare prompts, so --data math_train is asked without "
-                    "a template)"]
+    assert said == [
+        "[template] none (auto: the toy model reads bare prompts, so --data math_train is asked without a template)"
+    ]
     said.clear()
     assert rollout.resolve_template("auto", toy_model_path, said.append, "toy") == "none"
     assert said == ["[template] none (auto: the toy)"]
@@ -131,8 +194,9 @@ def test_the_toy_on_other_data_says_why_it_gets_no_template(toy_model_path):
 
 def test_the_toy_models_parameter_count_is_the_one_its_docstring_gives(toy_model_path):
     """Item 8: toy.py says 813,440 parameters (it said "about 1M")."""
-    import toy
     from transformers import AutoModelForCausalLM
+
+    import toy
 
     n = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(toy_model_path).parameters())
     assert n == 813_440 and "813,440 parameters" in toy.__doc__
@@ -142,8 +206,11 @@ def test_a_missing_data_file_lists_the_training_sets_too(tmp_path):
     """Item 8: the "data file not found" line names the shipped training sets (math_train) beside the benchmarks."""
     from trainer import problems
 
-    with pytest.raises(FileNotFoundError, match=r"data file not found: nosuch \(benchmark names: aime24, .*; "
-                                                r"training sets: math_train; or toy\)"):
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"data file not found: nosuch \(benchmark names: aime24, .*; "
+        r"training sets: math_train; or toy\)",
+    ):
         problems.load_problems("nosuch")
     with pytest.raises(SystemExit, match="training sets: math_train"):  # the trainer's one line, before any model
         grpo.main(["--data", str(tmp_path / "nosuch.jsonl"), "--output_dir", str(tmp_path / "run")])
@@ -159,10 +226,12 @@ def test_saved_folders_follow_the_umask(tiny, tmp_path, umask, folder_mode):
     model, tok = tiny
     old = os.umask(umask)
     try:
-        checkpoint.save_checkpoint(str(tmp_path / "checkpoint-1"), model, tok, torch.optim.AdamW(model.parameters()),
-                                   {"step": 1})
-        checkpoint.save_checkpoint(str(tmp_path / "checkpoint-1"), model, tok, torch.optim.AdamW(model.parameters()),
-                                   {"step": 1})  # over an existing one: the same mode
+        checkpoint.save_checkpoint(
+            str(tmp_path / "checkpoint-1"), model, tok, torch.optim.AdamW(model.parameters()), {"step": 1}
+        )
+        checkpoint.save_checkpoint(
+            str(tmp_path / "checkpoint-1"), model, tok, torch.optim.AdamW(model.parameters()), {"step": 1}
+        )  # over an existing one: the same mode
         checkpoint.save_model(model, tok, str(tmp_path / "final"))
     finally:
         os.umask(old)
@@ -186,13 +255,31 @@ def test_ctrl_c_after_step_1_prints_one_line_and_the_plain_command_starts_again(
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "run"
-    argv = ["--model", toy_model_path, "--output_dir", str(out), "--num_prompts_per_step", "4",
-            "--num_generations", "4", "--eval_num_generations", "0", "--max_steps", "50"]  # first checkpoint: 50
+    argv = [
+        "--model",
+        toy_model_path,
+        "--output_dir",
+        str(out),
+        "--num_prompts_per_step",
+        "4",
+        "--num_generations",
+        "4",
+        "--eval_num_generations",
+        "0",
+        "--max_steps",
+        "50",
+    ]  # first checkpoint: 50
     # its own process group, with SIGINT at its default as a terminal's foreground command has it: a runner started
     # in the background (nohup pytest &, some CI) ignores SIGINT, and an ignored signal stays ignored across exec
-    proc = subprocess.Popen([sys.executable, "grpo.py", *argv], cwd=root, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "grpo.py", *argv],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.time() + 600
         while not ((out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().count("\n") >= 1):
@@ -207,15 +294,18 @@ def test_ctrl_c_after_step_1_prints_one_line_and_the_plain_command_starts_again(
     assert proc.returncode == 130, err[-3000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     said = [line for line in lines if line.startswith("grpo.py:")]
-    assert said == [lines[-1]] and said[0].startswith(f"grpo.py: interrupted: {out} holds the logs of 1 step and no "
-                                                      f"checkpoint"), err[-3000:]
+    assert said == [lines[-1]] and said[0].startswith(
+        f"grpo.py: interrupted: {out} holds the logs of 1 step and no checkpoint"
+    ), err[-3000:]
     assert said[0].endswith(f"the same command starts again, after moving them to {out / 'interrupted-1'}/")
     stopped = (out / "metrics.jsonl").read_text()
     # the same command, to one step: it starts (no "pass --resume"), moves the logs aside, completes its step
     grpo.main(argv[:-1] + ["1"])
     said = capsys.readouterr().out
-    assert f"[run] {out} held a run stopped after 1 step, before its first checkpoint: its logs are now in " \
-           f"{out / 'interrupted-1'}/; starting from step 0" in said
+    assert (
+        f"[run] {out} held a run stopped after 1 step, before its first checkpoint: its logs are now in "
+        f"{out / 'interrupted-1'}/; starting from step 0" in said
+    )
     assert (out / "interrupted-1" / "metrics.jsonl").read_text() == stopped
     assert sorted(p.name for p in (out / "interrupted-1").iterdir()) == ["config.json", "metrics.jsonl", "samples"]
     assert [json.loads(line)["step"] for line in _lines(out)] == [1] and (out / "final").is_dir()
@@ -233,8 +323,13 @@ def test_ctrl_c_while_torch_imports_prints_one_line(tmp_path):
     if not os.path.exists("/proc/self/maps"):
         pytest.skip("needs /proc/<pid>/maps (Linux) to see when torch is being imported")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.Popen([sys.executable, "grpo.py", "--dry_run", "--output_dir", str(tmp_path / "run")], cwd=root,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "grpo.py", "--dry_run", "--output_dir", str(tmp_path / "run")],
+        cwd=root,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 120
         while "libtorch" not in open(f"/proc/{proc.pid}/maps").read():
@@ -261,8 +356,11 @@ def test_a_folder_with_a_checkpoint_or_foreign_files_is_still_refused_and_the_no
     assert run.set_aside == ["config.json", "metrics.jsonl", "samples"]  # stopped before a checkpoint: start again
     assert run.interrupted_note().startswith(f"{folder} holds the logs of 2 steps and no checkpoint")
     (folder / "notes.txt").write_text("mine")  # a file the trainer never writes: not its folder to tidy
-    with pytest.raises(ValueError, match=r"holds files this trainer did not write \(notes.txt\) and no checkpoint "
-                                         r"to resume: --overwrite_output_dir deletes them all"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds files this trainer did not write \(notes.txt\) and no checkpoint "
+        r"to resume: --overwrite_output_dir deletes them all",
+    ):
         checkpoint.RunFolder(str(folder), {}, say=lambda *a: None)  # (--resume would refuse it: not named)
     (folder / "notes.txt").unlink()
     (folder / "checkpoint-2").mkdir()
@@ -270,8 +368,10 @@ def test_a_folder_with_a_checkpoint_or_foreign_files_is_still_refused_and_the_no
     with pytest.raises(ValueError, match="already holds a run .*pass --resume"):
         checkpoint.RunFolder(str(folder), {}, say=lambda *a: None)
     run = checkpoint.RunFolder(str(folder), {"resume": False, "overwrite_output_dir": True}, say=lambda *a: None)
-    assert run.interrupted_note() == (f"{folder / 'checkpoint-2'} holds step 2: the same command with --resume "
-                                      f"continues from there (without it, the run folder is refused)")
+    assert run.interrupted_note() == (
+        f"{folder / 'checkpoint-2'} holds step 2: the same command with --resume "
+        f"continues from there (without it, the run folder is refused)"
+    )
 
 
 def _dead_pid() -> int:
@@ -303,8 +403,9 @@ def test_the_next_run_removes_the_saves_of_processes_that_are_gone(tmp_path, res
     (folder / "metrics.jsonl").write_text('{"step": 1, "reward": 0.5}\n{"step": 2, "reward": 0.5}\n')
     if resume:  # a run with checkpoint-2, stopped while saving checkpoint-3
         (folder / "checkpoint-2").mkdir()
-        (folder / "checkpoint-2" / "trainer_state.json").write_text(json.dumps(
-            {"step": 2, "metrics_lines": 2, "skipped_updates_total": 0}))
+        (folder / "checkpoint-2" / "trainer_state.json").write_text(
+            json.dumps({"step": 2, "metrics_lines": 2, "skipped_updates_total": 0})
+        )
     dead = f"checkpoint-3.tmp-{_dead_pid()}-abcd"
     live = f"checkpoint-4.tmp-{os.getpid()}-beef"
     _stopped_save(folder, dead)
@@ -313,8 +414,7 @@ def test_the_next_run_removes_the_saves_of_processes_that_are_gone(tmp_path, res
     run = checkpoint.RunFolder(str(folder), {"save_steps": 2, "resume": resume}, say=said.append)
     assert not (folder / dead).exists() and (folder / live / "model.safetensors").exists()
     removal = [line for line in said if dead in line]
-    assert removal == [f"[run] removed {dead}/ from {folder} (0.00 GiB): the unfinished save of a process that is "
-                       f"gone"]
+    assert removal == [f"[run] removed {dead}/ from {folder} (0.00 GiB): the unfinished save of a process that is gone"]
     assert all(live not in line for line in said)
     if resume:
         assert run.resume_from == str(folder / "checkpoint-2") and said == removal
@@ -338,10 +438,11 @@ def test_a_stale_old_copy_whose_checkpoint_is_missing_is_put_back(tmp_path):
     checkpoint.clear_stale_saves(str(tmp_path), say=said.append)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4", "final"]
     assert (tmp_path / "checkpoint-4" / "model.safetensors").exists()
-    assert said == [f"[run] {tmp_path / f'checkpoint-4.tmp-old-{pid}'}/ renamed back to {tmp_path / 'checkpoint-4'}/: "
-                    f"its process stopped while replacing it",
-                    f"[run] removed final.tmp-old-{pid}/ from {tmp_path} (0.00 GiB): the unfinished save of a process "
-                    f"that is gone"]
+    assert said == [
+        f"[run] {tmp_path / f'checkpoint-4.tmp-old-{pid}'}/ renamed back to {tmp_path / 'checkpoint-4'}/: "
+        f"its process stopped while replacing it",
+        f"[run] removed final.tmp-old-{pid}/ from {tmp_path} (0.00 GiB): the unfinished save of a process that is gone",
+    ]
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o027, 0o077], ids=["022", "027", "077"])
@@ -363,8 +464,9 @@ def test_a_stopped_saves_files_follow_the_umask(tiny, tmp_path, umask):
     try:
         torch.save = stop_at_the_optimizer
         with pytest.raises(KeyboardInterrupt):
-            checkpoint.save_checkpoint(str(tmp_path / "checkpoint-1"), model, tok,
-                                       torch.optim.AdamW(model.parameters()), {"step": 1})
+            checkpoint.save_checkpoint(
+                str(tmp_path / "checkpoint-1"), model, tok, torch.optim.AdamW(model.parameters()), {"step": 1}
+            )
     finally:
         torch.save = real_save
         os.umask(old)

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import grpo
-from trainer import recipes
 import toy
+from trainer import recipes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,8 +34,11 @@ def test_overlong_penalty_hand_values_at_the_buffer_edges():
 
 def test_overlong_buffer_not_shorter_than_the_budget_is_refused():
     for buffer in (8, 9, -1):
-        with pytest.raises(SystemExit, match=rf"^grpo.py: error: --overlong_buffer_len {buffer} must be >= 0 and "
-                                             r"shorter than --max_completion_length 8 \(verl asserts the same\)$"):
+        with pytest.raises(
+            SystemExit,
+            match=rf"^grpo.py: error: --overlong_buffer_len {buffer} must be >= 0 and "
+            r"shorter than --max_completion_length 8 \(verl asserts the same\)$",
+        ):
             grpo.check_config(grpo.GRPOConfig(max_completion_length=8, overlong_buffer_len=buffer))
     grpo.check_config(grpo.GRPOConfig(max_completion_length=8, overlong_buffer_len=7))
 
@@ -48,15 +51,30 @@ def test_auto_is_toy_for_the_toy_and_the_paper_for_any_other_model(toy_model_pat
     trained = tmp_path / "final"  # a trained toy run's folder: its run_info.json names the toy as the base model
     trained.mkdir()
     (trained / "run_info.json").write_text(json.dumps({"base_model": "toy", "prompt_template": "none"}))
-    assert [recipes.auto_recipe(m) for m in ("toy", toy_model_path, str(trained), str(other), "Qwen/Qwen3-8B-Base")] \
-        == ["toy", "toy", "toy", "delta_paper", "delta_paper"]
+    assert [
+        recipes.auto_recipe(m) for m in ("toy", toy_model_path, str(trained), str(other), "Qwen/Qwen3-8B-Base")
+    ] == ["toy", "toy", "toy", "delta_paper", "delta_paper"]
 
 
 def test_a_flag_given_beats_the_recipe_and_the_toy_recipe_is_the_defaults():
     cfg = grpo.GRPOConfig(model="Qwen/Qwen3-8B-Base")
-    given = set(vars(grpo.build_parser(defaults=False).parse_args([
-        "--model", "Qwen/Qwen3-8B-Base", "--learning_rate", "3e-4", "--no-gradient_checkpointing", "--data", "math500",
-        "--num_generations", "8"])))
+    given = set(
+        vars(
+            grpo.build_parser(defaults=False).parse_args(
+                [
+                    "--model",
+                    "Qwen/Qwen3-8B-Base",
+                    "--learning_rate",
+                    "3e-4",
+                    "--no-gradient_checkpointing",
+                    "--data",
+                    "math500",
+                    "--num_generations",
+                    "8",
+                ]
+            )
+        )
+    )
     assert given == {"model", "learning_rate", "gradient_checkpointing", "data", "num_generations"}
     cfg = dataclasses.replace(cfg, learning_rate=3e-4, gradient_checkpointing=False, data="math500", num_generations=8)
     out = recipes.apply(cfg, given)
@@ -65,11 +83,45 @@ def test_a_flag_given_beats_the_recipe_and_the_toy_recipe_is_the_defaults():
     for name in set(recipes.DELTA_PAPER) - given:  # every other setting is the paper's
         assert getattr(out, name) == recipes.DELTA_PAPER[name], name
     # the spec's rows (docs/specs/delta.md §4), written out again here
-    assert (out.num_prompts_per_step, out.num_mini_batches, out.weight_decay, out.epsilon, out.epsilon_high,
-            out.dual_clip, out.loss_type, out.beta, out.max_prompt_length, out.max_completion_length, out.temperature,
-            out.top_p, out.overlong_buffer_len, out.overlong_penalty_factor, out.eval_temperature, out.eval_top_p,
-            out.torch_dtype, out.delta_impl) == (128, 4, 0.1, 0.2, 0.28, 10.0, "dapo", 0.0, 2048, 20480, 1.0, 1.0,
-                                                 4096, 1.0, 1.0, 0.7, "float32", "memory_efficient")
+    assert (
+        out.num_prompts_per_step,
+        out.num_mini_batches,
+        out.weight_decay,
+        out.epsilon,
+        out.epsilon_high,
+        out.dual_clip,
+        out.loss_type,
+        out.beta,
+        out.max_prompt_length,
+        out.max_completion_length,
+        out.temperature,
+        out.top_p,
+        out.overlong_buffer_len,
+        out.overlong_penalty_factor,
+        out.eval_temperature,
+        out.eval_top_p,
+        out.torch_dtype,
+        out.delta_impl,
+    ) == (
+        128,
+        4,
+        0.1,
+        0.2,
+        0.28,
+        10.0,
+        "dapo",
+        0.0,
+        2048,
+        20480,
+        1.0,
+        1.0,
+        4096,
+        1.0,
+        1.0,
+        0.7,
+        "float32",
+        "memory_efficient",
+    )
     toy_cfg = recipes.apply(grpo.GRPOConfig(), set())
     assert toy_cfg == dataclasses.replace(grpo.GRPOConfig(), recipe="toy")  # toy: every default unchanged
     # built in code (given None): the fields that differ from the defaults count as given
@@ -110,25 +162,56 @@ def test_another_model_gets_the_paper_recipe_for_every_flag_not_given(toy_model_
     (model / "toy_info.json").unlink()
     assert not toy.is_toy_model(str(model))
     out = tmp_path / "run"
-    argv = ["--model", str(model), "--credit", "delta", "--num_prompts_per_step", "2", "--num_generations", "2",
-            "--max_completion_length", "8", "--overlong_buffer_len", "4", "--max_steps", "2",
-            "--eval_num_generations", "1", "--max_prompt_length", "200", "--save_steps", "1", "--output_dir", str(out)]
+    argv = [
+        "--model",
+        str(model),
+        "--credit",
+        "delta",
+        "--num_prompts_per_step",
+        "2",
+        "--num_generations",
+        "2",
+        "--max_completion_length",
+        "8",
+        "--overlong_buffer_len",
+        "4",
+        "--max_steps",
+        "2",
+        "--eval_num_generations",
+        "1",
+        "--max_prompt_length",
+        "200",
+        "--save_steps",
+        "1",
+        "--output_dir",
+        str(out),
+    ]
     grpo.main(argv)
     config = json.loads((out / "config.json").read_text())["config"]
     assert config["recipe"] == "delta_paper"
-    assert (config["learning_rate"], config["weight_decay"], config["dual_clip"], config["overlong_penalty_factor"],
-            config["data"], config["torch_dtype"], config["delta_impl"]) == \
-        (1e-6, 0.1, 10.0, 1.0, "math_train", "float32", "memory_efficient")
+    assert (
+        config["learning_rate"],
+        config["weight_decay"],
+        config["dual_clip"],
+        config["overlong_penalty_factor"],
+        config["data"],
+        config["torch_dtype"],
+        config["delta_impl"],
+    ) == (1e-6, 0.1, 10.0, 1.0, "math_train", "float32", "memory_efficient")
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [l for l in lines if "reward" in l]
     assert [l["step"] for l in steps] == [1, 2]
     for l in steps:  # an 8-token budget with a 4-token buffer: every response of 5+ tokens is penalised
-        assert l["overlong/penalty_mean"] <= 0 and l["reward"] == pytest.approx(l["accuracy"] +
-                                                                              l["overlong/penalty_mean"])
+        assert l["overlong/penalty_mean"] <= 0 and l["reward"] == pytest.approx(
+            l["accuracy"] + l["overlong/penalty_mean"]
+        )
     assert any(l["overlong/penalty_mean"] < 0 for l in steps)
     # --resume compares resolved values: the same flags under another recipe resolve to other settings
-    with pytest.raises(SystemExit, match=r"--resume with settings that differ .*--data 'math_train' -> 'toy'.*"
-                                         r"--learning_rate 1e-06 -> 0.0003"):
+    with pytest.raises(
+        SystemExit,
+        match=r"--resume with settings that differ .*--data 'math_train' -> 'toy'.*"
+        r"--learning_rate 1e-06 -> 0.0003",
+    ):
         grpo.main(argv + ["--resume", "--recipe", "toy"])
 
 
@@ -160,13 +243,25 @@ def test_dry_run_of_the_papers_recipe_on_one_80gb_gpu_says_it_does_not_fit_and_w
 
 
 def test_dry_run_of_the_one_gpu_recipe_and_of_the_papers_eight_gpu_run_say_they_fit(config_only, capsys):
-    out = _dry_run(capsys, "--credit", "delta", "--model", config_only, "--recipe", "delta_one_gpu",
-                   "--gpu_memory_gb", "80")
+    out = _dry_run(
+        capsys, "--credit", "delta", "--model", config_only, "--recipe", "delta_one_gpu", "--gpu_memory_gb", "80"
+    )
     assert "[note] --use_vllm" not in out and "[note] --vllm_enable_sleep_mode" not in out  # another machine's plan
     assert out.strip().splitlines()[-1].startswith("fits: peak ")
     # README's torchrun command: the paper's recipe on 8 GPUs with vLLM (H200s: 141 GB each)
-    out = _dry_run(capsys, "--credit", "delta", "--model", config_only, "--plan_processes", "8", "--use_vllm",
-                   "--vllm_enable_sleep_mode", "--gpu_memory_gb", "141")
+    out = _dry_run(
+        capsys,
+        "--credit",
+        "delta",
+        "--model",
+        config_only,
+        "--plan_processes",
+        "8",
+        "--use_vllm",
+        "--vllm_enable_sleep_mode",
+        "--gpu_memory_gb",
+        "141",
+    )
     assert "8 processes on a GPU of 141.0 GB" in out and out.strip().splitlines()[-1].startswith("fits: peak ")
 
 
@@ -174,8 +269,16 @@ def _offline_env(tmp_path):
     """A fresh clone's first hour without network: HF_HUB_OFFLINE, an empty Hugging Face cache, and every endpoint
     and proxy on a closed local port (anything that still tried the network would fail, not hang)."""
     dead = "http://127.0.0.1:9"
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": dead,
-            "HTTP_PROXY": dead, "HTTPS_PROXY": dead, "ALL_PROXY": dead, "NO_PROXY": ""}
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_ENDPOINT": dead,
+        "HTTP_PROXY": dead,
+        "HTTPS_PROXY": dead,
+        "ALL_PROXY": dead,
+        "NO_PROXY": "",
+    }
 
 
 def test_the_readmes_dry_run_plans_qwen3_8b_offline_from_the_shipped_config(tmp_path):
@@ -183,8 +286,14 @@ def test_the_readmes_dry_run_plans_qwen3_8b_offline_from_the_shipped_config(tmp_
     prompts not measured), config.json is the copy in trainer/model_configs/, the plan is printed, exit status 0."""
     command = "python grpo.py --credit delta --model Qwen/Qwen3-8B-Base --dry_run --gpu_memory_gb 80"
     assert command in (ROOT / "README.md").read_text()
-    res = subprocess.run([sys.executable, *command.split()[1:]], cwd=ROOT, env=_offline_env(tmp_path),
-                         capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, *command.split()[1:]],
+        cwd=ROOT,
+        env=_offline_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     out = res.stdout
     assert "[note] prompts not measured (" in out and "planned at 2048 prompt tokens" in out
@@ -208,14 +317,18 @@ def test_the_14b_dry_run_plans_offline_too_and_a_hub_id_not_shipped_says_what_to
     out = _dry_run(capsys, "--credit", "delta", "--model", "Qwen/Qwen3-14B-Base", "--gpu_memory_gb", "80")
     assert "memory plan: Qwen3-14B-Base, 14.77 B parameters" in out and "[note] prompts not measured" in out
     assert out.strip().splitlines()[-1].startswith("does not fit: peak ")
-    with pytest.raises(SystemExit, match=r"^grpo.py: error: cannot read the config.json of model 'Qwen/Qwen3-4B': "
-                                         r".*HF_HUB_OFFLINE is set: the plan needs only its config.json: --model "
-                                         r"/path/to/Qwen3-4B, a folder holding it, plans it"):
+    with pytest.raises(
+        SystemExit,
+        match=r"^grpo.py: error: cannot read the config.json of model 'Qwen/Qwen3-4B': "
+        r".*HF_HUB_OFFLINE is set: the plan needs only its config.json: --model "
+        r"/path/to/Qwen3-4B, a folder holding it, plans it",
+    ):
         grpo.main(["--model", "Qwen/Qwen3-4B", "--dry_run"])
 
 
 def test_a_dry_run_of_a_hub_id_not_shipped_fails_at_once_without_network(monkeypatch):
-    """No network and HF_HUB_OFFLINE not set: the config.json of a hub id with no copy in trainer/model_configs/ is not asked
+    """No network and HF_HUB_OFFLINE not set: the config.json of a hub id with no copy in trainer/model_configs/ is not
+    asked
     of the hub client (half a minute of retries, once) but of hub.require_hub, which finds no network in one try;
     the line names the folder flag that plans it."""
     import socket
@@ -240,29 +353,38 @@ def test_a_dry_run_of_a_hub_id_not_shipped_fails_at_once_without_network(monkeyp
         "grpo.py: error: cannot read the config.json of model 'Qwen/Qwen3-4B-Base': cannot reach huggingface.co to "
         "download model 'Qwen/Qwen3-4B-Base' (gaierror: no network?): the plan needs only its config.json: --model "
         "/path/to/Qwen3-4B-Base, a folder holding it, plans it (`hf download Qwen/Qwen3-4B-Base config.json "
-        "--local-dir Qwen3-4B-Base` on a machine with network)")
+        "--local-dir Qwen3-4B-Base` on a machine with network)"
+    )
     assert tried == [("huggingface.co", 443)] * 2  # the tokenizer's (a note of the plan), then config.json's
 
 
 def test_an_error_about_a_value_the_recipe_set_names_the_recipe(tmp_path):
-    with pytest.raises(SystemExit, match=r"^grpo.py: error: --overlong_buffer_len 4096 must be >= 0 and shorter than "
-                                         r"--max_completion_length 8 \(verl asserts the same\) \(--overlong_buffer_len "
-                                         r"4096 is the delta_paper recipe's; a flag given beats it\)$"):
+    with pytest.raises(
+        SystemExit,
+        match=r"^grpo.py: error: --overlong_buffer_len 4096 must be >= 0 and shorter than "
+        r"--max_completion_length 8 \(verl asserts the same\) \(--overlong_buffer_len "
+        r"4096 is the delta_paper recipe's; a flag given beats it\)$",
+    ):
         grpo.main(["--model", str(tmp_path), "--max_completion_length", "8"])
     given = {"model", "max_completion_length", "overlong_buffer_len"}  # both given: no recipe to name
     cfg = recipes.apply(grpo.GRPOConfig(model="m", max_completion_length=8, overlong_buffer_len=9), given)
-    assert recipes.name_the_recipe("--overlong_buffer_len 9 ... --max_completion_length 8", cfg, given) == \
-        "--overlong_buffer_len 9 ... --max_completion_length 8"
+    assert (
+        recipes.name_the_recipe("--overlong_buffer_len 9 ... --max_completion_length 8", cfg, given)
+        == "--overlong_buffer_len 9 ... --max_completion_length 8"
+    )
 
 
-@pytest.mark.parametrize("flags, said", [
-    (dict(temperature=0.0), "--temperature must be > 0 and --top_p in (0, 1]"),
-    (dict(top_p=1.5), "--temperature must be > 0 and --top_p in (0, 1]"),
-    (dict(eval_temperature=-1.0), "--eval_temperature must be > 0 and --eval_top_p in (0, 1]"),
-    (dict(eval_top_p=0.0), "--eval_temperature must be > 0 and --eval_top_p in (0, 1]"),
-    (dict(overlong_penalty_factor=-1.0), "--gpu_memory_gb must be > 0 and --overlong_penalty_factor >= 0"),
-    (dict(plan_processes=8), "--plan_processes 8 plans a torchrun of that many: use it with --dry_run"),
-])
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (dict(temperature=0.0), "--temperature must be > 0 and --top_p in (0, 1]"),
+        (dict(top_p=1.5), "--temperature must be > 0 and --top_p in (0, 1]"),
+        (dict(eval_temperature=-1.0), "--eval_temperature must be > 0 and --eval_top_p in (0, 1]"),
+        (dict(eval_top_p=0.0), "--eval_temperature must be > 0 and --eval_top_p in (0, 1]"),
+        (dict(overlong_penalty_factor=-1.0), "--gpu_memory_gb must be > 0 and --overlong_penalty_factor >= 0"),
+        (dict(plan_processes=8), "--plan_processes 8 plans a torchrun of that many: use it with --dry_run"),
+    ],
+)
 def test_sampling_and_plan_flags_are_checked_before_anything_runs(flags, said):
     with pytest.raises(SystemExit, match="^grpo.py: error: " + re.escape(said)):
         grpo.check_config(grpo.GRPOConfig(**flags))
@@ -282,8 +404,10 @@ def test_the_papers_recipe_samples_with_vllm_asleep_only_when_planned_for_gpus(m
     assert (planned.use_vllm, planned.vllm_enable_sleep_mode) == (True, True)
     assert planned.vllm_gpu_memory_utilization is None  # sized by the plan at preflight
     assert not planned.vllm_importance_sampling_correction
-    given = recipes.apply(dataclasses.replace(base, dry_run=True, gpu_memory_gb=80.0, use_vllm=False),
-                          {"dry_run", "gpu_memory_gb", "use_vllm"})
+    given = recipes.apply(
+        dataclasses.replace(base, dry_run=True, gpu_memory_gb=80.0, use_vllm=False),
+        {"dry_run", "gpu_memory_gb", "use_vllm"},
+    )
     assert not given.use_vllm and not given.vllm_enable_sleep_mode  # a flag given beats the recipe
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert recipes.apply(base, set()).use_vllm

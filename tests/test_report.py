@@ -19,10 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import checkpoint
-from trainer import run_setup
 import grpo
 from tools import report
+from trainer import checkpoint, run_setup
 
 
 # ------------------------------------------------------------------------------------------------ page parsing
@@ -70,7 +69,7 @@ class Page(HTMLParser):
 
 def _self_contained(text):
     low = text.lower()
-    return not any(s in low for s in ("<script", "<link", "@import", "url(http", "src=\"http", "href=\"http"))
+    return not any(s in low for s in ("<script", "<link", "@import", "url(http", 'src="http', 'href="http'))
 
 
 # ------------------------------------------------------------------------------------------------ samples/
@@ -86,9 +85,14 @@ def _batch(tok, texts, finish, T):
         r = r + ([tok.eos_token_id] if f == "stop" else [])
         rows.append(r + [tok.pad_token_id] * (T - len(r)))
         mask.append([1.0] * len(r) + [0.0] * (T - len(r)))
-    return types.SimpleNamespace(response_ids=torch.tensor(rows), response_mask=torch.tensor(mask),
-                                 prompts=["p:"] * len(texts), texts=texts, finish_reasons=finish,
-                                 group_size=len(texts))
+    return types.SimpleNamespace(
+        response_ids=torch.tensor(rows),
+        response_mask=torch.tensor(mask),
+        prompts=["p:"] * len(texts),
+        texts=texts,
+        finish_reasons=finish,
+        group_size=len(texts),
+    )
 
 
 @pytest.mark.parametrize("weight_name", ["lambda_bar", "sensitivity", None])
@@ -98,8 +102,9 @@ def test_samples_hold_tokens_and_credit(tmp_path, char_tokenizer, weight_name):
     tok = char_tokenizer
     batch = _batch(tok, ["1+2=3", "7", "ab", "9 9"], ["stop", "stop", "stop", "length"], T=6)
     adv = torch.tensor([2.0, -0.5, 0.0, 1.0])
-    weights = torch.tensor([[0.8, 1.2, 1.0, 0.9, 1.1, 1.0], [1.1, 0.7, 0, 0, 0, 0], [0.9, 1.3, 1.05, 0, 0, 0],
-                            [1.0, 1.0, 1.0, 0, 0, 0]])
+    weights = torch.tensor(
+        [[0.8, 1.2, 1.0, 0.9, 1.1, 1.0], [1.1, 0.7, 0, 0, 0, 0], [0.9, 1.3, 1.05, 0, 0, 0], [1.0, 1.0, 1.0, 0, 0, 0]]
+    )
     token_adv = adv[:, None] * (weights if weight_name else torch.ones(4, 6)) * batch.response_mask
     run = checkpoint.RunFolder(str(tmp_path), {})
     os.makedirs(tmp_path / "samples")
@@ -107,11 +112,24 @@ def test_samples_hold_tokens_and_credit(tmp_path, char_tokenizer, weight_name):
     kind = {"lambda_bar": "delta", "sensitivity": "cscr", None: "grpo"}[weight_name]
     credit = grpo.Credit(grpo.GRPOConfig(credit=kind), tok)
     credit.token_values = {weight_name: weights} if weight_name else {}
-    run.write_samples(3, tok, batch, torch.tensor([1.0, 0.0, 1.0, 0.0]), adv, token_adv,
-                      run_setup.credit_shares(adv, token_adv, credit.token_values), credit.token_values, 1)
+    run.write_samples(
+        3,
+        tok,
+        batch,
+        torch.tensor([1.0, 0.0, 1.0, 0.0]),
+        adv,
+        token_adv,
+        run_setup.credit_shares(adv, token_adv, credit.token_values),
+        credit.token_values,
+        1,
+    )
     rows = [json.loads(l) for l in (tmp_path / "samples" / "step_000003.jsonl").read_text().splitlines()]
-    assert [r["tokens"] for r in rows] == [["1", "+", "2", "=", "3", "</s>"], ["7", "</s>"], ["a", "b", "</s>"],
-                                           ["9", " ", "9"]]
+    assert [r["tokens"] for r in rows] == [
+        ["1", "+", "2", "=", "3", "</s>"],
+        ["7", "</s>"],
+        ["a", "b", "</s>"],
+        ["9", " ", "9"],
+    ]
     expect = [[0.8, 1.2, 1.0, 0.9, 1.1, 1.0], [1.1, 0.7], [0.9, 1.3, 1.05], [1.0, 1.0, 1.0]]
     if weight_name != "lambda_bar":
         expect[2] = [1.0, 1.0, 1.0]  # Â = 0 and no multiplier to show: 1
@@ -137,8 +155,17 @@ def test_samples_of_a_truncated_response_left_out_of_the_loss(tmp_path, char_tok
     os.makedirs(tmp_path / "samples")
     token_adv = adv[:, None] * batch.response_mask
     credit = grpo.Credit(grpo.GRPOConfig(), char_tokenizer)
-    run.write_samples(1, char_tokenizer, batch, torch.tensor([1.0, 0.0]), adv, token_adv,
-                      run_setup.credit_shares(adv, token_adv, credit.token_values), {}, 1)
+    run.write_samples(
+        1,
+        char_tokenizer,
+        batch,
+        torch.tensor([1.0, 0.0]),
+        adv,
+        token_adv,
+        run_setup.credit_shares(adv, token_adv, credit.token_values),
+        {},
+        1,
+    )
     rows = [json.loads(l) for l in (tmp_path / "samples" / "step_000001.jsonl").read_text().splitlines()]
     assert rows[1]["tokens"] == ["3", "4", "5"] and rows[1]["credit"] == [0.0, 0.0, 0.0]
 
@@ -154,8 +181,9 @@ def test_colour_scale_is_logarithmic_and_centred_at_one():
     # halfway between two stops: the mean of their channels
     a, b = report.MORE[1], report.MORE[2]
     mid = report.colour(1.5 / (len(report.MORE) - 1))
-    assert [int(mid[k:k + 2], 16) for k in (1, 3, 5)] == [round((int(a[k:k + 2], 16) + int(b[k:k + 2], 16)) / 2)
-                                                         for k in (1, 3, 5)]
+    assert [int(mid[k : k + 2], 16) for k in (1, 3, 5)] == [
+        round((int(a[k : k + 2], 16) + int(b[k : k + 2], 16)) / 2) for k in (1, 3, 5)
+    ]
 
 
 def test_histogram_bins_on_the_log_axis():
@@ -177,11 +205,17 @@ def _write_run(folder, credit, steps, rows_of, evals=True):
     for s in steps:
         rec = {"step": s, "reward": 0.5 + 0.01 * s, "completions/mean_length": 20.0 + s}
         if credit == "delta":
-            rec.update({f"delta/lam_{side}_{k}": v for side in ("pos", "neg")
-                        for k, v in (("mean", 1.0), ("std", 0.1), ("min", 0.8), ("max", 1.2))})
+            rec.update(
+                {
+                    f"delta/lam_{side}_{k}": v
+                    for side in ("pos", "neg")
+                    for k, v in (("mean", 1.0), ("std", 0.1), ("min", 0.8), ("max", 1.2))
+                }
+            )
         if credit == "cscr":
-            rec.update({"cscr/w_mean": 0.9, "cscr/frac_w_lt_1": 0.2, "cscr/w_tilde_max": 1.3,
-                        "cscr/eff_token_frac": 0.95})
+            rec.update(
+                {"cscr/w_mean": 0.9, "cscr/frac_w_lt_1": 0.2, "cscr/w_tilde_max": 1.3, "cscr/eff_token_frac": 0.95}
+            )
         lines.append(rec)
     if evals:
         lines.append({"step": steps[-1], "eval/avg@8": 0.8, "eval/greedy": 0.95})
@@ -197,9 +231,17 @@ def _rows(credits, prompt="Compute 1+2.\n"):
     out = []
     for k, c in enumerate(credits):
         toks = [chr(97 + j) for j in range(len(c))]
-        out.append({"prompt": prompt, "response": "".join(toks), "reward": float(k == 0),
-                    "advantage": 0.0 if len(credits) == 1 else (1.0 if k == 0 else -1.0), "finish_reason": "stop",
-                    "tokens": toks, "credit": c})
+        out.append(
+            {
+                "prompt": prompt,
+                "response": "".join(toks),
+                "reward": float(k == 0),
+                "advantage": 0.0 if len(credits) == 1 else (1.0 if k == 0 else -1.0),
+                "finish_reason": "stop",
+                "tokens": toks,
+                "credit": c,
+            }
+        )
     return out
 
 
@@ -253,11 +295,23 @@ def test_bad_folders_get_one_line_and_the_others_are_reported(three_runs, tmp_pa
         f.write("{not json\n")
     out = tmp_path / "r.html"
     (tmp_path / "old.html").write_text("<html></html>")  # an earlier page, e.g. met by `python tools/report.py runs/*`
-    report.main([str(tmp_path / "notarun"), three_runs[1], empty, broken, str(tmp_path / "missing"),
-                 str(tmp_path / "old.html"), "--output", str(out)])
+    report.main(
+        [
+            str(tmp_path / "notarun"),
+            three_runs[1],
+            empty,
+            broken,
+            str(tmp_path / "missing"),
+            str(tmp_path / "old.html"),
+            "--output",
+            str(out),
+        ]
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 5
-    assert err[0] == f"report.py: skipping {tmp_path / 'notarun'}: not a run folder of grpo.py (it has no metrics.jsonl)"
+    assert (
+        err[0] == f"report.py: skipping {tmp_path / 'notarun'}: not a run folder of grpo.py (it has no metrics.jsonl)"
+    )
     assert "nosamples has no samples/step_*.jsonl" in err[1]
     assert "broken/metrics.jsonl line 4: not a JSON object" in err[2]
     assert err[3] == f"report.py: skipping {tmp_path / 'missing'}: no such folder"
@@ -293,11 +347,14 @@ def test_a_torn_last_line_is_left_out_in_one_line_and_the_rest_is_reported(tmp_p
     assert Page(out.read_text()).table_runs == ["live"]
 
 
-@pytest.mark.parametrize("text, line", [
-    ('{"step": 1}\n{"step": 2\n{"step": 3}\n', 2),  # torn in the middle: an error, not a torn last line
-    ('{"step": 1}\n{"step": 2\n', 2),  # a broken last line that has its newline was written whole: an error
-    ('{"step": 1}\n[1, 2]', 2),  # no newline, but a whole JSON value that is not an object
-])
+@pytest.mark.parametrize(
+    "text, line",
+    [
+        ('{"step": 1}\n{"step": 2\n{"step": 3}\n', 2),  # torn in the middle: an error, not a torn last line
+        ('{"step": 1}\n{"step": 2\n', 2),  # a broken last line that has its newline was written whole: an error
+        ('{"step": 1}\n[1, 2]', 2),  # no newline, but a whole JSON value that is not an object
+    ],
+)
 def test_a_bad_line_other_than_a_torn_last_one_is_an_error_naming_file_and_line(tmp_path, text, line):
     run = Path(_write_run(tmp_path / "bad", "grpo", [1], lambda s: _rows([[1.0]])))
     (run / "metrics.jsonl").write_text(text)
@@ -358,20 +415,34 @@ def _toy_row(text, reward, adv, credit_of, finish="stop", prompt="Compute 2+3.\n
     import toy
 
     toks = list(text) + ["</s>"] * (finish == "stop")
-    return {"prompt": prompt, "response": text, "reward": reward, "advantage": adv, "finish_reason": finish,
-            "tokens": toks, "credit": [credit_of(k) for k in range(len(toks))], "truth": toy.logged_truth(prompt, toks)}
+    return {
+        "prompt": prompt,
+        "response": text,
+        "reward": reward,
+        "advantage": adv,
+        "finish_reason": finish,
+        "tokens": toks,
+        "credit": [credit_of(k) for k in range(len(toks))],
+        "truth": toy.logged_truth(prompt, toks),
+    }
 
 
 def _toy_steps(grpo=False):
     """Two logged steps with known truth (first wrong token, result digits) and credits chosen by hand; GRPO: 1."""
-    c = (lambda d, other: (lambda k: 1.0)) if grpo else (lambda d, other: (lambda k: d.get(k, other)))
-    return {1: [_toy_row("\\boxed{5}", 1.0, 1.0, c({7: 0.5}, 1.0)),                 # correct, digit at 7
-                _toy_row("\\boxed{6}", 0.0, -1.0, c({7: 2.0, 9: 0.5}, 1.0)),        # first wrong at 7
-                _toy_row("\\boxed{7}", 0.0, 0.0, c({}, 9.0))],                       # Â = 0: left out
-            2: [_toy_row("2+3=5. \\boxed{5}", 1.0, 0.5, c({14: 3.0}, 1.0)),        # digits at 4 and 14
-                _toy_row("2+3=4. \\boxed{4}", 0.0, -0.5, c({0: 0.5, 1: 0.5, 2: 0.5, 3: 0.5, 4: 0.5}, 1.5)),
-                _toy_row("2+3=5. \\box", 0.0, -0.5, c({}, 0.7), finish="length"),  # a prefix: no wrong token
-                _toy_row("2+9", 0.0, -0.5, lambda k: 0.0, finish="length")]}       # masked out of the loss
+    c = (lambda d, other: lambda k: 1.0) if grpo else (lambda d, other: lambda k: d.get(k, other))
+    return {
+        1: [
+            _toy_row("\\boxed{5}", 1.0, 1.0, c({7: 0.5}, 1.0)),  # correct, digit at 7
+            _toy_row("\\boxed{6}", 0.0, -1.0, c({7: 2.0, 9: 0.5}, 1.0)),  # first wrong at 7
+            _toy_row("\\boxed{7}", 0.0, 0.0, c({}, 9.0)),
+        ],  # Â = 0: left out
+        2: [
+            _toy_row("2+3=5. \\boxed{5}", 1.0, 0.5, c({14: 3.0}, 1.0)),  # digits at 4 and 14
+            _toy_row("2+3=4. \\boxed{4}", 0.0, -0.5, c({0: 0.5, 1: 0.5, 2: 0.5, 3: 0.5, 4: 0.5}, 1.5)),
+            _toy_row("2+3=5. \\box", 0.0, -0.5, c({}, 0.7), finish="length"),  # a prefix: no wrong token
+            _toy_row("2+9", 0.0, -0.5, lambda k: 0.0, finish="length"),
+        ],
+    }  # masked out of the loss
 
 
 @pytest.fixture
@@ -393,9 +464,13 @@ def toy_hand_runs(tmp_path):
 def test_credit_lands_of_a_step_whose_classes_are_empty():
     """A step whose only incorrect response is wrong from its first token (no shared prefix) and whose only correct
     one has no result digit outside the box's: the class is absent at that step, not a division by zero."""
-    rows = {1: [_toy_row("9", 0.0, -1.0, lambda k: 2.0 if k == 0 else 1.0),        # first wrong at 0
-                _toy_row("\\boxed{5}", 1.0, 1.0, lambda k: 1.0)],
-            2: [_toy_row("\\boxed{7}", 0.0, -1.0, lambda k: 0.5 if k == 7 else 1.0)]}  # a prefix of 7 tokens
+    rows = {
+        1: [
+            _toy_row("9", 0.0, -1.0, lambda k: 2.0 if k == 0 else 1.0),  # first wrong at 0
+            _toy_row("\\boxed{5}", 1.0, 1.0, lambda k: 1.0),
+        ],
+        2: [_toy_row("\\boxed{7}", 0.0, -1.0, lambda k: 0.5 if k == 7 else 1.0)],
+    }  # a prefix of 7 tokens
     d = report.credit_lands(report.Run("x", "x", "delta", {"data": "toy"}, [], {}, rows))
     prefix = d["classes"]["prefix"]
     assert prefix["count"] == 7 and [s for s, _, _ in prefix["per_step"]] == [2] and prefix["mean"] == 1.0
@@ -408,11 +483,12 @@ def test_credit_lands_by_hand(toy_hand_runs):
     d = report.credit_lands(delta)
     assert d["responses"] == {"correct": 2, "incorrect": 2, "no_wrong_token": 1, "no_gradient": 2, "not_toy": 0}
     expect = {  # mean over tokens, count, (per-step means)
-        "first_wrong": (1.25, 2, [2.0, 0.5]),             # step 1: 2.0; step 2: 0.5
-        "prefix": (9 / 11, 11, [1.0, 0.5]),               # 7 × 1.0; 4 × 0.5
-        "after": (19.5 / 14, 14, [0.75, 1.5]),            # [1.0, 0.5]; 12 × 1.5
-        "result_digits": (1.5, 3, [0.5, 2.0]),            # [0.5]; [1.0, 3.0]
-        "other": (1.0, 24, [1.0, 1.0])}                   # 9 and 15 tokens of 1.0
+        "first_wrong": (1.25, 2, [2.0, 0.5]),  # step 1: 2.0; step 2: 0.5
+        "prefix": (9 / 11, 11, [1.0, 0.5]),  # 7 × 1.0; 4 × 0.5
+        "after": (19.5 / 14, 14, [0.75, 1.5]),  # [1.0, 0.5]; 12 × 1.5
+        "result_digits": (1.5, 3, [0.5, 2.0]),  # [0.5]; [1.0, 3.0]
+        "other": (1.0, 24, [1.0, 1.0]),
+    }  # 9 and 15 tokens of 1.0
     for key, (mean, count, steps) in expect.items():
         got = d["classes"][key]
         assert got["mean"] == pytest.approx(mean) and got["count"] == count, key
@@ -427,8 +503,9 @@ def test_credit_lands_by_hand(toy_hand_runs):
     assert [m for _, m, _ in dig["per_step"]] == pytest.approx([0.0, 0.75]) and dig["mean"] == pytest.approx(0.375)
     assert fw["count"] == dig["count"] == 2
     g = report.credit_lands(report.load_run(toy_hand_runs[0]))  # GRPO: exactly 1 and exactly 0.5
-    assert all(v["mean"] == v["step_min"] == v["step_max"] == 1.0 and v["step_std"] == 0.0
-               for v in g["classes"].values())
+    assert all(
+        v["mean"] == v["step_min"] == v["step_max"] == 1.0 and v["step_std"] == 0.0 for v in g["classes"].values()
+    )
     assert all(v["mean"] == 0.5 and all(m == 0.5 for _, m, _ in v["per_step"]) for v in g["auroc"].values())
 
 
@@ -440,14 +517,27 @@ def test_auroc_is_mann_whitney_with_ties_as_half():
 
 def test_delta_tokens_by_hand():
     """DelTA's token view: mean λ̄ (= credit) per token and side, tokens seen fewer than min_count times left out."""
-    rows = [{"prompt": "p", "response": "aba", "reward": 1.0, "advantage": 1.0, "tokens": ["a", "b", "a"],
-             "credit": [1.2, 0.9, 1.0]},
-            {"prompt": "p", "response": "bc", "reward": 1.0, "advantage": 0.5, "tokens": ["b", "c"],
-             "credit": [0.7, 1.5]},
-            {"prompt": "p", "response": "acc", "reward": 0.0, "advantage": -1.0, "tokens": ["a", "c", "c"],
-             "credit": [0.6, 1.3, 1.1]},
-            {"prompt": "p", "response": "aa", "reward": 0.0, "advantage": 0.0, "tokens": ["a", "a"], "credit": [9, 9]},
-            {"prompt": "p", "response": "cc", "reward": 0.0, "advantage": -1.0, "tokens": ["c", "c"], "credit": [0, 0]}]
+    rows = [
+        {
+            "prompt": "p",
+            "response": "aba",
+            "reward": 1.0,
+            "advantage": 1.0,
+            "tokens": ["a", "b", "a"],
+            "credit": [1.2, 0.9, 1.0],
+        },
+        {"prompt": "p", "response": "bc", "reward": 1.0, "advantage": 0.5, "tokens": ["b", "c"], "credit": [0.7, 1.5]},
+        {
+            "prompt": "p",
+            "response": "acc",
+            "reward": 0.0,
+            "advantage": -1.0,
+            "tokens": ["a", "c", "c"],
+            "credit": [0.6, 1.3, 1.1],
+        },
+        {"prompt": "p", "response": "aa", "reward": 0.0, "advantage": 0.0, "tokens": ["a", "a"], "credit": [9, 9]},
+        {"prompt": "p", "response": "cc", "reward": 0.0, "advantage": -1.0, "tokens": ["c", "c"], "credit": [0, 0]},
+    ]
     run = report.Run("d", "d", "delta", {}, [], {}, {1: rows})
     view = report.delta_tokens(run, min_count=2, top=5)
     pos, neg = view["pos"], view["neg"]
@@ -471,13 +561,15 @@ def test_report_shows_where_the_credit_lands(toy_hand_runs, tmp_path):
     assert not [t for t in page.tokens if t["run"] == "other" and "fw" in t["class"].split()]
     numbers = json.loads((tmp_path / "report.json").read_text())
     assert set(numbers["where_the_credit_lands"]) == {"grpo", "delta"} and set(numbers["delta_tokens"]) == {"delta"}
-    assert numbers["where_the_credit_lands"]["delta"] == json.loads(json.dumps(
-        report.credit_lands(report.load_run(toy_hand_runs[1]))))
+    assert numbers["where_the_credit_lands"]["delta"] == json.loads(
+        json.dumps(report.credit_lands(report.load_run(toy_hand_runs[1])))
+    )
     grpo_row = numbers["where_the_credit_lands"]["grpo"]
     assert {k: v["mean"] for k, v in grpo_row["classes"].items()} == dict.fromkeys(
-        ("first_wrong", "prefix", "after", "result_digits", "other"), 1.0)
+        ("first_wrong", "prefix", "after", "result_digits", "other"), 1.0
+    )
     assert {k: v["mean"] for k, v in grpo_row["auroc"].items()} == {"first_wrong": 0.5, "result_digits": 0.5}
-    lands = text[text.index('id="where-the-credit-lands"'):text.index('id="delta-tokens"')]
+    lands = text[text.index('id="where-the-credit-lands"') : text.index('id="delta-tokens"')]
     assert lands.count("<tr>") == 3 and lands.count("<svg") == 2  # header + 2 runs; the two AUROC curves
     assert "<b>1.250</b>" in lands and "<b>0.562</b>" in lands  # delta's first wrong token and its AUROC
     out_plain = tmp_path / "plain.html"  # no toy or delta run: no section, no JSON
@@ -498,14 +590,18 @@ def test_a_report_in_an_interrupted_run_folder_does_not_stop_the_next_run(toy_ha
     assert sorted(p.name for p in run.iterdir()) == sorted(["config.json", "metrics.jsonl", "samples", *written])
     folder = checkpoint.RunFolder(str(run), {"save_steps": 50}, say=lambda *a: None)
     assert folder.set_aside == sorted(["config.json", "metrics.jsonl", "samples", *written])
-    with pytest.raises(ValueError, match=r"holds no complete checkpoint-<step>/ \(the run stopped before its first "
-                                         r"--save_steps\); run the same command without --resume to start again"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds no complete checkpoint-<step>/ \(the run stopped before its first "
+        r"--save_steps\); run the same command without --resume to start again",
+    ):
         checkpoint.RunFolder(str(run), {"resume": True}, say=lambda *a: None)
     said = []
     folder.start(torch.nn.Linear(2, 2), {"prompt_template": "none"})  # the same command: its logs moved aside
     folder.close()
     assert sorted(p.name for p in (run / "interrupted-1").iterdir()) == sorted(
-        ["config.json", "metrics.jsonl", "samples", *written])
+        ["config.json", "metrics.jsonl", "samples", *written]
+    )
     (run / "interrupted-1").rename(run.parent / "kept")
     (run / "notes.txt").write_text("mine")  # a file neither the trainer nor report.py writes: not theirs to move
     for config in ({}, {"resume": True}):
@@ -523,8 +619,12 @@ def _config(**flags):
 
 # Every comparison rule of tools/bench/reproduce.py's RULES (and combinations) with the name the page gives it.
 RULE_NAMES = [
-    (dict(), "grpo"), (dict(credit="delta"), "delta"), (dict(credit="cscr"), "cscr"), (dict(credit="fipo"), "fipo"),
-    (dict(loss_type="sapo"), "sapo"), (dict(entropy_top_ratio=0.2), "forking tokens ρ=0.2"),
+    (dict(), "grpo"),
+    (dict(credit="delta"), "delta"),
+    (dict(credit="cscr"), "cscr"),
+    (dict(credit="fipo"), "fipo"),
+    (dict(loss_type="sapo"), "sapo"),
+    (dict(entropy_top_ratio=0.2), "forking tokens ρ=0.2"),
     (dict(top_entropy_quantile=0.2), "forking tokens (TRL) ρ=0.2"),
     (dict(credit="delta", delta_scores="within_side"), "delta: within-side scores"),
     (dict(credit="delta", delta_assignment="hard"), "delta: hard assignment"),
@@ -533,7 +633,8 @@ RULE_NAMES = [
     (dict(credit="delta", delta_coefficients="random"), "delta: random λ"),
     (dict(credit="delta", delta_normalize=False), "delta: no λ-normalisation"),
     (dict(credit="delta", delta_proxy="topk", delta_proxy_topk=20), "delta: top-K proxy K=20"),
-    (dict(credit="delta", delta_k=0), "delta: K=0"), (dict(credit="delta", delta_k=3), "delta: K=3"),
+    (dict(credit="delta", delta_k=0), "delta: K=0"),
+    (dict(credit="delta", delta_k=3), "delta: K=3"),
     (dict(credit="delta", delta_lam_min=0.5, delta_lam_max=1.5), "delta: λ∈[0.5, 1.5]"),
     (dict(credit="delta", delta_select="top"), "delta Q2: top 50%"),
     (dict(credit="delta", delta_select="random"), "delta Q2: random 50%"),
@@ -550,8 +651,11 @@ RULE_NAMES = [
     (dict(loss_type="sapo", top_entropy_quantile=0.5), "sapo + forking tokens (TRL) ρ=0.5"),
     (dict(credit="cscr", cscr_weight="upweight", cscr_scope="group"), "cscr: up-weighting, group scope"),
     # settings that do not change the rule
-    (dict(credit="delta", delta_impl="memory_efficient"), "delta"), (dict(loss_type="dr_grpo"), "grpo"),
-    (dict(credit="cscr", cscr_threshold=0.5), "cscr"), (dict(credit="cscr", cscr_alpha=2.0), "cscr: α=2")]
+    (dict(credit="delta", delta_impl="memory_efficient"), "delta"),
+    (dict(loss_type="dr_grpo"), "grpo"),
+    (dict(credit="cscr", cscr_threshold=0.5), "cscr"),
+    (dict(credit="cscr", cscr_alpha=2.0), "cscr: α=2"),
+]
 
 
 @pytest.mark.parametrize("flags,name", RULE_NAMES)
@@ -567,8 +671,10 @@ def test_every_row_of_reproduce_has_its_own_name():
         from reproduce import RULES
     finally:
         sys.path.pop(0)
-    names = {row: report.rule_name(dataclasses.asdict(grpo.GRPOConfig(**vars(grpo.build_parser().parse_args(f)))))
-             for row, _, f, _, _ in RULES}
+    names = {
+        row: report.rule_name(dataclasses.asdict(grpo.GRPOConfig(**vars(grpo.build_parser().parse_args(f)))))
+        for row, _, f, _, _ in RULES
+    }
     assert len(set(names.values())) == len(RULES)
     assert names["dapo"] == "grpo" and names["fipo"] == "fipo" and names["dapo_ft_trl"] == "forking tokens (TRL) ρ=0.2"
     assert names["topk_proxy"] == "delta: top-K proxy K=20" and names["q2_bottom"] == "delta Q2: bottom 50%"
@@ -576,10 +682,29 @@ def test_every_row_of_reproduce_has_its_own_name():
 
 
 # The keys grpo.py's config.json gained with the comparison rules: a run written before them has none of them.
-NEW_KEYS = ("delta_scores", "delta_assignment", "delta_gamma", "delta_coefficients", "delta_normalize",
-            "delta_proxy", "delta_proxy_topk", "delta_select", "delta_select_fraction", "cscr_scope", "cscr_sign_eps",
-            "cscr_sign_mix", "sapo_temperature_pos", "sapo_temperature_neg", "sapo_aggregation", "entropy_top_ratio",
-            "top_entropy_quantile", "entropy_pool", "fipo_decay_rate", "fipo_clip", "fipo_safety_threshold")
+NEW_KEYS = (
+    "delta_scores",
+    "delta_assignment",
+    "delta_gamma",
+    "delta_coefficients",
+    "delta_normalize",
+    "delta_proxy",
+    "delta_proxy_topk",
+    "delta_select",
+    "delta_select_fraction",
+    "cscr_scope",
+    "cscr_sign_eps",
+    "cscr_sign_mix",
+    "sapo_temperature_pos",
+    "sapo_temperature_neg",
+    "sapo_aggregation",
+    "entropy_top_ratio",
+    "top_entropy_quantile",
+    "entropy_pool",
+    "fipo_decay_rate",
+    "fipo_clip",
+    "fipo_safety_threshold",
+)
 
 
 @pytest.mark.parametrize("credit", ["grpo", "delta", "cscr"])
@@ -593,10 +718,17 @@ def test_rule_name_of_an_older_config_is_its_credit(credit):
 
 def test_symbol_of_each_rule():
     """The hovered name of the credit: f for FIPO, λ̄ / w̃ for DelTA / CSCR, c where the loss masks tokens out."""
-    cases = [(dict(credit="fipo"), "f"), (dict(credit="delta"), "λ̄"), (dict(credit="cscr"), "w̃"),
-             (dict(), "c"), (dict(loss_type="sapo"), "c"), (dict(entropy_top_ratio=0.2), "c"),
-             (dict(credit="fipo", top_entropy_quantile=0.2), "c"), (dict(credit="delta", delta_select="top"), "c"),
-             (dict(credit="delta", delta_gamma="frozen"), "λ̄")]
+    cases = [
+        (dict(credit="fipo"), "f"),
+        (dict(credit="delta"), "λ̄"),
+        (dict(credit="cscr"), "w̃"),
+        (dict(), "c"),
+        (dict(loss_type="sapo"), "c"),
+        (dict(entropy_top_ratio=0.2), "c"),
+        (dict(credit="fipo", top_entropy_quantile=0.2), "c"),
+        (dict(credit="delta", delta_select="top"), "c"),
+        (dict(credit="delta", delta_gamma="frozen"), "λ̄"),
+    ]
     for flags, sym in cases:
         cfg = _config(**flags)
         assert report.symbol(cfg, cfg["credit"]) == sym, flags
@@ -606,8 +738,12 @@ def test_report_names_each_run_by_its_rule(tmp_path):
     """Runs named otherwise than their rules: the run table, the histograms' captions, the hover symbol, the rows of
     "Where the credit lands" and report.json's records give the rule; a Q2 run's 0/1 credit is not DelTA's λ̄."""
     steps = _toy_steps()
-    rules = {"run_f": dict(credit="fipo"), "run_ft": dict(entropy_top_ratio=0.2),
-             "run_q2": dict(credit="delta", delta_select="top"), "run_d": dict(credit="delta", delta_gamma="frozen")}
+    rules = {
+        "run_f": dict(credit="fipo"),
+        "run_ft": dict(entropy_top_ratio=0.2),
+        "run_q2": dict(credit="delta", delta_select="top"),
+        "run_d": dict(credit="delta", delta_gamma="frozen"),
+    }
     paths = []
     for name, flags in rules.items():
         path = _write_run(tmp_path / name, flags.get("credit", "grpo"), [1, 2], lambda s: steps[s])
@@ -617,8 +753,12 @@ def test_report_names_each_run_by_its_rule(tmp_path):
     report.main([*paths, "--output", str(out)])
     text, numbers = out.read_text(), json.loads((tmp_path / "report.json").read_text())
     page = Page(text)
-    expect = {"run_f": ("fipo", "f"), "run_ft": ("forking tokens ρ=0.2", "c"), "run_q2": ("delta Q2: top 50%", "c"),
-              "run_d": ("delta: frozen γ", "λ̄")}
+    expect = {
+        "run_f": ("fipo", "f"),
+        "run_ft": ("forking tokens ρ=0.2", "c"),
+        "run_q2": ("delta Q2: top 50%", "c"),
+        "run_d": ("delta: frozen γ", "λ̄"),
+    }
     for name, (rule, sym) in expect.items():
         assert f"</b></td><td>{rule}</td>" in text  # the run table's rule column
         assert f"{name} <small>{rule} · {sym} · " in text  # the histogram's caption
@@ -635,9 +775,30 @@ def toy_runs(toy_model_path, tmp_path_factory):
     """Three short toy runs (grpo, delta, cscr), same seed: the same prompts at the same steps."""
     root = tmp_path_factory.mktemp("toy_runs")
     for credit in ("grpo", "delta", "cscr"):
-        grpo.main(["--model", toy_model_path, "--prompt_template", "none", "--credit", credit, "--max_steps", "2",
-                   "--num_prompts_per_step", "4", "--num_generations", "4", "--eval_num_generations", "0",
-                   "--num_samples_to_log", "2", "--output_dir", str(root / credit), "--save_steps", "0"])
+        grpo.main(
+            [
+                "--model",
+                toy_model_path,
+                "--prompt_template",
+                "none",
+                "--credit",
+                credit,
+                "--max_steps",
+                "2",
+                "--num_prompts_per_step",
+                "4",
+                "--num_generations",
+                "4",
+                "--eval_num_generations",
+                "0",
+                "--num_samples_to_log",
+                "2",
+                "--output_dir",
+                str(root / credit),
+                "--save_steps",
+                "0",
+            ]
+        )
     return [str(root / c) for c in ("grpo", "delta", "cscr")]
 
 
@@ -688,11 +849,18 @@ def _check_where_the_credit_lands(toy_runs, text, page, numbers_file):
     assert all(v["mean"] in (1.0, None) for v in lands["grpo"]["classes"].values())
     assert all(v["mean"] in (0.5, None) for v in lands["grpo"]["auroc"].values())
     assert sum(v["count"] for v in lands["grpo"]["classes"].values()) > 0
-    section = text[text.index('id="where-the-credit-lands"'):text.index('id="delta-tokens"')]
+    section = text[text.index('id="where-the-credit-lands"') : text.index('id="delta-tokens"')]
     assert section.count("<tr>") == 1 + 3 and "DelTA's tokens" in text
-    wrong = {run: [r["tokens"][k] for r in _samples(path) if r["reward"] <= 0
-                   for k in [toy.first_wrong_token(r["prompt"], r["tokens"])] if k is not None]
-             for run, path in zip(("grpo", "delta", "cscr"), toy_runs)}
+    wrong = {
+        run: [
+            r["tokens"][k]
+            for r in _samples(path)
+            if r["reward"] <= 0
+            for k in [toy.first_wrong_token(r["prompt"], r["tokens"])]
+            if k is not None
+        ]
+        for run, path in zip(("grpo", "delta", "cscr"), toy_runs)
+    }
     for run, toks in wrong.items():
         marked = [t["text"] for t in page.tokens if t["run"] == run and "fw" in t["class"].split()]
         assert sorted(marked) == sorted(report._token_text(t) for t in toks)
@@ -726,9 +894,30 @@ def test_report_to_sends_every_metric_line(tiny_model_path, tmp_path, monkeypatc
     monkeypatch.setitem(sys.modules, backend, _fake_tracker(backend, calls))
     monkeypatch.delenv(f"{backend.upper()}_PROJECT", raising=False)
     out = tmp_path / "run"
-    grpo.main(["--model", tiny_model_path, "--output_dir", str(out), "--prompt_template", "none", "--max_steps", "2",
-               "--num_prompts_per_step", "2", "--num_generations", "2", "--max_completion_length", "8",
-               "--eval_num_generations", "0", "--save_steps", "0", "--report_to", f"none,{backend}"])
+    grpo.main(
+        [
+            "--model",
+            tiny_model_path,
+            "--output_dir",
+            str(out),
+            "--prompt_template",
+            "none",
+            "--max_steps",
+            "2",
+            "--num_prompts_per_step",
+            "2",
+            "--num_generations",
+            "2",
+            "--max_completion_length",
+            "8",
+            "--eval_num_generations",
+            "0",
+            "--save_steps",
+            "0",
+            "--report_to",
+            f"none,{backend}",
+        ]
+    )
     lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
     assert calls[0][:3] == ("init", "rlvr-credit", "run") and calls[0][3]["report_to"] == f"none,{backend}"
     assert calls[-1] == ("finish",)
@@ -744,8 +933,11 @@ def test_report_to_tensorboard_writes_events_tensorboard_reads(tmp_path):
 
     run = checkpoint.RunFolder(str(tmp_path / "run"), {"report_to": "tensorboard"})
     run.start(torch.nn.Linear(2, 2), {"prompt_template": "none"})
-    records = [{"step": 0, "eval/avg@8": 0.25}, {"step": 1, "reward": 0.5, "delta/lam_pos_max": 1.2, "nan": math.nan},
-               {"step": 2, "reward": 0.75, "delta/lam_pos_max": 1.1}]
+    records = [
+        {"step": 0, "eval/avg@8": 0.25},
+        {"step": 1, "reward": 0.5, "delta/lam_pos_max": 1.2, "nan": math.nan},
+        {"step": 2, "reward": 0.75, "delta/lam_pos_max": 1.1},
+    ]
     for r in records:
         run.log(r)
     run.close()
@@ -770,8 +962,9 @@ def test_report_to_tensorboard_on_resume_drops_the_steps_after_the_checkpoint(tm
         run.log({"step": step, "reward": step / 10})
     run.close()
     (path / "checkpoint-1").mkdir()  # as if the run had saved after step 1 (1 metrics line) and then crashed
-    (path / "checkpoint-1" / checkpoint.TRAINER_STATE).write_text(json.dumps(
-        {"step": 1, "metrics_lines": 1, "skipped_updates_total": 0}))
+    (path / "checkpoint-1" / checkpoint.TRAINER_STATE).write_text(
+        json.dumps({"step": 1, "metrics_lines": 1, "skipped_updates_total": 0})
+    )
     run = checkpoint.RunFolder(str(path), {**config, "resume": True})
     run.start(torch.nn.Linear(2, 2), {"prompt_template": "none"})
     for step in (2, 3):
@@ -785,11 +978,17 @@ def test_report_to_tensorboard_on_resume_drops_the_steps_after_the_checkpoint(tm
 
 def test_report_to_errors_before_the_model_loads(monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if wandb were not installed: import raises ImportError
-    with pytest.raises(SystemExit, match=r"^grpo.py: error: --report_to wandb needs the wandb package: pip install "
-                                         r"wandb$"):
+    with pytest.raises(
+        SystemExit,
+        match=r"^grpo.py: error: --report_to wandb needs the wandb package: pip install "
+        r"wandb$",
+    ):
         grpo.main(["--model", "no-such-model", "--report_to", "wandb", "--output_dir", "/nonexistent/x"])
-    with pytest.raises(SystemExit, match=r"--report_to mlflow: unknown tracker 'mlflow'; choose none, or any of "
-                                         r"tensorboard, wandb, trackio"):
+    with pytest.raises(
+        SystemExit,
+        match=r"--report_to mlflow: unknown tracker 'mlflow'; choose none, or any of "
+        r"tensorboard, wandb, trackio",
+    ):
         grpo.main(["--model", "no-such-model", "--report_to", "mlflow", "--output_dir", "/nonexistent/x"])
 
 
@@ -803,8 +1002,16 @@ def chromium():
     return exe
 
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.mark.browser
@@ -814,8 +1021,9 @@ def test_report_renders_in_headless_chromium(chromium, toy_runs, tmp_path):
     out = tmp_path / "report.html"
     report.main([*toy_runs, "--output", str(out)])
     flags = [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*flags, "--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=120,
-                         check=True).stdout
+    dom = subprocess.run(
+        [*flags, "--dump-dom", out.as_uri()], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
     page = Page(dom)
     assert "</html>" in dom and page.table_runs == ["grpo", "delta", "cscr"]
     assert set(page.columns) == {"grpo", "delta", "cscr"}
@@ -823,12 +1031,17 @@ def test_report_renders_in_headless_chromium(chromium, toy_runs, tmp_path):
     for run, rows in samples.items():
         toks = [t for t in page.tokens if t["run"] == run]
         assert len(toks) == sum(len(r["tokens"]) for r in rows)
-        assert [float(t["title"].split("=")[-1]) for t in toks[:len(rows[0]["credit"])]] == pytest.approx(
-            sorted(rows[:4], key=lambda r: -r["advantage"])[0]["credit"], abs=1e-4)
+        assert [float(t["title"].split("=")[-1]) for t in toks[: len(rows[0]["credit"])]] == pytest.approx(
+            sorted(rows[:4], key=lambda r: -r["advantage"])[0]["credit"], abs=1e-4
+        )
     _check_where_the_credit_lands(toy_runs, dom, page, tmp_path / "report.json")  # the section, as Chromium sees it
     shot = tmp_path / "report.png"
-    subprocess.run([*flags, "--hide-scrollbars", "--window-size=1400,1200", f"--screenshot={shot}", out.as_uri()],
-                   capture_output=True, timeout=120, check=True)
+    subprocess.run(
+        [*flags, "--hide-scrollbars", "--window-size=1400,1200", f"--screenshot={shot}", out.as_uri()],
+        capture_output=True,
+        timeout=120,
+        check=True,
+    )
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 20_000
 
 
@@ -839,9 +1052,11 @@ def test_tick_labels_of_a_narrow_range_are_distinct():
     labels = re.findall(r'class="yl">([^<]*)<', svg)
     assert len(labels) >= 3 and len(set(labels)) == len(labels)
     assert all("e" not in label for label in labels)
-    for ticks, labels in (([0.9965, 0.997, 0.9975, 0.998], ["0.9965", "0.997", "0.9975", "0.998"]),
-                          ([0.0, 0.25, 0.5, 0.75, 1.0], ["0", "0.25", "0.5", "0.75", "1"]),
-                          ([200, 400, 600, 800, 1000], ["200", "400", "600", "800", "1000"]),
-                          ([100.2, 100.4, 100.6], ["100.2", "100.4", "100.6"]),
-                          ([1e-05, 1.5e-05, 2e-05], ["1e-05", "1.5e-05", "2e-05"])):
+    for ticks, labels in (
+        ([0.9965, 0.997, 0.9975, 0.998], ["0.9965", "0.997", "0.9975", "0.998"]),
+        ([0.0, 0.25, 0.5, 0.75, 1.0], ["0", "0.25", "0.5", "0.75", "1"]),
+        ([200, 400, 600, 800, 1000], ["200", "400", "600", "800", "1000"]),
+        ([100.2, 100.4, 100.6], ["100.2", "100.4", "100.6"]),
+        ([1e-05, 1.5e-05, 2e-05], ["1e-05", "1.5e-05", "2e-05"]),
+    ):
         assert report._tick_labels(ticks) == labels

@@ -76,8 +76,7 @@ def test_rigged_model_has_the_stated_next_token_distribution(rigged):
         p = model(**enc).logits.softmax(-1)
     real = enc["attention_mask"].bool()
     torch.testing.assert_close(p[..., a][real], torch.full((int(real.sum()),), P_A), atol=1e-5, rtol=0)
-    torch.testing.assert_close(p[..., tok.eos_token_id][real], torch.full((int(real.sum()),), P_EOS), atol=1e-5,
-                               rtol=0)
+    torch.testing.assert_close(p[..., tok.eos_token_id][real], torch.full((int(real.sum()),), P_EOS), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.5])
@@ -169,13 +168,30 @@ def test_polluted_generation_config_of_a_peft_model(rigged):
 
 def test_sampling_config_states_the_distribution():
     sample = rollout.sampling_config(7, 0.8, 0.95, [2, 5], 0)
-    assert (sample.do_sample, sample.temperature, sample.top_p, sample.top_k, sample.num_beams) == (True, 0.8, 0.95,
-                                                                                                    0, 1)
+    assert (sample.do_sample, sample.temperature, sample.top_p, sample.top_k, sample.num_beams) == (
+        True,
+        0.8,
+        0.95,
+        0,
+        1,
+    )
     assert (sample.repetition_penalty, sample.no_repeat_ngram_size, sample.min_new_tokens) == (1.0, 0, 0)
     assert (sample.max_new_tokens, sample.eos_token_id, sample.pad_token_id) == (7, [2, 5], 0)
-    off = ["min_p", "top_h", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens", "sequence_bias",
-           "forced_bos_token_id", "forced_eos_token_id", "exponential_decay_length_penalty", "watermarking_config",
-           "guidance_scale", "stop_strings", "max_time"]
+    off = [
+        "min_p",
+        "top_h",
+        "bad_words_ids",
+        "suppress_tokens",
+        "begin_suppress_tokens",
+        "sequence_bias",
+        "forced_bos_token_id",
+        "forced_eos_token_id",
+        "exponential_decay_length_penalty",
+        "watermarking_config",
+        "guidance_scale",
+        "stop_strings",
+        "max_time",
+    ]
     assert all(getattr(sample, k) is None for k in off)
     greedy = rollout.sampling_config(7, 0.0, 0.95, [2], 0)
     assert greedy.do_sample is False and greedy.num_beams == 1

@@ -21,8 +21,10 @@ RULES = {  # flags -> a metrics.jsonl key the rule logs (None: the rule's own ke
     "delta_random": (["--credit", "delta", "--delta_coefficients", "random"], None),
     "delta_no_lamnorm": (["--credit", "delta", "--no-delta_normalize"], "delta/scale"),
     "delta_topk": (["--credit", "delta", "--delta_proxy", "topk", "--delta_proxy_topk", "4"], "delta/cos_mu"),
-    "delta_topk_streamed": (["--credit", "delta", "--delta_proxy", "topk", "--delta_impl", "memory_efficient"],
-                            "delta/cos_mu"),
+    "delta_topk_streamed": (
+        ["--credit", "delta", "--delta_proxy", "topk", "--delta_impl", "memory_efficient"],
+        "delta/cos_mu",
+    ),
     "delta_select_top": (["--credit", "delta", "--delta_select", "top"], "delta/selected_frac"),
     "cscr_sign_aware": (["--credit", "cscr", "--cscr_weight", "sign_aware"], "cscr/w_mean"),
     "cscr_upweight": (["--credit", "cscr", "--cscr_weight", "upweight"], "cscr/w_mean"),
@@ -34,15 +36,34 @@ RULES = {  # flags -> a metrics.jsonl key the rule logs (None: the rule's own ke
 def test_rule_runs_on_the_toy(toy_model_path, tmp_path, name):
     flags, key = RULES[name]
     out = tmp_path / name
-    grpo.main(["--model", toy_model_path, "--max_steps", "2", "--num_prompts_per_step", "4", "--num_generations",
-               "4", "--num_mini_batches", "2", "--eval_num_generations", "0", "--save_steps", "0", "--output_dir",
-               str(out), *flags])
+    grpo.main(
+        [
+            "--model",
+            toy_model_path,
+            "--max_steps",
+            "2",
+            "--num_prompts_per_step",
+            "4",
+            "--num_generations",
+            "4",
+            "--num_mini_batches",
+            "2",
+            "--eval_num_generations",
+            "0",
+            "--save_steps",
+            "0",
+            "--output_dir",
+            str(out),
+            *flags,
+        ]
+    )
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and all(line["skipped_updates"] == 0 for line in lines)
     if key is not None:
         assert all(key in line for line in lines), sorted(lines[0])
-    samples = [json.loads(line) for f in sorted((out / "samples").glob("step_*.jsonl"))
-               for line in f.read_text().splitlines()]
+    samples = [
+        json.loads(line) for f in sorted((out / "samples").glob("step_*.jsonl")) for line in f.read_text().splitlines()
+    ]
     assert samples and all(len(s["credit"]) == len(s["tokens"]) for s in samples)
 
 
@@ -50,8 +71,23 @@ def test_help_lists_every_rule_flag(capsys):
     with pytest.raises(SystemExit):
         grpo.build_parser().parse_args(["--help"])
     text = capsys.readouterr().out
-    for flag in ("--loss_type", "sapo", "--sapo_temperature_pos", "--entropy_top_ratio", "--top_entropy_quantile",
-                 "--entropy_pool", "fipo", "--delta_scores", "--delta_assignment", "--delta_gamma",
-                 "--delta_coefficients", "--delta_normalize", "--delta_proxy", "--delta_proxy_topk",
-                 "--delta_select", "--cscr_weight", "--cscr_scope"):
+    for flag in (
+        "--loss_type",
+        "sapo",
+        "--sapo_temperature_pos",
+        "--entropy_top_ratio",
+        "--top_entropy_quantile",
+        "--entropy_pool",
+        "fipo",
+        "--delta_scores",
+        "--delta_assignment",
+        "--delta_gamma",
+        "--delta_coefficients",
+        "--delta_normalize",
+        "--delta_proxy",
+        "--delta_proxy_topk",
+        "--delta_select",
+        "--cscr_weight",
+        "--cscr_scope",
+    ):
         assert flag in text

@@ -49,15 +49,24 @@ def test_trls_metrics_by_hand():
     assert stats["sampling/importance_sampling_ratio/min"] == pytest.approx(math.exp(-1.0))
     assert stats["sampling/importance_sampling_ratio/max"] == pytest.approx(3.0)
     assert stats["sampling/importance_sampling_ratio/mean"] == pytest.approx(
-        (math.exp(0.5) + math.exp(-1.0) + 1.0 + 1.0 + 3.0) / 5)
-    seq = sm.mismatch_stats(OLD, SAMPLER, sm.importance_weights(OLD, SAMPLER, MASK, "sequence_mask"), MASK,
-                            "sequence_mask")  # one value per response: e^−0.5 and 0 (e^1.3 > 3)
+        (math.exp(0.5) + math.exp(-1.0) + 1.0 + 1.0 + 3.0) / 5
+    )
+    seq = sm.mismatch_stats(
+        OLD, SAMPLER, sm.importance_weights(OLD, SAMPLER, MASK, "sequence_mask"), MASK, "sequence_mask"
+    )  # one value per response: e^−0.5 and 0 (e^1.3 > 3)
     assert seq["sampling/importance_sampling_ratio/mean"] == pytest.approx(math.exp(-0.5) / 2)
 
 
-@pytest.mark.parametrize("loss", [dict(loss_type="dapo"), dict(loss_type="dapo", dual_clip=3.0),
-                                  dict(loss_type="grpo", beta=0.1), dict(loss_type="sapo"),
-                                  dict(loss_type="dr_grpo", max_completion_length=5, beta=0.05)])
+@pytest.mark.parametrize(
+    "loss",
+    [
+        dict(loss_type="dapo"),
+        dict(loss_type="dapo", dual_clip=3.0),
+        dict(loss_type="grpo", beta=0.1),
+        dict(loss_type="sapo"),
+        dict(loss_type="dr_grpo", max_completion_length=5, beta=0.05),
+    ],
+)
 def test_folding_the_weight_into_the_advantages_is_trls_loss_times_the_weight(loss):
     """policy_loss(Ã·w) = the aggregation of w_t·ℓ_t(Ã) + β·k3_t (TRL multiplies the per-token loss, clip included,
     by w and adds the KL after), each ℓ_t from a one-token call of policy_loss: value and gradient, float64."""
@@ -78,12 +87,14 @@ def test_folding_the_weight_into_the_advantages_is_trls_loss_times_the_weight(lo
     per_token = torch.zeros(B, T, dtype=torch.float64)
     for i in range(B):
         for t in range(T):
-            one = lambda x: x[i:i + 1, t:t + 1]  # noqa: E731
-            ell, _ = grpo.policy_loss(one(logp), one(old), one(adv), torch.ones(1, 1, dtype=torch.float64), plain,
-                                      scope=grpo.LossScope(1, 1))
+            one = lambda x: x[i : i + 1, t : t + 1]  # noqa: E731
+            ell, _ = grpo.policy_loss(
+                one(logp), one(old), one(adv), torch.ones(1, 1, dtype=torch.float64), plain, scope=grpo.LossScope(1, 1)
+            )
             d = one(ref) - one(logp)
-            per_token[i, t] = ell * (1 if plain.loss_type != "dr_grpo" else plain.max_completion_length) * one(w) \
-                + beta * (torch.exp(d) - d - 1)  # TRL: ℓ·w, then + β·k3
+            per_token[i, t] = ell * (1 if plain.loss_type != "dr_grpo" else plain.max_completion_length) * one(
+                w
+            ) + beta * (torch.exp(d) - d - 1)  # TRL: ℓ·w, then + β·k3
     per_token = per_token * mask
     if settings.aggregation == "dapo":
         trl = per_token.sum() / mask.sum()
@@ -111,9 +122,16 @@ def test_the_rule_is_chosen_once_and_the_flag_needs_vllm():
     token_adv = torch.full((2, 3), 2.0, dtype=torch.float64)
     out, stats = sm.correction(cfg)(token_adv, OLD, Batch)
     assert torch.allclose(out, 2.0 * sm.importance_weights(OLD, SAMPLER, MASK, "token_truncate", 3.0))
-    assert sorted(stats) == sorted(f"sampling/{k}" for k in (
-        "sampling_logp_difference/mean", "sampling_logp_difference/max", "importance_sampling_ratio/min",
-        "importance_sampling_ratio/mean", "importance_sampling_ratio/max"))
+    assert sorted(stats) == sorted(
+        f"sampling/{k}"
+        for k in (
+            "sampling_logp_difference/mean",
+            "sampling_logp_difference/max",
+            "importance_sampling_ratio/min",
+            "importance_sampling_ratio/mean",
+            "importance_sampling_ratio/max",
+        )
+    )
 
 
 def test_a_nan_sampler_logprob_gets_weight_one_as_in_trl():
@@ -134,23 +152,33 @@ def test_a_nan_sampler_logprob_gets_weight_one_as_in_trl():
     assert torch.equal(w, torch.tensor([[0.0, 1.0, 1.0], [1.0, 0.0, 1.0]], dtype=torch.float64))
     w = sm.importance_weights(OLD, sampler, MASK, "sequence_truncate", clip_max=3.0)  # row 0: d sums to 0.5
     assert torch.allclose(w, torch.tensor([[e(0.5)] * 3, [3.0] * 3], dtype=torch.float64), rtol=1e-15, atol=0)
-    stats = sm.mismatch_stats(OLD, sampler, sm.importance_weights(OLD, sampler, MASK, "token_truncate", 3.0), MASK,
-                              "token_truncate")
+    stats = sm.mismatch_stats(
+        OLD, sampler, sm.importance_weights(OLD, sampler, MASK, "token_truncate", 3.0), MASK, "token_truncate"
+    )
     assert all(math.isfinite(v) for v in stats.values())
     assert stats["sampling/sampling_logp_difference/mean"] == pytest.approx((0.5 + 0.0 + 0.0 + 1.3) / 4, rel=1e-14)
     assert stats["sampling/sampling_logp_difference/max"] == pytest.approx(1.3, rel=1e-14)
     # the ratio statistics over the 5 response tokens, the NaN-scored one's weight 1 included (l.2877)
-    assert stats["sampling/importance_sampling_ratio/mean"] == pytest.approx((e(0.5) + 1.0 + 1.0 + 1.0 + 3.0) / 5,
-                                                                              rel=1e-14)
+    assert stats["sampling/importance_sampling_ratio/mean"] == pytest.approx(
+        (e(0.5) + 1.0 + 1.0 + 1.0 + 3.0) / 5, rel=1e-14
+    )
     assert stats["sampling/importance_sampling_ratio/min"] == 1.0
 
 
-@pytest.mark.parametrize("mode, clip_min, clip_max, ratios", [
-    # row ratios before the bounds: e^−0.5, e^1.3, and 1 for the empty row (exp of an empty sum)
-    ("sequence_truncate", 0.5, 3.0, [math.exp(-0.5), 3.0, 1.0]),
-    ("sequence_mask", None, 3.0, [math.exp(-0.5), 0.0, 1.0]),
-    ("sequence_mask", 1.2, None, [0.0, math.exp(1.3), 0.0]),  # the empty row's 1 < C_min: masked to 0, still counted
-])
+@pytest.mark.parametrize(
+    "mode, clip_min, clip_max, ratios",
+    [
+        # row ratios before the bounds: e^−0.5, e^1.3, and 1 for the empty row (exp of an empty sum)
+        ("sequence_truncate", 0.5, 3.0, [math.exp(-0.5), 3.0, 1.0]),
+        ("sequence_mask", None, 3.0, [math.exp(-0.5), 0.0, 1.0]),
+        (
+            "sequence_mask",
+            1.2,
+            None,
+            [0.0, math.exp(1.3), 0.0],
+        ),  # the empty row's 1 < C_min: masked to 0, still counted
+    ],
+)
 def test_an_empty_response_counts_in_the_sequence_ratio_stats_as_in_trl(mode, clip_min, clip_max, ratios):
     """TRL 1.16 (l.2874–2886): the sequence modes' ratio statistics are min/mean/max of the flattened [B, 1] ratios,
     every response included; one with no valid token (--mask_truncated_completions) has ratio exp(0) = 1, then
@@ -165,8 +193,9 @@ def test_an_empty_response_counts_in_the_sequence_ratio_stats_as_in_trl(mode, cl
     assert stats["sampling/importance_sampling_ratio/mean"] == pytest.approx(sum(ratios) / 3, rel=1e-15)
     assert stats["sampling/importance_sampling_ratio/max"] == pytest.approx(max(ratios), rel=1e-15)
     # the logp difference is over the 5 response tokens only (l.2862–2865): the empty row adds none
-    assert stats["sampling/sampling_logp_difference/mean"] == pytest.approx((0.5 + 1.0 + 0.0 + 0.0 + 1.3) / 5,
-                                                                            rel=1e-14)
+    assert stats["sampling/sampling_logp_difference/mean"] == pytest.approx(
+        (0.5 + 1.0 + 0.0 + 0.0 + 1.3) / 5, rel=1e-14
+    )
 
 
 def test_a_nan_sampler_logprob_no_longer_skips_the_update():
@@ -177,10 +206,12 @@ def test_a_nan_sampler_logprob_no_longer_skips_the_update():
         response_mask = MASK
         sampler_logprobs = torch.tensor([[-1.5, math.nan, -0.5], [-0.3, -2.0, 0.0]], dtype=torch.float64)
 
-    cfg = grpo.GRPOConfig(use_vllm=True, vllm_importance_sampling_correction=True,
-                          vllm_importance_sampling_mode="sequence_mask")
+    cfg = grpo.GRPOConfig(
+        use_vllm=True, vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="sequence_mask"
+    )
     out, stats = sm.correction(cfg)(torch.full((2, 3), 2.0, dtype=torch.float64), OLD, Batch)
     assert torch.isfinite(out).all()
-    assert torch.allclose(out, torch.tensor([[2 * math.exp(0.5)] * 3, [0.0] * 3], dtype=torch.float64),
-                          rtol=1e-15, atol=0)
+    assert torch.allclose(
+        out, torch.tensor([[2 * math.exp(0.5)] * 3, [0.0] * 3], dtype=torch.float64), rtol=1e-15, atol=0
+    )
     assert all(math.isfinite(v) for v in stats.values())

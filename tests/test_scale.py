@@ -8,14 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import backward
 from safetensors.torch import load_file
 
-from trainer import checkpoint
 import grpo
-from conftest import backward
-from trainer import policy
 import rollout
 import toy
+from trainer import checkpoint, policy
 
 ROOT = Path(__file__).resolve().parents[1]
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0])  # two groups of 4, both signs in each
@@ -68,18 +67,33 @@ def test_loading_flags_dtype_attention_and_reference_on_cpu(tiny_model_path, fix
     sdpa, _ = _load(tiny_model_path, attn_implementation="sdpa")
     assert sdpa.config._attn_implementation == "sdpa"
     # two kernels of the same attention: float64, 1e-10 (conftest)
-    torch.testing.assert_close(_logp(float64_model(eager), fixed_batch), _logp(float64_model(sdpa), fixed_batch),
-                               atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(
+        _logp(float64_model(eager), fixed_batch), _logp(float64_model(sdpa), fixed_batch), atol=1e-10, rtol=1e-10
+    )
     with pytest.raises(ValueError, match="attn_implementation"):  # no flash-attn package / no GPU here
         _load(tiny_model_path, attn_implementation="flash_attention_2")
     with pytest.raises(ValueError, match="torch_dtype"):
         _load(tiny_model_path, dtype="int8")
     # the flags are generated from GRPOConfig; defaults keep the toy run unchanged
     args = grpo.build_parser().parse_args([])
-    assert (args.torch_dtype, args.attn_implementation, args.trust_remote_code, args.use_peft) == \
-        ("auto", "sdpa", False, False)
-    args = grpo.build_parser().parse_args(["--use_peft", "--lora_r", "4", "--lora_target_modules", "q_proj,v_proj",
-                                           "--gradient_checkpointing", "--ref_on_cpu", "--resume"])
+    assert (args.torch_dtype, args.attn_implementation, args.trust_remote_code, args.use_peft) == (
+        "auto",
+        "sdpa",
+        False,
+        False,
+    )
+    args = grpo.build_parser().parse_args(
+        [
+            "--use_peft",
+            "--lora_r",
+            "4",
+            "--lora_target_modules",
+            "q_proj,v_proj",
+            "--gradient_checkpointing",
+            "--ref_on_cpu",
+            "--resume",
+        ]
+    )
     cfg = grpo.GRPOConfig(**vars(args))
     assert cfg.use_peft and cfg.lora_r == 4 and cfg.gradient_checkpointing and cfg.ref_on_cpu and cfg.resume
     with pytest.raises(SystemExit, match="lora_r"):
@@ -97,10 +111,34 @@ def test_loading_flags_dtype_attention_and_reference_on_cpu(tiny_model_path, fix
 
 def test_bf16_lora_run_on_cpu_end_to_end(tiny_model_path, tmp_path):
     out = tmp_path / "bf16"
-    grpo.main(["--model", str(tiny_model_path), "--prompt_template", "none", "--max_steps", "1",
-               "--num_prompts_per_step", "2", "--num_generations", "2", "--max_completion_length", "8",
-               "--eval_num_generations", "0", "--output_dir", str(out), "--torch_dtype", "bfloat16", "--use_peft",
-               "--gradient_checkpointing", "--beta", "0.1", "--attn_implementation", "eager"])
+    grpo.main(
+        [
+            "--model",
+            str(tiny_model_path),
+            "--prompt_template",
+            "none",
+            "--max_steps",
+            "1",
+            "--num_prompts_per_step",
+            "2",
+            "--num_generations",
+            "2",
+            "--max_completion_length",
+            "8",
+            "--eval_num_generations",
+            "0",
+            "--output_dir",
+            str(out),
+            "--torch_dtype",
+            "bfloat16",
+            "--use_peft",
+            "--gradient_checkpointing",
+            "--beta",
+            "0.1",
+            "--attn_implementation",
+            "eager",
+        ]
+    )
     conf = json.loads((out / "config.json").read_text())
     assert conf["config"]["torch_dtype"] == "bfloat16" and conf["config"]["use_peft"]
     assert 0 < conf["num_trainable_parameters"] < conf["num_parameters"]
@@ -113,13 +151,15 @@ def test_bf16_lora_run_on_cpu_end_to_end(tiny_model_path, tmp_path):
 def test_peft_wrapper_keeps_hidden_hook_and_logits_to_keep(tiny_model_path, fixed_batch, float64_model):
     plain, _ = _load(tiny_model_path)
     plain = float64_model(plain)  # the same function through peft's wrapper: float64, 1e-10 (conftest)
-    lp0, h0 = policy.token_logprobs(plain.eval(), fixed_batch.input_ids, fixed_batch.attention_mask,
-                                  fixed_batch.response_mask, return_hidden=True)
+    lp0, h0 = policy.token_logprobs(
+        plain.eval(), fixed_batch.input_ids, fixed_batch.attention_mask, fixed_batch.response_mask, return_hidden=True
+    )
     model, _ = _load(tiny_model_path)
     peft_model = policy.prepare_model(float64_model(model), grpo.GRPOConfig(use_peft=True)).eval()
     with torch.no_grad():  # a fresh adapter (B = 0) is the identity: same log-probs, same LM-head inputs
-        lp1, h1 = policy.token_logprobs(peft_model, fixed_batch.input_ids, fixed_batch.attention_mask,
-                                      fixed_batch.response_mask, return_hidden=True)
+        lp1, h1 = policy.token_logprobs(
+            peft_model, fixed_batch.input_ids, fixed_batch.attention_mask, fixed_batch.response_mask, return_hidden=True
+        )
         out = peft_model(input_ids=fixed_batch.input_ids, attention_mask=fixed_batch.attention_mask, logits_to_keep=5)
     torch.testing.assert_close(lp1, lp0.detach(), atol=1e-10, rtol=0)
     torch.testing.assert_close(h1, h0, atol=1e-10, rtol=0)
@@ -130,8 +170,9 @@ def test_peft_wrapper_keeps_hidden_hook_and_logits_to_keep(tiny_model_path, fixe
     assert all("lora_" in n for n in names)
 
 
-def test_lora_step_changes_only_adapters_and_saved_adapter_reloads(tiny_model_path, fixed_batch, tmp_path,
-                                                                   float64_model):
+def test_lora_step_changes_only_adapters_and_saved_adapter_reloads(
+    tiny_model_path, fixed_batch, tmp_path, float64_model
+):
     from peft import PeftModel
 
     model, tok, cfg, before = _train_lora(tiny_model_path, fixed_batch)
@@ -148,8 +189,9 @@ def test_lora_step_changes_only_adapters_and_saved_adapter_reloads(tiny_model_pa
     base, _ = _load(tiny_model_path)
     loaded = PeftModel.from_pretrained(base, tmp_path / "adapter")
     trained = _logp(model, fixed_batch)  # the same weights: float64 copies agree to 1e-10 (conftest)
-    torch.testing.assert_close(_logp(float64_model(loaded), fixed_batch), _logp(float64_model(model), fixed_batch),
-                               atol=1e-10, rtol=0)
+    torch.testing.assert_close(
+        _logp(float64_model(loaded), fixed_batch), _logp(float64_model(model), fixed_batch), atol=1e-10, rtol=0
+    )
     plain, _ = _load(tiny_model_path)
     assert (trained - _logp(plain, fixed_batch)).abs().max() > 1e-3  # the adapter does change the policy
 
@@ -180,8 +222,9 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_path, fixed_b
         torch.manual_seed(0)  # same LoRA initialisation and same dropout masks in both runs
         model, _ = _load(tiny_model_path)
         model = float64_model(model)  # recomputation is the same computation: float64, 1e-10 (conftest)
-        cfg = grpo.GRPOConfig(use_peft=use_peft, gradient_checkpointing=gc, micro_batch_size=3,
-                              shared_prompt=False)  # counts the 3 micro-batches' forwards, no prompt pass
+        cfg = grpo.GRPOConfig(
+            use_peft=use_peft, gradient_checkpointing=gc, micro_batch_size=3, shared_prompt=False
+        )  # counts the 3 micro-batches' forwards, no prompt pass
         model = policy.prepare_model(model, cfg)
         if use_peft:  # B = 0 at initialisation would give A no gradient: make every adapter live
             gen = torch.Generator().manual_seed(1)
@@ -190,8 +233,10 @@ def test_gradient_checkpointing_gives_the_same_gradient(tiny_model_path, fixed_b
                     if "lora_B" in n:
                         p.copy_(0.05 * torch.randn(p.shape, generator=gen))
         theta_old = grpo.old_logprobs(model, b, cfg)
-        old = theta_old.logp + 0.1 * torch.randn(b.response_mask.shape, generator=torch.Generator().manual_seed(2)) \
-            * b.response_mask
+        old = (
+            theta_old.logp
+            + 0.1 * torch.randn(b.response_mask.shape, generator=torch.Generator().manual_seed(2)) * b.response_mask
+        )
         layer = model.get_base_model().model.layers[0] if use_peft else model.model.layers[0]
         n_calls = [0]
         # a pre-hook: non-reentrant recomputation stops early, before the MLP's forward returns
@@ -222,8 +267,15 @@ def test_checkpoint_roundtrip_restores_weights_optimizer_rng(tiny_model_path, tm
         opt.step()
     random.seed(5)
     torch.manual_seed(6)
-    state = {"step": 7, "sampler_position": 123, "metrics_lines": 9, "skipped_updates_total": 2,
-             "cscr_threshold": 0.37, "cscr_calibrated": True, "use_peft": False}
+    state = {
+        "step": 7,
+        "sampler_position": 123,
+        "metrics_lines": 9,
+        "skipped_updates_total": 2,
+        "cscr_threshold": 0.37,
+        "cscr_calibrated": True,
+        "use_peft": False,
+    }
     checkpoint.save_checkpoint(str(tmp_path / "checkpoint-7"), model, tok, opt, state)
     expected = (random.random(), torch.rand(3))
     assert checkpoint.latest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-7")
@@ -266,8 +318,23 @@ def test_checkpoint_roundtrip_restores_weights_optimizer_rng(tiny_model_path, tm
 
 
 def _run(out, model_path, *extra):
-    grpo.main(["--model", str(model_path), "--prompt_template", "none", "--num_prompts_per_step", "8",
-               "--num_generations", "4", "--max_completion_length", "40", "--output_dir", str(out), *extra])
+    grpo.main(
+        [
+            "--model",
+            str(model_path),
+            "--prompt_template",
+            "none",
+            "--num_prompts_per_step",
+            "8",
+            "--num_generations",
+            "4",
+            "--max_completion_length",
+            "40",
+            "--output_dir",
+            str(out),
+            *extra,
+        ]
+    )
 
 
 def _metrics(out):
@@ -279,16 +346,39 @@ def _weights(folder):
     return load_file(f if f.exists() else folder / "model.safetensors")
 
 
-@pytest.mark.parametrize("variant", [
-    ["--credit", "cscr", "--cscr_threshold_quantile", "0.8", "--num_mini_batches", "2"],
-    ["--credit", "delta", "--use_peft", "--learning_rate", "3e-3", "--beta", "0.05", "--gradient_checkpointing",
-     "--micro_batch_size", "5"],
-], ids=["full-cscr", "lora-delta"])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        ["--credit", "cscr", "--cscr_threshold_quantile", "0.8", "--num_mini_batches", "2"],
+        [
+            "--credit",
+            "delta",
+            "--use_peft",
+            "--learning_rate",
+            "3e-3",
+            "--beta",
+            "0.05",
+            "--gradient_checkpointing",
+            "--micro_batch_size",
+            "5",
+        ],
+    ],
+    ids=["full-cscr", "lora-delta"],
+)
 def test_resume_reproduces_the_uninterrupted_run(toy_model_path, tmp_path, monkeypatch, variant):
     eval_file = tmp_path / "eval.jsonl"
     eval_file.write_text("".join(json.dumps(r) + "\n" for r in toy.make_split("test")[:4]))
-    common = ["--max_steps", "6", "--save_steps", "3", "--eval_data", str(eval_file), "--eval_num_generations", "2",
-              *variant]
+    common = [
+        "--max_steps",
+        "6",
+        "--save_steps",
+        "3",
+        "--eval_data",
+        str(eval_file),
+        "--eval_num_generations",
+        "2",
+        *variant,
+    ]
     _run(tmp_path / "whole", toy_model_path, *common)
 
     out = tmp_path / "resumed"
@@ -312,8 +402,10 @@ def test_resume_reproduces_the_uninterrupted_run(toy_model_path, tmp_path, monke
 
     whole, resumed = _metrics(tmp_path / "whole"), _metrics(out)
     timing = ("step_time", "generation_time")  # and the step's peak memory ("memory/..."): measurements
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in timing and not k.startswith("memory/")}  # noqa: E731
-                          for r in rows]
+
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k not in timing and not k.startswith("memory/")} for r in rows]
+
     assert [r["step"] for r in resumed] == [0, 1, 2, 3, 4, 5, 6, 6]  # "before" eval once, no step twice
     assert strip(resumed) == strip(whole)
     assert any(r.get("grad_norm", 0) > 0 for r in whole)  # the runs did learn something
@@ -355,17 +447,39 @@ def test_non_finite_loss_is_skipped_counted_and_training_continues(toy_model_pat
     assert all(torch.equal(o1["state"][i]["exp_avg"], o2["state"][i]["exp_avg"]) for i in o1["state"])
 
 
-@pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
-                                   RuntimeError("[enforce fail] DefaultCPUAllocator: out of memory")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        RuntimeError("[enforce fail] DefaultCPUAllocator: out of memory"),
+    ],
+)
 def test_out_of_memory_names_the_memory_flags(tiny_model_path, tmp_path, monkeypatch, error):
     def oom(*a, **kw):
         raise error
 
     monkeypatch.setattr(grpo, "old_logprobs", oom)  # stage 4: every step runs it (a step without signal skips the loss)
     with pytest.raises(SystemExit) as e:
-        grpo.main(["--model", str(tiny_model_path), "--prompt_template", "none", "--max_steps", "1",
-                   "--num_prompts_per_step", "2", "--num_generations", "2", "--max_completion_length", "8",
-                   "--eval_num_generations", "0", "--output_dir", str(tmp_path / "oom")])
+        grpo.main(
+            [
+                "--model",
+                str(tiny_model_path),
+                "--prompt_template",
+                "none",
+                "--max_steps",
+                "1",
+                "--num_prompts_per_step",
+                "2",
+                "--num_generations",
+                "2",
+                "--max_completion_length",
+                "8",
+                "--eval_num_generations",
+                "0",
+                "--output_dir",
+                str(tmp_path / "oom"),
+            ]
+        )
     msg = str(e.value)
     assert "out of memory during step 1" in msg
     for flag in ("--micro_batch_size", "--gradient_checkpointing", "--use_peft", "--max_completion_length"):
@@ -393,9 +507,31 @@ def test_lora_run_names_its_base_model_as_given_and_its_folder_loads(toy_model_p
     """A --use_peft run's final/ names its base model as the user did ("toy", not this machine's cache path), and
     --model <run>/final loads that base model with the adapter on top: the trained policy, and its template."""
     out = tmp_path / "lora"
-    grpo.main(["--model", "toy", "--use_peft", "--lora_dropout", "0", "--max_steps", "2", "--num_prompts_per_step",
-               "4", "--num_generations", "4", "--max_completion_length", "24", "--learning_rate", "0.01",
-               "--eval_num_generations", "0", "--save_steps", "0", "--output_dir", str(out)])
+    grpo.main(
+        [
+            "--model",
+            "toy",
+            "--use_peft",
+            "--lora_dropout",
+            "0",
+            "--max_steps",
+            "2",
+            "--num_prompts_per_step",
+            "4",
+            "--num_generations",
+            "4",
+            "--max_completion_length",
+            "24",
+            "--learning_rate",
+            "0.01",
+            "--eval_num_generations",
+            "0",
+            "--save_steps",
+            "0",
+            "--output_dir",
+            str(out),
+        ]
+    )
     saved = json.loads((out / "final" / "adapter_config.json").read_text())
     assert saved["base_model_name_or_path"] == "toy"
     card = (out / "final" / "README.md").read_text()  # peft's model card names it too

@@ -1,6 +1,7 @@
 """tools/examples/trl_credit.py: delta.py and cscr.py inside TRL's GRPOTrainer give grpo.py's token credit.
 
-Marker ``trl`` (needs tools/requirements-bench.txt; left out of the default run; ``.ci/run`` runs ``pytest -m trl`` in its
+Marker ``trl`` (needs tools/requirements-bench.txt; left out of the default run; ``.ci/run`` runs ``pytest -m trl`` in
+its
 own virtual environment). One TRL step on the toy with a generation batch of 2 prompts × 8 responses split into 4
 micro-batches of 4 rows (``gradient_accumulation_steps`` 4): grpo.py's credit hook (``grpo.old_logprobs`` +
 ``grpo.Credit``, whole batch, its own θ_old pass) runs on TRL's batch at θ_old, before the subclass; the token
@@ -15,8 +16,8 @@ import pytest
 import torch
 
 import grpo
-from trainer import policy
 import rollout
+from trainer import policy
 
 pytestmark = pytest.mark.trl
 TOL = 1e-10
@@ -37,10 +38,15 @@ def _grpo_credit(model, tokenizer, credit, inputs, out):
     mask = out["completion_mask"].float()
     batch = rollout.Rollout(
         input_ids=torch.cat([out["prompt_ids"], out["completion_ids"]], 1),
-        attention_mask=torch.cat([out["prompt_mask"], out["completion_mask"]], 1), response_ids=out["completion_ids"],
-        response_mask=mask, prompt_length=out["prompt_ids"].shape[1], finish_reasons=["stop"] * len(mask),
+        attention_mask=torch.cat([out["prompt_mask"], out["completion_mask"]], 1),
+        response_ids=out["completion_ids"],
+        response_mask=mask,
+        prompt_length=out["prompt_ids"].shape[1],
+        finish_reasons=["stop"] * len(mask),
         texts=tokenizer.batch_decode(out["completion_ids"], skip_special_tokens=True),
-        prompts=[x["prompt"] for x in inputs], group_size=8)
+        prompts=[x["prompt"] for x in inputs],
+        group_size=8,
+    )
     adv = out["advantages"].clone()
     theta_old = grpo.old_logprobs(model, batch, cfg, credit == "delta")
     token_adv, _ = grpo.Credit(cfg, tokenizer)(model, batch, adv, theta_old, [x["answer"] for x in inputs])
@@ -53,18 +59,37 @@ def _key(prompt_ids, completion_ids):
 
 
 @pytest.mark.parametrize("credit", ["grpo", "delta", "cscr"])
-def test_token_advantages_equal_grpo_credit_across_micro_batches(example, toy_model_path, tmp_path, monkeypatch,
-                                                                 float64_model, credit):
+def test_token_advantages_equal_grpo_credit_across_micro_batches(
+    example, toy_model_path, tmp_path, monkeypatch, float64_model, credit
+):
     import trl
 
     model, tokenizer = policy.load_model_and_tokenizer(toy_model_path)
     model = float64_model(model)
     from trl.kernels import chunked_logprob  # TRL's loss accumulates in float32 whatever the model's dtype (float32
+
     # is the point there); this test compares the advantages that reach the loss, so the kernel gets float32 inputs
-    monkeypatch.setattr(chunked_logprob, "_addmm_fp32", lambda acc, a, b: acc.addmm_(a.type(acc.dtype), b.type(acc.dtype)))
-    args = example.build_parser().parse_args([
-        "--credit", credit, "--max_steps", "1", "--num_prompts_per_step", "2", "--num_generations", "8",
-        "--gradient_accumulation_steps", "4", "--seed", "1", "--output_dir", str(tmp_path)])
+    monkeypatch.setattr(
+        chunked_logprob, "_addmm_fp32", lambda acc, a, b: acc.addmm_(a.type(acc.dtype), b.type(acc.dtype))
+    )
+    args = example.build_parser().parse_args(
+        [
+            "--credit",
+            credit,
+            "--max_steps",
+            "1",
+            "--num_prompts_per_step",
+            "2",
+            "--num_generations",
+            "8",
+            "--gradient_accumulation_steps",
+            "4",
+            "--seed",
+            "1",
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
     ref, micro = {}, []
     parent = trl.GRPOTrainer._generate_and_score_completions
 
@@ -78,8 +103,9 @@ def test_token_advantages_equal_grpo_credit_across_micro_batches(example, toy_mo
     loss = trainer._compute_loss
 
     def compute_loss(model, inputs):  # what reaches TRL's loss, micro-batch by micro-batch
-        micro.append({k: inputs[k].detach().clone() for k in ("prompt_ids", "completion_ids", "completion_mask",
-                                                               "advantages")})
+        micro.append(
+            {k: inputs[k].detach().clone() for k in ("prompt_ids", "completion_ids", "completion_mask", "advantages")}
+        )
         return loss(model, inputs)
 
     trainer._compute_loss = compute_loss
@@ -104,6 +130,18 @@ def test_token_advantages_equal_grpo_credit_across_micro_batches(example, toy_mo
 
 
 def test_delta_raises_the_heldout_reward(example, tmp_path):
-    out = example.main(["--credit", "delta", "--max_steps", "8", "--num_prompts_per_step", "8",
-                        "--eval_limit", "50", "--output_dir", str(tmp_path)])
+    out = example.main(
+        [
+            "--credit",
+            "delta",
+            "--max_steps",
+            "8",
+            "--num_prompts_per_step",
+            "8",
+            "--eval_limit",
+            "50",
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
     assert out["after"]["avg@8"] > out["before"]["avg@8"] + 0.05

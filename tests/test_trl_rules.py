@@ -1,6 +1,7 @@
 """The comparison rules' losses against TRL 1.16's own ``GRPOTrainer._compute_loss`` (issue #38).
 
-Marker ``trl`` (needs tools/requirements-bench.txt; left out of the default run; ``.ci/run`` runs ``pytest -m trl`` in its
+Marker ``trl`` (needs tools/requirements-bench.txt; left out of the default run; ``.ci/run`` runs ``pytest -m trl`` in
+its
 own virtual environment). TRL's method runs unchanged on a stub trainer (the attributes it reads, TRL's own
 ``get_high_entropy_mask``, a one-process accelerator) whose ``_get_per_token_logps_and_entropies`` returns log π
 [B, T] from one float64 leaf and entropies we set; the same log π go through grpo.py's loss stage
@@ -52,30 +53,64 @@ def trl_loss():
     (loss, ∂loss/∂log π [B, T])."""
     trl = pytest.importorskip("trl")  # in a fixture: the default run collects this file without a skip
 
-    def run(logp, delta, adv, mask, entropy=None, parts=1, loss_type="dapo", quantile=1.0, epsilon=0.2,
-            epsilon_high=0.28, beta=0.0, ref_logp=None, tau_pos=1.0, tau_neg=1.05):
+    def run(
+        logp,
+        delta,
+        adv,
+        mask,
+        entropy=None,
+        parts=1,
+        loss_type="dapo",
+        quantile=1.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        beta=0.0,
+        ref_logp=None,
+        tau_pos=1.0,
+        tau_neg=1.05,
+    ):
         leaf = logp.clone().requires_grad_(True)
         B, T = logp.shape
         entropy = torch.zeros(B, T, dtype=D) if entropy is None else entropy
         rows = torch.arange(B).tensor_split(parts)
         stub = SimpleNamespace(
-            top_entropy_quantile=quantile, off_policy_mask_threshold=None, importance_sampling_level="token",
-            beta=beta, loss_type=loss_type, epsilon_low=epsilon, epsilon_high=epsilon_high, use_vllm=False,
-            model=SimpleNamespace(training=True), current_gradient_accumulation_steps=parts,
-            max_completion_length=T, _entropy_bonus_enabled=False, aux_loss_enabled=False,
-            _metrics=defaultdict(lambda: defaultdict(list)), accelerator=_Accelerator(),
-            args=SimpleNamespace(delta=None, sapo_temperature_pos=tau_pos, sapo_temperature_neg=tau_neg,
-                                 use_bias_correction_kl=False, steps_per_generation=parts))
+            top_entropy_quantile=quantile,
+            off_policy_mask_threshold=None,
+            importance_sampling_level="token",
+            beta=beta,
+            loss_type=loss_type,
+            epsilon_low=epsilon,
+            epsilon_high=epsilon_high,
+            use_vllm=False,
+            model=SimpleNamespace(training=True),
+            current_gradient_accumulation_steps=parts,
+            max_completion_length=T,
+            _entropy_bonus_enabled=False,
+            aux_loss_enabled=False,
+            _metrics=defaultdict(lambda: defaultdict(list)),
+            accelerator=_Accelerator(),
+            args=SimpleNamespace(
+                delta=None,
+                sapo_temperature_pos=tau_pos,
+                sapo_temperature_neg=tau_neg,
+                use_bias_correction_kl=False,
+                steps_per_generation=parts,
+            ),
+        )
         stub.get_high_entropy_mask = trl.GRPOTrainer.get_high_entropy_mask.__get__(stub)
         total = 0.0
         for j in rows:
             stub._get_per_token_logps_and_entropies = lambda *a, j=j, **k: (leaf[j], entropy[j], None)
-            inputs = {"prompt_ids": torch.ones(len(j), 1, dtype=torch.long),
-                      "prompt_mask": torch.ones(len(j), 1, dtype=torch.long),
-                      "completion_ids": torch.ones(len(j), T, dtype=torch.long), "completion_mask": mask[j].long(),
-                      "advantages": adv[j], "old_per_token_logps": (logp - delta)[j],
-                      # TRL's num_items_in_batch: the generation batch's tokens (here the mini-batch)
-                      "num_items_in_batch": mask.sum()}
+            inputs = {
+                "prompt_ids": torch.ones(len(j), 1, dtype=torch.long),
+                "prompt_mask": torch.ones(len(j), 1, dtype=torch.long),
+                "completion_ids": torch.ones(len(j), T, dtype=torch.long),
+                "completion_mask": mask[j].long(),
+                "advantages": adv[j],
+                "old_per_token_logps": (logp - delta)[j],
+                # TRL's num_items_in_batch: the generation batch's tokens (here the mini-batch)
+                "num_items_in_batch": mask.sum(),
+            }
             if ref_logp is not None:
                 inputs["ref_per_token_logps"] = ref_logp[j]
             loss = trl.GRPOTrainer._compute_loss(stub, None, inputs)
@@ -111,8 +146,16 @@ def test_losses_equal_trl(trl_loss, loss_stage, loss_type, parts):
     over the mini-batch and over two micro-batches (TRL's gradient accumulation), value and gradient."""
     logp, delta, adv, mask, _ = _batch()
     theirs = trl_loss(logp, delta, adv, mask, parts=parts, loss_type=loss_type)
-    loss, grad, stats, _ = loss_stage(logp, delta, adv, mask=mask, loss_type=loss_type, sapo_temperature_neg=TAU_NEG,
-                                      micro_batch_size=len(adv) // parts, padding_free=False)
+    loss, grad, stats, _ = loss_stage(
+        logp,
+        delta,
+        adv,
+        mask=mask,
+        loss_type=loss_type,
+        sapo_temperature_neg=TAU_NEG,
+        micro_batch_size=len(adv) // parts,
+        padding_free=False,
+    )
     if loss_type != "sapo":  # the clip binds somewhere, or the comparison would not see it
         assert stats["clip_ratio/region_mean"] > 0
     _close((loss, grad), theirs)
@@ -126,9 +169,19 @@ def test_entropy_quantile_equals_trl(trl_loss, loss_stage, loss_type, parts, poo
     keeps its normalisers (issue #38 item 1: the per-sequence losses divided by the kept tokens before)."""
     logp, delta, adv, mask, entropy = _batch(1)
     theirs = trl_loss(logp, delta, adv, mask, entropy, parts=parts, loss_type=loss_type, quantile=0.4)
-    loss, grad, _, w = loss_stage(logp, delta, adv, entropy, mask, loss_type=loss_type, top_entropy_quantile=0.4,
-                                  entropy_pool=pool, micro_batch_size=len(adv) // parts, padding_free=False,
-                                  sapo_temperature_neg=TAU_NEG)
+    loss, grad, _, w = loss_stage(
+        logp,
+        delta,
+        adv,
+        entropy,
+        mask,
+        loss_type=loss_type,
+        top_entropy_quantile=0.4,
+        entropy_pool=pool,
+        micro_batch_size=len(adv) // parts,
+        padding_free=False,
+        sapo_temperature_neg=TAU_NEG,
+    )
     assert 0 < w.sum() < mask.sum()  # the mask leaves tokens out
     _close((loss, grad), theirs)
 
@@ -152,10 +205,10 @@ def test_kl_penalty_with_the_entropy_quantile_equals_trl(trl_loss, loss_stage):
     logp, delta, adv, mask, entropy = _batch(2)
     ref = logp + 0.3 * torch.randn(logp.shape, generator=torch.Generator().manual_seed(5), dtype=D)
     for loss_type in ("dapo", "grpo"):
-        theirs = trl_loss(logp, delta, adv, mask, entropy, loss_type=loss_type, quantile=0.4, beta=0.04,
-                          ref_logp=ref)
-        loss, grad, _, _ = loss_stage(logp, delta, adv, entropy, mask, ref, loss_type=loss_type, beta=0.04,
-                                      top_entropy_quantile=0.4)
+        theirs = trl_loss(logp, delta, adv, mask, entropy, loss_type=loss_type, quantile=0.4, beta=0.04, ref_logp=ref)
+        loss, grad, _, _ = loss_stage(
+            logp, delta, adv, entropy, mask, ref, loss_type=loss_type, beta=0.04, top_entropy_quantile=0.4
+        )
         _close((loss, grad), theirs)
 
 
@@ -187,13 +240,14 @@ def test_the_log_ratio_clamp_is_a_difference(trl_loss, loss_stage):
 def test_trl_epsilon_high_defaults_to_epsilon():
     """TRL's ``epsilon_high`` is ``epsilon`` unless given (ours: 0.28, DAPO's Clip-Higher), as the README says."""
     trl = pytest.importorskip("trl")
-    import grpo
-
     import dataclasses
     import inspect
 
+    import grpo
+
     defaults = {f.name: f.default for f in dataclasses.fields(trl.GRPOConfig)}
     assert defaults["epsilon"] == 0.2 and defaults["epsilon_high"] is None
-    assert "args.epsilon_high if args.epsilon_high is not None else args.epsilon" in \
-        inspect.getsource(trl.GRPOTrainer.__init__)
+    assert "args.epsilon_high if args.epsilon_high is not None else args.epsilon" in inspect.getsource(
+        trl.GRPOTrainer.__init__
+    )
     assert grpo.GRPOConfig().epsilon_high == 0.28

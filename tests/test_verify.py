@@ -372,7 +372,11 @@ def test_math_verify_own_test_cases():
         assert not r["differs"] or r["differs"] in data["about"]["differs"], r["id"]
     assert all(r["differs"].startswith("n/a: ") for r in rows if r["verify_py"] is None)
     # the two cases of issue 12, fixed: `1 000` and `$28$ %`
-    fixed = {r["id"]: r["verify_py"] for r in rows if r["id"].endswith(("test_number_extraction[2]", "test_percent_notation[3]"))}
+    fixed = {
+        r["id"]: r["verify_py"]
+        for r in rows
+        if r["id"].endswith(("test_number_extraction[2]", "test_percent_notation[3]"))
+    }
     assert list(fixed.values()) == [True, True]
     doc = EVALUATION_DOC.read_text()
     agree = sum(not r["differs"] for r in graded)
@@ -532,8 +536,9 @@ def test_ctrl_c_while_the_workers_start_leaves_them_quiet(tmp_path):
         "    print(verify.verify_with_reason(r'\\boxed{3}', '3'), caught == [1],\n"
         "          signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)\n"
     )
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False,
-                          start_new_session=True)  # its own process group: the signal reaches no one else
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, check=False, start_new_session=True
+    )  # its own process group: the signal reaches no one else
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "(True, 'ok') True True"
     assert "KeyboardInterrupt" not in done.stderr and "Traceback" not in done.stderr, done.stderr
@@ -593,7 +598,13 @@ def test_grade_batch_matches_single_calls_and_summarize():
     s = summarize(expected)
     assert s["total"] == 7 and s["correct"] == 2
     assert (s["ok"], s["no_box"], s["empty_box"], s["hedged"], s["timeout"], s["parse_error"], s["error"]) == (
-        3, 1, 1, 1, 1, 0, 0,
+        3,
+        1,
+        1,
+        1,
+        1,
+        0,
+        0,
     )
     with pytest.raises(ValueError, match="reason"):
         summarize([(True, "bogus")])
@@ -634,7 +645,9 @@ def test_grading_inside_a_multiprocessing_worker_exits_cleanly():
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["verify"])  # imported before the fork too (as tools/bench/ does): each owner must stop it
+    ctx.set_forkserver_preload(
+        ["verify"]
+    )  # imported before the fork too (as tools/bench/ does): each owner must stop it
     with ProcessPoolExecutor(1, mp_context=ctx, max_tasks_per_child=1) as ex:
         results = [ex.submit(_grade_in_a_child).result(timeout=120) for _ in range(2)]  # the second needs a new worker
     assert results == [[(True, "ok")], [(True, "ok")]]
@@ -694,21 +707,50 @@ def test_a_coefficient_and_the_imaginary_unit():
 
 
 def test_unicode_a_model_writes():
-    cases = [("−√3", r"-\sqrt{3}"), ("(-∞,0]", r"(-\infty,0]"), ("6r²−4r−24", "6r^{2}-4r-24"),
-             ("x⁻¹", "x^{-1}"), ("a₁+a₂", "a_{1}+a_{2}"), ("2√(x+1)", r"2\sqrt{(x+1)}"), ("√{13}/2", r"\sqrt{13}/2"),
-             ("3×4·5", r"3\times4\cdot5"), ("x≤2", r"x\le2"), ("1±√2", r"1\pm\sqrt{2}"),
-             ("θx+θ(t)", r"\theta x+\theta(t)"), ("∛2", r"\sqrt[3]{2}"),
-             ("2π", r"2\pi"), ("½", r"\frac{1}{2}"), ("1 000", "1000"), ("√π", r"\sqrt{\pi}")]
+    cases = [
+        ("−√3", r"-\sqrt{3}"),
+        ("(-∞,0]", r"(-\infty,0]"),
+        ("6r²−4r−24", "6r^{2}-4r-24"),
+        ("x⁻¹", "x^{-1}"),
+        ("a₁+a₂", "a_{1}+a_{2}"),
+        ("2√(x+1)", r"2\sqrt{(x+1)}"),
+        ("√{13}/2", r"\sqrt{13}/2"),
+        ("3×4·5", r"3\times4\cdot5"),
+        ("x≤2", r"x\le2"),
+        ("1±√2", r"1\pm\sqrt{2}"),
+        ("θx+θ(t)", r"\theta x+\theta(t)"),
+        ("∛2", r"\sqrt[3]{2}"),
+        ("2π", r"2\pi"),
+        ("½", r"\frac{1}{2}"),
+        ("1 000", "1000"),
+        ("√π", r"\sqrt{\pi}"),
+    ]
     for text, latex in cases:
         assert V.normalize_answer(text) == latex, text
     assert V.normalize_answer("3–5") == "3–5"  # an en dash is a range, not a minus: never read as 3-5
-    right = [("−√3", r"-\sqrt{3}"), ("(-∞,0]", r"(-\infty, 0]"), ("6r²−4r−24", "6r^2-4r-24"), ("2√2", r"2\sqrt{2}"),
-             ("(−∞, 2) ∪ (3, ∞)", r"(-\infty, 2) \cup (3, \infty)"), ("x ≥ 3", r"[3, \infty)"),
-             ("3π/2", r"\frac{3\pi}{2}"),
-             ("10³", "1000"), ("2⁻¹", r"\frac{1}{2}"), ("1 − √3 i", r"1-\sqrt{3} i")]
+    right = [
+        ("−√3", r"-\sqrt{3}"),
+        ("(-∞,0]", r"(-\infty, 0]"),
+        ("6r²−4r−24", "6r^2-4r-24"),
+        ("2√2", r"2\sqrt{2}"),
+        ("(−∞, 2) ∪ (3, ∞)", r"(-\infty, 2) \cup (3, \infty)"),
+        ("x ≥ 3", r"[3, \infty)"),
+        ("3π/2", r"\frac{3\pi}{2}"),
+        ("10³", "1000"),
+        ("2⁻¹", r"\frac{1}{2}"),
+        ("1 − √3 i", r"1-\sqrt{3} i"),
+    ]
     for p, ref in right:
         assert _judge(p, ref) == (True, "ok"), (p, ref)
-    wrong = [("√3", r"-\sqrt{3}"), ("−√2", r"-\sqrt{3}"), ("(-∞,0)", r"(-\infty, 0]"), ("6r³−4r−24", "6r^2-4r-24"),
-             ("6r²+4r−24", "6r^2-4r-24"), ("10²", "1000"), ("x ≤ 3", r"[3, \infty)"), ("3–5", "-2")]
+    wrong = [
+        ("√3", r"-\sqrt{3}"),
+        ("−√2", r"-\sqrt{3}"),
+        ("(-∞,0)", r"(-\infty, 0]"),
+        ("6r³−4r−24", "6r^2-4r-24"),
+        ("6r²+4r−24", "6r^2-4r-24"),
+        ("10²", "1000"),
+        ("x ≤ 3", r"[3, \infty)"),
+        ("3–5", "-2"),
+    ]
     for p, ref in wrong:
         assert _judge(p, ref)[0] is False, (p, ref)

@@ -1,6 +1,7 @@
 """tools/examples/verl_credit.py: delta.py and cscr.py as verl 0.9's advantage stage give grpo.py's token credit.
 
-Marker ``verl`` (needs tools/requirements-verl.txt; left out of the default run; ``.ci/run`` runs ``pytest -m verl`` in its
+Marker ``verl`` (needs tools/requirements-verl.txt; left out of the default run; ``.ci/run`` runs ``pytest -m verl`` in
+its
 own virtual environment). On a CPU, without Ray: a tiny random Qwen3 (float64: tests/conftest.py ``float64_model``)
 and a batch laid out as verl's driver lays it out (``DataProto``: left-padded ``prompts``, right-padded
 ``responses``, ``input_ids``, ``attention_mask``, ``position_ids`` from verl's ``compute_position_id_with_mask``,
@@ -65,12 +66,22 @@ def verl_config(credit):
     from hydra import compose, initialize_config_dir
 
     with initialize_config_dir(config_dir=str(Path(verl.trainer.__file__).parent / "config"), version_base=None):
-        return compose(config_name="ppo_trainer", overrides=[
-            "trainer.use_v1=False", "algorithm.adv_estimator=grpo", f"actor_rollout_ref.rollout.n={N_GEN}",
-            "actor_rollout_ref.actor.loss_agg_mode=token-mean", "actor_rollout_ref.actor.clip_ratio_low=0.2",
-            "actor_rollout_ref.actor.clip_ratio_high=0.28", "actor_rollout_ref.actor.clip_ratio_c=10.0",
-            "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
-            f"+credit.name={credit}", "+credit.micro_batch_size=3"])
+        return compose(
+            config_name="ppo_trainer",
+            overrides=[
+                "trainer.use_v1=False",
+                "algorithm.adv_estimator=grpo",
+                f"actor_rollout_ref.rollout.n={N_GEN}",
+                "actor_rollout_ref.actor.loss_agg_mode=token-mean",
+                "actor_rollout_ref.actor.clip_ratio_low=0.2",
+                "actor_rollout_ref.actor.clip_ratio_high=0.28",
+                "actor_rollout_ref.actor.clip_ratio_c=10.0",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+                f"+credit.name={credit}",
+                "+credit.micro_batch_size=3",
+            ],
+        )
 
 
 def verl_batch(example, model, tokenizer, seed=0):
@@ -86,7 +97,7 @@ def verl_batch(example, model, tokenizer, seed=0):
     P, B = max(map(len, ids)), len(ids)
     prompts = torch.full((B, P), pad)
     for i, x in enumerate(ids):
-        prompts[i, P - len(x):] = torch.tensor(x)  # left-padded
+        prompts[i, P - len(x) :] = torch.tensor(x)  # left-padded
     lengths = torch.randint(3, MAX_RESPONSE + 1, (B,), generator=g)
     responses = torch.randint(4, len(tokenizer), (B, MAX_RESPONSE), generator=g)
     cols = torch.arange(MAX_RESPONSE)
@@ -94,19 +105,32 @@ def verl_batch(example, model, tokenizer, seed=0):
     responses = torch.where(cols < lengths[:, None], responses, pad)  # right-padded
     attention_mask = torch.cat([prompts != pad, cols < lengths[:, None]], 1).long()
     input_ids = torch.cat([prompts, responses], 1)
-    scores = torch.tensor([1., 0., 1., 0., 0., 0., 0., 1., 1., 1., 1., 1., 0., 1., 1., 0.], dtype=torch.float64)
+    scores = torch.tensor(
+        [1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0], dtype=torch.float64
+    )
     rewards = torch.zeros(B, MAX_RESPONSE, dtype=torch.float64)
     rewards[torch.arange(B), lengths - 1] = scores  # verl's reward managers: the score on the last response token
     data = DataProto.from_dict(
-        tensors={"prompts": prompts, "responses": responses, "input_ids": input_ids, "attention_mask": attention_mask,
-                 "position_ids": compute_position_id_with_mask(attention_mask), "token_level_rewards": rewards},
-        non_tensors={"uid": np.array([f"p{i // N_GEN}" for i in range(B)], dtype=object),
-                     "reward_model": np.array([{"ground_truth": "19"}] * B, dtype=object)})
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": compute_position_id_with_mask(attention_mask),
+            "token_level_rewards": rewards,
+        },
+        non_tensors={
+            "uid": np.array([f"p{i // N_GEN}" for i in range(B)], dtype=object),
+            "reward_model": np.array([{"ground_truth": "19"}] * B, dtype=object),
+        },
+    )
     data.batch["response_mask"] = compute_response_mask(data)
-    data.batch["old_log_probs"], _ = example.old_logps_and_hidden(model, input_ids, attention_mask,
-                                                                  data.batch["response_mask"], 1.0, 5, hidden=False)
-    data = compute_advantage(data, adv_estimator=AdvantageEstimator.GRPO, num_repeat=N_GEN,
-                             norm_adv_by_std_in_grpo=True)
+    data.batch["old_log_probs"], _ = example.old_logps_and_hidden(
+        model, input_ids, attention_mask, data.batch["response_mask"], 1.0, 5, hidden=False
+    )
+    data = compute_advantage(
+        data, adv_estimator=AdvantageEstimator.GRPO, num_repeat=N_GEN, norm_adv_by_std_in_grpo=True
+    )
     return data, scores
 
 
@@ -124,6 +148,7 @@ class ShardSum:
             total = sum(self.slots[1:], self.slots[0].clone())
             self.barrier.wait()
             return total
+
         return reduce
 
 
@@ -143,8 +168,9 @@ class WorkerGroup:
         chunks, outs, reduce = data.chunk(self.shards), [None] * self.shards, ShardSum(self.shards)
 
         def rank(r):
-            outs[r] = self.example.delta_lambda_bar(self.models[r], chunks[r], reduce.of(r) if self.pooled else None,
-                                                    return_hidden=True)
+            outs[r] = self.example.delta_lambda_bar(
+                self.models[r], chunks[r], reduce.of(r) if self.pooled else None, return_hidden=True
+            )
 
         threads = [threading.Thread(target=rank, args=(r,)) for r in range(self.shards)]
         [t.start() for t in threads]
@@ -156,8 +182,9 @@ class WorkerGroup:
     def compute_condition_log_probs(self, data):
         from verl import DataProto
 
-        self.outputs = [self.example.condition_log_probs(self.model, self.tokenizer, c)
-                        for c in data.chunk(self.shards)]
+        self.outputs = [
+            self.example.condition_log_probs(self.model, self.tokenizer, c) for c in data.chunk(self.shards)
+        ]
         return DataProto.concat(self.outputs)
 
     def update_actor(self, batch_td):
@@ -182,15 +209,22 @@ def grpo_credit(model, tokenizer, credit, data, adv, logp, hidden):
     b = data.batch
     cfg = grpo.GRPOConfig(credit=credit, shared_prompt=False, num_generations=N_GEN)
     mask = b["response_mask"].to(torch.float64)
-    prompt_mask = b["attention_mask"][:, :b["prompts"].shape[1]].bool()
+    prompt_mask = b["attention_mask"][:, : b["prompts"].shape[1]].bool()
     batch = rollout.Rollout(
-        input_ids=b["input_ids"], attention_mask=b["attention_mask"], response_ids=b["responses"], response_mask=mask,
-        prompt_length=b["prompts"].shape[1], finish_reasons=["stop"] * len(mask),
+        input_ids=b["input_ids"],
+        attention_mask=b["attention_mask"],
+        response_ids=b["responses"],
+        response_mask=mask,
+        prompt_length=b["prompts"].shape[1],
+        finish_reasons=["stop"] * len(mask),
         texts=tokenizer.batch_decode(b["responses"], skip_special_tokens=True),
-        prompts=[tokenizer.decode(p[m]) for p, m in zip(b["prompts"], prompt_mask)], group_size=N_GEN)
+        prompts=[tokenizer.decode(p[m]) for p, m in zip(b["prompts"], prompt_mask)],
+        group_size=N_GEN,
+    )
     old = grpo.ThetaOld(logp=logp, hidden=hidden, ref_logp=None, update_passes=None)
-    token_adv, _ = grpo.Credit(cfg, tokenizer)(model, batch, adv, old, [x["ground_truth"] for x in
-                                                                         data.non_tensor_batch["reward_model"]])
+    token_adv, _ = grpo.Credit(cfg, tokenizer)(
+        model, batch, adv, old, [x["ground_truth"] for x in data.non_tensor_batch["reward_model"]]
+    )
     return token_adv
 
 
@@ -237,8 +271,9 @@ def test_delta_without_the_all_reduce_is_each_shard_s_own(example, tiny, float64
     model, tokenizer = tiny
     model = as_float64(float64_model, model)
     data, _ = verl_batch(example, model, tokenizer)
-    pooled, alone = (trainer_with(example, "delta", WorkerGroup(example, model, tokenizer, 2, pooled=p)) for p in
-                     (True, False))
+    pooled, alone = (
+        trainer_with(example, "delta", WorkerGroup(example, model, tokenizer, 2, pooled=p)) for p in (True, False)
+    )
     results = []
     for trainer in (pooled, alone):
         d = data.slice(0, len(data))  # its own copy of the advantages
@@ -277,15 +312,25 @@ def test_verl_loss_on_the_token_advantages_is_policy_loss(example, tiny, float64
     config = omega_conf_to_dataclass(trainer.config.actor_rollout_ref.actor)
     assert config.policy_loss.loss_mode == "vanilla" and config.clip_ratio_c == 10.0
     got, _ = ppo_loss(config, model_output, td)
-    want, stats = grpo.policy_loss(logp, old, token_adv, mask, epsilon=0.2, epsilon_high=0.28, dual_clip=10.0,
-                                   loss_type="dapo")
+    want, stats = grpo.policy_loss(
+        logp, old, token_adv, mask, epsilon=0.2, epsilon_high=0.28, dual_clip=10.0, loss_type="dapo"
+    )
     assert stats["clip_ratio/dual_mean"] > 0 and stats["clip_ratio/low_mean"] > 0 and stats["clip_ratio/high_mean"] > 0
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
-    grad_got, = torch.autograd.grad(got, logp)
-    grad_want, = torch.autograd.grad(want, logp)
+    (grad_got,) = torch.autograd.grad(got, logp)
+    (grad_want,) = torch.autograd.grad(want, logp)
     torch.testing.assert_close(grad_got, grad_want, rtol=0, atol=1e-12)
-    old_api = core_algos.compute_policy_loss(old, logp, token_adv, mask, cliprange=0.2, cliprange_low=0.2,
-                                             cliprange_high=0.28, clip_ratio_c=10.0, loss_agg_mode="token-mean")[0]
+    old_api = core_algos.compute_policy_loss(
+        old,
+        logp,
+        token_adv,
+        mask,
+        cliprange=0.2,
+        cliprange_low=0.2,
+        cliprange_high=0.28,
+        clip_ratio_c=10.0,
+        loss_agg_mode="token-mean",
+    )[0]
     torch.testing.assert_close(old_api, want, rtol=0, atol=1e-12)
 
 
@@ -307,12 +352,20 @@ def test_the_launch_registers_the_worker_and_the_trainer(example):
 
 
 def test_the_launch_command_refuses_what_it_cannot_run(example, tmp_path):
-    """``python tools/examples/verl_credit.py ...``: verl's hydra config with the ``credit`` block is composed and checked
+    """``python tools/examples/verl_credit.py ...``: verl's hydra config with the ``credit`` block is composed and
+    checked
     before Ray starts; v1's driver (verl 0.9.1's default) and an unknown method are refused with the fix."""
-    for overrides, message in ((["+credit.name=delta"], "pass trainer.use_v1=False"),
-                               (["trainer.use_v1=False", "+credit.name=ppo"], "credit.name must be grpo, delta or")):
-        proc = subprocess.run([sys.executable, str(ROOT / "tools" / "examples" / "verl_credit.py"), *overrides], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=600)  # hydra's outputs/ goes to tmp_path
+    for overrides, message in (
+        (["+credit.name=delta"], "pass trainer.use_v1=False"),
+        (["trainer.use_v1=False", "+credit.name=ppo"], "credit.name must be grpo, delta or"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, str(ROOT / "tools" / "examples" / "verl_credit.py"), *overrides],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )  # hydra's outputs/ goes to tmp_path
         assert message in proc.stdout + proc.stderr, proc.stderr[-2000:]
 
 
@@ -329,8 +382,12 @@ def test_the_worker_methods_on_one_rank(example, tiny, float64_model):
     data.batch["seq_advantages"] = example.sequence_advantages(data.batch["advantages"], data.batch["response_mask"])
     data.meta_info = {"credit": {"name": "delta", "micro_batch_size": 3}, "temperature": 1.0}
     worker = object.__new__(example.CreditActorRolloutRefWorker)  # no Ray actor, no FSDP engine to build
-    engine = SimpleNamespace(module=model, ulysses_sequence_parallel_size=1, eval_mode=contextlib.nullcontext,
-                             get_data_parallel_group=lambda: None)
+    engine = SimpleNamespace(
+        module=model,
+        ulysses_sequence_parallel_size=1,
+        eval_mode=contextlib.nullcontext,
+        get_data_parallel_group=lambda: None,
+    )
     worker.actor = SimpleNamespace(engine=engine, model_config=SimpleNamespace(tokenizer=tokenizer))
     got = worker.compute_log_prob_h(data)
     want = example.delta_lambda_bar(model, data)
@@ -352,10 +409,34 @@ def test_grpo_py_trains_the_toy_on_verl_s_pins(example, tmp_path):
     assert Version(transformers.__version__) < Version("5.11")
     out = tmp_path / "run"
     proc = subprocess.run(
-        [sys.executable, "grpo.py", "--credit", "delta", "--max_steps", "2", "--prompt_template", "none",
-         "--num_prompts_per_step", "2", "--num_generations", "4", "--max_completion_length", "16",
-         "--eval_num_generations", "0", "--save_steps", "0", "--output_dir", str(out)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        [
+            sys.executable,
+            "grpo.py",
+            "--credit",
+            "delta",
+            "--max_steps",
+            "2",
+            "--prompt_template",
+            "none",
+            "--num_prompts_per_step",
+            "2",
+            "--num_generations",
+            "4",
+            "--max_completion_length",
+            "16",
+            "--eval_num_generations",
+            "0",
+            "--save_steps",
+            "0",
+            "--output_dir",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = (out / "metrics.jsonl").read_text().splitlines()
     assert len(lines) >= 2 and '"delta/' in lines[-1]

@@ -1,7 +1,8 @@
 """The comparison rules' losses against verl 0.9.1's own functions (issue #38): ``compute_policy_loss_vanilla``
 (the clipped surrogate with its dual clip), ``compute_policy_loss_sapo`` and ``agg_loss``.
 
-Marker ``verl`` (needs tools/requirements-verl.txt; left out of the default run; ``.ci/run`` runs ``pytest -m verl`` in its
+Marker ``verl`` (needs tools/requirements-verl.txt; left out of the default run; ``.ci/run`` runs ``pytest -m verl`` in
+its
 own virtual environment). verl's functions take log π and θ_old's log π [B, T], Ã [B, T] and the mask, as grpo.py's
 ``policy_loss`` and its loss stage (``grpo.LOSS_STAGES``, conftest ``loss_stage``) do: value and gradient w.r.t.
 log π agree to 1e-12 in float64 (verl computes in its inputs' dtype; its seq-mean-token-mean divides by |o_i| + 1e-8,
@@ -32,8 +33,17 @@ def verl():
     from verl.workers.config.actor import FSDPActorConfig
 
     def config(c=10.0, tau_neg=1.05, **global_batch_info):
-        cfg = FSDPActorConfig(strategy="fsdp", rollout_n=1, ppo_mini_batch_size=1, ppo_micro_batch_size_per_gpu=1,
-                              clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=c, tau_pos=1.0, tau_neg=tau_neg)
+        cfg = FSDPActorConfig(
+            strategy="fsdp",
+            rollout_n=1,
+            ppo_mini_batch_size=1,
+            ppo_micro_batch_size_per_gpu=1,
+            clip_ratio_low=0.2,
+            clip_ratio_high=0.28,
+            clip_ratio_c=c,
+            tau_pos=1.0,
+            tau_neg=tau_neg,
+        )
         cfg.global_batch_info.update(global_batch_info)
         return cfg
 
@@ -47,8 +57,9 @@ def _batch(seed=0, B=4, T=6):
     logp = -torch.rand(B, T, generator=g, dtype=D) - 0.1
     delta = 1.2 * torch.randn(B, T, generator=g, dtype=D)
     delta[1, 0] = delta[3, 1] = 1.5  # r = 4.5 on two tokens of the Â < 0 responses: the dual clip at c = 3 binds
-    token_adv = torch.tensor([1.0, -0.5, 0.75, -1.25], dtype=D)[:B, None] * (1 + 0.3 * torch.rand(B, T, generator=g,
-                                                                                                    dtype=D))
+    token_adv = torch.tensor([1.0, -0.5, 0.75, -1.25], dtype=D)[:B, None] * (
+        1 + 0.3 * torch.rand(B, T, generator=g, dtype=D)
+    )
     mask = (torch.arange(T)[None] < torch.tensor([6, 3, 5, 4])[:B, None]).to(D)
     return logp, delta, token_adv, mask
 
@@ -79,8 +90,9 @@ def _verl_by_rows(fn, logp, delta, token_adv, mask, config):
     count = config.global_batch_info.get("global_batch_size") or len(rows)
     for i in rows:
         n, one = float(mask[i].sum()), slice(i, i + 1)
-        loss, _ = fn((logp - delta)[one], leaf[one], token_adv[one], mask[one], loss_agg_mode="token-mean",
-                     config=config)
+        loss, _ = fn(
+            (logp - delta)[one], leaf[one], token_adv[one], mask[one], loss_agg_mode="token-mean", config=config
+        )
         if fn.__name__ == "compute_policy_loss_sapo":
             loss = loss * ((n + 1e-8) / n)
         (loss / count).backward()
@@ -105,17 +117,34 @@ def test_vanilla_loss_and_agg_loss_equal_verl(verl, loss_stage, loss_type, c):
     core_algos, config = verl
     logp, delta, token_adv, mask = _batch()
     ratio_max = float(torch.exp(delta[mask > 0]).max())
-    theirs = _verl(core_algos.compute_policy_loss_vanilla, logp, delta, token_adv, mask, MODES[loss_type],
-                   config(c or 2 * ratio_max))
+    theirs = _verl(
+        core_algos.compute_policy_loss_vanilla,
+        logp,
+        delta,
+        token_adv,
+        mask,
+        MODES[loss_type],
+        config(c or 2 * ratio_max),
+    )
     leaf = logp.clone().requires_grad_(True)
-    loss, stats = grpo.policy_loss(leaf, logp - delta, token_adv, mask, epsilon=0.2, epsilon_high=0.28, dual_clip=c,
-                                   loss_type=loss_type, max_completion_length=logp.shape[1])
+    loss, stats = grpo.policy_loss(
+        leaf,
+        logp - delta,
+        token_adv,
+        mask,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        dual_clip=c,
+        loss_type=loss_type,
+        max_completion_length=logp.shape[1],
+    )
     loss.backward()
     _close((loss.item(), leaf.grad), theirs)
     assert stats["clip_ratio/low_mean"] > 0 and stats["clip_ratio/high_mean"] > 0
     assert (stats["clip_ratio/dual_mean"] > 0) == (c == 3.0)  # the dual clip binds at c = 3 in this batch
-    loss, grad, _, _ = loss_stage(logp, delta, token_adv, mask=mask, loss_type=loss_type, dual_clip=c,
-                                  micro_batch_size=1, padding_free=False)
+    loss, grad, _, _ = loss_stage(
+        logp, delta, token_adv, mask=mask, loss_type=loss_type, dual_clip=c, micro_batch_size=1, padding_free=False
+    )
     _close((loss, grad), theirs)
 
 
@@ -125,8 +154,9 @@ def test_sapo_equals_verl(verl, loss_stage):
     core_algos, config = verl
     logp, delta, token_adv, mask = _batch(1)
     theirs = _verl(core_algos.compute_policy_loss_sapo, logp, delta, token_adv, mask, "token-mean", config())
-    loss, grad, _, _ = loss_stage(logp, delta, token_adv, mask=mask, loss_type="sapo", micro_batch_size=1,
-                                  padding_free=False)
+    loss, grad, _, _ = loss_stage(
+        logp, delta, token_adv, mask=mask, loss_type="sapo", micro_batch_size=1, padding_free=False
+    )
     _close((loss, grad), theirs)
 
 
@@ -193,8 +223,10 @@ def test_fipo_drop_equals_verl_agg_loss_on_the_kept_mask(verl, loss_stage, fipo_
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5], dtype=D)
     f, kept = fipo_by_hand(delta, adv, mask)
     assert kept[1].sum() == 0 and kept[3].sum() == mask[3].sum()
-    theirs = _verl(core_algos.compute_policy_loss_vanilla, logp, delta, adv[:, None] * f, kept, MODES[loss_type],
-                   config(10.0))
-    loss, grad, _, _ = loss_stage(logp, delta, adv, mask=mask, credit="fipo", loss_type=loss_type,
-                                  micro_batch_size=1, padding_free=False)
+    theirs = _verl(
+        core_algos.compute_policy_loss_vanilla, logp, delta, adv[:, None] * f, kept, MODES[loss_type], config(10.0)
+    )
+    loss, grad, _, _ = loss_stage(
+        logp, delta, adv, mask=mask, credit="fipo", loss_type=loss_type, micro_batch_size=1, padding_free=False
+    )
     _close((loss, grad), theirs)

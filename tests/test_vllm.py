@@ -25,10 +25,9 @@ import pytest
 import torch
 
 import grpo
-from trainer import policy
 import rollout
 import toy
-from trainer import vllm_engine
+from trainer import policy, vllm_engine
 
 VLLM_NAME_CASES = [
     # plain HF names pass through
@@ -51,8 +50,10 @@ VLLM_NAME_CASES = [
     ("base_model.model.model.embed_tokens.token_adapter.trainable_tokens_delta.default", None),
     # wrapper parts (torch.compile, FSDP1, activation checkpointing)
     ("_orig_mod.model.layers.1.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weight"),
-    ("model.layers.1._fsdp_wrapped_module._checkpoint_wrapped_module.mlp.up_proj.weight",
-     "model.layers.1.mlp.up_proj.weight"),
+    (
+        "model.layers.1._fsdp_wrapped_module._checkpoint_wrapped_module.mlp.up_proj.weight",
+        "model.layers.1.mlp.up_proj.weight",
+    ),
 ]
 
 
@@ -126,9 +127,18 @@ def test_sync_weights_plain_model_pushes_every_parameter_then_resets_cache():
 def test_sync_weights_tied_embeddings_pushed_once():
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16,
-                                         tie_word_embeddings=True))
+    model = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            tie_word_embeddings=True,
+        )
+    )
     assert model.lm_head.weight is model.model.embed_tokens.weight
     llm = FakeEngine()
     vllm_engine.sync_weights(model, llm)
@@ -149,16 +159,18 @@ def test_sync_weights_lora_pushes_merged_base_names_then_unmerges():
     base_before = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
     q = model.base_model.model.model.layers[1].self_attn.q_proj
     # independent formula: W + (α/r)·B·A (LoRA, Hu et al. 2021, Eq. 3)
-    expected_q = q.base_layer.weight + (cfg.lora_alpha / cfg.lora_r) * q.lora_B["default"].weight @ \
-        q.lora_A["default"].weight
+    expected_q = (
+        q.base_layer.weight + (cfg.lora_alpha / cfg.lora_r) * q.lora_B["default"].weight @ q.lora_A["default"].weight
+    )
 
     llm = FakeEngine(model=model)
     n = vllm_engine.sync_weights(model, llm)
 
     assert set(llm.loaded) == plain_names and n == len(plain_names)  # base names only, no lora_, no prefix
     assert all(llm.merged_while_loading)  # every tensor was read while the adapter was merged
-    torch.testing.assert_close(llm.loaded["model.layers.1.self_attn.q_proj.weight"], expected_q.detach(),
-                               atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(
+        llm.loaded["model.layers.1.self_attn.q_proj.weight"], expected_q.detach(), atol=1e-6, rtol=1e-6
+    )
     assert not torch.allclose(llm.loaded["model.layers.1.self_attn.q_proj.weight"], q.base_layer.weight)
     # non-LoRA weights (norms, embeddings) go unchanged
     torch.testing.assert_close(llm.loaded["model.norm.weight"], base_before["base_model.model.model.norm.weight"])
@@ -206,18 +218,27 @@ def test_sync_weights_pushes_the_active_adapters_modules_to_save_copy_once():
         torch.testing.assert_close(llm.loaded["lm_head.weight"], copies[active], atol=0, rtol=0)
         # v_proj: the default adapter's LoRA merged in, or (ref has none there) the base weight
         w = v_proj.base_layer.weight
-        expected_v = w + 2.0 * v_proj.lora_B["default"].weight @ v_proj.lora_A["default"].weight \
-            if active == "default" else w
-        torch.testing.assert_close(llm.loaded["model.layers.0.self_attn.v_proj.weight"], expected_v.detach(),
-                                   atol=1e-6, rtol=1e-6)
+        expected_v = (
+            w + 2.0 * v_proj.lora_B["default"].weight @ v_proj.lora_A["default"].weight if active == "default" else w
+        )
+        torch.testing.assert_close(
+            llm.loaded["model.layers.0.self_attn.v_proj.weight"], expected_v.detach(), atol=1e-6, rtol=1e-6
+        )
     assert torch.equal(head.original_module.weight, original)  # the frozen original is neither changed nor pushed
 
 
 def test_sync_weights_merges_trainable_tokens_into_the_embedding():
     plain_names = {n for n, _ in _toy_model().named_parameters()}
     rows = [3, 5]
-    model = _peft_toy(dict(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["q_proj"],
-                           trainable_token_indices={"embed_tokens": rows}))
+    model = _peft_toy(
+        dict(
+            r=4,
+            lora_alpha=8,
+            lora_dropout=0.0,
+            target_modules=["q_proj"],
+            trainable_token_indices={"embed_tokens": rows},
+        )
+    )
     emb = model.base_model.model.model.embed_tokens.token_adapter
     base = emb.base_layer.weight.detach().clone()
     delta = emb.trainable_tokens_delta["default"].detach().clone()
@@ -249,8 +270,12 @@ def test_vllm_weights_refuses_an_unmerged_adapter_and_a_name_twice():
 def test_sync_weights_wakes_a_sleeping_engine_weights_first():
     llm = FakeEngine(sleeping=True)
     vllm_engine.sync_weights(_toy_model(), llm)
-    assert llm.events == [("wake_up", ("weights",)), ("reload_weights",), ("reset_prefix_cache",),
-                          ("wake_up", ("kv_cache",))]
+    assert llm.events == [
+        ("wake_up", ("weights",)),
+        ("reload_weights",),
+        ("reset_prefix_cache",),
+        ("wake_up", ("kv_cache",)),
+    ]
     assert not llm.sleeping
 
 
@@ -343,12 +368,27 @@ def test_one_engine_per_rank_under_torchrun(toy_model_path, tmp_path):
     driver = tmp_path / "driver.py"
     driver.write_text(DIST_DRIVER)
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                           str(driver), toy_model_path], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(driver),
+            toy_model_path,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     results = sorted(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert results == [f"RESULT rank={r} backend=external_launcher same=True changed=True allreduce=3.0"
-                       for r in (0, 1)], proc.stdout[-2000:]
+    assert results == [
+        f"RESULT rank={r} backend=external_launcher same=True changed=True allreduce=3.0" for r in (0, 1)
+    ], proc.stdout[-2000:]
 
 
 # What a checkpoint's generation_config.json may hold that would change vLLM's sampling if it were applied (vLLM
@@ -356,9 +396,19 @@ def test_one_engine_per_rank_under_torchrun(toy_model_path, tmp_path):
 # its defaults, and adds the EOS ids as stop ids unless ignore_eos): the module's engine is built on a copy of the
 # toy holding these, with generation_config="auto" (vLLM does use them as defaults), and every test compares it
 # with HF on the clean toy. "a" among the EOS ids: responses would stop at the first "a".
-POLLUTED_GENERATION_CONFIG = dict(repetition_penalty=100.0, presence_penalty=2.0, frequency_penalty=2.0,
-                                  temperature=0.05, top_k=1, top_p=0.1, min_p=0.5, max_new_tokens=3,
-                                  min_new_tokens=5, no_repeat_ngram_size=1, eos_token_id=[2, 69])
+POLLUTED_GENERATION_CONFIG = dict(
+    repetition_penalty=100.0,
+    presence_penalty=2.0,
+    frequency_penalty=2.0,
+    temperature=0.05,
+    top_k=1,
+    top_p=0.1,
+    min_p=0.5,
+    max_new_tokens=3,
+    min_new_tokens=5,
+    no_repeat_ngram_size=1,
+    eos_token_id=[2, 69],
+)
 
 
 @pytest.fixture(scope="module")
@@ -371,8 +421,15 @@ def engine(toy_model_path, tmp_path_factory):
     shutil.copytree(toy_model_path, path)
     config = json.loads((path / "generation_config.json").read_text())
     (path / "generation_config.json").write_text(json.dumps({**config, **POLLUTED_GENERATION_CONFIG}))
-    llm = vllm_engine.create_engine(str(path), dtype="float32", max_model_len=128, seed=0, enforce_eager=True,
-                                    kv_cache_memory_bytes=64 * 2 ** 20, generation_config="auto")
+    llm = vllm_engine.create_engine(
+        str(path),
+        dtype="float32",
+        max_model_len=128,
+        seed=0,
+        enforce_eager=True,
+        kv_cache_memory_bytes=64 * 2**20,
+        generation_config="auto",
+    )
     assert llm.get_default_sampling_params().repetition_penalty == 100.0  # vLLM did read the polluted file
     yield llm
     del llm
@@ -391,8 +448,9 @@ def _prompts(n=6):
 
 
 def _greedy_both(llm, model, tok, prompts, stop):
-    greedy = rollout.SamplingSettings(MAX_NEW, temperature=0.0, stop_ids=stop,
-                                      stop_strings=rollout.template_stop_strings("none"))
+    greedy = rollout.SamplingSettings(
+        MAX_NEW, temperature=0.0, stop_ids=stop, stop_strings=rollout.template_stop_strings("none")
+    )
     return rollout.generate(model, tok, prompts, 2, greedy), vllm_engine.generate(llm, tok, prompts, 2, greedy)
 
 
@@ -489,8 +547,9 @@ def test_vllm_matches_hf_on_the_same_weights(fresh):
     _check_scores_match_trainer(llm, model, ro, atol=1e-3)
     hf_sampled = rollout.generate(model, tok, prompts, G, rollout.SamplingSettings(MAX_NEW, 1.0, seed=3, stop_ids=stop))
     with torch.no_grad():
-        assert torch.isfinite(policy.token_logprobs(model, hf_sampled.input_ids, hf_sampled.attention_mask,
-                                                  hf_sampled.response_mask)).all()
+        assert torch.isfinite(
+            policy.token_logprobs(model, hf_sampled.input_ids, hf_sampled.attention_mask, hf_sampled.response_mask)
+        ).all()
     # a prompt + budget beyond max_model_len is refused rather than silently cut short
     with pytest.raises(ValueError, match="max_model_len"):
         vllm_engine.generate(llm, tok, prompts, 1, rollout.SamplingSettings(200, temperature=0.0, stop_ids=stop))
@@ -507,8 +566,9 @@ def test_vllm_samples_softmax_over_temperature_whatever_the_generation_config(fr
     rigged, _, a = rigged_model((model, tok))
     assert a == 69 and tok.eos_token_id == 2  # the ids written in POLLUTED_GENERATION_CONFIG
     vllm_engine.sync_weights(rigged, llm)
-    ro = vllm_engine.generate(llm, tok, _prompts(8), 8,
-                              rollout.SamplingSettings(MAX_NEW, temperature, stop_ids=[tok.eos_token_id]))
+    ro = vllm_engine.generate(
+        llm, tok, _prompts(8), 8, rollout.SamplingSettings(MAX_NEW, temperature, stop_ids=[tok.eos_token_id])
+    )
     ids = ro.response_ids[ro.response_mask.bool()]
     n_rest = len(tok) - 5  # ordinary tokens besides "a": vocabulary minus pad, BOS, EOS, unk and "a"
     weights = [P_A, P_EOS] + [(1 - P_A - P_EOS) / n_rest] * n_rest
@@ -528,8 +588,9 @@ def test_sync_weights_after_a_full_finetuning_step(fresh):
     before, _ = _greedy_both(llm, model, tok, prompts, stop)
     ro = vllm_engine.generate(llm, tok, prompts, 4, rollout.SamplingSettings(MAX_NEW, 1.0, stop_ids=stop))
     _one_step(model, tok, ro, lr=1e-2)
-    greedy = rollout.SamplingSettings(MAX_NEW, temperature=0.0, stop_ids=stop,
-                                      stop_strings=rollout.template_stop_strings("none"))
+    greedy = rollout.SamplingSettings(
+        MAX_NEW, temperature=0.0, stop_ids=stop, stop_strings=rollout.template_stop_strings("none")
+    )
     hf_new = rollout.generate(model, tok, prompts, 2, greedy)
     assert hf_new.texts != before.texts  # the step really changed the policy, or this test proves nothing
     stale = vllm_engine.generate(llm, tok, prompts, 2, greedy)
@@ -552,8 +613,9 @@ def test_sync_weights_after_a_lora_step(fresh):
     ro = vllm_engine.generate(llm, tok, prompts, 4, rollout.SamplingSettings(MAX_NEW, 1.0, stop_ids=stop))
     _one_step(model, tok, ro, lr=5e-2)
     base = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
-    greedy = rollout.SamplingSettings(MAX_NEW, temperature=0.0, stop_ids=stop,
-                                      stop_strings=rollout.template_stop_strings("none"))
+    greedy = rollout.SamplingSettings(
+        MAX_NEW, temperature=0.0, stop_ids=stop, stop_strings=rollout.template_stop_strings("none")
+    )
     hf_new = rollout.generate(model, tok, prompts, 2, greedy)
     assert hf_new.texts != before.texts  # the adapter step changed the policy
     vllm_engine.sync_weights(model, llm)
@@ -615,14 +677,37 @@ def test_trainer_with_use_vllm_keeps_the_engine_in_sync(toy_model_path, tmp_path
     driver = tmp_path / "train_driver.py"
     driver.write_text(TRAIN_DRIVER)
     env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
-    launch = [sys.executable] if nproc == 1 else \
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    launch = (
+        [sys.executable]
+        if nproc == 1
+        else [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    )
     out = tmp_path / "run"
-    flags = ["--use_vllm", "--prompt_template", "none", "--num_prompts_per_step", "4", "--num_generations", "4",
-             "--max_completion_length", "24", "--max_steps", "3", "--eval_num_generations", "0",
-             "--learning_rate", "2e-3", "--save_steps", "0", "--output_dir", str(out), *extra]
-    proc = subprocess.run(launch + [str(driver), toy_model_path, *flags], env=env, capture_output=True, text=True,
-                          timeout=600, cwd=root)
+    flags = [
+        "--use_vllm",
+        "--prompt_template",
+        "none",
+        "--num_prompts_per_step",
+        "4",
+        "--num_generations",
+        "4",
+        "--max_completion_length",
+        "24",
+        "--max_steps",
+        "3",
+        "--eval_num_generations",
+        "0",
+        "--learning_rate",
+        "2e-3",
+        "--save_steps",
+        "0",
+        "--output_dir",
+        str(out),
+        *extra,
+    ]
+    proc = subprocess.run(
+        launch + [str(driver), toy_model_path, *flags], env=env, capture_output=True, text=True, timeout=600, cwd=root
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     checks = sorted(line for line in proc.stdout.splitlines() if line.startswith("SYNC_CHECKS"))
     # one push before each of the 3 rollouts, on every rank, and the engine matched the policy every time
@@ -646,18 +731,40 @@ def test_importance_sampling_correction_on_the_toy_logs_trls_metrics(toy_model_p
     pytest.importorskip("vllm")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "run"
-    flags = ["--model", toy_model_path, "--use_vllm", "--vllm_importance_sampling_correction",
-             "--num_prompts_per_step", "4", "--num_generations", "4", "--max_completion_length", "24",
-             "--max_steps", "1", "--eval_num_generations", "0", "--save_steps", "0", "--output_dir", str(out)]
+    flags = [
+        "--model",
+        toy_model_path,
+        "--use_vllm",
+        "--vllm_importance_sampling_correction",
+        "--num_prompts_per_step",
+        "4",
+        "--num_generations",
+        "4",
+        "--max_completion_length",
+        "24",
+        "--max_steps",
+        "1",
+        "--eval_num_generations",
+        "0",
+        "--save_steps",
+        "0",
+        "--output_dir",
+        str(out),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "grpo.py", *flags], env=env, capture_output=True, text=True, timeout=600,
-                          cwd=root)
+    proc = subprocess.run(
+        [sys.executable, "grpo.py", *flags], env=env, capture_output=True, text=True, timeout=600, cwd=root
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out / "metrics.jsonl") as f:
         (m,) = [json.loads(line) for line in f]
-    keys = ["sampling/sampling_logp_difference/mean", "sampling/sampling_logp_difference/max",
-            "sampling/importance_sampling_ratio/min", "sampling/importance_sampling_ratio/mean",
-            "sampling/importance_sampling_ratio/max"]
+    keys = [
+        "sampling/sampling_logp_difference/mean",
+        "sampling/sampling_logp_difference/max",
+        "sampling/importance_sampling_ratio/min",
+        "sampling/importance_sampling_ratio/mean",
+        "sampling/importance_sampling_ratio/max",
+    ]
     assert all(k in m for k in keys), sorted(m)
     # the same float32 model in two kernels: log-probs agree to rounding (1e-3 nats is ~100 float32 ulps of a
     # log-softmax over the toy's vocabulary), so every weight is within 0.1% of 1

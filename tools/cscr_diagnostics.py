@@ -69,15 +69,30 @@ import os
 import torch
 
 import cscr
-from trainer import policy
-from trainer import problems
 import rollout
 import toy
 import verify
+from trainer import policy, problems
 
-__all__ = ["shift_masks", "pearson", "spearman", "full_vocab_overlap", "classify_token", "DISCOURSE_MARKERS",
-           "FUNCTION_WORDS", "diagnostics", "sample_trajectories", "grade", "condition_contexts", "score_contexts",
-           "surface_classes", "diagnose", "PAPER_REFERENCE", "summary_table", "main"]
+__all__ = [
+    "shift_masks",
+    "pearson",
+    "spearman",
+    "full_vocab_overlap",
+    "classify_token",
+    "DISCOURSE_MARKERS",
+    "FUNCTION_WORDS",
+    "diagnostics",
+    "sample_trajectories",
+    "grade",
+    "condition_contexts",
+    "score_contexts",
+    "surface_classes",
+    "diagnose",
+    "PAPER_REFERENCE",
+    "summary_table",
+    "main",
+]
 
 # ---- Spec §7: the diagnostics on tensors (D1-D7) -----------------------------------------------------------------
 
@@ -197,8 +212,30 @@ FUNCTION_WORDS = frozenset(
     does did not""".split()
 )
 _PUNCT = set(".,;:!?'\"`()[]{}\u2019\u201c\u201d")
-_FORMAT_TOKENS = {"$", "$$", "\\[", "\\]", "\\(", "\\)", "<think>", "</think>", "```", "**", "##", "###",
-                  "####", "---", "- ", "* ", "\\boxed", "\\boxed{", "\\text", "\\text{", "\\quad", "\\,"}
+_FORMAT_TOKENS = {
+    "$",
+    "$$",
+    "\\[",
+    "\\]",
+    "\\(",
+    "\\)",
+    "<think>",
+    "</think>",
+    "```",
+    "**",
+    "##",
+    "###",
+    "####",
+    "---",
+    "- ",
+    "* ",
+    "\\boxed",
+    "\\boxed{",
+    "\\text",
+    "\\text{",
+    "\\quad",
+    "\\,",
+}
 
 
 def classify_token(text):
@@ -319,8 +356,9 @@ def diagnostics(
     out.update(_overlap(shift_pos[m], shift_neg[m], top_frac, top_k))
     out.update(_sensitivity_summary(s, m, shift_pos[m], shift_neg[m]))
     if token_classes is not None:
-        out.update(_token_class_profile(s[m].double(), _surface_mask(token_classes, m.shape, m.device)[m],
-                                        sens_top_frac))
+        out.update(
+            _token_class_profile(s[m].double(), _surface_mask(token_classes, m.shape, m.device)[m], sens_top_frac)
+        )
     out.update(_substitutability(s[m].double(), m, entropy, top1_prob))
     return out
 
@@ -336,14 +374,22 @@ def _direction(shift_pos, shift_neg, m, correct, tau):
     n_aff = int(masks["affected"].sum())
     if not n_aff:
         nan = float("nan")
-        return {"d1_num_affected": 0, "d1_same_direction_rate": nan, "d2_sign_reversal_rate": nan,
-                "d3_polarity_outcome_consistency": nan}
+        return {
+            "d1_num_affected": 0,
+            "d1_same_direction_rate": nan,
+            "d2_sign_reversal_rate": nan,
+            "d3_polarity_outcome_consistency": nan,
+        }
     d1 = int(masks["same"].sum()) / n_aff
     diff = shift_pos - shift_neg
     want = torch.where(correct.bool().to(m.device), 1.0, -1.0).unsqueeze(1).to(diff.dtype)
     consistent = masks["affected"] & (torch.sign(diff) == want)
-    return {"d1_num_affected": n_aff, "d1_same_direction_rate": d1, "d2_sign_reversal_rate": 1.0 - d1,
-            "d3_polarity_outcome_consistency": int(consistent.sum()) / n_aff}
+    return {
+        "d1_num_affected": n_aff,
+        "d1_same_direction_rate": d1,
+        "d2_sign_reversal_rate": 1.0 - d1,
+        "d3_polarity_outcome_consistency": int(consistent.sum()) / n_aff,
+    }
 
 
 def _overlap(xp, xn, top_frac, top_k):
@@ -353,9 +399,13 @@ def _overlap(xp, xn, top_frac, top_k):
     b = set(torch.topk(xn.abs(), k).indices.tolist())
     cm, df = 0.5 * (xp + xn), 0.5 * (xp - xn)  # D5: common mode and differential
     tot = float((cm**2).sum() + (df**2).sum())
-    return {"d4a_pearson": pearson(xp, xn), "d4a_spearman": spearman(xp, xn), "d4b_k": k,
-            "d4b_topk_jaccard": len(a & b) / len(a | b),
-            "d5_common_mode_share": float((cm**2).sum()) / tot if tot > 0 else float("nan")}
+    return {
+        "d4a_pearson": pearson(xp, xn),
+        "d4a_spearman": spearman(xp, xn),
+        "d4b_k": k,
+        "d4b_topk_jaccard": len(a & b) / len(a | b),
+        "d5_common_mode_share": float((cm**2).sum()) / tot if tot > 0 else float("nan"),
+    }
 
 
 def _sensitivity_summary(s, m, xp, xn):
@@ -373,10 +423,13 @@ def _token_class_profile(sv, surface, sens_top_frac):
     nan = float("nan")
     ks = _top_k(sv.numel(), sens_top_frac, None)
     top = torch.topk(sv, ks).indices
-    return {"d6_s_mean_surface": float(sv[surface].mean()) if int(surface.sum()) else nan,
-            "d6_s_mean_content": float(sv[~surface].mean()) if int((~surface).sum()) else nan,
-            "d6_surface_share_top": float(surface[top].double().mean()),
-            "d6_surface_share_all": float(surface.double().mean()), "d6_top_k": ks}
+    return {
+        "d6_s_mean_surface": float(sv[surface].mean()) if int(surface.sum()) else nan,
+        "d6_s_mean_content": float(sv[~surface].mean()) if int((~surface).sum()) else nan,
+        "d6_surface_share_top": float(surface[top].double().mean()),
+        "d6_surface_share_all": float(surface.double().mean()),
+        "d6_top_k": ks,
+    }
 
 
 def _substitutability(sv, m, entropy, top1_prob):
@@ -413,8 +466,9 @@ def summary_table(report: dict) -> str:
 
     def num(key, pct=False):
         v = d.get(key)
-        return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}%" if pct else \
-            f"{v:.3f}"
+        return (
+            "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{100 * v:.1f}%" if pct else f"{v:.3f}"
+        )
 
     def pair(a, b):
         return f"{num(a)} / {num(b)}"
@@ -423,32 +477,58 @@ def summary_table(report: dict) -> str:
         lo, hi = text.split()[0].split("-")
         return f"{100 * float(lo):.1f}-{100 * float(hi):.1f}%"
 
-    rows = [("D1", "same-direction rate", num("d1_same_direction_rate", True),
-             pct_range(paper["d1_same_direction_rate"])),
-            ("D2", "sign-reversal rate (1 - D1)", num("d2_sign_reversal_rate", True),
-             pct_range(paper["d2_sign_reversal_rate"]) + ": rare"),
-            ("D3", "polarity-outcome consistency", num("d3_polarity_outcome_consistency", True),
-             "about 58% (50%: no information)"),
-            ("D4a", "Pearson / Spearman of d+, d-", pair("d4a_pearson", "d4a_spearman"), paper["d4_overlap"]),
-            ("D4b", "top-10% overlap (Jaccard)", num("d4b_topk_jaccard"), ""),
-            ("D4c", "full-vocabulary cosine", num("d4c_cosine_mean"), ""),
-            ("D5", "common-mode share", num("d5_common_mode_share"), ""),
-            ("D6", "mean s: surface / content", pair("d6_s_mean_surface", "d6_s_mean_content"), paper["d6_token_class"]),
-            ("", "surface share: top 5% / all", pair("d6_surface_share_top", "d6_surface_share_all"), ""),
-            ("D7", "corr(s, H(p0)): Pearson / Spearman", pair("d7_pearson_s_entropy", "d7_spearman_s_entropy"),
-             paper["d7_substitutability"]),
-            ("", "corr(s, 1 - p0 top-1)", pair("d7_pearson_s_1_minus_top1", "d7_spearman_s_1_minus_top1"), "")]
-    head = (f"CSCR diagnostics: {report['config']['num_trajectories']} trajectories (accuracy "
-            f"{report['accuracy']:.3f}), {d.get('d1_num_affected', 0)} of {d.get('num_valid_tokens', 0)} tokens "
-            f"affected (|d+| and |d-| > {report['config']['tau']} nats); the paper: {paper['num_trajectories']} "
-            f"on-policy trajectories, each re-scored under both conditions")
+    rows = [
+        ("D1", "same-direction rate", num("d1_same_direction_rate", True), pct_range(paper["d1_same_direction_rate"])),
+        (
+            "D2",
+            "sign-reversal rate (1 - D1)",
+            num("d2_sign_reversal_rate", True),
+            pct_range(paper["d2_sign_reversal_rate"]) + ": rare",
+        ),
+        (
+            "D3",
+            "polarity-outcome consistency",
+            num("d3_polarity_outcome_consistency", True),
+            "about 58% (50%: no information)",
+        ),
+        ("D4a", "Pearson / Spearman of d+, d-", pair("d4a_pearson", "d4a_spearman"), paper["d4_overlap"]),
+        ("D4b", "top-10% overlap (Jaccard)", num("d4b_topk_jaccard"), ""),
+        ("D4c", "full-vocabulary cosine", num("d4c_cosine_mean"), ""),
+        ("D5", "common-mode share", num("d5_common_mode_share"), ""),
+        ("D6", "mean s: surface / content", pair("d6_s_mean_surface", "d6_s_mean_content"), paper["d6_token_class"]),
+        ("", "surface share: top 5% / all", pair("d6_surface_share_top", "d6_surface_share_all"), ""),
+        (
+            "D7",
+            "corr(s, H(p0)): Pearson / Spearman",
+            pair("d7_pearson_s_entropy", "d7_spearman_s_entropy"),
+            paper["d7_substitutability"],
+        ),
+        ("", "corr(s, 1 - p0 top-1)", pair("d7_pearson_s_1_minus_top1", "d7_spearman_s_1_minus_top1"), ""),
+    ]
+    head = (
+        f"CSCR diagnostics: {report['config']['num_trajectories']} trajectories (accuracy "
+        f"{report['accuracy']:.3f}), {d.get('d1_num_affected', 0)} of {d.get('num_valid_tokens', 0)} tokens "
+        f"affected (|d+| and |d-| > {report['config']['tau']} nats); the paper: {paper['num_trajectories']} "
+        f"on-policy trajectories, each re-scored under both conditions"
+    )
     lines = [head, f"{'':<4} {'':<36} {'this run':>15}   the paper [S2]"]
     lines += [f"{i:<4} {name:<36} {value:>15}   {ref}".rstrip() for i, name, value, ref in rows]
     return "\n".join(lines)
 
 
-def sample_trajectories(model, tokenizer, problems, answers, num_trajectories, prompt_template, max_new_tokens,
-                        temperature, top_p, seed, batch_size):
+def sample_trajectories(
+    model,
+    tokenizer,
+    problems,
+    answers,
+    num_trajectories,
+    prompt_template,
+    max_new_tokens,
+    temperature,
+    top_p,
+    seed,
+    batch_size,
+):
     """Step 1 (spec §7, [S2] "on-policy trajectories"): one response per prompt, sampled and cut as in training.
 
     The problems are shuffled with ``seed`` and cycled until ``num_trajectories`` prompts [I]; each is templated
@@ -465,9 +545,14 @@ def sample_trajectories(model, tokenizer, problems, answers, num_trajectories, p
     order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(seed)).tolist()
     idx = [order[i % len(order)] for i in range(num_trajectories)]
     prompts = [rollout.apply_template(problems[i], prompt_template) for i in idx]
-    settings = rollout.SamplingSettings(max_new_tokens, temperature, top_p, seed,
-                                        rollout.stop_token_ids(tokenizer, prompt_template, model),
-                                        rollout.template_stop_strings(prompt_template))
+    settings = rollout.SamplingSettings(
+        max_new_tokens,
+        temperature,
+        top_p,
+        seed,
+        rollout.stop_token_ids(tokenizer, prompt_template, model),
+        rollout.template_stop_strings(prompt_template),
+    )
     batch = rollout.generate(model, tokenizer, prompts, 1, settings, batch_size=batch_size)
     T = int(batch.response_mask.sum(1).max())  # columns past every stop string or stop token hold only padding
     batch.response_ids, batch.response_mask = batch.response_ids[:, :T], batch.response_mask[:, :T].bool()
@@ -499,9 +584,17 @@ def condition_contexts(prompts, references, texts, template, marker, turn_end):
     Returns:
         dict of N prompt texts each: "x", "pos", "neg".
     """
-    pairs = [cscr.build_condition_prompts(p, reference=ref, response_answer=verify.extract_boxed(t) or "",
-                                          template=template, marker=marker, turn_end=turn_end)
-             for p, ref, t in zip(prompts, references, texts)]
+    pairs = [
+        cscr.build_condition_prompts(
+            p,
+            reference=ref,
+            response_answer=verify.extract_boxed(t) or "",
+            template=template,
+            marker=marker,
+            turn_end=turn_end,
+        )
+        for p, ref, t in zip(prompts, references, texts)
+    ]
     return {"x": list(prompts), "pos": [a for a, _ in pairs], "neg": [b for _, b in pairs]}
 
 
@@ -536,8 +629,9 @@ def score_contexts(model, tokenizer, contexts, response_ids, response_mask, temp
         logits = []  # [b, T, V] of x, x + c+, x + c-
         for name, k in (("old_logp", "x"), ("lp_pos", "pos"), ("lp_neg", "neg")):
             inputs = cscr.scoring_inputs(tokenizer, contexts[k][rows], r, mz)
-            lp, *ent, z = policy.token_logprobs(model, *inputs, mz, temperature, return_entropy=k == "x",
-                                                return_logits=True)  # [b, T], H(p0) [b, T] for x, z [b, T, V]
+            lp, *ent, z = policy.token_logprobs(
+                model, *inputs, mz, temperature, return_entropy=k == "x", return_logits=True
+            )  # [b, T], H(p0) [b, T] for x, z [b, T, V]
             out[name][rows] = lp.cpu()
             if ent:
                 out["entropy"][rows] = ent[0].cpu()  # D7: the base distribution's entropy H(p0)
@@ -556,11 +650,16 @@ def _full_vocab_scores(logits, temperature):
     """``score_contexts``'s full-vocabulary columns at n positions from ``logits``, three [b, n, V] (x, x + c+,
     x + c-): "top1_prob" (D7) and D4c's "fv_cosine", "fv_kl_pos", "fv_kl_neg" ([b, n] float32 each).  Memory:
     three [b, n, V] float32 probability tensors (D4c needs all three at once)."""
-    p0, p_pos, p_neg = (torch.softmax(z.to(torch.promote_types(z.dtype, torch.float32)) / temperature, dim=-1)
-                        for z in logits)
+    p0, p_pos, p_neg = (
+        torch.softmax(z.to(torch.promote_types(z.dtype, torch.float32)) / temperature, dim=-1) for z in logits
+    )
     fv = full_vocab_overlap(p0, p_pos, p_neg)  # D4c
-    return {"top1_prob": p0.max(-1).values, "fv_cosine": fv["cosine"], "fv_kl_pos": fv["kl_pos"],
-            "fv_kl_neg": fv["kl_neg"]}
+    return {
+        "top1_prob": p0.max(-1).values,
+        "fv_cosine": fv["cosine"],
+        "fv_kl_pos": fv["kl_pos"],
+        "fv_kl_neg": fv["kl_neg"],
+    }
 
 
 def surface_classes(tokenizer, response_ids, response_mask):
@@ -592,15 +691,23 @@ def _cscr_at_q80(scores, response_mask, correct):
 def _most_sensitive(s, scores, response_ids, response_mask, surface, text_of, num_examples):
     """The ``num_examples`` valid tokens of largest s, each with its row, position, text, class and shifts."""
     T = s.shape[1]
-    top = torch.topk(torch.where(response_mask, s, torch.full((), -1.0)).flatten(),
-                     min(num_examples, int(response_mask.sum())))
+    top = torch.topk(
+        torch.where(response_mask, s, torch.full((), -1.0)).flatten(), min(num_examples, int(response_mask.sum()))
+    )
     examples = []
     for sv, f in zip(top.values.tolist(), top.indices.tolist()):
         i, j = divmod(f, T)
-        examples.append({"row": i, "t": j, "token": text_of[int(response_ids[i, j])],
-                         "class": "surface" if bool(surface[i, j]) else "content", "s": sv,
-                         "delta_pos": float(scores["lp_pos"][i, j] - scores["old_logp"][i, j]),
-                         "delta_neg": float(scores["lp_neg"][i, j] - scores["old_logp"][i, j])})
+        examples.append(
+            {
+                "row": i,
+                "t": j,
+                "token": text_of[int(response_ids[i, j])],
+                "class": "surface" if bool(surface[i, j]) else "content",
+                "s": sv,
+                "delta_pos": float(scores["lp_pos"][i, j] - scores["old_logp"][i, j]),
+                "delta_neg": float(scores["lp_neg"][i, j] - scores["old_logp"][i, j]),
+            }
+        )
     return examples
 
 
@@ -626,10 +733,30 @@ def _check_study(tokenizer, problems, answers, num_trajectories, temperature):
         raise ValueError("tokenizer.pad_token_id must be set")
 
 
-def diagnose(model, tokenizer, problems, answers, num_trajectories, *, prompt_template="none", template="verdict",
-             max_new_tokens=64, temperature=1.0, top_p=1.0, seed=0, gen_batch_size=16, micro_batch_size=8, tau=0.05,
-             top_frac=0.1, sens_top_frac=0.05, output_dir=None, marker=cscr.MARKER,
-             turn_end=cscr.TURN_END, num_examples=20, return_tensors=False):
+def diagnose(
+    model,
+    tokenizer,
+    problems,
+    answers,
+    num_trajectories,
+    *,
+    prompt_template="none",
+    template="verdict",
+    max_new_tokens=64,
+    temperature=1.0,
+    top_p=1.0,
+    seed=0,
+    gen_batch_size=16,
+    micro_batch_size=8,
+    tau=0.05,
+    top_frac=0.1,
+    sens_top_frac=0.05,
+    output_dir=None,
+    marker=cscr.MARKER,
+    turn_end=cscr.TURN_END,
+    num_examples=20,
+    return_tensors=False,
+):
     """Sample on-policy trajectories, grade them, re-score them under c+ and c-, and report D1-D7 (spec §7).
 
     Paper ([S2]): 400 on-policy trajectories re-scored under both conditions, sampled-token and full-vocabulary
@@ -659,36 +786,72 @@ def diagnose(model, tokenizer, problems, answers, num_trajectories, *, prompt_te
     """
     _check_study(tokenizer, problems, answers, num_trajectories, temperature)
     name, notes = cscr.condition_notes(template)  # an unknown template fails before any sampling
-    batch, refs = sample_trajectories(model, tokenizer, problems, answers, num_trajectories, prompt_template,
-                                      max_new_tokens, temperature, top_p, seed, gen_batch_size)
+    batch, refs = sample_trajectories(
+        model,
+        tokenizer,
+        problems,
+        answers,
+        num_trajectories,
+        prompt_template,
+        max_new_tokens,
+        temperature,
+        top_p,
+        seed,
+        gen_batch_size,
+    )
     correct, grader = grade(batch.texts, refs)
     contexts = condition_contexts(batch.prompts, refs, batch.texts, template, marker, turn_end)
     was_training = model.training
     model.eval()  # the scorer of spec §4: the rollout's weights, no dropout
     try:
-        scores = score_contexts(model, tokenizer, contexts, batch.response_ids, batch.response_mask, temperature,
-                                micro_batch_size)
+        scores = score_contexts(
+            model, tokenizer, contexts, batch.response_ids, batch.response_mask, temperature, micro_batch_size
+        )
     finally:
         model.train(was_training)
     ids, mask = batch.response_ids, batch.response_mask
     surface, text_of = surface_classes(tokenizer, ids, mask)
     lp = (scores["old_logp"], scores["lp_pos"], scores["lp_neg"])
-    diag = diagnostics(*lp, mask, correct, tau=tau, top_frac=top_frac, token_classes=surface,
-                       entropy=scores["entropy"], top1_prob=scores["top1_prob"], sens_top_frac=sens_top_frac)
+    diag = diagnostics(
+        *lp,
+        mask,
+        correct,
+        tau=tau,
+        top_frac=top_frac,
+        token_classes=surface,
+        entropy=scores["entropy"],
+        top1_prob=scores["top1_prob"],
+        sens_top_frac=sens_top_frac,
+    )
     for k in ("cosine", "kl_pos", "kl_neg"):  # D4c: d4c_cosine_mean, d4c_kl_pos_mean, d4c_kl_neg_mean
         diag[f"d4c_{k}_mean"] = float(scores[f"fv_{k}"][mask].double().mean())
     s, threshold, stats = _cscr_at_q80(scores, mask, correct)
-    report = _json_safe({
-        "config": {"num_trajectories": num_trajectories, "prompt_template": prompt_template,
-                   "template": name if name != "custom" else list(notes), "max_new_tokens": max_new_tokens,
-                   "temperature": temperature, "top_p": top_p, "seed": seed, "tau": tau, "top_frac": top_frac,
-                   "sens_top_frac": sens_top_frac},
-        "num_correct": int(correct.sum()), "accuracy": float(correct.double().mean()), "grader": grader,
-        "mean_response_length": float(mask.sum(1).double().mean()), "diagnostics": diag,
-        "suggested_threshold_q80": threshold, "cscr_stats_at_q80_alpha1": stats,
-        "most_sensitive_tokens": _most_sensitive(s, scores, ids, mask, surface, text_of, num_examples),
-        "example_condition_prompts": [contexts["pos"][0], contexts["neg"][0]], "paper_reference": PAPER_REFERENCE,
-    })
+    report = _json_safe(
+        {
+            "config": {
+                "num_trajectories": num_trajectories,
+                "prompt_template": prompt_template,
+                "template": name if name != "custom" else list(notes),
+                "max_new_tokens": max_new_tokens,
+                "temperature": temperature,
+                "top_p": top_p,
+                "seed": seed,
+                "tau": tau,
+                "top_frac": top_frac,
+                "sens_top_frac": sens_top_frac,
+            },
+            "num_correct": int(correct.sum()),
+            "accuracy": float(correct.double().mean()),
+            "grader": grader,
+            "mean_response_length": float(mask.sum(1).double().mean()),
+            "diagnostics": diag,
+            "suggested_threshold_q80": threshold,
+            "cscr_stats_at_q80_alpha1": stats,
+            "most_sensitive_tokens": _most_sensitive(s, scores, ids, mask, surface, text_of, num_examples),
+            "example_condition_prompts": [contexts["pos"][0], contexts["neg"][0]],
+            "paper_reference": PAPER_REFERENCE,
+        }
+    )
     if output_dir is not None:
         os.makedirs(output_dir, exist_ok=True)
         with open(os.path.join(output_dir, "report.json"), "w", encoding="utf-8") as f:
@@ -696,9 +859,18 @@ def diagnose(model, tokenizer, problems, answers, num_trajectories, *, prompt_te
         _plots(output_dir, *lp, mask, s, surface)
     if not return_tensors:
         return report
-    return report, {"response_ids": ids, "response_mask": mask, **scores, "surface": surface, "correct": correct,
-                    "texts": batch.texts, "references": refs, "prompts": contexts["x"],
-                    "prompts_pos": contexts["pos"], "prompts_neg": contexts["neg"]}
+    return report, {
+        "response_ids": ids,
+        "response_mask": mask,
+        **scores,
+        "surface": surface,
+        "correct": correct,
+        "texts": batch.texts,
+        "references": refs,
+        "prompts": contexts["x"],
+        "prompts_pos": contexts["pos"],
+        "prompts_neg": contexts["neg"],
+    }
 
 
 def _plots(output_dir, old_logp, lp_pos, lp_neg, mask, s, surf):
@@ -739,19 +911,33 @@ def _plots(output_dir, old_logp, lp_pos, lp_neg, mask, s, surf):
 def _parser():
     import argparse
 
-    ap = argparse.ArgumentParser(description="CSCR diagnostics (spec §7): re-score on-policy trajectories under "
-                                             "c+ / c-.")
-    ap.add_argument("--model", required=True, help="'toy', a model folder or a hub id "
-                                                   "(policy.load_model_and_tokenizer)")
-    ap.add_argument("--data", required=True, help="a jsonl file of {problem, answer} rows, a benchmark or training set "
-                                                  "name, or 'toy' (problems.load_problems, train split)")
-    ap.add_argument("--num_trajectories", type=int, default=400, help="on-policy trajectories (one response per "
-                    "prompt) to re-score under c+ and c- (paper: 400)")
+    ap = argparse.ArgumentParser(
+        description="CSCR diagnostics (spec §7): re-score on-policy trajectories under c+ / c-."
+    )
+    ap.add_argument(
+        "--model", required=True, help="'toy', a model folder or a hub id (policy.load_model_and_tokenizer)"
+    )
+    ap.add_argument(
+        "--data",
+        required=True,
+        help="a jsonl file of {problem, answer} rows, a benchmark or training set "
+        "name, or 'toy' (problems.load_problems, train split)",
+    )
+    ap.add_argument(
+        "--num_trajectories",
+        type=int,
+        default=400,
+        help="on-policy trajectories (one response per prompt) to re-score under c+ and c- (paper: 400)",
+    )
     ap.add_argument("--output_dir", default="runs/cscr_diagnose")
     ap.add_argument("--template", default="verdict", choices=sorted(cscr.CONDITION_TEMPLATES))
-    ap.add_argument("--prompt_template", default="auto", choices=["auto", *rollout.PROMPT_TEMPLATES],
-                    help="the training prompt template (rollout.py); auto: as grpo.py (none for the toy, the one a "
-                         "trained folder names, else qwen_math)")
+    ap.add_argument(
+        "--prompt_template",
+        default="auto",
+        choices=["auto", *rollout.PROMPT_TEMPLATES],
+        help="the training prompt template (rollout.py); auto: as grpo.py (none for the toy, the one a "
+        "trained folder names, else qwen_math)",
+    )
     ap.add_argument("--max_new_tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--top_p", type=float, default=1.0)
@@ -776,10 +962,22 @@ def main(argv=None):
     rows = problems.load_problems(args.data, split="train")  # data first: a bad row stops before the model loads
     model, tokenizer = policy.load_model_and_tokenizer(args.model, args.dtype, args.device)
     report = diagnose(
-        model, tokenizer, [r["problem"] for r in rows], [r["answer"] for r in rows], args.num_trajectories,
-        prompt_template=prompt_template, template=args.template, max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature, top_p=args.top_p, seed=args.seed, gen_batch_size=args.gen_batch_size,
-        micro_batch_size=args.micro_batch_size, tau=args.tau, top_frac=args.top_frac, output_dir=args.output_dir,
+        model,
+        tokenizer,
+        [r["problem"] for r in rows],
+        [r["answer"] for r in rows],
+        args.num_trajectories,
+        prompt_template=prompt_template,
+        template=args.template,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        gen_batch_size=args.gen_batch_size,
+        micro_batch_size=args.micro_batch_size,
+        tau=args.tau,
+        top_frac=args.top_frac,
+        output_dir=args.output_dir,
     )
     print(summary_table(report))
     print(f"report: {os.path.join(args.output_dir, 'report.json')} (every value, the most sensitive tokens)")

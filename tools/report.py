@@ -15,7 +15,8 @@ CSCR's weight statistics) as small multiples. For runs on the toy, whose samples
 (``toy.logged_truth``, written at training time): "Where the credit lands", the mean credit of an incorrect
 response's first wrong token, of the shared prefix before it and of the tokens after it, and of a correct response's
 result digits and its other tokens, with the AUROCs of the credit at picking out those tokens, and the first wrong
-token marked in the token view; for DelTA runs, the tokens with the highest and lowest mean λ̄ per side. These numbers also go to
+token marked in the token view; for DelTA runs, the tokens with the highest and lowest mean λ̄ per side. These numbers
+also go to
 ``<page>.json`` next to the page (report.html -> report.json).
 
 The page is self-contained: inline CSS and SVG, no script, style or font from the network, so it can be mailed or
@@ -58,8 +59,11 @@ TOKEN_BUDGET = 120_000  # --steps auto: show every logged step while the page ho
 
 def _masks(config: dict, credit: str) -> bool:
     """Whether the run's loss leaves tokens out (Forking Tokens' entropy masks, DelTA's Q2 selection)."""
-    return (config.get("entropy_top_ratio", 0.0) > 0 or config.get("top_entropy_quantile", 1.0) < 1
-            or (credit == "delta" and config.get("delta_select", "none") != "none"))
+    return (
+        config.get("entropy_top_ratio", 0.0) > 0
+        or config.get("top_entropy_quantile", 1.0) < 1
+        or (credit == "delta" and config.get("delta_select", "none") != "none")
+    )
 
 
 def rule_name(config: dict) -> str:
@@ -87,17 +91,24 @@ def rule_name(config: dict) -> str:
         if g("delta_select", "none") != "none":
             base = "delta Q2"
             details.append(f"{g('delta_select')} {g('delta_select_fraction', 0.5):.0%}")
-        details += [label for on, label in [
-            (g("delta_scores", "contrastive") == "within_side", "within-side scores"),
-            (g("delta_assignment", "soft") == "hard", "hard assignment"),
-            (g("delta_gamma", "adaptive") == "frozen", "frozen γ"),
-            (g("delta_coefficients", "bounded") == "raw", "raw α"),
-            (g("delta_coefficients", "bounded") == "random", "random λ"),
-            (not g("delta_normalize", True), "no λ-normalisation"),
-            (g("delta_proxy", "hidden") == "topk", f"top-K proxy K={g('delta_proxy_topk', 20)}"),
-            (g("delta_k", 1) != 1, f"K={g('delta_k', 1)}"),
-            ((g("delta_lam_min", 0.8), g("delta_lam_max", 1.2)) != (0.8, 1.2),
-             f"λ∈[{g('delta_lam_min', 0.8):g}, {g('delta_lam_max', 1.2):g}]")] if on]
+        details += [
+            label
+            for on, label in [
+                (g("delta_scores", "contrastive") == "within_side", "within-side scores"),
+                (g("delta_assignment", "soft") == "hard", "hard assignment"),
+                (g("delta_gamma", "adaptive") == "frozen", "frozen γ"),
+                (g("delta_coefficients", "bounded") == "raw", "raw α"),
+                (g("delta_coefficients", "bounded") == "random", "random λ"),
+                (not g("delta_normalize", True), "no λ-normalisation"),
+                (g("delta_proxy", "hidden") == "topk", f"top-K proxy K={g('delta_proxy_topk', 20)}"),
+                (g("delta_k", 1) != 1, f"K={g('delta_k', 1)}"),
+                (
+                    (g("delta_lam_min", 0.8), g("delta_lam_max", 1.2)) != (0.8, 1.2),
+                    f"λ∈[{g('delta_lam_min', 0.8):g}, {g('delta_lam_max', 1.2):g}]",
+                ),
+            ]
+            if on
+        ]
     elif credit == "cscr":
         weight, scope = g("cscr_weight", "exp"), g("cscr_scope", "sequence")
         if weight != "exp":
@@ -202,8 +213,15 @@ def load_run(path: str, say=print) -> Run:
     if left_out:  # one line for the run, however many of its files were torn
         say(f"report.py: {'; '.join(left_out)} (a run in progress or killed mid-write): the rest is reported")
     config = docs["config.json"].get("config", {})
-    return Run(path, os.path.basename(os.path.normpath(path)), config.get("credit", ""), config, metrics,
-               docs["summary.json"], samples)
+    return Run(
+        path,
+        os.path.basename(os.path.normpath(path)),
+        config.get("credit", ""),
+        config,
+        metrics,
+        docs["summary.json"],
+        samples,
+    )
 
 
 def load_runs(paths: list[str], say=print) -> list[Run]:
@@ -234,8 +252,14 @@ def credit_range(runs: list[Run], largest: float = 2.0) -> float:
     scale (half and double the sequence advantage are equally far from white). R covers 99.5% of the tokens that
     carry a gradient (Â ≠ 0) in any run, rounded up to a value a colour bar can label, and is at most ``largest``
     (CSCR's w̃ can be ~0: the scale would leave DelTA's λ̄ ∈ [0.8, 1.2] white); beyond it, the end colour."""
-    dev = sorted(abs(math.log(max(c, 1e-6))) for run in runs for rows in run.samples.values() for row in rows
-                 if row.get("advantage") for c in row.get("credit", ()))
+    dev = sorted(
+        abs(math.log(max(c, 1e-6)))
+        for run in runs
+        for rows in run.samples.values()
+        for row in rows
+        if row.get("advantage")
+        for c in row.get("credit", ())
+    )
     top = math.exp(dev[int(0.995 * (len(dev) - 1))]) if dev else 1.0
     return min(next((R for R in (1.1, 1.2, 1.25, 1.5, 2.0, 3.0, 4.0, 5.0, 10.0) if R >= top), 10.0), largest)
 
@@ -259,7 +283,7 @@ def colour(t: float) -> str:
     stops = MORE if t >= 0 else LESS
     x = abs(t) * (len(stops) - 1)
     i = min(int(x), len(stops) - 2)
-    a, b = (tuple(int(s[k:k + 2], 16) for k in (1, 3, 5)) for s in stops[i:i + 2])
+    a, b = (tuple(int(s[k : k + 2], 16) for k in (1, 3, 5)) for s in stops[i : i + 2])
     return "#" + "".join(f"{round(p + (q - p) * (x - i)):02x}" for p, q in zip(a, b))
 
 
@@ -286,8 +310,9 @@ def _tick_labels(ticks: list[float]) -> list[str]:
     spacing = min(b - a for a, b in zip(ticks, ticks[1:]))
     for digits in range(1, 18):
         labels = [f"{t:.{digits}g}" for t in ticks]
-        if not any("e+" in label for label in labels) and \
-                all(abs(float(label) - t) <= spacing * 1e-6 for label, t in zip(labels, ticks)):
+        if not any("e+" in label for label in labels) and all(
+            abs(float(label) - t) <= spacing * 1e-6 for label, t in zip(labels, ticks)
+        ):
             return labels
     return [repr(t) for t in ticks]
 
@@ -296,8 +321,9 @@ def line_chart(series: list[dict], width: int = 330, height: int = 170) -> str:
     """An SVG chart of one metric: ``series`` of {colour, label, points [(x, y)], band [(x, lo, hi)] (optional)},
     drawn as lines (markers when a series has few points), bands as translucent areas."""
     L, R_, T, B = 40, 10, 8, 22
-    pts = [p for s in series for p in s["points"]] + [(x, v) for s in series for x, lo, hi in s.get("band", ())
-                                                        for v in (lo, hi)]
+    pts = [p for s in series for p in s["points"]] + [
+        (x, v) for s in series for x, lo, hi in s.get("band", ()) for v in (lo, hi)
+    ]
     if not pts:
         return ""
     x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
@@ -314,8 +340,10 @@ def line_chart(series: list[dict], width: int = 330, height: int = 170) -> str:
     out = [f'<svg viewBox="0 0 {width} {height}" width="{width}" height="{height}" role="img">']
     ys = _ticks(y0, y1)
     for t, text in zip(ys, _tick_labels(ys)):
-        out.append(f'<line x1="{L}" x2="{width - R_}" y1="{Y(t):.1f}" y2="{Y(t):.1f}" class="grid"/>'
-                   f'<text x="{L - 5}" y="{Y(t) + 3.5:.1f}" class="yl">{text}</text>')
+        out.append(
+            f'<line x1="{L}" x2="{width - R_}" y1="{Y(t):.1f}" y2="{Y(t):.1f}" class="grid"/>'
+            f'<text x="{L - 5}" y="{Y(t) + 3.5:.1f}" class="yl">{text}</text>'
+        )
     xs = _ticks(x0, x1, 5)
     for t, text in zip(xs, _tick_labels(xs)):
         out.append(f'<text x="{X(t):.1f}" y="{height - 6}" class="xl">{text}</text>')
@@ -326,12 +354,16 @@ def line_chart(series: list[dict], width: int = 330, height: int = 170) -> str:
             out.append(f'<polygon points="{upper} {lower}" fill="{s["colour"]}" fill-opacity="0.15"/>')
         line = " ".join(f"{X(x):.1f},{Y(y):.1f}" for x, y in s["points"])
         last = s["points"][-1][1] if s["points"] else float("nan")
-        label = html.escape(f'{s["label"]}: {_fmt(last)} at step {s["points"][-1][0]}' if s["points"] else s["label"])
-        out.append(f'<polyline points="{line}" fill="none" stroke="{s["colour"]}" stroke-width="1.6">'
-                   f'<title>{label}</title></polyline>')
+        label = html.escape(f"{s['label']}: {_fmt(last)} at step {s['points'][-1][0]}" if s["points"] else s["label"])
+        out.append(
+            f'<polyline points="{line}" fill="none" stroke="{s["colour"]}" stroke-width="1.6">'
+            f"<title>{label}</title></polyline>"
+        )
         if len(s["points"]) <= 12:
-            out += [f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="2.8" fill="{s["colour"]}"><title>{label}</title>'
-                    f'</circle>' for x, y in s["points"]]
+            out += [
+                f'<circle cx="{X(x):.1f}" cy="{Y(y):.1f}" r="2.8" fill="{s["colour"]}"><title>{label}</title></circle>'
+                for x, y in s["points"]
+            ]
     return "".join(out) + "</svg>"
 
 
@@ -340,13 +372,18 @@ def colour_bar(R: float, width: int = 420) -> str:
     stops = "".join(f'<stop offset="{k / 40:.3f}" stop-color="{colour(k / 20 - 1)}"/>' for k in range(41))
     ticks = sorted({1 / R, 1 / math.sqrt(R), 1.0, math.sqrt(R), R})
     m = 16  # room for the end labels
-    marks = "".join(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="20" y2="26" stroke="#555"/>'
-                    f'<text x="{x:.1f}" y="38" class="xl">{_scale_label(v, R)}</text>'
-                    for v in ticks for x in [m + (position(v, R) + 1) / 2 * (width - 2 * m)])
-    return (f'<svg viewBox="0 0 {width} 44" width="{width}" height="44" role="img" aria-label="colour scale">'
-            f'<defs><linearGradient id="cbar">{stops}</linearGradient></defs>'
-            f'<rect x="{m}" y="2" width="{width - 2 * m}" height="18" rx="3" fill="url(#cbar)" stroke="#bbb"/>'
-            f'{marks}</svg>')
+    marks = "".join(
+        f'<line x1="{x:.1f}" x2="{x:.1f}" y1="20" y2="26" stroke="#555"/>'
+        f'<text x="{x:.1f}" y="38" class="xl">{_scale_label(v, R)}</text>'
+        for v in ticks
+        for x in [m + (position(v, R) + 1) / 2 * (width - 2 * m)]
+    )
+    return (
+        f'<svg viewBox="0 0 {width} 44" width="{width}" height="44" role="img" aria-label="colour scale">'
+        f'<defs><linearGradient id="cbar">{stops}</linearGradient></defs>'
+        f'<rect x="{m}" y="2" width="{width - 2 * m}" height="18" rx="3" fill="url(#cbar)" stroke="#bbb"/>'
+        f"{marks}</svg>"
+    )
 
 
 def bin_counts(values: list[float], R: float, bins: int = 40) -> list[int]:
@@ -369,15 +406,19 @@ def histogram(counts: list[int], R: float, ymax: float, width: int = 330, height
             continue
         frac = cnt / n
         h = min(frac / ymax, 1.0) * (height - B - T)
-        out.append(f'<rect x="{L + k * w:.1f}" y="{height - B - h:.1f}" width="{w - 0.6:.1f}" height="{h:.1f}" '
-                   f'fill="{colour((k + 0.5) / bins * 2 - 1)}" stroke="#888" stroke-width="0.4">'
-                   f'<title>{frac:.1%} of tokens</title></rect>')
+        out.append(
+            f'<rect x="{L + k * w:.1f}" y="{height - B - h:.1f}" width="{w - 0.6:.1f}" height="{h:.1f}" '
+            f'fill="{colour((k + 0.5) / bins * 2 - 1)}" stroke="#888" stroke-width="0.4">'
+            f"<title>{frac:.1%} of tokens</title></rect>"
+        )
         if frac > ymax * 1.001:
             out.append(f'<text x="{L + (k + 0.5) * w:.1f}" y="{T - 3}" class="xl">{frac:.0%}</text>')
     for v in sorted({1 / R, 1 / math.sqrt(R), 1.0, math.sqrt(R), R}):
         x = L + (position(v, R) + 1) / 2 * (width - 2 * L)
-        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{height - B}" y2="{height - B + 4}" stroke="#555"/>'
-                   f'<text x="{x:.1f}" y="{height - 6}" class="xl">{_scale_label(v, R)}</text>')
+        out.append(
+            f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{height - B}" y2="{height - B + 4}" stroke="#555"/>'
+            f'<text x="{x:.1f}" y="{height - 6}" class="xl">{_scale_label(v, R)}</text>'
+        )
     out.append(f'<line x1="{L}" x2="{width - L}" y1="{height - B}" y2="{height - B}" stroke="#999"/>')
     return "".join(out) + "</svg>"
 
@@ -399,29 +440,39 @@ def _band_series(runs, colours, side) -> list[dict]:
         keys = [f"delta/lam_{side}_{k}" for k in ("mean", "min", "max")]
         rows = [r for r in run.metrics if all(isinstance(r.get(k), (int, float)) for k in keys)]
         if rows:
-            out.append({"colour": colours[run.name], "label": f"{run.name} mean λ̄",
-                        "points": [(r["step"], r[keys[0]]) for r in rows],
-                        "band": [(r["step"], r[keys[1]], r[keys[2]]) for r in rows]})
+            out.append(
+                {
+                    "colour": colours[run.name],
+                    "label": f"{run.name} mean λ̄",
+                    "points": [(r["step"], r[keys[0]]) for r in rows],
+                    "band": [(r["step"], r[keys[1]], r[keys[2]]) for r in rows],
+                }
+            )
     return out
 
 
 def curves(runs: list[Run], colours: dict) -> str:
     """The small multiples: one chart per metric, every run that logged it in its colour."""
     evals = sorted({k for run in runs for r in run.metrics for k in r if re.fullmatch(r"eval/avg@\d+", k)})
-    charts = [("training reward", "mean over the step's rollout batch", _series(runs, colours, "reward")),
-              *[(f"held-out {k[5:]}", "step 0, every --eval_steps, last", _series(runs, colours, k))
-                for k in evals],
-              ("mean response length", "tokens, EOS included", _series(runs, colours, "completions/mean_length")),
-              ("DelTA λ̄, tokens of Â > 0", "mean and min–max", _band_series(runs, colours, "pos")),
-              ("DelTA λ̄, tokens of Â < 0", "mean and min–max", _band_series(runs, colours, "neg")),
-              ("DelTA λ̄ spread, Â > 0", "std over the side's tokens", _series(runs, colours, "delta/lam_pos_std")),
-              ("DelTA cos(μ̄+, μ̄−)", "overlap of the two centroids", _series(runs, colours, "delta/cos_mu")),
-              ("CSCR mean weight w", "before renormalising", _series(runs, colours, "cscr/w_mean")),
-              ("CSCR tokens with w < 1", "fraction with s_t > λ", _series(runs, colours, "cscr/frac_w_lt_1")),
-              ("CSCR largest w̃", "max over the batch", _series(runs, colours, "cscr/w_tilde_max")),
-              ("CSCR effective token fraction", "(Σw)² / (L·Σw²)", _series(runs, colours, "cscr/eff_token_frac"))]
-    figs = [f'<figure><figcaption>{html.escape(title)} <small>{html.escape(note)}</small></figcaption>'
-            f'{line_chart(series)}</figure>' for title, note, series in charts if series]
+    charts = [
+        ("training reward", "mean over the step's rollout batch", _series(runs, colours, "reward")),
+        *[(f"held-out {k[5:]}", "step 0, every --eval_steps, last", _series(runs, colours, k)) for k in evals],
+        ("mean response length", "tokens, EOS included", _series(runs, colours, "completions/mean_length")),
+        ("DelTA λ̄, tokens of Â > 0", "mean and min–max", _band_series(runs, colours, "pos")),
+        ("DelTA λ̄, tokens of Â < 0", "mean and min–max", _band_series(runs, colours, "neg")),
+        ("DelTA λ̄ spread, Â > 0", "std over the side's tokens", _series(runs, colours, "delta/lam_pos_std")),
+        ("DelTA cos(μ̄+, μ̄−)", "overlap of the two centroids", _series(runs, colours, "delta/cos_mu")),
+        ("CSCR mean weight w", "before renormalising", _series(runs, colours, "cscr/w_mean")),
+        ("CSCR tokens with w < 1", "fraction with s_t > λ", _series(runs, colours, "cscr/frac_w_lt_1")),
+        ("CSCR largest w̃", "max over the batch", _series(runs, colours, "cscr/w_tilde_max")),
+        ("CSCR effective token fraction", "(Σw)² / (L·Σw²)", _series(runs, colours, "cscr/eff_token_frac")),
+    ]
+    figs = [
+        f"<figure><figcaption>{html.escape(title)} <small>{html.escape(note)}</small></figcaption>"
+        f"{line_chart(series)}</figure>"
+        for title, note, series in charts
+        if series
+    ]
     return f'<div class="grid">{"".join(figs)}</div>'
 
 
@@ -432,8 +483,12 @@ def _rule_note(run: Run) -> str:
 
 def histograms(runs: list[Run], colours: dict, R: float) -> str:
     """Per run, the credit of every logged token of a response with Â ≠ 0, on one axis and one height."""
-    data = {run.name: [c for rows in run.samples.values() for row in rows if row.get("advantage")
-                       for c in row.get("credit", ())] for run in runs}
+    data = {
+        run.name: [
+            c for rows in run.samples.values() for row in rows if row.get("advantage") for c in row.get("credit", ())
+        ]
+        for run in runs
+    }
     data = {k: v for k, v in data.items() if v}
     if not data:
         return '<p class="muted">No logged tokens with a non-zero advantage.</p>'
@@ -447,10 +502,12 @@ def histograms(runs: list[Run], colours: dict, R: float) -> str:
         if not vals:
             continue
         below, above = sum(c < 0.9995 for c in vals) / len(vals), sum(c > 1.0005 for c in vals) / len(vals)
-        figs.append(f'<figure><figcaption><span class="chip" style="background:{colours[run.name]}"></span>'
-                    f'{html.escape(run.name)} <small>{_rule_note(run)}{run.symbol} · {len(vals):,} tokens · '
-                    f'mean {sum(vals) / len(vals):.3f} · &lt;1: {below:.0%} · &gt;1: {above:.0%}</small></figcaption>'
-                    f'{histogram(counts[run.name], R, ymax)}</figure>')
+        figs.append(
+            f'<figure><figcaption><span class="chip" style="background:{colours[run.name]}"></span>'
+            f"{html.escape(run.name)} <small>{_rule_note(run)}{run.symbol} · {len(vals):,} tokens · "
+            f"mean {sum(vals) / len(vals):.3f} · &lt;1: {below:.0%} · &gt;1: {above:.0%}</small></figcaption>"
+            f"{histogram(counts[run.name], R, ymax)}</figure>"
+        )
     return f'<div class="grid">{"".join(figs)}</div>'
 
 
@@ -476,19 +533,24 @@ def run_table(runs: list[Run], colours: dict) -> str:
             return "–"
 
         reward = f"{sum(r['reward'] for r in last) / len(last):.3f}" if last else "–"
-        length = f"{steps[-1]['completions/mean_length']:.1f}" if steps and "completions/mean_length" in steps[-1] \
-            else "–"
+        length = (
+            f"{steps[-1]['completions/mean_length']:.1f}" if steps and "completions/mean_length" in steps[-1] else "–"
+        )
         n = sum(len(v) for v in run.samples.values())
-        rows.append(f'<tr><td class="run"><span class="chip" style="background:{colours[run.name]}"></span>'
-                    f'<b>{html.escape(run.name)}</b></td><td>{html.escape(run.rule or "?")}</td>'
-                    f'<td class="num">{len(steps)}</td><td class="num">{change(avg)}</td>'
-                    f'<td class="num">{change("eval/greedy")}</td><td class="num">{reward}</td>'
-                    f'<td class="num">{length}</td><td class="num">{n:,} ({len(run.samples)} steps)</td>'
-                    f'<td class="muted">{html.escape(run.path)}</td></tr>')
+        rows.append(
+            f'<tr><td class="run"><span class="chip" style="background:{colours[run.name]}"></span>'
+            f"<b>{html.escape(run.name)}</b></td><td>{html.escape(run.rule or '?')}</td>"
+            f'<td class="num">{len(steps)}</td><td class="num">{change(avg)}</td>'
+            f'<td class="num">{change("eval/greedy")}</td><td class="num">{reward}</td>'
+            f'<td class="num">{length}</td><td class="num">{n:,} ({len(run.samples)} steps)</td>'
+            f'<td class="muted">{html.escape(run.path)}</td></tr>'
+        )
     k = next((k[5:] for run in runs for k in _eval(run, "after") if re.fullmatch(r"eval/avg@\d+", k)), "avg@k")
-    return ('<table class="runs"><thead><tr><th>run</th><th>credit</th><th>steps</th>'
-            f'<th>held-out {k}</th><th>held-out greedy</th><th>reward, last 10 steps</th><th>mean length</th>'
-            f'<th>logged responses</th><th>folder</th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+    return (
+        '<table class="runs"><thead><tr><th>run</th><th>credit</th><th>steps</th>'
+        f"<th>held-out {k}</th><th>held-out greedy</th><th>reward, last 10 steps</th><th>mean length</th>"
+        f"<th>logged responses</th><th>folder</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
 
 
 def _token_text(tok: str) -> str:
@@ -500,11 +562,15 @@ def response(row: dict, R: float, symbol: str, first_wrong: int | None = None) -
     index ``first_wrong`` (an incorrect toy response's first wrong token, ``toy.response_truth``) is underlined."""
     a, ok = row["advantage"], row["reward"] > 0
     adv = f"{a:+.2f}".replace("-", "−") if a else "0"  # a typographic minus
-    meta = (f'<span class="{"ok" if ok else "bad"}">{"✓" if ok else "✗"} {row["reward"]:g}</span> Â {adv}'
-            + ('<br><span class="muted">truncated</span>' if row.get("finish_reason") == "length" else ""))
+    meta = f'<span class="{"ok" if ok else "bad"}">{"✓" if ok else "✗"} {row["reward"]:g}</span> Â {adv}' + (
+        '<br><span class="muted">truncated</span>' if row.get("finish_reason") == "length" else ""
+    )
     if "tokens" in row:
-        body = "".join(f'<i class="c{level(c, R) + LEVELS}{" fw" * (k == first_wrong)}" title="{symbol}={c:.4f}">'
-                       f'{_token_text(t)}</i>' for k, (t, c) in enumerate(zip(row["tokens"], row["credit"])))
+        body = "".join(
+            f'<i class="c{level(c, R) + LEVELS}{" fw" * (k == first_wrong)}" title="{symbol}={c:.4f}">'
+            f"{_token_text(t)}</i>"
+            for k, (t, c) in enumerate(zip(row["tokens"], row["credit"]))
+        )
     else:
         body = html.escape(row["response"], quote=False)
     attrs = 'class="resp"' if a else 'class="resp zero" title="Â = 0: no gradient"'
@@ -560,34 +626,51 @@ def step_section(step: int, runs: list[Run], colours: dict, R: float, is_open: b
         for run in runs:
             rows, note = groups[run.name].get(prompt), ""
             if rows is None:
-                near = sorted((abs(s - step), s) for s, rs in run.samples.items()
-                              if any(r["prompt"] == prompt for r in rs))
+                near = sorted(
+                    (abs(s - step), s) for s, rs in run.samples.items() if any(r["prompt"] == prompt for r in rs)
+                )
                 if near:
                     rows, note = _groups(run, near[0][1])[prompt], f" (step {near[0][1]})"
             sym = run.symbol
-            head = (f'<div class="colhead"><span class="chip" style="background:{colours[run.name]}"></span>'
-                    f'{html.escape(run.name)}{note} <small>{sum(r["reward"] > 0 for r in rows or [])}/{len(rows or [])}'
-                    f' correct · hover: {sym}</small></div>')
-            body = ("".join(response(r, R, sym, _first_wrong(run, r))
-                            for r in sorted(rows, key=lambda r: -r["advantage"])) if rows else
-                    '<p class="muted">not among this run\'s logged prompts</p>')
+            head = (
+                f'<div class="colhead"><span class="chip" style="background:{colours[run.name]}"></span>'
+                f"{html.escape(run.name)}{note} <small>{sum(r['reward'] > 0 for r in rows or [])}/{len(rows or [])}"
+                f" correct · hover: {sym}</small></div>"
+            )
+            body = (
+                "".join(response(r, R, sym, _first_wrong(run, r)) for r in sorted(rows, key=lambda r: -r["advantage"]))
+                if rows
+                else '<p class="muted">not among this run\'s logged prompts</p>'
+            )
             cols.append(f'<div class="col" data-run="{html.escape(run.name)}">{head}{body}</div>')
-        cards.append(f'<div class="card"><div class="prompt"><span class="muted">prompt</span> '
-                     f'{html.escape(prompt.strip(), quote=False)}</div>'
-                     f'<div class="cols" style="grid-template-columns:repeat({len(runs)},minmax(0,1fr))">'
-                     f'{"".join(cols)}</div></div>')
-    score = " · ".join(f"{html.escape(run.name)} {sum(r['reward'] > 0 for r in run.samples.get(step, []))}/"
-                       f"{len(run.samples.get(step, []))}" for run in runs if step in run.samples)
-    return (f'<details class="step"{" open" if is_open else ""} id="step-{step}"><summary>Step {step} '
-            f'<small>{len(prompts)} prompt{"s" * (len(prompts) != 1)} · correct: {score}</small></summary>'
-            f'{"".join(cards)}</details>')
+        cards.append(
+            f'<div class="card"><div class="prompt"><span class="muted">prompt</span> '
+            f"{html.escape(prompt.strip(), quote=False)}</div>"
+            f'<div class="cols" style="grid-template-columns:repeat({len(runs)},minmax(0,1fr))">'
+            f"{''.join(cols)}</div></div>"
+        )
+    score = " · ".join(
+        f"{html.escape(run.name)} {sum(r['reward'] > 0 for r in run.samples.get(step, []))}/"
+        f"{len(run.samples.get(step, []))}"
+        for run in runs
+        if step in run.samples
+    )
+    return (
+        f'<details class="step"{" open" if is_open else ""} id="step-{step}"><summary>Step {step} '
+        f"<small>{len(prompts)} prompt{'s' * (len(prompts) != 1)} · correct: {score}</small></summary>"
+        f"{''.join(cards)}</details>"
+    )
 
 
 # --- Where the credit lands: the credit against the toy's truth (toy.response_truth) ----------------------------
 # The token classes, in the table's order: (key, heading, the responses they belong to).
-CLASSES = [("first_wrong", "first wrong token", "incorrect"), ("prefix", "shared prefix before it", "incorrect"),
-           ("after", "after it", "incorrect"), ("result_digits", "result digits", "correct"),
-           ("other", "other tokens", "correct")]
+CLASSES = [
+    ("first_wrong", "first wrong token", "incorrect"),
+    ("prefix", "shared prefix before it", "incorrect"),
+    ("after", "after it", "incorrect"),
+    ("result_digits", "result digits", "correct"),
+    ("other", "other tokens", "correct"),
+]
 # DelTA's token view lists a token only when it occurs at least this often on a side of the run. Measured on a default
 # 60-step toy run, λ̄ of one token has a std of 0.05-0.15 from place to place, so the mean of 20 has a standard
 # error of 0.01-0.03, small against the ~0.1 between a side's highest and lowest listed means; rarer tokens would
@@ -647,8 +730,14 @@ def _over_steps(by_step: dict[int, list[float]]) -> dict:
         return {"mean": None, "count": 0, "step_min": None, "step_max": None, "step_std": None, "per_step": []}
     per_step = [[s, sum(v) / len(v), len(v)] for s, v in sorted(by_step.items())]
     means = [m for _, m, _ in per_step]
-    return {"mean": sum(vals) / len(vals), "count": len(vals), "step_min": min(means), "step_max": max(means),
-            "step_std": statistics.pstdev(means), "per_step": per_step}
+    return {
+        "mean": sum(vals) / len(vals),
+        "count": len(vals),
+        "step_min": min(means),
+        "step_max": max(means),
+        "step_std": statistics.pstdev(means),
+        "per_step": per_step,
+    }
 
 
 def credit_lands(run: Run) -> dict:
@@ -680,9 +769,14 @@ def credit_lands(run: Run) -> dict:
                 neg = [x for i, x in enumerate(c) if i not in chosen]
                 if pos and neg:
                     aurocs[key].setdefault(step, []).append(auroc(pos, neg))
-    return {"credit": run.credit, "rule": run.rule, "path": run.path,
-            "classes": {k: _over_steps(v) for k, v in by_class.items()},
-            "auroc": {k: _over_steps(v) for k, v in aurocs.items()}, "responses": kinds}
+    return {
+        "credit": run.credit,
+        "rule": run.rule,
+        "path": run.path,
+        "classes": {k: _over_steps(v) for k, v in by_class.items()},
+        "auroc": {k: _over_steps(v) for k, v in aurocs.items()},
+        "responses": kinds,
+    }
 
 
 def delta_tokens(run: Run, min_count: int = MIN_TOKEN_COUNT, top: int = TOP_TOKENS) -> dict:
@@ -701,11 +795,18 @@ def delta_tokens(run: Run, min_count: int = MIN_TOKEN_COUNT, top: int = TOP_TOKE
                 if "tokens" in row and (row.get("advantage") or 0) * sign > 0 and any(row["credit"]):
                     for tok, c in zip(row["tokens"], row["credit"]):
                         lam_bar.setdefault(tok, []).append(c)
-        kept = sorted(((sum(v) / len(v), len(v), t) for t, v in lam_bar.items() if len(v) >= min_count),
-                      key=lambda x: (-x[0], x[2]))
+        kept = sorted(
+            ((sum(v) / len(v), len(v), t) for t, v in lam_bar.items() if len(v) >= min_count),
+            key=lambda x: (-x[0], x[2]),
+        )
         low = sorted(kept, key=lambda x: (x[0], x[2]))
-        out[side] = {"highest": [[t, m, n] for m, n, t in kept[:top]], "lowest": [[t, m, n] for m, n, t in low[:top]],
-                     "tokens": sum(map(len, lam_bar.values())), "distinct": len(lam_bar), "listed": len(kept)}
+        out[side] = {
+            "highest": [[t, m, n] for m, n, t in kept[:top]],
+            "lowest": [[t, m, n] for m, n, t in low[:top]],
+            "tokens": sum(map(len, lam_bar.values())),
+            "distinct": len(lam_bar),
+            "listed": len(kept),
+        }
     return out
 
 
@@ -713,10 +814,14 @@ def _stat_cell(stat: dict) -> str:
     """A table cell: the mean in bold, below it the per-step min–max and the count; the std in the title."""
     if stat["mean"] is None:
         return '<td class="num muted">–</td>'
-    title = (f'mean over {stat["count"]:,}; per-step means {stat["step_min"]:.4f} to {stat["step_max"]:.4f}, '
-             f'std {stat["step_std"]:.4f}, over {len(stat["per_step"])} steps')
-    return (f'<td class="num" title="{title}"><b>{stat["mean"]:.3f}</b><br><small>{stat["step_min"]:.3f}–'
-            f'{stat["step_max"]:.3f} · {stat["count"]:,}</small></td>')
+    title = (
+        f"mean over {stat['count']:,}; per-step means {stat['step_min']:.4f} to {stat['step_max']:.4f}, "
+        f"std {stat['step_std']:.4f}, over {len(stat['per_step'])} steps"
+    )
+    return (
+        f'<td class="num" title="{title}"><b>{stat["mean"]:.3f}</b><br><small>{stat["step_min"]:.3f}–'
+        f"{stat['step_max']:.3f} · {stat['count']:,}</small></td>"
+    )
 
 
 def credit_lands_section(runs: list[Run], colours: dict, lands: dict[str, dict]) -> str:
@@ -727,42 +832,56 @@ def credit_lands_section(runs: list[Run], colours: dict, lands: dict[str, dict])
         d = lands[run.name]
         k = d["responses"]
         credit = f' <small class="muted">{html.escape(run.rule)}</small>' if run.rule not in ("", run.name) else ""
-        rows.append(f'<tr><td class="lrun"><span class="chip" style="background:{colours[run.name]}"></span>'
-                    f'<b>{html.escape(run.name)}</b>{credit}</td>'
-                    + "".join(_stat_cell(d["classes"][key]) for key, _, _ in CLASSES)
-                    + "".join(_stat_cell(d["auroc"][key]) for key in ("first_wrong", "result_digits"))
-                    + f'<td class="num" title="{k["no_wrong_token"]} incorrect with no wrong token (a prefix of a '
-                      f'correct solution): counted, not classed">{k["incorrect"]} incorrect · {k["correct"]} correct'
-                      f'</td></tr>')
+        rows.append(
+            f'<tr><td class="lrun"><span class="chip" style="background:{colours[run.name]}"></span>'
+            f"<b>{html.escape(run.name)}</b>{credit}</td>"
+            + "".join(_stat_cell(d["classes"][key]) for key, _, _ in CLASSES)
+            + "".join(_stat_cell(d["auroc"][key]) for key in ("first_wrong", "result_digits"))
+            + f'<td class="num" title="{k["no_wrong_token"]} incorrect with no wrong token (a prefix of a '
+            f'correct solution): counted, not classed">{k["incorrect"]} incorrect · {k["correct"]} correct'
+            f"</td></tr>"
+        )
     heads = "".join(f"<th>{html.escape(h)}<br><small>{side}</small></th>" for _, h, side in CLASSES)
-    table = (f'<table class="runs lands"><thead><tr><th>run</th>{heads}<th>AUROC first wrong<br><small>incorrect'
-             f'</small></th><th>AUROC result digits<br><small>correct</small></th><th>responses<br><small>with Â ≠ 0'
-             f'</small></th></tr></thead><tbody>{"".join(rows)}</tbody></table>')
+    table = (
+        f'<table class="runs lands"><thead><tr><th>run</th>{heads}<th>AUROC first wrong<br><small>incorrect'
+        f"</small></th><th>AUROC result digits<br><small>correct</small></th><th>responses<br><small>with Â ≠ 0"
+        f"</small></th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+    )
     charts = []
     for key, title in (("first_wrong", "AUROC: first wrong token"), ("result_digits", "AUROC: result digits")):
-        series = [{"colour": colours[run.name], "label": run.name,
-                   "points": [(s, m) for s, m, _ in lands[run.name]["auroc"][key]["per_step"]]} for run in runs]
+        series = [
+            {
+                "colour": colours[run.name],
+                "label": run.name,
+                "points": [(s, m) for s, m, _ in lands[run.name]["auroc"][key]["per_step"]],
+            }
+            for run in runs
+        ]
         series = [s for s in series if s["points"]]
         if series:
-            charts.append(f'<figure><figcaption>{title} <small>mean over the step\'s responses; 0.5: no better '
-                          f'than chance</small></figcaption>{line_chart(series)}</figure>')
-    intro = ('<p>On the toy the truth of every response is known (<code>toy.response_truth</code>): an incorrect '
-             'response\'s <b>first wrong token</b> is the first token at which it is no longer a prefix of any '
-             'correct solution the toy\'s grammar allows (the tokens before it, the <b>shared prefix</b>, a correct '
-             'response could also write); a correct response\'s <b>result digits</b> are the digits after each '
-             '<code>=</code> and inside the box. Each cell: the mean credit c = Ã<sub>i,t</sub>/Â<sub>i</sub> of '
-             'that class\'s tokens over every logged step (rows with Â ≠ 0), below it the min–max of the per-step '
-             'means and the number of tokens (hover: the std). <b>AUROC</b>: per response, the Mann–Whitney '
-             'probability (ties ½) that the class\'s token gets a higher c than the response\'s other tokens, '
-             'averaged over responses (count: responses). Higher c is more of Â<sub>i</sub>: for an incorrect '
-             'response (Â<sub>i</sub> &lt; 0) more of the penalty. GRPO gives every token c = 1: 1 and 0.5 '
-             'exactly. Incorrect responses with no wrong token (cut off while still a prefix of a correct '
-             'solution) are counted, not classed. A red underline marks the first wrong token below.</p>')
-    return (f'{intro}{table}<div class="grid" style="margin-top:14px">{"".join(charts)}</div>')
+            charts.append(
+                f"<figure><figcaption>{title} <small>mean over the step's responses; 0.5: no better "
+                f"than chance</small></figcaption>{line_chart(series)}</figure>"
+            )
+    intro = (
+        "<p>On the toy the truth of every response is known (<code>toy.response_truth</code>): an incorrect "
+        "response's <b>first wrong token</b> is the first token at which it is no longer a prefix of any "
+        "correct solution the toy's grammar allows (the tokens before it, the <b>shared prefix</b>, a correct "
+        "response could also write); a correct response's <b>result digits</b> are the digits after each "
+        "<code>=</code> and inside the box. Each cell: the mean credit c = Ã<sub>i,t</sub>/Â<sub>i</sub> of "
+        "that class's tokens over every logged step (rows with Â ≠ 0), below it the min–max of the per-step "
+        "means and the number of tokens (hover: the std). <b>AUROC</b>: per response, the Mann–Whitney "
+        "probability (ties ½) that the class's token gets a higher c than the response's other tokens, "
+        "averaged over responses (count: responses). Higher c is more of Â<sub>i</sub>: for an incorrect "
+        "response (Â<sub>i</sub> &lt; 0) more of the penalty. GRPO gives every token c = 1: 1 and 0.5 "
+        "exactly. Incorrect responses with no wrong token (cut off while still a prefix of a correct "
+        "solution) are counted, not classed. A red underline marks the first wrong token below.</p>"
+    )
+    return f'{intro}{table}<div class="grid" style="margin-top:14px">{"".join(charts)}</div>'
 
 
 def _tok_cell(tok: str) -> str:
-    return f'<code>{html.escape(tok.replace(" ", "␣").replace(chr(10), "↵"), quote=False)}</code>'
+    return f"<code>{html.escape(tok.replace(' ', '␣').replace(chr(10), '↵'), quote=False)}</code>"
 
 
 def delta_tokens_section(runs: list[Run], colours: dict, views: dict[str, dict]) -> str:
@@ -777,15 +896,26 @@ def delta_tokens_section(runs: list[Run], colours: dict, views: dict[str, dict])
             v = view[side]
             cols = []
             for which in ("highest", "lowest"):
-                body = "".join(f'<tr><td>{_tok_cell(t)}</td><td class="num">{m:.3f}</td><td class="num">{n:,}</td>'
-                               f'</tr>' for t, m, n in v[which]) or '<tr><td colspan="3" class="muted">none</td></tr>'
-                cols.append(f'<table class="runs"><thead><tr><th>{which} λ̄</th><th>mean</th><th>count</th></tr>'
-                            f'</thead><tbody>{body}</tbody></table>')
-            parts.append(f'<div><p><b>{label}</b> <small class="muted">{v["tokens"]:,} tokens, {v["listed"]} of '
-                         f'{v["distinct"]} distinct seen ≥ {MIN_TOKEN_COUNT} times</small></p>'
-                         f'<div class="pair">{"".join(cols)}</div></div>')
-        figs.append(f'<figure><figcaption><span class="chip" style="background:{colours[run.name]}"></span>'
-                    f'{html.escape(run.name)}</figcaption><div class="sides">{"".join(parts)}</div></figure>')
+                body = (
+                    "".join(
+                        f'<tr><td>{_tok_cell(t)}</td><td class="num">{m:.3f}</td><td class="num">{n:,}</td></tr>'
+                        for t, m, n in v[which]
+                    )
+                    or '<tr><td colspan="3" class="muted">none</td></tr>'
+                )
+                cols.append(
+                    f'<table class="runs"><thead><tr><th>{which} λ̄</th><th>mean</th><th>count</th></tr>'
+                    f"</thead><tbody>{body}</tbody></table>"
+                )
+            parts.append(
+                f'<div><p><b>{label}</b> <small class="muted">{v["tokens"]:,} tokens, {v["listed"]} of '
+                f"{v['distinct']} distinct seen ≥ {MIN_TOKEN_COUNT} times</small></p>"
+                f'<div class="pair">{"".join(cols)}</div></div>'
+            )
+        figs.append(
+            f'<figure><figcaption><span class="chip" style="background:{colours[run.name]}"></span>'
+            f'{html.escape(run.name)}</figcaption><div class="sides">{"".join(parts)}</div></figure>'
+        )
     return "".join(figs)
 
 
@@ -838,39 +968,55 @@ footer{margin-top:34px;font-size:12px;color:var(--muted)}
 
 def legend(runs: list[Run], R: float) -> str:
     credits = {run.credit for run in runs}
-    lines = ['<p><b>Colour: each token\'s credit c<sub>i,t</sub> = Ã<sub>i,t</sub> / Â<sub>i</sub></b>, the share of '
-             'its response\'s sequence advantage it receives in the clipped surrogate. <b>White</b>: exactly Â<sub>i'
-             '</sub>, what GRPO gives every token. <b style="color:#c0620f">Orange</b>: more than Â<sub>i</sub>; '
-             '<b style="color:#5e3f96">purple</b>: less. When Â<sub>i</sub> &lt; 0 the same colours mean more or '
-             'less of the penalty. Hover a token for its exact value.</p>']
+    lines = [
+        "<p><b>Colour: each token's credit c<sub>i,t</sub> = Ã<sub>i,t</sub> / Â<sub>i</sub></b>, the share of "
+        "its response's sequence advantage it receives in the clipped surrogate. <b>White</b>: exactly Â<sub>i"
+        '</sub>, what GRPO gives every token. <b style="color:#c0620f">Orange</b>: more than Â<sub>i</sub>; '
+        '<b style="color:#5e3f96">purple</b>: less. When Â<sub>i</sub> &lt; 0 the same colours mean more or '
+        "less of the penalty. Hover a token for its exact value.</p>"
+    ]
     if "delta" in credits:
-        lines.append('<p><b>DelTA</b>: c = λ̄<sub>i,t</sub> (Eq. 8): λ = λ<sub>min</sub> + (λ<sub>max</sub> − '
-                     'λ<sub>min</sub>)·α, α = σ(Δ/γ) the soft assignment of the token\'s own-side margin Δ, '
-                     'rescaled to mean 1 over the batch: orange tokens sit on their side of the discriminator '
-                     '(the contrastive ones), purple tokens look like both sides.</p>')
+        lines.append(
+            "<p><b>DelTA</b>: c = λ̄<sub>i,t</sub> (Eq. 8): λ = λ<sub>min</sub> + (λ<sub>max</sub> − "
+            "λ<sub>min</sub>)·α, α = σ(Δ/γ) the soft assignment of the token's own-side margin Δ, "
+            "rescaled to mean 1 over the batch: orange tokens sit on their side of the discriminator "
+            "(the contrastive ones), purple tokens look like both sides.</p>"
+        )
     if "cscr" in credits:
-        lines.append('<p><b>CSCR</b>: c = w̃<sub>t</sub> = w<sub>t</sub> / mean<sub>t</sub>(w), w<sub>t</sub> = '
-                     'max(w<sub>min</sub>, exp(−α·max(0, s<sub>t</sub> − λ))): purple tokens are '
-                     'counterfactually sensitive (s<sub>t</sub> &gt; λ: their log-probability moves under the '
-                     'privileged notes c±), and the credit they lose goes to the others (Σ<sub>t</sub> c = '
-                     'L<sub>i</sub>).</p>')
+        lines.append(
+            "<p><b>CSCR</b>: c = w̃<sub>t</sub> = w<sub>t</sub> / mean<sub>t</sub>(w), w<sub>t</sub> = "
+            "max(w<sub>min</sub>, exp(−α·max(0, s<sub>t</sub> − λ))): purple tokens are "
+            "counterfactually sensitive (s<sub>t</sub> &gt; λ: their log-probability moves under the "
+            "privileged notes c±), and the credit they lose goes to the others (Σ<sub>t</sub> c = "
+            "L<sub>i</sub>).</p>"
+        )
     if "fipo" in credits:
-        lines.append('<p><b>FIPO</b>: c = f<sub>i,t</sub>, the future-KL weight its loss multiplies Â<sub>i</sub> by: '
-                     'exp of the decayed sum of log π<sub>θ</sub>/π<sub>old</sub> over token t and the tokens after '
-                     'it, clipped to [1, 1 + clip] (Â &lt; 0 tokens with a large ratio: [0.8, 1]); orange tokens '
-                     'lead to text the update already made likelier (baselines.future_kl_weights).</p>')
+        lines.append(
+            "<p><b>FIPO</b>: c = f<sub>i,t</sub>, the future-KL weight its loss multiplies Â<sub>i</sub> by: "
+            "exp of the decayed sum of log π<sub>θ</sub>/π<sub>old</sub> over token t and the tokens after "
+            "it, clipped to [1, 1 + clip] (Â &lt; 0 tokens with a large ratio: [0.8, 1]); orange tokens "
+            "lead to text the update already made likelier (baselines.future_kl_weights).</p>"
+        )
     if any(_masks(run.config, run.credit) for run in runs):
-        lines.append('<p><b>Masked rules</b> (Forking Tokens, DelTA\'s Q2): c is 0 on the tokens the loss leaves '
-                     'out (darkest purple) and the rule\'s weight on the others.</p>')
+        lines.append(
+            "<p><b>Masked rules</b> (Forking Tokens, DelTA's Q2): c is 0 on the tokens the loss leaves "
+            "out (darkest purple) and the rule's weight on the others.</p>"
+        )
     if any(has_truth(run) for run in runs):
-        lines.append('<p><b style="color:#d1242f">Red underline</b> (toy runs): an incorrect response\'s first wrong '
-                     'token, where it is no longer a prefix of any correct solution (see "Where the credit '
-                     'lands").</p>')
-    lines.append('<p class="muted">Faded responses have Â<sub>i</sub> = 0 (the whole group scored alike): they '
-                 'get no gradient; DelTA\'s λ̄ is shown for them as computed, the other credits as 1. Colours are '
-                 'on a log scale shared by all runs; the histograms count the tokens of responses with Â ≠ 0.</p>')
-    return (f'<div class="legend"><div>{colour_bar(R)}<div class="scale-ends"><span>← less credit than Â</span>'
-            f'<span>more credit than Â →</span></div></div><div>{"".join(lines)}</div></div>')
+        lines.append(
+            '<p><b style="color:#d1242f">Red underline</b> (toy runs): an incorrect response\'s first wrong '
+            'token, where it is no longer a prefix of any correct solution (see "Where the credit '
+            'lands").</p>'
+        )
+    lines.append(
+        '<p class="muted">Faded responses have Â<sub>i</sub> = 0 (the whole group scored alike): they '
+        "get no gradient; DelTA's λ̄ is shown for them as computed, the other credits as 1. Colours are "
+        "on a log scale shared by all runs; the histograms count the tokens of responses with Â ≠ 0.</p>"
+    )
+    return (
+        f'<div class="legend"><div>{colour_bar(R)}<div class="scale-ends"><span>← less credit than Â</span>'
+        f"<span>more credit than Â →</span></div></div><div>{''.join(lines)}</div></div>"
+    )
 
 
 def build_report(runs: list[Run], steps: str = "auto", scale: float | None = None) -> tuple[str, dict]:
@@ -882,33 +1028,46 @@ def build_report(runs: list[Run], steps: str = "auto", scale: float | None = Non
         raise ValueError(f"--scale {scale}: the colour scale's end must be > 1 (it runs from 1/R to R)")
     R = scale or credit_range(runs)
     logged, shown = pick_steps(runs, steps)
-    palette = "".join(f".c{k + LEVELS}{{background:{colour(k / LEVELS)}"  # dark colours get white text
-                      f"{';color:#fff' if abs(k) > 0.62 * LEVELS else ''}}}" for k in range(-LEVELS, LEVELS + 1))
+    palette = "".join(
+        f".c{k + LEVELS}{{background:{colour(k / LEVELS)}"  # dark colours get white text
+        f"{';color:#fff' if abs(k) > 0.62 * LEVELS else ''}}}"
+        for k in range(-LEVELS, LEVELS + 1)
+    )
     sections = [step_section(s, runs, colours, R, s in (shown[0], shown[-1])) for s in shown]
     numbers = truth_numbers(runs)
     why = f"--steps {html.escape(steps)}" if steps != "auto" else "a size budget; <code>--steps all</code> shows all"
-    note = "" if len(shown) == len(logged) else f' <small>{len(shown)} of {len(logged)} logged steps ({why})</small>'
+    note = "" if len(shown) == len(logged) else f" <small>{len(shown)} of {len(logged)} logged steps ({why})</small>"
     names = ", ".join(html.escape(run.name) for run in runs)
-    chips = " ".join(f'<span class="chip" style="background:{colours[run.name]}"></span>{html.escape(run.name)}'
-                     for run in runs)
-    body = (f'<h1>Where the credit goes</h1><p class="muted">{len(runs)} run{"s" * (len(runs) != 1)} of grpo.py: '
-            f'{names}. Built by report.py from each run folder\'s metrics.jsonl, summary.json and samples/.</p>'
-            f'{run_table(runs, colours)}{legend(runs, R)}'
-            f'<h2>Curves <small>metrics.jsonl against the training step: {chips}</small></h2>'
-            f'{curves(runs, colours)}'
-            f'<h2>Credit per token <small>every logged token of a response with Â ≠ 0, on the colour scale\'s '
-            f'log axis, one axis for all runs</small></h2>'
-            f'{histograms(runs, colours, R)}{truth_sections(runs, colours, numbers)}'
-            f'<h2>Responses, token by token{note}</h2>'
-            + ("".join(sections) or '<p class="muted">No run has logged responses.</p>') +
-            '<footer>Self-contained page: no script, style or font is loaded from elsewhere.</footer>')
-    page = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
-            f'content="width=device-width,initial-scale=1"><title>Credit report: {names}</title>'
-            f'<style>{CSS}{palette}</style></head><body><main>{body}</main></body></html>')
-    info = {"runs": len(runs), "steps_logged": len(logged), "steps_shown": len(shown),
-            "responses": sum(len(run.samples.get(s, [])) for run in runs for s in shown),
-            "tokens": sum(len(r.get("tokens", ())) for run in runs for s in shown for r in run.samples.get(s, [])),
-            "scale": R, "numbers": numbers}
+    chips = " ".join(
+        f'<span class="chip" style="background:{colours[run.name]}"></span>{html.escape(run.name)}' for run in runs
+    )
+    body = (
+        f'<h1>Where the credit goes</h1><p class="muted">{len(runs)} run{"s" * (len(runs) != 1)} of grpo.py: '
+        f"{names}. Built by report.py from each run folder's metrics.jsonl, summary.json and samples/.</p>"
+        f"{run_table(runs, colours)}{legend(runs, R)}"
+        f"<h2>Curves <small>metrics.jsonl against the training step: {chips}</small></h2>"
+        f"{curves(runs, colours)}"
+        f"<h2>Credit per token <small>every logged token of a response with Â ≠ 0, on the colour scale's "
+        f"log axis, one axis for all runs</small></h2>"
+        f"{histograms(runs, colours, R)}{truth_sections(runs, colours, numbers)}"
+        f"<h2>Responses, token by token{note}</h2>"
+        + ("".join(sections) or '<p class="muted">No run has logged responses.</p>')
+        + "<footer>Self-contained page: no script, style or font is loaded from elsewhere.</footer>"
+    )
+    page = (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
+        f'content="width=device-width,initial-scale=1"><title>Credit report: {names}</title>'
+        f"<style>{CSS}{palette}</style></head><body><main>{body}</main></body></html>"
+    )
+    info = {
+        "runs": len(runs),
+        "steps_logged": len(logged),
+        "steps_shown": len(shown),
+        "responses": sum(len(run.samples.get(s, [])) for run in runs for s in shown),
+        "tokens": sum(len(r.get("tokens", ())) for run in runs for s in shown for r in run.samples.get(s, [])),
+        "scale": R,
+        "numbers": numbers,
+    }
     return page, info
 
 
@@ -920,19 +1079,27 @@ def truth_numbers(runs: list[Run]) -> dict:
     views = {run.name: delta_tokens(run) for run in runs if run.symbol == "λ̄" and run.samples}
     if not lands and not views:
         return {}
-    return {"definitions": {
-        "credit": "c = Ã_{i,t}/Â_i per token (GRPO 1, DelTA λ̄, CSCR w̃, FIPO f; 0 where a mask leaves the token "
-                  "out of the loss); only rows with Â_i ≠ 0",
-        "rule": "report.rule_name of the run's config.json: the comparison rule (tools/bench/reproduce.py's RULES)",
-        "classes": "incorrect responses: first_wrong (toy.first_wrong_token), prefix (before it), after (after it); "
-                   "correct responses (reward > 0): result_digits (toy.result_digits), other",
-        "mean": "over every token (classes) or response (auroc) of every logged step; count: tokens or responses",
-        "spread": "step_min, step_max, step_std (population std) of the per-step means; per_step: [step, mean, count]",
-        "auroc": "per response, Mann–Whitney AUROC (ties 1/2) of c: the class's tokens against the response's other "
-                 "tokens (higher c = more of Â_i; for Â_i < 0 more penalty), averaged over responses",
-        "delta_tokens": f"per side (pos: Â_i > 0, neg: Â_i < 0) the {TOP_TOKENS} tokens with the highest / lowest mean "
-                        f"λ̄ (= c) over the run, [token, mean, count], tokens seen ≥ {MIN_TOKEN_COUNT} times"},
-        "where_the_credit_lands": lands, "delta_tokens": views}
+    return {
+        "definitions": {
+            "credit": "c = Ã_{i,t}/Â_i per token (GRPO 1, DelTA λ̄, CSCR w̃, FIPO f; 0 where a mask leaves the token "
+            "out of the loss); only rows with Â_i ≠ 0",
+            "rule": "report.rule_name of the run's config.json: the comparison rule (tools/bench/reproduce.py's RULES)",
+            "classes": "incorrect responses: first_wrong (toy.first_wrong_token), prefix (before it), after (after it);"
+            " "
+            "correct responses (reward > 0): result_digits (toy.result_digits), other",
+            "mean": "over every token (classes) or response (auroc) of every logged step; count: tokens or responses",
+            "spread": "step_min, step_max, step_std (population std) of the per-step means; "
+            "per_step: [step, mean, count]",
+            "auroc": "per response, Mann–Whitney AUROC (ties 1/2) of c: the class's tokens against the response's "
+            "other "
+            "tokens (higher c = more of Â_i; for Â_i < 0 more penalty), averaged over responses",
+            "delta_tokens": f"per side (pos: Â_i > 0, neg: Â_i < 0) the {TOP_TOKENS} tokens with the highest / lowest "
+            "mean "
+            f"λ̄ (= c) over the run, [token, mean, count], tokens seen ≥ {MIN_TOKEN_COUNT} times",
+        },
+        "where_the_credit_lands": lands,
+        "delta_tokens": views,
+    }
 
 
 def write_samples_summary(path: str) -> dict:
@@ -955,11 +1122,15 @@ def truth_sections(runs: list[Run], colours: dict, numbers: dict) -> str:
     lands, views = numbers.get("where_the_credit_lands"), numbers.get("delta_tokens")
     if lands:
         toy_runs = [run for run in runs if run.name in lands]
-        out += (f'<h2 id="where-the-credit-lands">Where the credit lands <small>the credit against the toy\'s truth, '
-                f'every logged step</small></h2>{credit_lands_section(toy_runs, colours, lands)}')
+        out += (
+            f'<h2 id="where-the-credit-lands">Where the credit lands <small>the credit against the toy\'s truth, '
+            f"every logged step</small></h2>{credit_lands_section(toy_runs, colours, lands)}"
+        )
     if views:
-        out += (f'<h2 id="delta-tokens">DelTA\'s tokens <small>highest and lowest mean λ̄ over the run, per side, '
-                f'tokens seen ≥ {MIN_TOKEN_COUNT} times</small></h2>{delta_tokens_section(runs, colours, views)}')
+        out += (
+            f'<h2 id="delta-tokens">DelTA\'s tokens <small>highest and lowest mean λ̄ over the run, per side, '
+            f"tokens seen ≥ {MIN_TOKEN_COUNT} times</small></h2>{delta_tokens_section(runs, colours, views)}"
+        )
     return out
 
 
@@ -989,12 +1160,24 @@ def numbers_path(page: str) -> str:
 def main(argv=None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", help="run folders of grpo.py (--output_dir)")
-    ap.add_argument("--output", default="", help="the HTML file to write (default: report.html in the folder that "
-                    "holds the runs, e.g. runs/report.html, or in the run's folder for one run)")
-    ap.add_argument("--steps", default="auto", help="whose responses to show: auto (all while the page stays a few "
-                    "MB, else evenly spaced), all, or step numbers like 1,30,60 (default: %(default)s)")
-    ap.add_argument("--scale", type=float, default=None, help="the colour scale's end R: credits from 1/R to R "
-                    "(default: what covers 99.5%% of the tokens, at most 2)")
+    ap.add_argument(
+        "--output",
+        default="",
+        help="the HTML file to write (default: report.html in the folder that "
+        "holds the runs, e.g. runs/report.html, or in the run's folder for one run)",
+    )
+    ap.add_argument(
+        "--steps",
+        default="auto",
+        help="whose responses to show: auto (all while the page stays a few "
+        "MB, else evenly spaced), all, or step numbers like 1,30,60 (default: %(default)s)",
+    )
+    ap.add_argument(
+        "--scale",
+        type=float,
+        default=None,
+        help="the colour scale's end R: credits from 1/R to R (default: what covers 99.5%% of the tokens, at most 2)",
+    )
     args = ap.parse_args(argv)
     args.output = args.output or default_output(args.runs)
     t0 = time.time()
@@ -1015,10 +1198,12 @@ def main(argv=None) -> str:
         with open(numbers_path(args.output), "w", encoding="utf-8") as f:
             json.dump(info["numbers"], f, indent=1, ensure_ascii=False)
     size = os.path.getsize(args.output)
-    print(f"report.py: wrote {args.output}: {_count(info['runs'], 'run')}, {_count(info['responses'], 'response')} "
-          f"({_count(info['tokens'], 'token')}) of {info['steps_shown']}/"
-          f"{_count(info['steps_logged'], 'logged step')}, {size / 1e6:.2f} MB, in {time.time() - t0:.2f} s"
-          + (f"; its numbers in {numbers_path(args.output)}" if info["numbers"] else ""))
+    print(
+        f"report.py: wrote {args.output}: {_count(info['runs'], 'run')}, {_count(info['responses'], 'response')} "
+        f"({_count(info['tokens'], 'token')}) of {info['steps_shown']}/"
+        f"{_count(info['steps_logged'], 'logged step')}, {size / 1e6:.2f} MB, in {time.time() - t0:.2f} s"
+        + (f"; its numbers in {numbers_path(args.output)}" if info["numbers"] else "")
+    )
     return args.output
 
 

@@ -66,8 +66,15 @@ CHARS = [chr(i) for i in range(32, 127)] + ["\n"]
 TASK = dict(num_ops=(1, 2), operand_range=(1, 9))
 # Warm-up settings. The mistake rate sets the base model's sampled accuracy (issue target: 20-60%).
 WARMUP = dict(steps=1500, batch_size=32, learning_rate=5e-3, mistake_prob=0.2, shortcut_prob=0.3, seed=0)
-MODEL = dict(hidden_size=128, intermediate_size=384, num_hidden_layers=4, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=32, max_position_embeddings=128)
+MODEL = dict(
+    hidden_size=128,
+    intermediate_size=384,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=128,
+)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -126,8 +133,12 @@ def load_split(split: str) -> list[dict]:
     return make_split(split)
 
 
-def worked_solution(steps: list[tuple[int, str, int, int]], rng: random.Random | None = None,
-                    mistake_prob: float = 0.0, shortcut_prob: float = 0.0) -> str:
+def worked_solution(
+    steps: list[tuple[int, str, int, int]],
+    rng: random.Random | None = None,
+    mistake_prob: float = 0.0,
+    shortcut_prob: float = 0.0,
+) -> str:
     """The worked solution text, e.g. ``37+48=85. 85-12=73. \\boxed{73}``.
 
     With ``mistake_prob > 0`` each step's result is, with that probability, off by 1-10 and the wrong value
@@ -167,6 +178,7 @@ class Truth(NamedTuple):
     shared_prefix: indices of the tokens before it (every token when first_wrong is None).
     result_digits: indices of the digit tokens of the results: after each ``=`` and inside each ``\\boxed{...}``.
     """
+
     first_wrong: int | None
     shared_prefix: list[int]
     result_digits: list[int]
@@ -290,14 +302,29 @@ def build_model(tokenizer, seed: int = 0, **overrides):
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen3Config(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         tie_word_embeddings=False, rope_theta=10000.0, **{**MODEL, **overrides})
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+        rope_theta=10000.0,
+        **{**MODEL, **overrides},
+    )
     return Qwen3ForCausalLM(config).float()
 
 
-def warm_up(model, tokenizer, steps: int, batch_size: int, learning_rate: float, mistake_prob: float,
-            shortcut_prob: float = 0.0, seed: int = 0, log_every: int = 100) -> list[float]:
+def warm_up(
+    model,
+    tokenizer,
+    steps: int,
+    batch_size: int,
+    learning_rate: float,
+    mistake_prob: float,
+    shortcut_prob: float = 0.0,
+    seed: int = 0,
+    log_every: int = 100,
+) -> list[float]:
     """Supervised warm-up on worked solutions with injected mistakes and guesses (see ``worked_solution``);
     returns the loss every ``log_every`` steps.
 
@@ -321,8 +348,9 @@ def warm_up(model, tokenizer, steps: int, batch_size: int, learning_rate: float,
             if problem in held_out:
                 continue
             p = tokenizer(problem + "\n")["input_ids"]
-            r = tokenizer(worked_solution(chain, rng, mistake_prob, shortcut_prob),
-                          add_special_tokens=False)["input_ids"]
+            r = tokenizer(worked_solution(chain, rng, mistake_prob, shortcut_prob), add_special_tokens=False)[
+                "input_ids"
+            ]
             r = r + [tokenizer.eos_token_id]
             ids.append(p + r)
             labels.append([-100] * len(p) + r)
@@ -346,8 +374,11 @@ def warm_up(model, tokenizer, steps: int, batch_size: int, learning_rate: float,
 def cache_dir(root: str | os.PathLike | None = None) -> Path:
     """Where a built toy model is cached: ``<root>/toy-<version>``, ``root`` by default ``$RLVR_TOY_CACHE``, else
     ``$XDG_CACHE_HOME/rlvr-credit`` (``~/.cache/rlvr-credit``). The folder need not exist."""
-    root = root or os.environ.get("RLVR_TOY_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "rlvr-credit")
+    root = (
+        root
+        or os.environ.get("RLVR_TOY_CACHE")
+        or os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "rlvr-credit")
+    )
     return Path(root) / f"toy-{TOY_VERSION}"
 
 
@@ -393,9 +424,16 @@ def build_toy_model(path: str | os.PathLike, warmup_steps: int | None = None, se
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            warm_up(model, tokenizer, steps=steps, batch_size=WARMUP["batch_size"],
-                    learning_rate=WARMUP["learning_rate"], mistake_prob=WARMUP["mistake_prob"],
-                    shortcut_prob=WARMUP["shortcut_prob"], seed=seed)
+            warm_up(
+                model,
+                tokenizer,
+                steps=steps,
+                batch_size=WARMUP["batch_size"],
+                learning_rate=WARMUP["learning_rate"],
+                mistake_prob=WARMUP["mistake_prob"],
+                shortcut_prob=WARMUP["shortcut_prob"],
+                seed=seed,
+            )
         finally:
             torch.set_num_threads(threads)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -404,8 +442,11 @@ def build_toy_model(path: str | os.PathLike, warmup_steps: int | None = None, se
     tmp = Path(tempfile.mkdtemp(prefix=path.name + ".tmp-", dir=path.parent))
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    (tmp / "toy_info.json").write_text(json.dumps({"version": TOY_VERSION, "warmup_steps": steps, "seed": seed,
-                                                   "warmup": WARMUP, "model": MODEL}, indent=1))
+    (tmp / "toy_info.json").write_text(
+        json.dumps(
+            {"version": TOY_VERSION, "warmup_steps": steps, "seed": seed, "warmup": WARMUP, "model": MODEL}, indent=1
+        )
+    )
     if path.exists():
         shutil.rmtree(path)
     os.replace(tmp, path)
@@ -439,8 +480,10 @@ def compare_weights(built: str | os.PathLike, shipped: str | os.PathLike = SHIPP
     a, b = load_file(Path(built) / "model.safetensors"), load_file(Path(shipped) / "model.safetensors")
     if a.keys() != b.keys():
         raise ValueError(f"{built} and {shipped} hold different tensors: {sorted(a.keys() ^ b.keys())[:3]}")
-    return {"identical": all(torch.equal(a[k], b[k]) for k in a),
-            "max_abs_weight_diff": max((a[k].float() - b[k].float()).abs().max().item() for k in a)}
+    return {
+        "identical": all(torch.equal(a[k], b[k]) for k in a),
+        "max_abs_weight_diff": max((a[k].float() - b[k].float()).abs().max().item() for k in a),
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -461,8 +504,10 @@ def _auto_template(model: str, data: str | None):
     template is noise to it (``none``); None for any other model."""
     if not is_toy_model(model):
         return None
-    return "none", "the toy" if data in (None, "toy") else \
-        f"the toy model reads bare prompts, so --data {data} is asked without a template"
+    return "none", "the toy" if data in (
+        None,
+        "toy",
+    ) else f"the toy model reads bare prompts, so --data {data} is asked without a template"
 
 
 def _auto_recipe(model: str) -> str | None:
@@ -477,9 +522,11 @@ def _check_recipe(name: str, cfg) -> str | None:
     from trainer import recipes
 
     table = recipes.RECIPES[name]
-    return (f"--data toy under --recipe {name}: the paper's settings (e.g. {table['max_completion_length']}-token "
-            f"responses, lr {table['learning_rate']:g}) do not suit the toy's 20-token task; pass --recipe toy to "
-            f"train this model on the toy task")
+    return (
+        f"--data toy under --recipe {name}: the paper's settings (e.g. {table['max_completion_length']}-token "
+        f"responses, lr {table['learning_rate']:g}) do not suit the toy's 20-token task; pass --recipe toy to "
+        f"train this model on the toy task"
+    )
 
 
 def register_data() -> None:
@@ -493,10 +540,8 @@ def register() -> None:
     """The toy in every generic module, once per process (again is harmless): ``--model toy`` (policy.py: the
     folder ``ensure_toy_model`` returns), its data (``register_data``), its prompt template and recipe for ``auto``
     (rollout.py, recipes.py), and its truth in each samples/ row of a run on ``--data toy`` (checkpoint.py)."""
-    from trainer import checkpoint
-    from trainer import policy
-    from trainer import recipes
     import rollout
+    from trainer import checkpoint, policy, recipes
 
     register_data()
     policy.register_model("toy", ensure_toy_model)

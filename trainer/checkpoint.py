@@ -52,8 +52,10 @@ TRAINER_STATE = "trainer_state.json"  # written last into a checkpoint: its pres
 _CKPT_RE = re.compile(r"checkpoint-(\d+)")
 # What a run writes into its folder (a save in progress: <name>.tmp-*), and where the logs of a run stopped before
 # its first checkpoint are moved by the next run there (RunFolder)
-RUN_FILES = re.compile(r"config\.json|metrics\.jsonl|samples|tensorboard|summary\.json|"
-                       r"(checkpoint-\d+|final)(\.tmp.*)?")
+RUN_FILES = re.compile(
+    r"config\.json|metrics\.jsonl|samples|tensorboard|summary\.json|"
+    r"(checkpoint-\d+|final)(\.tmp.*)?"
+)
 # What report.py writes into a run's folder (``python tools/report.py runs/x``): its page, report.html by default (any
 # ``--output <name>.html``), and the page's numbers beside it (<name>.json). Part of the run for RunFolder: moved
 # aside with its logs, deleted with it.
@@ -72,15 +74,38 @@ def register_truth(data: str, truth) -> None:
     """Make samples/ rows of runs on ``--data data`` carry ``truth(prompt, tokens)`` under ``truth``."""
     TRUTH[data] = truth
 
+
 # Flags that may change between a run and its --resume: when it stops, what it logs and saves, how it samples (vLLM
 # or HF draw different random numbers, but from the same policy) and how it computes the same update (micro-batches,
 # padding-free, the shared prompt pass, the fused stage 4, DelTA's implementation: equal to rounding). Everything
 # else decides the updates.
-RESUME_MAY_CHANGE = {"resume", "max_steps", "save_steps", "logging_steps", "eval_steps", "eval_num_generations",
-                     "num_samples_to_log", "num_threads", "output_dir", "use_vllm", "vllm_gpu_memory_utilization",
-                     "vllm_enable_sleep_mode", "micro_batch_size", "padding_free", "shared_prompt",
-                     "fuse_old_logprobs", "delta_impl", "gradient_checkpointing", "overwrite_output_dir", "report_to",
-                     "eval_temperature", "eval_top_p", "dry_run", "gpu_memory_gb", "plan_processes"}
+RESUME_MAY_CHANGE = {
+    "resume",
+    "max_steps",
+    "save_steps",
+    "logging_steps",
+    "eval_steps",
+    "eval_num_generations",
+    "num_samples_to_log",
+    "num_threads",
+    "output_dir",
+    "use_vllm",
+    "vllm_gpu_memory_utilization",
+    "vllm_enable_sleep_mode",
+    "micro_batch_size",
+    "padding_free",
+    "shared_prompt",
+    "fuse_old_logprobs",
+    "delta_impl",
+    "gradient_checkpointing",
+    "overwrite_output_dir",
+    "report_to",
+    "eval_temperature",
+    "eval_top_p",
+    "dry_run",
+    "gpu_memory_gb",
+    "plan_processes",
+}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -200,8 +225,10 @@ def clear_stale_saves(output_dir: str, say=print) -> None:
             removed.append(name)
             freed += size
     if removed:
-        say(f"[run] removed {', '.join(n + '/' for n in removed)} from {output_dir} ({freed / 2**30:.2f} GiB): "
-            f"the unfinished save{'s' * (len(removed) != 1)} of a process that is gone")
+        say(
+            f"[run] removed {', '.join(n + '/' for n in removed)} from {output_dir} ({freed / 2**30:.2f} GiB): "
+            f"the unfinished save{'s' * (len(removed) != 1)} of a process that is gone"
+        )
 
 
 def save_model(model, tokenizer, path: str, info: dict | None = None) -> None:
@@ -238,7 +265,7 @@ def _save_model_folder(folder: str, model, tokenizer, state_dict: dict | None, i
         json.dump(info, f, indent=1)
     adapter = os.path.join(folder, "adapter_config.json")
     if os.path.exists(adapter) and info.get("base_model"):  # name the base model as the user did ("toy", a hub
-        with open(adapter) as f:                            # id), not by this machine's cache path
+        with open(adapter) as f:  # id), not by this machine's cache path
             config = json.load(f)
         with open(adapter, "w") as f:
             json.dump({**config, "base_model_name_or_path": info["base_model"]}, f, indent=2, sort_keys=True)
@@ -308,8 +335,10 @@ def load_checkpoint_weights(path: str, model, use_peft: bool) -> dict:
     with open(os.path.join(path, TRAINER_STATE)) as f:
         state = json.load(f)
     if bool(state.get("use_peft")) != use_peft:
-        raise ValueError(f"checkpoint {path} was written {'with' if state.get('use_peft') else 'without'} "
-                         f"--use_peft; resume it with the same setting")
+        raise ValueError(
+            f"checkpoint {path} was written {'with' if state.get('use_peft') else 'without'} "
+            f"--use_peft; resume it with the same setting"
+        )
     if use_peft:
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
@@ -357,11 +386,16 @@ def check_resume_config(path: str, config: dict) -> None:
         return
     with open(path) as f:
         old = json.load(f).get("config", {})
-    changed = [f"--{k} {old[k]!r} -> {config[k]!r}" for k in sorted(config)
-               if k in old and k not in RESUME_MAY_CHANGE and old[k] != config[k]]
+    changed = [
+        f"--{k} {old[k]!r} -> {config[k]!r}"
+        for k in sorted(config)
+        if k in old and k not in RESUME_MAY_CHANGE and old[k] != config[k]
+    ]
     if changed:
-        raise ValueError(f"--resume with settings that differ from {path}: {', '.join(changed)}; resume with the "
-                         f"same settings, or start a new run in another --output_dir")
+        raise ValueError(
+            f"--resume with settings that differ from {path}: {', '.join(changed)}; resume with the "
+            f"same settings, or start a new run in another --output_dir"
+        )
 
 
 def library_versions() -> dict:
@@ -381,8 +415,11 @@ def library_versions() -> dict:
 # ----------------------------------------------------------------------------------------------------------
 # Experiment trackers (--report_to, TRL's flag and names): the same values as metrics.jsonl, under the same names
 # ----------------------------------------------------------------------------------------------------------
-TRACKERS = {"tensorboard": ("torch.utils.tensorboard", "tensorboard"), "wandb": ("wandb", "wandb"),
-            "trackio": ("trackio", "trackio")}  # --report_to name: (module imported, package to install)
+TRACKERS = {
+    "tensorboard": ("torch.utils.tensorboard", "tensorboard"),
+    "wandb": ("wandb", "wandb"),
+    "trackio": ("trackio", "trackio"),
+}  # --report_to name: (module imported, package to install)
 
 
 def import_trackers(report_to: str) -> dict:
@@ -392,8 +429,10 @@ def import_trackers(report_to: str) -> dict:
     names = [n.strip() for n in (report_to or "none").split(",") if n.strip() not in ("", "none")]
     unknown = [n for n in names if n not in TRACKERS]
     if unknown:
-        raise ValueError(f"--report_to {report_to}: unknown tracker {unknown[0]!r}; choose none, or any of "
-                         f"{', '.join(TRACKERS)} (comma-separated)")
+        raise ValueError(
+            f"--report_to {report_to}: unknown tracker {unknown[0]!r}; choose none, or any of "
+            f"{', '.join(TRACKERS)} (comma-separated)"
+        )
     modules = {}
     for name in names:
         module, package = TRACKERS[name]
@@ -418,8 +457,11 @@ class Tracker:
         if name == "tensorboard":
             self.run = module.SummaryWriter(os.path.join(path, "tensorboard"), purge_step=first_step or None)
         else:
-            self.run = module.init(project=os.environ.get(f"{name.upper()}_PROJECT", "rlvr-credit"),
-                                   name=os.path.basename(os.path.abspath(path)), config=config)
+            self.run = module.init(
+                project=os.environ.get(f"{name.upper()}_PROJECT", "rlvr-credit"),
+                name=os.path.basename(os.path.abspath(path)),
+                config=config,
+            )
 
     def log(self, values: dict, step: int) -> None:
         if self.name == "tensorboard":
@@ -454,8 +496,10 @@ def check_writable(path: str) -> None:
     if not os.path.isdir(existing):
         raise ValueError(f"--output_dir {path}: {existing} is a file, not a folder; choose another --output_dir")
     if not os.access(existing, os.W_OK | os.X_OK):  # also False on a read-only file system (EROFS), even for root
-        raise ValueError(f"--output_dir {path} cannot be written ({existing} is read-only or not writable by this "
-                         f"user); choose another --output_dir")
+        raise ValueError(
+            f"--output_dir {path} cannot be written ({existing} is read-only or not writable by this "
+            f"user); choose another --output_dir"
+        )
 
 
 class RunFolder:
@@ -489,19 +533,26 @@ class RunFolder:
             check_writable(path)
             clear_stale_saves(path, say)
         stale = set(stale_saves(path))  # the other processes: what process 0 removes now is no earlier run
-        earlier = ([n for n in sorted(os.listdir(path)) if not SET_ASIDE.fullmatch(n) and n not in stale]
-                   if os.path.isdir(path) else [])
+        earlier = (
+            [n for n in sorted(os.listdir(path)) if not SET_ASIDE.fullmatch(n) and n not in stale]
+            if os.path.isdir(path)
+            else []
+        )
         if config.get("resume"):
             self.resume_from = latest_checkpoint(path)
             if self.resume_from is None and earlier and self._stopped_before_a_checkpoint(earlier):
-                raise ValueError(f"--resume: {path} holds no complete checkpoint-<step>/ (the run stopped before its "
-                                 f"first --save_steps); run the same command without --resume to start again (its "
-                                 f"logs are moved aside), or with --overwrite_output_dir to delete them")
+                raise ValueError(
+                    f"--resume: {path} holds no complete checkpoint-<step>/ (the run stopped before its "
+                    f"first --save_steps); run the same command without --resume to start again (its "
+                    f"logs are moved aside), or with --overwrite_output_dir to delete them"
+                )
             if self.resume_from is None and earlier:  # not this trainer's logs alone: nothing it may move aside
-                raise ValueError(f"--resume: {path} holds no complete checkpoint-<step>/ and files this trainer did "
-                                 f"not write ({self._listed(self._foreign(earlier) or earlier)}): "
-                                 f"--overwrite_output_dir deletes them all and starts again, or choose another "
-                                 f"--output_dir")
+                raise ValueError(
+                    f"--resume: {path} holds no complete checkpoint-<step>/ and files this trainer did "
+                    f"not write ({self._listed(self._foreign(earlier) or earlier)}): "
+                    f"--overwrite_output_dir deletes them all and starts again, or choose another "
+                    f"--output_dir"
+                )
             if self.resume_from is None:
                 say(f"[resume] {path} is empty: starting from step 0")
             else:
@@ -511,20 +562,32 @@ class RunFolder:
                 self.set_aside = earlier
                 return
             if latest_checkpoint(path) is None:  # --resume would refuse it too: name only what works
-                raise ValueError(f"{path} holds files this trainer did not write "
-                                 f"({self._listed(self._foreign(earlier) or earlier)}) and no checkpoint to resume: "
-                                 f"--overwrite_output_dir deletes them all and starts again, or choose another "
-                                 f"--output_dir")
-            raise ValueError(f"{path} already holds a run ({self._listed(earlier)}): pass --resume to continue it, or "
-                             f"--overwrite_output_dir to delete it and start again (or choose another --output_dir)")
+                raise ValueError(
+                    f"{path} holds files this trainer did not write "
+                    f"({self._listed(self._foreign(earlier) or earlier)}) and no checkpoint to resume: "
+                    f"--overwrite_output_dir deletes them all and starts again, or choose another "
+                    f"--output_dir"
+                )
+            raise ValueError(
+                f"{path} already holds a run ({self._listed(earlier)}): pass --resume to continue it, or "
+                f"--overwrite_output_dir to delete it and start again (or choose another --output_dir)"
+            )
 
     @staticmethod
     def _foreign(names: list[str]) -> list[str]:
         """The names of a folder's listing that are neither what a run of this trainer writes (``RUN_FILES``) nor
         what report.py writes about it (``REPORT_PAGE``: a page, and the <name>.json of its numbers beside it)."""
         pages = {n.removesuffix(".html") for n in names if REPORT_PAGE.fullmatch(n)}
-        return [n for n in names if not (RUN_FILES.fullmatch(n) or REPORT_PAGE.fullmatch(n)
-                                         or n.endswith(".json") and n.removesuffix(".json") in pages)]
+        return [
+            n
+            for n in names
+            if not (
+                RUN_FILES.fullmatch(n)
+                or REPORT_PAGE.fullmatch(n)
+                or n.endswith(".json")
+                and n.removesuffix(".json") in pages
+            )
+        ]
 
     @staticmethod
     def _listed(names: list[str]) -> str:
@@ -556,15 +619,19 @@ class RunFolder:
         if last is not None:
             with open(os.path.join(last, TRAINER_STATE)) as f:
                 step = json.load(f)["step"]
-            return (f"{last} holds step {step}: the same command with --resume continues from there (without it, the "
-                    f"run folder is refused)")
+            return (
+                f"{last} holds step {step}: the same command with --resume continues from there (without it, the "
+                f"run folder is refused)"
+            )
         steps = sum('"reward"' in line for line in self.metrics_lines())
         if not steps:
             return f"stopped before step 1, nothing kept in {self.path}; the same command starts again"
         every = self.config.get("save_steps")
-        return (f"{self.path} holds the logs of {steps} step{'s' * (steps != 1)} and no checkpoint ("
-                + (f"--save_steps {every} writes the first at step {every}" if every else "--save_steps 0") +
-                f"): the same command starts again, after moving them to {self._aside_folder()}/")
+        return (
+            f"{self.path} holds the logs of {steps} step{'s' * (steps != 1)} and no checkpoint ("
+            + (f"--save_steps {every} writes the first at step {every}" if every else "--save_steps 0")
+            + f"): the same command starts again, after moving them to {self._aside_folder()}/"
+        )
 
     def _check_resumable(self) -> None:
         """The checkpoint, metrics.jsonl and config.json of ``resume_from`` describe one run with these settings."""
@@ -572,10 +639,12 @@ class RunFolder:
             self.resume_state = json.load(f)
         have, keep = len(self.metrics_lines()), self.resume_state["metrics_lines"]
         if have < keep:
-            raise ValueError(f"cannot --resume from {self.resume_from}: {self.metrics_path} has {have} line"
-                             f"{'s' * (have != 1)}, fewer than the {keep} logged when that checkpoint was written "
-                             "(another run wrote here since); start again with --overwrite_output_dir or use another "
-                             "--output_dir")
+            raise ValueError(
+                f"cannot --resume from {self.resume_from}: {self.metrics_path} has {have} line"
+                f"{'s' * (have != 1)}, fewer than the {keep} logged when that checkpoint was written "
+                "(another run wrote here since); start again with --overwrite_output_dir or use another "
+                "--output_dir"
+            )
         check_resume_config(os.path.join(self.path, "config.json"), self.config)
         self.skipped_updates_total = self.resume_state["skipped_updates_total"]
 
@@ -600,8 +669,11 @@ class RunFolder:
         ``info``, the model's sizes, library versions), open metrics.jsonl (``open_metrics``). ``info`` must name
         the ``prompt_template``: it is also written as ``run_info.json`` into every saved model folder, so
         ``--prompt_template auto`` finds it there (rollout.resolve_template). Every process calls it."""
-        self.model_info = {"prompt_template": info["prompt_template"], "base_model": self.config.get("model"),
-                           "credit": self.config.get("credit")}
+        self.model_info = {
+            "prompt_template": info["prompt_template"],
+            "base_model": self.config.get("model"),
+            "credit": self.config.get("credit"),
+        }
         distributed.barrier()  # every process has read the old config.json before process 0 rewrites it
         if self.main:
             if self.config.get("overwrite_output_dir") and not self.config.get("resume"):
@@ -612,18 +684,28 @@ class RunFolder:
                 os.makedirs(aside)
                 for name in self.set_aside:
                     os.replace(os.path.join(self.path, name), os.path.join(aside, name))
-                self.say(f"[run] {self.path} held a run stopped after {steps} step{'s' * (steps != 1)}, before its "
-                         f"first checkpoint: its logs are now in {aside}/; starting from step 0")
+                self.say(
+                    f"[run] {self.path} held a run stopped after {steps} step{'s' * (steps != 1)}, before its "
+                    f"first checkpoint: its logs are now in {aside}/; starting from step 0"
+                )
             os.makedirs(os.path.join(self.path, "samples"), exist_ok=True)
-        self.write_json("config.json", {
-            "config": self.config, **info, "num_parameters": sum(p.numel() for p in model.parameters()),
-            "num_trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-            "resumed_from": self.resume_from, "versions": library_versions()})
+        self.write_json(
+            "config.json",
+            {
+                "config": self.config,
+                **info,
+                "num_parameters": sum(p.numel() for p in model.parameters()),
+                "num_trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+                "resumed_from": self.resume_from,
+                "versions": library_versions(),
+            },
+        )
         self.open_metrics(self.resume_state, self.resume_from)
         if self.main:  # after the old run was deleted: a tracker may write into the folder
             first = self.resume_state["step"] + 1 if self.resume_state else 0
-            self.trackers = [Tracker(name, module, self.path, self.config, first)
-                             for name, module in self._tracker_modules.items()]
+            self.trackers = [
+                Tracker(name, module, self.path, self.config, first) for name, module in self._tracker_modules.items()
+            ]
 
     @property
     def metrics_path(self) -> str:
@@ -648,7 +730,7 @@ class RunFolder:
         drops the lines logged after its checkpoint (no step twice; ``_check_resumable`` made sure they exist),
         then appends."""
         if resume_state is not None and self.main:
-            lines = self.metrics_lines()[:resume_state["metrics_lines"]]
+            lines = self.metrics_lines()[: resume_state["metrics_lines"]]
             with open(self.metrics_path + ".tmp", "w") as f:
                 f.writelines(lines)
             os.replace(self.metrics_path + ".tmp", self.metrics_path)
@@ -661,8 +743,10 @@ class RunFolder:
         under the same names at its ``step``. ``echo``: also print it after this prefix."""
         if not self.main:
             return record
-        self._metrics.write(json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v)
-                                        for k, v in record.items()}) + "\n")
+        self._metrics.write(
+            json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()})
+            + "\n"
+        )
         self._metrics.flush()
         values = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
         for tracker in self.trackers:  # --report_to: the same values, under the same names, at the same step
@@ -681,13 +765,19 @@ class RunFolder:
 
     def logged_eval(self, step: int) -> dict:
         """The evaluation record logged at ``step`` (a resumed run reads its "before" evaluation back), or {}."""
-        return next((r for r in self.read_metrics() if r.get("step") == step and any(k.startswith("eval/") for k in r)),
-                    {})
+        return next(
+            (r for r in self.read_metrics() if r.get("step") == step and any(k.startswith("eval/") for k in r)), {}
+        )
 
     def _state(self, state: dict) -> dict:  # the trainer's state + what the run folder knows, for trainer_state.json
-        return {"metrics_lines": len(self.metrics_lines()) if self.main else 0,
-                "skipped_updates_total": self.skipped_updates_total, "use_peft": self.config.get("use_peft", False),
-                "model": self.config.get("model"), "seed": self.config.get("seed"), **state}
+        return {
+            "metrics_lines": len(self.metrics_lines()) if self.main else 0,
+            "skipped_updates_total": self.skipped_updates_total,
+            "use_peft": self.config.get("use_peft", False),
+            "model": self.config.get("model"),
+            "seed": self.config.get("seed"),
+            **state,
+        }
 
     def save_checkpoint(self, step: int, model, tokenizer, optimizer, state: dict) -> None:
         """``save_checkpoint`` into ``checkpoint-<step>``; the trainer ``state`` gains the step, the number of
@@ -702,8 +792,10 @@ class RunFolder:
         a later one): says so in one line; nothing is written or deleted."""
         if self.resume_state is None or self.resume_state["step"] < max_steps:
             return False
-        self.say(f"[resume] {self.path} has run {self.resume_state['step']} steps (--max_steps {max_steps}): nothing "
-                 f"to do; pass a larger --max_steps to train on")
+        self.say(
+            f"[resume] {self.path} has run {self.resume_state['step']} steps (--max_steps {max_steps}): nothing "
+            f"to do; pass a larger --max_steps to train on"
+        )
         return True
 
     def summary(self) -> dict:
@@ -740,16 +832,27 @@ class RunFolder:
         if optimizer is None:
             save_model(model, tokenizer, os.path.join(self.path, "final"), self.model_info)
         else:
-            save_checkpoint(os.path.join(self.path, "final"), model, tokenizer, optimizer, self._state(state),
-                            self.model_info)
+            save_checkpoint(
+                os.path.join(self.path, "final"), model, tokenizer, optimizer, self._state(state), self.model_info
+            )
         self.write_json("summary.json", summary)
         distributed.barrier()  # nobody leaves before process 0 has written final/
 
     def samples_path(self, step: int) -> str:
         return os.path.join(self.path, "samples", f"step_{step:06d}.jsonl")
 
-    def log_step(self, step: int, group_size: int, rewards, correct, lengths, finish_reasons: list[str],
-                 verify_counts: dict, token_stats: dict, extra: dict) -> dict:
+    def log_step(
+        self,
+        step: int,
+        group_size: int,
+        rewards,
+        correct,
+        lengths,
+        finish_reasons: list[str],
+        verify_counts: dict,
+        token_stats: dict,
+        extra: dict,
+    ) -> dict:
         """Pool one training step's statistics over processes, append them to metrics.jsonl; returns the record.
 
         Args (each process passes its own): rewards ``[n]`` (group by group), correct ``[n]`` (the verifier's 0/1,
@@ -768,26 +871,34 @@ class RunFolder:
         extra = {**extra, "skipped_updates_total": self.skipped_updates_total}
         counts = {k: v for k, v in verify_counts.items() if k not in ("total", "correct")}
         summed = distributed.all_reduce_sum(torch.tensor(list(counts.values()), dtype=torch.float64)).tolist()
-        pooled = distributed.all_gather_objects((rewards.tolist(), lengths.tolist(), finish_reasons,
-                                                 (rewards if correct is None else correct).tolist()))
+        pooled = distributed.all_gather_objects(
+            (rewards.tolist(), lengths.tolist(), finish_reasons, (rewards if correct is None else correct).tolist())
+        )
         r = torch.tensor([x for part in pooled for x in part[0]])
         lengths = torch.tensor([x for part in pooled for x in part[1]], dtype=torch.float)
         finish = [x for part in pooled for x in part[2]]
         c = torch.tensor([x for part in pooled for x in part[3]])
         groups = r.view(-1, group_size)
         shaped = {"overlong/penalty_mean": (r - c).mean().item()} if correct is not None else {}
-        record = {"step": step, "reward": r.mean().item(), "reward_std": r.std().item() if len(r) > 1 else 0.0,
-                  "accuracy": c.mean().item(), **shaped,
-                  "frac_reward_zero_std": (groups.max(-1).values == groups.min(-1).values).float().mean().item(),
-                  "completions/mean_length": lengths.mean().item(),
-                  "completions/clipped_ratio": finish.count("length") / len(r),
-                  **{k: v / n_tok for k, v in sums.items()},
-                  **{f"verify/{k}": int(v) for k, v in zip(counts, summed)}, **extra}
+        record = {
+            "step": step,
+            "reward": r.mean().item(),
+            "reward_std": r.std().item() if len(r) > 1 else 0.0,
+            "accuracy": c.mean().item(),
+            **shaped,
+            "frac_reward_zero_std": (groups.max(-1).values == groups.min(-1).values).float().mean().item(),
+            "completions/mean_length": lengths.mean().item(),
+            "completions/clipped_ratio": finish.count("length") / len(r),
+            **{k: v / n_tok for k, v in sums.items()},
+            **{f"verify/{k}": int(v) for k, v in zip(counts, summed)},
+            **extra,
+        }
         self.log(record)
         return record
 
-    def write_samples(self, step: int, tokenizer, batch, rewards, adv, token_adv, credit, weights: dict,
-                      groups: int) -> None:
+    def write_samples(
+        self, step: int, tokenizer, batch, rewards, adv, token_adv, credit, weights: dict, groups: int
+    ) -> None:
         """samples/step_*.jsonl: the first ``groups`` groups of this process's batch, one JSON line per response.
 
         Every line: ``prompt``, ``response``, ``reward``, ``advantage`` (Â_i), ``finish_reason``; ``tokens`` (the
@@ -802,12 +913,18 @@ class RunFolder:
             for i in range(groups * batch.group_size):
                 m = live = batch.response_mask[i].bool()
                 if not live.any() and batch.finish_reasons[i] == "length":  # truncated and masked out of the
-                    m = torch.ones_like(live)                                  # loss: every position is a token
+                    m = torch.ones_like(live)  # loss: every position is a token
                 toks = [tokenizer.decode([t]) for t in batch.response_ids[i][m].tolist()]
                 a = adv[i].item()
-                rec = {"prompt": batch.prompts[i], "response": batch.texts[i], "reward": rewards[i].item(),
-                       "advantage": a, "finish_reason": batch.finish_reasons[i], "tokens": toks,
-                       "credit": [round(c, 4) for c in torch.where(live[m], credit[i][m], 0.0).tolist()]}
+                rec = {
+                    "prompt": batch.prompts[i],
+                    "response": batch.texts[i],
+                    "reward": rewards[i].item(),
+                    "advantage": a,
+                    "finish_reason": batch.finish_reasons[i],
+                    "tokens": toks,
+                    "credit": [round(c, 4) for c in torch.where(live[m], credit[i][m], 0.0).tolist()],
+                }
                 if weights and live.any() and a != 0:
                     for name, weight in weights.items():
                         w = weight[i][m].tolist()

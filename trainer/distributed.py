@@ -20,6 +20,7 @@ inference cluster (vLLM runs colocated, one engine per process, see rollout.py).
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 
 import torch
@@ -53,8 +54,10 @@ def close() -> None:
     final/: the all-gathers before it ended long before the process does. A script that ends right after an
     all-gather (as the mixed-precision driver in tests/test_distributed.py does) should not rely on interpreter
     shutdown; that driver leaves with ``os._exit``. No barrier here: a process that failed alone would wait in it
-    until the timeout instead of exiting.
+    until the timeout instead of exiting. Objects the trainer left (--use_vllm's engine) are freed first: vLLM's
+    shutdown touches the process group.
     """
+    gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
@@ -130,8 +133,11 @@ def shard_model(model, compute_dtype: torch.dtype | None = None):
     """
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    mp = {} if compute_dtype is None else \
-        {"mp_policy": MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)}
+    mp = (
+        {}
+        if compute_dtype is None
+        else {"mp_policy": MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)}
+    )
     # the decoder-layer classes: transformers lists them in _no_split_modules (e.g. Qwen3DecoderLayer)
     names = set()
     for m in model.modules():
@@ -196,8 +202,7 @@ def full_optimizer_state(model, optimizer) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     many = is_distributed()
-    return get_optimizer_state_dict(model, optimizer,
-                                    options=StateDictOptions(full_state_dict=True, cpu_offload=many))
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=many))
 
 
 def load_full_optimizer_state(model, optimizer, osd: dict) -> None:
@@ -205,8 +210,9 @@ def load_full_optimizer_state(model, optimizer, osd: dict) -> None:
     keeps its own shard."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, optimizer, osd,
-                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=is_distributed()))
+    set_optimizer_state_dict(
+        model, optimizer, osd, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=is_distributed())
+    )
     for group in optimizer.param_groups:  # the state-dict round trip turns AdamW's betas tuple into a list
         if isinstance(group.get("betas"), list):
             group["betas"] = tuple(group["betas"])

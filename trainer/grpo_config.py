@@ -12,8 +12,8 @@ flag per setting, and config.json in the run folder records every resolved value
 from __future__ import annotations
 
 import argparse
-import difflib
 import dataclasses
+import difflib
 import importlib.util
 import math
 import re
@@ -21,38 +21,55 @@ from dataclasses import dataclass, field
 
 import torch
 
-
 # The recipes (--recipe; recipes.py applies them), the prompt templates (rollout.py) and the padding-free split
 # (policy.py): their data here, so that the settings read no model code
 # DelTA paper App. I, Tab. 4-5, and the official run_DelTA.sh (docs/specs/delta.md §4), row by row.
 DELTA_PAPER = {
-    "data": "math_train",                # the paper trains on DeepMath-103K (README: fetch it, pass --data); MATH ships
-    "eval_data": "aime25",               # checkpoints are chosen by AIME25 avg@8, validated every 4 steps (test_freq)
-    "eval_num_generations": 8, "eval_steps": 4,
-    "eval_temperature": 1.0, "eval_top_p": 0.7,  # in-training validation: T = 1.0, top-p 0.7
-    "num_prompts_per_step": 128, "num_generations": 16,  # train_prompt_bsz 128, rollout n 16
-    "num_mini_batches": 4,               # ppo_mini_batch_size 32 prompts: 4 updates per step, 1 epoch
-    "learning_rate": 1e-6, "weight_decay": 0.1, "max_grad_norm": 1.0,  # AdamW, constant, no warm-up
-    "epsilon": 0.2, "epsilon_high": 0.28, "dual_clip": 10.0,  # clip 0.2 / 0.28, clip_ratio_c 10
-    "loss_type": "dapo", "beta": 0.0,    # token-mean; no KL loss, no KL in the reward
-    "max_prompt_length": 2048, "max_completion_length": 20480,
-    "temperature": 1.0, "top_p": 1.0,    # rollout T 1.0, top-p 1.0
-    "overlong_buffer_len": 4096, "overlong_penalty_factor": 1.0,  # DAPO's overlong reward shaping, as run_DelTA.sh
-    "max_steps": 220,                    # 8B (300 for 14B)
-    "torch_dtype": "float32",            # master weights (FSDP2 computes in bf16 under torchrun)
-    "delta_impl": "memory_efficient",    # normal would keep h of 2,048 × 20,480 tokens: 687 GB at H = 4,096
-    "gradient_checkpointing": True,      # the official run's (with param/optimizer offload, sequence parallel 4)
-    "micro_batch_size": 1,               # rows of up to 22,528 tokens per forward (verl: dynamic, by tokens)
+    "data": "math_train",  # the paper trains on DeepMath-103K (README: fetch it, pass --data); MATH ships
+    "eval_data": "aime25",  # checkpoints are chosen by AIME25 avg@8, validated every 4 steps (test_freq)
+    "eval_num_generations": 8,
+    "eval_steps": 4,
+    "eval_temperature": 1.0,
+    "eval_top_p": 0.7,  # in-training validation: T = 1.0, top-p 0.7
+    "num_prompts_per_step": 128,
+    "num_generations": 16,  # train_prompt_bsz 128, rollout n 16
+    "num_mini_batches": 4,  # ppo_mini_batch_size 32 prompts: 4 updates per step, 1 epoch
+    "learning_rate": 1e-6,
+    "weight_decay": 0.1,
+    "max_grad_norm": 1.0,  # AdamW, constant, no warm-up
+    "epsilon": 0.2,
+    "epsilon_high": 0.28,
+    "dual_clip": 10.0,  # clip 0.2 / 0.28, clip_ratio_c 10
+    "loss_type": "dapo",
+    "beta": 0.0,  # token-mean; no KL loss, no KL in the reward
+    "max_prompt_length": 2048,
+    "max_completion_length": 20480,
+    "temperature": 1.0,
+    "top_p": 1.0,  # rollout T 1.0, top-p 1.0
+    "overlong_buffer_len": 4096,
+    "overlong_penalty_factor": 1.0,  # DAPO's overlong reward shaping, as run_DelTA.sh
+    "max_steps": 220,  # 8B (300 for 14B)
+    "torch_dtype": "float32",  # master weights (FSDP2 computes in bf16 under torchrun)
+    "delta_impl": "memory_efficient",  # normal would keep h of 2,048 × 20,480 tokens: 687 GB at H = 4,096
+    "gradient_checkpointing": True,  # the official run's (with param/optimizer offload, sequence parallel 4)
+    "micro_batch_size": 1,  # rows of up to 22,528 tokens per forward (verl: dynamic, by tokens)
 }
 
 # One 80 GB GPU, Qwen3-8B-Base: the paper's method and loss at a smaller batch and budget (docs/scaling.md).
 ONE_GPU_CHANGES = {
-    "use_peft": True, "lora_r": 16, "lora_alpha": 32, "lora_dropout": 0.0,  # dropout 0 keeps train = eval exact
-    "learning_rate": 1e-5,               # LoRA wants about 10x full fine-tuning's (docs/scaling.md)
-    "torch_dtype": "auto",               # bf16 base weights on the GPU; peft keeps the adapters in float32
-    "use_vllm": True, "vllm_enable_sleep_mode": True,  # vLLM's share: sized by the plan (memory_plan.vllm_share)
-    "num_prompts_per_step": 64, "num_generations": 8,
-    "max_prompt_length": 1024, "max_completion_length": 4096, "overlong_buffer_len": 1024,
+    "use_peft": True,
+    "lora_r": 16,
+    "lora_alpha": 32,
+    "lora_dropout": 0.0,  # dropout 0 keeps train = eval exact
+    "learning_rate": 1e-5,  # LoRA wants about 10x full fine-tuning's (docs/scaling.md)
+    "torch_dtype": "auto",  # bf16 base weights on the GPU; peft keeps the adapters in float32
+    "use_vllm": True,
+    "vllm_enable_sleep_mode": True,  # vLLM's share: sized by the plan (memory_plan.vllm_share)
+    "num_prompts_per_step": 64,
+    "num_generations": 8,
+    "max_prompt_length": 1024,
+    "max_completion_length": 4096,
+    "overlong_buffer_len": 1024,
     "micro_batch_size": 2,
 }
 DELTA_ONE_GPU = {**DELTA_PAPER, **ONE_GPU_CHANGES}
@@ -66,19 +83,26 @@ def name_the_recipe(message: str, cfg, given: set[str] | None) -> str:
     named = dict.fromkeys(re.findall(r"--(\w+)", message))
     table = RECIPES.get(cfg.recipe, {})
     mine = [n for n in named if n in table and given is not None and n not in given]
-    return message + (f" ({', '.join(f'--{n} {table[n]}' for n in mine)} {'is' if len(mine) == 1 else 'are'} the "
-                      f"{cfg.recipe} recipe's; a flag given beats it)" if mine else "")
+    return message + (
+        f" ({', '.join(f'--{n} {table[n]}' for n in mine)} {'is' if len(mine) == 1 else 'are'} the "
+        f"{cfg.recipe} recipe's; a flag given beats it)"
+        if mine
+        else ""
+    )
 
 
 def help_text() -> str:
     """The recipes as ``--help`` lists them: each one's name and the flags it sets."""
+
     def flags(table):
-        return " ".join(f"--{k}" if v is True else f"--no-{k}" if v is False else f"--{k} {v}"
-                        for k, v in table.items())
+        return " ".join(
+            f"--{k}" if v is True else f"--no-{k}" if v is False else f"--{k} {v}" for k, v in table.items()
+        )
 
-    return (f"recipes (--recipe): toy: the defaults above; delta_paper: {flags(DELTA_PAPER)}; delta_one_gpu: "
-            f"delta_paper with {flags(ONE_GPU_CHANGES)}")
-
+    return (
+        f"recipes (--recipe): toy: the defaults above; delta_paper: {flags(DELTA_PAPER)}; delta_one_gpu: "
+        f"delta_paper with {flags(ONE_GPU_CHANGES)}"
+    )
 
 
 QWEN_MATH_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -87,15 +111,22 @@ PROMPT_TEMPLATES = {
     "none": ("{problem}\n", [], ["\n\nQuestion:", "\n\nProblem:"]),
     # Qwen2.5-Math "qwen25-math-cot" ChatML written by hand (not the tokenizer's chat template, which adds
     # Qwen3's <think> handling). A base model must stop on <|im_end|> *and* <|endoftext|> (Qwen3#927).
-    "qwen_math": ("<|im_start|>system\n" + QWEN_MATH_SYSTEM + "<|im_end|>\n<|im_start|>user\n{problem}<|im_end|>\n"
-                  "<|im_start|>assistant\n", ["<|im_end|>", "<|endoftext|>"], []),
+    "qwen_math": (
+        "<|im_start|>system\n" + QWEN_MATH_SYSTEM + "<|im_end|>\n<|im_start|>user\n{problem}<|im_end|>\n"
+        "<|im_start|>assistant\n",
+        ["<|im_end|>", "<|endoftext|>"],
+        [],
+    ),
     # DeepSeek-R1-Zero's plain conversation; the answer ends with </answer>.
-    "r1": ("A conversation between User and Assistant. The User asks a question, and the Assistant solves it. "
-           "The Assistant first thinks about the reasoning process in the mind and then provides the User with "
-           "the answer. The reasoning process is enclosed within <think> </think> and answer is enclosed within "
-           "<answer> </answer> tags, respectively, i.e., <think> reasoning process here </think> <answer> answer "
-           "here </answer>. The final answer is put in \\boxed{}.\nUser: {problem}\nAssistant: <think>",
-           [], ["</answer>"]),
+    "r1": (
+        "A conversation between User and Assistant. The User asks a question, and the Assistant solves it. "
+        "The Assistant first thinks about the reasoning process in the mind and then provides the User with "
+        "the answer. The reasoning process is enclosed within <think> </think> and answer is enclosed within "
+        "<answer> </answer> tags, respectively, i.e., <think> reasoning process here </think> <answer> answer "
+        "here </answer>. The final answer is put in \\boxed{}.\nUser: {problem}\nAssistant: <think>",
+        [],
+        ["</answer>"],
+    ),
 }
 
 PADDING_FREE_BUCKETS = 8  # micro-batches of similar length a whole (mini-)batch is split into, with --padding_free
@@ -109,8 +140,12 @@ def _f(default, help, choices=None):
 @dataclass
 class GRPOConfig:
     # recipe, model and data
-    recipe: str = _f("auto", "settings that belong together (recipes.py, listed below); auto: toy for the toy, else "
-                             "delta_paper; a flag given beats the recipe", ["auto", *RECIPES])
+    recipe: str = _f(
+        "auto",
+        "settings that belong together (recipes.py, listed below); auto: toy for the toy, else "
+        "delta_paper; a flag given beats the recipe",
+        ["auto", *RECIPES],
+    )
     model: str = _f("toy", "'toy' (built-in), a local folder or a Hugging Face hub id")
     data: str = _f("toy", "training problems: a jsonl or parquet file, a folder of shards, a name in data/, or 'toy'")
     data_problem_field: str = _f("problem", "the data's problem column (DeepMath-103K: question)")
@@ -118,8 +153,11 @@ class GRPOConfig:
     max_prompt_length: int = _f(0, "leave out prompts longer than this many tokens before training (0 = keep all)")
     eval_data: str = _f("", "held-out problems (before/after); empty: the toy's test split with --data toy")
     prompt_template: str = _f("auto", "auto: none for the toy, else qwen_math", ["auto", *PROMPT_TEMPLATES])
-    output_dir: str = _f("", "the run folder (config, metrics, samples, checkpoints); empty: runs/<credit> for the "
-                             "toy, runs/<model>-<credit> for another model (e.g. runs/Qwen3-8B-Base-delta)")
+    output_dir: str = _f(
+        "",
+        "the run folder (config, metrics, samples, checkpoints); empty: runs/<credit> for the "
+        "toy, runs/<model>-<credit> for another model (e.g. runs/Qwen3-8B-Base-delta)",
+    )
     # model loading, LoRA and memory (docs/scaling.md)
     torch_dtype: str = _f("auto", "auto: bfloat16 on a GPU, float32 on the CPU", ["auto", "bfloat16", "float32"])
     attn_implementation: str = _f("sdpa", "attention kernel: sdpa, eager, or flash_attention_2 (needs flash-attn)")
@@ -128,52 +166,83 @@ class GRPOConfig:
     lora_r: int = _f(16, "LoRA rank r")
     lora_alpha: int = _f(32, "LoRA scaling α (the update is (α/r)·B·A)")
     lora_dropout: float = _f(0.05, "dropout on the LoRA branch's input (training passes only)")
-    lora_target_modules: str = _f("q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
-                                  "comma-separated module names that get LoRA adapters, or all-linear")
+    lora_target_modules: str = _f(
+        "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+        "comma-separated module names that get LoRA adapters, or all-linear",
+    )
     gradient_checkpointing: bool = _f(False, "recompute each layer in the backward pass (less activation memory)")
     ref_on_cpu: bool = _f(False, "full fine-tuning with --beta > 0: keep the frozen reference on the CPU")
-    cast_lm_head_to_fp32: bool = _f(False, "the LM head's weight and matmul in float32, the body in --torch_dtype "
-                                           "(TRL's flag; ScaleRL): float32 logits from a bf16 model; an untied "
-                                           "head, one process")
+    cast_lm_head_to_fp32: bool = _f(
+        False,
+        "the LM head's weight and matmul in float32, the body in --torch_dtype "
+        "(TRL's flag; ScaleRL): float32 logits from a bf16 model; an untied "
+        "head, one process",
+    )
     # credit assignment
-    credit: str = _f("grpo", "token credit: grpo (broadcast), delta (DelTA), cscr (CSCR), fipo (FIPO's future-KL "
-                             "weight, in the loss)", ["grpo", "delta", "cscr", "fipo"])
+    credit: str = _f(
+        "grpo",
+        "token credit: grpo (broadcast), delta (DelTA), cscr (CSCR), fipo (FIPO's future-KL weight, in the loss)",
+        ["grpo", "delta", "cscr", "fipo"],
+    )
     delta_k: int = _f(1, "DelTA refinement iterations K")
     delta_lam_min: float = _f(0.8, "DelTA λ_min")
     delta_lam_max: float = _f(1.2, "DelTA λ_max")
-    delta_impl: str = _f("normal", "where DelTA's chunks come from: the batch's h kept from θ_old's pass (normal) or "
-                                   "micro-batches whose h is recomputed in each of K + 3 passes (memory_efficient; "
-                                   "memory independent of the batch)",
-                         ["normal", "memory_efficient"])
+    delta_impl: str = _f(
+        "normal",
+        "where DelTA's chunks come from: the batch's h kept from θ_old's pass (normal) or "
+        "micro-batches whose h is recomputed in each of K + 3 passes (memory_efficient; "
+        "memory independent of the batch)",
+        ["normal", "memory_efficient"],
+    )
     # DelTA's ablations (docs/specs/baselines.md §6; docs/reproduce.md): each one swaps one step of delta.py for its
     # function in delta_ablations.py (steps_from_flags, proxy_from_flags), chosen once when the run starts
-    delta_scores: str = _f("contrastive", "DelTA margins: contrastive (Sec. 3.2) or within_side (−‖v − μ_own‖²)",
-                           ["contrastive", "within_side"])
+    delta_scores: str = _f(
+        "contrastive",
+        "DelTA margins: contrastive (Sec. 3.2) or within_side (−‖v − μ_own‖²)",
+        ["contrastive", "within_side"],
+    )
     delta_assignment: str = _f("soft", "DelTA assignment: soft α = σ(Δ/γ) or hard 1[Δ > 0]", ["soft", "hard"])
-    delta_gamma: str = _f("adaptive", "DelTA γ: adaptive (every batch) or frozen (the first batch's γ⁽⁰⁾, kept)",
-                          ["adaptive", "frozen"])
-    delta_coefficients: str = _f("bounded", "DelTA λ: bounded λ_min + (λ_max − λ_min)·α, raw α, or random in the "
-                                            "range", ["bounded", "raw", "random"])
+    delta_gamma: str = _f(
+        "adaptive", "DelTA γ: adaptive (every batch) or frozen (the first batch's γ⁽⁰⁾, kept)", ["adaptive", "frozen"]
+    )
+    delta_coefficients: str = _f(
+        "bounded",
+        "DelTA λ: bounded λ_min + (λ_max − λ_min)·α, raw α, or random in the range",
+        ["bounded", "raw", "random"],
+    )
     delta_normalize: bool = _f(True, "DelTA λ̄ = λ·N/Σλ (--no-delta_normalize: λ̄ = λ)")
-    delta_proxy: str = _f("hidden", "DelTA proxy v: hidden ((1 − p)·h, App. F) or topk (W_y − Σ p̃ W_j over the "
-                                    "old logits' top K)", ["hidden", "topk"])
+    delta_proxy: str = _f(
+        "hidden",
+        "DelTA proxy v: hidden ((1 − p)·h, App. F) or topk (W_y − Σ p̃ W_j over the old logits' top K)",
+        ["hidden", "topk"],
+    )
     delta_proxy_topk: int = _f(20, "K of --delta_proxy topk (K = vocabulary: the exact hidden-state gradient)")
-    delta_select: str = _f("none", "DelTA Q2 (Sec. 5.2): plain DAPO on the top, a random or the bottom "
-                                   "--delta_select_fraction of tokens by λ", ["none", "top", "random", "bottom"])
+    delta_select: str = _f(
+        "none",
+        "DelTA Q2 (Sec. 5.2): plain DAPO on the top, a random or the bottom --delta_select_fraction of tokens by λ",
+        ["none", "top", "random", "bottom"],
+    )
     delta_select_fraction: float = _f(0.5, "share of the valid tokens --delta_select keeps")
-    delta_scope: str = _f("global", "torchrun: DelTA's statistics summed over processes (global) or per process "
-                                    "as in DelTA's code (local)", ["global", "local"])
+    delta_scope: str = _f(
+        "global",
+        "torchrun: DelTA's statistics summed over processes (global) or per process as in DelTA's code (local)",
+        ["global", "local"],
+    )
     cscr_template: str = _f("verdict", "CSCR privileged note: verdict, reference, answer, verdict_short (cscr.py)")
     cscr_mode: str = _f("max", "CSCR sensitivity: max(|Δ+|,|Δ−|), mean, common", ["max", "mean", "common"])
     cscr_threshold: float = _f(0.2, "CSCR sensitivity threshold λ in nats")
     cscr_threshold_quantile: float | None = _f(None, "calibrate λ once: this quantile of s in the first batch")
     cscr_alpha: float = _f(1.0, "CSCR decay strength α")
     cscr_w_min: float = _f(0.0, "CSCR weight floor")
-    cscr_weight: str = _f("exp", "CSCR weight map: exp (spec §5), exp_abs, inverse; ablations (spec §9): upweight "
-                                 "(sensitive tokens up), sign_aware (RLSD's direction weight)",
-                          ["exp", "exp_abs", "inverse", "upweight", "sign_aware"])
-    cscr_scope: str = _f("sequence", "CSCR renormalisation: per sequence (spec §5), group or batch (§9)",
-                         ["sequence", "group", "batch"])
+    cscr_weight: str = _f(
+        "exp",
+        "CSCR weight map: exp (spec §5), exp_abs, inverse; ablations (spec §9): upweight "
+        "(sensitive tokens up), sign_aware (RLSD's direction weight)",
+        ["exp", "exp_abs", "inverse", "upweight", "sign_aware"],
+    )
+    cscr_scope: str = _f(
+        "sequence", "CSCR renormalisation: per sequence (spec §5), group or batch (§9)", ["sequence", "group", "batch"]
+    )
     cscr_sign_eps: float = _f(0.2, "--cscr_weight sign_aware: clip(exp(sign(Â)·Δ+), 1 ± ε)")
     cscr_sign_mix: float = _f(0.5, "--cscr_weight sign_aware: w = (1 − mix) + mix·clip(...)")
     # rollout
@@ -185,20 +254,33 @@ class GRPOConfig:
     temperature: float = _f(1.0, "sampling temperature; the trainer's log-probs use the same temperature")
     top_p: float = _f(1.0, "nucleus sampling mass")
     use_vllm: bool = _f(False, "sample with vLLM colocated in this process (tools/requirements-vllm.txt)")
-    vllm_gpu_memory_utilization: float | None = _f(None, "fraction of the GPU's memory vLLM takes (weights + KV "
-                                                         "cache); default: with --vllm_enable_sleep_mode on a GPU "
-                                                         "the memory plan's size (memory_plan.vllm_share), else 0.3")
+    vllm_gpu_memory_utilization: float | None = _f(
+        None,
+        "fraction of the GPU's memory vLLM takes (weights + KV "
+        "cache); default: with --vllm_enable_sleep_mode on a GPU "
+        "the memory plan's size (memory_plan.vllm_share), else 0.3",
+    )
     vllm_enable_sleep_mode: bool = _f(False, "free vLLM's weights and KV cache during the policy update")
-    vllm_kv_cache_dtype: str = _f("auto", "vLLM's KV cache: auto (the model's dtype) or fp8 (half the bytes on a "
-                                          "GPU: twice the sequences at once; the sampler drifts further from the "
-                                          "trainer)", ["auto", "fp8"])
+    vllm_kv_cache_dtype: str = _f(
+        "auto",
+        "vLLM's KV cache: auto (the model's dtype) or fp8 (half the bytes on a "
+        "GPU: twice the sequences at once; the sampler drifts further from the "
+        "trainer)",
+        ["auto", "fp8"],
+    )
     # the sampler–trainer mismatch (TRL 1.16's flags and meanings; sampler_mismatch.py): off by default
-    vllm_importance_sampling_correction: bool = _f(False, "--use_vllm: multiply each token's loss by the truncated IS "
-                                                          "weight π_θold / π_vLLM (vLLM's processed log-probs)")
-    vllm_importance_sampling_mode: str = _f("token_truncate", "token_truncate: w_t = min(ratio_t, C_max); token_mask: "
-                                                              "0 outside [C_min, C_max]; sequence_*: one ratio per "
-                                                              "response, the product of its tokens'",
-                                            ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"])
+    vllm_importance_sampling_correction: bool = _f(
+        False,
+        "--use_vllm: multiply each token's loss by the truncated IS "
+        "weight π_θold / π_vLLM (vLLM's processed log-probs)",
+    )
+    vllm_importance_sampling_mode: str = _f(
+        "token_truncate",
+        "token_truncate: w_t = min(ratio_t, C_max); token_mask: "
+        "0 outside [C_min, C_max]; sequence_*: one ratio per "
+        "response, the product of its tokens'",
+        ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"],
+    )
     vllm_importance_sampling_clip_max: float | None = _f(3.0, "C_max of the IS weight (TRL 1.16's; None: no bound)")
     vllm_importance_sampling_clip_min: float | None = _f(None, "C_min of the IS weight (None: no lower bound)")
     # optimisation
@@ -208,36 +290,50 @@ class GRPOConfig:
     max_grad_norm: float = _f(1.0, "gradient clipping (0 = off)")
     num_iterations: int = _f(1, "μ: passes over each rollout batch (PPO epochs)")
     num_mini_batches: int = _f(1, "optimizer steps per pass (the rollout batch is split into mini-batches)")
-    micro_batch_size: int = _f(0, "rows per forward/backward (0: the whole mini-batch, with --padding_free in "
-                                  f"{PADDING_FREE_BUCKETS} length-sorted parts); gradients are identical")
+    micro_batch_size: int = _f(
+        0,
+        "rows per forward/backward (0: the whole mini-batch, with --padding_free in "
+        f"{PADDING_FREE_BUCKETS} length-sorted parts); gradients are identical",
+    )
     padding_free: bool = _f(True, "micro-batches of similar length, each cut to its own longest row (same loss)")
     shared_prompt: bool = _f(True, "run each group's prompt once, its keys/values read by its G responses (same loss)")
-    fuse_old_logprobs: bool = _f(True, "one update per batch: θ_old's log-probs from the training forward (one forward "
-                                       "fewer, same update)")
+    fuse_old_logprobs: bool = _f(
+        True, "one update per batch: θ_old's log-probs from the training forward (one forward fewer, same update)"
+    )
     epsilon: float = _f(0.2, "lower clip ε_low: ratio ≥ 1−ε for negative advantages")
     epsilon_high: float = _f(0.28, "upper clip ε_high: ratio ≤ 1+ε_high for positive advantages (DAPO)")
     dual_clip: float | None = _f(None, "dual-clip constant c for negative advantages (e.g. 10)")
     beta: float = _f(0.0, "k3 KL coefficient to a frozen reference (0 = no reference model)")
-    loss_type: str = _f("dapo", "dapo: token-mean over the batch; grpo: per-sequence mean, then mean; dr_grpo: "
-                                "sum / (B·max_completion_length); sapo: SAPO's soft gate in place of the clip; any "
-                                "other loss registered in grpo.POLICY_LOSSES")
+    loss_type: str = _f(
+        "dapo",
+        "dapo: token-mean over the batch; grpo: per-sequence mean, then mean; dr_grpo: "
+        "sum / (B·max_completion_length); sapo: SAPO's soft gate in place of the clip; any "
+        "other loss registered in grpo.POLICY_LOSSES",
+    )
     sapo_temperature_pos: float = _f(1.0, "SAPO's gate temperature τ for Â > 0")
     sapo_temperature_neg: float = _f(1.05, "SAPO's gate temperature τ for Â < 0")
-    sapo_aggregation: str = _f("sequence", "SAPO: per-sequence mean then mean (verl, TRL) or token-mean",
-                               ["sequence", "token"])
+    sapo_aggregation: str = _f(
+        "sequence", "SAPO: per-sequence mean then mean (verl, TRL) or token-mean", ["sequence", "token"]
+    )
     # the baselines that weight or mask tokens from the current policy, in the loss (docs/specs/baselines.md)
-    entropy_top_ratio: float = _f(0.0, "Forking Tokens (its code): train on the top ⌈ρn⌉ tokens by entropy, the "
-                                       "loss their mean (DelTA's row: 0.2; 0 = off)")
-    top_entropy_quantile: float = _f(1.0, "Forking Tokens as TRL: tokens with entropy ≥ the (1 − ρ) quantile, the "
-                                          "normaliser unchanged (1 = off)")
-    entropy_pool: str = _f("minibatch", "the tokens ranked by entropy: the mini-batch (exact under micro-batching; "
-                                        "one no-grad forward more) or each micro-batch (Forking Tokens' code)",
-                           ["minibatch", "micro"])
+    entropy_top_ratio: float = _f(
+        0.0,
+        "Forking Tokens (its code): train on the top ⌈ρn⌉ tokens by entropy, the "
+        "loss their mean (DelTA's row: 0.2; 0 = off)",
+    )
+    top_entropy_quantile: float = _f(
+        1.0, "Forking Tokens as TRL: tokens with entropy ≥ the (1 − ρ) quantile, the normaliser unchanged (1 = off)"
+    )
+    entropy_pool: str = _f(
+        "minibatch",
+        "the tokens ranked by entropy: the mini-batch (exact under micro-batching; "
+        "one no-grad forward more) or each micro-batch (Forking Tokens' code)",
+        ["minibatch", "micro"],
+    )
     fipo_decay_rate: float = _f(32.0, "FIPO: half-life of the future-KL sum in tokens")
     fipo_clip: float = _f(0.2, "FIPO: the weight is clipped to [1, 1 + this]")
     fipo_safety_threshold: float = _f(10.0, "FIPO: Â < 0 tokens with ratio above this keep a weight in [0.8, 1]")
-    scale_rewards: str = _f("group", "group: (r−mean)/(std+1e-6) per group; none: r−mean (Dr. GRPO)",
-                            ["group", "none"])
+    scale_rewards: str = _f("group", "group: (r−mean)/(std+1e-6) per group; none: r−mean (Dr. GRPO)", ["group", "none"])
     mask_truncated_completions: bool = _f(False, "exclude responses that hit max_completion_length from the loss")
     # evaluation, logging, checkpoints
     eval_num_generations: int = _f(8, "k of the held-out avg@k before and after training (0 = skip)")
@@ -271,8 +367,11 @@ class _Parser(argparse.ArgumentParser):
         if not message.startswith("unrecognized arguments:"):
             return ""
         known = [s for action in self._actions for s in action.option_strings if s.startswith("--")]
-        close = [(flag, difflib.get_close_matches(flag, known, n=1, cutoff=0.75))
-                 for flag in (word.split("=")[0] for word in message.split(":", 1)[1].split()) if flag.startswith("--")]
+        close = [
+            (flag, difflib.get_close_matches(flag, known, n=1, cutoff=0.75))
+            for flag in (word.split("=")[0] for word in message.split(":", 1)[1].split())
+            if flag.startswith("--")
+        ]
         return "".join(f"; did you mean {match[0]} (not {flag})?" for flag, match in close if match)
 
 
@@ -281,8 +380,11 @@ def build_parser(defaults: bool = True, *, loss_types: list[str]) -> argparse.Ar
     with one line. ``defaults=False``: flags not given are absent from the parsed namespace (``main``).
     ``loss_types``: the choices of ``--loss_type``, the policy losses registered when the parser is built (grpo.py's
     registry, which this file cannot import: grpo.build_parser passes them)."""
-    ap = _Parser(description="GRPO with token-level credit assignment (GRPO, DelTA, CSCR): the trainer, read top to "
-                 "bottom as the method.", epilog=help_text())
+    ap = _Parser(
+        description="GRPO with token-level credit assignment (GRPO, DelTA, CSCR): the trainer, read top to "
+        "bottom as the method.",
+        epilog=help_text(),
+    )
     for f in dataclasses.fields(GRPOConfig):
         kind = (f.type if isinstance(f.type, str) else f.type.__name__).split("|")[0].strip()  # "float | None"
         kw = dict(default=f.default if defaults else argparse.SUPPRESS, **f.metadata)  # help, choices
@@ -296,96 +398,203 @@ def build_parser(defaults: bool = True, *, loss_types: list[str]) -> argparse.Ar
     return ap
 
 
-def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None, *,
-                 loss_types: list[str]) -> list[str]:
+def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None, *, loss_types: list[str]) -> list[str]:
     """Reject settings that cannot work, with a one-line message naming the flag (and the recipe that set it, for a
     flag not in ``given``) (``SystemExit``). Under ``--dry_run`` the checks of this machine (vLLM installed, a GPU
     present) are returned as notes of the plan, unless ``--gpu_memory_gb`` plans for another machine (then none).
     ``loss_types``: the registered policy losses (grpo.check_config passes grpo.py's registry)."""
     rows = cfg.num_prompts_per_step // max(world, 1) * cfg.num_generations  # one process's rollout rows
     problems = [
-        (cfg.loss_type not in loss_types, f"--loss_type {cfg.loss_type!r} is not a registered policy loss: one of "
-         f"{', '.join(loss_types)} (grpo.POLICY_LOSSES)"),
+        (
+            cfg.loss_type not in loss_types,
+            f"--loss_type {cfg.loss_type!r} is not a registered policy loss: one of "
+            f"{', '.join(loss_types)} (grpo.POLICY_LOSSES)",
+        ),
         (cfg.num_generations < 1, "--num_generations must be >= 1"),
-        (cfg.num_generations == 1, f"--num_generations 1 with --scale_rewards {cfg.scale_rewards} gives every "
-         "response advantage 0 (a group of one: r − mean = 0, and nothing to scale); use --num_generations >= 2"),
-        *[(getattr(cfg, n) < 1, f"--{n} must be >= 1") for n in
-          ("num_prompts_per_step", "max_completion_length", "num_iterations", "num_mini_batches")],
-        (cfg.num_prompts_per_step % world, f"--num_prompts_per_step {cfg.num_prompts_per_step} must be a multiple "
-         f"of the number of processes ({world}): each process takes whole groups"),
-        (cfg.num_mini_batches >= 1 and rows % cfg.num_mini_batches, "--num_mini_batches must divide "
-         "num_prompts_per_step × num_generations" + (f" / {world} processes" if world > 1 else "")),
-        *[(getattr(cfg, n) < 0, f"--{n} must be >= 0") for n in
-          ("max_steps", "micro_batch_size", "save_steps", "max_prompt_length", "plan_processes", "eval_steps",
-           "eval_num_generations", "logging_steps", "num_samples_to_log", "max_grad_norm", "weight_decay", "beta",
-           "num_threads", "cscr_alpha")],
-        (not 0 <= cfg.cscr_w_min <= 1 or cfg.cscr_threshold_quantile is not None
-         and not 0 < cfg.cscr_threshold_quantile <= 1, "--cscr_w_min must be in [0, 1] and "
-         "--cscr_threshold_quantile in (0, 1]"),
-        (not -float("inf") < cfg.cscr_threshold < float("inf") or not cfg.cscr_alpha < float("inf"),
-         "--cscr_threshold (nats) and --cscr_alpha must be finite numbers"),
-        (cfg.overlong_buffer_len < 0 or 0 < cfg.max_completion_length <= cfg.overlong_buffer_len,
-         f"--overlong_buffer_len {cfg.overlong_buffer_len} must be >= 0 and shorter than --max_completion_length "
-         f"{cfg.max_completion_length} (verl asserts the same)"),
-        (cfg.gpu_memory_gb is not None and cfg.gpu_memory_gb <= 0 or cfg.overlong_penalty_factor < 0,
-         "--gpu_memory_gb must be > 0 and --overlong_penalty_factor >= 0"),
-        (cfg.plan_processes not in (0, world) and not cfg.dry_run, f"--plan_processes {cfg.plan_processes} plans "
-         f"a torchrun of that many: use it with --dry_run (this run has {world} process(es))"),
-        *[(not (t > 0 and 0 < p <= 1), f"--{n}temperature must be > 0 and --{n}top_p in (0, 1]") for n, t, p in
-          (("", cfg.temperature, cfg.top_p), ("eval_", _or(cfg.eval_temperature, 1), _or(cfg.eval_top_p, 1)))],
+        (
+            cfg.num_generations == 1,
+            f"--num_generations 1 with --scale_rewards {cfg.scale_rewards} gives every "
+            "response advantage 0 (a group of one: r − mean = 0, and nothing to scale); use --num_generations >= 2",
+        ),
+        *[
+            (getattr(cfg, n) < 1, f"--{n} must be >= 1")
+            for n in ("num_prompts_per_step", "max_completion_length", "num_iterations", "num_mini_batches")
+        ],
+        (
+            cfg.num_prompts_per_step % world,
+            f"--num_prompts_per_step {cfg.num_prompts_per_step} must be a multiple "
+            f"of the number of processes ({world}): each process takes whole groups",
+        ),
+        (
+            cfg.num_mini_batches >= 1 and rows % cfg.num_mini_batches,
+            "--num_mini_batches must divide "
+            "num_prompts_per_step × num_generations" + (f" / {world} processes" if world > 1 else ""),
+        ),
+        *[
+            (getattr(cfg, n) < 0, f"--{n} must be >= 0")
+            for n in (
+                "max_steps",
+                "micro_batch_size",
+                "save_steps",
+                "max_prompt_length",
+                "plan_processes",
+                "eval_steps",
+                "eval_num_generations",
+                "logging_steps",
+                "num_samples_to_log",
+                "max_grad_norm",
+                "weight_decay",
+                "beta",
+                "num_threads",
+                "cscr_alpha",
+            )
+        ],
+        (
+            not 0 <= cfg.cscr_w_min <= 1
+            or cfg.cscr_threshold_quantile is not None
+            and not 0 < cfg.cscr_threshold_quantile <= 1,
+            "--cscr_w_min must be in [0, 1] and --cscr_threshold_quantile in (0, 1]",
+        ),
+        (
+            not -float("inf") < cfg.cscr_threshold < float("inf") or not cfg.cscr_alpha < float("inf"),
+            "--cscr_threshold (nats) and --cscr_alpha must be finite numbers",
+        ),
+        (
+            cfg.overlong_buffer_len < 0 or 0 < cfg.max_completion_length <= cfg.overlong_buffer_len,
+            f"--overlong_buffer_len {cfg.overlong_buffer_len} must be >= 0 and shorter than --max_completion_length "
+            f"{cfg.max_completion_length} (verl asserts the same)",
+        ),
+        (
+            cfg.gpu_memory_gb is not None and cfg.gpu_memory_gb <= 0 or cfg.overlong_penalty_factor < 0,
+            "--gpu_memory_gb must be > 0 and --overlong_penalty_factor >= 0",
+        ),
+        (
+            cfg.plan_processes not in (0, world) and not cfg.dry_run,
+            f"--plan_processes {cfg.plan_processes} plans "
+            f"a torchrun of that many: use it with --dry_run (this run has {world} process(es))",
+        ),
+        *[
+            (not (t > 0 and 0 < p <= 1), f"--{n}temperature must be > 0 and --{n}top_p in (0, 1]")
+            for n, t, p in (
+                ("", cfg.temperature, cfg.top_p),
+                ("eval_", _or(cfg.eval_temperature, 1), _or(cfg.eval_top_p, 1)),
+            )
+        ],
         (cfg.learning_rate <= 0, f"--learning_rate must be > 0, got {cfg.learning_rate}"),
         (not (0 <= cfg.epsilon < 1) or cfg.epsilon_high < 0, "--epsilon must be in [0, 1) and --epsilon_high >= 0"),
         (cfg.dual_clip is not None and cfg.dual_clip <= 1, "--dual_clip must be > 1 (verl uses 3, DelTA 10)"),
-        (cfg.delta_lam_min > cfg.delta_lam_max or cfg.delta_lam_min < 0 or cfg.delta_k < 0,
-         "DelTA needs 0 <= --delta_lam_min <= --delta_lam_max and --delta_k >= 0"),
-        (cfg.use_peft and (cfg.lora_r < 1 or cfg.lora_alpha <= 0 or not 0 <= cfg.lora_dropout < 1
-                           or not cfg.lora_target_modules.strip(",").strip()),
-         "--use_peft needs --lora_r >= 1, --lora_alpha > 0, 0 <= --lora_dropout < 1 and --lora_target_modules"),
-        (cfg.cast_lm_head_to_fp32 and world > 1, "--cast_lm_head_to_fp32 runs in one process: FSDP2 (torchrun) "
-         "shards the LM head with the embeddings and final norm, in one dtype"),
-        (cfg.cast_lm_head_to_fp32 and cfg.use_peft
-         and "lm_head" in [t.strip() for t in cfg.lora_target_modules.split(",")], "--cast_lm_head_to_fp32 with "
-         "LoRA on lm_head (--lora_target_modules): the adapter would wrap the float32 head; leave lm_head out (TRL "
-         "refuses it too)"),
+        (
+            cfg.delta_lam_min > cfg.delta_lam_max or cfg.delta_lam_min < 0 or cfg.delta_k < 0,
+            "DelTA needs 0 <= --delta_lam_min <= --delta_lam_max and --delta_k >= 0",
+        ),
+        (
+            cfg.use_peft
+            and (
+                cfg.lora_r < 1
+                or cfg.lora_alpha <= 0
+                or not 0 <= cfg.lora_dropout < 1
+                or not cfg.lora_target_modules.strip(",").strip()
+            ),
+            "--use_peft needs --lora_r >= 1, --lora_alpha > 0, 0 <= --lora_dropout < 1 and --lora_target_modules",
+        ),
+        (
+            cfg.cast_lm_head_to_fp32 and world > 1,
+            "--cast_lm_head_to_fp32 runs in one process: FSDP2 (torchrun) "
+            "shards the LM head with the embeddings and final norm, in one dtype",
+        ),
+        (
+            cfg.cast_lm_head_to_fp32
+            and cfg.use_peft
+            and "lm_head" in [t.strip() for t in cfg.lora_target_modules.split(",")],
+            "--cast_lm_head_to_fp32 with "
+            "LoRA on lm_head (--lora_target_modules): the adapter would wrap the float32 head; leave lm_head out (TRL "
+            "refuses it too)",
+        ),
         (not 0 < _or(cfg.vllm_gpu_memory_utilization, 1) <= 1, "--vllm_gpu_memory_utilization must be in (0, 1]"),
         (cfg.vllm_kv_cache_dtype != "auto" and not cfg.use_vllm, "--vllm_kv_cache_dtype needs --use_vllm"),
-        (cfg.vllm_importance_sampling_correction and not cfg.use_vllm, "--vllm_importance_sampling_correction needs "
-         "--use_vllm: HF generate returns no sampler log-probs (its sampler is the trainer's own model)"),
-        (not 0 <= _or(cfg.vllm_importance_sampling_clip_min, 0) < _or(cfg.vllm_importance_sampling_clip_max, math.inf),
-         "--vllm_importance_sampling_clip_min must be >= 0 and below --vllm_importance_sampling_clip_max"),
+        (
+            cfg.vllm_importance_sampling_correction and not cfg.use_vllm,
+            "--vllm_importance_sampling_correction needs "
+            "--use_vllm: HF generate returns no sampler log-probs (its sampler is the trainer's own model)",
+        ),
+        (
+            not 0
+            <= _or(cfg.vllm_importance_sampling_clip_min, 0)
+            < _or(cfg.vllm_importance_sampling_clip_max, math.inf),
+            "--vllm_importance_sampling_clip_min must be >= 0 and below --vllm_importance_sampling_clip_max",
+        ),
         (cfg.vllm_enable_sleep_mode and not cfg.use_vllm, "--vllm_enable_sleep_mode needs --use_vllm"),
         # the comparison rules (docs/specs/baselines.md)
-        (not 0 <= cfg.entropy_top_ratio <= 1 or not 0 < cfg.top_entropy_quantile <= 1, "--entropy_top_ratio must be "
-         "in [0, 1] (0 = off) and --top_entropy_quantile in (0, 1] (1 = off)"),
-        (cfg.entropy_top_ratio > 0 and cfg.top_entropy_quantile < 1, "--entropy_top_ratio (Forking Tokens' rule) "
-         "and --top_entropy_quantile (TRL's) are two readings of one baseline: give one"),
-        (min(cfg.sapo_temperature_pos, cfg.sapo_temperature_neg) <= 0,
-         "--sapo_temperature_pos and --sapo_temperature_neg must be > 0"),
-        (cfg.loss_type == "sapo" and cfg.credit == "fipo", "--credit fipo weights DAPO's clipped surrogate: "
-         "use it with --loss_type dapo, not sapo"),
-        (cfg.credit == "fipo" and (cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1), "--credit fipo and the "
-         "entropy masks (--entropy_top_ratio, --top_entropy_quantile) each replace the loss stage: give one"),
-        (cfg.credit == "fipo" and cfg.beta > 0, "--credit fipo with --beta > 0: FIPO's sequence drop is known only "
-         "after the mini-batch's last backward and rescales its whole gradient (comparisons/fipo.py), the k3 "
-         "term's too, which must stay over every valid token; use --beta 0 (DelTA's runs) or another credit"),
-        (cfg.fipo_decay_rate <= 0 or cfg.fipo_clip < 0 or cfg.fipo_safety_threshold <= 0, "--fipo_decay_rate and "
-         "--fipo_safety_threshold must be > 0, --fipo_clip >= 0"),
-        (not 0 < cfg.delta_select_fraction <= 1 or cfg.delta_proxy_topk < 1, "--delta_select_fraction must be in "
-         "(0, 1] and --delta_proxy_topk >= 1"),
-        (cfg.delta_select != "none" and (cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1),
-         "--delta_select and the entropy masks each choose the trained tokens: give one"),
-        (not 0 < cfg.cscr_sign_mix <= 1 or not 0 <= cfg.cscr_sign_eps < 1, "--cscr_sign_mix must be in (0, 1] and "
-         "--cscr_sign_eps in [0, 1)"),
-        (cfg.credit != "delta" and any(getattr(cfg, n) != f.default for f in dataclasses.fields(GRPOConfig)
-                                       if (n := f.name) in DELTA_ABLATIONS),
-         f"--{', --'.join(DELTA_ABLATIONS)} change DelTA's steps: use them with --credit delta")]
+        (
+            not 0 <= cfg.entropy_top_ratio <= 1 or not 0 < cfg.top_entropy_quantile <= 1,
+            "--entropy_top_ratio must be in [0, 1] (0 = off) and --top_entropy_quantile in (0, 1] (1 = off)",
+        ),
+        (
+            cfg.entropy_top_ratio > 0 and cfg.top_entropy_quantile < 1,
+            "--entropy_top_ratio (Forking Tokens' rule) "
+            "and --top_entropy_quantile (TRL's) are two readings of one baseline: give one",
+        ),
+        (
+            min(cfg.sapo_temperature_pos, cfg.sapo_temperature_neg) <= 0,
+            "--sapo_temperature_pos and --sapo_temperature_neg must be > 0",
+        ),
+        (
+            cfg.loss_type == "sapo" and cfg.credit == "fipo",
+            "--credit fipo weights DAPO's clipped surrogate: use it with --loss_type dapo, not sapo",
+        ),
+        (
+            cfg.credit == "fipo" and (cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1),
+            "--credit fipo and the "
+            "entropy masks (--entropy_top_ratio, --top_entropy_quantile) each replace the loss stage: give one",
+        ),
+        (
+            cfg.credit == "fipo" and cfg.beta > 0,
+            "--credit fipo with --beta > 0: FIPO's sequence drop is known only "
+            "after the mini-batch's last backward and rescales its whole gradient (comparisons/fipo.py), the k3 "
+            "term's too, which must stay over every valid token; use --beta 0 (DelTA's runs) or another credit",
+        ),
+        (
+            cfg.fipo_decay_rate <= 0 or cfg.fipo_clip < 0 or cfg.fipo_safety_threshold <= 0,
+            "--fipo_decay_rate and --fipo_safety_threshold must be > 0, --fipo_clip >= 0",
+        ),
+        (
+            not 0 < cfg.delta_select_fraction <= 1 or cfg.delta_proxy_topk < 1,
+            "--delta_select_fraction must be in (0, 1] and --delta_proxy_topk >= 1",
+        ),
+        (
+            cfg.delta_select != "none" and (cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1),
+            "--delta_select and the entropy masks each choose the trained tokens: give one",
+        ),
+        (
+            not 0 < cfg.cscr_sign_mix <= 1 or not 0 <= cfg.cscr_sign_eps < 1,
+            "--cscr_sign_mix must be in (0, 1] and --cscr_sign_eps in [0, 1)",
+        ),
+        (
+            cfg.credit != "delta"
+            and any(
+                getattr(cfg, n) != f.default for f in dataclasses.fields(GRPOConfig) if (n := f.name) in DELTA_ABLATIONS
+            ),
+            f"--{', --'.join(DELTA_ABLATIONS)} change DelTA's steps: use them with --credit delta",
+        ),
+    ]
     elsewhere = cfg.dry_run and cfg.gpu_memory_gb is not None  # a plan for another machine: none of this one's notes
-    environment = [] if elsewhere else [  # this machine's: notes of the plan under --dry_run
-        (cfg.vllm_enable_sleep_mode and not torch.cuda.is_available(),
-         "--vllm_enable_sleep_mode needs a GPU (vLLM's CPU backend has no sleep mode)"),
-        (cfg.use_vllm and importlib.util.find_spec("vllm") is None, "--use_vllm needs vLLM, which this "
-         "environment lacks: make a separate virtual environment with `pip install -r tools/requirements-vllm.txt` and "
-         "then `pip uninstall -y torchvision torchaudio torchcodec` (docs/distributed.md)")]
+    environment = (
+        []
+        if elsewhere
+        else [  # this machine's: notes of the plan under --dry_run
+            (
+                cfg.vllm_enable_sleep_mode and not torch.cuda.is_available(),
+                "--vllm_enable_sleep_mode needs a GPU (vLLM's CPU backend has no sleep mode)",
+            ),
+            (
+                cfg.use_vllm and importlib.util.find_spec("vllm") is None,
+                "--use_vllm needs vLLM, which this "
+                "environment lacks: make a separate virtual environment with "
+                "`pip install -r tools/requirements-vllm.txt` and "
+                "then `pip uninstall -y torchvision torchaudio torchcodec` (docs/distributed.md)",
+            ),
+        ]
+    )
     if cfg.credit == "cscr":  # the privileged note's template: a bad name stops here, not at step 1
         import cscr
 
@@ -399,8 +608,15 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None,
     return [message for failed, message in environment if failed]
 
 
-DELTA_ABLATIONS = ("delta_scores", "delta_assignment", "delta_gamma", "delta_coefficients", "delta_normalize",
-                   "delta_proxy", "delta_select")
+DELTA_ABLATIONS = (
+    "delta_scores",
+    "delta_assignment",
+    "delta_gamma",
+    "delta_coefficients",
+    "delta_normalize",
+    "delta_proxy",
+    "delta_select",
+)
 
 
 def _or(value, default):  # an optional flag's value, else its default

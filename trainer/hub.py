@@ -21,14 +21,17 @@ def require_hub(name: str, what: str = "model", fix: str = "") -> None:
     from urllib.parse import urlparse
 
     folder = name.split("/")[-1]
-    fix = fix or (f"download it on a machine with network (`hf download {name} --local-dir {folder}`, "
-                  f"huggingface-hub's CLI) and pass its folder, e.g. "
-                  f"--{'model' if what == 'model' else 'benchmarks'} /path/to/{folder}")
+    fix = fix or (
+        f"download it on a machine with network (`hf download {name} --local-dir {folder}`, "
+        f"huggingface-hub's CLI) and pass its folder, e.g. "
+        f"--{'model' if what == 'model' else 'benchmarks'} /path/to/{folder}"
+    )
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on"):
         raise ValueError(f"{what} {name!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set: {fix}")
     host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
     try:
         socket.create_connection((host, 443), timeout=3).close()
     except OSError as e:
-        raise ValueError(f"cannot reach {host} to download {what} {name!r} ({type(e).__name__}: no network?): "
-                         f"{fix}") from None
+        raise ValueError(
+            f"cannot reach {host} to download {what} {name!r} ({type(e).__name__}: no network?): {fix}"
+        ) from None

@@ -101,7 +101,8 @@ SHIPPED_CONFIGS = Path(__file__).resolve().parent / "model_configs"  # <hub id>/
 
 
 def shipped_config(model: str) -> Path | None:
-    """The folder of trainer/model_configs/ holding the config.json of the hub id ``model`` (e.g. ``Qwen/Qwen3-8B-Base``),
+    """The folder of trainer/model_configs/ holding the config.json of the hub id ``model`` (e.g.
+    ``Qwen/Qwen3-8B-Base``),
     or None: a copy shipped so that the plan of the models the README names needs no network."""
     parts = model.split("/")
     if len(parts) != 2 or any(p in ("", ".", "..") for p in parts) or os.path.isdir(os.path.expanduser(model)):
@@ -132,8 +133,9 @@ def read_model_config(model: str, trust_remote_code: bool = False, before_downlo
             path = str(shipped) if shipped else path
             if shipped is None and before_download is not None:  # the hub is next: can it answer?
                 before_download()
-            config = AutoConfig.from_pretrained(path, local_files_only=shipped is not None,
-                                                trust_remote_code=trust_remote_code)
+            config = AutoConfig.from_pretrained(
+                path, local_files_only=shipped is not None, trust_remote_code=trust_remote_code
+            )
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         return {**text.to_dict(), "model_type": getattr(text, "model_type", None) or config.model_type}
     except (OSError, ValueError, KeyError) as e:
@@ -151,6 +153,7 @@ def read_model_config(model: str, trust_remote_code: bool = False, before_downlo
 @dataclass(frozen=True)
 class Shapes:
     """What the plan reads of a decoder-only config.json (Qwen3 / Qwen2 / Llama style)."""
+
     hidden: int
     intermediate: int
     layers: int
@@ -171,23 +174,36 @@ class Shapes:
         """Raises ValueError (one line) for a field that is missing or a mixture-of-experts config."""
         kind = c.get("model_type") or "?"
         if any(c.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")):
-            raise ValueError(f"memory_plan: {kind} has mixture-of-experts layers, which this plan does not cover "
-                             "(dense decoder layers only)")
+            raise ValueError(
+                f"memory_plan: {kind} has mixture-of-experts layers, which this plan does not cover "
+                "(dense decoder layers only)"
+            )
         try:
             H, heads, layers = int(c["hidden_size"]), int(c["num_attention_heads"]), int(c["num_hidden_layers"])
             I, V = int(c["intermediate_size"]), int(c["vocab_size"])
         except (KeyError, TypeError, ValueError) as e:
-            raise ValueError(f"memory_plan: config.json of {kind} lacks {e} (hidden_size, intermediate_size, "
-                             "num_hidden_layers, num_attention_heads, vocab_size are needed)") from None
+            raise ValueError(
+                f"memory_plan: config.json of {kind} lacks {e} (hidden_size, intermediate_size, "
+                "num_hidden_layers, num_attention_heads, vocab_size are needed)"
+            ) from None
         types = c.get("layer_types") or []
         window = c.get("sliding_window") if c.get("use_sliding_window", True) else None
-        return cls(hidden=H, intermediate=I, layers=layers, heads=heads,
-                   kv_heads=int(c.get("num_key_value_heads") or heads),
-                   head_dim=int(c.get("head_dim") or H // heads), vocab=V,
-                   tied=bool(c.get("tie_word_embeddings", False)), qk_norm=kind.startswith("qwen3"),
-                   qkv_bias=bool(c.get("attention_bias", kind == "qwen2")), o_bias=bool(c.get("attention_bias")),
-                   mlp_bias=bool(c.get("mlp_bias")), dtype=str(c.get("dtype") or c.get("torch_dtype") or "float32"),
-                   full_attention=all(t == "full_attention" for t in types) and not (not types and window))
+        return cls(
+            hidden=H,
+            intermediate=I,
+            layers=layers,
+            heads=heads,
+            kv_heads=int(c.get("num_key_value_heads") or heads),
+            head_dim=int(c.get("head_dim") or H // heads),
+            vocab=V,
+            tied=bool(c.get("tie_word_embeddings", False)),
+            qk_norm=kind.startswith("qwen3"),
+            qkv_bias=bool(c.get("attention_bias", kind == "qwen2")),
+            o_bias=bool(c.get("attention_bias")),
+            mlp_bias=bool(c.get("mlp_bias")),
+            dtype=str(c.get("dtype") or c.get("torch_dtype") or "float32"),
+            full_attention=all(t == "full_attention" for t in types) and not (not types and window),
+        )
 
     @property
     def q_width(self) -> int:
@@ -200,8 +216,15 @@ class Shapes:
     def linear_shapes(self) -> dict:
         """{module name: (in, out)} of one decoder layer's projections."""
         H, I, Hq, Hkv = self.hidden, self.intermediate, self.q_width, self.kv_width
-        return {"q_proj": (H, Hq), "k_proj": (H, Hkv), "v_proj": (H, Hkv), "o_proj": (Hq, H),
-                "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}
+        return {
+            "q_proj": (H, Hq),
+            "k_proj": (H, Hkv),
+            "v_proj": (H, Hkv),
+            "o_proj": (Hq, H),
+            "gate_proj": (H, I),
+            "up_proj": (H, I),
+            "down_proj": (I, H),
+        }
 
     def layer_parameters(self) -> int:
         H, I, Hq, Hkv = self.hidden, self.intermediate, self.q_width, self.kv_width
@@ -219,8 +242,9 @@ class Shapes:
 
     def lora_parameters(self, targets: str, r: int) -> int:
         """r·(in + out) per adapted projection (peft's A [r, in] and B [out, r]), over the layers."""
-        return self.layers * sum(r * (i + o) for m, (i, o) in self.linear_shapes().items()
-                                 if m in lora_targets(targets))
+        return self.layers * sum(
+            r * (i + o) for m, (i, o) in self.linear_shapes().items() if m in lora_targets(targets)
+        )
 
     def kv_bytes_per_token(self, c: int) -> int:
         """The KV cache: keys and values of every layer, c bytes each: 2 × layers × KV heads × head_dim × c."""
@@ -234,8 +258,9 @@ def lora_targets(targets: str) -> set:
 
 
 # --- Activations: what autograd keeps, tensor by tensor -----------------------------------------------------------
-def layer_activation_bytes(sh: Shapes, *, c: int, full: bool, lora: tuple | None, cuda: bool, q_tokens: int,
-                           kv_tokens: int, masked: bool) -> int:
+def layer_activation_bytes(
+    sh: Shapes, *, c: int, full: bool, lora: tuple | None, cuda: bool, q_tokens: int, kv_tokens: int, masked: bool
+) -> int:
     """Bytes one decoder layer keeps for the backward pass, for one row of ``q_tokens`` query positions attending
     to ``kv_tokens`` key positions (equal without the shared prompt), ``c`` bytes per compute element (2 bf16,
     4 float32). ``full``: the base weights are trained; ``lora``: (targets, r, dropout) of peft's adapters;
@@ -280,8 +305,9 @@ def layer_activation_bytes(sh: Shapes, *, c: int, full: bool, lora: tuple | None
     return q_tokens * per_q + kv_tokens * per_kv + (q_tokens * kv_tokens * c if masked else 0)
 
 
-def nograd_layer_bytes(sh: Shapes, *, c: int, q_tokens: int, kv_tokens: int, masked: bool,
-                       lora: tuple | None = None) -> int:
+def nograd_layer_bytes(
+    sh: Shapes, *, c: int, q_tokens: int, kv_tokens: int, masked: bool, lora: tuple | None = None
+) -> int:
     """The largest set of one layer's tensors alive at once in a no-grad (eval) forward, one row. Per query token
     the largest of three phases: a residual add and the RMSNorm after it (the two summands or the sum and the
     norm's output, c each, and its float32 input and normalised input, 4 each), the attention (the residual
@@ -332,6 +358,7 @@ def chunked_head_bytes(chunk: int, V: int, H: int, c: int, trained: bool) -> dic
 class Settings:
     """The flags the plan reads, with grpo.GRPOConfig's defaults (``from_cfg`` takes any object with these
     attributes; a missing one keeps its default)."""
+
     torch_dtype: str = "auto"
     use_peft: bool = False
     lora_r: int = 16
@@ -393,6 +420,7 @@ class MemoryPlan:
     ``suggestions`` flag sets that fit when re-planned, each a usable run (``MIN_VLLM_SEQUENCES``; empty when it
     fits); ``near_misses`` when there is none, the flag sets that fit but leave vLLM fewer sequences (the verdict
     says why nothing is suggested)."""
+
     model: str
     device: str  # "GPU" or "CPU"
     processes: int
@@ -436,8 +464,10 @@ class MemoryPlan:
         why += "".join(f"; {p}" for p in self.problems)
         if not self.suggestions and self.near_misses:
             near = " or: ".join(f"{s.command()} ({_sequences(s.vllm_sequences)})" for s in self.near_misses)
-            return (f"does not fit: {where}{why}; nothing tried leaves a usable run (vLLM's KV cache holding "
-                    f"at least {MIN_VLLM_SEQUENCES} sequences at once); these fit with fewer: {near}")
+            return (
+                f"does not fit: {where}{why}; nothing tried leaves a usable run (vLLM's KV cache holding "
+                f"at least {MIN_VLLM_SEQUENCES} sequences at once); these fit with fewer: {near}"
+            )
         if not self.suggestions:
             return f"does not fit: {where}{why}; nothing tried fits (every flag of the ladder, torchrun up to 8)"
         fix = " or: ".join(s.command() for s in self.suggestions)
@@ -454,26 +484,39 @@ class MemoryPlan:
         more = []
         if c > 1 and one % c == 0 and p["kv_per_token"] * p["row_tokens"] == one:  # not fp8 already
             more.append(f"--vllm_kv_cache_dtype fp8 holds {int(budget // (one // c)):,}")
-        more.append(f"tensor parallel over 2 GPUs (vLLM's tensor_parallel_size, not a grpo.py flag) holds "
-                    f"{int((budget + p['vllm_weights'] / 2) // one):,}")
-        return (f"vLLM: --vllm_gpu_memory_utilization {p['vllm_share']:.2f} {who}, KV cache {budget / GB:.1f} GB: "
-                f"{_sequences(p['vllm_sequences'])} at once; more: " + "; ".join(more))
+        more.append(
+            f"tensor parallel over 2 GPUs (vLLM's tensor_parallel_size, not a grpo.py flag) holds "
+            f"{int((budget + p['vllm_weights'] / 2) // one):,}"
+        )
+        return (
+            f"vLLM: --vllm_gpu_memory_utilization {p['vllm_share']:.2f} {who}, KV cache {budget / GB:.1f} GB: "
+            f"{_sequences(p['vllm_sequences'])} at once; more: " + "; ".join(more)
+        )
 
     def table(self) -> str:
         """A short fixed-width table (at most 12 lines): one line per stage, the fixed parts, the verdict."""
         p = self.parts
-        head = (f"memory plan: {self.model}, {p['parameters'] / 1e9:.2f} B parameters, {self.processes} "
-                f"{'process' if self.processes == 1 else 'processes'} on a {self.device} of {self.device_gb:.1f} GB")
+        head = (
+            f"memory plan: {self.model}, {p['parameters'] / 1e9:.2f} B parameters, {self.processes} "
+            f"{'process' if self.processes == 1 else 'processes'} on a {self.device} of {self.device_gb:.1f} GB"
+        )
         lines = [head, f"{'stage':<12}{'device GB':>10}{'host GB':>9}  what"]
         lines += [f"{s.name:<12}{s.device_gb:>10.1f}{s.host_gb:>9.1f}  {s.what}" for s in self.stages]
-        lines.append(f"fixed: weights {p['weights'] / GB:.2f} GB, AdamW {p['adamw'] / GB:.2f} GB, gradients "
-                     f"(update) {p['gradients'] / GB:.2f} GB" +
-                     (f"; + {CUDA_CONTEXT_GB:.1f} GB CUDA context, {self.reserve_gb - CUDA_CONTEXT_GB:.1f} GB "
-                      f"allocator slack" if self.reserve_gb else ""))
+        lines.append(
+            f"fixed: weights {p['weights'] / GB:.2f} GB, AdamW {p['adamw'] / GB:.2f} GB, gradients "
+            f"(update) {p['gradients'] / GB:.2f} GB"
+            + (
+                f"; + {CUDA_CONTEXT_GB:.1f} GB CUDA context, {self.reserve_gb - CUDA_CONTEXT_GB:.1f} GB allocator slack"
+                if self.reserve_gb
+                else ""
+            )
+        )
         if p.get("vllm_share") and self.device == "GPU":
             lines.append(self.vllm_line())
-        lines.append(f"per token: activations {p['activation_row'] / p['row_tokens'] / 1e6:.2f} MB kept to the "
-                     f"backward, KV cache {p['kv_per_token'] / 1e6:.3f} MB")
+        lines.append(
+            f"per token: activations {p['activation_row'] / p['row_tokens'] / 1e6:.2f} MB kept to the "
+            f"backward, KV cache {p['kv_per_token'] / 1e6:.3f} MB"
+        )
         lines.append(self.verdict())
         return "\n".join(lines)
 
@@ -511,7 +554,8 @@ def _cuda() -> bool:
 
 
 def host_available_bytes() -> int:
-    """The host's available memory in bytes: MemAvailable (Linux), else the free physical pages (``host_memory_available``
+    """The host's available memory in bytes: MemAvailable (Linux), else the free physical pages
+    (``host_memory_available``
     divides it among a node's processes)."""
     try:
         with open("/proc/meminfo") as f:
@@ -532,20 +576,32 @@ def check_host_memory(nbytes: int, what: str, fix: str) -> None:
     ``host_memory_available()``: a clear message instead of an out-of-memory kill in the middle of a step."""
     avail = host_memory_available()
     if nbytes > HOST_MEMORY_SHARE * avail:
-        raise SystemExit(f"grpo.py: error: {what} = {nbytes / 1e9:.1f} GB, more than {HOST_MEMORY_SHARE:.0%} of the "
-                         f"{avail / 1e9:.1f} GB of host memory available to this process; use {fix}")
+        raise SystemExit(
+            f"grpo.py: error: {what} = {nbytes / 1e9:.1f} GB, more than {HOST_MEMORY_SHARE:.0%} of the "
+            f"{avail / 1e9:.1f} GB of host memory available to this process; use {fix}"
+        )
 
 
 def check_delta_cache(N: int, T: int, H: int) -> None:  # one line, not an out-of-memory kill mid-step
     copies = DELTA_NORMAL_HOST_COPIES  # stage 5's peak: the cache of h_t and the proxies v beside it
-    check_host_memory(copies * N * T * H * 4, f"--delta_impl normal's stage 5 holds DelTA's h_t of the whole "
-                             f"rollout batch and v on the host ({copies} × {N} responses × {T} tokens × {H} hidden × 4 "
-                             "bytes)", "--delta_impl memory_efficient (the same λ̄ from micro-batches: h recomputed in "
-                             "K + 3 forward passes)")
+    check_host_memory(
+        copies * N * T * H * 4,
+        f"--delta_impl normal's stage 5 holds DelTA's h_t of the whole "
+        f"rollout batch and v on the host ({copies} × {N} responses × {T} tokens × {H} hidden × 4 "
+        "bytes)",
+        "--delta_impl memory_efficient (the same λ̄ from micro-batches: h recomputed in K + 3 forward passes)",
+    )
 
 
-def plan(model_config: dict, cfg, *, prompt_tokens: int, processes: int = 1, gpu_memory_gb: float | None = None,
-         host_memory_gb: float | None = None) -> MemoryPlan:
+def plan(
+    model_config: dict,
+    cfg,
+    *,
+    prompt_tokens: int,
+    processes: int = 1,
+    gpu_memory_gb: float | None = None,
+    host_memory_gb: float | None = None,
+) -> MemoryPlan:
     """The memory plan of ``cfg`` (a grpo.GRPOConfig, or any object with ``Settings``' attributes) on the model of
     ``model_config`` (``read_model_config``), per process of a torchrun of ``processes`` (FSDP2 shards weights,
     gradients and AdamW; each process takes num_prompts_per_step / processes groups). ``prompt_tokens``: the
@@ -560,8 +616,9 @@ def plan(model_config: dict, cfg, *, prompt_tokens: int, processes: int = 1, gpu
         import torch
 
         gpu_memory_gb = torch.cuda.get_device_properties(0).total_memory / GB
-    host = host_memory_gb if host_memory_gb is not None else \
-        (host_available_bytes() / GB if _cuda() or not gpu else None)
+    host = (
+        host_memory_gb if host_memory_gb is not None else (host_available_bytes() / GB if _cuda() or not gpu else None)
+    )
     name = Path(str(model_config.get("_name_or_path") or model_config.get("model_type") or "model")).name
     out = _plan(sh, s, prompt_tokens, processes, gpu, gpu_memory_gb if gpu else host, host, name)
     if not out.fits:
@@ -571,15 +628,20 @@ def plan(model_config: dict, cfg, *, prompt_tokens: int, processes: int = 1, gpu
     return out
 
 
-def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, host_gb: float | None,
-          name: str) -> MemoryPlan:
+def _plan(
+    sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, host_gb: float | None, name: str
+) -> MemoryPlan:
     """``plan`` without suggestions (every quantity per process, in bytes until the stages)."""
     if n < 1 or s.num_prompts_per_step % n:
-        raise ValueError(f"memory_plan: --num_prompts_per_step {s.num_prompts_per_step} must be a multiple of the "
-                         f"number of processes ({n})")
+        raise ValueError(
+            f"memory_plan: --num_prompts_per_step {s.num_prompts_per_step} must be a multiple of the "
+            f"number of processes ({n})"
+        )
     if s.num_mini_batches < 1 or (s.num_prompts_per_step // n * s.num_generations) % s.num_mini_batches:
-        raise ValueError(f"memory_plan: --num_mini_batches {s.num_mini_batches} must divide each process's "
-                         f"{s.num_prompts_per_step // n * s.num_generations} rows")
+        raise ValueError(
+            f"memory_plan: --num_mini_batches {s.num_mini_batches} must divide each process's "
+            f"{s.num_prompts_per_step // n * s.num_generations} rows"
+        )
     dtype = s.torch_dtype if s.torch_dtype != "auto" else ("bfloat16" if gpu else "float32")
     cw = 4 if dtype == "float32" else 2  # stored weights
     c = 2 if gpu and n > 1 and cw == 4 else cw  # compute: FSDP2's bf16 gathers of float32 master weights
@@ -593,8 +655,9 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
     weights = (n_params * cw + n_lora * 4) / n
     grads, adamw = trainable * tb / n, 2 * trainable * tb / n
     if peft:
-        largest = max(s.lora_r * max(i, o) for m, (i, o) in sh.linear_shapes().items() if m in lora[0]) \
-            if lora[0] else 0
+        largest = (
+            max(s.lora_r * max(i, o) for m, (i, o) in sh.linear_shapes().items() if m in lora[0]) if lora[0] else 0
+        )
     else:
         largest = max(V * H, H * sh.intermediate)
     opt_temp = 0 if gpu else 2 * largest * tb  # CUDA: fused AdamW; CPU: sqrt(v) and its quotient, per tensor
@@ -604,13 +667,22 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
     padding_free = s.padding_free and not dropout
     shared = s.shared_prompt and not s.gradient_checkpointing and not dropout and n == 1 and sh.full_attention
     mini = N // s.num_mini_batches
-    fuse = (s.fuse_old_logprobs and not dropout and s.num_iterations == 1 and s.num_mini_batches == 1
-            and s.beta <= 0 and (s.micro_batch_size == 0 or s.micro_batch_size >= N)
-            and not (s.credit == "cscr" and n > 1))
+    fuse = (
+        s.fuse_old_logprobs
+        and not dropout
+        and s.num_iterations == 1
+        and s.num_mini_batches == 1
+        and s.beta <= 0
+        and (s.micro_batch_size == 0 or s.micro_batch_size >= N)
+        and not (s.credit == "cscr" and n > 1)
+    )
 
     def rows(k: int) -> int:  # rows per micro-batch of a pass over k rows (policy.micro_batches)
-        return min(s.micro_batch_size, k) if s.micro_batch_size else \
-            (math.ceil(k / PADDING_FREE_BUCKETS) if padding_free else k)
+        return (
+            min(s.micro_batch_size, k)
+            if s.micro_batch_size
+            else (math.ceil(k / PADDING_FREE_BUCKETS) if padding_free else k)
+        )
 
     flash = s.attn_implementation.startswith("flash")
     masked = lambda b: not flash and not (b == 1 and padding_free)  # noqa: E731  (padding reaches SDPA)
@@ -620,8 +692,9 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
     kv_bpt = sh.kv_bytes_per_token(c)
 
     def layer(b):
-        return layer_activation_bytes(sh, c=c, full=full, lora=lora, cuda=gpu, q_tokens=Sq, kv_tokens=S,
-                                      masked=masked(b))
+        return layer_activation_bytes(
+            sh, c=c, full=full, lora=lora, cuda=gpu, q_tokens=Sq, kv_tokens=S, masked=masked(b)
+        )
 
     def kept_row(b):  # one row's activations kept until its backward
         core = L * c * H * Sq if s.gradient_checkpointing else L * layer(b)  # checkpointing: each layer's input
@@ -644,8 +717,11 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
 
     def nograd(b, q=Sq, kv=S):  # one micro-batch's no-grad forward: a layer at a time, then the LM head
         return b * nograd_layer_bytes(sh, c=c, q_tokens=q, kv_tokens=kv, masked=masked(b), lora=lora) + (
-            head["forward"] + b * V * c if chunked(b) else  # a chunk (and the model's own head at one position)
-            b * (T + 1) * V * c + 2 * T * V * 4)  # the logits, one row's float32 copy and logsumexp's exp
+            head["forward"] + b * V * c
+            if chunked(b)
+            # a chunk (and the model's own head at one position)
+            else b * (T + 1) * V * c + 2 * T * V * 4
+        )  # the logits, one row's float32 copy and logsumexp's exp
 
     def prompt_pass(k, grad):  # the shared prompt pass of k distinct prompts (P − 1 tokens each)
         if not shared:
@@ -653,13 +729,15 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
         kv = k * (P - 1) * kv_bpt
         if not grad:
             return kv
-        act = L * layer_activation_bytes(sh, c=c, full=full, lora=lora, cuda=gpu, q_tokens=P - 1,
-                                         kv_tokens=P - 1, masked=k > 1)
+        act = L * layer_activation_bytes(
+            sh, c=c, full=full, lora=lora, cuda=gpu, q_tokens=P - 1, kv_tokens=P - 1, masked=k > 1
+        )
         return k * act + 2 * kv  # its activations, the keys/values and their gradients, until backward_prompts
 
     layer_w, root_w = sh.layer_parameters(), sh.root_parameters()
-    fsdp_grad = ((2 * layer_w + root_w) * c + ((layer_w + root_w) * (4 if c != cw else cw) if full else 0)) \
-        if n > 1 else 0  # two layers gathered (one prefetched), the root kept; unsharded gradients (reduce dtype)
+    fsdp_grad = (
+        ((2 * layer_w + root_w) * c + ((layer_w + root_w) * (4 if c != cw else cw) if full else 0)) if n > 1 else 0
+    )  # two layers gathered (one prefetched), the root kept; unsharded gradients (reduce dtype)
     fsdp_nograd = (2 * layer_w + root_w) * c if n > 1 else 0
     gathered = (n_params * c + n_lora * 4) if n > 1 else 0  # distributed.gathered_weights: the full weights
 
@@ -678,28 +756,47 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
     if s.use_vllm:
         pool_of = device_gb if gpu else (host_gb or 0)
         v_weights = n_params * c
-        profile = VLLM_PROFILE_TOKENS * nograd_layer_bytes(sh, c=c, q_tokens=1, kv_tokens=1, masked=False) + \
-            VLLM_MAX_SEQS * V * 4
+        profile = (
+            VLLM_PROFILE_TOKENS * nograd_layer_bytes(sh, c=c, q_tokens=1, kv_tokens=1, masked=False)
+            + VLLM_MAX_SEQS * V * 4
+        )
         resident = fixed + (gathered if peft else 0)  # LoRA under FSDP2: merged from full weights
         v_kv = sh.kv_bytes_per_token(1 if s.vllm_kv_cache_dtype == "fp8" else c) * S  # one sequence's cache
         share = s.vllm_gpu_memory_utilization or (
-            vllm_share(resident, v_weights + profile, v_kv, N, device_gb) if gpu and s.vllm_enable_sleep_mode
-            else VLLM_DEFAULT_SHARE)
+            vllm_share(resident, v_weights + profile, v_kv, N, device_gb)
+            if gpu and s.vllm_enable_sleep_mode
+            else VLLM_DEFAULT_SHARE
+        )
         pool = share * pool_of * GB
         kv_budget = pool - v_weights - profile if gpu else pool
         sequences = int(max(kv_budget, 0) // v_kv)
         pool_total = pool if gpu else pool + v_weights
         rollout_dev = resident + pool_total
-        rollout_what = (f"vLLM {share:.2f} × {device_gb:.0f} GB: its KV cache holds "
-                        f"{sequences:,} of {_rows(N)} of {S:,} tokens at once")
+        rollout_what = (
+            f"vLLM {share:.2f} × {device_gb:.0f} GB: its KV cache holds "
+            f"{sequences:,} of {_rows(N)} of {S:,} tokens at once"
+        )
         held = 0 if s.vllm_enable_sleep_mode else pool_total
-        vllm = {"vllm_share": share, "vllm_sequences": sequences, "vllm_kv_budget": max(kv_budget, 0),
-                "vllm_sequence_bytes": v_kv, "vllm_weights": v_weights, "vllm_sized": not s.vllm_gpu_memory_utilization}
+        vllm = {
+            "vllm_share": share,
+            "vllm_sequences": sequences,
+            "vllm_kv_budget": max(kv_budget, 0),
+            "vllm_sequence_bytes": v_kv,
+            "vllm_weights": v_weights,
+            "vllm_sized": not s.vllm_gpu_memory_utilization,
+        }
     else:
-        prefill = N * nograd_layer_bytes(sh, c=c, q_tokens=P, kv_tokens=P, masked=True, lora=lora) + \
-            N * P * kv_bpt + N * V * (c + 4)
-        decode = N * S * kv_bpt + N * nograd_layer_bytes(sh, c=c, q_tokens=1, kv_tokens=S, masked=True, lora=lora) + \
-            N * V * (c + 12) + N * S * kv_bpt // L  # DynamicCache's torch.cat: one layer's cache twice
+        prefill = (
+            N * nograd_layer_bytes(sh, c=c, q_tokens=P, kv_tokens=P, masked=True, lora=lora)
+            + N * P * kv_bpt
+            + N * V * (c + 4)
+        )
+        decode = (
+            N * S * kv_bpt
+            + N * nograd_layer_bytes(sh, c=c, q_tokens=1, kv_tokens=S, masked=True, lora=lora)
+            + N * V * (c + 12)
+            + N * S * kv_bpt // L
+        )  # DynamicCache's torch.cat: one layer's cache twice
         rollout_dev = fixed + gathered + max(prefill, decode)
         rollout_what = f"HF generate: KV cache {N * S * kv_bpt / GB:.1f} GB ({_rows(N)} × {S:,} tokens)"
         if prefill > decode:
@@ -723,8 +820,15 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
         theta_what += f"; h_t to the host {h_cache / GB:.1f} GB"
     # 5. credit
     if s.credit == "delta" and s.delta_impl == "memory_efficient":
-        credit_dev = base + kept + nograd(b4) + prompt_pass(prompts, False) + b4 * T * H * (c + 8) + \
-            N * T * DELTA_STREAM_BYTES_PER_TOKEN + fsdp_nograd
+        credit_dev = (
+            base
+            + kept
+            + nograd(b4)
+            + prompt_pass(prompts, False)
+            + b4 * T * H * (c + 8)
+            + N * T * DELTA_STREAM_BYTES_PER_TOKEN
+            + fsdp_nograd
+        )
         credit_what = f"DelTA memory_efficient: {s.delta_k + 3} no-grad passes of {_rows(b4)}"
     elif delta_normal:
         credit_dev = base + kept
@@ -732,42 +836,68 @@ def _plan(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, 
     elif s.credit == "cscr":
         bc = min(s.micro_batch_size, N) if s.micro_batch_size else N
         Sc = S + CSCR_NOTE_TOKENS
-        credit_dev = base + kept + (nograd(bc, q=T + 1, kv=Sc) + bc * (Sc - T - 1) * kv_bpt if s.shared_prompt
-                                    else nograd(bc, q=Sc, kv=Sc)) + gathered
+        credit_dev = (
+            base
+            + kept
+            + (nograd(bc, q=T + 1, kv=Sc) + bc * (Sc - T - 1) * kv_bpt if s.shared_prompt else nograd(bc, q=Sc, kv=Sc))
+            + gathered
+        )
         credit_what = f"CSCR: 2 no-grad passes of {_rows(bc)} × {Sc:,} tokens"
     else:
         credit_dev, credit_what = base + kept, "GRPO: none"
     # 6. update
     b6 = b4 if fuse else rows(mini)
     kept6 = N * kept_row(b4) if fuse else b6 * kept_row(b6)
-    update_dev = base + grads + kept6 + prompt_pass(min(prompts, mini), True) + backward_extra(b6) + \
-        fsdp_grad + opt_temp
-    update_what = (f"{'all ' + _rows(N) if fuse else _rows(b6)} × {S:,} tokens of activations"
-                   f"{' (checkpointed)' if s.gradient_checkpointing else ''}, gradients, AdamW")
+    update_dev = (
+        base + grads + kept6 + prompt_pass(min(prompts, mini), True) + backward_extra(b6) + fsdp_grad + opt_temp
+    )
+    update_what = (
+        f"{'all ' + _rows(N) if fuse else _rows(b6)} × {S:,} tokens of activations"
+        f"{' (checkpointed)' if s.gradient_checkpointing else ''}, gradients, AdamW"
+    )
     if shared:
         update_what += ", shared prompt"
 
     host_base = host_batch + host_ref
-    stages = [("rollout", rollout_dev, host_base, rollout_what),
-              ("θ_old pass", theta_dev, host_base + h_cache, theta_what),
-              ("credit", credit_dev, host_base + DELTA_NORMAL_HOST_COPIES * h_cache, credit_what),
-              ("update", update_dev, host_base, update_what)]
+    stages = [
+        ("rollout", rollout_dev, host_base, rollout_what),
+        ("θ_old pass", theta_dev, host_base + h_cache, theta_what),
+        ("credit", credit_dev, host_base + DELTA_NORMAL_HOST_COPIES * h_cache, credit_what),
+        ("update", update_dev, host_base, update_what),
+    ]
     if not gpu:  # the CPU is the device: everything is on the host
         stages = [(a, d + h, 0.0, w) for a, d, h, w in stages]
     stages = [Stage(a, d / GB, h / GB, w) for a, d, h, w in stages]
     largest = max(x.device_gb for x in stages)
     reserve = CUDA_CONTEXT_GB + CUDA_ALLOCATOR_SLACK * min(largest, device_gb) if gpu else 0.0  # (the comment above)
-    parts = {"parameters": n_params, "lora_parameters": n_lora, "trainable": trainable, "weights": weights,
-             "gradients": grads, "adamw": adamw, "kv_per_token": kv_bpt, "row_tokens": S,
-             "activation_row": kept_row(b6), "layer_row": layer(b6), "rows_per_micro_batch": b6,
-             "update_activations": kept6 + prompt_pass(min(prompts, mini), True) + backward_extra(b6),
-             "chunked_lm_head": chunked(b6),
-             "compute_bytes": c, "weight_bytes": cw, "h_cache": h_cache, "host_batch": host_batch,
-             **vllm, "fused": fuse, "shared_prompt": shared, "padding_free": padding_free}
+    parts = {
+        "parameters": n_params,
+        "lora_parameters": n_lora,
+        "trainable": trainable,
+        "weights": weights,
+        "gradients": grads,
+        "adamw": adamw,
+        "kv_per_token": kv_bpt,
+        "row_tokens": S,
+        "activation_row": kept_row(b6),
+        "layer_row": layer(b6),
+        "rows_per_micro_batch": b6,
+        "update_activations": kept6 + prompt_pass(min(prompts, mini), True) + backward_extra(b6),
+        "chunked_lm_head": chunked(b6),
+        "compute_bytes": c,
+        "weight_bytes": cw,
+        "h_cache": h_cache,
+        "host_batch": host_batch,
+        **vllm,
+        "fused": fuse,
+        "shared_prompt": shared,
+        "padding_free": padding_free,
+    }
     problems = []
     if s.use_vllm and gpu and sequences is not None and sequences < 1:
-        problems.append(f"vLLM's KV cache holds no sequence of {S:,} tokens at --vllm_gpu_memory_utilization "
-                        f"{vllm['vllm_share']:g}")
+        problems.append(
+            f"vLLM's KV cache holds no sequence of {S:,} tokens at --vllm_gpu_memory_utilization {vllm['vllm_share']:g}"
+        )
     host_need = max(x.host_gb for x in stages) * n  # torchrun: the node's processes share its host memory
     if gpu and host_gb is not None and host_need > host_gb:
         problems.append(f"host memory {host_need:.1f} GB of {host_gb:.1f} GB")
@@ -798,12 +928,22 @@ def _ladder(s: Settings, gpu: bool) -> list:
     return steps
 
 
-def suggest(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float, host_gb, name,
-            min_sequences: int = MIN_VLLM_SEQUENCES) -> list:
+def suggest(
+    sh: Shapes,
+    s: Settings,
+    P: int,
+    n: int,
+    gpu: bool,
+    device_gb: float,
+    host_gb,
+    name,
+    min_sequences: int = MIN_VLLM_SEQUENCES,
+) -> list:
     """Flag sets that make the run fit, each found by re-planning with them applied: the first prefix of the
     ladder (``_ladder``, applied cumulatively) that fits on ``n`` processes, and the fewest torchrun processes
     (2, 4, 8) that fit with the flags unchanged, else with the fewest ladder flags. On a GPU with vLLM, fitting
     includes a KV cache that holds ``min_sequences`` sequences at once (a usable run). Empty when nothing fits."""
+
     def fits(settings, procs):
         try:
             p = _plan(sh, settings, P, procs, gpu, device_gb, host_gb, name)
@@ -816,13 +956,17 @@ def suggest(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float
         cur, flags = dataclasses.replace(s), []
         for step, change in _ladder(s, gpu):
             if step == "vllm_util":  # a share given: the smallest (in 0.05 steps) whose KV cache holds enough
-                if cur.vllm_gpu_memory_utilization is None or _plan(
-                        sh, cur, P, procs, gpu, device_gb, host_gb, name).parts["vllm_sequences"] >= min_sequences:
+                if (
+                    cur.vllm_gpu_memory_utilization is None
+                    or _plan(sh, cur, P, procs, gpu, device_gb, host_gb, name).parts["vllm_sequences"] >= min_sequences
+                ):
                     continue  # (a share the plan sizes is sized again at every step)
                 for k in range(1, 20):
                     tried = dataclasses.replace(cur, vllm_gpu_memory_utilization=round(0.05 * k, 2))
-                    if _plan(sh, tried, P, procs, gpu, device_gb, host_gb, name).parts["vllm_sequences"] >= \
-                            min_sequences:
+                    if (
+                        _plan(sh, tried, P, procs, gpu, device_gb, host_gb, name).parts["vllm_sequences"]
+                        >= min_sequences
+                    ):
                         share = tried.vllm_gpu_memory_utilization
                         cur, flags = tried, flags + [f"--vllm_gpu_memory_utilization {share}"]
                         break
@@ -853,12 +997,12 @@ def suggest(sh: Shapes, s: Settings, P: int, n: int, gpu: bool, device_gb: float
             continue
         try:
             p = fits(s, procs)
-            more = Suggestion([], procs, p.peak_gb, p.parts["vllm_sequences"]) if p else \
-                (None if here else climb(procs))
+            more = (
+                Suggestion([], procs, p.peak_gb, p.parts["vllm_sequences"]) if p else (None if here else climb(procs))
+            )
         except ValueError:  # the prompts or mini-batches do not divide among that many processes
             continue
         if more:
             out.append(more)
             break
     return out
-

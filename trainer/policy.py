@@ -33,8 +33,7 @@ from collections import namedtuple
 
 import torch
 
-from trainer import distributed
-from trainer import hub
+from trainer import distributed, hub
 
 # Named models an entry point adds (``register_model``): ``--model name`` loads the folder ``MODELS[name]()`` returns
 # (toy.py's ``register`` adds ``toy``). A function, not a path: the folder may be built on first use.
@@ -60,8 +59,13 @@ def model_path(name: str) -> str:
     return os.path.expanduser(name) if looks_like_path else name
 
 
-def load_model_and_tokenizer(name: str, dtype: str = "auto", device: str | None = None,
-                              attn_implementation: str | None = None, trust_remote_code: bool = False):
+def load_model_and_tokenizer(
+    name: str,
+    dtype: str = "auto",
+    device: str | None = None,
+    attn_implementation: str | None = None,
+    trust_remote_code: bool = False,
+):
     """Load a causal LM and its tokenizer with ``from_pretrained``: ``"toy"``, a local folder or a hub id.
 
     ``"toy"`` resolves to the toy model's folder (toy.py), then goes through exactly the same ``from_pretrained``
@@ -92,8 +96,10 @@ def load_model_and_tokenizer(name: str, dtype: str = "auto", device: str | None 
     if attn_implementation and attn_implementation.startswith("flash_attention"):
         pkg = "flash_attn_interface" if attn_implementation == "flash_attention_3" else "flash_attn"
         if importlib.util.find_spec(pkg) is None:
-            raise ValueError(f"--attn_implementation {attn_implementation} needs the {pkg} package "
-                             f"(pip install flash-attn); use --attn_implementation sdpa")
+            raise ValueError(
+                f"--attn_implementation {attn_implementation} needs the {pkg} package "
+                f"(pip install flash-attn); use --attn_implementation sdpa"
+            )
         if not device.startswith("cuda"):
             raise ValueError(f"--attn_implementation {attn_implementation} runs on a GPU only; use sdpa on the CPU")
     adapter = os.path.join(path, "adapter_config.json")
@@ -130,8 +136,14 @@ def load_tokenizer(name: str, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     path = model_path(name)
-    return _left_padded(_from_pretrained(name, path, lambda **extra: AutoTokenizer.from_pretrained(
-        path, trust_remote_code=trust_remote_code, **extra)), name)
+    return _left_padded(
+        _from_pretrained(
+            name,
+            path,
+            lambda **extra: AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, **extra),
+        ),
+        name,
+    )
 
 
 def _from_pretrained(name: str, path: str, load):
@@ -152,8 +164,10 @@ def _from_pretrained(name: str, path: str, load):
 
 def _left_padded(tokenizer, name: str):
     if len(tokenizer) <= 1:  # transformers builds an empty tokenizer for a folder without tokenizer files
-        raise ValueError(f"cannot load the tokenizer of model {name!r}: no tokenizer files there (tokenizer.json, "
-                         f"tokenizer_config.json, ...)")
+        raise ValueError(
+            f"cannot load the tokenizer of model {name!r}: no tokenizer files there (tokenizer.json, "
+            f"tokenizer_config.json, ...)"
+        )
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -180,8 +194,14 @@ def prepare_model(model, cfg):
         model.enable_input_require_grads()
     targets = cfg.lora_target_modules.strip()
     targets = targets if targets == "all-linear" else [t.strip() for t in targets.split(",") if t.strip()]
-    lora = LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-                      target_modules=targets, bias="none", task_type="CAUSAL_LM")
+    lora = LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=targets,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     return get_peft_model(model, lora)
 
 
@@ -192,8 +212,10 @@ def cast_lm_head_to_fp32(model):
     input embeddings: its float32 weight would change the body's input too."""
     head = model.get_output_embeddings()
     if head.weight is model.get_input_embeddings().weight:
-        raise ValueError("--cast_lm_head_to_fp32 needs an LM head of its own: this model ties it to its input "
-                         "embeddings (tie_word_embeddings)")
+        raise ValueError(
+            "--cast_lm_head_to_fp32 needs an LM head of its own: this model ties it to its input "
+            "embeddings (tie_word_embeddings)"
+        )
     head.float()
     head.register_forward_pre_hook(_input_in_weight_dtype)
     return model
@@ -233,9 +255,13 @@ def reference_model(model, cfg):
         return AdapterDisabledReference(model)
     if cfg.ref_on_cpu:
         dtype = str(next(model.parameters()).dtype).replace("torch.", "")
-        ref, _ = load_model_and_tokenizer(cfg.model, dtype=dtype, device="cpu",
-                                                  attn_implementation=cfg.attn_implementation,
-                                                  trust_remote_code=cfg.trust_remote_code)
+        ref, _ = load_model_and_tokenizer(
+            cfg.model,
+            dtype=dtype,
+            device="cpu",
+            attn_implementation=cfg.attn_implementation,
+            trust_remote_code=cfg.trust_remote_code,
+        )
         if cfg.cast_lm_head_to_fp32:  # the policy's head, as prepare_model made it
             cast_lm_head_to_fp32(ref)
         return ref.eval().requires_grad_(False)
@@ -249,14 +275,17 @@ def build_optimizer(params, cfg) -> torch.optim.AdamW:
     trainable weight (16 GB for a full Qwen3-8B with torch's default multi-tensor path)."""
     params = list(params)
     fused = bool(params) and all(p.device.type == "cuda" for p in params)
-    return torch.optim.AdamW(params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay,
-                             **({"fused": True} if fused else {}))
+    return torch.optim.AdamW(
+        params, lr=cfg.learning_rate, weight_decay=cfg.weight_decay, **({"fused": True} if fused else {})
+    )
 
 
-OOM_HINT = ("out of memory during {where} ({err}). Lower the memory of a step with: --micro_batch_size 1 (rows "
-            "per forward/backward; the gradient is unchanged), --gradient_checkpointing (recompute activations), "
-            "--use_peft (LoRA: no full gradients or AdamW state), a smaller --max_completion_length, or fewer "
-            "--num_prompts_per_step / --num_generations; with --beta > 0 and full fine-tuning, --ref_on_cpu")
+OOM_HINT = (
+    "out of memory during {where} ({err}). Lower the memory of a step with: --micro_batch_size 1 (rows "
+    "per forward/backward; the gradient is unchanged), --gradient_checkpointing (recompute activations), "
+    "--use_peft (LoRA: no full gradients or AdamW state), a smaller --max_completion_length, or fewer "
+    "--num_prompts_per_step / --num_generations; with --beta > 0 and full fine-tuning, --ref_on_cpu"
+)
 
 
 @contextlib.contextmanager
@@ -313,7 +342,8 @@ _ENTROPY_CHUNK = 256  # positions per float32 [chunk, V] temporary (148 MiB each
 
 
 def entropy_from_logits(logits, temperature=1.0):
-    """Policy entropy H = −Σ_j p_j log p_j, p = softmax(z/T) over the last dim (nats), without gradient (docs/specs/baselines.md §3).
+    """Policy entropy H = −Σ_j p_j log p_j, p = softmax(z/T) over the last dim (nats), without gradient
+    (docs/specs/baselines.md §3).
 
     Source: FT paper Eq. 1; FT dp_actor L439–447.  Computed as logsumexp(z/T) − Σ_j softmax(z/T)_j·z_j/T, in float32
     (float64 for float64 logits) over ``_ENTROPY_CHUNK`` positions at a time, so the only full-size tensor is the
@@ -337,10 +367,10 @@ def entropy_from_logits(logits, temperature=1.0):
     with torch.no_grad():
         for r in range(rows.shape[0]):
             for a in range(0, rows.shape[1], _ENTROPY_CHUNK):
-                z = rows[r, a:a + _ENTROPY_CHUNK].to(dt) / temperature
+                z = rows[r, a : a + _ENTROPY_CHUNK].to(dt) / temperature
                 p = torch.softmax(z, dim=-1)
                 # H = logsumexp(z) − E_p[z]; p·z is taken as 0 where p = 0 (a −inf logit would give 0·inf = NaN)
-                out[r, a:a + _ENTROPY_CHUNK] = torch.logsumexp(z, dim=-1) - torch.where(p > 0, p * z, zero).sum(-1)
+                out[r, a : a + _ENTROPY_CHUNK] = torch.logsumexp(z, dim=-1) - torch.where(p > 0, p * z, zero).sum(-1)
     return out.reshape(logits.shape[:-1])
 
 
@@ -370,8 +400,18 @@ def clip_and_step(model, optimizer, loss: float, max_grad_norm: float, step: int
 LOGITS_CHUNK_BYTES = 256 * 2**20
 
 
-def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=1.0, return_hidden=False,
-                   shared=None, return_entropy=False, return_logits=False, chunk_bytes=None):
+def token_logprobs(
+    model,
+    input_ids,
+    attention_mask,
+    response_mask,
+    temperature=1.0,
+    return_hidden=False,
+    shared=None,
+    return_entropy=False,
+    return_logits=False,
+    chunk_bytes=None,
+):
     """log π(y_t | x, y_<t) (nats) of the response tokens under logits / temperature: ``[B, T]``, 0 on padding.
 
     ``input_ids``/``attention_mask`` ``[B, P + T]``: left-padded prompt, right-padded response in the last T
@@ -401,26 +441,37 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
     captured, hooks = {}, []
 
     def from_body(module, args, output):  # inside the model's forward (under FSDP2: the head's weight gathered)
-        h = output[0][:, -(T + 1):-1]  # [B, T, H]: the final norm's output at the positions predicting y_1..y_T
+        h = output[0][:, -(T + 1) : -1]  # [B, T, H]: the final norm's output at the positions predicting y_1..y_T
         captured["h"] = h.detach()
         if head is not None:
-            captured["head"] = ChunkedLMHead.apply(h.reshape(-1, h.shape[-1]), head.head.weight, targets.reshape(-1),
-                                                   temperature, head.softcap, chunk, return_entropy)
+            captured["head"] = ChunkedLMHead.apply(
+                h.reshape(-1, h.shape[-1]),
+                head.head.weight,
+                targets.reshape(-1),
+                temperature,
+                head.softcap,
+                chunk,
+                return_entropy,
+            )
 
     if return_hidden or head is not None:
         hooks.append((head.body if head is not None else _body(model)).register_forward_hook(from_body))
     if head is not None:  # the model returns (its output, (log p, H)), also to the hooks after this one: FSDP2's
         # post-forward, which on what the model returns registers the head weight's re-gathering for the backward
-        hooks.append(_base(model).register_forward_hook(lambda m, a, out: (out, captured.pop("head")),
-                                                        prepend=True))
+        hooks.append(_base(model).register_forward_hook(lambda m, a, out: (out, captured.pop("head")), prepend=True))
     keep = {"logits_to_keep": 1} if head is not None else {}  # chunked: the model's own head sees one position
     try:
         if shared is None:  # left padding shifts every prompt: positions count real tokens only, as generate() does
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-            out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                        use_cache=False, **(keep or {"logits_to_keep": T + 1}))
+            out = model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=False,
+                **(keep or {"logits_to_keep": T + 1}),
+            )
         else:  # --shared_prompt: all but the last prompt token are cached; run the last T + 1 positions only
-            out = shared[0].forward(model, shared[1], input_ids[:, -(T + 1):], attention_mask[:, -(T + 1):], **keep)
+            out = shared[0].forward(model, shared[1], input_ids[:, -(T + 1) :], attention_mask[:, -(T + 1) :], **keep)
     finally:
         for hook in hooks:
             hook.remove()
@@ -428,15 +479,19 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
         out, (logp, entropy) = out
         logp, entropy = logp.view(B, T), entropy.view(B, T) if entropy is not None else None
     else:
-        logits = out.logits[:, -(T + 1):-1]  # position p predicts token p+1: [B, T, V]
+        logits = out.logits[:, -(T + 1) : -1]  # position p predicts token p+1: [B, T, V]
         dt = torch.promote_types(logits.dtype, torch.float32)
         # one row at a time keeps the float32 copy small (V can be 152k)
         logp = torch.stack([_log_softmax_at(logits[i].to(dt) / temperature, targets[i])[0] for i in range(B)])
         entropy = entropy_from_logits(logits, temperature) if return_entropy else None  # a few
         # positions at a time, no [T, V] copy
     mask = response_mask.to(logp.dtype)
-    out = (logp * mask,) + ((captured["h"],) if return_hidden else ()) + \
-        ((entropy * mask,) if return_entropy else ()) + ((logits,) if return_logits else ())
+    out = (
+        (logp * mask,)
+        + ((captured["h"],) if return_hidden else ())
+        + ((entropy * mask,) if return_entropy else ())
+        + ((logits,) if return_logits else ())
+    )
     return out if len(out) > 1 else out[0]
 
 
@@ -496,8 +551,11 @@ def lm_head(model):
         finally:
             handle.remove()
             model.train(was)
-        _HEAD_CHECKS[key] = None if torch.equal(seen["ours"], theirs) else \
-            f"{type(base).__name__}'s logits are not its LM head's output{' soft-capped' if softcap else ''}"
+        _HEAD_CHECKS[key] = (
+            None
+            if torch.equal(seen["ours"], theirs)
+            else f"{type(base).__name__}'s logits are not its LM head's output{' soft-capped' if softcap else ''}"
+        )
     return _HEAD_CHECKS[key] or LMHead(_body(model), head, softcap)
 
 
@@ -539,10 +597,10 @@ class ChunkedLMHead(torch.autograd.Function):
         lse = torch.empty(len(h), dtype=torch.promote_types(weight.dtype, torch.float32), device=h.device)
         logp, ent = torch.empty_like(lse), torch.empty_like(lse) if entropy else None
         for a in range(0, len(h), chunk):
-            u = _scaled_logits(h[a:a + chunk], weight, softcap, temperature)  # [c, V]
-            logp[a:a + chunk], lse[a:a + chunk] = _log_softmax_at(u, targets[a:a + chunk])
+            u = _scaled_logits(h[a : a + chunk], weight, softcap, temperature)  # [c, V]
+            logp[a : a + chunk], lse[a : a + chunk] = _log_softmax_at(u, targets[a : a + chunk])
             if entropy:
-                ent[a:a + chunk] = entropy_from_logits(u)  # u is z/τ already: temperature 1
+                ent[a : a + chunk] = entropy_from_logits(u)  # u is z/τ already: temperature 1
             del u  # before the next chunk's: one chunk of logits at a time
         ctx.save_for_backward(h, weight, targets, lse)
         ctx.temperature, ctx.softcap, ctx.chunk = temperature, softcap, chunk
@@ -577,8 +635,13 @@ class ChunkedLMHead(torch.autograd.Function):
 from trainer.grpo_config import PADDING_FREE_BUCKETS  # noqa: E402  (grpo_config.py: --micro_batch_size 0 help)
 
 
-def micro_batches(rows: torch.Tensor, attention_mask: torch.Tensor, size: int = 0, response_len: int | None = None,
-                  padding_free: bool = True) -> list[tuple[torch.Tensor, slice, int]]:
+def micro_batches(
+    rows: torch.Tensor,
+    attention_mask: torch.Tensor,
+    size: int = 0,
+    response_len: int | None = None,
+    padding_free: bool = True,
+) -> list[tuple[torch.Tensor, slice, int]]:
     """The micro-batches of the rollout rows ``rows`` as ``(row indices, input columns, response columns T_j)``: the
     layout of ``Passes``, planned once per batch and shared by its passes (``reference_logprobs`` reads it too).
 
@@ -611,7 +674,7 @@ class MicroBatch(namedtuple("MicroBatch", "rows cols t logp hidden entropy", def
 
     def take(self, x: torch.Tensor) -> torch.Tensor:
         """This micro-batch's part of a batch-wide ``[N, T, ...]`` tensor: rows ``rows``, the first ``t`` columns."""
-        return x[self.rows, :self.t]
+        return x[self.rows, : self.t]
 
 
 class Passes:
@@ -635,8 +698,9 @@ class Passes:
         self.grad, self.hidden, self.keep_graphs, self.entropy = grad, hidden, keep_graphs, entropy
         self.kept, self.shared = None, None
         # the micro-batches as (rows, input columns, response width T_j), planned once for every pass
-        self.layout = micro_batches(rows, batch.attention_mask, cfg.micro_batch_size, batch.response_mask.shape[1],
-                                    cfg.padding_free)
+        self.layout = micro_batches(
+            rows, batch.attention_mask, cfg.micro_batch_size, batch.response_mask.shape[1], cfg.padding_free
+        )
 
     def __iter__(self):
         if self.kept is not None:
@@ -647,11 +711,17 @@ class Passes:
         for j, cols, t in self.layout:
             with torch.set_grad_enabled(self.grad):  # not around the yield: the caller's code keeps its own mode
                 if self.shared is None and self.cfg.shared_prompt:
-                    self.shared = SharedPrompts(self.model, b.input_ids, b.attention_mask, self.rows,
-                                                b.response_mask.shape[1])
-                out = token_logprobs(self.model, *micro_batch_inputs(b, j, cols, t, device), self.cfg.temperature,
-                                     return_hidden=self.hidden, shared=(self.shared, j) if self.cfg.shared_prompt
-                                     else None, return_entropy=self.entropy)
+                    self.shared = SharedPrompts(
+                        self.model, b.input_ids, b.attention_mask, self.rows, b.response_mask.shape[1]
+                    )
+                out = token_logprobs(
+                    self.model,
+                    *micro_batch_inputs(b, j, cols, t, device),
+                    self.cfg.temperature,
+                    return_hidden=self.hidden,
+                    shared=(self.shared, j) if self.cfg.shared_prompt else None,
+                    return_entropy=self.entropy,
+                )
             out = list(out) if self.hidden or self.entropy else [out]
             logp, h, ent = out[0], out[1] if self.hidden else None, out[-1] if self.entropy else None
             mb = MicroBatch(j, cols, t, logp, h, ent)
@@ -682,8 +752,11 @@ def micro_batch_inputs(batch, rows, cols, t, device) -> tuple:
     """One micro-batch of a layout (``micro_batches``) as ``token_logprobs`` takes it, on ``device``:
     ``input_ids``, ``attention_mask`` ``[b, len(cols)]`` (rows ``rows``, input columns ``cols``), ``response_mask``
     ``[b, t]``."""
-    return (batch.input_ids[rows][:, cols].to(device), batch.attention_mask[rows][:, cols].to(device),
-            batch.response_mask[rows, :t].to(device))
+    return (
+        batch.input_ids[rows][:, cols].to(device),
+        batch.attention_mask[rows][:, cols].to(device),
+        batch.response_mask[rows, :t].to(device),
+    )
 
 
 class SharedPrompts:
@@ -710,11 +783,16 @@ class SharedPrompts:
         distinct, which = torch.unique(prompts, dim=0, return_inverse=True)  # a group's rows share one prompt
         distinct = distinct.to(next(model.parameters()).device)
         p = int(distinct[:, P:].sum(1).max())  # the longest prompt; all but its last token go into the cache
-        ids, self.mask = distinct[:, P - p:P - 1], distinct[:, 2 * P - p:2 * P - 1]
+        ids, self.mask = distinct[:, P - p : P - 1], distinct[:, 2 * P - p : 2 * P - 1]
         self.kv = []  # keys, values of layer 0, 1, ... (none for one-token prompts)
         if p > 1:
-            out = model(input_ids=ids, attention_mask=self.mask, use_cache=True, logits_to_keep=1,
-                        position_ids=(self.mask.cumsum(-1) - 1).clamp(min=0))
+            out = model(
+                input_ids=ids,
+                attention_mask=self.mask,
+                use_cache=True,
+                logits_to_keep=1,
+                position_ids=(self.mask.cumsum(-1) - 1).clamp(min=0),
+            )
             self.kv = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
         self.read = [t.detach().requires_grad_(t.requires_grad) for t in self.kv]  # what the responses read
         self.index = torch.full((input_ids.shape[0],), -1, dtype=torch.long)
@@ -727,9 +805,15 @@ class SharedPrompts:
         read = [t[u] for t in self.read]  # each row reads its own prompt's keys and values
         cache = self.cache_class(ddp_cache_data=list(zip(read[0::2], read[1::2])), config=self.config)
         mask = torch.cat([self.mask[u], attention_mask], 1)
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1]:]
-        return model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
-                     use_cache=True, **kwargs)
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)[:, -input_ids.shape[1] :]
+        return model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            **kwargs,
+        )
 
     def backward(self):
         """The prompt pass's share of the gradient: the keys' and values' gradients, summed over every response
@@ -778,15 +862,25 @@ def model_features(model, cfg) -> dict:
     other = sorted(set(types) - {"full_attention"}) if types else (["sliding_attention"] if window else [])
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     jitter = getattr(config, "router_jitter_noise", 0.0) or 0.0
-    layers = lambda kinds: f"{config.model_type} has {', '.join(kinds)} layers" + (  # noqa: E731
-        f" (window {window} tokens)" if "sliding_attention" in kinds and window else "") if kinds else None
+
+    def layers(kinds):
+        if not kinds:
+            return None
+        return f"{config.model_type} has {', '.join(kinds)} layers" + (
+            f" (window {window} tokens)" if "sliding_attention" in kinds and window else ""
+        )
+
     return {
         "full attention": layers(other),
         "attention by distance": layers([kind for kind in other if kind != "sliding_attention"]),
-        "position ids": None if "position_ids" in inspect.signature(base.forward).parameters else
-                        f"{type(base).__name__}.forward takes no position_ids",
-        "train = eval": "the model has dropout" if has_dropout(model) else
-                        f"router jitter noise {jitter}" if jitter > 0 else None,
+        "position ids": None
+        if "position_ids" in inspect.signature(base.forward).parameters
+        else f"{type(base).__name__}.forward takes no position_ids",
+        "train = eval": "the model has dropout"
+        if has_dropout(model)
+        else f"router jitter noise {jitter}"
+        if jitter > 0
+        else None,
         "one process": "torchrun" if distributed.is_distributed() else None,
         "no gradient checkpointing": "--gradient_checkpointing" if cfg.gradient_checkpointing else None,
     }
@@ -831,9 +925,13 @@ def build(cfg, say=print, load_weights=None):
     """
     world = distributed.world_size()
     device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
-    model, tokenizer = load_model_and_tokenizer(cfg.model, dtype=cfg.torch_dtype, device=device,
-                                                attn_implementation=cfg.attn_implementation,
-                                                trust_remote_code=cfg.trust_remote_code)
+    model, tokenizer = load_model_and_tokenizer(
+        cfg.model,
+        dtype=cfg.torch_dtype,
+        device=device,
+        attn_implementation=cfg.attn_implementation,
+        trust_remote_code=cfg.trust_remote_code,
+    )
     if cfg.num_threads or sum(p.numel() for p in model.parameters()) < 10_000_000:
         torch.set_num_threads(cfg.num_threads or 1)  # tiny models: thread sync costs more than it gives
     model = prepare_model(model, cfg)
@@ -841,8 +939,7 @@ def build(cfg, say=print, load_weights=None):
     if load_weights is not None:
         load_weights(model)
     # float32 weights on several GPUs: float32 master weights and AdamW state (sharded), bfloat16 compute
-    compute_dtype = torch.bfloat16 if world > 1 and cfg.torch_dtype == "float32" and device.startswith("cuda") \
-        else None
+    compute_dtype = torch.bfloat16 if world > 1 and cfg.torch_dtype == "float32" and device.startswith("cuda") else None
     if world > 1:
         model = distributed.shard_model(model, compute_dtype)
         if ref_model is not None and not cfg.use_peft and not cfg.ref_on_cpu:
@@ -850,9 +947,11 @@ def build(cfg, say=print, load_weights=None):
     trainable = [p for p in model.parameters() if p.requires_grad]
     if any(p.dtype == torch.bfloat16 for p in trainable):
         # bf16 has 8 significant bits: an update below ~2^-9 of a weight rounds to nothing (no master copy here)
-        say("[warn] full fine-tuning with bfloat16 weights: AdamW updates smaller than ~0.2-0.4% of a weight "
+        say(
+            "[warn] full fine-tuning with bfloat16 weights: AdamW updates smaller than ~0.2-0.4% of a weight "
             "are rounded away (at --learning_rate 1e-6 almost all are); prefer --use_peft (float32 adapters) "
-            "or --torch_dtype float32 if memory allows")
+            "or --torch_dtype float32 if memory allows"
+        )
     return model, tokenizer, ref_model, build_optimizer(trainable, cfg), compute_dtype
 
 
@@ -873,16 +972,17 @@ def old_logprobs(model, batch, cfg, need_hidden=False, ref_model=None, training_
     N, T = batch.response_mask.shape
     dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
     logp, hidden = torch.zeros(N, T, dtype=dt), None
-    passes = Passes(model, batch, torch.arange(N), cfg, grad=training_forward, hidden=need_hidden,
-                    keep_graphs=training_forward)
+    passes = Passes(
+        model, batch, torch.arange(N), cfg, grad=training_forward, hidden=need_hidden, keep_graphs=training_forward
+    )
     for mb in passes:
-        logp[mb.rows, :mb.t] = mb.logp.detach().cpu()
+        logp[mb.rows, : mb.t] = mb.logp.detach().cpu()
         if need_hidden:  # h_t on the host, bounded (the comment above ThetaOld)
             if hidden is None:
                 if check_hidden is not None:
                     check_hidden(N, T, mb.hidden.shape[-1])
                 hidden = torch.zeros(N, T, mb.hidden.shape[-1], dtype=dt)
-            hidden[mb.rows, :mb.t] = mb.hidden.to(dt).cpu()
+            hidden[mb.rows, : mb.t] = mb.hidden.to(dt).cpu()
     ref_logp = reference_logprobs(ref_model, batch, passes.layout, cfg.temperature) if ref_model else None
     return ThetaOld(logp, hidden, ref_logp, passes if training_forward else None)
 

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from trainer import hub
-from trainer import memory_plan
-from trainer import policy
-from trainer import recipes
 import rollout
+from trainer import hub, memory_plan, policy, recipes
+
 
 def _plan_fix(cfg) -> str:
     """What to do when the hub cannot give the config.json of ``--model`` (hub.require_hub's ``fix``): under
@@ -24,8 +22,10 @@ def _plan_fix(cfg) -> str:
     folder = cfg.model.split("/")[-1]
     if not cfg.dry_run:
         return ""  # hub.require_hub's own: download the model and pass its folder
-    return (f"the plan needs only its config.json: --model /path/to/{folder}, a folder holding it, plans it "
-            f"(`hf download {cfg.model} config.json --local-dir {folder}` on a machine with network)")
+    return (
+        f"the plan needs only its config.json: --model /path/to/{folder}, a folder holding it, plans it "
+        f"(`hf download {cfg.model} config.json --local-dir {folder}` on a machine with network)"
+    )
 
 
 def _kept_prompts(cfg, rows: list[dict], longest: int, notes: list[str], say) -> tuple[list[dict], int]:
@@ -39,11 +39,14 @@ def _kept_prompts(cfg, rows: list[dict], longest: int, notes: list[str], say) ->
             raise
         notes.append(f"prompts not measured ({e}): planned at {longest} prompt tokens")
         return rows, longest
-    kept = rollout.filter_overlong_prompts(rows, tokenizer, rollout.resolve_template(cfg.prompt_template, cfg.model),
-                                           cfg.max_prompt_length)
+    kept = rollout.filter_overlong_prompts(
+        rows, tokenizer, rollout.resolve_template(cfg.prompt_template, cfg.model), cfg.max_prompt_length
+    )
     if kept.dropped:
-        say(f"[data] {kept.dropped} of {len(rows)} prompts are longer than --max_prompt_length "
-            f"{cfg.max_prompt_length} tokens: left out (verl's filter_overlong_prompts)")
+        say(
+            f"[data] {kept.dropped} of {len(rows)} prompts are longer than --max_prompt_length "
+            f"{cfg.max_prompt_length} tokens: left out (verl's filter_overlong_prompts)"
+        )
     return kept.rows, kept.longest
 
 
@@ -77,35 +80,53 @@ def check(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] |
         cfg.vllm_gpu_memory_utilization = memory_plan.VLLM_DEFAULT_SHARE
     if quick and not delta_cache:
         return rows  # and it prints what it always printed
-    model_config = memory_plan.read_model_config(cfg.model, cfg.trust_remote_code,
-                                                 before_download=lambda: hub.require_hub(cfg.model, fix=_plan_fix(cfg)))
+    model_config = memory_plan.read_model_config(
+        cfg.model, cfg.trust_remote_code, before_download=lambda: hub.require_hub(cfg.model, fix=_plan_fix(cfg))
+    )
     shipped = memory_plan.shipped_config(cfg.model)
-    if cfg.dry_run and shipped and model_config.get("_name_or_path") == str(shipped):  # the copy in trainer/model_configs/
-        notes.append(f"config.json of {cfg.model}: the copy in "  # (the cache had none)
-                     f"{shipped.relative_to(memory_plan.SHIPPED_CONFIGS.parents[1]).as_posix()}/ (trainer/model_configs/README.md)")
+    if (
+        cfg.dry_run and shipped and model_config.get("_name_or_path") == str(shipped)
+    ):  # the copy in trainer/model_configs/
+        notes.append(
+            f"config.json of {cfg.model}: the copy in "  # (the cache had none)
+            f"{shipped.relative_to(memory_plan.SHIPPED_CONFIGS.parents[1]).as_posix()}/"
+            " (trainer/model_configs/README.md)"
+        )
     if delta_cache:  # stage 4's h_t cache at its largest
-        memory_plan.check_delta_cache(cfg.num_prompts_per_step // world * cfg.num_generations,
-                                      cfg.max_completion_length, model_config["hidden_size"])
+        memory_plan.check_delta_cache(
+            cfg.num_prompts_per_step // world * cfg.num_generations,
+            cfg.max_completion_length,
+            model_config["hidden_size"],
+        )
     if quick:
         return rows
     processes = cfg.plan_processes or world
-    the_plan = memory_plan.plan(model_config, cfg, prompt_tokens=longest, processes=processes,
-                                gpu_memory_gb=cfg.gpu_memory_gb)
+    the_plan = memory_plan.plan(
+        model_config, cfg, prompt_tokens=longest, processes=processes, gpu_memory_gb=cfg.gpu_memory_gb
+    )
     verdict = the_plan.verdict()
     context = model_config.get("max_position_embeddings")
     if context and longest + cfg.max_completion_length > context:  # RoPE runs on past it, but the model never saw it
-        notes.append(f"prompts of up to {longest} tokens + --max_completion_length {cfg.max_completion_length} exceed "
-                     f"the model's max_position_embeddings {context}")
+        notes.append(
+            f"prompts of up to {longest} tokens + --max_completion_length {cfg.max_completion_length} exceed "
+            f"the model's max_position_embeddings {context}"
+        )
     if the_plan.device == "CPU" and not the_plan.fits:
         verdict += "; planned for this machine's host memory (no GPU here: --gpu_memory_gb plans for one)"
     if not the_plan.fits and cfg.recipe == "delta_paper" and given is not None and "recipe" not in given:
         # the paper's recipe is sized for eight GPUs: say whether the one-GPU recipe fits this device
         one_gpu = recipes.apply(dataclasses.replace(cfg, recipe="delta_one_gpu"), given)
-        one = memory_plan.plan(model_config, one_gpu, processes=processes, gpu_memory_gb=cfg.gpu_memory_gb,
-                               prompt_tokens=min(longest, recipes.DELTA_ONE_GPU["max_prompt_length"]))
+        one = memory_plan.plan(
+            model_config,
+            one_gpu,
+            processes=processes,
+            gpu_memory_gb=cfg.gpu_memory_gb,
+            prompt_tokens=min(longest, recipes.DELTA_ONE_GPU["max_prompt_length"]),
+        )
         n = one.parts["vllm_sequences"]
-        verdict += (f"; or --recipe delta_one_gpu (LoRA and vLLM: {one.verdict().split(';')[0]}" +
-                    (f", vLLM's KV cache holding {n:,} sequence{'s' * (n != 1)} at once)" if n else ")"))
+        verdict += f"; or --recipe delta_one_gpu (LoRA and vLLM: {one.verdict().split(';')[0]}" + (
+            f", vLLM's KV cache holding {n:,} sequence{'s' * (n != 1)} at once)" if n else ")"
+        )
     if cfg.use_vllm and cfg.vllm_gpu_memory_utilization is None:  # not given: the plan's share (vllm_share)
         cfg.vllm_gpu_memory_utilization = the_plan.parts["vllm_share"]
     if cfg.dry_run:

@@ -25,8 +25,8 @@ import json
 import os
 from pathlib import Path
 
-from trainer import hub
 import verify
+from trainer import hub
 
 # Generated tasks an entry point adds (``register_source``): ``--data name`` / ``--benchmarks name`` read
 # ``SOURCES[name](split)`` (toy.py's ``register_data`` adds ``toy``: its ``train`` and held-out ``test`` splits).
@@ -37,6 +37,7 @@ def register_source(name: str, load_split) -> None:
     """Make ``load_problems(name, split)`` return ``load_split(split)`` (rows ``{id, problem, answer, source}``) and
     ``--benchmarks name`` its ``test`` split."""
     SOURCES[name] = load_split
+
 
 REQUIRED_FIELDS = ("problem", "answer")
 
@@ -60,30 +61,45 @@ SUITES = {"all": BENCHMARKS, "delta_paper": DELTA_PAPER}
 # The hub copies can differ from the local files (see data/README.md): math500 has all 500
 # problems there too, OlympiadBench's OE_TO_maths_en_COMP subset 674 rows (675 here).
 HF_DATASETS = {
-    "aime24": dict(path="HuggingFaceH4/aime_2024", config=None, split="train", problem="problem",
-                   answer="answer", id="id"),
+    "aime24": dict(
+        path="HuggingFaceH4/aime_2024", config=None, split="train", problem="problem", answer="answer", id="id"
+    ),
     "aime25": dict(path="math-ai/aime25", config=None, split="test", problem="problem", answer="answer", id="id"),
-    "amc23": dict(path="math-ai/amc23", config=None, split="test", problem=("question", "problem"),
-                  answer="answer", id="id"),
-    "math500": dict(path="HuggingFaceH4/MATH-500", config=None, split="test", problem="problem", answer="answer",
-                    id="unique_id"),
-    "minerva": dict(path="math-ai/minervamath", config=None, split="test", problem=("question", "problem"),
-                    answer="answer", id=None),
-    "olympiadbench": dict(path="Hothan/OlympiadBench", config="OE_TO_maths_en_COMP", split="train",
-                          problem="question", answer="final_answer", id="id"),
+    "amc23": dict(
+        path="math-ai/amc23", config=None, split="test", problem=("question", "problem"), answer="answer", id="id"
+    ),
+    "math500": dict(
+        path="HuggingFaceH4/MATH-500", config=None, split="test", problem="problem", answer="answer", id="unique_id"
+    ),
+    "minerva": dict(
+        path="math-ai/minervamath", config=None, split="test", problem=("question", "problem"), answer="answer", id=None
+    ),
+    "olympiadbench": dict(
+        path="Hothan/OlympiadBench",
+        config="OE_TO_maths_en_COMP",
+        split="train",
+        problem="question",
+        answer="final_answer",
+        id="id",
+    ),
     "gsm8k": dict(path="openai/gsm8k", config="main", split="test", problem="question", answer="answer", id=None),
-    "hmmt_feb25": dict(path="MathArena/hmmt_feb_2025", config=None, split="train", problem="problem",
-                       answer="answer", id="problem_idx"),
+    "hmmt_feb25": dict(
+        path="MathArena/hmmt_feb_2025", config=None, split="train", problem="problem", answer="answer", id="problem_idx"
+    ),
     # DelTA's four more; the local files' ids name the contest (2026-I-1, hmmt-nov-2025-1), the hub's problem_idx
     # counts 1, 2, ... (aime26: II-k is 15 + k)
-    "aime26": dict(path="MathArena/aime_2026", config=None, split="train", problem="problem", answer="answer",
-                   id="problem_idx"),
-    "hmmt_nov25": dict(path="MathArena/hmmt_nov_2025", config=None, split="train", problem="problem",
-                       answer="answer", id="problem_idx"),
-    "hmmt_feb26": dict(path="MathArena/hmmt_feb_2026", config=None, split="train", problem="problem",
-                       answer="answer", id="problem_idx"),
-    "brumo25": dict(path="MathArena/brumo_2025", config=None, split="train", problem="problem", answer="answer",
-                    id="problem_idx"),
+    "aime26": dict(
+        path="MathArena/aime_2026", config=None, split="train", problem="problem", answer="answer", id="problem_idx"
+    ),
+    "hmmt_nov25": dict(
+        path="MathArena/hmmt_nov_2025", config=None, split="train", problem="problem", answer="answer", id="problem_idx"
+    ),
+    "hmmt_feb26": dict(
+        path="MathArena/hmmt_feb_2026", config=None, split="train", problem="problem", answer="answer", id="problem_idx"
+    ),
+    "brumo25": dict(
+        path="MathArena/brumo_2025", config=None, split="train", problem="problem", answer="answer", id="problem_idx"
+    ),
 }
 
 
@@ -107,8 +123,15 @@ def _row_errors(row, label: str, fields: tuple[str, str] = REQUIRED_FIELDS) -> l
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             value = row[key] = _number_to_str(value)  # e.g. a numeric answer written as a JSON number
         if not isinstance(value, str) or not value.strip():
-            what = ("missing" if key not in row else "null" if value is None else
-                    "empty" if isinstance(value, str) else "not a string")
+            what = (
+                "missing"
+                if key not in row
+                else "null"
+                if value is None
+                else "empty"
+                if isinstance(value, str)
+                else "not a string"
+            )
             errors.append(f"{label}: field '{key}' is {what}")
     return errors
 
@@ -136,8 +159,13 @@ def _number_to_str(value) -> str:
     return str(value)
 
 
-def load_problems(source: str, split: str = "train", data_dir: str | os.PathLike | None = None,
-                  problem_field: str = "problem", answer_field: str = "answer") -> list[dict]:
+def load_problems(
+    source: str,
+    split: str = "train",
+    data_dir: str | os.PathLike | None = None,
+    problem_field: str = "problem",
+    answer_field: str = "answer",
+) -> list[dict]:
     """Problems as ``{id, problem, answer, source}`` rows: a jsonl or parquet file, a folder of shards, a benchmark
     name, or a registered task (``SOURCES``: the toy, once toy.py's ``register_data`` ran).
 
@@ -195,20 +223,24 @@ def load_problems(source: str, split: str = "train", data_dir: str | os.PathLike
             local = Path(data_dir or default_data_dir()) / f"{source}.jsonl"
             return _load_files([local], fields, local) if local.is_file() else load_hf_benchmark(source, local)
         trains = sorted(f.stem for f in (Path(data_dir or default_data_dir()) / "train").glob("*.jsonl"))
-        raise FileNotFoundError(f"data file not found: {source} (benchmark names: {', '.join(KNOWN_BENCHMARKS)}; "
-                                f"training sets: {', '.join(trains) or 'none'}"
-                                + "".join(f"; or {name}" for name in SOURCES) + ")")
+        raise FileNotFoundError(
+            f"data file not found: {source} (benchmark names: {', '.join(KNOWN_BENCHMARKS)}; "
+            f"training sets: {', '.join(trains) or 'none'}" + "".join(f"; or {name}" for name in SOURCES) + ")"
+        )
     return _load_files([path], fields, path)
 
 
 def _data_files(folder: Path) -> list[Path]:
     """The ``*.parquet`` and ``*.jsonl`` files directly in ``folder``, sorted by name (FileNotFoundError: none)."""
-    files = sorted((p for p in folder.iterdir() if p.suffix in (".parquet", ".jsonl") and p.is_file()),
-                   key=lambda p: p.name)
+    files = sorted(
+        (p for p in folder.iterdir() if p.suffix in (".parquet", ".jsonl") and p.is_file()), key=lambda p: p.name
+    )
     if not files:
         subs = sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
-        raise FileNotFoundError(f"no *.parquet or *.jsonl file in the folder {folder}"
-                                + (f" (its subfolders: {', '.join(subs)})" if subs else ""))
+        raise FileNotFoundError(
+            f"no *.parquet or *.jsonl file in the folder {folder}"
+            + (f" (its subfolders: {', '.join(subs)})" if subs else "")
+        )
     return files
 
 
@@ -278,8 +310,7 @@ def _read_parquet(path: Path, fields: tuple[str, str]) -> tuple[list[dict], list
     try:
         pf = pq.ParquetFile(path)
     except Exception as e:  # pyarrow.ArrowInvalid: not a parquet file (wrong suffix, truncated download)
-        raise ValueError(f"{path}: not a readable parquet file ({str(e).splitlines()[0] if str(e) else e!r})") \
-            from None
+        raise ValueError(f"{path}: not a readable parquet file ({str(e).splitlines()[0] if str(e) else e!r})") from None
     names = pf.schema_arrow.names
     _missing_column(path, fields, names, f"columns: {', '.join(names) or 'none'}")
     columns = list(dict.fromkeys([*fields, *(c for c in ("id", "source") if c in names)]))
@@ -289,9 +320,14 @@ def _read_parquet(path: Path, fields: tuple[str, str]) -> tuple[list[dict], list
         for record in zip(*values):
             row = dict(zip(columns, record))  # a null stays None: "field 'x' is null"
             errors += _row_errors(row, f"{path}: row {i}", fields)
-            rows.append({"id": f"{path.stem}-{i}" if row.get("id") is None else str(row["id"]),
-                         "problem": row[fields[0]], "answer": row[fields[1]],
-                         "source": path.stem if row.get("source") is None else str(row["source"])})
+            rows.append(
+                {
+                    "id": f"{path.stem}-{i}" if row.get("id") is None else str(row["id"]),
+                    "problem": row[fields[0]],
+                    "answer": row[fields[1]],
+                    "source": path.stem if row.get("source") is None else str(row["source"]),
+                }
+            )
             i += 1
     return rows, errors
 
@@ -337,27 +373,32 @@ def load_hf_benchmark(name: str, local_path: str | os.PathLike | None = None) ->
     try:
         import datasets
     except ImportError:
-        raise FileNotFoundError(f"no local file and cannot download: {name} ({local}; the hub copy {copy} needs "
-                                f"the 'datasets' package: pip install datasets)") from None
+        raise FileNotFoundError(
+            f"no local file and cannot download: {name} ({local}; the hub copy {copy} needs "
+            f"the 'datasets' package: pip install datasets)"
+        ) from None
     try:
         if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("1", "true", "yes", "on"):
             hub.require_hub(spec["path"], "benchmark")  # no network: fail now, not after the client's retries
         ds = datasets.load_dataset(spec["path"], spec["config"], split=spec["split"])
     except Exception as e:  # offline, unknown id, hub error: one clear line instead of a deep traceback
         first = str(e).splitlines()[0] if str(e) else ""
-        raise FileNotFoundError(f"no local file and cannot download: {name} ({local}; loading {copy} failed: "
-                                f"{type(e).__name__}: {first})") from None
+        raise FileNotFoundError(
+            f"no local file and cannot download: {name} ({local}; loading {copy} failed: {type(e).__name__}: {first})"
+        ) from None
     fields = spec["problem"] if isinstance(spec["problem"], tuple) else (spec["problem"],)
     rows = []
     for i, raw in enumerate(ds):
         field = next((f for f in fields if f in raw), None)
         if field is None or spec["answer"] not in raw:
-            raise ValueError(f"{spec['path']} row {i}: expected fields {fields} and '{spec['answer']}', got "
-                             f"{sorted(raw)}")
+            raise ValueError(
+                f"{spec['path']} row {i}: expected fields {fields} and '{spec['answer']}', got {sorted(raw)}"
+            )
         problem = raw[field].strip() if isinstance(raw[field], str) else raw[field]
         row_id = raw[spec["id"]] if spec["id"] and spec["id"] in raw else i
-        rows.append({"id": str(row_id), "problem": problem, "answer": _hf_answer(name, raw[spec["answer"]]),
-                     "source": name})
+        rows.append(
+            {"id": str(row_id), "problem": problem, "answer": _hf_answer(name, raw[spec["answer"]]), "source": name}
+        )
     return _check_rows(rows, f"{spec['path']} ({name})")
 
 
@@ -381,8 +422,9 @@ def resolve_benchmarks(spec: str, data_dir: str | os.PathLike | None = None) -> 
     out: list[tuple[str, str]] = []
     for item in items:
         if item in SUITES:
-            out += [(n, str(data_dir / f"{n}.jsonl") if (data_dir / f"{n}.jsonl").is_file() else "hf")
-                    for n in SUITES[item]]
+            out += [
+                (n, str(data_dir / f"{n}.jsonl") if (data_dir / f"{n}.jsonl").is_file() else "hf") for n in SUITES[item]
+            ]
         elif item in SOURCES:  # a registered task's held-out split
             out.append((item, item))
         elif item.endswith(".jsonl") or os.sep in item or Path(item).is_file():
@@ -393,9 +435,11 @@ def resolve_benchmarks(spec: str, data_dir: str | os.PathLike | None = None) -> 
             local = data_dir / f"{item}.jsonl"
             out.append((item, str(local) if local.is_file() else "hf"))
         else:
-            raise ValueError(f"unknown benchmark {item!r} in --benchmarks: use a suite ({', '.join(SUITES)}), "
-                             f"{''.join(name + ', ' for name in SOURCES)}a "
-                             f".jsonl path or one of {', '.join(KNOWN_BENCHMARKS)}")
+            raise ValueError(
+                f"unknown benchmark {item!r} in --benchmarks: use a suite ({', '.join(SUITES)}), "
+                f"{''.join(name + ', ' for name in SOURCES)}a "
+                f".jsonl path or one of {', '.join(KNOWN_BENCHMARKS)}"
+            )
     names = [n for n, _ in out]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:

@@ -3,7 +3,8 @@
 A recipe is one short table. ``--recipe auto`` (the default) takes a model's own recipe when an entry point
 registered one (``register``: toy.py's ``toy`` for the toy model, ``--model toy`` or a folder holding the toy's
 ``toy_info.json``) and ``delta_paper`` for any other model. A flag given on the command line beats the recipe;
-config.json records the recipe and every resolved value, and ``--resume`` compares resolved values (checkpoint.check_resume_config).
+config.json records the recipe and every resolved value, and ``--resume`` compares resolved values
+(checkpoint.check_resume_config).
 
 * ``toy``: ``GRPOConfig``'s own defaults, unchanged (the quickstart's run).
 * ``delta_paper``: the DelTA paper's training recipe (docs/specs/delta.md §4, row by row; the same for every
@@ -23,10 +24,17 @@ and any setting a recipe would change silently: every value it sets is printed b
 from __future__ import annotations
 
 import dataclasses
-import re
 
-from trainer.grpo_config import (DELTA_ONE_GPU, DELTA_PAPER, ONE_GPU_CHANGES, RECIPES,  # noqa: F401  (the tables and
-                         help_text, name_the_recipe)  # their messages: grpo_config.py, which reads no model code)
+# the tables and their messages: grpo_config.py, which reads no model code
+from trainer.grpo_config import (  # noqa: F401
+    DELTA_ONE_GPU,
+    DELTA_PAPER,
+    ONE_GPU_CHANGES,
+    RECIPES,
+    help_text,
+    name_the_recipe,
+)
+
 # What a recipe adds when the run is on GPUs or a dry run plans for them (``on_gpus``): the paper's rollouts came from
 # a fast engine (SGLang in DelTA's run_DelTA.sh); ours is a colocated vLLM that sleeps during the update, its share
 # sized by the plan. A CPU run of the recipe keeps HF generate (vLLM's CPU backend has no sleep mode). No IS
@@ -93,12 +101,20 @@ def apply(cfg, given: set[str] | None = None, say=None):
             raise ValueError(error)
     if say and name != own_recipe(cfg.model):
         why = "--recipe" if cfg.recipe != "auto" else "auto: a real model"
-        say(f"[recipe] {name} ({why}): " + ("GRPOConfig's defaults" if name == "toy" else
-            f"{len(overrides)} settings from the recipe, {len(given & set(RECIPES[name]))} of its settings given as "
-            f"flags (--dry_run lists them)"))
+        say(
+            f"[recipe] {name} ({why}): "
+            + (
+                "GRPOConfig's defaults"
+                if name == "toy"
+                else f"{len(overrides)} settings from the recipe, {len(given & set(RECIPES[name]))} of its settings "
+                f"given as flags (--dry_run lists them)"
+            )
+        )
         if "data" in overrides:
-            say(f"[data] --data {out.data}: the {name} recipe's default (the shipped MATH training set); the paper "
-                f"trains on DeepMath-103K (README: how to fetch it and pass --data)")
+            say(
+                f"[data] --data {out.data}: the {name} recipe's default (the shipped MATH training set); the paper "
+                f"trains on DeepMath-103K (README: how to fetch it and pass --data)"
+            )
     return out
 
 
@@ -111,7 +127,14 @@ def describe(cfg, given: set[str] | None, defaults) -> list[str]:
         value = getattr(cfg, f.name)
         if f.name == "recipe" or value == getattr(defaults, f.name):
             continue
-        source = "flag" if given is None or f.name in given else "recipe" if f.name in recipe else \
-            "memory plan" if f.name == "vllm_gpu_memory_utilization" else "default"
+        source = (
+            "flag"
+            if given is None or f.name in given
+            else "recipe"
+            if f.name in recipe
+            else "memory plan"
+            if f.name == "vllm_gpu_memory_utilization"
+            else "default"
+        )
         lines.append(f"--{f.name} {value} ({source})")
     return lines

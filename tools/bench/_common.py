@@ -35,9 +35,21 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 # imported once by the fork server, so that each run's fresh process starts without paying for them
-PRELOAD = ["torch", "transformers", "transformers.models.auto.modeling_auto", "transformers.generation.utils",
-           "transformers.models.auto.tokenization_auto", "transformers.models.qwen3.modeling_qwen3",
-           "grpo", "delta", "cscr", "rollout", "verify", "evaluate", "toy"]
+PRELOAD = [
+    "torch",
+    "transformers",
+    "transformers.models.auto.modeling_auto",
+    "transformers.generation.utils",
+    "transformers.models.auto.tokenization_auto",
+    "transformers.models.qwen3.modeling_qwen3",
+    "grpo",
+    "delta",
+    "cscr",
+    "rollout",
+    "verify",
+    "evaluate",
+    "toy",
+]
 
 
 def median(xs):
@@ -95,12 +107,18 @@ class PeakMemory:
         return False
 
     def as_dict(self) -> dict:
-        return {"rss_before_mib": self.rss_before_mib, "peak_rss_increase_mib": self.peak_rss_increase_mib,
-                "rss_method": self.rss_method, "cuda_max_allocated_mib": self.cuda_max_allocated_mib}
+        return {
+            "rss_before_mib": self.rss_before_mib,
+            "peak_rss_increase_mib": self.peak_rss_increase_mib,
+            "rss_method": self.rss_method,
+            "cuda_max_allocated_mib": self.cuda_max_allocated_mib,
+        }
 
 
-MEMORY_METHOD_CPU = ("peak RSS increase: VmHWM (reset via /proc/self/clear_refs before the measured call) minus "
-                     "VmRSS before it, fresh forked process per run")
+MEMORY_METHOD_CPU = (
+    "peak RSS increase: VmHWM (reset via /proc/self/clear_refs before the measured call) minus "
+    "VmRSS before it, fresh forked process per run"
+)
 MEMORY_METHOD_CUDA = "torch.cuda.max_memory_allocated over the measured call"
 
 
@@ -132,8 +150,10 @@ def install_patches(patches: dict) -> dict:
 
         rollout.stop_token_ids = stop_token_ids
         rollout.template_stop_strings = lambda template: []
-        done["no_stop"] = ("stop ids = [vocab_size] (never sampled), no stop strings: every response has exactly "
-                           "max_completion_length tokens")
+        done["no_stop"] = (
+            "stop ids = [vocab_size] (never sampled), no stop strings: every response has exactly "
+            "max_completion_length tokens"
+        )
     if patches.get("random_rewards") is not None:
         seed, group = int(patches["random_rewards"]), int(patches["group_size"])
         calls = [0]
@@ -149,8 +169,10 @@ def install_patches(patches: dict) -> dict:
             return out
 
         grpo.verify.grade_batch = grade_batch
-        done["random_rewards"] = (f"verify.grade_batch replaced: half of each group of {group} correct, seeded "
-                                  f"random choice (seed {seed}, one draw per step)")
+        done["random_rewards"] = (
+            f"verify.grade_batch replaced: half of each group of {group} correct, seeded "
+            f"random choice (seed {seed}, one draw per step)"
+        )
     return done
 
 
@@ -168,7 +190,6 @@ def run_one(spec: dict) -> dict:
     import torch
 
     import grpo
-
     import rollout
 
     patched = install_patches(spec.get("patches") or {})
@@ -183,9 +204,14 @@ def run_one(spec: dict) -> dict:
         out = original(self, model, batch, adv, *args, **kwargs)
         if cuda:
             torch.cuda.synchronize()
-        hook.append({"credit_time": time.perf_counter() - t0, "rows_nonzero_adv": int((adv != 0).sum()),
-                     "response_width": int(batch.response_mask.shape[1]),
-                     "response_tokens": int(batch.response_mask.sum())})
+        hook.append(
+            {
+                "credit_time": time.perf_counter() - t0,
+                "rows_nonzero_adv": int((adv != 0).sum()),
+                "response_width": int(batch.response_mask.shape[1]),
+                "response_tokens": int(batch.response_mask.sum()),
+            }
+        )
         return out
 
     grpo.Credit.__call__ = timed_call
@@ -230,15 +256,34 @@ def run_one(spec: dict) -> dict:
         for line in f:
             rec = json.loads(line)
             if "step_time" in rec:  # the step's timings, its peak memory (grpo.py logs memory/*), its rollouts
-                steps.append({k: v for k, v in rec.items() if k.startswith("memory/") or k in (
-                    "step", "step_time", "generation_time", "reward", "frac_reward_zero_std",
-                    "completions/mean_length")})
+                steps.append(
+                    {
+                        k: v
+                        for k, v in rec.items()
+                        if k.startswith("memory/")
+                        or k
+                        in (
+                            "step",
+                            "step_time",
+                            "generation_time",
+                            "reward",
+                            "frac_reward_zero_std",
+                            "completions/mean_length",
+                        )
+                    }
+                )
     for s, h, m in zip(steps, hook, marks):
         s.update(h)
         s["cpu_step_time"] = m["cpu_end"] - m["cpu_start"]
         s["cpu_generation_time"] = m["cpu_generation"]
-    return {"wall_time": wall, "steps": steps, **mem.as_dict(), "torch_threads": torch.get_num_threads(),
-            "patches": patched, "pid": os.getpid()}
+    return {
+        "wall_time": wall,
+        "steps": steps,
+        **mem.as_dict(),
+        "torch_threads": torch.get_num_threads(),
+        "patches": patched,
+        "pid": os.getpid(),
+    }
 
 
 class _FreshProcesses:
@@ -312,11 +357,15 @@ def prepare_toy_model(workdir: Path, toy_warmup_steps: int, prog: str) -> tuple[
     if snapshot(src, dst):
         source = f"snapshot of the toy model {src}"
     else:
-        private = (Path(tempfile.gettempdir()) / "credit_overhead_toy"
-                   / f"toy-{toy.TOY_VERSION}-warmup{toy_warmup_steps}")
+        private = (
+            Path(tempfile.gettempdir()) / "credit_overhead_toy" / f"toy-{toy.TOY_VERSION}-warmup{toy_warmup_steps}"
+        )
         if not (private / "config.json").exists():
-            print(f"[bench] no cached toy model at {src}: building a benchmark-only one in {private} "
-                  f"({toy_warmup_steps} warm-up steps, once) ...", flush=True)
+            print(
+                f"[bench] no cached toy model at {src}: building a benchmark-only one in {private} "
+                f"({toy_warmup_steps} warm-up steps, once) ...",
+                flush=True,
+            )
             t0 = time.time()
             toy.build_toy_model(private, warmup_steps=toy_warmup_steps)
             print(f"[bench] built in {time.time() - t0:.0f}s", flush=True)
@@ -359,11 +408,15 @@ def library_versions(extra: tuple[str, ...] = ()) -> dict:
 def machine_description(extra_packages: tuple[str, ...] = ()) -> dict:
     import torch
 
-    desc = {"cpu_model": cpu_model(), "cpu_count": os.cpu_count(),
-            "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-            "platform": platform.platform(), "torch_default_threads": torch.get_num_threads(),
-            "versions": library_versions(extra_packages),
-            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    desc = {
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "platform": platform.platform(),
+        "torch_default_threads": torch.get_num_threads(),
+        "versions": library_versions(extra_packages),
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
     try:
         with open("/proc/meminfo") as f:
             desc["mem_total_gib"] = round(int(f.readline().split()[1]) / 2**20, 1)
@@ -374,6 +427,7 @@ def machine_description(extra_packages: tuple[str, ...] = ()) -> dict:
 
 def git_state() -> dict:
     """The repository's commit and its uncommitted .py files (None where this is not a git checkout)."""
+
     def git(*a):
         r = subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True)
         if r.returncode:

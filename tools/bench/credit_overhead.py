@@ -126,19 +126,24 @@ def row_specs(args) -> list[tuple[str, dict]]:
     flags = {name: f for name, _, f, _, _ in RULES}
     rows = []
     if args.credits is not None and args.rules is not None:
-        raise SystemExit("credit_overhead.py: error: give --rules or --credits (its alias for dapo, delta, cscr), "
-                         "not both")
+        raise SystemExit(
+            "credit_overhead.py: error: give --rules or --credits (its alias for dapo, delta, cscr), not both"
+        )
     if args.credits is not None:
         for credit in args.credits.split(","):
             credit = credit.strip()
             if credit not in CREDIT_ROWS:
-                raise SystemExit(f"credit_overhead.py: error: unknown credit {credit!r} in --credits (grpo, delta, "
-                                 "cscr; --rules takes every rule of tools/bench/reproduce.py)")
+                raise SystemExit(
+                    f"credit_overhead.py: error: unknown credit {credit!r} in --credits (grpo, delta, "
+                    "cscr; --rules takes every rule of tools/bench/reproduce.py)"
+                )
             if credit == "delta":
                 for impl in args.delta_impls.split(","):
                     if impl not in ("normal", "memory_efficient"):
-                        raise SystemExit(f"credit_overhead.py: error: unknown DelTA implementation {impl!r} in "
-                                         "--delta_impls (normal, memory_efficient)")
+                        raise SystemExit(
+                            f"credit_overhead.py: error: unknown DelTA implementation {impl!r} in "
+                            "--delta_impls (normal, memory_efficient)"
+                        )
                     name = "delta" if impl == "normal" else f"delta[{impl}]"
                     rows.append((name, {**rule_overrides(flags["delta"]), "delta_impl": impl}))
             else:
@@ -147,8 +152,10 @@ def row_specs(args) -> list[tuple[str, dict]]:
     names = [n.strip() for n in (args.rules or ",".join(flags)).split(",") if n.strip()]
     unknown = [n for n in names if n not in flags]
     if unknown:
-        raise SystemExit(f"credit_overhead.py: error: --rules: unknown {unknown} (tools/bench/reproduce.py's RULES: "
-                         f"{', '.join(flags)})")
+        raise SystemExit(
+            f"credit_overhead.py: error: --rules: unknown {unknown} (tools/bench/reproduce.py's RULES: "
+            f"{', '.join(flags)})"
+        )
     return [(name, rule_overrides(flags[name])) for name in dict.fromkeys(names)]
 
 
@@ -178,8 +185,11 @@ def summarize(runs: dict, baseline: str) -> dict:
             "mean_reward": statistics.fmean(s["reward"] for s in steps) if steps else None,
             "mean_rows_nonzero_adv": statistics.fmean(s.get("rows_nonzero_adv", 0) for s in steps) if steps else None,
             "peak_rss_increase_mib": median([r["peak_rss_increase_mib"] for r in rs]),
-            "cuda_max_allocated_mib": (median([r["cuda_max_allocated_mib"] for r in rs])
-                                       if rs and rs[0]["cuda_max_allocated_mib"] is not None else None),
+            "cuda_max_allocated_mib": (
+                median([r["cuda_max_allocated_mib"] for r in rs])
+                if rs and rs[0]["cuda_max_allocated_mib"] is not None
+                else None
+            ),
         }
     base = out.get(baseline)
     for name, s in out.items():
@@ -190,10 +200,14 @@ def summarize(runs: dict, baseline: str) -> dict:
         s["ratio_cpu_s_per_step"] = s["cpu_s_per_step"] / base["cpu_s_per_step"]
         s["ratio_cpu_s_per_step_train"] = s["cpu_s_per_step_train"] / base["cpu_s_per_step_train"]
         s["round_ratio_s_per_step"] = [a / b for a, b in zip(s["round_s_per_step"], base["round_s_per_step"])]
-        s["round_ratio_s_per_step_train"] = [a / b for a, b in zip(s["round_s_per_step_train"],
-                                                                   base["round_s_per_step_train"])]
-        mem, bmem = ("cuda_max_allocated_mib", base["cuda_max_allocated_mib"]) if base["cuda_max_allocated_mib"] \
+        s["round_ratio_s_per_step_train"] = [
+            a / b for a, b in zip(s["round_s_per_step_train"], base["round_s_per_step_train"])
+        ]
+        mem, bmem = (
+            ("cuda_max_allocated_mib", base["cuda_max_allocated_mib"])
+            if base["cuda_max_allocated_mib"]
             else ("peak_rss_increase_mib", base["peak_rss_increase_mib"])
+        )
         s["ratio_memory"] = s[mem] / bmem if bmem else None
         goal = GOALS.get(name.split("[")[0])
         if goal is not None:
@@ -205,8 +219,22 @@ def summarize(runs: dict, baseline: str) -> dict:
 
 def markdown_table(summary: dict, cuda: bool) -> str:
     mem = "CUDA max alloc MiB" if cuda else "peak RSS +MiB"
-    head = ["rule", "s/step", "× DAPO (rounds)", "s/step excl. gen", "× DAPO (rounds)", "CPU s/step", "× DAPO",
-            "CPU s/step excl. gen", "× DAPO", "credit hook s", mem, "mean len", "rows Â≠0", "goal (wall / CPU)"]
+    head = [
+        "rule",
+        "s/step",
+        "× DAPO (rounds)",
+        "s/step excl. gen",
+        "× DAPO (rounds)",
+        "CPU s/step",
+        "× DAPO",
+        "CPU s/step excl. gen",
+        "× DAPO",
+        "credit hook s",
+        mem,
+        "mean len",
+        "rows Â≠0",
+        "goal (wall / CPU)",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def ratio(s, key, rounds=None):
@@ -218,55 +246,110 @@ def markdown_table(summary: dict, cuda: bool) -> str:
 
     for name, s in summary.items():
         goal = s.get("goal_ratio_s_per_step")
-        goal_txt = (f"≤ {goal:.2f}×: {'met' if s['goal_met'] else 'NOT met'} / "
-                    f"{'met' if s['goal_met_cpu_time'] else 'NOT met'}") if goal else ""
+        goal_txt = (
+            (
+                f"≤ {goal:.2f}×: {'met' if s['goal_met'] else 'NOT met'} / "
+                f"{'met' if s['goal_met_cpu_time'] else 'NOT met'}"
+            )
+            if goal
+            else ""
+        )
         m = s["cuda_max_allocated_mib"] if cuda else s["peak_rss_increase_mib"]
-        lines.append("| " + " | ".join([
-            name, f"{s['s_per_step']:.3f}", ratio(s, "ratio_s_per_step", "round_ratio_s_per_step"),
-            f"{s['s_per_step_train']:.3f}", ratio(s, "ratio_s_per_step_train", "round_ratio_s_per_step_train"),
-            f"{s['cpu_s_per_step']:.3f}", ratio(s, "ratio_cpu_s_per_step"),
-            f"{s['cpu_s_per_step_train']:.3f}", ratio(s, "ratio_cpu_s_per_step_train"),
-            f"{s['s_credit_hook']:.3f}", f"{m:.0f}", f"{s['mean_completion_length']:.1f}",
-            f"{s['mean_rows_nonzero_adv']:.0f}", goal_txt]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    name,
+                    f"{s['s_per_step']:.3f}",
+                    ratio(s, "ratio_s_per_step", "round_ratio_s_per_step"),
+                    f"{s['s_per_step_train']:.3f}",
+                    ratio(s, "ratio_s_per_step_train", "round_ratio_s_per_step_train"),
+                    f"{s['cpu_s_per_step']:.3f}",
+                    ratio(s, "ratio_cpu_s_per_step"),
+                    f"{s['cpu_s_per_step_train']:.3f}",
+                    ratio(s, "ratio_cpu_s_per_step_train"),
+                    f"{s['s_credit_hook']:.3f}",
+                    f"{m:.0f}",
+                    f"{s['mean_completion_length']:.1f}",
+                    f"{s['mean_rows_nonzero_adv']:.0f}",
+                    goal_txt,
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--steps", type=int, default=6, help="training steps per run (the first is not timed)")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (one run per row each)")
-    ap.add_argument("--rules", default=None, help="comma-separated names of tools/bench/reproduce.py's RULES, each run "
-                    f"with its flags; {BASELINE} (DAPO/GRPO) is the baseline (default: every rule)")
-    ap.add_argument("--credits", default=None, help="the interface before --rules: comma-separated grpo, delta, "
-                    "cscr (RULES' rows dapo, delta, cscr); grpo is the baseline")
-    ap.add_argument("--delta_impls", default="normal,memory_efficient",
-                    help="DelTA implementations to run for each 'delta' in --credits (one row each)")
-    ap.add_argument("--num_mini_batches", type=int, default=None,
-                    help="optimizer steps per batch (default: tools/bench/reproduce.py's toy setting "
-                         f"{TOY[TOY.index('--num_mini_batches') + 1]} with --rules, grpo.py's 1 with --credits)")
+    ap.add_argument(
+        "--rules",
+        default=None,
+        help="comma-separated names of tools/bench/reproduce.py's RULES, each run "
+        f"with its flags; {BASELINE} (DAPO/GRPO) is the baseline (default: every rule)",
+    )
+    ap.add_argument(
+        "--credits",
+        default=None,
+        help="the interface before --rules: comma-separated grpo, delta, "
+        "cscr (RULES' rows dapo, delta, cscr); grpo is the baseline",
+    )
+    ap.add_argument(
+        "--delta_impls",
+        default="normal,memory_efficient",
+        help="DelTA implementations to run for each 'delta' in --credits (one row each)",
+    )
+    ap.add_argument(
+        "--num_mini_batches",
+        type=int,
+        default=None,
+        help="optimizer steps per batch (default: tools/bench/reproduce.py's toy setting "
+        f"{TOY[TOY.index('--num_mini_batches') + 1]} with --rules, grpo.py's 1 with --credits)",
+    )
     ap.add_argument("--num_prompts_per_step", type=int, default=16)
     ap.add_argument("--num_generations", type=int, default=8)
     ap.add_argument("--max_completion_length", type=int, default=64)
     ap.add_argument("--model", default="toy", help="'toy' (snapshot of the cached toy model) or a model folder")
     ap.add_argument("--data", default="toy", help="training problems ('toy' or a jsonl file)")
-    ap.add_argument("--learning_rate", type=float, default=1e-30,
-                    help="tiny on purpose: every update is computed and applied, but far too small to change a "
-                         "float32 weight, so every credit samples the identical rollouts (same shapes, same "
-                         "rewards); with e.g. 5e-4 (grpo.py's default) rollouts diverge after step 1 and response "
-                         "lengths, hence cost and memory, differ between credits for reasons other than credit")
+    ap.add_argument(
+        "--learning_rate",
+        type=float,
+        default=1e-30,
+        help="tiny on purpose: every update is computed and applied, but far too small to change a "
+        "float32 weight, so every credit samples the identical rollouts (same shapes, same "
+        "rewards); with e.g. 5e-4 (grpo.py's default) rollouts diverge after step 1 and response "
+        "lengths, hence cost and memory, differ between credits for reasons other than credit",
+    )
     ap.add_argument("--micro_batch_size", type=int, default=0, help="as grpo.py (0 = whole batch)")
     ap.add_argument("--seed", type=int, default=0, help="the same seed for every run")
-    ap.add_argument("--toy_warmup_steps", type=int, default=200,
-                    help="warm-up steps of the private toy model built when no cached one exists")
-    ap.add_argument("--out", default=str(REPO / "tools" / "bench" / "results" / "credit_overhead.json"),
-                    help="JSON results file ('' = do not write)")
-    ap.add_argument("--profile", default="", metavar="ROW",
-                    help="after the benchmark, cProfile one extra run of this row (e.g. fipo) and print the top "
-                         "functions")
-    ap.add_argument("--warmup_round", action=argparse.BooleanOptionalAction, default=True,
-                    help="first run every row once for 2 untimed steps: a cold machine (GPU clocks and kernel "
-                         "caches, file cache) otherwise slows whichever run comes first")
+    ap.add_argument(
+        "--toy_warmup_steps",
+        type=int,
+        default=200,
+        help="warm-up steps of the private toy model built when no cached one exists",
+    )
+    ap.add_argument(
+        "--out",
+        default=str(REPO / "tools" / "bench" / "results" / "credit_overhead.json"),
+        help="JSON results file ('' = do not write)",
+    )
+    ap.add_argument(
+        "--profile",
+        default="",
+        metavar="ROW",
+        help="after the benchmark, cProfile one extra run of this row (e.g. fipo) and print the top functions",
+    )
+    ap.add_argument(
+        "--warmup_round",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="first run every row once for 2 untimed steps: a cold machine (GPU clocks and kernel "
+        "caches, file cache) otherwise slows whichever run comes first",
+    )
     ap.add_argument("--keep_runs", action="store_true", help="keep the runs' output folders (printed)")
     return ap
 
@@ -290,17 +373,29 @@ def main(argv=None) -> dict:
     os.environ["TQDM_DISABLE"] = "1"
     workdir = Path(tempfile.mkdtemp(prefix="credit_overhead-"))
     model_path, model_info = prepare_model(args, workdir)
-    base_cfg = dict(model=model_path, data=args.data, prompt_template="none" if args.model == "toy" else "auto",
-                    num_generations=args.num_generations, num_prompts_per_step=args.num_prompts_per_step,
-                    max_completion_length=args.max_completion_length, max_steps=args.steps,
-                    learning_rate=args.learning_rate, micro_batch_size=args.micro_batch_size, seed=args.seed,
-                    num_mini_batches=args.num_mini_batches,
-                    eval_num_generations=0, save_steps=0, logging_steps=1)
+    base_cfg = dict(
+        model=model_path,
+        data=args.data,
+        prompt_template="none" if args.model == "toy" else "auto",
+        num_generations=args.num_generations,
+        num_prompts_per_step=args.num_prompts_per_step,
+        max_completion_length=args.max_completion_length,
+        max_steps=args.steps,
+        learning_rate=args.learning_rate,
+        micro_batch_size=args.micro_batch_size,
+        seed=args.seed,
+        num_mini_batches=args.num_mini_batches,
+        eval_num_generations=0,
+        save_steps=0,
+        logging_steps=1,
+    )
     load_start = os.getloadavg()
     runs = {n: [] for n in names}
     t_start = time.time()
-    print(f"[bench] {len(rows)} rows × {args.repeats} rounds × {args.steps} steps; model {model_info['source']}",
-          flush=True)
+    print(
+        f"[bench] {len(rows)} rows × {args.repeats} rounds × {args.steps} steps; model {model_info['source']}",
+        flush=True,
+    )
     profile = None
     pool = _common.forkserver_pool(PRELOAD)  # one task per process: every run starts fresh
     try:
@@ -316,10 +411,13 @@ def main(argv=None) -> dict:
                 res = pool.apply(run_one, ({"config": cfg},))
                 runs[name].append(res)
                 st = res["steps"][1:]
-                print(f"[bench] round {r + 1}/{args.repeats} {name:<24} median s/step "
-                      f"{median([s['step_time'] for s in st]):.3f} (excl. gen "
-                      f"{median([s['step_time'] - s['generation_time'] for s in st]):.3f}), "
-                      f"peak RSS +{res['peak_rss_increase_mib']:.0f} MiB, run {res['wall_time']:.1f}s", flush=True)
+                print(
+                    f"[bench] round {r + 1}/{args.repeats} {name:<24} median s/step "
+                    f"{median([s['step_time'] for s in st]):.3f} (excl. gen "
+                    f"{median([s['step_time'] - s['generation_time'] for s in st]):.3f}), "
+                    f"peak RSS +{res['peak_rss_increase_mib']:.0f} MiB, run {res['wall_time']:.1f}s",
+                    flush=True,
+                )
         if args.profile:
             over = dict(rows)[args.profile]
             prof_path = str(workdir / f"profile_{args.profile}.prof")
@@ -346,26 +444,41 @@ def main(argv=None) -> dict:
     table = markdown_table(summary, cuda)
     print()
     print(table)
-    print(f"\n{args.steps - 1} timed steps per run (step 1 excluded) × {args.repeats} interleaved rounds; medians "
-          f"over pooled steps; (a–b) = range of the per-round ratio; CPU = this process's CPU time (excludes "
-          f"the grading worker). Same rollouts for every row (learning rate {args.learning_rate:g}): "
-          f"{'yes' if identical else 'NO'}. "
-          f"Total {total:.0f}s; load average "
-          f"{load_start[0]:.2f} -> {os.getloadavg()[0]:.2f}.")
+    print(
+        f"\n{args.steps - 1} timed steps per run (step 1 excluded) × {args.repeats} interleaved rounds; medians "
+        f"over pooled steps; (a–b) = range of the per-round ratio; CPU = this process's CPU time (excludes "
+        f"the grading worker). Same rollouts for every row (learning rate {args.learning_rate:g}): "
+        f"{'yes' if identical else 'NO'}. "
+        f"Total {total:.0f}s; load average "
+        f"{load_start[0]:.2f} -> {os.getloadavg()[0]:.2f}."
+    )
     machine = machine_description()
     machine["torch_threads_in_train"] = sorted({r["torch_threads"] for rs in runs.values() for r in rs})
     machine["load_average_start"], machine["load_average_end"] = list(load_start), list(os.getloadavg())
-    result = {"benchmark": "credit_overhead", "date": _common.now_iso(),
-              "command": command, "python": sys.executable, "git": git_state(), "machine": machine, "model": model_info,
-              "settings": {**vars(args), "train_config": {k: v for k, v in base_cfg.items() if k != "model"}},
-              "memory_method": ("torch.cuda.max_memory_allocated over train()" if cuda else
-                                "peak RSS increase over train(): VmHWM (reset via /proc/self/clear_refs before "
-                                "train) minus VmRSS before train, fresh forked process per run"),
-              "goals": {"delta": "s/step ≤ 1.10× GRPO", "cscr": "s/step ≤ 1.6× GRPO"},
-              "rows": [{"name": n, "flags": row_flags(n), "config": over} for n, over in rows],
-              "identical_rollouts": identical, "summary": summary, "table_markdown": table, "total_seconds": total,
-              "profile": profile,
-              "runs": {n: [{k: v for k, v in r.items() if k != "pid"} for r in rs] for n, rs in runs.items()}}
+    result = {
+        "benchmark": "credit_overhead",
+        "date": _common.now_iso(),
+        "command": command,
+        "python": sys.executable,
+        "git": git_state(),
+        "machine": machine,
+        "model": model_info,
+        "settings": {**vars(args), "train_config": {k: v for k, v in base_cfg.items() if k != "model"}},
+        "memory_method": (
+            "torch.cuda.max_memory_allocated over train()"
+            if cuda
+            else "peak RSS increase over train(): VmHWM (reset via /proc/self/clear_refs before "
+            "train) minus VmRSS before train, fresh forked process per run"
+        ),
+        "goals": {"delta": "s/step ≤ 1.10× GRPO", "cscr": "s/step ≤ 1.6× GRPO"},
+        "rows": [{"name": n, "flags": row_flags(n), "config": over} for n, over in rows],
+        "identical_rollouts": identical,
+        "summary": summary,
+        "table_markdown": table,
+        "total_seconds": total,
+        "profile": profile,
+        "runs": {n: [{k: v for k, v in r.items() if k != "pid"} for r in rs] for n, rs in runs.items()},
+    }
     return _common.finish(result, args.out, workdir, args.keep_runs)
 
 

@@ -22,7 +22,8 @@ from the device):
                     runs' metrics.jsonl lines and summary.json embedded); beside each measured peak (every
                     smoke step, every toy run) memory_plan.py's prediction for the same settings, ``plan``
   gpu_check.log     every child's full output
-  gpu_smoke.json    tools/bench/gpu_smoke.py's own results (docs/scaling.md's memory table: see "How to run the GPU check")
+  gpu_smoke.json    tools/bench/gpu_smoke.py's own results (docs/scaling.md's memory table: see "How to run the GPU
+  check")
   toy_runs.tar.gz   the toy run folders (config.json, metrics.jsonl, summary.json, samples/), without weights
 
 Prepare, on a machine with pip, once (wheels and the commit stamp in .whl/, ignored by git; the toy model ships in
@@ -40,7 +41,8 @@ That leaves room for one rerun of what failed, called at once while the machine 
 ``run(command="PYTHONUNBUFFERED=1 python3 tools/bench/gpu_check.py --parts toy --budget 150", carry=[".whl"],
 timeout_s=200)``; then give the machine back.
 
-On the CPU (tests/test_bench.py): ``python tools/bench/gpu_check.py --tiny --out /tmp/gpu_check`` runs the same parts on a
+On the CPU (tests/test_bench.py): ``python tools/bench/gpu_check.py --tiny --out /tmp/gpu_check`` runs the same parts
+on a
 tiny model config, a short toy run on a small held-out set, no vLLM.
 
 Left out on purpose: measuring the toy runs' GPU memory (grpo.py does not log it; the 8B numbers come from the
@@ -71,31 +73,57 @@ PARTS = ("smoke", "toy", "vllm")  # setup always runs first
 # The toy runs: the flags of docs/scaling.md's 8B recipe (LoRA, checkpointing, memory-efficient DelTA) at the toy's
 # LoRA learning rate (docs/scaling.md: 2e-3); --torch_dtype auto is bfloat16 on a GPU. Half-way checkpoint: the
 # CUDA RNG state and the adapter go through checkpoint.py once.
-TOY_FLAGS = ["--use_peft", "--learning_rate", "2e-3", "--gradient_checkpointing", "--micro_batch_size", "32",
-             "--delta_impl", "memory_efficient", "--torch_dtype", "auto"]
+TOY_FLAGS = [
+    "--use_peft",
+    "--learning_rate",
+    "2e-3",
+    "--gradient_checkpointing",
+    "--micro_batch_size",
+    "32",
+    "--delta_impl",
+    "memory_efficient",
+    "--torch_dtype",
+    "auto",
+]
 # (time limit in seconds of one child, full / --tiny); each is also cut to what is left of --budget
-LIMITS = {"install": (120, 120), "environment": (120, 120), "smoke": (240, 120), "toy": (110, 120),
-          "vllm_probe": (60, 60), "vllm": (150, 150)}
+LIMITS = {
+    "install": (120, 120),
+    "environment": (120, 120),
+    "smoke": (240, 120),
+    "toy": (110, 120),
+    "vllm_probe": (60, 60),
+    "vllm": (150, 150),
+}
 # the vllm part's question to the children's Python: is vLLM installed, which version (without importing it)
-VLLM_PROBE = ("import importlib.util, importlib.metadata, json, sys; present = importlib.util.find_spec('vllm') is not "
-              "None; json.dump({'present': present, 'version': importlib.metadata.version('vllm') if present else "
-              "None}, open(sys.argv[1], 'w'))")
+VLLM_PROBE = (
+    "import importlib.util, importlib.metadata, json, sys; present = importlib.util.find_spec('vllm') is not "
+    "None; json.dump({'present': present, 'version': importlib.metadata.version('vllm') if present else "
+    "None}, open(sys.argv[1], 'w'))"
+)
 RESERVE_S = 10  # kept back from --budget for writing the results
 MIN_PART_S = 15  # a child with less time than this left is skipped, not started
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--out", default=None, help="output folder (default: $OUT, else ./gpu_check_out)")
     ap.add_argument("--tiny", action="store_true", help="CPU: tiny model config, short toy runs, no vLLM")
     ap.add_argument("--parts", default=",".join(PARTS), help="which of smoke,toy,vllm to run (setup always runs)")
     ap.add_argument("--budget", type=float, default=420, help="seconds for the whole check (children are cut)")
     ap.add_argument("--wheels", default=str(REPO / ".whl"), help="folder of wheels to install first ('' = none)")
-    ap.add_argument("--site", default=os.path.join(tempfile.gettempdir(), "gpu_check_site"),
-                    help="where the wheels are installed (pip --target)")
-    ap.add_argument("--toy_cache", default=None, help="folder holding toy-<version>/ to train instead of the shipped "
-                    "toy/model/ (default: the folder --model toy loads, toy.model_folder())")
+    ap.add_argument(
+        "--site",
+        default=os.path.join(tempfile.gettempdir(), "gpu_check_site"),
+        help="where the wheels are installed (pip --target)",
+    )
+    ap.add_argument(
+        "--toy_cache",
+        default=None,
+        help="folder holding toy-<version>/ to train instead of the shipped "
+        "toy/model/ (default: the folder --model toy loads, toy.model_folder())",
+    )
     ap.add_argument("--toy_steps", type=int, default=None, help="steps of each toy run (default 10, tiny: 2)")
     ap.add_argument("--toy_credits", default="delta,cscr", help="the toy runs' --credit values, in order")
     ap.add_argument("--work", default=None, help="folder for the toy run folders (default: a temporary one)")
@@ -127,8 +155,17 @@ def environment_report() -> dict:
 
     rep = provenance("python tools/bench/gpu_check.py --environment")
     rep["imports"] = {}
-    for mod in ("torch", "transformers", "peft", "accelerate", "math_verify", "latex2sympy2_extended", "antlr4",
-                "pebble", "sympy"):
+    for mod in (
+        "torch",
+        "transformers",
+        "peft",
+        "accelerate",
+        "math_verify",
+        "latex2sympy2_extended",
+        "antlr4",
+        "pebble",
+        "sympy",
+    ):
         try:
             rep["imports"][mod] = {"ok": True, "file": importlib.import_module(mod).__file__}
         except Exception as e:  # noqa: BLE001 - record any import failure, it is the point of the report
@@ -139,8 +176,10 @@ def environment_report() -> dict:
     try:
         import verify
 
-        rep["grading"] = {"right": verify.verify_with_reason(r"So \boxed{\frac{1}{2}}.", "0.5"),
-                          "wrong": verify.verify_with_reason(r"So \boxed{3}.", "0.5")}
+        rep["grading"] = {
+            "right": verify.verify_with_reason(r"So \boxed{\frac{1}{2}}.", "0.5"),
+            "wrong": verify.verify_with_reason(r"So \boxed{3}.", "0.5"),
+        }
         rep["grading"]["ok"] = rep["grading"]["right"][0] is True and rep["grading"]["wrong"][0] is False
         verify.shutdown()
     except Exception as e:  # noqa: BLE001
@@ -165,8 +204,14 @@ class Check:
         self.log = self.out / "gpu_check.log"
         self.log.write_text("")
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
-        self.result = {"check": "gpu_check", "command": "python tools/bench/gpu_check.py " + shlex.join(argv),
-                       "tiny": args.tiny, "budget_s": args.budget, "out": str(self.out), "parts": []}
+        self.result = {
+            "check": "gpu_check",
+            "command": "python tools/bench/gpu_check.py " + shlex.join(argv),
+            "tiny": args.tiny,
+            "budget_s": args.budget,
+            "out": str(self.out),
+            "parts": [],
+        }
         self.save()
 
     def save(self):
@@ -192,8 +237,9 @@ class Check:
             log.write(f"\n===== {part} / {label}: {rec['command']}\n")
             log.flush()
             start = time.time()
-            proc = subprocess.Popen(cmd, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(
+                cmd, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
             try:
                 rc = proc.wait(timeout=limit)
                 rec.update(status="ok" if rc == 0 else "failed", rc=rc)
@@ -210,8 +256,11 @@ class Check:
         self.result["parts"].append(rec)
         self.save()
         status = rec["status"] + (f" (rc {rec.get('rc')})" if rec.get("rc") else "")
-        print(f"-- {rec['part']} / {rec['label']}: {status}" + (f" in {rec['seconds']} s" if "seconds" in rec
-                                                               else f": {rec.get('reason', '')}"), flush=True)
+        print(
+            f"-- {rec['part']} / {rec['label']}: {status}"
+            + (f" in {rec['seconds']} s" if "seconds" in rec else f": {rec.get('reason', '')}"),
+            flush=True,
+        )
         if rec["status"] in ("failed", "timeout"):
             print("   " + "\n   ".join(rec["log_tail"][-12:]), flush=True)
         return rec
@@ -246,33 +295,62 @@ def setup(check: Check) -> None:
     wheels = sorted(Path(args.wheels).glob("*.whl")) if args.wheels else []
     if wheels:
         site = Path(args.site)
-        check.child("setup", "install wheels", [sys.executable, "-m", "pip", "install", "-q", "--no-index",
-                    "--no-deps", "--no-compile", "--no-cache-dir", "--upgrade", "--target", str(site),
-                    *map(str, wheels)], "install", wheels=[w.name for w in wheels])
+        check.child(
+            "setup",
+            "install wheels",
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-index",
+                "--no-deps",
+                "--no-compile",
+                "--no-cache-dir",
+                "--upgrade",
+                "--target",
+                str(site),
+                *map(str, wheels),
+            ],
+            "install",
+            wheels=[w.name for w in wheels],
+        )
         check.env["PYTHONPATH"] = os.pathsep.join([str(site), *filter(None, [check.env.get("PYTHONPATH")])])
     else:
-        check.result["parts"].append({"part": "setup", "label": "install wheels", "status": "skipped",
-                                      "reason": f"no wheels in {args.wheels!r}"})
+        check.result["parts"].append(
+            {"part": "setup", "label": "install wheels", "status": "skipped", "reason": f"no wheels in {args.wheels!r}"}
+        )
     toy_cache = toy_cache_root(args)
     if toy_cache:
         check.env["RLVR_TOY_CACHE"] = toy_cache
     report = check.work / "environment.json"
-    rec = check.child("setup", "environment", [sys.executable, "tools/bench/gpu_check.py", "--environment", str(report)],
-                      "environment")
+    rec = check.child(
+        "setup",
+        "environment",
+        [sys.executable, "tools/bench/gpu_check.py", "--environment", str(report)],
+        "environment",
+    )
     if report.exists():
         env = json.loads(report.read_text())
         check.result["environment"] = env
         rec["ok"] = all(i["ok"] for i in env["imports"].values()) and env["grading"]["ok"]
         versions, gpu = env["machine"]["versions"], env["gpu"] or {}
-        print("   versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) +
-              f"; GPU {gpu.get('name')}, CUDA {gpu.get('cuda')}, driver {gpu.get('driver')}; "
-              f"commit {env['git'].get('commit')}; grading ok: {env['grading']['ok']}", flush=True)
+        print(
+            "   versions: "
+            + ", ".join(f"{k} {v}" for k, v in versions.items())
+            + f"; GPU {gpu.get('name')}, CUDA {gpu.get('cuda')}, driver {gpu.get('driver')}; "
+            f"commit {env['git'].get('commit')}; grading ok: {env['grading']['ok']}",
+            flush=True,
+        )
     check.save()
 
 
 def smoke(check: Check) -> None:
     """tools/bench/gpu_smoke.py (Qwen3-8B shape; --tiny: the tiny config on the CPU); its JSON is embedded."""
-    cmd = [sys.executable, "tools/bench/gpu_smoke.py", "--out", str(check.out)] + (["--tiny"] if check.args.tiny else [])
+    cmd = [sys.executable, "tools/bench/gpu_smoke.py", "--out", str(check.out)] + (
+        ["--tiny"] if check.args.tiny else []
+    )
     rec = check.child("smoke", "gpu_smoke.py", cmd, "smoke")
     if rec["status"] == "ok":  # its step lines, for the call's reply (the full output is in gpu_check.log)
         print("   " + "\n   ".join(rec["log_tail"][-9:-1]), flush=True)
@@ -299,18 +377,52 @@ def toy_runs(check: Check, part: str, extra_flags: list[str], limit_key: str) ->
     root = toy_cache_root(check.args)  # --toy_cache: that folder's build; else toy.py's rule (toy/model/, else cache)
     model_dir = toy.cache_dir(root) if root else toy.model_folder()
     tiny = check.args.tiny
-    size = (["--num_prompts_per_step", "2", "--num_generations", "4", "--max_completion_length", "24",
-             "--eval_num_generations", "1", "--eval_data", str(tiny_eval_set(check.work))] if tiny
-            else ["--eval_num_generations", "4"])
+    size = (
+        [
+            "--num_prompts_per_step",
+            "2",
+            "--num_generations",
+            "4",
+            "--max_completion_length",
+            "24",
+            "--eval_num_generations",
+            "1",
+            "--eval_data",
+            str(tiny_eval_set(check.work)),
+        ]
+        if tiny
+        else ["--eval_num_generations", "4"]
+    )
     for credit in [c for c in check.args.toy_credits.split(",") if c]:
         label = f"{part} {credit}"
         run_dir = check.work / f"{part}_{credit}"
-        cmd = [sys.executable, "grpo.py", "--model", str(model_dir), "--credit", credit, "--max_steps",
-               str(check.args.toy_steps), "--save_steps", str(max(1, check.args.toy_steps // 2)), *TOY_FLAGS,
-               *size, *extra_flags, "--output_dir", str(run_dir)]
+        cmd = [
+            sys.executable,
+            "grpo.py",
+            "--model",
+            str(model_dir),
+            "--credit",
+            credit,
+            "--max_steps",
+            str(check.args.toy_steps),
+            "--save_steps",
+            str(max(1, check.args.toy_steps // 2)),
+            *TOY_FLAGS,
+            *size,
+            *extra_flags,
+            "--output_dir",
+            str(run_dir),
+        ]
         if not (model_dir / "config.json").exists():
-            check.record({"part": part, "label": label, "command": shlex.join(cmd), "status": "skipped",
-                           "reason": f"no toy model at {model_dir} (its warm-up must not run here)"})
+            check.record(
+                {
+                    "part": part,
+                    "label": label,
+                    "command": shlex.join(cmd),
+                    "status": "skipped",
+                    "reason": f"no toy model at {model_dir} (its warm-up must not run here)",
+                }
+            )
             continue
         shutil.rmtree(run_dir, ignore_errors=True)
         rec = check.child(part, label, cmd, limit_key)
@@ -320,9 +432,12 @@ def toy_runs(check: Check, part: str, extra_flags: list[str], limit_key: str) ->
         check.save()
         run = rec["run"]
         if run.get("steps"):
-            print(f"   {run['steps']} steps, reward {run['reward_first']:.3f} -> {run['reward_last']:.3f}; held-out "
-                  f"{run.get('heldout_before')} -> {run.get('heldout_after')} (learned: {run.get('learned')}); "
-                  f"median {run['median_step_seconds']:.2f} s/step", flush=True)
+            print(
+                f"   {run['steps']} steps, reward {run['reward_first']:.3f} -> {run['reward_last']:.3f}; held-out "
+                f"{run.get('heldout_before')} -> {run.get('heldout_after')} (learned: {run.get('learned')}); "
+                f"median {run['median_step_seconds']:.2f} s/step",
+                flush=True,
+            )
 
 
 def tiny_eval_set(work: Path) -> Path:
@@ -341,18 +456,20 @@ def summarise_run(run_dir: Path) -> dict:
 
     out = {"folder": run_dir.name, "files": sorted(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else []}
     metrics = run_dir / "metrics.jsonl"
-    lines = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() \
-        else []
+    lines = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
     steps = [r for r in lines if "reward" in r]
     evals = [r for r in lines if any(k.startswith("eval/avg@") for k in r)]
     out.update(metrics=lines, steps=len(steps))
     if steps:
-        out.update(reward_first=steps[0]["reward"], reward_last=steps[-1]["reward"],
-                   reward_mean_first_half=statistics.fmean(r["reward"] for r in steps[:max(1, len(steps) // 2)]),
-                   reward_mean_second_half=statistics.fmean(r["reward"] for r in steps[len(steps) // 2:]),
-                   median_step_seconds=statistics.median(r["step_time"] for r in steps),
-                   median_generation_seconds=statistics.median(r["generation_time"] for r in steps),
-                   skipped_updates_total=steps[-1].get("skipped_updates_total"))
+        out.update(
+            reward_first=steps[0]["reward"],
+            reward_last=steps[-1]["reward"],
+            reward_mean_first_half=statistics.fmean(r["reward"] for r in steps[: max(1, len(steps) // 2)]),
+            reward_mean_second_half=statistics.fmean(r["reward"] for r in steps[len(steps) // 2 :]),
+            median_step_seconds=statistics.median(r["step_time"] for r in steps),
+            median_generation_seconds=statistics.median(r["generation_time"] for r in steps),
+            skipped_updates_total=steps[-1].get("skipped_updates_total"),
+        )
     if evals:
         key = next(k for k in evals[0] if k.startswith("eval/avg@"))
         out.update(heldout_metric=key, heldout_before=evals[0][key])
@@ -369,8 +486,11 @@ def pack_runs(check: Check) -> None:
     tmp = check.out / "toy_runs.tar.gz.tmp"
     with tarfile.open(tmp, "w:gz") as tar:
         for run_dir in sorted(p for p in check.work.iterdir() if p.is_dir() and (p / "config.json").exists()):
-            tar.add(run_dir, arcname=run_dir.name, filter=lambda ti: None if (
-                "/final" in ti.name or "/checkpoint-" in ti.name) else ti)
+            tar.add(
+                run_dir,
+                arcname=run_dir.name,
+                filter=lambda ti: None if ("/final" in ti.name or "/checkpoint-" in ti.name) else ti,
+            )
     os.replace(tmp, check.out / "toy_runs.tar.gz")
 
 
@@ -381,12 +501,27 @@ def vllm(check: Check) -> None:
     check.child("vllm", "probe", [sys.executable, "-c", VLLM_PROBE, str(probe)], "vllm_probe")
     found = json.loads(probe.read_text()) if probe.exists() else {"present": None}
     if not found["present"]:
-        check.record({"part": "vllm", "label": "--use_vllm", "status": "absent", "vllm": found,
-                       "reason": "vLLM is not installed in the device's Python" if found["present"] is False
-                       else "the probe did not answer (see its log)"})
+        check.record(
+            {
+                "part": "vllm",
+                "label": "--use_vllm",
+                "status": "absent",
+                "vllm": found,
+                "reason": "vLLM is not installed in the device's Python"
+                if found["present"] is False
+                else "the probe did not answer (see its log)",
+            }
+        )
     elif check.args.tiny:
-        check.record({"part": "vllm", "label": "--use_vllm", "status": "skipped", "vllm": found,
-                       "reason": "--tiny: vLLM's CPU backend is tested by tests/test_vllm.py"})
+        check.record(
+            {
+                "part": "vllm",
+                "label": "--use_vllm",
+                "status": "skipped",
+                "vllm": found,
+                "reason": "--tiny: vLLM's CPU backend is tested by tests/test_vllm.py",
+            }
+        )
     else:
         toy_runs(check, "vllm", ["--use_vllm", "--vllm_gpu_memory_utilization", "0.3"], "vllm")
 
@@ -399,8 +534,14 @@ def _plan_entry(plan, measured: dict) -> dict:
     """The prediction as gpu_check.json keeps it: each stage's device GB, the largest stage's tensors (what
     ``torch.cuda.max_memory_allocated`` measures) and the peak with the CUDA reserve, the verdict, the measured."""
     stages = {s.name: round(s.device_gb, 3) for s in plan.stages}
-    return {"predicted_stages_gb": stages, "predicted_tensors_gb": round(max(stages.values()), 3),
-            "predicted_peak_gb": round(plan.peak_gb, 3), "device": plan.device, "verdict": plan.verdict(), **measured}
+    return {
+        "predicted_stages_gb": stages,
+        "predicted_tensors_gb": round(max(stages.values()), 3),
+        "predicted_peak_gb": round(plan.peak_gb, 3),
+        "device": plan.device,
+        "verdict": plan.verdict(),
+        **measured,
+    }
 
 
 def plan_beside_smoke(result: dict) -> list:
@@ -417,12 +558,20 @@ def plan_beside_smoke(result: dict) -> list:
     out = []
     for run in result.get("runs", []):
         try:
-            cfg = SimpleNamespace(use_peft=run["mode"] == "lora", lora_dropout=0.05, lora_r=16, credit=run["credit"],
-                                  gradient_checkpointing=not args.get("no_gradient_checkpointing"),
-                                  micro_batch_size=run["micro_batch_size"], num_generations=args["num_generations"],
-                                  num_prompts_per_step=args["num_prompts"], torch_dtype=result.get("dtype", "auto"),
-                                  max_completion_length=args["response_length"], delta_impl=args["delta_impl"],
-                                  attn_implementation=args.get("attn_implementation", "sdpa"))
+            cfg = SimpleNamespace(
+                use_peft=run["mode"] == "lora",
+                lora_dropout=0.05,
+                lora_r=16,
+                credit=run["credit"],
+                gradient_checkpointing=not args.get("no_gradient_checkpointing"),
+                micro_batch_size=run["micro_batch_size"],
+                num_generations=args["num_generations"],
+                num_prompts_per_step=args["num_prompts"],
+                torch_dtype=result.get("dtype", "auto"),
+                max_completion_length=args["response_length"],
+                delta_impl=args["delta_impl"],
+                attn_implementation=args.get("attn_implementation", "sdpa"),
+            )
             plan = memory_plan.plan(shapes, cfg, prompt_tokens=args["prompt_length"])
             plan.stages = [s for s in plan.stages if s.name != "rollout"]  # the smoke makes no rollout
             entry = _plan_entry(plan, {"measured_peak_allocated_gb": run.get("peak_allocated_gb")})
@@ -438,17 +587,23 @@ def plan_beside_run(run_dir: Path, model_dir: Path) -> dict:
     try:
         from types import SimpleNamespace
 
-        from trainer import memory_plan
         from tools.bench.memory_plan_check import longest_prompt_tokens
+        from trainer import memory_plan
 
         cfg = SimpleNamespace(**json.loads((run_dir / "config.json").read_text())["config"])
-        plan = memory_plan.plan(memory_plan.read_model_config(str(model_dir)), cfg,
-                                prompt_tokens=longest_prompt_tokens(str(model_dir)))
+        plan = memory_plan.plan(
+            memory_plan.read_model_config(str(model_dir)), cfg, prompt_tokens=longest_prompt_tokens(str(model_dir))
+        )
         lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
         steps = [r for r in lines if "step_time" in r]
         peak = lambda k: max((r[k] for r in steps if k in r), default=None)  # noqa: E731
-        return _plan_entry(plan, {"measured_peak_gpu_allocated_gb": peak("memory/peak_gpu_allocated_gb"),
-                                  "measured_peak_rss_gb": peak("memory/peak_rss_gb")})
+        return _plan_entry(
+            plan,
+            {
+                "measured_peak_gpu_allocated_gb": peak("memory/peak_gpu_allocated_gb"),
+                "measured_peak_rss_gb": peak("memory/peak_rss_gb"),
+            },
+        )
     except Exception as e:  # noqa: BLE001
         return {"error": f"{type(e).__name__}: {e}"[:300]}
 
@@ -466,15 +621,22 @@ def main(argv=None) -> dict:
     for part in PARTS:
         if part in parts:
             {"smoke": smoke, "toy": lambda c: toy_runs(c, "toy", [], "toy"), "vllm": vllm}[part](check)
-    failed = [f"{p['part']} / {p['label']}: {p['status']}" for p in check.result["parts"]
-              if p["status"] in ("failed", "timeout") or p.get("ok") is False
-              or (p.get("result") or {}).get("all_ok") is False]
+    failed = [
+        f"{p['part']} / {p['label']}: {p['status']}"
+        for p in check.result["parts"]
+        if p["status"] in ("failed", "timeout")
+        or p.get("ok") is False
+        or (p.get("result") or {}).get("all_ok") is False
+    ]
     check.result.update(ok=not failed, problems=failed)
     check.save()
     if not args.work:
         shutil.rmtree(check.work, ignore_errors=True)
-    print(f"\n{PROG}: {'all parts ok' if not failed else 'PROBLEMS: ' + '; '.join(failed)}; "
-          f"{check.result['seconds']} s; files: {', '.join(sorted(p.name for p in check.out.iterdir()))}", flush=True)
+    print(
+        f"\n{PROG}: {'all parts ok' if not failed else 'PROBLEMS: ' + '; '.join(failed)}; "
+        f"{check.result['seconds']} s; files: {', '.join(sorted(p.name for p in check.out.iterdir()))}",
+        flush=True,
+    )
     return check.result
 
 

@@ -64,21 +64,50 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 # Public Qwen3-8B-Base config (hub: Qwen/Qwen3-8B-Base, config.json)
-QWEN3_8B = dict(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8,
-                intermediate_size=12288, vocab_size=151936, head_dim=128, max_position_embeddings=40960,
-                tie_word_embeddings=False, rope_theta=1e6)
-TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-            vocab_size=512, head_dim=16, max_position_embeddings=256, tie_word_embeddings=False, rope_theta=1e4)
+QWEN3_8B = dict(
+    hidden_size=4096,
+    num_hidden_layers=36,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    intermediate_size=12288,
+    vocab_size=151936,
+    head_dim=128,
+    max_position_embeddings=40960,
+    tie_word_embeddings=False,
+    rope_theta=1e6,
+)
+TINY = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=128,
+    vocab_size=512,
+    head_dim=16,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+    rope_theta=1e4,
+)
 # versions recorded next to checkpoint.library_versions()'s (torch, transformers, peft, math-verify, vllm, ...)
-EXTRA_PACKAGES = ("latex2sympy2_extended", "antlr4-python3-runtime", "pebble", "sympy", "tokenizers", "accelerate",
-                  "safetensors", "huggingface-hub", "tqdm")
+EXTRA_PACKAGES = (
+    "latex2sympy2_extended",
+    "antlr4-python3-runtime",
+    "pebble",
+    "sympy",
+    "tokenizers",
+    "accelerate",
+    "safetensors",
+    "huggingface-hub",
+    "tqdm",
+)
 # written by tools/bench/gpu_wheels.sh: the commit of a tree copied without its .git (the device machine's copy)
 GIT_STAMP = ROOT / ".whl" / "git_state.json"
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--tiny", action="store_true", help="tiny config on the CPU (float32), for testing the script")
     ap.add_argument("--modes", default="lora,full", help="lora (one step per credit), full (one GRPO step)")
     ap.add_argument("--credits", default="grpo,delta,cscr")
@@ -87,18 +116,31 @@ def parse_args(argv=None):
     ap.add_argument("--response_length", type=int, default=None, help="default 1024 (tiny: 24)")
     ap.add_argument("--prompt_length", type=int, default=None, help="longest prompt, default 128 (tiny: 12)")
     ap.add_argument("--micro_batch_size", type=int, default=None, help="default 4 (tiny: 3)")
-    ap.add_argument("--full_micro_batch_size", type=int, default=2,
-                    help="rows per forward/backward of the full fine-tuning step (docs/scaling.md: 2 for 8B)")
+    ap.add_argument(
+        "--full_micro_batch_size",
+        type=int,
+        default=2,
+        help="rows per forward/backward of the full fine-tuning step (docs/scaling.md: 2 for 8B)",
+    )
     ap.add_argument("--delta_impl", default="memory_efficient", choices=["normal", "memory_efficient"])
     ap.add_argument("--attn_implementation", default="sdpa")
-    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                    help="auto: bfloat16 on the GPU, float32 on the CPU")
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float32"],
+        help="auto: bfloat16 on the GPU, float32 on the CPU",
+    )
     ap.add_argument("--no_gradient_checkpointing", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=None, help="output folder (default $OUT, else tools/bench/results)")
     args = ap.parse_args(argv)
-    d = dict(num_prompts=(2, 4), num_generations=(4, 8), response_length=(24, 1024), prompt_length=(12, 128),
-             micro_batch_size=(3, 4))
+    d = dict(
+        num_prompts=(2, 4),
+        num_generations=(4, 8),
+        response_length=(24, 1024),
+        prompt_length=(12, 128),
+        micro_batch_size=(3, 4),
+    )
     for k, (tiny, big) in d.items():
         if getattr(args, k) is None:
             setattr(args, k, tiny if args.tiny else big)
@@ -111,14 +153,27 @@ def gpu_info() -> dict | None:
     if not torch.cuda.is_available():
         return None
     p = torch.cuda.get_device_properties(0)
-    info = {"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1), "capability": f"{p.major}.{p.minor}",
-            "multiprocessors": p.multi_processor_count, "count": torch.cuda.device_count(),
-            "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(), "driver": None}
+    info = {
+        "name": p.name,
+        "memory_gib": round(p.total_memory / 2**30, 1),
+        "capability": f"{p.major}.{p.minor}",
+        "multiprocessors": p.multi_processor_count,
+        "count": torch.cuda.device_count(),
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "driver": None,
+    }
     try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version,name,memory.total", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=30, check=False)
+        r = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version,name,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         info["driver"], info["nvidia_smi_name"], info["nvidia_smi_memory"] = (
-            x.strip() for x in r.stdout.splitlines()[0].split(","))
+            x.strip() for x in r.stdout.splitlines()[0].split(",")
+        )
     except (OSError, subprocess.SubprocessError, IndexError, ValueError):
         pass
     return info
@@ -126,15 +181,21 @@ def gpu_info() -> dict | None:
 
 def provenance(command: str) -> dict:
     """What every result of the GPU check records: the command, when it started, the machine (CPU, memory,
-    library versions; ``tools/bench/_common.machine_description``), the GPU (``gpu_info``) and the git commit, taken from
+    library versions; ``tools/bench/_common.machine_description``), the GPU (``gpu_info``) and the git commit, taken
+    from
     ``GIT_STAMP`` when the tree is no git checkout (the device machine gets a copy without .git)."""
     from tools.bench import _common
 
     git = _common.git_state()
     if git.get("commit") is None and GIT_STAMP.exists():
         git = {**json.loads(GIT_STAMP.read_text()), "source": str(GIT_STAMP.relative_to(ROOT))}
-    return {"command": command, "started": _common.now_iso(),
-            "machine": _common.machine_description(EXTRA_PACKAGES), "gpu": gpu_info(), "git": git}
+    return {
+        "command": command,
+        "started": _common.now_iso(),
+        "machine": _common.machine_description(EXTRA_PACKAGES),
+        "gpu": gpu_info(),
+        "git": git,
+    }
 
 
 def build_model(args, device, dtype):
@@ -175,8 +236,8 @@ def make_batch(args, vocab, device):
     attn = torch.zeros((N, P + T), dtype=torch.long)
     for i in range(N):
         p = prompts[i // G]
-        input_ids[i, P - len(p):P] = torch.tensor(p)
-        attn[i, P - len(p):P] = 1
+        input_ids[i, P - len(p) : P] = torch.tensor(p)
+        attn[i, P - len(p) : P] = 1
     input_ids[:, P:] = response_ids
     attn[:, P:] = response_mask.long()
     base = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0])  # both signs in every group
@@ -187,9 +248,17 @@ def make_batch(args, vocab, device):
     # CSCR's prompt variants: the prompt followed by a "correct" or an "incorrect" note (random ids)
     note_c = torch.randint(1, vocab, (24 if not args.tiny else 4,), generator=g).tolist()
     note_i = torch.randint(1, vocab, (len(note_c),), generator=g).tolist()
-    return SimpleNamespace(input_ids=input_ids.to(device), attention_mask=attn.to(device), response_ids=response_ids,
-                           response_mask=response_mask, rewards=rewards, prompts=[prompts[i // G] for i in range(N)],
-                           note_c=note_c, note_i=note_i, pad_id=pad)
+    return SimpleNamespace(
+        input_ids=input_ids.to(device),
+        attention_mask=attn.to(device),
+        response_ids=response_ids,
+        response_mask=response_mask,
+        rewards=rewards,
+        prompts=[prompts[i // G] for i in range(N)],
+        note_c=note_c,
+        note_i=note_i,
+        pad_id=pad,
+    )
 
 
 def _sync():
@@ -211,15 +280,19 @@ def kv_cache_prefill(model, batch):
     tensors = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
     nbytes = sum(t.numel() * t.element_size() for t in tensors)
     positions = batch.input_ids.numel()  # the cache holds every position, padding included
-    return {"rows": batch.input_ids.shape[0], "positions": positions, "cache_gb": _gb(nbytes),
-            "mb_per_token": round(nbytes / positions / 1e6, 4), "dtype": str(tensors[0].dtype).replace("torch.", ""),
-            "ok": len(tensors) == 2 * model.config.num_hidden_layers}
+    return {
+        "rows": batch.input_ids.shape[0],
+        "positions": positions,
+        "cache_gb": _gb(nbytes),
+        "mb_per_token": round(nbytes / positions / 1e6, 4),
+        "dtype": str(tensors[0].dtype).replace("torch.", ""),
+        "ok": len(tensors) == 2 * model.config.num_hidden_layers,
+    }
 
 
 def train_step(model, optimizer, batch, credit_name, cfg):
     """One trainer step without rollout; returns timings and statistics."""
     import cscr
-
     import grpo
     from trainer import policy
 
@@ -232,8 +305,15 @@ def train_step(model, optimizer, batch, credit_name, cfg):
     theta_old = grpo.old_logprobs(model, batch, cfg, need_hidden=credit.needs_hidden())  # stage 4, as grpo.py
     old, hidden = theta_old.logp, theta_old.hidden
     # DelTA's LM-head inputs [N, T, H] (docs/scaling.md: float32, on the CPU)
-    held = None if hidden is None else {"gb": _gb(hidden.numel() * hidden.element_size()),
-                                        "device": str(hidden.device), "dtype": str(hidden.dtype).replace("torch.", "")}
+    held = (
+        None
+        if hidden is None
+        else {
+            "gb": _gb(hidden.numel() * hidden.element_size()),
+            "device": str(hidden.device),
+            "dtype": str(hidden.dtype).replace("torch.", ""),
+        }
+    )
     _sync()
     t["old_logprobs"] = time.time() - t0
     t1 = time.time()
@@ -245,10 +325,16 @@ def train_step(model, optimizer, batch, credit_name, cfg):
         lp_pos, lp_neg = torch.zeros_like(old), torch.zeros_like(old)
         pc = [batch.prompts[i] + batch.note_c for i in rows]
         pi = [batch.prompts[i] + batch.note_i for i in rows]
-        lp_c, lp_i = cscr.condition_logprobs(model, SimpleNamespace(pad_token_id=batch.pad_id), list(zip(pc, pi)),
-                                             batch.response_ids[rows], mask[rows], temperature=cfg.temperature,
-                                             micro_batch_size=cfg.micro_batch_size or None,
-                                             logprob_fn=policy.token_logprobs)
+        lp_c, lp_i = cscr.condition_logprobs(
+            model,
+            SimpleNamespace(pad_token_id=batch.pad_id),
+            list(zip(pc, pi)),
+            batch.response_ids[rows],
+            mask[rows],
+            temperature=cfg.temperature,
+            micro_batch_size=cfg.micro_batch_size or None,
+            logprob_fn=policy.token_logprobs,
+        )
         lp_pos[rows], lp_neg[rows] = lp_c.cpu(), lp_i.cpu()
         settings = cscr.Settings(cfg.cscr_alpha, cfg.cscr_w_min, cfg.cscr_mode)
         token_adv = cscr.cscr_token_advantages(adv, old, lp_pos, lp_neg, mask, cfg.cscr_threshold, settings)
@@ -259,18 +345,30 @@ def train_step(model, optimizer, batch, credit_name, cfg):
     watch = [p for p in model.parameters() if p.requires_grad][-2:]  # e.g. the last adapter's A and B
     before = [p.detach().float().clone() for p in watch]
     loss_sum, grad_norms, agg, skipped = grpo.policy_update(
-        model, optimizer, grpo.Update(batch, theta_old, token_adv, batch.response_mask, {}), cfg, step=0)
+        model, optimizer, grpo.Update(batch, theta_old, token_adv, batch.response_mask, {}), cfg, step=0
+    )
     _sync()
     t["update"] = time.time() - t2
     t["total"] = time.time() - t0
     changed = any(not torch.equal(b, p.detach().float()) for b, p in zip(before, watch))
     grad_norm = grad_norms[0] if grad_norms else float("nan")
     ok = math.isfinite(loss_sum) and math.isfinite(grad_norm) and grad_norm > 0 and skipped == 0 and changed
-    keep = {k: float(v) for k, v in stats.items() if isinstance(v, (int, float)) and k.split("/")[-1] in
-            ("lam_pos_mean", "lam_neg_mean", "w_mean", "frac_w_lt_1", "eff_token_frac")}
-    return {"seconds": {k: round(v, 3) for k, v in t.items()}, "loss": loss_sum, "grad_norm": grad_norm,
-            "skipped": skipped, "weights_changed": changed, "ok": bool(ok), "credit_stats": keep,
-            **({"delta_hidden": held} if held else {})}
+    keep = {
+        k: float(v)
+        for k, v in stats.items()
+        if isinstance(v, (int, float))
+        and k.split("/")[-1] in ("lam_pos_mean", "lam_neg_mean", "w_mean", "frac_w_lt_1", "eff_token_frac")
+    }
+    return {
+        "seconds": {k: round(v, 3) for k, v in t.items()},
+        "loss": loss_sum,
+        "grad_norm": grad_norm,
+        "skipped": skipped,
+        "weights_changed": changed,
+        "ok": bool(ok),
+        "credit_stats": keep,
+        **({"delta_hidden": held} if held else {}),
+    }
 
 
 def main(argv=None) -> dict:
@@ -296,12 +394,28 @@ def main(argv=None) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     out_path = out_dir / ("gpu_smoke_tiny.json" if args.tiny else "gpu_smoke.json")
     N = args.num_prompts * args.num_generations
-    cfg = grpo.GRPOConfig(use_peft=True, gradient_checkpointing=not args.no_gradient_checkpointing,
-                          micro_batch_size=args.micro_batch_size, num_generations=args.num_generations,
-                          num_prompts_per_step=args.num_prompts, max_completion_length=args.response_length,
-                          delta_impl=args.delta_impl, learning_rate=1e-5, attn_implementation=args.attn_implementation)
-    result = {"benchmark": "gpu_smoke", **prov, "device": str(device), "dtype": str(dtype).replace("torch.", ""),
-              "args": vars(args), "path": str(out_path), "rows": N, "response_tokens": 0, "runs": []}
+    cfg = grpo.GRPOConfig(
+        use_peft=True,
+        gradient_checkpointing=not args.no_gradient_checkpointing,
+        micro_batch_size=args.micro_batch_size,
+        num_generations=args.num_generations,
+        num_prompts_per_step=args.num_prompts,
+        max_completion_length=args.response_length,
+        delta_impl=args.delta_impl,
+        learning_rate=1e-5,
+        attn_implementation=args.attn_implementation,
+    )
+    result = {
+        "benchmark": "gpu_smoke",
+        **prov,
+        "device": str(device),
+        "dtype": str(dtype).replace("torch.", ""),
+        "args": vars(args),
+        "path": str(out_path),
+        "rows": N,
+        "response_tokens": 0,
+        "runs": [],
+    }
 
     def save():
         result["total_seconds"] = round(time.time() - t_start, 1)
@@ -329,24 +443,43 @@ def main(argv=None) -> dict:
 
     model, build_seconds = build_model(args, device, dtype)
     n_params = sum(p.numel() for p in model.parameters())
-    result["model"] = {"parameters": n_params, "build_seconds": round(build_seconds, 1),
-                       "weights_gb": _gb(mem()), "config": TINY if args.tiny else QWEN3_8B}
-    print(f"model: {n_params / 1e9:.3f} B parameters, built in {result['model']['build_seconds']} s, "
-          f"{_gb(mem())} GB on {device}", flush=True)
+    result["model"] = {
+        "parameters": n_params,
+        "build_seconds": round(build_seconds, 1),
+        "weights_gb": _gb(mem()),
+        "config": TINY if args.tiny else QWEN3_8B,
+    }
+    print(
+        f"model: {n_params / 1e9:.3f} B parameters, built in {result['model']['build_seconds']} s, "
+        f"{_gb(mem())} GB on {device}",
+        flush=True,
+    )
     batch = make_batch(args, model.config.vocab_size, device)
     n_resp = int(batch.response_mask.sum())
     result["response_tokens"] = n_resp
     n_tok = int(batch.attention_mask.sum())
     kv = result["kv_cache"] = guarded(kv_cache_prefill, model, batch)
-    print(f"[kv cache] prefill of {N} rows: " + (f"{kv['cache_gb']} GB cache, {kv['mb_per_token']} MB per token, "
-          f"peak {kv.get('peak_allocated_gb', 0):.2f} GB" if "error" not in kv else f"FAILED: {kv['error']}"),
-          flush=True)
+    print(
+        f"[kv cache] prefill of {N} rows: "
+        + (
+            f"{kv['cache_gb']} GB cache, {kv['mb_per_token']} MB per token, "
+            f"peak {kv.get('peak_allocated_gb', 0):.2f} GB"
+            if "error" not in kv
+            else f"FAILED: {kv['error']}"
+        ),
+        flush=True,
+    )
     save()
 
     def measure(label, mode, credit_name, model, optimizer):
-        c = grpo.GRPOConfig(**{**cfg.__dict__, "credit": credit_name, "use_peft": mode == "lora",
-                               "micro_batch_size": args.micro_batch_size if mode == "lora" else
-                               args.full_micro_batch_size})
+        c = grpo.GRPOConfig(
+            **{
+                **cfg.__dict__,
+                "credit": credit_name,
+                "use_peft": mode == "lora",
+                "micro_batch_size": args.micro_batch_size if mode == "lora" else args.full_micro_batch_size,
+            }
+        )
         r = guarded(train_step, model, optimizer, batch, credit_name, c)
         if "error" in r:
             optimizer.zero_grad(set_to_none=True)
@@ -354,12 +487,18 @@ def main(argv=None) -> dict:
         if "seconds" in r:
             r["tokens_per_second"] = round(n_tok / r["seconds"]["total"], 1)
             r["response_tokens_per_second"] = round(n_resp / r["seconds"]["total"], 1)
-        print(f"[{label}] {mode:4s} {credit_name:5s} " + (
-            f"{r['seconds']['total']:7.2f} s (old {r['seconds']['old_logprobs']:.2f}, credit "
-            f"{r['seconds']['credit']:.2f}, update {r['seconds']['update']:.2f})  peak "
-            f"{r.get('peak_allocated_gb', 0):.2f} GB (static {r['static_gb']:.2f})  loss {r['loss']:.4g} "
-            f"grad_norm {r['grad_norm']:.4g}  ok={r['ok']}" if "seconds" in r else f"FAILED: {r['error']}"),
-            flush=True)
+        print(
+            f"[{label}] {mode:4s} {credit_name:5s} "
+            + (
+                f"{r['seconds']['total']:7.2f} s (old {r['seconds']['old_logprobs']:.2f}, credit "
+                f"{r['seconds']['credit']:.2f}, update {r['seconds']['update']:.2f})  peak "
+                f"{r.get('peak_allocated_gb', 0):.2f} GB (static {r['static_gb']:.2f})  loss {r['loss']:.4g} "
+                f"grad_norm {r['grad_norm']:.4g}  ok={r['ok']}"
+                if "seconds" in r
+                else f"FAILED: {r['error']}"
+            ),
+            flush=True,
+        )
         return r
 
     modes = [m for m in args.modes.split(",") if m]

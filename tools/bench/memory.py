@@ -45,7 +45,8 @@ the same (``parts["update_activations"]``: the kept activations and the backward
 About a minute; it needs about 12 GB of free memory (the unchunked run). ``--out`` then defaults to
 ``tools/bench/results/memory_lm_head.json``.
 
-Results: a markdown table and ``--out`` (default ``tools/bench/results/memory.json``) with the machine, versions, commit,
+Results: a markdown table and ``--out`` (default ``tools/bench/results/memory.json``) with the machine, versions,
+commit,
 command, every step's numbers and the summary. About 20 minutes on 2 CPU cores with the defaults.
 
 Usage::
@@ -73,8 +74,11 @@ if str(REPO) not in sys.path:
 from tools.bench import _common  # noqa: E402
 from tools.bench._common import PRELOAD, median, run_one  # noqa: E402
 
-VARIANTS = {"grpo": {"credit": "grpo"}, "delta": {"credit": "delta", "delta_impl": "normal"},
-            "delta[memory_efficient]": {"credit": "delta", "delta_impl": "memory_efficient"}}
+VARIANTS = {
+    "grpo": {"credit": "grpo"},
+    "delta": {"credit": "delta", "delta_impl": "normal"},
+    "delta[memory_efficient]": {"credit": "delta", "delta_impl": "memory_efficient"},
+}
 
 
 def widen_toy_model(src: str, dst: str, hidden_size: int) -> str:
@@ -95,8 +99,9 @@ def widen_toy_model(src: str, dst: str, hidden_size: int) -> str:
     cfg, h = model.config, model.config.hidden_size
     if hidden_size < h:
         raise SystemExit(f"memory.py: error: --hidden_size {hidden_size} is below the model's {h}")
-    wide_cfg = type(cfg).from_dict({**cfg.to_dict(), "hidden_size": hidden_size,
-                                    "rms_norm_eps": cfg.rms_norm_eps * h / hidden_size})
+    wide_cfg = type(cfg).from_dict(
+        {**cfg.to_dict(), "hidden_size": hidden_size, "rms_norm_eps": cfg.rms_norm_eps * h / hidden_size}
+    )
     wide = AutoModelForCausalLM.from_config(wide_cfg, dtype=torch.float32)
     state, scale = {}, (h / hidden_size) ** 0.5
     for name, w in model.state_dict().items():
@@ -128,8 +133,9 @@ def summarize(runs: dict, sizes: list[int], T: int, H: int) -> dict:
                 "s_per_step": median([s["step_time"] for s in steps]),
                 "s_per_step_train": median([s["step_time"] - s["generation_time"] for s in steps]),
                 "round_s_per_step": [median([s["step_time"] for s in r["steps"][1:]]) for r in rs],
-                "round_s_per_step_train": [median([s["step_time"] - s["generation_time"] for s in r["steps"][1:]])
-                                           for r in rs],
+                "round_s_per_step_train": [
+                    median([s["step_time"] - s["generation_time"] for s in r["steps"][1:]]) for r in rs
+                ],
             }
         base = rows["grpo"]
         for name, s in rows.items():
@@ -144,18 +150,38 @@ def summarize(runs: dict, sizes: list[int], T: int, H: int) -> dict:
 
 
 def markdown_table(summary: dict) -> str:
-    head = ["responses", "variant", "peak RSS GB", "extra over GRPO GB (rounds)", "N·T·H·4 GB", "s/step",
-            "× GRPO (rounds)", "s/step excl. gen", "× GRPO"]
+    head = [
+        "responses",
+        "variant",
+        "peak RSS GB",
+        "extra over GRPO GB (rounds)",
+        "N·T·H·4 GB",
+        "s/step",
+        "× GRPO (rounds)",
+        "s/step excl. gen",
+        "× GRPO",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     rng = lambda xs, f: f" ({f.format(min(xs))} – {f.format(max(xs))})" if len(xs) > 1 else ""  # noqa: E731
     for n, rows in summary.items():
         for name, s in rows.items():
-            lines.append("| " + " | ".join([
-                str(n), name, f"{s['peak_rss_gb']:.3f}",
-                "" if name == "grpo" else f"{s['extra_gb']:+.3f}" + rng(s["round_extra_gb"], "{:+.3f}"),
-                f"{s['cache_gb_predicted']:.3f}" if "cache_gb_predicted" in s else "",
-                f"{s['s_per_step']:.2f}", f"{s['ratio_s_per_step']:.2f}" + rng(s["round_ratio_s_per_step"], "{:.2f}"),
-                f"{s['s_per_step_train']:.2f}", f"{s['ratio_s_per_step_train']:.2f}"]) + " |")
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        str(n),
+                        name,
+                        f"{s['peak_rss_gb']:.3f}",
+                        "" if name == "grpo" else f"{s['extra_gb']:+.3f}" + rng(s["round_extra_gb"], "{:+.3f}"),
+                        f"{s['cache_gb_predicted']:.3f}" if "cache_gb_predicted" in s else "",
+                        f"{s['s_per_step']:.2f}",
+                        f"{s['ratio_s_per_step']:.2f}" + rng(s["round_ratio_s_per_step"], "{:.2f}"),
+                        f"{s['s_per_step_train']:.2f}",
+                        f"{s['ratio_s_per_step_train']:.2f}",
+                    ]
+                )
+                + " |"
+            )
     return "\n".join(lines)
 
 
@@ -167,7 +193,6 @@ def stage5_peak(spec: dict) -> dict:
     import torch
 
     import grpo
-
     from tools.bench._common import PeakMemory
 
     def inputs(N, T, H):  # (Rollout's response_mask, all stage 5 reads of it; Â [N]; θ_old with the h cache)
@@ -175,8 +200,11 @@ def stage5_peak(spec: dict) -> dict:
         mask = torch.arange(T)[None, :] < torch.randint(T // 2, T + 1, (N,), generator=g)[:, None]  # [N, T]
         hidden = torch.randn(N, T, H, generator=g).masked_fill_(~mask[..., None], 0.0)  # as stage 4 leaves it
         adv = torch.tensor([1.0, -1.0]).repeat(N // 2 + 1)[:N]  # both sides present: the discriminator runs
-        return types.SimpleNamespace(response_mask=mask.float()), adv, grpo.ThetaOld(
-            -torch.rand(N, T, generator=g), hidden, None, None)
+        return (
+            types.SimpleNamespace(response_mask=mask.float()),
+            adv,
+            grpo.ThetaOld(-torch.rand(N, T, generator=g), hidden, None, None),
+        )
 
     N, T, H = spec["N"], spec["T"], spec["H"]
     credit = grpo.Credit(grpo.GRPOConfig(credit="delta", delta_impl="normal"), None)
@@ -187,8 +215,13 @@ def stage5_peak(spec: dict) -> dict:
         token_adv, _ = credit._delta(None, batch, adv, old)
         seconds = time.perf_counter() - t0
     assert token_adv.shape == (N, T)
-    return {"peak_above_cache_mib": mem.peak_rss_increase_mib, "rss_before_mib": mem.rss_before_mib,
-            "rss_method": mem.rss_method, "seconds": seconds, "torch_threads": torch.get_num_threads()}
+    return {
+        "peak_above_cache_mib": mem.peak_rss_increase_mib,
+        "rss_before_mib": mem.rss_before_mib,
+        "rss_method": mem.rss_method,
+        "seconds": seconds,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def stage5_derived(N: int, T: int, H: int) -> dict:
@@ -197,8 +230,11 @@ def stage5_derived(N: int, T: int, H: int) -> dict:
     from trainer import memory_plan
 
     rows = min(max(1, delta.ROW_BLOCK_BYTES // (T * H * 4)), N)
-    return {"copies_total": memory_plan.DELTA_NORMAL_HOST_COPIES, "block_rows": rows,
-            "above_cache": memory_plan.DELTA_NORMAL_HOST_COPIES - 1 + rows / N}
+    return {
+        "copies_total": memory_plan.DELTA_NORMAL_HOST_COPIES,
+        "block_rows": rows,
+        "above_cache": memory_plan.DELTA_NORMAL_HOST_COPIES - 1 + rows / N,
+    }
 
 
 def run_stage5(args, pool) -> dict:
@@ -210,15 +246,26 @@ def run_stage5(args, pool) -> dict:
         runs = [pool.apply(stage5_peak, ({"N": N, "T": T, "H": H, "seed": r},)) for r in range(args.stage5_repeats)]
         measured = [r["peak_above_cache_mib"] / cache_mib for r in runs]
         derived = stage5_derived(N, T, H)
-        out[mib] = {"N": N, "T": T, "H": H, "cache_mib": cache_mib, "runs": runs, "measured_above_cache": measured,
-                    "median_above_cache": median(measured), **{f"derived_{k}": v for k, v in derived.items()},
-                    "measured_over_derived": [m / derived["above_cache"] for m in measured]}
-        print(f"[memory] stage 5, h = {cache_mib:.0f} MiB ({N} × {T} × {H}): peak above the cache "
-              f"{median(measured):.3f} ({min(measured):.3f} – {max(measured):.3f}) × N·T·H·4 over "
-              f"{len(runs)} run{'s' * (len(runs) != 1)}; derived {derived['above_cache']:.3f} "
-              f"(v + a block of {derived['block_rows']} rows); "
-              f"measured / derived {median(measured) / derived['above_cache']:.3f}; "
-              f"{median([r['seconds'] for r in runs]):.2f} s", flush=True)
+        out[mib] = {
+            "N": N,
+            "T": T,
+            "H": H,
+            "cache_mib": cache_mib,
+            "runs": runs,
+            "measured_above_cache": measured,
+            "median_above_cache": median(measured),
+            **{f"derived_{k}": v for k, v in derived.items()},
+            "measured_over_derived": [m / derived["above_cache"] for m in measured],
+        }
+        print(
+            f"[memory] stage 5, h = {cache_mib:.0f} MiB ({N} × {T} × {H}): peak above the cache "
+            f"{median(measured):.3f} ({min(measured):.3f} – {max(measured):.3f}) × N·T·H·4 over "
+            f"{len(runs)} run{'s' * (len(runs) != 1)}; derived {derived['above_cache']:.3f} "
+            f"(v + a block of {derived['block_rows']} rows); "
+            f"measured / derived {median(measured) / derived['above_cache']:.3f}; "
+            f"{median([r['seconds'] for r in runs]):.2f} s",
+            flush=True,
+        )
     return out
 
 
@@ -239,8 +286,11 @@ def live_peak(fn) -> int:
         with open(os.path.join(d, "trace.json")) as f:
             events = json.load(f)["traceEvents"]
     cur = peak = 0
-    for _, b in sorted((e["ts"], e["args"]["Bytes"]) for e in events
-                       if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0):
+    for _, b in sorted(
+        (e["ts"], e["args"]["Bytes"])
+        for e in events
+        if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0
+    ):
         cur += b
         peak = max(peak, cur)
     return peak
@@ -256,19 +306,25 @@ def lm_head_peak(spec: dict) -> dict:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from trainer import memory_plan
-    from trainer import policy
-
     from tools.bench._common import PeakMemory
+    from trainer import memory_plan, policy
 
     if not ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD):
         raise RuntimeError("mallopt(M_MMAP_THRESHOLD) failed")
     T, P, H, V = spec["T"], spec["P"], spec["H"], spec["V"]
     if spec["chunk_bytes"] is not None:  # None: the default budget
         policy.LOGITS_CHUNK_BYTES = memory_plan.LOGITS_CHUNK_BYTES = spec["chunk_bytes"]
-    config = Qwen3Config(vocab_size=V, hidden_size=H, intermediate_size=3 * H, num_hidden_layers=1,
-                         num_attention_heads=H // 128, num_key_value_heads=max(1, H // 512), head_dim=128,
-                         max_position_embeddings=P + T, tie_word_embeddings=False)
+    config = Qwen3Config(
+        vocab_size=V,
+        hidden_size=H,
+        intermediate_size=3 * H,
+        num_hidden_layers=1,
+        num_attention_heads=H // 128,
+        num_key_value_heads=max(1, H // 512),
+        head_dim=128,
+        max_position_embeddings=P + T,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config).train()
     for p in model.parameters():  # the gradients are there, as after an earlier micro-batch
@@ -287,13 +343,25 @@ def lm_head_peak(spec: dict) -> dict:
         t0 = time.perf_counter()
         live = live_peak(lambda: row(T))
         seconds = time.perf_counter() - t0
-    cfg = memory_plan.Settings(torch_dtype="float32", max_completion_length=T, micro_batch_size=1,
-                               num_prompts_per_step=1, num_generations=1, shared_prompt=False)
+    cfg = memory_plan.Settings(
+        torch_dtype="float32",
+        max_completion_length=T,
+        micro_batch_size=1,
+        num_prompts_per_step=1,
+        num_generations=1,
+        shared_prompt=False,
+    )
     plan = memory_plan.plan({**config.to_dict(), "model_type": "qwen3"}, cfg, prompt_tokens=P, host_memory_gb=1e3)
-    return {"live_peak_bytes": live, "rss_peak_increase_bytes": mem.peak_rss_increase_mib * 2**20,
-            "rss_method": mem.rss_method, "predicted_bytes": plan.parts["update_activations"],
-            "chunked": plan.parts["chunked_lm_head"], "chunk_positions": max(1, budget // (V * 4)),
-            "seconds": seconds, "torch_threads": torch.get_num_threads()}
+    return {
+        "live_peak_bytes": live,
+        "rss_peak_increase_bytes": mem.peak_rss_increase_mib * 2**20,
+        "rss_method": mem.rss_method,
+        "predicted_bytes": plan.parts["update_activations"],
+        "chunked": plan.parts["chunked_lm_head"],
+        "chunk_positions": max(1, budget // (V * 4)),
+        "seconds": seconds,
+        "torch_threads": torch.get_num_threads(),
+    }
 
 
 def run_lm_head(args, pool) -> dict:
@@ -302,23 +370,30 @@ def run_lm_head(args, pool) -> dict:
     out = {"T": T, "P": P, "H": H, "V": V, "row_logits_bytes": logits}
     for name, budget in (("chunked", None), ("unchunked", 2**62)):  # the default budget; one no row exceeds
         r = pool.apply(lm_head_peak, ({"T": T, "P": P, "H": H, "V": V, "chunk_bytes": budget},))
-        r.update(live_over_logits=r["live_peak_bytes"] / logits, rss_over_logits=r["rss_peak_increase_bytes"] / logits,
-                 predicted_over_logits=r["predicted_bytes"] / logits,
-                 measured_over_predicted=r["live_peak_bytes"] / r["predicted_bytes"])
+        r.update(
+            live_over_logits=r["live_peak_bytes"] / logits,
+            rss_over_logits=r["rss_peak_increase_bytes"] / logits,
+            predicted_over_logits=r["predicted_bytes"] / logits,
+            measured_over_predicted=r["live_peak_bytes"] / r["predicted_bytes"],
+        )
         out[name] = r
-        print(f"[memory] LM head, one row of {T:,} tokens, V = {V:,}, H = {H}, {name}"
-              f"{' (' + str(r['chunk_positions']) + ' positions a chunk)' if r['chunked'] else ''}: peak live bytes "
-              f"{r['live_peak_bytes'] / 1e9:.3f} GB = {r['live_over_logits']:.3f} × the row's float32 logits "
-              f"({logits / 1e9:.2f} GB), RSS {r['rss_over_logits']:.3f} ×; planned "
-              f"{r['predicted_over_logits']:.3f} × "
-              f"(measured / planned {r['measured_over_predicted']:.3f}); {r['seconds']:.1f} s", flush=True)
+        print(
+            f"[memory] LM head, one row of {T:,} tokens, V = {V:,}, H = {H}, {name}"
+            f"{' (' + str(r['chunk_positions']) + ' positions a chunk)' if r['chunked'] else ''}: peak live bytes "
+            f"{r['live_peak_bytes'] / 1e9:.3f} GB = {r['live_over_logits']:.3f} × the row's float32 logits "
+            f"({logits / 1e9:.2f} GB), RSS {r['rss_over_logits']:.3f} ×; planned "
+            f"{r['predicted_over_logits']:.3f} × "
+            f"(measured / planned {r['measured_over_predicted']:.3f}); {r['seconds']:.1f} s",
+            flush=True,
+        )
     out["chunked_over_unchunked"] = out["chunked"]["live_peak_bytes"] / out["unchunked"]["live_peak_bytes"]
     return out
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--sizes", default="64,256,1024", help="responses per step (multiples of --num_generations)")
     ap.add_argument("--hidden_size", type=int, default=2048, help="the toy widened to this hidden size")
     ap.add_argument("--num_generations", type=int, default=8)
@@ -326,15 +401,24 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--micro_batch_size", type=int, default=32, help="rows per forward/backward (every variant)")
     ap.add_argument("--steps", type=int, default=2, help="steps per run (the first is not counted)")
     ap.add_argument("--repeats", type=int, default=2, help="interleaved rounds")
-    ap.add_argument("--only", choices=["steps", "stage5", "lm_head"], default=None,
-                    help="run one part (default: steps and stage5)")
+    ap.add_argument(
+        "--only", choices=["steps", "stage5", "lm_head"], default=None, help="run one part (default: steps and stage5)"
+    )
     ap.add_argument("--stage5_mib", default="64,256", help="stage 5 alone: sizes of the h cache, MiB")
     ap.add_argument("--stage5_repeats", type=int, default=3, help="stage 5 alone: fresh-process runs per size")
     ap.add_argument("--lm_head_tokens", type=int, default=4096, help="--only lm_head: the row's response tokens")
-    ap.add_argument("--lm_head_hidden", type=int, default=512, help="--only lm_head: the one-layer Qwen3's hidden "
-                    "size (a multiple of 128)")
-    ap.add_argument("--out", default=None, help="JSON results ('' = none; default tools/bench/results/memory.json, "
-                    "memory_stage5.json with --only stage5, memory_lm_head.json with --only lm_head)")
+    ap.add_argument(
+        "--lm_head_hidden",
+        type=int,
+        default=512,
+        help="--only lm_head: the one-layer Qwen3's hidden size (a multiple of 128)",
+    )
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON results ('' = none; default tools/bench/results/memory.json, "
+        "memory_stage5.json with --only stage5, memory_lm_head.json with --only lm_head)",
+    )
     ap.add_argument("--keep_runs", action="store_true", help="keep the runs' folders (printed)")
     return ap
 
@@ -344,16 +428,32 @@ def main(argv=None) -> dict:
     command = shlex.join(["python", *(sys.argv if argv is None else [__file__, *argv])])
     sizes = [int(x) for x in args.sizes.split(",") if x.strip()]
     if any(n % args.num_generations for n in sizes) or args.steps < 2 or args.repeats < 1:
-        raise SystemExit("memory.py: error: --sizes must be multiples of --num_generations, --steps >= 2 (the first "
-                         "is not counted), --repeats >= 1")
+        raise SystemExit(
+            "memory.py: error: --sizes must be multiples of --num_generations, --steps >= 2 (the first "
+            "is not counted), --repeats >= 1"
+        )
     if args.stage5_repeats < 1:
         raise SystemExit("memory.py: error: --stage5_repeats must be >= 1")
-    out = args.out if args.out is not None else str(REPO / "tools" / "bench" / "results" / (
-        {"stage5": "memory_stage5.json", "lm_head": "memory_lm_head.json"}.get(args.only, "memory.json")))
+    out = (
+        args.out
+        if args.out is not None
+        else str(
+            REPO
+            / "tools"
+            / "bench"
+            / "results"
+            / ({"stage5": "memory_stage5.json", "lm_head": "memory_lm_head.json"}.get(args.only, "memory.json"))
+        )
+    )
     os.environ["TQDM_DISABLE"] = "1"  # before the fork server imports tqdm
     t_start = time.time()
-    result = {"benchmark": "memory", "date": _common.now_iso(), "command": command, "git": _common.git_state(),
-              "machine": _common.machine_description()}
+    result = {
+        "benchmark": "memory",
+        "date": _common.now_iso(),
+        "command": command,
+        "git": _common.git_state(),
+        "machine": _common.machine_description(),
+    }
     if args.only == "lm_head":
         pool = _common.forkserver_pool(PRELOAD)
         try:
@@ -380,9 +480,18 @@ def main(argv=None) -> dict:
     workdir = Path(tempfile.mkdtemp(prefix="memory-"))
     toy_path, toy_info = _common.prepare_toy_model(workdir, 200, "memory.py")
     model_path = widen_toy_model(toy_path, str(workdir / f"toy_h{args.hidden_size}"), args.hidden_size)
-    base_cfg = dict(model=model_path, prompt_template="none", num_generations=args.num_generations,
-                    max_completion_length=args.max_completion_length, max_steps=args.steps, learning_rate=1e-30,
-                    micro_batch_size=args.micro_batch_size, eval_num_generations=0, save_steps=0, logging_steps=0)
+    base_cfg = dict(
+        model=model_path,
+        prompt_template="none",
+        num_generations=args.num_generations,
+        max_completion_length=args.max_completion_length,
+        max_steps=args.steps,
+        learning_rate=1e-30,
+        micro_batch_size=args.micro_batch_size,
+        eval_num_generations=0,
+        save_steps=0,
+        logging_steps=0,
+    )
     patches = {"no_stop": True, "random_rewards": 0, "group_size": args.num_generations}
     runs = {(n, v): [] for n in sizes for v in VARIANTS}
     pool = _common.forkserver_pool(PRELOAD)
@@ -390,28 +499,46 @@ def main(argv=None) -> dict:
         for r in range(args.repeats):
             for n in sizes:
                 for name, over in VARIANTS.items():
-                    cfg = {**base_cfg, **over, "num_prompts_per_step": n // args.num_generations,
-                           "output_dir": str(workdir / f"r{r}_{n}_{name}")}
+                    cfg = {
+                        **base_cfg,
+                        **over,
+                        "num_prompts_per_step": n // args.num_generations,
+                        "output_dir": str(workdir / f"r{r}_{n}_{name}"),
+                    }
                     res = pool.apply(run_one, ({"config": cfg, "patches": patches},))
                     runs[(n, name)].append(res)
                     st = res["steps"][1:]
-                    print(f"[memory] round {r + 1}/{args.repeats} N={n:<5} {name:<24} peak RSS "
-                          f"{median([s['memory/peak_rss_gb'] for s in st]):.3f} GB, s/step "
-                          f"{median([s['step_time'] for s in st]):.2f}, run {res['wall_time']:.0f}s", flush=True)
+                    print(
+                        f"[memory] round {r + 1}/{args.repeats} N={n:<5} {name:<24} peak RSS "
+                        f"{median([s['memory/peak_rss_gb'] for s in st]):.3f} GB, s/step "
+                        f"{median([s['step_time'] for s in st]):.2f}, run {res['wall_time']:.0f}s",
+                        flush=True,
+                    )
     finally:
         pool.close()
         pool.join()
     summary = summarize(runs, sizes, args.max_completion_length, args.hidden_size)
     table = markdown_table(summary)
-    print("\n" + table + f"\n\nT = {args.max_completion_length} tokens, H = {args.hidden_size}; medians over steps 2.. "
-          f"of each run; (a – b): range over {args.repeats} rounds. Total {time.time() - t_start:.0f}s.")
-    result.update({"model": {**toy_info, "widened_to": args.hidden_size},
-              "settings": {**vars(args), "train_config": {k: v for k, v in base_cfg.items() if k != "model"},
-                           "patches": patches},
-              "summary": {str(n): rows for n, rows in summary.items()}, "table_markdown": table,
-              "total_seconds": time.time() - t_start,
-              "runs": {f"{n} {v}": [{k: x for k, x in r.items() if k != "pid"} for r in rs]
-                       for (n, v), rs in runs.items()}})
+    print(
+        "\n" + table + f"\n\nT = {args.max_completion_length} tokens, H = {args.hidden_size}; medians over steps 2.. "
+        f"of each run; (a – b): range over {args.repeats} rounds. Total {time.time() - t_start:.0f}s."
+    )
+    result.update(
+        {
+            "model": {**toy_info, "widened_to": args.hidden_size},
+            "settings": {
+                **vars(args),
+                "train_config": {k: v for k, v in base_cfg.items() if k != "model"},
+                "patches": patches,
+            },
+            "summary": {str(n): rows for n, rows in summary.items()},
+            "table_markdown": table,
+            "total_seconds": time.time() - t_start,
+            "runs": {
+                f"{n} {v}": [{k: x for k, x in r.items() if k != "pid"} for r in rs] for (n, v), rs in runs.items()
+            },
+        }
+    )
     return _common.finish(result, out, workdir, args.keep_runs)
 
 

@@ -69,16 +69,32 @@ CONFIGS = [
     ("h1024 lora mb8", 1024, {"use_peft": True, "lora_dropout": 0.0, "micro_batch_size": 8}, "fixed"),
     ("h2048 full", 2048, {}, "fixed"),
     ("h2048 full ckpt", 2048, {"gradient_checkpointing": True}, "fixed"),
-    ("h1024 lora-dropout ckpt mb4", 1024, {"use_peft": True, "gradient_checkpointing": True, "micro_batch_size": 4},
-     "fixed"),
+    (
+        "h1024 lora-dropout ckpt mb4",
+        1024,
+        {"use_peft": True, "gradient_checkpointing": True, "micro_batch_size": 4},
+        "fixed",
+    ),
     ("h1024 full delta mb8", 1024, {"credit": "delta", "micro_batch_size": 8}, "fixed"),
-    ("h1024 lora delta-me mb16", 1024, {"use_peft": True, "lora_dropout": 0.0, "credit": "delta",
-                                        "delta_impl": "memory_efficient", "micro_batch_size": 16}, "fixed"),
+    (
+        "h1024 lora delta-me mb16",
+        1024,
+        {
+            "use_peft": True,
+            "lora_dropout": 0.0,
+            "credit": "delta",
+            "delta_impl": "memory_efficient",
+            "micro_batch_size": 16,
+        },
+        "fixed",
+    ),
     ("h2048 full", 2048, {}, "default"),
     ("h2048 full ckpt", 2048, {"gradient_checkpointing": True}, "default"),
 ]
-TINY = [("h128 full", 128, {}, "fixed"),
-        ("h256 lora ckpt mb4", 256, {"use_peft": True, "gradient_checkpointing": True, "micro_batch_size": 4}, "fixed")]
+TINY = [
+    ("h128 full", 128, {}, "fixed"),
+    ("h256 lora ckpt mb4", 256, {"use_peft": True, "gradient_checkpointing": True, "micro_batch_size": 4}, "fixed"),
+]
 MMAP_THRESHOLD = 131072  # bytes: glibc's default before it adjusts itself
 M_MMAP_THRESHOLD = -3  # mallopt's parameter number (malloc.h)
 BOUND = {"low": -0.15, "high": 0.25, "abs_mb": 25}  # (predicted − measured) / measured, or |difference| in MB
@@ -115,14 +131,16 @@ def longest_prompt_tokens(model_path: str) -> int:
     """The longest training prompt of the toy in tokens, as the rollout encodes it."""
     from transformers import AutoTokenizer
 
-    from trainer import problems
     import rollout
     import toy
+    from trainer import problems
 
     toy.register_data()  # problems.load_problems("toy") reads the toy's split once toy.py registered it
     tok = AutoTokenizer.from_pretrained(model_path)
-    return max(len(tok(rollout.apply_template(r["problem"], "none"))["input_ids"])
-               for r in problems.load_problems("toy", split="train"))
+    return max(
+        len(tok(rollout.apply_template(r["problem"], "none"))["input_ids"])
+        for r in problems.load_problems("toy", split="train")
+    )
 
 
 def predict(model_path: str, config: dict, prompt_tokens: int):
@@ -134,28 +152,51 @@ def predict(model_path: str, config: dict, prompt_tokens: int):
 
 
 def markdown_table(rows: list) -> str:
-    head = ["configuration", "glibc", "rows/micro-batch", "measured MB", "predicted MB", "predicted − measured",
-            "peak stage", "within the bound"]
+    head = [
+        "configuration",
+        "glibc",
+        "rows/micro-batch",
+        "measured MB",
+        "predicted MB",
+        "predicted − measured",
+        "peak stage",
+        "within the bound",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        lines.append("| " + " | ".join([
-            r["name"], r["allocator"], str(r["rows_per_micro_batch"]), f"{r['measured_mb']:.0f}",
-            f"{r['predicted_mb']:.0f}", f"{r['predicted_mb'] - r['measured_mb']:+.0f} MB ({r['relative']:+.0%})",
-            r["peak_stage"], ("yes" if r["within_bound"] else "**no**") if r["allocator"] == "fixed" else
-            "(glibc's slack)"]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    r["name"],
+                    r["allocator"],
+                    str(r["rows_per_micro_batch"]),
+                    f"{r['measured_mb']:.0f}",
+                    f"{r['predicted_mb']:.0f}",
+                    f"{r['predicted_mb'] - r['measured_mb']:+.0f} MB ({r['relative']:+.0%})",
+                    r["peak_stage"],
+                    ("yes" if r["within_bound"] else "**no**") if r["allocator"] == "fixed" else "(glibc's slack)",
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--tiny", action="store_true", help="two small configurations (a smoke test)")
     ap.add_argument("--steps", type=int, default=2, help="steps per run (the peak is over all of them)")
     ap.add_argument("--num_prompts_per_step", type=int, default=8)
     ap.add_argument("--num_generations", type=int, default=8)
     ap.add_argument("--max_completion_length", type=int, default=32, help="every response has exactly this length")
-    ap.add_argument("--out", default=str(REPO / "tools" / "bench" / "results" / "memory_plan_check.json"),
-                    help="JSON results ('' = none)")
+    ap.add_argument(
+        "--out",
+        default=str(REPO / "tools" / "bench" / "results" / "memory_plan_check.json"),
+        help="JSON results ('' = none)",
+    )
     ap.add_argument("--keep_runs", action="store_true", help="keep the runs' folders (printed)")
     return ap
 
@@ -171,13 +212,22 @@ def main(argv=None) -> dict:
         args.num_prompts_per_step, args.max_completion_length = 4, 16
     workdir = Path(tempfile.mkdtemp(prefix="memory_plan_check-"))
     toy_path, toy_info = _common.prepare_toy_model(workdir, 200, "memory_plan_check.py")
-    models = {h: toy_path if h == 128 else widen_toy_model(toy_path, str(workdir / f"toy_h{h}"), h)
-              for h in sorted({c[1] for c in configs})}
+    models = {
+        h: toy_path if h == 128 else widen_toy_model(toy_path, str(workdir / f"toy_h{h}"), h)
+        for h in sorted({c[1] for c in configs})
+    }
     prompt_tokens = longest_prompt_tokens(toy_path)
-    base_cfg = dict(prompt_template="none", num_prompts_per_step=args.num_prompts_per_step,
-                    num_generations=args.num_generations, max_completion_length=args.max_completion_length,
-                    max_steps=args.steps, learning_rate=1e-30, eval_num_generations=0, save_steps=0,
-                    logging_steps=0)
+    base_cfg = dict(
+        prompt_template="none",
+        num_prompts_per_step=args.num_prompts_per_step,
+        num_generations=args.num_generations,
+        max_completion_length=args.max_completion_length,
+        max_steps=args.steps,
+        learning_rate=1e-30,
+        eval_num_generations=0,
+        save_steps=0,
+        logging_steps=0,
+    )
     patches = {"no_stop": True, "random_rewards": 0, "group_size": args.num_generations}
     rows, t_start = [], time.time()
     pool = _common.forkserver_pool(_common.PRELOAD + ["peft"])
@@ -185,46 +235,77 @@ def main(argv=None) -> dict:
         for i, (name, hidden, over, allocator) in enumerate(configs):
             config = {**base_cfg, **over, "model": models[hidden], "output_dir": str(workdir / f"run{i}")}
             p = predict(models[hidden], config, prompt_tokens)
-            warmup = {**config, "model": toy_path, "num_prompts_per_step": 1, "num_generations": 2,
-                      "max_completion_length": 2, "output_dir": config["output_dir"] + "_warmup"}
-            res = pool.apply(measure, ({"config": config, "warmup": warmup, "patches": patches,
-                                        "allocator": allocator},))
+            warmup = {
+                **config,
+                "model": toy_path,
+                "num_prompts_per_step": 1,
+                "num_generations": 2,
+                "max_completion_length": 2,
+                "output_dir": config["output_dir"] + "_warmup",
+            }
+            res = pool.apply(
+                measure, ({"config": config, "warmup": warmup, "patches": patches, "allocator": allocator},)
+            )
             peak_gb = max(s["memory/peak_rss_gb"] for s in res["steps"])
             measured_mb = (peak_gb * 1e9 - res["rss_before_mib"] * 2**20) / 1e6
             predicted_mb = p.peak_gb * 1e3
-            row = {"name": name, "hidden": hidden, "overrides": over, "allocator": allocator,
-                   "measured_mb": measured_mb,
-                   "predicted_mb": predicted_mb, "relative": (predicted_mb - measured_mb) / measured_mb,
-                   "within_bound": within_bound(predicted_mb, measured_mb), "peak_stage": p.peak_stage,
-                   "rows_per_micro_batch": p.parts["rows_per_micro_batch"], "fused": p.parts["fused"],
-                   "stages_mb": {s.name: round(s.device_gb * 1e3, 1) for s in p.stages},
-                   "baseline_rss_mb": res["rss_before_mib"] * 2**20 / 1e6,
-                   "per_step_peak_rss_mb": [s["memory/peak_rss_gb"] * 1e3 for s in res["steps"]],
-                   "run_seconds": res["wall_time"], "warmup_rss_increase_mb": res["warmup_rss_increase_mb"]}
+            row = {
+                "name": name,
+                "hidden": hidden,
+                "overrides": over,
+                "allocator": allocator,
+                "measured_mb": measured_mb,
+                "predicted_mb": predicted_mb,
+                "relative": (predicted_mb - measured_mb) / measured_mb,
+                "within_bound": within_bound(predicted_mb, measured_mb),
+                "peak_stage": p.peak_stage,
+                "rows_per_micro_batch": p.parts["rows_per_micro_batch"],
+                "fused": p.parts["fused"],
+                "stages_mb": {s.name: round(s.device_gb * 1e3, 1) for s in p.stages},
+                "baseline_rss_mb": res["rss_before_mib"] * 2**20 / 1e6,
+                "per_step_peak_rss_mb": [s["memory/peak_rss_gb"] * 1e3 for s in res["steps"]],
+                "run_seconds": res["wall_time"],
+                "warmup_rss_increase_mb": res["warmup_rss_increase_mb"],
+            }
             rows.append(row)
-            print(f"[memory_plan_check] {name:<28} {allocator:<8} measured {measured_mb:7.0f} MB, predicted "
-                  f"{predicted_mb:7.0f} MB ({row['relative']:+.0%}, {p.peak_stage}), run {res['wall_time']:.0f}s",
-                  flush=True)
+            print(
+                f"[memory_plan_check] {name:<28} {allocator:<8} measured {measured_mb:7.0f} MB, predicted "
+                f"{predicted_mb:7.0f} MB ({row['relative']:+.0%}, {p.peak_stage}), run {res['wall_time']:.0f}s",
+                flush=True,
+            )
     finally:
         pool.close()
     table = markdown_table(rows)
-    bound = (f"bound (glibc fixed): predicted within {BOUND['low']:+.0%} / {BOUND['high']:+.0%} of measured, or within "
-             f"{BOUND['abs_mb']} MB")
+    bound = (
+        f"bound (glibc fixed): predicted within {BOUND['low']:+.0%} / {BOUND['high']:+.0%} of measured, or within "
+        f"{BOUND['abs_mb']} MB"
+    )
     fixed = [r for r in rows if r["allocator"] == "fixed"]
-    print(f"\n{table}\n\n{bound}; {sum(r['within_bound'] for r in fixed)} of {len(fixed)} within. "
-          f"Total {time.time() - t_start:.0f}s.")
-    result = {"benchmark": "memory_plan_check", "date": _common.now_iso(), "command": command,
-              "git": _common.git_state(), "machine": _common.machine_description(("peft",)),
-              "model": toy_info, "prompt_tokens": prompt_tokens, "bound": BOUND,
-              "method": {"measured": "max over steps of memory/peak_rss_gb minus VmRSS just before grpo.train "
-                                     "(after imports), fresh forked process per run; glibc 'fixed': "
-                                     f"mallopt(M_MMAP_THRESHOLD, {MMAP_THRESHOLD}), 'default': glibc's own",
-                         "predicted": "memory_plan.plan(read_model_config(model), cfg, prompt_tokens).peak_gb, "
-                                      "CPU as the device"},
-              "settings": {**vars(args), "train_config": base_cfg, "patches": patches},
-              "rows": rows, "table_markdown": table,
-              "all_within_bound": all(r["within_bound"] for r in rows if r["allocator"] == "fixed"),
-              "total_seconds": time.time() - t_start}
+    print(
+        f"\n{table}\n\n{bound}; {sum(r['within_bound'] for r in fixed)} of {len(fixed)} within. "
+        f"Total {time.time() - t_start:.0f}s."
+    )
+    result = {
+        "benchmark": "memory_plan_check",
+        "date": _common.now_iso(),
+        "command": command,
+        "git": _common.git_state(),
+        "machine": _common.machine_description(("peft",)),
+        "model": toy_info,
+        "prompt_tokens": prompt_tokens,
+        "bound": BOUND,
+        "method": {
+            "measured": "max over steps of memory/peak_rss_gb minus VmRSS just before grpo.train "
+            "(after imports), fresh forked process per run; glibc 'fixed': "
+            f"mallopt(M_MMAP_THRESHOLD, {MMAP_THRESHOLD}), 'default': glibc's own",
+            "predicted": "memory_plan.plan(read_model_config(model), cfg, prompt_tokens).peak_gb, CPU as the device",
+        },
+        "settings": {**vars(args), "train_config": base_cfg, "patches": patches},
+        "rows": rows,
+        "table_markdown": table,
+        "all_within_bound": all(r["within_bound"] for r in rows if r["allocator"] == "fixed"),
+        "total_seconds": time.time() - t_start,
+    }
     return _common.finish(result, args.out, workdir, args.keep_runs)
 
 

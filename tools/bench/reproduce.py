@@ -25,7 +25,8 @@ Figures depend on torch's CPU kernels (``torch.backends.cpu.get_cpu_capability()
 torch picks from the CPU unless ``ATEN_CPU_CAPABILITY`` names a set the CPU supports. So every run is made under a
 named set (``--cpu_capability``, default avx2: the record's set, which any x86 CPU since 2013 has) and recorded with
 it, and ``--check`` reruns a row under the set its record names; where this CPU lacks that set it says so in one
-line (exit 2) instead of comparing figures that cannot agree. A run folder under ``--root`` that holds a finished run of the same command, on the same kind of machine,
+line (exit 2) instead of comparing figures that cannot agree. A run folder under ``--root`` that holds a finished
+run of the same command, on the same kind of machine,
 by code unchanged since (tools/bench/, tests/ and documentation aside), is read, not rerun (a killed batch resumes).
 """
 
@@ -50,17 +51,37 @@ PAPER = "python grpo.py --recipe delta_paper --model Qwen/Qwen3-8B-Base"  # + th
 # (name, table, flags, the paper's number or None, what the row is)
 RULES = [
     ("dapo", "Table 1", [], 22.95, "DAPO: the clipped token-mean surrogate, every token Â_i"),
-    ("dapo_ft", "Table 1", ["--entropy_top_ratio", "0.2"], 24.80,
-     "DAPO w/ Forking Tokens, its code's rule: the top ⌈0.2n⌉ tokens by entropy, their mean"),
-    ("dapo_ft_trl", "Table 1", ["--top_entropy_quantile", "0.2"], None,
-     "the same as TRL reads it: entropy ≥ the 0.8 quantile, the normaliser unchanged"),
+    (
+        "dapo_ft",
+        "Table 1",
+        ["--entropy_top_ratio", "0.2"],
+        24.80,
+        "DAPO w/ Forking Tokens, its code's rule: the top ⌈0.2n⌉ tokens by entropy, their mean",
+    ),
+    (
+        "dapo_ft_trl",
+        "Table 1",
+        ["--top_entropy_quantile", "0.2"],
+        None,
+        "the same as TRL reads it: entropy ≥ the 0.8 quantile, the normaliser unchanged",
+    ),
     ("sapo", "Table 1", ["--loss_type", "sapo"], 25.14, "SAPO: the soft gate, τ 1.0 / 1.05, per-sequence mean"),
     ("fipo", "Table 1", ["--credit", "fipo"], 23.89, "FIPO: the future-KL weight (decay 32, clip 0.2)"),
     ("delta", "Table 1", ["--credit", "delta"], 28.40, "DelTA (K = 1, [0.8, 1.2])"),
-    ("within_side", "ablation", ["--credit", "delta", "--delta_scores", "within_side"], 17.94,
-     "within-side scores α = σ(−‖v − μ_own‖²/γ)"),
-    ("frozen_gamma", "ablation", ["--credit", "delta", "--delta_gamma", "frozen"], 21.19,
-     "w/o adaptive γ: the first batch's γ, kept"),
+    (
+        "within_side",
+        "ablation",
+        ["--credit", "delta", "--delta_scores", "within_side"],
+        17.94,
+        "within-side scores α = σ(−‖v − μ_own‖²/γ)",
+    ),
+    (
+        "frozen_gamma",
+        "ablation",
+        ["--credit", "delta", "--delta_gamma", "frozen"],
+        21.19,
+        "w/o adaptive γ: the first batch's γ, kept",
+    ),
     ("hard", "ablation", ["--credit", "delta", "--delta_assignment", "hard"], 20.93, "hard 0/1 assignment"),
     ("no_lamnorm", "ablation", ["--credit", "delta", "--no-delta_normalize"], 21.39, "w/o λ-normalisation"),
     ("raw_alpha", "ablation", ["--credit", "delta", "--delta_coefficients", "raw"], 20.78, "raw α as the weight"),
@@ -69,20 +90,45 @@ RULES = [
     ("k3", "ablation", ["--credit", "delta", "--delta_k", "3"], 22.20, "K = 3"),
     ("lam_0.5_1.2", "ablation", ["--credit", "delta", "--delta_lam_min", "0.5"], 23.22, "λ ∈ [0.5, 1.2]"),
     ("lam_0.8_1.5", "ablation", ["--credit", "delta", "--delta_lam_max", "1.5"], 22.77, "λ ∈ [0.8, 1.5]"),
-    ("lam_0.5_1.5", "ablation", ["--credit", "delta", "--delta_lam_min", "0.5", "--delta_lam_max", "1.5"], 23.07,
-     "λ ∈ [0.5, 1.5]"),
-    ("topk_proxy", "ablation", ["--credit", "delta", "--delta_proxy", "topk", "--delta_proxy_topk", "20"], 24.29,
-     "the top-K hidden-gradient proxy (K = 20; the paper does not give K)"),
-    ("random_lambda", "ablation", ["--credit", "delta", "--delta_coefficients", "random"], 18.34,
-     "random λ ~ U[0.8, 1.2], the same normalisation"),
+    (
+        "lam_0.5_1.5",
+        "ablation",
+        ["--credit", "delta", "--delta_lam_min", "0.5", "--delta_lam_max", "1.5"],
+        23.07,
+        "λ ∈ [0.5, 1.5]",
+    ),
+    (
+        "topk_proxy",
+        "ablation",
+        ["--credit", "delta", "--delta_proxy", "topk", "--delta_proxy_topk", "20"],
+        24.29,
+        "the top-K hidden-gradient proxy (K = 20; the paper does not give K)",
+    ),
+    (
+        "random_lambda",
+        "ablation",
+        ["--credit", "delta", "--delta_coefficients", "random"],
+        18.34,
+        "random λ ~ U[0.8, 1.2], the same normalisation",
+    ),
     ("q2_top", "Q2", ["--credit", "delta", "--delta_select", "top"], None, "DAPO on the top 50% of tokens by λ"),
     ("q2_random", "Q2", ["--credit", "delta", "--delta_select", "random"], None, "DAPO on a random 50%"),
     ("q2_bottom", "Q2", ["--credit", "delta", "--delta_select", "bottom"], None, "DAPO on the bottom 50% by λ"),
     ("cscr", "CSCR", ["--credit", "cscr"], None, "CSCR (spec §5 defaults: λ 0.2 nats, α 1, per sequence)"),
-    ("cscr_sign_aware", "CSCR", ["--credit", "cscr", "--cscr_weight", "sign_aware"], None,
-     "direction ablation: RLSD's sign-aware weight"),
-    ("cscr_upweight", "CSCR", ["--credit", "cscr", "--cscr_weight", "upweight"], None,
-     "up-weighting the sensitive tokens instead"),
+    (
+        "cscr_sign_aware",
+        "CSCR",
+        ["--credit", "cscr", "--cscr_weight", "sign_aware"],
+        None,
+        "direction ablation: RLSD's sign-aware weight",
+    ),
+    (
+        "cscr_upweight",
+        "CSCR",
+        ["--credit", "cscr", "--cscr_weight", "upweight"],
+        None,
+        "up-weighting the sensitive tokens instead",
+    ),
     ("cscr_group", "CSCR", ["--credit", "cscr", "--cscr_scope", "group"], None, "renormalised per group"),
     ("cscr_batch", "CSCR", ["--credit", "cscr", "--cscr_scope", "batch"], None, "renormalised over the batch"),
     ("cscr_alpha_0.5", "CSCR", ["--credit", "cscr", "--cscr_alpha", "0.5"], None, "strength: α = 0.5"),
@@ -112,8 +158,12 @@ def capability_env(capability: str) -> str:
 def torch_kernels() -> str:
     """The CPU kernels torch picks in a new process under this process's environment (``ATEN_CPU_CAPABILITY`` as
     set), e.g. ``AVX2``: what the runs started from here use, whatever this process's own torch was started with."""
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
-                           capture_output=True, text=True, env=os.environ)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+        capture_output=True,
+        text=True,
+        env=os.environ,
+    )
     return probe.stdout.strip() or f"unknown ({probe.stderr.strip()[-200:]})"
 
 
@@ -124,8 +174,10 @@ def pin_capability(capability: str) -> str | None:
     got = torch_kernels()
     if got.lower() == capability_env(capability):
         return None
-    return (f"this CPU cannot run torch's {capability.upper()} kernels (ATEN_CPU_CAPABILITY={capability_env(capability)}"
-            f" gives {got})")
+    return (
+        f"this CPU cannot run torch's {capability.upper()} kernels (ATEN_CPU_CAPABILITY={capability_env(capability)}"
+        f" gives {got})"
+    )
 
 
 def machine() -> dict:
@@ -143,8 +195,13 @@ def machine() -> dict:
     except OSError:
         pass
     simd = sorted(f for f in info.get("flags", "").split() if f.startswith(("avx", "amx", "fma", "sse4")))
-    desc["cpu"] = {"vendor": info.get("vendor_id"), "family": info.get("cpu family"), "model": info.get("model"),
-                   "stepping": info.get("stepping"), "simd": simd}
+    desc["cpu"] = {
+        "vendor": info.get("vendor_id"),
+        "family": info.get("cpu family"),
+        "model": info.get("model"),
+        "stepping": info.get("stepping"),
+        "simd": simd,
+    }
     desc["torch_cpu_capability"] = torch_kernels()  # the runs', not this process's
     return desc
 
@@ -155,17 +212,22 @@ def machine_kind(m: dict | None) -> str:
     if not m or "cpu" not in m:
         return "not recorded"
     c = m["cpu"]
-    return (f"{c['vendor']} family {c['family']} model {c['model']} ({m.get('cpu_model')}), "
-            f"{'/'.join(f for f in c['simd'] if f in ('avx2', 'avx512f', 'amx_tile'))}, torch kernels "
-            f"{m.get('torch_cpu_capability')}, torch {m['versions'].get('torch')}, transformers "
-            f"{m['versions'].get('transformers')}")
+    return (
+        f"{c['vendor']} family {c['family']} model {c['model']} ({m.get('cpu_model')}), "
+        f"{'/'.join(f for f in c['simd'] if f in ('avx2', 'avx512f', 'amx_tile'))}, torch kernels "
+        f"{m.get('torch_cpu_capability')}, torch {m['versions'].get('torch')}, transformers "
+        f"{m['versions'].get('transformers')}"
+    )
 
 
 def code_state() -> dict:
-    """``_common.git_state`` with the uncommitted .py files that a toy run can import (tools/bench/ and tests/ left out)."""
+    """``_common.git_state`` with the uncommitted .py files that a toy run can import (tools/bench/ and tests/ left
+    out)."""
     git = git_state()
     if "dirty_python_files" in git:
-        git["dirty_python_files"] = [f for f in git["dirty_python_files"] if not f.startswith(("tools/bench/", "tests/"))]
+        git["dirty_python_files"] = [
+            f for f in git["dirty_python_files"] if not f.startswith(("tools/bench/", "tests/"))
+        ]
     return git
 
 
@@ -174,8 +236,11 @@ def same_code(commit: str | None) -> bool:
     differs from it, committed or not."""
     if not commit:
         return False
-    r = subprocess.run(["git", "diff", "--quiet", commit, "--", ".", ":!bench", ":!tests", ":!docs", ":!*.md"],
-                       cwd=REPO, capture_output=True)
+    r = subprocess.run(
+        ["git", "diff", "--quiet", commit, "--", ".", ":!bench", ":!tests", ":!docs", ":!*.md"],
+        cwd=REPO,
+        capture_output=True,
+    )
     return r.returncode == 0
 
 
@@ -190,8 +255,12 @@ def run(root: Path, name: str, flags: list[str], seed: int, extra: list[str] = (
     side = out / SIDECAR
     if side.exists() and (out / "summary.json").exists():
         done = json.loads(side.read_text())
-        if done["command"] == shlex.join(cmd) and not done["git"].get("dirty_python_files") and \
-                same_code(done["git"].get("commit")) and done["machine_kind"] == machine_kind(machine()):
+        if (
+            done["command"] == shlex.join(cmd)
+            and not done["git"].get("dirty_python_files")
+            and same_code(done["git"].get("commit"))
+            and done["machine_kind"] == machine_kind(machine())
+        ):
             return {**done, **figures(out)}  # the same command on this code and kind of machine: its record
     argv = [sys.executable, str(REPO / "grpo.py"), *cmd[2:], "--output_dir", str(out), "--overwrite_output_dir"]
     log, t0, started = root / f"{name}-seed{seed}.log", time.time(), now_iso()
@@ -201,8 +270,15 @@ def run(root: Path, name: str, flags: list[str], seed: int, extra: list[str] = (
     if rc:
         raise SystemExit(f"reproduce.py: {shlex.join(cmd)} failed (exit {rc}); its output: {log}")
     m = machine()
-    done = {"seed": seed, "command": shlex.join(cmd), "git": git, "machine_kind": machine_kind(m), "machine": m,
-            "started": started, "wall_s": round(time.time() - t0, 1)}
+    done = {
+        "seed": seed,
+        "command": shlex.join(cmd),
+        "git": git,
+        "machine_kind": machine_kind(m),
+        "machine": m,
+        "started": started,
+        "wall_s": round(time.time() - t0, 1),
+    }
     side.write_text(json.dumps(done, indent=1, ensure_ascii=False) + "\n")
     print(f"  {name} seed {seed}: {done['wall_s']:.0f} s", flush=True)
     return {**done, **figures(out)}
@@ -216,17 +292,27 @@ def figures(out: Path) -> dict:
     auroc = next(iter(lands.values()), {}).get("auroc") or {}
     b, a = summary["before"], summary["after"]
     avg = next(k for k in a if k.startswith("eval/avg@"))  # avg@8 (avg@k of a smoke test's --eval_num_generations)
-    return {"avg8_before": b[avg], "avg8_after": a[avg], "greedy_before": b["eval/greedy"],
-            "greedy_after": a["eval/greedy"], "gain": 100 * (a[avg] - b[avg]),
-            **{f"auroc_{k}": (auroc.get(k) or {}).get("mean") for k in ("first_wrong", "result_digits")}}
+    return {
+        "avg8_before": b[avg],
+        "avg8_after": a[avg],
+        "greedy_before": b["eval/greedy"],
+        "greedy_after": a["eval/greedy"],
+        "gain": 100 * (a[avg] - b[avg]),
+        **{f"auroc_{k}": (auroc.get(k) or {}).get("mean") for k in ("first_wrong", "result_digits")},
+    }
 
 
 def spread(values: list[float]) -> dict:
     values = [v for v in values if v is not None]
     if not values:
         return {"mean": None}
-    return {"mean": statistics.mean(values), "std": statistics.pstdev(values), "min": min(values),
-            "max": max(values), "n": len(values)}
+    return {
+        "mean": statistics.mean(values),
+        "std": statistics.pstdev(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -241,8 +327,9 @@ def load_record(path: Path) -> dict:
         raise SystemExit(f"reproduce.py: {path}: not JSON ({e}); nothing was run or written")
     for row in record.get("results", {}).values():
         for r in row.get("runs", []):
-            r["machine_kind"] = machine_kind(r.get("machine")) if r.get("machine_kind") in (None, "?") else \
-                r["machine_kind"]
+            r["machine_kind"] = (
+                machine_kind(r.get("machine")) if r.get("machine_kind") in (None, "?") else r["machine_kind"]
+            )
     return record
 
 
@@ -260,13 +347,24 @@ def recorded(run_: dict) -> bool:
 
 
 def save_record(path: Path, record: dict) -> None:
-    record["rules"] = [{"name": n, "table": t, "flags": f, "paper": p, "what": w,
-                        "toy_command": shlex.join(command(f, 0)).replace("--seed 0", "--seed S"),
-                        "paper_command": f"{PAPER} {' '.join(f)}".strip()} for n, t, f, p, w in RULES]
+    record["rules"] = [
+        {
+            "name": n,
+            "table": t,
+            "flags": f,
+            "paper": p,
+            "what": w,
+            "toy_command": shlex.join(command(f, 0)).replace("--seed 0", "--seed S"),
+            "paper_command": f"{PAPER} {' '.join(f)}".strip(),
+        }
+        for n, t, f, p, w in RULES
+    ]
     record["toy_flags"] = TOY
-    record["figures"] = {"avg8_*, greedy_*": "held-out avg@8 and greedy accuracy before/after training, as the "
-                         "command prints them", "gain": "100 × (avg8_after − avg8_before), points",
-                         "auroc_*": "report.credit_lands: the credit's AUROC at the first wrong token / result digits"}
+    record["figures"] = {
+        "avg8_*, greedy_*": "held-out avg@8 and greedy accuracy before/after training, as the command prints them",
+        "gain": "100 × (avg8_after − avg8_before), points",
+        "auroc_*": "report.credit_lands: the credit's AUROC at the first wrong token / result digits",
+    }
     write_json(str(path), record)
 
 
@@ -279,14 +377,18 @@ def check(record: dict, name: str, seed: int, extra: list[str], keep: bool) -> b
     flags = next(f for n, _, f, _, _ in RULES if n == name)
     runs = {r.get("seed"): r for r in record.get("results", {}).get(name, {}).get("runs", [])}
     if seed not in runs:
-        raise SystemExit(f"reproduce.py: --check {name} --seed {seed}: the record has no such run "
-                         f"(its seeds of {name}: {sorted(runs) or 'none'}); run it: python tools/bench/reproduce.py "
-                         f"--rules {name} --seeds {seed}")
+        raise SystemExit(
+            f"reproduce.py: --check {name} --seed {seed}: the record has no such run "
+            f"(its seeds of {name}: {sorted(runs) or 'none'}); run it: python tools/bench/reproduce.py "
+            f"--rules {name} --seeds {seed}"
+        )
     old, cmd = runs[seed], shlex.join(command(flags, seed, extra))
     wanted = (old.get("machine") or {}).get("torch_cpu_capability")
     if not wanted:
-        raise SystemExit(f"reproduce.py: --check {name} --seed {seed}: the record does not say which CPU kernels "
-                         f"made this run; rerun it: python tools/bench/reproduce.py --rules {name} --seeds {seed}")
+        raise SystemExit(
+            f"reproduce.py: --check {name} --seed {seed}: the record does not say which CPU kernels "
+            f"made this run; rerun it: python tools/bench/reproduce.py --rules {name} --seeds {seed}"
+        )
     cannot = pin_capability(wanted)
     if cannot:
         print(f"cannot check {name} seed {seed}: its figures come from torch's {wanted} kernels and {cannot}")
@@ -301,8 +403,9 @@ def check(record: dict, name: str, seed: int, extra: list[str], keep: bool) -> b
             shutil.rmtree(work, ignore_errors=True)
     same_cmd = old.get("command") == cmd
     print(f"{name}, seed {seed}: {cmd}")
-    print(f"  recorded: {old.get('command') or '(no command recorded)'}"
-          f"{'' if same_cmd else '   <- not the row command'}")
+    print(
+        f"  recorded: {old.get('command') or '(no command recorded)'}{'' if same_cmd else '   <- not the row command'}"
+    )
     print(f"  {'figure':<20} {'recorded':>12} {'now':>12}")
     bad = [] if same_cmd else ["command"]
     for k in FIGURES:
@@ -315,15 +418,28 @@ def check(record: dict, name: str, seed: int, extra: list[str], keep: bool) -> b
         print(f"  {k:<20} {fa:>12} {fb:>12}   {'same' if a == b else 'DIFFERS'}")
     old_commit = (old.get("git") or {}).get("commit")
     old_kind, dirty = old.get("machine_kind", machine_kind(old.get("machine"))), new["git"].get("dirty_python_files")
-    print(f"  commit:  recorded {old_commit or 'not recorded'}, now {new['git'].get('commit')}"
-          f"{' + uncommitted ' + ', '.join(dirty) if dirty else ''}")
+    print(
+        f"  commit:  recorded {old_commit or 'not recorded'}, now {new['git'].get('commit')}"
+        f"{' + uncommitted ' + ', '.join(dirty) if dirty else ''}"
+    )
     print(f"  machine: recorded {old_kind}\n           now      {new['machine_kind']}")
-    old.setdefault("checks", []).append({"date": now_iso(), "git": new["git"], "machine_kind": new["machine_kind"],
-                                         "match": not bad, "differs": bad, **{k: new.get(k) for k in FIGURES}})
+    old.setdefault("checks", []).append(
+        {
+            "date": now_iso(),
+            "git": new["git"],
+            "machine_kind": new["machine_kind"],
+            "match": not bad,
+            "differs": bad,
+            **{k: new.get(k) for k in FIGURES},
+        }
+    )
     # (saved with --log_check)
     if bad:
-        why = "" if old_kind == new["machine_kind"] else \
-            " (the record comes from another kind of machine, or does not say which: the figures depend on it)"
+        why = (
+            ""
+            if old_kind == new["machine_kind"]
+            else " (the record comes from another kind of machine, or does not say which: the figures depend on it)"
+        )
         print(f"MISMATCH: {', '.join(bad)}{why}")
     else:
         print("MATCH: the command prints the recorded figures")
@@ -358,26 +474,37 @@ def table(record: dict) -> str:
             tags = []
             for r in runs:
                 tags.append(kinds.setdefault(r["machine_kind"], f"M{len(kinds) + 1}"))
-                commits.add(r["git"]["commit"][:7] + (" + uncommitted .py" if r["git"].get("dirty_python_files")
-                                                      else ""))
+                commits.add(
+                    r["git"]["commit"][:7] + (" + uncommitted .py" if r["git"].get("dirty_python_files") else "")
+                )
             r = results[name]
             s0 = next((x for x in runs if x["seed"] == 0), None)
             prints = f"{s0['avg8_after']:.3f} / {s0['greedy_after']:.3f}" if s0 else "–"
             seeds = ",".join(str(x["seed"]) for x in runs)
             cmds = "`, `".join(sorted({x["command"].rsplit(" --seed ", 1)[0] + " --seed S" for x in runs}))
-            rows.append(f"| {name}: {what} | `{cmds}` (S = {seeds}) | {'–' if paper is None else f'{paper:.2f}'} | "
-                        f"{prints} | {cell(r['gain'], 1, '+')} | {cell(r['auroc_first_wrong'], 3)} | "
-                        f"{cell(r['auroc_result_digits'], 3)} | {', '.join(sorted(set(tags)))} |")
+            rows.append(
+                f"| {name}: {what} | `{cmds}` (S = {seeds}) | {'–' if paper is None else f'{paper:.2f}'} | "
+                f"{prints} | {cell(r['gain'], 1, '+')} | {cell(r['auroc_first_wrong'], 3)} | "
+                f"{cell(r['auroc_result_digits'], 3)} | {', '.join(sorted(set(tags)))} |"
+            )
         if rows:
-            out += [f"\n**{where}**\n", "| row | toy command | paper | seed 0 prints: avg@8 / greedy after | "
-                    "avg@8 gained (points) | AUROC first wrong | AUROC result digits | machine |",
-                    "|---|---|---|---|---|---|---|---|", *rows]
+            out += [
+                f"\n**{where}**\n",
+                "| row | toy command | paper | seed 0 prints: avg@8 / greedy after | "
+                "avg@8 gained (points) | AUROC first wrong | AUROC result digits | machine |",
+                "|---|---|---|---|---|---|---|---|",
+                *rows,
+            ]
     if kinds:
-        out.append("\nMachines: " + "; ".join(f"{tag} = {kind}" for kind, tag in kinds.items())
-                   + f". Commits: {', '.join(sorted(commits))}.")
+        out.append(
+            "\nMachines: "
+            + "; ".join(f"{tag} = {kind}" for kind, tag in kinds.items())
+            + f". Commits: {', '.join(sorted(commits))}."
+        )
     if missing:
-        out.append(f"\nNot in these tables (no run recorded with its command, commit and machine): "
-                   f"{', '.join(missing)}.")
+        out.append(
+            f"\nNot in these tables (no run recorded with its command, commit and machine): {', '.join(missing)}."
+        )
     return "\n".join(out)
 
 
@@ -412,14 +539,25 @@ def _main(argv) -> int:
     ap.add_argument("--record", "--out", default=str(RECORD), help="the record (JSON) runs are merged into")
     ap.add_argument("--check", default="", metavar="ROW", help="rerun ROW's --seed and compare it with the record")
     ap.add_argument("--seed", type=int, default=0, help="with --check: the seed")
-    ap.add_argument("--keep", action="store_true", help="with --check: keep its run folder (default: a temporary "
-                    "one, deleted)")
-    ap.add_argument("--log_check", action="store_true", help="with --check: add its outcome (date, commit, "
-                    "machine, match) to the record's run")
-    ap.add_argument("--extra", default="", help="flags added to every run's command (tiny smoke-test runs); they "
-                    "are part of the recorded command")
-    ap.add_argument("--cpu_capability", default=CAPABILITY_DEFAULT, choices=["default", "avx2", "avx512"],
-                    help="torch's CPU kernels for new runs (ATEN_CPU_CAPABILITY; --check uses its record's)")
+    ap.add_argument(
+        "--keep", action="store_true", help="with --check: keep its run folder (default: a temporary one, deleted)"
+    )
+    ap.add_argument(
+        "--log_check",
+        action="store_true",
+        help="with --check: add its outcome (date, commit, machine, match) to the record's run",
+    )
+    ap.add_argument(
+        "--extra",
+        default="",
+        help="flags added to every run's command (tiny smoke-test runs); they are part of the recorded command",
+    )
+    ap.add_argument(
+        "--cpu_capability",
+        default=CAPABILITY_DEFAULT,
+        choices=["default", "avx2", "avx512"],
+        help="torch's CPU kernels for new runs (ATEN_CPU_CAPABILITY; --check uses its record's)",
+    )
     ap.add_argument("--table", action="store_true", help="only print the tables from the record")
     ap.add_argument("--page", default="", help="with --table: also write them into this page's tables block")
     args = ap.parse_args(argv)

@@ -62,7 +62,8 @@ Usage::
 
     python tools/bench/scaling.py
     python tools/bench/scaling.py --cells toy:64,toy:512,30m:512 --credits grpo,delta --steps 4 --repeats 2
-    python tools/bench/scaling.py --update_lengths 64:1024 --cells toy:0,30m:0 --num_prompts_per_step 4 --num_generations 4
+    python tools/bench/scaling.py --update_lengths 64:1024 --cells toy:0,30m:0 --num_prompts_per_step 4
+    --num_generations 4
 """
 
 from __future__ import annotations
@@ -87,10 +88,22 @@ PROG = "scaling.py"
 # Qwen3 configurations (overrides of toy.MODEL). head_dim 64 and grouped-query attention as in Qwen3.
 SIZES = {
     "toy": {},
-    "30m": dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=10, num_attention_heads=8,
-                num_key_value_heads=4, head_dim=64),
-    "120m": dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=14, num_attention_heads=12,
-                 num_key_value_heads=4, head_dim=64),
+    "30m": dict(
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=10,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+    ),
+    "120m": dict(
+        hidden_size=768,
+        intermediate_size=3072,
+        num_hidden_layers=14,
+        num_attention_heads=12,
+        num_key_value_heads=4,
+        head_dim=64,
+    ),
 }
 DEFAULT_CELLS = "toy:64,toy:256,toy:1024,30m:64,30m:128,120m:64"
 CREDITS = ("grpo", "delta", "cscr")
@@ -110,11 +123,23 @@ def build_random_model(size: str, path: str, max_positions: int, seed: int = 0) 
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     cfg = model.config
-    return {"num_parameters": sum(p.numel() for p in model.parameters()),
-            "config": {k: getattr(cfg, k) for k in ("vocab_size", "hidden_size", "intermediate_size",
-                                                    "num_hidden_layers", "num_attention_heads",
-                                                    "num_key_value_heads", "head_dim", "max_position_embeddings",
-                                                    "tie_word_embeddings")}}
+    return {
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "config": {
+            k: getattr(cfg, k)
+            for k in (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+                "max_position_embeddings",
+                "tie_word_embeddings",
+            )
+        },
+    }
 
 
 # --update_lengths: (--padding_free, --shared_prompt) of each mode; the last one is the baseline of the speed-up
@@ -130,8 +155,8 @@ def update_only(spec: dict) -> dict:
     import torch
 
     import grpo
-    from trainer import policy
     import rollout
+    from trainer import policy
 
     torch.set_num_threads(spec["num_threads"] or torch.get_num_threads())
     model, tok = policy.load_model_and_tokenizer(spec["model"], dtype="float32", device="cpu")
@@ -147,30 +172,56 @@ def update_only(spec: dict) -> dict:
     attn = torch.zeros(N, P + T, dtype=torch.long)
     for i, t in enumerate(lengths):
         p = len(prompts[i // G])
-        ids[i, P - p:P + t] = torch.tensor(prompts[i // G] + [4 + rng.randrange(vocab) for _ in range(t)])
-        attn[i, P - p:P + t] = 1
+        ids[i, P - p : P + t] = torch.tensor(prompts[i // G] + [4 + rng.randrange(vocab) for _ in range(t)])
+        attn[i, P - p : P + t] = 1
     mask = attn[:, P:].float()
-    batch = rollout.Rollout(input_ids=ids, attention_mask=attn, response_ids=ids[:, P:], response_mask=mask,
-                            prompt_length=P, finish_reasons=["stop"] * N, texts=[""] * N, prompts=[""] * N,
-                            group_size=G)
+    batch = rollout.Rollout(
+        input_ids=ids,
+        attention_mask=attn,
+        response_ids=ids[:, P:],
+        response_mask=mask,
+        prompt_length=P,
+        finish_reasons=["stop"] * N,
+        texts=[""] * N,
+        prompts=[""] * N,
+        group_size=G,
+    )
     adv = grpo.group_advantages(torch.tensor([float(i % 2) for i in range(N)]), G)
-    cfg = grpo.GRPOConfig(model=spec["model"], credit=spec["credit"], learning_rate=1e-30, max_completion_length=T,
-                          micro_batch_size=spec["micro_batch_size"], padding_free=spec["padding_free"],
-                          shared_prompt=spec["shared_prompt"])
+    cfg = grpo.GRPOConfig(
+        model=spec["model"],
+        credit=spec["credit"],
+        learning_rate=1e-30,
+        max_completion_length=T,
+        micro_batch_size=spec["micro_batch_size"],
+        padding_free=spec["padding_free"],
+        shared_prompt=spec["shared_prompt"],
+    )
     optimizer, credit = policy.build_optimizer(model.parameters(), cfg), grpo.Credit(cfg, tok)
     times = []
     with _common.PeakMemory() as mem:
         for step in range(spec["steps"]):
             t0 = time.perf_counter()
             # stages 4-6 of grpo.train_step, as it calls them
-            old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden(), None,
-                                    training_forward=grpo.can_update_on_policy(cfg, N, False))
+            old = grpo.old_logprobs(
+                model,
+                batch,
+                cfg,
+                credit.needs_hidden(),
+                None,
+                training_forward=grpo.can_update_on_policy(cfg, N, False),
+            )
             token_adv, _ = credit(model, batch, adv, old, None)
             grpo.policy_update(model, optimizer, grpo.Update(batch, old, token_adv, batch.response_mask, {}), cfg, step)
             times.append(time.perf_counter() - t0)
-    return {"padding_free": spec["padding_free"], "shared_prompt": spec["shared_prompt"], "seconds": times,
-            "response_tokens": int(mask.sum()), "padded_response_tokens": N * T, "batch_shape": [N, P + T],
-            **mem.as_dict()}
+    return {
+        "padding_free": spec["padding_free"],
+        "shared_prompt": spec["shared_prompt"],
+        "seconds": times,
+        "response_tokens": int(mask.sum()),
+        "padded_response_tokens": N * T,
+        "batch_shape": [N, P + T],
+        **mem.as_dict(),
+    }
 
 
 def update_lengths_main(args, command: str, cells) -> dict:
@@ -190,24 +241,44 @@ def update_lengths_main(args, command: str, cells) -> dict:
             by_mode = {mode: [] for mode in UPDATE_MODES}
             for r in range(args.repeats):
                 for mode, (pf, shared) in UPDATE_MODES.items():
-                    spec = {"model": path, "lengths": (int(lo), int(hi)), "seed": args.seed + r, "credit": credit,
-                            "num_generations": args.num_generations, "num_prompts_per_step": args.num_prompts_per_step,
-                            "micro_batch_size": args.micro_batch_size, "padding_free": pf, "shared_prompt": shared,
-                            "steps": args.steps, "num_threads": args.num_threads}
+                    spec = {
+                        "model": path,
+                        "lengths": (int(lo), int(hi)),
+                        "seed": args.seed + r,
+                        "credit": credit,
+                        "num_generations": args.num_generations,
+                        "num_prompts_per_step": args.num_prompts_per_step,
+                        "micro_batch_size": args.micro_batch_size,
+                        "padding_free": pf,
+                        "shared_prompt": shared,
+                        "steps": args.steps,
+                        "num_threads": args.num_threads,
+                    }
                     res = pool.apply(update_only, (spec,))
                     runs.append({"size": size, "round": r, "mode": mode, **res})
                     by_mode[mode].append(res)
-                    print(f"[bench] {size} {mode:<28} round {r + 1}: update {median(res['seconds'][1:]):.3f} s, "
-                          f"peak RSS +{res['peak_rss_increase_mib']:.0f} MiB", flush=True)
+                    print(
+                        f"[bench] {size} {mode:<28} round {r + 1}: update {median(res['seconds'][1:]):.3f} s, "
+                        f"peak RSS +{res['peak_rss_increase_mib']:.0f} MiB",
+                        flush=True,
+                    )
             for mode, (pf, shared) in UPDATE_MODES.items():
                 rs = by_mode[mode]
                 sec = median([x for r in rs for x in r["seconds"][1:]])
-                rows.append({"size": size, "parameters": info["num_parameters"], "mode": mode, "padding_free": pf,
-                             "shared_prompt": shared, "s_update": sec,
-                             "response_tokens_per_s": rs[0]["response_tokens"] / sec,
-                             "peak_rss_increase_mib": median([r["peak_rss_increase_mib"] for r in rs]),
-                             "round_s_update": [median(r["seconds"][1:]) for r in rs]})
-            for row in rows[-len(UPDATE_MODES):]:  # the last mode is the padded update
+                rows.append(
+                    {
+                        "size": size,
+                        "parameters": info["num_parameters"],
+                        "mode": mode,
+                        "padding_free": pf,
+                        "shared_prompt": shared,
+                        "s_update": sec,
+                        "response_tokens_per_s": rs[0]["response_tokens"] / sec,
+                        "peak_rss_increase_mib": median([r["peak_rss_increase_mib"] for r in rs]),
+                        "round_s_update": [median(r["seconds"][1:]) for r in rs],
+                    }
+                )
+            for row in rows[-len(UPDATE_MODES) :]:  # the last mode is the padded update
                 row["speedup"] = rows[-1]["s_update"] / row["s_update"]
     finally:
         pool.close()
@@ -216,21 +287,35 @@ def update_lengths_main(args, command: str, cells) -> dict:
     lines = [head, "|---|---|---|---|---|---|"]
     for r in rows:
         rr = r["round_s_update"]
-        lines.append(f"| {r['size']} ({r['parameters'] / 1e6:.2f}M) | {r['mode']}"
-                     f" | {r['s_update']:.3f} ({min(rr):.3f}–{max(rr):.3f}) | {r['response_tokens_per_s']:.0f} | "
-                     f"{r.get('speedup', 1.0):.2f}× | {r['peak_rss_increase_mib']:.0f} |")
+        lines.append(
+            f"| {r['size']} ({r['parameters'] / 1e6:.2f}M) | {r['mode']}"
+            f" | {r['s_update']:.3f} ({min(rr):.3f}–{max(rr):.3f}) | {r['response_tokens_per_s']:.0f} | "
+            f"{r.get('speedup', 1.0):.2f}× | {r['peak_rss_increase_mib']:.0f} |"
+        )
     table = "\n".join(lines)
     total = time.time() - t_start
-    print(f"\n{table}\n\n{args.num_prompts_per_step}×{args.num_generations} responses of {lo}–{hi} tokens "
-          f"({runs[0]['response_tokens']} response tokens, padded to {runs[0]['padded_response_tokens']}), credit "
-          f"{credit}, {args.steps - 1} timed updates per run (the first is not timed) × {args.repeats} round(s). "
-          f"Total {total:.0f}s; load average {load_start[0]:.2f} -> {os.getloadavg()[0]:.2f}.")
+    print(
+        f"\n{table}\n\n{args.num_prompts_per_step}×{args.num_generations} responses of {lo}–{hi} tokens "
+        f"({runs[0]['response_tokens']} response tokens, padded to {runs[0]['padded_response_tokens']}), credit "
+        f"{credit}, {args.steps - 1} timed updates per run (the first is not timed) × {args.repeats} round(s). "
+        f"Total {total:.0f}s; load average {load_start[0]:.2f} -> {os.getloadavg()[0]:.2f}."
+    )
     machine = _common.machine_description(())
     machine["load_average_start"], machine["load_average_end"] = list(load_start), list(os.getloadavg())
-    result = {"benchmark": "scaling --update_lengths", "date": _common.now_iso(), "command": command,
-              "python": sys.executable, "git": _common.git_state(), "machine": machine, "settings": vars(args),
-              "memory_method": _common.MEMORY_METHOD_CPU + " (over the updates)", "summary": rows,
-              "table_markdown": table, "total_seconds": total, "runs": runs}
+    result = {
+        "benchmark": "scaling --update_lengths",
+        "date": _common.now_iso(),
+        "command": command,
+        "python": sys.executable,
+        "git": _common.git_state(),
+        "machine": machine,
+        "settings": vars(args),
+        "memory_method": _common.MEMORY_METHOD_CPU + " (over the updates)",
+        "summary": rows,
+        "table_markdown": table,
+        "total_seconds": total,
+        "runs": runs,
+    }
     return _common.finish(result, args.out, workdir, args.keep_runs, kept="models")
 
 
@@ -246,8 +331,10 @@ def parse_cells(spec: str) -> list[tuple[str, int]]:
             continue
         size, _, length = item.partition(":")
         if size not in SIZES or not length.isdigit() or int(length) < 1:
-            raise SystemExit(f"{PROG}: error: bad --cells entry {item!r}: want SIZE:LENGTH with SIZE in "
-                             f"{sorted(SIZES)} and LENGTH a positive integer")
+            raise SystemExit(
+                f"{PROG}: error: bad --cells entry {item!r}: want SIZE:LENGTH with SIZE in "
+                f"{sorted(SIZES)} and LENGTH a positive integer"
+            )
         if (size, int(length)) not in cells:
             cells.append((size, int(length)))
     if not cells:
@@ -264,7 +351,11 @@ def summarize(runs: dict, cells: list[tuple[str, int]], credits: list[str]) -> l
             rs = runs[(size, length, credit)]
             st = [s for r in rs for s in r["steps"][1:]]
             row = {
-                "size": size, "length": length, "credit": credit, "runs": len(rs), "steps_timed": len(st),
+                "size": size,
+                "length": length,
+                "credit": credit,
+                "runs": len(rs),
+                "steps_timed": len(st),
                 "s_per_step": median([s["step_time"] for s in st]),
                 "s_generation": median([s["generation_time"] for s in st]),
                 "s_rest": median([s["step_time"] - s["generation_time"] for s in st]),
@@ -276,8 +367,11 @@ def summarize(runs: dict, cells: list[tuple[str, int]], credits: list[str]) -> l
                 "mean_completion_length": statistics.fmean(s["completions/mean_length"] for s in st) if st else None,
                 "rows_nonzero_adv": median([s.get("rows_nonzero_adv") for s in st]),
                 "peak_rss_increase_mib": median([r["peak_rss_increase_mib"] for r in rs]),
-                "cuda_max_allocated_mib": (median([r["cuda_max_allocated_mib"] for r in rs])
-                                           if rs and rs[0]["cuda_max_allocated_mib"] is not None else None),
+                "cuda_max_allocated_mib": (
+                    median([r["cuda_max_allocated_mib"] for r in rs])
+                    if rs and rs[0]["cuda_max_allocated_mib"] is not None
+                    else None
+                ),
                 "torch_threads": sorted({r["torch_threads"] for r in rs}),
             }
             if credit == "grpo":
@@ -293,8 +387,22 @@ def summarize(runs: dict, cells: list[tuple[str, int]], credits: list[str]) -> l
 
 def markdown_table(rows: list[dict], params: dict, cuda: bool) -> str:
     mem = "CUDA max alloc MiB" if cuda else "peak RSS +MiB"
-    head = ["model (params)", "length", "credit", "s/step", "× GRPO", "generation s", "rest s", "× GRPO (rest)",
-            "CPU s/step", "× GRPO (CPU)", "credit hook s", "response tok/s", mem, "× GRPO (mem)"]
+    head = [
+        "model (params)",
+        "length",
+        "credit",
+        "s/step",
+        "× GRPO",
+        "generation s",
+        "rest s",
+        "× GRPO (rest)",
+        "CPU s/step",
+        "× GRPO (CPU)",
+        "credit hook s",
+        "response tok/s",
+        mem,
+        "× GRPO (mem)",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def r(x):
@@ -302,12 +410,28 @@ def markdown_table(rows: list[dict], params: dict, cuda: bool) -> str:
 
     for row in rows:
         m = row["cuda_max_allocated_mib"] if cuda else row["peak_rss_increase_mib"]
-        lines.append("| " + " | ".join([
-            f"{row['size']} ({params[row['size']] / 1e6:.2f}M)", str(row["length"]), row["credit"],
-            f"{row['s_per_step']:.3f}", r(row.get("ratio_s_per_step")), f"{row['s_generation']:.3f}",
-            f"{row['s_rest']:.3f}", r(row.get("ratio_s_rest")), f"{row['cpu_s_per_step']:.3f}",
-            r(row.get("ratio_cpu_s_per_step")), f"{row['s_credit_hook']:.3f}",
-            f"{row['response_tokens_per_s']:.0f}", f"{m:.0f}", r(row.get("ratio_memory"))]) + " |")
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    f"{row['size']} ({params[row['size']] / 1e6:.2f}M)",
+                    str(row["length"]),
+                    row["credit"],
+                    f"{row['s_per_step']:.3f}",
+                    r(row.get("ratio_s_per_step")),
+                    f"{row['s_generation']:.3f}",
+                    f"{row['s_rest']:.3f}",
+                    r(row.get("ratio_s_rest")),
+                    f"{row['cpu_s_per_step']:.3f}",
+                    r(row.get("ratio_cpu_s_per_step")),
+                    f"{row['s_credit_hook']:.3f}",
+                    f"{row['response_tokens_per_s']:.0f}",
+                    f"{m:.0f}",
+                    r(row.get("ratio_memory")),
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -337,30 +461,48 @@ def plot(rows: list[dict], params: dict, path: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--cells", default=DEFAULT_CELLS,
-                    help=f"comma-separated SIZE:LENGTH grid cells; sizes {sorted(SIZES)}, length = completion "
-                         f"tokens (every response is forced to exactly this length)")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    ap.add_argument(
+        "--cells",
+        default=DEFAULT_CELLS,
+        help=f"comma-separated SIZE:LENGTH grid cells; sizes {sorted(SIZES)}, length = completion "
+        f"tokens (every response is forced to exactly this length)",
+    )
     ap.add_argument("--credits", default="grpo,delta,cscr", help="comma-separated credits; grpo is the baseline")
     ap.add_argument("--num_prompts_per_step", type=int, default=2)
     ap.add_argument("--num_generations", type=int, default=2, help="group size G (>= 2)")
     ap.add_argument("--steps", type=int, default=3, help="training steps per run (the first is not timed)")
     ap.add_argument("--repeats", type=int, default=1, help="interleaved rounds per cell (one run per credit each)")
-    ap.add_argument("--num_threads", type=int, default=1,
-                    help="torch CPU threads in every run (0 = grpo.py's rule: 1 below 10M parameters, else torch's "
-                         "default)")
+    ap.add_argument(
+        "--num_threads",
+        type=int,
+        default=1,
+        help="torch CPU threads in every run (0 = grpo.py's rule: 1 below 10M parameters, else torch's default)",
+    )
     ap.add_argument("--micro_batch_size", type=int, default=0, help="as grpo.py (0 = whole batch)")
-    ap.add_argument("--learning_rate", type=float, default=1e-30,
-                    help="tiny on purpose: updates are applied but leave the float32 weights unchanged, so every "
-                         "credit samples identical rollouts")
+    ap.add_argument(
+        "--learning_rate",
+        type=float,
+        default=1e-30,
+        help="tiny on purpose: updates are applied but leave the float32 weights unchanged, so every "
+        "credit samples identical rollouts",
+    )
     ap.add_argument("--seed", type=int, default=0, help="data order, sampling and the random rewards")
-    ap.add_argument("--out", default=str(REPO / "tools" / "bench" / "results" / "scaling.json"),
-                    help="JSON results file ('' = do not write)")
+    ap.add_argument(
+        "--out",
+        default=str(REPO / "tools" / "bench" / "results" / "scaling.json"),
+        help="JSON results file ('' = do not write)",
+    )
     ap.add_argument("--plot", default="", metavar="FILE.png", help="also plot s/step against length (matplotlib)")
     ap.add_argument("--keep_runs", action="store_true", help="keep the models and runs' output folders (printed)")
-    ap.add_argument("--update_lengths", default="", metavar="LO:HI",
-                    help="instead: the update alone, responses of LO to HI tokens, in the three modes of UPDATE_MODES")
+    ap.add_argument(
+        "--update_lengths",
+        default="",
+        metavar="LO:HI",
+        help="instead: the update alone, responses of LO to HI tokens, in the three modes of UPDATE_MODES",
+    )
     return ap
 
 
@@ -375,13 +517,17 @@ def main(argv=None) -> dict:
         raise SystemExit(f"{PROG}: error: --credits must be a subset of {CREDITS} that includes grpo (the baseline)")
     credits = ["grpo"] + [c for c in credits if c != "grpo"]
     if args.steps < 2 or args.repeats < 1 or args.num_generations < 2 or args.num_prompts_per_step < 1:
-        raise SystemExit(f"{PROG}: error: need --steps >= 2 (step 1 is not timed), --repeats >= 1, "
-                         f"--num_generations >= 2 and --num_prompts_per_step >= 1")
+        raise SystemExit(
+            f"{PROG}: error: need --steps >= 2 (step 1 is not timed), --repeats >= 1, "
+            f"--num_generations >= 2 and --num_prompts_per_step >= 1"
+        )
     if args.plot:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise SystemExit(f"{PROG}: error: --plot needs matplotlib: pip install -r tools/requirements-bench.txt") from None
+            raise SystemExit(
+                f"{PROG}: error: --plot needs matplotlib: pip install -r tools/requirements-bench.txt"
+            ) from None
     os.environ["TQDM_DISABLE"] = "1"  # read by tqdm when imported: set before the fork server imports anything
     workdir = Path(tempfile.mkdtemp(prefix="scaling-"))
     load_start = os.getloadavg()
@@ -389,9 +535,12 @@ def main(argv=None) -> dict:
     sizes = [s for s in SIZES if any(c[0] == s for c in cells)]
     models, params = {}, {}
     runs = {(s, L, c): [] for s, L in cells for c in credits}
-    print(f"[bench] cells {', '.join(f'{s}×{L}' for s, L in cells)}; credits {', '.join(credits)}; "
-          f"{args.num_prompts_per_step}×{args.num_generations} rollouts per step, {args.steps} steps per run, "
-          f"{args.repeats} round(s)", flush=True)
+    print(
+        f"[bench] cells {', '.join(f'{s}×{L}' for s, L in cells)}; credits {', '.join(credits)}; "
+        f"{args.num_prompts_per_step}×{args.num_generations} rollouts per step, {args.steps} steps per run, "
+        f"{args.repeats} round(s)",
+        flush=True,
+    )
     pool = _common.forkserver_pool(_common.PRELOAD)
     try:
         for size in sizes:
@@ -405,21 +554,37 @@ def main(argv=None) -> dict:
         for size, length in cells:
             for r in range(args.repeats):
                 for credit in credits:
-                    cfg = dict(model=models[size]["path"], data="toy", prompt_template="none", credit=credit,
-                               num_generations=args.num_generations, num_prompts_per_step=args.num_prompts_per_step,
-                               max_completion_length=length, max_steps=args.steps, learning_rate=args.learning_rate,
-                               micro_batch_size=args.micro_batch_size, seed=args.seed, num_threads=args.num_threads,
-                               eval_num_generations=0, save_steps=0, logging_steps=1, num_samples_to_log=1,
-                               output_dir=str(workdir / f"{size}_{length}_{credit}_r{r}"))
+                    cfg = dict(
+                        model=models[size]["path"],
+                        data="toy",
+                        prompt_template="none",
+                        credit=credit,
+                        num_generations=args.num_generations,
+                        num_prompts_per_step=args.num_prompts_per_step,
+                        max_completion_length=length,
+                        max_steps=args.steps,
+                        learning_rate=args.learning_rate,
+                        micro_batch_size=args.micro_batch_size,
+                        seed=args.seed,
+                        num_threads=args.num_threads,
+                        eval_num_generations=0,
+                        save_steps=0,
+                        logging_steps=1,
+                        num_samples_to_log=1,
+                        output_dir=str(workdir / f"{size}_{length}_{credit}_r{r}"),
+                    )
                     patches = {"no_stop": True, "random_rewards": args.seed, "group_size": args.num_generations}
                     res = pool.apply(_common.run_one, ({"config": cfg, "patches": patches},))
                     runs[(size, length, credit)].append(res)
                     st = res["steps"][1:]
-                    print(f"[bench] {size}×{length} {credit:<5} round {r + 1}: s/step "
-                          f"{median([s['step_time'] for s in st]):.3f} (generation "
-                          f"{median([s['generation_time'] for s in st]):.3f}, credit hook "
-                          f"{median([s.get('credit_time') for s in st]):.3f}), peak RSS "
-                          f"+{res['peak_rss_increase_mib']:.0f} MiB, run {res['wall_time']:.1f}s", flush=True)
+                    print(
+                        f"[bench] {size}×{length} {credit:<5} round {r + 1}: s/step "
+                        f"{median([s['step_time'] for s in st]):.3f} (generation "
+                        f"{median([s['generation_time'] for s in st]):.3f}, credit hook "
+                        f"{median([s.get('credit_time') for s in st]):.3f}), peak RSS "
+                        f"+{res['peak_rss_increase_mib']:.0f} MiB, run {res['wall_time']:.1f}s",
+                        flush=True,
+                    )
     finally:
         pool.close()
         pool.join()
@@ -428,19 +593,26 @@ def main(argv=None) -> dict:
 
     cuda = torch.cuda.is_available()
     rows = summarize(runs, cells, credits)
-    lengths_ok = all(s["completions/mean_length"] == L and s["response_tokens"] == L * args.num_prompts_per_step
-                     * args.num_generations for (_, L, _), rs in runs.items() for r in rs for s in r["steps"])
+    lengths_ok = all(
+        s["completions/mean_length"] == L
+        and s["response_tokens"] == L * args.num_prompts_per_step * args.num_generations
+        for (_, L, _), rs in runs.items()
+        for r in rs
+        for s in r["steps"]
+    )
     table = markdown_table(rows, params, cuda)
     print()
     print(table)
     threads = sorted({r["torch_threads"] for rs in runs.values() for r in rs})
-    print(f"\n{args.steps - 1} timed steps per run (step 1 excluded) × {args.repeats} round(s); "
-          f"{args.num_prompts_per_step} prompts × {args.num_generations} responses per step, every response exactly "
-          f"`length` tokens: {'yes' if lengths_ok else 'NO'}; random rewards (half of each group correct); torch "
-          f"threads {threads}; rest = step − generation. Parameters: "
-          + ", ".join(f"{s} {params[s]:,}" for s in sizes)
-          + f" (toy tokenizer, 100-token vocabulary). Total {total:.0f}s; load average "
-          f"{load_start[0]:.2f} -> {os.getloadavg()[0]:.2f}.")
+    print(
+        f"\n{args.steps - 1} timed steps per run (step 1 excluded) × {args.repeats} round(s); "
+        f"{args.num_prompts_per_step} prompts × {args.num_generations} responses per step, every response exactly "
+        f"`length` tokens: {'yes' if lengths_ok else 'NO'}; random rewards (half of each group correct); torch "
+        f"threads {threads}; rest = step − generation. Parameters: "
+        + ", ".join(f"{s} {params[s]:,}" for s in sizes)
+        + f" (toy tokenizer, 100-token vocabulary). Total {total:.0f}s; load average "
+        f"{load_start[0]:.2f} -> {os.getloadavg()[0]:.2f}."
+    )
     plot_path = plot(rows, params, args.plot) if args.plot else None
     if plot_path:
         print(f"wrote {plot_path}")
@@ -448,16 +620,27 @@ def main(argv=None) -> dict:
     machine["torch_threads_in_train"] = threads
     machine["load_average_start"], machine["load_average_end"] = list(load_start), list(os.getloadavg())
     result = {
-        "benchmark": "scaling", "date": _common.now_iso(), "command": command, "python": sys.executable,
-        "git": _common.git_state(), "machine": machine,
+        "benchmark": "scaling",
+        "date": _common.now_iso(),
+        "command": command,
+        "python": sys.executable,
+        "git": _common.git_state(),
+        "machine": machine,
         "models": {s: {k: v for k, v in m.items() if k != "path"} for s, m in models.items()},
         "settings": {**vars(args), "cells": [list(c) for c in cells], "credits": credits},
         "patches": next(iter(runs.values()))[0]["patches"] if runs else None,
         "memory_method": _common.MEMORY_METHOD_CUDA if cuda else _common.MEMORY_METHOD_CPU + " (over train())",
-        "all_responses_full_length": lengths_ok, "summary": rows, "table_markdown": table, "total_seconds": total,
+        "all_responses_full_length": lengths_ok,
+        "summary": rows,
+        "table_markdown": table,
+        "total_seconds": total,
         "plot": plot_path,
-        "runs": [{"size": s, "length": L, "credit": c, **{k: v for k, v in r.items() if k != "pid"}}
-                 for (s, L, c), rs in runs.items() for r in rs]}
+        "runs": [
+            {"size": s, "length": L, "credit": c, **{k: v for k, v in r.items() if k != "pid"}}
+            for (s, L, c), rs in runs.items()
+            for r in rs
+        ],
+    }
     return _common.finish(result, args.out, workdir, args.keep_runs, kept="models and runs")
 
 

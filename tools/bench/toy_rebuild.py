@@ -61,10 +61,12 @@ def verdict(res: dict) -> str:
     """The comparison in one line: identical weights, or the weights' largest difference and both models' figures."""
     if res["identical"]:
         return "identical weights to the shipped toy/model/"
-    return (f"weights differ (max |diff| {res['max_abs_weight_diff']:.2e}); held-out greedy / avg@8: rebuilt "
-            f"{res['rebuilt']['greedy']:.1f} / {res['rebuilt']['avg@8']:.1f}, shipped {res['shipped']['greedy']:.1f} / "
-            f"{res['shipped']['avg@8']:.1f} (tolerance {REBUILD_TOLERANCE} points): "
-            + ("within it" if res["ok"] else "OUTSIDE it"))
+    return (
+        f"weights differ (max |diff| {res['max_abs_weight_diff']:.2e}); held-out greedy / avg@8: rebuilt "
+        f"{res['rebuilt']['greedy']:.1f} / {res['rebuilt']['avg@8']:.1f}, shipped {res['shipped']['greedy']:.1f} / "
+        f"{res['shipped']['avg@8']:.1f} (tolerance {REBUILD_TOLERANCE} points): "
+        + ("within it" if res["ok"] else "OUTSIDE it")
+    )
 
 
 def main(argv=None) -> int:
@@ -75,8 +77,9 @@ def main(argv=None) -> int:
         ValueError: the rebuilt model holds other tensors than the shipped one.
     """
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--output", metavar="DIR", help="where the rebuild is written, as DIR/model (default: a temporary "
-                                                    "folder)")
+    ap.add_argument(
+        "--output", metavar="DIR", help="where the rebuild is written, as DIR/model (default: a temporary folder)"
+    )
     args = ap.parse_args(argv)
     if not (toy.SHIPPED / "model.safetensors").exists():
         raise SystemExit(f"{PROG}: error: no shipped model to compare with in {toy.SHIPPED}")

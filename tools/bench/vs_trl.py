@@ -18,7 +18,8 @@ prompt order                        ``rollout.PromptSampler(len(train), seed)`` 
                                                                                        in that order,
                                                                                        ``shuffle_dataset=False``
 prompt text                         ``rollout.apply_template(problem, "none")``        the same strings
-reward                              ``verify.grade_batch`` (binary)                    the same call (= ``verify.reward``
+reward                              ``verify.grade_batch`` (binary)                    the same call (=
+``verify.reward``
                                                                                        per response)
 sampling                            T 1.0, top-p 1.0, top-k off, 64 new tokens         ``temperature`` 1.0, ``top_p``
                                                                                        1.0, ``top_k`` 0,
@@ -135,13 +136,17 @@ def _evaluate(model, tokenizer, spec) -> dict:
 
     rows = problems.load_problems("toy", split="test")
     if spec["eval_limit"]:
-        rows = rows[:spec["eval_limit"]]
+        rows = rows[: spec["eval_limit"]]
     t0 = time.perf_counter()
     settings = evaluate.EvalSettings(spec["eval_k"], 1.0, 1.0, spec["max_completion_length"], seed=spec["eval_seed"])
     res = evaluate.evaluate_rows(model, tokenizer, rows, TEMPLATE, settings)
     k = spec["eval_k"]
-    return {"greedy": res["greedy"], f"avg@{k}": res[f"avg@{k}"], "problems": len(rows),
-            "eval_seconds": time.perf_counter() - t0}
+    return {
+        "greedy": res["greedy"],
+        f"avg@{k}": res[f"avg@{k}"],
+        "problems": len(rows),
+        "eval_seconds": time.perf_counter() - t0,
+    }
 
 
 def _timed(owner, name: str, sink: list):
@@ -195,7 +200,6 @@ def run_ours(spec: dict) -> dict:
     import torch
 
     import grpo
-
     import rollout
 
     _quiet()
@@ -216,19 +220,46 @@ def run_ours(spec: dict) -> dict:
     rollout.generate, grpo.train_step = generate, train_step
     # where a step's time goes (each wrapper appends one entry per step)
     parts = {"grading": [], "old_logprobs": [], "update": []}
-    originals = [(grpo.verify, "grade_batch", _timed(grpo.verify, "grade_batch", parts["grading"])),
-                 (grpo, "old_logprobs", _timed(grpo, "old_logprobs", parts["old_logprobs"])),
-                 (grpo, "policy_update", _timed(grpo, "policy_update", parts["update"]))]
+    originals = [
+        (grpo.verify, "grade_batch", _timed(grpo.verify, "grade_batch", parts["grading"])),
+        (grpo, "old_logprobs", _timed(grpo, "old_logprobs", parts["old_logprobs"])),
+        (grpo, "policy_update", _timed(grpo, "policy_update", parts["update"])),
+    ]
     out_dir = spec["output_dir"]
     cfg = grpo.GRPOConfig(
-        recipe="toy", model=spec["model"], data="toy", prompt_template=TEMPLATE, output_dir=out_dir, torch_dtype="float32",
-        num_generations=spec["num_generations"], num_prompts_per_step=spec["num_prompts_per_step"],
-        max_completion_length=spec["max_completion_length"], temperature=1.0, top_p=1.0,
-        max_steps=spec["steps"], learning_rate=spec["learning_rate"], weight_decay=0.0, max_grad_norm=1.0,
-        num_iterations=1, num_mini_batches=1, micro_batch_size=0, epsilon=0.2, epsilon_high=0.28, beta=0.0,
-        loss_type="dapo", scale_rewards="group", eval_num_generations=0, logging_steps=0, num_samples_to_log=0,
-        save_steps=0, seed=spec["seed"], num_threads=spec["num_threads"], credit="grpo",
-        padding_free=not spec.get("padded", False), shared_prompt=not spec.get("padded", False))
+        recipe="toy",
+        model=spec["model"],
+        data="toy",
+        prompt_template=TEMPLATE,
+        output_dir=out_dir,
+        torch_dtype="float32",
+        num_generations=spec["num_generations"],
+        num_prompts_per_step=spec["num_prompts_per_step"],
+        max_completion_length=spec["max_completion_length"],
+        temperature=1.0,
+        top_p=1.0,
+        max_steps=spec["steps"],
+        learning_rate=spec["learning_rate"],
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        num_iterations=1,
+        num_mini_batches=1,
+        micro_batch_size=0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        beta=0.0,
+        loss_type="dapo",
+        scale_rewards="group",
+        eval_num_generations=0,
+        logging_steps=0,
+        num_samples_to_log=0,
+        save_steps=0,
+        seed=spec["seed"],
+        num_threads=spec["num_threads"],
+        credit="grpo",
+        padding_free=not spec.get("padded", False),
+        shared_prompt=not spec.get("padded", False),
+    )
     t0 = time.perf_counter()
     with _common.PeakMemory() as mem:
         _profiled(spec, lambda: grpo.train(cfg))
@@ -242,16 +273,29 @@ def run_ours(spec: dict) -> dict:
         for line in f:
             rec = json.loads(line)
             if "step_time" in rec:
-                steps.append({"step": rec["step"], "step_time": rec["step_time"],
-                              "generation_time": rec["generation_time"], "reward": rec["reward"],
-                              "mean_length": rec["completions/mean_length"]})
+                steps.append(
+                    {
+                        "step": rec["step"],
+                        "step_time": rec["step_time"],
+                        "generation_time": rec["generation_time"],
+                        "reward": rec["reward"],
+                        "mean_length": rec["completions/mean_length"],
+                    }
+                )
     for i, (s, c) in enumerate(zip(steps, cpu)):
         s["cpu_step_time"] = c
         s.update({f"{k}_time": v[i] if i < len(v) else 0.0 for k, v in parts.items()})  # a part not run: 0
     model, tokenizer = _load(os.path.join(out_dir, "final"))
-    return {"trainer": "ours_padded" if spec.get("padded") else "ours", "seed": spec["seed"], "wall_time": wall,
-            "steps": steps, **mem.as_dict(),
-            "torch_threads": threads, "prompts": prompts_per_step, "after": _evaluate(model, tokenizer, spec)}
+    return {
+        "trainer": "ours_padded" if spec.get("padded") else "ours",
+        "seed": spec["seed"],
+        "wall_time": wall,
+        "steps": steps,
+        **mem.as_dict(),
+        "torch_threads": threads,
+        "prompts": prompts_per_step,
+        "after": _evaluate(model, tokenizer, spec),
+    }
 
 
 def trl_config(spec: dict):
@@ -260,15 +304,45 @@ def trl_config(spec: dict):
 
     P, G = spec["num_prompts_per_step"], spec["num_generations"]
     return GRPOConfig(
-        output_dir=spec["output_dir"], use_cpu=True, bf16=False, fp16=False, report_to="none",
-        save_strategy="no", logging_strategy="no", disable_tqdm=True, log_completions=False,
-        per_device_train_batch_size=P * G, gradient_accumulation_steps=1, steps_per_generation=1,
-        num_generations=G, max_completion_length=spec["max_completion_length"], temperature=1.0, top_p=1.0,
-        top_k=0, learning_rate=spec["learning_rate"], lr_scheduler_type="constant", warmup_steps=0,
-        weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0, epsilon=0.2,
-        epsilon_high=0.28, loss_type="dapo", beta=0.0, scale_rewards="group", num_iterations=1,
-        mask_truncated_completions=False, gradient_checkpointing=False, shuffle_dataset=False,
-        max_steps=spec["steps"], seed=spec["seed"], dataloader_num_workers=0, remove_unused_columns=False)
+        output_dir=spec["output_dir"],
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        log_completions=False,
+        per_device_train_batch_size=P * G,
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,
+        num_generations=G,
+        max_completion_length=spec["max_completion_length"],
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=spec["learning_rate"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        max_grad_norm=1.0,
+        epsilon=0.2,
+        epsilon_high=0.28,
+        loss_type="dapo",
+        beta=0.0,
+        scale_rewards="group",
+        num_iterations=1,
+        mask_truncated_completions=False,
+        gradient_checkpointing=False,
+        shuffle_dataset=False,
+        max_steps=spec["steps"],
+        seed=spec["seed"],
+        dataloader_num_workers=0,
+        remove_unused_columns=False,
+    )
 
 
 def run_trl(spec: dict) -> dict:
@@ -279,17 +353,21 @@ def run_trl(spec: dict) -> dict:
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from trl import GRPOTrainer
 
-    from trainer import problems
     import rollout
     import verify
+    from trainer import problems
 
     _quiet()
     torch.set_num_threads(spec["num_threads"])
     P, G, steps = spec["num_prompts_per_step"], spec["num_generations"], spec["steps"]
     train_rows = problems.load_problems("toy", split="train")
     order = rollout.PromptSampler(len(train_rows), spec["seed"]).take(P * steps)  # our trainer's exact order
-    dataset = Dataset.from_list([{"prompt": rollout.apply_template(train_rows[i]["problem"], TEMPLATE),
-                                  "answer": train_rows[i]["answer"]} for i in order])
+    dataset = Dataset.from_list(
+        [
+            {"prompt": rollout.apply_template(train_rows[i]["problem"], TEMPLATE), "answer": train_rows[i]["answer"]}
+            for i in order
+        ]
+    )
     prompts_per_step, rewards_per_step, lengths_per_step = [], [], []
 
     def reward(prompts, completions, answer, completion_ids, **kwargs):
@@ -307,16 +385,27 @@ def run_trl(spec: dict) -> dict:
             self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kw):
-            times.append({"step_time": time.perf_counter() - self.t0, "cpu_step_time": time.process_time() - self.c0,
-                          "torch_threads": torch.get_num_threads()})
+            times.append(
+                {
+                    "step_time": time.perf_counter() - self.t0,
+                    "cpu_step_time": time.process_time() - self.c0,
+                    "torch_threads": torch.get_num_threads(),
+                }
+            )
 
     t0 = time.perf_counter()
     with _common.PeakMemory() as mem:
         tokenizer = AutoTokenizer.from_pretrained(spec["model"])
         tokenizer.padding_side = "left"
         model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
-        trainer = GRPOTrainer(model=model, reward_funcs=reward, args=trl_config(spec), train_dataset=dataset,
-                              processing_class=tokenizer, callbacks=[StepTimer()])
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=reward,
+            args=trl_config(spec),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=[StepTimer()],
+        )
         for cb in (PrinterCallback, ProgressCallback):
             trainer.remove_callback(cb)
         original_generate = trainer._generate
@@ -333,8 +422,10 @@ def run_trl(spec: dict) -> dict:
         _timed(trainer, "_generate_and_score_completions", parts["generate_and_score"])
         _profiled(spec, trainer.train)
     wall = time.perf_counter() - t0
-    steps = [{"step": i + 1, **t, "generation_time": g, "reward": r, "mean_length": n}
-             for i, (t, g, r, n) in enumerate(zip(times, gen_times, rewards_per_step, lengths_per_step))]
+    steps = [
+        {"step": i + 1, **t, "generation_time": g, "reward": r, "mean_length": n}
+        for i, (t, g, r, n) in enumerate(zip(times, gen_times, rewards_per_step, lengths_per_step))
+    ]
     for i, s in enumerate(steps):
         s.pop("torch_threads")
         s["grading_time"] = parts["grading"][i]
@@ -344,13 +435,21 @@ def run_trl(spec: dict) -> dict:
     trained = trainer.accelerator.unwrap_model(trainer.model)
     eval_tok = AutoTokenizer.from_pretrained(spec["model"])  # a fresh tokenizer, as ours gets from _load
     eval_tok.padding_side = "left"
-    return {"trainer": "trl", "seed": spec["seed"], "wall_time": wall, "steps": steps, **mem.as_dict(),
-            "torch_threads": sorted({t["torch_threads"] for t in times}), "prompts": prompts_per_step,
-            "optimizer": repr(trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer")
-                              else trainer.optimizer).replace("\n", " "),
-            "lr_scheduler": type(trainer.lr_scheduler).__name__,
-            "lr_last": trainer.lr_scheduler.get_last_lr(),
-            "after": _evaluate(trained, eval_tok, spec)}
+    return {
+        "trainer": "trl",
+        "seed": spec["seed"],
+        "wall_time": wall,
+        "steps": steps,
+        **mem.as_dict(),
+        "torch_threads": sorted({t["torch_threads"] for t in times}),
+        "prompts": prompts_per_step,
+        "optimizer": repr(
+            trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer
+        ).replace("\n", " "),
+        "lr_scheduler": type(trainer.lr_scheduler).__name__,
+        "lr_last": trainer.lr_scheduler.get_last_lr(),
+        "after": _evaluate(trained, eval_tok, spec),
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -364,7 +463,8 @@ def summarize(runs: list[dict], k: int) -> dict:
             continue
         st = [s for r in rs for s in r["steps"][1:]]
         out[name] = {
-            "runs": len(rs), "steps_timed": len(st),
+            "runs": len(rs),
+            "steps_timed": len(st),
             "s_per_step": median([s["step_time"] for s in st]),
             "s_generation": median([s["generation_time"] for s in st]),
             "s_per_step_excl_generation": median([s["step_time"] - s["generation_time"] for s in st]),
@@ -374,12 +474,23 @@ def summarize(runs: list[dict], k: int) -> dict:
                 "grading": median([s["grading_time"] for s in st]),
                 "old_logprobs": median([s["old_logprobs_time"] for s in st]),
                 "update": median([s["update_time"] for s in st]),
-                "other": median([s["step_time"] - s["generation_time"] - s["grading_time"] - s["old_logprobs_time"]
-                                 - s["update_time"] for s in st])},
+                "other": median(
+                    [
+                        s["step_time"]
+                        - s["generation_time"]
+                        - s["grading_time"]
+                        - s["old_logprobs_time"]
+                        - s["update_time"]
+                        for s in st
+                    ]
+                ),
+            },
             "round_s_per_step": [median([s["step_time"] for s in r["steps"][1:]]) for r in rs],
             "peak_rss_increase_mib": median([r["peak_rss_increase_mib"] for r in rs]),
             "mean_train_reward": statistics.fmean(s["reward"] for r in rs for s in r["steps"]) if rs else None,
-            "mean_completion_length": statistics.fmean(s["mean_length"] for r in rs for s in r["steps"]) if rs else None,
+            "mean_completion_length": statistics.fmean(s["mean_length"] for r in rs for s in r["steps"])
+            if rs
+            else None,
             f"avg@{k}_after": [r["after"][f"avg@{k}"] for r in rs],
             "greedy_after": [r["after"]["greedy"] for r in rs],
             f"mean_avg@{k}_after": statistics.fmean(r["after"][f"avg@{k}"] for r in rs) if rs else None,
@@ -390,53 +501,98 @@ def summarize(runs: list[dict], k: int) -> dict:
         o["ratio_s_per_step_vs_trl"] = o["s_per_step"] / t["s_per_step"]
         o["ratio_cpu_s_per_step_vs_trl"] = o["cpu_s_per_step"] / t["cpu_s_per_step"]
         o["ratio_s_generation_vs_trl"] = o["s_generation"] / t["s_generation"]
-        o["ratio_s_per_step_excl_generation_vs_trl"] = (o["s_per_step_excl_generation"]
-                                                        / t["s_per_step_excl_generation"])
+        o["ratio_s_per_step_excl_generation_vs_trl"] = o["s_per_step_excl_generation"] / t["s_per_step_excl_generation"]
         o["round_ratio_s_per_step"] = [a / b for a, b in zip(o["round_s_per_step"], t["round_s_per_step"])]
     return out
 
 
 def markdown_tables(summary: dict, runs: list[dict], before: dict, k: int) -> str:
     t = summary["trl"]
-    rows = [(label, summary[n]) for n, label in (("ours", "ours (grpo.py: --padding_free --shared_prompt)"),
-                                                 ("ours_padded", "ours, --no-padding_free --no-shared_prompt"),
-                                                 ("trl", "TRL GRPOTrainer")) if n in summary]
-    head = ["trainer", "s/step", "× TRL (rounds)", "generation s", "× TRL", "excl. generation s", "× TRL",
-            "CPU s/step", "× TRL", "peak RSS +MiB", "mean length", "train reward", f"avg@{k} before → after (mean)",
-            "greedy before → after (mean)"]
+    rows = [
+        (label, summary[n])
+        for n, label in (
+            ("ours", "ours (grpo.py: --padding_free --shared_prompt)"),
+            ("ours_padded", "ours, --no-padding_free --no-shared_prompt"),
+            ("trl", "TRL GRPOTrainer"),
+        )
+        if n in summary
+    ]
+    head = [
+        "trainer",
+        "s/step",
+        "× TRL (rounds)",
+        "generation s",
+        "× TRL",
+        "excl. generation s",
+        "× TRL",
+        "CPU s/step",
+        "× TRL",
+        "peak RSS +MiB",
+        "mean length",
+        "train reward",
+        f"avg@{k} before → after (mean)",
+        "greedy before → after (mean)",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, s in rows:
         is_ours = s is not t
         rr = s.get("round_ratio_s_per_step", [])
-        ratio = (f"{s['ratio_s_per_step_vs_trl']:.2f}" + (f" ({min(rr):.2f}–{max(rr):.2f})" if len(rr) > 1 else "")
-                 if is_ours else "1.00")
-        lines.append("| " + " | ".join([
-            name, f"{s['s_per_step']:.3f}", ratio,
-            f"{s['s_generation']:.3f}", f"{s['ratio_s_generation_vs_trl']:.2f}" if is_ours else "1.00",
-            f"{s['s_per_step_excl_generation']:.3f}",
-            f"{s['ratio_s_per_step_excl_generation_vs_trl']:.2f}" if is_ours else "1.00",
-            f"{s['cpu_s_per_step']:.3f}", f"{s['ratio_cpu_s_per_step_vs_trl']:.2f}" if is_ours else "1.00",
-            f"{s['peak_rss_increase_mib']:.0f}", f"{s['mean_completion_length']:.1f}",
-            f"{s['mean_train_reward']:.3f}",
-            f"{before[f'avg@{k}']:.3f} → {s[f'mean_avg@{k}_after']:.3f}",
-            f"{before['greedy']:.3f} → {s['mean_greedy_after']:.3f}"]) + " |")
-    lines += ["", "Where a step's seconds go (medians): generation = sampling (HF generate, decoding); grading = the "
-              "verifier; θ_old forward = grpo.old_logprobs (when each batch is used once: the training forward with "
-              "grad, whose graphs the update reuses; TRL: inside its update); update = (forward with grad,) loss, "
-              "backward, clip, AdamW; other = the rest (advantages, tensors, bookkeeping).", "",
-              "| trainer | generation | grading | θ_old forward | update | other | step |", "|---|---|---|---|---|---|---|"]
+        ratio = (
+            f"{s['ratio_s_per_step_vs_trl']:.2f}" + (f" ({min(rr):.2f}–{max(rr):.2f})" if len(rr) > 1 else "")
+            if is_ours
+            else "1.00"
+        )
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    name,
+                    f"{s['s_per_step']:.3f}",
+                    ratio,
+                    f"{s['s_generation']:.3f}",
+                    f"{s['ratio_s_generation_vs_trl']:.2f}" if is_ours else "1.00",
+                    f"{s['s_per_step_excl_generation']:.3f}",
+                    f"{s['ratio_s_per_step_excl_generation_vs_trl']:.2f}" if is_ours else "1.00",
+                    f"{s['cpu_s_per_step']:.3f}",
+                    f"{s['ratio_cpu_s_per_step_vs_trl']:.2f}" if is_ours else "1.00",
+                    f"{s['peak_rss_increase_mib']:.0f}",
+                    f"{s['mean_completion_length']:.1f}",
+                    f"{s['mean_train_reward']:.3f}",
+                    f"{before[f'avg@{k}']:.3f} → {s[f'mean_avg@{k}_after']:.3f}",
+                    f"{before['greedy']:.3f} → {s['mean_greedy_after']:.3f}",
+                ]
+            )
+            + " |"
+        )
+    lines += [
+        "",
+        "Where a step's seconds go (medians): generation = sampling (HF generate, decoding); grading = the "
+        "verifier; θ_old forward = grpo.old_logprobs (when each batch is used once: the training forward with "
+        "grad, whose graphs the update reuses; TRL: inside its update); update = (forward with grad,) loss, "
+        "backward, clip, AdamW; other = the rest (advantages, tensors, bookkeeping).",
+        "",
+        "| trainer | generation | grading | θ_old forward | update | other | step |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, s in rows:
         b = s["breakdown_s"]
-        lines.append(f"| {name} | {b['generation']:.3f} | {b['grading']:.3f} | {b['old_logprobs']:.3f} | "
-                     f"{b['update']:.3f} | {b['other']:.3f} | {s['s_per_step']:.3f} |")
-    lines += ["", "| round | seed | trainer | s/step | CPU s/step | train reward | avg@%d after | greedy after | "
-              "run s |" % k, "|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {name} | {b['generation']:.3f} | {b['grading']:.3f} | {b['old_logprobs']:.3f} | "
+            f"{b['update']:.3f} | {b['other']:.3f} | {s['s_per_step']:.3f} |"
+        )
+    lines += [
+        "",
+        "| round | seed | trainer | s/step | CPU s/step | train reward | avg@%d after | greedy after | run s |" % k,
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for i, r in enumerate(runs):
         st = r["steps"][1:]
-        lines.append(f"| {i // len(rows) + 1} | {r['seed']} | {r['trainer']} | {median([s['step_time'] for s in st]):.3f} | "
-                     f"{median([s['cpu_step_time'] for s in st]):.3f} | "
-                     f"{statistics.fmean(s['reward'] for s in r['steps']):.3f} | {r['after'][f'avg@{k}']:.3f} | "
-                     f"{r['after']['greedy']:.3f} | {r['wall_time']:.0f} |")
+        lines.append(
+            f"| {i // len(rows) + 1} | {r['seed']} | {r['trainer']} | {median([s['step_time'] for s in st]):.3f} | "
+            f"{median([s['cpu_step_time'] for s in st]):.3f} | "
+            f"{statistics.fmean(s['reward'] for s in r['steps']):.3f} | {r['after'][f'avg@{k}']:.3f} | "
+            f"{r['after']['greedy']:.3f} | {r['wall_time']:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -449,8 +605,9 @@ def _profile_text(path: str, n: int = 35) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--steps", type=int, default=30, help="training steps per run (the first is not timed)")
     ap.add_argument("--rounds", type=int, default=2, help="(ours, TRL) pairs; round r uses seed --seed + r")
     ap.add_argument("--num_prompts_per_step", type=int, default=16)
@@ -458,17 +615,31 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max_completion_length", type=int, default=64)
     ap.add_argument("--learning_rate", type=float, default=3e-4, help="constant, no warm-up, in both")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--num_threads", type=int, default=1,
-                    help="torch CPU threads in every run's process (1 = what grpo.py picks for the toy)")
+    ap.add_argument(
+        "--num_threads",
+        type=int,
+        default=1,
+        help="torch CPU threads in every run's process (1 = what grpo.py picks for the toy)",
+    )
     ap.add_argument("--eval_k", type=int, default=8, help="k of the held-out avg@k")
     ap.add_argument("--eval_limit", type=int, default=0, help="first N held-out problems (0 = all 200)")
     ap.add_argument("--eval_seed", type=int, default=12345, help="the evaluation's sampling seed (every run)")
-    ap.add_argument("--toy_warmup_steps", type=int, default=200,
-                    help="warm-up steps of the private toy model built when no cached one exists")
-    ap.add_argument("--profile", action="store_true",
-                    help="after the benchmark, cProfile one more run of each trainer and print the top functions")
-    ap.add_argument("--out", default=str(REPO / "tools" / "bench" / "results" / "vs_trl.json"),
-                    help="JSON results file ('' = do not write)")
+    ap.add_argument(
+        "--toy_warmup_steps",
+        type=int,
+        default=200,
+        help="warm-up steps of the private toy model built when no cached one exists",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the benchmark, cProfile one more run of each trainer and print the top functions",
+    )
+    ap.add_argument(
+        "--out",
+        default=str(REPO / "tools" / "bench" / "results" / "vs_trl.json"),
+        help="JSON results file ('' = do not write)",
+    )
     ap.add_argument("--keep_runs", action="store_true", help="keep the runs' output folders (printed)")
     return ap
 
@@ -482,45 +653,72 @@ def main(argv=None) -> dict:
     try:
         import trl  # noqa: F401
     except ImportError:
-        raise SystemExit(f"{PROG}: error: TRL is not installed; it is a benchmark-only dependency: "
-                         f"pip install -r requirements.txt -r tools/requirements-bench.txt") from None
+        raise SystemExit(
+            f"{PROG}: error: TRL is not installed; it is a benchmark-only dependency: "
+            f"pip install -r requirements.txt -r tools/requirements-bench.txt"
+        ) from None
     workdir = Path(tempfile.mkdtemp(prefix="vs_trl-"))
     model_path, model_info = _common.prepare_toy_model(workdir, args.toy_warmup_steps, PROG)
-    base = {"model": model_path, "num_prompts_per_step": args.num_prompts_per_step,
-            "num_generations": args.num_generations, "max_completion_length": args.max_completion_length,
-            "steps": args.steps, "learning_rate": args.learning_rate, "num_threads": args.num_threads,
-            "eval_k": args.eval_k, "eval_limit": args.eval_limit, "eval_seed": args.eval_seed}
+    base = {
+        "model": model_path,
+        "num_prompts_per_step": args.num_prompts_per_step,
+        "num_generations": args.num_generations,
+        "max_completion_length": args.max_completion_length,
+        "steps": args.steps,
+        "learning_rate": args.learning_rate,
+        "num_threads": args.num_threads,
+        "eval_k": args.eval_k,
+        "eval_limit": args.eval_limit,
+        "eval_seed": args.eval_seed,
+    }
     load_start = os.getloadavg()
     t_start = time.time()
-    print(f"[bench] {args.rounds} rounds × (ours, TRL, ours padded+unshared) × {args.steps} steps of "
-          f"{args.num_prompts_per_step}×"
-          f"{args.num_generations} rollouts; {args.num_threads} torch thread(s); model {model_info['source']}",
-          flush=True)
+    print(
+        f"[bench] {args.rounds} rounds × (ours, TRL, ours padded+unshared) × {args.steps} steps of "
+        f"{args.num_prompts_per_step}×"
+        f"{args.num_generations} rollouts; {args.num_threads} torch thread(s); model {model_info['source']}",
+        flush=True,
+    )
     runs, profiles = [], {}
     pool = _common.forkserver_pool(PRELOAD)
     try:
         before = pool.apply(evaluate_only, ({**base},))
-        print(f"[bench] before training: greedy {before['greedy']:.3f}, avg@{args.eval_k} "
-              f"{before[f'avg@{args.eval_k}']:.3f} ({before['problems']} held-out problems, "
-              f"{before['eval_seconds']:.0f}s)", flush=True)
+        print(
+            f"[bench] before training: greedy {before['greedy']:.3f}, avg@{args.eval_k} "
+            f"{before[f'avg@{args.eval_k}']:.3f} ({before['problems']} held-out problems, "
+            f"{before['eval_seconds']:.0f}s)",
+            flush=True,
+        )
         for r in range(args.rounds):
             for name, fn in (("ours", run_ours), ("trl", run_trl), ("ours_padded", run_ours)):
-                spec = {**base, "seed": args.seed + r, "output_dir": str(workdir / f"r{r}_{name}"),
-                        "padded": name == "ours_padded"}  # --no-padding_free --no-shared_prompt
+                spec = {
+                    **base,
+                    "seed": args.seed + r,
+                    "output_dir": str(workdir / f"r{r}_{name}"),
+                    "padded": name == "ours_padded",
+                }  # --no-padding_free --no-shared_prompt
                 res = pool.apply(fn, (spec,))
                 runs.append(res)
                 st = res["steps"][1:]
-                print(f"[bench] round {r + 1}/{args.rounds} {name:<11} median s/step "
-                      f"{median([s['step_time'] for s in st]):.3f} (generation "
-                      f"{median([s['generation_time'] for s in st]):.3f}, CPU "
-                      f"{median([s['cpu_step_time'] for s in st]):.3f}), after: greedy "
-                      f"{res['after']['greedy']:.3f} avg@{args.eval_k} {res['after'][f'avg@{args.eval_k}']:.3f}, "
-                      f"run {res['wall_time']:.0f}s", flush=True)
+                print(
+                    f"[bench] round {r + 1}/{args.rounds} {name:<11} median s/step "
+                    f"{median([s['step_time'] for s in st]):.3f} (generation "
+                    f"{median([s['generation_time'] for s in st]):.3f}, CPU "
+                    f"{median([s['cpu_step_time'] for s in st]):.3f}), after: greedy "
+                    f"{res['after']['greedy']:.3f} avg@{args.eval_k} {res['after'][f'avg@{args.eval_k}']:.3f}, "
+                    f"run {res['wall_time']:.0f}s",
+                    flush=True,
+                )
         if args.profile:
             for name, fn in (("ours", run_ours), ("trl", run_trl)):
                 path = str(workdir / f"profile_{name}.prof")
-                spec = {**base, "seed": args.seed, "output_dir": str(workdir / f"profile_{name}"), "profile": path,
-                        "eval_limit": 1}
+                spec = {
+                    **base,
+                    "seed": args.seed,
+                    "output_dir": str(workdir / f"profile_{name}"),
+                    "profile": path,
+                    "eval_limit": 1,
+                }
                 pool.apply(fn, (spec,))
                 profiles[name] = _profile_text(path)
                 print(f"\n[profile] {name}\n{profiles[name]}")
@@ -530,58 +728,114 @@ def main(argv=None) -> dict:
     total = time.time() - t_start
     k = args.eval_k
     summary = summarize(runs, k)
-    same_prompts = all(runs[i]["prompts"] == runs[i + 1]["prompts"] == runs[i + 2]["prompts"]
-                       for i in range(0, len(runs) - 2, 3))
+    same_prompts = all(
+        runs[i]["prompts"] == runs[i + 1]["prompts"] == runs[i + 2]["prompts"] for i in range(0, len(runs) - 2, 3)
+    )
     table = markdown_tables(summary, runs, before, k)
     o, t = summary["ours"], summary["trl"]
     speed_met = o["ratio_s_per_step_vs_trl"] <= GOAL_RATIO
     acc_met = o[f"mean_avg@{k}_after"] >= t[f"mean_avg@{k}_after"]
     print()
     print(table)
-    print(f"\n{args.steps - 1} timed steps per run (step 1 excluded) × {args.rounds} rounds; medians over pooled "
-          f"steps; (a–b) = range of the per-round ratio. Same prompts in the same order for both trainers: "
-          f"{'yes' if same_prompts else 'NO'}. Torch threads: ours "
-          f"{sorted({r['torch_threads'] for r in runs if r['trainer'] == 'ours'})}, TRL "
-          f"{sorted({x for r in runs if r['trainer'] == 'trl' for x in r['torch_threads']})}. "
-          f"Evaluation: {before['problems']} held-out problems, greedy + {k} samples at temperature 1.0, seed "
-          f"{args.eval_seed}.")
-    print(f"Goal s/step ≤ {GOAL_RATIO}× TRL: {'met' if speed_met else 'NOT met'} "
-          f"({o['ratio_s_per_step_vs_trl']:.2f}× wall, {o['ratio_cpu_s_per_step_vs_trl']:.2f}× CPU). "
-          f"Goal held-out avg@{k} after ≥ TRL's: {'met' if acc_met else 'NOT met'} "
-          f"({o[f'mean_avg@{k}_after']:.3f} vs {t[f'mean_avg@{k}_after']:.3f}). "
-          f"Total {total:.0f}s; load average {load_start[0]:.2f} -> {os.getloadavg()[0]:.2f}.")
+    print(
+        f"\n{args.steps - 1} timed steps per run (step 1 excluded) × {args.rounds} rounds; medians over pooled "
+        f"steps; (a–b) = range of the per-round ratio. Same prompts in the same order for both trainers: "
+        f"{'yes' if same_prompts else 'NO'}. Torch threads: ours "
+        f"{sorted({r['torch_threads'] for r in runs if r['trainer'] == 'ours'})}, TRL "
+        f"{sorted({x for r in runs if r['trainer'] == 'trl' for x in r['torch_threads']})}. "
+        f"Evaluation: {before['problems']} held-out problems, greedy + {k} samples at temperature 1.0, seed "
+        f"{args.eval_seed}."
+    )
+    print(
+        f"Goal s/step ≤ {GOAL_RATIO}× TRL: {'met' if speed_met else 'NOT met'} "
+        f"({o['ratio_s_per_step_vs_trl']:.2f}× wall, {o['ratio_cpu_s_per_step_vs_trl']:.2f}× CPU). "
+        f"Goal held-out avg@{k} after ≥ TRL's: {'met' if acc_met else 'NOT met'} "
+        f"({o[f'mean_avg@{k}_after']:.3f} vs {t[f'mean_avg@{k}_after']:.3f}). "
+        f"Total {total:.0f}s; load average {load_start[0]:.2f} -> {os.getloadavg()[0]:.2f}."
+    )
     machine = _common.machine_description(EXTRA_PACKAGES)
     machine["load_average_start"], machine["load_average_end"] = list(load_start), list(os.getloadavg())
     trl_run = next(r for r in runs if r["trainer"] == "trl")
     result = {
-        "benchmark": "vs_trl", "date": _common.now_iso(), "command": command, "python": sys.executable,
-        "git": _common.git_state(), "machine": machine, "model": model_info,
+        "benchmark": "vs_trl",
+        "date": _common.now_iso(),
+        "command": command,
+        "python": sys.executable,
+        "git": _common.git_state(),
+        "machine": machine,
+        "model": model_info,
         "settings": {**vars(args), "template": TEMPLATE},
-        "trl_config": {k2: v for k2, v in trl_config({**base, "seed": args.seed, "output_dir": "<run>"}).to_dict()
-                       .items() if k2 in TRL_KEYS},
-        "trl_optimizer": trl_run.get("optimizer"), "trl_lr_scheduler": trl_run.get("lr_scheduler"),
+        "trl_config": {
+            k2: v
+            for k2, v in trl_config({**base, "seed": args.seed, "output_dir": "<run>"}).to_dict().items()
+            if k2 in TRL_KEYS
+        },
+        "trl_optimizer": trl_run.get("optimizer"),
+        "trl_lr_scheduler": trl_run.get("lr_scheduler"),
         "memory_method": _common.MEMORY_METHOD_CPU + " (model load through the end of training)",
-        "timing_method": {"ours": "metrics.jsonl step_time (generation_time: the rollout.generate part); CPU: "
-                                  "time.process_time around grpo.train_step",
-                          "trl": "TrainerCallback on_step_begin -> on_step_end (generation inside "
-                                 "training_step/_prepare_inputs); generation: wrapper around trainer._generate; "
-                                 "CPU: time.process_time over the same span"},
-        "goals": {"speed": f"ours s/step ≤ {GOAL_RATIO}× TRL's", "accuracy": f"ours avg@{k} after ≥ TRL's",
-                  "speed_met": speed_met, "accuracy_met": acc_met},
-        "same_prompts": same_prompts, "before": before, "summary": summary, "table_markdown": table,
-        "total_seconds": total, "profiles": profiles or None,
-        "runs": [{k2: v for k2, v in r.items() if k2 != "prompts"} for r in runs]}
+        "timing_method": {
+            "ours": "metrics.jsonl step_time (generation_time: the rollout.generate part); CPU: "
+            "time.process_time around grpo.train_step",
+            "trl": "TrainerCallback on_step_begin -> on_step_end (generation inside "
+            "training_step/_prepare_inputs); generation: wrapper around trainer._generate; "
+            "CPU: time.process_time over the same span",
+        },
+        "goals": {
+            "speed": f"ours s/step ≤ {GOAL_RATIO}× TRL's",
+            "accuracy": f"ours avg@{k} after ≥ TRL's",
+            "speed_met": speed_met,
+            "accuracy_met": acc_met,
+        },
+        "same_prompts": same_prompts,
+        "before": before,
+        "summary": summary,
+        "table_markdown": table,
+        "total_seconds": total,
+        "profiles": profiles or None,
+        "runs": [{k2: v for k2, v in r.items() if k2 != "prompts"} for r in runs],
+    }
     return _common.finish(result, args.out, workdir, args.keep_runs)
 
 
 # the TRL settings recorded in the JSON (the ones that decide the equivalence)
-TRL_KEYS = ("use_cpu", "bf16", "fp16", "per_device_train_batch_size", "gradient_accumulation_steps",
-            "steps_per_generation", "generation_batch_size", "num_generations", "max_completion_length",
-            "temperature", "top_p", "top_k", "learning_rate", "lr_scheduler_type", "warmup_steps", "warmup_ratio",
-            "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "optim", "max_grad_norm", "epsilon",
-            "epsilon_high", "loss_type", "beta", "scale_rewards", "num_iterations", "mask_truncated_completions",
-            "gradient_checkpointing", "shuffle_dataset", "max_steps", "seed", "report_to", "save_strategy",
-            "logging_strategy")
+TRL_KEYS = (
+    "use_cpu",
+    "bf16",
+    "fp16",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "steps_per_generation",
+    "generation_batch_size",
+    "num_generations",
+    "max_completion_length",
+    "temperature",
+    "top_p",
+    "top_k",
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "warmup_ratio",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "optim",
+    "max_grad_norm",
+    "epsilon",
+    "epsilon_high",
+    "loss_type",
+    "beta",
+    "scale_rewards",
+    "num_iterations",
+    "mask_truncated_completions",
+    "gradient_checkpointing",
+    "shuffle_dataset",
+    "max_steps",
+    "seed",
+    "report_to",
+    "save_strategy",
+    "logging_strategy",
+)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,14 @@ def old_logps_and_hidden(model, input_ids, attention_mask, response_mask, temper
     ``batch_size`` rows per forward. ``input_ids``, ``attention_mask`` [B, P + T]; ``response_mask`` [B, T]."""
     T, hs = response_mask.shape[1], []
     head = model.get_output_embeddings()
-    hook = head.register_forward_pre_hook(lambda _, args: hs.append(args[0][:, -T - 1:-1])) if hidden else None
+    hook = head.register_forward_pre_hook(lambda _, args: hs.append(args[0][:, -T - 1 : -1])) if hidden else None
     was_training = model.training
     model.eval()
     try:
-        logps = [cscr.default_logprob_fn(model, input_ids[s], attention_mask[s], response_mask[s], temperature)
-                 for s in torch.arange(len(input_ids), device=input_ids.device).split(batch_size)]
+        logps = [
+            cscr.default_logprob_fn(model, input_ids[s], attention_mask[s], response_mask[s], temperature)
+            for s in torch.arange(len(input_ids), device=input_ids.device).split(batch_size)
+        ]
     finally:
         model.train(was_training)
         if hook is not None:

@@ -13,7 +13,8 @@
 * θ_old: TRL skips its own old-log-prob pass when the generation and the optimizer steps line up, runs it in
   training mode when it does, and its fused LM head never calls the ``lm_head`` module (no hook there sees h_t),
   so ``token_advantages`` runs one no-grad, eval-mode forward of its own over the batch
-  (tools/examples/theta_old.py's ``old_logps_and_hidden``: ``cscr.default_logprob_fn`` with a pre-hook on the LM head). DelTA reads
+  (tools/examples/theta_old.py's ``old_logps_and_hidden``: ``cscr.default_logprob_fn`` with a pre-hook on the LM head).
+  DelTA reads
   log p(y_t) and h_t from it (App. F: v_t = (1 − p)·h_t); CSCR reads ℓ0 from it and scores ℓ± with
   ``cscr.condition_logprobs``, which uses the same position ids, temperature and eval mode, so ℓ± − ℓ0 measures
   the prompt only. TRL tokenises text prompts with ``tokenizer(prompt)``, cscr.py's one tokenisation rule.
@@ -79,8 +80,9 @@ class CreditGRPOTrainer(GRPOTrainer):
         input_ids = torch.cat([out["prompt_ids"], response_ids], 1)
         attention_mask = torch.cat([out["prompt_mask"], mask], 1)
         size = self.args.per_device_train_batch_size
-        old_logp, h = old_logps_and_hidden(model, input_ids, attention_mask, mask, self.temperature, size,
-                                      hidden=self.credit == "delta")
+        old_logp, h = old_logps_and_hidden(
+            model, input_ids, attention_mask, mask, self.temperature, size, hidden=self.credit == "delta"
+        )
         if self.credit == "delta":
             v = delta.proxy_vectors(h, old_logp, mask)  # DelTA App. F: v_t = (1 − p(y_t))·h_t
             result = delta.delta_coefficients_chunked([(v, adv, mask)], **self.delta_kwargs)  # the batch: one chunk
@@ -88,12 +90,24 @@ class CreditGRPOTrainer(GRPOTrainer):
             token_adv = delta.delta_token_advantages(adv, result.lam_bar[0], mask)  # Ã = Â·λ̄, over the whole batch
         else:
             texts = self.processing_class.batch_decode(response_ids, skip_special_tokens=True)
-            pairs = [cscr.build_condition_prompts(x["prompt"], reference=x.get("answer"), template=self.cscr_template,
-                                                  response_answer=verify.extract_boxed(text) or "")
-                     for x, text in zip(inputs, texts)]  # CSCR spec §3: x + c+, x + c−
+            pairs = [
+                cscr.build_condition_prompts(
+                    x["prompt"],
+                    reference=x.get("answer"),
+                    template=self.cscr_template,
+                    response_answer=verify.extract_boxed(text) or "",
+                )
+                for x, text in zip(inputs, texts)
+            ]  # CSCR spec §3: x + c+, x + c−
             lp_pos, lp_neg = cscr.condition_logprobs(  # spec §4: ℓ+, ℓ− of the rows with Â ≠ 0
-                model, self.processing_class, pairs, response_ids, mask.bool() & (adv != 0)[:, None],
-                temperature=self.temperature, micro_batch_size=size)
+                model,
+                self.processing_class,
+                pairs,
+                response_ids,
+                mask.bool() & (adv != 0)[:, None],
+                temperature=self.temperature,
+                micro_batch_size=size,
+            )
             token_adv = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, **self.cscr_kwargs)
             stats = cscr.cscr_stats(adv, old_logp, lp_pos, lp_neg, mask, **self.cscr_kwargs)  # CSCR spec §5's logs
         for key, value in stats.items():  # logged by TRL with its own metrics (mean over the logging window)
@@ -108,8 +122,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max_steps", type=int, default=30, help="optimizer steps, one generation batch each")
     ap.add_argument("--num_prompts_per_step", type=int, default=16)
     ap.add_argument("--num_generations", type=int, default=8)
-    ap.add_argument("--gradient_accumulation_steps", type=int, default=1,
-                    help="micro-batches per generation batch (the credit is computed once per generation batch)")
+    ap.add_argument(
+        "--gradient_accumulation_steps",
+        type=int,
+        default=1,
+        help="micro-batches per generation batch (the credit is computed once per generation batch)",
+    )
     ap.add_argument("--learning_rate", type=float, default=3e-4, help="constant")
     ap.add_argument("--max_completion_length", type=int, default=64)
     ap.add_argument("--eval_limit", type=int, default=0, help="first N held-out problems (0: all 200)")
@@ -124,29 +142,55 @@ def make_trainer(args, model, tokenizer) -> CreditGRPOTrainer:
     order, verify.py's binary reward."""
     from datasets import Dataset
 
-    from trainer import problems
     import rollout
+    from trainer import problems
 
     P, G, ga = args.num_prompts_per_step, args.num_generations, args.gradient_accumulation_steps
     if (P * G) % ga:
-        raise SystemExit(f"trl_credit.py: error: --gradient_accumulation_steps {ga} must divide "
-                         f"--num_prompts_per_step × --num_generations = {P * G}")
+        raise SystemExit(
+            f"trl_credit.py: error: --gradient_accumulation_steps {ga} must divide "
+            f"--num_prompts_per_step × --num_generations = {P * G}"
+        )
     rows = problems.load_problems("toy", split="train")
     order = rollout.PromptSampler(len(rows), args.seed).take(P * args.max_steps)  # grpo.py's prompts, in its order
-    dataset = Dataset.from_list([{"prompt": rollout.apply_template(rows[i]["problem"], "none"),
-                                  "answer": rows[i]["answer"]} for i in order])
+    dataset = Dataset.from_list(
+        [{"prompt": rollout.apply_template(rows[i]["problem"], "none"), "answer": rows[i]["answer"]} for i in order]
+    )
 
     def reward(prompts, completions, answer, **kwargs):  # grpo.py's stage 2: binary, from verify.py
         return [float(ok) for ok, _ in verify.grade_batch(list(completions), list(answer))]
 
     config = GRPOConfig(
-        output_dir=args.output_dir, bf16=False, gradient_checkpointing=False, report_to="none", save_strategy="no",
-        logging_steps=1, disable_tqdm=True, per_device_train_batch_size=P * G // ga, gradient_accumulation_steps=ga,
-        num_generations=G, max_completion_length=args.max_completion_length, top_k=0,
-        learning_rate=args.learning_rate, lr_scheduler_type="constant", epsilon_high=0.28, loss_type="dapo",
-        beta=0.0, scale_rewards="group", shuffle_dataset=False, max_steps=args.max_steps, seed=args.seed)
-    return CreditGRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                             processing_class=tokenizer, credit=args.credit)
+        output_dir=args.output_dir,
+        bf16=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        per_device_train_batch_size=P * G // ga,
+        gradient_accumulation_steps=ga,
+        num_generations=G,
+        max_completion_length=args.max_completion_length,
+        top_k=0,
+        learning_rate=args.learning_rate,
+        lr_scheduler_type="constant",
+        epsilon_high=0.28,
+        loss_type="dapo",
+        beta=0.0,
+        scale_rewards="group",
+        shuffle_dataset=False,
+        max_steps=args.max_steps,
+        seed=args.seed,
+    )
+    return CreditGRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        credit=args.credit,
+    )
 
 
 def heldout(model, tokenizer, args) -> dict:
@@ -154,14 +198,14 @@ def heldout(model, tokenizer, args) -> dict:
     import evaluate
     from trainer import problems
 
-    rows = problems.load_problems("toy", split="test")[:args.eval_limit or None]
+    rows = problems.load_problems("toy", split="test")[: args.eval_limit or None]
     settings = evaluate.EvalSettings(8, 1.0, 1.0, args.max_completion_length, seed=args.seed + 12345)
     return evaluate.evaluate_rows(model, tokenizer, rows, "none", settings)
 
 
 def main(argv=None) -> dict:
-    from trainer import policy
     import toy
+    from trainer import policy
 
     toy.register()  # --model toy, the toy's data: the built-in toy in the repository's generic modules (toy.py)
 
@@ -172,8 +216,10 @@ def main(argv=None) -> dict:
     before = heldout(model, tokenizer, args)
     make_trainer(args, model, tokenizer).train()
     after = heldout(model, tokenizer, args)
-    print(f"held-out avg@8: {before['avg@8']:.3f} -> {after['avg@8']:.3f}   "
-          f"greedy: {before['greedy']:.3f} -> {after['greedy']:.3f}")
+    print(
+        f"held-out avg@8: {before['avg@8']:.3f} -> {after['avg@8']:.3f}   "
+        f"greedy: {before['greedy']:.3f} -> {after['greedy']:.3f}"
+    )
     return {"before": before, "after": after}
 
 

@@ -115,15 +115,23 @@ def delta_lambda_bar(module, data: DataProto, reduce_fn=None, return_hidden=Fals
     b, meta = data.batch, data.meta_info
     settings = meta.get("credit", {})
     mask = b["response_mask"]
-    logp, h = old_logps_and_hidden(module, b["input_ids"], b["attention_mask"], mask, meta.get("temperature", 1.0),
-                                   settings.get("micro_batch_size", 8), hidden=True)
+    logp, h = old_logps_and_hidden(
+        module,
+        b["input_ids"],
+        b["attention_mask"],
+        mask,
+        meta.get("temperature", 1.0),
+        settings.get("micro_batch_size", 8),
+        hidden=True,
+    )
     adv = b["seq_advantages"]
     # spec §2.5: the shard is one chunk; every statistic (centroid sums, margin moments, N, Z) is a sum, so the
     # all-reduce (the steps' pool) makes them the whole batch's (Eq. 2–3, App. H, Eq. 8): the one-process λ̄
     v = delta.proxy_vectors(h, logp, mask)  # DelTA App. F: v_t = (1 − p(y_t))·h_t
     keys = {k: settings[k] for k in DELTA_KEYS if k in settings}
-    result = delta.delta_coefficients_chunked([(v, adv.to(h.device), mask)], steps=delta.DeltaSteps(pool=reduce_fn),
-                                              **keys)  # one chunk: λ̄ and what the statistics read
+    result = delta.delta_coefficients_chunked(
+        [(v, adv.to(h.device), mask)], steps=delta.DeltaSteps(pool=reduce_fn), **keys
+    )  # one chunk: λ̄ and what the statistics read
     stats = delta.delta_stats(result)
     out = {"lam_bar": result.lam_bar[0], "log_probs_h": logp}
     if return_hidden:
@@ -157,19 +165,23 @@ def condition_log_probs(module, tokenizer, data: DataProto):
     mask, responses, prompts = b["response_mask"], b["responses"], b["prompts"]
     size = settings.get("micro_batch_size", 8)
     lp0, _ = old_logps_and_hidden(module, b["input_ids"], b["attention_mask"], mask, temperature, size, hidden=False)
-    prompt_mask = b["attention_mask"][:, :prompts.shape[1]].bool()
+    prompt_mask = b["attention_mask"][:, : prompts.shape[1]].bool()
     refs = [(x or {}).get("ground_truth") for x in data.non_tensor_batch.get("reward_model", [None] * len(mask))]
     pairs = []  # (x + c+, x + c−) of each row, as token ids
     for i in range(len(mask)):
         text = tokenizer.decode(responses[i][mask[i].bool()], skip_special_tokens=True)
         boxed = last_boxed_only_string(text)
         pair = cscr.build_condition_prompts(  # spec §3: x + c+, x + c−
-            tokenizer.decode(prompts[i][prompt_mask[i]], skip_special_tokens=False), reference=refs[i],
-            response_answer=remove_boxed(boxed) if boxed else "", template=settings.get("template", "verdict"))
+            tokenizer.decode(prompts[i][prompt_mask[i]], skip_special_tokens=False),
+            reference=refs[i],
+            response_answer=remove_boxed(boxed) if boxed else "",
+            template=settings.get("template", "verdict"),
+        )
         pairs.append(tuple(tokenizer(x, add_special_tokens=False)["input_ids"] for x in pair))
     scored = mask.bool() & (b["seq_advantages"] != 0)[:, None]  # the rows with Â ≠ 0 (the others get no credit)
-    lp_pos, lp_neg = cscr.condition_logprobs(module, tokenizer, pairs, responses, scored, temperature=temperature,
-                                             micro_batch_size=size)  # spec §4
+    lp_pos, lp_neg = cscr.condition_logprobs(
+        module, tokenizer, pairs, responses, scored, temperature=temperature, micro_batch_size=size
+    )  # spec §4
     return DataProto.from_dict(tensors={"log_probs_h": lp0, "lp_pos": lp_pos, "lp_neg": lp_neg})
 
 
@@ -180,8 +192,10 @@ class CreditActorRolloutRefWorker(ActorRolloutRefWorker):
     def _module(self):
         engine = self.actor.engine
         if getattr(engine, "ulysses_sequence_parallel_size", 1) > 1:
-            raise ValueError("the credit pass runs whole sequences (Ulysses sequence parallelism is left out): set "
-                             "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1")
+            raise ValueError(
+                "the credit pass runs whole sequences (Ulysses sequence parallelism is left out): set "
+                "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1"
+            )
         return engine, engine.module
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
@@ -197,8 +211,9 @@ class CreditActorRolloutRefWorker(ActorRolloutRefWorker):
 
         data = data.to(torch.cuda.current_device() if torch.cuda.is_available() else "cpu")
         with engine.eval_mode():
-            out = delta_lambda_bar(module, data, all_reduce if dist.is_initialized() else None,
-                                   data.meta_info.get("return_hidden", False))
+            out = delta_lambda_bar(
+                module, data, all_reduce if dist.is_initialized() else None, data.meta_info.get("return_hidden", False)
+            )
         return out.to("cpu")
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
@@ -228,15 +243,18 @@ class CreditRayPPOTrainer(RayPPOTrainer):
         if settings["name"] == "grpo":
             return {}
         if str(self.config.algorithm.adv_estimator) not in ("grpo", "AdvantageEstimator.GRPO"):
-            raise ValueError("credit needs algorithm.adv_estimator=grpo (one Â per response), got "
-                             f"{self.config.algorithm.adv_estimator}")
+            raise ValueError(
+                "credit needs algorithm.adv_estimator=grpo (one Â per response), got "
+                f"{self.config.algorithm.adv_estimator}"
+            )
         mask = batch.batch["response_mask"]
         adv = sequence_advantages(batch.batch["advantages"], mask)  # Â [B]
         keys = ["prompts", "responses", "input_ids", "attention_mask", "position_ids", "response_mask"]
         data = DataProto.from_dict(
             tensors={**{k: batch.batch[k] for k in keys}, "seq_advantages": adv},
             non_tensors={k: batch.non_tensor_batch[k] for k in ("reward_model",) if k in batch.non_tensor_batch},
-            meta_info={"credit": settings, "temperature": self.config.actor_rollout_ref.rollout.temperature})
+            meta_info={"credit": settings, "temperature": self.config.actor_rollout_ref.rollout.temperature},
+        )
         if settings["name"] == "delta":
             out = self.actor_rollout_wg.compute_log_prob_h(data)
             lam_bar = out.batch["lam_bar"].to(adv.dtype)
@@ -245,8 +263,15 @@ class CreditRayPPOTrainer(RayPPOTrainer):
         else:
             out = self.actor_rollout_wg.compute_condition_log_probs(data)
             cscr_settings = cscr.Settings(**{k: settings[k] for k in CSCR_KEYS if k in settings})
-            inputs = (adv, out.batch["log_probs_h"], out.batch["lp_pos"], out.batch["lp_neg"], mask,
-                      settings.get("threshold", 0.2), cscr_settings)
+            inputs = (
+                adv,
+                out.batch["log_probs_h"],
+                out.batch["lp_pos"],
+                out.batch["lp_neg"],
+                mask,
+                settings.get("threshold", 0.2),
+                cscr_settings,
+            )
             token_adv = cscr.cscr_token_advantages(*inputs)  # spec §5: w̃, Ã = Â·w̃ (sign and budget kept)
             stats = cscr.cscr_stats(*inputs)  # what is logged of them
         batch.batch["advantages"] = token_adv.to(batch.batch["advantages"].dtype)
@@ -281,14 +306,18 @@ def main():
 
     config_dir = str(Path(verl.trainer.__file__).parent / "config")
     # Ray's workers inherit the environment of the cluster this process starts: let them import this file's modules
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tools" / "examples"), os.environ.get("PYTHONPATH", "")])
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT), str(ROOT / "tools" / "examples"), os.environ.get("PYTHONPATH", "")]
+    )
 
     @hydra.main(config_path=config_dir, config_name="ppo_trainer", version_base=None)
     def _main(config):
         credit_settings(config)  # an unknown name fails before Ray starts
         if config.trainer.use_v1:
-            raise SystemExit("verl_credit.py: error: the credit stage is a RayPPOTrainer (verl's v0 driver): "
-                             "pass trainer.use_v1=False")
+            raise SystemExit(
+                "verl_credit.py: error: the credit stage is a RayPPOTrainer (verl's v0 driver): "
+                "pass trainer.use_v1=False"
+            )
         run_ppo(config, task_runner_class=_task_runner())
 
     _main()
