@@ -75,22 +75,9 @@ import math
 
 import torch
 
-__all__ = [
-    "CONDITION_TEMPLATES",
-    "DEFAULT_MARKER",
-    "DEFAULT_TURN_END",
-    "build_condition_prompts",
-    "scoring_inputs",
-    "default_logprob_fn",
-    "condition_logprobs",
-    "sensitivity",
-    "credit_log_weights",
-    "credit_weights",
-    "cscr_token_advantages",
-    "calibrate_threshold",
-    "condition_notes",
-    "condition_shifts",
-]
+__all__ = ["CONDITION_TEMPLATES", "DEFAULT_MARKER", "DEFAULT_TURN_END", "build_condition_prompts", "scoring_inputs",
+           "default_logprob_fn", "condition_logprobs", "sensitivity", "credit_log_weights", "credit_weights",
+           "cscr_token_advantages", "calibrate_threshold", "condition_notes", "condition_shifts"]
 
 # ---- Spec §3: condition prompts (the two outcome conditions) -----------------------------------------------------
 
@@ -107,10 +94,8 @@ CONDITION_TEMPLATES = {
     # B (row B): an OPSD-style reference block with the gold answer, plus the same verdict.
     "reference": (_REFERENCE + _VERDICT + "CORRECT.", _REFERENCE + _VERDICT + "INCORRECT."),
     # C (row C): this response's own answer is / is not the correct final answer (the minimal pair is " not ").
-    "answer": (
-        _VERIFIED + "{answer} is the correct final answer.",
-        _VERIFIED + "{answer} is not the correct final answer.",
-    ),
+    "answer": (_VERIFIED + "{answer} is the correct final answer.",
+               _VERIFIED + "{answer} is not the correct final answer."),
     # A without the verifier sentence (not from the paper): cheap extra passes with a character-level tokenizer.
     "verdict_short": ("Verdict: CORRECT.", "Verdict: INCORRECT."),
 }
@@ -127,10 +112,8 @@ def condition_notes(template):
         return name, CONDITION_TEMPLATES[name]
     if isinstance(template, (tuple, list)) and len(template) == 2 and all(isinstance(t, str) and t for t in template):
         return "custom", (template[0], template[1])
-    raise ValueError(
-        f"template must be one of {sorted(CONDITION_TEMPLATES)} (or A/B/C) or a (note_pos, note_neg) "
-        f"tuple of non-empty strings, got {template!r}"
-    )
+    raise ValueError(f"template must be one of {sorted(CONDITION_TEMPLATES)} (or A/B/C) or a (note_pos, note_neg) "
+                     f"tuple of non-empty strings, got {template!r}")
 
 
 def _insert_note(prompt, note, marker, turn_end, anchor):
@@ -153,21 +136,13 @@ def _insert_note(prompt, note, marker, turn_end, anchor):
     # else the whole last line; the note goes as its own line before it.
     body = prompt.rstrip()
     if len(body) < len(prompt):
-        return body + "\n" + note + prompt[len(body) :]
+        return body + "\n" + note + prompt[len(body):]
     nl = prompt.rfind("\n")
     return prompt[: nl + 1] + note + "\n" + prompt[nl + 1 :]
 
 
-def build_condition_prompts(
-    prompt,
-    reference=None,
-    response_answer=None,
-    template="verdict",
-    *,
-    marker=DEFAULT_MARKER,
-    turn_end=DEFAULT_TURN_END,
-    anchor=None,
-):
+def build_condition_prompts(prompt, reference=None, response_answer=None, template="verdict", *,
+                            marker=DEFAULT_MARKER, turn_end=DEFAULT_TURN_END, anchor=None):
     """The two privileged prompts ``(x + c+, x + c-)`` of one rollout prompt x (spec §3).
 
     Source: abstract [S] (re-score each fixed trajectory under a context asserting it is correct and one asserting
@@ -195,10 +170,8 @@ def build_condition_prompts(
     name, (note_pos, note_neg) = condition_notes(template)
     notes = []
     for note in (note_pos, note_neg):
-        for key, value, what in (
-            ("{reference}", reference, "`reference` (the gold final answer)"),
-            ("{answer}", response_answer, "`response_answer` (this response's own answer)"),
-        ):
+        for key, value, what in (("{reference}", reference, "`reference` (the gold final answer)"),
+                                 ("{answer}", response_answer, "`response_answer` (this response's own answer)")):
             if key in note:
                 if value is None:
                     raise ValueError(f"template {name!r} needs {what}")
@@ -208,7 +181,6 @@ def build_condition_prompts(
 
 
 # ---- Spec §4, §6 step 2: scoring the fixed responses under c+ and c- (two no-grad prefill passes) ----------------
-
 
 def _as_mask(response_mask):
     """[B, T] bool view of a bool/float 0-1 response mask."""
@@ -230,9 +202,8 @@ def _response_logits(model, input_ids, attention_mask, T):
         pass
     # Left padding: the first real token gets position 0 (Qwen3 would use arange(L) without position_ids).
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs
-    )
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False,
+                **kwargs)
     logits = out.logits if hasattr(out, "logits") else out[0]
     return logits[:, -(T + 1) : -1, :]  # position j predicts token j+1
 
@@ -268,10 +239,8 @@ def scoring_inputs(tokenizer, prompts, response_ids, response_mask):
     pad_id = getattr(tokenizer, "pad_token_id", None)
     if pad_id is None:
         raise ValueError("tokenizer.pad_token_id must be set (e.g. tokenizer.pad_token = tokenizer.eos_token)")
-    prompt_ids = [
-        list(tokenizer(p)["input_ids"]) if isinstance(p, str) else torch.as_tensor(p).reshape(-1).tolist()
-        for p in prompts
-    ]
+    prompt_ids = [list(tokenizer(p)["input_ids"]) if isinstance(p, str) else torch.as_tensor(p).reshape(-1).tolist()
+                  for p in prompts]
     if any(len(ids) == 0 for ids in prompt_ids):
         raise ValueError("every prompt must tokenise to at least one token")
     m = _as_mask(response_mask)
@@ -288,20 +257,8 @@ def scoring_inputs(tokenizer, prompts, response_ids, response_mask):
     return input_ids, attn
 
 
-def condition_logprobs(
-    model,
-    tokenizer,
-    prompts_pos,
-    prompts_neg,
-    response_ids,
-    response_mask,
-    temperature=1.0,
-    micro_batch_size=None,
-    logprob_fn=None,
-    *,
-    adv=None,
-    eval_mode=True,
-):
+def condition_logprobs(model, tokenizer, prompts_pos, prompts_neg, response_ids, response_mask, temperature=1.0,
+                       micro_batch_size=None, logprob_fn=None, *, adv=None, eval_mode=True):
     """Log-probs lp_pos, lp_neg of each fixed sampled response under its c+ and its c- prompt (spec §4).
 
     Source: abstract [S] (re-score a fixed trajectory under two opposing outcome conditions); spec §4 (rollout-
@@ -333,9 +290,8 @@ def condition_logprobs(
         raise ValueError(f"response_mask shape {tuple(m.shape)} != response_ids shape {tuple(response_ids.shape)}")
     B = response_ids.shape[0]
     if len(prompts_pos) != B or len(prompts_neg) != B:
-        raise ValueError(
-            f"prompts_pos ({len(prompts_pos)}) and prompts_neg ({len(prompts_neg)}) must each have B = {B} entries"
-        )
+        raise ValueError(f"prompts_pos ({len(prompts_pos)}) and prompts_neg ({len(prompts_neg)}) must each have "
+                         f"B = {B} entries")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
     if micro_batch_size is not None and micro_batch_size < 1:
@@ -360,10 +316,9 @@ def condition_logprobs(
             for prompts in (prompts_pos, prompts_neg):
                 lp = torch.zeros(response_ids.shape, dtype=dtype, device=response_ids.device)
                 for a in range(0, len(rows), size):
-                    idx = rows[a : a + size].to(response_ids.device)  # this pass's rows
-                    inputs = scoring_inputs(
-                        tokenizer, [prompts[i] for i in idx.tolist()], response_ids[idx].to(device), m[idx].to(device)
-                    )
+                    idx = rows[a:a + size].to(response_ids.device)  # this pass's rows
+                    inputs = scoring_inputs(tokenizer, [prompts[i] for i in idx.tolist()], response_ids[idx].to(device),
+                                            m[idx].to(device))
                     out = logprob_fn(model, *inputs, m[idx].to(device), temperature)  # [b, T]
                     lp[idx] = torch.where(m[idx], out.to(lp), lp.new_zeros(()))
                 outs.append(lp)
@@ -387,9 +342,8 @@ def condition_shifts(old_logp, lp_pos, lp_neg, response_mask):
     for name, t in (("lp_pos", lp_pos), ("lp_neg", lp_neg), ("response_mask", m)):
         if t.shape != old_logp.shape:
             raise ValueError(f"{name} shape {tuple(t.shape)} != old_logp shape {tuple(old_logp.shape)}")
-    dt = torch.promote_types(
-        torch.promote_types(torch.promote_types(old_logp.dtype, lp_pos.dtype), lp_neg.dtype), torch.float32
-    )
+    dt = torch.promote_types(torch.promote_types(torch.promote_types(old_logp.dtype, lp_pos.dtype), lp_neg.dtype),
+                             torch.float32)
     zero = torch.zeros((), dtype=dt, device=old_logp.device)
     l0, l_pos, l_neg = (torch.where(m, t.detach().to(dt), zero) for t in (old_logp, lp_pos, lp_neg))
     return l_pos - l0, l_neg - l0, m  # spec §4: d_pos = lp_pos - old_logp, d_neg = lp_neg - old_logp
@@ -409,13 +363,8 @@ def sensitivity(old_logp, lp_pos, lp_neg, response_mask, mode="max"):
     if mode not in _MODES:
         raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
     d_pos, d_neg, m = condition_shifts(old_logp, lp_pos, lp_neg, response_mask)
-    s = (
-        torch.maximum(d_pos.abs(), d_neg.abs())
-        if mode == "max"
-        else 0.5 * (d_pos.abs() + d_neg.abs())
-        if mode == "mean"
-        else (0.5 * (d_pos + d_neg)).abs()
-    )  # "common"
+    s = (torch.maximum(d_pos.abs(), d_neg.abs()) if mode == "max" else 0.5 * (d_pos.abs() + d_neg.abs())
+         if mode == "mean" else (0.5 * (d_pos + d_neg)).abs())  # "common"
     return torch.where(m, s, torch.zeros((), dtype=s.dtype, device=s.device))
 
 
@@ -485,25 +434,9 @@ def credit_weights(s, response_mask, threshold=0.2, alpha=1.0, w_min=0.0, weight
 
 # ---- Spec §5: reallocation ---------------------------------------------------------------------------------------
 
-
-def cscr_token_advantages(
-    adv,
-    old_logp,
-    lp_pos,
-    lp_neg,
-    response_mask,
-    threshold=0.2,
-    alpha=1.0,
-    w_min=0.0,
-    mode="max",
-    *,
-    weight="exp",
-    scope="sequence",
-    group_size=None,
-    return_stats=False,
-    sign_eps=0.2,
-    sign_mix=0.5,
-):
+def cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, alpha=1.0, w_min=0.0,
+                          mode="max", *, weight="exp", scope="sequence", group_size=None, return_stats=False,
+                          sign_eps=0.2, sign_mix=0.5):
     """CSCR token advantages [B, T]: down-weight sensitive tokens, keep the sign and the per-sequence credit budget.
 
     Source: abstract [S] (reduce the credit of highly sensitive tokens; renormalise so that the credit budget and
@@ -561,10 +494,8 @@ def cscr_token_advantages(
     if not torch.is_tensor(adv) or adv.dim() != 1:
         raise ValueError("adv (the sequence advantages) must be a [B] tensor")
     if not torch.is_tensor(old_logp) or old_logp.dim() != 2 or adv.shape[0] != old_logp.shape[0]:
-        raise ValueError(
-            f"adv shape {tuple(adv.shape)} does not match old_logp rows "
-            f"{tuple(old_logp.shape) if torch.is_tensor(old_logp) else old_logp!r}"
-        )
+        raise ValueError(f"adv shape {tuple(adv.shape)} does not match old_logp rows "
+                         f"{tuple(old_logp.shape) if torch.is_tensor(old_logp) else old_logp!r}")
     B = adv.shape[0]
     if scope == "group" and (not isinstance(group_size, int) or group_size < 1 or B % group_size != 0):
         raise ValueError(f"group_size must be a positive int dividing B = {B} for scope 'group', got {group_size!r}")
@@ -582,10 +513,8 @@ def cscr_token_advantages(
         else:
             log_w = credit_log_weights(s, threshold, alpha, w_min, weight)
         if not torch.isfinite(log_w[m]).all():
-            raise ValueError(
-                f"alpha = {alpha} times the sensitivity overflows: lower alpha"
-                + ("" if weight == "upweight" else " or set w_min > 0")
-            )
+            raise ValueError(f"alpha = {alpha} times the sensitivity overflows: lower alpha"
+                             + ("" if weight == "upweight" else " or set w_min > 0"))
         # The tokens that share one normaliser w_bar: the valid tokens of each sequence (spec §5 [S2]); for the
         # scope ablations, those of each group of rows / of the batch, over rows with A != 0.
         if scope == "sequence":
@@ -626,18 +555,11 @@ def _stats(s, log_w, w_tilde, adv, m):
         k = int(sel.sum())
         return float(x[sel].double().sum() / k) if k else 0.0
 
-    stats = {
-        "cscr/w_mean": mean(w, tok),
-        "cscr/frac_w_lt_1": mean((w < 1).to(w.dtype), tok),
-        "cscr/w_tilde_max": float(w_tilde[tok].max()) if n else 0.0,
-        "cscr/eff_token_frac": 0.0,
-        "cscr/w_bar_mean": 0.0,
-        "cscr/inv_w_bar_max": 0.0,
-        "cscr/s_mean": mean(s, tok),
-        "cscr/s_pos_mean": mean(s, m & (adv > 0)[:, None]),
-        "cscr/s_neg_mean": mean(s, m & (adv < 0)[:, None]),
-        "cscr/num_tokens": float(n),
-    }
+    stats = {"cscr/w_mean": mean(w, tok), "cscr/frac_w_lt_1": mean((w < 1).to(w.dtype), tok),
+             "cscr/w_tilde_max": float(w_tilde[tok].max()) if n else 0.0,
+             "cscr/eff_token_frac": 0.0, "cscr/w_bar_mean": 0.0, "cscr/inv_w_bar_max": 0.0,
+             "cscr/s_mean": mean(s, tok), "cscr/s_pos_mean": mean(s, m & (adv > 0)[:, None]),
+             "cscr/s_neg_mean": mean(s, m & (adv < 0)[:, None]), "cscr/num_tokens": float(n)}
     if int(rows.sum()):
         m_r, log_w_r = m[rows], log_w[rows]
         L = m_r.sum(1).double()
@@ -652,7 +574,6 @@ def _stats(s, log_w, w_tilde, adv, m):
 
 
 # ---- Spec §5: calibration of the threshold lambda ----------------------------------------------------------------
-
 
 def calibrate_threshold(s, response_mask, quantile=0.8):
     """Threshold lambda (float, nats) as a quantile in [0, 1] of s [B, T] over the valid tokens (spec §5, [I]).

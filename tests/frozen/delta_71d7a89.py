@@ -62,44 +62,18 @@ from typing import Callable, Iterable, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
-__all__ = [
-    "proxy_vectors",
-    "topk_proxy_vectors",
-    "delta_coefficients",
-    "delta_coefficients_streaming",
-    "random_coefficients",
-    "delta_token_advantages",
-    "adaptive_temperature",
-    "soft_assignment",
-    "bounded_coefficients",
-    "STAT_KEYS",
-]
+__all__ = ["proxy_vectors", "topk_proxy_vectors", "delta_coefficients", "delta_coefficients_streaming",
+           "random_coefficients", "delta_token_advantages", "adaptive_temperature", "soft_assignment",
+           "bounded_coefficients", "STAT_KEYS"]
 
 # ``return_stats``' keys (floats): λ̄ on each side; cosine and norms of μ±⁽ᴷ⁾; final temperatures γ±⁽ᴷ⁾ (``gamma=``'s
 # if given); this batch's γ±⁽⁰⁾ (at μ⁽⁰⁾ always: what the fixed-γ ablation freezes); valid tokens with Â > 0, < 0, = 0;
 # scale = N/Z (λ = λ̄/scale; 1 with ``normalize=False``); fallback = 1.0 when the one-side guard gave λ̄ ≡ 1.
-STAT_KEYS = (
-    "delta/lam_pos_mean",
-    "delta/lam_pos_std",
-    "delta/lam_pos_min",
-    "delta/lam_pos_max",
-    "delta/lam_neg_mean",
-    "delta/lam_neg_std",
-    "delta/lam_neg_min",
-    "delta/lam_neg_max",
-    "delta/cos_mu",
-    "delta/mu_pos_norm",
-    "delta/mu_neg_norm",
-    "delta/gamma_pos",
-    "delta/gamma_neg",
-    "delta/gamma0_pos",
-    "delta/gamma0_neg",
-    "delta/n_pos",
-    "delta/n_neg",
-    "delta/n_zero",
-    "delta/scale",
-    "delta/fallback",
-)
+STAT_KEYS = ("delta/lam_pos_mean", "delta/lam_pos_std", "delta/lam_pos_min", "delta/lam_pos_max",
+             "delta/lam_neg_mean", "delta/lam_neg_std", "delta/lam_neg_min", "delta/lam_neg_max",
+             "delta/cos_mu", "delta/mu_pos_norm", "delta/mu_neg_norm", "delta/gamma_pos", "delta/gamma_neg",
+             "delta/gamma0_pos", "delta/gamma0_neg", "delta/n_pos", "delta/n_neg", "delta/n_zero", "delta/scale",
+             "delta/fallback")
 # The ablations' keyword values (baselines spec §6); the first of each is the paper's method.
 SCORES, ASSIGNMENTS, COEFFICIENTS = ("contrastive", "within_side"), ("soft", "hard"), ("bounded", "raw")
 _NAN = float("nan")
@@ -122,9 +96,8 @@ def proxy_vectors(hidden: Tensor, old_logp: Tensor, response_mask: Tensor) -> Te
         return v.masked_fill_(~valid[..., None], 0.0)  # in place: +0.0 on padding (NaN there cannot leak)
 
 
-def topk_proxy_vectors(
-    hidden: Tensor, token_ids: Tensor, response_mask: Tensor, lm_head_weight: Tensor, K: int, temperature: float = 1.0
-) -> Tensor:
+def topk_proxy_vectors(hidden: Tensor, token_ids: Tensor, response_mask: Tensor, lm_head_weight: Tensor, K: int,
+                       temperature: float = 1.0) -> Tensor:
     """Top-K hidden-gradient proxy v_t = W_{y_t} − Σ_{j ∈ top-K(z_t/T)} p̃_t(j)·W_j (App. F; baselines spec §6
     ``delta_topk_proxy``), an approximation of ∇_h log p(y_t) = W_{y_t} − Σ_j p_t(j)·W_j.
 
@@ -138,10 +111,8 @@ def topk_proxy_vectors(
     """
     _check_shapes(hidden, "hidden", 3, None, token_ids, "token_ids", response_mask)
     if not isinstance(lm_head_weight, Tensor) or lm_head_weight.shape[1:] != hidden.shape[-1:]:  # W [V, H]
-        raise ValueError(
-            f"lm_head_weight must be a [V, H] tensor with H = {hidden.shape[-1]}, got shape "
-            f"{tuple(getattr(lm_head_weight, 'shape', ()))}"
-        )
+        raise ValueError(f"lm_head_weight must be a [V, H] tensor with H = {hidden.shape[-1]}, got shape "
+                         f"{tuple(getattr(lm_head_weight, 'shape', ()))}")
     V = lm_head_weight.shape[0]
     if isinstance(K, bool) or not isinstance(K, int) or not 1 <= K <= V:
         raise ValueError(f"K must be an int in [1, V] = [1, {V}], got {K!r}")
@@ -160,7 +131,7 @@ def topk_proxy_vectors(
         # Tokens per block: their logits [n, V] and gathered rows [n, K, H] within ROW_BLOCK_BYTES.
         n_blk = max(1, ROW_BLOCK_BYTES // ((V + (K + 2) * W.shape[1]) * W.element_size()))
         for a in range(0, ids.numel(), n_blk):
-            b, t, y = b_idx[a : a + n_blk], t_idx[a : a + n_blk], ids[a : a + n_blk]
+            b, t, y = b_idx[a:a + n_blk], t_idx[a:a + n_blk], ids[a:a + n_blk]
             z = hidden[b, t].detach().to(dtype) @ W.T  # [n, V] logits z_t = h_t Wᵀ
             top, j = (z / float(temperature)).topk(K, dim=-1)  # [n, K]: the K largest of z_t/T, their indices
             p = torch.softmax(top, dim=-1)  # [n, K] p̃_t, renormalised over the top K
@@ -181,7 +152,8 @@ def soft_assignment(margin_pos, margin_neg, gamma_pos, gamma_neg, adv: Tensor) -
     """α = σ(Δ/γ) (App. G; Eq. 7's soft assignment) with each token's own side's margin and temperature: Δ⁺/γ₊ on
     responses with Â > 0, Δ⁻/γ₋ otherwise. margins ``[b, T]``, γ 0-dim, ``adv`` Â ``[b]``; returns ``[b, T]`` in
     (0, 1) (the caller masks Â = 0 rows and padding)."""
-    return torch.where((adv > 0)[:, None], torch.sigmoid(margin_pos / gamma_pos), torch.sigmoid(margin_neg / gamma_neg))
+    return torch.where((adv > 0)[:, None], torch.sigmoid(margin_pos / gamma_pos),
+                       torch.sigmoid(margin_neg / gamma_neg))
 
 
 def bounded_coefficients(assign: Tensor, adv: Tensor, mask: Tensor, lam_min: float, lam_max: float) -> Tensor:
@@ -198,15 +170,9 @@ def _assign(margin_pos: Tensor, margin_neg: Tensor, gamma_pos, gamma_neg, adv: T
     return soft_assignment(margin_pos, margin_neg, gamma_pos, gamma_neg, adv)
 
 
-def random_coefficients(
-    adv: Tensor,
-    response_mask: Tensor,
-    lam_min: float = 0.8,
-    lam_max: float = 1.2,
-    u: Optional[Tensor] = None,
-    generator: Optional[torch.Generator] = None,
-    normalize: bool = True,
-) -> Tensor:
+def random_coefficients(adv: Tensor, response_mask: Tensor, lam_min: float = 0.8, lam_max: float = 1.2,
+                        u: Optional[Tensor] = None, generator: Optional[torch.Generator] = None,
+                        normalize: bool = True) -> Tensor:
     """The random-coefficient control (App. F "sampled randomly from the same bounded range … same coefficient
     normalization"; baselines spec §6 ``random``): λ = λ_min + (λ_max − λ_min)·u, u ~ U(0, 1) per token, λ_min
     where Â = 0, 0 on padding, then λ̄ = λ·N/Z, the guard and ``normalize`` as in ``delta_coefficients``. Needs no v.
@@ -222,11 +188,8 @@ def random_coefficients(
     with torch.no_grad():
         dev = response_mask.device
         mask = _mask01(response_mask).to(dtype)  # [B, T]
-        u = (
-            torch.rand(mask.shape, generator=generator, dtype=dtype, device=generator.device if generator else dev)
-            if u is None
-            else u
-        )  # [B, T]
+        u = torch.rand(mask.shape, generator=generator, dtype=dtype, device=generator.device if generator else dev) \
+            if u is None else u  # [B, T]
         u = u.detach().to(device=dev, dtype=dtype)
         if not bool(((u >= 0) & (u <= 1))[mask > 0].all()):
             raise ValueError("u must lie in [0, 1] on valid tokens")
@@ -239,22 +202,11 @@ def random_coefficients(
         return lam * (mask.sum(dtype=torch.float64) / lam.sum(dtype=torch.float64).clamp(min=1e-8)).to(dtype)
 
 
-def delta_coefficients(
-    v: Tensor,
-    adv: Tensor,
-    response_mask: Tensor,
-    K: int = 1,
-    lam_min: float = 0.8,
-    lam_max: float = 1.2,
-    eps: float = 1e-8,
-    return_stats: bool = False,
-    *,
-    scores: str = "contrastive",
-    assignment: str = "soft",
-    gamma: Optional[Tuple[float, float]] = None,
-    coefficients: str = "bounded",
-    normalize: bool = True,
-) -> Union[Tensor, Tuple[Tensor, dict]]:
+def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K: int = 1,
+                       lam_min: float = 0.8, lam_max: float = 1.2, eps: float = 1e-8,
+                       return_stats: bool = False, *, scores: str = "contrastive", assignment: str = "soft",
+                       gamma: Optional[Tuple[float, float]] = None, coefficients: str = "bounded",
+                       normalize: bool = True) -> Union[Tensor, Tuple[Tensor, dict]]:
     """Normalised DelTA token coefficients λ̄ over a whole rollout batch (spec §2.3 steps 0–6), no gradient; the
     statistics (centroids, γ, N, Z) are pooled over all valid tokens given (prompts pooled, not per group).
     Args (``delta_coefficients_streaming`` takes the same from K on, for the same λ̄):
@@ -282,9 +234,8 @@ def delta_coefficients(
         eps <= 0, an unknown ablation value, gamma not a pair of finite floats > 0. Memory: beside v, one row block
         of v − μ (``ROW_BLOCK_BYTES``) and [B, T] tensors; v is copied once, masked, unless +0.0 on padding.
     """
-    lam_min, lam_max, fixed_gamma = _check_args(
-        K, lam_min, lam_max, eps, scores, assignment, gamma, coefficients, normalize
-    )
+    lam_min, lam_max, fixed_gamma = _check_args(K, lam_min, lam_max, eps, scores, assignment, gamma, coefficients,
+                                                normalize)
     with torch.no_grad():
         v, adv, mask = _prepare(v, adv, response_mask)  # v itself, or a masked copy (padding not +0.0)
         # Sides (spec §2.3): P = {Â > 0, valid}, Nn = {Â < 0, valid}; Â = 0 responses belong to neither.
@@ -332,35 +283,19 @@ def delta_coefficients(
         N, Z = mask.sum(dtype=torch.float64), lam.sum(dtype=torch.float64)
         scale = N / Z.clamp(min=eps) if normalize else torch.ones((), dtype=torch.float64)  # "no_lamnorm": λ̄ := λ
         lam_bar = lam * scale.to(lam.dtype) if normalize else lam
-        return (
-            (
-                lam_bar,
-                _batch_stats(lam_bar, pos, neg, mask, float(scale), (mu_pos, mu_neg), (gamma_pos, gamma_neg), gamma0),
-            )
-            if return_stats
-            else lam_bar
-        )
+        return (lam_bar, _batch_stats(lam_bar, pos, neg, mask, float(scale), (mu_pos, mu_neg), (gamma_pos, gamma_neg),
+                                      gamma0)) if return_stats else lam_bar
 
 
 Chunk = Tuple[Tensor, Optional[Tensor], Tensor, Tensor]  # hidden or v [b, T, H], old_logp [b, T] or None, mask, Â
 Chunks = Union[Sequence[Chunk], Callable[[], Iterable[Chunk]]]
 
 
-def delta_coefficients_streaming(
-    chunks: Chunks,
-    K: int = 1,
-    lam_min: float = 0.8,
-    lam_max: float = 1.2,
-    eps: float = 1e-8,
-    reduce_fn: Optional[Callable[[Tensor], Optional[Tensor]]] = None,
-    return_stats: bool = False,
-    *,
-    scores: str = "contrastive",
-    assignment: str = "soft",
-    gamma: Optional[Tuple[float, float]] = None,
-    coefficients: str = "bounded",
-    normalize: bool = True,
-) -> Union[list, Tuple[list, dict]]:
+def delta_coefficients_streaming(chunks: Chunks, K: int = 1, lam_min: float = 0.8, lam_max: float = 1.2,
+                                 eps: float = 1e-8, reduce_fn: Optional[Callable[[Tensor], Optional[Tensor]]] = None,
+                                 return_stats: bool = False, *, scores: str = "contrastive", assignment: str = "soft",
+                                 gamma: Optional[Tuple[float, float]] = None, coefficients: str = "bounded",
+                                 normalize: bool = True) -> Union[list, Tuple[list, dict]]:
     """The λ̄ of ``delta_coefficients(proxy_vectors(h, log p, mask), Â, mask)`` on the concatenated chunks (to
     rounding) from micro-batches of LM-head inputs (spec §2.5; the header's inferred choice 4), holding one chunk's
     h and v at a time and otherwise float64 sums ([H] vectors) and per token Â's side, the margin and λ: at the
@@ -384,9 +319,8 @@ def delta_coefficients_streaming(
     Returns: list of λ̄ [b, T], one per chunk, float32 (float64 if the first chunk's v is); or (list, stats). Raises
         ValueError for empty chunks, a one-shot iterator, chunks changed between passes, some old_logp None only.
     """
-    lam_min, lam_max, fixed_gamma = _check_args(
-        K, lam_min, lam_max, eps, scores, assignment, gamma, coefficients, normalize
-    )
+    lam_min, lam_max, fixed_gamma = _check_args(K, lam_min, lam_max, eps, scores, assignment, gamma, coefficients,
+                                                normalize)
     data = _StatisticPasses(chunks, reduce_fn)
     # Each token keeps one score: contrastive Δ⁺ (Δ⁻ = −Δ⁺ is read on Nn), within_side its own side's −‖v − μ‖².
     pair = (lambda m: (m, m)) if scores == "within_side" else (lambda m: (m, -m))  # (read on P, read on Nn)
@@ -428,10 +362,8 @@ def delta_coefficients_streaming(
         if K > 0:
             margin = [_score(v, mu_pos, mu_neg, ch, scores) for _, ch, v in data.again(f"pass {K + 3}: final scores")]
         lo, hi = (0.0, 1.0) if coefficients == "raw" else (lam_min, lam_max)
-        lam = [
-            bounded_coefficients(_assign(*pair(m), gamma_pos, gamma_neg, ch.adv, assignment), ch.adv, ch.mask, lo, hi)
-            for ch, m in zip(data.kept, margin)
-        ]
+        lam = [bounded_coefficients(_assign(*pair(m), gamma_pos, gamma_neg, ch.adv, assignment), ch.adv, ch.mask, lo,
+                                    hi) for ch, m in zip(data.kept, margin)]
         # Step 6 / Eq. 8: Z = Σλ over all chunks (and ranks); λ̄ = λ·N/max(Z, ε) (λ̄ := λ with normalize=False).
         if not (normalize or return_stats):
             return lam
@@ -441,15 +373,10 @@ def delta_coefficients_streaming(
         if not return_stats:
             return lam_bar
         sc = float(scale)  # Σλ̄ = sc·Σλ and Σλ̄² = sc²·Σλ² per side
-        lam_bar_sums = (
-            float(sums["sum_lam_pos"]) * sc,
-            float(sums["sum_lam2_pos"]) * sc * sc,
-            float(sums["sum_lam_neg"]) * sc,
-            float(sums["sum_lam2_neg"]) * sc * sc,
-        )
-        return lam_bar, _stats(
-            lam_bar_sums, lam_bar, sides, counts, sc, (mu_pos, mu_neg), (gamma_pos, gamma_neg), gamma0
-        )
+        lam_bar_sums = (float(sums["sum_lam_pos"]) * sc, float(sums["sum_lam2_pos"]) * sc * sc,
+                        float(sums["sum_lam_neg"]) * sc, float(sums["sum_lam2_neg"]) * sc * sc)
+        return lam_bar, _stats(lam_bar_sums, lam_bar, sides, counts, sc, (mu_pos, mu_neg), (gamma_pos, gamma_neg),
+                               gamma0)
 
 
 def delta_token_advantages(adv: Tensor, lam_bar: Tensor, response_mask: Tensor) -> Tensor:
@@ -475,10 +402,8 @@ def _block_rows(v: Tensor) -> int:  # rows of v [B, T, H] per block: ROW_BLOCK_B
 
 def _zero_at_padding(v: Tensor, valid: Tensor) -> bool:  # v is +0.0 (all bits 0; not −0.0) at every padded position
     rows, bits = _block_rows(v), {torch.float32: torch.int32, torch.float64: torch.int64}[v.dtype]
-    return not any(
-        v[r : r + rows][~valid[r : r + rows]].view(bits).any()  # [n, H], n ≤ the block's padded tokens
-        for r in range(0, v.shape[0], rows)
-    )
+    return not any(v[r:r + rows][~valid[r:r + rows]].view(bits).any()  # [n, H], n ≤ the block's padded tokens
+                   for r in range(0, v.shape[0], rows))
 
 
 def _row_block(v: Tensor, rows: Optional[int] = None) -> Tensor:  # a [rows, T, H] buffer (default _block_rows)
@@ -491,8 +416,8 @@ def _squared_distances(v: Tensor, mu: Tensor, block: Tensor) -> Tensor:
     result equals ``(v - mu).pow(2).sum(-1)`` (tests/test_delta.py, float64)."""
     out, rows = torch.empty(v.shape[:2], dtype=v.dtype, device=v.device), max(block.shape[0], 1)
     for r in range(0, v.shape[0], rows):
-        d = torch.sub(v[r : r + rows], mu, out=block[: min(rows, v.shape[0] - r)])  # [rows, T, H]
-        torch.sum(d.pow_(2), -1, out=out[r : r + rows])
+        d = torch.sub(v[r:r + rows], mu, out=block[:min(rows, v.shape[0] - r)])  # [rows, T, H]
+        torch.sum(d.pow_(2), -1, out=out[r:r + rows])
     return out
 
 
@@ -507,18 +432,11 @@ def _centroid_sums(ch: _Chunk, v: Tensor, assign: Optional[Tensor] = None) -> di
     if assign is not None:
         w_pos, w_neg = assign * w_pos, assign * w_neg
     vf, w_pos, w_neg = v.flatten(0, 1), w_pos.flatten(), w_neg.flatten()  # [b·T, H], [b·T], [b·T]
-    out = {
-        "sum_wv_pos": (w_pos @ vf).double(),
-        "sum_wv_neg": (w_neg @ vf).double(),
-        "sum_w_pos": w_pos.sum(dtype=torch.float64),
-        "sum_w_neg": w_neg.sum(dtype=torch.float64),
-    }
+    out = {"sum_wv_pos": (w_pos @ vf).double(), "sum_wv_neg": (w_neg @ vf).double(),
+           "sum_w_pos": w_pos.sum(dtype=torch.float64), "sum_w_neg": w_neg.sum(dtype=torch.float64)}
     if assign is None:  # pass 1: also the valid-token counts
-        out.update(
-            n_pos=ch.pos.sum(dtype=torch.float64),
-            n_neg=ch.neg.sum(dtype=torch.float64),
-            n_valid=ch.mask.sum(dtype=torch.float64),
-        )
+        out.update(n_pos=ch.pos.sum(dtype=torch.float64), n_neg=ch.neg.sum(dtype=torch.float64),
+                   n_valid=ch.mask.sum(dtype=torch.float64))
     return out
 
 
@@ -533,12 +451,8 @@ def _score(v: Tensor, mu_pos: Tensor, mu_neg: Tensor, ch: _Chunk, scores: str) -
 
 def _moments(ch: _Chunk, name: str, x_pos: Tensor, x_neg: Tensor) -> dict:  # Σx, Σx² on P and on Nn, float64
     xp, xn = x_pos.double()[ch.pos], x_neg.double()[ch.neg]
-    return {
-        f"sum_{name}_pos": xp.sum(),
-        f"sum_{name}2_pos": (xp * xp).sum(),
-        f"sum_{name}_neg": xn.sum(),
-        f"sum_{name}2_neg": (xn * xn).sum(),
-    }
+    return {f"sum_{name}_pos": xp.sum(), f"sum_{name}2_pos": (xp * xp).sum(),
+            f"sum_{name}_neg": xn.sum(), f"sum_{name}2_neg": (xn * xn).sum()}
 
 
 def _centroids(sums: dict, eps: float, dtype: torch.dtype) -> tuple:  # μ₊, μ₋ [H] (Eq. 2–3) from the sums
@@ -546,10 +460,8 @@ def _centroids(sums: dict, eps: float, dtype: torch.dtype) -> tuple:  # μ₊, �
 
 
 def _temperatures(sums: dict, n_pos: Tensor, n_neg: Tensor, eps: float) -> tuple:  # γ₊, γ₋ from the sums
-    return (
-        adaptive_temperature(sums["sum_margin_pos"], sums["sum_margin2_pos"], n_pos, eps),
-        adaptive_temperature(sums["sum_margin_neg"], sums["sum_margin2_neg"], n_neg, eps),
-    )
+    return (adaptive_temperature(sums["sum_margin_pos"], sums["sum_margin2_pos"], n_pos, eps),
+            adaptive_temperature(sums["sum_margin_neg"], sums["sum_margin2_neg"], n_neg, eps))
 
 
 class _StatisticPasses:
@@ -559,10 +471,8 @@ class _StatisticPasses:
 
     def __init__(self, chunks: Chunks, reduce_fn):
         if not callable(chunks) and iter(chunks) is chunks:
-            raise ValueError(
-                "chunks must be a list/tuple or a zero-arg callable returning a fresh iterable; "
-                "a one-shot iterator cannot be read K + 3 times"
-            )
+            raise ValueError("chunks must be a list/tuple or a zero-arg callable returning a fresh iterable; "
+                             "a one-shot iterator cannot be read K + 3 times")
         self.read = chunks if callable(chunks) else (lambda: chunks)
         self.reduce_fn, self.kept = reduce_fn, []
 
@@ -570,17 +480,14 @@ class _StatisticPasses:
         if not (isinstance(raw, (tuple, list)) and len(raw) == 4):
             raise ValueError(f"chunks[{j}] must be a (hidden, old_logp, response_mask, adv) tuple")
         hidden, logp, mask, adv = raw
-        _check_shapes(
-            hidden, "hidden", 3, adv, logp, None if logp is None else "old_logp", mask, where, " of sequence advantages"
-        )
+        _check_shapes(hidden, "hidden", 3, adv, logp, None if logp is None else "old_logp", mask, where,
+                      " of sequence advantages")
         if j == 0 and not self.kept:  # given_v: the chunks carry v itself (e.g. top-K proxies), not h and log p
             self.given_v, self.H = logp is None, hidden.shape[-1]
             self.dtype = _work_dtype(hidden, *([] if logp is None else [logp]))
         if (logp is None) != self.given_v:
-            raise ValueError(
-                f"old_logp{where} is {'None' if logp is None else 'a tensor'}, but "
-                f"{'a tensor' if logp is None else 'None'} in chunks[0]: all or none must be None"
-            )
+            raise ValueError(f"old_logp{where} is {'None' if logp is None else 'a tensor'}, but "
+                             f"{'a tensor' if logp is None else 'None'} in chunks[0]: all or none must be None")
         if hidden.shape[-1] != self.H:
             raise ValueError(f"hidden{where} has hidden size {hidden.shape[-1]}, expected {self.H}")
         v = hidden if logp is None else proxy_vectors(hidden, logp, mask)
@@ -595,10 +502,8 @@ class _StatisticPasses:
             if not name:
                 self.kept.append(_Chunk(adv, m, (adv > 0)[:, None] & (m > 0), (adv < 0)[:, None] & (m > 0)))
             elif not (torch.equal(adv, self.kept[j].adv) and torch.equal(m, self.kept[j].mask)):  # (H: _proxies)
-                raise ValueError(
-                    f"chunks[{j}] changed between passes ({name}): adv, "
-                    "response_mask and shapes must be identical in every pass"
-                )
+                raise ValueError(f"chunks[{j}] changed between passes ({name}): adv, "
+                                 "response_mask and shapes must be identical in every pass")
             yield j, self.kept[j], v
         if not self.kept:
             raise ValueError("chunks is empty: need at least one (hidden, old_logp, response_mask, adv) micro-batch")
@@ -618,38 +523,23 @@ class _StatisticPasses:
 
 
 # Validation ----------------------------------------------------------------------------------------------
-def _check_args(
-    K,
-    lam_min,
-    lam_max,
-    eps,
-    scores="contrastive",
-    assignment="soft",
-    gamma=None,
-    coefficients="bounded",
-    normalize=True,
-) -> Tuple[float, float, Optional[Tuple[Tensor, Tensor]]]:
+def _check_args(K, lam_min, lam_max, eps, scores="contrastive", assignment="soft", gamma=None,
+                coefficients="bounded", normalize=True) -> Tuple[float, float, Optional[Tuple[Tensor, Tensor]]]:
     # The hyper-parameters and ablation keywords (baselines spec §6): lam_min, lam_max as floats, gamma as 0-dim
     # float64 tensors (as adaptive_temperature's γ).
     if isinstance(K, bool) or not isinstance(K, int):
         raise ValueError(f"K must be an int >= 0, got {K!r}")
     lo, hi = float(lam_min), float(lam_max)
-    for bad, msg in (
-        (K < 0, f"K must be >= 0, got {K}"),
-        (not (math.isfinite(lo) and math.isfinite(hi)), f"lam_min/lam_max must be finite, got {lo}, {hi}"),
-        (lo < 0, f"lam_min must be >= 0 (λ̄ > 0 keeps the sign of Â), got {lo}"),
-        (lo > hi, f"lam_min must be <= lam_max, got lam_min={lo} > lam_max={hi}"),
-        (hi <= 0, f"lam_max must be > 0, got {hi}"),
-        (not float(eps) > 0, f"eps must be > 0, got {eps!r}"),
-        (not isinstance(normalize, bool), f"normalize must be True or False, got {normalize!r}"),
-    ):
+    for bad, msg in ((K < 0, f"K must be >= 0, got {K}"),
+                     (not (math.isfinite(lo) and math.isfinite(hi)), f"lam_min/lam_max must be finite, got {lo}, {hi}"),
+                     (lo < 0, f"lam_min must be >= 0 (λ̄ > 0 keeps the sign of Â), got {lo}"),
+                     (lo > hi, f"lam_min must be <= lam_max, got lam_min={lo} > lam_max={hi}"),
+                     (hi <= 0, f"lam_max must be > 0, got {hi}"), (not float(eps) > 0, f"eps must be > 0, got {eps!r}"),
+                     (not isinstance(normalize, bool), f"normalize must be True or False, got {normalize!r}")):
         if bad:
             raise ValueError(msg)
-    for name, value, allowed in (
-        ("scores", scores, SCORES),
-        ("assignment", assignment, ASSIGNMENTS),
-        ("coefficients", coefficients, COEFFICIENTS),
-    ):
+    for name, value, allowed in (("scores", scores, SCORES), ("assignment", assignment, ASSIGNMENTS),
+                                 ("coefficients", coefficients, COEFFICIENTS)):
         if value not in allowed:
             raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
     if gamma is None:
@@ -666,9 +556,8 @@ def _check_args(
 def _check_shapes(x, x_name, dims, adv, bt, bt_name, mask, where="", adv_what="") -> None:
     shape = lambda t: tuple(getattr(t, "shape", ()))  # noqa: E731
     if not isinstance(x, Tensor) or x.dim() != dims:
-        raise ValueError(
-            f"{x_name}{where} must be a {'[B, T, H]' if dims == 3 else '[B, T]'} tensor, got shape {shape(x)}"
-        )
+        raise ValueError(f"{x_name}{where} must be a {'[B, T, H]' if dims == 3 else '[B, T]'} tensor, got shape "
+                         f"{shape(x)}")
     B, T = x.shape[:2]
     if adv is not None and (not isinstance(adv, Tensor) or shape(adv) != (B,)):
         raise ValueError(f"adv{where} must be a [B] = [{B}] tensor{adv_what}, got shape {shape(adv)}")
@@ -687,9 +576,8 @@ def _work_dtype(*tensors: Tensor) -> torch.dtype:  # float64 if any input is (un
     return torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
 
 
-def _prepare(
-    v: Tensor, adv: Tensor, response_mask: Tensor, dtype: Optional[torch.dtype] = None, where: str = ""
-) -> Tuple[Tensor, Tensor, Tensor]:
+def _prepare(v: Tensor, adv: Tensor, response_mask: Tensor, dtype: Optional[torch.dtype] = None,
+             where: str = "") -> Tuple[Tensor, Tensor, Tensor]:
     """Validated, detached v (0 on padding by ``where``: NaN cannot leak), Â, float 0/1 mask; working dtype."""
     _check_shapes(v, "v", 3, adv, None, None, response_mask, where, " of sequence advantages")
     if not bool(torch.isfinite(adv).all()):
@@ -709,12 +597,8 @@ def _prepare(
 def _batch_stats(lam_bar, pos, neg, mask, scale, mus=None, gammas=None, gamma0=None) -> dict:
     """``_stats`` of ``delta_coefficients`` from λ̄ and the float side masks P, Nn ([B, T] each)."""
     lb64 = lam_bar.double()
-    lam_bar_sums = (
-        float((lb64 * pos).sum()),
-        float((lb64 * lb64 * pos).sum()),
-        float((lb64 * neg).sum()),
-        float((lb64 * lb64 * neg).sum()),
-    )
+    lam_bar_sums = (float((lb64 * pos).sum()), float((lb64 * lb64 * pos).sum()),
+                    float((lb64 * neg).sum()), float((lb64 * lb64 * neg).sum()))
     n_valid, n_pos, n_neg = (x.sum(dtype=torch.float64) for x in (mask, pos, neg))
     counts = (float(n_pos), float(n_neg), float(n_valid - n_pos - n_neg))
     return _stats(lam_bar_sums, [lam_bar], [(pos > 0, neg > 0)], counts, scale, mus, gammas, gamma0)
