@@ -24,21 +24,13 @@ In that order: the maths, the credit (``Credit``), one step (``train_step``), th
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 
+import trainer
 
-def _interrupted_while_importing(signum, frame):
-    """Ctrl-C before ``main`` (the imports below take seconds): run_setup.run_command's line for a run stopped before
-    training began, from process 0 only, and a shell's status for SIGINT; no traceback (``os._exit``)."""
-    if os.environ.get("RANK", "0") == "0":
-        print("grpo.py: interrupted: before training began; the same command starts again", file=sys.stderr, flush=True)
-    os._exit(130)
-
-
-if __name__ == "__main__":  # until main: from then on run_setup.run_command turns Ctrl-C into its line
-    signal.signal(signal.SIGINT, _interrupted_while_importing)
+if __name__ == "__main__":  # until main: Ctrl-C while the imports below load is one line (then run_command's)
+    trainer.catch_ctrl_c_while_importing()
     sys.modules["grpo"] = sys.modules[__name__]  # the comparisons' `import grpo` is this module, its registries
 
 # (after the handler: these imports take seconds)
@@ -49,10 +41,8 @@ from dataclasses import dataclass
 
 import torch
 
-import cscr
-import delta
 import verify
-from trainer import distributed, policy, run_setup
+from trainer import credit_methods, distributed, grpo_config, policy, run_setup
 from trainer.grpo_config import GRPOConfig  # every flag (grpo_config.py); its parser and checks: build_parser
 
 
@@ -81,7 +71,9 @@ def group_advantages(
 def overlong_penalty(lengths: torch.Tensor, max_completion_length: int, buffer_len: int, factor=1.0) -> torch.Tensor:
     """DAPO's soft overlong punishment (§3.4; verl's ``overlong_buffer``), added to the reward: R_length(o) =
     min(0, ((L_max − L_cache) − |o|) / L_cache · factor), ``lengths`` ``[N]`` (EOS included), L_max =
-    ``max_completion_length``, L_cache = ``buffer_len``. Returns ``[N]`` float32 (≤ 0)."""
+    ``max_completion_length``, L_cache = ``buffer_len`` (0: no shaping). Returns ``[N]`` float32 (≤ 0)."""
+    if buffer_len == 0:
+        return torch.zeros(lengths.shape)
     expected = max_completion_length - buffer_len  # L_max − L_cache
     return torch.clamp((expected - lengths.to(torch.float32)) / buffer_len * factor, max=0.0)
 
@@ -131,35 +123,20 @@ def clipped_surrogate(ratio, token_adv, settings: LossSettings):
 
 
 POLICY_LOSSES = {name: PolicyLoss(clipped_surrogate, name) for name in AGGREGATIONS}  # + the comparisons' (SAPO)
-POLICY_STATS = (
-    "clip_ratio/low_mean",
-    "clip_ratio/high_mean",
-    "clip_ratio/region_mean",
-    "clip_ratio/dual_mean",
-    "kl",
-    "num_tokens",
-)  # policy_loss's statistics (surrogate_stats)
+CLIP_STATS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/dual_mean")
+POLICY_STATS = CLIP_STATS + ("kl", "num_tokens")  # policy_loss's statistics (surrogate_stats)
 
 
 def policy_loss(
-    logp,
-    old_logp,
-    token_adv,
-    response_mask,
-    settings: LossSettings | None = None,
-    *,
-    ref_logp=None,
-    scope: LossScope = LossScope(),
-    **keywords,
+    logp, old_logp, token_adv, response_mask, settings=None, *, ref_logp=None, scope=LossScope(), **keywords
 ):
     """The loss (to minimise): ``settings.loss_type``'s surrogate ℓ of ratio = exp(clamp(logp − old_logp, ±20)) over
     the tokens of ``response_mask``, + β·k3 (exp(ref − logp) − (ref − logp) − 1, β > 0) over ``scope.valid_mask``'s
     tokens (default: ``response_mask``'s), each aggregated by ``aggregate`` (``dapo`` token-mean, ``grpo`` the mean
     of each sequence's token-mean, ``dr_grpo`` Σ / (B·max_completion_length)). ``logp``, ``old_logp``,
     ``response_mask``, ``ref_logp`` ``[B, T]`` (nats); ``token_adv`` Ã ``[B, T]`` or Â ``[B]``; ``settings`` or its
-    fields as keywords (the loss_type's settings class); ``scope``: the whole mini-batch's counts for a micro-batch
-    (``LossScope``). Returns (loss, token-means of ``clip_ratio/{low,high,region,dual}_mean`` and ``kl``;
-    ``num_tokens``)."""
+    fields as keywords (a ``LossSettings``, or the loss_type's subclass); ``scope``: the whole mini-batch's counts (a
+    ``LossScope``) for a micro-batch. Returns (loss, token-means of ``POLICY_STATS``)."""
     if settings is not None and keywords:
         raise ValueError(f"give policy_loss a LossSettings or its fields as keywords, not both: {sorted(keywords)}")
     loss_type = settings.loss_type if settings is not None else keywords.get("loss_type", "dapo")
@@ -231,139 +208,15 @@ def surrogate_stats(ratio, adv, mask, settings: LossSettings, dual_active, kl, v
 
 
 # --- Credit assignment: sequence advantages Â_i -> token advantages Ã_{i,t} (stage 5) -------------------------
-# What a credit function receives (``CreditInputs``): the rollout, its loss mask [N, T] (stage 3's), Â [N], θ_old's
-# pass (``ThetaOld``: its log-probs, and h_t when the function's ``needs`` names "hidden"), each row's reference
-# answer, the step (seeds a random draw); what it returns (``CreditResult``): Ã [N, T], its statistics for
-# metrics.jsonl and its per-token values {name: [N, T]} for samples/ (DelTA's λ̄, CSCR's sensitivity s).
-CreditInputs = namedtuple("CreditInputs", "batch loss_mask adv old answers step")
-CreditResult = namedtuple("CreditResult", "token_adv stats token_values")
-ThetaOld = policy.ThetaOld  # stage 4's results (policy.py: their sizes at the papers' scale)
-old_logprobs = policy.old_logprobs  # stage 4
-
-
-class GRPOCredit:
-    """--credit grpo: every token of o_i gets Â_i. The base of a credit function (``CREDIT_FUNCTIONS``): made once
-    from the config, called once per step, no grad; its state (none here) through ``state_dict``."""
-
-    needs: tuple[str, ...] = ()  # what it asks of θ_old's pass by name ("hidden": h_t)
-
-    def __init__(self, cfg: GRPOConfig, tokenizer=None):
-        self.cfg = cfg
-        self.tokenizer = tokenizer
-
-    def __call__(self, model, x: CreditInputs) -> CreditResult:
-        return CreditResult(x.adv[:, None] * x.loss_mask, {}, {})
-
-    def state_dict(self) -> dict:  # what a checkpoint keeps of the method (JSON-able)
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        pass
-
-
-class DeltaCredit(GRPOCredit):
-    """--credit delta: Ã = Â·λ̄ (delta.py, spec §2.3), λ̄ over θ_old's proxies v (App. F) from h_t kept by stage 4
-    (--delta_impl normal, one chunk) or recomputed in each of its K + 3 passes (memory_efficient; spec §2.5); under
-    torchrun --delta_scope global sums its statistics over the processes (spec §2.4)."""
-
-    def __init__(self, cfg: GRPOConfig, tokenizer=None):
-        super().__init__(cfg, tokenizer)
-        pool = distributed.all_reduce_sum if distributed.is_distributed() and cfg.delta_scope == "global" else None
-        self.steps = delta.DeltaSteps(pool=pool)
-        self.needs = ("hidden",) if cfg.delta_impl == "normal" else ()
-
-    def proxy(self, model):  # v_t (App. F): (h [b, t, H], old_logp, mask, token_ids [b, t]) -> v [b, t, H]
-        return lambda hidden, old_logp, mask, token_ids: delta.proxy_vectors(hidden, old_logp, mask)
-
-    def __call__(self, model, x: CreditInputs) -> CreditResult:
-        lam_bar, stats = self.lam_bar(model, x)  # λ̄ [N, T]
-        return CreditResult(delta.delta_token_advantages(x.adv, lam_bar, x.loss_mask), stats, {"lambda_bar": lam_bar})
-
-    def lam_bar(self, model, x: CreditInputs):
-        """DelTA's λ̄ ``[N, T]`` and stats: ``delta.delta_coefficients_chunked`` over the batch's chunks."""
-        cfg, mask, ids = self.cfg, x.loss_mask, x.batch.response_ids
-        proxy = self.proxy(model)
-        layout, h_chunks = policy.hidden_chunks(model, x.batch, cfg, x.old.hidden)
-
-        def chunks():  # (v [b, t, H], Â [b], mask [b, t]) of each chunk, in order
-            for h, rows, t in h_chunks():
-                yield proxy(h, x.old.logp[rows, :t], mask[rows, :t], ids[rows, :t]), x.adv[rows], mask[rows, :t]
-
-        result = delta.delta_coefficients_chunked(
-            chunks if x.old.hidden is None else list(chunks()),
-            cfg.delta_k,
-            cfg.delta_lam_min,
-            cfg.delta_lam_max,
-            self.steps,
-        )
-        lam_bar = torch.zeros(mask.shape, dtype=result.lam_bar[0].dtype)
-        for (rows, t), part in zip(layout, result.lam_bar):
-            lam_bar[rows, :t] = part.cpu()
-        stats = delta.delta_stats(result)
-        return lam_bar, distributed.pool_min_max(stats) if self.steps.pool else stats  # extremes: per process
-
-
-class CscrCredit(GRPOCredit):
-    """--credit cscr (spec §3–§5): the sensitivity s_t of θ_old's log-probs to a privileged note, w_t =
-    max(w_min, exp(−α·max(0, s_t − λ))), Ã = Â·w / mean_t(w); λ given, or calibrated once (its state)."""
-
-    def __init__(self, cfg: GRPOConfig, tokenizer=None):
-        super().__init__(cfg, tokenizer)
-        self.settings = cscr.Settings(alpha=cfg.cscr_alpha, w_min=cfg.cscr_w_min, mode=cfg.cscr_mode)
-        self.threshold = cfg.cscr_threshold
-        self.calibrated = False  # (--cscr_threshold_quantile: λ set from the first scored batch)
-
-    def __call__(self, model, x: CreditInputs) -> CreditResult:
-        cfg = self.cfg
-        mask = x.loss_mask
-        old_logp = x.old.logp
-        scored = mask.bool() & (x.adv != 0)[:, None]  # the tokens that carry credit: those of the rows with Â ≠ 0
-        # spec §3: the two privileged prompts x + c+, x + c− of every response
-        pairs = [
-            cscr.build_condition_prompts(
-                prompt, reference=ref, response_answer=verify.extract_boxed(text) or "", template=cfg.cscr_template
-            )
-            for prompt, ref, text in zip(x.batch.prompts, x.answers, x.batch.texts)
-        ]
-        # spec §4: ℓ+, ℓ− of the responses with Â ≠ 0 (no grad, eval mode; prompts tokenised as the rollout's)
-        with distributed.gathered_weights(model):  # FSDP2: the whole weights for the scoring passes
-            lp_pos, lp_neg = cscr.condition_logprobs(
-                model,
-                self.tokenizer,
-                pairs,
-                x.batch.response_ids,
-                scored,
-                cfg.temperature,
-                micro_batch_size=cfg.micro_batch_size or None,
-                logprob_fn=self.scoring_logprobs,
-            )
-        s = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask, mode=cfg.cscr_mode)  # s_t = max(|Δ+|, |Δ−|)
-        if cfg.cscr_threshold_quantile is not None and not self.calibrated:
-            # spec §5: λ = a quantile of s over the scored tokens (every process's) of the first batch that has any
-            # (a batch whose every group has equal rewards has none, and no token it would weight), then frozen
-            s_all = torch.cat(distributed.all_gather_objects(s[scored].cpu()))[None]
-            if s_all.numel():
-                self.threshold = cscr.calibrate_threshold(s_all, torch.ones_like(s_all), cfg.cscr_threshold_quantile)
-                self.calibrated = True
-        # spec §5: w_t = max(w_min, exp(−α·max(0, s_t − λ))), Ã_{i,t} = Â_i·w_t / mean_t(w) (sign and budget kept)
-        token_adv = cscr.cscr_token_advantages(x.adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.settings)
-        stats = cscr.cscr_stats(x.adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.settings)
-        return CreditResult(token_adv, {**stats, "cscr/threshold": float(self.threshold)}, {"sensitivity": s})
-
-    def scoring_logprobs(self, *args):  # CSCR's scoring passes: each privileged prompt run once (--shared_prompt)
-        return (policy.shared_prompt_logprobs if self.cfg.shared_prompt else policy.token_logprobs)(*args)
-
-    def state_dict(self) -> dict:
-        return {"cscr_threshold": float(self.threshold), "cscr_calibrated": self.calibrated}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.threshold = state["cscr_threshold"]
-        self.calibrated = state["cscr_calibrated"]
-
+old_logprobs = policy.old_logprobs  # stage 4: θ_old's log-probs, and what the credit function asks of the pass
 
 # The credit functions by name (--credit, and the comparisons' names: run_setup.credit_name), the loss stages by name
 # (run_setup.loss_stage_name); the comparisons add theirs (run_setup.register: comparisons/__init__.py).
-CREDIT_FUNCTIONS = {"grpo": GRPOCredit, "delta": DeltaCredit, "cscr": CscrCredit}
+CREDIT_FUNCTIONS = {
+    "grpo": credit_methods.GRPOCredit,
+    "delta": credit_methods.DeltaCredit,
+    "cscr": credit_methods.CscrCredit,
+}
 
 
 class Credit:
@@ -379,11 +232,11 @@ class Credit:
         return "hidden" in self.method.needs
 
     @torch.no_grad()
-    def __call__(self, model, batch, adv, old: ThetaOld, answers, step: int = 0, loss_mask=None):
+    def __call__(self, model, batch, adv, old: policy.ThetaOld, answers, step: int = 0, loss_mask=None):
         """adv Â ``[N]``, old: stage 4's ``ThetaOld``, answers: each row's reference (CSCR), ``loss_mask`` (default
         ``batch.response_mask``). Returns (Ã ``[N, T]``, stats)."""
         mask = batch.response_mask if loss_mask is None else loss_mask
-        result = self.method(model, CreditInputs(batch, mask, adv, old, answers, step))
+        result = self.method(model, credit_methods.CreditInputs(batch, mask, adv, old, answers, step))
         self.token_values = result.token_values
         return result.token_adv, result.stats
 
@@ -395,13 +248,8 @@ class Credit:
 
 
 # --- One step: rollout -> verify -> advantages -> θ_old -> credit -> update -> log ----------------------------
-# What a step works on beside its config (``train`` makes both once): the policy and what policy.build makes beside
-# it (``llm``: --use_vllm's engine, None: HF generate); the training problems, their order, template and stop tokens
-Actor = run_setup.Actor
-PromptSource = run_setup.PromptSource
-# What the run's flags choose once before the loop (``step_choices``): the loss stage (``LOSS_STAGES``), the sampler
-# correction of the update's Ã (sampler_mismatch.py) and whether stage 4 takes the training forward
-StepChoices = namedtuple("StepChoices", "loss_stage correction fuse_old")
+Actor = run_setup.Actor  # what a step works on beside its config: the policy, its optimizer, engine (run_setup.py)
+PromptSource = run_setup.PromptSource  # and the training problems, their order, template and stop tokens
 
 
 @dataclass
@@ -411,16 +259,14 @@ class Update:
     the loss where a comparison's loss stage has one (it writes it, for samples/; None: 1)."""
 
     batch: object
-    old: ThetaOld
+    old: policy.ThetaOld
     token_adv: torch.Tensor
     loss_mask: torch.Tensor
     token_values: dict
     loss_factor: torch.Tensor | None = None
 
 
-def train_step(
-    step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit: Credit, run, choices: StepChoices | None = None
-) -> dict:
+def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit: Credit, run, choices=None) -> dict:
     """One step: the seven stages of the module header (each process on its own whole groups); returns its metrics
     record. ``choices``: the run's (``step_choices``; default: made here from ``cfg``)."""
     model = actor.model
@@ -428,17 +274,13 @@ def train_step(
     policy.reset_peak_memory()
     # 1. rollout: G responses per prompt; every process takes its own whole groups of the same prompt order
     batch, answers, t_gen = run_setup.rollout_batch(step, cfg, actor, source)
-    choices = choices or step_choices(cfg, len(batch.texts), actor.ref_model is not None)
+    choices = choices or run_setup.step_choices(cfg, len(batch.texts), actor.ref_model is not None, LOSS_STAGES)
     # 2. verify: binary reward, every grader failure counted; DAPO's overlong shaping adds R_length ≤ 0 (§3.4)
     graded = verify.grade_batch(batch.texts, answers)
     lengths = batch.response_lengths  # as sampled
     correct = torch.tensor([float(ok) for ok, _ in graded])
-    rewards = (
-        correct
-        + overlong_penalty(lengths, cfg.max_completion_length, cfg.overlong_buffer_len, cfg.overlong_penalty_factor)
-        if cfg.overlong_buffer_len
-        else correct
-    )
+    shaping = overlong_penalty(lengths, cfg.max_completion_length, cfg.overlong_buffer_len, cfg.overlong_penalty_factor)
+    rewards = correct + shaping
     # 3. group advantages Â_i (GRPO); --mask_truncated_completions leaves truncated responses out of the loss mask
     adv = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
     trained = run_setup.masked_rollout(batch, cfg)  # the rollout as trained: its response_mask the loss mask
@@ -458,29 +300,6 @@ def train_step(
     return record
 
 
-def step_choices(cfg: GRPOConfig, num_rows: int, has_reference: bool) -> StepChoices:
-    """What the flags choose for every step, once before the loop (``num_rows``: this process's rollout rows)."""
-    return StepChoices(
-        LOSS_STAGES[run_setup.loss_stage_name(cfg)],
-        run_setup.sampler_correction(cfg),
-        can_update_on_policy(cfg, num_rows, has_reference),
-    )
-
-
-def can_update_on_policy(cfg: GRPOConfig, num_rows: int, has_reference: bool) -> bool:
-    """Whether stage 4 may take θ_old's log-probs from the training forward: --fuse_old_logprobs (where exact), one
-    update of one micro-batch, no KL reference; not CSCR under FSDP, nor a loss stage that needs its own forward."""
-    return (
-        cfg.fuse_old_logprobs
-        and cfg.num_iterations == 1
-        and cfg.num_mini_batches == 1
-        and not has_reference
-        and (cfg.micro_batch_size == 0 or cfg.micro_batch_size >= num_rows)
-        and not (cfg.credit == "cscr" and distributed.is_distributed())
-        and LOSS_STAGES[run_setup.loss_stage_name(cfg)].reuses_old_forward
-    )
-
-
 def policy_update(model, optimizer, update: Update, cfg: GRPOConfig, step: int, loss_stage=None):
     """Stage 6: ``num_iterations`` passes × ``num_mini_batches`` clipped AdamW steps (a non-finite one skipped), the
     rows permuted by a generator seeded by (seed, step, pass); ``loss_stage``: a ``LossStage`` (default: the flags').
@@ -491,8 +310,8 @@ def policy_update(model, optimizer, update: Update, cfg: GRPOConfig, step: int, 
     mb_size = N // cfg.num_mini_batches
     loss_sum = 0.0
     grad_norms, sums, skipped = [], {}, 0
-    signal = distributed.all_reduce_sum(torch.tensor([float(update.token_adv.abs().sum())], dtype=torch.float64))
-    if signal.item() == 0 and cfg.beta == 0:  # every advantage 0: no gradient, and an AdamW step would still move
+    adv_mass = distributed.all_reduce_sum(torch.tensor([float(update.token_adv.abs().sum())], dtype=torch.float64))
+    if adv_mass.item() == 0 and cfg.beta == 0:  # every advantage 0: no gradient, and an AdamW step would still move
         # the weights (decay, momentum): the weights and AdamW's state stay, each statistic 0.0 (same keys each line)
         return 0.0, [], {**dict.fromkeys(POLICY_STATS + loss_stage.stat_names, 0.0), "no_signal": 1.0}, 0
     for epoch in range(cfg.num_iterations):
@@ -550,15 +369,15 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     """Train as configured, under its recipe (``recipes.apply``: the recipe's settings not in ``given``, the flags
     given); returns the before/after evaluation and the last step's record (None: --dry_run). --resume continues
     exactly (every random draw is seeded by the step); torchrun: distributed.py."""
-    register()
     world = distributed.init_distributed()[1]
-    prepared = run_setup.prepare(cfg, given, world, list(POLICY_LOSSES))
+    prepared = run_setup.prepare(cfg, given, world, flag_choices())
     if prepared is None or isinstance(prepared, dict):  # --dry_run, or --resume of a finished run: its summary
         return prepared
     cfg, run, actor, source, heldout, state = prepared
     credit = Credit(cfg, actor.tokenizer)
     start_step = run_setup.restore(state, source.sampler, credit)
-    choices = step_choices(cfg, cfg.num_prompts_per_step // world * cfg.num_generations, actor.ref_model is not None)
+    num_rows = cfg.num_prompts_per_step // world * cfg.num_generations  # this process's rollout rows
+    choices = run_setup.step_choices(cfg, num_rows, actor.ref_model is not None, LOSS_STAGES)
     summary = run_setup.run_steps(
         cfg,
         run,
@@ -576,15 +395,20 @@ def register() -> None:
     run_setup.register(CREDIT_FUNCTIONS, LOSS_STAGES, POLICY_LOSSES)
 
 
-def build_parser(defaults: bool = True):  # the command line (grpo_config.build_parser), with the registered losses
+def flag_choices() -> dict[str, list[str]]:
+    """The registered names --loss_type and --credit take (a credit name with "/" is a method's variant, which the
+    method's own flags choose: comparisons/__init__.py's ``credit_name``)."""
     register()
-    return run_setup.build_parser(defaults, list(POLICY_LOSSES))
+    return {"loss_type": list(POLICY_LOSSES), "credit": [name for name in CREDIT_FUNCTIONS if "/" not in name]}
+
+
+def build_parser(defaults: bool = True):  # the command line: grpo_config.build_parser with the registered names
+    return grpo_config.build_parser(defaults, choices=flag_choices())
 
 
 def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None) -> list[str]:
-    """grpo_config.check_config, ``loss_type`` one of the policy losses registered (before any weights load)."""
-    register()
-    return run_setup.check_config(cfg, world, given, list(POLICY_LOSSES))
+    """grpo_config.check_config, --loss_type and --credit among the names registered (before any weights load)."""
+    return grpo_config.check_config(cfg, world, given, choices=flag_choices())
 
 
 def main(argv=None):

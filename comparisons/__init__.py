@@ -9,10 +9,10 @@ they replace (grpo, delta, cscr) and trainer/ (the model's passes), never tools/
     flags                                          registry         name
     --loss_type sapo                               POLICY_LOSSES    sapo
     --entropy_top_ratio / --top_entropy_quantile   LOSS_STAGES      forking (forking_micro: --entropy_pool micro)
-    --credit fipo                                  LOSS_STAGES      fipo (its credit: grpo's)
-    --credit delta --delta_select top|bottom|...   CREDIT_FUNCTIONS delta_q2, and LOSS_STAGES q2
-    --credit delta with any other --delta_* ablation CREDIT_FUNCTIONS delta_ablation
-    --credit cscr --cscr_weight / --cscr_scope      CREDIT_FUNCTIONS cscr_ablation
+    --credit fipo                                  CREDIT_FUNCTIONS fipo (grpo's) and LOSS_STAGES fipo
+    --credit delta --delta_select top|bottom|...   CREDIT_FUNCTIONS delta/q2, and LOSS_STAGES q2
+    --credit delta with any other --delta_* ablation CREDIT_FUNCTIONS delta/ablation
+    --credit cscr --cscr_weight / --cscr_scope      CREDIT_FUNCTIONS cscr/ablation
 """
 
 DELTA_ABLATION_DEFAULTS = {
@@ -34,14 +34,15 @@ def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> 
 
 
 def credit_name(cfg) -> str:
-    """The key of grpo.CREDIT_FUNCTIONS the flags choose: --credit's, or an ablation's (FIPO's credit is GRPO's)."""
+    """The key of grpo.CREDIT_FUNCTIONS the flags choose: --credit's, or its variant's ("delta/q2", "delta/ablation",
+    "cscr/ablation": the method's own flags choose it; a name with "/" is no --credit value)."""
     if cfg.credit == "delta" and cfg.delta_select != "none":
-        return "delta_q2"
+        return "delta/q2"
     if cfg.credit == "delta" and any(getattr(cfg, flag) != value for flag, value in DELTA_ABLATION_DEFAULTS.items()):
-        return "delta_ablation"
+        return "delta/ablation"
     if cfg.credit == "cscr" and (cfg.cscr_weight != "exp" or cfg.cscr_scope != "sequence"):
-        return "cscr_ablation"
-    return "grpo" if cfg.credit == "fipo" else cfg.credit
+        return "cscr/ablation"
+    return cfg.credit
 
 
 def loss_stage_name(cfg) -> str:

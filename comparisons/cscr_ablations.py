@@ -25,7 +25,7 @@ import math
 import torch
 
 import cscr
-import grpo
+from trainer import credit_methods
 
 
 def upweight(s, shift_pos, adv, threshold, settings):
@@ -101,8 +101,8 @@ def settings_from_flags(cfg):
     )
 
 
-class CscrAblationCredit(grpo.CscrCredit):
-    """grpo.CscrCredit with the weight step and renormalisation that --cscr_weight / --cscr_scope name."""
+class CscrAblationCredit(credit_methods.CscrCredit):
+    """credit_methods.CscrCredit with the weight step and renormalisation that --cscr_weight / --cscr_scope name."""
 
     def __init__(self, cfg, tokenizer=None):
         super().__init__(cfg, tokenizer)
@@ -110,4 +110,4 @@ class CscrAblationCredit(grpo.CscrCredit):
 
 
 def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
-    credit_functions["cscr_ablation"] = CscrAblationCredit
+    credit_functions["cscr/ablation"] = CscrAblationCredit

@@ -29,8 +29,7 @@ import torch
 from torch import Tensor
 
 import delta
-import grpo
-from trainer import distributed
+from trainer import credit_methods, distributed
 
 
 def within_side_scores(dist_pos: Tensor, dist_neg: Tensor, adv: Tensor) -> Tensor:
@@ -243,8 +242,8 @@ def keep_gamma(steps: delta.DeltaSteps, gamma) -> None:
         steps.temperature.gamma = tuple(gamma)
 
 
-class DeltaAblationCredit(grpo.DeltaCredit):
-    """grpo.DeltaCredit with the ablations of the --delta_* flags, chosen once (``steps_from_flags``,
+class DeltaAblationCredit(credit_methods.DeltaCredit):
+    """credit_methods.DeltaCredit with the ablations of the --delta_* flags, chosen once (``steps_from_flags``,
     ``proxy_from_flags``; --delta_coefficients random: App. F's control, λ uniform in [λ_min, λ_max], no v, drawn
     from a generator seeded by (seed, step, process)). Its state: --delta_gamma frozen's γ±."""
 
@@ -276,4 +275,4 @@ class DeltaAblationCredit(grpo.DeltaCredit):
 
 
 def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
-    credit_functions["delta_ablation"] = DeltaAblationCredit
+    credit_functions["delta/ablation"] = DeltaAblationCredit

@@ -13,12 +13,13 @@ import torch
 
 import grpo
 from comparisons import baselines
-from trainer import distributed, policy
+from trainer import credit_methods, distributed, policy
 
 STATS = ("fipo/f_mean", "fipo/dropped_frac")
 
 
 def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
+    credit_functions["fipo"] = credit_methods.GRPOCredit  # FIPO's weight is in its loss stage; its credit is GRPO's
     loss_stages["fipo"] = grpo.LossStage(fipo_backward, STATS)
 
 

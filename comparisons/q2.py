@@ -10,25 +10,26 @@ import torch
 
 import grpo
 from comparisons import baselines, delta_ablations
-from trainer import distributed, policy
+from trainer import credit_methods, distributed, policy
 
 
 def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
-    credit_functions["delta_q2"] = Q2Credit
+    credit_functions["delta/q2"] = Q2Credit
     loss_stages["q2"] = grpo.LossStage(q2_backward)
 
 
 class Q2Credit(delta_ablations.DeltaAblationCredit):
     """DelTA's λ̄ ranks the tokens; the selected ones (``token_values["q2_selected"]`` [N, T] bool) are the loss's."""
 
-    def __call__(self, model, x: grpo.CreditInputs) -> grpo.CreditResult:
+    def __call__(self, model, x: credit_methods.CreditInputs) -> credit_methods.CreditResult:
         delta_result = super().__call__(model, x)
         c = self.cfg
         draw = torch.Generator().manual_seed(c.seed * 1_000_003 + x.step * 101 + distributed.rank())
         lam_bar = delta_result.token_values["lambda_bar"]
         selected = baselines.select_tokens(lam_bar, x.loss_mask, c.delta_select_fraction, c.delta_select, draw)
         stats = {**delta_result.stats, "delta/selected_frac": float(selected.sum() / x.loss_mask.sum())}
-        return grpo.CreditResult(x.adv[:, None] * x.loss_mask, stats, {"lambda_bar": lam_bar, "q2_selected": selected})
+        token_values = {"lambda_bar": lam_bar, "q2_selected": selected}
+        return credit_methods.CreditResult(x.adv[:, None] * x.loss_mask, stats, token_values)
 
 
 def q2_backward(model, update, rows, cfg):

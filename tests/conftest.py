@@ -178,7 +178,7 @@ def loss_stage(monkeypatch):
         cfg = grpo.GRPOConfig(**{"max_completion_length": T, "shared_prompt": False, **flags})
         if keep is not None:  # DelTA's Q2: its loss stage on the selected tokens
             cfg = dataclasses.replace(cfg, credit="delta", delta_select="top")
-        old = grpo.ThetaOld(logp - delta, None, ref_logp, None)
+        old = policy.ThetaOld(logp - delta, None, ref_logp, None)
         token_adv = (adv[:, None] if adv.dim() == 1 else adv) * mask
         values = {} if keep is None else {"q2_selected": keep}
         update = grpo.Update(batch, old, token_adv, mask, values)

@@ -10,7 +10,7 @@ from conftest import backward
 import grpo
 import rollout
 import toy
-from trainer import checkpoint, memory_plan, policy
+from trainer import checkpoint, memory_plan, policy, run_setup
 
 
 def _run(tmp_path, model_path, credit, *extra):
@@ -273,7 +273,7 @@ def _one_step(model, tok, cfg, rows, out_dir, monkeypatch, from_training_forward
     """One grpo.train_step from ``model`` with stage 4's branch forced on or off (None: as grpo decides); returns
     (record, weights, the credit hook's arguments)."""
     if from_training_forward is not None:
-        monkeypatch.setattr(grpo, "can_update_on_policy", lambda *a, **k: from_training_forward)
+        monkeypatch.setattr(run_setup, "can_update_on_policy", lambda *a, **k: from_training_forward)
     seen = {}
 
     class SpyCredit(grpo.Credit):  # this run's hook only: records what stage 5 receives and returns
@@ -308,11 +308,11 @@ def test_theta_old_from_the_training_forward_gives_the_same_update(
     model = float64_model(model)
     rows = toy.make_split("train")[:8]
     cfg = grpo.GRPOConfig(credit=credit, num_prompts_per_step=4, num_generations=4, max_completion_length=48)
-    assert grpo.can_update_on_policy(cfg, 16, has_reference=False)
-    assert not grpo.can_update_on_policy(grpo.GRPOConfig(num_iterations=2), 16, has_reference=False)
-    assert not grpo.can_update_on_policy(grpo.GRPOConfig(micro_batch_size=4), 16, has_reference=False)
-    assert not grpo.can_update_on_policy(grpo.GRPOConfig(fuse_old_logprobs=False), 16, has_reference=False)
-    assert not grpo.can_update_on_policy(cfg, 16, has_reference=True)
+    assert run_setup.can_update_on_policy(cfg, 16, has_reference=False)
+    assert not run_setup.can_update_on_policy(grpo.GRPOConfig(num_iterations=2), 16, has_reference=False)
+    assert not run_setup.can_update_on_policy(grpo.GRPOConfig(micro_batch_size=4), 16, has_reference=False)
+    assert not run_setup.can_update_on_policy(grpo.GRPOConfig(fuse_old_logprobs=False), 16, has_reference=False)
+    assert not run_setup.can_update_on_policy(cfg, 16, has_reference=True)
     results = [
         _one_step(copy.deepcopy(model), tok, cfg, rows, tmp_path / str(fused), monkeypatch, fused)
         for fused in (False, True)

@@ -20,6 +20,7 @@ import delta  # noqa: E402
 from comparisons import delta_ablations  # noqa: E402
 from comparisons.delta_ablations import random_coefficients, topk_proxy_vectors  # noqa: E402
 from delta import delta_coefficients, delta_coefficients_chunked  # noqa: E402
+from trainer import credit_methods  # noqa: E402
 
 F64 = torch.float64
 TOL = 1e-9  # spec values are printed to 10 digits
@@ -736,7 +737,7 @@ def test_trainer_keeps_frozen_gamma_in_the_ablations_object_and_resumes_it():
         0.5,
     )
     plain = grpo.Credit(GRPOConfig(credit="delta"), None)
-    assert type(plain.method) is grpo.DeltaCredit and plain.state_dict() == {}  # the paper's: no state
+    assert type(plain.method) is credit_methods.DeltaCredit and plain.state_dict() == {}  # the paper's: no state
     assert plain.method.steps == delta.DeltaSteps()
     assert not hasattr(delta.adaptive_temperature, "gamma")
     assert grpo.Credit(GRPOConfig(credit="delta", delta_coefficients="random"), None).needs_hidden() is False

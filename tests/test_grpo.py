@@ -167,11 +167,24 @@ def test_a_loss_registered_without_its_aggregation_is_refused(registry):
             grpo.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), ADV, MASK, loss_type="odd_norm")
 
 
+def test_credit_choices_are_the_registrys_names_without_variants():
+    """--credit's choices are grpo.CREDIT_FUNCTIONS' keys less the variants ("delta/q2", ...), which the methods' own
+    flags choose; an unknown --credit from code stops in check_config, naming the choices."""
+    choices = grpo.flag_choices()
+    assert choices["credit"] == [name for name in grpo.CREDIT_FUNCTIONS if "/" not in name]
+    assert {"grpo", "delta", "cscr", "fipo"} <= set(choices["credit"])
+    assert {"delta/q2", "delta/ablation", "cscr/ablation"} <= set(grpo.CREDIT_FUNCTIONS)
+    with pytest.raises(SystemExit, match=r"^grpo.py: error: --credit 'nope' is not registered: one of grpo, delta"):
+        grpo.check_config(grpo.GRPOConfig(credit="nope"))
+    with pytest.raises(SystemExit):
+        grpo.build_parser().parse_args(["--credit", "delta/q2"])
+
+
 def test_an_unknown_loss_type_in_code_stops_before_any_model_loads(tmp_path, monkeypatch):
     """GRPOConfig(loss_type="nope") (no parser in between): check_config names the field and the registered losses
     in one line, before the run folder or any weights (it reached step 1 before, after loading and a rollout)."""
-    said = r"^grpo.py: error: --loss_type 'nope' is not a registered policy loss: one of dapo, grpo, dr_grpo, sapo "
-    with pytest.raises(SystemExit, match=said + r"\(grpo.POLICY_LOSSES\)$"):
+    said = r"^grpo.py: error: --loss_type 'nope' is not registered: one of dapo, grpo, dr_grpo, sapo "
+    with pytest.raises(SystemExit, match=said + r"\(grpo.flag_choices\)$"):
         grpo.check_config(grpo.GRPOConfig(loss_type="nope"))
     loaded = []
     monkeypatch.setattr(policy, "build", lambda *a, **k: loaded.append(1))

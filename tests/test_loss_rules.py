@@ -13,7 +13,7 @@ import grpo
 import rollout
 import toy
 from comparisons import baselines
-from trainer import policy
+from trainer import policy, run_setup
 
 D = torch.float64
 # Example A (docs/specs/delta.md §7; baselines.md §1): θ_old's log-probs, Δlog π, Â, the mask
@@ -208,7 +208,7 @@ def _update(model, tok, batch, **flags):
     adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4), dtype=next(model.parameters()).dtype), 4)
     cfg = grpo.GRPOConfig(dual_clip=10.0, max_completion_length=40, **flags)
     credit = grpo.Credit(cfg, tok)
-    fused = grpo.can_update_on_policy(cfg, N, False)
+    fused = run_setup.step_choices(cfg, N, False, grpo.LOSS_STAGES).fuse_old
     old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden(), training_forward=fused)
     token_adv, _ = credit(model, batch, adv, old, [""] * N)
     model.zero_grad(set_to_none=True)

@@ -411,7 +411,7 @@ def test_steps_shown(three_runs, monkeypatch):
 # ----------------------------------------------------------------------------------------------- where the credit lands
 def _toy_row(text, reward, adv, credit_of, finish="stop", prompt="Compute 2+3.\n"):
     """A logged toy response (answer 5): its characters as tokens (EOS when it stopped), credit_of(k) per token, and
-    its truth as a toy run logs it (checkpoint.TRUTH: ``toy.logged_truth``)."""
+    its truth as report.py computes it when it reads a toy run (``toy.logged_truth``)."""
     import toy
 
     toks = list(text) + ["</s>"] * (finish == "stop")
@@ -447,11 +447,14 @@ def _toy_steps(grpo=False):
 
 @pytest.fixture
 def toy_hand_runs(tmp_path):
-    """A DelTA-like and a GRPO run on the toy (config data: toy) with the rows of ``_toy_steps``, and a run that
-    is not on the toy."""
+    """A DelTA-like and a GRPO run on the toy (config data: toy) with the rows of ``_toy_steps`` as grpo.py writes
+    them (no truth: report.py computes it), and a run that is not on the toy."""
     runs = []
     for name, grpo_like in (("grpo", True), ("delta", False)):
-        steps = _toy_steps(grpo_like)
+        steps = {
+            s: [{k: v for k, v in row.items() if k != "truth"} for row in rows]
+            for s, rows in _toy_steps(grpo_like).items()
+        }
         path = _write_run(tmp_path / name, name, [1, 2], lambda s: steps[s])
         cfg = json.loads((Path(path) / "config.json").read_text())
         cfg["config"]["data"] = "toy"
@@ -459,6 +462,19 @@ def toy_hand_runs(tmp_path):
         runs.append(path)
     runs.append(_write_run(tmp_path / "other", "cscr", [1, 2], lambda s: _rows([[0.5, 1.5], [1.2, 0.6, 1.2]])))
     return runs
+
+
+def test_the_toy_truth_is_computed_where_it_is_read(toy_hand_runs):
+    """A toy run's samples/ rows carry no truth; load_run adds each one's (toy.logged_truth of its prompt and tokens),
+    and adds none to a run that is not on the toy."""
+    expected = _toy_steps(False)
+    run = report.load_run(toy_hand_runs[1])
+    assert {s: [row["truth"] for row in rows] for s, rows in run.samples.items()} == {
+        s: [row["truth"] for row in rows] for s, rows in expected.items()
+    }
+    assert all("truth" in row for rows in run.samples.values() for row in rows)
+    other = report.load_run(toy_hand_runs[2])
+    assert not any("truth" in row for rows in other.samples.values() for row in rows)
 
 
 def test_credit_lands_of_a_step_whose_classes_are_empty():
@@ -666,11 +682,12 @@ def test_rule_name_of_every_rule(flags, name):
 def test_every_row_of_reproduce_has_its_own_name():
     """tools/bench/reproduce.py's RULES, each row's flags through grpo.py's parser: the rows get distinct names, DAPO's
     (no flags) is "grpo", and each name is the one RULE_NAMES lists for the same settings where it lists them."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "bench"))  # (the script's own path)
     try:
         from reproduce import RULES
     finally:
         sys.path.pop(0)
+
     names = {
         row: report.rule_name(dataclasses.asdict(grpo.GRPOConfig(**vars(grpo.build_parser().parse_args(f)))))
         for row, _, f, _, _ in RULES

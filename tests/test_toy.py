@@ -166,9 +166,9 @@ def test_result_digits_by_hand(text, expected):
 
 def test_register_fills_the_generic_modules_registries():
     """toy.register (conftest calls it, as every entry point does) adds the toy to registries that name no toy:
-    the model folder, the data, the auto template and recipe, the recipe check and the logged truth."""
+    the model folder, the data, the auto template and recipe, the recipe check; and the truth of a response."""
     import rollout
-    from trainer import checkpoint, policy, problems, recipes
+    from trainer import policy, problems, recipes
 
     toy.register()
     toy.register()  # again: nothing doubles
@@ -179,7 +179,7 @@ def test_register_fills_the_generic_modules_registries():
     assert rollout.resolve_template("auto", "Qwen/Qwen3-8B-Base") == "qwen_math"
     assert recipes.auto_recipe("toy") == "toy" and recipes.auto_recipe("Qwen/Qwen3-8B-Base") == "delta_paper"
     assert rollout.AUTO_TEMPLATES.count(toy._auto_template) == 1 and recipes.CHECKS.count(toy._check_recipe) == 1
-    assert checkpoint.TRUTH["toy"]("Compute 2+3.\n", list("\\boxed{6}") + ["</s>"]) == {
+    assert toy.logged_truth("Compute 2+3.\n", list("\\boxed{6}") + ["</s>"]) == {
         "first_wrong": 7,
         "result_digits": [7],
     }

@@ -32,6 +32,7 @@ import torch
 
 import grpo
 import rollout
+from trainer import policy
 
 pytestmark = pytest.mark.verl
 TOL = 1e-10
@@ -221,7 +222,7 @@ def grpo_credit(model, tokenizer, credit, data, adv, logp, hidden):
         prompts=[tokenizer.decode(p[m]) for p, m in zip(b["prompts"], prompt_mask)],
         group_size=N_GEN,
     )
-    old = grpo.ThetaOld(logp=logp, hidden=hidden, ref_logp=None, update_passes=None)
+    old = policy.ThetaOld(logp=logp, hidden=hidden, ref_logp=None, update_passes=None)
     token_adv, _ = grpo.Credit(cfg, tokenizer)(
         model, batch, adv, old, [x["ground_truth"] for x in data.non_tensor_batch["reward_model"]]
     )

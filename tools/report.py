@@ -3,21 +3,20 @@
     python tools/report.py runs/grpo runs/delta runs/cscr              # writes report.html here
     python tools/report.py runs/delta --output delta.html --steps 1,30,60
 
-Token-level credit assignment decides which tokens of a response get more or less of its sequence advantage Â_i.
-The page paints that on the tokens: every logged response (``samples/step_*.jsonl``, written by
-``checkpoint.RunFolder.write_samples``) is shown token by token, each token shaded by its credit
-c_{i,t} = Ã_{i,t} / Â_i (GRPO: 1; DelTA: λ̄_{i,t}, Eq. 8; CSCR: w̃_t = w_t / mean_t(w), spec §5) on one diverging
-colour scale centred at 1, with the exact value on hover. Runs sampled with the same seed log the same prompts at
-the same step: their responses to a prompt stand next to each other (the prompt text is the key). Above them: one
-row per run (held-out accuracy before and after, reward, length), the credit's distribution per run (histograms
-on one scale) and the curves of ``metrics.jsonl`` (reward, held-out accuracy, length, DelTA's λ̄ statistics,
-CSCR's weight statistics) as small multiples. For runs on the toy, whose samples/ rows carry each response's truth
-(``toy.logged_truth``, written at training time): "Where the credit lands", the mean credit of an incorrect
-response's first wrong token, of the shared prefix before it and of the tokens after it, and of a correct response's
-result digits and its other tokens, with the AUROCs of the credit at picking out those tokens, and the first wrong
-token marked in the token view; for DelTA runs, the tokens with the highest and lowest mean λ̄ per side. These numbers
-also go to
-``<page>.json`` next to the page (report.html -> report.json).
+Token-level credit assignment decides which tokens of a response get more or less of its sequence advantage Â_i. The
+page paints that on the tokens: every logged response (``samples/step_*.jsonl``, written by
+``checkpoint.RunFolder.write_samples``) is shown token by token, each token shaded by its credit c_{i,t} = Ã_{i,t} / Â_i
+(GRPO: 1; DelTA: λ̄_{i,t}, Eq. 8; CSCR: w̃_t = w_t / mean_t(w), spec §5) on one diverging colour scale centred at 1,
+with the exact value on hover. Runs sampled with the same seed log the same prompts at the same step: their responses to
+a prompt stand next to each other (the prompt text is the key). Above them: one row per run (held-out accuracy before
+and after, reward, length), the credit's distribution per run (histograms on one scale) and the curves of
+``metrics.jsonl`` (reward, held-out accuracy, length, DelTA's λ̄ statistics, CSCR's weight statistics) as small
+multiples. For runs on the toy, whose responses' truth is known (``toy.logged_truth``, computed here from each samples/
+row's prompt and tokens): "Where the credit lands", the mean credit of an incorrect response's first wrong token, of the
+shared prefix before it and of the tokens after it, and of a correct response's result digits and its other tokens, with
+the AUROCs of the credit at picking out those tokens, and the first wrong token marked in the token view; for DelTA
+runs, the tokens with the highest and lowest mean λ̄ per side. These numbers also go to ``<page>.json`` next to the page
+(report.html -> report.json).
 
 The page is self-contained: inline CSS and SVG, no script, style or font from the network, so it can be mailed or
 attached to an issue. Hover values are ``title`` attributes (no JavaScript). A folder that is not a run, or a run
@@ -213,6 +212,8 @@ def load_run(path: str, say=print) -> Run:
     if left_out:  # one line for the run, however many of its files were torn
         say(f"report.py: {'; '.join(left_out)} (a run in progress or killed mid-write): the rest is reported")
     config = docs["config.json"].get("config", {})
+    if config.get("data") == "toy":
+        add_toy_truth(samples)
     return Run(
         path,
         os.path.basename(os.path.normpath(path)),
@@ -222,6 +223,18 @@ def load_run(path: str, say=print) -> Run:
         docs["summary.json"],
         samples,
     )
+
+
+def add_toy_truth(samples: dict) -> None:
+    """Each logged toy response's truth (``toy.logged_truth``: its first wrong token, its result digits), from the
+    row's prompt and tokens, under ``truth`` (a row that has one, from a run folder of an older grpo.py, keeps it)."""
+    import toy
+
+    for rows in samples.values():
+        for row in rows:
+            truth = toy.logged_truth(row["prompt"], row["tokens"]) if "tokens" in row and "truth" not in row else None
+            if truth is not None:
+                row["truth"] = truth
 
 
 def load_runs(paths: list[str], say=print) -> list[Run]:
@@ -693,9 +706,8 @@ def auroc(pos: list[float], neg: list[float]) -> float:
 
 
 def logged_truth(row: dict) -> dict | None:
-    """The truth a run logged with a response (checkpoint.py's ``TRUTH``; the toy's ``toy.logged_truth``):
-    ``{"first_wrong": token index | None, "result_digits": [token indices]}``, or None: none logged (no tokens, no
-    toy problem, not a toy run, or a run folder written before the truth was logged)."""
+    """A toy response's truth (``add_toy_truth``: ``toy.logged_truth``): ``{"first_wrong": token index | None,
+    "result_digits": [token indices]}``, or None: none known (no tokens, no toy problem, not a toy run)."""
     return row.get("truth") if "tokens" in row else None
 
 

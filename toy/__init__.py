@@ -490,7 +490,7 @@ def compare_weights(built: str | os.PathLike, shipped: str | os.PathLike = SHIPP
 # What the toy adds to the generic modules: each entry point (grpo.py, evaluate.py, the tools) calls ``register``
 # ----------------------------------------------------------------------------------------------------------
 def logged_truth(prompt: str, tokens: list[str]) -> dict | None:
-    """What a samples/ row records of a logged response's truth (``response_truth``; report.py reads it):
+    """A logged response's truth (``response_truth``), as report.py reads it from a samples/ row's prompt and tokens:
     ``{"first_wrong": index | None, "result_digits": [indices]}``; None: the prompt holds no toy problem."""
     try:
         truth = response_truth(prompt, tokens)
@@ -539,15 +539,14 @@ def register_data() -> None:
 def register() -> None:
     """The toy in every generic module, once per process (again is harmless): ``--model toy`` (policy.py: the
     folder ``ensure_toy_model`` returns), its data (``register_data``), its prompt template and recipe for ``auto``
-    (rollout.py, recipes.py), and its truth in each samples/ row of a run on ``--data toy`` (checkpoint.py)."""
+    (rollout.py, recipes.py). (Its truth of a logged response is report.py's: ``logged_truth``.)"""
     import rollout
-    from trainer import checkpoint, policy, recipes
+    from trainer import policy, recipes
 
     register_data()
     policy.register_model("toy", ensure_toy_model)
     rollout.register_auto_template(_auto_template)
     recipes.register(auto=_auto_recipe, check=_check_recipe)
-    checkpoint.register_truth("toy", logged_truth)
 
 
 def main(argv=None):

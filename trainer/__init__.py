@@ -7,4 +7,22 @@ configs (trainer/model_configs/). None of it is a paper's method.
 Imported by the top level (grpo.py, rollout.py, evaluate.py), by toy/ (``toy.register`` fills its registries), by
 comparisons/ (loss_rules.py: the model's passes) and by tools/. Generic code: it imports the top-level files it
 serves (rollout, verify, cscr, evaluate) and nothing of the toy, the comparisons or the tools, which register
-themselves (docs/layout.md; tests/test_layout.py names the arrows still to remove)."""
+themselves (docs/layout.md; tests/test_layout.py names the arrows still to remove).
+
+Here, only what grpo.py calls before its slow imports (``catch_ctrl_c_while_importing``)."""
+
+import os
+import signal
+import sys
+
+
+def catch_ctrl_c_while_importing() -> None:
+    """Ctrl-C before grpo.py's ``main`` (its imports take seconds): run_setup.run_command's line for a run stopped
+    before training began, from process 0 only, and a shell's status for SIGINT; no traceback (``os._exit``)."""
+    signal.signal(signal.SIGINT, _interrupted_while_importing)
+
+
+def _interrupted_while_importing(signum, frame):
+    if os.environ.get("RANK", "0") == "0":
+        print("grpo.py: interrupted: before training began; the same command starts again", file=sys.stderr, flush=True)
+    os._exit(130)

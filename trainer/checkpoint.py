@@ -64,15 +64,6 @@ SET_ASIDE = re.compile(r"interrupted-(\d+)")
 # A save's temporary folders: ``_new_tmp_dir``'s <name>.tmp-<pid>-<hex> (group 2: the pid) and ``_replace_dir``'s
 # <name>.tmp-old-<pid> (group 3), the checkpoint it replaces, for the moment between its two renames
 TMP_SAVE = re.compile(r"(checkpoint-\d+|final)\.tmp-(?:(\d+)-[0-9a-f]+|old-(\d+))")
-# What an entry point adds (``register_truth``): for a run on ``--data name``, ``TRUTH[name](prompt, tokens)`` gives
-# each samples/ row's ``truth`` (a JSON-able dict, or None) (toy.py's ``register``: the toy's first wrong token and
-# result digits, which report.py measures the credit against).
-TRUTH: dict = {}
-
-
-def register_truth(data: str, truth) -> None:
-    """Make samples/ rows of runs on ``--data data`` carry ``truth(prompt, tokens)`` under ``truth``."""
-    TRUTH[data] = truth
 
 
 # Flags that may change between a run and its --resume: when it stops, what it logs and saves, how it samples (vLLM
@@ -906,9 +897,8 @@ class RunFolder:
         ``[n, T]``, e.g. Ã_{i,t} / Â_i; report.py paints it on the tokens); a response
         ``--mask_truncated_completions`` left out of the loss gets 0. For each per-token weight of ``weights``
         (``{name: [n, T]}``, e.g. λ̄, CSCR's sensitivity s) and Â_i ≠ 0 also the five highest and lowest tokens
-        under ``highest_<name>`` / ``lowest_<name>``, and then the token advantages ``token_adv`` ``[n, T]``. A run
-        on a data set with a known truth (``TRUTH``: the toy's) also logs ``truth`` (its first wrong token...)."""
-        truth_of = TRUTH.get(self.config.get("data"))
+        under ``highest_<name>`` / ``lowest_<name>``, and then the token advantages ``token_adv`` ``[n, T]``. (The
+        toy's truth of each response is report.py's, computed from ``prompt`` and ``tokens`` when it reads them.)"""
         with open(self.samples_path(step), "w") as f:
             for i in range(groups * batch.group_size):
                 m = live = batch.response_mask[i].bool()
@@ -932,6 +922,4 @@ class RunFolder:
                         rec[f"highest_{name}"] = [(toks[j], round(w[j], 4)) for j in order[::-1][:5]]
                         rec[f"lowest_{name}"] = [(toks[j], round(w[j], 4)) for j in order[:5]]
                     rec["token_advantages"] = [round(x, 4) for x in token_adv[i][m].tolist()]
-                if truth_of and (truth := truth_of(batch.prompts[i], toks)) is not None:
-                    rec["truth"] = truth
                 f.write(json.dumps(rec) + "\n")

@@ -3,10 +3,11 @@ generated from it (``build_parser``) and the checks of every value (``check_conf
 is created or any weights load, each failing in one line that names the flag (and the recipe that set it).
 
 Held apart from grpo.py so that the trainer opens on the method (TRL keeps ``GRPOConfig`` in its own file too);
-grpo.py re-exports ``GRPOConfig`` and wraps the other two, handing them its registered policy losses (``loss_types``:
-the names of a registry this file cannot import). Which settings belong together is recipes.py's business
-(``--recipe``), what the values cost in memory memory_plan.py's. Left out on purpose: config files (YAML/TOML: one
-flag per setting, and config.json in the run folder records every resolved value), environment-variable overrides.
+grpo.py re-exports ``GRPOConfig`` and wraps the other two, handing them its registries' names (``choices``: the
+policy losses and the credit functions, which this file cannot import). Which settings belong together is
+recipes.py's business (``--recipe``), what the values cost in memory memory_plan.py's. Left out on purpose: config
+files (YAML/TOML: one flag per setting, and config.json in the run folder records every resolved value),
+environment-variable overrides.
 """
 
 from __future__ import annotations
@@ -181,8 +182,8 @@ class GRPOConfig:
     # credit assignment
     credit: str = _f(
         "grpo",
-        "token credit: grpo (broadcast), delta (DelTA), cscr (CSCR), fipo (FIPO's future-KL weight, in the loss)",
-        ["grpo", "delta", "cscr", "fipo"],
+        "token credit: grpo (broadcast), delta (DelTA), cscr (CSCR), fipo (FIPO's future-KL weight, in the loss); "
+        "the choices: the credit functions registered (grpo.CREDIT_FUNCTIONS)",
     )
     delta_k: int = _f(1, "DelTA refinement iterations K")
     delta_lam_min: float = _f(0.8, "DelTA λ_min")
@@ -375,11 +376,11 @@ class _Parser(argparse.ArgumentParser):
         return "".join(f"; did you mean {match[0]} (not {flag})?" for flag, match in close if match)
 
 
-def build_parser(defaults: bool = True, *, loss_types: list[str]) -> argparse.ArgumentParser:
+def build_parser(defaults: bool = True, *, choices: dict[str, list[str]]) -> argparse.ArgumentParser:
     """argparse flags generated from ``GRPOConfig`` (name, type, default, help, choices); a bad flag or value stops
     with one line. ``defaults=False``: flags not given are absent from the parsed namespace (``main``).
-    ``loss_types``: the choices of ``--loss_type``, the policy losses registered when the parser is built (grpo.py's
-    registry, which this file cannot import: grpo.build_parser passes them)."""
+    ``choices``: the registered names of the flags that name a registry entry ({"loss_type": the policy losses,
+    "credit": the credit functions}: grpo.py's registries, which this file cannot import; grpo.flag_choices)."""
     ap = _Parser(
         description="GRPO with token-level credit assignment (GRPO, DelTA, CSCR): the trainer, read top to "
         "bottom as the method.",
@@ -388,8 +389,8 @@ def build_parser(defaults: bool = True, *, loss_types: list[str]) -> argparse.Ar
     for f in dataclasses.fields(GRPOConfig):
         kind = (f.type if isinstance(f.type, str) else f.type.__name__).split("|")[0].strip()  # "float | None"
         kw = dict(default=f.default if defaults else argparse.SUPPRESS, **f.metadata)  # help, choices
-        if f.name == "loss_type":
-            kw["choices"] = list(loss_types)
+        if f.name in choices:
+            kw["choices"] = list(choices[f.name])
         kw["help"] += " (default: %(default)s)" if f.default not in ("", None) else ""  # empty: the help says
         if kind == "bool":
             ap.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, **kw)
@@ -398,18 +399,22 @@ def build_parser(defaults: bool = True, *, loss_types: list[str]) -> argparse.Ar
     return ap
 
 
-def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None, *, loss_types: list[str]) -> list[str]:
+def check_config(
+    cfg: GRPOConfig, world: int = 1, given: set[str] | None = None, *, choices: dict[str, list[str]]
+) -> list[str]:
     """Reject settings that cannot work, with a one-line message naming the flag (and the recipe that set it, for a
     flag not in ``given``) (``SystemExit``). Under ``--dry_run`` the checks of this machine (vLLM installed, a GPU
     present) are returned as notes of the plan, unless ``--gpu_memory_gb`` plans for another machine (then none).
-    ``loss_types``: the registered policy losses (grpo.check_config passes grpo.py's registry)."""
+    ``choices``: the registered names of --loss_type and --credit (``build_parser``)."""
     rows = cfg.num_prompts_per_step // max(world, 1) * cfg.num_generations  # one process's rollout rows
     problems = [
-        (
-            cfg.loss_type not in loss_types,
-            f"--loss_type {cfg.loss_type!r} is not a registered policy loss: one of "
-            f"{', '.join(loss_types)} (grpo.POLICY_LOSSES)",
-        ),
+        *[
+            (
+                getattr(cfg, flag) not in names,
+                f"--{flag} {getattr(cfg, flag)!r} is not registered: one of {', '.join(names)} (grpo.flag_choices)",
+            )
+            for flag, names in choices.items()
+        ],
         (cfg.num_generations < 1, "--num_generations must be >= 1"),
         (
             cfg.num_generations == 1,

@@ -53,12 +53,31 @@ loss_stage_name = comparisons.loss_stage_name  # the flags -> a key of grpo.LOSS
 sampler_correction = sampler_mismatch.correction  # the update's Ã from stage 5's, chosen once
 
 
-def build_parser(defaults: bool, loss_types: list[str]):  # grpo_config.build_parser, --loss_type the registered
-    return grpo_config.build_parser(defaults, loss_types=loss_types)
+# What the run's flags choose once before the loop (``step_choices``): the loss stage (one of grpo.LOSS_STAGES), the
+# sampler correction of the update's Ã (sampler_mismatch.py) and whether stage 4 takes the training forward
+StepChoices = namedtuple("StepChoices", "loss_stage correction fuse_old")
 
 
-def check_config(cfg, world: int, given, loss_types: list[str]) -> list[str]:  # grpo_config.check_config
-    return grpo_config.check_config(cfg, world, given, loss_types=loss_types)
+def step_choices(cfg, num_rows: int, has_reference: bool, loss_stages: dict) -> StepChoices:
+    """What the flags choose for every step, once before the loop (``num_rows``: this process's rollout rows)."""
+    loss_stage = loss_stages[loss_stage_name(cfg)]
+    fuse_old = can_update_on_policy(cfg, num_rows, has_reference, loss_stage.reuses_old_forward)
+    return StepChoices(loss_stage, sampler_correction(cfg), fuse_old)
+
+
+def can_update_on_policy(cfg, num_rows: int, has_reference: bool, reuses_old_forward: bool = True) -> bool:
+    """Whether stage 4 may take θ_old's log-probs from the training forward: --fuse_old_logprobs (where exact), one
+    update of one micro-batch, no KL reference; not CSCR under FSDP, nor a loss stage that needs its own forward
+    (``reuses_old_forward`` False)."""
+    return (
+        cfg.fuse_old_logprobs
+        and cfg.num_iterations == 1
+        and cfg.num_mini_batches == 1
+        and not has_reference
+        and (cfg.micro_batch_size == 0 or cfg.micro_batch_size >= num_rows)
+        and not (cfg.credit == "cscr" and distributed.is_distributed())
+        and reuses_old_forward
+    )
 
 
 def masked_rollout(batch, cfg):
@@ -70,16 +89,17 @@ def masked_rollout(batch, cfg):
     return dataclasses.replace(batch, response_mask=batch.response_mask * stopped)
 
 
-def prepare(cfg, given, world: int, loss_types: list[str]):
+def prepare(cfg, given, world: int, choices: dict[str, list[str]]):
     """What ``train`` does once before its loop: the recipe, the checks, the data, the run folder, the preflight, the
     policy. Returns None (--dry_run), a finished run's summary (--resume of a run that ran its --max_steps), or
-    (cfg, run, actor, source, heldout, trainer state or None)."""
+    (cfg, run, actor, source, heldout, trainer state or None). ``choices``: the registered names of --loss_type and
+    --credit (grpo.flag_choices)."""
     from tqdm import tqdm
 
     say = tqdm.write if distributed.rank() == 0 else (lambda *a, **k: None)
     policy.model_path(cfg.model)  # a folder that does not exist: one line before anything else is said
     cfg = recipes.apply(cfg, given, say)
-    notes = check_config(cfg, cfg.plan_processes or world if cfg.dry_run else world, given, loss_types)
+    notes = grpo_config.check_config(cfg, cfg.plan_processes or world if cfg.dry_run else world, given, choices=choices)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     dataset, eval_set = load_data(cfg, say)  # data first: a bad row stops the run before any model loads

@@ -194,6 +194,7 @@ def stage5_peak(spec: dict) -> dict:
 
     import grpo
     from tools.bench._common import PeakMemory
+    from trainer import policy
 
     def inputs(N, T, H):  # (Rollout's response_mask, all stage 5 reads of it; Â [N]; θ_old with the h cache)
         g = torch.Generator().manual_seed(spec["seed"])
@@ -203,7 +204,7 @@ def stage5_peak(spec: dict) -> dict:
         return (
             types.SimpleNamespace(response_mask=mask.float()),
             adv,
-            grpo.ThetaOld(-torch.rand(N, T, generator=g), hidden, None, None),
+            policy.ThetaOld(-torch.rand(N, T, generator=g), hidden, None, None),
         )
 
     N, T, H = spec["N"], spec["T"], spec["H"]

@@ -1,0 +1,145 @@
+"""The credit functions of grpo.py's stage 5 (``grpo.CREDIT_FUNCTIONS``): Â ``[N]`` -> Ã ``[N, T]``, once per rollout
+batch, no grad. Each wires a method's pure maths (delta.py, cscr.py) to the model's passes: DelTA's h_t chunks (kept by
+stage 4, or recomputed), CSCR's privileged scoring passes, the processes' pooled statistics under torchrun. The
+comparisons subclass these (comparisons/delta_ablations.py, cscr_ablations.py, q2.py) or add their own.
+Imported by grpo.py and comparisons/; imports the methods (delta, cscr, verify) and trainer/ (the passes).
+"""
+
+from __future__ import annotations
+
+from collections import namedtuple
+
+import torch
+
+import cscr
+import delta
+import verify
+from trainer import distributed, policy
+from trainer.grpo_config import GRPOConfig
+
+# What a credit function receives (``CreditInputs``): the rollout, its loss mask [N, T] (stage 3's), Â [N], θ_old's
+# pass (``policy.ThetaOld``: its log-probs, and h_t when the function's ``needs`` names "hidden"), each row's reference
+# answer, the step (seeds a random draw); what it returns (``CreditResult``): Ã [N, T], its statistics for
+# metrics.jsonl and its per-token values {name: [N, T]} for samples/ (DelTA's λ̄, CSCR's sensitivity s).
+CreditInputs = namedtuple("CreditInputs", "batch loss_mask adv old answers step")
+CreditResult = namedtuple("CreditResult", "token_adv stats token_values")
+
+
+class GRPOCredit:
+    """--credit grpo: every token of o_i gets Â_i. The base of a credit function (``grpo.CREDIT_FUNCTIONS``): made once
+    from the config, called once per step, no grad; its state (none here) through ``state_dict``."""
+
+    needs: tuple[str, ...] = ()  # what it asks of θ_old's pass by name ("hidden": h_t)
+
+    def __init__(self, cfg: GRPOConfig, tokenizer=None):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+
+    def __call__(self, model, x: CreditInputs) -> CreditResult:
+        return CreditResult(x.adv[:, None] * x.loss_mask, {}, {})
+
+    def state_dict(self) -> dict:  # what a checkpoint keeps of the method (JSON-able)
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class DeltaCredit(GRPOCredit):
+    """--credit delta: Ã = Â·λ̄ (delta.py, spec §2.3), λ̄ over θ_old's proxies v (App. F) from h_t kept by stage 4
+    (--delta_impl normal, one chunk) or recomputed in each of its K + 3 passes (memory_efficient; spec §2.5); under
+    torchrun --delta_scope global sums its statistics over the processes (spec §2.4)."""
+
+    def __init__(self, cfg: GRPOConfig, tokenizer=None):
+        super().__init__(cfg, tokenizer)
+        pool = distributed.all_reduce_sum if distributed.is_distributed() and cfg.delta_scope == "global" else None
+        self.steps = delta.DeltaSteps(pool=pool)
+        self.needs = ("hidden",) if cfg.delta_impl == "normal" else ()
+
+    def proxy(self, model):  # v_t (App. F): (h [b, t, H], old_logp, mask, token_ids [b, t]) -> v [b, t, H]
+        return lambda hidden, old_logp, mask, token_ids: delta.proxy_vectors(hidden, old_logp, mask)
+
+    def __call__(self, model, x: CreditInputs) -> CreditResult:
+        lam_bar, stats = self.lam_bar(model, x)  # λ̄ [N, T]
+        return CreditResult(delta.delta_token_advantages(x.adv, lam_bar, x.loss_mask), stats, {"lambda_bar": lam_bar})
+
+    def lam_bar(self, model, x: CreditInputs):
+        """DelTA's λ̄ ``[N, T]`` and stats: ``delta.delta_coefficients_chunked`` over the batch's chunks."""
+        cfg, mask, ids = self.cfg, x.loss_mask, x.batch.response_ids
+        proxy = self.proxy(model)
+        layout, h_chunks = policy.hidden_chunks(model, x.batch, cfg, x.old.hidden)
+
+        def chunks():  # (v [b, t, H], Â [b], mask [b, t]) of each chunk, in order
+            for h, rows, t in h_chunks():
+                yield proxy(h, x.old.logp[rows, :t], mask[rows, :t], ids[rows, :t]), x.adv[rows], mask[rows, :t]
+
+        result = delta.delta_coefficients_chunked(
+            chunks if x.old.hidden is None else list(chunks()),
+            cfg.delta_k,
+            cfg.delta_lam_min,
+            cfg.delta_lam_max,
+            self.steps,
+        )
+        lam_bar = torch.zeros(mask.shape, dtype=result.lam_bar[0].dtype)
+        for (rows, t), part in zip(layout, result.lam_bar):
+            lam_bar[rows, :t] = part.cpu()
+        stats = delta.delta_stats(result)
+        return lam_bar, distributed.pool_min_max(stats) if self.steps.pool else stats  # extremes: per process
+
+
+class CscrCredit(GRPOCredit):
+    """--credit cscr (spec §3–§5): the sensitivity s_t of θ_old's log-probs to a privileged note, w_t =
+    max(w_min, exp(−α·max(0, s_t − λ))), Ã = Â·w / mean_t(w); λ given, or calibrated once (its state)."""
+
+    def __init__(self, cfg: GRPOConfig, tokenizer=None):
+        super().__init__(cfg, tokenizer)
+        self.settings = cscr.Settings(alpha=cfg.cscr_alpha, w_min=cfg.cscr_w_min, mode=cfg.cscr_mode)
+        self.threshold = cfg.cscr_threshold
+        self.calibrated = False  # (--cscr_threshold_quantile: λ set from the first scored batch)
+
+    def __call__(self, model, x: CreditInputs) -> CreditResult:
+        cfg = self.cfg
+        mask = x.loss_mask
+        old_logp = x.old.logp
+        scored = mask.bool() & (x.adv != 0)[:, None]  # the tokens that carry credit: those of the rows with Â ≠ 0
+        # spec §3: the two privileged prompts x + c+, x + c− of every response
+        pairs = [
+            cscr.build_condition_prompts(
+                prompt, reference=ref, response_answer=verify.extract_boxed(text) or "", template=cfg.cscr_template
+            )
+            for prompt, ref, text in zip(x.batch.prompts, x.answers, x.batch.texts)
+        ]
+        # spec §4: ℓ+, ℓ− of the responses with Â ≠ 0 (no grad, eval mode; prompts tokenised as the rollout's)
+        with distributed.gathered_weights(model):  # FSDP2: the whole weights for the scoring passes
+            lp_pos, lp_neg = cscr.condition_logprobs(
+                model,
+                self.tokenizer,
+                pairs,
+                x.batch.response_ids,
+                scored,
+                cfg.temperature,
+                micro_batch_size=cfg.micro_batch_size or None,
+                logprob_fn=self.scoring_logprobs,
+            )
+        s = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask, mode=cfg.cscr_mode)  # s_t = max(|Δ+|, |Δ−|)
+        if cfg.cscr_threshold_quantile is not None and not self.calibrated:
+            # spec §5: λ = a quantile of s over the scored tokens (every process's) of the first batch that has any
+            # (a batch whose every group has equal rewards has none, and no token it would weight), then frozen
+            s_all = torch.cat(distributed.all_gather_objects(s[scored].cpu()))[None]
+            if s_all.numel():
+                self.threshold = cscr.calibrate_threshold(s_all, torch.ones_like(s_all), cfg.cscr_threshold_quantile)
+                self.calibrated = True
+        # spec §5: w_t = max(w_min, exp(−α·max(0, s_t − λ))), Ã_{i,t} = Â_i·w_t / mean_t(w) (sign and budget kept)
+        token_adv = cscr.cscr_token_advantages(x.adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.settings)
+        stats = cscr.cscr_stats(x.adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.settings)
+        return CreditResult(token_adv, {**stats, "cscr/threshold": float(self.threshold)}, {"sensitivity": s})
+
+    def scoring_logprobs(self, *args):  # CSCR's scoring passes: each privileged prompt run once (--shared_prompt)
+        return (policy.shared_prompt_logprobs if self.cfg.shared_prompt else policy.token_logprobs)(*args)
+
+    def state_dict(self) -> dict:
+        return {"cscr_threshold": float(self.threshold), "cscr_calibrated": self.calibrated}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.threshold = state["cscr_threshold"]
+        self.calibrated = state["cscr_calibrated"]
