@@ -613,7 +613,8 @@ def _relative_mismatch(g, x) -> bool:
     math-verify compares numbers to 6 decimal places (or chops tiny differences), an *absolute* tolerance:
     every value below ~1e-7 equals every other (2.88e-19 == 3.88e-19, minerva 264).
     """
-    a, b = _number(g), _number(x)
+    a = _number(g)
+    b = _number(x)
     if a is None or b is None:
         return False
     return abs(a - b) > REL_TOL * max(abs(a), abs(b))
@@ -673,7 +674,8 @@ def _percent_free(g, x) -> list[tuple]:
     from math_verify.grader import get_pct_val
 
     pairs = [(g, x)]
-    gp, xp = _pct_val(g, get_pct_val), _pct_val(x, get_pct_val)
+    gp = _pct_val(g, get_pct_val)
+    xp = _pct_val(x, get_pct_val)
     if gp is not None and xp is None:
         pairs.append((gp, x))
     elif xp is not None and gp is None:
@@ -987,7 +989,10 @@ def _submit(
     global _POOL, _POOL_WORKERS, _POOL_PID
     with _POOL_LOCK:  # schedule under the lock: a pool being replaced never receives new pairs
         if _POOL_PID != os.getpid():  # first use, or a forked child: the parent's pool is not ours
-            _POOL, _POOL_WORKERS, _POOL_PID = None, 0, os.getpid()
+            _POOL = None
+            _POOL_WORKERS = 0
+            _POOL_PID = os.getpid()
+            atexit.register(shutdown)  # this process's workers stop at its exit
             # A multiprocessing child (a Pool or ProcessPoolExecutor worker that grades) exits without atexit
             # handlers, after waiting for its non-daemonic children, these workers among them: its exit hook stops
             # them first. A finalizer runs only in the process that registered it, so each owner registers one,
@@ -995,7 +1000,8 @@ def _submit(
             # the pool that replaced it mid-batch).
             multiprocessing.util.Finalize(None, shutdown, exitpriority=100)
         if _POOL is None or not _POOL.active or _POOL_WORKERS < num_workers:
-            old, _POOL = _POOL, None
+            old = _POOL
+            _POOL = None
             if old is not None:  # let it finish what it has, then stop, without blocking this call
                 old.close()
                 threading.Thread(target=old.join, daemon=True).start()
@@ -1026,10 +1032,9 @@ def shutdown() -> None:
     at exit."""
     global _POOL, _POOL_WORKERS
     with _POOL_LOCK:
-        pool, _POOL, _POOL_WORKERS = _POOL, None, 0
+        pool = _POOL
+        _POOL = None
+        _POOL_WORKERS = 0
     if pool is not None and _POOL_PID == os.getpid():
         pool.stop()
         pool.join()
-
-
-atexit.register(shutdown)
