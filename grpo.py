@@ -147,17 +147,10 @@ def policy_loss(
     mask = response_mask.to(logp.dtype)
     valid = mask if scope.valid_mask is None else scope.valid_mask.to(logp.dtype)
     adv = (token_adv[:, None] if token_adv.dim() == 1 else token_adv).to(logp.dtype)
-    if (
-        logp.shape != old_logp.shape
-        or logp.shape != mask.shape
-        or logp.shape != valid.shape
-        or adv.shape[0] != logp.shape[0]
-        or adv.shape[1] not in (1, logp.shape[1])
-        or (settings.beta > 0 and ref_logp is None)
-        or aggregation not in AGGREGATIONS
-        or (scope.num_valid is not None and scope.valid_mask is None)
-        or (aggregation == "dr_grpo" and not settings.max_completion_length)
-    ):
+    fits = logp.shape == old_logp.shape == mask.shape == valid.shape and adv.shape[0] == logp.shape[0]
+    given = (settings.beta <= 0 or ref_logp is not None) and (scope.num_valid is None or scope.valid_mask is not None)
+    normaliser = aggregation in AGGREGATIONS and (aggregation != "dr_grpo" or settings.max_completion_length)
+    if not (fits and adv.shape[1] in (1, logp.shape[1]) and given and normaliser):
         raise ValueError(
             f"policy_loss: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, response_mask "
             f"{tuple(mask.shape)}, valid_mask {tuple(valid.shape)} [B, T], token_adv {tuple(adv.shape)} "

@@ -108,21 +108,12 @@ def test_samples_hold_tokens_and_credit(tmp_path, char_tokenizer, weight_name):
     token_adv = adv[:, None] * (weights if weight_name else torch.ones(4, 6)) * batch.response_mask
     run = checkpoint.RunFolder(str(tmp_path), {})
     os.makedirs(tmp_path / "samples")
-    # the trainer's credit hook decides what a token's credit is (run_setup.credit_shares); samples/ writes it
-    kind = {"lambda_bar": "delta", "sensitivity": "cscr", None: "grpo"}[weight_name]
-    credit = grpo.Credit(grpo.GRPOConfig(credit=kind), tok)
-    credit.token_values = {weight_name: weights} if weight_name else {}
-    run.write_samples(
-        3,
-        tok,
-        batch,
-        torch.tensor([1.0, 0.0, 1.0, 0.0]),
-        adv,
-        token_adv,
-        run_setup.credit_shares(adv, token_adv, credit.token_values),
-        credit.token_values,
-        1,
-    )
+    # the credit's per-token values decide what a token's credit is (run_setup.credit_shares); samples/ writes it
+    token_values = {weight_name: weights} if weight_name else {}
+    logged = run_setup.StepLog(batch, torch.tensor([1.0, 0.0, 1.0, 0.0]), None, None, None, adv, token_adv)
+    update = grpo.Update(batch, None, token_adv, batch.response_mask, token_values)
+    cfg = grpo.GRPOConfig(num_generations=4, num_samples_to_log=1, logging_steps=1)
+    run_setup.write_samples(run, 2, cfg, tok, logged, update)
     rows = [json.loads(l) for l in (tmp_path / "samples" / "step_000003.jsonl").read_text().splitlines()]
     assert [r["tokens"] for r in rows] == [
         ["1", "+", "2", "=", "3", "</s>"],
@@ -154,18 +145,10 @@ def test_samples_of_a_truncated_response_left_out_of_the_loss(tmp_path, char_tok
     run = checkpoint.RunFolder(str(tmp_path), {})
     os.makedirs(tmp_path / "samples")
     token_adv = adv[:, None] * batch.response_mask
-    credit = grpo.Credit(grpo.GRPOConfig(), char_tokenizer)
-    run.write_samples(
-        1,
-        char_tokenizer,
-        batch,
-        torch.tensor([1.0, 0.0]),
-        adv,
-        token_adv,
-        run_setup.credit_shares(adv, token_adv, credit.token_values),
-        {},
-        1,
-    )
+    logged = run_setup.StepLog(batch, torch.tensor([1.0, 0.0]), None, None, None, adv, token_adv)
+    update = grpo.Update(batch, None, token_adv, batch.response_mask, {})
+    cfg = grpo.GRPOConfig(num_generations=2, num_samples_to_log=1, logging_steps=1)
+    run_setup.write_samples(run, 0, cfg, char_tokenizer, logged, update)
     rows = [json.loads(l) for l in (tmp_path / "samples" / "step_000001.jsonl").read_text().splitlines()]
     assert rows[1]["tokens"] == ["3", "4", "5"] and rows[1]["credit"] == [0.0, 0.0, 0.0]
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import grpo
+from trainer import run_setup
 from trainer import sampler_mismatch as sm
 
 # two responses of 3 and 2 tokens (the last position of row 1 is padding, its log-probs garbage)
@@ -109,9 +110,9 @@ def test_folding_the_weight_into_the_advantages_is_trls_loss_times_the_weight(lo
 
 
 def test_the_rule_is_chosen_once_and_the_flag_needs_vllm():
-    assert sm.correction(grpo.GRPOConfig()) is sm.uncorrected  # the default: Ã unchanged, no statistics
+    assert run_setup.sampler_correction(grpo.GRPOConfig()) is run_setup.uncorrected  # the default: Ã unchanged
     adv = torch.ones(2, 3)
-    assert sm.uncorrected(adv, None, None) == (adv, {})
+    assert run_setup.uncorrected(adv, None, None) == (adv, {})
     with pytest.raises(SystemExit, match="--vllm_importance_sampling_correction needs --use_vllm"):
         grpo.check_config(grpo.GRPOConfig(vllm_importance_sampling_correction=True))
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 import grpo
 import rollout
 import toy
-from trainer import checkpoint, policy
+from trainer import checkpoint, policy, run_setup
 
 ROOT = Path(__file__).resolve().parents[1]
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0])  # two groups of 4, both signs in each
@@ -382,17 +382,17 @@ def test_resume_reproduces_the_uninterrupted_run(toy_model_path, tmp_path, monke
     _run(tmp_path / "whole", toy_model_path, *common)
 
     out = tmp_path / "resumed"
-    real_write = checkpoint.RunFolder.write_samples
+    real_write = run_setup.write_samples
 
-    def crash_at_step_4(self, step, *a, **kw):  # dies after step 4 was logged, i.e. after checkpoint-3
-        if step == 4:
+    def crash_at_step_4(run, step, *a, **kw):  # dies after step 4 (index 3) was logged, i.e. after checkpoint-3
+        if step + 1 == 4:
             raise RuntimeError("simulated crash")
-        return real_write(self, step, *a, **kw)
+        return real_write(run, step, *a, **kw)
 
-    monkeypatch.setattr(checkpoint.RunFolder, "write_samples", crash_at_step_4)
+    monkeypatch.setattr(run_setup, "write_samples", crash_at_step_4)
     with pytest.raises(RuntimeError, match="simulated crash"):
         _run(out, toy_model_path, *common)
-    monkeypatch.setattr(checkpoint.RunFolder, "write_samples", real_write)
+    monkeypatch.setattr(run_setup, "write_samples", real_write)
     assert [r["step"] for r in _metrics(out)] == [0, 1, 2, 3, 4]
     # litter a crashed run can leave: a half-written save and a folder without the completion marker
     shutil.copytree(out / "checkpoint-3", out / "checkpoint-6.tmp-x1y2")

@@ -5,7 +5,7 @@
 
 Token-level credit assignment decides which tokens of a response get more or less of its sequence advantage Â_i. The
 page paints that on the tokens: every logged response (``samples/step_*.jsonl``, written by
-``checkpoint.RunFolder.write_samples``) is shown token by token, each token shaded by its credit c_{i,t} = Ã_{i,t} / Â_i
+``run_setup.write_samples``) is shown token by token, each token shaded by its credit c_{i,t} = Ã_{i,t} / Â_i
 (GRPO: 1; DelTA: λ̄_{i,t}, Eq. 8; CSCR: w̃_t = w_t / mean_t(w), spec §5) on one diverging colour scale centred at 1,
 with the exact value on hover. Runs sampled with the same seed log the same prompts at the same step: their responses to
 a prompt stand next to each other (the prompt text is the key). Above them: one row per run (held-out accuracy before
@@ -23,7 +23,7 @@ attached to an issue. Hover values are ``title`` attributes (no JavaScript). A f
 whose files cannot be read, is named in one line and left out; the other runs are still reported.
 Left out on purpose: interactive zoom and filtering (the curves are for reading, TensorBoard or wandb via
 ``grpo.py --report_to`` for exploring), and responses of steps beyond a size budget (``--steps all`` shows them).
-Read next: checkpoint.py ``write_samples`` (what samples/ holds), docs/report.md.
+Read next: trainer/run_setup.py ``write_samples`` (what samples/ holds), docs/report.md.
 """
 
 from __future__ import annotations

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import math
 import os
 import random
 import re
@@ -515,7 +514,7 @@ class RunFolder:
         nothing is written here: a run that fails before ``start`` leaves no folder behind.
         Raises ValueError: see above, and an unknown or missing tracker; each case in one line that says what to do.
         """
-        self.path, self.config, self.main, self.say, self._metrics = path, config, main, say, None
+        self.path, self.config, self.main, self.say, self.metrics_file = path, config, main, say, None
         self.skipped_updates_total = 0  # non-finite updates skipped so far (kept across --resume)
         self.resume_from, self.resume_state, self.model_info = None, None, {}
         self._tracker_modules, self.trackers = import_trackers(config.get("report_to", "none")), []
@@ -726,30 +725,12 @@ class RunFolder:
                 f.writelines(lines)
             os.replace(self.metrics_path + ".tmp", self.metrics_path)
         if self.main:
-            self._metrics = open(self.metrics_path, "a" if resume_state is not None else "w")
-
-    def log(self, record: dict, echo: str = "") -> dict:
-        """Append one record (and return it); NaN/inf (e.g. a DelTA side statistic of a batch with no positive
-        response) become null, so every line is strict JSON; the ``--report_to`` trackers get its finite numbers
-        under the same names at its ``step``. ``echo``: also print it after this prefix."""
-        if not self.main:
-            return record
-        self._metrics.write(
-            json.dumps({k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()})
-            + "\n"
-        )
-        self._metrics.flush()
-        values = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
-        for tracker in self.trackers:  # --report_to: the same values, under the same names, at the same step
-            tracker.log(values, record["step"])
-        if echo:
-            self.say(echo + " " + " ".join(f"{k.split('/', 1)[-1]}={v:.3f}" for k, v in record.items() if k != "step"))
-        return record
+            self.metrics_file = open(self.metrics_path, "a" if resume_state is not None else "w")
 
     def close(self) -> None:
-        if self._metrics is not None:
-            self._metrics.close()
-            self._metrics = None
+        if self.metrics_file is not None:
+            self.metrics_file.close()
+            self.metrics_file = None
         for tracker in self.trackers:
             tracker.close()
         self.trackers = []
@@ -828,98 +809,3 @@ class RunFolder:
             )
         self.write_json("summary.json", summary)
         distributed.barrier()  # nobody leaves before process 0 has written final/
-
-    def samples_path(self, step: int) -> str:
-        return os.path.join(self.path, "samples", f"step_{step:06d}.jsonl")
-
-    def log_step(
-        self,
-        step: int,
-        group_size: int,
-        rewards,
-        correct,
-        lengths,
-        finish_reasons: list[str],
-        verify_counts: dict,
-        token_stats: dict,
-        extra: dict,
-    ) -> dict:
-        """Pool one training step's statistics over processes, append them to metrics.jsonl; returns the record.
-
-        Args (each process passes its own): rewards ``[n]`` (group by group), correct ``[n]`` (the verifier's 0/1,
-        ``accuracy``, when the reward was shaped: ``overlong/penalty_mean`` is then their mean difference; None: the
-        reward is the verifier's own), lengths ``[n]`` (tokens, EOS included), finish_reasons, verify_counts
-        (``verify.summarize`` counts: summed over processes),
-        token_stats (token-weighted sums with their ``num_tokens``, e.g. the clip fractions: pooled into
-        token-means), extra (values that are already global: loss, gradient norm, credit statistics, timings).
-        Every process must call it.
-        """
-        keys = sorted(token_stats)
-        sums = distributed.all_reduce_sum(torch.tensor([token_stats[k] for k in keys], dtype=torch.float64))
-        sums = dict(zip(keys, sums.tolist()))
-        n_tok = max(sums.pop("num_tokens", 1.0), 1.0)
-        self.skipped_updates_total += extra.get("skipped_updates", 0)
-        extra = {**extra, "skipped_updates_total": self.skipped_updates_total}
-        counts = {k: v for k, v in verify_counts.items() if k not in ("total", "correct")}
-        summed = distributed.all_reduce_sum(torch.tensor(list(counts.values()), dtype=torch.float64)).tolist()
-        pooled = distributed.all_gather_objects(
-            (rewards.tolist(), lengths.tolist(), finish_reasons, (rewards if correct is None else correct).tolist())
-        )
-        r = torch.tensor([x for part in pooled for x in part[0]])
-        lengths = torch.tensor([x for part in pooled for x in part[1]], dtype=torch.float)
-        finish = [x for part in pooled for x in part[2]]
-        c = torch.tensor([x for part in pooled for x in part[3]])
-        groups = r.view(-1, group_size)
-        shaped = {"overlong/penalty_mean": (r - c).mean().item()} if correct is not None else {}
-        record = {
-            "step": step,
-            "reward": r.mean().item(),
-            "reward_std": r.std().item() if len(r) > 1 else 0.0,
-            "accuracy": c.mean().item(),
-            **shaped,
-            "frac_reward_zero_std": (groups.max(-1).values == groups.min(-1).values).float().mean().item(),
-            "completions/mean_length": lengths.mean().item(),
-            "completions/clipped_ratio": finish.count("length") / len(r),
-            **{k: v / n_tok for k, v in sums.items()},
-            **{f"verify/{k}": int(v) for k, v in zip(counts, summed)},
-            **extra,
-        }
-        self.log(record)
-        return record
-
-    def write_samples(
-        self, step: int, tokenizer, batch, rewards, adv, token_adv, credit, weights: dict, groups: int
-    ) -> None:
-        """samples/step_*.jsonl: the first ``groups`` groups of this process's batch, one JSON line per response.
-
-        Every line: ``prompt``, ``response``, ``reward``, ``advantage`` (Â_i), ``finish_reason``; ``tokens`` (the
-        response's tokens, each decoded on its own, EOS included) and ``credit`` (the trainer's per-token credit
-        ``[n, T]``, e.g. Ã_{i,t} / Â_i; report.py paints it on the tokens); a response
-        ``--mask_truncated_completions`` left out of the loss gets 0. For each per-token weight of ``weights``
-        (``{name: [n, T]}``, e.g. λ̄, CSCR's sensitivity s) and Â_i ≠ 0 also the five highest and lowest tokens
-        under ``highest_<name>`` / ``lowest_<name>``, and then the token advantages ``token_adv`` ``[n, T]``. (The
-        toy's truth of each response is report.py's, computed from ``prompt`` and ``tokens`` when it reads them.)"""
-        with open(self.samples_path(step), "w") as f:
-            for i in range(groups * batch.group_size):
-                m = live = batch.response_mask[i].bool()
-                if not live.any() and batch.finish_reasons[i] == "length":  # truncated and masked out of the
-                    m = torch.ones_like(live)  # loss: every position is a token
-                toks = [tokenizer.decode([t]) for t in batch.response_ids[i][m].tolist()]
-                a = adv[i].item()
-                rec = {
-                    "prompt": batch.prompts[i],
-                    "response": batch.texts[i],
-                    "reward": rewards[i].item(),
-                    "advantage": a,
-                    "finish_reason": batch.finish_reasons[i],
-                    "tokens": toks,
-                    "credit": [round(c, 4) for c in torch.where(live[m], credit[i][m], 0.0).tolist()],
-                }
-                if weights and live.any() and a != 0:
-                    for name, weight in weights.items():
-                        w = weight[i][m].tolist()
-                        order = sorted(range(len(w)), key=lambda j: w[j])
-                        rec[f"highest_{name}"] = [(toks[j], round(w[j], 4)) for j in order[::-1][:5]]
-                        rec[f"lowest_{name}"] = [(toks[j], round(w[j], 4)) for j in order[:5]]
-                    rec["token_advantages"] = [round(x, 4) for x in token_adv[i][m].tolist()]
-                f.write(json.dumps(rec) + "\n")

@@ -7,6 +7,9 @@ metrics.jsonl record and its samples/. Infrastructure only: no formula of the me
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import os
 import random
 import sys
 import time
@@ -17,6 +20,7 @@ import torch
 import comparisons
 import evaluate
 import rollout
+import verify
 from tools import report
 from trainer import (
     checkpoint,
@@ -50,7 +54,16 @@ def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> 
 
 credit_name = comparisons.credit_name  # the flags -> a key of grpo.CREDIT_FUNCTIONS
 loss_stage_name = comparisons.loss_stage_name  # the flags -> a key of grpo.LOSS_STAGES
-sampler_correction = sampler_mismatch.correction  # the update's Ã from stage 5's, chosen once
+
+
+def sampler_correction(cfg):
+    """The update's Ã from stage 5's, chosen once: ``uncorrected`` (the default), or sampler_mismatch.py's
+    (--vllm_importance_sampling_correction)."""
+    return sampler_mismatch.correction(cfg) if cfg.vllm_importance_sampling_correction else uncorrected
+
+
+def uncorrected(token_adv, old_logp, batch):  # no sampler correction (HF generate): Ã unchanged, no statistics
+    return token_adv, {}
 
 
 # What the run's flags choose once before the loop (``step_choices``): the loss stage (one of grpo.LOSS_STAGES), the
@@ -205,7 +218,7 @@ class HeldOut:
                     self.model, self.tokenizer, self.rows, self.template, settings, progress=f"eval step {step}"
                 ),
             }
-        return self.run.log(record, echo=f"[eval step {step}]")
+        return log_record(self.run, record, echo=f"[eval step {step}]")
 
     def due(self, step: int) -> bool:  # after ``step`` steps: --eval_steps, not the last (train evaluates it)
         return bool(self.cfg.eval_steps) and step % self.cfg.eval_steps == 0 and step < self.cfg.max_steps
@@ -310,12 +323,11 @@ def closing_line(summary, cfg) -> str:
 
 def prompts_of_step(cfg, sampler, rows, template):
     """This process's whole groups of the step's prompt order: (prompts, each response's reference answer)."""
-    rank, world = distributed.rank(), distributed.world_size()
-    per_rank = cfg.num_prompts_per_step // world
+    rank = distributed.rank()
+    per_rank = cfg.num_prompts_per_step // distributed.world_size()
     idx = sampler.take(cfg.num_prompts_per_step)[rank * per_rank : (rank + 1) * per_rank]
-    return [rollout.apply_template(rows[i]["problem"], template) for i in idx], [
-        rows[i]["answer"] for i in idx for _ in range(cfg.num_generations)
-    ]
+    prompts = [rollout.apply_template(rows[i]["problem"], template) for i in idx]
+    return prompts, [rows[i]["answer"] for i in idx for _ in range(cfg.num_generations)]
 
 
 def step_peak() -> dict:  # this step's peak host RSS (and GPU memory), the largest over processes
@@ -323,35 +335,69 @@ def step_peak() -> dict:  # this step's peak host RSS (and GPU memory), the larg
     return {k: max(p[k] for p in peaks) for k in peaks[0]}
 
 
-def log_step(run, step, cfg, logged: StepLog, update, credit_stats, times) -> dict:
-    """metrics.jsonl's line of a step (pooled over processes): ``update`` = policy_update's (Σ losses, grad norms,
-    statistic sums, skipped); ``times`` = (the step's start, the rollout's seconds)."""
-    import verify
+def log_step(run, step: int, cfg, logged: StepLog, outcome, credit_stats: dict, times) -> dict:
+    """Stage 7: metrics.jsonl's line of a step, every process's responses pooled: the rewards (group by group), the
+    verifier's 0/1 (``accuracy``; ``overlong/penalty_mean`` when DAPO's shaping is on), lengths and finish reasons,
+    the grader's counts; the token-means of the update's statistics (``outcome``: policy_update's Σ losses, grad
+    norms, token-weighted sums, skipped updates); the credit's statistics, the step's peak memory and times (``times``:
+    the step's start, the rollout's seconds). Every process must call it."""
+    loss_sum, grad_norms, token_sums, skipped = outcome
+    no_signal = token_sums.pop("no_signal", 0.0)  # no update: its statistics 0.0 (policy_update)
+    keys = sorted(token_sums)
+    pooled_sums = distributed.all_reduce_sum(torch.tensor([token_sums[k] for k in keys], dtype=torch.float64))
+    sums = dict(zip(keys, pooled_sums.tolist()))
+    num_tokens = max(sums.pop("num_tokens", 1.0), 1.0)
+    counts = {k: v for k, v in verify.summarize(logged.graded).items() if k not in ("total", "correct")}
+    counted = distributed.all_reduce_sum(torch.tensor(list(counts.values()), dtype=torch.float64)).tolist()
+    shaped = bool(cfg.overlong_buffer_len)  # else the reward is the verifier's own
+    correct = logged.correct if shaped else logged.rewards
+    mine = (logged.rewards.tolist(), logged.lengths.tolist(), logged.batch.finish_reasons, correct.tolist())
+    parts = distributed.all_gather_objects(mine)
+    r = torch.tensor([x for part in parts for x in part[0]])
+    lengths = torch.tensor([x for part in parts for x in part[1]], dtype=torch.float)
+    finish = [x for part in parts for x in part[2]]
+    c = torch.tensor([x for part in parts for x in part[3]])
+    groups = r.view(-1, cfg.num_generations)
+    run.skipped_updates_total += skipped  # (kept across --resume)
+    record = {
+        "step": step + 1,
+        "reward": r.mean().item(),
+        "reward_std": r.std().item() if len(r) > 1 else 0.0,
+        "accuracy": c.mean().item(),
+        **({"overlong/penalty_mean": (r - c).mean().item()} if shaped else {}),
+        "frac_reward_zero_std": (groups.max(-1).values == groups.min(-1).values).float().mean().item(),
+        "completions/mean_length": lengths.mean().item(),
+        "completions/clipped_ratio": finish.count("length") / len(r),
+        **{k: v / num_tokens for k, v in sums.items()},
+        **{f"verify/{k}": int(v) for k, v in zip(counts, counted)},
+        "loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
+        "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
+        "skipped_updates": skipped,
+        "no_signal": no_signal,
+        **credit_stats,
+        **step_peak(),
+        "step_time": time.time() - times[0],
+        "generation_time": times[1],
+        "skipped_updates_total": run.skipped_updates_total,
+    }
+    return log_record(run, record)
 
-    batch, rewards, correct, lengths = logged.batch, logged.rewards, logged.correct, logged.lengths
-    graded_counts = verify.summarize(logged.graded)
-    loss_sum, grad_norms, agg, skipped = update
-    no_signal = agg.pop("no_signal", 0.0)  # no update: its statistics 0.0 (policy_update)
-    return run.log_step(
-        step + 1,
-        cfg.num_generations,
-        rewards,
-        correct if cfg.overlong_buffer_len else None,
-        lengths,
-        batch.finish_reasons,
-        graded_counts,
-        agg,
-        {
-            "loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
-            "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
-            "skipped_updates": skipped,
-            "no_signal": no_signal,
-            **credit_stats,
-            **step_peak(),
-            "step_time": time.time() - times[0],
-            "generation_time": times[1],
-        },
-    )
+
+def log_record(run, record: dict, echo: str = "") -> dict:
+    """Append one record to metrics.jsonl (the main process; returns it); NaN/inf (e.g. a DelTA side statistic of a
+    batch with no positive response) become null, so every line is strict JSON; the ``--report_to`` trackers get its
+    finite numbers under the same names at its ``step``. ``echo``: also print it after this prefix."""
+    if not run.main:
+        return record
+    strict = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+    run.metrics_file.write(json.dumps(strict) + "\n")
+    run.metrics_file.flush()
+    values = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float)) and math.isfinite(v)}
+    for tracker in run.trackers:  # --report_to: the same values, under the same names, at the same step
+        tracker.log(values, record["step"])
+    if echo:
+        run.say(echo + " " + " ".join(f"{k.split('/', 1)[-1]}={v:.3f}" for k, v in record.items() if k != "step"))
+    return record
 
 
 def rollout_batch(step, cfg, actor, source):
@@ -360,45 +406,53 @@ def rollout_batch(step, cfg, actor, source):
     t0 = time.time()
     prompts, answers = prompts_of_step(cfg, source.sampler, source.dataset, source.template)
     seed = cfg.seed * 100_003 + step + 1_000_003 * distributed.rank()
-    settings = rollout.SamplingSettings(
-        cfg.max_completion_length,
-        cfg.temperature,
-        cfg.top_p,
-        seed,
-        source.stop_ids,
-        rollout.template_stop_strings(source.template),
-    )
+    stops = (source.stop_ids, rollout.template_stop_strings(source.template))  # stop tokens, stop strings
+    settings = rollout.SamplingSettings(cfg.max_completion_length, cfg.temperature, cfg.top_p, seed, *stops)
+    sleep = cfg.vllm_enable_sleep_mode  # (--use_vllm: the engine sleeps until the next rollout)
     batch = rollout.sample(
-        actor.model,
-        actor.tokenizer,
-        prompts,
-        cfg.num_generations,
-        settings,
-        llm=actor.llm,
-        sleep_after=cfg.vllm_enable_sleep_mode,
+        actor.model, actor.tokenizer, prompts, cfg.num_generations, settings, llm=actor.llm, sleep_after=sleep
     )
     return batch, answers, time.time() - t0
 
 
-def write_samples(run, step, cfg, tokenizer, logged: StepLog, update) -> None:
-    """samples/ every --logging_steps (the main process): each token's credit Ã / Â (where Â = 0: DelTA's λ̄, else
-    1; × the loss's own factor, where a comparison's loss stage has one) and the credit's per-token values, for
-    --num_samples_to_log responses."""
+def write_samples(run, step: int, cfg, tokenizer, logged: StepLog, update) -> None:
+    """samples/step_*.jsonl every --logging_steps (the main process): the first --num_samples_to_log groups, one JSON
+    line per response: ``prompt``, ``response``, ``reward``, ``advantage`` (Â_i), ``finish_reason``; ``tokens`` (each
+    decoded on its own, EOS included) and ``credit`` (``credit_shares``, × the loss's own factor where a comparison's
+    loss stage has one; 0 for a response --mask_truncated_completions left out of the loss). Where Â_i ≠ 0, for each
+    of the credit's per-token values (``update.token_values``: λ̄, CSCR's s) its five highest and lowest tokens
+    (``highest_<name>``, ``lowest_<name>``), then ``token_advantages`` (Ã). report.py reads them (and computes the
+    toy's truth from ``prompt`` and ``tokens``)."""
     if distributed.rank() != 0 or not cfg.logging_steps or (step + 1) % cfg.logging_steps:
         return
-    token_credit = credit_shares(logged.adv, logged.token_adv, update.token_values)
-    factor = update.loss_factor
-    run.write_samples(
-        step + 1,
-        tokenizer,
-        logged.batch,
-        logged.rewards,
-        logged.adv,
-        logged.token_adv,
-        token_credit if factor is None else token_credit * factor,
-        update.token_values,
-        min(cfg.num_samples_to_log, len(logged.batch.texts) // cfg.num_generations),
-    )
+    batch = logged.batch
+    credit = credit_shares(logged.adv, logged.token_adv, update.token_values)
+    if update.loss_factor is not None:
+        credit = credit * update.loss_factor
+    num_rows = min(cfg.num_samples_to_log, len(batch.texts) // cfg.num_generations) * cfg.num_generations
+    with open(os.path.join(run.path, "samples", f"step_{step + 1:06d}.jsonl"), "w") as f:
+        for i in range(num_rows):
+            live = batch.response_mask[i].bool()
+            shown = live if live.any() or batch.finish_reasons[i] != "length" else torch.ones_like(live)  # truncated
+            tokens = [tokenizer.decode([t]) for t in batch.response_ids[i][shown].tolist()]  # and masked: all shown
+            a = logged.adv[i].item()
+            row = {
+                "prompt": batch.prompts[i],
+                "response": batch.texts[i],
+                "reward": logged.rewards[i].item(),
+                "advantage": a,
+                "finish_reason": batch.finish_reasons[i],
+                "tokens": tokens,
+                "credit": [round(c, 4) for c in torch.where(live[shown], credit[i][shown], 0.0).tolist()],
+            }
+            if update.token_values and live.any() and a != 0:
+                for name, values in update.token_values.items():
+                    w = values[i][shown].tolist()
+                    order = sorted(range(len(w)), key=lambda j: w[j])
+                    row[f"highest_{name}"] = [(tokens[j], round(w[j], 4)) for j in order[::-1][:5]]
+                    row[f"lowest_{name}"] = [(tokens[j], round(w[j], 4)) for j in order[:5]]
+                row["token_advantages"] = [round(x, 4) for x in logged.token_adv[i][shown].tolist()]
+            f.write(json.dumps(row) + "\n")
 
 
 def credit_shares(adv, token_adv, token_values):

@@ -106,18 +106,11 @@ def mismatch_stats(old_logp, sampler_logp, weights, mask, mode: str) -> dict:
     return {k: float(v) for k, v in out.items()}
 
 
-# --- The rule, chosen once from --vllm_importance_sampling_correction ----------------------------------------------
-def uncorrected(token_adv, old_logp, batch):
-    """The correction off (the default; HF generate): Ã unchanged, no statistics."""
-    return token_adv, {}
-
-
+# --- The rule, chosen once from --vllm_importance_sampling_correction (run_setup.sampler_correction) ---------------
 def correction(cfg):
-    """The update's token advantages from stage 5's: ``uncorrected``, or (``--vllm_importance_sampling_correction``)
-    a function ``(Ã [N, T], old_logp [N, T], batch) -> (Ã·w, TRL's statistics)`` with w = ``importance_weights`` of
-    θ_old over ``batch.sampler_logprobs`` (the module header: Ã·w is TRL's ℓ·w)."""
-    if not cfg.vllm_importance_sampling_correction:
-        return uncorrected
+    """--vllm_importance_sampling_correction's update token advantages from stage 5's: a function ``(Ã [N, T],
+    old_logp [N, T], batch) -> (Ã·w, TRL's statistics)`` with w = ``importance_weights`` of θ_old over
+    ``batch.sampler_logprobs`` (the module header: Ã·w is TRL's ℓ·w)."""
     mode, high, low = (
         cfg.vllm_importance_sampling_mode,
         cfg.vllm_importance_sampling_clip_max,

@@ -184,7 +184,7 @@ def run_one(spec: dict) -> dict:
 
     ``spec``: ``config`` (``GRPOConfig`` fields), optional ``profile`` (path: cProfile the run into it), optional
     ``patches`` (see ``install_patches``). Runs in a child process: installs a timing wrapper on
-    ``grpo.Credit.__call__`` and CPU-time wrappers on ``rollout.generate`` / ``RunFolder.log_step`` (this process
+    ``grpo.Credit.__call__`` and CPU-time wrappers on ``rollout.generate`` / ``run_setup.log_step`` (this process
     only; grpo.py is not changed).
     """
     import torch
@@ -217,13 +217,14 @@ def run_one(spec: dict) -> dict:
     grpo.Credit.__call__ = timed_call
 
     # CPU time of this process per step (less sensitive than wall time to other processes sharing the cores):
-    # a step runs from its rollout.generate call to its metrics line (checkpoint.RunFolder.log_step), both looked
+    # a step runs from its rollout.generate call to its metrics line (run_setup.log_step), both looked
     # up at call time. It excludes the grading worker's CPU (a separate process, same for every
     # credit) and the first lines of the step (prompt sampling), which come before generate.
     marks = []
-    from trainer import checkpoint
+    from trainer import run_setup
 
-    original_generate, original_log = rollout.generate, checkpoint.RunFolder.log_step
+    original_generate = rollout.generate
+    original_log = run_setup.log_step
 
     def generate(*a, **k):
         c0 = time.process_time()
@@ -235,7 +236,8 @@ def run_one(spec: dict) -> dict:
         marks[-1]["cpu_end"] = time.process_time()
         return original_log(*a, **k)
 
-    rollout.generate, checkpoint.RunFolder.log_step = generate, log_step
+    rollout.generate = generate
+    run_setup.log_step = log_step
     cfg = grpo.GRPOConfig(**{"recipe": "toy", **spec["config"]})  # toy-sized settings, on widened toys too
     profiler = None
     if spec.get("profile"):
