@@ -8,7 +8,7 @@ docs/scaling.md's arithmetic as one function. GB = 10⁹ bytes. The stages (grpo
   None) plus its prefill and the sampling logits; vLLM (``--use_vllm``) takes ``vllm_gpu_memory_utilization`` of the
   device (its weights and KV cache), kept through the update unless ``--vllm_enable_sleep_mode``. Under FSDP2 the
   rollout gathers the full weights (distributed.gathered_weights).
-* 4. θ_old pass: no-grad micro-batches; or, when stage 6 reuses it (grpo.can_update_on_policy), the training
+* 4. θ_old pass: no-grad micro-batches; or, when stage 6 reuses it (run_setup.can_update_on_policy), the training
   forward of the whole batch with every micro-batch's graph kept; DelTA ``normal``'s h_t on the host.
 * 5. credit: DelTA ``normal`` (its host peak, ``DELTA_NORMAL_HOST_COPIES`` × N·T·H·4), ``memory_efficient`` (K + 3
   no-grad passes over micro-batches), CSCR's two no-grad scoring passes (gathered weights under FSDP2).
