@@ -274,20 +274,20 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     correct = torch.tensor([float(ok) for ok, _ in graded])
     shaping = overlong_penalty(lengths, cfg.max_completion_length, cfg.overlong_buffer_len, cfg.overlong_penalty_factor)
     rewards = correct + shaping
-    # 3. group advantages Â_i (GRPO); --mask_truncated_completions leaves truncated responses out of the loss mask
+    # 3. group advantages Â_i (GRPO); the loss mask [N, T] (--mask_truncated_completions: no truncated response)
     adv = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
-    trained = run_setup.masked_rollout(batch, cfg)  # the rollout as trained: its response_mask the loss mask
+    loss_mask = run_setup.loss_mask(batch, cfg)
     # 4. θ_old's log-probs, no grad (+ DelTA's h_t, + the reference's for --beta > 0); for one update at θ_old = θ,
     #    the training forward, which stage 6 reuses
-    old = old_logprobs(model, trained, cfg, credit.needs_hidden(), actor.ref_model, training_forward=choices.fuse_old)
+    old = old_logprobs(model, batch, cfg, credit.needs_hidden(), actor.ref_model, training_forward=choices.fuse_old)
     # 5. token advantages Ã_{i,t} (the credit function of --credit)
-    token_adv, credit_stats = credit(model, trained, adv, old, answers, step)
+    token_adv, credit_stats = credit(model, batch, adv, old, answers, step, loss_mask)
     # 6. update: num_iterations × num_mini_batches AdamW steps on Ã·w (w: sampler_mismatch's, 1 without)
-    update_adv, sampling_stats = choices.correction(token_adv, old.logp, trained)
-    update = Update(trained, old, update_adv, trained.response_mask, credit.token_values)
+    update_adv, sampling_stats = choices.correction(token_adv, old.logp, batch, loss_mask)
+    update = Update(batch, old, update_adv, loss_mask, credit.token_values)
     outcome = policy_update(model, actor.optimizer, update, cfg, step, choices.loss_stage)
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
-    logged = run_setup.StepLog(trained, rewards, correct, graded, lengths, adv, token_adv)
+    logged = run_setup.StepLog(batch, rewards, correct, graded, lengths, adv, token_adv)
     record = run_setup.log_step(run, step, cfg, logged, outcome, {**credit_stats, **sampling_stats}, (begun, t_gen))
     run_setup.write_samples(run, step, cfg, actor.tokenizer, logged, update)
     return record

@@ -26,12 +26,13 @@ def picked_tokens(entropy, valid, cfg):  # the tokens of the rule among ``valid`
 
 
 @torch.no_grad()
-def minibatch_pool(model, batch, rows, cfg):
+def minibatch_pool(model, batch, valid, rows, cfg):
     """The rule over the mini-batch ``rows`` at the current θ: a no-grad pass for the entropies (the micro-batches'
     own forwards come too late: the first one's backward needs the whole pool's ranking). Returns ``[N, T]`` bool,
-    False outside ``rows``; the entropies are [N, T] floats (N·T·4 bytes: 34 MB at 2,048 × 4,096)."""
+    False outside ``rows`` and ``valid`` (the loss mask [N, T]); the entropies are [N, T] floats (N·T·4 bytes: 34 MB at
+    2,048 × 4,096)."""
     dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
-    valid, entropy = batch.response_mask, torch.zeros(batch.response_mask.shape, dtype=dt)
+    entropy = torch.zeros(valid.shape, dtype=dt)
     for mb in policy.Passes(model, batch, rows, cfg, grad=False, entropy=True):
         entropy[mb.rows, : mb.t] = mb.entropy.to(dt).cpu()
     picked = torch.zeros(valid.shape, dtype=torch.bool)
@@ -47,7 +48,9 @@ def forking_backward(model, update, rows, cfg):
     device = next(model.parameters()).device
     settings = grpo.POLICY_LOSSES[cfg.loss_type].settings.from_config(cfg)
     quantile = cfg.top_entropy_quantile < 1
-    picked, valid, old = minibatch_pool(model, update.batch, rows, cfg), update.loss_mask, update.old
+    picked = minibatch_pool(model, update.batch, update.loss_mask, rows, cfg)
+    valid = update.loss_mask
+    old = update.old
     mask = valid if quantile else valid * picked  # the tokens of the surrogate
     counts = distributed.all_reduce_sum(
         torch.tensor([mask[rows].sum().item(), valid[rows].sum().item(), float(len(rows))], dtype=torch.float64)

@@ -112,7 +112,7 @@ def test_folding_the_weight_into_the_advantages_is_trls_loss_times_the_weight(lo
 def test_the_rule_is_chosen_once_and_the_flag_needs_vllm():
     assert run_setup.sampler_correction(grpo.GRPOConfig()) is run_setup.uncorrected  # the default: Ã unchanged
     adv = torch.ones(2, 3)
-    assert run_setup.uncorrected(adv, None, None) == (adv, {})
+    assert run_setup.uncorrected(adv, None, None, None) == (adv, {})
     with pytest.raises(SystemExit, match="--vllm_importance_sampling_correction needs --use_vllm"):
         grpo.check_config(grpo.GRPOConfig(vllm_importance_sampling_correction=True))
 
@@ -121,7 +121,7 @@ def test_the_rule_is_chosen_once_and_the_flag_needs_vllm():
 
     cfg = grpo.GRPOConfig(use_vllm=True, vllm_importance_sampling_correction=True)
     token_adv = torch.full((2, 3), 2.0, dtype=torch.float64)
-    out, stats = sm.correction(cfg)(token_adv, OLD, Batch)
+    out, stats = sm.correction(cfg)(token_adv, OLD, Batch, MASK)
     assert torch.allclose(out, 2.0 * sm.importance_weights(OLD, SAMPLER, MASK, "token_truncate", 3.0))
     assert sorted(stats) == sorted(
         f"sampling/{k}"
@@ -210,7 +210,7 @@ def test_a_nan_sampler_logprob_no_longer_skips_the_update():
     cfg = grpo.GRPOConfig(
         use_vllm=True, vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="sequence_mask"
     )
-    out, stats = sm.correction(cfg)(torch.full((2, 3), 2.0, dtype=torch.float64), OLD, Batch)
+    out, stats = sm.correction(cfg)(torch.full((2, 3), 2.0, dtype=torch.float64), OLD, Batch, MASK)
     assert torch.isfinite(out).all()
     assert torch.allclose(
         out, torch.tensor([[2 * math.exp(0.5)] * 3, [0.0] * 3], dtype=torch.float64), rtol=1e-15, atol=0

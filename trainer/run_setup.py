@@ -62,7 +62,7 @@ def sampler_correction(cfg):
     return sampler_mismatch.correction(cfg) if cfg.vllm_importance_sampling_correction else uncorrected
 
 
-def uncorrected(token_adv, old_logp, batch):  # no sampler correction (HF generate): Ã unchanged, no statistics
+def uncorrected(token_adv, old_logp, batch, loss_mask):  # no sampler correction (HF generate): Ã, no statistics
     return token_adv, {}
 
 
@@ -93,13 +93,13 @@ def can_update_on_policy(cfg, num_rows: int, has_reference: bool, reuses_old_for
     )
 
 
-def masked_rollout(batch, cfg):
-    """The rollout as trained: its response_mask the loss mask (--mask_truncated_completions zeroes the responses cut
-    at the length limit; else the rollout itself)."""
+def loss_mask(batch, cfg) -> torch.Tensor:
+    """Stage 3's loss mask ``[N, T]``: the tokens the credit and the loss see, the rollout's response mask without the
+    responses cut at the length limit under --mask_truncated_completions (TRL's flag)."""
     if not cfg.mask_truncated_completions:
-        return batch
+        return batch.response_mask
     stopped = torch.tensor([r == "stop" for r in batch.finish_reasons], dtype=batch.response_mask.dtype)[:, None]
-    return dataclasses.replace(batch, response_mask=batch.response_mask * stopped)
+    return batch.response_mask * stopped
 
 
 def prepare(cfg, given, world: int, choices: dict[str, list[str]]):
@@ -432,7 +432,7 @@ def write_samples(run, step: int, cfg, tokenizer, logged: StepLog, update) -> No
     num_rows = min(cfg.num_samples_to_log, len(batch.texts) // cfg.num_generations) * cfg.num_generations
     with open(os.path.join(run.path, "samples", f"step_{step + 1:06d}.jsonl"), "w") as f:
         for i in range(num_rows):
-            live = batch.response_mask[i].bool()
+            live = update.loss_mask[i].bool()
             shown = live if live.any() or batch.finish_reasons[i] != "length" else torch.ones_like(live)  # truncated
             tokens = [tokenizer.decode([t]) for t in batch.response_ids[i][shown].tolist()]  # and masked: all shown
             a = logged.adv[i].item()

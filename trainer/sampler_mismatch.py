@@ -109,15 +109,15 @@ def mismatch_stats(old_logp, sampler_logp, weights, mask, mode: str) -> dict:
 # --- The rule, chosen once from --vllm_importance_sampling_correction (run_setup.sampler_correction) ---------------
 def correction(cfg):
     """--vllm_importance_sampling_correction's update token advantages from stage 5's: a function ``(Ã [N, T],
-    old_logp [N, T], batch) -> (Ã·w, TRL's statistics)`` with w = ``importance_weights`` of θ_old over
-    ``batch.sampler_logprobs`` (the module header: Ã·w is TRL's ℓ·w)."""
+    old_logp [N, T], batch, loss_mask [N, T]) -> (Ã·w, TRL's statistics)`` with w = ``importance_weights`` of θ_old
+    over ``batch.sampler_logprobs`` on the loss mask's tokens (the module header: Ã·w is TRL's ℓ·w)."""
     mode, high, low = (
         cfg.vllm_importance_sampling_mode,
         cfg.vllm_importance_sampling_clip_max,
         cfg.vllm_importance_sampling_clip_min,
     )
 
-    def corrected(token_adv, old_logp, batch):
+    def corrected(token_adv, old_logp, batch, loss_mask):
         from trainer import distributed
 
         if batch.sampler_logprobs is None:
@@ -125,9 +125,8 @@ def correction(cfg):
                 "--vllm_importance_sampling_correction: the rollout has no sampler log-probs (the "
                 "vLLM engine was built without logprobs_mode='processed_logprobs')"
             )
-        mask = batch.response_mask
-        w = importance_weights(old_logp, batch.sampler_logprobs, mask, mode, high, low)  # [N, T]
-        stats = mismatch_stats(old_logp, batch.sampler_logprobs, w, mask, mode)
+        w = importance_weights(old_logp, batch.sampler_logprobs, loss_mask, mode, high, low)  # [N, T]
+        stats = mismatch_stats(old_logp, batch.sampler_logprobs, w, loss_mask, mode)
         if distributed.is_distributed():  # TRL: the mean of the processes' means, the extremes of their extremes
             parts = distributed.all_gather_objects(stats)
             stats = {
