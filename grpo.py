@@ -6,7 +6,7 @@ One training step (``train_step``) is seven stages, in the order of the papers::
     2. verify       binary reward r_i ∈ {0, 1} (+ overlong shaping) verify.grade_batch; overlong_penalty DAPO §3.4
     3. advantages   Â_i = (r_i − mean_g r) / (std_g r + 1e-6)       group_advantages   GRPO (Shao et al. 2024)
     4. θ_old        log π_θold(o_{i,t}) per token, detached         old_logprobs       (+ h_t for DelTA, same pass)
-    5. credit       Ã_{i,t} (--credit): Â_i, Â_i·λ̄ or Â_i·w̃       CREDIT_FUNCTIONS   (delta.py, cscr.py)
+    5. credit       Ã_{i,t} (--credit): Â_i, Â_i·λ̄ or Â_i·w̃       CREDIT_FUNCTIONS   delta.py, cscr.py (credit_methods)
     6. update       clipped surrogate, token-mean, AdamW            policy_loss        DAPO (Yu et al. 2025) §3.1, §3.3
     7. log          metrics.jsonl, samples/                         run_setup.log_step
 
@@ -17,7 +17,7 @@ In that order: the maths, the credit (``Credit``), one step (``train_step``), th
 * The papers' comparisons (comparisons/, docs/reproduce.md) replace, they do not hook: a surrogate is an entry of
   ``POLICY_LOSSES``, a token-credit method one of ``CREDIT_FUNCTIONS``, a changed loss stage one of ``LOSS_STAGES``,
   each a whole function with the signature of the one it replaces, registered from its own file and chosen once
-  from its flags (``run_setup.register``, ``run_setup.credit_name``, ``run_setup.loss_stage_name``).
+  from its flags (``register``; ``run_setup.credit_name``, ``run_setup.loss_stage_name``; ``flag_choices``).
 * Left out: entropy bonus, reward shaping beyond DAPO's overlong penalty, dynamic sampling, learning-rate schedules.
   θ_old's log-probs are this trainer's own (ratio 1 at the first update), so the loss (≈ 0) shows no progress.
 """
