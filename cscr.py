@@ -29,7 +29,7 @@ renormalisation scope (§5)     Settings.renormalise      per_sequence [S2]
 threshold λ, nats (§5)         threshold                 0.2, or calibrate_threshold(quantile 0.8)
 
 Left out: the loss (the trainer's surrogate with Ã, spec §6); full-vocabulary shifts (cscr_diagnostics.py); the §9
-ablations (cscr_ablations.py: functions in place of a step).  Read next: grpo.py's ``Credit._cscr``, tests/test_cscr.py.
+ablations (cscr_ablations.py: functions in place of a step). Read next: trainer/credit_methods.py (``CscrCredit``).
 
 Usage from any trainer (``model`` in eval mode; ``prompts``: the B rollout prompt texts x; ``response_ids``,
 ``response_mask``: [B, T] right-padded responses; ``adv``: [B] advantages Â; ℓ0 may be your old-log-prob pass)::

@@ -102,7 +102,7 @@ class LossSettings:
 
 # The policy losses by TRL's loss_type (verl's registry): the per-token surrogate ``surrogate(ratio [B, T],
 # token_adv [B, T], settings) -> (ℓ [B, T], dual-clipped [B, T] bool)``, its normaliser (one of AGGREGATIONS) and
-# the settings it reads (a LossSettings, or a subclass with the loss's own fields, e.g. SAPO's temperatures).
+# the settings it reads (a LossSettings, or a subclass with the loss's own fields, e.g. a gate's temperatures).
 PolicyLoss = namedtuple("PolicyLoss", "surrogate aggregation settings", defaults=(LossSettings,))
 AGGREGATIONS = ("dapo", "grpo", "dr_grpo")  # policy_loss's normalisers (TRL's loss_type names)
 # What a loss stage works out over its whole mini-batch for each micro-batch's loss: its tokens' and rows' counts,
@@ -122,7 +122,7 @@ def clipped_surrogate(ratio, token_adv, settings: LossSettings):
     return torch.where(token_adv < 0, torch.minimum(per_token, dual_bound), per_token), dual_active
 
 
-POLICY_LOSSES = {name: PolicyLoss(clipped_surrogate, name) for name in AGGREGATIONS}  # + the comparisons' (SAPO)
+POLICY_LOSSES = {name: PolicyLoss(clipped_surrogate, name) for name in AGGREGATIONS}  # + the comparisons' losses
 CLIP_STATS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/dual_mean")
 POLICY_STATS = CLIP_STATS + ("kl", "num_tokens")  # policy_loss's statistics (surrogate_stats)
 
