@@ -570,3 +570,49 @@ def test_fipo_with_a_kl_term_is_refused_in_one_line():
         grpo.check_config(grpo.GRPOConfig(credit="fipo", beta=0.01))
     grpo.check_config(grpo.GRPOConfig(credit="fipo"))
     grpo.check_config(grpo.GRPOConfig(entropy_top_ratio=0.2, beta=0.01))
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"entropy_top_ratio": 1.0},  # Forking Tokens keeping every valid token (⌈1.0·n⌉ = n), its code's mean
+        {"credit": "delta", "delta_select": "top", "delta_select_fraction": 1.0},  # Q2 selecting every token
+        {"credit": "delta", "delta_select": "random", "delta_select_fraction": 1.0},
+    ],
+)
+def test_a_comparison_at_its_neutral_setting_is_the_papers_loss_stage(toy_batch, float64_model, flags):
+    """A comparison's whole function, at the setting where its rule changes nothing, gives the paper's loss stage
+    (``grpo.minibatch_backward``, --credit grpo): the same loss and gradient in float64. Bound: the two sum the
+    same terms in other orders and groupings (a masked sum, a count); float64 reorderings of n ≲ 10^3 terms stay
+    within ~n·2^-53 ≈ 1e-13 relative, so 1e-11 cannot hide an order-1 difference (a token left out or counted
+    twice moves them by ≥ 1/n)."""
+    model, tok, batch = toy_batch
+    model = float64_model(model)
+    assert run_setup.loss_stage_name(grpo.GRPOConfig(**flags)) != "default"  # the comparison's own stage runs
+    loss_c, g_c, _, _, _ = _update(model, tok, batch, **flags)
+    loss_p, g_p, _, _, _ = _update(model, tok, batch, credit="grpo")
+    assert g_p.abs().sum() > 0
+    assert loss_c == pytest.approx(loss_p, rel=1e-11, abs=1e-14)
+    torch.testing.assert_close(g_c, g_p, rtol=1e-11, atol=1e-14)
+
+
+def test_forking_tokens_quantile_one_is_the_papers_loss_stage(toy_batch, float64_model):
+    """TRL's reading at ρ = 1 (entropy ≥ its 0-quantile: every valid token kept, the normaliser unchanged) through
+    Forking Tokens' loss stage itself: the paper's loss and gradient (float64, the bound above)."""
+    model, tok, batch = toy_batch
+    model = float64_model(model)
+    N = batch.response_mask.shape[0]
+    cfg = grpo.GRPOConfig(dual_clip=10.0, max_completion_length=40, top_entropy_quantile=1.0)
+    adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4), dtype=torch.float64), 4)
+    old = grpo.old_logprobs(model, batch, cfg, False)
+    token_adv = adv[:, None] * batch.response_mask.to(adv.dtype)
+    results = []
+    for stage in ("forking", "default"):
+        model.zero_grad(set_to_none=True)
+        update = grpo.Update(batch, old, token_adv, batch.response_mask, {})
+        loss, _ = grpo.LOSS_STAGES[stage].backward(model, update, torch.arange(N), cfg)
+        results.append((loss, torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])))
+    (loss_f, g_f), (loss_d, g_d) = results
+    assert g_d.abs().sum() > 0
+    assert loss_f == pytest.approx(loss_d, rel=1e-11, abs=1e-14)
+    torch.testing.assert_close(g_f, g_d, rtol=1e-11, atol=1e-14)
