@@ -224,12 +224,15 @@ class Credit:
     def needs_hidden(self) -> bool:  # stage 4 keeps h_t
         return "hidden" in self.method.needs
 
+    def token_stats(self) -> tuple[str, ...]:  # the per-token statistics it asks of stage 4 (policy.TOKEN_STATS)
+        return tuple(name for name in self.method.needs if name != "hidden")
+
     @torch.no_grad()
-    def __call__(self, model, batch, adv, old: policy.ThetaOld, answers, step: int = 0, loss_mask=None):
+    def __call__(self, model, batch, adv, old: policy.ThetaOld, answers, step=0, loss_mask=None, rewards=None):
         """adv Â ``[N]``, old: stage 4's ``ThetaOld``, answers: each row's reference (CSCR), ``loss_mask`` (default
-        ``batch.response_mask``). Returns (Ã ``[N, T]``, stats)."""
+        ``batch.response_mask``), rewards r ``[N]``. Returns (Ã ``[N, T]``, stats)."""
         mask = batch.response_mask if loss_mask is None else loss_mask
-        result = self.method(model, credit_methods.CreditInputs(batch, mask, adv, old, answers, step))
+        result = self.method(model, credit_methods.CreditInputs(batch, mask, adv, old, answers, step, rewards))
         self.token_values = result.token_values
         return result.token_adv, result.stats
 
@@ -279,9 +282,10 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     loss_mask = run_setup.loss_mask(batch, cfg)
     # 4. θ_old's log-probs, no grad (+ DelTA's h_t, + the reference's for --beta > 0); for one update at θ_old = θ,
     #    the training forward, which stage 6 reuses
-    old = old_logprobs(model, batch, cfg, credit.needs_hidden(), actor.ref_model, training_forward=choices.fuse_old)
+    needs = {"need_hidden": credit.needs_hidden(), "token_stats": credit.token_stats()}  # what stage 5 reads of it
+    old = old_logprobs(model, batch, cfg, ref_model=actor.ref_model, training_forward=choices.fuse_old, **needs)
     # 5. token advantages Ã_{i,t} (the credit function of --credit)
-    token_adv, credit_stats = credit(model, batch, adv, old, answers, step, loss_mask)
+    token_adv, credit_stats = credit(model, batch, adv, old, answers, step, loss_mask, rewards)
     # 6. update: num_iterations × num_mini_batches AdamW steps on Ã·w (w: sampler_mismatch's, 1 without)
     update_adv, sampling_stats = choices.correction(token_adv, old.logp, batch, loss_mask)
     update = Update(batch, old, update_adv, loss_mask, credit.token_values)

@@ -26,11 +26,15 @@ DELTA_ABLATION_DEFAULTS = {
 
 
 def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
-    """Each comparison's functions into grpo.py's registries (imported here, when a run starts: they import grpo)."""
-    from comparisons import cscr_ablations, delta_ablations, fipo, forking_tokens, q2, sapo
+    """Each comparison's functions into grpo.py's registries: every module of this folder with a ``register``
+    (imported here, when a run starts: they import grpo), so that a new method is one file here."""
+    import importlib
+    import pkgutil
 
-    for comparison in (sapo, forking_tokens, fipo, q2, delta_ablations, cscr_ablations):
-        comparison.register(credit_functions, loss_stages, policy_losses)
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"comparisons.{info.name}")
+        if hasattr(module, "register"):
+            module.register(credit_functions, loss_stages, policy_losses)
 
 
 def credit_name(cfg) -> str:

@@ -322,7 +322,7 @@ def test_a_head_in_a_wider_dtype_than_its_input():
     runs = []
     for chunk in (n, 7):
         w, x = W.clone().requires_grad_(), h.clone().requires_grad_()
-        lp, ent = policy.ChunkedLMHead.apply(x, w, y, 0.7, 2.0, chunk, True)
+        lp, ent, _ = policy.ChunkedLMHead.apply(x, w, y, 0.7, 2.0, chunk, True)
         (c * lp).sum().backward()
         runs.append((lp.detach(), ent, w.grad, x.grad))
     assert runs[0][0].dtype == runs[0][2].dtype == torch.float64 and runs[0][3].dtype == torch.float32

@@ -277,9 +277,9 @@ def _one_step(model, tok, cfg, rows, out_dir, monkeypatch, from_training_forward
     seen = {}
 
     class SpyCredit(grpo.Credit):  # this run's hook only: records what stage 5 receives and returns
-        def __call__(self, model, batch, adv, old, answers, step=0, loss_mask=None):
+        def __call__(self, model, batch, adv, old, answers, step=0, loss_mask=None, rewards=None):
             seen.update(batch=batch, old_logp=old.logp.clone())
-            out = super().__call__(model, batch, adv, old, answers, step, loss_mask)
+            out = super().__call__(model, batch, adv, old, answers, step, loss_mask, rewards)
             seen["token_adv"] = out[0].clone()
             return out
 

@@ -18,10 +18,12 @@ from trainer import distributed, policy
 from trainer.grpo_config import GRPOConfig
 
 # What a credit function receives (``CreditInputs``): the rollout, its loss mask [N, T] (stage 3's), Â [N], θ_old's
-# pass (``policy.ThetaOld``: its log-probs, and h_t when the function's ``needs`` names "hidden"), each row's reference
-# answer, the step (seeds a random draw); what it returns (``CreditResult``): Ã [N, T], its statistics for
-# metrics.jsonl and its per-token values {name: [N, T]} for samples/ (DelTA's λ̄, CSCR's sensitivity s).
-CreditInputs = namedtuple("CreditInputs", "batch loss_mask adv old answers step")
+# pass (``policy.ThetaOld``: its log-probs, h_t when the function's ``needs`` names "hidden", the per-token statistics
+# it names in ``old.token_stats``: policy.TOKEN_STATS), each row's reference answer, the step (seeds a random draw),
+# the rewards r [N] (stage 2's); what it returns (``CreditResult``): Ã [N, T], its statistics for metrics.jsonl and
+# its per-token values {name: [N, T]} for samples/ (DelTA's λ̄, CSCR's sensitivity s; "credit_share": each token's
+# credit c where Ã is not Â·c, run_setup.credit_shares).
+CreditInputs = namedtuple("CreditInputs", "batch loss_mask adv old answers step rewards", defaults=(None,))
 CreditResult = namedtuple("CreditResult", "token_adv stats token_values")
 
 
@@ -29,7 +31,7 @@ class GRPOCredit:
     """--credit grpo: every token of o_i gets Â_i. The base of a credit function (``grpo.CREDIT_FUNCTIONS``): made once
     from the config, called once per step, no grad; its state (none here) through ``state_dict``."""
 
-    needs: tuple[str, ...] = ()  # what it asks of θ_old's pass by name ("hidden": h_t)
+    needs: tuple[str, ...] = ()  # what it asks of θ_old's pass by name ("hidden": h_t; policy.TOKEN_STATS' names)
 
     def __init__(self, cfg: GRPOConfig, tokenizer=None):
         self.cfg = cfg

@@ -390,6 +390,11 @@ class Settings:
         return cls(**{f.name: getattr(cfg, f.name, f.default) for f in dataclasses.fields(cls)})
 
 
+# The float32 [N, T] arrays a credit function keeps on the host beside θ_old's log-probs and Ã, by --credit: DelTA's
+# λ̄; CSCR's ℓ+, ℓ− and s; a comparison adds its own when it registers (comparisons/otb.py: θ_old's Σ_v p_v²).
+CREDIT_TOKEN_ARRAYS = {"delta": 1, "cscr": 3}
+
+
 # --- The plan -------------------------------------------------------------------------------------------------------
 @dataclass
 class Stage:
@@ -743,7 +748,7 @@ def _plan(
 
     # host tensors of the step: the batch ([N, S] ids and mask, [N, T] response ids and mask, int64) and its
     # float32 [N, T] per-token arrays (θ_old's log-probs, token advantages, λ̄ or CSCR's two passes and s, ref)
-    per_token = 2 + (s.beta > 0) + {"delta": 1, "cscr": 3}.get(s.credit, 0)
+    per_token = 2 + (s.beta > 0) + CREDIT_TOKEN_ARRAYS.get(s.credit, 0)
     host_batch = N * S * 16 + N * T * (16 + 4 * per_token)
     delta_normal = s.credit == "delta" and s.delta_impl == "normal"
     h_cache = N * T * H * 4 if delta_normal else 0

@@ -374,6 +374,29 @@ def entropy_from_logits(logits, temperature=1.0):
     return out.reshape(logits.shape[:-1])
 
 
+# Per-token statistics of the policy's distribution p = softmax(z/τ) at a response position, by name: what a credit
+# function asks of θ_old's pass (its ``needs``; e.g. verl's Optimal Token Baseline reads Σ_v p_v²). Each maps
+# u = z/τ ``[n, V]`` (float32, float64 for a float64 model; a chunk of positions) to ``[n]``, no grad. Computed in
+# the LM head's pass, a chunk of positions at a time (no [T, V] logits kept: ``ChunkedLMHead``, ``position_stats``);
+# θ_old's pass keeps each as ``[N, T]`` floats (N·T·4 bytes: 34 MB at 2,048 × 4,096; memory_plan.py counts them).
+TOKEN_STATS = {
+    "sum_sq_prob": lambda u: torch.softmax(u, dim=-1).square().sum(-1),  # Σ_v p_v² ∈ [1/V, 1]
+}
+
+
+def position_stats(logits, temperature: float, names) -> torch.Tensor:
+    """``TOKEN_STATS`` ``names`` of logits z ``[B, T, V]`` at ``temperature``: ``[B, T, len(names)]`` (float32,
+    float64 for float64 logits), no grad, ``_ENTROPY_CHUNK`` positions at a time (no full float32 copy)."""
+    dt = torch.promote_types(logits.dtype, torch.float32)
+    out = torch.empty(*logits.shape[:-1], len(names), dtype=dt, device=logits.device)
+    with torch.no_grad():
+        for r in range(logits.shape[0]):
+            for a in range(0, logits.shape[1], _ENTROPY_CHUNK):
+                u = logits[r, a : a + _ENTROPY_CHUNK].detach().to(dt) / temperature
+                out[r, a : a + _ENTROPY_CHUNK] = torch.stack([TOKEN_STATS[name](u) for name in names], -1)
+    return out
+
+
 def clip_and_step(model, optimizer, loss: float, max_grad_norm: float, step: int) -> float | None:
     """Clip the accumulated gradient to ``max_grad_norm`` (0: no clipping) and apply the optimizer; returns the
     pre-clip norm, or None (the gradient discarded, with a warning) when the loss or the norm is not finite."""
@@ -411,6 +434,7 @@ def token_logprobs(
     return_entropy=False,
     return_logits=False,
     chunk_bytes=None,
+    token_stats=(),
 ):
     """log π(y_t | x, y_<t) (nats) of the response tokens under logits / temperature: ``[B, T]``, 0 on padding.
 
@@ -426,10 +450,11 @@ def token_logprobs(
     ``shared``: ``(SharedPrompts, the rows' indices)``: the prompts already ran once per group (same result).
     ``return_entropy``: also the policy's entropy H_t = −Σ_j p_j log p_j (nats) ``[B, T]`` of softmax(z/T) at each
     response position (Forking Tokens' score, docs/specs/baselines.md §3), no grad, from the same logits.
-    ``return_logits``: also those rows of logits z ``[B, T, V]`` (before the temperature; a view, no copy), for
-    full-vocabulary quantities (cscr_diagnostics.py's D4c and top-1 probability).
-    Returns log p, then h (``return_hidden``), then H (``return_entropy``), then z (``return_logits``): a tuple
-    when any is asked for.
+    ``token_stats``: names of ``TOKEN_STATS`` (e.g. Σ_v p_v²), each ``[B, T]`` of softmax(z/T), no grad, from the
+    same logits. ``return_logits``: also those rows of logits z ``[B, T, V]`` (before the temperature; a view, no
+    copy), for full-vocabulary quantities (cscr_diagnostics.py's D4c and top-1 probability).
+    Returns log p, then h (``return_hidden``), then H (``return_entropy``), then {name: ``[B, T]``}
+    (``token_stats``), then z (``return_logits``): a tuple when any is asked for.
     """
     B, T = response_mask.shape
     targets, chunk, head = input_ids[:, -T:], 0, None
@@ -452,6 +477,7 @@ def token_logprobs(
                 head.softcap,
                 chunk,
                 return_entropy,
+                tuple(token_stats),
             )
 
     if return_hidden or head is not None:
@@ -476,8 +502,9 @@ def token_logprobs(
         for hook in hooks:
             hook.remove()
     if head is not None:
-        out, (logp, entropy) = out
+        out, (logp, entropy, extra) = out
         logp, entropy = logp.view(B, T), entropy.view(B, T) if entropy is not None else None
+        extra = extra.view(B, T, -1) if extra is not None else None
     else:
         logits = out.logits[:, -(T + 1) : -1]  # position p predicts token p+1: [B, T, V]
         dt = torch.promote_types(logits.dtype, torch.float32)
@@ -485,11 +512,14 @@ def token_logprobs(
         logp = torch.stack([_log_softmax_at(logits[i].to(dt) / temperature, targets[i])[0] for i in range(B)])
         entropy = entropy_from_logits(logits, temperature) if return_entropy else None  # a few
         # positions at a time, no [T, V] copy
+        extra = position_stats(logits, temperature, token_stats) if token_stats else None
     mask = response_mask.to(logp.dtype)
+    stats = {name: extra[..., k] * mask for k, name in enumerate(token_stats)}
     out = (
         (logp * mask,)
         + ((captured["h"],) if return_hidden else ())
         + ((entropy * mask,) if return_entropy else ())
+        + ((stats,) if token_stats else ())
         + ((logits,) if return_logits else ())
     )
     return out if len(out) > 1 else out[0]
@@ -572,10 +602,11 @@ def _scaled_logits(h, weight, softcap, temperature):
 class ChunkedLMHead(torch.autograd.Function):
     """log π(y) and the entropy of softmax(z/τ), z = softcap(h·Wᵀ), ``chunk`` positions at a time: no [n, V] logits
 
-    ``apply(h, weight, targets, temperature, softcap, chunk, entropy)``: the LM head's inputs h ``[n, H]`` (one
-    micro-batch's response positions, rows after rows; cast to W's dtype a chunk at a time: a bf16 h under
-    ``--cast_lm_head_to_fp32``'s float32 W), W ``[V, H]``, the token ids y ``[n]``; returns log p(y) ``[n]`` and
-    H ``[n]`` (no grad; None unless ``entropy``), float32 (float64 for a float64 head), equal to the
+    ``apply(h, weight, targets, temperature, softcap, chunk, entropy, stats=())``: the LM head's inputs h ``[n, H]``
+    (one micro-batch's response positions, rows after rows; cast to W's dtype a chunk at a time: a bf16 h under
+    ``--cast_lm_head_to_fp32``'s float32 W), W ``[V, H]``, the token ids y ``[n]``; returns log p(y) ``[n]``,
+    H ``[n]`` (no grad; None unless ``entropy``) and the ``TOKEN_STATS`` ``stats`` ``[n, len(stats)]`` (no grad;
+    None without), float32 (float64 for a float64 head), equal to the
     whole micro-batch's computation up to the order of the matmul's sums (the float64 tests: 1e-10). Kept for the
     backward: h (b·T·H·c bytes, 168 MB for one 20,480-token row of Qwen3-8B in bf16) and logsumexp(z/τ) (b·T·4).
     The backward recomputes each chunk's z and takes ∂log p(y)/∂(z/τ) = onehot(y) − softmax(z/τ) in place (times
@@ -593,23 +624,25 @@ class ChunkedLMHead(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h, weight, targets, temperature, softcap, chunk, entropy):
+    def forward(ctx, h, weight, targets, temperature, softcap, chunk, entropy, stats=()):
         lse = torch.empty(len(h), dtype=torch.promote_types(weight.dtype, torch.float32), device=h.device)
         logp, ent = torch.empty_like(lse), torch.empty_like(lse) if entropy else None
+        extra = lse.new_empty(len(h), len(stats)) if stats else None
         for a in range(0, len(h), chunk):
             u = _scaled_logits(h[a : a + chunk], weight, softcap, temperature)  # [c, V]
             logp[a : a + chunk], lse[a : a + chunk] = _log_softmax_at(u, targets[a : a + chunk])
             if entropy:
                 ent[a : a + chunk] = entropy_from_logits(u)  # u is z/τ already: temperature 1
+            if stats:
+                extra[a : a + chunk] = torch.stack([TOKEN_STATS[name](u) for name in stats], -1)
             del u  # before the next chunk's: one chunk of logits at a time
         ctx.save_for_backward(h, weight, targets, lse)
         ctx.temperature, ctx.softcap, ctx.chunk = temperature, softcap, chunk
-        if entropy:
-            ctx.mark_non_differentiable(ent)
-        return logp, ent
+        ctx.mark_non_differentiable(*[t for t in (ent, extra) if t is not None])
+        return logp, ent, extra
 
     @staticmethod
-    def backward(ctx, grad, _):
+    def backward(ctx, grad, *_):
         h, weight, targets, lse = ctx.saved_tensors
         dh = torch.empty_like(h) if ctx.needs_input_grad[0] else None
         sum_dtype = torch.promote_types(weight.dtype, torch.float32)  # dW summed over chunks in float32 at least
@@ -629,7 +662,7 @@ class ChunkedLMHead(torch.autograd.Function):
             if dw is not None:  # float32 and float64: dz and h[s] themselves, no copies
                 dw.addmm_(dz.T, h[s].to(sum_dtype))
             del u, dz  # before the next chunk's
-        return dh, None if dw is None else dw.to(weight.dtype), None, None, None, None, None
+        return dh, None if dw is None else dw.to(weight.dtype), None, None, None, None, None, None
 
 
 from trainer.grpo_config import PADDING_FREE_BUCKETS  # noqa: E402  (grpo_config.py: --micro_batch_size 0 help)
@@ -667,10 +700,11 @@ def micro_batches(
     return out
 
 
-class MicroBatch(namedtuple("MicroBatch", "rows cols t logp hidden entropy", defaults=(None,))):
+class MicroBatch(namedtuple("MicroBatch", "rows cols t logp hidden entropy token_stats", defaults=(None, None))):
     """One forward of ``Passes``: the rollout rows ``rows`` ``[b]``, their input columns ``cols`` and response width
     ``t`` (T_j ≤ T); ``logp`` ``[b, T_j]`` (a graph under grad); ``hidden`` ``[b, T_j, H]`` (the LM head's input)
-    or None; ``entropy`` ``[b, T_j]`` (nats, no grad) or None."""
+    or None; ``entropy`` ``[b, T_j]`` (nats, no grad) or None; ``token_stats`` {name: ``[b, T_j]``} (no grad) or
+    None."""
 
     def take(self, x: torch.Tensor) -> torch.Tensor:
         """This micro-batch's part of a batch-wide ``[N, T, ...]`` tensor: rows ``rows``, the first ``t`` columns."""
@@ -686,16 +720,20 @@ class Passes:
     ``take`` picks its part of any ``[N, T]`` tensor), ``--shared_prompt`` (each distinct prompt run once, its keys
     and values read by its responses). ``grad``: train mode with gradient; call ``backward_prompts`` once after the
     micro-batches' backward passes (it sends the prompt pass its share). Else eval mode, no gradient. ``hidden``:
-    also the LM head's inputs h_t. ``entropy``: also the policy's entropy at each position. ``keep_graphs``: the
+    also the LM head's inputs h_t. ``entropy``: also the policy's entropy at each position. ``token_stats``: also
+    those ``TOKEN_STATS`` at each position (names). ``keep_graphs``: the
     micro-batches are kept and a second iteration yields them again without running the model (stage 4's training
     forward, reused by stage 6's only update).
     ``batch``: a ``rollout.Rollout`` (``input_ids``/``attention_mask`` ``[N, P + T]``, ``response_mask`` ``[N, T]``,
     on any device: each micro-batch goes to the model's).
     """
 
-    def __init__(self, model, batch, rows, cfg, *, grad: bool, hidden=False, keep_graphs=False, entropy=False):
+    def __init__(
+        self, model, batch, rows, cfg, *, grad: bool, hidden=False, keep_graphs=False, entropy=False, token_stats=()
+    ):
         self.model, self.batch, self.rows, self.cfg = model, batch, rows, cfg
         self.grad, self.hidden, self.keep_graphs, self.entropy = grad, hidden, keep_graphs, entropy
+        self.token_stats = tuple(token_stats)
         self.kept, self.shared = None, None
         # the micro-batches as (rows, input columns, response width T_j), planned once for every pass
         self.layout = micro_batches(
@@ -721,10 +759,14 @@ class Passes:
                     return_hidden=self.hidden,
                     shared=(self.shared, j) if self.cfg.shared_prompt else None,
                     return_entropy=self.entropy,
+                    token_stats=self.token_stats,
                 )
-            out = list(out) if self.hidden or self.entropy else [out]
-            logp, h, ent = out[0], out[1] if self.hidden else None, out[-1] if self.entropy else None
-            mb = MicroBatch(j, cols, t, logp, h, ent)
+            parts = list(out) if self.hidden or self.entropy or self.token_stats else [out]
+            logp = parts.pop(0)
+            h = parts.pop(0) if self.hidden else None
+            ent = parts.pop(0) if self.entropy else None
+            stats = parts.pop(0) if self.token_stats else None
+            mb = MicroBatch(j, cols, t, logp, h, ent, stats)
             if self.keep_graphs:  # the graph, not h: stage 4's kept h_t live on the host (grpo.old_logprobs)
                 kept.append(mb._replace(hidden=None))
             yield mb
@@ -959,24 +1001,37 @@ def build(cfg, say=print, load_weights=None):
 # H; at the papers' scale 2,048 × 4,096, H = 4,096): logp N·T·4 bytes (34 MB); ref_logp (--beta > 0, else None)
 # N·T·4 (34 MB); hidden (DelTA's --delta_impl normal, else None) N·T·H·4 (137 GB), refused by ``check_hidden``
 # (grpo.py: memory_plan.check_delta_cache, above a quarter of the host's memory); update_passes: the training
-# forward, which stage 6 reuses (run_setup.can_update_on_policy; graphs on the device), or None.
-ThetaOld = namedtuple("ThetaOld", "logp hidden ref_logp update_passes")
+# forward, which stage 6 reuses (run_setup.can_update_on_policy; graphs on the device), or None; token_stats: the
+# per-token statistics a credit function asked for by name ({name: [N, T]}, N·T·4 bytes each; ``TOKEN_STATS``).
+ThetaOld = namedtuple("ThetaOld", "logp hidden ref_logp update_passes token_stats", defaults=(None,))
 
 
-def old_logprobs(model, batch, cfg, need_hidden=False, ref_model=None, training_forward=False, check_hidden=None):
+def old_logprobs(
+    model, batch, cfg, need_hidden=False, ref_model=None, training_forward=False, check_hidden=None, token_stats=()
+):
     """θ_old's log-probs ``[N, T]`` from a no-grad, eval-mode pass over the batch (``Passes``); the LM-head inputs
-    ``[N, T, H]`` from the same pass when ``need_hidden`` (``check_hidden(N, T, H)`` first); the reference's log-probs
-    when ``ref_model`` is given. ``training_forward``: the training forward instead (train mode, with grad, TRL's
-    choice when μ = 1), kept for the update to reuse. Returns a ``ThetaOld``. Every process runs as many
-    micro-batches (FSDP's gathers)."""
+    ``[N, T, H]`` from the same pass when ``need_hidden`` (``check_hidden(N, T, H)`` first); the ``TOKEN_STATS``
+    ``token_stats`` (names) ``[N, T]`` each, from the same pass; the reference's log-probs when ``ref_model`` is
+    given. ``training_forward``: the training forward instead (train mode, with grad, TRL's choice when μ = 1), kept
+    for the update to reuse. Returns a ``ThetaOld``. Every process runs as many micro-batches (FSDP's gathers)."""
     N, T = batch.response_mask.shape
     dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
     logp, hidden = torch.zeros(N, T, dtype=dt), None
+    stats = {name: torch.zeros(N, T, dtype=dt) for name in token_stats}
     passes = Passes(
-        model, batch, torch.arange(N), cfg, grad=training_forward, hidden=need_hidden, keep_graphs=training_forward
+        model,
+        batch,
+        torch.arange(N),
+        cfg,
+        grad=training_forward,
+        hidden=need_hidden,
+        keep_graphs=training_forward,
+        token_stats=token_stats,
     )
     for mb in passes:
         logp[mb.rows, : mb.t] = mb.logp.detach().cpu()
+        for name in token_stats:
+            stats[name][mb.rows, : mb.t] = mb.token_stats[name].to(dt).cpu()
         if need_hidden:  # h_t on the host, bounded (the comment above ThetaOld)
             if hidden is None:
                 if check_hidden is not None:
@@ -984,7 +1039,7 @@ def old_logprobs(model, batch, cfg, need_hidden=False, ref_model=None, training_
                 hidden = torch.zeros(N, T, mb.hidden.shape[-1], dtype=dt)
             hidden[mb.rows, : mb.t] = mb.hidden.to(dt).cpu()
     ref_logp = reference_logprobs(ref_model, batch, passes.layout, cfg.temperature) if ref_model else None
-    return ThetaOld(logp, hidden, ref_logp, passes if training_forward else None)
+    return ThetaOld(logp, hidden, ref_logp, passes if training_forward else None, stats)
 
 
 def hidden_chunks(model, batch, cfg, kept=None):

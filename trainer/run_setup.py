@@ -456,7 +456,10 @@ def write_samples(run, step: int, cfg, tokenizer, logged: StepLog, update) -> No
 
 
 def credit_shares(adv, token_adv, token_values):
-    """Each token's credit Ã / Â ``[N, T]`` for samples/ (where Â = 0: DelTA's λ̄, else 1)."""
+    """Each token's credit c ``[N, T]`` for samples/: the credit function's own (``token_values["credit_share"]``,
+    where Ã is not Â·c), else Ã / Â (where Â = 0: DelTA's λ̄, else 1)."""
+    if "credit_share" in token_values:
+        return token_values["credit_share"]
     share = token_adv / torch.where(adv == 0, 1.0, adv).to(token_adv.dtype)[:, None]
     fill = token_values.get("lambda_bar", torch.ones_like(share))
     return torch.where((adv == 0)[:, None], fill.to(share.dtype), share)
