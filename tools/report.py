@@ -47,7 +47,10 @@ from dataclasses import dataclass
 
 # The credit c = Ã_{i,t} / Â_i of each --credit, as hovered (FIPO: its future-KL weight f, Â·f/Â); a rule that masks
 # tokens out of the loss (Forking Tokens, DelTA's Q2) shows "c" (``symbol``).
-SYMBOL = {"grpo": "c", "delta": "λ̄", "cscr": "w̃", "fipo": "f"}
+SYMBOL = {"grpo": "c", "delta": "λ̄", "cscr": "w̃", "fipo": "f", "otb": "c", "optimal_token_baseline": "c"}
+# The credits whose Ã is no multiple of Â, which state each token's credit c themselves (samples/' ``credit``: their
+# ``credit_share``): verl's Optimal Token Baseline, c = Ã / (r_i − mean_g r), and Ã itself where the rewards are equal
+OWN_CREDIT = ("otb", "optimal_token_baseline")
 RUN_COLOURS = ["#0072b2", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#d55e00", "#555555"]  # Okabe-Ito
 # The token scale (ColorBrewer PuOr): purple = less than the sequence advantage, orange = more, white = exactly Â.
 LESS = ["#ffffff", "#e7e4f1", "#c9c3e0", "#a79dce", "#8073ac", "#5e3f96", "#3f1f73"]
@@ -761,13 +764,20 @@ def credit_lands(run: Run) -> dict:
     for Â_i < 0 is more of the penalty: AUROC > 0.5 means the first wrong token is penalised more than the rest);
     ``result_digits``, per correct response the AUROC of c at telling its result digits from its other tokens; each
     averaged over responses (``_over_steps``, count = responses; a response without a token of either kind is left
-    out). ``responses``: how many logged responses were of each kind (``token_classes``).
+    out). ``responses``: how many logged responses were of each kind (``token_classes``). ``equal_reward``: the
+    rows with Â_i = 0 (a group whose rewards are all equal), kept apart: how many there are, how many of their
+    tokens carry credit (|c| > 1e-6; only a credit whose Ã is no multiple of Â gives them any, OTB's zero tail,
+    where its c is Ã itself: comparisons/otb.py ``credit_share``) and those tokens' mean c; None for the other runs.
     """
     by_class = {key: {} for key, _, _ in CLASSES}
     aurocs = {"first_wrong": {}, "result_digits": {}}
     kinds = dict.fromkeys(("correct", "incorrect", "no_wrong_token", "no_gradient", "not_toy"), 0)
+    apart = {"responses": 0, "credited_tokens": {}} if run.credit in OWN_CREDIT else None
     for step, rows in sorted(run.samples.items()):
         for row in rows:
+            if apart is not None and not row.get("advantage") and "credit" in row:
+                apart["responses"] += 1
+                apart["credited_tokens"].setdefault(step, []).extend(c for c in row["credit"] if abs(c) > 1e-6)
             kind, classes = token_classes(row)
             kinds[kind] += 1
             c = row.get("credit", ())
@@ -788,6 +798,7 @@ def credit_lands(run: Run) -> dict:
         "classes": {k: _over_steps(v) for k, v in by_class.items()},
         "auroc": {k: _over_steps(v) for k, v in aurocs.items()},
         "responses": kinds,
+        "equal_reward": apart and {"responses": apart["responses"], **_over_steps(apart["credited_tokens"])},
     }
 
 
@@ -1094,7 +1105,9 @@ def truth_numbers(runs: list[Run]) -> dict:
     return {
         "definitions": {
             "credit": "c = Ã_{i,t}/Â_i per token (GRPO 1, DelTA λ̄, CSCR w̃, FIPO f; 0 where a mask leaves the token "
-            "out of the loss); only rows with Â_i ≠ 0",
+            "out of the loss); OTB, whose Ã is no multiple of Â: c = Ã_{i,t}/(r_i − mean_g r); only rows with Â_i ≠ 0",
+            "equal_reward": "rows with Â_i = 0 kept apart (OTB runs only): responses, and the mean c (= Ã there) of "
+            "their tokens with |c| > 1e-6 (count: those tokens)",
             "rule": "report.rule_name of the run's config.json: the comparison rule (tools/bench/reproduce.py's RULES)",
             "classes": "incorrect responses: first_wrong (toy.first_wrong_token), prefix (before it), after (after it);"
             " "

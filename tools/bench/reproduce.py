@@ -133,6 +133,13 @@ RULES = [
     ("cscr_batch", "CSCR", ["--credit", "cscr", "--cscr_scope", "batch"], None, "renormalised over the batch"),
     ("cscr_alpha_0.5", "CSCR", ["--credit", "cscr", "--cscr_alpha", "0.5"], None, "strength: α = 0.5"),
     ("cscr_alpha_4", "CSCR", ["--credit", "cscr", "--cscr_alpha", "4"], None, "strength: α = 4"),
+    (
+        "otb",
+        "verl's token baseline",
+        ["--credit", "otb"],
+        None,
+        "verl's Optimal Token Baseline: B*_t weighted by W_t = Σ(1 − 2π + Σπ²), ε 1e-8, the zero tail",
+    ),
 ]
 TOY = ["--num_mini_batches", "4"]  # every toy run's shared flags (the paper's four mini-batches per step)
 # What a run prints and logs that the record keeps and --check compares, exactly (the same command on the same kind

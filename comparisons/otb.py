@@ -1,0 +1,115 @@
+"""verl's Optimal Token Baseline (OTB) beside DelTA and CSCR: ``--credit otb`` (verl's name ``optimal_token_baseline``
+selects it too). One file: the maths (``optimal_token_baseline``), its credit function (``OTBCredit``) and its
+registration; grpo.py, delta.py and cscr.py do not name it.
+
+OTB (arXiv 2602.07078; verl 0.9.1 ``verl/trainer/ppo/core_algos.py`` ``compute_optimal_token_baseline_advantage``,
+``docs/algo/otb.md``) keeps the outcome reward and replaces GRPO's one baseline per group by one per token position:
+
+    G_t⁽ⁱ⁾ = Σ_{k≥t} r_k⁽ⁱ⁾ m_k            the reward-to-go; an outcome reward sits at the last valid token: G_t = r_i
+    w_j = 1 − 2π_j + Σ_v π_v²              ‖s_j‖², π_j = p(y_j) and Σ_v π_v² of softmax(z_j/T) under θ_old
+    W_t⁽ⁱ⁾ = Σ_{j≤t} w_j m_j                the "realized energy" of the prefix (× ρ̄_j² with the sampler correction)
+    B*_t = Σ_i G_t W_t m_t / (Σ_i W_t m_t + ε)      over the group, ε = 1e-8
+    Ã_{i,t} = (G_t⁽ⁱ⁾ − B*_t) m_{i,t}       in reward units, not normalised (verl returns it as is)
+
+Like DelTA it reads θ_old's last layer to decide which tokens carry the update (here Σ_v π_v² per token, a per-token
+statistic of θ_old's pass: policy.TOKEN_STATS); unlike DelTA it changes the baseline, not the weight. With
+``handle_zero_tail`` (verl's default) the longest response's tokens beyond the group's second-longest get a zero
+baseline, so a group whose rewards are all equal still moves there (Ã = r_i on that tail).
+
+Left out: verl's multi-turn variant (``tir_optimal_token_baseline``) and per-token rewards (ours is an outcome reward).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainer import credit_methods, memory_plan, sampler_mismatch
+
+NAMES = ("otb", "optimal_token_baseline")  # --credit: ours, verl's ``adv_estimator`` name
+
+
+def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
+    for name in NAMES:
+        credit_functions[name] = OTBCredit
+        memory_plan.CREDIT_TOKEN_ARRAYS[name] = 1  # θ_old's Σ_v π_v² [N, T] (float32)
+
+
+def optimal_token_baseline(
+    rewards, loss_mask, old_logp, sum_sq_prob, group_size: int, sampler_weights=None, handle_zero_tail=True, eps=1e-8
+) -> torch.Tensor:
+    """OTB's token advantages Ã ``[N, T]`` (reward units), verl 0.9.1 ``compute_optimal_token_baseline_advantage``
+    read line by line. ``rewards`` r ``[N]`` (each response's outcome reward, placed at its last valid token),
+    ``loss_mask`` m ``[N, T]`` 0/1, ``old_logp`` log π_θold(y_t) ``[N, T]`` (nats), ``sum_sq_prob`` Σ_v π_v² ``[N, T]``,
+    the rows grouped by prompt ``group_size`` at a time (grpo.py's batch layout; verl groups by ``index``: the same
+    groups); ``sampler_weights`` ρ̄ ``[N, T]`` (verl's ``rollout_is_weights``) or None; ``handle_zero_tail`` and
+    ``eps``: verl's arguments and defaults. A group of one response gets no baseline (Ã = G_t), as in verl."""
+    mask = loss_mask.to(old_logp.dtype)
+    N, T = mask.shape
+    last = (mask * torch.arange(1, T + 1, dtype=mask.dtype)).argmax(-1)  # each row's last valid token
+    at_end = torch.zeros_like(mask).scatter_(1, last[:, None], rewards.to(mask.dtype)[:, None]) * mask
+    returns = at_end.flip(-1).cumsum(-1).flip(-1)  # G_t: verl's reward-to-go of token_level_rewards · mask
+    w = 1 - 2 * torch.exp(old_logp) + sum_sq_prob.to(mask.dtype)  # verl Step 1: ‖s_j‖² = 1 − 2π_j + Σπ²
+    if sampler_weights is not None:  # verl Step 2: W scaled by ρ̄² (the MSE-optimal baseline under truncated IS)
+        w = w * sampler_weights.to(mask.dtype) ** 2
+    energy = (w * mask).cumsum(-1)  # verl Step 3: W_t = Σ_{j≤t} w_j m_j
+    if group_size < 2:  # verl: a single trajectory has no baseline
+        return returns * mask
+    shape = (N // group_size, group_size, T)
+    g_ret, g_energy, g_mask = returns.view(shape), energy.view(shape), mask.view(shape)
+    numerator = (g_ret * g_energy * g_mask).sum(1)  # Σ_i G_t W_t m_t, [groups, T]
+    denominator = (g_energy * g_mask).sum(1) + eps
+    baselines = (numerator / denominator)[:, None, :].expand(shape).clone()  # B*_t, the group's, for each response
+    if handle_zero_tail:  # the longest response beyond the second-longest: baseline 0 (a unique longest only)
+        lengths = g_mask.sum(-1)  # [groups, G]
+        ordered = lengths.sort(-1).values
+        for g in range(shape[0]):
+            longest = (lengths[g] == ordered[g, -1]).nonzero()
+            if len(longest) == 1 and ordered[g, -1] > ordered[g, -2]:
+                baselines[g, int(longest[0]), int(ordered[g, -2]) :] = 0.0
+    return (returns - baselines.view(N, T)) * mask  # Ã = (G_t − B*_t)·m
+
+
+def credit_share(token_adv, rewards, loss_mask, group_size: int) -> torch.Tensor:
+    """The credit c ``[N, T]`` report.py reads for OTB, whose Ã is no multiple of Â: c = Ã_{i,t} / (r_i − mean_g r)
+    (1 on every token where the baseline is the group's mean, as GRPO's Â without its scale) on the rows whose group's
+    rewards differ; on a group whose rewards are all equal (Â = 0 there: report.py keeps them apart) c = Ã itself."""
+    r = rewards.to(token_adv.dtype).view(-1, group_size)
+    centred = (r - r.mean(-1, keepdim=True)).view(-1)
+    spread = (r.max(-1).values > r.min(-1).values).repeat_interleave(group_size)
+    usable = spread & (centred != 0)
+    return torch.where(usable[:, None], token_adv / torch.where(usable, centred, 1.0)[:, None], token_adv) * loss_mask
+
+
+class OTBCredit(credit_methods.GRPOCredit):
+    """--credit otb: Ã = ``optimal_token_baseline`` of the step's rewards and θ_old's pass (its log-probs and Σ_v π_v²,
+    asked for by name); with --vllm_importance_sampling_correction the sampler weights ρ̄ enter W as verl folds them
+    (the update's Ã is then corrected as every credit's is: run_setup.sampler_correction). No state."""
+
+    needs = ("sum_sq_prob",)
+
+    @torch.no_grad()
+    def __call__(self, model, x: credit_methods.CreditInputs) -> credit_methods.CreditResult:
+        cfg = self.cfg
+        weights = None
+        if cfg.vllm_importance_sampling_correction:  # ρ̄ of the correction's own mode and bounds
+            bounds = (cfg.vllm_importance_sampling_clip_max, cfg.vllm_importance_sampling_clip_min)
+            mode = cfg.vllm_importance_sampling_mode
+            weights = sampler_mismatch.importance_weights(
+                x.old.logp, x.batch.sampler_logprobs, x.loss_mask, mode, *bounds
+            )
+        sum_sq = x.old.token_stats["sum_sq_prob"]
+        token_adv = optimal_token_baseline(x.rewards, x.loss_mask, x.old.logp, sum_sq, cfg.num_generations, weights)
+        share = credit_share(token_adv, x.rewards, x.loss_mask, cfg.num_generations)
+        return credit_methods.CreditResult(token_adv, otb_stats(token_adv, x.adv, x.loss_mask), {"credit_share": share})
+
+
+def otb_stats(token_adv, adv, loss_mask) -> dict:
+    """metrics.jsonl's OTB lines: the mean |Ã| over valid tokens, and the share of Σ|Ã| on the tokens of groups whose
+    rewards are all equal (Â = 0: the zero tail's credit)."""
+    magnitude = token_adv.abs() * loss_mask
+    total = float(magnitude.sum())
+    equal = float((magnitude * (adv == 0)[:, None]).sum())
+    return {
+        "otb/abs_token_adv_mean": total / max(float(loss_mask.sum()), 1.0),
+        "otb/equal_reward_share": equal / total if total > 0 else 0.0,
+    }

@@ -1,0 +1,166 @@
+"""verl's Optimal Token Baseline as --credit otb (comparisons/otb.py): its maths by hand, θ_old's per-token Σ_v π_v²
+against an independent float64 formula, chunked and not, its credit c, and a toy run with --resume. Its equality
+with verl 0.9.1's own function is tests/test_verl_otb.py (``-m verl``)."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import grpo
+from comparisons import otb
+from trainer import policy
+
+REPO = Path(__file__).resolve().parents[1]
+D = torch.float64
+
+
+def by_hand(rewards, mask, logp, sum_sq, G, rho=None, zero_tail=True, eps=1e-8):
+    """docs/algo/otb.md's B*_t read one number at a time in Python floats: G_t = r_i on every valid token (an outcome
+    reward at the last one), W_t = Σ_{j≤t} (1 − 2π_j + Σπ²)(·ρ̄_j²), B*_t = Σ G W / (Σ W + ε) over the group."""
+    N, T = len(mask), len(mask[0])
+    adv = [[0.0] * T for _ in range(N)]
+    for g0 in range(0, N, G):
+        rows = list(range(g0, g0 + G))
+        energy = {}
+        for i in rows:
+            acc = 0.0
+            for t in range(T):
+                w = 1 - 2 * math.exp(logp[i][t]) + sum_sq[i][t]
+                acc += (w * (rho[i][t] ** 2 if rho else 1.0)) * mask[i][t]
+                energy[i, t] = acc
+        lengths = {i: sum(mask[i]) for i in rows}
+        ordered = sorted(lengths.values())
+        longest = [i for i in rows if lengths[i] == ordered[-1]]
+        for t in range(T):
+            num = sum(rewards[i] * energy[i, t] * mask[i][t] for i in rows)
+            den = sum(energy[i, t] * mask[i][t] for i in rows) + eps
+            for i in rows:
+                base = num / den if G > 1 else 0.0
+                if zero_tail and G > 1 and len(longest) == 1 and i == longest[0] and ordered[-1] > ordered[-2]:
+                    base = 0.0 if t >= ordered[-2] else base
+                adv[i][t] = (rewards[i] - base) * mask[i][t]
+    return torch.tensor(adv, dtype=D)
+
+
+def _group(seed=0, N=6, T=5, lengths=(5, 3, 1, 4, 2, 1)):
+    g = torch.Generator().manual_seed(seed)
+    mask = (torch.arange(T)[None] < torch.tensor(lengths)[:, None]).to(D)
+    logp = -torch.rand(N, T, generator=g, dtype=D) * 3
+    sum_sq = torch.exp(logp) ** 2 + torch.rand(N, T, generator=g, dtype=D) * 0.3  # ≥ π², as Σ_v π_v² is
+    return mask, logp, sum_sq
+
+
+@pytest.mark.parametrize("zero_tail", [True, False])
+@pytest.mark.parametrize("with_rho", [False, True])
+def test_otb_by_hand(zero_tail, with_rho):
+    """Two groups of three (one with differing rewards, one all equal: the zero tail moves it), unequal lengths and a
+    one-token response, with and without ρ̄: the function equals the formula read by hand (float64, 1e-12)."""
+    mask, logp, sum_sq = _group()
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 1.0], dtype=D)
+    rho = torch.rand(mask.shape, generator=torch.Generator().manual_seed(3), dtype=D) + 0.5 if with_rho else None
+    ours = otb.optimal_token_baseline(rewards, mask, logp, sum_sq, 3, rho, handle_zero_tail=zero_tail)
+    hand_rho = rho.tolist() if rho is not None else None
+    want = by_hand(rewards.tolist(), mask.tolist(), logp.tolist(), sum_sq.tolist(), 3, hand_rho, zero_tail)
+    torch.testing.assert_close(ours, want, rtol=0, atol=1e-12)
+    # the longest response beyond the group's second-longest: baseline 0 with the zero tail (Ã = r = 1 there), else
+    # B* = its own G·W / (W + ε) ≈ r (Ã ≈ 0): row 0 (5 tokens; then 3) at t = 3, 4; row 3 (4; then 2) at t = 2, 3
+    tails = torch.stack([ours[0, 3:], ours[3, 2:4]])
+    assert torch.equal(tails, torch.ones_like(tails)) if zero_tail else float(tails.abs().max()) < 1e-5
+    # the group whose rewards are all 1 (Â = 0): B*_t = ΣW/(ΣW + ε) elsewhere, so Ã = ε/(ΣW + ε), tiny
+    assert float(ours[3:, :2].abs().max()) < 1e-5
+
+
+def test_a_uniform_energy_gives_grpos_centred_reward():
+    """Where every token's w is the same and the responses are as long, W_t is the same for every row: B*_t is the
+    group's mean reward (to ε) and Ã = r_i − mean_g r, so the credit c = Ã / (r_i − mean_g r) is 1."""
+    T = 4
+    mask = torch.ones(4, T, dtype=D)
+    logp = torch.full((4, T), math.log(0.5), dtype=D)
+    sum_sq = torch.full((4, T), 0.3, dtype=D)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0], dtype=D)
+    token_adv = otb.optimal_token_baseline(rewards, mask, logp, sum_sq, 4)
+    torch.testing.assert_close(token_adv, (rewards - 0.5)[:, None].expand(4, T), rtol=0, atol=1e-7)
+    share = otb.credit_share(token_adv, rewards, mask, 4)
+    torch.testing.assert_close(share, torch.ones(4, T, dtype=D), rtol=0, atol=1e-6)
+
+
+def test_credit_share_keeps_equal_reward_groups_apart():
+    """c = Ã / (r − mean) on a group whose rewards differ; Ã itself on a group whose rewards are all equal."""
+    token_adv = torch.tensor([[0.2, 0.4], [-0.5, -0.25], [0.0, 0.7], [0.0, 0.0]], dtype=D)
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=D)
+    share = otb.credit_share(token_adv, rewards, torch.ones(4, 2, dtype=D), 2)
+    torch.testing.assert_close(share[:2], torch.tensor([[0.4, 0.8], [1.0, 0.5]], dtype=D))
+    torch.testing.assert_close(share[2:], token_adv[2:])
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_sum_sq_prob_of_theta_olds_pass_is_the_log_sum_exp_formula(toy_model_path, float64_model, monkeypatch, chunked):
+    """Σ_v π_v² per token from θ_old's pass (``old_logprobs(..., token_stats=("sum_sq_prob",))``) equals, for a
+    float64 model, exp(logsumexp(2u) − 2·logsumexp(u)) of the full logits u = z/T (an independent formula), chunked
+    LM head and not, to 1e-10: float64 softmax and sums over V = the toy's vocabulary are ~V·2^-53 apart."""
+    import rollout
+    import toy
+
+    model, tok = policy.load_model_and_tokenizer(toy_model_path)
+    model = float64_model(model)
+    rows = toy.make_split("train")[:3]
+    batch = rollout.generate(model, tok, [r["problem"] + "\n" for r in rows], 2, rollout.SamplingSettings(24, seed=1))
+    cfg = grpo.GRPOConfig(temperature=0.7, micro_batch_size=2)
+    calls = []
+    if chunked:  # a few positions per chunk: the head runs in chunks (ChunkedLMHead)
+        monkeypatch.setattr(policy, "LOGITS_CHUNK_BYTES", 3 * model.config.vocab_size * 4)
+        apply = policy.ChunkedLMHead.apply
+        monkeypatch.setattr(policy.ChunkedLMHead, "apply", lambda *a: calls.append(1) or apply(*a))
+    old = grpo.old_logprobs(model, batch, cfg, token_stats=("sum_sq_prob",))
+    assert bool(calls) == chunked
+    with torch.no_grad():
+        position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids).logits
+    T = batch.response_mask.shape[1]
+    u = logits[:, -(T + 1) : -1].to(D) / cfg.temperature
+    want = torch.exp(torch.logsumexp(2 * u, -1) - 2 * torch.logsumexp(u, -1)) * batch.response_mask
+    got = old.token_stats["sum_sq_prob"]
+    assert got.dtype == D and got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    assert float(want.max()) <= 1.0 and float((want * batch.response_mask).min()) >= 0.0
+
+
+def test_otb_is_a_credit_of_the_registry_under_both_names():
+    choices = grpo.flag_choices()["credit"]
+    assert {"otb", "optimal_token_baseline"} <= set(choices)
+    assert grpo.CREDIT_FUNCTIONS["otb"] is grpo.CREDIT_FUNCTIONS["optimal_token_baseline"] is otb.OTBCredit
+    assert grpo.Credit(grpo.GRPOConfig(credit="otb"), None).token_stats() == ("sum_sq_prob",)
+
+
+def test_no_line_of_the_core_files_names_otb():
+    for name in ("grpo.py", "delta.py", "cscr.py"):
+        text = (REPO / name).read_text().lower()
+        assert "otb" not in text and "optimal_token" not in text and "optimal token" not in text, name
+
+
+def test_a_toy_run_with_otb_resumes_and_logs_its_credit(tmp_path, toy_model_path):
+    """``python grpo.py --credit otb``: two steps, then --resume to three; metrics.jsonl has OTB's lines and samples/
+    each token's credit c (its own ``credit_share``), the resumed run's last line equals one run of three steps."""
+    common = ["--credit", "otb", "--model", toy_model_path, "--eval_num_generations", "0", "--logging_steps", "1"]
+    common += ["--num_prompts_per_step", "4", "--num_generations", "4", "--save_steps", "2"]
+    whole = tmp_path / "whole"
+    part = tmp_path / "part"
+
+    def run(*flags):
+        subprocess.run([sys.executable, "grpo.py", *common, *flags], cwd=REPO, check=True, capture_output=True)
+
+    run("--max_steps", "3", "--output_dir", str(whole))
+    run("--max_steps", "2", "--output_dir", str(part))
+    run("--max_steps", "3", "--output_dir", str(part), "--resume")
+    lines = [json.loads(line) for line in (whole / "metrics.jsonl").read_text().splitlines()]
+    resumed = [json.loads(line) for line in (part / "metrics.jsonl").read_text().splitlines()]
+    keep = ("reward", "loss", "grad_norm", "otb/abs_token_adv_mean", "otb/equal_reward_share")
+    assert {k: lines[-1][k] for k in keep} == {k: resumed[-1][k] for k in keep}
+    rows = [json.loads(line) for line in (whole / "samples" / "step_000003.jsonl").read_text().splitlines()]
+    assert rows and all(len(r["credit"]) == len(r["tokens"]) for r in rows)
+    assert any(r["advantage"] != 0 and any(c != 1.0 for c in r["credit"]) for r in rows)  # c is no longer Ã/Â = 1
