@@ -16,7 +16,8 @@ statistic of θ_old's pass: policy.TOKEN_STATS); unlike DelTA it changes the bas
 ``handle_zero_tail`` (verl's default) the longest response's tokens beyond the group's second-longest get a zero
 baseline, so a group whose rewards are all equal still moves there (Ã = r_i on that tail).
 
-Left out: verl's multi-turn variant (``tir_optimal_token_baseline``) and per-token rewards (ours is an outcome reward).
+Left out: verl's multi-turn variant (``tir_optimal_token_baseline``) and per-token rewards (ours is an outcome reward);
+the TRL and verl drop-ins (tools/examples/) take delta and cscr only (in verl, OTB is verl's own ``adv_estimator``).
 """
 
 from __future__ import annotations

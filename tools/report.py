@@ -777,7 +777,9 @@ def credit_lands(run: Run) -> dict:
         for row in rows:
             if apart is not None and not row.get("advantage") and "credit" in row:
                 apart["responses"] += 1
-                apart["credited_tokens"].setdefault(step, []).extend(c for c in row["credit"] if abs(c) > 1e-6)
+                credited = [c for c in row["credit"] if abs(c) > 1e-6]
+                if credited:  # (_over_steps: a step's list is never empty)
+                    apart["credited_tokens"].setdefault(step, []).extend(credited)
             kind, classes = token_classes(row)
             kinds[kind] += 1
             c = row.get("credit", ())
