@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer import credit_methods, memory_plan, sampler_mismatch
+from trainer import credit_methods, distributed, memory_plan, sampler_mismatch
 
 NAMES = ("otb", "optimal_token_baseline")  # --credit: ours, verl's ``adv_estimator`` name
 
@@ -105,12 +105,12 @@ class OTBCredit(credit_methods.GRPOCredit):
 
 
 def otb_stats(token_adv, adv, loss_mask) -> dict:
-    """metrics.jsonl's OTB lines: the mean |Ã| over valid tokens, and the share of Σ|Ã| on the tokens of groups whose
-    rewards are all equal (Â = 0: the zero tail's credit)."""
+    """metrics.jsonl's OTB lines, over every process's tokens: the mean |Ã| over valid tokens, and the share of Σ|Ã| on
+    the tokens of groups whose rewards are all equal (Â = 0: the zero tail's credit)."""
     magnitude = token_adv.abs() * loss_mask
-    total = float(magnitude.sum())
-    equal = float((magnitude * (adv == 0)[:, None]).sum())
+    sums = [magnitude.sum(), (magnitude * (adv == 0)[:, None]).sum(), loss_mask.sum()]
+    total, equal, tokens = distributed.all_reduce_sum(torch.stack(sums).to(torch.float64)).tolist()
     return {
-        "otb/abs_token_adv_mean": total / max(float(loss_mask.sum()), 1.0),
+        "otb/abs_token_adv_mean": total / max(tokens, 1.0),
         "otb/equal_reward_share": equal / total if total > 0 else 0.0,
     }

@@ -77,7 +77,7 @@ def _metrics(out):
         return [json.loads(line) for line in f]
 
 
-@pytest.mark.parametrize("credit", ["grpo", "delta", "delta_memory_efficient", "delta_topk"])
+@pytest.mark.parametrize("credit", ["grpo", "delta", "delta_memory_efficient", "delta_topk", "otb"])
 def test_two_processes_equal_one_process(toy_model_path, tmp_path, credit):
     """The weights after 2 steps agree to 1e-5: AdamW's step lr·m̂/(√v̂ + ε) barely depends on the rounding of the
     gradient (summed in another order over 2 processes), except where |g| ≈ ε = 1e-8, where it moves by at most
@@ -97,7 +97,14 @@ def test_two_processes_equal_one_process(toy_model_path, tmp_path, credit):
     assert _max_diff(w1, w2) < 1e-5
     # metrics pooled over both processes equal the single process's
     for a, b in zip(_metrics(one), _metrics(two)):
-        for key in ("reward", "completions/mean_length", "loss", "grad_norm", "delta/lam_pos_max"):
+        for key in (
+            "reward",
+            "completions/mean_length",
+            "loss",
+            "grad_norm",
+            "delta/lam_pos_max",
+            "otb/equal_reward_share",
+        ):
             if key in a:
                 assert b[key] == pytest.approx(a[key], rel=1e-4, abs=1e-6), key
     # written once, in the save_pretrained format: loads with no torch.distributed

@@ -187,3 +187,25 @@ def test_the_report_keeps_equal_reward_groups_apart():
     assert lands["equal_reward"]["count"] == 2 and lands["equal_reward"]["mean"] == 1.0
     assert lands["equal_reward"]["per_step"] == [[2, 1.0, 2]]
     assert report.credit_lands(report.Run("x", "x", "delta", {"credit": "delta"}, [], {}, rows))["equal_reward"] is None
+
+
+def test_the_sampler_weights_enter_w_as_verl_folds_them():
+    """--vllm_importance_sampling_correction: OTBCredit computes ρ̄ with the correction's own mode and bounds
+    (sampler_mismatch.importance_weights) and passes it to the maths, where ρ̄² scales each w_j (verl's Step 2)."""
+    from types import SimpleNamespace
+
+    from trainer import credit_methods, sampler_mismatch
+
+    mask, logp, sum_sq = _group(seed=4)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0], dtype=D)
+    sampler = logp + torch.randn(mask.shape, generator=torch.Generator().manual_seed(5), dtype=D) * 0.3
+    cfg = grpo.GRPOConfig(credit="otb", num_generations=3, use_vllm=True, vllm_importance_sampling_correction=True)
+    old = policy.ThetaOld(logp, None, None, None, {"sum_sq_prob": sum_sq})
+    batch = SimpleNamespace(sampler_logprobs=sampler)
+    x = credit_methods.CreditInputs(batch, mask, grpo.group_advantages(rewards, 3), old, None, 0, rewards)
+    result = otb.OTBCredit(cfg)(None, x)
+    rho = sampler_mismatch.importance_weights(logp, sampler, mask, cfg.vllm_importance_sampling_mode, 3.0, None)
+    assert not torch.equal(rho * mask, mask)  # the weights are not all 1
+    want = otb.optimal_token_baseline(rewards, mask, logp, sum_sq, 3, rho)
+    torch.testing.assert_close(result.token_adv, want, rtol=0, atol=0)
+    assert not torch.equal(want, otb.optimal_token_baseline(rewards, mask, logp, sum_sq, 3))
