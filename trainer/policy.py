@@ -1018,16 +1018,8 @@ def old_logprobs(
     dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
     logp, hidden = torch.zeros(N, T, dtype=dt), None
     stats = {name: torch.zeros(N, T, dtype=dt) for name in token_stats}
-    passes = Passes(
-        model,
-        batch,
-        torch.arange(N),
-        cfg,
-        grad=training_forward,
-        hidden=need_hidden,
-        keep_graphs=training_forward,
-        token_stats=token_stats,
-    )
+    asked = {"hidden": need_hidden, "token_stats": token_stats}  # what the credit reads of this pass
+    passes = Passes(model, batch, torch.arange(N), cfg, grad=training_forward, keep_graphs=training_forward, **asked)
     for mb in passes:
         logp[mb.rows, : mb.t] = mb.logp.detach().cpu()
         for name in token_stats:
