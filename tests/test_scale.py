@@ -202,7 +202,9 @@ def test_lora_reference_is_the_adapter_disabled_model(tiny_model_path, fixed_bat
     ref = policy.reference_model(model, cfg)
     assert isinstance(ref, policy.AdapterDisabledReference) and ref.model is model  # no second copy
     b = fixed_batch
-    old, _, ref_lp, _ = grpo.old_logprobs(model, b, cfg, ref_model=ref)
+    theta_old = grpo.old_logprobs(model, b, cfg, ref_model=ref)
+    old = theta_old.logp
+    ref_lp = theta_old.ref_logp
     plain, _ = _load(tiny_model_path)
     torch.testing.assert_close(ref_lp, _logp(float64_model(plain), b), atol=1e-10, rtol=0)  # = the original model
     assert (old - ref_lp).abs().max() > 1e-3
