@@ -720,9 +720,11 @@ def test_trainer_with_use_vllm_keeps_the_engine_in_sync(toy_model_path, tmp_path
 
 
 @pytest.mark.vllm
-def test_importance_sampling_correction_on_the_toy_logs_trls_metrics(toy_model_path, tmp_path):
+@pytest.mark.parametrize("credit", ["grpo", "otb"])
+def test_importance_sampling_correction_on_the_toy_logs_trls_metrics(toy_model_path, tmp_path, credit):
     """One step of the toy with vLLM's processed log-probs and TRL's token_truncate correction: TRL's five metrics
-    in metrics.jsonl, and on the CPU, where vLLM and the trainer run the same float32 model, weights ≈ 1."""
+    in metrics.jsonl, and on the CPU, where vLLM and the trainer run the same float32 model, weights ≈ 1. With
+    --credit otb (verl's Optimal Token Baseline, whose W the weights scale) too."""
     import json
     import os
     import subprocess
@@ -750,6 +752,8 @@ def test_importance_sampling_correction_on_the_toy_logs_trls_metrics(toy_model_p
         "0",
         "--output_dir",
         str(out),
+        "--credit",
+        credit,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
@@ -766,6 +770,7 @@ def test_importance_sampling_correction_on_the_toy_logs_trls_metrics(toy_model_p
         "sampling/importance_sampling_ratio/max",
     ]
     assert all(k in m for k in keys), sorted(m)
+    assert credit != "otb" or m["otb/abs_token_adv_mean"] > 0
     # the same float32 model in two kernels: log-probs agree to rounding (1e-3 nats is ~100 float32 ulps of a
     # log-softmax over the toy's vocabulary), so every weight is within 0.1% of 1
     assert 0 <= m["sampling/sampling_logp_difference/mean"] <= m["sampling/sampling_logp_difference/max"] < 1e-3
