@@ -43,24 +43,25 @@ def optimal_token_baseline(
     ``loss_mask`` m ``[N, T]`` 0/1, ``old_logp`` log π_θold(y_t) ``[N, T]`` (nats), ``sum_sq_prob`` Σ_v π_v² ``[N, T]``,
     the rows grouped by prompt ``group_size`` at a time (grpo.py's batch layout; verl groups by ``index``: the same
     groups); ``sampler_weights`` ρ̄ ``[N, T]`` (verl's ``rollout_is_weights``) or None; ``handle_zero_tail`` and
-    ``eps``: verl's arguments and defaults. A group of one response gets no baseline (Ã = G_t), as in verl."""
+    ``eps``: verl's arguments and defaults. A group of one response gets no baseline (Ã = G_t), as in verl. The
+    comments cite core_algos.py of verl 0.9.1 by line (the function at l.872)."""
     mask = loss_mask.to(old_logp.dtype)
     N, T = mask.shape
     last = (mask * torch.arange(1, T + 1, dtype=mask.dtype)).argmax(-1)  # each row's last valid token
     at_end = torch.zeros_like(mask).scatter_(1, last[:, None], rewards.to(mask.dtype)[:, None]) * mask
-    returns = at_end.flip(-1).cumsum(-1).flip(-1)  # G_t: verl's reward-to-go of token_level_rewards · mask
-    w = 1 - 2 * torch.exp(old_logp) + sum_sq_prob.to(mask.dtype)  # verl Step 1: ‖s_j‖² = 1 − 2π_j + Σπ²
-    if sampler_weights is not None:  # verl Step 2: W scaled by ρ̄² (the MSE-optimal baseline under truncated IS)
+    returns = at_end.flip(-1).cumsum(-1).flip(-1)  # G_t, the reward-to-go (l.924)
+    w = 1 - 2 * torch.exp(old_logp) + sum_sq_prob.to(mask.dtype)  # ‖s_j‖² = 1 − 2π_j + Σπ² (l.928)
+    if sampler_weights is not None:  # W scaled by ρ̄², the MSE-optimal baseline under truncated IS (l.933)
         w = w * sampler_weights.to(mask.dtype) ** 2
-    energy = (w * mask).cumsum(-1)  # verl Step 3: W_t = Σ_{j≤t} w_j m_j
-    if group_size < 2:  # verl: a single trajectory has no baseline
+    energy = (w * mask).cumsum(-1)  # W_t = Σ_{j≤t} w_j m_j (l.937)
+    if group_size < 2:  # a single trajectory has no baseline (l.950)
         return returns * mask
     shape = (N // group_size, group_size, T)
     g_ret, g_energy, g_mask = returns.view(shape), energy.view(shape), mask.view(shape)
-    numerator = (g_ret * g_energy * g_mask).sum(1)  # Σ_i G_t W_t m_t, [groups, T]
-    denominator = (g_energy * g_mask).sum(1) + eps
+    numerator = (g_ret * g_energy * g_mask).sum(1)  # Σ_i G_t W_t m_t, [groups, T] (l.964)
+    denominator = (g_energy * g_mask).sum(1) + eps  # (l.965)
     baselines = (numerator / denominator)[:, None, :].expand(shape).clone()  # B*_t, the group's, for each response
-    if handle_zero_tail:  # the longest response beyond the second-longest: baseline 0 (a unique longest only)
+    if handle_zero_tail:  # the longest response beyond the second-longest: baseline 0, a unique longest only (l.972)
         lengths = g_mask.sum(-1)  # [groups, G]
         ordered = lengths.sort(-1).values
         for g in range(shape[0]):
