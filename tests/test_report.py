@@ -939,7 +939,7 @@ def test_report_to_tensorboard_writes_events_tensorboard_reads(tmp_path):
         {"step": 2, "reward": 0.75, "delta/lam_pos_max": 1.1},
     ]
     for r in records:
-        run.log(r)
+        run_setup.log_record(run, r)
     run.close()
     acc = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
     acc.Reload()
@@ -959,7 +959,7 @@ def test_report_to_tensorboard_on_resume_drops_the_steps_after_the_checkpoint(tm
     run = checkpoint.RunFolder(str(path), config)
     run.start(torch.nn.Linear(2, 2), {"prompt_template": "none"})
     for step in (1, 2, 3):
-        run.log({"step": step, "reward": step / 10})
+        run_setup.log_record(run, {"step": step, "reward": step / 10})
     run.close()
     (path / "checkpoint-1").mkdir()  # as if the run had saved after step 1 (1 metrics line) and then crashed
     (path / "checkpoint-1" / checkpoint.TRAINER_STATE).write_text(
@@ -968,7 +968,7 @@ def test_report_to_tensorboard_on_resume_drops_the_steps_after_the_checkpoint(tm
     run = checkpoint.RunFolder(str(path), {**config, "resume": True})
     run.start(torch.nn.Linear(2, 2), {"prompt_template": "none"})
     for step in (2, 3):
-        run.log({"step": step, "reward": step})
+        run_setup.log_record(run, {"step": step, "reward": step})
     run.close()
     acc = EventAccumulator(str(path / "tensorboard"))
     acc.Reload()
