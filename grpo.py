@@ -19,7 +19,7 @@ In that order: the maths, the credit (``Credit``), one step (``train_step``), th
   each a whole function with the signature of the one it replaces, registered from its own file and chosen once
   from its flags (``register``; ``run_setup.credit_name``, ``run_setup.loss_stage_name``; ``flag_choices``).
 * Left out: entropy bonus, reward shaping beyond DAPO's overlong penalty, dynamic sampling, learning-rate schedules.
-  θ_old's log-probs are this trainer's own (ratio 1 at the first update), so the loss (≈ 0) shows no progress.
+  Each step's first update starts at ratio 1 (θ_old is θ), where the loss is −(token-mean of Ã): not progress.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def group_advantages(
 ) -> torch.Tensor:
     """GRPO's Â_i = (r_i − mean_g) / (std_g + eps) (GRPO §4.1.2; DelTA spec §1), ``rewards`` ``[N]`` group by group;
     ``scale_rewards="none"``: r − mean (Dr. GRPO). Returns ``[N]`` float32 (float64 for float64 rewards), exactly 0
-    for a group whose rewards are all equal (NeMo-RL #4161)."""
+    for a group whose rewards are all equal (NeMo-RL #4161) and for a group of one (TRL's; DelTA's code: Â = r)."""
     if group_size < 1 or rewards.dim() != 1 or rewards.numel() % group_size:
         raise ValueError(
             f"rewards must be 1-D with a length divisible by group_size={group_size}, got shape {tuple(rewards.shape)}"
@@ -232,7 +232,7 @@ class Credit:
         """adv Â ``[N]``, old: stage 4's ``ThetaOld``, answers: each row's reference (CSCR), ``loss_mask`` (default
         ``batch.response_mask``), rewards r ``[N]``. Returns (Ã ``[N, T]``, stats)."""
         mask = batch.response_mask if loss_mask is None else loss_mask
-        result = self.method(model, credit_methods.CreditInputs(batch, mask, adv, old, answers, step, rewards))
+        result = self.method(model, credit_methods.CreditInputs(batch, adv, old, answers, step, mask, rewards))
         self.token_values = result.token_values
         return result.token_adv, result.stats
 
@@ -250,13 +250,14 @@ PromptSource = run_setup.PromptSource  # and the training problems, their order,
 
 @dataclass
 class Update:
-    """What stage 6 works on: the rollout, stage 4's ``ThetaOld``, the update's Ã ``[N, T]``, the loss mask ``[N, T]``
-    (the valid tokens: stage 3's), the credit's per-token values; ``loss_factor`` ``[N, T]``: each token's factor of
-    the loss where a comparison's loss stage has one (it writes it, for samples/; None: 1)."""
+    """What stage 6 works on: the rollout, stage 4's ``ThetaOld``, ``update_adv`` ``[N, T]`` (stage 5's Ã, times the
+    sampler correction's weight where --vllm_importance_sampling_correction is on), the loss mask ``[N, T]`` (stage
+    3's), the credit's per-token values; ``loss_factor`` ``[N, T]``: each token's factor of the loss where a
+    comparison's loss stage has one (it writes it, for samples/; None: 1)."""
 
     batch: object
     old: policy.ThetaOld
-    token_adv: torch.Tensor
+    update_adv: torch.Tensor
     loss_mask: torch.Tensor
     token_values: dict
     loss_factor: torch.Tensor | None = None
@@ -307,7 +308,7 @@ def policy_update(model, optimizer, update: Update, cfg: GRPOConfig, step: int, 
     mb_size = N // cfg.num_mini_batches
     loss_sum = 0.0
     grad_norms, sums, skipped = [], {}, 0
-    adv_mass = distributed.all_reduce_sum(torch.tensor([float(update.token_adv.abs().sum())], dtype=torch.float64))
+    adv_mass = distributed.all_reduce_sum(torch.tensor([float(update.update_adv.abs().sum())], dtype=torch.float64))
     if adv_mass.item() == 0 and cfg.beta == 0:  # every advantage 0: no gradient, and an AdamW step would still move
         # the weights (decay, momentum): the weights and AdamW's state stay, each statistic 0.0 (same keys each line)
         return 0.0, [], {**dict.fromkeys(POLICY_STATS + loss_stage.stat_names, 0.0), "no_signal": 1.0}, 0
@@ -345,7 +346,7 @@ def minibatch_backward(model, update: Update, rows, cfg: GRPOConfig):
     for mb in passes:
         at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
         loss, stats = policy_loss(
-            mb.logp, at(old.logp), at(update.token_adv), at(mask), settings, ref_logp=at(old.ref_logp), scope=scope
+            mb.logp, at(old.logp), at(update.update_adv), at(mask), settings, ref_logp=at(old.ref_logp), scope=scope
         )
         loss.backward()
         loss_total += loss.item()

@@ -36,12 +36,12 @@ def fipo_backward(model, update, rows, cfg):
     scope = grpo.LossScope(counts[0].item(), int(counts[2].item()), None, counts[1].item())
     dropped = torch.zeros(2, dtype=torch.float64)  # the mini-batch's dropped tokens and responses
     if update.loss_factor is None:
-        update.loss_factor = torch.zeros_like(update.token_adv)
+        update.loss_factor = torch.zeros_like(update.update_adv)
     passes = old.update_passes or policy.Passes(model, update.batch, rows, cfg, grad=True)
     loss_total, sums = 0.0, {}
     for mb in passes:
         at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
-        adv_t, old_t, valid_t = at(update.token_adv), at(old.logp), at(valid)
+        adv_t, old_t, valid_t = at(update.update_adv), at(old.logp), at(valid)
         f, kept = baselines.fipo_weights(
             mb.logp.detach() - old_t,
             adv_t,

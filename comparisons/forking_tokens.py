@@ -57,12 +57,12 @@ def forking_backward(model, update, rows, cfg):
     )
     scope = grpo.LossScope(counts[0].item(), int(counts[2].item()), None, counts[1].item())
     if update.loss_factor is None:
-        update.loss_factor = torch.zeros_like(update.token_adv)
+        update.loss_factor = torch.zeros_like(update.update_adv)
     passes = old.update_passes or policy.Passes(model, update.batch, rows, cfg, grad=True)
     loss_total, sums = 0.0, {}
     for mb in passes:
         at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
-        adv_t, valid_t, mask_t, picked_t = at(update.token_adv), at(valid), at(mask), at(picked)
+        adv_t, valid_t, mask_t, picked_t = at(update.update_adv), at(valid), at(mask), at(picked)
         weight = picked_t.to(adv_t.dtype) if quantile else 1.0  # TRL: ℓ × the mask
         update.loss_factor[mb.rows, : mb.t] = (mask_t * weight).cpu().to(update.loss_factor.dtype)
         loss, stats = grpo.policy_loss(
@@ -95,12 +95,12 @@ def forking_micro_backward(model, update, rows, cfg):
     counts = distributed.all_reduce_sum(torch.tensor([valid[rows].sum().item(), float(len(rows))], dtype=torch.float64))
     n_valid, n_seq = counts[0].item(), int(counts[1].item())
     if update.loss_factor is None:
-        update.loss_factor = torch.zeros_like(update.token_adv)
+        update.loss_factor = torch.zeros_like(update.update_adv)
     passes = policy.Passes(model, update.batch, rows, cfg, grad=True, entropy=True)
     loss_total, sums = 0.0, {}
     for mb in passes:
         at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
-        adv_t, valid_t = at(update.token_adv), at(valid)
+        adv_t, valid_t = at(update.update_adv), at(valid)
         picked = picked_tokens(mb.entropy.to(valid_t.device), valid_t, cfg)
         weight = picked.to(adv_t.dtype) if quantile else 1.0
         mask_t = valid_t if quantile else valid_t * picked

@@ -44,7 +44,7 @@ def q2_backward(model, update, rows, cfg):
     )
     scope = grpo.LossScope(counts[0].item(), int(counts[2].item()), None, counts[1].item())
     if update.loss_factor is None:
-        update.loss_factor = torch.zeros_like(update.token_adv)
+        update.loss_factor = torch.zeros_like(update.update_adv)
     passes = old.update_passes or policy.Passes(model, update.batch, rows, cfg, grad=True)
     loss_total, sums = 0.0, {}
     for mb in passes:
@@ -54,7 +54,7 @@ def q2_backward(model, update, rows, cfg):
         loss, stats = grpo.policy_loss(
             mb.logp,
             at(old.logp),
-            at(update.token_adv),
+            at(update.update_adv),
             mask_t,
             settings,
             ref_logp=at(old.ref_logp),

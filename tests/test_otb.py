@@ -202,7 +202,7 @@ def test_the_sampler_weights_enter_w_as_verl_folds_them():
     cfg = grpo.GRPOConfig(credit="otb", num_generations=3, use_vllm=True, vllm_importance_sampling_correction=True)
     old = policy.ThetaOld(logp, None, None, None, {"sum_sq_prob": sum_sq})
     batch = SimpleNamespace(sampler_logprobs=sampler)
-    x = credit_methods.CreditInputs(batch, mask, grpo.group_advantages(rewards, 3), old, None, 0, rewards)
+    x = credit_methods.CreditInputs(batch, grpo.group_advantages(rewards, 3), old, None, 0, mask, rewards)
     result = otb.OTBCredit(cfg)(None, x)
     rho = sampler_mismatch.importance_weights(logp, sampler, mask, cfg.vllm_importance_sampling_mode, 3.0, None)
     assert not torch.equal(rho * mask, mask)  # the weights are not all 1

@@ -5,9 +5,11 @@ folder (checkpoint), the loop's setup and bookkeeping (run_setup), data loading 
 configs (trainer/model_configs/). None of it is a paper's method.
 
 Imported by the top level (grpo.py, rollout.py, evaluate.py), by toy/ (``toy.register`` fills its registries), by
-comparisons/ (loss_rules.py: the model's passes) and by tools/. Generic code: it imports the top-level files it
-serves (rollout, verify, cscr, evaluate) and nothing of the toy, the comparisons or the tools, which register
-themselves (docs/layout.md; tests/test_layout.py names the arrows still to remove).
+comparisons/ (credit_methods: the credit functions they subclass; policy: the model's passes) and by tools/. Generic
+code: it imports the top-level files it serves (rollout, verify, delta, cscr, evaluate) and nothing of the toy, the
+comparisons or the tools, with one exception: run_setup, which wires a run together, fills grpo.py's registries
+(``comparisons.register``, ``toy.register``) and writes the report's samples summary (tools/report.py) when a run
+ends (docs/layout.md; tests/test_layout.py names these arrows).
 
 Here, only what grpo.py calls before its slow imports (``catch_ctrl_c_while_importing``)."""
 

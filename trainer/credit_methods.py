@@ -17,13 +17,13 @@ import verify
 from trainer import distributed, policy
 from trainer.grpo_config import GRPOConfig
 
-# What a credit function receives (``CreditInputs``): the rollout, its loss mask [N, T] (stage 3's), Â [N], θ_old's
-# pass (``policy.ThetaOld``: its log-probs, h_t when the function's ``needs`` names "hidden", the per-token statistics
-# it names in ``old.token_stats``: policy.TOKEN_STATS), each row's reference answer, the step (seeds a random draw),
-# the rewards r [N] (stage 2's); what it returns (``CreditResult``): Ã [N, T], its statistics for metrics.jsonl and
-# its per-token values {name: [N, T]} for samples/ (DelTA's λ̄, CSCR's sensitivity s; "credit_share": each token's
-# credit c where Ã is not Â·c, run_setup.credit_shares).
-CreditInputs = namedtuple("CreditInputs", "batch loss_mask adv old answers step rewards", defaults=(None,))
+# What a credit function receives (``CreditInputs``, in ``grpo.Credit``'s order): the rollout, Â [N], θ_old's pass
+# (``policy.ThetaOld``: its log-probs, h_t when the function's ``needs`` names "hidden", the per-token statistics it
+# names in ``old.token_stats``: policy.TOKEN_STATS), each row's reference answer, the step (seeds a random draw), the
+# loss mask [N, T] (stage 3's), the rewards r [N] (stage 2's); what it returns (``CreditResult``): Ã [N, T], its
+# statistics for metrics.jsonl and its per-token values {name: [N, T]} for samples/ (DelTA's λ̄, CSCR's sensitivity
+# s; "credit_share": each token's credit c where Ã is not Â·c, run_setup.credit_shares).
+CreditInputs = namedtuple("CreditInputs", "batch adv old answers step loss_mask rewards", defaults=(None,))
 CreditResult = namedtuple("CreditResult", "token_adv stats token_values")
 
 
