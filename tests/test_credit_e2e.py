@@ -554,3 +554,23 @@ def test_cscr_diagnostics_scores_are_the_trainers(rollout_batch, float64_model):
     for name, expected in trainer.items():
         assert scores[name].dtype == torch.float64 and expected.abs().sum() > 0, name
         torch.testing.assert_close(scores[name], expected.to(torch.float64), rtol=TOL, atol=TOL)
+
+
+def test_fused_stage_4_is_off_under_fsdp_for_a_credit_whose_passes_gather_the_weights(monkeypatch):
+    """Under torchrun the training forward cannot stay open across CSCR's scoring passes (they need the gathered
+    weights): step_choices reads the credit function's ``gathers_weights``, not the method's name, so CSCR's ablations
+    inherit it and a new method declares it."""
+    from comparisons import cscr_ablations
+
+    actor = run_setup.Actor(None, None, None, None)
+
+    def fused(credit_name, distributed):
+        monkeypatch.setattr(run_setup.distributed, "is_distributed", lambda: distributed)
+        cfg = grpo.GRPOConfig(credit=credit_name, num_prompts_per_step=4, num_generations=4)
+        credit = grpo.Credit(cfg, None)
+        return run_setup.step_choices(cfg, 16, actor, credit, grpo.LOSS_STAGES).fuse_old
+
+    grpo.register()
+    assert fused("grpo", True) and fused("delta", True) and fused("cscr", False)
+    assert not fused("cscr", True)
+    assert cscr_ablations.CscrAblationCredit(grpo.GRPOConfig(credit="cscr"), None).gathers_weights

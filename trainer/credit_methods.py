@@ -32,6 +32,7 @@ class GRPOCredit:
     from the config, called once per step, no grad; its state (none here) through ``state_dict``."""
 
     needs: tuple[str, ...] = ()  # what it asks of θ_old's pass by name ("hidden": h_t; policy.TOKEN_STATS' names)
+    gathers_weights = False  # whether its own passes of the model need the whole weights (FSDP: no fused stage 4)
 
     def __init__(self, cfg: GRPOConfig, tokenizer=None):
         self.cfg = cfg
@@ -98,6 +99,7 @@ class CscrCredit(GRPOCredit):
         self.settings = cscr.Settings(alpha=cfg.cscr_alpha, w_min=cfg.cscr_w_min, mode=cfg.cscr_mode)
         self.threshold = cfg.cscr_threshold
         self.calibrated = False  # (--cscr_threshold_quantile: λ set from the first scored batch)
+        self.gathers_weights = True  # its privileged scoring passes (run_setup.can_update_on_policy)
 
     def __call__(self, model, x: CreditInputs) -> CreditResult:
         cfg = self.cfg

@@ -71,24 +71,30 @@ def uncorrected(token_adv, old_logp, batch, loss_mask):  # no sampler correction
 StepChoices = namedtuple("StepChoices", "loss_stage correction fuse_old")
 
 
-def step_choices(cfg, num_rows: int, has_reference: bool, loss_stages: dict) -> StepChoices:
-    """What the flags choose for every step, once before the loop (``num_rows``: this process's rollout rows)."""
+def step_choices(cfg, num_rows: int, actor: Actor, credit, loss_stages: dict) -> StepChoices:
+    """What the flags choose for every step, once before the loop (``num_rows``: this process's rollout rows;
+    ``credit``: the run's ``grpo.Credit``)."""
     loss_stage = loss_stages[loss_stage_name(cfg)]
-    fuse_old = can_update_on_policy(cfg, num_rows, has_reference, loss_stage.reuses_old_forward)
+    has_reference = actor.ref_model is not None
+    gathers = credit.method.gathers_weights
+    fuse_old = can_update_on_policy(cfg, num_rows, has_reference, loss_stage.reuses_old_forward, gathers)
     return StepChoices(loss_stage, sampler_correction(cfg), fuse_old)
 
 
-def can_update_on_policy(cfg, num_rows: int, has_reference: bool, reuses_old_forward: bool = True) -> bool:
+def can_update_on_policy(
+    cfg, num_rows: int, has_reference: bool, reuses_old_forward: bool = True, credit_gathers_weights: bool = False
+) -> bool:
     """Whether stage 4 may take θ_old's log-probs from the training forward: --fuse_old_logprobs (where exact), one
-    update of one micro-batch, no KL reference; not CSCR under FSDP, nor a loss stage that needs its own forward
-    (``reuses_old_forward`` False)."""
+    update of one micro-batch, no KL reference; not a loss stage that needs its own forward (``reuses_old_forward``
+    False), nor, under FSDP, a credit function whose own passes need the gathered weights (its ``gathers_weights``:
+    CSCR's scoring), which are not available inside a forward/backward."""
     return (
         cfg.fuse_old_logprobs
         and cfg.num_iterations == 1
         and cfg.num_mini_batches == 1
         and not has_reference
         and (cfg.micro_batch_size == 0 or cfg.micro_batch_size >= num_rows)
-        and not (cfg.credit == "cscr" and distributed.is_distributed())
+        and not (credit_gathers_weights and distributed.is_distributed())
         and reuses_old_forward
     )
 
