@@ -263,15 +263,15 @@ class Update:
     loss_factor: torch.Tensor | None = None
 
 
-def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit: Credit, run, choices=None) -> dict:
+def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit: Credit, run, parts=None) -> dict:
     """One step: the seven stages of the module header (each process on its own whole groups); returns its metrics
-    record. ``choices``: the run's (``step_choices``; default: made here from ``cfg``)."""
+    record. ``parts``: the step's parts the flags chose once (``run_setup.step_parts``; default: made here)."""
     model = actor.model
     begun = time.time()
     policy.reset_peak_memory()
     # 1. rollout: G responses per prompt; every process takes its own whole groups of the same prompt order
     batch, answers, t_gen = run_setup.rollout_batch(step, cfg, actor, source)
-    choices = choices or run_setup.step_choices(cfg, len(batch.texts), actor, credit, LOSS_STAGES)
+    parts = parts or run_setup.step_parts(cfg, len(batch.texts), actor, credit, LOSS_STAGES)
     # 2. verify: binary reward, every grader failure counted; DAPO's overlong shaping adds R_length ≤ 0 (§3.4)
     graded = verify.grade_batch(batch.texts, answers)
     lengths = batch.response_lengths  # as sampled
@@ -284,13 +284,13 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     # 4. θ_old's log-probs, no grad (+ DelTA's h_t, + the reference's for --beta > 0); for one update at θ_old = θ,
     #    the training forward, which stage 6 reuses
     needs = {"need_hidden": credit.needs_hidden(), "token_stats": credit.token_stats()}  # what stage 5 reads of it
-    old = old_logprobs(model, batch, cfg, ref_model=actor.ref_model, training_forward=choices.fuse_old, **needs)
+    old = old_logprobs(model, batch, cfg, ref_model=actor.ref_model, training_forward=parts.fuse_old, **needs)
     # 5. token advantages Ã_{i,t} (the credit function of --credit)
     token_adv, credit_stats = credit(model, batch, adv, old, answers, step, loss_mask, rewards)
     # 6. update: num_iterations × num_mini_batches AdamW steps on Ã·w (w: sampler_mismatch's, 1 without)
-    update_adv, sampling_stats = choices.correction(token_adv, old.logp, batch, loss_mask)
+    update_adv, sampling_stats = parts.correction(token_adv, old.logp, batch, loss_mask)
     update = Update(batch, old, update_adv, loss_mask, credit.token_values)
-    outcome = policy_update(model, actor.optimizer, update, cfg, step, choices.loss_stage)
+    outcome = policy_update(model, actor.optimizer, update, cfg, step, parts.loss_stage)
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
     logged = run_setup.StepLog(batch, rewards, correct, graded, lengths, adv, token_adv)
     record = run_setup.log_step(run, step, cfg, logged, outcome, {**credit_stats, **sampling_stats}, (begun, t_gen))
@@ -318,7 +318,7 @@ def policy_update(model, optimizer, update: Update, cfg: GRPOConfig, step: int, 
             rows = perm[k * mb_size : (k + 1) * mb_size] if cfg.num_mini_batches > 1 else torch.arange(N)
             optimizer.zero_grad(set_to_none=True)
             loss, stats = loss_stage.backward(model, update, rows, cfg)
-            loss = distributed.all_reduce_sum(torch.tensor(loss, dtype=torch.float64)).item()  # Σ of the parts
+            loss = distributed.all_reduce_sum(torch.tensor(loss, dtype=torch.float64)).item()  # Σ over the processes
             loss_sum += loss
             sums.update({name: sums.get(name, 0.0) + value for name, value in stats.items()})
             grad_norm = policy.clip_and_step(model, optimizer, loss, cfg.max_grad_norm, step)
@@ -375,13 +375,13 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     credit = Credit(cfg, actor.tokenizer)
     start_step = run_setup.restore(state, source.sampler, credit)
     num_rows = cfg.num_prompts_per_step // world * cfg.num_generations  # this process's rollout rows
-    choices = run_setup.step_choices(cfg, num_rows, actor, credit, LOSS_STAGES)
+    parts = run_setup.step_parts(cfg, num_rows, actor, credit, LOSS_STAGES)
     summary = run_setup.run_steps(
         cfg,
         run,
         start_step,
         heldout,
-        lambda step: train_step(step, cfg, actor, source, credit, run, choices),
+        lambda step: train_step(step, cfg, actor, source, credit, run, parts),
         lambda step: run_setup.save_checkpoint(run, step, actor, source, credit),
     )
     run_setup.finish_run(cfg, run, summary, actor, source, credit)

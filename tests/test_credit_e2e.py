@@ -558,7 +558,7 @@ def test_cscr_diagnostics_scores_are_the_trainers(rollout_batch, float64_model):
 
 def test_fused_stage_4_is_off_under_fsdp_for_a_credit_whose_passes_gather_the_weights(monkeypatch):
     """Under torchrun the training forward cannot stay open across CSCR's scoring passes (they need the gathered
-    weights): step_choices reads the credit function's ``gathers_weights``, not the method's name, so CSCR's ablations
+    weights): step_parts reads the credit function's ``gathers_weights``, not the method's name, so CSCR's ablations
     inherit it and a new method declares it."""
     from comparisons import cscr_ablations
 
@@ -568,7 +568,7 @@ def test_fused_stage_4_is_off_under_fsdp_for_a_credit_whose_passes_gather_the_we
         monkeypatch.setattr(run_setup.distributed, "is_distributed", lambda: distributed)
         cfg = grpo.GRPOConfig(credit=credit_name, num_prompts_per_step=4, num_generations=4)
         credit = grpo.Credit(cfg, None)
-        return run_setup.step_choices(cfg, 16, actor, credit, grpo.LOSS_STAGES).fuse_old
+        return run_setup.step_parts(cfg, 16, actor, credit, grpo.LOSS_STAGES).fuse_old
 
     grpo.register()
     assert fused("grpo", True) and fused("delta", True) and fused("cscr", False)

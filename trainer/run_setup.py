@@ -66,19 +66,20 @@ def uncorrected(token_adv, old_logp, batch, loss_mask):  # no sampler correction
     return token_adv, {}
 
 
-# What the run's flags choose once before the loop (``step_choices``): the loss stage (one of grpo.LOSS_STAGES), the
-# sampler correction of the update's Ã (sampler_mismatch.py) and whether stage 4 takes the training forward
-StepChoices = namedtuple("StepChoices", "loss_stage correction fuse_old")
+# The step's parts the run's flags choose once before the loop (``step_parts``): the loss stage (one of
+# grpo.LOSS_STAGES), the sampler correction of the update's Ã (sampler_mismatch.py) and whether stage 4 takes the
+# training forward
+StepParts = namedtuple("StepParts", "loss_stage correction fuse_old")
 
 
-def step_choices(cfg, num_rows: int, actor: Actor, credit, loss_stages: dict) -> StepChoices:
+def step_parts(cfg, num_rows: int, actor: Actor, credit, loss_stages: dict) -> StepParts:
     """What the flags choose for every step, once before the loop (``num_rows``: this process's rollout rows;
     ``credit``: the run's ``grpo.Credit``)."""
     loss_stage = loss_stages[loss_stage_name(cfg)]
     has_reference = actor.ref_model is not None
     gathers = credit.method.gathers_weights
     fuse_old = can_update_on_policy(cfg, num_rows, has_reference, loss_stage.reuses_old_forward, gathers)
-    return StepChoices(loss_stage, sampler_correction(cfg), fuse_old)
+    return StepParts(loss_stage, sampler_correction(cfg), fuse_old)
 
 
 def can_update_on_policy(
