@@ -94,12 +94,13 @@ class CscrCredit(GRPOCredit):
     """--credit cscr (spec §3–§5): the sensitivity s_t of θ_old's log-probs to a privileged note, w_t =
     max(w_min, exp(−α·max(0, s_t − λ))), Ã = Â·w / mean_t(w); λ given, or calibrated once (its state)."""
 
+    gathers_weights = True  # its privileged scoring passes (run_setup.can_update_on_policy)
+
     def __init__(self, cfg: GRPOConfig, tokenizer=None):
         super().__init__(cfg, tokenizer)
         self.settings = cscr.Settings(alpha=cfg.cscr_alpha, w_min=cfg.cscr_w_min, mode=cfg.cscr_mode)
         self.threshold = cfg.cscr_threshold
         self.calibrated = False  # (--cscr_threshold_quantile: λ set from the first scored batch)
-        self.gathers_weights = True  # its privileged scoring passes (run_setup.can_update_on_policy)
 
     def __call__(self, model, x: CreditInputs) -> CreditResult:
         cfg = self.cfg
