@@ -16,13 +16,13 @@ into M₊μ̄₊ − M₋μ̄₋ (Eq. 2–3: advantage masses M± = Σ|Â|, μ̄
   step 3  K refinements: α = σ(Δ/γ) [``soft_assignment``; App. G], centroids re-weighted by |Â|·α, γ lagged (App. H)
   step 4  final α* = σ(Δ/γ) at μ⁽ᴷ⁾;  step 5: λ = λ_min + (λ_max − λ_min)·α* [``bounded_coefficients``]
   step 6  λ̄ = λ·N/Z, N the valid tokens (``n_valid``), Z = Σλ [``self_normalization``; Eq. 8]; Ã = Â·λ̄ for the
-          unchanged token-mean loss [``delta_token_advantages``]. A variant swaps the steps ``DeltaSteps`` names.
+          unchanged token-mean loss [``delta_token_advantages``]. The ablations are whole functions beside it.
 The batch comes as chunks (v, Â, mask), a list or a callable yielding them afresh (h recomputed a micro-batch at a
 time): every statistic is a float64 sum of the chunks' sums (spec §2.5). ``delta_coefficients(v, adv, mask)`` -> λ̄ is
 the one-chunk call; ``delta_coefficients_chunked(chunks)`` -> ``DeltaResult``; ``delta_stats(result)`` -> the logs.
 
 Inferred or different from the official code (spec §2.4, §6): (1) centroids, γ, N and Z are pooled over everything
-passed in, as the code does per data-parallel rank (``DeltaSteps.pool``: over ranks). (2) One side empty: λ̄ ≡ 1 on
+passed in, as the code does per data-parallel rank (``pool``: over ranks). (2) One side empty: λ̄ ≡ 1 on
 valid tokens (plain DAPO; the code has no guard). (3) Per-token maths in float32 (float64 for float64 v), statistics
 summed in float64; 1 − p = −expm1(log p). (4) ‖v − μ‖² a block of rows at a time (the code's "Normal"). (5) T ≠ 1:
 the proxy omits the exact gradient's 1/T, like the code (λ̄ is scale-invariant in v). (6) A side whose refinement
@@ -79,7 +79,7 @@ def proxy_vectors(hidden: Tensor, old_logp: Tensor, response_mask: Tensor) -> Te
         return v.masked_fill_(~valid[..., None], 0.0)  # in place: +0.0 on padding (NaN there cannot leak)
 
 
-# The steps of the method that ``DeltaSteps`` names (each takes and returns tensors) ---------------------------
+# The steps of the method, in the spec's order (each takes and returns tensors) ---------------------------------
 def contrastive_margins(dist_pos: Tensor, dist_neg: Tensor, adv: Tensor) -> Tensor:
     """Step 1 (Sec. 3.2): each token's own-side margin Δ [b, T] from its squared distances ‖v − μ₊‖², ‖v − μ₋‖² [b, T]
     and Â [b]: Δ⁺ = ‖v − μ₋‖² − ‖v − μ₊‖² where Â > 0, Δ⁻ = −Δ⁺ elsewhere. Δ⁺ = 2vᵀ(μ₊ − μ₋) + ‖μ₋‖² − ‖μ₊‖² is
@@ -113,19 +113,6 @@ def self_normalization(n_valid: Tensor, Z: Tensor) -> Tensor:
     return n_valid / Z.clamp(min=EPS)
 
 
-class DeltaSteps(NamedTuple):
-    """The steps of ``delta_coefficients_chunked`` a variant swaps (DelTA's ablations: delta_ablations.py), each a
-    function of the signature shown; the defaults are the paper's. ``pool``: None (the statistics of the chunks given:
-    per rank, as the official code) or an all-reduce(SUM) of a flat float64 tensor, in place or returning the sum."""
-
-    score: Callable = contrastive_margins  # (dist_pos, dist_neg, adv) -> margin Δ [b, T]
-    temperature: Callable = adaptive_temperature  # (Σ Δ, Σ Δ², count) of P and Nn, [2] each -> (γ₊, γ₋) [2]
-    assign: Callable = soft_assignment  # (margin, gamma_pos, gamma_neg, adv) -> α [b, T]
-    coefficients: Callable = bounded_coefficients  # (assign, adv, mask, lam_min, lam_max) -> λ [b, T]
-    normalize: Callable = self_normalization  # (n_valid, Z) -> the float64 scale of λ̄ = λ·scale
-    pool: Optional[Callable] = None  # e.g. torch.distributed.all_reduce: λ̄ over the rows of every rank
-
-
 class DeltaResult(NamedTuple):
     """``delta_coefficients_chunked``'s λ̄ [b, t] of each chunk (``lam_bar``) and what ``delta_stats`` reads: each
     chunk's (Â, float mask) ``kept``, float64 ``sums`` (step 0's; step 2's ``margins`` at μ⁽⁰⁾), the ``pool``,
@@ -140,59 +127,59 @@ class DeltaResult(NamedTuple):
     scale: float = 1.0
 
 
-def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K=1, lam_min=0.8, lam_max=1.2, *, steps=None):
+def delta_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K=1, lam_min=0.8, lam_max=1.2, *, pool=None):
     """``delta_coefficients_chunked`` on one chunk: v [B, T, H] (``proxy_vectors``), adv Â [B], response_mask [B, T]
     -> λ̄ [B, T]. Statistics: ``delta_stats(delta_coefficients_chunked([(v, adv, response_mask)]))``."""
-    return delta_coefficients_chunked([(v, adv, response_mask)], K, lam_min, lam_max, steps).lam_bar[0]
+    return delta_coefficients_chunked([(v, adv, response_mask)], K, lam_min, lam_max, pool).lam_bar[0]
 
 
-def delta_coefficients_chunked(chunks, K=1, lam_min=0.8, lam_max=1.2, steps=None) -> DeltaResult:
+def delta_coefficients_chunked(chunks, K=1, lam_min=0.8, lam_max=1.2, pool=None) -> DeltaResult:
     """λ̄, DelTA's normalised token coefficients over a whole rollout batch (spec §2.3 steps 0–6), no gradient.
     ``chunks``: the batch's rows as (v [b, t, H], Â [b], mask [b, t] bool or 0/1) tuples (Â > 0: side P, < 0: Nn,
     = 0: neither, yet counted in N and Z), a list or a zero-arg callable returning them afresh, in the same order, at
     each of its K + 3 calls (2 for K = 0): e.g. re-running θ_old's forward a micro-batch at a time. K: refinements
-    (paper 1); λ in [lam_min, lam_max]; steps: ``DeltaSteps`` (None: the paper's). Returns a ``DeltaResult``: λ̄
+    (paper 1); λ in [lam_min, lam_max]; pool: None (the chunks' own statistics: per rank, as the official code) or an
+    all-reduce(SUM) of a flat float64 tensor, in place or returning the sum (spec §2.4). Returns a ``DeltaResult``: λ̄
     [b, t] per chunk, float32 (float64 for float64 v), 0 on padding, mean 1 over valid tokens (≡ 1 when a side is
     empty: spec §6 guard). Memory beside v (copied once unless +0.0 on padding): a ROW_BLOCK_BYTES block of v − μ, a
     margin and the mask per token. Raises ValueError on bad shapes, masks, Â, K or λ range, or changing chunks."""
     if isinstance(K, bool) or not isinstance(K, int) or K < 0 or not 0 <= lam_min <= lam_max < math.inf or lam_max <= 0:
         raise ValueError(f"need an int K >= 0 and 0 <= lam_min <= lam_max < inf; got {K!r}, {lam_min!r}, {lam_max!r}")
-    steps = DeltaSteps() if steps is None else steps
     batch = _Chunks(chunks)
     with torch.no_grad():
         # Step 0 (Eq. 2–3): per side Σ|Â|·v and the advantage mass M± = Σ|Â|; the valid tokens on P, on Nn, in all.
-        sums = _total((_centroid_sums(v, adv, mask) for _, v, adv, mask in batch.read()), steps.pool)
+        sums = _total((_centroid_sums(v, adv, mask) for _, v, adv, mask in batch.read()), pool)
         if not (sums["n_pos"] > 0 and sums["n_neg"] > 0):  # guard (spec §6): no discriminator without both sides
-            return DeltaResult([mask.clone() for _, mask in batch.kept], batch.kept, sums, steps.pool)
+            return DeltaResult([mask.clone() for _, mask in batch.kept], batch.kept, sums, pool)
         mu = _centroids(sums, batch.dtype)  # (μ₊⁽⁰⁾, μ₋⁽⁰⁾), [H] each
         # Step 1: the margins Δ⁽⁰⁾ at μ⁽⁰⁾, [b, t] per chunk (kept to the end: one float per token).
-        margin = [steps.score(*_squared_distances(v, mu), adv) for _, v, adv, _ in batch.read()]
+        margin = [contrastive_margins(*_squared_distances(v, mu), adv) for _, v, adv, _ in batch.read()]
         # Step 2: γ±⁽⁰⁾ from the sums of each side's margins (the paper's: their std).
         parts = [_moments(margin_j, adv, mask) for margin_j, (adv, mask) in zip(margin, batch.kept)]
-        moments = _total(parts, steps.pool)
-        gamma = steps.temperature(*moments["margins"])  # (γ₊, γ₋) [2]
+        moments = _total(parts, pool)
+        gamma = adaptive_temperature(*moments["margins"])  # (γ₊, γ₋) [2]
         for k in range(K):  # Step 3: the K refinements, one pass over the chunks each
             parts = []
             for j, v, adv, mask in batch.read():
                 if k > 0:  # Δ⁽ᵏ⁾ at μ⁽ᵏ⁾ (Δ⁽⁰⁾ is step 1's)
-                    margin[j] = steps.score(*_squared_distances(v, mu), adv)
-                assign = steps.assign(margin[j], *gamma, adv)  # α⁽ᵏ⁾ = σ(Δ⁽ᵏ⁾/γ⁽ᵏ⁾)
+                    margin[j] = contrastive_margins(*_squared_distances(v, mu), adv)
+                assign = soft_assignment(margin[j], *gamma, adv)  # α⁽ᵏ⁾ = σ(Δ⁽ᵏ⁾/γ⁽ᵏ⁾)
                 parts.append({**_centroid_sums(v, adv, mask, assign), **_moments(margin[j], adv, mask)})
-            sums_k = _total(parts, steps.pool)
+            sums_k = _total(parts, pool)
             mu = _centroids(sums_k, batch.dtype, mu)  # μ±⁽ᵏ⁺¹⁾ with weights |Â|·α⁽ᵏ⁾
-            gamma = steps.temperature(*sums_k["margins"])  # lagged (App. H): γ⁽ᵏ⁺¹⁾ of Δ⁽ᵏ⁾, at μ⁽ᵏ⁾
+            gamma = adaptive_temperature(*sums_k["margins"])  # lagged (App. H): γ⁽ᵏ⁺¹⁾ of Δ⁽ᵏ⁾, at μ⁽ᵏ⁾
         if K > 0:  # Step 4: the margins at μ⁽ᴷ⁾ (K = 0: step 1's, at μ⁽⁰⁾)
-            margin = [steps.score(*_squared_distances(v, mu), adv) for _, v, adv, _ in batch.read()]
+            margin = [contrastive_margins(*_squared_distances(v, mu), adv) for _, v, adv, _ in batch.read()]
         # Steps 4–5: α* = σ(Δ/γ⁽ᴷ⁾), λ = λ_min + (λ_max − λ_min)·α*; Â = 0 responses λ_min, padding 0.
         lam = [
-            steps.coefficients(steps.assign(margin_j, *gamma, adv), adv, mask, lam_min, lam_max)
+            bounded_coefficients(soft_assignment(margin_j, *gamma, adv), adv, mask, lam_min, lam_max)
             for margin_j, (adv, mask) in zip(margin, batch.kept)
         ]
         # Step 6 (Eq. 8): λ̄ = λ·N/max(Z, ε), one scale over every chunk (and process); N counts Â = 0 tokens too.
-        Z = _total(({"Z": lam_j.sum(dtype=torch.float64)} for lam_j in lam), steps.pool)["Z"]
-        scale = steps.normalize(sums["n_valid"], Z)
+        Z = _total(({"Z": lam_j.sum(dtype=torch.float64)} for lam_j in lam), pool)["Z"]
+        scale = self_normalization(sums["n_valid"], Z)
         lam_bar = [lam_j * scale.to(lam_j.dtype) for lam_j in lam]
-        return DeltaResult(lam_bar, batch.kept, {**sums, **moments}, steps.pool, mu, gamma, scale)
+        return DeltaResult(lam_bar, batch.kept, {**sums, **moments}, pool, mu, gamma, scale)
 
 
 def delta_stats(result: DeltaResult) -> dict:

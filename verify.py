@@ -456,6 +456,30 @@ def _strip_units(s: str) -> str:
     return s
 
 
+# normalize_answer's rules, in order: each maps a str to a str (``functools.partial(pattern.sub, replacement)``)
+_NORMALISATION = (
+    _unicode_to_latex,  # −√3 -> -\sqrt{3}, r² -> r^{2}, ∞ -> \infty
+    functools.partial(_STRAY_DOLLAR_RE.sub, " "),  # stray unescaped $
+    functools.partial(_SPACE_RUN_RE.sub, " "),  # whitespace runs -> one space
+    functools.partial(_SCI_RE.sub, r"\1\\times10^{\2}"),  # 4.5e33 -> 4.5\times10^{33}
+    functools.partial(_THIN_SEP_RE.sub, ""),  # typeset thousands separators: 1\,000, 29,\!322
+    functools.partial(_SPACE_SEP_RE.sub, lambda m: m.group(0).replace(" ", "")),  # 1 000 -> 1000
+    functools.partial(_EDGE_SPACE_RE.sub, ""),  # spacing commands at either end: -10\,
+    functools.partial(_THIN_SPACE_RE.sub, " "),  # other \, \; \: -> a space
+    functools.partial(_SPACE_RUN_RE.sub, " "),
+    str.strip,
+    functools.partial(_END_PUNCT_RE.sub, ""),  # trailing sentence punctuation
+    functools.partial(_COEFF_I_RE.sub, " i"),  # 7i, 7\,i -> 7 i
+    functools.partial(_OR_RE.sub, r" \\text{ or } "),  # \vee, \lor -> \text{ or }
+    functools.partial(_NP_FUNC_RE.sub, r"\\\1"),  # np.arcsin -> \arcsin
+    functools.partial(_TRAILING_DOT_RE.sub, ""),  # -1./3 -> -1/3
+    functools.partial(_SUB_CMD_RE.sub, lambda m: "_{" + (m.group(1) or m.group(2)) + "}"),  # m_{\max} -> m_{max}
+    str.strip,
+    _strip_units,  # 15\text{ cm}^2 -> 15, 30^\circ -> 30 (single-letter variables kept)
+    str.strip,
+)
+
+
 def normalize_answer(s: str) -> str:
     r"""Normalise one answer string (reference or box content) before it is wrapped and parsed.
 
@@ -482,22 +506,9 @@ def normalize_answer(s: str) -> str:
     """
     if not isinstance(s, str):
         raise ValueError(f"answer must be a str, got {type(s).__name__}")
-    s = _unicode_to_latex(s)
-    s = _STRAY_DOLLAR_RE.sub(" ", s)
-    s = _SPACE_RUN_RE.sub(" ", s)
-    s = _SCI_RE.sub(r"\1\\times10^{\2}", s)
-    s = _THIN_SEP_RE.sub("", s)
-    s = _SPACE_SEP_RE.sub(lambda m: m.group(0).replace(" ", ""), s)
-    s = _EDGE_SPACE_RE.sub("", s)
-    s = _SPACE_RUN_RE.sub(" ", _THIN_SPACE_RE.sub(" ", s))
-    s = _END_PUNCT_RE.sub("", s.strip())
-    s = _COEFF_I_RE.sub(" i", s)
-    s = _OR_RE.sub(r" \\text{ or } ", s)
-    s = _NP_FUNC_RE.sub(r"\\\1", s)
-    s = _TRAILING_DOT_RE.sub("", s)
-    s = _SUB_CMD_RE.sub(lambda m: "_{" + (m.group(1) or m.group(2)) + "}", s)
-    s = _strip_units(s.strip())
-    return s.strip()
+    for rule in _NORMALISATION:  # the docstring's rules, in its order
+        s = rule(s)
+    return s
 
 
 _DELIMS = ((r"\(", r"\)"), (r"\[", r"\]"), ("$$", "$$"), ("$", "$"))

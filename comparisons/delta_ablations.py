@@ -1,11 +1,12 @@
 """DelTA's ablations (docs/specs/baselines.md §6, "spec §6"; DelTA Sec. 5, App. F), beside delta.py, which holds the
-paper's method alone. Each is a short function with the signature of the one step of ``delta.delta_coefficients`` it
-swaps (a field of ``delta.DeltaSteps``), so every ablation runs on the in-memory and on the streamed batch alike (one
-implementation); a trainer chooses them once when the run starts (``steps_from_flags``, ``proxy_from_flags``: grpo.py's
-flags). Usage:
+paper's method alone. Each is a short function with the signature of the one step of DelTA's λ̄ it swaps (a field of
+``DeltaSteps``); ``ablated_coefficients_chunked`` is delta.py's ``delta_coefficients_chunked`` with those steps in place
+of the paper's (its loop repeated here, so that delta.py names no ablation), so every ablation runs on the in-memory
+and on the streamed batch alike; a trainer chooses them once when the run starts (``steps_from_flags``,
+``proxy_from_flags``: grpo.py's flags; ``DeltaAblationCredit``). Usage:
 
-    steps = delta.DeltaSteps(assign=delta_ablations.hard_assignment)  # hard 0/1 α, every other step the paper's
-    lam_bar = delta.delta_coefficients(v, adv, mask, steps=steps)
+    steps = delta_ablations.DeltaSteps(assign=delta_ablations.hard_assignment)  # hard 0/1 α, the rest the paper's
+    lam_bar = delta_ablations.ablated_coefficients(v, adv, mask, steps=steps)
 
   step (DeltaSteps)  the paper's (delta.py)   the ablation (here)
   score              contrastive_margins      within_side_scores: Δ := −‖v − μ_own‖² (DelTA Q1)
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -196,6 +197,67 @@ def paper_proxy(hidden, old_logp, mask, token_ids=None, lm_head_weight=None):
     return delta.proxy_vectors(hidden, old_logp, mask)
 
 
+# --- DelTA's λ̄ with steps swapped: delta.py's loop, its lines repeated so that delta.py holds the paper's alone ------
+class DeltaSteps(NamedTuple):
+    """The steps of DelTA's λ̄ an ablation swaps (``ablated_coefficients_chunked``), each a function of the signature
+    shown; the defaults are the paper's (delta.py's), with which the result is ``delta.delta_coefficients_chunked``'s
+    bit for bit (tests/test_delta_ablations.py)."""
+
+    score: Callable = delta.contrastive_margins  # (dist_pos, dist_neg, adv) -> margin Δ [b, T]
+    temperature: Callable = delta.adaptive_temperature  # (Σ Δ, Σ Δ², count) of P and Nn, [2] each -> (γ₊, γ₋) [2]
+    assign: Callable = delta.soft_assignment  # (margin, gamma_pos, gamma_neg, adv) -> α [b, T]
+    coefficients: Callable = delta.bounded_coefficients  # (assign, adv, mask, lam_min, lam_max) -> λ [b, T]
+    normalize: Callable = delta.self_normalization  # (n_valid, Z) -> the float64 scale of λ̄ = λ·scale
+
+
+def ablated_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K=1, lam_min=0.8, lam_max=1.2, *, steps=None):
+    """``ablated_coefficients_chunked`` on one chunk, as ``delta.delta_coefficients``: λ̄ [B, T]."""
+    return ablated_coefficients_chunked([(v, adv, response_mask)], K, lam_min, lam_max, steps).lam_bar[0]
+
+
+def ablated_coefficients_chunked(chunks, K=1, lam_min=0.8, lam_max=1.2, steps=None, pool=None) -> delta.DeltaResult:
+    """``delta.delta_coefficients_chunked`` (the same arguments, ``DeltaResult`` and errors) with ``steps``' functions
+    in place of the paper's (a ``DeltaSteps``; None: the paper's); its lines repeated, its helpers delta.py's."""
+    if isinstance(K, bool) or not isinstance(K, int) or K < 0 or not 0 <= lam_min <= lam_max < math.inf or lam_max <= 0:
+        raise ValueError(f"need an int K >= 0 and 0 <= lam_min <= lam_max < inf; got {K!r}, {lam_min!r}, {lam_max!r}")
+    steps = DeltaSteps() if steps is None else steps
+    batch = delta._Chunks(chunks)
+    with torch.no_grad():
+        # Step 0 (Eq. 2–3): per side Σ|Â|·v and the advantage mass M± = Σ|Â|; the valid tokens on P, on Nn, in all.
+        sums = delta._total((delta._centroid_sums(v, adv, mask) for _, v, adv, mask in batch.read()), pool)
+        if not (sums["n_pos"] > 0 and sums["n_neg"] > 0):  # guard (spec §6): no discriminator without both sides
+            return delta.DeltaResult([mask.clone() for _, mask in batch.kept], batch.kept, sums, pool)
+        mu = delta._centroids(sums, batch.dtype)  # (μ₊⁽⁰⁾, μ₋⁽⁰⁾), [H] each
+        # Step 1: the margins Δ⁽⁰⁾ at μ⁽⁰⁾, [b, t] per chunk (kept to the end: one float per token).
+        margin = [steps.score(*delta._squared_distances(v, mu), adv) for _, v, adv, _ in batch.read()]
+        # Step 2: γ±⁽⁰⁾ from the sums of each side's margins (the paper's: their std).
+        parts = [delta._moments(margin_j, adv, mask) for margin_j, (adv, mask) in zip(margin, batch.kept)]
+        moments = delta._total(parts, pool)
+        gamma = steps.temperature(*moments["margins"])  # (γ₊, γ₋) [2]
+        for k in range(K):  # Step 3: the K refinements, one pass over the chunks each
+            parts = []
+            for j, v, adv, mask in batch.read():
+                if k > 0:  # Δ⁽ᵏ⁾ at μ⁽ᵏ⁾ (Δ⁽⁰⁾ is step 1's)
+                    margin[j] = steps.score(*delta._squared_distances(v, mu), adv)
+                assign = steps.assign(margin[j], *gamma, adv)  # α⁽ᵏ⁾ = σ(Δ⁽ᵏ⁾/γ⁽ᵏ⁾)
+                parts.append({**delta._centroid_sums(v, adv, mask, assign), **delta._moments(margin[j], adv, mask)})
+            sums_k = delta._total(parts, pool)
+            mu = delta._centroids(sums_k, batch.dtype, mu)  # μ±⁽ᵏ⁺¹⁾ with weights |Â|·α⁽ᵏ⁾
+            gamma = steps.temperature(*sums_k["margins"])  # lagged (App. H): γ⁽ᵏ⁺¹⁾ of Δ⁽ᵏ⁾, at μ⁽ᵏ⁾
+        if K > 0:  # Step 4: the margins at μ⁽ᴷ⁾ (K = 0: step 1's, at μ⁽⁰⁾)
+            margin = [steps.score(*delta._squared_distances(v, mu), adv) for _, v, adv, _ in batch.read()]
+        # Steps 4–5: α* = σ(Δ/γ⁽ᴷ⁾), λ = λ_min + (λ_max − λ_min)·α*; Â = 0 responses λ_min, padding 0.
+        lam = [
+            steps.coefficients(steps.assign(margin_j, *gamma, adv), adv, mask, lam_min, lam_max)
+            for margin_j, (adv, mask) in zip(margin, batch.kept)
+        ]
+        # Step 6 (Eq. 8): λ̄ = λ·N/max(Z, ε), one scale over every chunk (and process); N counts Â = 0 tokens too.
+        Z = delta._total(({"Z": lam_j.sum(dtype=torch.float64)} for lam_j in lam), pool)["Z"]
+        scale = steps.normalize(sums["n_valid"], Z)
+        lam_bar = [lam_j * scale.to(lam_j.dtype) for lam_j in lam]
+        return delta.DeltaResult(lam_bar, batch.kept, {**sums, **moments}, pool, mu, gamma, scale)
+
+
 # grpo.py's flag values -> (the DeltaSteps field, the function swapped in); any other value is the paper's step
 FLAG_STEPS = {
     ("delta_scores", "within_side"): ("score", within_side_scores),
@@ -205,14 +267,13 @@ FLAG_STEPS = {
 }
 
 
-def steps_from_flags(cfg, pool=None) -> delta.DeltaSteps:
+def steps_from_flags(cfg) -> DeltaSteps:
     """DelTA's steps for grpo.py's --delta_* flags, chosen once when the run starts: the paper's, each ablation flag's
-    step swapped in (``FLAG_STEPS``; --delta_gamma frozen: a fresh ``FrozenTemperature``); ``pool``: the trainer's
-    all-reduce (--delta_scope global under torchrun) or None."""
+    step swapped in (``FLAG_STEPS``; --delta_gamma frozen: a fresh ``FrozenTemperature``)."""
     swaps = dict(step for (flag, value), step in FLAG_STEPS.items() if getattr(cfg, flag) == value)
     if cfg.delta_gamma == "frozen":
         swaps["temperature"] = FrozenTemperature()
-    return delta.DeltaSteps(**swaps, pool=pool)
+    return DeltaSteps(**swaps)
 
 
 def proxy_from_flags(cfg):
@@ -230,12 +291,12 @@ def proxy_for(proxy, model, full_weight=lambda w: w):
     return functools.partial(proxy, lm_head_weight=full_weight(model.get_output_embeddings().weight))
 
 
-def kept_gamma(steps: delta.DeltaSteps):
+def kept_gamma(steps: DeltaSteps):
     """--delta_gamma frozen's kept (γ₊, γ₋) of ``steps`` (``steps_from_flags``), which checkpoints save; else None."""
     return getattr(steps.temperature, "gamma", None)
 
 
-def keep_gamma(steps: delta.DeltaSteps, gamma) -> None:
+def keep_gamma(steps: DeltaSteps, gamma) -> None:
     """--resume: give ``steps``' ``FrozenTemperature`` the (γ₊, γ₋) the run had frozen (None, or no such step: a
     no-op)."""
     if gamma and hasattr(steps.temperature, "gamma"):
@@ -249,13 +310,19 @@ class DeltaAblationCredit(credit_methods.DeltaCredit):
 
     def __init__(self, cfg, tokenizer=None):
         super().__init__(cfg, tokenizer)
-        self.steps = steps_from_flags(cfg, self.steps.pool)
+        self.steps = steps_from_flags(cfg)
         self.chosen_proxy = proxy_from_flags(cfg)
         if cfg.delta_coefficients == "random":  # no v: no h_t
             self.needs = ()
 
     def proxy(self, model):
         return proxy_for(self.chosen_proxy, model, distributed.full_weight)
+
+    def coefficients(self, chunks) -> delta.DeltaResult:  # DeltaCredit's, with the flags' steps
+        cfg = self.cfg
+        return ablated_coefficients_chunked(
+            chunks, cfg.delta_k, cfg.delta_lam_min, cfg.delta_lam_max, self.steps, self.pool
+        )
 
     def lam_bar(self, model, x):
         cfg = self.cfg

@@ -149,15 +149,22 @@ def chunk(v, adv, mask):
     return v, adv, mask
 
 
+def coefficients_chunked(chunks, **kw):
+    """delta.py's λ̄; with ``steps`` (an ablation's ``DeltaSteps``), delta_ablations.py's loop with them."""
+    if "steps" in kw:
+        return delta_ablations.ablated_coefficients_chunked(chunks, **kw)
+    return delta_coefficients_chunked(chunks, **kw)
+
+
 def with_stats(v, adv, mask, **kw):
     """λ̄ [B, T] and the logged statistics (``delta.delta_stats``) of the batch (v, Â, mask) as one chunk."""
-    result = delta_coefficients_chunked([(v, adv, mask)], **kw)
+    result = coefficients_chunked([(v, adv, mask)], **kw)
     return result.lam_bar[0], delta.delta_stats(result)
 
 
 def chunks_with_stats(chunks, **kw):
     """λ̄ [b, t] of each chunk and the logged statistics of the batch the chunks make."""
-    result = delta_coefficients_chunked(chunks, **kw)
+    result = coefficients_chunked(chunks, **kw)
     return result.lam_bar, delta.delta_stats(result)
 
 
@@ -654,9 +661,7 @@ def run_ranks(rank_chunks, K, use_reduce=True):
 
     def work(r):
         try:
-            results[r] = chunks_with_stats(
-                rank_chunks[r], K=K, steps=delta.DeltaSteps(pool=fake.for_rank(r) if use_reduce else None)
-            )
+            results[r] = chunks_with_stats(rank_chunks[r], K=K, pool=fake.for_rank(r) if use_reduce else None)
         except Exception as e:  # pragma: no cover - surfaced below
             errors.append(e)
             fake.barrier.abort()
@@ -948,7 +953,8 @@ def former_steps(kw):
     steps = dict(swaps[key] for key in kw if key in swaps)
     if "gamma" in kw:
         steps["temperature"] = delta_ablations.FrozenTemperature(kw["gamma"])
-    return {**{key: kw[key] for key in ("K", "lam_min", "lam_max") if key in kw}, "steps": delta.DeltaSteps(**steps)}
+    given = {key: kw[key] for key in ("K", "lam_min", "lam_max") if key in kw}
+    return {**given, "steps": delta_ablations.DeltaSteps(**steps)} if steps else given  # no swap: delta.py's own
 
 
 def test_the_frozen_delta_is_the_commits_file():
@@ -980,7 +986,7 @@ def test_float32_lambda_bar_is_bit_identical_to_the_former_code(case, how):
     want, want_stats = OLD_DELTA.delta_coefficients(v, adv, mask, return_stats=True, **old_kw)
     kw = former_steps(old_kw)
     if how == "tensor":
-        lam_bar = delta_coefficients(v, adv, mask, **kw)
+        lam_bar = with_stats(v, adv, mask, **kw)[0] if "steps" in kw else delta_coefficients(v, adv, mask, **kw)
         stats = with_stats(v, adv, mask, **kw)[1]
     else:
         chunks = [(v, adv, mask)]

@@ -18,8 +18,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import delta  # noqa: E402
 from comparisons import delta_ablations  # noqa: E402
-from comparisons.delta_ablations import random_coefficients, topk_proxy_vectors  # noqa: E402
-from delta import delta_coefficients, delta_coefficients_chunked  # noqa: E402
+from comparisons.delta_ablations import (  # noqa: E402
+    ablated_coefficients,
+    ablated_coefficients_chunked,
+    random_coefficients,
+    topk_proxy_vectors,
+)
 from trainer import credit_methods  # noqa: E402
 
 F64 = torch.float64
@@ -113,12 +117,12 @@ def with_steps(kw):
     if kw.get("gamma") is not None:
         steps["temperature"] = delta_ablations.FrozenTemperature(kw["gamma"])
     rest = {key: value for key, value in kw.items() if key in ("K", "lam_min", "lam_max")}
-    return {**rest, "steps": delta.DeltaSteps(**steps)}
+    return {**rest, "steps": delta_ablations.DeltaSteps(**steps)}
 
 
 def with_stats(v, adv, mask, **kw):
     """λ̄ [B, T] and the logged statistics (``delta.delta_stats``) of the batch (v, Â, mask) as one chunk."""
-    result = delta_coefficients_chunked([(v, adv, mask)], **kw)
+    result = ablated_coefficients_chunked([(v, adv, mask)], **kw)
     return result.lam_bar[0], delta.delta_stats(result)
 
 
@@ -131,7 +135,7 @@ def stream(v, adv, mask, sizes, **kw):
         chunks.append((v[s : s + n, :L], adv[s : s + n], mask[s : s + n, :L]))
         s += n
     assert s == v.shape[0]
-    result = delta_coefficients_chunked(chunks, **with_steps(kw))
+    result = ablated_coefficients_chunked(chunks, **with_steps(kw))
     lam = torch.cat([torch.nn.functional.pad(x, (0, v.shape[1] - x.shape[1])) for x in result.lam_bar])
     return (lam, delta.delta_stats(result)) if kw.get("return_stats") else lam
 
@@ -310,7 +314,7 @@ def coefficients_of(impl, v, adv, mask, **kw):
     if impl == "batch":
         if kw.get("return_stats"):
             return with_stats(v, adv, mask, **with_steps(kw))
-        return delta_coefficients(v, adv, mask, **with_steps(kw))
+        return ablated_coefficients(v, adv, mask, **with_steps(kw))
     return stream(v, adv, mask, [1, v.shape[0] - 1], **kw)
 
 
@@ -418,7 +422,7 @@ def test_random_coefficients_zero_advantage_rows_draws_and_range():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_variants_match_reference_stream_and_invariants(kw, seed):
     v, adv, mask = random_batch(seed)
-    lb = delta_coefficients(v, adv, mask, **with_steps(kw))
+    lb = ablated_coefficients(v, adv, mask, **with_steps(kw))
     ref = torch.tensor(np_reference(v.numpy(), adv.numpy(), mask.numpy(), **kw), dtype=F64)
     torch.testing.assert_close(lb, ref, atol=1e-10, rtol=0)
     for sizes in ([5, 7], [4, 1, 3, 4]):  # uneven chunks, each cut to its own length
@@ -441,9 +445,9 @@ def test_variants_stream_from_hidden_and_old_logp(kw):
     def chunks():  # v made afresh in each pass, as the trainer does
         return ((delta.proxy_vectors(v[s], logp[s], mask[s]), adv[s], mask[s]) for s in (slice(0, 6), slice(6, None)))
 
-    lb = torch.cat(delta_coefficients_chunked(chunks, **with_steps(kw)).lam_bar)
+    lb = torch.cat(ablated_coefficients_chunked(chunks, **with_steps(kw)).lam_bar)
     torch.testing.assert_close(
-        lb, delta_coefficients(delta.proxy_vectors(v, logp, mask), adv, mask, **with_steps(kw)), atol=1e-10, rtol=0
+        lb, ablated_coefficients(delta.proxy_vectors(v, logp, mask), adv, mask, **with_steps(kw)), atol=1e-10, rtol=0
     )
 
 
@@ -474,24 +478,22 @@ def test_hard_assignment_keeps_a_centroid_without_positive_scores(impl):
         assert st["delta/mu_neg_norm"] == pytest.approx(mu0, abs=1e-12)
 
 
-def test_default_call_is_unchanged_by_the_default_keywords():
-    v, adv, mask = random_batch(6)
-    for K in (0, 1, 2):
-        base = delta_coefficients(v.float(), adv.float(), mask.float(), K=K)
-        same = delta_coefficients(
-            v.float(),
-            adv.float(),
-            mask.float(),
-            K=K,
-            steps=delta.DeltaSteps(
-                score=delta.contrastive_margins,
-                temperature=delta.adaptive_temperature,
-                assign=delta.soft_assignment,
-                coefficients=delta.bounded_coefficients,
-                normalize=delta.self_normalization,
-            ),
-        )
-        assert base.dtype == torch.float32 and torch.equal(base, same)
+def test_the_ablated_loop_with_the_papers_steps_is_delta_py():
+    """ablated_coefficients_chunked repeats delta.py's loop: with the paper's steps (the default ``DeltaSteps``) its
+    λ̄ and statistics are delta.delta_coefficients_chunked's bit for bit, in float32 and float64, for K = 0, 1, 2, one
+    chunk and streamed uneven chunks, a batch with one side only (the guard), and with a pool (a sum of one rank)."""
+    for seed, dtype, K in ((6, torch.float32, 0), (6, torch.float32, 1), (8, F64, 1), (9, F64, 2)):
+        v, adv, mask = (x.to(dtype) for x in random_batch(seed))
+        one_side = (v, adv.clamp(min=0), mask)
+        streamed = [(v[:5], adv[:5], mask[:5]), (v[5:], adv[5:], mask[5:])]
+        for chunks in ([(v, adv, mask)], [one_side], streamed, lambda: iter(streamed)):
+            for pool in (None, lambda t: t):
+                want = delta.delta_coefficients_chunked(chunks, K, 0.8, 1.2, pool)
+                got = ablated_coefficients_chunked(chunks, K, 0.8, 1.2, delta_ablations.DeltaSteps(), pool)
+                assert all(torch.equal(x, y) for x, y in zip(got.lam_bar, want.lam_bar))
+                assert all(x.dtype == dtype for x in got.lam_bar)
+                same_nan = {k: x for k, x in delta.delta_stats(got).items() if x == x}
+                assert same_nan == {k: x for k, x in delta.delta_stats(want).items() if x == x}
 
 
 def test_ablation_validation_errors():
@@ -500,7 +502,7 @@ def test_ablation_validation_errors():
         with pytest.raises(ValueError, match="gamma"):
             delta_ablations.FrozenTemperature(gamma)
     with pytest.raises(ValueError, match=r"\(v, adv, response_mask\) tuple"):  # the former (v, None, mask, Â) chunk
-        delta_coefficients_chunked([(v[:6], None, mask[:6], adv[:6])])
+        ablated_coefficients_chunked([(v[:6], None, mask[:6], adv[:6])])
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -603,8 +605,8 @@ def test_topk_proxy_dtype_grad_stream_and_errors():
         for i in range(2)
     ]
     v64 = topk_proxy_vectors(h, y, mask, W, 2)
-    streamed = torch.cat(delta_coefficients_chunked(chunks).lam_bar)
-    torch.testing.assert_close(streamed, delta_coefficients(v64, adv, mask), atol=1e-10, rtol=0)
+    streamed = torch.cat(ablated_coefficients_chunked(chunks).lam_bar)
+    torch.testing.assert_close(streamed, ablated_coefficients(v64, adv, mask), atol=1e-10, rtol=0)
     for K in (0, 4, 2.0, True):
         with pytest.raises(ValueError, match="K must"):
             topk_proxy_vectors(h, y, mask, W, K)
@@ -628,11 +630,11 @@ def test_frozen_temperature_keeps_the_first_batchs_gamma0():
     bit for bit: the lag makes γ⁽¹⁾ = γ⁽⁰⁾); a later batch uses it, as if it had been given; a batch with one side
     (the guard) measures nothing and freezes nothing."""
     frozen = delta_ablations.FrozenTemperature()
-    steps = delta.DeltaSteps(temperature=frozen)
+    steps = delta_ablations.DeltaSteps(temperature=frozen)
     v1, adv1, mask1 = random_batch(21)
-    assert torch.equal(delta_coefficients(v1, adv1.clamp(min=0), mask1, steps=steps), mask1) and frozen.gamma is None
+    assert torch.equal(ablated_coefficients(v1, adv1.clamp(min=0), mask1, steps=steps), mask1) and frozen.gamma is None
     lb1, st1 = with_stats(v1, adv1, mask1, steps=steps)
-    assert torch.equal(lb1, delta_coefficients(v1, adv1, mask1))
+    assert torch.equal(lb1, ablated_coefficients(v1, adv1, mask1))
     assert frozen.gamma == (st1["delta/gamma0_pos"], st1["delta/gamma0_neg"])
     v2, adv2, mask2 = random_batch(22)
     lb2, st2 = with_stats(v2, adv2, mask2, steps=steps)
@@ -644,13 +646,13 @@ def test_frozen_temperature_keeps_the_first_batchs_gamma0():
     torch.testing.assert_close(
         lb2, torch.tensor(np_reference(v2.numpy(), adv2.numpy(), mask2.numpy(), gamma=frozen.gamma)), atol=1e-10, rtol=0
     )
-    assert not torch.allclose(lb2, delta_coefficients(v2, adv2, mask2), atol=1e-4)
+    assert not torch.allclose(lb2, ablated_coefficients(v2, adv2, mask2), atol=1e-4)
 
 
 def test_steps_from_flags_swaps_one_step_per_ablation_flag():
     from trainer.grpo_config import GRPOConfig
 
-    paper = delta.DeltaSteps()
+    paper = delta_ablations.DeltaSteps()
     assert delta_ablations.steps_from_flags(GRPOConfig(credit="delta")) == paper
     for flags, field, fn in (
         (dict(delta_scores="within_side"), "score", delta_ablations.within_side_scores),
@@ -738,6 +740,6 @@ def test_trainer_keeps_frozen_gamma_in_the_ablations_object_and_resumes_it():
     )
     plain = grpo.Credit(GRPOConfig(credit="delta"), None)
     assert type(plain.method) is credit_methods.DeltaCredit and plain.state_dict() == {}  # the paper's: no state
-    assert plain.method.steps == delta.DeltaSteps()
+    assert not hasattr(plain.method, "steps")  # delta.py's own λ̄: no steps to swap
     assert not hasattr(delta.adaptive_temperature, "gamma")
     assert grpo.Credit(GRPOConfig(credit="delta", delta_coefficients="random"), None).needs_hidden() is False

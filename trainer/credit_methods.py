@@ -55,8 +55,7 @@ class DeltaCredit(GRPOCredit):
 
     def __init__(self, cfg: GRPOConfig, tokenizer=None):
         super().__init__(cfg, tokenizer)
-        pool = distributed.all_reduce_sum if distributed.is_distributed() and cfg.delta_scope == "global" else None
-        self.steps = delta.DeltaSteps(pool=pool)
+        self.pool = distributed.all_reduce_sum if distributed.is_distributed() and cfg.delta_scope == "global" else None
         self.needs = ("hidden",) if cfg.delta_impl == "normal" else ()
 
     def proxy(self, model):  # v_t (App. F): (h [b, t, H], old_logp, mask, token_ids [b, t]) -> v [b, t, H]
@@ -65,6 +64,10 @@ class DeltaCredit(GRPOCredit):
     def __call__(self, model, x: CreditInputs) -> CreditResult:
         lam_bar, stats = self.lam_bar(model, x)  # λ̄ [N, T]
         return CreditResult(delta.delta_token_advantages(x.adv, lam_bar, x.loss_mask), stats, {"lambda_bar": lam_bar})
+
+    def coefficients(self, chunks) -> delta.DeltaResult:  # λ̄ of the batch's chunks (v, Â, mask), spec §2.3
+        cfg = self.cfg
+        return delta.delta_coefficients_chunked(chunks, cfg.delta_k, cfg.delta_lam_min, cfg.delta_lam_max, self.pool)
 
     def lam_bar(self, model, x: CreditInputs):
         """DelTA's λ̄ ``[N, T]`` and stats: ``delta.delta_coefficients_chunked`` over the batch's chunks."""
@@ -76,18 +79,12 @@ class DeltaCredit(GRPOCredit):
             for h, rows, t in h_chunks():
                 yield proxy(h, x.old.logp[rows, :t], mask[rows, :t], ids[rows, :t]), x.adv[rows], mask[rows, :t]
 
-        result = delta.delta_coefficients_chunked(
-            chunks if x.old.hidden is None else list(chunks()),
-            cfg.delta_k,
-            cfg.delta_lam_min,
-            cfg.delta_lam_max,
-            self.steps,
-        )
+        result = self.coefficients(chunks if x.old.hidden is None else list(chunks()))
         lam_bar = torch.zeros(mask.shape, dtype=result.lam_bar[0].dtype)
         for (rows, t), part in zip(layout, result.lam_bar):
             lam_bar[rows, :t] = part.cpu()
         stats = delta.delta_stats(result)
-        return lam_bar, distributed.pool_min_max(stats) if self.steps.pool else stats  # extremes: per process
+        return lam_bar, distributed.pool_min_max(stats) if self.pool else stats  # extremes: per process
 
 
 class CscrCredit(GRPOCredit):

@@ -456,6 +456,43 @@ def token_logprobs(
     Returns log p, then h (``return_hidden``), then H (``return_entropy``), then {name: ``[B, T]``}
     (``token_stats``), then z (``return_logits``): a tuple when any is asked for.
     """
+    out = token_outputs(
+        model,
+        input_ids,
+        attention_mask,
+        response_mask,
+        temperature,
+        return_hidden=return_hidden,
+        shared=shared,
+        return_entropy=return_entropy,
+        return_logits=return_logits,
+        chunk_bytes=chunk_bytes,
+        token_stats=token_stats,
+    )
+    asked = (True, return_hidden, return_entropy, bool(token_stats), return_logits)  # out's fields, in order
+    picked = tuple(value for value, wanted in zip(out, asked) if wanted)
+    return picked if len(picked) > 1 else picked[0]
+
+
+# What ``token_outputs`` returns: log p ``[B, T]``, h ``[B, T, H]``, H ``[B, T]``, {name: ``[B, T]``}, z ``[B, T, V]``
+# (each None unless asked for, log p always)
+TokenOutputs = namedtuple("TokenOutputs", "logp hidden entropy token_stats logits")
+
+
+def token_outputs(
+    model,
+    input_ids,
+    attention_mask,
+    response_mask,
+    temperature=1.0,
+    return_hidden=False,
+    shared=None,
+    return_entropy=False,
+    return_logits=False,
+    chunk_bytes=None,
+    token_stats=(),
+) -> TokenOutputs:
+    """``token_logprobs``' values as one ``TokenOutputs`` (the fields not asked for None): what ``Passes`` reads."""
     B, T = response_mask.shape
     targets, chunk, head = input_ids[:, -T:], 0, None
     budget = LOGITS_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
@@ -514,15 +551,14 @@ def token_logprobs(
         # positions at a time, no [T, V] copy
         extra = position_stats(logits, temperature, token_stats) if token_stats else None
     mask = response_mask.to(logp.dtype)
-    stats = {name: extra[..., k] * mask for k, name in enumerate(token_stats)}
-    out = (
-        (logp * mask,)
-        + ((captured["h"],) if return_hidden else ())
-        + ((entropy * mask,) if return_entropy else ())
-        + ((stats,) if token_stats else ())
-        + ((logits,) if return_logits else ())
+    stats = {name: extra[..., k] * mask for k, name in enumerate(token_stats)} if token_stats else None
+    return TokenOutputs(
+        logp * mask,
+        captured["h"] if return_hidden else None,
+        entropy * mask if return_entropy else None,
+        stats,
+        logits if return_logits else None,
     )
-    return out if len(out) > 1 else out[0]
 
 
 def _log_softmax_at(u, targets):
@@ -752,7 +788,7 @@ class Passes:
                     self.shared = SharedPrompts(
                         self.model, b.input_ids, b.attention_mask, self.rows, b.response_mask.shape[1]
                     )
-                out = token_logprobs(
+                out = token_outputs(
                     self.model,
                     *micro_batch_inputs(b, j, cols, t, device),
                     self.cfg.temperature,
@@ -761,12 +797,7 @@ class Passes:
                     return_entropy=self.entropy,
                     token_stats=self.token_stats,
                 )
-            parts = list(out) if self.hidden or self.entropy or self.token_stats else [out]
-            logp = parts.pop(0)
-            h = parts.pop(0) if self.hidden else None
-            ent = parts.pop(0) if self.entropy else None
-            stats = parts.pop(0) if self.token_stats else None
-            mb = MicroBatch(j, cols, t, logp, h, ent, stats)
+            mb = MicroBatch(j, cols, t, out.logp, out.hidden, out.entropy, out.token_stats)
             if self.keep_graphs:  # the graph, not h: stage 4's kept h_t live on the host (grpo.old_logprobs)
                 kept.append(mb._replace(hidden=None))
             yield mb

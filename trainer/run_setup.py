@@ -426,9 +426,9 @@ def write_samples(run, step: int, cfg, tokenizer, logged: StepLog, update) -> No
     """samples/step_*.jsonl every --logging_steps (the main process): the first --num_samples_to_log groups, one JSON
     line per response: ``prompt``, ``response``, ``reward``, ``advantage`` (Â_i), ``finish_reason``; ``tokens`` (each
     decoded on its own, EOS included) and ``credit`` (``credit_shares``, × the loss's own factor where a comparison's
-    loss stage has one; 0 for a response --mask_truncated_completions left out of the loss). Where Â_i ≠ 0, for each
-    of the credit's per-token values (``update.token_values``: λ̄, CSCR's s) its five highest and lowest tokens
-    (``highest_<name>``, ``lowest_<name>``), then ``token_advantages`` (Ã). report.py reads them (and computes the
+    loss stage has one; 0 for a response --mask_truncated_completions left out of the loss). Where Â_i ≠ 0, each of
+    the credit's per-token values under its name (``update.token_values``: ``lambda_bar`` λ̄, CSCR's ``sensitivity``
+    s), then ``token_advantages`` (Ã), one number per token of ``tokens``. report.py reads them (and computes the
     toy's truth from ``prompt`` and ``tokens``)."""
     if distributed.rank() != 0 or not cfg.logging_steps or (step + 1) % cfg.logging_steps:
         return
@@ -452,13 +452,9 @@ def write_samples(run, step: int, cfg, tokenizer, logged: StepLog, update) -> No
                 "tokens": tokens,
                 "credit": [round(c, 4) for c in torch.where(live[shown], credit[i][shown], 0.0).tolist()],
             }
-            if update.token_values and live.any() and a != 0:
-                for name, values in update.token_values.items():
-                    w = values[i][shown].tolist()
-                    order = sorted(range(len(w)), key=lambda j: w[j])
-                    row[f"highest_{name}"] = [(tokens[j], round(w[j], 4)) for j in order[::-1][:5]]
-                    row[f"lowest_{name}"] = [(tokens[j], round(w[j], 4)) for j in order[:5]]
-                row["token_advantages"] = [round(x, 4) for x in logged.token_adv[i][shown].tolist()]
+            if update.token_values and live.any() and a != 0:  # per token, as ``tokens``: λ̄, s, ..., then Ã
+                values = {**update.token_values, "token_advantages": logged.token_adv}
+                row.update({name: [round(x, 4) for x in v[i][shown].tolist()] for name, v in values.items()})
             f.write(json.dumps(row) + "\n")
 
 

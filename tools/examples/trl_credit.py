@@ -21,7 +21,7 @@
 * TRL's loss keeps its own ratio (the training forward's log-probs, detached, when it skipped the old pass).
 
 Left out on purpose: pooling DelTA's statistics over processes (each process uses its own rows, as DelTA's
-official code does; ``delta.delta_coefficients(..., steps=delta.DeltaSteps(pool=all_reduce))`` pools them), CSCR's
+official code does; ``delta.delta_coefficients(..., pool=all_reduce)`` pools them), CSCR's
 threshold calibration (grpo.py ``--cscr_threshold_quantile``), conversational, multimodal and tool-calling prompts.
 
 Run on the toy (CPU): ``python tools/examples/trl_credit.py --credit delta`` trains with TRL and prints the held-out

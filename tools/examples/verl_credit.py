@@ -14,7 +14,7 @@ before a pass that also returns h_t; so, as DelTA's own release does (``recipe/d
 * ``CreditActorRolloutRefWorker`` (verl's ``ActorRolloutRefWorker``) with two worker methods, dispatched over the
   data-parallel ranks as ``compute_log_prob`` is: ``compute_log_prob_h`` runs θ_old's no-grad, eval-mode forward
   on the rank's rows once more and reads h_t (the LM head's input, a forward pre-hook) with log p(y_t) from it
-  (``old_logps_and_hidden``); λ̄ is computed there by ``delta.delta_coefficients_chunked``, ``DeltaSteps(pool=...)``
+  (``old_logps_and_hidden``); λ̄ is computed there by ``delta.delta_coefficients_chunked``, ``pool=...``
   an all-reduce(SUM) over the data-parallel group, so h_t [b, T, H] never leaves the GPU that made it and λ̄ is the
   whole batch's (DelTA's release keeps each rank's own statistics). ``compute_condition_log_probs`` runs CSCR's
   plain pass ℓ0 and its two conditioned passes ℓ± (``cscr.condition_logprobs``) with the same function, position
@@ -126,12 +126,10 @@ def delta_lambda_bar(module, data: DataProto, reduce_fn=None, return_hidden=Fals
     )
     adv = b["seq_advantages"]
     # spec §2.5: the shard is one chunk; every statistic (centroid sums, margin moments, N, Z) is a sum, so the
-    # all-reduce (the steps' pool) makes them the whole batch's (Eq. 2–3, App. H, Eq. 8): the one-process λ̄
+    # all-reduce (``pool``) makes them the whole batch's (Eq. 2–3, App. H, Eq. 8): the one-process λ̄
     v = delta.proxy_vectors(h, logp, mask)  # DelTA App. F: v_t = (1 − p(y_t))·h_t
     keys = {k: settings[k] for k in DELTA_KEYS if k in settings}
-    result = delta.delta_coefficients_chunked(
-        [(v, adv.to(h.device), mask)], steps=delta.DeltaSteps(pool=reduce_fn), **keys
-    )  # one chunk: λ̄ and what the statistics read
+    result = delta.delta_coefficients_chunked([(v, adv.to(h.device), mask)], pool=reduce_fn, **keys)  # one chunk
     stats = delta.delta_stats(result)
     out = {"lam_bar": result.lam_bar[0], "log_probs_h": logp}
     if return_hidden:
