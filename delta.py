@@ -145,38 +145,38 @@ def delta_coefficients_chunked(chunks, K=1, lam_min=0.8, lam_max=1.2, pool=None)
     margin and the mask per token. Raises ValueError on bad shapes, masks, Â, K or λ range, or changing chunks."""
     if isinstance(K, bool) or not isinstance(K, int) or K < 0 or not 0 <= lam_min <= lam_max < math.inf or lam_max <= 0:
         raise ValueError(f"need an int K >= 0 and 0 <= lam_min <= lam_max < inf; got {K!r}, {lam_min!r}, {lam_max!r}")
-    batch = _Chunks(chunks)
+    batch = Chunks(chunks)
     with torch.no_grad():
         # Step 0 (Eq. 2–3): per side Σ|Â|·v and the advantage mass M± = Σ|Â|; the valid tokens on P, on Nn, in all.
-        sums = _total((_centroid_sums(v, adv, mask) for _, v, adv, mask in batch.read()), pool)
+        sums = pooled_sums((centroid_sums(v, adv, mask) for _, v, adv, mask in batch.read()), pool)
         if not (sums["n_pos"] > 0 and sums["n_neg"] > 0):  # guard (spec §6): no discriminator without both sides
             return DeltaResult([mask.clone() for _, mask in batch.kept], batch.kept, sums, pool)
-        mu = _centroids(sums, batch.dtype)  # (μ₊⁽⁰⁾, μ₋⁽⁰⁾), [H] each
+        mu = centroids(sums, batch.dtype)  # (μ₊⁽⁰⁾, μ₋⁽⁰⁾), [H] each
         # Step 1: the margins Δ⁽⁰⁾ at μ⁽⁰⁾, [b, t] per chunk (kept to the end: one float per token).
-        margin = [contrastive_margins(*_squared_distances(v, mu), adv) for _, v, adv, _ in batch.read()]
+        margin = [contrastive_margins(*squared_distances(v, mu), adv) for _, v, adv, _ in batch.read()]
         # Step 2: γ±⁽⁰⁾ from the sums of each side's margins (the paper's: their std).
-        parts = [_moments(margin_j, adv, mask) for margin_j, (adv, mask) in zip(margin, batch.kept)]
-        moments = _total(parts, pool)
+        parts = [margin_moments(margin_j, adv, mask) for margin_j, (adv, mask) in zip(margin, batch.kept)]
+        moments = pooled_sums(parts, pool)
         gamma = adaptive_temperature(*moments["margins"])  # (γ₊, γ₋) [2]
         for k in range(K):  # Step 3: the K refinements, one pass over the chunks each
             parts = []
             for j, v, adv, mask in batch.read():
                 if k > 0:  # Δ⁽ᵏ⁾ at μ⁽ᵏ⁾ (Δ⁽⁰⁾ is step 1's)
-                    margin[j] = contrastive_margins(*_squared_distances(v, mu), adv)
+                    margin[j] = contrastive_margins(*squared_distances(v, mu), adv)
                 assign = soft_assignment(margin[j], *gamma, adv)  # α⁽ᵏ⁾ = σ(Δ⁽ᵏ⁾/γ⁽ᵏ⁾)
-                parts.append({**_centroid_sums(v, adv, mask, assign), **_moments(margin[j], adv, mask)})
-            sums_k = _total(parts, pool)
-            mu = _centroids(sums_k, batch.dtype, mu)  # μ±⁽ᵏ⁺¹⁾ with weights |Â|·α⁽ᵏ⁾
+                parts.append({**centroid_sums(v, adv, mask, assign), **margin_moments(margin[j], adv, mask)})
+            sums_k = pooled_sums(parts, pool)
+            mu = centroids(sums_k, batch.dtype, mu)  # μ±⁽ᵏ⁺¹⁾ with weights |Â|·α⁽ᵏ⁾
             gamma = adaptive_temperature(*sums_k["margins"])  # lagged (App. H): γ⁽ᵏ⁺¹⁾ of Δ⁽ᵏ⁾, at μ⁽ᵏ⁾
         if K > 0:  # Step 4: the margins at μ⁽ᴷ⁾ (K = 0: step 1's, at μ⁽⁰⁾)
-            margin = [contrastive_margins(*_squared_distances(v, mu), adv) for _, v, adv, _ in batch.read()]
+            margin = [contrastive_margins(*squared_distances(v, mu), adv) for _, v, adv, _ in batch.read()]
         # Steps 4–5: α* = σ(Δ/γ⁽ᴷ⁾), λ = λ_min + (λ_max − λ_min)·α*; Â = 0 responses λ_min, padding 0.
         lam = [
             bounded_coefficients(soft_assignment(margin_j, *gamma, adv), adv, mask, lam_min, lam_max)
             for margin_j, (adv, mask) in zip(margin, batch.kept)
         ]
         # Step 6 (Eq. 8): λ̄ = λ·N/max(Z, ε), one scale over every chunk (and process); N counts Â = 0 tokens too.
-        Z = _total(({"Z": lam_j.sum(dtype=torch.float64)} for lam_j in lam), pool)["Z"]
+        Z = pooled_sums(({"Z": lam_j.sum(dtype=torch.float64)} for lam_j in lam), pool)["Z"]
         scale = self_normalization(sums["n_valid"], Z)
         lam_bar = [lam_j * scale.to(lam_j.dtype) for lam_j in lam]
         return DeltaResult(lam_bar, batch.kept, {**sums, **moments}, pool, mu, gamma, scale)
@@ -193,7 +193,7 @@ def delta_stats(result: DeltaResult) -> dict:
     for sign, n in ((1, float(counts[0])), (-1, float(counts[1]))):  # λ̄ on P, then on Nn: mean, std, min, max
         on_side = [(adv * sign > 0).to(mask.dtype)[:, None] * mask for adv, mask in result.kept]
         parts = [{"1": (lb.double() * w).sum(), "2": (lb.double() ** 2 * w).sum()} for lb, w in zip(lam_bar, on_side)]
-        moments = _total(parts, result.pool)
+        moments = pooled_sums(parts, result.pool)
         mean = float(moments["1"]) / max(n, 1.0)
         variance = float(moments["2"]) / max(n, 1.0) - mean * mean
         here = torch.cat([lb[w > 0] for lb, w in zip(lam_bar, on_side)])
@@ -216,8 +216,8 @@ def delta_token_advantages(adv: Tensor, lam_bar: Tensor, response_mask: Tensor) 
     return adv.detach().to(device=lam_bar.device, dtype=dtype)[:, None] * lam_bar.detach().to(dtype) * mask
 
 
-# The batch as chunks, and the sums each pass takes of a chunk -----------------------------------------------
-class _Chunks:
+# The batch as chunks, and the sums each pass takes of a chunk (public: delta_ablations.py's loop reads them) -------
+class Chunks:
     """The batch's chunks (v, Â, float mask), read once per pass (``read``: j, v, Â, mask); ``kept`` holds each
     chunk's (Â, mask) from the first pass, which the later ones must repeat. A list is validated once, here."""
 
@@ -251,8 +251,9 @@ class _Chunks:
             raise ValueError(f"chunks yielded {j + 1} chunks, expected {len(self.kept) or 'at least one'}")
 
 
-def _total(parts, pool: Optional[Callable]) -> dict:
-    # named float64 statistics summed over the chunks (one chunk: its own, bit for bit), then over the ranks (``pool``)
+def pooled_sums(parts, pool: Optional[Callable]) -> dict:
+    """Named float64 statistics summed over the chunks (one chunk: its own, bit for bit), then over the ranks
+    (``pool``)."""
     sums = {}
     for part in parts:
         sums.update({key: sums[key] + value if key in sums else value for key, value in part.items()})
@@ -264,8 +265,9 @@ def _total(parts, pool: Optional[Callable]) -> dict:
     return {key: piece.view_as(sums[key]) for key, piece in zip(sums, pieces)}
 
 
-def _centroid_sums(v: Tensor, adv: Tensor, mask: Tensor, assign: Optional[Tensor] = None) -> dict:
-    # Eq. 2–3's Σw·v [H] and Σw of μ±, w = |Â|·α (step 0: α = 1, Σw = M±, tokens counted); chunk's dtype, then float64
+def centroid_sums(v: Tensor, adv: Tensor, mask: Tensor, assign: Optional[Tensor] = None) -> dict:
+    """Eq. 2–3's Σw·v [H] and Σw of μ±, w = |Â|·α (step 0: α = 1, Σw = M±, tokens counted); the chunk's dtype, then
+    float64."""
     out = {}
     for side, adv_side in zip(SIDES, (adv.clamp(min=0), (-adv).clamp(min=0))):
         w = adv_side[:, None] * mask if assign is None else assign * (adv_side[:, None] * mask)  # [b, t]
@@ -278,17 +280,17 @@ def _centroid_sums(v: Tensor, adv: Tensor, mask: Tensor, assign: Optional[Tensor
     return out
 
 
-def _centroids(sums: dict, dtype: torch.dtype, mu: tuple = (None, None)) -> tuple:
-    # (μ₊, μ₋) = Σw·v / max(Σw, ε) [H], ε as in the working dtype (a float32 quotient's bits); weight 0: μ kept
+def centroids(sums: dict, dtype: torch.dtype, mu: tuple = (None, None)) -> tuple:
+    """(μ₊, μ₋) = Σw·v / max(Σw, ε) [H], ε as in the working dtype (a float32 quotient's bits); weight 0: μ kept"""
     eps = float(torch.tensor(EPS, dtype=dtype))
     mu_new = [(sums[f"wv_{side}"] / sums[f"w_{side}"].clamp(min=eps)).to(dtype) for side in SIDES]
     keep = [mu_j is not None and not sums[f"w_{side}"] > 0 for side, mu_j in zip(SIDES, mu)]  # weight 0: μ kept
     return tuple(mu_j if keep_j else new_j for mu_j, new_j, keep_j in zip(mu, mu_new, keep))
 
 
-def _squared_distances(v: Tensor, mu: tuple) -> tuple:
-    # (‖v − μ₊‖², ‖v − μ₋‖²) [b, t] each, v − μ formed a block of rows at a time: a token's sum over H is the same
-    # reduction in any block, so the result is (v − μ).pow(2).sum(-1) (tests/test_delta.py, float64).
+def squared_distances(v: Tensor, mu: tuple) -> tuple:
+    """(‖v − μ₊‖², ‖v − μ₋‖²) [b, t] each, v − μ formed a block of rows at a time: a token's sum over H is the same
+    reduction in any block, so the result is (v − μ).pow(2).sum(-1) (tests/test_delta.py, float64)."""
     block = torch.empty((min(_block_rows(v), v.shape[0]),) + v.shape[1:], dtype=v.dtype, device=v.device)
     out = []
     for centroid in mu:
@@ -299,8 +301,8 @@ def _squared_distances(v: Tensor, mu: tuple) -> tuple:
     return tuple(out)
 
 
-def _moments(margin: Tensor, adv: Tensor, mask: Tensor) -> dict:
-    # the margins' Σ Δ, Σ Δ², count (rows) on P, Nn (columns), float64 [3, 2]: ``adaptive_temperature``'s arguments
+def margin_moments(margin: Tensor, adv: Tensor, mask: Tensor) -> dict:
+    """the margins' Σ Δ, Σ Δ², count (rows) on P, Nn (columns), float64 [3, 2]: ``adaptive_temperature``'s arguments"""
     d64 = margin.double()
     w64 = [(on_side.to(mask.dtype)[:, None] * mask).double() for on_side in (adv > 0, adv < 0)]
     return {"margins": torch.stack([torch.stack([(d64 * w).sum(), (d64 * d64 * w).sum(), w.sum()]) for w in w64], 1)}

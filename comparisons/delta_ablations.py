@@ -221,38 +221,39 @@ def ablated_coefficients_chunked(chunks, K=1, lam_min=0.8, lam_max=1.2, steps=No
     if isinstance(K, bool) or not isinstance(K, int) or K < 0 or not 0 <= lam_min <= lam_max < math.inf or lam_max <= 0:
         raise ValueError(f"need an int K >= 0 and 0 <= lam_min <= lam_max < inf; got {K!r}, {lam_min!r}, {lam_max!r}")
     steps = DeltaSteps() if steps is None else steps
-    batch = delta._Chunks(chunks)
+    batch = delta.Chunks(chunks)
     with torch.no_grad():
         # Step 0 (Eq. 2–3): per side Σ|Â|·v and the advantage mass M± = Σ|Â|; the valid tokens on P, on Nn, in all.
-        sums = delta._total((delta._centroid_sums(v, adv, mask) for _, v, adv, mask in batch.read()), pool)
+        sums = delta.pooled_sums((delta.centroid_sums(v, adv, mask) for _, v, adv, mask in batch.read()), pool)
         if not (sums["n_pos"] > 0 and sums["n_neg"] > 0):  # guard (spec §6): no discriminator without both sides
             return delta.DeltaResult([mask.clone() for _, mask in batch.kept], batch.kept, sums, pool)
-        mu = delta._centroids(sums, batch.dtype)  # (μ₊⁽⁰⁾, μ₋⁽⁰⁾), [H] each
+        mu = delta.centroids(sums, batch.dtype)  # (μ₊⁽⁰⁾, μ₋⁽⁰⁾), [H] each
         # Step 1: the margins Δ⁽⁰⁾ at μ⁽⁰⁾, [b, t] per chunk (kept to the end: one float per token).
-        margin = [steps.score(*delta._squared_distances(v, mu), adv) for _, v, adv, _ in batch.read()]
+        margin = [steps.score(*delta.squared_distances(v, mu), adv) for _, v, adv, _ in batch.read()]
         # Step 2: γ±⁽⁰⁾ from the sums of each side's margins (the paper's: their std).
-        parts = [delta._moments(margin_j, adv, mask) for margin_j, (adv, mask) in zip(margin, batch.kept)]
-        moments = delta._total(parts, pool)
+        parts = [delta.margin_moments(margin_j, adv, mask) for margin_j, (adv, mask) in zip(margin, batch.kept)]
+        moments = delta.pooled_sums(parts, pool)
         gamma = steps.temperature(*moments["margins"])  # (γ₊, γ₋) [2]
         for k in range(K):  # Step 3: the K refinements, one pass over the chunks each
             parts = []
             for j, v, adv, mask in batch.read():
                 if k > 0:  # Δ⁽ᵏ⁾ at μ⁽ᵏ⁾ (Δ⁽⁰⁾ is step 1's)
-                    margin[j] = steps.score(*delta._squared_distances(v, mu), adv)
+                    margin[j] = steps.score(*delta.squared_distances(v, mu), adv)
                 assign = steps.assign(margin[j], *gamma, adv)  # α⁽ᵏ⁾ = σ(Δ⁽ᵏ⁾/γ⁽ᵏ⁾)
-                parts.append({**delta._centroid_sums(v, adv, mask, assign), **delta._moments(margin[j], adv, mask)})
-            sums_k = delta._total(parts, pool)
-            mu = delta._centroids(sums_k, batch.dtype, mu)  # μ±⁽ᵏ⁺¹⁾ with weights |Â|·α⁽ᵏ⁾
+                sums_j = delta.centroid_sums(v, adv, mask, assign)
+                parts.append({**sums_j, **delta.margin_moments(margin[j], adv, mask)})
+            sums_k = delta.pooled_sums(parts, pool)
+            mu = delta.centroids(sums_k, batch.dtype, mu)  # μ±⁽ᵏ⁺¹⁾ with weights |Â|·α⁽ᵏ⁾
             gamma = steps.temperature(*sums_k["margins"])  # lagged (App. H): γ⁽ᵏ⁺¹⁾ of Δ⁽ᵏ⁾, at μ⁽ᵏ⁾
         if K > 0:  # Step 4: the margins at μ⁽ᴷ⁾ (K = 0: step 1's, at μ⁽⁰⁾)
-            margin = [steps.score(*delta._squared_distances(v, mu), adv) for _, v, adv, _ in batch.read()]
+            margin = [steps.score(*delta.squared_distances(v, mu), adv) for _, v, adv, _ in batch.read()]
         # Steps 4–5: α* = σ(Δ/γ⁽ᴷ⁾), λ = λ_min + (λ_max − λ_min)·α*; Â = 0 responses λ_min, padding 0.
         lam = [
             steps.coefficients(steps.assign(margin_j, *gamma, adv), adv, mask, lam_min, lam_max)
             for margin_j, (adv, mask) in zip(margin, batch.kept)
         ]
         # Step 6 (Eq. 8): λ̄ = λ·N/max(Z, ε), one scale over every chunk (and process); N counts Â = 0 tokens too.
-        Z = delta._total(({"Z": lam_j.sum(dtype=torch.float64)} for lam_j in lam), pool)["Z"]
+        Z = delta.pooled_sums(({"Z": lam_j.sum(dtype=torch.float64)} for lam_j in lam), pool)["Z"]
         scale = steps.normalize(sums["n_valid"], Z)
         lam_bar = [lam_j * scale.to(lam_j.dtype) for lam_j in lam]
         return delta.DeltaResult(lam_bar, batch.kept, {**sums, **moments}, pool, mu, gamma, scale)

@@ -475,12 +475,12 @@ def test_squared_distances_in_row_blocks_equal_the_whole_batch_formula(H, monkey
     v, mu = torch.randn(7, 5, H, generator=g, dtype=F64), torch.randn(H, generator=g, dtype=F64)
     whole = (v - mu).pow(2).sum(-1)
     assert whole.shape == (7, 5)
-    dist_pos, dist_neg = delta._squared_distances(v, (mu, -mu))  # the default block (all 7 rows here)
+    dist_pos, dist_neg = delta.squared_distances(v, (mu, -mu))  # the default block (all 7 rows here)
     assert torch.equal(dist_pos, whole) and torch.equal(dist_neg, (v + mu).pow(2).sum(-1))
     for rows in (1, 2, 3, 4, 6, 7, 50):
         monkeypatch.setattr(delta, "ROW_BLOCK_BYTES", rows * 5 * H * 8)
         assert delta._block_rows(v) == rows
-        dist_pos, dist_neg = delta._squared_distances(v, (mu, -mu))
+        dist_pos, dist_neg = delta.squared_distances(v, (mu, -mu))
         assert torch.equal(dist_pos, whole), rows
         assert torch.equal(dist_neg, (v + mu).pow(2).sum(-1)), rows  # the block reused
 
