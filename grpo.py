@@ -368,7 +368,7 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     given); returns the before/after evaluation and the last step's record (None: --dry_run). --resume continues
     exactly (every random draw is seeded by the step); torchrun: distributed.py."""
     world = distributed.init_distributed()[1]
-    prepared = run_setup.prepare(cfg, given, world, flag_choices())
+    prepared = run_setup.prepare(cfg, given, world, flag_choices(), CREDIT_FUNCTIONS, LOSS_STAGES)
     if prepared is None or isinstance(prepared, dict):  # --dry_run, or --resume of a finished run: its summary
         return prepared
     cfg, run, actor, source, heldout, state = prepared

@@ -15,7 +15,7 @@ from conftest import backward
 
 import grpo
 import rollout
-from trainer import policy, run_setup
+from trainer import memory_plan, policy
 
 TOL = 1e-10
 WINDOW = 6  # a sliding window shorter than the prompts: where sliding-window attention differs from full attention
@@ -129,7 +129,7 @@ def _one_update(model, tok, batch, **flags):
         torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0], dtype=torch.float64), batch.group_size
     )
     credit = grpo.Credit(cfg, tok)
-    fused = run_setup.can_update_on_policy(cfg, N, has_reference=False)
+    fused = memory_plan.updates_on_policy(cfg, N, processes=1)
     torch.manual_seed(3)  # the same dropout masks where the two runs make the same computation
     theta_old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden(), None, training_forward=fused)
     token_adv, _ = credit(model, batch, adv, theta_old, None)

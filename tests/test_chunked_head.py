@@ -13,7 +13,7 @@ from conftest import backward
 from test_architectures import _batch, _config
 
 import grpo
-from trainer import memory_plan, policy, run_setup
+from trainer import memory_plan, policy
 
 TOL = 1e-10
 ARCHS = ["qwen3", "qwen3_sliding", "llama", "mistral", "gemma3", "tied"]
@@ -152,7 +152,7 @@ def _update(model, tok, batch, credit, flags):
         torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0], dtype=torch.float64), batch.group_size
     )
     credit_fn, ref = grpo.Credit(cfg, tok), policy.reference_model(model, cfg)
-    fused = run_setup.can_update_on_policy(cfg, N, has_reference=ref is not None)
+    fused = memory_plan.updates_on_policy(cfg, N, processes=1)
     old = grpo.old_logprobs(model, batch, cfg, credit_fn.needs_hidden(), ref, training_forward=fused)
     token_adv, _ = credit_fn(model, batch, adv, old, ["5"] * N)
     model.zero_grad(set_to_none=True)

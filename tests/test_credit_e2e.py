@@ -273,7 +273,7 @@ def _one_step(model, tok, cfg, rows, out_dir, monkeypatch, from_training_forward
     """One grpo.train_step from ``model`` with stage 4's branch forced on or off (None: as grpo decides); returns
     (record, weights, the credit hook's arguments)."""
     if from_training_forward is not None:
-        monkeypatch.setattr(run_setup, "can_update_on_policy", lambda *a, **k: from_training_forward)
+        monkeypatch.setattr(memory_plan, "updates_on_policy", lambda *a, **k: from_training_forward)
     seen = {}
 
     class SpyCredit(grpo.Credit):  # this run's hook only: records what stage 5 receives and returns
@@ -308,11 +308,14 @@ def test_theta_old_from_the_training_forward_gives_the_same_update(
     model = float64_model(model)
     rows = toy.make_split("train")[:8]
     cfg = grpo.GRPOConfig(credit=credit, num_prompts_per_step=4, num_generations=4, max_completion_length=48)
-    assert run_setup.can_update_on_policy(cfg, 16, has_reference=False)
-    assert not run_setup.can_update_on_policy(grpo.GRPOConfig(num_iterations=2), 16, has_reference=False)
-    assert not run_setup.can_update_on_policy(grpo.GRPOConfig(micro_batch_size=4), 16, has_reference=False)
-    assert not run_setup.can_update_on_policy(grpo.GRPOConfig(fuse_old_logprobs=False), 16, has_reference=False)
-    assert not run_setup.can_update_on_policy(cfg, 16, has_reference=True)
+    assert memory_plan.updates_on_policy(cfg, 16, processes=1)
+    assert not memory_plan.updates_on_policy(grpo.GRPOConfig(num_iterations=2), 16, processes=1)
+    assert not memory_plan.updates_on_policy(grpo.GRPOConfig(micro_batch_size=4), 16, processes=1)
+    assert not memory_plan.updates_on_policy(grpo.GRPOConfig(fuse_old_logprobs=False), 16, processes=1)
+    assert not memory_plan.updates_on_policy(grpo.GRPOConfig(beta=0.04), 16, processes=1)  # a KL reference
+    assert not memory_plan.updates_on_policy(cfg, 16, processes=1, reuses_old_forward=False)
+    assert not memory_plan.updates_on_policy(cfg, 16, processes=2, credit_gathers_weights=True)
+    assert memory_plan.updates_on_policy(cfg, 16, processes=1, credit_gathers_weights=True)
     results = [
         _one_step(copy.deepcopy(model), tok, cfg, rows, tmp_path / str(fused), monkeypatch, fused)
         for fused in (False, True)
@@ -565,7 +568,7 @@ def test_fused_stage_4_is_off_under_fsdp_for_a_credit_whose_passes_gather_the_we
     actor = run_setup.Actor(None, None, None, None)
 
     def fused(credit_name, distributed):
-        monkeypatch.setattr(run_setup.distributed, "is_distributed", lambda: distributed)
+        monkeypatch.setattr(run_setup.distributed, "world_size", lambda: 2 if distributed else 1)
         cfg = grpo.GRPOConfig(credit=credit_name, num_prompts_per_step=4, num_generations=4)
         credit = grpo.Credit(cfg, None)
         return run_setup.step_parts(cfg, 16, actor, credit, grpo.LOSS_STAGES).fuse_old

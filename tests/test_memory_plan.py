@@ -244,6 +244,23 @@ def test_verdicts_and_a_suggestion_that_fits_when_replanned(c8):
     assert len(bad.table().splitlines()) <= 12
 
 
+def test_the_plan_fuses_stage_4_by_the_trainers_rule(c8):
+    """The plan's stage 4 is the trainer's (memory_plan.updates_on_policy, one rule): fused for one update of one
+    micro-batch; not for a loss stage with its own forward, nor, over processes, for a credit function whose passes
+    gather the weights (CSCR's), as the registries say through ``traits``."""
+    cfg = GRPOConfig(num_prompts_per_step=16, num_generations=8, max_completion_length=1024)
+
+    def fused(processes=1, **traits):
+        return mp.plan(c8, cfg, prompt_tokens=128, processes=processes, gpu_memory_gb=80, traits=traits).parts["fused"]
+
+    assert fused() and fused(2) and fused(credit_gathers_weights=True)
+    assert not fused(2, credit_gathers_weights=True)
+    assert not fused(reuses_old_forward=False)
+    for processes, traits in ((1, {}), (2, {"credit_gathers_weights": True}), (1, {"reuses_old_forward": False})):
+        rows = cfg.num_prompts_per_step // processes * cfg.num_generations
+        assert fused(processes, **traits) == mp.updates_on_policy(cfg, rows, processes, **traits)
+
+
 def test_nothing_fits_says_so_and_processes_must_divide_the_prompts(c14):
     tiny_gpu = mp.plan(c14, GRPOConfig(), prompt_tokens=128, gpu_memory_gb=4, host_memory_gb=2000)
     assert not tiny_gpu.fits and not tiny_gpu.suggestions and "nothing tried fits" in tiny_gpu.verdict()

@@ -91,7 +91,7 @@ class CscrCredit(GRPOCredit):
     """--credit cscr (spec §3–§5): the sensitivity s_t of θ_old's log-probs to a privileged note, w_t =
     max(w_min, exp(−α·max(0, s_t − λ))), Ã = Â·w / mean_t(w); λ given, or calibrated once (its state)."""
 
-    gathers_weights = True  # its privileged scoring passes (run_setup.can_update_on_policy)
+    gathers_weights = True  # its privileged scoring passes (memory_plan.updates_on_policy)
 
     def __init__(self, cfg: GRPOConfig, tokenizer=None):
         super().__init__(cfg, tokenizer)

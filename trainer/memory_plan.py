@@ -8,7 +8,7 @@ docs/scaling.md's arithmetic as one function. GB = 10⁹ bytes. The stages (grpo
   None) plus its prefill and the sampling logits; vLLM (``--use_vllm``) takes ``vllm_gpu_memory_utilization`` of the
   device (its weights and KV cache), kept through the update unless ``--vllm_enable_sleep_mode``. Under FSDP2 the
   rollout gathers the full weights (distributed.gathered_weights).
-* 4. θ_old pass: no-grad micro-batches; or, when stage 6 reuses it (run_setup.can_update_on_policy), the training
+* 4. θ_old pass: no-grad micro-batches; or, when stage 6 reuses it (``updates_on_policy``), the training
   forward of the whole batch with every micro-batch's graph kept; DelTA ``normal``'s h_t on the host.
 * 5. credit: DelTA ``normal`` (its host peak, ``DELTA_NORMAL_HOST_COPIES`` × N·T·H·4), ``memory_efficient`` (K + 3
   no-grad passes over micro-batches), CSCR's two no-grad scoring passes (gathered weights under FSDP2).
@@ -379,6 +379,8 @@ class Settings:
     vllm_enable_sleep_mode: bool = False
     vllm_kv_cache_dtype: str = "auto"  # "fp8": one byte per cached key/value element
     credit: str = "grpo"
+    credit_gathers_weights: bool = False  # the credit function's own passes need the whole weights (CSCR's)
+    reuses_old_forward: bool = True  # the loss stage may reuse stage 4's training forward (not Forking Tokens' micro)
     delta_impl: str = "normal"
     delta_k: int = 1
     beta: float = 0.0
@@ -386,8 +388,28 @@ class Settings:
     attn_implementation: str = "sdpa"
 
     @classmethod
-    def from_cfg(cls, cfg) -> "Settings":
-        return cls(**{f.name: getattr(cfg, f.name, f.default) for f in dataclasses.fields(cls)})
+    def from_cfg(cls, cfg, traits: dict | None = None) -> "Settings":  # traits: the two fields above, by name
+        return cls(**{**{f.name: getattr(cfg, f.name, f.default) for f in dataclasses.fields(cls)}, **(traits or {})})
+
+
+def updates_on_policy(
+    s, num_rows: int, processes: int, reuses_old_forward: bool = True, credit_gathers_weights: bool = False
+) -> bool:
+    """Whether grpo.py's stage 4 takes θ_old's log-probs from the training forward, which stage 6's only update then
+    reuses (the trainer's choice, run_setup.step_parts, and the plan's): --fuse_old_logprobs (where exact), one update
+    of one micro-batch, no KL reference (``beta`` 0); not a loss stage that needs its own forward
+    (``reuses_old_forward`` False), nor, over several processes, a credit function whose own passes need the gathered
+    weights (``credit_gathers_weights``: CSCR's scoring), which are not available inside a forward/backward. ``s``: a
+    grpo.GRPOConfig or a ``Settings``; ``num_rows``: this process's rollout rows."""
+    return (
+        s.fuse_old_logprobs
+        and s.num_iterations == 1
+        and s.num_mini_batches == 1
+        and s.beta <= 0
+        and (s.micro_batch_size == 0 or s.micro_batch_size >= num_rows)
+        and not (credit_gathers_weights and processes > 1)
+        and reuses_old_forward
+    )
 
 
 # The float32 [N, T] arrays a credit function keeps on the host beside θ_old's log-probs and Ã, by --credit: DelTA's
@@ -606,6 +628,7 @@ def plan(
     processes: int = 1,
     gpu_memory_gb: float | None = None,
     host_memory_gb: float | None = None,
+    traits: dict | None = None,
 ) -> MemoryPlan:
     """The memory plan of ``cfg`` (a grpo.GRPOConfig, or any object with ``Settings``' attributes) on the model of
     ``model_config`` (``read_model_config``), per process of a torchrun of ``processes`` (FSDP2 shards weights,
@@ -613,8 +636,10 @@ def plan(
     longest prompt in tokens. ``gpu_memory_gb``: plan for a GPU of that size (None: the local GPU, else the CPU
     is the device and host memory its size: ``host_memory_gb`` or MemAvailable). When it does not fit,
     ``suggestions`` holds the first flag sets that do, each re-planned (``suggest``). Raises ValueError (one line)
-    for a config it cannot plan or settings that cannot run (grpo.check_config's divisibility)."""
-    s = Settings.from_cfg(cfg)
+    for a config it cannot plan or settings that cannot run (grpo.check_config's divisibility). ``traits``: what the
+    flags' credit function and loss stage are (``Settings.credit_gathers_weights``, ``reuses_old_forward``: preflight
+    reads them from grpo.py's registries; None: the defaults, GRPO's)."""
+    s = Settings.from_cfg(cfg, traits)
     sh = Shapes.from_config(model_config)
     gpu = gpu_memory_gb is not None or _cuda()
     if gpu_memory_gb is None and gpu:
@@ -672,15 +697,7 @@ def _plan(
     padding_free = s.padding_free and not dropout
     shared = s.shared_prompt and not s.gradient_checkpointing and not dropout and n == 1 and sh.full_attention
     mini = N // s.num_mini_batches
-    fuse = (
-        s.fuse_old_logprobs
-        and not dropout
-        and s.num_iterations == 1
-        and s.num_mini_batches == 1
-        and s.beta <= 0
-        and (s.micro_batch_size == 0 or s.micro_batch_size >= N)
-        and not (s.credit == "cscr" and n > 1)
-    )
+    fuse = not dropout and updates_on_policy(s, N, n, s.reuses_old_forward, s.credit_gathers_weights)
 
     def rows(k: int) -> int:  # rows per micro-batch of a pass over k rows (policy.micro_batches)
         return (

@@ -1032,7 +1032,7 @@ def build(cfg, say=print, load_weights=None):
 # H; at the papers' scale 2,048 × 4,096, H = 4,096): logp N·T·4 bytes (34 MB); ref_logp (--beta > 0, else None)
 # N·T·4 (34 MB); hidden (DelTA's --delta_impl normal, else None) N·T·H·4 (137 GB), refused by ``check_hidden``
 # (grpo.py: memory_plan.check_delta_cache, above a quarter of the host's memory); update_passes: the training
-# forward, which stage 6 reuses (run_setup.can_update_on_policy; graphs on the device), or None; token_stats: the
+# forward, which stage 6 reuses (memory_plan.updates_on_policy; graphs on the device), or None; token_stats: the
 # per-token statistics a credit function asked for by name ({name: [N, T]}, N·T·4 bytes each; ``TOKEN_STATS``).
 ThetaOld = namedtuple("ThetaOld", "logp hidden ref_logp update_passes token_stats", defaults=(None,))
 

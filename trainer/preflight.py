@@ -50,7 +50,7 @@ def _kept_prompts(cfg, rows: list[dict], longest: int, notes: list[str], say) ->
     return kept.rows, kept.longest
 
 
-def check(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] | None, say=print):
+def check(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] | None, say=print, traits=None):
     """What grpo.py checks between reading the data and loading the model, in one call.
 
     1. Prompts longer than ``--max_prompt_length`` tokens (templated and tokenised as the rollout does) are counted
@@ -65,7 +65,8 @@ def check(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] |
        that ``check_config`` turned into notes) and the verdict are printed; returns None.
 
     Args: ``cfg`` the resolved ``GRPOConfig``; ``rows`` the training problems; ``world`` this run's processes
-    (``--plan_processes`` plans for another number); ``given`` the flags given (``describe``).
+    (``--plan_processes`` plans for another number); ``given`` the flags given (``describe``); ``traits``: the plan's
+    (``memory_plan.plan``).
     Returns the rows to train on, or None (``--dry_run``). Raises SystemExit (one line): it does not fit.
     ValueError: every prompt is too long; the tokenizer or config.json cannot be read (the tokenizer: a note
     under ``--dry_run``).
@@ -102,7 +103,7 @@ def check(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] |
         return rows
     processes = cfg.plan_processes or world
     the_plan = memory_plan.plan(
-        model_config, cfg, prompt_tokens=longest, processes=processes, gpu_memory_gb=cfg.gpu_memory_gb
+        model_config, cfg, prompt_tokens=longest, processes=processes, gpu_memory_gb=cfg.gpu_memory_gb, traits=traits
     )
     verdict = the_plan.verdict()
     context = model_config.get("max_position_embeddings")
@@ -122,6 +123,7 @@ def check(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] |
             processes=processes,
             gpu_memory_gb=cfg.gpu_memory_gb,
             prompt_tokens=min(longest, recipes.DELTA_ONE_GPU["max_prompt_length"]),
+            traits=traits,
         )
         n = one.parts["vllm_sequences"]
         verdict += f"; or --recipe delta_one_gpu (LoRA and vLLM: {one.verdict().split(';')[0]}" + (

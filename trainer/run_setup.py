@@ -26,6 +26,7 @@ from trainer import (
     checkpoint,
     distributed,
     grpo_config,
+    memory_plan,
     policy,
     preflight,
     problems,
@@ -76,28 +77,10 @@ def step_parts(cfg, num_rows: int, actor: Actor, credit, loss_stages: dict) -> S
     """What the flags choose for every step, once before the loop (``num_rows``: this process's rollout rows;
     ``credit``: the run's ``grpo.Credit``)."""
     loss_stage = loss_stages[loss_stage_name(cfg)]
-    has_reference = actor.ref_model is not None
     gathers = credit.method.gathers_weights
-    fuse_old = can_update_on_policy(cfg, num_rows, has_reference, loss_stage.reuses_old_forward, gathers)
+    processes = distributed.world_size()
+    fuse_old = memory_plan.updates_on_policy(cfg, num_rows, processes, loss_stage.reuses_old_forward, gathers)
     return StepParts(loss_stage, sampler_correction(cfg), fuse_old)
-
-
-def can_update_on_policy(
-    cfg, num_rows: int, has_reference: bool, reuses_old_forward: bool = True, credit_gathers_weights: bool = False
-) -> bool:
-    """Whether stage 4 may take θ_old's log-probs from the training forward: --fuse_old_logprobs (where exact), one
-    update of one micro-batch, no KL reference; not a loss stage that needs its own forward (``reuses_old_forward``
-    False), nor, under FSDP, a credit function whose own passes need the gathered weights (its ``gathers_weights``:
-    CSCR's scoring), which are not available inside a forward/backward."""
-    return (
-        cfg.fuse_old_logprobs
-        and cfg.num_iterations == 1
-        and cfg.num_mini_batches == 1
-        and not has_reference
-        and (cfg.micro_batch_size == 0 or cfg.micro_batch_size >= num_rows)
-        and not (credit_gathers_weights and distributed.is_distributed())
-        and reuses_old_forward
-    )
 
 
 def loss_mask(batch, cfg) -> torch.Tensor:
@@ -109,11 +92,12 @@ def loss_mask(batch, cfg) -> torch.Tensor:
     return batch.response_mask * stopped
 
 
-def prepare(cfg, given, world: int, choices: dict[str, list[str]]):
+def prepare(cfg, given, world: int, choices: dict[str, list[str]], credit_functions: dict, loss_stages: dict):
     """What ``train`` does once before its loop: the recipe, the checks, the data, the run folder, the preflight, the
     policy. Returns None (--dry_run), a finished run's summary (--resume of a run that ran its --max_steps), or
     (cfg, run, actor, source, heldout, trainer state or None). ``choices``: the registered names of --loss_type and
-    --credit (grpo.flag_choices)."""
+    --credit (grpo.flag_choices); ``credit_functions``, ``loss_stages``: grpo.py's registries (the plan reads what the
+    flags' credit function and loss stage are)."""
     from tqdm import tqdm
 
     say = tqdm.write if distributed.rank() == 0 else (lambda *a, **k: None)
@@ -127,7 +111,11 @@ def prepare(cfg, given, world: int, choices: dict[str, list[str]]):
     if run is not None and run.finished(cfg.max_steps):  # --resume of a run that ran its --max_steps: nothing to do
         return run.summary()
     # before any weights: prompts over --max_prompt_length left out, DelTA's host cache checked, the memory plan
-    dataset = preflight.check(cfg, dataset, world, notes, given, say)
+    traits = {
+        "credit_gathers_weights": credit_functions[credit_name(cfg)].gathers_weights,
+        "reuses_old_forward": loss_stages[loss_stage_name(cfg)].reuses_old_forward,
+    }
+    dataset = preflight.check(cfg, dataset, world, notes, given, say, traits)
     if dataset is None:  # --dry_run: the resolved settings and the plan were printed
         return None
     model, tokenizer, ref_model, optimizer, llm, template, stop_ids, state, optimisations = build_policy(cfg, run, say)

@@ -156,7 +156,7 @@ def update_only(spec: dict) -> dict:
 
     import grpo
     import rollout
-    from trainer import policy, run_setup
+    from trainer import memory_plan, policy
 
     torch.set_num_threads(spec["num_threads"] or torch.get_num_threads())
     model, tok = policy.load_model_and_tokenizer(spec["model"], dtype="float32", device="cpu")
@@ -208,7 +208,7 @@ def update_only(spec: dict) -> dict:
                 cfg,
                 credit.needs_hidden(),
                 None,
-                training_forward=run_setup.can_update_on_policy(cfg, N, False),
+                training_forward=memory_plan.updates_on_policy(cfg, N, processes=1),
             )
             token_adv, _ = credit(model, batch, adv, old, None)
             grpo.policy_update(model, optimizer, grpo.Update(batch, old, token_adv, batch.response_mask, {}), cfg, step)

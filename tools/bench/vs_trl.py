@@ -48,7 +48,7 @@ std + 1e-4, ours by std + 1e-6 (binary rewards: std ≥ 0.35 when non-zero); TRL
 the sampled responses differ (same prompts); ours cuts a response after a prompt template's stop string (none
 occurs on the toy). When one optimizer step uses each rollout batch once, both take θ_old's log-probs from the
 training forward (TRL 1.16: ``old_per_token_logps = per_token_logps.detach()``; ours:
-``run_setup.can_update_on_policy``).
+``memory_plan.updates_on_policy``).
 Ours runs twice per round: with its defaults (``--padding_free``: micro-batches of similar length, each cut to its
 own longest row; ``--shared_prompt``: each group's prompt run once) and with ``--no-padding_free
 --no-shared_prompt`` (every row padded to the batch's longest prompt and response, every prompt run G times), the
