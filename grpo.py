@@ -271,7 +271,7 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     policy.reset_peak_memory()
     # 1. rollout: G responses per prompt; every process takes its own whole groups of the same prompt order
     batch, answers, t_gen = run_setup.rollout_batch(step, cfg, actor, source)
-    parts = parts or run_setup.step_parts(cfg, len(batch.texts), actor, credit, LOSS_STAGES)
+    parts = parts or run_setup.step_parts(cfg, len(batch.texts), credit, LOSS_STAGES)
     # 2. verify: binary reward, every grader failure counted; DAPO's overlong shaping adds R_length ≤ 0 (§3.4)
     graded = verify.grade_batch(batch.texts, answers)
     lengths = batch.response_lengths  # as sampled
@@ -375,7 +375,7 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
     credit = Credit(cfg, actor.tokenizer)
     start_step = run_setup.restore(state, source.sampler, credit)
     num_rows = cfg.num_prompts_per_step // world * cfg.num_generations  # this process's rollout rows
-    parts = run_setup.step_parts(cfg, num_rows, actor, credit, LOSS_STAGES)
+    parts = run_setup.step_parts(cfg, num_rows, credit, LOSS_STAGES)
     summary = run_setup.run_steps(
         cfg,
         run,

@@ -565,13 +565,11 @@ def test_fused_stage_4_is_off_under_fsdp_for_a_credit_whose_passes_gather_the_we
     inherit it and a new method declares it."""
     from comparisons import cscr_ablations
 
-    actor = run_setup.Actor(None, None, None, None)
-
     def fused(credit_name, distributed):
         monkeypatch.setattr(run_setup.distributed, "world_size", lambda: 2 if distributed else 1)
         cfg = grpo.GRPOConfig(credit=credit_name, num_prompts_per_step=4, num_generations=4)
         credit = grpo.Credit(cfg, None)
-        return run_setup.step_parts(cfg, 16, actor, credit, grpo.LOSS_STAGES).fuse_old
+        return run_setup.step_parts(cfg, 16, credit, grpo.LOSS_STAGES).fuse_old
 
     grpo.register()
     assert fused("grpo", True) and fused("delta", True) and fused("cscr", False)

@@ -208,7 +208,7 @@ def _update(model, tok, batch, **flags):
     adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4), dtype=next(model.parameters()).dtype), 4)
     cfg = grpo.GRPOConfig(dual_clip=10.0, max_completion_length=40, **flags)
     credit = grpo.Credit(cfg, tok)
-    fused = run_setup.step_parts(cfg, N, run_setup.Actor(model, tok, None, None), credit, grpo.LOSS_STAGES).fuse_old
+    fused = run_setup.step_parts(cfg, N, credit, grpo.LOSS_STAGES).fuse_old
     old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden(), training_forward=fused)
     token_adv, _ = credit(model, batch, adv, old, [""] * N)
     model.zero_grad(set_to_none=True)

@@ -73,7 +73,7 @@ def uncorrected(token_adv, old_logp, batch, loss_mask):  # no sampler correction
 StepParts = namedtuple("StepParts", "loss_stage correction fuse_old")
 
 
-def step_parts(cfg, num_rows: int, actor: Actor, credit, loss_stages: dict) -> StepParts:
+def step_parts(cfg, num_rows: int, credit, loss_stages: dict) -> StepParts:
     """What the flags choose for every step, once before the loop (``num_rows``: this process's rollout rows;
     ``credit``: the run's ``grpo.Credit``)."""
     loss_stage = loss_stages[loss_stage_name(cfg)]
