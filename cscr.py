@@ -1,4 +1,4 @@
-"""CSCR: Counterfactual Sensitivity Credit Reallocation, a GRPO extension that moves credit off sensitive tokens.
+"""CSCR (reconstructed): Counterfactual Sensitivity Credit Reallocation, GRPO credit moved off sensitive tokens.
 
 Paper: He, Wu, Wang, "Not All Tokens Deserve Equal Credit: Counterfactual Sensitivity Credit Reallocation for
 Long-CoT Reasoning", arXiv 2607.27888 (2026).  Spec: ``docs/specs/cscr.md`` ("spec §N"), from the abstract [S] and

@@ -245,7 +245,7 @@ def ablated_coefficients_chunked(chunks, K=1, lam_min=0.8, lam_max=1.2, steps=No
             sums_k = delta.pooled_sums(parts, pool)
             mu = delta.centroids(sums_k, batch.dtype, mu)  # μ±⁽ᵏ⁺¹⁾ with weights |Â|·α⁽ᵏ⁾
             gamma = steps.temperature(*sums_k["margins"])  # lagged (App. H): γ⁽ᵏ⁺¹⁾ of Δ⁽ᵏ⁾, at μ⁽ᵏ⁾
-        if K > 0:  # Step 4: the margins at μ⁽ᴷ⁾ (K = 0: step 1's, at μ⁽⁰⁾)
+        if K > 0:  # the final margins, at μ⁽ᴷ⁾ (K = 0: step 1's, at μ⁽⁰⁾)
             margin = [steps.score(*delta.squared_distances(v, mu), adv) for _, v, adv, _ in batch.read()]
         # Steps 4–5: α* = σ(Δ/γ⁽ᴷ⁾), λ = λ_min + (λ_max − λ_min)·α*; Â = 0 responses λ_min, padding 0.
         lam = [
