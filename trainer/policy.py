@@ -423,19 +423,7 @@ def clip_and_step(model, optimizer, loss: float, max_grad_norm: float, step: int
 LOGITS_CHUNK_BYTES = 256 * 2**20
 
 
-def token_logprobs(
-    model,
-    input_ids,
-    attention_mask,
-    response_mask,
-    temperature=1.0,
-    return_hidden=False,
-    shared=None,
-    return_entropy=False,
-    return_logits=False,
-    chunk_bytes=None,
-    token_stats=(),
-):
+def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=1.0, **asked):
     """log π(y_t | x, y_<t) (nats) of the response tokens under logits / temperature: ``[B, T]``, 0 on padding.
 
     ``input_ids``/``attention_mask`` ``[B, P + T]``: left-padded prompt, right-padded response in the last T
@@ -454,23 +442,13 @@ def token_logprobs(
     same logits. ``return_logits``: also those rows of logits z ``[B, T, V]`` (before the temperature; a view, no
     copy), for full-vocabulary quantities (cscr_diagnostics.py's D4c and top-1 probability).
     Returns log p, then h (``return_hidden``), then H (``return_entropy``), then {name: ``[B, T]``}
-    (``token_stats``), then z (``return_logits``): a tuple when any is asked for.
+    (``token_stats``), then z (``return_logits``): a tuple when any is asked for. ``asked``: the keywords above, as
+    ``token_outputs`` takes them (an unknown one: its TypeError).
     """
-    out = token_outputs(
-        model,
-        input_ids,
-        attention_mask,
-        response_mask,
-        temperature,
-        return_hidden=return_hidden,
-        shared=shared,
-        return_entropy=return_entropy,
-        return_logits=return_logits,
-        chunk_bytes=chunk_bytes,
-        token_stats=token_stats,
-    )
-    asked = (True, return_hidden, return_entropy, bool(token_stats), return_logits)  # out's fields, in order
-    picked = tuple(value for value, wanted in zip(out, asked) if wanted)
+    out = token_outputs(model, input_ids, attention_mask, response_mask, temperature, **asked)
+    after_logp = ("return_hidden", "return_entropy", "token_stats", "return_logits")  # out's fields after log p
+    wanted = [True] + [bool(asked.get(name)) for name in after_logp]
+    picked = tuple(value for value, want in zip(out, wanted) if want)
     return picked if len(picked) > 1 else picked[0]
 
 
@@ -492,7 +470,8 @@ def token_outputs(
     chunk_bytes=None,
     token_stats=(),
 ) -> TokenOutputs:
-    """``token_logprobs``' values as one ``TokenOutputs`` (the fields not asked for None): what ``Passes`` reads."""
+    """``token_logprobs``' values, its keywords here by name, as one ``TokenOutputs`` (the fields not asked for None):
+    what ``Passes`` reads."""
     B, T = response_mask.shape
     targets, chunk, head = input_ids[:, -T:], 0, None
     budget = LOGITS_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
