@@ -25,11 +25,12 @@ scorer (§4)                    logprob_fn, temperature   θ_old in eval mode at
 aggregation of Δ± (§4)         Settings.mode             "max" [S2]; "mean", "common"
 weight map (§5)                Settings.weight           "exp" [S2]; "exp_abs" w = exp(-α·s), "inverse" 1/(1 + α·s)
 α; floor w_min (§5)            Settings.alpha, w_min     1.0; 0.0 (spec §5 suggests 0.1)
-renormalisation scope (§5)     Settings.renormalise      per_sequence [S2]
+renormalisation scope (§5)     (none)                    per sequence [S2]; group, batch: cscr_ablations.py
 threshold λ, nats (§5)         threshold                 0.2, or calibrate_threshold(quantile 0.8)
 
 Left out: the loss (the trainer's surrogate with Ã, spec §6); full-vocabulary shifts (cscr_diagnostics.py); the §9
-ablations (cscr_ablations.py: functions in place of a step). Read next: trainer/credit_methods.py (``CscrCredit``).
+ablations (comparisons/cscr_ablations.py: this file's steps repeated, a step replaced). Read next:
+trainer/credit_methods.py (``CscrCredit``).
 
 Usage from any trainer (``model`` in eval mode; ``prompts``: the B rollout prompt texts x; ``response_ids``,
 ``response_mask``: [B, T] right-padded responses; ``adv``: [B] advantages Â; ℓ0 may be your old-log-prob pass)::
@@ -50,7 +51,7 @@ tokenised by ``tokenizer(prompt)`` (special tokens included), as the rollout's x
 
 import inspect
 import math
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -264,9 +265,9 @@ def inverse_weight(s, alpha):
 WEIGHT_MAPS = {"exp": exp_weight, "exp_abs": exp_abs_weight, "inverse": inverse_weight}  # ``Settings.weight``
 
 
-def sensitivity_weights(s, shift_pos, adv, threshold, settings):
+def sensitivity_weights(s, threshold, settings):
     """The weight step: log w_t [B, T] of s [B, T] (nats) by the map ``settings.weight``, α = ``settings.alpha``, λ =
-    ``threshold`` (nats; "exp" only).  Δ+ [B, T] and Â [B] are unread: a comparison in its place may read them."""
+    ``threshold`` (nats; "exp" only)."""
     if settings.weight == "exp":
         return exp_weight(s, threshold, settings.alpha)
     return WEIGHT_MAPS[settings.weight](s, settings.alpha)  # the spec's alternatives [I]: no λ
@@ -282,39 +283,47 @@ def per_sequence(log_w, tokens):
 
 
 class Settings(NamedTuple):
-    """What ``cscr_token_advantages`` keeps fixed for a run (spec §4-§5 [I]; defaults: the spec's); a comparison
-    replaces a whole step, ``weight_step`` or ``renormalise``, by a function of its signature."""
+    """What ``cscr_token_advantages`` keeps fixed for a run (spec §4-§5 [I]; defaults: the spec's)."""
 
     alpha: float = 1.0  # α >= 0, the decay strength (spec §5; 0 gives GRPO)
     w_min: float = 0.0  # the weight floor in [0, 1] (spec §5 suggests 0.1; 0 in the §8 example)
     mode: str = "max"  # Δ± -> s (spec §4): "max" [S2], "mean", "common"
     weight: str = "exp"  # s -> log w (spec §5): "exp" [S2]; "exp_abs", "inverse" [I]
-    weight_step: Callable = sensitivity_weights  # (s, shift_pos, adv, threshold, settings) -> log w (spec §5)
-    renormalise: Callable = per_sequence  # (log_w, tokens) -> w̃ (spec §5): per sequence [S2]
 
 
-def credit_log_weights(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, settings=None):
-    """log w_t [B, T] (spec §4-§5, no gradient): s_t of ``old_logp``, ``lp_pos``, ``lp_neg`` = ℓ0, ℓ+, ℓ- [B, T] (nats)
-    by ``settings.mode``, weighted by ``settings.weight_step`` at λ = ``threshold`` (nats), floored: w = max(w_min, w);
-    ``adv``: Â [B].  Raises ValueError: shapes; settings out of range; not finite on a valid token (log w: large α)."""
-    settings = settings or Settings()
+def checked_sensitivity(adv, old_logp, lp_pos, lp_neg, response_mask, settings):
+    """s_t [B, T] (``sensitivity`` by ``settings.mode``; no gradient) once what the weights read is checked: Â [B]
+    with old_logp's rows, α finite and >= 0, w_min in [0, 1], a known map, s finite on the valid tokens."""
     if not (torch.is_tensor(adv) and adv.dim() == 1 and torch.is_tensor(old_logp) and len(adv) == len(old_logp)):
         raise ValueError(f"adv must be a [B] tensor, B = old_logp's rows; got adv shape {getattr(adv, 'shape', None)}")
     ok = math.isfinite(settings.alpha) and settings.alpha >= 0 and 0 <= settings.w_min <= 1
     if not (ok and settings.weight in WEIGHT_MAPS):  # (sensitivity checks the mode)
         raise ValueError(f"Settings needs a finite alpha >= 0, w_min in [0, 1], a weight in {list(WEIGHT_MAPS)}")
     with torch.no_grad():
-        s = sensitivity(old_logp, lp_pos, lp_neg, response_mask, settings.mode)  # spec §4: max(|Δ+_t|, |Δ-_t|)
-        shift_pos, _, m = condition_shifts(old_logp, lp_pos, lp_neg, response_mask)  # Δ+ = ℓ+ - ℓ0
-        m = m.to(s.device)
-        if not torch.isfinite(s[m]).all():
-            raise ValueError("old_logp, lp_pos and lp_neg must be finite on valid (response_mask) tokens")
-        adv = adv.detach().to(device=s.device, dtype=s.dtype)
-        log_w = settings.weight_step(s, shift_pos, adv, threshold, settings)  # spec §5: log w_t
-        floored = log_w.clamp(min=math.log(settings.w_min)) if settings.w_min > 0 else log_w  # against concentration
-        if not torch.isfinite(floored[m]).all():
-            raise ValueError(f"alpha = {settings.alpha} times s overflows (log w not finite): lower it, or w_min > 0")
-        return floored
+        s = sensitivity(old_logp, lp_pos, lp_neg, response_mask, settings.mode)
+    if not torch.isfinite(s[_as_mask(response_mask).to(s.device)]).all():
+        raise ValueError("old_logp, lp_pos and lp_neg must be finite on valid (response_mask) tokens")
+    return s
+
+
+def floor_log_weights(log_w, response_mask, settings):
+    """log max(w_min, w) [B, T] of log w [B, T] (spec §5: the floor against concentration; ``settings.w_min``).
+    Raises ValueError: not finite on a valid token (α·s overflows)."""
+    floored = log_w.clamp(min=math.log(settings.w_min)) if settings.w_min > 0 else log_w
+    if not torch.isfinite(floored[_as_mask(response_mask).to(floored.device)]).all():
+        raise ValueError(f"alpha = {settings.alpha} times s overflows (log w not finite): lower it, or w_min > 0")
+    return floored
+
+
+def credit_log_weights(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, settings=None):
+    """log w_t [B, T] (spec §4-§5, no gradient): s_t of ``old_logp``, ``lp_pos``, ``lp_neg`` = ℓ0, ℓ+, ℓ- [B, T] (nats)
+    by ``settings.mode``, weighted by the map ``settings.weight`` at λ = ``threshold`` (nats), floored: w = max(w_min,
+    w); ``adv``: Â [B].  Raises ValueError: shapes; settings out of range; not finite on a valid token (large α)."""
+    settings = settings or Settings()
+    with torch.no_grad():
+        s = checked_sensitivity(adv, old_logp, lp_pos, lp_neg, response_mask, settings)  # spec §4: max(|Δ+|, |Δ-|)
+        log_w = sensitivity_weights(s, threshold, settings)  # spec §5: log w_t
+        return floor_log_weights(log_w, response_mask, settings)  # w = max(w_min, w)
 
 
 def cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, settings=None):
@@ -322,21 +331,26 @@ def cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, response_mask, threshol
     credit of highly sensitive tokens moved to the others, keeping the credit budget and the verifier's direction:
     sign(Ã_i,t) = sign(Â_i) and Σ_t Ã_i,t = L_i·Â_i, exactly even when every w underflows; α = 0, all s <= λ or
     Â_i = 0 give GRPO.  Arguments as ``credit_log_weights`` (a row with Â_i = 0 needs no log-probs)."""
-    settings = settings or Settings()
     with torch.no_grad():
         log_w = credit_log_weights(adv, old_logp, lp_pos, lp_neg, response_mask, threshold, settings)  # spec §5
         adv = adv.detach().to(log_w)
         tokens = _as_mask(response_mask).to(log_w.device) & (adv != 0)[:, None]  # the tokens that carry credit
-        w_tilde = settings.renormalise(log_w, tokens)  # spec §5: w̃_t = w_t / w̄_i, w̄_i = (1/L_i) Σ_t m_t w_t
+        w_tilde = per_sequence(log_w, tokens)  # spec §5: w̃_t = w_t / w̄_i, w̄_i = (1/L_i) Σ_t m_t w_t
         return torch.where(tokens, adv[:, None] * w_tilde, 0.0)  # Ã_i,t = Â_i · w̃_t · m_t
 
 
 def cscr_stats(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, settings=None):
-    """What a trainer logs of ``cscr_token_advantages`` (same arguments): floats over the valid tokens of rows with
-    Â ≠ 0 (spec §5: keep 1/w̄ <~ 1.3; the effective-token fraction, mean over rows of (Σw)² / (L Σw²), >~ 0.85)."""
+    """What a trainer logs of ``cscr_token_advantages`` (same arguments): ``weight_stats`` of its s, log w and w̃."""
     settings = settings or Settings()
     log_w = credit_log_weights(adv, old_logp, lp_pos, lp_neg, response_mask, threshold, settings)
     s = sensitivity(old_logp, lp_pos, lp_neg, response_mask, settings.mode)
+    tokens = _as_mask(response_mask).to(log_w.device) & (adv.detach().to(log_w) != 0)[:, None]
+    return weight_stats(adv, s, log_w, per_sequence(log_w, tokens), response_mask)
+
+
+def weight_stats(adv, s, log_w, w_tilde, response_mask):
+    """Floats over the valid tokens of rows with Â ≠ 0 of s, log w and w̃ [B, T] (spec §5: keep 1/w̄ <~ 1.3; the
+    effective-token fraction, mean over rows of (Σw)² / (L Σw²), >~ 0.85); ``adv`` Â [B]."""
     adv = adv.detach().to(log_w)
     m = _as_mask(response_mask).to(s.device)
     rows = (adv != 0) & m.any(1)  # the rows that carry credit, and their valid tokens:
@@ -354,7 +368,7 @@ def cscr_stats(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, sett
     return {
         "cscr/w_mean": mean(w, tokens),
         "cscr/frac_w_lt_1": mean((w < 1).to(w.dtype), tokens),
-        "cscr/w_tilde_max": float(settings.renormalise(log_w, tokens)[tokens].max()) if n else 0.0,
+        "cscr/w_tilde_max": float(w_tilde[tokens].max()) if n else 0.0,
         "cscr/eff_token_frac": float((w_r.sum(1) ** 2 / (L * (w_r**2).sum(1))).mean()) if n else 0.0,
         "cscr/w_bar_mean": float(w_bar.mean()) if n else 0.0,
         "cscr/inv_w_bar_max": (float((1.0 / w_bar).max()) if float(w_bar.min()) > 0 else math.inf) if n else 0.0,

@@ -25,13 +25,11 @@ In that order: the maths, the credit (``Credit``), one step (``train_step``), th
 from __future__ import annotations
 
 import signal
-import sys
 
 import trainer
 
 if __name__ == "__main__":  # until main: Ctrl-C while the imports below load is one line (then run_command's)
     trainer.catch_ctrl_c_while_importing()
-    sys.modules["grpo"] = sys.modules[__name__]  # the comparisons' `import grpo` is this module, its registries
 
 # (after the handler: these imports take seconds)
 import dataclasses
@@ -127,49 +125,50 @@ CLIP_STATS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_
 POLICY_STATS = CLIP_STATS + ("kl", "num_tokens")  # policy_loss's statistics (surrogate_stats)
 
 
-def policy_loss(
-    logp, old_logp, token_adv, response_mask, settings=None, *, ref_logp=None, scope=LossScope(), **keywords
-):
-    """The loss (to minimise): ``settings.loss_type``'s surrogate ℓ of ratio = exp(clamp(logp − old_logp, ±20)) over
-    the tokens of ``response_mask``, + β·k3 (exp(ref − logp) − (ref − logp) − 1, β > 0) over ``scope.valid_mask``'s
-    tokens (default: ``response_mask``'s), each aggregated by ``aggregate`` (``dapo`` token-mean, ``grpo`` the mean
-    of each sequence's token-mean, ``dr_grpo`` Σ / (B·max_completion_length)). ``logp``, ``old_logp``,
-    ``response_mask``, ``ref_logp`` ``[B, T]`` (nats); ``token_adv`` Ã ``[B, T]`` or Â ``[B]``; ``settings`` or its
-    fields as keywords (a ``LossSettings``, or the loss_type's subclass); ``scope``: the whole mini-batch's counts (a
-    ``LossScope``) for a micro-batch. Returns (loss, token-means of ``POLICY_STATS``)."""
-    if settings is not None and keywords:
-        raise ValueError(f"give policy_loss a LossSettings or its fields as keywords, not both: {sorted(keywords)}")
-    loss_type = settings.loss_type if settings is not None else keywords.get("loss_type", "dapo")
-    if loss_type not in POLICY_LOSSES:
-        raise ValueError(f"policy_loss: loss_type {loss_type!r} is not one of {sorted(POLICY_LOSSES)}")
-    settings = settings or POLICY_LOSSES[loss_type].settings(**keywords)  # an unknown keyword: TypeError, naming it
-    aggregation = settings.aggregation or POLICY_LOSSES[loss_type].aggregation
+def policy_loss(logp, old_logp, token_adv, response_mask, settings=None, *, ref_logp=None, scope=LossScope()):
+    """The loss (to minimise): ``settings.loss_type``'s surrogate ℓ of ratio = exp(clamp(logp − old_logp, ±20)) on
+    ``response_mask``'s tokens, + β·k3 (exp(ref − logp) − (ref − logp) − 1) on ``scope.valid_mask``'s (default: the
+    same), each reduced by ``aggregate``. ``logp``, ``old_logp``, ``response_mask``, ``ref_logp`` ``[B, T]`` (nats);
+    ``token_adv`` Ã ``[B, T]`` or Â ``[B]``; ``settings`` a ``LossSettings`` or its loss_type's subclass (None: the
+    defaults); ``scope`` the mini-batch's counts for a micro-batch. Returns (loss, token-means of ``POLICY_STATS``)."""
+    settings = settings or LossSettings()
+    check_loss_inputs(logp, old_logp, token_adv, response_mask, settings, ref_logp, scope)
     mask = response_mask.to(logp.dtype)
     valid = mask if scope.valid_mask is None else scope.valid_mask.to(logp.dtype)
-    adv = (token_adv[:, None] if token_adv.dim() == 1 else token_adv).to(logp.dtype)
-    fits = logp.shape == old_logp.shape == mask.shape == valid.shape and adv.shape[0] == logp.shape[0]
-    given = (settings.beta <= 0 or ref_logp is not None) and (scope.num_valid is None or scope.valid_mask is not None)
-    normaliser = aggregation in AGGREGATIONS and (aggregation != "dr_grpo" or settings.max_completion_length)
-    if not (fits and adv.shape[1] in (1, logp.shape[1]) and given and normaliser):
-        raise ValueError(
-            f"policy_loss: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, response_mask "
-            f"{tuple(mask.shape)}, valid_mask {tuple(valid.shape)} [B, T], token_adv {tuple(adv.shape)} "
-            f"[B] or [B, T]; loss {loss_type!r}'s aggregation {aggregation!r} one of {AGGREGATIONS}; "
-            "beta > 0 needs ref_logp, num_valid valid_mask, dr_grpo max_completion_length"
-        )
-    adv = adv.expand_as(logp)  # [B, T]
+    adv = (token_adv[:, None] if token_adv.dim() == 1 else token_adv).to(logp.dtype).expand_as(logp)  # [B, T]
     # padded positions may hold anything (e.g. -inf): zero them before exp so no NaN reaches the gradient
     ratio = torch.exp(torch.where(mask > 0, logp - old_logp, torch.zeros_like(logp)).clamp(-20.0, 20.0))  # [B, T]
-    per_token, dual_active = POLICY_LOSSES[loss_type].surrogate(ratio, adv, settings)  # [B, T]
+    per_token, dual_active = POLICY_LOSSES[settings.loss_type].surrogate(ratio, adv, settings)  # [B, T]
     B = float(logp.shape[0] if scope.num_sequences is None else scope.num_sequences)
-    surrogate = aggregate(per_token * mask, mask, aggregation, scope.num_tokens, B, settings.max_completion_length)
+    max_len = settings.max_completion_length  # (dr_grpo's normaliser)
+    surrogate = aggregate(per_token * mask, mask, settings.aggregation, scope.num_tokens, B, max_len)
     if settings.beta <= 0:
         return surrogate, surrogate_stats(ratio, adv, mask, settings, dual_active, None, valid)
     d = torch.where(valid > 0, ref_logp - logp, torch.zeros_like(logp)).clamp(-20.0, 20.0)  # [B, T]
     kl = torch.exp(d) - d - 1.0  # [B, T]: k3 ≥ 0, unbiased for KL(π‖π_ref) under samples from π
     kl_count = scope.num_tokens if scope.valid_mask is None else scope.num_valid  # the valid tokens' count
-    penalty = aggregate(kl * valid, valid, aggregation, kl_count, B, settings.max_completion_length)
+    penalty = aggregate(kl * valid, valid, settings.aggregation, kl_count, B, max_len)
     return surrogate + settings.beta * penalty, surrogate_stats(ratio, adv, mask, settings, dual_active, kl, valid)
+
+
+def check_loss_inputs(logp, old_logp, token_adv, response_mask, settings: LossSettings, ref_logp, scope: LossScope):
+    """``policy_loss``'s arguments, checked: a registered loss_type with one of AGGREGATIONS; ``[B, T]`` tensors and Ã
+    ``[B]`` or ``[B, T]``; ref_logp where beta > 0, valid_mask with num_valid, max_completion_length for dr_grpo."""
+    if settings.loss_type not in POLICY_LOSSES:
+        raise ValueError(f"policy_loss: loss_type {settings.loss_type!r} is not one of {sorted(POLICY_LOSSES)}")
+    valid = response_mask if scope.valid_mask is None else scope.valid_mask
+    adv_shape = tuple(token_adv.shape) + (1,) * (2 - token_adv.dim())
+    fits = logp.shape == old_logp.shape == response_mask.shape == valid.shape and adv_shape[0] == logp.shape[0]
+    given = (settings.beta <= 0 or ref_logp is not None) and (scope.num_valid is None or scope.valid_mask is not None)
+    aggregation = settings.aggregation
+    normaliser = aggregation in AGGREGATIONS and (aggregation != "dr_grpo" or settings.max_completion_length)
+    if not (fits and adv_shape[1] in (1, logp.shape[1]) and given and normaliser):
+        raise ValueError(
+            f"policy_loss: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, response_mask "
+            f"{tuple(response_mask.shape)}, valid_mask {tuple(valid.shape)} [B, T], token_adv {tuple(token_adv.shape)} "
+            f"[B] or [B, T]; loss {settings.loss_type!r}'s aggregation {aggregation!r} one of {AGGREGATIONS}; "
+            "beta > 0 needs ref_logp, num_valid valid_mask, dr_grpo max_completion_length"
+        )
 
 
 def aggregate(per_token, mask, aggregation: str, num_tokens, num_sequences: float, max_completion_length):
@@ -281,8 +280,7 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     # 3. group advantages Â_i (GRPO); the loss mask [N, T] (--mask_truncated_completions: no truncated response)
     adv = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
     loss_mask = run_setup.loss_mask(batch, cfg)
-    # 4. θ_old's log-probs, no grad (+ DelTA's h_t, + the reference's for --beta > 0); for one update at θ_old = θ,
-    #    the training forward, which stage 6 reuses
+    # 4. θ_old's log-probs, no grad (+ DelTA's h_t, + the reference's for --beta > 0); one update: stage 6's forward
     needs = {"need_hidden": credit.needs_hidden(), "token_stats": credit.token_stats()}  # what stage 5 reads of it
     old = old_logprobs(model, batch, cfg, ref_model=actor.ref_model, training_forward=parts.fuse_old, **needs)
     # 5. token advantages Ã_{i,t} (the credit function of --credit)
@@ -417,4 +415,6 @@ def main(argv=None):
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt, run_command's line
-    main()
+    import grpo  # this file as the module `grpo`, whose registries the comparisons import and fill (not __main__)
+
+    grpo.main()

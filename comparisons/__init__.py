@@ -12,7 +12,8 @@ they replace (grpo, delta, cscr) and trainer/ (the model's passes), never tools/
     --credit fipo                                  CREDIT_FUNCTIONS fipo (grpo's) and LOSS_STAGES fipo
     --credit delta --delta_select top|bottom|...   CREDIT_FUNCTIONS delta/q2, and LOSS_STAGES q2
     --credit delta with any other --delta_* ablation CREDIT_FUNCTIONS delta/ablation
-    --credit cscr --cscr_weight / --cscr_scope      CREDIT_FUNCTIONS cscr/ablation
+    --credit cscr --cscr_weight upweight|sign_aware CREDIT_FUNCTIONS cscr/ablation
+    --credit cscr --cscr_scope group|batch          CREDIT_FUNCTIONS cscr/ablation
 """
 
 DELTA_ABLATION_DEFAULTS = {
@@ -26,25 +27,23 @@ DELTA_ABLATION_DEFAULTS = {
 
 
 def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
-    """Each comparison's functions into grpo.py's registries: every module of this folder with a ``register``
-    (imported here, when a run starts: they import grpo), so that a new method is one file here."""
-    import importlib
-    import pkgutil
+    """Each comparison's functions into grpo.py's registries (imported here, when a run starts: they import grpo). A
+    new comparison is its file and its name in this list."""
+    from comparisons import cscr_ablations, delta_ablations, fipo, forking_tokens, otb, q2, sapo
 
-    for info in pkgutil.iter_modules(__path__):
-        module = importlib.import_module(f"comparisons.{info.name}")
-        if hasattr(module, "register"):
-            module.register(credit_functions, loss_stages, policy_losses)
+    for module in (cscr_ablations, delta_ablations, fipo, forking_tokens, otb, q2, sapo):
+        module.register(credit_functions, loss_stages, policy_losses)
 
 
 def credit_name(cfg) -> str:
     """The key of grpo.CREDIT_FUNCTIONS the flags choose: --credit's, or its variant's ("delta/q2", "delta/ablation",
-    "cscr/ablation": the method's own flags choose it; a name with "/" is no --credit value)."""
+    "cscr/ablation": the method's own flags choose it; a name with "/" is no --credit value). CSCR's spec §5 maps
+    (--cscr_weight exp_abs|inverse) are cscr.py's own options: the method's credit function."""
     if cfg.credit == "delta" and cfg.delta_select != "none":
         return "delta/q2"
     if cfg.credit == "delta" and any(getattr(cfg, flag) != value for flag, value in DELTA_ABLATION_DEFAULTS.items()):
         return "delta/ablation"
-    if cfg.credit == "cscr" and (cfg.cscr_weight != "exp" or cfg.cscr_scope != "sequence"):
+    if cfg.credit == "cscr" and (cfg.cscr_weight in ("upweight", "sign_aware") or cfg.cscr_scope != "sequence"):
         return "cscr/ablation"
     return cfg.credit
 

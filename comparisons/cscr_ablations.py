@@ -1,8 +1,8 @@
-"""CSCR's ablations (spec §9), each a whole function with the signature of the cscr.py step it replaces.
+"""CSCR's ablations (spec §9): cscr.py's weights with one step replaced, each a whole function of that step's place.
 
 cscr.py holds the paper's method; a run that compares against it replaces one step of ``cscr_token_advantages``,
-chosen once when the run starts (``choose``, from ``--cscr_weight`` and ``--cscr_scope``, through plain dicts), as a
-field of ``cscr.Settings``::
+chosen once when the run starts (``choose``, from ``--cscr_weight`` and ``--cscr_scope``, through plain dicts), and
+``ablated_token_advantages`` / ``ablated_stats`` run cscr.py's steps (their lines repeated) with it in that place::
 
     weight_step   (s, shift_pos, adv, threshold, settings) -> log w     the paper's: cscr.sensitivity_weights
         upweight      §9.3: the sensitive tokens get MORE credit
@@ -11,16 +11,20 @@ field of ``cscr.Settings``::
         per_group     §5 "scope", §9.3: one w̄ per group of rows
         per_batch     §9.3: one w̄ for the whole batch
 
-Every one keeps the floor w = max(w_min, w) (cscr.credit_log_weights applies it after the step) and the
-renormalisation, so sign(Ã_i,t) = sign(Â_i); per_group and per_batch keep the group's / the batch's credit budget, not
-each sequence's.  The strength ablation (§9.2) is the α / λ sweep of the paper's map (no code here); the spec §5
-alternative maps ``exp_abs`` and ``inverse`` are cscr.py's (``Settings.weight``).  Usage:
-``cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, settings=cscr_ablations.choose("upweight"))``.
-Imports torch and cscr.py.
+Every one keeps the floor w = max(w_min, w) (cscr.floor_log_weights, after the step) and the renormalisation, so
+sign(Ã_i,t) = sign(Â_i); per_group and per_batch keep the group's / the batch's credit budget, not each sequence's.
+The strength ablation (§9.2) is the α / λ sweep of the paper's map (no code here); the spec §5 alternative maps
+``exp_abs`` and ``inverse`` are cscr.py's options (``Settings.weight``).  Usage (λ = 0.2)::
+
+    ablation = cscr_ablations.choose("upweight")
+    token_adv = cscr_ablations.ablated_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, 0.2, ablation)
+
+Imports torch, cscr.py and trainer/credit_methods.py (``CscrAblationCredit``).
 """
 
 import functools
 import math
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -60,17 +64,30 @@ def per_batch(log_w, tokens):
     return per_group(log_w, tokens, tokens.shape[0])
 
 
-def choose(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign_mix=0.5, **settings):
-    """The ``cscr.Settings`` of the names ``--cscr_weight`` and ``--cscr_scope`` take, with ``settings`` (alpha,
-    w_min, mode): one of the spec's maps (``cscr.WEIGHT_MAPS``) in the paper's weight step, or an ablation above in
-    that step's place, its parameters bound; the paper's renormalisation (``cscr.per_sequence``) or one above.  Called
+class Ablation(NamedTuple):
+    """What ``choose`` picks once for a run: cscr.py's options, the weight step and the renormalisation."""
+
+    settings: cscr.Settings  # α, w_min, the aggregation of Δ±, the map (the paper's weight step reads it)
+    weight_step: Callable  # (s, shift_pos, adv, threshold, settings) -> log w [B, T]
+    renormalise: Callable  # (log_w, tokens) -> w̃ [B, T]
+
+
+def papers_weight_step(s, shift_pos, adv, threshold, settings):
+    """``cscr.sensitivity_weights`` in the ablations' signature (Δ+ and Â unread)."""
+    return cscr.sensitivity_weights(s, threshold, settings)
+
+
+def choose(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign_mix=0.5, **settings) -> Ablation:
+    """The ``Ablation`` of the names ``--cscr_weight`` and ``--cscr_scope`` take, with ``settings`` (alpha, w_min,
+    mode): one of the spec's maps (``cscr.WEIGHT_MAPS``) in the paper's weight step, or an ablation above in that
+    step's place, its parameters bound; the paper's renormalisation (``cscr.per_sequence``) or one above.  Called
     once, when a run starts.  Raises ValueError: an unknown name, sign_eps outside [0, 1) or sign_mix outside [0, 1]."""
-    weights = {  # the fields of cscr.Settings that each --cscr_weight sets
-        "exp": {"weight": "exp"},
-        "exp_abs": {"weight": "exp_abs"},
-        "inverse": {"weight": "inverse"},
-        "upweight": {"weight_step": upweight},
-        "sign_aware": {"weight_step": functools.partial(sign_aware, eps=sign_eps, mix=sign_mix)},
+    weights = {  # --cscr_weight: (the map of cscr.Settings, the weight step)
+        "exp": ("exp", papers_weight_step),
+        "exp_abs": ("exp_abs", papers_weight_step),
+        "inverse": ("inverse", papers_weight_step),
+        "upweight": ("exp", upweight),
+        "sign_aware": ("exp", functools.partial(sign_aware, eps=sign_eps, mix=sign_mix)),
     }
     scopes = {
         "sequence": cscr.per_sequence,
@@ -83,12 +100,49 @@ def choose(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign_m
         )
     if not (0.0 <= sign_eps < 1.0 and 0.0 <= sign_mix <= 1.0):
         raise ValueError(f"sign_eps must be in [0, 1) and sign_mix in [0, 1], got {sign_eps!r} and {sign_mix!r}")
-    return cscr.Settings(**settings, **weights[weight], renormalise=scopes[scope])
+    weight_map, weight_step = weights[weight]
+    return Ablation(cscr.Settings(**settings, weight=weight_map), weight_step, scopes[scope])
 
 
-def settings_from_flags(cfg):
-    """grpo.py's CSCR options as a ``cscr.Settings``: α, w_min, the aggregation, and the weight step and
-    renormalisation that ``--cscr_weight`` / ``--cscr_scope`` name (``choose``), once per run."""
+def ablated_log_weights(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, ablation: Ablation | None = None):
+    """``cscr.credit_log_weights`` with ``ablation.weight_step`` in the place of the paper's weight step: log w [B, T]
+    (nats, floored by w_min); the arguments as there (λ = ``threshold``, nats; ``ablation``: ``choose``'s, default
+    the paper's steps)."""
+    ablation = ablation or choose()
+    settings = ablation.settings
+    with torch.no_grad():
+        s = cscr.checked_sensitivity(adv, old_logp, lp_pos, lp_neg, response_mask, settings)  # spec §4
+        shift_pos = cscr.condition_shifts(old_logp, lp_pos, lp_neg, response_mask)[0]  # Δ+ = ℓ+ - ℓ0
+        adv = adv.detach().to(device=s.device, dtype=s.dtype)
+        log_w = ablation.weight_step(s, shift_pos, adv, threshold, settings)  # the ablation's log w_t
+        return cscr.floor_log_weights(log_w, response_mask, settings)  # w = max(w_min, w)
+
+
+def ablated_token_advantages(
+    adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, ablation: Ablation | None = None
+):
+    """``cscr.cscr_token_advantages`` with the ablation's steps: Ã = Â·w̃ [B, T] (0 on padding and where Â = 0)."""
+    ablation = ablation or choose()
+    with torch.no_grad():
+        log_w = ablated_log_weights(adv, old_logp, lp_pos, lp_neg, response_mask, threshold, ablation)
+        adv = adv.detach().to(log_w)
+        tokens = (response_mask != 0).to(log_w.device) & (adv != 0)[:, None]  # the tokens that carry credit
+        w_tilde = ablation.renormalise(log_w, tokens)  # the ablation's w̃
+        return torch.where(tokens, adv[:, None] * w_tilde, 0.0)
+
+
+def ablated_stats(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, ablation: Ablation | None = None):
+    """``cscr.cscr_stats`` of ``ablated_token_advantages`` (same arguments): ``cscr.weight_stats``."""
+    ablation = ablation or choose()
+    log_w = ablated_log_weights(adv, old_logp, lp_pos, lp_neg, response_mask, threshold, ablation)
+    s = cscr.sensitivity(old_logp, lp_pos, lp_neg, response_mask, ablation.settings.mode)
+    tokens = (response_mask != 0).to(log_w.device) & (adv.detach().to(log_w) != 0)[:, None]
+    return cscr.weight_stats(adv, s, log_w, ablation.renormalise(log_w, tokens), response_mask)
+
+
+def ablation_from_flags(cfg) -> Ablation:
+    """grpo.py's CSCR options as an ``Ablation``: α, w_min, the aggregation, and the weight step and renormalisation
+    that ``--cscr_weight`` / ``--cscr_scope`` name (``choose``), once per run."""
     return choose(
         cfg.cscr_weight,
         cfg.cscr_scope,
@@ -106,7 +160,12 @@ class CscrAblationCredit(credit_methods.CscrCredit):
 
     def __init__(self, cfg, tokenizer=None):
         super().__init__(cfg, tokenizer)
-        self.settings = settings_from_flags(cfg)
+        self.ablation = ablation_from_flags(cfg)
+
+    def reallocate(self, adv, old_logp, lp_pos, lp_neg, mask):  # CscrCredit's, with the ablation's steps
+        token_adv = ablated_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.ablation)
+        stats = ablated_stats(adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.ablation)
+        return token_adv, stats
 
 
 def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:

@@ -77,7 +77,7 @@ def fipo_backward(model, update, rows, cfg):
         for key, v in {**stats, **own}.items():  # token-weighted: Σ / Σ num_tokens is the step's token-mean
             sums[key] = sums.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
     passes.backward_prompts()
-    per_token = (settings.aggregation or grpo.POLICY_LOSSES[cfg.loss_type].aggregation) == "dapo"
+    per_token = settings.aggregation == "dapo"
     n = scope.num_tokens if per_token else float(scope.num_sequences)
     return loss_total * fipo_rescale(model, per_token, n, distributed.all_reduce_sum(dropped)), sums
 

@@ -60,11 +60,17 @@ def test_C21_k3_value_direction_and_overflow():
         lp = torch.tensor([[-1.0, -2.0, -1.0, -101.0]], dtype=dtype, requires_grad=True)
         ref = torch.tensor([[-2.0, -1.0, -1.0, -1.0]], dtype=dtype)
         zero = torch.zeros(1)
-        _, stats = grpo.policy_loss(lp, lp.detach(), zero, torch.tensor([[1.0, 0, 0, 0]]), ref_logp=ref, beta=1.0)
+        _, stats = grpo.policy_loss(
+            lp, lp.detach(), zero, torch.tensor([[1.0, 0, 0, 0]]), grpo.LossSettings(beta=1.0), ref_logp=ref
+        )
         assert stats["kl"] == pytest.approx(0.367879, abs=2e-2 if dtype == torch.bfloat16 else 1e-5)
-        _, stats = grpo.policy_loss(lp, lp.detach(), zero, torch.tensor([[0, 1.0, 0, 0]]), ref_logp=ref, beta=1.0)
+        _, stats = grpo.policy_loss(
+            lp, lp.detach(), zero, torch.tensor([[0, 1.0, 0, 0]]), grpo.LossSettings(beta=1.0), ref_logp=ref
+        )
         assert stats["kl"] == pytest.approx(0.718282, abs=2e-2 if dtype == torch.bfloat16 else 1e-5)
-        loss, stats = grpo.policy_loss(lp, lp.detach(), zero, torch.ones(1, 4), ref_logp=ref, beta=1.0)
+        loss, stats = grpo.policy_loss(
+            lp, lp.detach(), zero, torch.ones(1, 4), grpo.LossSettings(beta=1.0), ref_logp=ref
+        )
         loss.backward()
         assert math.isfinite(loss.item()) and torch.isfinite(lp.grad.float()).all() and stats["kl"] >= 0
 

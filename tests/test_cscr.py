@@ -1,6 +1,5 @@
 """Tests for cscr.py against the hand-computed values of docs/specs/cscr.md §8 and independent formulas."""
 
-import functools
 import math
 import sys
 import textwrap
@@ -272,13 +271,13 @@ def test_budget_exact_when_every_weight_underflows():
 def test_scope_ablations():
     A, lp0, lp_pos, lp_neg, m = random_batch(B=8, T=10, seed=3)
     seq = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m)
-    group = lambda size: cscr.Settings(renormalise=functools.partial(cscr_ablations.per_group, group_size=size))  # noqa: E731
-    g1 = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=group(1))
-    assert torch.allclose(seq, g1, atol=1e-12)
-    gb = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=group(8))
-    bb = cscr.cscr_token_advantages(
-        A, lp0, lp_pos, lp_neg, m, settings=cscr.Settings(renormalise=cscr_ablations.per_batch)
+    ablated = lambda scope, size=None: cscr_ablations.ablated_token_advantages(  # noqa: E731
+        A, lp0, lp_pos, lp_neg, m, 0.2, cscr_ablations.choose(scope=scope, group_size=size)
     )
+    assert torch.equal(seq, ablated("sequence"))  # the paper's steps: cscr.py's, bit for bit
+    assert torch.allclose(seq, ablated("group", 1), atol=1e-12)
+    gb = ablated("group", 8)
+    bb = ablated("batch")
     assert torch.allclose(gb, bb, atol=1e-12)
     # batch scope: the mean normalised weight over credit-carrying tokens is 1
     act = m & (A != 0).unsqueeze(1)
@@ -308,13 +307,8 @@ def test_argument_validation():
     with pytest.raises(ValueError, match="weight"):
         cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=cscr.Settings(weight="linear"))
     with pytest.raises(ValueError, match="group_size"):
-        cscr.cscr_token_advantages(
-            A,
-            lp0,
-            lp_pos,
-            lp_neg,
-            m,
-            settings=cscr.Settings(renormalise=functools.partial(cscr_ablations.per_group, group_size=3)),
+        cscr_ablations.ablated_token_advantages(
+            A, lp0, lp_pos, lp_neg, m, 0.2, cscr_ablations.choose("exp", "group", 3)
         )
     bad = lp0.clone()
     bad[0, 0] = float("nan")

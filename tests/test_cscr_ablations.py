@@ -40,21 +40,21 @@ def log_weights(s, weight, alpha=1.0, w_min=0.0):
     """log w [1, 8] of the sensitivities s [1, 8] under ``weight``: credit_log_weights with ℓ0 = 0, ℓ+ = −s, ℓ− = 0
     (so the sensitivity is s, and Δ+ = −s), Â = 1, λ = 0.2."""
     zeros = torch.zeros_like(s)
-    return cscr.credit_log_weights(
+    return cscr_ablations.ablated_log_weights(
         torch.ones(1, dtype=F64), zeros, -s, zeros, torch.ones(1, 8), 0.2, settings(weight, alpha=alpha, w_min=w_min)
     )
 
 
 def spec8(A, **kw):
     t = lambda x: torch.tensor([x], dtype=F64)  # noqa: E731
-    return cscr.cscr_token_advantages(
+    return cscr_ablations.ablated_token_advantages(
         torch.tensor([A], dtype=F64),
         t(LP0),
         t(LP_POS),
         t(LP_NEG),
         torch.ones(1, 8),
         threshold=0.2,
-        settings=settings(**kw),
+        ablation=settings(**kw),
     )[0]
 
 
@@ -126,14 +126,14 @@ SIGN = [[1.1, 1.0, 1.1], [1.0, 0.9], [1.0, 0.5 + 0.5 * math.exp(0.1), 1.1]]  # "
 
 
 def batch(weight, scope="sequence", **kw):
-    return cscr.cscr_token_advantages(
+    return cscr_ablations.ablated_token_advantages(
         ADV,
         OLD,
         POS,
         NEG,
         MASK,
         threshold=0.2,
-        settings=settings(weight, scope, group_size=2 if scope == "group" else None, alpha=1.0, **kw),
+        ablation=settings(weight, scope, group_size=2 if scope == "group" else None, alpha=1.0, **kw),
     )
 
 
@@ -178,13 +178,13 @@ def test_signs_and_per_sequence_budget_on_random_batches(weight, seed):
     mask = torch.arange(T)[None] < torch.randint(1, T + 1, (B, 1), generator=g)
     old, pos, neg = (-torch.rand(B, T, generator=g, dtype=F64) * 3 for _ in range(3))
     for scope in ("sequence", "group", "batch"):
-        out = cscr.cscr_token_advantages(
+        out = cscr_ablations.ablated_token_advantages(
             adv,
             old,
             pos,
             neg,
             mask,
-            settings=settings(weight, scope, group_size=4 if scope == "group" else None, alpha=3.0),
+            ablation=settings(weight, scope, group_size=4 if scope == "group" else None, alpha=3.0),
         )
         valid = mask & (adv != 0)[:, None]
         assert torch.equal(torch.sign(out[valid]), torch.sign(adv[:, None].expand(B, T)[valid]))
@@ -203,14 +203,21 @@ def test_alpha_zero_mix_zero_eps_zero_give_grpo():
     for scope in ("sequence", "group", "batch"):
         kw = dict(scope=scope, group_size=2 if scope == "group" else None)
         close(
-            cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, settings=settings("upweight", alpha=0.0, **kw)), grpo
-        )
-        close(
-            cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, settings=settings("sign_aware", sign_mix=0.0, **kw)),
+            cscr_ablations.ablated_token_advantages(
+                ADV, OLD, POS, NEG, MASK, ablation=settings("upweight", alpha=0.0, **kw)
+            ),
             grpo,
         )
         close(
-            cscr.cscr_token_advantages(ADV, OLD, POS, NEG, MASK, settings=settings("sign_aware", sign_eps=0.0, **kw)),
+            cscr_ablations.ablated_token_advantages(
+                ADV, OLD, POS, NEG, MASK, ablation=settings("sign_aware", sign_mix=0.0, **kw)
+            ),
+            grpo,
+        )
+        close(
+            cscr_ablations.ablated_token_advantages(
+                ADV, OLD, POS, NEG, MASK, ablation=settings("sign_aware", sign_eps=0.0, **kw)
+            ),
             grpo,
         )
 
@@ -221,9 +228,9 @@ def test_upweight_stays_finite_when_the_weights_overflow():
     pos = torch.tensor([[-3.0, -0.1, -1.0, 0.0], [-2.9, -3.0, 0.0, 0.0]])
     adv = torch.tensor([1.0, -1.0])
     mask = torch.ones(2, 4)
-    log_w = cscr.credit_log_weights(adv, old, pos, pos, mask, 0.2, settings("upweight", alpha=60.0))
+    log_w = cscr_ablations.ablated_log_weights(adv, old, pos, pos, mask, 0.2, settings("upweight", alpha=60.0))
     assert torch.isinf(torch.exp(log_w)).any()
-    out = cscr.cscr_token_advantages(adv, old, pos, pos, mask, settings=settings("upweight", alpha=60.0))
+    out = cscr_ablations.ablated_token_advantages(adv, old, pos, pos, mask, ablation=settings("upweight", alpha=60.0))
     assert torch.isfinite(out).all()
     # float32 bound: each A_i,t (<= 4) carries ~2 roundings (w / w_bar, A·w̃), the 4-term sum 3 more
     bound = (4 * 2 + 3) * 4 * torch.finfo(torch.float32).eps
@@ -245,11 +252,12 @@ def test_errors():
 
 
 def test_choose_names_each_rule_once_and_binds_its_parameters():
-    """The flags' names -> the functions cscr.Settings takes: the spec's maps from cscr.py, the ablations from
-    cscr_ablations.py, their parameters bound (the run chooses once, in grpo.Credit)."""
-    assert cscr_ablations.choose() == cscr.Settings()
-    assert cscr_ablations.choose("inverse", "batch", alpha=2.0) == cscr.Settings(
-        alpha=2.0, weight="inverse", renormalise=cscr_ablations.per_batch
+    """The flags' names -> an Ablation: the spec's maps as cscr.py's option in the paper's weight step, the ablations'
+    functions from cscr_ablations.py, their parameters bound (the run chooses once, in grpo.Credit)."""
+    paper = cscr_ablations.papers_weight_step
+    assert cscr_ablations.choose() == cscr_ablations.Ablation(cscr.Settings(), paper, cscr.per_sequence)
+    assert cscr_ablations.choose("inverse", "batch", alpha=2.0) == cscr_ablations.Ablation(
+        cscr.Settings(alpha=2.0, weight="inverse"), paper, cscr_ablations.per_batch
     )
     assert cscr_ablations.choose("upweight").weight_step is cscr_ablations.upweight
     chosen = cscr_ablations.choose("sign_aware", "group", 2, sign_eps=0.1, sign_mix=0.3, w_min=0.1)
@@ -257,7 +265,7 @@ def test_choose_names_each_rule_once_and_binds_its_parameters():
         "eps": 0.1,
         "mix": 0.3,
     }
-    assert chosen.renormalise.keywords == {"group_size": 2} and chosen.w_min == 0.1
+    assert chosen.renormalise.keywords == {"group_size": 2} and chosen.settings.w_min == 0.1
     with pytest.raises(ValueError, match="weight must be one of"):
         cscr_ablations.choose("linear")
     with pytest.raises(ValueError, match="scope one of"):
@@ -275,9 +283,12 @@ def test_grpo_credit_takes_the_rules_its_flags_name():
         cscr_alpha=2.0,
         num_generations=4,
     )
-    settings = grpo.Credit(cfg, None).method.settings
-    assert (settings.alpha, settings.w_min, settings.mode) == (2.0, 0.0, "max")
-    assert settings.weight_step.func is cscr_ablations.sign_aware
-    assert settings.weight_step.keywords == {"eps": 0.1, "mix": 0.5}
-    assert settings.renormalise.func is cscr_ablations.per_group and settings.renormalise.keywords == {"group_size": 4}
+    ablation = grpo.Credit(cfg, None).method.ablation
+    assert (ablation.settings.alpha, ablation.settings.w_min, ablation.settings.mode) == (2.0, 0.0, "max")
+    assert ablation.weight_step.func is cscr_ablations.sign_aware
+    assert ablation.weight_step.keywords == {"eps": 0.1, "mix": 0.5}
+    assert ablation.renormalise.func is cscr_ablations.per_group and ablation.renormalise.keywords == {"group_size": 4}
     assert grpo.Credit(grpo.GRPOConfig(credit="cscr"), None).method.settings == cscr.Settings()
+    # the spec §5 maps are cscr.py's options: the method's own credit function takes them, no ablation
+    method = grpo.Credit(grpo.GRPOConfig(credit="cscr", cscr_weight="inverse"), None).method
+    assert type(method) is grpo.CREDIT_FUNCTIONS["cscr"] and method.settings == cscr.Settings(weight="inverse")

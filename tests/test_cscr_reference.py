@@ -81,7 +81,7 @@ def call(x, old_keywords, return_stats=True):
     """The old call ``cscr_token_advantages(*x, **old_keywords)`` in today's API (the stats: ``cscr_stats``)."""
     kw = dict(old_keywords)
     threshold = kw.pop("threshold", 0.2)
-    settings = cscr_ablations.choose(
+    ablation = cscr_ablations.choose(
         kw.pop("weight", "exp"),
         kw.pop("scope", "sequence"),
         kw.pop("group_size", None),
@@ -89,9 +89,15 @@ def call(x, old_keywords, return_stats=True):
         kw.pop("sign_mix", 0.5),
         **kw,
     )  # alpha, w_min, mode
-    args = (x["adv"], x["old_logp"], x["lp_pos"], x["lp_neg"], x["mask"], threshold, settings)
-    token_adv = cscr.cscr_token_advantages(*args)
-    return (token_adv, cscr.cscr_stats(*args)) if return_stats else token_adv
+    args = (x["adv"], x["old_logp"], x["lp_pos"], x["lp_neg"], x["mask"], threshold)
+    papers = ablation.weight_step is cscr_ablations.papers_weight_step and ablation.renormalise is cscr.per_sequence
+    if papers:  # cscr.py's own (its options), else the ablation's steps (comparisons/cscr_ablations.py)
+        token_adv = cscr.cscr_token_advantages(*args, ablation.settings)
+        stats = cscr.cscr_stats(*args, ablation.settings)
+    else:
+        token_adv = cscr_ablations.ablated_token_advantages(*args, ablation)
+        stats = cscr_ablations.ablated_stats(*args, ablation)
+    return (token_adv, stats) if return_stats else token_adv
 
 
 # Issue #44 gave exp_abs and inverse the spec §5 forms, w = exp(−α·s) and 1 / (1 + α·s), without the threshold the
@@ -151,8 +157,10 @@ def test_sensitivity_weights_and_threshold_are_bit_identical(dtype):
     for weight, alpha, w_min in WEIGHT_CASES:
         if weight in CHANGED_MAPS:
             continue
-        settings = cscr_ablations.choose(weight, alpha=alpha, w_min=w_min)  # the map, or the up-weighting ablation
-        log_w = cscr.credit_log_weights(x["adv"], *logps, 0.2, settings)
+        ablation = cscr_ablations.choose(weight, alpha=alpha, w_min=w_min)  # the map, or the up-weighting ablation
+        log_w = cscr_ablations.ablated_log_weights(x["adv"], *logps, 0.2, ablation)
+        if ablation.weight_step is cscr_ablations.papers_weight_step:  # cscr.py's own, the same
+            assert torch.equal(cscr.credit_log_weights(x["adv"], *logps, 0.2, ablation.settings), log_w)
         assert torch.equal(log_w, OLD.credit_log_weights(s, 0.2, alpha, w_min, weight)), weight
         assert torch.equal(
             torch.where(x["mask"], torch.exp(log_w), 0.0), OLD.credit_weights(s, x["mask"], 0.2, alpha, w_min, weight)

@@ -62,7 +62,7 @@ ROW2 = [0.4, 0.5 * math.exp(3.0)]
 
 def _loss(**kw):
     old = torch.zeros(2, 3)
-    return grpo.policy_loss(old + LOG_RATIO, old, ADV, MASK, epsilon=0.2, epsilon_high=0.28, **kw)
+    return grpo.policy_loss(old + LOG_RATIO, old, ADV, MASK, grpo.LossSettings(epsilon=0.2, epsilon_high=0.28, **kw))
 
 
 def test_policy_loss_dapo_both_clips():
@@ -106,25 +106,25 @@ def test_policy_loss_k3_kl():
     logp = torch.log(torch.tensor([[0.5, 0.25, 0.2], [0.1, 0.9, 1.0]]))
     ref = torch.log(torch.tensor([[0.25, 0.25, 0.4], [0.2, 0.9, 1.0]]))
     zero_adv = torch.zeros(2)
-    loss, stats = grpo.policy_loss(logp, logp, zero_adv, MASK, ref_logp=ref, beta=0.1)
+    loss, stats = grpo.policy_loss(logp, logp, zero_adv, MASK, grpo.LossSettings(beta=0.1), ref_logp=ref)
     d = ref - logp
     k3 = (torch.exp(d) - d - 1) * MASK
     assert stats["kl"] == pytest.approx((k3.sum() / 5).item())
     assert loss.item() == pytest.approx(0.1 * (k3.sum() / 5).item())
-    _, stats = grpo.policy_loss(logp, logp, zero_adv, MASK, ref_logp=logp, beta=0.1)
+    _, stats = grpo.policy_loss(logp, logp, zero_adv, MASK, grpo.LossSettings(beta=0.1), ref_logp=logp)
     assert stats["kl"] == 0.0  # policy == reference
 
 
 def test_policy_loss_errors():
     old = torch.zeros(2, 3)
     with pytest.raises(ValueError):
-        grpo.policy_loss(old, old, ADV, MASK, loss_type="bnpo")
+        grpo.policy_loss(old, old, ADV, MASK, grpo.LossSettings(loss_type="bnpo"))
     with pytest.raises(ValueError):
-        grpo.policy_loss(old, old, ADV, MASK, loss_type="dr_grpo")
+        grpo.policy_loss(old, old, ADV, MASK, grpo.LossSettings(loss_type="dr_grpo"))
     with pytest.raises(ValueError):
         grpo.policy_loss(old, old[:1], ADV, MASK)
     with pytest.raises(ValueError):
-        grpo.policy_loss(old, old, ADV, MASK, beta=0.1)
+        grpo.policy_loss(old, old, ADV, MASK, grpo.LossSettings(beta=0.1))
 
 
 # ----------------------------------------------------------------------------------- the policy-loss registry
@@ -149,11 +149,13 @@ def test_a_registered_loss_is_a_choice_of_the_flag_with_its_own_aggregation(regi
     d64 = torch.float64
     logp = torch.tensor([[0.3, -0.3, 0.05], [-0.4, 3.0, 0.0]], dtype=d64)
     old = torch.zeros(2, 3, dtype=d64)
-    loss, _ = grpo.policy_loss(logp, old, ADV.to(d64), MASK.to(d64), loss_type="plain_pg", max_completion_length=3)
+    loss, _ = grpo.policy_loss(
+        logp, old, ADV.to(d64), MASK.to(d64), grpo.LossSettings(loss_type="plain_pg", max_completion_length=3)
+    )
     hand = (-math.exp(0.3) - math.exp(-0.3) - math.exp(0.05) + 0.5 * math.exp(-0.4) + 0.5 * math.exp(3.0)) / 5
     assert loss.item() == pytest.approx(hand, rel=1e-12)  # Dr. GRPO's Σ / (2·3) was 5/6 of it
     grpo.POLICY_LOSSES["plain_pg_seq"] = grpo.PolicyLoss(_plain_pg, "grpo")
-    seq, _ = grpo.policy_loss(logp, old, ADV.to(d64), MASK.to(d64), loss_type="plain_pg_seq")
+    seq, _ = grpo.policy_loss(logp, old, ADV.to(d64), MASK.to(d64), grpo.LossSettings(loss_type="plain_pg_seq"))
     rows = ((-math.exp(0.3) - math.exp(-0.3) - math.exp(0.05)) / 3, (0.5 * math.exp(-0.4) + 0.5 * math.exp(3.0)) / 2)
     assert seq.item() == pytest.approx(sum(rows) / 2, rel=1e-12)
 
@@ -164,7 +166,7 @@ def test_a_loss_registered_without_its_aggregation_is_refused(registry):
     for bad in (None, "token_mean", "bnpo"):
         grpo.POLICY_LOSSES["odd_norm"] = grpo.PolicyLoss(_plain_pg, bad)
         with pytest.raises(ValueError, match=r"loss 'odd_norm''s aggregation .* one of"):
-            grpo.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), ADV, MASK, loss_type="odd_norm")
+            grpo.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), ADV, MASK, grpo.LossSettings(loss_type="odd_norm"))
 
 
 def test_credit_choices_are_the_registrys_names_without_variants():

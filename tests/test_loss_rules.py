@@ -12,7 +12,7 @@ from conftest import backward
 import grpo
 import rollout
 import toy
-from comparisons import baselines
+from comparisons import baselines, sapo
 from trainer import policy, run_setup
 
 D = torch.float64
@@ -26,11 +26,11 @@ TOL = 1e-9  # the spec prints 10 digits
 
 def test_sapo_example_a_both_aggregations():
     """§4: seq-mean-token-mean 0.0004341173 (verl's and TRL's), token-mean −0.2777146712."""
-    seq, stats = grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, loss_type="sapo")
-    tok, _ = grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, loss_type="sapo", sapo_aggregation="token")
+    seq, stats = grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, sapo.SapoSettings())
+    tok, _ = grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, sapo.SapoSettings(sapo_aggregation="token"))
     assert float(seq) == pytest.approx(0.0004341173, abs=TOL) and float(tok) == pytest.approx(-0.2777146712, abs=TOL)
     assert stats["clip_ratio/dual_mean"] == 0.0  # no dual clip under SAPO, whatever --dual_clip says
-    seq_dual, _ = grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, loss_type="sapo", dual_clip=1.01)
+    seq_dual, _ = grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, sapo.SapoSettings(dual_clip=1.01))
     assert float(seq_dual) == float(seq)
 
 
@@ -39,24 +39,24 @@ def test_sapo_gradient_is_the_policy_gradient_at_ratio_one(aggregation, dapo_lik
     """§4: at r ≡ 1 SAPO's loss is 2/τ times the clipped surrogate's (τ = 1 on Â > 0, 1.05 on Â < 0) and its
     gradient is the same, under the same aggregation."""
     logp = OLD.clone().requires_grad_(True)
-    sapo, _ = grpo.policy_loss(logp, OLD, ADV, MASK, loss_type="sapo", sapo_aggregation=aggregation)
-    (g_sapo,) = torch.autograd.grad(sapo, logp)
+    gated, _ = grpo.policy_loss(logp, OLD, ADV, MASK, sapo.SapoSettings(sapo_aggregation=aggregation))
+    (g_sapo,) = torch.autograd.grad(gated, logp)
     logp = OLD.clone().requires_grad_(True)
-    dapo, _ = grpo.policy_loss(logp, OLD, ADV, MASK, loss_type=dapo_like)
+    dapo, _ = grpo.policy_loss(logp, OLD, ADV, MASK, grpo.LossSettings(loss_type=dapo_like))
     (g_dapo,) = torch.autograd.grad(dapo, logp)
     torch.testing.assert_close(g_sapo, g_dapo, rtol=1e-12, atol=1e-15)
     # the values: per token −Â·2/τ against −Â, so the row means scale by 2/τ of the row's sign
     per_row = torch.tensor([2.0, 2.0 / 1.05], dtype=D)
     rows = -ADV * MASK.sum(1) if dapo_like == "dapo" else -ADV
     expected = (per_row * rows).sum() / (MASK.sum() if dapo_like == "dapo" else 2)
-    sapo, dapo = float(sapo.detach()), float(dapo.detach())
-    assert sapo == pytest.approx(float(expected), abs=1e-12) and abs(sapo - dapo) > 1e-3
+    gated, dapo = float(gated.detach()), float(dapo.detach())
+    assert gated == pytest.approx(float(expected), abs=1e-12) and abs(gated - dapo) > 1e-3
 
 
 def test_sapo_gradient_is_the_gate_derivative():
     """§4: ∂ℓ/∂log π = −Â·w, w = 4s(1 − s)·r with s = σ(τ(r − 1)) (token-mean: divided by N)."""
     logp = (OLD + DLOGP).requires_grad_(True)
-    loss, _ = grpo.policy_loss(logp, OLD, ADV, MASK, loss_type="sapo", sapo_aggregation="token")
+    loss, _ = grpo.policy_loss(logp, OLD, ADV, MASK, sapo.SapoSettings(sapo_aggregation="token"))
     (g,) = torch.autograd.grad(loss, logp)
     r = torch.exp(DLOGP)
     tau = torch.tensor([1.0, 1.05], dtype=D)[:, None]  # τ_pos for Â > 0 (row 0), τ_neg for Â < 0
@@ -64,18 +64,18 @@ def test_sapo_gradient_is_the_gate_derivative():
     torch.testing.assert_close(g, -ADV[:, None] * 4 * s * (1 - s) * r * MASK / MASK.sum(), rtol=1e-12, atol=1e-15)
 
 
-def test_loss_settings_object_and_keywords_agree():
+def test_loss_settings_are_one_object():
+    """policy_loss takes its settings as one LossSettings (or the loss's subclass); its fields are the flags'."""
     s = grpo.LossSettings(epsilon=0.1, epsilon_high=0.3, dual_clip=3.0, loss_type="grpo")
     a, sa = grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, s)
-    b, sb = grpo.policy_loss(
-        OLD + DLOGP, OLD, ADV, MASK, epsilon=0.1, epsilon_high=0.3, dual_clip=3.0, loss_type="grpo"
-    )
+    b, sb = grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, settings=s)
     assert float(a) == float(b) and sa == sb
     assert grpo.LossSettings.from_config(grpo.GRPOConfig(loss_type="sapo")).loss_type == "sapo"
-    with pytest.raises(ValueError, match="not both"):
-        grpo.policy_loss(OLD, OLD, ADV, MASK, s, epsilon=0.2)
+    assert grpo.LossSettings(loss_type="grpo").aggregation == "grpo"  # the loss's own normaliser
     with pytest.raises(TypeError):
-        grpo.policy_loss(OLD, OLD, ADV, MASK, epsilonn=0.2)
+        grpo.policy_loss(OLD, OLD, ADV, MASK, epsilon=0.2)  # a field is the settings', not the function's
+    with pytest.raises(TypeError):
+        grpo.LossSettings(epsilonn=0.2)
 
 
 def _fipo_loss(logp, old, adv, mask, num_tokens):
@@ -90,7 +90,9 @@ def _fipo_loss(logp, old, adv, mask, num_tokens):
         cfg.fipo_safety_threshold,
         math.log(cfg.dual_clip),
     )
-    loss, _ = grpo.policy_loss(logp, old, token_adv * f, kept, dual_clip=10.0, scope=grpo.LossScope(num_tokens))
+    loss, _ = grpo.policy_loss(
+        logp, old, token_adv * f, kept, grpo.LossSettings(dual_clip=10.0), scope=grpo.LossScope(num_tokens)
+    )
     return float(loss), f, kept, {"fipo/dropped_frac": float((mask - kept).sum() / mask.sum())}
 
 
@@ -354,9 +356,11 @@ def test_policy_loss_on_example_b_dapo_and_delta():
     )
     dlogp = torch.tensor([[0.1, -0.2, 0.3, 0.0], [0.05, -0.1, 0.2, 0.0], [-0.3, 0.1, 0.0, 0.25]], dtype=D)
     old = torch.zeros(3, 4, dtype=D)
-    dapo, _ = grpo.policy_loss(old + dlogp, old, adv, mask, dual_clip=10.0)
+    dapo, _ = grpo.policy_loss(old + dlogp, old, adv, mask, grpo.LossSettings(dual_clip=10.0))
     lam_bar = delta.delta_coefficients(v, adv, mask)
-    ours, _ = grpo.policy_loss(old + dlogp, old, delta.delta_token_advantages(adv, lam_bar, mask), mask, dual_clip=10.0)
+    ours, _ = grpo.policy_loss(
+        old + dlogp, old, delta.delta_token_advantages(adv, lam_bar, mask), mask, grpo.LossSettings(dual_clip=10.0)
+    )
     assert float(dapo) == pytest.approx(-0.0546432602, abs=TOL) and float(ours) == pytest.approx(-0.0774846123, abs=TOL)
 
 
@@ -417,7 +421,11 @@ def test_entropy_quantile_micro_batch_size_and_pools(loss_stage, loss_type):
     picked = (entropy >= 1.0).to(D) * mask  # the 0.5 quantile of [0, 0, 0, 1, 1, 1, 2, 2] is 1
     assert torch.equal(runs[0][2], picked)
     want, _ = grpo.policy_loss(
-        logp, logp - delta, adv[:, None] * picked, mask, loss_type=loss_type, max_completion_length=3
+        logp,
+        logp - delta,
+        adv[:, None] * picked,
+        mask,
+        grpo.POLICY_LOSSES[loss_type].settings(loss_type=loss_type, max_completion_length=3),
     )  # Ã·m over every valid token: TRL's ℓ·m / |o_i|
     assert runs[0][0] == pytest.approx(float(want), rel=1e-13)
 

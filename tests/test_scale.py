@@ -210,7 +210,9 @@ def test_lora_reference_is_the_adapter_disabled_model(tiny_model_path, fixed_bat
     assert (old - ref_lp).abs().max() > 1e-3
     torch.testing.assert_close(_logp(model, b), old, atol=1e-10, rtol=0)  # the adapter is back on afterwards
     # and the k3 term is live: a zero-advantage update with beta > 0 moves the adapters back toward the reference
-    _, stats = grpo.policy_loss(old, old, torch.zeros(len(old)), b.response_mask, ref_logp=ref_lp, beta=0.1)
+    _, stats = grpo.policy_loss(
+        old, old, torch.zeros(len(old)), b.response_mask, grpo.LossSettings(beta=0.1), ref_logp=ref_lp
+    )
     assert stats["kl"] > 0
 
 

@@ -314,7 +314,7 @@ def test_verl_loss_on_the_token_advantages_is_policy_loss(example, tiny, float64
     assert config.policy_loss.loss_mode == "vanilla" and config.clip_ratio_c == 10.0
     got, _ = ppo_loss(config, model_output, td)
     want, stats = grpo.policy_loss(
-        logp, old, token_adv, mask, epsilon=0.2, epsilon_high=0.28, dual_clip=10.0, loss_type="dapo"
+        logp, old, token_adv, mask, grpo.LossSettings(epsilon=0.2, epsilon_high=0.28, dual_clip=10.0, loss_type="dapo")
     )
     assert stats["clip_ratio/dual_mean"] > 0 and stats["clip_ratio/low_mean"] > 0 and stats["clip_ratio/high_mean"] > 0
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)

@@ -132,11 +132,9 @@ def test_vanilla_loss_and_agg_loss_equal_verl(verl, loss_stage, loss_type, c):
         logp - delta,
         token_adv,
         mask,
-        epsilon=0.2,
-        epsilon_high=0.28,
-        dual_clip=c,
-        loss_type=loss_type,
-        max_completion_length=logp.shape[1],
+        grpo.LossSettings(
+            epsilon=0.2, epsilon_high=0.28, dual_clip=c, loss_type=loss_type, max_completion_length=logp.shape[1]
+        ),
     )
     loss.backward()
     _close((loss.item(), leaf.grad), theirs)

@@ -95,7 +95,9 @@ class CscrCredit(GRPOCredit):
 
     def __init__(self, cfg: GRPOConfig, tokenizer=None):
         super().__init__(cfg, tokenizer)
-        self.settings = cscr.Settings(alpha=cfg.cscr_alpha, w_min=cfg.cscr_w_min, mode=cfg.cscr_mode)
+        self.settings = cscr.Settings(
+            alpha=cfg.cscr_alpha, w_min=cfg.cscr_w_min, mode=cfg.cscr_mode, weight=cfg.cscr_weight
+        )
         self.threshold = cfg.cscr_threshold
         self.calibrated = False  # (--cscr_threshold_quantile: λ set from the first scored batch)
 
@@ -132,9 +134,13 @@ class CscrCredit(GRPOCredit):
                 self.threshold = cscr.calibrate_threshold(s_all, torch.ones_like(s_all), cfg.cscr_threshold_quantile)
                 self.calibrated = True
         # spec §5: w_t = max(w_min, exp(−α·max(0, s_t − λ))), Ã_{i,t} = Â_i·w_t / mean_t(w) (sign and budget kept)
-        token_adv = cscr.cscr_token_advantages(x.adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.settings)
-        stats = cscr.cscr_stats(x.adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.settings)
+        token_adv, stats = self.reallocate(x.adv, old_logp, lp_pos, lp_neg, mask)
         return CreditResult(token_adv, {**stats, "cscr/threshold": float(self.threshold)}, {"sensitivity": s})
+
+    def reallocate(self, adv, old_logp, lp_pos, lp_neg, mask):  # spec §5: (Ã [N, T], its statistics)
+        token_adv = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.settings)
+        stats = cscr.cscr_stats(adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.settings)
+        return token_adv, stats
 
     def scoring_logprobs(self, *args):  # CSCR's scoring passes: each privileged prompt run once (--shared_prompt)
         return (policy.shared_prompt_logprobs if self.cfg.shared_prompt else policy.token_logprobs)(*args)
