@@ -29,8 +29,7 @@ renormalisation scope (§5)     (none)                    per sequence [S2]; gro
 threshold λ, nats (§5)         threshold                 0.2, or calibrate_threshold(quantile 0.8)
 
 Left out: the loss (the trainer's surrogate with Ã, spec §6); full-vocabulary shifts (cscr_diagnostics.py); the §9
-ablations (comparisons/cscr_ablations.py: this file's steps repeated, a step replaced). Read next:
-trainer/credit_methods.py (``CscrCredit``).
+ablations (comparisons/cscr_ablations.py: these steps, one replaced). Read next: trainer/credit_methods.py (CscrCredit).
 
 Usage from any trainer (``model`` in eval mode; ``prompts``: the B rollout prompt texts x; ``response_ids``,
 ``response_mask``: [B, T] right-padded responses; ``adv``: [B] advantages Â; ℓ0 may be your old-log-prob pass)::
@@ -291,39 +290,26 @@ class Settings(NamedTuple):
     weight: str = "exp"  # s -> log w (spec §5): "exp" [S2]; "exp_abs", "inverse" [I]
 
 
-def checked_sensitivity(adv, old_logp, lp_pos, lp_neg, response_mask, settings):
-    """s_t [B, T] (``sensitivity`` by ``settings.mode``; no gradient) once what the weights read is checked: Â [B]
-    with old_logp's rows, α finite and >= 0, w_min in [0, 1], a known map, s finite on the valid tokens."""
+def credit_log_weights(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, settings=None):
+    """log w_t [B, T] (spec §4-§5, no gradient): s_t of ``old_logp``, ``lp_pos``, ``lp_neg`` = ℓ0, ℓ+, ℓ- [B, T] (nats)
+    by ``settings.mode``, weighted by the map ``settings.weight`` at λ = ``threshold`` (nats), floored: w = max(w_min,
+    w); ``adv``: Â [B].  Raises ValueError: shapes; settings out of range; not finite on a valid token (large α)."""
+    settings = settings or Settings()
     if not (torch.is_tensor(adv) and adv.dim() == 1 and torch.is_tensor(old_logp) and len(adv) == len(old_logp)):
         raise ValueError(f"adv must be a [B] tensor, B = old_logp's rows; got adv shape {getattr(adv, 'shape', None)}")
     ok = math.isfinite(settings.alpha) and settings.alpha >= 0 and 0 <= settings.w_min <= 1
     if not (ok and settings.weight in WEIGHT_MAPS):  # (sensitivity checks the mode)
         raise ValueError(f"Settings needs a finite alpha >= 0, w_min in [0, 1], a weight in {list(WEIGHT_MAPS)}")
     with torch.no_grad():
-        s = sensitivity(old_logp, lp_pos, lp_neg, response_mask, settings.mode)
-    if not torch.isfinite(s[_as_mask(response_mask).to(s.device)]).all():
-        raise ValueError("old_logp, lp_pos and lp_neg must be finite on valid (response_mask) tokens")
-    return s
-
-
-def floor_log_weights(log_w, response_mask, settings):
-    """log max(w_min, w) [B, T] of log w [B, T] (spec §5: the floor against concentration; ``settings.w_min``).
-    Raises ValueError: not finite on a valid token (α·s overflows)."""
-    floored = log_w.clamp(min=math.log(settings.w_min)) if settings.w_min > 0 else log_w
-    if not torch.isfinite(floored[_as_mask(response_mask).to(floored.device)]).all():
-        raise ValueError(f"alpha = {settings.alpha} times s overflows (log w not finite): lower it, or w_min > 0")
-    return floored
-
-
-def credit_log_weights(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, settings=None):
-    """log w_t [B, T] (spec §4-§5, no gradient): s_t of ``old_logp``, ``lp_pos``, ``lp_neg`` = ℓ0, ℓ+, ℓ- [B, T] (nats)
-    by ``settings.mode``, weighted by the map ``settings.weight`` at λ = ``threshold`` (nats), floored: w = max(w_min,
-    w); ``adv``: Â [B].  Raises ValueError: shapes; settings out of range; not finite on a valid token (large α)."""
-    settings = settings or Settings()
-    with torch.no_grad():
-        s = checked_sensitivity(adv, old_logp, lp_pos, lp_neg, response_mask, settings)  # spec §4: max(|Δ+|, |Δ-|)
+        s = sensitivity(old_logp, lp_pos, lp_neg, response_mask, settings.mode)  # spec §4: max(|Δ+_t|, |Δ-_t|)
+        m = _as_mask(response_mask).to(s.device)
+        if not torch.isfinite(s[m]).all():
+            raise ValueError("old_logp, lp_pos and lp_neg must be finite on valid (response_mask) tokens")
         log_w = sensitivity_weights(s, threshold, settings)  # spec §5: log w_t
-        return floor_log_weights(log_w, response_mask, settings)  # w = max(w_min, w)
+        floored = log_w.clamp(min=math.log(settings.w_min)) if settings.w_min > 0 else log_w  # against concentration
+        if not torch.isfinite(floored[m]).all():
+            raise ValueError(f"alpha = {settings.alpha} times s overflows (log w not finite): lower it, or w_min > 0")
+        return floored
 
 
 def cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, settings=None):

@@ -11,7 +11,7 @@ chosen once when the run starts (``choose``, from ``--cscr_weight`` and ``--cscr
         per_group     §5 "scope", §9.3: one w̄ per group of rows
         per_batch     §9.3: one w̄ for the whole batch
 
-Every one keeps the floor w = max(w_min, w) (cscr.floor_log_weights, after the step) and the renormalisation, so
+Every one keeps the floor w = max(w_min, w) (after the step, as cscr.credit_log_weights) and the renormalisation, so
 sign(Ã_i,t) = sign(Â_i); per_group and per_batch keep the group's / the batch's credit budget, not each sequence's.
 The strength ablation (§9.2) is the α / λ sweep of the paper's map (no code here); the spec §5 alternative maps
 ``exp_abs`` and ``inverse`` are cscr.py's options (``Settings.weight``).  Usage (λ = 0.2)::
@@ -105,17 +105,28 @@ def choose(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign_m
 
 
 def ablated_log_weights(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, ablation: Ablation | None = None):
-    """``cscr.credit_log_weights`` with ``ablation.weight_step`` in the place of the paper's weight step: log w [B, T]
-    (nats, floored by w_min); the arguments as there (λ = ``threshold``, nats; ``ablation``: ``choose``'s, default
-    the paper's steps)."""
+    """``cscr.credit_log_weights``, its lines repeated, with ``ablation.weight_step`` in the place of the paper's weight
+    step: log w [B, T] (nats, floored by w_min); the arguments as there (λ = ``threshold``, nats; ``ablation``:
+    ``choose``'s, default the paper's steps).  Raises cscr.credit_log_weights' ValueErrors."""
     ablation = ablation or choose()
     settings = ablation.settings
+    if not (torch.is_tensor(adv) and adv.dim() == 1 and torch.is_tensor(old_logp) and len(adv) == len(old_logp)):
+        raise ValueError(f"adv must be a [B] tensor, B = old_logp's rows; got adv shape {getattr(adv, 'shape', None)}")
+    ok = math.isfinite(settings.alpha) and settings.alpha >= 0 and 0 <= settings.w_min <= 1
+    if not (ok and settings.weight in cscr.WEIGHT_MAPS):  # (sensitivity checks the mode)
+        raise ValueError(f"Settings needs a finite alpha >= 0, w_min in [0, 1], a weight in {list(cscr.WEIGHT_MAPS)}")
     with torch.no_grad():
-        s = cscr.checked_sensitivity(adv, old_logp, lp_pos, lp_neg, response_mask, settings)  # spec §4
-        shift_pos = cscr.condition_shifts(old_logp, lp_pos, lp_neg, response_mask)[0]  # Δ+ = ℓ+ - ℓ0
+        s = cscr.sensitivity(old_logp, lp_pos, lp_neg, response_mask, settings.mode)  # spec §4
+        shift_pos, _, m = cscr.condition_shifts(old_logp, lp_pos, lp_neg, response_mask)  # Δ+ = ℓ+ - ℓ0
+        m = m.to(s.device)
+        if not torch.isfinite(s[m]).all():
+            raise ValueError("old_logp, lp_pos and lp_neg must be finite on valid (response_mask) tokens")
         adv = adv.detach().to(device=s.device, dtype=s.dtype)
         log_w = ablation.weight_step(s, shift_pos, adv, threshold, settings)  # the ablation's log w_t
-        return cscr.floor_log_weights(log_w, response_mask, settings)  # w = max(w_min, w)
+        floored = log_w.clamp(min=math.log(settings.w_min)) if settings.w_min > 0 else log_w  # w = max(w_min, w)
+        if not torch.isfinite(floored[m]).all():
+            raise ValueError(f"alpha = {settings.alpha} times s overflows (log w not finite): lower it, or w_min > 0")
+        return floored
 
 
 def ablated_token_advantages(

@@ -292,3 +292,30 @@ def test_grpo_credit_takes_the_rules_its_flags_name():
     # the spec §5 maps are cscr.py's options: the method's own credit function takes them, no ablation
     method = grpo.Credit(grpo.GRPOConfig(credit="cscr", cscr_weight="inverse"), None).method
     assert type(method) is grpo.CREDIT_FUNCTIONS["cscr"] and method.settings == cscr.Settings(weight="inverse")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
+def test_the_ablated_weights_repeat_cscr_pys_lines(dtype):
+    """ablated_log_weights repeats cscr.credit_log_weights' lines with the weight step swapped: with the paper's
+    step (every map, α, w_min) the same log w bit for bit, and the same one-line errors on bad input."""
+    x = [t.to(dtype) for t in (ADV, OLD, POS, NEG)]
+    for weight in ("exp", "exp_abs", "inverse"):
+        for alpha, w_min in ((1.0, 0.0), (3.0, 0.1)):
+            ablation = settings(weight, alpha=alpha, w_min=w_min)
+            want = cscr.credit_log_weights(*x, MASK, 0.2, ablation.settings)
+            assert torch.equal(cscr_ablations.ablated_log_weights(*x, MASK, 0.2, ablation), want), (weight, alpha)
+    nan = x[1].clone()
+    nan[0, 0] = float("nan")
+    bad = [
+        ((x[0][:3], *x[1:]), MASK, 0.2, {}),  # adv of the wrong length
+        (x, MASK, 0.2, {"alpha": -1.0}),
+        (x, MASK, 0.2, {"w_min": 1.5}),
+        ((x[0], nan, *x[2:]), MASK, 0.2, {}),  # not finite on a valid token
+        ((x[0], x[1], x[1] + 5.0, x[3]), MASK, 0.0, {"alpha": 1e308}),  # α·s overflows
+    ]
+    for args, mask, threshold, kw in bad:
+        with pytest.raises(ValueError) as want:
+            cscr.credit_log_weights(*args, mask, threshold, cscr.Settings(**kw))
+        with pytest.raises(ValueError) as got:
+            cscr_ablations.ablated_log_weights(*args, mask, threshold, settings(**kw))
+        assert str(got.value) == str(want.value)
