@@ -766,19 +766,20 @@ def _check_timeout(timeout: float) -> float:
 
 def _grade_extracted(
     references: Sequence[str],
+    normalized: Sequence[str],
     contents: Sequence[str | None],
     timeout: float,
     num_workers: int = 1,
     _soft_timer: bool = True,
 ) -> list[tuple[bool, str]]:
-    """Grade box contents (already extracted) against references; count every reason, log time-outs and errors.
+    """Grade box contents (already extracted) against references (as given, and ``normalize_reference``'d); count
+    every reason, log time-outs and errors.
 
     All pairs are queued on the worker pool at once and collected in order. ``_soft_timer=False`` turns the
     worker's own timer off so that only the kill path can stop it (tests).
     """
     jobs = []
-    for reference, content in zip(references, contents):
-        ref = normalize_reference(reference)
+    for reference, ref, content in zip(references, normalized, contents):
         pred = None if content is None else normalize_answer(content)
         if pred is None:
             jobs.append((ref, pred, (False, "no_box", "")))
@@ -820,7 +821,7 @@ def verify_with_reason(response: str, reference: str, timeout: float = DEFAULT_T
     if not isinstance(response, str):
         raise ValueError(f"response must be a str, got {type(response).__name__}")
     timeout = _check_timeout(timeout)
-    return _grade_extracted([reference], [extract_boxed(response)], timeout)[0]
+    return _grade_extracted([reference], [normalize_reference(reference)], [extract_boxed(response)], timeout)[0]
 
 
 def verify(response: str, reference: str, timeout: float = DEFAULT_TIMEOUT) -> bool:
@@ -864,12 +865,13 @@ def grade_batch(
     for i, r in enumerate(responses):
         if not isinstance(r, str):
             raise ValueError(f"responses[{i}] must be a str, got {type(r).__name__}")
-    for i, r in enumerate(references):  # validate every reference before grading anything
+    normalized = []
+    for i, r in enumerate(references):  # every reference checked before anything is graded
         try:
-            normalize_reference(r)
+            normalized.append(normalize_reference(r))
         except ValueError as e:
             raise ValueError(f"references[{i}]: {e}") from None
-    return _grade_extracted(references, [extract_boxed(r) for r in responses], timeout, num_workers)
+    return _grade_extracted(references, normalized, [extract_boxed(r) for r in responses], timeout, num_workers)
 
 
 def summarize(results: Sequence[tuple[bool, str]]) -> dict[str, int]:

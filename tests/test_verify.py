@@ -445,7 +445,11 @@ def test_hard_kill_path_when_worker_timer_is_off():
     assert verify(boxed("5"), "5")
     pid = _worker_pid()
     V.reset_grader_stats()
-    slow = _run_in_thread(lambda: V._grade_extracted([SLOW_REFERENCE], ["9^{9^{9}}"], 1.0, _soft_timer=False))
+    slow = _run_in_thread(
+        lambda: V._grade_extracted(
+            [SLOW_REFERENCE], [V.normalize_reference(SLOW_REFERENCE)], ["9^{9^{9}}"], 1.0, _soft_timer=False
+        )
+    )
     assert slow == [(False, "timeout")]
     assert V.grader_stats()["timeout"] == 1
     assert verify_with_reason(boxed("5"), "5") == (True, "ok")
