@@ -63,7 +63,6 @@ Command line::
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -75,7 +74,7 @@ from typing import NamedTuple
 import rollout
 import toy
 import verify
-from trainer import checkpoint, policy, problems
+from trainer import checkpoint, policy, problems, responses_file
 
 # The column headers of DelTA's Table 1 (``--benchmarks delta_paper``: the benchmarks of problems.DELTA_PAPER, in
 # the table's order; docs/specs/delta.md, section 5).
@@ -94,9 +93,9 @@ PROTOCOLS = {
     "greedy": dict(num_samples=0, temperature=0.0, greedy=True),
 }
 # How responses are drawn (--sampling). "chunks": problems sorted by length, cut into --chunk_size chunks, each drawn
-# with its own chunk_seed (resumes chunk by chunk). "trainer": as the trainer's held-out evaluation (evaluate_rows):
-# rows in file order, one rollout.generate call per mode with --seed itself, batches of --batch_size (resumes mode by
-# mode). A trained run's checkpoint defaults to "trainer", anything else to "chunks".
+# with its own seed (trainer/responses_file.py; resumes chunk by chunk). "trainer": as the trainer's held-out
+# evaluation (evaluate_rows): rows in file order, one rollout.generate call per mode with --seed itself, batches of
+# --batch_size (resumes mode by mode). A trained run's checkpoint defaults to "trainer", anything else to "chunks".
 SAMPLINGS = ("chunks", "trainer")
 CHUNKING = {"chunks": "by-length", "trainer": "trainer"}  # the settings hash's name of each rule
 # The trainer's held-out evaluation (heldout): rows per generate call, and its seed = the run's --seed + this
@@ -453,118 +452,6 @@ def heldout(model, tokenizer, rows: list[dict], template: str, settings: EvalSet
 # ----------------------------------------------------------------------------------------------------------
 # Resumable runs
 # ----------------------------------------------------------------------------------------------------------
-def settings_hash(generation: dict) -> str:
-    """A short hash of everything that decides the responses (model, template, stop ids, sampling, seed,
-    chunking, batch size); stored in every response record."""
-    return hashlib.sha256(json.dumps(generation, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def chunk_seed(seed: int, benchmark: str, mode: str, chunk: int) -> int:
-    """The sampler seed of one chunk: a hash of (seed, benchmark, mode, chunk index), never of the run's
-    history, so a resumed run samples every chunk exactly as an uninterrupted one."""
-    return int.from_bytes(hashlib.sha256(f"{seed}|{benchmark}|{mode}|{chunk}".encode()).digest()[:4], "big") >> 1
-
-
-def chunk_key(index: int, rows: list[dict]) -> str:
-    """Identifies a chunk's content: its index and a hash of its problems (a changed data file or --limit
-    that cuts the chunk short gives another key, so those records are not reused)."""
-    h = hashlib.sha256(json.dumps([[r["id"], r["problem"], r["answer"]] for r in rows]).encode()).hexdigest()
-    return f"{index}:{h[:12]}"
-
-
-def make_chunks(rows: list[dict], chunk_size: int) -> list[list[dict]]:
-    """Problems in chunks of ``chunk_size``, after a stable sort by problem length (characters; ties keep file
-    order), so a batch pads to similar prompt lengths. A function of the rows alone: the same data always gives
-    the same chunks, whatever was generated before."""
-    order = sorted(range(len(rows)), key=lambda i: (len(rows[i]["problem"]), i))
-    ordered = [rows[i] for i in order]
-    return [ordered[i : i + chunk_size] for i in range(0, len(ordered), chunk_size)]
-
-
-def load_responses(path: str | os.PathLike, expected_hash: str, overwrite: bool = False) -> dict:
-    """Records already written to a responses file, keyed by ``(mode, chunk key)`` then ``(id, sample)``.
-
-    A last line cut off mid-write (an interrupted run) is ignored, as is any undecodable line.
-    Raises:
-        ValueError: the file holds records written with other settings (unless ``overwrite``, which deletes it).
-    """
-    path = Path(path)
-    if not path.exists():
-        return {}
-    if overwrite:
-        path.unlink()
-        return {}
-    found: dict = {}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                rec = json.loads(line)
-                key = (rec["mode"], rec["chunk"])
-                item = (rec["id"], rec["sample"])
-                h = rec["settings_hash"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                continue
-            if h != expected_hash:
-                raise ValueError(
-                    f"{path} was written with different settings (hash {h}, now {expected_hash}): "
-                    "rerun with the same settings to resume, or use another --output_dir or "
-                    "--overwrite"
-                )
-            found.setdefault(key, {})[item] = rec  # a regenerated chunk comes later and wins
-    return found
-
-
-def cut_torn_tail(path: str | os.PathLike) -> int:
-    """Cut ``path`` back to its last complete line (the end of its last ``\\n``); returns the bytes cut (0 when
-    the file ends with a newline, is empty or is missing).
-
-    An interrupted run can leave half a record at the end (:func:`_append` writes one chunk per call, so a crash
-    leaves at most one partial line). Appending to it would merge the next record into that half-line and lose it,
-    so the chunk would be redone again on the next resume; :func:`load_responses` already ignores the half-line.
-    A last line that is a whole JSON object written without its newline is kept and given one.
-    """
-    path = Path(path)
-    try:
-        f = open(path, "r+b")
-    except FileNotFoundError:
-        return 0
-    with f:
-        size = f.seek(0, os.SEEK_END)
-        end = size
-        while end > 0:  # scan back for the last newline, 64 KiB at a time (a record can be long)
-            start = max(0, end - (1 << 16))
-            f.seek(start)
-            nl = f.read(end - start).rfind(b"\n")
-            if nl >= 0:
-                end = start + nl + 1
-                break
-            end = start
-        if end == size:
-            return 0
-        f.seek(end)
-        tail = f.read()
-        try:
-            whole = isinstance(json.loads(tail), dict)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            whole = False
-        if whole:
-            f.write(b"\n")
-            return 0
-        f.truncate(end)
-        f.flush()
-        os.fsync(f.fileno())
-        return size - end
-
-
-def _append(path: Path, records: list[dict]) -> None:
-    """Append records as jsonl in one write, flushed and synced: a crash leaves at most one partial line, which
-    the next resume cuts off before it appends (:func:`cut_torn_tail`)."""
-    with open(path, "a", encoding="utf-8") as f:
-        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
-        f.flush()
-        os.fsync(f.fileno())
-
-
 class BenchmarkPlan(NamedTuple):
     """How :func:`run_benchmark` draws a benchmark's responses: the prompt ``template``, the generation ``settings``
     (``stop_ids`` resolved), the ``grading``, and the ``sampling`` rule (:data:`SAMPLINGS`) with its ``chunk_size``."""
@@ -576,38 +463,35 @@ class BenchmarkPlan(NamedTuple):
     chunk_size: int = 32
 
 
-class ResponsesFile(NamedTuple):
-    """Where a benchmark's graded responses are saved and resumed from: the jsonl ``path``, the ``run_hash`` every
-    record carries (:func:`settings_hash`), and ``overwrite``: delete a file of other settings instead of refusing."""
-
-    path: str | os.PathLike
-    run_hash: str
-    overwrite: bool = False
-
-
 def run_benchmark(
-    model, tokenizer, name: str, rows: list[dict], plan: BenchmarkPlan, saved: ResponsesFile, progress: bool = True
+    model,
+    tokenizer,
+    name: str,
+    rows: list[dict],
+    plan: BenchmarkPlan,
+    saved: responses_file.ResponsesFile,
+    progress: bool = True,
 ) -> tuple[list[dict], int]:
     """Generate, grade and save the responses of one benchmark, resuming from ``saved.path``.
 
     ``plan.sampling`` ``"chunks"`` (the default): problems are cut into chunks of ``plan.chunk_size``
-    (:func:`make_chunks`), each generated with :func:`chunk_seed`. ``"trainer"``: one chunk of every problem in
-    file order, generated with ``plan.settings.seed`` itself, as :func:`evaluate_rows` (the trainer's held-out
-    evaluation) draws them: the same responses. For each mode and chunk: if the file already holds all its records
-    (same settings hash and chunk key) they are reused; otherwise the chunk is generated whole, graded, and
-    appended to the file at once. At the end the file is rewritten in canonical order (mode, problem in file order,
-    sample) with exactly this run's records.
+    (``responses_file.make_chunks``), each generated with ``responses_file.chunk_seed``. ``"trainer"``: one chunk of
+    every problem in file order, generated with ``plan.settings.seed`` itself, as :func:`evaluate_rows` (the
+    trainer's held-out evaluation) draws them: the same responses. For each mode and chunk: if the file already
+    holds all its records (same settings hash and chunk key) they are reused; otherwise the chunk is generated whole,
+    graded, and appended to the file at once. At the end the file is rewritten in canonical order (mode, problem in
+    file order, sample) with exactly this run's records.
     Returns:
         (records in canonical order, number of records reused from the file).
     Raises:
-        ValueError: the file was written with other settings (see load_responses).
+        ValueError: the file was written with other settings (``responses_file.load_responses``).
     """
     from tqdm import tqdm
 
     path = Path(saved.path)
-    found = load_responses(path, saved.run_hash, overwrite=saved.overwrite)
-    cut_torn_tail(path)  # appending onto a torn half-line would merge (and lose) the first new record
-    chunks = [rows] if plan.sampling == "trainer" else make_chunks(rows, plan.chunk_size)
+    found = responses_file.load_responses(path, saved.run_hash, overwrite=saved.overwrite)
+    responses_file.cut_torn_tail(path)  # appending onto a torn half-line would merge (and lose) the first new record
+    chunks = [rows] if plan.sampling == "trainer" else responses_file.make_chunks(rows, plan.chunk_size)
     total = sum(n * len(rows) for _, n in modes(plan.settings))
     bar = tqdm(total=total, desc=name, unit="resp", disable=not progress, dynamic_ncols=True, mininterval=1.0)
     records = []
@@ -615,7 +499,7 @@ def run_benchmark(
     try:
         for mode, n in modes(plan.settings):
             for ci, chunk in enumerate(chunks):
-                key = chunk_key(ci, chunk)
+                key = responses_file.chunk_key(ci, chunk)
                 have = found.get((mode, key), {})
                 wanted = [(r["id"], s) for r in chunk for s in range(n)]
                 if all(w in have for w in wanted):  # complete: reuse
@@ -627,35 +511,28 @@ def run_benchmark(
                 bar.update(len(wanted))
     finally:
         bar.close()
-    _rewrite_in_file_order(path, records, rows)
+    responses_file.rewrite_in_file_order(path, records, rows)
     return records, reused
 
 
 def _new_chunk(
-    model, tokenizer, where: tuple[str, str, int, list[dict]], plan: BenchmarkPlan, saved: ResponsesFile
+    model, tokenizer, where: tuple[str, str, int, list[dict]], plan: BenchmarkPlan, saved: responses_file.ResponsesFile
 ) -> list[dict]:
     """Generate and grade one chunk (``where``: benchmark name, mode, chunk index, its rows) and append its records,
     tagged with the chunk key and the settings hash, to the responses file."""
     name, mode, index, chunk = where
-    seed = plan.settings.seed if plan.sampling == "trainer" else chunk_seed(plan.settings.seed, name, mode, index)
+    seed = (
+        plan.settings.seed
+        if plan.sampling == "trainer"
+        else responses_file.chunk_seed(plan.settings.seed, name, mode, index)
+    )
     new = generate_records(
         model, tokenizer, chunk, plan.template, mode, plan.settings._replace(seed=seed), plan.grading
     )
     for rec in new:
-        rec.update(chunk=chunk_key(index, chunk), settings_hash=saved.run_hash)
-    _append(Path(saved.path), new)
+        rec.update(chunk=responses_file.chunk_key(index, chunk), settings_hash=saved.run_hash)
+    responses_file.append_records(Path(saved.path), new)
     return new
-
-
-def _rewrite_in_file_order(path: Path, records: list[dict], rows: list[dict]) -> None:
-    """Sort ``records`` in place (mode, problem in file order, sample) and rewrite ``path`` with exactly them."""
-    position = {r["id"]: i for i, r in enumerate(rows)}
-    mode_rank = {"greedy": 0, "sample": 1}
-    records.sort(key=lambda r: (mode_rank[r["mode"]], position[r["id"]], r["sample"]))  # file order
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -991,7 +868,7 @@ def main(argv=None):
         "chunking": CHUNKING[settings["sampling"]],
         **{k: settings[k] for k in DEFAULT_SETTINGS},
     }
-    run_hash = settings_hash(generation)
+    run_hash = responses_file.settings_hash(generation)
     args.output_dir = args.output_dir or os.path.join("eval_results", f"{_model_slug(args.model)}-{run_hash[:8]}")
     earlier = _earlier_results(args.output_dir, run_hash, args.overwrite)
     os.makedirs(args.output_dir, exist_ok=True)
@@ -1113,7 +990,7 @@ def _evaluate_benchmarks(
         if args.resample and path.exists():  # asked for: the saved responses of these settings go
             path.unlink()
         try:
-            saved = ResponsesFile(path, results["settings_hash"], args.overwrite)
+            saved = responses_file.ResponsesFile(path, results["settings_hash"], args.overwrite)
             records, reused = run_benchmark(model, tokenizer, name, data[name], plan, saved, not args.no_progress)
         except KeyboardInterrupt:
             print(

@@ -14,7 +14,7 @@ import pytest
 import evaluate
 import rollout
 import toy
-from trainer import hub, policy, problems
+from trainer import hub, policy, problems, responses_file
 
 DATA = Path(__file__).resolve().parents[1] / "data"  # the benchmarks the repository ships
 COUNTS = {
@@ -524,14 +524,16 @@ def test_plot_writes_one_png_per_benchmark_and_overall(tmp_path):
 # ------------------------------------------------------------------------------------------------------
 def test_chunks_are_length_sorted_and_fixed_by_the_data():
     rows = [{"id": str(i), "problem": "x" * n, "answer": "1"} for i, n in enumerate([5, 2, 9, 2, 7])]
-    chunks = evaluate.make_chunks(rows, 2)
+    chunks = responses_file.make_chunks(rows, 2)
     assert [[r["id"] for r in c] for c in chunks] == [["1", "3"], ["0", "4"], ["2"]]  # ties keep file order
-    assert evaluate.make_chunks(list(reversed(rows)), 2)[0] == [rows[3], rows[1]]
-    keys = [evaluate.chunk_key(i, c) for i, c in enumerate(chunks)]
-    assert len(set(keys)) == 3 and evaluate.chunk_key(0, chunks[0]) == keys[0]
-    assert evaluate.chunk_key(0, [dict(chunks[0][0], answer="2"), chunks[0][1]]) != keys[0]
-    seeds = {evaluate.chunk_seed(0, b, m, c) for b in ("x", "y") for m in ("greedy", "sample") for c in range(3)}
-    assert len(seeds) == 12 and evaluate.chunk_seed(0, "x", "sample", 1) == evaluate.chunk_seed(0, "x", "sample", 1)
+    assert responses_file.make_chunks(list(reversed(rows)), 2)[0] == [rows[3], rows[1]]
+    keys = [responses_file.chunk_key(i, c) for i, c in enumerate(chunks)]
+    assert len(set(keys)) == 3 and responses_file.chunk_key(0, chunks[0]) == keys[0]
+    assert responses_file.chunk_key(0, [dict(chunks[0][0], answer="2"), chunks[0][1]]) != keys[0]
+    seeds = {responses_file.chunk_seed(0, b, m, c) for b in ("x", "y") for m in ("greedy", "sample") for c in range(3)}
+    assert len(seeds) == 12 and responses_file.chunk_seed(0, "x", "sample", 1) == responses_file.chunk_seed(
+        0, "x", "sample", 1
+    )
 
 
 @pytest.fixture()
@@ -665,17 +667,17 @@ def test_cut_torn_tail_by_hand(tmp_path):
     a file ending in a newline, an empty file and a missing one are left as they are."""
     f = tmp_path / "r.jsonl"
     f.write_text('{"a": 1}\n{"b": 2}\n{"c": ')
-    assert evaluate.cut_torn_tail(f) == len('{"c": ') and f.read_text() == '{"a": 1}\n{"b": 2}\n'
-    assert evaluate.cut_torn_tail(f) == 0 and f.read_text() == '{"a": 1}\n{"b": 2}\n'
+    assert responses_file.cut_torn_tail(f) == len('{"c": ') and f.read_text() == '{"a": 1}\n{"b": 2}\n'
+    assert responses_file.cut_torn_tail(f) == 0 and f.read_text() == '{"a": 1}\n{"b": 2}\n'
     f.write_text('{"a": 1}\n{"b": 2}')
-    assert evaluate.cut_torn_tail(f) == 0 and f.read_text() == '{"a": 1}\n{"b": 2}\n'
+    assert responses_file.cut_torn_tail(f) == 0 and f.read_text() == '{"a": 1}\n{"b": 2}\n'
     f.write_text('{"only": "torn')  # no complete line at all: nothing is left
-    assert evaluate.cut_torn_tail(f) == len('{"only": "torn') and f.read_text() == ""
+    assert responses_file.cut_torn_tail(f) == len('{"only": "torn') and f.read_text() == ""
     long = json.dumps({"x": "é" * 70000})  # a torn line longer than the 64 KiB read-back window
     f.write_text('{"a": 1}\n' + long[:-3], encoding="utf-8")
-    assert evaluate.cut_torn_tail(f) == len(long[:-3].encode()) and f.read_text() == '{"a": 1}\n'
+    assert responses_file.cut_torn_tail(f) == len(long[:-3].encode()) and f.read_text() == '{"a": 1}\n'
     f.write_text("")
-    assert evaluate.cut_torn_tail(f) == 0 and evaluate.cut_torn_tail(tmp_path / "missing.jsonl") == 0
+    assert responses_file.cut_torn_tail(f) == 0 and responses_file.cut_torn_tail(tmp_path / "missing.jsonl") == 0
 
 
 def test_resume_after_a_torn_last_line_redoes_its_record_once(tmp_path, tiny_model_path, monkeypatch):
@@ -1068,7 +1070,7 @@ def test_delta_paper_table_end_to_end_on_the_toy(toy_model_path, tmp_path, count
     evaluate.main(argv)
     assert counting_generate == [] and json.loads((out / "delta_paper.json").read_text()) == paper
     hmmt = out / "hmmt_feb25_responses.jsonl"  # 5 problems x 2 samples, in chunks of 2 problems (by length)
-    last = evaluate.make_chunks(problems.load_problems(str(data / "hmmt_feb25.jsonl")), 2)[-1]  # 1 problem
+    last = responses_file.make_chunks(problems.load_problems(str(data / "hmmt_feb25.jsonl")), 2)[-1]  # 1 problem
     lines = hmmt.read_text().splitlines(keepends=True)
     kept = [line for line in lines if json.loads(line)["id"] != last[0]["id"]]
     hmmt.write_text("".join(kept[:-1]))  # the last chunk lost, and one record of another chunk
