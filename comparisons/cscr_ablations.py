@@ -4,7 +4,7 @@ cscr.py holds the paper's method; a run that compares against it replaces one st
 chosen once when the run starts (``choose``, from ``--cscr_weight`` and ``--cscr_scope``, through plain dicts), and
 ``ablated_token_advantages`` / ``ablated_stats`` run cscr.py's steps (their lines repeated) with it in that place::
 
-    weight_step   (s, shift_pos, adv, threshold, settings) -> log w     the paper's: cscr.sensitivity_weights
+    weight_step   (s, shift_pos, adv, threshold, settings) -> log w     the paper's: papers_weight_step
         upweight      §9.3: the sensitive tokens get MORE credit
         sign_aware    §9.1: RLSD's direction weight
     renormalise   (log_w, tokens) -> w̃                                  the paper's: cscr.per_sequence
@@ -172,6 +172,7 @@ class CscrAblationCredit(credit_methods.CscrCredit):
     def __init__(self, cfg, tokenizer=None):
         super().__init__(cfg, tokenizer)
         self.ablation = ablation_from_flags(cfg)
+        self.settings = self.ablation.settings  # α, w_min, the aggregation and the map the ablation runs with
 
     def reallocate(self, adv, old_logp, lp_pos, lp_neg, mask):  # CscrCredit's, with the ablation's steps
         token_adv = ablated_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.ablation)
