@@ -1023,7 +1023,9 @@ def old_logprobs(
     ``[N, T, H]`` from the same pass when ``need_hidden`` (``check_hidden(N, T, H)`` first); the ``TOKEN_STATS``
     ``token_stats`` (names) ``[N, T]`` each, from the same pass; the reference's log-probs when ``ref_model`` is
     given. ``training_forward``: the training forward instead (train mode, with grad, TRL's choice when μ = 1), kept
-    for the update to reuse. Returns a ``ThetaOld``. Every process runs as many micro-batches (FSDP's gathers)."""
+    for the update to reuse. Returns a ``ThetaOld``. Every process runs as many micro-batches (FSDP's gathers). Each
+    micro-batch is ``token_outputs`` of its rows; --no-padding_free --no-shared_prompt make it the plain forward of the
+    padded rows, and the defaults give the same numbers (float64, 1e-10 relative: tests/test_credit_e2e.py)."""
     N, T = batch.response_mask.shape
     dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
     logp, hidden = torch.zeros(N, T, dtype=dt), None
