@@ -79,7 +79,7 @@ def overlong_penalty(lengths: torch.Tensor, max_completion_length: int, buffer_l
 @dataclass(frozen=True)
 class LossSettings:
     """The surrogate's settings (``policy_loss``), as the flags of the same names give them (``from_config``);
-    ``aggregation``: the normaliser, one of AGGREGATIONS (None: ``POLICY_LOSSES[loss_type].aggregation``)."""
+    ``aggregation``: the normaliser, one of AGGREGATIONS (None: the registered loss_type's, set when they are made)."""
 
     epsilon: float = 0.2
     epsilon_high: float = 0.28
@@ -162,7 +162,7 @@ def check_loss_inputs(logp, old_logp, token_adv, response_mask, settings: LossSe
     given = (settings.beta <= 0 or ref_logp is not None) and (scope.num_valid is None or scope.valid_mask is not None)
     aggregation = settings.aggregation
     normaliser = aggregation in AGGREGATIONS and (aggregation != "dr_grpo" or settings.max_completion_length)
-    if not (fits and adv_shape[1] in (1, logp.shape[1]) and given and normaliser):
+    if not (fits and token_adv.dim() in (1, 2) and adv_shape[1] in (1, logp.shape[1]) and given and normaliser):
         raise ValueError(
             f"policy_loss: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, response_mask "
             f"{tuple(response_mask.shape)}, valid_mask {tuple(valid.shape)} [B, T], token_adv {tuple(token_adv.shape)} "

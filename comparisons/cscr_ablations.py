@@ -33,14 +33,14 @@ from trainer import credit_methods
 
 
 def upweight(s, shift_pos, adv, threshold, settings):
-    """Spec §9.3 [I] (SC-GRPO/RLSD-like), in place of ``cscr.sensitivity_weights``: log w = +α·max(0, s - λ) [B, T]
+    """Spec §9.3 [I] (SC-GRPO/RLSD-like), in place of ``papers_weight_step``: log w = +α·max(0, s - λ) [B, T]
     (α = ``settings.alpha``, λ = ``threshold``, nats), so w >= 1 and w_min has no effect; w itself may overflow to inf,
     the log-space renormalisation stays finite.  Δ+ and Â unread.  α = 0 gives GRPO."""
     return settings.alpha * (s - threshold).clamp(min=0.0)
 
 
 def sign_aware(s, shift_pos, adv, threshold, settings, eps=0.2, mix=0.5):
-    """Spec §9.1, the direction ablation, in place of ``cscr.sensitivity_weights``, in RLSD's form (arXiv 2604.03128;
+    """Spec §9.1, the direction ablation, in place of ``papers_weight_step``, in RLSD's form (arXiv 2604.03128;
     ε_w = 0.2, mix = 0.5 as in the RLCSD repo's RLSD config): log w [B, T] of w = (1 - mix) + mix·clip(exp(sign(Â_i)·
     Δ+_t), 1 - ε_w, 1 + ε_w), trusting the direction of the c+ shift Δ+ [B, T] (nats) under Â [B] (s, λ, α unread).
     The clip is taken on the exponent (exp is monotone), so w >= 1 - mix·ε_w > 0; mix = 0 or ε_w = 0 gives GRPO.

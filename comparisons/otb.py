@@ -1,6 +1,6 @@
 """verl's Optimal Token Baseline (OTB) beside DelTA and CSCR: ``--credit otb`` (verl's name ``optimal_token_baseline``
 selects it too). One file: the maths (``optimal_token_baseline``), its credit function (``OTBCredit``) and its
-registration; grpo.py, delta.py and cscr.py do not name it.
+registration (listed in comparisons/__init__.py's ``register``); grpo.py, delta.py and cscr.py do not name it.
 
 OTB (arXiv 2602.07078; verl 0.9.1 ``verl/trainer/ppo/core_algos.py`` ``compute_optimal_token_baseline_advantage``,
 ``docs/algo/otb.md``) keeps the outcome reward and replaces GRPO's one baseline per group by one per token position:

@@ -32,12 +32,12 @@ def close(actual, expected, **tol):
 
 
 def settings(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign_mix=0.5, **kw):
-    """cscr.Settings with the rules --cscr_weight and --cscr_scope name (and alpha, w_min, mode)."""
+    """The Ablation of the rules --cscr_weight and --cscr_scope name (and alpha, w_min, mode)."""
     return cscr_ablations.choose(weight, scope, group_size, sign_eps, sign_mix, **kw)
 
 
 def log_weights(s, weight, alpha=1.0, w_min=0.0):
-    """log w [1, 8] of the sensitivities s [1, 8] under ``weight``: credit_log_weights with ℓ0 = 0, ℓ+ = −s, ℓ− = 0
+    """log w [1, 8] of the sensitivities s [1, 8] under ``weight``: ablated_log_weights with ℓ0 = 0, ℓ+ = −s, ℓ− = 0
     (so the sensitivity is s, and Δ+ = −s), Â = 1, λ = 0.2."""
     zeros = torch.zeros_like(s)
     return cscr_ablations.ablated_log_weights(
@@ -72,12 +72,12 @@ def test_upweight_spec8_by_hand():
     close(spec8(1.0, alpha=2.0, weight="upweight"), normalised(w2, 1.0))
     # the down-weighting default on the same inputs (w = 1 / the up-weights), for contrast: opposite reallocation
     close(spec8(1.0), normalised([1 / x for x in w], 1.0))
-    # w_min has no effect (w >= 1); credit_log_weights gives the un-normalised log w
+    # w_min has no effect (w >= 1); ablated_log_weights gives the un-normalised log w
     close(spec8(1.0, weight="upweight", w_min=0.5), normalised(w, 1.0))
     s = cscr.sensitivity(*(torch.tensor([x], dtype=F64) for x in (LP0, LP_POS, LP_NEG)), torch.ones(1, 8))
     close(torch.exp(log_weights(s, "upweight"))[0], w)
     close(log_weights(s, "upweight", w_min=0.5)[0], [1.2, 0, 0.7, 0, 0, 0, 0, 0.3])
-    # the step itself, in place of cscr.sensitivity_weights (Δ+ and Â unread)
+    # the step itself, in place of papers_weight_step (Δ+ and Â unread)
     close(cscr_ablations.upweight(s, None, None, 0.2, cscr.Settings(alpha=2.0))[0], [2.4, 0, 1.4, 0, 0, 0, 0, 0.6])
 
 
@@ -319,3 +319,27 @@ def test_the_ablated_weights_repeat_cscr_pys_lines(dtype):
         with pytest.raises(ValueError) as got:
             cscr_ablations.ablated_log_weights(*args, mask, threshold, settings(**kw))
         assert str(got.value) == str(want.value)
+
+
+def test_the_ablation_credit_reallocates_with_its_ablation():
+    """CscrAblationCredit (what --cscr_weight upweight|sign_aware and --cscr_scope group|batch choose) replaces
+    CscrCredit.reallocate: its Ã and statistics are ablated_token_advantages' and ablated_stats', not the paper's."""
+    import grpo
+
+    paper = grpo.CREDIT_FUNCTIONS["cscr"](grpo.GRPOConfig(credit="cscr", num_generations=2), None)
+    paper_adv, _ = paper.reallocate(ADV, OLD, POS, NEG, MASK)
+    for flags in (
+        {"cscr_weight": "upweight"},
+        {"cscr_weight": "sign_aware"},
+        {"cscr_scope": "group"},
+        {"cscr_scope": "batch"},
+    ):
+        cfg = grpo.GRPOConfig(credit="cscr", num_generations=2, **flags)
+        method = grpo.Credit(cfg, None).method
+        assert type(method) is cscr_ablations.CscrAblationCredit
+        token_adv, stats = method.reallocate(ADV, OLD, POS, NEG, MASK)
+        ablation = cscr_ablations.ablation_from_flags(cfg)
+        args = (ADV, OLD, POS, NEG, MASK, cfg.cscr_threshold, ablation)
+        assert torch.equal(token_adv, cscr_ablations.ablated_token_advantages(*args)), flags
+        assert stats == cscr_ablations.ablated_stats(*args), flags
+        assert not torch.equal(token_adv, paper_adv), flags

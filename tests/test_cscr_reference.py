@@ -78,7 +78,9 @@ def inputs(dtype):
 
 
 def call(x, old_keywords, return_stats=True):
-    """The old call ``cscr_token_advantages(*x, **old_keywords)`` in today's API (the stats: ``cscr_stats``)."""
+    """The old call ``cscr_token_advantages(*x, **old_keywords)`` in today's API: cscr.py's ``cscr_token_advantages``
+    and ``cscr_stats`` for its own options, cscr_ablations.py's ``ablated_token_advantages`` and ``ablated_stats`` for
+    an ablation."""
     kw = dict(old_keywords)
     threshold = kw.pop("threshold", 0.2)
     ablation = cscr_ablations.choose(

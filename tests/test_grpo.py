@@ -182,6 +182,17 @@ def test_credit_choices_are_the_registrys_names_without_variants():
         grpo.build_parser().parse_args(["--credit", "delta/q2"])
 
 
+def test_a_value_outside_a_flags_choices_in_code_stops_in_check_config():
+    """A GRPOConfig made in code skips the parser: check_config refuses a value outside a flag's choices in one
+    line, before anything loads (a bad --cscr_weight reached step 1 before, after the model and a rollout)."""
+    said = r"^grpo.py: error: --cscr_weight 'linear': one of exp, exp_abs, inverse, upweight, sign_aware"
+    with pytest.raises(SystemExit, match=said):
+        grpo.check_config(grpo.GRPOConfig(credit="cscr", cscr_weight="linear"))
+    with pytest.raises(SystemExit, match=r"--delta_impl 'fast': one of normal, memory_efficient"):
+        grpo.check_config(grpo.GRPOConfig(credit="delta", delta_impl="fast"))
+    assert grpo.check_config(grpo.GRPOConfig()) == []
+
+
 def test_an_unknown_loss_type_in_code_stops_before_any_model_loads(tmp_path, monkeypatch):
     """GRPOConfig(loss_type="nope") (no parser in between): check_config names the field and the registered losses
     in one line, before the run folder or any weights (it reached step 1 before, after loading and a rollout)."""

@@ -66,10 +66,13 @@ def test_sapo_gradient_is_the_gate_derivative():
 
 def test_loss_settings_are_one_object():
     """policy_loss takes its settings as one LossSettings (or the loss's subclass); its fields are the flags'."""
-    s = grpo.LossSettings(epsilon=0.1, epsilon_high=0.3, dual_clip=3.0, loss_type="grpo")
+    s = grpo.LossSettings(epsilon=0.05, epsilon_high=0.05, loss_type="grpo")  # clips e^0.1 (Â > 0), e^-0.1 (Â < 0)
     a, sa = grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, s)
-    b, sb = grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, settings=s)
-    assert float(a) == float(b) and sa == sb
+    b, sb = grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, grpo.LossSettings(loss_type="grpo"))  # ε 0.2, 0.28: none
+    assert float(a) != float(b) and sa["clip_ratio/region_mean"] > 0 == sb["clip_ratio/region_mean"]  # ε is read
+    assert float(grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK)[0]) == float(
+        grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, grpo.LossSettings())[0]
+    )  # None: the defaults
     assert grpo.LossSettings.from_config(grpo.GRPOConfig(loss_type="sapo")).loss_type == "sapo"
     assert grpo.LossSettings(loss_type="grpo").aggregation == "grpo"  # the loss's own normaliser
     with pytest.raises(TypeError):

@@ -89,7 +89,8 @@ class DeltaCredit(GRPOCredit):
 
 class CscrCredit(GRPOCredit):
     """--credit cscr (spec §3–§5): the sensitivity s_t of θ_old's log-probs to a privileged note, w_t =
-    max(w_min, exp(−α·max(0, s_t − λ))), Ã = Â·w / mean_t(w); λ given, or calibrated once (its state)."""
+    max(w_min, exp(−α·max(0, s_t − λ))) (or a spec §5 alternative map: --cscr_weight exp_abs|inverse), Ã = Â·w /
+    mean_t(w); λ given, or calibrated once (its state)."""
 
     gathers_weights = True  # its privileged scoring passes (memory_plan.updates_on_policy)
 
@@ -133,7 +134,7 @@ class CscrCredit(GRPOCredit):
             if s_all.numel():
                 self.threshold = cscr.calibrate_threshold(s_all, torch.ones_like(s_all), cfg.cscr_threshold_quantile)
                 self.calibrated = True
-        # spec §5: w_t = max(w_min, exp(−α·max(0, s_t − λ))), Ã_{i,t} = Â_i·w_t / mean_t(w) (sign and budget kept)
+        # spec §5: w_t = max(w_min, exp(−α·max(0, s_t − λ))) (the map of --cscr_weight), Ã_{i,t} = Â_i·w_t / mean_t(w)
         token_adv, stats = self.reallocate(x.adv, old_logp, lp_pos, lp_neg, mask)
         return CreditResult(token_adv, {**stats, "cscr/threshold": float(self.threshold)}, {"sensitivity": s})
 

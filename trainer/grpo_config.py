@@ -415,6 +415,14 @@ def check_config(
             )
             for flag, names in choices.items()
         ],
+        *[  # a GRPOConfig made in code skips the parser's choices: the same check, before anything loads
+            (
+                getattr(cfg, f.name) not in f.metadata["choices"],
+                f"--{f.name} {getattr(cfg, f.name)!r}: one of {', '.join(map(str, f.metadata['choices']))}",
+            )
+            for f in dataclasses.fields(cfg)
+            if "choices" in f.metadata
+        ],
         (cfg.num_generations < 1, "--num_generations must be >= 1"),
         (
             cfg.num_generations == 1,
