@@ -16,6 +16,8 @@ they replace (grpo, delta, cscr) and trainer/ (the model's passes), never tools/
     --credit cscr --cscr_scope group|batch          CREDIT_FUNCTIONS cscr/ablation
 """
 
+import cscr
+
 DELTA_ABLATION_DEFAULTS = {
     "delta_scores": "contrastive",
     "delta_assignment": "soft",
@@ -43,7 +45,7 @@ def credit_name(cfg) -> str:
         return "delta/q2"
     if cfg.credit == "delta" and any(getattr(cfg, flag) != value for flag, value in DELTA_ABLATION_DEFAULTS.items()):
         return "delta/ablation"
-    if cfg.credit == "cscr" and (cfg.cscr_weight in ("upweight", "sign_aware") or cfg.cscr_scope != "sequence"):
+    if cfg.credit == "cscr" and (cfg.cscr_weight not in cscr.WEIGHT_MAPS or cfg.cscr_scope != "sequence"):
         return "cscr/ablation"
     return cfg.credit
 
