@@ -33,7 +33,7 @@ def minibatch_pool(model, batch, valid, rows, cfg):
     2,048 × 4,096)."""
     dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
     entropy = torch.zeros(valid.shape, dtype=dt)
-    for mb in policy.Passes(model, batch, rows, cfg, grad=False, entropy=True):
+    for mb in policy.Passes(model, batch, rows, cfg, grad=False, asked=policy.Asked(entropy=True)):
         entropy[mb.rows, : mb.t] = mb.entropy.to(dt).cpu()
     picked = torch.zeros(valid.shape, dtype=torch.bool)
     picked[rows] = picked_tokens(entropy[rows], valid[rows], cfg)
@@ -96,7 +96,7 @@ def forking_micro_backward(model, update, rows, cfg):
     n_valid, n_seq = counts[0].item(), int(counts[1].item())
     if update.loss_factor is None:
         update.loss_factor = torch.zeros_like(update.update_adv)
-    passes = policy.Passes(model, update.batch, rows, cfg, grad=True, entropy=True)
+    passes = policy.Passes(model, update.batch, rows, cfg, grad=True, asked=policy.Asked(entropy=True))
     loss_total, sums = 0.0, {}
     for mb in passes:
         at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)

@@ -124,7 +124,7 @@ class _LogProbPasses:
     """``policy.Passes`` over a ``_LogProbPolicy``: the same micro-batch layout (``policy.micro_batches``), each
     micro-batch's log π a slice of the parameter (a graph to it under ``grad``), its entropy the buffer's."""
 
-    def __init__(self, model, batch, rows, cfg, *, grad, hidden=False, keep_graphs=False, entropy=False):
+    def __init__(self, model, batch, rows, cfg, *, grad, keep_graphs=False, asked=None):
         from trainer import policy
 
         self.model, self.grad, self.micro_batch = model, grad, policy.MicroBatch

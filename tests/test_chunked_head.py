@@ -62,14 +62,13 @@ def test_token_logprobs_chunked_equals_unchunked(arch, tokenizer, float64_model)
     runs = {}
     for positions in (0, 1, 5, 7):
         model.zero_grad(set_to_none=True)
-        lp, h, ent = policy.token_logprobs(
+        lp, h, ent, *_ = policy.token_outputs(
             model,
             batch.input_ids,
             batch.attention_mask,
             batch.response_mask,
             0.7,
-            return_hidden=True,
-            return_entropy=True,
+            asked=policy.Asked(hidden=True, entropy=True),
             chunk_bytes=_budget(V, positions),
         )
         (weights * lp).sum().backward()

@@ -551,9 +551,9 @@ def test_cscr_diagnostics_scores_are_the_trainers(rollout_batch, float64_model):
         logprob_fn=grpo.Credit(cfg, tok).method.scoring_logprobs,
     )
     with torch.no_grad():
-        trainer["entropy"] = policy.token_logprobs(
-            model, batch.input_ids, batch.attention_mask, batch.response_mask, return_entropy=True
-        )[1]
+        trainer["entropy"] = policy.token_outputs(
+            model, batch.input_ids, batch.attention_mask, batch.response_mask, asked=policy.Asked(entropy=True)
+        ).entropy
     for name, expected in trainer.items():
         assert scores[name].dtype == torch.float64 and expected.abs().sum() > 0, name
         torch.testing.assert_close(scores[name], expected.to(torch.float64), rtol=TOL, atol=TOL)

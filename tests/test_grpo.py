@@ -239,7 +239,8 @@ def test_token_logprobs_left_padding_matches_naive(tiny, float64_model):
     )
     mask = torch.tensor([[1.0] * len(r) + [0.0] * (T - len(r)) for r in r_ids])
     with torch.no_grad():
-        lp, hidden = policy.token_logprobs(model, input_ids, attn, mask, temperature=0.7, return_hidden=True)
+        out = policy.token_outputs(model, input_ids, attn, mask, temperature=0.7, asked=policy.Asked(hidden=True))
+        lp, hidden = out.logp, out.hidden
         for i, (p, r) in enumerate(zip(p_ids, r_ids)):
             naive = _naive_logprobs(model, [p + r], len(r), 0.7)[0]
             torch.testing.assert_close(lp[i, : len(r)], naive, atol=1e-10, rtol=1e-10)

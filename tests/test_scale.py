@@ -151,15 +151,12 @@ def test_bf16_lora_run_on_cpu_end_to_end(tiny_model_path, tmp_path):
 def test_peft_wrapper_keeps_hidden_hook_and_logits_to_keep(tiny_model_path, fixed_batch, float64_model):
     plain, _ = _load(tiny_model_path)
     plain = float64_model(plain)  # the same function through peft's wrapper: float64, 1e-10 (conftest)
-    lp0, h0 = policy.token_logprobs(
-        plain.eval(), fixed_batch.input_ids, fixed_batch.attention_mask, fixed_batch.response_mask, return_hidden=True
-    )
+    inputs = (fixed_batch.input_ids, fixed_batch.attention_mask, fixed_batch.response_mask)
+    lp0, h0, *_ = policy.token_outputs(plain.eval(), *inputs, asked=policy.Asked(hidden=True))
     model, _ = _load(tiny_model_path)
     peft_model = policy.prepare_model(float64_model(model), grpo.GRPOConfig(use_peft=True)).eval()
     with torch.no_grad():  # a fresh adapter (B = 0) is the identity: same log-probs, same LM-head inputs
-        lp1, h1 = policy.token_logprobs(
-            peft_model, fixed_batch.input_ids, fixed_batch.attention_mask, fixed_batch.response_mask, return_hidden=True
-        )
+        lp1, h1, *_ = policy.token_outputs(peft_model, *inputs, asked=policy.Asked(hidden=True))
         out = peft_model(input_ids=fixed_batch.input_ids, attention_mask=fixed_batch.attention_mask, logits_to_keep=5)
     torch.testing.assert_close(lp1, lp0.detach(), atol=1e-10, rtol=0)
     torch.testing.assert_close(h1, h0, atol=1e-10, rtol=0)

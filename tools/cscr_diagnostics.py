@@ -606,10 +606,11 @@ _POS_CHUNK = 1024  # positions per chunk of three [b, chunk, V] float32 probabil
 def score_contexts(model, tokenizer, contexts, response_ids, response_mask, temperature, micro_batch_size):
     """Step 3b (spec §7, [S2]): re-score the fixed responses under x, x + c+, x + c- with the same weights.
 
-    Three no-grad forwards per micro-batch, each the trainer's own log-prob function, ``policy.token_logprobs``
+    Three no-grad forwards per micro-batch, each the trainer's own log-prob function, ``policy.token_outputs``
     (grpo.py's θ_old pass and CSCR's scoring passes: the same ℓ0, ℓ±), on ``cscr.scoring_inputs`` (every prompt
     tokenised by cscr.py's TOKENISATION RULE, left-padded); the model as given (``diagnose`` puts it in eval mode).
-    H(p0) is its ``return_entropy``; top-1 and D4c come from its ``return_logits`` (``_full_vocab_scores``).
+    H(p0) is its ``Asked(entropy=True)``; top-1 and D4c come from its logits (``Asked(logits=True)``;
+    ``_full_vocab_scores``).
 
     Args:
         contexts: ``condition_contexts``'s dict.  response_ids: [N, T] long.  response_mask: [N, T] bool.
@@ -629,13 +630,12 @@ def score_contexts(model, tokenizer, contexts, response_ids, response_mask, temp
         logits = []  # [b, T, V] of x, x + c+, x + c-
         for name, k in (("old_logp", "x"), ("lp_pos", "pos"), ("lp_neg", "neg")):
             inputs = cscr.scoring_inputs(tokenizer, contexts[k][rows], r, mz)
-            lp, *ent, z = policy.token_logprobs(
-                model, *inputs, mz, temperature, return_entropy=k == "x", return_logits=True
-            )  # [b, T], H(p0) [b, T] for x, z [b, T, V]
-            out[name][rows] = lp.cpu()
-            if ent:
-                out["entropy"][rows] = ent[0].cpu()  # D7: the base distribution's entropy H(p0)
-            logits.append(z)
+            asked = policy.Asked(entropy=k == "x", logits=True)
+            scored = policy.token_outputs(model, *inputs, mz, temperature, asked)  # log p, H(p0) for x, z [b, T, V]
+            out[name][rows] = scored.logp.cpu()
+            if scored.entropy is not None:
+                out["entropy"][rows] = scored.entropy.cpu()  # D7: the base distribution's entropy H(p0)
+            logits.append(scored.logits)
         for t0 in range(0, T, _POS_CHUNK):
             cols = slice(t0, min(t0 + _POS_CHUNK, T))
             for k, score in _full_vocab_scores([z[:, cols] for z in logits], temperature).items():

@@ -423,7 +423,7 @@ def clip_and_step(model, optimizer, loss: float, max_grad_norm: float, step: int
 LOGITS_CHUNK_BYTES = 256 * 2**20
 
 
-def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=1.0, **asked):
+def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=1.0, shared=None, chunk_bytes=None):
     """log π(y_t | x, y_<t) (nats) of the response tokens under logits / temperature: ``[B, T]``, 0 on padding.
 
     ``input_ids``/``attention_mask`` ``[B, P + T]``: left-padded prompt, right-padded response in the last T
@@ -432,25 +432,23 @@ def token_logprobs(model, input_ids, attention_mask, response_mask, temperature=
     model; no [B, T, V] softmax). When the micro-batch's float32 logits B·T·V·4 exceed ``chunk_bytes`` (None:
     ``LOGITS_CHUNK_BYTES``; 0: never), the head runs in chunks of positions instead (``ChunkedLMHead``: the same
     values; the backward recomputes each chunk), inside the model's forward (FSDP2 gathers the head there), on the
-    models ``lm_head`` accepts; the others, and ``return_logits``, take the whole micro-batch at once.
-    ``return_hidden``: also the LM head's input ``[B, T, H]`` (the body's output, the final norm's, detached) at the
-    positions that predict the response tokens, which DelTA's proxy needs (App. F): from the same forward.
-    ``shared``: ``(SharedPrompts, the rows' indices)``: the prompts already ran once per group (same result).
-    ``return_entropy``: also the policy's entropy H_t = −Σ_j p_j log p_j (nats) ``[B, T]`` of softmax(z/T) at each
-    response position (Forking Tokens' score, docs/specs/baselines.md §3), no grad, from the same logits.
-    ``token_stats``: names of ``TOKEN_STATS`` (e.g. Σ_v p_v²), each ``[B, T]`` of softmax(z/T), no grad, from the
-    same logits. ``return_logits``: also those rows of logits z ``[B, T, V]`` (before the temperature; a view, no
-    copy), for full-vocabulary quantities (cscr_diagnostics.py's D4c and top-1 probability).
-    Returns log p, then h (``return_hidden``), then H (``return_entropy``), then {name: ``[B, T]``}
-    (``token_stats``), then z (``return_logits``): a tuple when any is asked for. ``asked``: the keywords above, as
-    ``token_outputs`` takes them (an unknown one: its TypeError).
+    models ``lm_head`` accepts; the others take the whole micro-batch at once. ``shared``: ``(SharedPrompts, the
+    rows' indices)``: the prompts already ran once per group (same result). More of the same forward (h_t, the
+    entropy, per-token statistics, the logits): ``token_outputs``.
     """
-    out = token_outputs(model, input_ids, attention_mask, response_mask, temperature, **asked)
-    after_logp = ("return_hidden", "return_entropy", "token_stats", "return_logits")  # out's fields after log p
-    wanted = [True] + [bool(asked.get(name)) for name in after_logp]
-    picked = tuple(value for value, want in zip(out, wanted) if want)
-    return picked if len(picked) > 1 else picked[0]
+    return token_outputs(
+        model, input_ids, attention_mask, response_mask, temperature, Asked(), shared, chunk_bytes
+    ).logp
 
+
+# What a forward returns beside log p, each only when asked for (``Asked``'s fields, in order): ``hidden``, the LM
+# head's input h_t ``[B, T, H]`` (the body's output, the final norm's, detached) at the positions that predict the
+# response tokens, which DelTA's proxy needs (App. F); ``entropy``, the policy's entropy H_t = −Σ_j p_j log p_j
+# (nats) ``[B, T]`` of softmax(z/T) (Forking Tokens' score, docs/specs/baselines.md §3), no grad; ``token_stats``,
+# names of ``TOKEN_STATS`` (e.g. Σ_v p_v²), each ``[B, T]`` of softmax(z/T), no grad; ``logits``, z ``[B, T, V]``
+# (before the temperature; a view, no copy; the whole micro-batch at once), for full-vocabulary quantities
+# (cscr_diagnostics.py's D4c and top-1 probability).
+Asked = namedtuple("Asked", "hidden entropy token_stats logits", defaults=(False, False, (), False))
 
 # What ``token_outputs`` returns: log p ``[B, T]``, h ``[B, T, H]``, H ``[B, T]``, {name: ``[B, T]``}, z ``[B, T, V]``
 # (each None unless asked for, log p always)
@@ -458,86 +456,116 @@ TokenOutputs = namedtuple("TokenOutputs", "logp hidden entropy token_stats logit
 
 
 def token_outputs(
-    model,
-    input_ids,
-    attention_mask,
-    response_mask,
-    temperature=1.0,
-    return_hidden=False,
-    shared=None,
-    return_entropy=False,
-    return_logits=False,
-    chunk_bytes=None,
-    token_stats=(),
+    model, input_ids, attention_mask, response_mask, temperature=1.0, asked=Asked(), shared=None, chunk_bytes=None
 ) -> TokenOutputs:
-    """``token_logprobs``' values, its keywords here by name, as one ``TokenOutputs`` (the fields not asked for None):
-    what ``Passes`` reads."""
+    """``token_logprobs``' log p and what ``asked`` (an ``Asked``) names, from the same forward: a ``TokenOutputs``
+    (the fields not asked for None). What ``Passes`` reads."""
     B, T = response_mask.shape
-    targets, chunk, head = input_ids[:, -T:], 0, None
+    targets = input_ids[:, -T:]  # y_1..y_T [B, T]
+    head = _chunked_head(model, B * T, asked, chunk_bytes)  # None: the model's own head, every position at once
+    with _body_outputs(model, T, head, (targets, temperature, asked), asked.hidden) as captured:
+        out = _forward(model, input_ids, attention_mask, T, shared, head)
+    if head is not None:
+        _, (logp, entropy, extra) = out  # [B·T] each (extra [B·T, S]): ChunkedLMHead's
+        logits = None
+    else:
+        logits = out.logits[:, -(T + 1) : -1]  # position p predicts token p+1: [B, T, V]
+        logp, entropy, extra = _from_logits(logits, targets, temperature, asked)
+    mask = response_mask.to(logp.dtype)
+    extra = extra.view(B, T, -1) if extra is not None else None
+    return TokenOutputs(
+        logp.view(B, T) * mask,
+        captured["h"] if asked.hidden else None,
+        entropy.view(B, T) * mask if asked.entropy else None,
+        {name: extra[..., k] * mask for k, name in enumerate(asked.token_stats)} if asked.token_stats else None,
+        logits if asked.logits else None,
+    )
+
+
+ChunkedHead = namedtuple("ChunkedHead", "lm_head chunk")  # an ``LMHead`` and its chunk (positions)
+
+
+def _chunked_head(model, positions: int, asked: Asked, chunk_bytes) -> ChunkedHead | None:
+    """How ``token_outputs`` runs the LM head over ``positions`` = B·T positions: in chunks (a ``ChunkedHead``) when
+    their float32 logits (positions·V·4 bytes) exceed ``chunk_bytes`` (None: ``LOGITS_CHUNK_BYTES``; 0: never) and
+    ``lm_head`` accepts the model, else None (the model's own head; also when the logits are asked for)."""
     budget = LOGITS_CHUNK_BYTES if chunk_bytes is None else chunk_bytes
     out_head = getattr(model, "get_output_embeddings", lambda: None)()
-    if budget and not return_logits and out_head is not None and B * T * out_head.weight.shape[0] * 4 > budget:
-        head = lm_head(model)
-        head, chunk = (None, 0) if isinstance(head, str) else (head, max(1, budget // (out_head.weight.shape[0] * 4)))
-    captured, hooks = {}, []
+    if not budget or asked.logits or out_head is None:
+        return None
+    position_bytes = out_head.weight.shape[0] * 4  # one position's float32 logits: V·4
+    if positions * position_bytes <= budget:
+        return None
+    head = lm_head(model)
+    return None if isinstance(head, str) else ChunkedHead(head, max(1, budget // position_bytes))
 
-    def from_body(module, args, output):  # inside the model's forward (under FSDP2: the head's weight gathered)
+
+@contextlib.contextmanager
+def _body_outputs(model, T: int, head: ChunkedHead | None, head_inputs: tuple, keep_hidden: bool):
+    """Hooks on the model for one forward, removed after it; yields the dict they fill: ``"h"``, the body's output
+    at the positions that predict y_1..y_T ``[B, T, H]`` (detached; when ``keep_hidden``), and, with a chunked
+    ``head``, ``ChunkedLMHead``'s (log p, H, statistics) of h, computed inside the model's forward (under FSDP2:
+    the head's weight gathered), which the model then returns beside its own output. ``head_inputs``: (y ``[B, T]``,
+    the temperature, the ``Asked``)."""
+    captured, hooks = {}, []
+    targets, temperature, asked = head_inputs
+
+    def from_body(module, args, output):
         h = output[0][:, -(T + 1) : -1]  # [B, T, H]: the final norm's output at the positions predicting y_1..y_T
         captured["h"] = h.detach()
         if head is not None:
             captured["head"] = ChunkedLMHead.apply(
                 h.reshape(-1, h.shape[-1]),
-                head.head.weight,
+                head.lm_head.head.weight,
                 targets.reshape(-1),
                 temperature,
-                head.softcap,
-                chunk,
-                return_entropy,
-                tuple(token_stats),
+                head.lm_head.softcap,
+                head.chunk,
+                asked.entropy,
+                tuple(asked.token_stats),
             )
 
-    if return_hidden or head is not None:
-        hooks.append((head.body if head is not None else _body(model)).register_forward_hook(from_body))
+    if keep_hidden or head is not None:
+        hooks.append((head.lm_head.body if head is not None else _body(model)).register_forward_hook(from_body))
     if head is not None:  # the model returns (its output, (log p, H)), also to the hooks after this one: FSDP2's
         # post-forward, which on what the model returns registers the head weight's re-gathering for the backward
         hooks.append(_base(model).register_forward_hook(lambda m, a, out: (out, captured.pop("head")), prepend=True))
-    keep = {"logits_to_keep": 1} if head is not None else {}  # chunked: the model's own head sees one position
     try:
-        if shared is None:  # left padding shifts every prompt: positions count real tokens only, as generate() does
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-            out = model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                use_cache=False,
-                **(keep or {"logits_to_keep": T + 1}),
-            )
-        else:  # --shared_prompt: all but the last prompt token are cached; run the last T + 1 positions only
-            out = shared[0].forward(model, shared[1], input_ids[:, -(T + 1) :], attention_mask[:, -(T + 1) :], **keep)
+        yield captured
     finally:
         for hook in hooks:
             hook.remove()
-    if head is not None:
-        out, (logp, entropy, extra) = out
-        logp, entropy = logp.view(B, T), entropy.view(B, T) if entropy is not None else None
-        extra = extra.view(B, T, -1) if extra is not None else None
-    else:
-        logits = out.logits[:, -(T + 1) : -1]  # position p predicts token p+1: [B, T, V]
-        dt = torch.promote_types(logits.dtype, torch.float32)
-        # one row at a time keeps the float32 copy small (V can be 152k)
-        logp = torch.stack([_log_softmax_at(logits[i].to(dt) / temperature, targets[i])[0] for i in range(B)])
-        entropy = entropy_from_logits(logits, temperature) if return_entropy else None  # a few
-        # positions at a time, no [T, V] copy
-        extra = position_stats(logits, temperature, token_stats) if token_stats else None
-    mask = response_mask.to(logp.dtype)
-    stats = {name: extra[..., k] * mask for k, name in enumerate(token_stats)} if token_stats else None
-    return TokenOutputs(
-        logp * mask,
-        captured["h"] if return_hidden else None,
-        entropy * mask if return_entropy else None,
-        stats,
-        logits if return_logits else None,
+
+
+def _forward(model, input_ids, attention_mask, T: int, shared, head: ChunkedHead | None):
+    """The model's forward over the last T + 1 positions' logits (one, with a chunked ``head``: its own head's
+    output is unused). Left padding shifts every prompt: positions count real tokens only, as generate() does.
+    ``shared``: (``SharedPrompts``, rows): all but the last prompt token are cached; the last T + 1 positions run."""
+    keep = 1 if head is not None else T + 1  # chunked: the model's own head sees one position
+    if shared is not None:  # --shared_prompt
+        return shared[0].forward(
+            model, shared[1], input_ids[:, -(T + 1) :], attention_mask[:, -(T + 1) :], logits_to_keep=keep
+        )
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    return model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+        logits_to_keep=keep,
     )
+
+
+def _from_logits(logits, targets, temperature: float, asked: Asked) -> tuple:
+    """(log p ``[B, T]``, H ``[B, T]`` or None, the statistics ``[B, T, S]`` or None) of the logits z ``[B, T, V]`` at
+    y ``targets`` ``[B, T]``, of softmax(z/T), in float32 (float64 for a float64 model)."""
+    dt = torch.promote_types(logits.dtype, torch.float32)
+    # log p one row at a time keeps the float32 copy small (V can be 152k); H and the statistics take a few positions
+    # at a time, no [T, V] copy
+    logp = torch.stack([_log_softmax_at(logits[i].to(dt) / temperature, targets[i])[0] for i in range(len(logits))])
+    entropy = entropy_from_logits(logits, temperature) if asked.entropy else None
+    extra = position_stats(logits, temperature, asked.token_stats) if asked.token_stats else None
+    return logp, entropy, extra
 
 
 def _log_softmax_at(u, targets):
@@ -734,22 +762,25 @@ class Passes:
     ``--padding_free`` (rows of similar length, each micro-batch cut to its own longest prompt and response; its
     ``take`` picks its part of any ``[N, T]`` tensor), ``--shared_prompt`` (each distinct prompt run once, its keys
     and values read by its responses). ``grad``: train mode with gradient; call ``backward_prompts`` once after the
-    micro-batches' backward passes (it sends the prompt pass its share). Else eval mode, no gradient. ``hidden``:
-    also the LM head's inputs h_t. ``entropy``: also the policy's entropy at each position. ``token_stats``: also
-    those ``TOKEN_STATS`` at each position (names). ``keep_graphs``: the
+    micro-batches' backward passes (it sends the prompt pass its share). Else eval mode, no gradient. ``asked``: what
+    else each forward returns (an ``Asked``: the LM head's inputs h_t, the entropy, ``TOKEN_STATS``; no logits).
+    ``keep_graphs``: the
     micro-batches are kept and a second iteration yields them again without running the model (stage 4's training
     forward, reused by stage 6's only update).
     ``batch``: a ``rollout.Rollout`` (``input_ids``/``attention_mask`` ``[N, P + T]``, ``response_mask`` ``[N, T]``,
     on any device: each micro-batch goes to the model's).
     """
 
-    def __init__(
-        self, model, batch, rows, cfg, *, grad: bool, hidden=False, keep_graphs=False, entropy=False, token_stats=()
-    ):
-        self.model, self.batch, self.rows, self.cfg = model, batch, rows, cfg
-        self.grad, self.hidden, self.keep_graphs, self.entropy = grad, hidden, keep_graphs, entropy
-        self.token_stats = tuple(token_stats)
-        self.kept, self.shared = None, None
+    def __init__(self, model, batch, rows, cfg, *, grad: bool, keep_graphs=False, asked=Asked()):
+        self.model = model
+        self.batch = batch
+        self.rows = rows
+        self.cfg = cfg
+        self.grad = grad
+        self.keep_graphs = keep_graphs
+        self.asked = asked
+        self.kept = None
+        self.shared = None
         # the micro-batches as (rows, input columns, response width T_j), planned once for every pass
         self.layout = micro_batches(
             rows, batch.attention_mask, cfg.micro_batch_size, batch.response_mask.shape[1], cfg.padding_free
@@ -767,15 +798,9 @@ class Passes:
                     self.shared = SharedPrompts(
                         self.model, b.input_ids, b.attention_mask, self.rows, b.response_mask.shape[1]
                     )
-                out = token_outputs(
-                    self.model,
-                    *micro_batch_inputs(b, j, cols, t, device),
-                    self.cfg.temperature,
-                    return_hidden=self.hidden,
-                    shared=(self.shared, j) if self.cfg.shared_prompt else None,
-                    return_entropy=self.entropy,
-                    token_stats=self.token_stats,
-                )
+                shared = (self.shared, j) if self.cfg.shared_prompt else None
+                inputs = micro_batch_inputs(b, j, cols, t, device)
+                out = token_outputs(self.model, *inputs, self.cfg.temperature, self.asked, shared)
             mb = MicroBatch(j, cols, t, out.logp, out.hidden, out.entropy, out.token_stats)
             if self.keep_graphs:  # the graph, not h: stage 4's kept h_t live on the host (grpo.old_logprobs)
                 kept.append(mb._replace(hidden=None))
@@ -1030,8 +1055,10 @@ def old_logprobs(
     dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
     logp, hidden = torch.zeros(N, T, dtype=dt), None
     stats = {name: torch.zeros(N, T, dtype=dt) for name in token_stats}
-    asked = {"hidden": need_hidden, "token_stats": token_stats}  # what the credit reads of this pass
-    passes = Passes(model, batch, torch.arange(N), cfg, grad=training_forward, keep_graphs=training_forward, **asked)
+    asked = Asked(hidden=need_hidden, token_stats=token_stats)  # what the credit reads of this pass
+    passes = Passes(
+        model, batch, torch.arange(N), cfg, grad=training_forward, keep_graphs=training_forward, asked=asked
+    )
     for mb in passes:
         logp[mb.rows, : mb.t] = mb.logp.detach().cpu()
         for name in token_stats:
@@ -1055,7 +1082,7 @@ def hidden_chunks(model, batch, cfg, kept=None):
         # before any weights load; the paper's recipe streams (memory_efficient: kept is None, a micro-batch at once)
         T = batch.response_mask.shape[1]
         return [(slice(None), T)], lambda: iter([(kept, slice(None), T)])
-    passes = Passes(model, batch, torch.arange(batch.response_mask.shape[0]), cfg, grad=False, hidden=True)
+    passes = Passes(model, batch, torch.arange(batch.response_mask.shape[0]), cfg, grad=False, asked=Asked(hidden=True))
     return [(rows, t) for rows, _, t in passes.layout], lambda: ((mb.hidden, mb.rows, mb.t) for mb in passes)
 
 
