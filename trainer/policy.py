@@ -463,7 +463,7 @@ def token_outputs(
     B, T = response_mask.shape
     targets = input_ids[:, -T:]  # y_1..y_T [B, T]
     head = _chunked_head(model, B * T, asked, chunk_bytes)  # None: the model's own head, every position at once
-    with _body_outputs(model, T, head, (targets, temperature, asked), asked.hidden) as captured:
+    with _body_outputs(model, head, targets, temperature, asked) as captured:
         out = _forward(model, input_ids, attention_mask, T, shared, head)
     if head is not None:
         _, (logp, entropy, extra) = out  # [B·T] each (extra [B·T, S]): ChunkedLMHead's
@@ -501,14 +501,15 @@ def _chunked_head(model, positions: int, asked: Asked, chunk_bytes) -> ChunkedHe
 
 
 @contextlib.contextmanager
-def _body_outputs(model, T: int, head: ChunkedHead | None, head_inputs: tuple, keep_hidden: bool):
+def _body_outputs(model, head: ChunkedHead | None, targets, temperature: float, asked: Asked):
     """Hooks on the model for one forward, removed after it; yields the dict they fill: ``"h"``, the body's output
-    at the positions that predict y_1..y_T ``[B, T, H]`` (detached; when ``keep_hidden``), and, with a chunked
-    ``head``, ``ChunkedLMHead``'s (log p, H, statistics) of h, computed inside the model's forward (under FSDP2:
-    the head's weight gathered), which the model then returns beside its own output. ``head_inputs``: (y ``[B, T]``,
-    the temperature, the ``Asked``)."""
-    captured, hooks = {}, []
-    targets, temperature, asked = head_inputs
+    at the positions that predict y_1..y_T (``targets`` ``[B, T]``) ``[B, T, H]`` (detached; when ``asked.hidden``),
+    and, with a chunked ``head``, ``ChunkedLMHead``'s (log p, H, statistics) of h at the temperature, computed inside
+    the model's forward (under FSDP2: the head's weight gathered), which the model then returns beside its own
+    output."""
+    T = targets.shape[1]
+    captured = {}
+    hooks = []
 
     def from_body(module, args, output):
         h = output[0][:, -(T + 1) : -1]  # [B, T, H]: the final norm's output at the positions predicting y_1..y_T
@@ -525,7 +526,7 @@ def _body_outputs(model, T: int, head: ChunkedHead | None, head_inputs: tuple, k
                 tuple(asked.token_stats),
             )
 
-    if keep_hidden or head is not None:
+    if asked.hidden or head is not None:
         hooks.append((head.lm_head.body if head is not None else _body(model)).register_forward_hook(from_body))
     if head is not None:  # the model returns (its output, (log p, H)), also to the hooks after this one: FSDP2's
         # post-forward, which on what the model returns registers the head weight's re-gathering for the backward
@@ -764,9 +765,8 @@ class Passes:
     and values read by its responses). ``grad``: train mode with gradient; call ``backward_prompts`` once after the
     micro-batches' backward passes (it sends the prompt pass its share). Else eval mode, no gradient. ``asked``: what
     else each forward returns (an ``Asked``: the LM head's inputs h_t, the entropy, ``TOKEN_STATS``; no logits).
-    ``keep_graphs``: the
-    micro-batches are kept and a second iteration yields them again without running the model (stage 4's training
-    forward, reused by stage 6's only update).
+    ``keep_graphs``: the micro-batches are kept and a second iteration yields them again without running the model
+    (stage 4's training forward, reused by stage 6's only update).
     ``batch``: a ``rollout.Rollout`` (``input_ids``/``attention_mask`` ``[N, P + T]``, ``response_mask`` ``[N, T]``,
     on any device: each micro-batch goes to the model's).
     """
@@ -1053,7 +1053,8 @@ def old_logprobs(
     padded rows, and the defaults give the same numbers (float64, 1e-10 relative: tests/test_credit_e2e.py)."""
     N, T = batch.response_mask.shape
     dt = torch.promote_types(next(model.parameters()).dtype, torch.float32)  # float32 (float64 for a float64 model)
-    logp, hidden = torch.zeros(N, T, dtype=dt), None
+    logp = torch.zeros(N, T, dtype=dt)
+    hidden = None  # [N, T, H] once the first micro-batch says H
     stats = {name: torch.zeros(N, T, dtype=dt) for name in token_stats}
     asked = Asked(hidden=need_hidden, token_stats=token_stats)  # what the credit reads of this pass
     passes = Passes(
