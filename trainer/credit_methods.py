@@ -71,9 +71,10 @@ class DeltaCredit(GRPOCredit):
 
     def lam_bar(self, model, x: CreditInputs):
         """DelTA's λ̄ ``[N, T]`` and stats: ``delta.delta_coefficients_chunked`` over the batch's chunks."""
-        cfg, mask, ids = self.cfg, x.loss_mask, x.batch.response_ids
+        mask = x.loss_mask
+        ids = x.batch.response_ids
         proxy = self.proxy(model)
-        layout, h_chunks = policy.hidden_chunks(model, x.batch, cfg, x.old.hidden)
+        layout, h_chunks = policy.hidden_chunks(model, x.batch, self.cfg, x.old.hidden)
 
         def chunks():  # (v [b, t, H], Â [b], mask [b, t]) of each chunk, in order
             for h, rows, t in h_chunks():

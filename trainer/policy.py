@@ -739,7 +739,8 @@ def micro_batches(
     out = []
     for j in parts:
         m = attention_mask[j.to(attention_mask.device)]
-        p, t = int(m[:, :P].sum(1).max()), int(m[:, P:].sum(1).max().clamp(min=1))
+        p = int(m[:, :P].sum(1).max())  # the longest prompt of the micro-batch
+        t = int(m[:, P:].sum(1).max().clamp(min=1))  # and its longest response
         out.append((j, slice(P - p, P + t), t))
     return out
 
@@ -790,7 +791,9 @@ class Passes:
         if self.kept is not None:
             yield from self.kept
             return
-        kept, b, device = [], self.batch, next(self.model.parameters()).device
+        kept = []
+        b = self.batch
+        device = next(self.model.parameters()).device
         self.model.train(self.grad)
         for j, cols, t in self.layout:
             with torch.set_grad_enabled(self.grad):  # not around the yield: the caller's code keeps its own mode
@@ -854,13 +857,15 @@ class SharedPrompts:
     def __init__(self, model, input_ids, attention_mask, rows, response_len: int):
         from transformers import DynamicCache
 
-        self.cache_class, self.config = DynamicCache, model.config
+        self.cache_class = DynamicCache
+        self.config = model.config
         P = input_ids.shape[1] - response_len
         prompts = torch.cat([input_ids[rows, :P], attention_mask[rows, :P]], 1)
         distinct, which = torch.unique(prompts, dim=0, return_inverse=True)  # a group's rows share one prompt
         distinct = distinct.to(next(model.parameters()).device)
         p = int(distinct[:, P:].sum(1).max())  # the longest prompt; all but its last token go into the cache
-        ids, self.mask = distinct[:, P - p : P - 1], distinct[:, 2 * P - p : 2 * P - 1]
+        ids = distinct[:, P - p : P - 1]
+        self.mask = distinct[:, 2 * P - p : 2 * P - 1]
         self.kv = []  # keys, values of layer 0, 1, ... (none for one-token prompts)
         if p > 1:
             out = model(
