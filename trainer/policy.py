@@ -1039,18 +1039,18 @@ def build(cfg, say=print, load_weights=None):
 
 # θ_old, as grpo.py's stage 4 leaves it for stages 5 and 6, float32 on the host (N responses × T tokens, hidden size
 # H; at the papers' scale 2,048 × 4,096, H = 4,096): logp N·T·4 bytes (34 MB); ref_logp (--beta > 0, else None)
-# N·T·4 (34 MB); hidden (DelTA's --delta_impl normal, else None) N·T·H·4 (137 GB), refused by ``check_hidden``
-# (grpo.py: memory_plan.check_delta_cache, above a quarter of the host's memory); update_passes: the training
-# forward, which stage 6 reuses (memory_plan.updates_on_policy; graphs on the device), or None; token_stats: the
-# per-token statistics a credit function asked for by name ({name: [N, T]}, N·T·4 bytes each; ``TOKEN_STATS``).
+# N·T·4 (34 MB); hidden (DelTA's --delta_impl normal, else None) N·T·H·4 (137 GB), bounded: preflight.check refuses
+# a run whose cache (and v beside it) would pass its share of the host's memory (memory_plan.check_delta_cache,
+# HOST_MEMORY_SHARE), once, before any weights load; the paper's recipe streams h instead (--delta_impl
+# memory_efficient: None here); update_passes: the training forward, which stage 6 reuses
+# (memory_plan.updates_on_policy; graphs on the device), or None; token_stats: the per-token statistics a credit
+# function asked for by name ({name: [N, T]}, N·T·4 bytes each; ``TOKEN_STATS``).
 ThetaOld = namedtuple("ThetaOld", "logp hidden ref_logp update_passes token_stats", defaults=(None,))
 
 
-def old_logprobs(
-    model, batch, cfg, need_hidden=False, ref_model=None, training_forward=False, check_hidden=None, token_stats=()
-):
+def old_logprobs(model, batch, cfg, need_hidden=False, ref_model=None, training_forward=False, token_stats=()):
     """θ_old's log-probs ``[N, T]`` from a no-grad, eval-mode pass over the batch (``Passes``); the LM-head inputs
-    ``[N, T, H]`` from the same pass when ``need_hidden`` (``check_hidden(N, T, H)`` first); the ``TOKEN_STATS``
+    ``[N, T, H]`` from the same pass when ``need_hidden`` (bounded: the comment above ThetaOld); the ``TOKEN_STATS``
     ``token_stats`` (names) ``[N, T]`` each, from the same pass; the reference's log-probs when ``ref_model`` is
     given. ``training_forward``: the training forward instead (train mode, with grad, TRL's choice when μ = 1), kept
     for the update to reuse. Returns a ``ThetaOld``. Every process runs as many micro-batches (FSDP's gathers). Each
@@ -1071,8 +1071,6 @@ def old_logprobs(
             stats[name][mb.rows, : mb.t] = mb.token_stats[name].to(dt).cpu()
         if need_hidden:  # h_t on the host, bounded (the comment above ThetaOld)
             if hidden is None:
-                if check_hidden is not None:
-                    check_hidden(N, T, mb.hidden.shape[-1])
                 hidden = torch.zeros(N, T, mb.hidden.shape[-1], dtype=dt)
             hidden[mb.rows, : mb.t] = mb.hidden.to(dt).cpu()
     ref_logp = reference_logprobs(ref_model, batch, passes.layout, cfg.temperature) if ref_model else None
