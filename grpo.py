@@ -10,16 +10,19 @@ One training step (``train_step``) is seven stages, in the order of the papers::
     6. update       clipped surrogate, token-mean, AdamW            policy_loss        DAPO (Yu et al. 2025) §3.1, §3.3
     7. log          metrics.jsonl, samples/                         run_setup.log_step
 
-In that order: the maths, the credit (``Credit``), one step (``train_step``), the loop (``train``; run_setup.py).
+In that order: the maths, the policy's log-probs (stages 4 and 6), one step (``train_step``), the loop (``train``).
 
+* Plain by default: stages 4 and 6 run a padded forward, log-softmax at the temperature, gather (``token_outputs``);
+  θ_old's pass is its own no-grad forward (``old_logprobs``). The 8B run's optimisations (padding-free micro-batches,
+  each prompt run once, the LM head in chunks, θ_old from the update's own forward) replace those functions whole,
+  chosen once by the scale recipes or their flags (trainer/scale_passes.py; ``--dry_run`` says which path).
+* With one update per rollout batch (the toy's default) the ratio is 1 at the update, so the clip never acts;
+  ``--num_mini_batches 4`` makes four updates of each batch, and the later ones clip.
 * ``--loss_type dapo`` is the token-mean over the mini-batch; with DelTA's λ̄ (mean 1 over the batch) it is DelTA's
   Σλℓ / Σλ (Eq. 8), only approximately so per mini-batch, as in DelTA's code. KL to a frozen reference: off by default.
-* The papers' comparisons (comparisons/, docs/reproduce.md) replace, they do not hook: a surrogate is an entry of
-  ``POLICY_LOSSES``, a token-credit method one of ``CREDIT_FUNCTIONS``, a changed loss stage one of ``LOSS_STAGES``,
-  each a whole function with the signature of the one it replaces, registered from its own file and chosen once
-  from its flags (``register``; ``run_setup.credit_name``, ``run_setup.loss_stage_name``; ``flag_choices``).
+* The papers' comparisons (comparisons/, ``python -m comparisons``) replace, they do not hook: each is a whole credit
+  function, loss stage or surrogate with the signature of the one it replaces, handed to ``train`` as a ``Method``.
 * Left out: entropy bonus, reward shaping beyond DAPO's overlong penalty, dynamic sampling, learning-rate schedules.
-  Each step's first update starts at ratio 1 (θ_old is θ), where the loss is −(token-mean of Ã): not progress.
 """
 
 from __future__ import annotations
@@ -28,38 +31,40 @@ import signal
 
 import trainer
 
-if __name__ == "__main__":  # until main: Ctrl-C while the imports below load is one line (then run_command's)
+if __name__ == "__main__":  # Ctrl-C while the imports below load: one line and exit 130 (trainer/__init__.py)
     trainer.catch_ctrl_c_while_importing()
 
-# (after the handler: these imports take seconds)
 import dataclasses
 import time
-from collections import namedtuple
 from dataclasses import dataclass
+from typing import Callable, NamedTuple
 
 import torch
 
+import toy
 import verify
 from trainer import credit_methods, distributed, grpo_config, policy, run_setup
-from trainer.grpo_config import GRPOConfig  # every flag (grpo_config.py); its parser and checks: build_parser
+from trainer.grpo_config import GRPOConfig  # every flag (grpo_config.py): its parser and checks
 
 
 # --- The maths: pure functions on tensors ---------------------------------------------------------------------
 def group_advantages(
-    rewards: torch.Tensor, group_size: int, scale_rewards: str = "group", eps: float = 1e-6
+    rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group", eps: float = 1e-6
 ) -> torch.Tensor:
-    """GRPO's Â_i = (r_i − mean_g) / (std_g + eps) (GRPO §4.1.2; DelTA spec §1), ``rewards`` ``[N]`` group by group;
-    ``scale_rewards="none"``: r − mean (Dr. GRPO). Returns ``[N]`` float32 (float64 for float64 rewards), exactly 0
-    for a group whose rewards are all equal (NeMo-RL #4161) and for a group of one (TRL's; DelTA's code: Â = r)."""
-    if group_size < 1 or rewards.dim() != 1 or rewards.numel() % group_size:
+    """GRPO's Â_i = (r_i − mean_g) / (std_g + eps) (GRPO §4.1.2; DelTA spec §1), ``rewards`` ``[N]`` group by group
+    (G = ``num_generations`` rows each); ``scale_rewards="none"``: r − mean (Dr. GRPO). Returns ``[N]`` float32
+    (float64 for float64 rewards), exactly 0 for a group whose rewards are all equal (NeMo-RL #4161) and for a group of
+    one (TRL's; DelTA's code: Â = r)."""
+    if num_generations < 1 or rewards.dim() != 1 or rewards.numel() % num_generations:
         raise ValueError(
-            f"rewards must be 1-D with a length divisible by group_size={group_size}, got shape {tuple(rewards.shape)}"
+            f"rewards must be 1-D with a length divisible by num_generations={num_generations}, got shape "
+            f"{tuple(rewards.shape)}"
         )
     if scale_rewards not in ("group", "none"):
         raise ValueError(f"scale_rewards must be 'group' or 'none', got {scale_rewards!r}")
-    r = rewards.to(torch.promote_types(rewards.dtype, torch.float32)).view(-1, group_size)
+    r = rewards.to(torch.promote_types(rewards.dtype, torch.float32)).view(-1, num_generations)
     centred = r - r.mean(-1, keepdim=True)
-    if scale_rewards == "group" and group_size > 1:
+    if scale_rewards == "group" and num_generations > 1:
         centred = centred / (r.std(-1, keepdim=True, unbiased=True) + eps)
     # exact zeros where the group has no spread (or only one member)
     flat = (r.max(-1, keepdim=True).values - r.min(-1, keepdim=True).values) == 0
@@ -76,38 +81,6 @@ def overlong_penalty(lengths: torch.Tensor, max_completion_length: int, buffer_l
     return torch.clamp((expected - lengths.to(torch.float32)) / buffer_len * factor, max=0.0)
 
 
-@dataclass(frozen=True)
-class LossSettings:
-    """The surrogate's settings (``policy_loss``), as the flags of the same names give them (``from_config``);
-    ``aggregation``: the normaliser, one of AGGREGATIONS (None: the registered loss_type's, set when they are made)."""
-
-    epsilon: float = 0.2
-    epsilon_high: float = 0.28
-    dual_clip: float | None = None
-    loss_type: str = "dapo"
-    max_completion_length: int | None = None
-    beta: float = 0.0
-    aggregation: str | None = None
-
-    def __post_init__(self):  # the normaliser: the loss_type's own, where not given
-        if self.aggregation is None and self.loss_type in POLICY_LOSSES:
-            object.__setattr__(self, "aggregation", POLICY_LOSSES[self.loss_type].aggregation)
-
-    @classmethod
-    def from_config(cls, cfg: GRPOConfig) -> LossSettings:  # the fields of the flags of the same names
-        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls) if hasattr(cfg, f.name)})
-
-
-# The policy losses by TRL's loss_type (verl's registry): the per-token surrogate ``surrogate(ratio [B, T],
-# token_adv [B, T], settings) -> (ℓ [B, T], dual-clipped [B, T] bool)``, its normaliser (one of AGGREGATIONS) and
-# the settings it reads (a LossSettings, or a subclass with the loss's own fields, e.g. a gate's temperatures).
-PolicyLoss = namedtuple("PolicyLoss", "surrogate aggregation settings", defaults=(LossSettings,))
-AGGREGATIONS = ("dapo", "grpo", "dr_grpo")  # policy_loss's normalisers (TRL's loss_type names)
-# What a loss stage works out over its whole mini-batch for each micro-batch's loss: its tokens' and rows' counts,
-# and the k3 term's tokens (``valid_mask``, this micro-batch's; ``num_valid`` the mini-batch's count). None: its own.
-LossScope = namedtuple("LossScope", "num_tokens num_sequences valid_mask num_valid", defaults=(None,) * 4)
-
-
 def clipped_surrogate(ratio, token_adv, settings: LossSettings):
     """PPO's clipped surrogate (Eq. 7) with DAPO's Clip-Higher (§3.1) and the dual clip c (Ye et al. 2020):
     ℓ = max(−Ã·ratio, −Ã·clip(ratio, 1−ε, 1+ε_high)); ℓ = min(ℓ, −Ã·c) where Ã < 0. Returns (ℓ, dual-clipped)."""
@@ -120,66 +93,105 @@ def clipped_surrogate(ratio, token_adv, settings: LossSettings):
     return torch.where(token_adv < 0, torch.minimum(per_token, dual_bound), per_token), dual_active
 
 
-POLICY_LOSSES = {name: PolicyLoss(clipped_surrogate, name) for name in AGGREGATIONS}  # + the comparisons' losses
+# --loss_type (TRL's names) -> the loss's normaliser (verl's loss_agg_mode names): ``aggregate``
+AGGREGATIONS = {"dapo": "token-mean", "grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm"}
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The surrogate's settings (``policy_loss``), as the flags of the same names give them (``from_config``):
+    ``aggregation``, the normaliser, is --loss_type's (``AGGREGATIONS``). ``surrogate``: the per-token loss, PPO's
+    clipped one (a comparison's subclass replaces it whole, with its own fields: comparisons/sapo.py)."""
+
+    epsilon: float = 0.2
+    epsilon_high: float = 0.28
+    dual_clip: float | None = None
+    loss_type: str = "dapo"
+    max_completion_length: int | None = None
+    beta: float = 0.0
+    surrogate = staticmethod(clipped_surrogate)  # (ratio [B, T], Ã [B, T], settings) -> (ℓ [B, T], dual-clipped)
+
+    @property
+    def aggregation(self) -> str | None:
+        return AGGREGATIONS.get(self.loss_type)
+
+    @classmethod
+    def from_config(cls, cfg: GRPOConfig) -> LossSettings:  # the fields of the flags of the same names
+        return cls(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls) if hasattr(cfg, f.name)})
+
+
+class LossScope(NamedTuple):
+    """What a loss stage works out over its whole mini-batch for each micro-batch's loss: its tokens' and rows'
+    counts, and the k3 term's tokens (``valid_mask``, this micro-batch's; ``num_valid`` the mini-batch's count).
+    None: the micro-batch's own."""
+
+    num_tokens: float | None = None
+    num_sequences: int | None = None
+    valid_mask: torch.Tensor | None = None
+    num_valid: float | None = None
+
+
 CLIP_STATS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/dual_mean")
 POLICY_STATS = CLIP_STATS + ("kl", "num_tokens")  # policy_loss's statistics (surrogate_stats)
 
 
-def policy_loss(logp, old_logp, token_adv, response_mask, settings=None, *, ref_logp=None, scope=LossScope()):
-    """The loss (to minimise): ``settings.loss_type``'s surrogate ℓ of ratio = exp(clamp(logp − old_logp, ±20)) on
-    ``response_mask``'s tokens, + β·k3 (exp(ref − logp) − (ref − logp) − 1) on ``scope.valid_mask``'s (default: the
-    same), each reduced by ``aggregate``. ``logp``, ``old_logp``, ``response_mask``, ``ref_logp`` ``[B, T]`` (nats);
-    ``token_adv`` Ã ``[B, T]`` or Â ``[B]``; ``settings`` a ``LossSettings`` or its loss_type's subclass (None: the
-    defaults); ``scope`` the mini-batch's counts for a micro-batch. Returns (loss, token-means of ``POLICY_STATS``)."""
+def policy_loss(logp, old_logp, token_adv, loss_mask, settings=None, *, ref_logp=None, scope=None):
+    """The loss (to minimise): ``settings.surrogate`` ℓ of ratio = exp(clamp(logp − old_logp, ±20)) on ``loss_mask``'s
+    tokens, + β·k3 (exp(ref − logp) − (ref − logp) − 1) on ``scope.valid_mask``'s (default: the same), each reduced by
+    ``aggregate``. ``logp``, ``old_logp``, ``loss_mask``, ``ref_logp`` ``[B, T]`` (nats); ``token_adv`` Ã ``[B, T]`` or
+    Â ``[B]``; ``settings`` a ``LossSettings`` (None: the defaults); ``scope`` a ``LossScope``, the mini-batch's counts
+    for a micro-batch. Returns (loss, token-means of ``POLICY_STATS``)."""
     settings = settings or LossSettings()
-    check_loss_inputs(logp, old_logp, token_adv, response_mask, settings, ref_logp, scope)
-    mask = response_mask.to(logp.dtype)
+    scope = scope or LossScope()
+    check_loss_inputs(logp, old_logp, token_adv, loss_mask, settings, ref_logp, scope)
+    mask = loss_mask.to(logp.dtype)
     valid = mask if scope.valid_mask is None else scope.valid_mask.to(logp.dtype)
     adv = (token_adv[:, None] if token_adv.dim() == 1 else token_adv).to(logp.dtype).expand_as(logp)  # [B, T]
     # padded positions may hold anything (e.g. -inf): zero them before exp so no NaN reaches the gradient
     ratio = torch.exp(torch.where(mask > 0, logp - old_logp, torch.zeros_like(logp)).clamp(-20.0, 20.0))  # [B, T]
-    per_token, dual_active = POLICY_LOSSES[settings.loss_type].surrogate(ratio, adv, settings)  # [B, T]
-    B = float(logp.shape[0] if scope.num_sequences is None else scope.num_sequences)
-    max_len = settings.max_completion_length  # (dr_grpo's normaliser)
-    surrogate = aggregate(per_token * mask, mask, settings.aggregation, scope.num_tokens, B, max_len)
+    per_token, dual_active = settings.surrogate(ratio, adv, settings)  # [B, T]
+    num_sequences = float(logp.shape[0] if scope.num_sequences is None else scope.num_sequences)
+    max_len = settings.max_completion_length  # (seq-mean-token-sum-norm's normaliser)
+    surrogate = aggregate(per_token * mask, mask, settings.aggregation, scope.num_tokens, num_sequences, max_len)
     if settings.beta <= 0:
         return surrogate, surrogate_stats(ratio, adv, mask, settings, dual_active, None, valid)
     d = torch.where(valid > 0, ref_logp - logp, torch.zeros_like(logp)).clamp(-20.0, 20.0)  # [B, T]
     kl = torch.exp(d) - d - 1.0  # [B, T]: k3 ≥ 0, unbiased for KL(π‖π_ref) under samples from π
     kl_count = scope.num_tokens if scope.valid_mask is None else scope.num_valid  # the valid tokens' count
-    penalty = aggregate(kl * valid, valid, settings.aggregation, kl_count, B, max_len)
+    penalty = aggregate(kl * valid, valid, settings.aggregation, kl_count, num_sequences, max_len)
     return surrogate + settings.beta * penalty, surrogate_stats(ratio, adv, mask, settings, dual_active, kl, valid)
 
 
-def check_loss_inputs(logp, old_logp, token_adv, response_mask, settings: LossSettings, ref_logp, scope: LossScope):
-    """``policy_loss``'s arguments, checked: a registered loss_type with one of AGGREGATIONS; ``[B, T]`` tensors and Ã
-    ``[B]`` or ``[B, T]``; ref_logp where beta > 0, valid_mask with num_valid, max_completion_length for dr_grpo."""
-    if settings.loss_type not in POLICY_LOSSES:
-        raise ValueError(f"policy_loss: loss_type {settings.loss_type!r} is not one of {sorted(POLICY_LOSSES)}")
-    valid = response_mask if scope.valid_mask is None else scope.valid_mask
+def check_loss_inputs(logp, old_logp, token_adv, loss_mask, settings: LossSettings, ref_logp, scope: LossScope):
+    """``policy_loss``'s arguments, checked: a normaliser of AGGREGATIONS; ``[B, T]`` tensors and Ã ``[B]`` or
+    ``[B, T]``; ref_logp where beta > 0, valid_mask with num_valid, max_completion_length for dr_grpo's normaliser."""
+    valid = loss_mask if scope.valid_mask is None else scope.valid_mask
     adv_shape = tuple(token_adv.shape) + (1,) * (2 - token_adv.dim())
-    fits = logp.shape == old_logp.shape == response_mask.shape == valid.shape and adv_shape[0] == logp.shape[0]
+    fits = logp.shape == old_logp.shape == loss_mask.shape == valid.shape and adv_shape[0] == logp.shape[0]
     given = (settings.beta <= 0 or ref_logp is not None) and (scope.num_valid is None or scope.valid_mask is not None)
     aggregation = settings.aggregation
-    normaliser = aggregation in AGGREGATIONS and (aggregation != "dr_grpo" or settings.max_completion_length)
+    normaliser = aggregation in AGGREGATIONS.values() and (
+        aggregation != "seq-mean-token-sum-norm" or settings.max_completion_length
+    )
     if not (fits and token_adv.dim() in (1, 2) and adv_shape[1] in (1, logp.shape[1]) and given and normaliser):
         raise ValueError(
-            f"policy_loss: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, response_mask "
-            f"{tuple(response_mask.shape)}, valid_mask {tuple(valid.shape)} [B, T], token_adv {tuple(token_adv.shape)} "
-            f"[B] or [B, T]; loss {settings.loss_type!r}'s aggregation {aggregation!r} one of {AGGREGATIONS}; "
-            "beta > 0 needs ref_logp, num_valid valid_mask, dr_grpo max_completion_length"
+            f"policy_loss: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, loss_mask "
+            f"{tuple(loss_mask.shape)}, valid_mask {tuple(valid.shape)} [B, T], token_adv {tuple(token_adv.shape)} "
+            f"[B] or [B, T]; loss {settings.loss_type!r}'s aggregation {aggregation!r} one of "
+            f"{list(AGGREGATIONS.values())}; beta > 0 needs ref_logp, num_valid valid_mask, dr_grpo "
+            "max_completion_length"
         )
 
 
 def aggregate(per_token, mask, aggregation: str, num_tokens, num_sequences: float, max_completion_length):
-    """``per_token`` ``[B, T]`` (0 outside ``mask``) reduced by one of AGGREGATIONS: ``dapo`` Σ / Σmask (or
-    ``num_tokens``, the mini-batch's count); ``grpo`` Σ over the rows of each row's Σ / its Σmask, / ``num_sequences``;
-    ``dr_grpo`` Σ / (num_sequences·max_completion_length). Returns a scalar tensor."""
-    if aggregation == "dapo":
+    """``per_token`` ``[B, T]`` (0 outside ``mask``) reduced by one of AGGREGATIONS' normalisers: ``token-mean`` Σ /
+    Σmask (or ``num_tokens``, the mini-batch's count); ``seq-mean-token-mean`` Σ over the rows of each row's Σ / its
+    Σmask, / ``num_sequences``; ``seq-mean-token-sum-norm`` Σ / (num_sequences·max_completion_length). A scalar."""
+    if aggregation == "token-mean":
         return per_token.sum() / max(float(mask.sum() if num_tokens is None else num_tokens), 1.0)
-    if aggregation == "grpo":
+    if aggregation == "seq-mean-token-mean":
         return (per_token.sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / num_sequences
-    return per_token.sum() / (num_sequences * max_completion_length)  # dr_grpo (LossSettings.aggregation checked)
+    return per_token.sum() / (num_sequences * max_completion_length)  # seq-mean-token-sum-norm (checked)
 
 
 @torch.no_grad()
@@ -199,11 +211,66 @@ def surrogate_stats(ratio, adv, mask, settings: LossSettings, dual_active, kl, v
     }
 
 
-# --- Credit assignment: sequence advantages Â_i -> token advantages Ã_{i,t} (stage 5) -------------------------
-old_logprobs = policy.old_logprobs  # stage 4: θ_old's log-probs, and what the credit function asks of the pass
+# --- Stages 4 and 6: the policy's log-probs, the plain computation ---------------------------------------------
+def token_outputs(model, input_ids, attention_mask, response_mask, temperature: float, asked=policy.Asked()):
+    """One padded forward of rows laid out [left-padded prompt | right-padded response] (``input_ids``,
+    ``attention_mask`` ``[b, P + T]``, ``response_mask`` ``[b, T]``): log π(y_t | x, y_<t) ``[b, T]`` (nats, 0 on
+    padding), the log-softmax of the logits at the temperature at the sampled tokens, and what ``asked`` names of the
+    same forward. Positions count real tokens only, as generate() counts them. Returns a ``policy.TokenOutputs``."""
+    T = response_mask.shape[1]
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        use_cache=False,
+        output_hidden_states=asked.hidden,
+    )
+    logits = out.logits[:, -T - 1 : -1]  # [b, T, V]: position p predicts token p + 1
+    u = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # z/T, float32 (float64 model)
+    log_probs = torch.log_softmax(u, dim=-1)  # [b, T, V]
+    logp = log_probs.gather(-1, input_ids[:, -T:, None]).squeeze(-1) * response_mask  # [b, T]
+    hidden = out.hidden_states[-1][:, -T - 1 : -1].detach() if asked.hidden else None  # [b, T, H]: the head's input
+    with torch.no_grad():  # the entropy −Σ p log p and the credit's statistics: no gradient
+        entropy = -(log_probs.exp() * log_probs).sum(-1) * response_mask if asked.entropy else None
+        stats = {name: statistic(u) * response_mask for name, statistic in (asked.token_stats or {}).items()}
+    return policy.TokenOutputs(logp, hidden, entropy, stats or None)
 
-# The credit functions by name (--credit, and the comparisons' names: run_setup.credit_name), the loss stages by name
-# (run_setup.loss_stage_name); the comparisons add theirs (run_setup.register: comparisons/__init__.py).
+
+def micro_batches(model, batch, rows, cfg: GRPOConfig, grad: bool, asked=policy.Asked()):
+    """The plain pass over the rollout rows ``rows``: ``--micro_batch_size`` rows at a time (0: all), each as wide as
+    the batch; train mode with gradient (``grad``), else eval mode without. Yields a ``policy.MicroBatch`` each."""
+    device = next(model.parameters()).device
+    T = batch.response_mask.shape[1]
+    parts = rows.split(cfg.micro_batch_size or len(rows))
+    model.train(grad)
+    for j in parts:
+        inputs = (batch.input_ids[j].to(device), batch.attention_mask[j].to(device), batch.response_mask[j].to(device))
+        with torch.set_grad_enabled(grad):
+            out = token_outputs(model, *inputs, cfg.temperature, asked)
+        yield policy.MicroBatch(j, T, out.logp, out.hidden, out.entropy, out.token_stats, len(parts))
+
+
+@torch.no_grad()
+def old_logprobs(model, batch, cfg: GRPOConfig, asked=policy.Asked(), ref_model=None) -> policy.ThetaOld:
+    """Stage 4: θ_old's log-probs ``[N, T]``, its own no-grad, eval-mode forward of every row (``micro_batches``), with
+    what the credit function asks of the same pass (``asked``: h_t for DelTA) and, for --beta > 0, the frozen
+    reference's log-probs. Stage 6 runs its own forward, so each step's first update starts at ratio 1 (to rounding).
+    Returns a ``policy.ThetaOld`` on the host."""
+    rows = torch.arange(batch.response_mask.shape[0])
+    outputs = list(micro_batches(model, batch, rows, cfg, grad=False, asked=asked))
+    logp = torch.cat([mb.logp for mb in outputs]).cpu()
+    hidden = torch.cat([mb.hidden for mb in outputs]).cpu() if asked.hidden else None
+    stats = {name: torch.cat([mb.token_stats[name] for mb in outputs]).cpu() for name in asked.token_stats or {}}
+    ref_logp = None
+    if ref_model is not None:
+        ref_logp = torch.cat([mb.logp for mb in micro_batches(ref_model, batch, rows, cfg, grad=False)]).cpu()
+    return policy.ThetaOld(logp, hidden, ref_logp, stats)
+
+
+# --- One step: rollout -> verify -> advantages -> θ_old -> credit -> update -> log ----------------------------
+# Stage 5's credit functions by --credit (trainer/credit_methods.py): Â [N] -> Ã [N, T], once per rollout batch, no
+# grad, from θ_old (DelTA spec §2.4; CSCR spec §4); a comparison's comes in a ``Method`` (python -m comparisons)
 CREDIT_FUNCTIONS = {
     "grpo": credit_methods.GRPOCredit,
     "delta": credit_methods.DeltaCredit,
@@ -211,66 +278,31 @@ CREDIT_FUNCTIONS = {
 }
 
 
-class Credit:
-    """Stage 5, Â ``[N]`` -> Ã ``[N, T]`` once per rollout batch, no grad, from θ_old, fixed for the step's updates
-    (DelTA spec §2.4; CSCR spec §4): the credit function of the flags, chosen once. ``token_values``: the last
-    call's per-token values for samples/."""
-
-    def __init__(self, cfg: GRPOConfig, tokenizer):
-        self.method = CREDIT_FUNCTIONS[run_setup.credit_name(cfg)](cfg, tokenizer)
-        self.token_values = {}
-
-    def needs_hidden(self) -> bool:  # stage 4 keeps h_t
-        return "hidden" in self.method.needs
-
-    def token_stats(self) -> tuple[str, ...]:  # the per-token statistics it asks of stage 4 (policy.TOKEN_STATS)
-        return tuple(name for name in self.method.needs if name != "hidden")
-
-    @torch.no_grad()
-    def __call__(self, model, batch, adv, old: policy.ThetaOld, answers, step=0, loss_mask=None, rewards=None):
-        """adv Â ``[N]``, old: stage 4's ``ThetaOld``, answers: each row's reference (CSCR), ``loss_mask`` (default
-        ``batch.response_mask``), rewards r ``[N]``. Returns (Ã ``[N, T]``, stats)."""
-        mask = batch.response_mask if loss_mask is None else loss_mask
-        result = self.method(model, credit_methods.CreditInputs(batch, adv, old, answers, step, mask, rewards))
-        self.token_values = result.token_values
-        return result.token_adv, result.stats
-
-    def state_dict(self) -> dict:
-        return self.method.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.method.load_state_dict(state)
-
-
-# --- One step: rollout -> verify -> advantages -> θ_old -> credit -> update -> log ----------------------------
-Actor = run_setup.Actor  # what a step works on beside its config: the policy, its optimizer, engine (run_setup.py)
-PromptSource = run_setup.PromptSource  # and the training problems, their order, template and stop tokens
-
-
 @dataclass
 class Update:
     """What stage 6 works on: the rollout, stage 4's ``ThetaOld``, ``update_adv`` ``[N, T]`` (stage 5's Ã, times the
     sampler correction's weight where --vllm_importance_sampling_correction is on), the loss mask ``[N, T]`` (stage
-    3's), the credit's per-token values; ``loss_factor`` ``[N, T]``: each token's factor of the loss where a
-    comparison's loss stage has one (it writes it, for samples/; None: 1)."""
+    3's), the credit's per-token values, the run's ``parts`` (its passes and the surrogate's settings);
+    ``loss_factor`` ``[N, T]``: each token's factor of the loss where a comparison's loss stage has one (it writes it,
+    for samples/; None: 1)."""
 
     batch: object
     old: policy.ThetaOld
     update_adv: torch.Tensor
     loss_mask: torch.Tensor
     token_values: dict
+    parts: run_setup.StepParts
     loss_factor: torch.Tensor | None = None
 
 
-def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit: Credit, run, parts=None) -> dict:
+def train_step(step, cfg: GRPOConfig, actor, source, credit, run, parts: run_setup.StepParts) -> dict:
     """One step: the seven stages of the module header (each process on its own whole groups); returns its metrics
-    record. ``parts``: the step's parts the flags chose once (``run_setup.step_parts``; default: made here)."""
+    record. ``credit``: the run's credit function; ``parts``: what the flags chose once (``run_setup.step_parts``)."""
     model = actor.model
     begun = time.time()
     policy.reset_peak_memory()
     # 1. rollout: G responses per prompt; every process takes its own whole groups of the same prompt order
     batch, answers, t_gen = run_setup.rollout_batch(step, cfg, actor, source)
-    parts = parts or run_setup.step_parts(cfg, len(batch.texts), credit, LOSS_STAGES)
     # 2. verify: binary reward, every grader failure counted; DAPO's overlong shaping adds R_length ≤ 0 (§3.4)
     graded = verify.grade_batch(batch.texts, answers)
     lengths = batch.response_lengths  # as sampled
@@ -280,28 +312,30 @@ def train_step(step, cfg: GRPOConfig, actor: Actor, source: PromptSource, credit
     # 3. group advantages Â_i (GRPO); the loss mask [N, T] (--mask_truncated_completions: no truncated response)
     adv = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
     loss_mask = run_setup.loss_mask(batch, cfg)
-    # 4. θ_old's log-probs, no grad (+ DelTA's h_t, + the reference's for --beta > 0); one update: stage 6's forward
-    needs = {"need_hidden": credit.needs_hidden(), "token_stats": credit.token_stats()}  # what stage 5 reads of it
-    old = old_logprobs(model, batch, cfg, ref_model=actor.ref_model, training_forward=parts.fuse_old, **needs)
-    # 5. token advantages Ã_{i,t} (the credit function of --credit)
-    token_adv, credit_stats = credit(model, batch, adv, old, answers, step, loss_mask, rewards)
+    # 4. θ_old: old_logprobs above (its own no-grad forward; + h_t for DelTA), or the scale path's (--dry_run says)
+    old = parts.forward.old_logprobs(model, batch, cfg, credit.asks, actor.ref_model)
+    # 5. token advantages Ã_{i,t}: the credit function of --credit
+    inputs = credit_methods.CreditInputs(batch, adv, old, answers, step, loss_mask, rewards, parts.forward)
+    result = credit(model, inputs)
     # 6. update: num_iterations × num_mini_batches AdamW steps on Ã·w (w: sampler_mismatch's, 1 without)
-    update_adv, sampling_stats = parts.correction(token_adv, old.logp, batch, loss_mask)
-    update = Update(batch, old, update_adv, loss_mask, credit.token_values)
-    outcome = policy_update(model, actor.optimizer, update, cfg, step, parts.loss_stage)
+    update_adv, sampling_stats = parts.correction(result.token_adv, old.logp, batch, loss_mask)
+    update = Update(batch, old, update_adv, loss_mask, result.token_values, parts)
+    outcome = policy_update(model, actor.optimizer, update, cfg, step)
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
-    logged = run_setup.StepLog(batch, rewards, correct, graded, lengths, adv, token_adv)
-    record = run_setup.log_step(run, step, cfg, logged, outcome, {**credit_stats, **sampling_stats}, (begun, t_gen))
+    logged = run_setup.StepLog(batch, rewards, correct, graded, lengths, adv, result.token_adv)
+    stats = {**result.stats, **sampling_stats}
+    record = run_setup.log_step(run, step, cfg, logged, outcome, stats, (begun, t_gen))
     run_setup.write_samples(run, step, cfg, actor.tokenizer, logged, update)
     return record
 
 
-def policy_update(model, optimizer, update: Update, cfg: GRPOConfig, step: int, loss_stage=None):
+def policy_update(model, optimizer, update: Update, cfg: GRPOConfig, step: int):
     """Stage 6: ``num_iterations`` passes × ``num_mini_batches`` clipped AdamW steps (a non-finite one skipped), the
-    rows permuted by a generator seeded by (seed, step, pass); ``loss_stage``: a ``LossStage`` (default: the flags').
-    Returns (Σ mini-batch losses, applied pre-clip gradient norms, token-weighted statistic sums, skipped updates)."""
+    rows permuted by a generator seeded by (seed, step, pass), each mini-batch's gradient from the run's loss stage
+    (``update.parts.loss_stage``). Returns (Σ mini-batch losses, applied pre-clip gradient norms, token-weighted
+    statistic sums, skipped updates)."""
     model.train()
-    loss_stage = loss_stage or LOSS_STAGES[run_setup.loss_stage_name(cfg)]
+    loss_stage = update.parts.loss_stage
     N = update.loss_mask.shape[0]
     mb_size = N // cfg.num_mini_batches
     loss_sum = 0.0
@@ -328,52 +362,75 @@ def policy_update(model, optimizer, update: Update, cfg: GRPOConfig, step: int, 
 
 
 def minibatch_backward(model, update: Update, rows, cfg: GRPOConfig):
-    """The paper's loss stage: accumulate the gradient of one mini-batch's loss (``rows``) on every valid token,
-    ``cfg.micro_batch_size`` rows at a time, its normaliser counted once over the mini-batch and the processes
-    (trl#3021); call on zeroed gradients. Returns (loss, token-weighted ``policy_loss`` statistic sums)."""
+    """The paper's loss stage: accumulate the gradient of one mini-batch's loss (``rows``) on every valid token, a
+    micro-batch at a time, its normaliser counted once over the mini-batch and the processes (trl#3021); call on
+    zeroed gradients. Returns (loss, token-weighted ``policy_loss`` statistic sums)."""
     device = next(model.parameters()).device
-    settings = POLICY_LOSSES[cfg.loss_type].settings.from_config(cfg)
     mask = update.loss_mask
     old = update.old
     counts = distributed.all_reduce_sum(torch.tensor([mask[rows].sum().item(), float(len(rows))], dtype=torch.float64))
     scope = LossScope(num_tokens=counts[0].item(), num_sequences=int(counts[1].item()))
-    # the training forward over these rows: stage 4's, when it was this one (its only update), else a new one
-    passes = old.update_passes or policy.Passes(model, update.batch, rows, cfg, grad=True)
+    # the training forward over these rows (the scale path's --fuse_old_logprobs: stage 4's, when it was this one)
+    passes = old.training_forward or update.parts.forward.micro_batches(model, update.batch, rows, cfg, grad=True)
     loss_total = 0.0
     sums = {}
     for mb in passes:
         at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
+        adv = at(update.update_adv)
+        ref_logp = at(old.ref_logp)
         loss, stats = policy_loss(
-            mb.logp, at(old.logp), at(update.update_adv), at(mask), settings, ref_logp=at(old.ref_logp), scope=scope
+            mb.logp, at(old.logp), adv, at(mask), update.parts.loss_settings, ref_logp=ref_logp, scope=scope
         )
         loss.backward()
         loss_total += loss.item()
         for key, v in stats.items():  # token-weighted: Σ / Σ num_tokens is the step's token-mean
             sums[key] = sums.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
-    passes.backward_prompts()  # --shared_prompt: the prompts' share, summed over the responses that read them
     return loss_total, sums
 
 
-# The loss stages by name (run_setup.loss_stage_name): ``backward(model, update, rows, cfg) -> (loss, stat sums)``,
-# the statistics it adds to policy_loss's, and whether it may reuse stage 4's training forward (no forward of its own)
-LossStage = namedtuple("LossStage", "backward stat_names reuses_old_forward", defaults=((), True))
-LOSS_STAGES = {"default": LossStage(minibatch_backward)}
+class LossStage(NamedTuple):
+    """Stage 6's gradient of one mini-batch: ``backward(model, update, rows, cfg) -> (loss, statistic sums)``, the
+    statistics it adds to policy_loss's, and whether it may reuse stage 4's training forward (no forward of its own)."""
+
+    backward: Callable = minibatch_backward
+    stat_names: tuple = ()
+    reuses_old_forward: bool = True
+
+
+class Method(NamedTuple):
+    """What a run trains with, chosen once from its flags: stage 5's credit function (a class of
+    trainer/credit_methods.py's kind, made with ``(cfg, tokenizer)``), stage 6's loss stage, the surrogate's settings
+    class (``LossSettings`` or a subclass) and the progress bar's name. The paper's: ``paper_method``; a comparison's:
+    comparisons/ (``python -m comparisons``)."""
+
+    credit: type
+    loss_stage: LossStage
+    loss_settings: type
+    label: str
+
+
+def paper_method(cfg: GRPOConfig) -> Method:
+    """The paper's method of the flags: --credit's credit function, ``minibatch_backward``, the clipped surrogate."""
+    return Method(CREDIT_FUNCTIONS[cfg.credit], LossStage(), LossSettings, cfg.credit)
 
 
 # --- The loop -------------------------------------------------------------------------------------------------
-def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
+def train(cfg: GRPOConfig, given: set[str] | None = None, method: Method | None = None) -> dict | None:
     """Train as configured, under its recipe (``recipes.apply``: the recipe's settings not in ``given``, the flags
-    given); returns the before/after evaluation and the last step's record (None: --dry_run). --resume continues
-    exactly (every random draw is seeded by the step); torchrun: distributed.py."""
+    given), with ``method`` (None: ``paper_method``); returns the before/after evaluation and the last step's record
+    (None: --dry_run). --resume continues exactly (every random draw is seeded by the step); torchrun:
+    distributed.py."""
+    toy.register()  # --model toy, --data toy: the toy by its name (toy/__init__.py)
+    method = method or paper_method(cfg)
     world = distributed.init_distributed()[1]
-    prepared = run_setup.prepare(cfg, given, world, flag_choices(), CREDIT_FUNCTIONS, LOSS_STAGES)
+    prepared = run_setup.prepare(cfg, given, world, method)
     if prepared is None or isinstance(prepared, dict):  # --dry_run, or --resume of a finished run: its summary
         return prepared
     cfg, run, actor, source, heldout, state = prepared
-    credit = Credit(cfg, actor.tokenizer)
+    credit = method.credit(cfg, actor.tokenizer)
     start_step = run_setup.restore(state, source.sampler, credit)
-    num_rows = cfg.num_prompts_per_step // world * cfg.num_generations  # this process's rollout rows
-    parts = run_setup.step_parts(cfg, num_rows, credit, LOSS_STAGES)
+    plain = policy.Forward(old_logprobs, micro_batches)  # the plain passes above; the scale path's replace them
+    parts = run_setup.step_parts(cfg, credit, method, plain)
     summary = run_setup.run_steps(
         cfg,
         run,
@@ -381,40 +438,19 @@ def train(cfg: GRPOConfig, given: set[str] | None = None) -> dict | None:
         heldout,
         lambda step: train_step(step, cfg, actor, source, credit, run, parts),
         lambda step: run_setup.save_checkpoint(run, step, actor, source, credit),
+        method.label,
     )
     run_setup.finish_run(cfg, run, summary, actor, source, credit)
     return summary  # (--use_vllm's engine is freed before the process group goes: distributed.close)
 
 
-def register() -> None:
-    """The comparisons' functions into the registries above, and the toy under its name (again: a no-op)."""
-    run_setup.register(CREDIT_FUNCTIONS, LOSS_STAGES, POLICY_LOSSES)
-
-
-def flag_choices() -> dict[str, list[str]]:
-    """The registered names --loss_type and --credit take (a credit name with "/" is a method's variant, which the
-    method's own flags choose: comparisons/__init__.py's ``credit_name``)."""
-    register()
-    return {"loss_type": list(POLICY_LOSSES), "credit": [name for name in CREDIT_FUNCTIONS if "/" not in name]}
-
-
-def build_parser(defaults: bool = True):  # the command line: grpo_config.build_parser with the registered names
-    return grpo_config.build_parser(defaults, choices=flag_choices())
-
-
-def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None) -> list[str]:
-    """grpo_config.check_config, --loss_type and --credit among the names registered (before any weights load)."""
-    return grpo_config.check_config(cfg, world, given, choices=flag_choices())
-
-
 def main(argv=None):
-    cfg = GRPOConfig(**vars(build_parser().parse_args(argv)))
-    given = set(vars(build_parser(defaults=False).parse_args(argv)))  # the flags given beat the recipe's values
-    run_setup.run_command(train, cfg, given)  # errors and Ctrl-C as one line; the closing line
+    parser = grpo_config.build_parser(GRPOConfig)
+    cfg = GRPOConfig(**vars(parser.parse_args(argv)))
+    given = set(vars(grpo_config.build_parser(GRPOConfig, defaults=False).parse_args(argv)))  # beat the recipe's
+    run_setup.run_command(train, cfg, given, paper_method(cfg))  # errors, Ctrl-C: one line; the closing line
 
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C: KeyboardInterrupt, run_command's line
-    import grpo  # this file as the module `grpo`, whose registries the comparisons import and fill (not __main__)
-
-    grpo.main()
+    main()

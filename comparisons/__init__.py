@@ -1,70 +1,96 @@
 """The papers' comparisons, beside the methods they are compared with: DelTA's baselines (SAPO, Forking Tokens, FIPO:
 sapo.py, forking_tokens.py, fipo.py; their maths in baselines.py), DelTA's ablations and Q2 (delta_ablations.py,
-q2.py), CSCR's ablations (cscr_ablations.py). Each replaces a whole function of grpo.py (a policy loss, a credit
-function or the loss stage) with one of the same signature, registered from its own file (``register``) and chosen
-once from its flags (``credit_name``, ``loss_stage_name``); grpo.py, delta.py and cscr.py name none of them.
-Imported by trainer/run_setup.py (``register``, when a run starts) and the tests; the comparisons import the methods
-they replace (grpo, delta, cscr) and trainer/ (the model's passes), never tools/ (docs/layout.md).
+q2.py), CSCR's ablations (cscr_ablations.py) and verl's Optimal Token Baseline (otb.py).
 
-    flags                                          registry         name
-    --loss_type sapo                               POLICY_LOSSES    sapo
-    --entropy_top_ratio / --top_entropy_quantile   LOSS_STAGES      forking (forking_micro: --entropy_pool micro)
-    --credit fipo                                  CREDIT_FUNCTIONS fipo (grpo's) and LOSS_STAGES fipo
-    --credit delta --delta_select top|bottom|...   CREDIT_FUNCTIONS delta/q2, and LOSS_STAGES q2
-    --credit delta with any other --delta_* ablation CREDIT_FUNCTIONS delta/ablation
-    --credit cscr --cscr_weight upweight|sign_aware CREDIT_FUNCTIONS cscr/ablation
-    --credit cscr --cscr_scope group|batch          CREDIT_FUNCTIONS cscr/ablation
+Run them with ``python -m comparisons``: grpo.py's flags and every comparison's own. Each comparison is one file that
+declares its flags (``Flags``, a dataclass; ``MORE_CHOICES``: values it adds to one of grpo.py's flags, e.g.
+``--credit otb``), their checks (``checks(cfg)``) and ``replace(cfg, method)``: grpo.py's ``Method`` with the whole
+function its flags choose in place of the paper's (a credit function, a loss stage or the surrogate's settings), or
+the method unchanged. ``method`` applies them in the order of ``COMPARISONS``, once, when a run starts; grpo.py,
+delta.py, cscr.py and trainer/ name none of them. A new comparison is its file and its name in ``COMPARISONS``.
+
+Imported by ``python -m comparisons`` (comparisons/__main__.py), tools/ and the tests; imports grpo (the functions
+its comparisons replace or reuse), delta, cscr and trainer/, never tools/.
 """
 
-import cscr
+from __future__ import annotations
 
-DELTA_ABLATION_DEFAULTS = {
-    "delta_scores": "contrastive",
-    "delta_assignment": "soft",
-    "delta_gamma": "adaptive",
-    "delta_coefficients": "bounded",
-    "delta_normalize": True,
-    "delta_proxy": "hidden",
-}
+import dataclasses
+import importlib
+
+# The comparisons, in the order their ``replace`` is applied (a credit first, then what wraps the loss)
+COMPARISONS = ("cscr_ablations", "delta_ablations", "q2", "otb", "fipo", "forking_tokens", "sapo")
 
 
-def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
-    """Each comparison's functions into grpo.py's registries (imported here, when a run starts: they import grpo). A
-    new comparison is its file and its name in this list."""
-    from comparisons import cscr_ablations, delta_ablations, fipo, forking_tokens, otb, q2, sapo
-
-    for module in (cscr_ablations, delta_ablations, fipo, forking_tokens, otb, q2, sapo):
-        module.register(credit_functions, loss_stages, policy_losses)
+def modules() -> list:
+    """The comparisons' modules, in ``COMPARISONS``' order."""
+    return [importlib.import_module(f"comparisons.{name}") for name in COMPARISONS]
 
 
-def credit_name(cfg) -> str:
-    """The key of grpo.CREDIT_FUNCTIONS the flags choose: --credit's, or its variant's ("delta/q2", "delta/ablation",
-    "cscr/ablation": the method's own flags choose it; a name with "/" is no --credit value). CSCR's spec §5 maps
-    (--cscr_weight exp_abs|inverse) are cscr.py's own options: the method's credit function."""
-    if cfg.credit == "delta" and cfg.delta_select != "none":
-        return "delta/q2"
-    if cfg.credit == "delta" and any(getattr(cfg, flag) != value for flag, value in DELTA_ABLATION_DEFAULTS.items()):
-        return "delta/ablation"
-    if cfg.credit == "cscr" and (cfg.cscr_weight not in cscr.WEIGHT_MAPS or cfg.cscr_scope != "sequence"):
-        return "cscr/ablation"
-    return cfg.credit
+def config_class():
+    """grpo.py's ``GRPOConfig`` with every comparison's flags (their ``Flags``), the values they add to grpo.py's
+    flags' choices (``MORE_CHOICES``, named in the flag's help) and their checks: the dataclass of
+    ``python -m comparisons``' settings, saved whole in config.json and checked by --resume as grpo.py's are."""
+    from trainer import grpo_config
 
-
-def loss_stage_name(cfg) -> str:
-    """The key of grpo.LOSS_STAGES the flags choose: the paper's ("default"), or a comparison's."""
-    if cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1:
-        return "forking_micro" if cfg.entropy_pool == "micro" else "forking"
-    if cfg.credit == "fipo":
-        return "fipo"
-    return "q2" if cfg.credit == "delta" and cfg.delta_select != "none" else "default"
-
-
-def label(cfg) -> str:
-    """The run's rule for the progress bar, from its flags: the loss-side rules (SAPO's gate, Forking Tokens' mask),
-    then the credit (DelTA's Q2 selection as ``delta Q2``), e.g. ``grpo``, ``sapo``, ``forking``, ``sapo+delta``.
-    (report.py's ``rule_name`` spells a finished run's config out in words.)"""
-    loss = (["sapo"] if cfg.loss_type == "sapo" else []) + (
-        ["forking"] if cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1 else []
+    flags = tuple(module.Flags for module in modules() if hasattr(module, "Flags"))
+    extended = []
+    for name, values in more_choices().items():
+        base = grpo_config.GRPOConfig.__dataclass_fields__[name]
+        added = "; ".join(f"{value}: {meaning}" for value, meaning in values.items())
+        field = grpo_config.flag(
+            base.default, f"{base.metadata['help']}; {added}", [*base.metadata["choices"], *values]
+        )
+        extended.append((name, base.type, field))
+    namespace = {"checks": _checks}
+    return dataclasses.make_dataclass(
+        "ComparisonConfig", extended, bases=(grpo_config.GRPOConfig, *flags), namespace=namespace
     )
-    credit = "delta Q2" if cfg.credit == "delta" and cfg.delta_select != "none" else cfg.credit
-    return "+".join(loss + ([credit] if credit != "grpo" or not loss else []))
+
+
+def more_choices() -> dict[str, dict[str, str]]:
+    """{grpo.py flag: {value a comparison adds: what it means}}, over every comparison."""
+    out = {}
+    for module in modules():
+        for flag, values in getattr(module, "MORE_CHOICES", {}).items():
+            out.setdefault(flag, {}).update(values)
+    return out
+
+
+def _checks(cfg) -> list[tuple[bool, str]]:  # ComparisonConfig.checks: every comparison's (grpo_config.check_config)
+    return [check for module in modules() if hasattr(module, "checks") for check in module.checks(cfg)]
+
+
+def method(cfg):
+    """The run's ``grpo.Method``: the paper's of the flags (a --credit only a comparison knows: none yet), then each
+    comparison's ``replace`` in ``COMPARISONS``' order. Two comparisons that each replace the loss stage, or each the
+    surrogate, cannot run together: one line naming both. Raises ValueError for a --credit no one knows."""
+    import grpo
+
+    chosen = grpo.Method(grpo.CREDIT_FUNCTIONS.get(cfg.credit), grpo.LossStage(), grpo.LossSettings, cfg.credit)
+    replaced = {}  # the part of the method -> the comparison that replaced it
+    for name, module in zip(COMPARISONS, modules()):
+        new = module.replace(cfg, chosen)
+        for part in ("loss_stage", "loss_settings"):
+            if getattr(new, part) is not getattr(chosen, part):
+                if part in replaced:
+                    raise SystemExit(
+                        f"comparisons: error: {replaced[part]} and {name} each replace the {part}: give one"
+                    )
+                replaced[part] = name
+        chosen = new
+    if chosen.credit is None:
+        raise ValueError(f"--credit {cfg.credit!r}: no credit function of that name")
+    return chosen
+
+
+def main(argv=None) -> None:
+    """``python -m comparisons``: grpo.py's command with the comparisons' flags."""
+    import grpo
+    from trainer import grpo_config, run_setup
+
+    config = config_class()
+    about = "grpo.py's trainer with the papers' comparisons (comparisons/): grpo.py's flags and theirs."
+    cfg = config(**vars(grpo_config.build_parser(config, description=about).parse_args(argv)))
+    given = set(vars(grpo_config.build_parser(config, defaults=False).parse_args(argv)))  # beat the recipe's
+    run_setup.run_command(grpo.train, cfg, given, method(cfg))

@@ -24,12 +24,14 @@ Imports torch, cscr.py and trainer/credit_methods.py (``CscrAblationCredit``).
 
 import functools
 import math
+from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import torch
 
 import cscr
 from trainer import credit_methods
+from trainer.grpo_config import flag
 
 
 def upweight(s, shift_pos, adv, threshold, settings):
@@ -180,5 +182,37 @@ class CscrAblationCredit(credit_methods.CscrCredit):
         return token_adv, stats
 
 
-def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
-    credit_functions["cscr/ablation"] = CscrAblationCredit
+# --- The flags, their checks and the choice (python -m comparisons) ----------------------------------------------
+MORE_CHOICES = {
+    "cscr_weight": {
+        "upweight": "spec §9's ablation, the sensitive tokens up (comparisons/cscr_ablations.py)",
+        "sign_aware": "spec §9's ablation, RLSD's direction weight (comparisons/cscr_ablations.py)",
+    }
+}
+
+
+@dataclass
+class Flags:
+    cscr_scope: str = flag(
+        "sequence", "CSCR renormalisation: per sequence (spec §5), group or batch (§9)", ["sequence", "group", "batch"]
+    )
+    cscr_sign_eps: float = flag(0.2, "--cscr_weight sign_aware: clip(exp(sign(Â)·Δ+), 1 ± ε)")
+    cscr_sign_mix: float = flag(0.5, "--cscr_weight sign_aware: w = (1 − mix) + mix·clip(...)")
+
+
+def checks(cfg) -> list[tuple[bool, str]]:
+    ablation = cfg.cscr_weight in MORE_CHOICES["cscr_weight"] or cfg.cscr_scope != "sequence"
+    return [
+        (
+            not 0 < cfg.cscr_sign_mix <= 1 or not 0 <= cfg.cscr_sign_eps < 1,
+            "--cscr_sign_mix must be in (0, 1] and --cscr_sign_eps in [0, 1)",
+        ),
+        (ablation and cfg.credit != "cscr", "--cscr_weight upweight|sign_aware and --cscr_scope need --credit cscr"),
+    ]
+
+
+def replace(cfg, method):
+    """``method`` with ``CscrAblationCredit`` under --credit cscr with an ablation's --cscr_weight or --cscr_scope."""
+    if cfg.credit != "cscr" or (cfg.cscr_weight not in MORE_CHOICES["cscr_weight"] and cfg.cscr_scope == "sequence"):
+        return method
+    return method._replace(credit=CscrAblationCredit, label="cscr-ablation")

@@ -22,8 +22,10 @@ Left out: Q2's token selection (Sec. 5.2), a mask of the loss, not of λ̄: base
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+from dataclasses import dataclass
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -31,6 +33,7 @@ from torch import Tensor
 
 import delta
 from trainer import credit_methods, distributed
+from trainer.grpo_config import flag
 
 
 def within_side_scores(dist_pos: Tensor, dist_neg: Tensor, adv: Tensor) -> Tensor:
@@ -342,5 +345,49 @@ class DeltaAblationCredit(credit_methods.DeltaCredit):
         keep_gamma(self.steps, state.get("delta_gamma"))
 
 
-def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
-    credit_functions["delta/ablation"] = DeltaAblationCredit
+# --- The flags, their checks and the choice (python -m comparisons) ----------------------------------------------
+@dataclass
+class Flags:
+    delta_scores: str = flag(
+        "contrastive",
+        "DelTA margins: contrastive (Sec. 3.2) or within_side (−‖v − μ_own‖²)",
+        ["contrastive", "within_side"],
+    )
+    delta_assignment: str = flag("soft", "DelTA assignment: soft α = σ(Δ/γ) or hard 1[Δ > 0]", ["soft", "hard"])
+    delta_gamma: str = flag(
+        "adaptive", "DelTA γ: adaptive (every batch) or frozen (the first batch's γ⁽⁰⁾, kept)", ["adaptive", "frozen"]
+    )
+    delta_coefficients: str = flag(
+        "bounded",
+        "DelTA λ: bounded λ_min + (λ_max − λ_min)·α, raw α, or random in the range",
+        ["bounded", "raw", "random"],
+    )
+    delta_normalize: bool = flag(True, "DelTA λ̄ = λ·N/Σλ (--no-delta_normalize: λ̄ = λ)")
+    delta_proxy: str = flag(
+        "hidden",
+        "DelTA proxy v: hidden ((1 − p)·h, App. F) or topk (W_y − Σ p̃ W_j over the old logits' top K)",
+        ["hidden", "topk"],
+    )
+    delta_proxy_topk: int = flag(20, "K of --delta_proxy topk (K = vocabulary: the exact hidden-state gradient)")
+
+
+def ablated(cfg) -> list[str]:
+    """The DelTA ablation flags ``cfg`` sets away from the paper's (``Flags``' defaults)."""
+    return [
+        f.name for f in dataclasses.fields(Flags) if f.name != "delta_proxy_topk" and getattr(cfg, f.name) != f.default
+    ]
+
+
+def checks(cfg) -> list[tuple[bool, str]]:
+    names = ", --".join(ablated(cfg))
+    return [
+        (cfg.delta_proxy_topk < 1, "--delta_proxy_topk must be >= 1"),
+        (bool(names) and cfg.credit != "delta", f"--{names} change DelTA's steps: use them with --credit delta"),
+    ]
+
+
+def replace(cfg, method):
+    """``method`` with ``DeltaAblationCredit`` where an ablation flag is set (and --credit delta)."""
+    if cfg.credit != "delta" or not ablated(cfg):
+        return method
+    return method._replace(credit=DeltaAblationCredit, label="delta-ablation")

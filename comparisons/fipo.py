@@ -1,5 +1,7 @@
 """FIPO (docs/specs/baselines.md §5): grpo.py's loss stage with Ã = Â·f, f the future-KL weight of the current
-log-ratio (``baselines.fipo_weights``), under ``--credit fipo`` (its credit: GRPO's Â on every token). A response
+log-ratio (``baselines.fipo_weights``), under ``--fipo`` (python -m comparisons; ``--credit fipo`` is its old
+spelling). FIPO is a token credit, Â·f, but f reads the current θ's log-ratio, which only the update's own training
+forward has: so it lives in the loss stage, and stage 5's credit is GRPO's Â on every token. A response
 with more than one dual-clipped token leaves the numerator here and the denominator in ``fipo_rescale``, as in FIPO's
 code, which always applies its dual clip c (clip_ratio_c = 10; log c is its filter's bound too). Not with --beta > 0
 (check_config): the rescale scales the whole gradient, and the k3 term over every valid token must not be rescaled."""
@@ -8,19 +10,61 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 
 import torch
 
 import grpo
 from comparisons import baselines
-from trainer import credit_methods, distributed, policy
+from trainer import credit_methods, distributed
+from trainer.grpo_config import flag
 
 STATS = ("fipo/f_mean", "fipo/dropped_frac")
+MORE_CHOICES = {"credit": {"fipo": "the old spelling of --fipo (GRPO's Â, FIPO's weight in the loss)"}}
 
 
-def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
-    credit_functions["fipo"] = credit_methods.GRPOCredit  # FIPO's weight is in its loss stage; its credit is GRPO's
-    loss_stages["fipo"] = grpo.LossStage(fipo_backward, STATS)
+@dataclass
+class Flags:
+    fipo: bool = flag(False, "FIPO: each token's loss weighted by its future-KL weight f (its credit: GRPO's Â)")
+    fipo_decay_rate: float = flag(32.0, "FIPO: half-life of the future-KL sum in tokens")
+    fipo_clip: float = flag(0.2, "FIPO: the weight is clipped to [1, 1 + this]")
+    fipo_safety_threshold: float = flag(10.0, "FIPO: Â < 0 tokens with ratio above this keep a weight in [0.8, 1]")
+
+
+def on(cfg) -> bool:  # --fipo, or its old spelling --credit fipo
+    return cfg.fipo or cfg.credit == "fipo"
+
+
+def checks(cfg) -> list[tuple[bool, str]]:
+    return [
+        (
+            on(cfg) and cfg.loss_type != "dapo",
+            "--fipo weights DAPO's clipped surrogate: use it with --loss_type dapo",
+        ),
+        (
+            on(cfg) and cfg.beta > 0,
+            "--fipo with --beta > 0: FIPO's sequence drop is known only after the mini-batch's last backward and "
+            "rescales its whole gradient (comparisons/fipo.py), the k3 term's too, which must stay over every valid "
+            "token; use --beta 0 (DelTA's runs) or another credit",
+        ),
+        (
+            on(cfg) and cfg.credit not in ("grpo", "fipo"),
+            f"--fipo is FIPO with GRPO's credit: not with --credit {cfg.credit}",
+        ),
+        (
+            cfg.fipo_decay_rate <= 0 or cfg.fipo_clip < 0 or cfg.fipo_safety_threshold <= 0,
+            "--fipo_decay_rate and --fipo_safety_threshold must be > 0, --fipo_clip >= 0",
+        ),
+    ]
+
+
+def replace(cfg, method: grpo.Method) -> grpo.Method:
+    """``method`` with FIPO's loss stage (and GRPO's credit) under --fipo."""
+    if not on(cfg):
+        return method
+    return method._replace(
+        credit=credit_methods.GRPOCredit, loss_stage=grpo.LossStage(fipo_backward, STATS), label="fipo"
+    )
 
 
 def fipo_backward(model, update, rows, cfg):
@@ -28,8 +72,9 @@ def fipo_backward(model, update, rows, cfg):
     forward), then ``fipo_rescale`` for the dropped ones. Returns (loss, statistic sums)."""
     device = next(model.parameters()).device
     dual_clip = cfg.dual_clip or 10.0
-    settings = dataclasses.replace(grpo.POLICY_LOSSES[cfg.loss_type].settings.from_config(cfg), dual_clip=dual_clip)
-    valid, old = update.loss_mask, update.old
+    settings = dataclasses.replace(update.parts.loss_settings, dual_clip=dual_clip)
+    valid = update.loss_mask
+    old = update.old
     counts = distributed.all_reduce_sum(
         torch.tensor([valid[rows].sum().item(), valid[rows].sum().item(), float(len(rows))], dtype=torch.float64)
     )
@@ -37,7 +82,7 @@ def fipo_backward(model, update, rows, cfg):
     dropped = torch.zeros(2, dtype=torch.float64)  # the mini-batch's dropped tokens and responses
     if update.loss_factor is None:
         update.loss_factor = torch.zeros_like(update.update_adv)
-    passes = old.update_passes or policy.Passes(model, update.batch, rows, cfg, grad=True)
+    passes = old.training_forward or update.parts.forward.micro_batches(model, update.batch, rows, cfg, grad=True)
     loss_total, sums = 0.0, {}
     for mb in passes:
         at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
@@ -76,8 +121,7 @@ def fipo_backward(model, update, rows, cfg):
         loss_total += loss.item()
         for key, v in {**stats, **own}.items():  # token-weighted: Σ / Σ num_tokens is the step's token-mean
             sums[key] = sums.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
-    passes.backward_prompts()
-    per_token = settings.aggregation == "dapo"
+    per_token = settings.aggregation == "token-mean"
     n = scope.num_tokens if per_token else float(scope.num_sequences)
     return loss_total * fipo_rescale(model, per_token, n, distributed.all_reduce_sum(dropped)), sums
 

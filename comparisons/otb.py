@@ -1,6 +1,7 @@
-"""verl's Optimal Token Baseline (OTB) beside DelTA and CSCR: ``--credit otb`` (verl's name ``optimal_token_baseline``
-selects it too). One file: the maths (``optimal_token_baseline``), its credit function (``OTBCredit``) and its
-registration (listed in comparisons/__init__.py's ``register``); grpo.py, delta.py and cscr.py do not name it.
+"""verl's Optimal Token Baseline (OTB) beside DelTA and CSCR: ``python -m comparisons --credit otb`` (verl's name
+``optimal_token_baseline`` selects it too). One file: the maths (``optimal_token_baseline``), the per-token statistic
+it asks of θ_old's pass (``sum_sq_prob``), its credit function (``OTBCredit``) and its choice (``replace``);
+grpo.py, delta.py, cscr.py and trainer/ do not name it.
 
 OTB (arXiv 2602.07078; verl 0.9.1 ``verl/trainer/ppo/core_algos.py`` ``compute_optimal_token_baseline_advantage``,
 ``docs/algo/otb.md``) keeps the outcome reward and replaces GRPO's one baseline per group by one per token position:
@@ -12,7 +13,7 @@ OTB (arXiv 2602.07078; verl 0.9.1 ``verl/trainer/ppo/core_algos.py`` ``compute_o
     Ã_{i,t} = (G_t⁽ⁱ⁾ − B*_t) m_{i,t}       in reward units, not normalised (verl returns it as is)
 
 Like DelTA it reads θ_old's last layer to decide which tokens carry the update (here Σ_v π_v² per token, a per-token
-statistic of θ_old's pass: policy.TOKEN_STATS); unlike DelTA it changes the baseline, not the weight. With
+statistic of θ_old's pass, ``sum_sq_prob``); unlike DelTA it changes the baseline, not the weight. With
 ``handle_zero_tail`` (verl's default) the longest response's tokens beyond the group's second-longest get a zero
 baseline, so a group whose rewards are all equal still moves there (Ã = r_i on that tail).
 
@@ -24,15 +25,22 @@ from __future__ import annotations
 
 import torch
 
-from trainer import credit_methods, distributed, memory_plan, sampler_mismatch
+import grpo
+from trainer import credit_methods, distributed, policy, sampler_mismatch
 
 NAMES = ("otb", "optimal_token_baseline")  # --credit: ours, verl's ``adv_estimator`` name
+MORE_CHOICES = {"credit": {name: "verl's Optimal Token Baseline (comparisons/otb.py)" for name in NAMES}}
 
 
-def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
-    for name in NAMES:
-        credit_functions[name] = OTBCredit
-        memory_plan.CREDIT_TOKEN_ARRAYS[name] = 1  # θ_old's Σ_v π_v² [N, T] (float32)
+def replace(cfg, method: grpo.Method) -> grpo.Method:
+    """``method`` with OTB's credit function under --credit otb (or optimal_token_baseline)."""
+    return method._replace(credit=OTBCredit, label="otb") if cfg.credit in NAMES else method
+
+
+def sum_sq_prob(u: torch.Tensor) -> torch.Tensor:
+    """Σ_v π_v² ∈ [1/V, 1] of π = softmax(u) over the last dim (u = z/T ``[..., V]``): the per-token statistic OTB
+    asks of θ_old's pass (computed there a chunk of positions at a time on the scale path), no grad."""
+    return torch.softmax(u, dim=-1).square().sum(-1)
 
 
 def optimal_token_baseline(
@@ -87,7 +95,7 @@ class OTBCredit(credit_methods.GRPOCredit):
     asked for by name); with --vllm_importance_sampling_correction the sampler weights ρ̄ enter W as verl folds them
     (the update's Ã is then corrected as every credit's is: run_setup.sampler_correction). No state."""
 
-    needs = ("sum_sq_prob",)
+    asks = policy.Asked(token_stats={"sum_sq_prob": sum_sq_prob})  # θ_old's Σ_v π_v² [N, T], from its pass
 
     @torch.no_grad()
     def __call__(self, model, x: credit_methods.CreditInputs) -> credit_methods.CreditResult:

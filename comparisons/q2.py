@@ -2,20 +2,42 @@
 λ̄ (--delta_select top|bottom|random, --delta_select_fraction), chosen once per step from the credit's λ̄ (random
 with a generator seeded by the step). Two functions: the credit (``Q2Credit``: DelTA's λ̄, with any other --delta_*
 ablation, then the selection; Ã = Â) and the loss stage (``q2_backward``: grpo.py's on the selected tokens, the
-k3 term over every valid token)."""
+k3 term over every valid token). Its flags: ``Flags``; chosen once by ``replace`` (python -m comparisons)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 import grpo
 from comparisons import baselines, delta_ablations
-from trainer import credit_methods, distributed, policy
+from trainer import credit_methods, distributed
+from trainer.grpo_config import flag
 
 
-def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
-    credit_functions["delta/q2"] = Q2Credit
-    loss_stages["q2"] = grpo.LossStage(q2_backward)
+@dataclass
+class Flags:
+    delta_select: str = flag(
+        "none",
+        "DelTA Q2 (Sec. 5.2): plain DAPO on the top, a random or the bottom --delta_select_fraction of tokens by λ",
+        ["none", "top", "random", "bottom"],
+    )
+    delta_select_fraction: float = flag(0.5, "share of the valid tokens --delta_select keeps")
+
+
+def checks(cfg) -> list[tuple[bool, str]]:
+    return [
+        (not 0 < cfg.delta_select_fraction <= 1, "--delta_select_fraction must be in (0, 1]"),
+        (cfg.delta_select != "none" and cfg.credit != "delta", "--delta_select ranks DelTA's λ̄: use --credit delta"),
+    ]
+
+
+def replace(cfg, method: grpo.Method) -> grpo.Method:
+    """``method`` with Q2's credit (DelTA's λ̄ ranks the tokens) and loss stage under --delta_select."""
+    if cfg.delta_select == "none":
+        return method
+    return method._replace(credit=Q2Credit, loss_stage=grpo.LossStage(q2_backward), label="delta-q2")
 
 
 class Q2Credit(delta_ablations.DeltaAblationCredit):
@@ -36,8 +58,9 @@ def q2_backward(model, update, rows, cfg):
     """``grpo.minibatch_backward`` with the surrogate on the selected tokens (and their count). Returns (loss,
     statistic sums)."""
     device = next(model.parameters()).device
-    settings = grpo.POLICY_LOSSES[cfg.loss_type].settings.from_config(cfg)
-    valid, old = update.loss_mask, update.old
+    settings = update.parts.loss_settings
+    valid = update.loss_mask
+    old = update.old
     mask = valid * update.token_values["q2_selected"]  # the tokens of the surrogate
     counts = distributed.all_reduce_sum(
         torch.tensor([mask[rows].sum().item(), valid[rows].sum().item(), float(len(rows))], dtype=torch.float64)
@@ -45,7 +68,7 @@ def q2_backward(model, update, rows, cfg):
     scope = grpo.LossScope(counts[0].item(), int(counts[2].item()), None, counts[1].item())
     if update.loss_factor is None:
         update.loss_factor = torch.zeros_like(update.update_adv)
-    passes = old.update_passes or policy.Passes(model, update.batch, rows, cfg, grad=True)
+    passes = old.training_forward or update.parts.forward.micro_batches(model, update.batch, rows, cfg, grad=True)
     loss_total, sums = 0.0, {}
     for mb in passes:
         at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
@@ -64,5 +87,4 @@ def q2_backward(model, update, rows, cfg):
         loss_total += loss.item()
         for key, v in stats.items():  # token-weighted: Σ / Σ num_tokens is the step's token-mean
             sums[key] = sums.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
-    passes.backward_prompts()
     return loss_total, sums

@@ -7,7 +7,7 @@ Imported by grpo.py and comparisons/; imports the methods (delta, cscr, verify) 
 
 from __future__ import annotations
 
-from collections import namedtuple
+from typing import NamedTuple
 
 import torch
 
@@ -17,22 +17,40 @@ import verify
 from trainer import distributed, policy
 from trainer.grpo_config import GRPOConfig
 
-# What a credit function receives (``CreditInputs``, in ``grpo.Credit``'s order): the rollout, Â [N], θ_old's pass
-# (``policy.ThetaOld``: its log-probs, h_t when the function's ``needs`` names "hidden", the per-token statistics it
-# names in ``old.token_stats``: policy.TOKEN_STATS), each row's reference answer, the step (seeds a random draw), the
-# loss mask [N, T] (stage 3's), the rewards r [N] (stage 2's); what it returns (``CreditResult``): Ã [N, T], its
-# statistics for metrics.jsonl and its per-token values {name: [N, T]} for samples/ (DelTA's λ̄, CSCR's sensitivity
-# s; "credit_share": each token's credit c where Ã is not Â·c, run_setup.credit_shares).
-CreditInputs = namedtuple("CreditInputs", "batch adv old answers step loss_mask rewards", defaults=(None,))
-CreditResult = namedtuple("CreditResult", "token_adv stats token_values")
+
+class CreditInputs(NamedTuple):
+    """What a credit function receives: the rollout, Â [N], θ_old's pass (``policy.ThetaOld``: its log-probs, and
+    what the function's ``asks`` names: h_t, per-token statistics), each row's reference answer, the step (seeds a
+    random draw), the loss mask [N, T] (stage 3's), the rewards r [N] (stage 2's) and the run's passes of the policy
+    (``policy.Forward``: for a credit function's own passes)."""
+
+    batch: object
+    adv: torch.Tensor
+    old: policy.ThetaOld
+    answers: list
+    step: int
+    loss_mask: torch.Tensor
+    rewards: torch.Tensor
+    forward: policy.Forward
+
+
+class CreditResult(NamedTuple):
+    """What a credit function returns: Ã [N, T], its statistics for metrics.jsonl and its per-token values {name:
+    [N, T]} for samples/ (DelTA's λ̄, CSCR's sensitivity s; "credit_share": each token's credit c where Ã is not
+    Â·c, run_setup.credit_shares)."""
+
+    token_adv: torch.Tensor
+    stats: dict
+    token_values: dict
 
 
 class GRPOCredit:
     """--credit grpo: every token of o_i gets Â_i. The base of a credit function (``grpo.CREDIT_FUNCTIONS``): made once
     from the config, called once per step, no grad; its state (none here) through ``state_dict``."""
 
-    needs: tuple[str, ...] = ()  # what it asks of θ_old's pass by name ("hidden": h_t; policy.TOKEN_STATS' names)
+    asks = policy.Asked()  # what it reads of θ_old's pass beside log p (h_t, per-token statistics)
     gathers_weights = False  # whether its own passes of the model need the whole weights (FSDP: no fused stage 4)
+    token_arrays = 0  # the float32 [N, T] arrays it keeps beside Ã (memory_plan.py counts them)
 
     def __init__(self, cfg: GRPOConfig, tokenizer=None):
         self.cfg = cfg
@@ -53,10 +71,14 @@ class DeltaCredit(GRPOCredit):
     (--delta_impl normal, one chunk) or recomputed in each of its K + 3 passes (memory_efficient; spec §2.5); under
     torchrun --delta_scope global sums its statistics over the processes (spec §2.4)."""
 
+    asks = policy.Asked(hidden=True)  # h_t kept by stage 4 (--delta_impl normal); none when streamed
+    token_arrays = 1  # λ̄
+
     def __init__(self, cfg: GRPOConfig, tokenizer=None):
         super().__init__(cfg, tokenizer)
         self.pool = distributed.all_reduce_sum if distributed.is_distributed() and cfg.delta_scope == "global" else None
-        self.needs = ("hidden",) if cfg.delta_impl == "normal" else ()
+        if cfg.delta_impl == "memory_efficient":  # h recomputed a micro-batch at a time, in each of its passes
+            self.asks = policy.Asked()
 
     def proxy(self, model):  # v_t (App. F): (h [b, t, H], old_logp, mask, token_ids [b, t]) -> v [b, t, H]
         return lambda hidden, old_logp, mask, token_ids: delta.proxy_vectors(hidden, old_logp, mask)
@@ -74,11 +96,24 @@ class DeltaCredit(GRPOCredit):
         mask = x.loss_mask
         ids = x.batch.response_ids
         proxy = self.proxy(model)
-        layout, h_chunks = policy.hidden_chunks(model, x.batch, self.cfg, x.old.hidden)
+        T = mask.shape[1]
+        layout = [(slice(None), T)]  # the chunks' rows and widths: h kept by stage 4, one chunk
+        if x.old.hidden is None:  # streamed: the run's passes, h recomputed a micro-batch at a time at each call
+            rows = torch.arange(mask.shape[0])
+            passes = x.forward.micro_batches(
+                model, x.batch, rows, self.cfg, grad=False, asked=policy.Asked(hidden=True)
+            )
+            layout = []
 
         def chunks():  # (v [b, t, H], Â [b], mask [b, t]) of each chunk, in order
-            for h, rows, t in h_chunks():
-                yield proxy(h, x.old.logp[rows, :t], mask[rows, :t], ids[rows, :t]), x.adv[rows], mask[rows, :t]
+            if x.old.hidden is not None:
+                yield proxy(x.old.hidden, x.old.logp, mask, ids), x.adv, mask
+                return
+            for mb in passes:
+                if len(layout) < mb.num_micro_batches:
+                    layout.append((mb.rows, mb.t))
+                v = proxy(mb.hidden, mb.take(x.old.logp), mb.take(mask), mb.take(ids))
+                yield v, x.adv[mb.rows], mb.take(mask)
 
         result = self.coefficients(chunks if x.old.hidden is None else list(chunks()))
         lam_bar = torch.zeros(mask.shape, dtype=result.lam_bar[0].dtype)
@@ -94,6 +129,7 @@ class CscrCredit(GRPOCredit):
     mean_t(w); λ given, or calibrated once (its state)."""
 
     gathers_weights = True  # its privileged scoring passes (memory_plan.updates_on_policy)
+    token_arrays = 3  # ℓ+, ℓ−, s
 
     def __init__(self, cfg: GRPOConfig, tokenizer=None):
         super().__init__(cfg, tokenizer)
@@ -125,7 +161,7 @@ class CscrCredit(GRPOCredit):
                 scored,
                 cfg.temperature,
                 micro_batch_size=cfg.micro_batch_size or None,
-                logprob_fn=self.scoring_logprobs,
+                logprob_fn=x.forward.scoring_logprobs,  # None: cscr.py's plain pass
             )
         s = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask, mode=cfg.cscr_mode)  # s_t = max(|Δ+|, |Δ−|)
         if cfg.cscr_threshold_quantile is not None and not self.calibrated:
@@ -143,9 +179,6 @@ class CscrCredit(GRPOCredit):
         token_adv = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.settings)
         stats = cscr.cscr_stats(adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.settings)
         return token_adv, stats
-
-    def scoring_logprobs(self, *args):  # CSCR's scoring passes: each privileged prompt run once (--shared_prompt)
-        return (policy.shared_prompt_logprobs if self.cfg.shared_prompt else policy.token_logprobs)(*args)
 
     def state_dict(self) -> dict:
         return {"cscr_threshold": float(self.threshold), "cscr_calibrated": self.calibrated}

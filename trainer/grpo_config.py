@@ -54,6 +54,11 @@ DELTA_PAPER = {
     "delta_impl": "memory_efficient",  # normal would keep h of 2,048 × 20,480 tokens: 687 GB at H = 4,096
     "gradient_checkpointing": True,  # the official run's (with param/optimizer offload, sequence parallel 4)
     "micro_batch_size": 1,  # rows of up to 22,528 tokens per forward (verl: dynamic, by tokens)
+    # the scale path (trainer/scale_passes.py): each the plain path's numbers to rounding, each off where inexact
+    "padding_free": True,
+    "shared_prompt": True,
+    "chunked_lm_head": True,
+    "fuse_old_logprobs": True,
 }
 
 # One 80 GB GPU, Qwen3-8B-Base: the paper's method and loss at a smaller batch and budget (docs/scaling.md).
@@ -134,135 +139,104 @@ PADDING_FREE_BUCKETS = 8  # micro-batches of similar length a whole (mini-)batch
 
 
 # One dataclass, from which the argparse flags are generated (TRL's flag vocabulary)
-def _f(default, help, choices=None):
+def flag(default, help, choices=None):
+    """A field of ``GRPOConfig`` (or of a comparison's ``Flags``): its default, its --help and its choices."""
     return field(default=default, metadata={"help": help, **({"choices": choices} if choices else {})})
 
 
 @dataclass
 class GRPOConfig:
     # recipe, model and data
-    recipe: str = _f(
+    recipe: str = flag(
         "auto",
         "settings that belong together (recipes.py, listed below); auto: toy for the toy, else "
         "delta_paper; a flag given beats the recipe",
         ["auto", *RECIPES],
     )
-    model: str = _f("toy", "'toy' (built-in), a local folder or a Hugging Face hub id")
-    data: str = _f("toy", "training problems: a jsonl or parquet file, a folder of shards, a name in data/, or 'toy'")
-    data_problem_field: str = _f("problem", "the data's problem column (DeepMath-103K: question)")
-    data_answer_field: str = _f("answer", "the data's reference-answer column (DeepMath-103K: final_answer)")
-    max_prompt_length: int = _f(0, "leave out prompts longer than this many tokens before training (0 = keep all)")
-    eval_data: str = _f("", "held-out problems (before/after); empty: the toy's test split with --data toy")
-    prompt_template: str = _f("auto", "auto: none for the toy, else qwen_math", ["auto", *PROMPT_TEMPLATES])
-    output_dir: str = _f(
+    model: str = flag("toy", "'toy' (built-in), a local folder or a Hugging Face hub id")
+    data: str = flag("toy", "training problems: a jsonl or parquet file, a folder of shards, a name in data/, or 'toy'")
+    data_problem_field: str = flag("problem", "the data's problem column (DeepMath-103K: question)")
+    data_answer_field: str = flag("answer", "the data's reference-answer column (DeepMath-103K: final_answer)")
+    max_prompt_length: int = flag(0, "leave out prompts longer than this many tokens before training (0 = keep all)")
+    eval_data: str = flag("", "held-out problems (before/after); empty: the toy's test split with --data toy")
+    prompt_template: str = flag("auto", "auto: none for the toy, else qwen_math", ["auto", *PROMPT_TEMPLATES])
+    output_dir: str = flag(
         "",
         "the run folder (config, metrics, samples, checkpoints); empty: runs/<credit> for the "
         "toy, runs/<model>-<credit> for another model (e.g. runs/Qwen3-8B-Base-delta)",
     )
     # model loading, LoRA and memory (docs/scaling.md)
-    torch_dtype: str = _f("auto", "auto: bfloat16 on a GPU, float32 on the CPU", ["auto", "bfloat16", "float32"])
-    attn_implementation: str = _f("sdpa", "attention kernel: sdpa, eager, or flash_attention_2 (needs flash-attn)")
-    trust_remote_code: bool = _f(False, "run model code shipped with a hub repository")
-    use_peft: bool = _f(False, "train LoRA adapters (peft); the KL reference is the model with its adapter off")
-    lora_r: int = _f(16, "LoRA rank r")
-    lora_alpha: int = _f(32, "LoRA scaling α (the update is (α/r)·B·A)")
-    lora_dropout: float = _f(0.05, "dropout on the LoRA branch's input (training passes only)")
-    lora_target_modules: str = _f(
+    torch_dtype: str = flag("auto", "auto: bfloat16 on a GPU, float32 on the CPU", ["auto", "bfloat16", "float32"])
+    attn_implementation: str = flag("sdpa", "attention kernel: sdpa, eager, or flash_attention_2 (needs flash-attn)")
+    trust_remote_code: bool = flag(False, "run model code shipped with a hub repository")
+    use_peft: bool = flag(False, "train LoRA adapters (peft); the KL reference is the model with its adapter off")
+    lora_r: int = flag(16, "LoRA rank r")
+    lora_alpha: int = flag(32, "LoRA scaling α (the update is (α/r)·B·A)")
+    lora_dropout: float = flag(0.05, "dropout on the LoRA branch's input (training passes only)")
+    lora_target_modules: str = flag(
         "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
         "comma-separated module names that get LoRA adapters, or all-linear",
     )
-    gradient_checkpointing: bool = _f(False, "recompute each layer in the backward pass (less activation memory)")
-    ref_on_cpu: bool = _f(False, "full fine-tuning with --beta > 0: keep the frozen reference on the CPU")
-    cast_lm_head_to_fp32: bool = _f(
+    gradient_checkpointing: bool = flag(False, "recompute each layer in the backward pass (less activation memory)")
+    ref_on_cpu: bool = flag(False, "full fine-tuning with --beta > 0: keep the frozen reference on the CPU")
+    cast_lm_head_to_fp32: bool = flag(
         False,
         "the LM head's weight and matmul in float32, the body in --torch_dtype "
         "(TRL's flag; ScaleRL): float32 logits from a bf16 model; an untied "
         "head, one process",
     )
     # credit assignment
-    credit: str = _f(
+    credit: str = flag(
         "grpo",
-        "token credit: grpo (broadcast), delta (DelTA), cscr (CSCR), fipo (FIPO's future-KL weight, in the loss); "
-        "the choices: the credit functions registered (grpo.CREDIT_FUNCTIONS)",
+        "token credit (grpo.CREDIT_FUNCTIONS): grpo (Â on every token), delta (DelTA), cscr (CSCR); the papers' "
+        "comparisons: python -m comparisons --help",
+        ["grpo", "delta", "cscr"],
     )
-    delta_k: int = _f(1, "DelTA refinement iterations K")
-    delta_lam_min: float = _f(0.8, "DelTA λ_min")
-    delta_lam_max: float = _f(1.2, "DelTA λ_max")
-    delta_impl: str = _f(
+    delta_k: int = flag(1, "DelTA refinement iterations K")
+    delta_lam_min: float = flag(0.8, "DelTA λ_min")
+    delta_lam_max: float = flag(1.2, "DelTA λ_max")
+    delta_impl: str = flag(
         "normal",
         "where DelTA's chunks come from: the batch's h kept from θ_old's pass (normal) or "
         "micro-batches whose h is recomputed in each of K + 3 passes (memory_efficient; "
         "memory independent of the batch)",
         ["normal", "memory_efficient"],
     )
-    # DelTA's ablations (docs/specs/baselines.md §6; docs/reproduce.md): each one swaps one step of delta.py for its
-    # function in delta_ablations.py (steps_from_flags, proxy_from_flags), chosen once when the run starts
-    delta_scores: str = _f(
-        "contrastive",
-        "DelTA margins: contrastive (Sec. 3.2) or within_side (−‖v − μ_own‖²)",
-        ["contrastive", "within_side"],
-    )
-    delta_assignment: str = _f("soft", "DelTA assignment: soft α = σ(Δ/γ) or hard 1[Δ > 0]", ["soft", "hard"])
-    delta_gamma: str = _f(
-        "adaptive", "DelTA γ: adaptive (every batch) or frozen (the first batch's γ⁽⁰⁾, kept)", ["adaptive", "frozen"]
-    )
-    delta_coefficients: str = _f(
-        "bounded",
-        "DelTA λ: bounded λ_min + (λ_max − λ_min)·α, raw α, or random in the range",
-        ["bounded", "raw", "random"],
-    )
-    delta_normalize: bool = _f(True, "DelTA λ̄ = λ·N/Σλ (--no-delta_normalize: λ̄ = λ)")
-    delta_proxy: str = _f(
-        "hidden",
-        "DelTA proxy v: hidden ((1 − p)·h, App. F) or topk (W_y − Σ p̃ W_j over the old logits' top K)",
-        ["hidden", "topk"],
-    )
-    delta_proxy_topk: int = _f(20, "K of --delta_proxy topk (K = vocabulary: the exact hidden-state gradient)")
-    delta_select: str = _f(
-        "none",
-        "DelTA Q2 (Sec. 5.2): plain DAPO on the top, a random or the bottom --delta_select_fraction of tokens by λ",
-        ["none", "top", "random", "bottom"],
-    )
-    delta_select_fraction: float = _f(0.5, "share of the valid tokens --delta_select keeps")
-    delta_scope: str = _f(
+    delta_scope: str = flag(
         "global",
         "torchrun: DelTA's statistics summed over processes (global) or per process as in DelTA's code (local)",
         ["global", "local"],
     )
-    cscr_template: str = _f("verdict", "CSCR privileged note: verdict, reference, answer, verdict_short (cscr.py)")
-    cscr_mode: str = _f("max", "CSCR sensitivity: max(|Δ+|,|Δ−|), mean, common", ["max", "mean", "common"])
-    cscr_threshold: float = _f(0.2, "CSCR sensitivity threshold λ in nats")
-    cscr_threshold_quantile: float | None = _f(None, "calibrate λ once: this quantile of s in the first batch")
-    cscr_alpha: float = _f(1.0, "CSCR decay strength α")
-    cscr_w_min: float = _f(0.0, "CSCR weight floor")
-    cscr_weight: str = _f(
+    cscr_template: str = flag("verdict", "CSCR privileged note: verdict, reference, answer, verdict_short (cscr.py)")
+    cscr_mode: str = flag("max", "CSCR sensitivity: max(|Δ+|,|Δ−|), mean, common", ["max", "mean", "common"])
+    cscr_threshold: float = flag(0.2, "CSCR sensitivity threshold λ in nats")
+    cscr_threshold_quantile: float | None = flag(None, "calibrate λ once: this quantile of s in the first batch")
+    cscr_alpha: float = flag(1.0, "CSCR decay strength α")
+    cscr_w_min: float = flag(0.0, "CSCR weight floor")
+    cscr_weight: str = flag(
         "exp",
-        "CSCR weight map: exp (spec §5), exp_abs, inverse; ablations (spec §9): upweight "
-        "(sensitive tokens up), sign_aware (RLSD's direction weight)",
-        ["exp", "exp_abs", "inverse", "upweight", "sign_aware"],
+        "CSCR weight map: exp (spec §5), exp_abs, inverse (spec §5's alternatives)",
+        ["exp", "exp_abs", "inverse"],
     )
-    cscr_scope: str = _f(
-        "sequence", "CSCR renormalisation: per sequence (spec §5), group or batch (§9)", ["sequence", "group", "batch"]
-    )
-    cscr_sign_eps: float = _f(0.2, "--cscr_weight sign_aware: clip(exp(sign(Â)·Δ+), 1 ± ε)")
-    cscr_sign_mix: float = _f(0.5, "--cscr_weight sign_aware: w = (1 − mix) + mix·clip(...)")
     # rollout
-    num_generations: int = _f(8, "G, responses per prompt (group size)")
-    num_prompts_per_step: int = _f(16, "prompts per step; the rollout batch is num_prompts_per_step × G")
-    max_completion_length: int = _f(64, "response budget in tokens (longer responses are truncated)")
-    overlong_buffer_len: int = _f(0, "DAPO's overlong penalty: 0 to -factor over the budget's last N tokens (0 = off)")
-    overlong_penalty_factor: float = _f(1.0, "DAPO's overlong penalty at --max_completion_length")
-    temperature: float = _f(1.0, "sampling temperature; the trainer's log-probs use the same temperature")
-    top_p: float = _f(1.0, "nucleus sampling mass")
-    use_vllm: bool = _f(False, "sample with vLLM colocated in this process (tools/requirements-vllm.txt)")
-    vllm_gpu_memory_utilization: float | None = _f(
+    num_generations: int = flag(8, "G, responses per prompt (group size)")
+    num_prompts_per_step: int = flag(16, "prompts per step; the rollout batch is num_prompts_per_step × G")
+    max_completion_length: int = flag(64, "response budget in tokens (longer responses are truncated)")
+    overlong_buffer_len: int = flag(
+        0, "DAPO's overlong penalty: 0 to -factor over the budget's last N tokens (0 = off)"
+    )
+    overlong_penalty_factor: float = flag(1.0, "DAPO's overlong penalty at --max_completion_length")
+    temperature: float = flag(1.0, "sampling temperature; the trainer's log-probs use the same temperature")
+    top_p: float = flag(1.0, "nucleus sampling mass")
+    use_vllm: bool = flag(False, "sample with vLLM colocated in this process (tools/requirements-vllm.txt)")
+    vllm_gpu_memory_utilization: float | None = flag(
         None,
         "fraction of the GPU's memory vLLM takes (weights + KV "
         "cache); default: with --vllm_enable_sleep_mode on a GPU "
         "the memory plan's size (memory_plan.vllm_share), else 0.3",
     )
-    vllm_enable_sleep_mode: bool = _f(False, "free vLLM's weights and KV cache during the policy update")
-    vllm_kv_cache_dtype: str = _f(
+    vllm_enable_sleep_mode: bool = flag(False, "free vLLM's weights and KV cache during the policy update")
+    vllm_kv_cache_dtype: str = flag(
         "auto",
         "vLLM's KV cache: auto (the model's dtype) or fp8 (half the bytes on a "
         "GPU: twice the sequences at once; the sampler drifts further from the "
@@ -270,89 +244,76 @@ class GRPOConfig:
         ["auto", "fp8"],
     )
     # the sampler–trainer mismatch (TRL 1.16's flags and meanings; sampler_mismatch.py): off by default
-    vllm_importance_sampling_correction: bool = _f(
+    vllm_importance_sampling_correction: bool = flag(
         False,
         "--use_vllm: multiply each token's loss by the truncated IS "
         "weight π_θold / π_vLLM (vLLM's processed log-probs)",
     )
-    vllm_importance_sampling_mode: str = _f(
+    vllm_importance_sampling_mode: str = flag(
         "token_truncate",
         "token_truncate: w_t = min(ratio_t, C_max); token_mask: "
         "0 outside [C_min, C_max]; sequence_*: one ratio per "
         "response, the product of its tokens'",
         ["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"],
     )
-    vllm_importance_sampling_clip_max: float | None = _f(3.0, "C_max of the IS weight (TRL 1.16's; None: no bound)")
-    vllm_importance_sampling_clip_min: float | None = _f(None, "C_min of the IS weight (None: no lower bound)")
+    vllm_importance_sampling_clip_max: float | None = flag(3.0, "C_max of the IS weight (TRL 1.16's; None: no bound)")
+    vllm_importance_sampling_clip_min: float | None = flag(None, "C_min of the IS weight (None: no lower bound)")
     # optimisation
-    max_steps: int = _f(60, "training steps (one rollout batch each)")
-    learning_rate: float = _f(3e-4, "AdamW learning rate (3e-4 suits the toy; ~1e-6 full fine-tuning, ~1e-5 LoRA)")
-    weight_decay: float = _f(0.0, "AdamW weight decay")
-    max_grad_norm: float = _f(1.0, "gradient clipping (0 = off)")
-    num_iterations: int = _f(1, "μ: passes over each rollout batch (PPO epochs)")
-    num_mini_batches: int = _f(1, "optimizer steps per pass (the rollout batch is split into mini-batches)")
-    micro_batch_size: int = _f(
+    max_steps: int = flag(60, "training steps (one rollout batch each)")
+    learning_rate: float = flag(3e-4, "AdamW learning rate (3e-4 suits the toy; ~1e-6 full fine-tuning, ~1e-5 LoRA)")
+    weight_decay: float = flag(0.0, "AdamW weight decay")
+    max_grad_norm: float = flag(1.0, "gradient clipping (0 = off)")
+    num_iterations: int = flag(1, "μ: passes over each rollout batch (PPO epochs)")
+    num_mini_batches: int = flag(1, "optimizer steps per pass (the rollout batch is split into mini-batches)")
+    micro_batch_size: int = flag(
         0,
         "rows per forward/backward (0: the whole mini-batch, with --padding_free in "
         f"{PADDING_FREE_BUCKETS} length-sorted parts); gradients are identical",
     )
-    padding_free: bool = _f(True, "micro-batches of similar length, each cut to its own longest row (same loss)")
-    shared_prompt: bool = _f(True, "run each group's prompt once, its keys/values read by its G responses (same loss)")
-    fuse_old_logprobs: bool = _f(
-        True, "one update per batch: θ_old's log-probs from the training forward (one forward fewer, same update)"
+    # the scale path (trainer/scale_passes.py): off for the toy (the plain passes of grpo.py), on in the scale recipes
+    padding_free: bool = flag(False, "micro-batches of similar length, each cut to its own longest row (same loss)")
+    shared_prompt: bool = flag(
+        False, "run each group's prompt once, its keys/values read by its G responses (same loss)"
     )
-    epsilon: float = _f(0.2, "lower clip ε_low: ratio ≥ 1−ε for negative advantages")
-    epsilon_high: float = _f(0.28, "upper clip ε_high: ratio ≤ 1+ε_high for positive advantages (DAPO)")
-    dual_clip: float | None = _f(None, "dual-clip constant c for negative advantages (e.g. 10)")
-    beta: float = _f(0.0, "k3 KL coefficient to a frozen reference (0 = no reference model)")
-    loss_type: str = _f(
+    chunked_lm_head: bool = flag(False, "the LM head a chunk of positions at a time: no [b, T, V] logits (same loss)")
+    fuse_old_logprobs: bool = flag(
+        False, "one update per batch: θ_old's log-probs from the training forward (one forward fewer, same update)"
+    )
+    epsilon: float = flag(0.2, "lower clip ε_low: ratio ≥ 1−ε for negative advantages")
+    epsilon_high: float = flag(0.28, "upper clip ε_high: ratio ≤ 1+ε_high for positive advantages (DAPO)")
+    dual_clip: float | None = flag(None, "dual-clip constant c for negative advantages (e.g. 10)")
+    beta: float = flag(0.0, "k3 KL coefficient to a frozen reference (0 = no reference model)")
+    loss_type: str = flag(
         "dapo",
-        "dapo: token-mean over the batch; grpo: per-sequence mean, then mean; dr_grpo: "
-        "sum / (B·max_completion_length); sapo: SAPO's soft gate in place of the clip; any "
-        "other loss registered in grpo.POLICY_LOSSES",
+        "the loss's normaliser (grpo.AGGREGATIONS): dapo, token-mean over the mini-batch; grpo, each response's mean, "
+        "then their mean; dr_grpo, sum / (responses·max_completion_length)",
+        ["dapo", "grpo", "dr_grpo"],
     )
-    sapo_temperature_pos: float = _f(1.0, "SAPO's gate temperature τ for Â > 0")
-    sapo_temperature_neg: float = _f(1.05, "SAPO's gate temperature τ for Â < 0")
-    sapo_aggregation: str = _f(
-        "sequence", "SAPO: per-sequence mean then mean (verl, TRL) or token-mean", ["sequence", "token"]
+    scale_rewards: str = flag(
+        "group", "group: (r−mean)/(std+1e-6) per group; none: r−mean (Dr. GRPO)", ["group", "none"]
     )
-    # the baselines that weight or mask tokens from the current policy, in the loss (docs/specs/baselines.md)
-    entropy_top_ratio: float = _f(
-        0.0,
-        "Forking Tokens (its code): train on the top ⌈ρn⌉ tokens by entropy, the "
-        "loss their mean (DelTA's row: 0.2; 0 = off)",
-    )
-    top_entropy_quantile: float = _f(
-        1.0, "Forking Tokens as TRL: tokens with entropy ≥ the (1 − ρ) quantile, the normaliser unchanged (1 = off)"
-    )
-    entropy_pool: str = _f(
-        "minibatch",
-        "the tokens ranked by entropy: the mini-batch (exact under micro-batching; "
-        "one no-grad forward more) or each micro-batch (Forking Tokens' code)",
-        ["minibatch", "micro"],
-    )
-    fipo_decay_rate: float = _f(32.0, "FIPO: half-life of the future-KL sum in tokens")
-    fipo_clip: float = _f(0.2, "FIPO: the weight is clipped to [1, 1 + this]")
-    fipo_safety_threshold: float = _f(10.0, "FIPO: Â < 0 tokens with ratio above this keep a weight in [0.8, 1]")
-    scale_rewards: str = _f("group", "group: (r−mean)/(std+1e-6) per group; none: r−mean (Dr. GRPO)", ["group", "none"])
-    mask_truncated_completions: bool = _f(False, "exclude responses that hit max_completion_length from the loss")
+    mask_truncated_completions: bool = flag(False, "exclude responses that hit max_completion_length from the loss")
     # evaluation, logging, checkpoints
-    eval_num_generations: int = _f(8, "k of the held-out avg@k before and after training (0 = skip)")
-    eval_temperature: float | None = _f(None, "held-out sampling temperature (default: --temperature)")
-    eval_top_p: float | None = _f(None, "held-out nucleus mass (default: --top_p)")
-    eval_steps: int = _f(0, "also evaluate every this many steps (0 = only before and after)")
-    logging_steps: int = _f(1, "write samples/step_*.jsonl every this many steps (metrics.jsonl: every step)")
-    num_samples_to_log: int = _f(2, "groups written to each samples/step_*.jsonl")
-    save_steps: int = _f(50, "write a resumable checkpoint-<step>/ every this many steps (final/ always)")
-    resume: bool = _f(False, "continue from the latest complete checkpoint-<step>/ in --output_dir")
-    overwrite_output_dir: bool = _f(False, "delete the earlier run in --output_dir and start again")
-    report_to: str = _f("none", "also log every metric to: none, or tensorboard, wandb, trackio (comma-separated)")
-    seed: int = _f(0, "random seed (data order, sampling)")
-    num_threads: int = _f(0, "torch CPU threads (0: 1 for models under 10M parameters, else torch's default)")
+    eval_num_generations: int = flag(8, "k of the held-out avg@k before and after training (0 = skip)")
+    eval_temperature: float | None = flag(None, "held-out sampling temperature (default: --temperature)")
+    eval_top_p: float | None = flag(None, "held-out nucleus mass (default: --top_p)")
+    eval_steps: int = flag(0, "also evaluate every this many steps (0 = only before and after)")
+    logging_steps: int = flag(1, "write samples/step_*.jsonl every this many steps (metrics.jsonl: every step)")
+    num_samples_to_log: int = flag(2, "groups written to each samples/step_*.jsonl")
+    save_steps: int = flag(50, "write a resumable checkpoint-<step>/ every this many steps (final/ always)")
+    resume: bool = flag(False, "continue from the latest complete checkpoint-<step>/ in --output_dir")
+    overwrite_output_dir: bool = flag(False, "delete the earlier run in --output_dir and start again")
+    report_to: str = flag("none", "also log every metric to: none, or tensorboard, wandb, trackio (comma-separated)")
+    seed: int = flag(0, "random seed (data order, sampling)")
+    num_threads: int = flag(0, "torch CPU threads (0: 1 for models under 10M parameters, else torch's default)")
     # the memory plan (memory_plan.py), made from the model's config.json before any weights load
-    dry_run: bool = _f(False, "print the resolved settings and the memory plan, then exit without loading weights")
-    gpu_memory_gb: float | None = _f(None, "plan for a GPU of this many GB (default: this machine's GPU, else host)")
-    plan_processes: int = _f(0, "plan for a torchrun of this many processes (0: this run's)")
+    dry_run: bool = flag(False, "print the resolved settings and the memory plan, then exit without loading weights")
+    gpu_memory_gb: float | None = flag(None, "plan for a GPU of this many GB (default: this machine's GPU, else host)")
+    plan_processes: int = flag(0, "plan for a torchrun of this many processes (0: this run's)")
+
+    def checks(self) -> list[tuple[bool, str]]:
+        """More (failed, message) checks of ``check_config``: none here; a comparison's config adds its flags' own."""
+        return []
 
 
 class _Parser(argparse.ArgumentParser):
@@ -376,21 +337,17 @@ class _Parser(argparse.ArgumentParser):
         return "".join(f"; did you mean {match[0]} (not {flag})?" for flag, match in close if match)
 
 
-def build_parser(defaults: bool = True, *, choices: dict[str, list[str]]) -> argparse.ArgumentParser:
-    """argparse flags generated from ``GRPOConfig`` (name, type, default, help, choices); a bad flag or value stops
-    with one line. ``defaults=False``: flags not given are absent from the parsed namespace (``main``).
-    ``choices``: the registered names of the flags that name a registry entry ({"loss_type": the policy losses,
-    "credit": the credit functions}: grpo.py's registries, which this file cannot import; grpo.flag_choices)."""
-    ap = _Parser(
-        description="GRPO with token-level credit assignment (GRPO, DelTA, CSCR): the trainer, read top to "
-        "bottom as the method.",
-        epilog=help_text(),
+def build_parser(config=None, defaults: bool = True, description: str = "") -> argparse.ArgumentParser:
+    """argparse flags generated from the dataclass ``config`` (None: ``GRPOConfig``; a comparison's config adds its
+    flags, python -m comparisons) (name, type, default, help, choices); a bad flag or value stops with one line.
+    ``defaults=False``: flags not given are absent from the parsed namespace (``main``)."""
+    about = (
+        "GRPO with token-level credit assignment (GRPO, DelTA, CSCR): the trainer, read top to bottom as the method."
     )
-    for f in dataclasses.fields(GRPOConfig):
+    ap = _Parser(description=description or about, epilog=help_text())
+    for f in dataclasses.fields(config or GRPOConfig):
         kind = (f.type if isinstance(f.type, str) else f.type.__name__).split("|")[0].strip()  # "float | None"
         kw = dict(default=f.default if defaults else argparse.SUPPRESS, **f.metadata)  # help, choices
-        if f.name in choices:
-            kw["choices"] = list(choices[f.name])
         kw["help"] += " (default: %(default)s)" if f.default not in ("", None) else ""  # empty: the help says
         if kind == "bool":
             ap.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, **kw)
@@ -399,22 +356,14 @@ def build_parser(defaults: bool = True, *, choices: dict[str, list[str]]) -> arg
     return ap
 
 
-def check_config(
-    cfg: GRPOConfig, world: int = 1, given: set[str] | None = None, *, choices: dict[str, list[str]]
-) -> list[str]:
+def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None) -> list[str]:
     """Reject settings that cannot work, with a one-line message naming the flag (and the recipe that set it, for a
     flag not in ``given``) (``SystemExit``). Under ``--dry_run`` the checks of this machine (vLLM installed, a GPU
     present) are returned as notes of the plan, unless ``--gpu_memory_gb`` plans for another machine (then none).
-    ``choices``: the registered names of --loss_type and --credit (``build_parser``)."""
+    A comparison's config (python -m comparisons) adds its own checks (``checks``: functions of ``cfg`` returning
+    (failed, message) pairs), run with these."""
     rows = cfg.num_prompts_per_step // max(world, 1) * cfg.num_generations  # one process's rollout rows
     problems = [
-        *[
-            (
-                getattr(cfg, flag) not in names,
-                f"--{flag} {getattr(cfg, flag)!r} is not registered: one of {', '.join(names)} (grpo.flag_choices)",
-            )
-            for flag, names in choices.items()
-        ],
         *[  # a GRPOConfig made in code skips the parser's choices: the same check, before anything loads
             (
                 getattr(cfg, f.name) not in f.metadata["choices"],
@@ -537,58 +486,7 @@ def check_config(
             "--vllm_importance_sampling_clip_min must be >= 0 and below --vllm_importance_sampling_clip_max",
         ),
         (cfg.vllm_enable_sleep_mode and not cfg.use_vllm, "--vllm_enable_sleep_mode needs --use_vllm"),
-        # the comparison rules (docs/specs/baselines.md)
-        (
-            not 0 <= cfg.entropy_top_ratio <= 1 or not 0 < cfg.top_entropy_quantile <= 1,
-            "--entropy_top_ratio must be in [0, 1] (0 = off) and --top_entropy_quantile in (0, 1] (1 = off)",
-        ),
-        (
-            cfg.entropy_top_ratio > 0 and cfg.top_entropy_quantile < 1,
-            "--entropy_top_ratio (Forking Tokens' rule) "
-            "and --top_entropy_quantile (TRL's) are two readings of one baseline: give one",
-        ),
-        (
-            min(cfg.sapo_temperature_pos, cfg.sapo_temperature_neg) <= 0,
-            "--sapo_temperature_pos and --sapo_temperature_neg must be > 0",
-        ),
-        (
-            cfg.loss_type == "sapo" and cfg.credit == "fipo",
-            "--credit fipo weights DAPO's clipped surrogate: use it with --loss_type dapo, not sapo",
-        ),
-        (
-            cfg.credit == "fipo" and (cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1),
-            "--credit fipo and the "
-            "entropy masks (--entropy_top_ratio, --top_entropy_quantile) each replace the loss stage: give one",
-        ),
-        (
-            cfg.credit == "fipo" and cfg.beta > 0,
-            "--credit fipo with --beta > 0: FIPO's sequence drop is known only "
-            "after the mini-batch's last backward and rescales its whole gradient (comparisons/fipo.py), the k3 "
-            "term's too, which must stay over every valid token; use --beta 0 (DelTA's runs) or another credit",
-        ),
-        (
-            cfg.fipo_decay_rate <= 0 or cfg.fipo_clip < 0 or cfg.fipo_safety_threshold <= 0,
-            "--fipo_decay_rate and --fipo_safety_threshold must be > 0, --fipo_clip >= 0",
-        ),
-        (
-            not 0 < cfg.delta_select_fraction <= 1 or cfg.delta_proxy_topk < 1,
-            "--delta_select_fraction must be in (0, 1] and --delta_proxy_topk >= 1",
-        ),
-        (
-            cfg.delta_select != "none" and (cfg.entropy_top_ratio > 0 or cfg.top_entropy_quantile < 1),
-            "--delta_select and the entropy masks each choose the trained tokens: give one",
-        ),
-        (
-            not 0 < cfg.cscr_sign_mix <= 1 or not 0 <= cfg.cscr_sign_eps < 1,
-            "--cscr_sign_mix must be in (0, 1] and --cscr_sign_eps in [0, 1)",
-        ),
-        (
-            cfg.credit != "delta"
-            and any(
-                getattr(cfg, n) != f.default for f in dataclasses.fields(GRPOConfig) if (n := f.name) in DELTA_ABLATIONS
-            ),
-            f"--{', --'.join(DELTA_ABLATIONS)} change DelTA's steps: use them with --credit delta",
-        ),
+        *cfg.checks(),  # a comparison's config adds its own (python -m comparisons)
     ]
     elsewhere = cfg.dry_run and cfg.gpu_memory_gb is not None  # a plan for another machine: none of this one's notes
     environment = (
@@ -619,17 +517,6 @@ def check_config(
         if failed:
             raise SystemExit(f"grpo.py: error: {name_the_recipe(message, cfg, given)}")
     return [message for failed, message in environment if failed]
-
-
-DELTA_ABLATIONS = (
-    "delta_scores",
-    "delta_assignment",
-    "delta_gamma",
-    "delta_coefficients",
-    "delta_normalize",
-    "delta_proxy",
-    "delta_select",
-)
 
 
 def _or(value, default):  # an optional flag's value, else its default

@@ -366,9 +366,10 @@ class Settings:
     lora_target_modules: str = ",".join(LINEAR_NAMES)
     gradient_checkpointing: bool = False
     micro_batch_size: int = 0
-    padding_free: bool = True
-    shared_prompt: bool = True
-    fuse_old_logprobs: bool = True
+    padding_free: bool = False
+    shared_prompt: bool = False
+    chunked_lm_head: bool = False
+    fuse_old_logprobs: bool = False
     num_prompts_per_step: int = 16
     num_generations: int = 8
     num_mini_batches: int = 1
@@ -380,6 +381,7 @@ class Settings:
     vllm_kv_cache_dtype: str = "auto"  # "fp8": one byte per cached key/value element
     credit: str = "grpo"
     credit_gathers_weights: bool = False  # the credit function's own passes need the whole weights (CSCR's)
+    credit_token_arrays: int = 0  # the float32 [N, T] arrays the credit function keeps (DelTA's λ̄; CSCR's ℓ±, s)
     reuses_old_forward: bool = True  # the loss stage may reuse stage 4's training forward (not Forking Tokens' micro)
     delta_impl: str = "normal"
     delta_k: int = 1
@@ -410,11 +412,6 @@ def updates_on_policy(
         and not (credit_gathers_weights and processes > 1)
         and reuses_old_forward
     )
-
-
-# The float32 [N, T] arrays a credit function keeps on the host beside θ_old's log-probs and Ã, by --credit: DelTA's
-# λ̄; CSCR's ℓ+, ℓ− and s; a comparison adds its own when it registers (comparisons/otb.py: θ_old's Σ_v p_v²).
-CREDIT_TOKEN_ARRAYS = {"delta": 1, "cscr": 3}
 
 
 # --- The plan -------------------------------------------------------------------------------------------------------
@@ -709,7 +706,7 @@ def _plan(
     flash = s.attn_implementation.startswith("flash")
     masked = lambda b: not flash and not (b == 1 and padding_free)  # noqa: E731  (padding reaches SDPA)
     Sq = T + 1 if shared else S  # with the shared prompt: the last prompt token and the response
-    chunked = lambda b: b * T * V * 4 > LOGITS_CHUNK_BYTES  # noqa: E731  (policy.token_logprobs' rule)
+    chunked = lambda b: s.chunked_lm_head and b * T * V * 4 > LOGITS_CHUNK_BYTES  # noqa: E731  (scale_passes' rule)
     head = chunked_head_bytes(max(1, LOGITS_CHUNK_BYTES // (V * 4)), V, H, c, full)
     kv_bpt = sh.kv_bytes_per_token(c)
 
@@ -765,7 +762,7 @@ def _plan(
 
     # host tensors of the step: the batch ([N, S] ids and mask, [N, T] response ids and mask, int64) and its
     # float32 [N, T] per-token arrays (θ_old's log-probs, token advantages, λ̄ or CSCR's two passes and s, ref)
-    per_token = 2 + (s.beta > 0) + CREDIT_TOKEN_ARRAYS.get(s.credit, 0)
+    per_token = 2 + (s.beta > 0) + s.credit_token_arrays
     host_batch = N * S * 16 + N * T * (16 + 4 * per_token)
     delta_normal = s.credit == "delta" and s.delta_impl == "normal"
     h_cache = N * T * H * 4 if delta_normal else 0

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 import rollout
-from trainer import hub, memory_plan, policy, recipes
+from trainer import hub, memory_plan, policy, recipes, scale_passes
 
 
 def _plan_fix(cfg) -> str:
@@ -134,6 +134,8 @@ def check(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] |
     if cfg.dry_run:
         print("[dry_run] resolved settings (those that differ from the toy's defaults):")
         print("\n".join("  " + line for line in recipes.describe(cfg, given, type(cfg)())))
+        for line in scale_passes.paths(cfg):
+            print(f"[path] {line}")
         for note in notes:
             print(f"[note] {note}")
         print(the_plan.table().rsplit("\n", 1)[0])  # the table without its last line, the plan's own verdict

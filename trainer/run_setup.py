@@ -13,53 +13,56 @@ import os
 import random
 import sys
 import time
-from collections import namedtuple
+from typing import NamedTuple
 
 import torch
 
-import comparisons
-import evaluate
 import rollout
 import verify
-from tools import report
-from trainer import (
-    checkpoint,
-    distributed,
-    grpo_config,
-    memory_plan,
-    policy,
-    preflight,
-    problems,
-    recipes,
-    sampler_mismatch,
-    vllm_engine,
-)
+from trainer import distributed, policy, scale_passes
 
-# What a step works on beside its config (``prepare`` makes both once): the policy and what policy.build makes beside
-# it (``llm``: --use_vllm's engine, None: HF generate); the training problems, their order, template and stop tokens
-Actor = namedtuple("Actor", "model tokenizer optimizer ref_model llm", defaults=(None,))
-PromptSource = namedtuple("PromptSource", "dataset sampler template stop_ids")
-# What stage 7 logs of a step: the rollout as trained, rewards [N], correctness [N], the grader's results, the
-# lengths as sampled [N], Â [N] and the credit's Ã [N, T]
-StepLog = namedtuple("StepLog", "batch rewards correct graded lengths adv token_adv")
+# The modules a run needs once, before its loop (recipes, checks, data, run folder, memory plan, vLLM, evaluation),
+# are imported by the functions that use them: ``import grpo`` loads the step's modules only.
 
 
-def register(credit_functions: dict, loss_stages: dict, policy_losses: dict) -> None:
-    """The comparisons' functions into grpo.py's registries (comparisons/__init__.py) and the toy under its name
-    (toy/: --model toy, --data toy); once per process, again a no-op."""
-    import toy
+class Actor(NamedTuple):
+    """What a step works on beside its config (``prepare`` makes it once): the policy and what policy.build makes
+    beside it (``llm``: --use_vllm's engine, None: HF generate)."""
 
-    toy.register()
-    comparisons.register(credit_functions, loss_stages, policy_losses)
+    model: object
+    tokenizer: object
+    optimizer: object
+    ref_model: object = None
+    llm: object = None
 
 
-credit_name = comparisons.credit_name  # the flags -> a key of grpo.CREDIT_FUNCTIONS
-loss_stage_name = comparisons.loss_stage_name  # the flags -> a key of grpo.LOSS_STAGES
+class PromptSource(NamedTuple):
+    """The training problems, their order (``rollout.PromptSampler``), template and stop tokens (``prepare``)."""
+
+    dataset: list
+    sampler: object
+    template: str
+    stop_ids: list
+
+
+class StepLog(NamedTuple):
+    """What stage 7 logs of a step: the rollout as trained, rewards [N], correctness [N], the grader's results, the
+    lengths as sampled [N], Â [N] and the credit's Ã [N, T]."""
+
+    batch: object
+    rewards: torch.Tensor
+    correct: torch.Tensor
+    graded: list
+    lengths: torch.Tensor
+    adv: torch.Tensor
+    token_adv: torch.Tensor
 
 
 def sampler_correction(cfg):
     """The update's Ã from stage 5's, chosen once: ``uncorrected`` (the default), or sampler_mismatch.py's
     (--vllm_importance_sampling_correction)."""
+    from trainer import sampler_mismatch
+
     return sampler_mismatch.correction(cfg) if cfg.vllm_importance_sampling_correction else uncorrected
 
 
@@ -67,20 +70,31 @@ def uncorrected(token_adv, old_logp, batch, loss_mask):  # no sampler correction
     return token_adv, {}
 
 
-# The step's parts the run's flags choose once before the loop (``step_parts``): the loss stage (one of
-# grpo.LOSS_STAGES), the sampler correction of the update's Ã (sampler_mismatch.py) and whether stage 4 takes the
-# training forward
-StepParts = namedtuple("StepParts", "loss_stage correction fuse_old")
+class StepParts(NamedTuple):
+    """What the run's flags choose once before the loop (``step_parts``): the policy's passes (``forward``: grpo.py's
+    plain ones or the scale path's), the loss stage and the surrogate's settings of the run's method, the sampler
+    correction of the update's Ã (sampler_mismatch.py)."""
+
+    forward: policy.Forward
+    loss_stage: object
+    loss_settings: object
+    correction: object
 
 
-def step_parts(cfg, num_rows: int, credit, loss_stages: dict) -> StepParts:
-    """What the flags choose for every step, once before the loop (``num_rows``: this process's rollout rows;
-    ``credit``: the run's ``grpo.Credit``)."""
-    loss_stage = loss_stages[loss_stage_name(cfg)]
-    gathers = credit.method.gathers_weights
-    processes = distributed.world_size()
-    fuse_old = memory_plan.updates_on_policy(cfg, num_rows, processes, loss_stage.reuses_old_forward, gathers)
-    return StepParts(loss_stage, sampler_correction(cfg), fuse_old)
+def step_parts(cfg, credit, method, plain: policy.Forward) -> StepParts:
+    """What the flags choose for every step, once before the loop: the scale path's passes when one of its flags is
+    on (trainer/scale_passes.py; θ_old from the training forward when memory_plan.updates_on_policy allows), else
+    ``plain`` (grpo.py's); ``method``'s loss stage and surrogate settings; ``credit``: the run's credit function."""
+    from trainer import memory_plan
+
+    forward = plain
+    if scale_passes.chosen(cfg):
+        processes = distributed.world_size()
+        num_rows = cfg.num_prompts_per_step // processes * cfg.num_generations  # this process's rows
+        reuses = method.loss_stage.reuses_old_forward
+        fuse_old = memory_plan.updates_on_policy(cfg, num_rows, processes, reuses, credit.gathers_weights)
+        forward = scale_passes.forward(cfg, fuse_old)
+    return StepParts(forward, method.loss_stage, method.loss_settings.from_config(cfg), sampler_correction(cfg))
 
 
 def loss_mask(batch, cfg) -> torch.Tensor:
@@ -92,28 +106,31 @@ def loss_mask(batch, cfg) -> torch.Tensor:
     return batch.response_mask * stopped
 
 
-def prepare(cfg, given, world: int, choices: dict[str, list[str]], credit_functions: dict, loss_stages: dict):
+def prepare(cfg, given, world: int, method):
     """What ``train`` does once before its loop: the recipe, the checks, the data, the run folder, the preflight, the
     policy. Returns None (--dry_run), a finished run's summary (--resume of a run that ran its --max_steps), or
-    (cfg, run, actor, source, heldout, trainer state or None). ``choices``: the registered names of --loss_type and
-    --credit (grpo.flag_choices); ``credit_functions``, ``loss_stages``: grpo.py's registries (the plan reads what the
-    flags' credit function and loss stage are)."""
+    (cfg, run, actor, source, heldout, trainer state or None). ``method``: the run's ``grpo.Method`` (the checks read
+    its credit function's choices, the plan what its credit function and loss stage need)."""
     from tqdm import tqdm
+
+    from trainer import grpo_config, preflight, recipes
 
     say = tqdm.write if distributed.rank() == 0 else (lambda *a, **k: None)
     policy.model_path(cfg.model)  # a folder that does not exist: one line before anything else is said
     cfg = recipes.apply(cfg, given, say)
-    notes = grpo_config.check_config(cfg, cfg.plan_processes or world if cfg.dry_run else world, given, choices=choices)
+    notes = grpo_config.check_config(cfg, cfg.plan_processes or world if cfg.dry_run else world, given)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     dataset, eval_set = load_data(cfg, say)  # data first: a bad row stops the run before any model loads
-    run = open_run(cfg, distributed.rank(), say)
+    run = open_run(cfg, distributed.rank(), say, method.label)
     if run is not None and run.finished(cfg.max_steps):  # --resume of a run that ran its --max_steps: nothing to do
         return run.summary()
     # before any weights: prompts over --max_prompt_length left out, DelTA's host cache checked, the memory plan
+    asks = method.credit.asks
     traits = {
-        "credit_gathers_weights": credit_functions[credit_name(cfg)].gathers_weights,
-        "reuses_old_forward": loss_stages[loss_stage_name(cfg)].reuses_old_forward,
+        "credit_gathers_weights": method.credit.gathers_weights,
+        "reuses_old_forward": method.loss_stage.reuses_old_forward,
+        "credit_token_arrays": method.credit.token_arrays + len(asks.token_stats or {}),
     }
     dataset = preflight.check(cfg, dataset, world, notes, given, say, traits)
     if dataset is None:  # --dry_run: the resolved settings and the plan were printed
@@ -128,6 +145,8 @@ def prepare(cfg, given, world: int, choices: dict[str, list[str]], credit_functi
 
 def load_data(cfg, say):
     """The training rows and the held-out rows (the toy's test split by default for the toy; [] when off, said)."""
+    from trainer import problems
+
     rows = problems.load_problems(
         cfg.data, split="train", problem_field=cfg.data_problem_field, answer_field=cfg.data_answer_field
     )
@@ -143,18 +162,15 @@ def load_data(cfg, say):
     return rows, eval_rows
 
 
-def open_run(cfg, rank: int, say):
-    """The run folder (None for --dry_run); an earlier run there: see checkpoint.RunFolder (nothing written yet)."""
-    return (
-        None
-        if cfg.dry_run
-        else checkpoint.RunFolder(
-            cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit),
-            dataclasses.asdict(cfg),
-            rank == 0,
-            say,
-        )
-    )
+def open_run(cfg, rank: int, say, label: str):
+    """The run folder (None for --dry_run; default: named after the model and the method's ``label``); an earlier run
+    there: see checkpoint.RunFolder (nothing written yet)."""
+    from trainer import checkpoint
+
+    if cfg.dry_run:
+        return None
+    folder = cfg.output_dir or checkpoint.default_run_folder(cfg.model, label)
+    return checkpoint.RunFolder(folder, dataclasses.asdict(cfg), rank == 0, say)
 
 
 def build_policy(cfg, run, say):
@@ -162,9 +178,11 @@ def build_policy(cfg, run, say):
     --resume's AdamW and RNG states; the template, its stop tokens and --use_vllm's engine (after the policy is on the
     GPU: vLLM's memory check counts it). Returns (model, tokenizer, ref_model, optimizer, llm, template, stop_ids,
     trainer state or None, the optimisations on)."""
+    from trainer import vllm_engine
+
     model, tokenizer, ref_model, optimizer, compute_dtype = policy.build(cfg, say, load_weights=run.load_weights)
     state = run.load_optimizer(model, optimizer)
-    optimisations = policy.exact_optimisations(model, cfg, say)  # each default one exact here, or off with a reason
+    optimisations = scale_passes.exact_optimisations(model, cfg, say)  # each one exact here, or off with a reason
     template = rollout.resolve_template(cfg.prompt_template, cfg.model, say, cfg.data)
     stop_ids = rollout.stop_token_ids(tokenizer, template, model)
     llm = (
@@ -198,6 +216,8 @@ class HeldOut:
         )
 
     def __call__(self, step: int) -> dict:
+        import evaluate
+
         cfg = self.cfg
         if not self.rows or not cfg.eval_num_generations:
             return {}
@@ -242,8 +262,8 @@ def finish_run(cfg, run, summary, actor, source, credit) -> None:  # ``finish`` 
     finish(run, actor, summary, {"step": cfg.max_steps, **trainer_state(source.sampler, credit)})
 
 
-def run_steps(cfg, run, start_step, heldout, train_step, save_checkpoint) -> dict:
-    """The loop: ``train_step(step)`` from ``start_step`` to --max_steps under a progress bar (``comparisons.label``),
+def run_steps(cfg, run, start_step, heldout, train_step, save_checkpoint, label: str) -> dict:
+    """The loop: ``train_step(step)`` from ``start_step`` to --max_steps under a progress bar (``label``: the method's),
     the held-out evaluation before, on --eval_steps and after, a checkpoint every --save_steps
     (``save_checkpoint(step)``). A run stopped before its first step leaves nothing that blocks the rerun; Ctrl-C raises
     KeyboardInterrupt with one line on what the folder holds and what next. Returns {before, after, last_step}."""
@@ -254,7 +274,7 @@ def run_steps(cfg, run, start_step, heldout, train_step, save_checkpoint) -> dic
         first_eval = heldout(0) if start_step == 0 else run.logged_eval(0)  # a resumed run logged it already
         bar = tqdm(
             range(start_step, cfg.max_steps),
-            desc=f"GRPO[{comparisons.label(cfg)}]",
+            desc=f"GRPO[{label}]",
             dynamic_ncols=True,
             initial=start_step,
             total=cfg.max_steps,
@@ -297,12 +317,14 @@ def finish(run, actor, summary, state) -> None:
     try:
         run.finish(actor.model, actor.tokenizer, summary, actor.optimizer, state)
         if run.main:
+            from tools import report  # (H4: moves into trainer/)
+
             report.write_samples_summary(run.path)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(run.interrupted_note()) from None
 
 
-def closing_line(summary, cfg) -> str:
+def closing_line(summary, cfg, label: str) -> str:
     """main's last line: the held-out accuracy before -> after, or where the run went (evaluation off)."""
     b, a, k = summary["before"], summary["after"], cfg.eval_num_generations
     if b and a:
@@ -310,10 +332,10 @@ def closing_line(summary, cfg) -> str:
             f"held-out avg@{k}: {b[f'eval/avg@{k}']:.3f} -> {a[f'eval/avg@{k}']:.3f}   "
             f"greedy: {b['eval/greedy']:.3f} -> {a['eval/greedy']:.3f}"
         )
-    return (
-        f"done: {cfg.max_steps} steps in {cfg.output_dir or checkpoint.default_run_folder(cfg.model, cfg.credit)}"
-        " (held-out evaluation off)"
-    )
+    from trainer import checkpoint
+
+    folder = cfg.output_dir or checkpoint.default_run_folder(cfg.model, label)
+    return f"done: {cfg.max_steps} steps in {folder} (held-out evaluation off)"
 
 
 def prompts_of_step(cfg, sampler, rows, template):
@@ -456,12 +478,14 @@ def credit_shares(adv, token_adv, token_values):
     return torch.where((adv == 0)[:, None], fill.to(share.dtype), share)
 
 
-def run_command(train, cfg, given) -> None:
-    """grpo.py's command: ``train(cfg, given)``; a bad data file, model name or folder is one line (no traceback);
-    Ctrl-C one line on the run folder and status 130; then the closing line (none for --dry_run)."""
+def run_command(train, cfg, given, method) -> None:
+    """grpo.py's command: ``train(cfg, given, method)``; a bad data file, model name or folder is one line (no
+    traceback); Ctrl-C one line on the run folder and status 130; then the closing line (none for --dry_run)."""
+    from trainer import recipes
+
     interrupted = None
     try:
-        summary = train(cfg, given)
+        summary = train(cfg, given, method)
         cfg = recipes.apply(cfg, given)  # the settings it ran with, for the closing line
     except (ValueError, OSError) as e:
         raise SystemExit(f"grpo.py: error: {e}")
@@ -474,4 +498,4 @@ def run_command(train, cfg, given) -> None:
             print(f"grpo.py: interrupted: {interrupted}", file=sys.stderr, flush=True)
         raise SystemExit(130)  # a shell's status for SIGINT
     if summary is not None and distributed.rank_from_env() == 0:
-        print(closing_line(summary, cfg))
+        print(closing_line(summary, cfg, method.label))
