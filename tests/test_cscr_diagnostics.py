@@ -309,7 +309,7 @@ def test_diagnose_grades_as_verify_grade_batch(scripted):
     assert ten["correct"].tolist() == [ok for ok, _ in graded]
     assert ten["correct"].tolist() == [False, True, False, True]
     assert rep["num_correct"] == 2 and rep["grader"] == verify.summarize(graded)
-    # template C's answer: verify.extract_boxed of the response, "" without a box (grpo.py's Credit._cscr)
+    # template C's answer: verify.extract_boxed of the response, "" without a box (credit_methods.CscrCredit)
     for i, text in enumerate(ten["texts"]):
         expected = cscr.build_condition_prompts(
             ten["prompts"][i], reference="3", response_answer=verify.extract_boxed(text) or "", template="answer"

@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import comparisons
 import grpo
 from tools import report
-from trainer import checkpoint, run_setup
+from trainer import checkpoint, grpo_config, run_setup
 
 
 # ------------------------------------------------------------------------------------------------ page parsing
@@ -111,7 +112,7 @@ def test_samples_hold_tokens_and_credit(tmp_path, char_tokenizer, weight_name):
     # the credit's per-token values decide what a token's credit is (run_setup.credit_shares); samples/ writes it
     token_values = {weight_name: weights} if weight_name else {}
     logged = run_setup.StepLog(batch, torch.tensor([1.0, 0.0, 1.0, 0.0]), None, None, None, adv, token_adv)
-    update = grpo.Update(batch, None, token_adv, batch.response_mask, token_values)
+    update = grpo.Update(batch, None, token_adv, batch.response_mask, token_values, parts=None)  # (no update runs)
     cfg = grpo.GRPOConfig(num_generations=4, num_samples_to_log=1, logging_steps=1)
     run_setup.write_samples(run, 2, cfg, tok, logged, update)
     rows = [json.loads(l) for l in (tmp_path / "samples" / "step_000003.jsonl").read_text().splitlines()]
@@ -146,7 +147,7 @@ def test_samples_of_a_truncated_response_left_out_of_the_loss(tmp_path, char_tok
     os.makedirs(tmp_path / "samples")
     token_adv = adv[:, None] * batch.response_mask
     logged = run_setup.StepLog(batch, torch.tensor([1.0, 0.0]), None, None, None, adv, token_adv)
-    update = grpo.Update(batch, None, token_adv, batch.response_mask, {})
+    update = grpo.Update(batch, None, token_adv, batch.response_mask, {}, parts=None)
     cfg = grpo.GRPOConfig(num_generations=2, num_samples_to_log=1, logging_steps=1)
     run_setup.write_samples(run, 0, cfg, char_tokenizer, logged, update)
     rows = [json.loads(l) for l in (tmp_path / "samples" / "step_000001.jsonl").read_text().splitlines()]
@@ -612,8 +613,9 @@ def test_a_report_in_an_interrupted_run_folder_does_not_stop_the_next_run(toy_ha
 
 # ------------------------------------------------------------------------------------------------ rule names
 def _config(**flags):
-    """A run's config.json "config" as grpo.py writes it (dataclasses.asdict of its GRPOConfig)."""
-    return dataclasses.asdict(grpo.GRPOConfig(**flags))
+    """A run's config.json "config" as python -m comparisons writes it (dataclasses.asdict of its config: grpo.py's
+    GRPOConfig and the comparisons' flags)."""
+    return dataclasses.asdict(comparisons.config_class()(**flags))
 
 
 # Every comparison rule of tools/bench/reproduce.py's RULES (and combinations) with the name the page gives it.
@@ -621,7 +623,8 @@ RULE_NAMES = [
     (dict(), "grpo"),
     (dict(credit="delta"), "delta"),
     (dict(credit="cscr"), "cscr"),
-    (dict(credit="fipo"), "fipo"),
+    (dict(credit="fipo"), "fipo"),  # --fipo's old spelling
+    (dict(fipo=True), "fipo"),
     (dict(loss_type="sapo"), "sapo"),
     (dict(entropy_top_ratio=0.2), "forking tokens ρ=0.2"),
     (dict(top_entropy_quantile=0.2), "forking tokens (TRL) ρ=0.2"),
@@ -647,6 +650,7 @@ RULE_NAMES = [
     (dict(credit="delta", delta_select="top", delta_assignment="hard"), "delta Q2: top 50%, hard assignment"),
     (dict(credit="delta", loss_type="sapo"), "sapo + delta"),
     (dict(credit="fipo", entropy_top_ratio=0.2), "forking tokens ρ=0.2 + fipo"),
+    (dict(fipo=True, entropy_top_ratio=0.2), "forking tokens ρ=0.2 + fipo"),
     (dict(loss_type="sapo", top_entropy_quantile=0.5), "sapo + forking tokens (TRL) ρ=0.5"),
     (dict(credit="cscr", cscr_weight="upweight", cscr_scope="group"), "cscr: up-weighting, group scope"),
     # settings that do not change the rule
@@ -663,17 +667,19 @@ def test_rule_name_of_every_rule(flags, name):
 
 
 def test_every_row_of_reproduce_has_its_own_name():
-    """tools/bench/reproduce.py's RULES, each row's flags through grpo.py's parser: the rows get distinct names, DAPO's
-    (no flags) is "grpo", and each name is the one RULE_NAMES lists for the same settings where it lists them."""
+    """tools/bench/reproduce.py's RULES, each row's flags through python -m comparisons' parser (grpo.py's flags and
+    the comparisons'): the rows get distinct names, DAPO's (no flags) is "grpo", and each name is the one RULE_NAMES
+    lists for the same settings where it lists them."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools" / "bench"))  # (the script's own path)
     try:
         from reproduce import RULES
     finally:
         sys.path.pop(0)
 
+    config = comparisons.config_class()
+    parser = grpo_config.build_parser(config)
     names = {
-        row: report.rule_name(dataclasses.asdict(grpo.GRPOConfig(**vars(grpo.build_parser().parse_args(f)))))
-        for row, _, f, _, _ in RULES
+        row: report.rule_name(dataclasses.asdict(config(**vars(parser.parse_args(f))))) for row, _, f, _, _ in RULES
     }
     assert len(set(names.values())) == len(RULES)
     assert names["dapo"] == "grpo" and names["fipo"] == "fipo" and names["dapo_ft_trl"] == "forking tokens (TRL) ρ=0.2"
@@ -681,7 +687,8 @@ def test_every_row_of_reproduce_has_its_own_name():
     assert names["lam_0.8_1.5"] == "delta: λ∈[0.8, 1.5]" and names["cscr_sign_aware"] == "cscr: sign-aware"
 
 
-# The keys grpo.py's config.json gained with the comparison rules: a run written before them has none of them.
+# The keys config.json gained with the comparison rules (and --fipo, the new spelling of --credit fipo): a run written
+# before them has none of them, nor has a run of grpo.py (its GRPOConfig has none of the comparisons' flags).
 NEW_KEYS = (
     "delta_scores",
     "delta_assignment",
@@ -704,6 +711,7 @@ NEW_KEYS = (
     "fipo_decay_rate",
     "fipo_clip",
     "fipo_safety_threshold",
+    "fipo",
 )
 
 
@@ -720,6 +728,7 @@ def test_symbol_of_each_rule():
     """The hovered name of the credit: f for FIPO, λ̄ / w̃ for DelTA / CSCR, c where the loss masks tokens out."""
     cases = [
         (dict(credit="fipo"), "f"),
+        (dict(fipo=True), "f"),
         (dict(credit="delta"), "λ̄"),
         (dict(credit="cscr"), "w̃"),
         (dict(), "c"),
@@ -731,7 +740,7 @@ def test_symbol_of_each_rule():
     ]
     for flags, sym in cases:
         cfg = _config(**flags)
-        assert report.symbol(cfg, cfg["credit"]) == sym, flags
+        assert report.symbol(cfg, report.credit_of(cfg)) == sym, flags
 
 
 def test_report_names_each_run_by_its_rule(tmp_path):
@@ -739,7 +748,8 @@ def test_report_names_each_run_by_its_rule(tmp_path):
     "Where the credit lands" and report.json's records give the rule; a Q2 run's 0/1 credit is not DelTA's λ̄."""
     steps = _toy_steps()
     rules = {
-        "run_f": dict(credit="fipo"),
+        "run_f": dict(fipo=True),
+        "run_f_old": dict(credit="fipo"),  # --fipo's old spelling: the same name
         "run_ft": dict(entropy_top_ratio=0.2),
         "run_q2": dict(credit="delta", delta_select="top"),
         "run_d": dict(credit="delta", delta_gamma="frozen"),
@@ -755,6 +765,7 @@ def test_report_names_each_run_by_its_rule(tmp_path):
     page = Page(text)
     expect = {
         "run_f": ("fipo", "f"),
+        "run_f_old": ("fipo", "f"),
         "run_ft": ("forking tokens ρ=0.2", "c"),
         "run_q2": ("delta Q2: top 50%", "c"),
         "run_d": ("delta: frozen γ", "λ̄"),

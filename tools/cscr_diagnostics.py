@@ -30,8 +30,8 @@ Inferred choices [I] (spec §7, §11): the "affected" threshold ``tau`` (0.05 na
 (``classify_token``, ``DISCOURSE_MARKERS``, ``FUNCTION_WORDS``); D3 counts a zero Δ+ - Δ− as inconsistent;
 D4c uses g = p0 - p per position (``full_vocab_overlap``, also KL(p+ || p0), KL(p- || p0)); ``diagnose`` keeps a
 response's EOS token (as the trainer), shuffles the problems with the seed and cycles them (one response each),
-and template C's answer is ``verify.extract_boxed`` of the response ("" without a box), as in grpo.py's
-``Credit._cscr``.  All prompts, plain and conditioned, are tokenised by cscr.py's TOKENISATION RULE
+and template C's answer is ``verify.extract_boxed`` of the response ("" without a box), as in
+``credit_methods.CscrCredit``.  All prompts, plain and conditioned, are tokenised by cscr.py's TOKENISATION RULE
 (``tokenizer(prompt)``, as the rollout does).
 
 Run (prints D1-D7 beside the paper's values, ``summary_table``; writes DIR/report.json, plus delta_scatter.png and
@@ -72,7 +72,7 @@ import cscr
 import rollout
 import toy
 import verify
-from trainer import policy, problems
+from trainer import policy, problems, scale_passes
 
 __all__ = [
     "shift_masks",
@@ -579,7 +579,7 @@ def grade(texts, references):
 def condition_contexts(prompts, references, texts, template, marker, turn_end):
     """Step 3a (spec §3): the plain prompts x and the privileged x + c+, x + c- of every response.
 
-    Template C's response answer is ``verify.extract_boxed(text) or ""``, exactly as grpo.py's ``Credit._cscr``.
+    Template C's response answer is ``verify.extract_boxed(text) or ""``, exactly as ``credit_methods.CscrCredit``.
 
     Returns:
         dict of N prompt texts each: "x", "pos", "neg".
@@ -606,8 +606,9 @@ _POS_CHUNK = 1024  # positions per chunk of three [b, chunk, V] float32 probabil
 def score_contexts(model, tokenizer, contexts, response_ids, response_mask, temperature, micro_batch_size):
     """Step 3b (spec §7, [S2]): re-score the fixed responses under x, x + c+, x + c- with the same weights.
 
-    Three no-grad forwards per micro-batch, each the trainer's own log-prob function, ``policy.token_outputs``
-    (grpo.py's θ_old pass and CSCR's scoring passes: the same ℓ0, ℓ±), on ``cscr.scoring_inputs`` (every prompt
+    Three no-grad forwards per micro-batch, each the trainer's own log-prob function on the scale path,
+    ``scale_passes.token_outputs`` (its θ_old pass and CSCR's scoring passes: the same ℓ0, ℓ±; grpo.py's plain
+    ``token_outputs`` gives them to rounding, but not the logits), on ``cscr.scoring_inputs`` (every prompt
     tokenised by cscr.py's TOKENISATION RULE, left-padded); the model as given (``diagnose`` puts it in eval mode).
     H(p0) is its ``Asked(entropy=True)``; top-1 and D4c come from its logits (``Asked(logits=True)``;
     ``_full_vocab_scores``).
@@ -631,7 +632,7 @@ def score_contexts(model, tokenizer, contexts, response_ids, response_mask, temp
         for name, k in (("old_logp", "x"), ("lp_pos", "pos"), ("lp_neg", "neg")):
             inputs = cscr.scoring_inputs(tokenizer, contexts[k][rows], r, mz)
             asked = policy.Asked(entropy=k == "x", logits=True)
-            scored = policy.token_outputs(model, *inputs, mz, temperature, asked)  # log p, H(p0) for x, z [b, T, V]
+            scored = scale_passes.token_outputs(model, *inputs, mz, temperature, asked)  # log p, H(p0) for x, z [b,T,V]
             out[name][rows] = scored.logp.cpu()
             if scored.entropy is not None:
                 out["entropy"][rows] = scored.entropy.cpu()  # D7: the base distribution's entropy H(p0)

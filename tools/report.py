@@ -59,6 +59,13 @@ LEVELS = 12  # colour classes per side; the exact value is in each token's title
 TOKEN_BUDGET = 120_000  # --steps auto: show every logged step while the page holds at most this many tokens
 
 
+def credit_of(config: dict) -> str:
+    """The credit a run's config.json "config" names: its --credit, or "fipo" for a ``--fipo`` run (python -m
+    comparisons; ``--credit fipo`` is its old spelling, which older runs' configs hold); "" when it names none. A key
+    the config lacks (older runs) takes its default."""
+    return "fipo" if config.get("fipo", False) else config.get("credit", "")
+
+
 def _masks(config: dict, credit: str) -> bool:
     """Whether the run's loss leaves tokens out (Forking Tokens' entropy masks, DelTA's Q2 selection)."""
     return (
@@ -69,16 +76,18 @@ def _masks(config: dict, credit: str) -> bool:
 
 
 def rule_name(config: dict) -> str:
-    """The comparison rule a run trained with, from its config.json's "config" (grpo.GRPOConfig's fields): the
-    names of tools/bench/reproduce.py's RULES in words, e.g. "grpo", "delta", "fipo", "sapo", "forking tokens ρ=0.2",
-    "delta: hard assignment", "delta Q2: top 50%", "cscr: group scope". Rules combine: the loss-side rule
-    (sapo, Forking Tokens in its code's or TRL's reading) first, then the credit with its non-default settings, e.g.
-    "sapo + delta: frozen γ, raw α". A key the config lacks (older runs) takes grpo.py's default, so an older
-    config names what it names today: its --credit. "" when the config has no "credit" (unknown).
+    """The comparison rule a run trained with, from its config.json's "config" (the fields of grpo.py's GRPOConfig,
+    or of python -m comparisons' config, its flags beside them): the names of tools/bench/reproduce.py's RULES in
+    words, e.g. "grpo", "delta", "fipo" (``--fipo``, or its old spelling ``--credit fipo``: ``credit_of``), "sapo",
+    "forking tokens ρ=0.2", "delta: hard assignment", "delta Q2: top 50%", "cscr: group scope". Rules combine: the
+    loss-side rule (sapo, Forking Tokens in its code's or TRL's reading) first, then the credit with its non-default
+    settings, e.g. "sapo + delta: frozen γ, raw α". A key the config lacks (older runs, or a grpo.py run without
+    the comparisons' flags) takes its default, so an older config names what it names today: its --credit. "" when
+    the config has no "credit" (unknown).
     Left out, as they do not change the rule: --loss_type grpo/dr_grpo, DelTA's --delta_impl and --delta_scope,
     --entropy_pool, and the strengths of CSCR other than α (--cscr_threshold, ...), SAPO and FIPO."""
     g = config.get
-    credit = g("credit", "")
+    credit = credit_of(config)
     if not credit:
         return ""
     loss = []
@@ -139,7 +148,7 @@ class RunError(ValueError):
 class Run:
     path: str
     name: str
-    credit: str  # grpo, delta, cscr (config.json), or "" when unknown
+    credit: str  # credit_of(config.json's config): grpo, delta, cscr, fipo, otb, ..., or "" when unknown
     config: dict  # config.json's "config" (the flags)
     metrics: list[dict]  # metrics.jsonl: training steps and evaluations
     summary: dict  # summary.json (absent while a run is in progress: {})
@@ -220,7 +229,7 @@ def load_run(path: str, say=print) -> Run:
     return Run(
         path,
         os.path.basename(os.path.normpath(path)),
-        config.get("credit", ""),
+        credit_of(config),
         config,
         metrics,
         docs["summary.json"],
