@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from tools.bench import credit_overhead, gpu_check, gpu_smoke, memory_plan_check, scaling  # noqa: E402
+from tools.bench import _common, credit_overhead, gpu_check, gpu_smoke, memory_plan_check, scaling  # noqa: E402
 
 pytestmark = pytest.mark.bench  # the benchmark scripts' smoke tests: -m bench (pyproject.toml; .ci/run runs them)
 
@@ -310,6 +310,7 @@ def test_widened_toy_computes_the_same_function(toy_model_path, tmp_path, float6
     (512 = 4·128: the norm weights' factor sqrt(h/H) = 1/2 is exact in the float32 the model is saved in.)"""
     from transformers import AutoModelForCausalLM
 
+    import grpo
     import rollout
     from tools.bench import memory
     from trainer import policy
@@ -323,8 +324,10 @@ def test_widened_toy_computes_the_same_function(toy_model_path, tmp_path, float6
     for layer in wide.model.layers:
         layer.self_attn.q_norm.variance_epsilon = layer.self_attn.k_norm.variance_epsilon = toy.config.rms_norm_eps
     batch = rollout.generate(toy, tok, ["Compute 7+5-3.\n", "Compute 12+30.\n"], 3, rollout.SamplingSettings(16))
-    logp = [
-        policy.token_logprobs(float64_model(m).eval(), batch.input_ids, batch.attention_mask, batch.response_mask)
+    logp = [  # grpo.py's (plain) log-probs
+        grpo.token_outputs(
+            float64_model(m).eval(), batch.input_ids, batch.attention_mask, batch.response_mask, 1.0
+        ).logp
         for m in (toy, wide)
     ]
     assert logp[0].abs().sum() > 0
@@ -349,21 +352,24 @@ def test_memory_lm_head_smallest(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ credit_overhead.py
 def test_credit_overhead_rows_are_the_rules_flags():
-    """--rules (default: every row of RULES) runs each rule's flags as grpo.py's parser reads them; --credits keeps
-    its old meaning (grpo = the dapo row, delta once per --delta_impls); unknown names stop with one line."""
-    import grpo
+    """--rules (default: every row of RULES) runs each rule's flags as python -m comparisons' parser reads them;
+    --credits keeps its old meaning (grpo = the dapo row, delta once per --delta_impls); unknown names stop with one
+    line."""
+    import comparisons
+    from trainer import grpo_config
 
+    config = comparisons.config_class()
     ap = credit_overhead.build_parser()
     rows = credit_overhead.row_specs(ap.parse_args([]))
     assert [n for n, _ in rows] == [r[0] for r in credit_overhead.RULES] and rows[0] == ("dapo", {})
     by_name = dict(rows)
     for name, _, flags, _, _ in credit_overhead.RULES:
-        cfg = grpo.GRPOConfig(**by_name[name])  # the rule's settings, every other field grpo.py's default
-        assert cfg == grpo.GRPOConfig(**vars(grpo.build_parser().parse_args(flags))), name
+        cfg = config(**by_name[name])  # the rule's settings, every other field the default
+        assert cfg == config(**vars(grpo_config.build_parser(config).parse_args(flags))), name
     assert by_name["no_lamnorm"] == {"credit": "delta", "delta_normalize": False}
     assert by_name["topk_proxy"] == {"credit": "delta", "delta_proxy": "topk", "delta_proxy_topk": 20}
     assert credit_overhead.row_specs(ap.parse_args(["--rules", "fipo,dapo,fipo"])) == [
-        ("fipo", {"credit": "fipo"}),
+        ("fipo", {"fipo": True}),
         ("dapo", {}),
     ]
     old = credit_overhead.row_specs(ap.parse_args(["--credits", "grpo,delta,cscr"]))
@@ -386,7 +392,8 @@ def test_credit_overhead_rows_are_the_rules_flags():
 
 def test_credit_overhead_times_two_rules(tmp_path, capsys):
     """The tiniest run (2 steps, 1 round, 2 × 2 responses): each rule's row, its ratio to the dapo row of the same
-    run, its flags reached the trainer (FIPO's branch logged), at reproduce.py's four mini-batches."""
+    run, its flags reached the trainer (FIPO's branch logged), at reproduce.py's four mini-batches, on the scale path
+    (--path's default)."""
     out = tmp_path / "co.json"
     res = credit_overhead.main(
         [
@@ -418,12 +425,13 @@ def test_credit_overhead_times_two_rules(tmp_path, capsys):
         assert res["identical_rollouts"] is True and res["settings"]["train_config"]["num_mini_batches"] == 4
         assert res["rows"] == [
             {"name": "dapo", "flags": [], "config": {}},
-            {"name": "fipo", "flags": ["--credit", "fipo"], "config": {"credit": "fipo"}},
+            {"name": "fipo", "flags": ["--fipo"], "config": {"fipo": True}},
         ]
         assert json.loads(out.read_text())["summary"].keys() == s.keys()
-        for name, credit in (("dapo", "grpo"), ("fipo", "fipo")):
+        for name in ("dapo", "fipo"):
             cfg = json.loads((workdir / f"r0_{name}" / "config.json").read_text())["config"]
-            assert (cfg["credit"], cfg["num_mini_batches"]) == (credit, 4)
+            assert (cfg["credit"], cfg["fipo"], cfg["num_mini_batches"]) == ("grpo", name == "fipo", 4)
+            assert all(cfg[flag] for flag in _common.SCALE_PATH)  # --path scale
             metrics = (workdir / f"r0_{name}" / "metrics.jsonl").read_text()
             assert ("fipo/f_mean" in metrics) == (name == "fipo")
     finally:
@@ -454,10 +462,12 @@ def test_reproduce_check_finds_a_changed_figure(tmp_path, capsys):
     saved = json.loads(record.read_text())
     (run,) = saved["results"]["dapo"]["runs"]
     assert run["command"] == (
-        "python grpo.py --num_mini_batches 4 --max_steps 1 --num_prompts_per_step 2 "
-        f"--num_generations 2 --eval_data {held_out} --eval_num_generations 2 --save_steps 0 "
-        "--seed 0"
+        "python grpo.py --num_mini_batches 4 --padding_free --shared_prompt --chunked_lm_head --fuse_old_logprobs "
+        f"--max_steps 1 --num_prompts_per_step 2 --num_generations 2 --eval_data {held_out} --eval_num_generations 2 "
+        "--save_steps 0 --seed 0"
     )
+    config = json.loads((root / "dapo-seed0" / "config.json").read_text())["config"]
+    assert all(config[flag] for flag in _common.SCALE_PATH)  # the scale path, as every record's run
     assert run["git"]["commit"] and run["machine"]["cpu"]["simd"] and run["machine_kind"] != "not recorded"
     summary = json.loads((root / "dapo-seed0" / "summary.json").read_text())
     assert (run["avg8_after"], run["greedy_after"]) == (summary["after"]["eval/avg@2"], summary["after"]["eval/greedy"])
@@ -505,3 +515,118 @@ def test_reproduce_pins_the_kernels_of_the_record(monkeypatch, capsys):
     monkeypatch.delenv("ATEN_CPU_CAPABILITY", raising=False)
     assert reproduce.main(["--table", "--record", str(REPO / "tools" / "bench" / "results" / "reproduce.json")]) == 0
     assert "ATEN_CPU_CAPABILITY" not in os.environ
+
+
+def _reproduce():
+    """tools/bench/reproduce.py, imported as the script imports its helpers (its own folder on the path)."""
+    if str(REPO / "tools" / "bench") not in sys.path:
+        sys.path.insert(0, str(REPO / "tools" / "bench"))
+    import reproduce
+
+    return reproduce
+
+
+def test_reproduce_commands_and_the_record():
+    """A row's command goes to the entry point that takes its flags (python grpo.py, else python -m comparisons),
+    with the paper's four mini-batches and the scale path's four flags (scale_passes.FLAGS, the path every record
+    was made on); each command parses under its entry point's parser; every recorded run's command is its row's
+    command today, and a run whose command was spelled otherwise when it ran keeps that spelling."""
+    import comparisons
+    from trainer import grpo_config, scale_passes
+
+    reproduce = _reproduce()
+    assert [f.removeprefix("--") for f in _common.SCALE_FLAGS] == list(scale_passes.FLAGS)
+    assert _common.SCALE_PATH == dict.fromkeys(scale_passes.FLAGS, True)
+    assert reproduce.command(["--credit", "delta"], 3) == [
+        *("python", "grpo.py", "--credit", "delta", "--num_mini_batches", "4"),
+        *_common.SCALE_FLAGS,
+        *("--seed", "3"),
+    ]
+    assert reproduce.command(["--fipo"], 0)[:4] == ["python", "-m", "comparisons", "--fipo"]
+    assert reproduce.command(["--credit", "otb"], 0)[:3] == ["python", "-m", "comparisons"]
+    parsers = {
+        "grpo.py": grpo_config.build_parser(grpo_config.GRPOConfig),
+        "comparisons": grpo_config.build_parser(comparisons.config_class()),
+    }
+    flags = {name: f for name, _, f, _, _ in reproduce.RULES}
+    for name, f in flags.items():
+        cmd = reproduce.command(f, 0)
+        cfg = vars(parsers[cmd[1] if cmd[1] == "grpo.py" else cmd[2]].parse_args(cmd[2 + (cmd[1] == "-m") :]))
+        assert all(cfg[flag] for flag in _common.SCALE_PATH) and cfg["num_mini_batches"] == 4, name
+    record = json.loads(reproduce.RECORD.read_text())
+    for name, row in record["results"].items():
+        for run in row["runs"]:
+            assert run["command"] == shlex.join(reproduce.command(flags[name], run["seed"])), (name, run["seed"])
+            if "command_as_run" in run:  # made before the scale path's flags were written out (grpo.py's defaults)
+                assert (
+                    run["command_as_run"].startswith("python grpo.py ")
+                    and "--padding_free" not in run["command_as_run"]
+                )
+
+
+def test_reproduce_check_reruns_the_records_command(monkeypatch, capsys):
+    """--check reruns the record's own command (its flags and entry point), not the row's today, and calls a record
+    whose command is no longer the row's a mismatch even where the figures agree; a record whose command is not a toy
+    command of grpo.py or of the comparisons stops with one line."""
+    reproduce = _reproduce()
+    figures = {k: 0.5 for k in reproduce.FIGURES}
+    ran = []
+
+    def fake_run(root, name, seed, cmd):
+        ran.append(cmd)
+        return {"git": {"commit": "c"}, "machine_kind": "m", **figures}
+
+    monkeypatch.setattr(reproduce, "run", fake_run)
+    monkeypatch.setattr(reproduce, "pin_capability", lambda capability: None)
+    recorded = "python grpo.py --credit delta --num_mini_batches 4 --seed 0"  # the plain path: not the row's today
+    record = {
+        "results": {
+            "delta": {
+                "runs": [{"seed": 0, "command": recorded, "machine": {"torch_cpu_capability": "AVX2"}, **figures}]
+            }
+        }
+    }
+    assert reproduce.check(record, "delta", 0, [], keep=False) is False
+    assert ran == [shlex.split(recorded)]
+    out = capsys.readouterr().out
+    assert "<- not the recorded one" in out and "MISMATCH: command" in out and "DIFFERS" not in out
+    record["results"]["delta"]["runs"][0]["command"] = shlex.join(reproduce.command(["--credit", "delta"], 0))
+    assert reproduce.check(record, "delta", 0, [], keep=False) is True
+    record["results"]["delta"]["runs"][0]["command"] = "python train.py --seed 0"
+    with pytest.raises(SystemExit, match="is not 'python grpo.py ...' or 'python -m comparisons ...'"):
+        reproduce.check(record, "delta", 0, [], keep=False)
+
+
+def test_memory_smallest():
+    """tools/bench/memory.py at its smallest: stage 5 alone on a 1 MiB h cache, then the three variants' steps at 16
+    responses on the toy (hidden 128), on the scale path."""
+    from tools.bench import memory
+
+    res = memory.main(
+        [
+            *("--sizes", "16", "--hidden_size", "128", "--max_completion_length", "8"),
+            *("--steps", "2", "--repeats", "1", "--stage5_mib", "1", "--stage5_repeats", "1", "--out", ""),
+        ]
+    )
+    stage5 = res["stage5"]["1"]
+    assert stage5["N"] == 2**20 // (8 * 128 * 4) and stage5["runs"][0]["peak_above_cache_mib"] >= 0
+    assert set(res["summary"]["16"]) == set(memory.VARIANTS)
+    assert res["summary"]["16"]["grpo"]["ratio_s_per_step"] == 1.0
+    assert all(res["settings"]["train_config"][flag] for flag in _common.SCALE_PATH)
+
+
+def test_vs_trl_smallest():
+    """tools/bench/vs_trl.py at its smallest (needs TRL: -m bench in tools/requirements-bench.txt's environment):
+    our default (the plain path), the scale path and TRL, side by side, on the same prompts."""
+    pytest.importorskip("trl")
+    from tools.bench import vs_trl
+
+    res = vs_trl.main(
+        [
+            *("--steps", "2", "--rounds", "1", "--num_prompts_per_step", "2", "--num_generations", "2"),
+            *("--max_completion_length", "8", "--eval_limit", "2", "--eval_k", "1", "--out", ""),
+        ]
+    )
+    assert set(res["summary"]) == {"ours", "ours_scale", "trl"} and res["same_prompts"] is True
+    assert [r["trainer"] for r in res["runs"]] == ["ours", "trl", "ours_scale"]
+    assert "ours, the scale path (--padding_free --shared_prompt --chunked_lm_head" in res["table_markdown"]

@@ -1,9 +1,13 @@
 """Shared helpers of the benchmark scripts (credit_overhead.py, vs_trl.py, scaling.py).
 
-* ``run_one(spec)``: one fresh ``grpo.train`` run in a child process, with per-step timings (``metrics.jsonl``, a
-  timing wrapper around the credit hook, CPU time) and the peak memory of the run; optional benchmark-only
-  patches (``spec["patches"]``) that force every response to the full completion length and replace the
-  verifier by seeded random rewards (scaling.py: random-init models).
+* ``run_one(spec)``: one fresh ``grpo.train`` run in a child process (grpo.py's flags and the comparisons', its
+  method from ``comparisons.method`` as ``python -m comparisons`` runs it), with per-step timings (``metrics.jsonl``,
+  a timing subclass of the run's credit function, CPU time) and the peak memory of the run; optional
+  benchmark-only patches (``spec["patches"]``) that force every response to the full completion length and replace
+  the verifier by seeded random rewards (scaling.py: random-init models).
+* ``SCALE_FLAGS`` / ``SCALE_PATH``: the scale path's four flags (trainer/scale_passes.py), grpo.py's defaults when
+  the recorded results (results/) were made; the scripts' runs keep them unless told otherwise.
+* ``plan_traits(credit)``: what ``memory_plan.plan`` reads of a credit function, as the trainer hands it.
 * ``PeakMemory``: the peak resident-set increase of this process over a block (CPU) or the CUDA peak.
 * ``prepare_toy_model``: a private snapshot of the toy model (the shipped toy/model/, or a benchmark-only build).
 * ``machine_description``, ``git_state``, ``library_versions``: what every result JSON records.
@@ -43,6 +47,7 @@ PRELOAD = [
     "transformers.models.auto.tokenization_auto",
     "transformers.models.qwen3.modeling_qwen3",
     "grpo",
+    "comparisons",
     "delta",
     "cscr",
     "rollout",
@@ -50,6 +55,29 @@ PRELOAD = [
     "evaluate",
     "toy",
 ]
+
+
+# The scale path (trainer/scale_passes.py: padding-free micro-batches, each group's prompt run once, the LM head in
+# chunks, θ_old from the update's forward), grpo.py's default until the plain path became it: every result under
+# results/ was made with it, so the scripts' runs take it (the same numbers to rounding as the plain path, not bit
+# for bit). As flags (reproduce.py's commands) and as config fields (run_one's configs); tests/test_bench.py ties
+# both to scale_passes.FLAGS.
+SCALE_FLAGS = ["--padding_free", "--shared_prompt", "--chunked_lm_head", "--fuse_old_logprobs"]
+SCALE_PATH = {flag.removeprefix("--"): True for flag in SCALE_FLAGS}
+
+
+def plan_traits(credit: str) -> dict:
+    """What ``memory_plan.plan`` reads of the credit function of a paper's ``--credit`` (grpo, delta, cscr:
+    ``grpo.CREDIT_FUNCTIONS``) and of grpo.py's loss stage, as ``run_setup.prepare`` hands them to the plan (its
+    ``traits``): without them the plan takes GRPO's (no per-token arrays beside Ã)."""
+    import grpo
+
+    function = grpo.CREDIT_FUNCTIONS[credit]
+    return {
+        "credit_gathers_weights": function.gathers_weights,
+        "reuses_old_forward": grpo.LossStage().reuses_old_forward,
+        "credit_token_arrays": function.token_arrays + len(function.asks.token_stats or {}),
+    }
 
 
 def median(xs):
@@ -182,39 +210,20 @@ def install_patches(patches: dict) -> dict:
 def run_one(spec: dict) -> dict:
     """One ``grpo.train`` run as described by ``spec``; returns per-step timings and peak memory.
 
-    ``spec``: ``config`` (``GRPOConfig`` fields), optional ``profile`` (path: cProfile the run into it), optional
-    ``patches`` (see ``install_patches``). Runs in a child process: installs a timing wrapper on
-    ``grpo.Credit.__call__`` and CPU-time wrappers on ``rollout.generate`` / ``run_setup.log_step`` (this process
-    only; grpo.py is not changed).
+    ``spec``: ``config`` (fields of ``python -m comparisons``' config: grpo.py's ``GRPOConfig`` and the comparisons'
+    flags), optional ``profile`` (path: cProfile the run into it), optional ``patches`` (see ``install_patches``).
+    Runs in a child process: the run's method (``comparisons.method``) with its credit function timed
+    (``timed_credit``), and CPU-time wrappers on ``rollout.generate`` / ``run_setup.log_step`` (this process only;
+    grpo.py is not changed).
     """
     import torch
 
+    import comparisons
     import grpo
     import rollout
 
     patched = install_patches(spec.get("patches") or {})
-    cuda = torch.cuda.is_available()
     hook = []
-    original = grpo.Credit.__call__
-
-    def timed_call(self, model, batch, adv, *args, **kwargs):
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        out = original(self, model, batch, adv, *args, **kwargs)
-        if cuda:
-            torch.cuda.synchronize()
-        hook.append(
-            {
-                "credit_time": time.perf_counter() - t0,
-                "rows_nonzero_adv": int((adv != 0).sum()),
-                "response_width": int(batch.response_mask.shape[1]),
-                "response_tokens": int(batch.response_mask.sum()),
-            }
-        )
-        return out
-
-    grpo.Credit.__call__ = timed_call
 
     # CPU time of this process per step (less sensitive than wall time to other processes sharing the cores):
     # a step runs from its rollout.generate call to its metrics line (run_setup.log_step), both looked
@@ -238,7 +247,9 @@ def run_one(spec: dict) -> dict:
 
     rollout.generate = generate
     run_setup.log_step = log_step
-    cfg = grpo.GRPOConfig(**{"recipe": "toy", **spec["config"]})  # toy-sized settings, on widened toys too
+    cfg = comparisons.config_class()(**{"recipe": "toy", **spec["config"]})  # toy-sized settings, on widened toys too
+    method = comparisons.method(cfg)
+    method = method._replace(credit=timed_credit(method.credit, hook))
     profiler = None
     if spec.get("profile"):
         import cProfile
@@ -248,7 +259,7 @@ def run_one(spec: dict) -> dict:
     with PeakMemory() as mem:
         if profiler is not None:
             profiler.enable()
-        grpo.train(cfg)
+        grpo.train(cfg, None, method)
         if profiler is not None:
             profiler.disable()
             profiler.dump_stats(spec["profile"])
@@ -286,6 +297,36 @@ def run_one(spec: dict) -> dict:
         "patches": patched,
         "pid": os.getpid(),
     }
+
+
+def timed_credit(credit: type, sink: list) -> type:
+    """``credit`` (a credit function class, trainer/credit_methods.py's kind) whose every call appends its seconds
+    (CUDA synchronised) and what it worked on to ``sink``; otherwise the same class (a subclass: its traits and
+    state as the original's)."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+
+    class Timed(credit):
+        def __call__(self, model, x):
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = super().__call__(model, x)
+            if cuda:
+                torch.cuda.synchronize()
+            sink.append(
+                {
+                    "credit_time": time.perf_counter() - t0,
+                    "rows_nonzero_adv": int((x.adv != 0).sum()),
+                    "response_width": int(x.batch.response_mask.shape[1]),
+                    "response_tokens": int(x.batch.response_mask.sum()),
+                }
+            )
+            return out
+
+    Timed.__name__ = Timed.__qualname__ = f"Timed{credit.__name__}"
+    return Timed
 
 
 class _FreshProcesses:

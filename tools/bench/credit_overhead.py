@@ -5,11 +5,13 @@ What it measures
 For each row it runs ``grpo.train`` for ``--steps`` steps with the same model, data, seed and therefore the same
 prompts. The rows are the comparison rules of tools/bench/reproduce.py's ``RULES`` (``--rules``, default: every one of
 them; ``dapo``, the row without flags, i.e. ``--credit grpo --loss_type dapo``, is the baseline of every ratio),
-each run with its rule's grpo.py flags exactly as ``RULES`` gives them (parsed by grpo.py's own parser), at
-``--num_mini_batches`` 4 by default (reproduce.py's toy setting, the paper's four mini-batches per step: with one,
-FIPO is DAPO and Forking Tokens rank θ_old's entropies). The interface before the rules still works:
-``--credits grpo,delta,cscr`` is an alias for the rows ``dapo, delta, cscr``, every ``delta`` entry run once per
-``--delta_impls`` (default ``normal,memory_efficient``), at ``--num_mini_batches`` 1 as before.
+each run with its rule's flags exactly as ``RULES`` gives them (parsed by ``python -m comparisons``' own parser:
+grpo.py's flags and the comparisons'), at ``--num_mini_batches`` 4 by default (reproduce.py's toy setting, the
+paper's four mini-batches per step: with one, FIPO is DAPO and Forking Tokens rank θ_old's entropies). Every row
+takes ``--path`` (default ``scale``: the scale path's four flags, ``_common.SCALE_FLAGS``, grpo.py's defaults when
+the recorded results were made; ``plain``: grpo.py's default now, the padded forward). The interface before the
+rules still works: ``--credits grpo,delta,cscr`` is an alias for the rows ``dapo, delta, cscr``, every ``delta``
+entry run once per ``--delta_impls`` (default ``normal,memory_efficient``), at ``--num_mini_batches`` 1 as before.
 By default (``--learning_rate 1e-30``, see its help) the updates are computed and applied but leave the float32
 weights unchanged, so every rule also gets the identical rollouts at every step and the comparison is shape for
 shape (the output says whether that held); every rule's own computation still runs in full (e.g. FIPO's future-KL
@@ -20,14 +22,14 @@ slow drift of the machine's load hits every row alike; an untimed warm-up round 
 (forked from a fork server that has already imported torch/transformers, so a run starts in about a second).
 
 Where each rule's cost lives: DelTA's variants (the top-K proxy too: v from h and the LM head) and CSCR's in the
-credit hook (``grpo.Credit.__call__``, timed on its own below); SAPO, FIPO and Forking Tokens in the policy update
-(their losses and weights in ``grpo.LOSS_STAGES``; Forking Tokens' default mini-batch entropy pool adds one
+credit function (the run's ``Method.credit``, timed on its own below); SAPO, FIPO and Forking Tokens in the policy
+update (their loss stages and surrogates, comparisons/; Forking Tokens' default mini-batch entropy pool adds one
 no-grad forward per mini-batch), so for them the credit-hook column shows GRPO's broadcast and the whole step's
 seconds carry the difference.
 
 Per step it reads ``metrics.jsonl`` (``step_time``: the whole step; ``generation_time``: the rollout part) and,
-through a timing wrapper around ``grpo.Credit.__call__`` installed in the child process only (grpo.py is not
-changed), the time of the credit hook itself. The first step of every run is excluded (warm-up: grading
+through a timing subclass of the run's credit function made in the child process only (``_common.timed_credit``;
+grpo.py is not changed), the time of the credit hook itself. The first step of every run is excluded (warm-up: grading
 worker start, allocator growth, first-call overheads). Reported per row, over the pooled remaining steps:
 
 * median seconds per step, and the ratio of medians against DAPO/GRPO's (the ``dapo`` row of the same run);
@@ -54,7 +56,7 @@ ratios are reported as measured.
 
 Results: a markdown table on stdout and a JSON file (``--out``, default ``tools/bench/results/credit_overhead.json``)
 with the machine (CPU model, cores, torch threads, load average, GPU), library versions, git commit, date,
-the exact command, the configuration, every row's flags and GRPOConfig overrides, every step's raw timings and
+the exact command, the configuration, every row's flags and config overrides, every step's raw timings and
 the summary.
 
 Usage::
@@ -111,15 +113,17 @@ def prepare_model(args, workdir: Path) -> tuple[str, dict]:
 
 
 def rule_overrides(flags: list[str]) -> dict:
-    """The GRPOConfig fields a rule's grpo.py flags set (grpo.py's own parser, so the flags mean exactly what they
-    mean on its command line); a bad flag stops with grpo.py's one-line error."""
-    import grpo
+    """The config fields a rule's flags set (``python -m comparisons``' own parser: grpo.py's flags and the
+    comparisons', so the flags mean exactly what they mean on its command line); a bad flag stops with the parser's
+    one-line error."""
+    import comparisons
+    from trainer import grpo_config
 
-    return vars(grpo.build_parser(defaults=False).parse_args(flags))
+    return vars(grpo_config.build_parser(comparisons.config_class(), defaults=False).parse_args(flags))
 
 
 def row_specs(args) -> list[tuple[str, dict]]:
-    """(row name, GRPOConfig overrides) for every benchmarked row, in schedule order.
+    """(row name, config overrides) for every benchmarked row, in schedule order.
 
     ``--rules``: RULES' names, each row its rule's flags exactly (``rule_overrides``). ``--credits`` (the interface
     before --rules): grpo, delta, cscr as RULES' rows dapo, delta, cscr, every ``delta`` once per ``--delta_impls``."""
@@ -160,7 +164,8 @@ def row_specs(args) -> list[tuple[str, dict]]:
 
 
 def row_flags(name: str) -> list[str]:
-    """A row's grpo.py flags: its rule's (RULES), and ``--delta_impl`` for --credits' ``delta[<impl>]`` rows."""
+    """A row's flags: its rule's (RULES), and ``--delta_impl`` for --credits' ``delta[<impl>]`` rows (the path's
+    flags, ``--path``, come on top for every row: the settings' ``train_config``)."""
     rule, _, impl = name.partition("[")
     return next(f for n, _, f, _, _ in RULES if n == rule) + (["--delta_impl", impl.rstrip("]")] if impl else [])
 
@@ -325,6 +330,13 @@ def build_parser() -> argparse.ArgumentParser:
         "lengths, hence cost and memory, differ between credits for reasons other than credit",
     )
     ap.add_argument("--micro_batch_size", type=int, default=0, help="as grpo.py (0 = whole batch)")
+    ap.add_argument(
+        "--path",
+        choices=["scale", "plain"],
+        default="scale",
+        help="the policy's passes in every row: scale = " + " ".join(_common.SCALE_FLAGS) + " (grpo.py's "
+        "defaults when the recorded results were made); plain = grpo.py's default now (the padded forward)",
+    )
     ap.add_argument("--seed", type=int, default=0, help="the same seed for every run")
     ap.add_argument(
         "--toy_warmup_steps",
@@ -388,6 +400,7 @@ def main(argv=None) -> dict:
         eval_num_generations=0,
         save_steps=0,
         logging_steps=1,
+        **(_common.SCALE_PATH if args.path == "scale" else {}),
     )
     load_start = os.getloadavg()
     runs = {n: [] for n in names}

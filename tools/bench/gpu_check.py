@@ -68,12 +68,15 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from tools.bench._common import SCALE_FLAGS, SCALE_PATH, plan_traits  # noqa: E402
+
 PROG = "gpu_check.py"
 PARTS = ("smoke", "toy", "vllm")  # setup always runs first
-# The toy runs: the flags of docs/scaling.md's 8B recipe (LoRA, checkpointing, memory-efficient DelTA) at the toy's
-# LoRA learning rate (docs/scaling.md: 2e-3); --torch_dtype auto is bfloat16 on a GPU. Half-way checkpoint: the
-# CUDA RNG state and the adapter go through checkpoint.py once.
+# The toy runs: the flags of docs/scaling.md's 8B recipe (LoRA, checkpointing, memory-efficient DelTA, the scale path)
+# at the toy's LoRA learning rate (docs/scaling.md: 2e-3); --torch_dtype auto is bfloat16 on a GPU. Half-way
+# checkpoint: the CUDA RNG state and the adapter go through checkpoint.py once.
 TOY_FLAGS = [
+    *SCALE_FLAGS,
     "--use_peft",
     "--learning_rate",
     "2e-3",
@@ -571,8 +574,9 @@ def plan_beside_smoke(result: dict) -> list:
                 max_completion_length=args["response_length"],
                 delta_impl=args["delta_impl"],
                 attn_implementation=args.get("attn_implementation", "sdpa"),
+                **SCALE_PATH,  # the smoke's (gpu_smoke.py: the scale recipes' path)
             )
-            plan = memory_plan.plan(shapes, cfg, prompt_tokens=args["prompt_length"])
+            plan = memory_plan.plan(shapes, cfg, prompt_tokens=args["prompt_length"], traits=plan_traits(cfg.credit))
             plan.stages = [s for s in plan.stages if s.name != "rollout"]  # the smoke makes no rollout
             entry = _plan_entry(plan, {"measured_peak_allocated_gb": run.get("peak_allocated_gb")})
         except Exception as e:  # noqa: BLE001 - the prediction is a record, not a part of the check
@@ -592,7 +596,10 @@ def plan_beside_run(run_dir: Path, model_dir: Path) -> dict:
 
         cfg = SimpleNamespace(**json.loads((run_dir / "config.json").read_text())["config"])
         plan = memory_plan.plan(
-            memory_plan.read_model_config(str(model_dir)), cfg, prompt_tokens=longest_prompt_tokens(str(model_dir))
+            memory_plan.read_model_config(str(model_dir)),
+            cfg,
+            prompt_tokens=longest_prompt_tokens(str(model_dir)),
+            traits=plan_traits(cfg.credit),
         )
         lines = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
         steps = [r for r in lines if "step_time" in r]

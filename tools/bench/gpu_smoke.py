@@ -13,13 +13,17 @@ What it does (no download, no generation, one process, about two minutes on one 
 4. Makes one rollout batch without sampling: 4 prompts × 8 responses, random token ids, prompts of 96-128
    tokens (left-padded), responses of 1024 tokens of which some end early (right-padded, masked); fixed binary
    rewards with both signs in every group.
-5. Runs one training step per credit, the trainer's step minus rollout and grading:
-     old log-probs (and, for DelTA, the LM-head inputs from the same pass) ... ``grpo.old_logprobs``
-     credit  grpo:  ``grpo.Credit`` (broadcast)
-             delta: ``grpo.Credit`` -> delta.py (``--delta_impl memory_efficient`` streaming by default)
+5. Runs one training step per credit, the trainer's step minus rollout and grading, on the scale path (the four
+   flags of the scale recipes, ``--padding_free --shared_prompt --chunked_lm_head --fuse_old_logprobs``; its passes
+   chosen by ``run_setup.step_parts`` as ``grpo.train`` chooses them):
+     old log-probs (and, for DelTA, the LM-head inputs from the same pass) ... the run's ``old_logprobs``
+                    (trainer/scale_passes.py)
+     credit  grpo:  ``credit_methods.GRPOCredit`` (broadcast)
+             delta: ``credit_methods.DeltaCredit`` -> delta.py (``--delta_impl memory_efficient`` streaming by
+                    default)
              cscr:  ``cscr.condition_logprobs`` on prompt-variant token ids (the prompt + a "correct" or an
-                    "incorrect" note of 24 random tokens: the two conditioned passes, tokenizer-free) and
-                    ``cscr.cscr_token_advantages``, ``cscr.cscr_stats``
+                    "incorrect" note of 24 random tokens: the two conditioned passes, tokenizer-free, with
+                    ``scale_passes.token_logprobs``) and ``cscr.cscr_token_advantages``, ``cscr.cscr_stats``
      update  ``grpo.policy_update`` -> ``minibatch_backward`` (micro-batches with the whole-mini-batch
              normaliser, gradient checkpointing) -> clip -> AdamW (``policy.build_optimizer``)
    after one untimed-for-the-table warm-up GRPO step (CUDA context, cuBLAS, allocator growth).
@@ -294,15 +298,18 @@ def train_step(model, optimizer, batch, credit_name, cfg):
     """One trainer step without rollout; returns timings and statistics."""
     import cscr
     import grpo
-    from trainer import policy
+    from trainer import credit_methods, policy, run_setup, scale_passes
 
     t = {}
     _sync()
     t0 = time.time()
     mask = batch.response_mask
     adv = grpo.group_advantages(batch.rewards, cfg.num_generations)
-    credit = grpo.Credit(cfg, None)
-    theta_old = grpo.old_logprobs(model, batch, cfg, need_hidden=credit.needs_hidden())  # stage 4, as grpo.py
+    method = grpo.paper_method(cfg)
+    credit = method.credit(cfg, None)
+    # the run's passes, chosen once as grpo.train chooses them (the scale path's: cfg turns it on)
+    parts = run_setup.step_parts(cfg, credit, method, policy.Forward(grpo.old_logprobs, grpo.micro_batches))
+    theta_old = parts.forward.old_logprobs(model, batch, cfg, credit.asks, None)  # stage 4, as grpo.py
     old, hidden = theta_old.logp, theta_old.hidden
     # DelTA's LM-head inputs [N, T, H] (docs/scaling.md: float32, on the CPU)
     held = (
@@ -319,7 +326,10 @@ def train_step(model, optimizer, batch, credit_name, cfg):
     t1 = time.time()
     stats = {}
     if credit_name in ("grpo", "delta"):
-        token_adv, stats = credit(model, batch, adv, theta_old, None)
+        inputs = credit_methods.CreditInputs(batch, adv, theta_old, None, 0, mask, batch.rewards, parts.forward)
+        result = credit(model, inputs)  # (no answers: GRPO and DelTA read none)
+        token_adv = result.token_adv
+        stats = result.stats
     else:  # CSCR, tokenizer-free: the two conditioned passes on prompt-variant ids, then the weights
         rows = (adv != 0).nonzero().flatten().tolist()
         lp_pos, lp_neg = torch.zeros_like(old), torch.zeros_like(old)
@@ -333,7 +343,7 @@ def train_step(model, optimizer, batch, credit_name, cfg):
             mask[rows],
             temperature=cfg.temperature,
             micro_batch_size=cfg.micro_batch_size or None,
-            logprob_fn=policy.token_logprobs,
+            logprob_fn=scale_passes.token_logprobs,
         )
         lp_pos[rows], lp_neg[rows] = lp_c.cpu(), lp_i.cpu()
         settings = cscr.Settings(cfg.cscr_alpha, cfg.cscr_w_min, cfg.cscr_mode)
@@ -344,9 +354,8 @@ def train_step(model, optimizer, batch, credit_name, cfg):
     t2 = time.time()
     watch = [p for p in model.parameters() if p.requires_grad][-2:]  # e.g. the last adapter's A and B
     before = [p.detach().float().clone() for p in watch]
-    loss_sum, grad_norms, agg, skipped = grpo.policy_update(
-        model, optimizer, grpo.Update(batch, theta_old, token_adv, batch.response_mask, {}), cfg, step=0
-    )
+    update = grpo.Update(batch, theta_old, token_adv, batch.response_mask, {}, parts)
+    loss_sum, grad_norms, agg, skipped = grpo.policy_update(model, optimizer, update, cfg, step=0)
     _sync()
     t["update"] = time.time() - t2
     t["total"] = time.time() - t0
@@ -381,7 +390,7 @@ def main(argv=None) -> dict:
     if info["peft"] is None:
         raise SystemExit("gpu_smoke.py: peft is not installed (pip install peft)")
     import grpo
-    from trainer import policy
+    from trainer import policy, scale_passes
 
     cuda = torch.cuda.is_available() and not args.tiny
     if not args.tiny and not cuda:
@@ -404,6 +413,10 @@ def main(argv=None) -> dict:
         delta_impl=args.delta_impl,
         learning_rate=1e-5,
         attn_implementation=args.attn_implementation,
+        padding_free=True,  # the scale path, as the scale recipes (delta_paper, delta_one_gpu) take it
+        shared_prompt=True,
+        chunked_lm_head=True,
+        fuse_old_logprobs=True,
     )
     result = {
         "benchmark": "gpu_smoke",
@@ -505,7 +518,7 @@ def main(argv=None) -> dict:
     credits = [c for c in args.credits.split(",") if c]
     if "lora" in modes:
         model = policy.prepare_model(model, cfg)  # LoRA + gradient checkpointing, as grpo.py does
-        policy.exact_optimisations(model, cfg)  # as grpo.py does: what checkpointing and dropout rule out
+        scale_passes.exact_optimisations(model, cfg)  # as grpo.py does: what checkpointing and dropout rule out
         trainable = [p for p in model.parameters() if p.requires_grad]
         result["lora_parameters"] = sum(p.numel() for p in trainable)
         optimizer = policy.build_optimizer(trainable, cfg)
@@ -523,7 +536,7 @@ def main(argv=None) -> dict:
         elif not args.no_gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.requires_grad_(True)
-        policy.exact_optimisations(model, cfg)
+        scale_passes.exact_optimisations(model, cfg)
         optimizer = policy.build_optimizer(model.parameters(), cfg)
         result["runs"].append(measure("step", "full", "grpo", model, optimizer))
         save()

@@ -8,7 +8,8 @@ step; 64, 256, 1,024) with GRPO, DelTA ``normal`` (stage 4 keeps the batch's h_t
 DelTA ``memory_efficient`` (h recomputed in K + 3 no-grad passes over micro-batches; memory independent of N). Every
 response runs to exactly ``--max_completion_length`` tokens and each group gets half its rewards right (the
 benchmark-only patches of ``_common.install_patches``: T is fixed, every response has Â ≠ 0), and the learning rate
-is 1e-30 (updates computed and applied, weights unchanged), so every variant sees the same rollouts. Each run is a
+is 1e-30 (updates computed and applied, weights unchanged), so every variant sees the same rollouts; every run takes
+the scale path (``_common.SCALE_PATH``: grpo.py's defaults when the recorded results were made). Each run is a
 fresh ``grpo.train`` in a fresh process; the variants of one size run side by side, interleaved over
 ``--repeats`` rounds.
 
@@ -22,10 +23,10 @@ first step of every run is not counted (AdamW's state and the allocator's first 
 * seconds per step and the ratio to GRPO, whole step and without generation; DelTA's paper reports +37 s, about
   10% of its first step, for K + 2 = 3 extra forward passes (App. L.1).
 
-Stage 5 alone (``--stage5_mib``, default 64 and 256 MiB of h): ``grpo.Credit._delta`` with ``--delta_impl normal``
-(``delta.proxy_vectors`` then ``delta.delta_coefficients``) on a synthetic h cache of that size ([N, T, H] float32,
-T = ``--max_completion_length``, H = ``--hidden_size``, random lengths, half the rows Â > 0), each run in a fresh
-process, after one call on 4 rows (so that the code pages of its kernels, which RSS counts, are already resident):
+Stage 5 alone (``--stage5_mib``, default 64 and 256 MiB of h): ``credit_methods.DeltaCredit`` with ``--delta_impl
+normal`` (``delta.proxy_vectors`` then ``delta.delta_coefficients``) on a synthetic h cache of that size ([N, T, H]
+float32, T = ``--max_completion_length``, H = ``--hidden_size``, random lengths, half the rows Â > 0), each run in a
+fresh process, after one call on 4 rows (so that the code pages of its kernels, which RSS counts, are already resident):
 the peak RSS during the call above the RSS with the cache in place (``_common.PeakMemory``), in copies of N·T·H·4
 bytes, beside what the code holds by derivation: ``memory_plan.DELTA_NORMAL_HOST_COPIES`` − 1 (v) plus one row block of
 v − μ (``delta.ROW_BLOCK_BYTES``, at least one row); the [N, T] tensors (1/H of a copy each) and what the allocator
@@ -33,11 +34,13 @@ keeps of freed memory are left out of the derived figure. ``--only stage5`` runs
 ``--out`` then defaults to ``tools/bench/results/memory_stage5.json``).
 
 The LM head alone (``--only lm_head``): one row of ``--lm_head_tokens`` response tokens (4,096) after 16 prompt
-tokens, ``policy.token_logprobs`` forward and ``.sum().backward()`` in train mode, on a one-layer Qwen3 with Qwen3's
+tokens, ``scale_passes.token_logprobs`` (the scale path's) forward and ``.sum().backward()`` in train mode, on a
+one-layer Qwen3 with Qwen3's
 vocabulary (151,936) and hidden size ``--lm_head_hidden`` (512: Qwen3-8B's 4,096 would need 11.5 GB of weights and
 gradients beside the unchunked run's 10 GB), float32, its gradients already allocated (as from an earlier
 micro-batch), each variant in a fresh process after a 64-token warm-up through the same path: the LM head in
-chunks of positions (``policy.LOGITS_CHUNK_BYTES``, the default) and the whole row at once (no chunking). Measured:
+chunks of positions (``scale_passes.LOGITS_CHUNK_BYTES``, the default under ``--chunked_lm_head``) and the whole row
+at once (no chunking). Measured:
 the peak of the CPU allocator's live bytes above those at the start (torch.profiler's memory events) and the peak
 resident-set increase (``_common.PeakMemory``, glibc's mmap threshold held at 128 KiB so that freed tensors leave
 the resident set), each as a multiple of the row's float32 logits T·V·4, beside ``memory_plan``'s prediction of
@@ -186,34 +189,33 @@ def markdown_table(summary: dict) -> str:
 
 
 def stage5_peak(spec: dict) -> dict:
-    """Stage 5 of a --delta_impl normal step (``grpo.Credit._delta``) on a synthetic h cache ``[N, T, H]`` float32, in
-    this (fresh) process: its peak RSS above the RSS with the cache in place, in MiB, and the seconds it took."""
+    """Stage 5 of a --delta_impl normal step (``credit_methods.DeltaCredit``) on a synthetic h cache ``[N, T, H]``
+    float32, in this (fresh) process: its peak RSS above the RSS with the cache in place, in MiB, and the seconds it
+    took."""
     import types
 
     import torch
 
-    import grpo
     from tools.bench._common import PeakMemory
-    from trainer import policy
+    from trainer import credit_methods, grpo_config, policy
 
-    def inputs(N, T, H):  # (Rollout's response_mask, all stage 5 reads of it; Â [N]; θ_old with the h cache)
+    def inputs(N, T, H):  # what stage 5 reads: the rollout's response mask and ids, Â [N], θ_old with the h cache
         g = torch.Generator().manual_seed(spec["seed"])
         mask = torch.arange(T)[None, :] < torch.randint(T // 2, T + 1, (N,), generator=g)[:, None]  # [N, T]
         hidden = torch.randn(N, T, H, generator=g).masked_fill_(~mask[..., None], 0.0)  # as stage 4 leaves it
         adv = torch.tensor([1.0, -1.0]).repeat(N // 2 + 1)[:N]  # both sides present: the discriminator runs
-        return (
-            types.SimpleNamespace(response_mask=mask.float()),
-            adv,
-            policy.ThetaOld(-torch.rand(N, T, generator=g), hidden, None, None),
-        )
+        batch = types.SimpleNamespace(response_mask=mask.float(), response_ids=torch.zeros(N, T, dtype=torch.long))
+        old = policy.ThetaOld(-torch.rand(N, T, generator=g), hidden, None, {})
+        # (no answers, step 0, no rewards: DelTA reads none; no passes: h is kept)
+        return credit_methods.CreditInputs(batch, adv, old, None, 0, mask.float(), None, None)
 
     N, T, H = spec["N"], spec["T"], spec["H"]
-    credit = grpo.Credit(grpo.GRPOConfig(credit="delta", delta_impl="normal"), None)
-    credit._delta(None, *inputs(4, T, H))  # once on 4 rows: the kernels' code pages are resident before we count
-    batch, adv, old = inputs(N, T, H)
+    credit = credit_methods.DeltaCredit(grpo_config.GRPOConfig(credit="delta", delta_impl="normal"))
+    credit(None, inputs(4, T, H))  # once on 4 rows: the kernels' code pages are resident before we count
+    x = inputs(N, T, H)
     with PeakMemory() as mem:
         t0 = time.perf_counter()
-        token_adv, _ = credit._delta(None, batch, adv, old)
+        token_adv = credit(None, x).token_adv
         seconds = time.perf_counter() - t0
     assert token_adv.shape == (N, T)
     return {
@@ -298,23 +300,23 @@ def live_peak(fn) -> int:
 
 
 def lm_head_peak(spec: dict) -> dict:
-    """One row's ``policy.token_logprobs`` forward and backward on a one-layer Qwen3 (``spec``: T, P, H, V, the chunk
-    budget) in this (fresh) process: the live-byte and resident-set peaks above the start, in bytes, and
-    ``memory_plan``'s prediction for the same budget. Both modules read the budget from their constant; the
-    unchunked variant sets one no micro-batch exceeds."""
+    """One row's ``scale_passes.token_logprobs`` forward and backward on a one-layer Qwen3 (``spec``: T, P, H, V, the
+    chunk budget) in this (fresh) process: the live-byte and resident-set peaks above the start, in bytes, and
+    ``memory_plan``'s prediction for the same budget (the scale path's settings, --chunked_lm_head on). Both modules
+    read the budget from their constant; the unchunked variant sets one no micro-batch exceeds."""
     import ctypes
 
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from tools.bench._common import PeakMemory
-    from trainer import memory_plan, policy
+    from tools.bench._common import SCALE_PATH, PeakMemory
+    from trainer import memory_plan, scale_passes
 
     if not ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD):
         raise RuntimeError("mallopt(M_MMAP_THRESHOLD) failed")
     T, P, H, V = spec["T"], spec["P"], spec["H"], spec["V"]
     if spec["chunk_bytes"] is not None:  # None: the default budget
-        policy.LOGITS_CHUNK_BYTES = memory_plan.LOGITS_CHUNK_BYTES = spec["chunk_bytes"]
+        scale_passes.LOGITS_CHUNK_BYTES = memory_plan.LOGITS_CHUNK_BYTES = spec["chunk_bytes"]
     config = Qwen3Config(
         vocab_size=V,
         hidden_size=H,
@@ -334,12 +336,12 @@ def lm_head_peak(spec: dict) -> dict:
 
     def row(t):  # one row of P prompt and t response tokens: its log-probs' forward and backward
         ids = torch.randint(0, V, (1, P + t), generator=gen)
-        policy.token_logprobs(model, ids, torch.ones_like(ids), torch.ones(1, t)).sum().backward()
+        scale_passes.token_logprobs(model, ids, torch.ones_like(ids), torch.ones(1, t)).sum().backward()
 
-    budget = policy.LOGITS_CHUNK_BYTES
-    policy.LOGITS_CHUNK_BYTES = min(budget, 16 * V * 4)  # the warm-up takes the measured run's path: code pages in
+    budget = scale_passes.LOGITS_CHUNK_BYTES
+    scale_passes.LOGITS_CHUNK_BYTES = min(budget, 16 * V * 4)  # the warm-up takes the measured run's path: code pages
     row(64)
-    policy.LOGITS_CHUNK_BYTES = budget
+    scale_passes.LOGITS_CHUNK_BYTES = budget
     with PeakMemory() as mem:
         t0 = time.perf_counter()
         live = live_peak(lambda: row(T))
@@ -350,7 +352,7 @@ def lm_head_peak(spec: dict) -> dict:
         micro_batch_size=1,
         num_prompts_per_step=1,
         num_generations=1,
-        shared_prompt=False,
+        **{**SCALE_PATH, "shared_prompt": False},  # the scale path, one row: no prompt shared
     )
     plan = memory_plan.plan({**config.to_dict(), "model_type": "qwen3"}, cfg, prompt_tokens=P, host_memory_gb=1e3)
     return {
@@ -492,6 +494,7 @@ def main(argv=None) -> dict:
         eval_num_generations=0,
         save_steps=0,
         logging_steps=0,
+        **_common.SCALE_PATH,  # the path of the recorded results (grpo.py's default then)
     )
     patches = {"no_stop": True, "random_rewards": 0, "group_size": args.num_generations}
     runs = {(n, v): [] for n in sizes for v in VARIANTS}

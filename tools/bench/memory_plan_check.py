@@ -8,7 +8,8 @@ of the whole batch (stage 4's training forward kept for the update) or of 4, 8, 
 ``memory_efficient``) one ``grpo.train`` run of ``--steps`` steps in a fresh process (``tools/bench/_common.run_one``):
 every response runs to exactly ``max_completion_length`` tokens and each group gets half its rewards right
 (``_common.install_patches``: T is fixed, every row has Â ≠ 0), learning rate 1e-30 (updates computed and applied,
-weights unchanged). Before its baseline the process runs a warm-up: the same settings on the toy, 1 prompt × 2
+weights unchanged), on the scale path (``_common.SCALE_PATH``, grpo.py's defaults when the recorded results were
+made). Before its baseline the process runs a warm-up: the same settings on the toy, 1 prompt × 2
 responses of 2 tokens, 2 steps, so that what a process pays once whatever the run's size (library code pages touched
 for the first time, thread pools, the grader's workers: 40-55 MB) is not counted. Measured: the largest
 ``memory/peak_rss_gb`` over the steps (grpo.py logs each step's peak resident set, the counter reset when the step
@@ -115,13 +116,13 @@ def measure(spec: dict) -> dict:
     import peft  # noqa: F401
 
     import grpo
-    from trainer import policy
+    from trainer import grpo_config, policy
 
     if spec["allocator"] == "fixed" and not ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD):
         raise RuntimeError("mallopt(M_MMAP_THRESHOLD) failed")
     _common.install_patches(spec["patches"])
     r0 = policy.proc_status_kib("VmRSS")
-    grpo.train(grpo.GRPOConfig(**{"recipe": "toy", **spec["warmup"]}))
+    grpo.train(grpo_config.GRPOConfig(**{"recipe": "toy", **spec["warmup"]}))
     out = _common.run_one({"config": spec["config"]})
     out["warmup_rss_increase_mb"] = (policy.proc_status_kib("VmRSS") - r0) * 1024 / 1e6 if r0 else None
     return out
@@ -144,11 +145,11 @@ def longest_prompt_tokens(model_path: str) -> int:
 
 
 def predict(model_path: str, config: dict, prompt_tokens: int):
-    import grpo
-    from trainer import memory_plan
+    from trainer import grpo_config, memory_plan
 
-    cfg = grpo.GRPOConfig(**{"recipe": "toy", **config})
-    return memory_plan.plan(memory_plan.read_model_config(model_path), cfg, prompt_tokens=prompt_tokens)
+    cfg = grpo_config.GRPOConfig(**{"recipe": "toy", **config})
+    model_config = memory_plan.read_model_config(model_path)
+    return memory_plan.plan(model_config, cfg, prompt_tokens=prompt_tokens, traits=_common.plan_traits(cfg.credit))
 
 
 def markdown_table(rows: list) -> str:
@@ -227,6 +228,7 @@ def main(argv=None) -> dict:
         eval_num_generations=0,
         save_steps=0,
         logging_steps=0,
+        **_common.SCALE_PATH,  # the path of the recorded results (grpo.py's default then)
     )
     patches = {"no_stop": True, "random_rewards": 0, "group_size": args.num_generations}
     rows, t_start = [], time.time()

@@ -6,11 +6,15 @@ SAPO, FIPO, DelTA), its ablation table, its Q2 token selection, and CSCR's ablat
 flags that select it, the paper's number (Table 1: the 7-benchmark average on Qwen3-8B-Base; ablations: the
 4-benchmark average; docs/specs/delta.md §5, baselines.md §1) and the row's command at the paper's recipe.
 
-A row's toy run is ``python grpo.py <the row's flags> --num_mini_batches 4 --seed S`` (``command``: four
-mini-batches per step, the paper's setting; with one, FIPO is DAPO and Forking Tokens rank θ_old's entropies), 60
-steps of 16 × 8, one run at a time by default. Its figures are what the command prints at its end (held-out avg@8
-and greedy before and after, ``summary.json``) and the credit's AUROCs at the toy's first wrong token and result
-digits (``samples/summary.json``, ``report.credit_lands``).
+A row's toy run is ``python grpo.py <the row's flags> --num_mini_batches 4 --padding_free --shared_prompt
+--chunked_lm_head --fuse_old_logprobs --seed S`` (``command``; ``python -m comparisons`` in place of ``python grpo.py``
+where a flag is a comparison's, ``entry_point``): four mini-batches per step, the paper's setting (with one, FIPO is
+DAPO and Forking Tokens rank θ_old's entropies), and the scale path (trainer/scale_passes.py), grpo.py's default when
+the records were made, so that every run of a row takes the path its records took (the plain path, grpo.py's
+default now, gives the same figures to rounding, not bit for bit); 60 steps of 16 × 8, one run at a time by
+default. Its figures are what the command prints at its end (held-out avg@8 and greedy before and after,
+``summary.json``) and the credit's AUROCs at the toy's first wrong token and result digits (``samples/summary.json``,
+``report.credit_lands``).
 
     python tools/bench/reproduce.py --rules delta --seeds 0,1,2   # run a row's seeds, merge them into the record
     python tools/bench/reproduce.py --check delta --seed 0         # rerun one recorded run, compare (exit 1: differs;
@@ -19,15 +23,19 @@ digits (``samples/summary.json``, ``report.credit_lands``).
 
 The record (``--record``, default tools/bench/results/reproduce.json) keeps, per row and seed, the exact command, the
 commit and the uncommitted files it ran with, the machine (CPU family/model, its vector instructions, torch's CPU
-kernels) and the figures. Running rows replaces only their runs.
+kernels) and the figures. Running rows replaces only their runs. A run made before its command's spelling changed
+keeps the command it ran as under ``command_as_run``, and under ``command`` today's spelling of the same settings
+(the runs before commit 5c2fadd: grpo.py's defaults were the scale path's four flags, now written out, and
+``--credit fipo`` is now ``python -m comparisons --fipo``); ``--check`` reruns ``command``.
 
 Figures depend on torch's CPU kernels (``torch.backends.cpu.get_cpu_capability()``: DEFAULT, AVX2, AVX512), which
 torch picks from the CPU unless ``ATEN_CPU_CAPABILITY`` names a set the CPU supports. So every run is made under a
 named set (``--cpu_capability``, default avx2: the record's set, which any x86 CPU since 2013 has) and recorded with
 it, and ``--check`` reruns a row under the set its record names; where this CPU lacks that set it says so in one
-line (exit 2) instead of comparing figures that cannot agree. A run folder under ``--root`` that holds a finished
-run of the same command, on the same kind of machine,
-by code unchanged since (tools/bench/, tests/ and documentation aside), is read, not rerun (a killed batch resumes).
+line (exit 2) instead of comparing figures that cannot agree. ``--check`` reruns the record's own command (its
+flags and entry point, exactly) and says where it is no longer the row's (``command`` today): a mismatch. A run
+folder under ``--root`` that holds a finished run of the same command, on the same kind of machine, by code unchanged
+since (tools/bench/, tests/ and documentation aside), is read, not rerun (a killed batch resumes).
 """
 
 from __future__ import annotations
@@ -45,9 +53,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from _common import REPO, git_state, machine_description, now_iso, write_json
+from _common import REPO, SCALE_FLAGS, git_state, machine_description, now_iso, write_json
 
-PAPER = "python grpo.py --recipe delta_paper --model Qwen/Qwen3-8B-Base"  # + the row's flags
+PAPER = ["--recipe", "delta_paper", "--model", "Qwen/Qwen3-8B-Base"]  # + the row's flags (the recipe: the scale path)
 # (name, table, flags, the paper's number or None, what the row is)
 RULES = [
     ("dapo", "Table 1", [], 22.95, "DAPO: the clipped token-mean surrogate, every token Â_i"),
@@ -66,7 +74,7 @@ RULES = [
         "the same as TRL reads it: entropy ≥ the 0.8 quantile, the normaliser unchanged",
     ),
     ("sapo", "Table 1", ["--loss_type", "sapo"], 25.14, "SAPO: the soft gate, τ 1.0 / 1.05, per-sequence mean"),
-    ("fipo", "Table 1", ["--credit", "fipo"], 23.89, "FIPO: the future-KL weight (decay 32, clip 0.2)"),
+    ("fipo", "Table 1", ["--fipo"], 23.89, "FIPO: the future-KL weight (decay 32, clip 0.2)"),
     ("delta", "Table 1", ["--credit", "delta"], 28.40, "DelTA (K = 1, [0.8, 1.2])"),
     (
         "within_side",
@@ -141,7 +149,8 @@ RULES = [
         "verl's Optimal Token Baseline: B*_t weighted by W_t = Σ(1 − 2π + Σπ²), ε 1e-8, the zero tail",
     ),
 ]
-TOY = ["--num_mini_batches", "4"]  # every toy run's shared flags (the paper's four mini-batches per step)
+# every toy run's shared flags: the paper's four mini-batches per step, and the scale path (the records' path)
+TOY = ["--num_mini_batches", "4", *SCALE_FLAGS]
 # What a run prints and logs that the record keeps and --check compares, exactly (the same command on the same kind
 # of machine gives the same bits: fixed seeds, one thread).
 FIGURES = ("avg8_before", "avg8_after", "greedy_before", "greedy_after", "auroc_first_wrong", "auroc_result_digits")
@@ -149,9 +158,27 @@ RECORD = REPO / "tools" / "bench" / "results" / "reproduce.json"
 SIDECAR = "reproduce_run.json"  # in a run folder: how tools/bench/reproduce.py ran it
 
 
+def entry_point(flags: list[str]) -> list[str]:
+    """The command that takes ``flags``: ``python grpo.py`` when its parser takes every one of them, else ``python -m
+    comparisons`` (grpo.py's flags and the comparisons': ``--fipo``, ``--entropy_top_ratio``, ``--credit otb``, ...)."""
+    from trainer import grpo_config
+
+    try:
+        grpo_config.build_parser(grpo_config.GRPOConfig, defaults=False).parse_args(list(flags))
+    except SystemExit:  # (its one-line error, not printed)
+        return ["python", "-m", "comparisons"]
+    return ["python", "grpo.py"]
+
+
 def command(flags: list[str], seed: int, extra: list[str] = ()) -> list[str]:
     """A row's toy command, as the page prints it (the output folder, which changes no figure, left out)."""
-    return ["python", "grpo.py", *flags, *TOY, *extra, "--seed", str(seed)]
+    args = [*flags, *TOY, *extra, "--seed", str(seed)]
+    return [*entry_point(args), *args]
+
+
+def paper_command(flags: list[str]) -> str:
+    """A row's command at the paper's recipe (Qwen3-8B-Base), as the page prints it."""
+    return " ".join([*entry_point(flags), *PAPER, *flags])
 
 
 CAPABILITY_DEFAULT = "avx2"  # the kernels the record's runs are made with (docs/reproduce.md)
@@ -255,10 +282,11 @@ def run_folder(root: Path, name: str, seed: int) -> Path:
     return root / f"{name}-seed{seed}"
 
 
-def run(root: Path, name: str, flags: list[str], seed: int, extra: list[str] = ()) -> dict:
-    """One toy run into ``root/<name>-seed<seed>`` (read, not rerun, when that folder holds a finished run of the
-    same command at the same commit); returns its record: command, commit, machine, date, figures."""
-    out, cmd, git = run_folder(root, name, seed), command(flags, seed, extra), code_state()
+def run(root: Path, name: str, seed: int, cmd: list[str]) -> dict:
+    """One toy run of ``cmd`` (a ``command``, as the page prints it) into ``root/<name>-seed<seed>`` (read, not rerun,
+    when that folder holds a finished run of the same command at the same commit); returns its record: command,
+    commit, machine, date, figures."""
+    out, git = run_folder(root, name, seed), code_state()
     side = out / SIDECAR
     if side.exists() and (out / "summary.json").exists():
         done = json.loads(side.read_text())
@@ -269,7 +297,7 @@ def run(root: Path, name: str, flags: list[str], seed: int, extra: list[str] = (
             and done["machine_kind"] == machine_kind(machine())
         ):
             return {**done, **figures(out)}  # the same command on this code and kind of machine: its record
-    argv = [sys.executable, str(REPO / "grpo.py"), *cmd[2:], "--output_dir", str(out), "--overwrite_output_dir"]
+    argv = [sys.executable, *cmd[1:], "--output_dir", str(out), "--overwrite_output_dir"]  # (from the repository)
     log, t0, started = root / f"{name}-seed{seed}.log", time.time(), now_iso()
     root.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
@@ -362,7 +390,7 @@ def save_record(path: Path, record: dict) -> None:
             "paper": p,
             "what": w,
             "toy_command": shlex.join(command(f, 0)).replace("--seed 0", "--seed S"),
-            "paper_command": f"{PAPER} {' '.join(f)}".strip(),
+            "paper_command": paper_command(f),
         }
         for n, t, f, p, w in RULES
     ]
@@ -378,9 +406,23 @@ def save_record(path: Path, record: dict) -> None:
 # ----------------------------------------------------------------------------------------------------------
 # --check: rerun one recorded run and compare
 # ----------------------------------------------------------------------------------------------------------
+def recorded_command(run_: dict, name: str, seed: int) -> list[str]:
+    """The command a recorded run ran (``command``, today's spelling), as a list; one line naming the record's run
+    where it is not a toy command of grpo.py or of the comparisons."""
+    cmd = shlex.split(run_.get("command") or "")
+    if cmd[:2] != ["python", "grpo.py"] and cmd[:3] != ["python", "-m", "comparisons"]:
+        raise SystemExit(
+            f"reproduce.py: --check {name} --seed {seed}: the record's command {run_.get('command')!r} is not "
+            f"'python grpo.py ...' or 'python -m comparisons ...'; rerun it: python tools/bench/reproduce.py "
+            f"--rules {name} --seeds {seed}"
+        )
+    return cmd
+
+
 def check(record: dict, name: str, seed: int, extra: list[str], keep: bool) -> bool:
-    """Rerun row ``name``'s seed ``seed`` with the row's command and compare its figures with the record's run
-    (exactly); print both, the commits and the machines. True when the command and every figure agree."""
+    """Rerun row ``name``'s seed ``seed`` with its record's command (its flags and entry point, under its CPU kernels)
+    and compare its figures with the record's run (exactly); print both, the row's command today (``extra`` added),
+    the commits and the machines. True when the record's command is the row's and every figure agrees."""
     flags = next(f for n, _, f, _, _ in RULES if n == name)
     runs = {r.get("seed"): r for r in record.get("results", {}).get(name, {}).get("runs", [])}
     if seed not in runs:
@@ -389,7 +431,7 @@ def check(record: dict, name: str, seed: int, extra: list[str], keep: bool) -> b
             f"(its seeds of {name}: {sorted(runs) or 'none'}); run it: python tools/bench/reproduce.py "
             f"--rules {name} --seeds {seed}"
         )
-    old, cmd = runs[seed], shlex.join(command(flags, seed, extra))
+    old, cmd = runs[seed], shlex.join(command(flags, seed, extra))  # the row's command today
     wanted = (old.get("machine") or {}).get("torch_cpu_capability")
     if not wanted:
         raise SystemExit(
@@ -400,19 +442,20 @@ def check(record: dict, name: str, seed: int, extra: list[str], keep: bool) -> b
     if cannot:
         print(f"cannot check {name} seed {seed}: its figures come from torch's {wanted} kernels and {cannot}")
         raise SystemExit(2)
+    rerun = recorded_command(old, name, seed)
     work = Path(tempfile.mkdtemp(prefix="reproduce-check-"))
     try:
-        new = run(work, name, flags, seed, extra)
+        new = run(work, name, seed, rerun)
     finally:
         if keep:
             print(f"run kept in {run_folder(work, name, seed)}")
         else:
             shutil.rmtree(work, ignore_errors=True)
     same_cmd = old.get("command") == cmd
-    print(f"{name}, seed {seed}: {cmd}")
-    print(
-        f"  recorded: {old.get('command') or '(no command recorded)'}{'' if same_cmd else '   <- not the row command'}"
-    )
+    print(f"{name}, seed {seed}: {shlex.join(rerun)}")
+    print(f"  the row's command: {cmd}{'' if same_cmd else '   <- not the recorded one'}")
+    if old.get("command_as_run"):
+        print(f"  as it ran:         {old['command_as_run']}")
     print(f"  {'figure':<20} {'recorded':>12} {'now':>12}")
     bad = [] if same_cmd else ["command"]
     for k in FIGURES:
@@ -589,9 +632,9 @@ def _main(argv) -> int:
     if cannot:
         raise SystemExit(f"reproduce.py: --cpu_capability {args.cpu_capability}: {cannot}")
     seeds, root = [int(s) for s in args.seeds.split(",")], Path(args.root)
-    jobs = [(name, flags, seed) for seed in seeds for name, _, flags, _, _ in chosen]  # seed-major: rows fill evenly
-    with ThreadPoolExecutor(args.jobs) as pool:
-        done = list(pool.map(lambda j: (j[0], run(root, *j, extra)), jobs))
+    jobs = [(name, seed, command(flags, seed, extra)) for seed in seeds for name, _, flags, _, _ in chosen]
+    with ThreadPoolExecutor(args.jobs) as pool:  # (seed-major: rows fill evenly)
+        done = list(pool.map(lambda j: (j[0], run(root, *j)), jobs))
     for name, *_ in chosen:
         new = [r for n, r in done if n == name]
         if new:

@@ -50,13 +50,17 @@ library versions, git commit, exact command, model configurations, every step's 
 ``--plot FILE.png`` also draws seconds per step against length and size (needs matplotlib,
 ``tools/requirements-bench.txt``).
 
+Every run takes the scale path (``_common.SCALE_PATH``: ``--padding_free --shared_prompt --chunked_lm_head
+--fuse_old_logprobs``, grpo.py's defaults when the recorded results were made; grpo.py's default now is the plain
+path).
+
 Padding: ``--update_lengths 64:1024`` measures something else: the policy update alone (θ_old's log-probs from the
 training forward, the credit, loss, backward, AdamW; what ``grpo.train_step`` runs after grading) of one rollout
 batch whose responses run from 64 to 1024 tokens (evenly spaced, shuffled; random tokens, one prompt of 12-24
-tokens per group, half of each group correct) in three modes, alternating in fresh processes: the defaults
-(``--padding_free --shared_prompt``), ``--no-shared_prompt``, and ``--no-padding_free --no-shared_prompt``
-(padded): seconds per update, response tokens per second, the speed-up over padded and the peak memory of each.
-``--cells`` then gives the model sizes (their lengths are ignored).
+tokens per group, half of each group correct) in three modes of the scale path (``--chunked_lm_head
+--fuse_old_logprobs`` in each), alternating in fresh processes: ``--padding_free --shared_prompt``,
+``--padding_free`` alone, and neither (padded): seconds per update, response tokens per second, the speed-up over
+padded and the peak memory of each. ``--cells`` then gives the model sizes (their lengths are ignored).
 
 Usage::
 
@@ -142,21 +146,22 @@ def build_random_model(size: str, path: str, max_positions: int, seed: int = 0) 
     }
 
 
-# --update_lengths: (--padding_free, --shared_prompt) of each mode; the last one is the baseline of the speed-up
+# --update_lengths: (--padding_free, --shared_prompt) of each mode (--chunked_lm_head and --fuse_old_logprobs on in
+# each: the scale path); the last one is the baseline of the speed-up
 UPDATE_MODES = {"padding-free, shared prompt": (True, True), "padding-free": (True, False), "padded": (False, False)}
 
 
 def update_only(spec: dict) -> dict:
     """Child: ``spec["steps"]`` policy updates of one synthetic rollout batch whose response lengths are spread over
-    ``spec["lengths"]`` (see the module docstring), with ``spec["padding_free"]`` and ``spec["shared_prompt"]``;
-    seconds and peak memory."""
+    ``spec["lengths"]`` (see the module docstring), with ``spec["padding_free"]`` and ``spec["shared_prompt"]`` (on
+    the scale path: --chunked_lm_head and --fuse_old_logprobs on); seconds and peak memory."""
     import random
 
     import torch
 
     import grpo
     import rollout
-    from trainer import memory_plan, policy
+    from trainer import credit_methods, policy, run_setup
 
     torch.set_num_threads(spec["num_threads"] or torch.get_num_threads())
     model, tok = policy.load_model_and_tokenizer(spec["model"], dtype="float32", device="cpu")
@@ -186,32 +191,37 @@ def update_only(spec: dict) -> dict:
         prompts=[""] * N,
         group_size=G,
     )
-    adv = grpo.group_advantages(torch.tensor([float(i % 2) for i in range(N)]), G)
+    rewards = torch.tensor([float(i % 2) for i in range(N)])  # half of each group correct
+    adv = grpo.group_advantages(rewards, G)
     cfg = grpo.GRPOConfig(
         model=spec["model"],
         credit=spec["credit"],
         learning_rate=1e-30,
+        num_prompts_per_step=n,
+        num_generations=G,
         max_completion_length=T,
         micro_batch_size=spec["micro_batch_size"],
         padding_free=spec["padding_free"],
         shared_prompt=spec["shared_prompt"],
+        chunked_lm_head=True,
+        fuse_old_logprobs=True,
     )
-    optimizer, credit = policy.build_optimizer(model.parameters(), cfg), grpo.Credit(cfg, tok)
+    method = grpo.paper_method(cfg)
+    optimizer = policy.build_optimizer(model.parameters(), cfg)
+    credit = method.credit(cfg, tok)
+    # the run's passes, chosen once as grpo.train chooses them (the scale path's; θ_old fused where it may be)
+    parts = run_setup.step_parts(cfg, credit, method, policy.Forward(grpo.old_logprobs, grpo.micro_batches))
+    answers = ["0"] * N  # (no reference answers: CSCR's notes read them)
     times = []
     with _common.PeakMemory() as mem:
         for step in range(spec["steps"]):
             t0 = time.perf_counter()
             # stages 4-6 of grpo.train_step, as it calls them
-            old = grpo.old_logprobs(
-                model,
-                batch,
-                cfg,
-                credit.needs_hidden(),
-                None,
-                training_forward=memory_plan.updates_on_policy(cfg, N, processes=1),
-            )
-            token_adv, _ = credit(model, batch, adv, old, None)
-            grpo.policy_update(model, optimizer, grpo.Update(batch, old, token_adv, batch.response_mask, {}), cfg, step)
+            old = parts.forward.old_logprobs(model, batch, cfg, credit.asks, None)
+            inputs = credit_methods.CreditInputs(batch, adv, old, answers, step, mask, rewards, parts.forward)
+            result = credit(model, inputs)
+            update = grpo.Update(batch, old, result.token_adv, mask, result.token_values, parts)
+            grpo.policy_update(model, optimizer, update, cfg, step)
             times.append(time.perf_counter() - t0)
     return {
         "padding_free": spec["padding_free"],
@@ -572,6 +582,7 @@ def main(argv=None) -> dict:
                         logging_steps=1,
                         num_samples_to_log=1,
                         output_dir=str(workdir / f"{size}_{length}_{credit}_r{r}"),
+                        **_common.SCALE_PATH,  # the path of the recorded results (grpo.py's default then)
                     )
                     patches = {"no_stop": True, "random_rewards": args.seed, "group_size": args.num_generations}
                     res = pool.apply(_common.run_one, ({"config": cfg, "patches": patches},))

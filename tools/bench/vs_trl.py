@@ -18,9 +18,9 @@ prompt order                        ``rollout.PromptSampler(len(train), seed)`` 
                                                                                        in that order,
                                                                                        ``shuffle_dataset=False``
 prompt text                         ``rollout.apply_template(problem, "none")``        the same strings
-reward                              ``verify.grade_batch`` (binary)                    the same call (=
-``verify.reward``
-                                                                                       per response)
+reward                              ``verify.grade_batch`` (binary)                    the same call
+                                                                                       (= ``verify.reward`` per
+                                                                                       response)
 sampling                            T 1.0, top-p 1.0, top-k off, 64 new tokens         ``temperature`` 1.0, ``top_p``
                                                                                        1.0, ``top_k`` 0,
                                                                                        ``max_completion_length`` 64
@@ -41,18 +41,27 @@ logging                             ``eval_num_generations`` 0, no sample files 
                                     (``logging_steps`` 0), no checkpoints              logging, no saving
 threads                             ``--num_threads`` (default 1, what grpo.py picks   ``torch.set_num_threads`` with
                                     for the toy) in every run's process                the same number
+policy's passes                     grpo.py's default, the plain path (every row       TRL's own: every row padded
+                                    padded to the batch's longest prompt and           to the batch's longest
+                                    response, every prompt run G times, θ_old its own  prompt and response; θ_old
+                                    no-grad forward); and, a run of its own, the       from the training forward
+                                    scale path (``--padding_free --shared_prompt       (one update per batch)
+                                    --chunked_lm_head --fuse_old_logprobs``)
 ==================================  =================================================  ==============================
 
 Known differences that remain (neither changes the cost of a step measurably): TRL divides advantages by
 std + 1e-4, ours by std + 1e-6 (binary rewards: std ≥ 0.35 when non-zero); TRL seeds its sampler differently, so
 the sampled responses differ (same prompts); ours cuts a response after a prompt template's stop string (none
-occurs on the toy). When one optimizer step uses each rollout batch once, both take θ_old's log-probs from the
-training forward (TRL 1.16: ``old_per_token_logps = per_token_logps.detach()``; ours:
-``memory_plan.updates_on_policy``).
-Ours runs twice per round: with its defaults (``--padding_free``: micro-batches of similar length, each cut to its
-own longest row; ``--shared_prompt``: each group's prompt run once) and with ``--no-padding_free
---no-shared_prompt`` (every row padded to the batch's longest prompt and response, every prompt run G times), the
-same update to rounding.
+occurs on the toy). When one optimizer step uses each rollout batch once, TRL takes θ_old's log-probs from the
+training forward (TRL 1.16: ``old_per_token_logps = per_token_logps.detach()``), and so does ours on the scale path
+(``--fuse_old_logprobs``, where ``memory_plan.updates_on_policy`` allows); on the plain path θ_old is its own
+no-grad forward.
+Ours runs twice per round, the same update to rounding: with its defaults (``ours``: the plain path, every row
+padded to the batch's longest prompt and response, every prompt run G times, θ_old its own forward) and on the scale
+path (``ours_scale``: ``--padding_free``, micro-batches of similar length, each cut to its own longest row;
+``--shared_prompt``, each group's prompt run once; ``--chunked_lm_head``, the LM head a chunk of positions at a
+time where the logits are large (never on the toy); ``--fuse_old_logprobs``, θ_old from the training forward). The
+goals (below) are the scale path's, the run they were set for (an update that computes no padding).
 
 Seconds per step: ours from ``metrics.jsonl`` ``step_time`` (rollout, grading, advantages, old log-probs,
 credit, update; ``generation_time`` its rollout part); TRL from a ``TrainerCallback``, ``on_step_begin`` to
@@ -63,12 +72,12 @@ allocator growth). CPU seconds per step (``time.process_time`` over the same spa
 seconds: much less sensitive to other processes sharing the cores. A second table splits each step into
 generation, grading, the separate old-log-prob pass, the update (forward with grad, loss, backward, clip, AdamW)
 and the rest, from timing wrappers installed in the run's process only (ours: ``verify.grade_batch``,
-``grpo.old_logprobs``, ``grpo.policy_update``; TRL: ``_calculate_rewards`` and
-``_generate_and_score_completions``, the update being the rest of the step).
+``grpo.old_logprobs`` and ``scale_passes.old_logprobs`` (stage 4 on either path), ``grpo.policy_update``; TRL:
+``_calculate_rewards`` and ``_generate_and_score_completions``, the update being the rest of the step).
 
-Runs alternate (ours, TRL, ours, TRL, ...; ``--rounds`` pairs), each in a fresh process forked from a server that
-has already imported torch/transformers/trl, so slow machine drift hits both alike. Round r uses seed
-``--seed + r`` for both trainers (data order and sampling), so the rounds also show seed-to-seed spread.
+Runs alternate (ours, TRL, ours on the scale path, ours, TRL, ...; ``--rounds`` rounds), each in a fresh process
+forked from a server that has already imported torch/transformers/trl, so slow machine drift hits all alike. Round r
+uses seed ``--seed + r`` for every trainer (data order and sampling), so the rounds also show seed-to-seed spread.
 
 Accuracy: the same function for both, ``evaluate.evaluate_rows(model, tokenizer, rows, "none", k=8, temperature
 1.0, top_p 1.0, max_new_tokens 64, seed=--eval_seed)`` on the toy's held-out split (``--eval_limit`` problems,
@@ -112,7 +121,7 @@ from tools.bench import _common  # noqa: E402
 from tools.bench._common import median  # noqa: E402
 
 PROG = "vs_trl.py"
-GOAL_RATIO = 0.85  # our s/step at most this × TRL's (issue: an update that computes no padding)
+GOAL_RATIO = 0.85  # the scale path's s/step at most this × TRL's (issue: an update that computes no padding)
 EXTRA_PACKAGES = ("trl", "datasets", "accelerate")
 PRELOAD = _common.PRELOAD + ["datasets", "accelerate", "trl", "trl.trainer.grpo_trainer"]
 TEMPLATE = "none"
@@ -133,8 +142,10 @@ def _quiet():
 def _evaluate(model, tokenizer, spec) -> dict:
     """The shared held-out evaluation (greedy + avg@k); returns the headline metrics and its seconds."""
     import evaluate
+    import toy
     from trainer import problems
 
+    toy.register()  # "toy" as a data source (a child that has not run grpo.train has not registered it)
     rows = problems.load_problems("toy", split="test")
     if spec["eval_limit"]:
         rows = rows[: spec["eval_limit"]]
@@ -195,13 +206,15 @@ def _profiled(spec, fn):
 
 
 def run_ours(spec: dict) -> dict:
-    """Child: ``grpo.train`` with the shared settings; per-step wall/CPU times, prompts, memory, accuracy after."""
+    """Child: ``grpo.train`` with the shared settings, on grpo.py's default path (the plain one) or, with
+    ``spec["scale"]``, the scale path; per-step wall/CPU times, prompts, memory, accuracy after."""
     import json
 
     import torch
 
     import grpo
     import rollout
+    from trainer import scale_passes
 
     _quiet()
     torch.set_num_threads(spec["num_threads"])
@@ -221,9 +234,10 @@ def run_ours(spec: dict) -> dict:
     rollout.generate, grpo.train_step = generate, train_step
     # where a step's time goes (each wrapper appends one entry per step)
     parts = {"grading": [], "old_logprobs": [], "update": []}
-    originals = [
+    originals = [  # (grpo.train picks stage 4's function, the plain or the scale path's, when it starts)
         (grpo.verify, "grade_batch", _timed(grpo.verify, "grade_batch", parts["grading"])),
         (grpo, "old_logprobs", _timed(grpo, "old_logprobs", parts["old_logprobs"])),
+        (scale_passes, "old_logprobs", _timed(scale_passes, "old_logprobs", parts["old_logprobs"])),
         (grpo, "policy_update", _timed(grpo, "policy_update", parts["update"])),
     ]
     out_dir = spec["output_dir"]
@@ -258,8 +272,10 @@ def run_ours(spec: dict) -> dict:
         seed=spec["seed"],
         num_threads=spec["num_threads"],
         credit="grpo",
-        padding_free=not spec.get("padded", False),
-        shared_prompt=not spec.get("padded", False),
+        padding_free=spec.get("scale", False),  # the scale path's four flags, or grpo.py's default (the plain path)
+        shared_prompt=spec.get("scale", False),
+        chunked_lm_head=spec.get("scale", False),
+        fuse_old_logprobs=spec.get("scale", False),
     )
     t0 = time.perf_counter()
     with _common.PeakMemory() as mem:
@@ -288,7 +304,7 @@ def run_ours(spec: dict) -> dict:
         s.update({f"{k}_time": v[i] if i < len(v) else 0.0 for k, v in parts.items()})  # a part not run: 0
     model, tokenizer = _load(os.path.join(out_dir, "final"))
     return {
-        "trainer": "ours_padded" if spec.get("padded") else "ours",
+        "trainer": "ours_scale" if spec.get("scale") else "ours",
         "seed": spec["seed"],
         "wall_time": wall,
         "steps": steps,
@@ -355,11 +371,13 @@ def run_trl(spec: dict) -> dict:
     from trl import GRPOTrainer
 
     import rollout
+    import toy
     import verify
     from trainer import problems
 
     _quiet()
     torch.set_num_threads(spec["num_threads"])
+    toy.register()  # "toy" as a data source, as grpo.train registers it
     P, G, steps = spec["num_prompts_per_step"], spec["num_generations"], spec["steps"]
     train_rows = problems.load_problems("toy", split="train")
     order = rollout.PromptSampler(len(train_rows), spec["seed"]).take(P * steps)  # our trainer's exact order
@@ -458,7 +476,7 @@ def run_trl(spec: dict) -> dict:
 # ----------------------------------------------------------------------------------------------------------
 def summarize(runs: list[dict], k: int) -> dict:
     out = {}
-    for name in ("ours", "ours_padded", "trl"):
+    for name in ("ours", "ours_scale", "trl"):
         rs = [r for r in runs if r["trainer"] == name]
         if not rs:
             continue
@@ -498,7 +516,7 @@ def summarize(runs: list[dict], k: int) -> dict:
             "mean_greedy_after": statistics.fmean(r["after"]["greedy"] for r in rs) if rs else None,
         }
     t = out["trl"]
-    for o in [out[n] for n in ("ours", "ours_padded") if n in out]:
+    for o in [out[n] for n in ("ours", "ours_scale") if n in out]:
         o["ratio_s_per_step_vs_trl"] = o["s_per_step"] / t["s_per_step"]
         o["ratio_cpu_s_per_step_vs_trl"] = o["cpu_s_per_step"] / t["cpu_s_per_step"]
         o["ratio_s_generation_vs_trl"] = o["s_generation"] / t["s_generation"]
@@ -512,8 +530,11 @@ def markdown_tables(summary: dict, runs: list[dict], before: dict, k: int) -> st
     rows = [
         (label, summary[n])
         for n, label in (
-            ("ours", "ours (grpo.py: --padding_free --shared_prompt)"),
-            ("ours_padded", "ours, --no-padding_free --no-shared_prompt"),
+            ("ours", "ours (grpo.py's default: the plain path)"),
+            (
+                "ours_scale",
+                "ours, the scale path (--padding_free --shared_prompt --chunked_lm_head --fuse_old_logprobs)",
+            ),
             ("trl", "TRL GRPOTrainer"),
         )
         if n in summary
@@ -568,9 +589,10 @@ def markdown_tables(summary: dict, runs: list[dict], before: dict, k: int) -> st
     lines += [
         "",
         "Where a step's seconds go (medians): generation = sampling (HF generate, decoding); grading = the "
-        "verifier; θ_old forward = grpo.old_logprobs (when each batch is used once: the training forward with "
-        "grad, whose graphs the update reuses; TRL: inside its update); update = (forward with grad,) loss, "
-        "backward, clip, AdamW; other = the rest (advantages, tensors, bookkeeping).",
+        "verifier; θ_old forward = stage 4's old_logprobs (the plain path: its own no-grad forward; the scale path "
+        "with each batch used once: the training forward with grad, whose graphs the update reuses; TRL: inside "
+        "its update); update = (forward with grad,) loss, backward, clip, AdamW; other = the rest (advantages, "
+        "tensors, bookkeeping).",
         "",
         "| trainer | generation | grading | θ_old forward | update | other | step |",
         "|---|---|---|---|---|---|---|",
@@ -610,7 +632,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     ap.add_argument("--steps", type=int, default=30, help="training steps per run (the first is not timed)")
-    ap.add_argument("--rounds", type=int, default=2, help="(ours, TRL) pairs; round r uses seed --seed + r")
+    ap.add_argument(
+        "--rounds", type=int, default=2, help="(ours, TRL, ours on the scale path) rounds; round r uses seed --seed + r"
+    )
     ap.add_argument("--num_prompts_per_step", type=int, default=16)
     ap.add_argument("--num_generations", type=int, default=8)
     ap.add_argument("--max_completion_length", type=int, default=64)
@@ -675,7 +699,7 @@ def main(argv=None) -> dict:
     load_start = os.getloadavg()
     t_start = time.time()
     print(
-        f"[bench] {args.rounds} rounds × (ours, TRL, ours padded+unshared) × {args.steps} steps of "
+        f"[bench] {args.rounds} rounds × (ours, TRL, ours on the scale path) × {args.steps} steps of "
         f"{args.num_prompts_per_step}×"
         f"{args.num_generations} rollouts; {args.num_threads} torch thread(s); model {model_info['source']}",
         flush=True,
@@ -691,13 +715,13 @@ def main(argv=None) -> dict:
             flush=True,
         )
         for r in range(args.rounds):
-            for name, fn in (("ours", run_ours), ("trl", run_trl), ("ours_padded", run_ours)):
+            for name, fn in (("ours", run_ours), ("trl", run_trl), ("ours_scale", run_ours)):
                 spec = {
                     **base,
                     "seed": args.seed + r,
                     "output_dir": str(workdir / f"r{r}_{name}"),
-                    "padded": name == "ours_padded",
-                }  # --no-padding_free --no-shared_prompt
+                    "scale": name == "ours_scale",  # --padding_free --shared_prompt --chunked_lm_head ...
+                }
                 res = pool.apply(fn, (spec,))
                 runs.append(res)
                 st = res["steps"][1:]
@@ -733,7 +757,7 @@ def main(argv=None) -> dict:
         runs[i]["prompts"] == runs[i + 1]["prompts"] == runs[i + 2]["prompts"] for i in range(0, len(runs) - 2, 3)
     )
     table = markdown_tables(summary, runs, before, k)
-    o, t = summary["ours"], summary["trl"]
+    o, t = summary["ours_scale"], summary["trl"]  # the goals: the scale path's (module docstring)
     speed_met = o["ratio_s_per_step_vs_trl"] <= GOAL_RATIO
     acc_met = o[f"mean_avg@{k}_after"] >= t[f"mean_avg@{k}_after"]
     print()
@@ -748,7 +772,7 @@ def main(argv=None) -> dict:
         f"{args.eval_seed}."
     )
     print(
-        f"Goal s/step ≤ {GOAL_RATIO}× TRL: {'met' if speed_met else 'NOT met'} "
+        f"Goals of the scale path: s/step ≤ {GOAL_RATIO}× TRL: {'met' if speed_met else 'NOT met'} "
         f"({o['ratio_s_per_step_vs_trl']:.2f}× wall, {o['ratio_cpu_s_per_step_vs_trl']:.2f}× CPU). "
         f"Goal held-out avg@{k} after ≥ TRL's: {'met' if acc_met else 'NOT met'} "
         f"({o[f'mean_avg@{k}_after']:.3f} vs {t[f'mean_avg@{k}_after']:.3f}). "
@@ -776,14 +800,15 @@ def main(argv=None) -> dict:
         "memory_method": _common.MEMORY_METHOD_CPU + " (model load through the end of training)",
         "timing_method": {
             "ours": "metrics.jsonl step_time (generation_time: the rollout.generate part); CPU: "
-            "time.process_time around grpo.train_step",
+            "time.process_time around grpo.train_step (ours: grpo.py's default, the plain path; ours_scale: "
+            "--padding_free --shared_prompt --chunked_lm_head --fuse_old_logprobs)",
             "trl": "TrainerCallback on_step_begin -> on_step_end (generation inside "
             "training_step/_prepare_inputs); generation: wrapper around trainer._generate; "
             "CPU: time.process_time over the same span",
         },
         "goals": {
-            "speed": f"ours s/step ≤ {GOAL_RATIO}× TRL's",
-            "accuracy": f"ours avg@{k} after ≥ TRL's",
+            "speed": f"ours_scale s/step ≤ {GOAL_RATIO}× TRL's",
+            "accuracy": f"ours_scale avg@{k} after ≥ TRL's",
             "speed_met": speed_met,
             "accuracy_met": acc_met,
         },

@@ -27,8 +27,9 @@ threshold calibration (grpo.py ``--cscr_threshold_quantile``), conversational, m
 Run on the toy (CPU): ``python tools/examples/trl_credit.py --credit delta`` trains with TRL and prints the held-out
 avg@8 before and after, as ``python grpo.py --credit delta`` does (same prompts in the same order, same reward,
 same evaluation). Needs ``pip install -r requirements.txt -r tools/requirements-bench.txt``. Tested against grpo.py's
-``Credit`` in tests/test_trl_credit.py (``pytest -m trl``). Read next: delta.py and cscr.py headers; grpo.py
-``Credit`` (the same calls in our own trainer); README "Use it in your own trainer".
+credit functions (``grpo.CREDIT_FUNCTIONS``, trainer/credit_methods.py) in tests/test_trl_credit.py (``pytest -m
+trl``). Read next: delta.py and cscr.py headers; trainer/credit_methods.py (the same calls in our own trainer);
+README "Use it in your own trainer".
 """
 
 from __future__ import annotations

@@ -41,14 +41,15 @@ Tested on a CPU (tests/test_verl_credit.py, ``pytest -m verl`` in the environmen
 on a tiny random Qwen3 and a batch laid out as verl's driver lays it out (``DataProto`` with ``prompts``,
 ``responses``, ``input_ids``, ``attention_mask``, ``position_ids``, ``response_mask``, ``token_level_rewards``,
 ``old_log_probs``, ``uid``; Â from verl's own ``compute_advantage``), the advantages that ``_update_actor`` writes
-into the ``DataProto`` and hands to ``update_actor`` equal grpo.py's ``Credit`` computed from the same log-probs and
-h_t (float64, 1e-10), DelTA also over two data-parallel shards whose ``reduce_fn`` sums across them; and verl's
-``ppo_loss`` on what reaches ``update_actor`` equals ``policy_loss``; the worker methods themselves run on one rank
-with a stand-in engine; the launch command composes verl's config. Not run on a CPU (they need Ray workers on
-GPUs): the Ray worker group and its dispatch (the test calls the worker methods' bodies, ``delta_lambda_bar`` and
-``condition_log_probs``, on each shard itself, the shards in threads), verl's FSDP engine (its module under verl's
-patches, bf16, the all-reduce over its process group), the rollout (vLLM/SGLang) and ``fit``'s other stages; verl's
-actor computes in bf16, so the test compares from the shared inputs (log-probs, h_t, Â) onward.
+into the ``DataProto`` and hands to ``update_actor`` equal grpo.py's credit functions (``grpo.CREDIT_FUNCTIONS``)
+computed from the same log-probs and h_t (float64, 1e-10), DelTA also over two data-parallel shards whose
+``reduce_fn`` sums across them; and verl's ``ppo_loss`` on what reaches ``update_actor`` equals ``policy_loss``; the
+worker methods themselves run on one rank with a stand-in engine; the launch command composes verl's config. Not run
+on a CPU (they need Ray workers on GPUs): the Ray worker group and its dispatch (the test calls the worker methods'
+bodies, ``delta_lambda_bar`` and ``condition_log_probs``, on each shard itself, the shards in threads), verl's FSDP
+engine (its module under verl's patches, bf16, the all-reduce over its process group), the rollout (vLLM/SGLang) and
+``fit``'s other stages; verl's actor computes in bf16, so the test compares from the shared inputs (log-probs, h_t,
+Â) onward.
 
 Left out on purpose: Ulysses sequence parallelism in the credit pass (``ulysses_sequence_parallel_size`` > 1
 raises), Megatron workers, DelTA's ablations and CSCR's threshold calibration (grpo.py's flags; pass their keywords
