@@ -1,6 +1,7 @@
-"""Entry script of tests/test_distributed.py: ``grpo.main`` with batch-invariant rollouts.
+"""Entry script of tests/test_distributed.py: ``python -m comparisons`` (``comparisons.main``: grpo.py's flags and the
+comparisons', e.g. ``--credit otb``) with batch-invariant rollouts.
 
-Run as ``python tests/dist_driver.py <grpo flags>`` or ``torchrun --nproc_per_node N tests/dist_driver.py ...``.
+Run as ``python tests/dist_driver.py <flags>`` or ``torchrun --nproc_per_node N tests/dist_driver.py ...``.
 
 Why the patch: HF sampling draws the random numbers of a whole batch at once, so the same prompt gets different
 responses when it shares a batch with other prompts, and a step split over two processes would not sample what one
@@ -17,7 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import grpo  # noqa: E402
+import comparisons  # noqa: E402
 import rollout  # noqa: E402
 
 _generate = rollout.generate
@@ -63,15 +64,17 @@ def per_prompt_generate(model, tokenizer, prompts, num_generations, settings, ba
 
 
 def count_chunked_lm_head_calls(budget: int) -> None:
-    """``policy.LOGITS_CHUNK_BYTES`` set to ``budget`` (tests force the chunked LM head on the toy's small
-    vocabulary), and each process writes how many micro-batches went through ``ChunkedLMHead`` to
-    ``<output_dir>/chunked_lm_head_calls.<rank>`` when it exits."""
+    """``scale_passes.LOGITS_CHUNK_BYTES`` set to ``budget`` (tests force the chunked LM head on the toy's small
+    vocabulary; the run adds ``--chunked_lm_head``), and each process writes how many micro-batches went through
+    ``ChunkedLMHead`` to ``<output_dir>/chunked_lm_head_calls.<rank>`` when it exits."""
     import atexit
 
-    from trainer import policy
+    from trainer import chunked_head, scale_passes
 
-    policy.LOGITS_CHUNK_BYTES, calls, apply = budget, [0], policy.ChunkedLMHead.apply
-    policy.ChunkedLMHead.apply = lambda *a: calls.__setitem__(0, calls[0] + 1) or apply(*a)
+    scale_passes.LOGITS_CHUNK_BYTES = budget
+    calls = [0]
+    apply = chunked_head.ChunkedLMHead.apply
+    chunked_head.ChunkedLMHead.apply = lambda *a: calls.__setitem__(0, calls[0] + 1) or apply(*a)
     out = sys.argv[sys.argv.index("--output_dir") + 1]
     rank = os.environ.get("RANK", "0")
     atexit.register(lambda: open(os.path.join(out, f"chunked_lm_head_calls.{rank}"), "w").write(str(calls[0])))
@@ -79,6 +82,8 @@ def count_chunked_lm_head_calls(budget: int) -> None:
 
 if __name__ == "__main__":
     rollout.generate = per_prompt_generate
-    if os.environ.get("TEST_LOGITS_CHUNK_BYTES"):
+    argv = sys.argv[1:]
+    if os.environ.get("TEST_LOGITS_CHUNK_BYTES"):  # the LM head in chunks: the scale path's --chunked_lm_head
         count_chunked_lm_head_calls(int(os.environ["TEST_LOGITS_CHUNK_BYTES"]))
-    grpo.main(sys.argv[1:])
+        argv += [] if "--chunked_lm_head" in argv else ["--chunked_lm_head"]
+    comparisons.main(argv)

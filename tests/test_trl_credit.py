@@ -3,8 +3,9 @@
 Marker ``trl`` (needs tools/requirements-bench.txt; left out of the default run; ``.ci/run`` runs ``pytest -m trl`` in
 its
 own virtual environment). One TRL step on the toy with a generation batch of 2 prompts × 8 responses split into 4
-micro-batches of 4 rows (``gradient_accumulation_steps`` 4): grpo.py's credit hook (``grpo.old_logprobs`` +
-``grpo.Credit``, whole batch, its own θ_old pass) runs on TRL's batch at θ_old, before the subclass; the token
+micro-batches of 4 rows (``gradient_accumulation_steps`` 4): grpo.py's stages 4 and 5 (``grpo.old_logprobs`` + the
+credit function of ``grpo.CREDIT_FUNCTIONS``, whole batch, its own θ_old pass) run on TRL's batch at θ_old, before
+the subclass; the token
 advantages that reach TRL's loss in each micro-batch must equal its rows, and so must λ̄ (DelTA) and
 w̃ = Ã_{i,t}/Â_i (CSCR): the same computation, so in float64 to 1e-10 (tests/conftest.py ``float64_model``). Then a
 few toy steps with ``--credit delta`` must raise the held-out avg@8.
@@ -17,7 +18,7 @@ import torch
 
 import grpo
 import rollout
-from trainer import policy
+from trainer import credit_methods, policy
 
 pytestmark = pytest.mark.trl
 TOL = 1e-10
@@ -32,9 +33,9 @@ def example():
 
 def _grpo_credit(model, tokenizer, credit, inputs, out):
     """grpo.py's stages 4-5 on TRL's batch ``out`` (rows ``inputs``): (Â [B], token advantages [B, T], keys)."""
-    # grpo.py's defaults: the example's too (K 1, λ 0.8-1.2; verdict, 0.2, 1); every prompt run with its response,
-    # as TRL's forward does (--shared_prompt gives the same to rounding: tests/test_credit_e2e.py)
-    cfg = grpo.GRPOConfig(credit=credit, shared_prompt=False)
+    # grpo.py's defaults: the example's too (K 1, λ 0.8-1.2; verdict, 0.2, 1); the plain path: every prompt run with
+    # its response, as TRL's forward does (--shared_prompt gives the same to rounding: tests/test_credit_e2e.py)
+    cfg = grpo.GRPOConfig(credit=credit)
     mask = out["completion_mask"].float()
     batch = rollout.Rollout(
         input_ids=torch.cat([out["prompt_ids"], out["completion_ids"]], 1),
@@ -48,10 +49,13 @@ def _grpo_credit(model, tokenizer, credit, inputs, out):
         group_size=8,
     )
     adv = out["advantages"].clone()
-    theta_old = grpo.old_logprobs(model, batch, cfg, credit == "delta")
-    token_adv, _ = grpo.Credit(cfg, tokenizer)(model, batch, adv, theta_old, [x["answer"] for x in inputs])
+    function = grpo.CREDIT_FUNCTIONS[credit](cfg, tokenizer)
+    plain = policy.Forward(grpo.old_logprobs, grpo.micro_batches)  # grpo.py's passes (CSCR's scoring: cscr.py's)
+    theta_old = plain.old_logprobs(model, batch, cfg, function.asks)
+    answers = [x["answer"] for x in inputs]
+    result = function(model, credit_methods.CreditInputs(batch, adv, theta_old, answers, 0, mask, None, plain))
     model.train()  # grpo.old_logprobs leaves eval mode; TRL's step continues in training mode
-    return adv, token_adv, [_key(p, c) for p, c in zip(out["prompt_ids"], out["completion_ids"])]
+    return adv, result.token_adv, [_key(p, c) for p, c in zip(out["prompt_ids"], out["completion_ids"])]
 
 
 def _key(prompt_ids, completion_ids):

@@ -4,8 +4,8 @@ Marker ``trl`` (needs tools/requirements-bench.txt; left out of the default run;
 its
 own virtual environment). TRL's method runs unchanged on a stub trainer (the attributes it reads, TRL's own
 ``get_high_entropy_mask``, a one-process accelerator) whose ``_get_per_token_logps_and_entropies`` returns log π
-[B, T] from one float64 leaf and entropies we set; the same log π go through grpo.py's loss stage
-(``grpo.LOSS_STAGES``, conftest ``loss_stage``). Value and gradient w.r.t. log π agree to 1e-12 in float64:
+[B, T] from one float64 leaf and entropies we set; the same log π go through the run's loss stage (its method's,
+``comparisons.method``: conftest ``loss_stage``). Value and gradient w.r.t. log π agree to 1e-12 in float64:
 TRL's loss is elementwise in its inputs' dtype. Where TRL computes in float32 (not exercised here): its log-probs and
 entropies come from its fused LM head, which accumulates in float32 whatever the model's dtype
 (``trl.kernels.chunked_logprob``), and its entropy threshold is a float32 quantile (``get_high_entropy_mask``'s

@@ -1,22 +1,21 @@
 """tools/examples/verl_credit.py: delta.py and cscr.py as verl 0.9's advantage stage give grpo.py's token credit.
 
 Marker ``verl`` (needs tools/requirements-verl.txt; left out of the default run; ``.ci/run`` runs ``pytest -m verl`` in
-its
-own virtual environment). On a CPU, without Ray: a tiny random Qwen3 (float64: tests/conftest.py ``float64_model``)
-and a batch laid out as verl's driver lays it out (``DataProto``: left-padded ``prompts``, right-padded
-``responses``, ``input_ids``, ``attention_mask``, ``position_ids`` from verl's ``compute_position_id_with_mask``,
-``response_mask`` from its ``compute_response_mask``, ``token_level_rewards`` with the score on the last response
-token, ``uid`` per prompt, n = 4 responses each; Â from verl's ``compute_advantage``, ``old_log_probs`` from the
-credit pass's own function, as verl's actor would give them up to its bf16 rounding). ``CreditRayPPOTrainer``'s
-``_update_actor`` runs on it with a stand-in worker group that dispatches each worker method's body to two
-data-parallel shards (DelTA's ``reduce_fn`` sums across them, as the all-reduce over the group does) and records what
-verl hands its actor's ``update_actor``. The advantages written into the ``DataProto`` must equal grpo.py's ``Credit``
-computed from the same log-probs, h_t and Â, in float64 to 1e-10 (the bound of ``float64_model``); verl's ``ppo_loss``
-on what reached ``update_actor`` must equal ``policy_loss`` (DAPO token-mean, ε 0.2 / 0.28, dual clip c = 10), value
-and gradient, to 1e-12. The worker methods themselves run on one rank with a stand-in engine, and the launch
-command composes verl's config and refuses what it cannot run before Ray starts. Not run here (no GPU, no Ray
-cluster): verl's FSDP engine, the Ray worker group and its dispatch, the rollout. Last, grpo.py itself trains the toy
-for two steps on this environment's pins.
+its own virtual environment). On a CPU, without Ray: a tiny random Qwen3 (float64: tests/conftest.py ``float64_model``)
+and a batch laid out as verl's driver lays it out (``DataProto``: left-padded ``prompts``, right-padded ``responses``,
+``input_ids``, ``attention_mask``, ``position_ids`` from verl's ``compute_position_id_with_mask``, ``response_mask``
+from its ``compute_response_mask``, ``token_level_rewards`` with the score on the last response token, ``uid`` per
+prompt, n = 4 responses each; Â from verl's ``compute_advantage``, ``old_log_probs`` from the credit pass's own
+function, as verl's actor would give them up to its bf16 rounding). ``CreditRayPPOTrainer``'s ``_update_actor`` runs on
+it with a stand-in worker group that dispatches each worker method's body to two data-parallel shards (DelTA's
+``reduce_fn`` sums across them, as the all-reduce over the group does) and records what verl hands its actor's
+``update_actor``. The advantages written into the ``DataProto`` must equal grpo.py's credit function
+(``grpo.CREDIT_FUNCTIONS``) computed from the same log-probs, h_t and Â, in float64 to 1e-10 (the bound of
+``float64_model``); verl's ``ppo_loss`` on what reached ``update_actor`` must equal ``policy_loss`` (DAPO token-mean, ε
+0.2 / 0.28, dual clip c = 10), value and gradient, to 1e-12. The worker methods themselves run on one rank with a
+stand-in engine, and the launch command composes verl's config and refuses what it cannot run before Ray starts. Not run
+here (no GPU, no Ray cluster): verl's FSDP engine, the Ray worker group and its dispatch, the rollout. Last, grpo.py
+itself trains the toy for two steps on this environment's pins.
 """
 
 import copy
@@ -32,7 +31,7 @@ import torch
 
 import grpo
 import rollout
-from trainer import policy
+from trainer import credit_methods, policy
 
 pytestmark = pytest.mark.verl
 TOL = 1e-10
@@ -206,9 +205,10 @@ def trainer_with(example, credit, group):
 
 
 def grpo_credit(model, tokenizer, credit, data, adv, logp, hidden):
-    """grpo.py's stage 5 (``Credit``) on the same rows, Â, log-probs and h_t: its token advantages [B, T]."""
+    """grpo.py's stage 5 (its credit function, ``grpo.CREDIT_FUNCTIONS``) on the same rows, Â, log-probs and h_t:
+    its token advantages [B, T]."""
     b = data.batch
-    cfg = grpo.GRPOConfig(credit=credit, shared_prompt=False, num_generations=N_GEN)
+    cfg = grpo.GRPOConfig(credit=credit, num_generations=N_GEN)  # the plain path: every prompt run with its response
     mask = b["response_mask"].to(torch.float64)
     prompt_mask = b["attention_mask"][:, : b["prompts"].shape[1]].bool()
     batch = rollout.Rollout(
@@ -222,11 +222,11 @@ def grpo_credit(model, tokenizer, credit, data, adv, logp, hidden):
         prompts=[tokenizer.decode(p[m]) for p, m in zip(b["prompts"], prompt_mask)],
         group_size=N_GEN,
     )
-    old = policy.ThetaOld(logp=logp, hidden=hidden, ref_logp=None, update_passes=None)
-    token_adv, _ = grpo.Credit(cfg, tokenizer)(
-        model, batch, adv, old, [x["ground_truth"] for x in data.non_tensor_batch["reward_model"]]
-    )
-    return token_adv
+    old = policy.ThetaOld(logp=logp, hidden=hidden, ref_logp=None, token_stats={})
+    answers = [x["ground_truth"] for x in data.non_tensor_batch["reward_model"]]
+    plain = policy.Forward(grpo.old_logprobs, grpo.micro_batches)  # grpo.py's passes (CSCR's scoring: cscr.py's)
+    inputs = credit_methods.CreditInputs(batch, adv, old, answers, 0, mask, None, plain)
+    return grpo.CREDIT_FUNCTIONS[credit](cfg, tokenizer)(model, inputs).token_adv
 
 
 def test_verl_grpo_advantages_are_grpo_py_s(example, tiny, float64_model):

@@ -2,17 +2,16 @@
 (the clipped surrogate with its dual clip), ``compute_policy_loss_sapo`` and ``agg_loss``.
 
 Marker ``verl`` (needs tools/requirements-verl.txt; left out of the default run; ``.ci/run`` runs ``pytest -m verl`` in
-its
-own virtual environment). verl's functions take log π and θ_old's log π [B, T], Ã [B, T] and the mask, as grpo.py's
-``policy_loss`` and its loss stage (``grpo.LOSS_STAGES``, conftest ``loss_stage``) do: value and gradient w.r.t.
-log π agree to 1e-12 in float64 (verl computes in its inputs' dtype; its seq-mean-token-mean divides by |o_i| + 1e-8,
-so there the mean is composed from verl's per-response token-means and the 1e-8 checked against its bound,
-1e-8/|o_i| relative). verl's names beside ours: ``loss_agg_mode``
-token-mean = ``dapo``, seq-mean-token-mean = ``grpo`` (and SAPO, which verl forces to it), seq-mean-token-sum-norm
-= ``dr_grpo`` (``loss_scale_factor`` = ``max_completion_length``); ``clip_ratio_low/high`` = ``--epsilon`` /
-``--epsilon_high``; ``clip_ratio_c`` = ``--dual_clip`` (verl always applies it, default 3; off here without the flag);
-``tau_pos/neg`` = ``--sapo_temperature_pos/neg``. tests/test_verl_credit.py runs the actor's ``ppo_loss`` on a
-whole batch from its driver.
+its own virtual environment). verl's functions take log π and θ_old's log π [B, T], Ã [B, T] and the mask, as grpo.py's
+``policy_loss`` and the run's loss stage (its method's, ``comparisons.method``: conftest ``loss_stage``) do: value and
+gradient w.r.t. log π agree to 1e-12 in float64 (verl computes in its inputs' dtype; its seq-mean-token-mean divides by
+|o_i| + 1e-8, so there the mean is composed from verl's per-response token-means and the 1e-8 checked against its bound,
+1e-8/|o_i| relative). verl's names beside ours: ``loss_agg_mode`` token-mean = ``dapo``, seq-mean-token-mean = ``grpo``
+(and SAPO, which verl forces to it), seq-mean-token-sum-norm = ``dr_grpo`` (``loss_scale_factor`` =
+``max_completion_length``); ``clip_ratio_low/high`` = ``--epsilon`` / ``--epsilon_high``; ``clip_ratio_c`` =
+``--dual_clip`` (verl always applies it, default 3; off here without the flag); ``tau_pos/neg`` =
+``--sapo_temperature_pos/neg``. tests/test_verl_credit.py runs the actor's ``ppo_loss`` on a whole batch from its
+driver.
 """
 
 import math
@@ -210,7 +209,7 @@ def test_micro_batch_normalisers(verl):
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
 def test_fipo_drop_equals_verl_agg_loss_on_the_kept_mask(verl, loss_stage, fipo_by_hand, loss_type):
     """FIPO's code: the dual-clip loss (c = 10) on Ã = Â·f, aggregated by verl's ``agg_loss`` over
-    ``response_mask & ~dropped``. The loss stage with --credit fipo (no --dual_clip) at micro_batch_size 1 gives
+    ``response_mask & ~dropped``. The loss stage with --fipo (no --dual_clip) at micro_batch_size 1 gives
     verl's value and gradient on the whole mini-batch, issue #38 item 2's rows among others. verl's side takes f and
     the drop from spec §5 by hand (conftest ``fipo_by_hand``), not from baselines.py, which the stage uses."""
     core_algos, config = verl
@@ -225,6 +224,6 @@ def test_fipo_drop_equals_verl_agg_loss_on_the_kept_mask(verl, loss_stage, fipo_
         core_algos.compute_policy_loss_vanilla, logp, delta, adv[:, None] * f, kept, MODES[loss_type], config(10.0)
     )
     loss, grad, _, _ = loss_stage(
-        logp, delta, adv, mask=mask, credit="fipo", loss_type=loss_type, micro_batch_size=1, padding_free=False
+        logp, delta, adv, mask=mask, fipo=True, loss_type=loss_type, micro_batch_size=1, padding_free=False
     )
     _close((loss, grad), theirs)

@@ -484,9 +484,14 @@ def _vllm_scores(llm, ro):
     return scores
 
 
+def _trainer_logprobs(model, ro):
+    """The trainer's log-probs of a rollout's response tokens [N, T] (grpo.py's default, plain pass, temperature 1)."""
+    return grpo.token_outputs(model, ro.input_ids, ro.attention_mask, ro.response_mask, 1.0).logp
+
+
 def _check_scores_match_trainer(llm, model, ro, atol):
     with torch.no_grad():
-        logp = policy.token_logprobs(model, ro.input_ids, ro.attention_mask, ro.response_mask)
+        logp = _trainer_logprobs(model, ro)
     assert torch.isfinite(logp).all()
     diff = ((_vllm_scores(llm, ro) - logp).abs() * ro.response_mask).max().item()
     assert diff < atol, f"vLLM and trainer log-probs differ by {diff} nats"
@@ -497,10 +502,10 @@ def _one_step(model, tok, ro, lr):
     """One AdamW step on the clipped surrogate (grpo.policy_loss) with advantages +1/-1 alternating in each group."""
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
     with torch.no_grad():
-        old = policy.token_logprobs(model, ro.input_ids, ro.attention_mask, ro.response_mask)
+        old = _trainer_logprobs(model, ro)
     adv = torch.tensor([1.0 if i % 2 == 0 else -1.0 for i in range(len(ro.input_ids))])
     model.train()
-    logp = policy.token_logprobs(model, ro.input_ids, ro.attention_mask, ro.response_mask)
+    logp = _trainer_logprobs(model, ro)
     loss, _ = grpo.policy_loss(logp, old, adv, ro.response_mask)
     opt.zero_grad()
     loss.backward()
@@ -547,9 +552,7 @@ def test_vllm_matches_hf_on_the_same_weights(fresh):
     _check_scores_match_trainer(llm, model, ro, atol=1e-3)
     hf_sampled = rollout.generate(model, tok, prompts, G, rollout.SamplingSettings(MAX_NEW, 1.0, seed=3, stop_ids=stop))
     with torch.no_grad():
-        assert torch.isfinite(
-            policy.token_logprobs(model, hf_sampled.input_ids, hf_sampled.attention_mask, hf_sampled.response_mask)
-        ).all()
+        assert torch.isfinite(_trainer_logprobs(model, hf_sampled)).all()
     # a prompt + budget beyond max_model_len is refused rather than silently cut short
     with pytest.raises(ValueError, match="max_model_len"):
         vllm_engine.generate(llm, tok, prompts, 1, rollout.SamplingSettings(200, temperature=0.0, stop_ids=stop))
