@@ -271,7 +271,7 @@ def same_code(commit: str | None) -> bool:
     if not commit:
         return False
     r = subprocess.run(
-        ["git", "diff", "--quiet", commit, "--", ".", ":!bench", ":!tests", ":!docs", ":!*.md"],
+        ["git", "diff", "--quiet", commit, "--", ".", ":!tools/bench", ":!tests", ":!docs", ":!*.md"],
         cwd=REPO,
         capture_output=True,
     )
