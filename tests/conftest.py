@@ -17,9 +17,9 @@ torch.set_num_threads(1)  # tiny models: threads cost more than they give, and k
 def toy_registered():
     """The toy in the generic modules, as every entry point registers it (``toy.register``): ``"toy"`` as a model,
     a data source, its prompt template and recipe for ``auto``, its truth in samples/."""
-    import grpo
+    import toy
 
-    grpo.register()  # the toy and the comparisons' functions in grpo.py's registries, as main and train do
+    toy.register()
 
 
 @pytest.fixture(scope="session")
@@ -120,45 +120,71 @@ class _LogProbPolicy(torch.nn.Module):
         self.register_buffer("entropy", entropy)
 
 
-class _LogProbPasses:
-    """``policy.Passes`` over a ``_LogProbPolicy``: the same micro-batch layout (``policy.micro_batches``), each
-    micro-batch's log π a slice of the parameter (a graph to it under ``grad``), its entropy the buffer's."""
+def _logprob_micro_batches(model, batch, rows, cfg, grad, asked=None):
+    """grpo.py's ``micro_batches`` over a ``_LogProbPolicy``: the layout of the run's flags (the scale path's
+    padding-free one with --padding_free, else the plain rows.split), each micro-batch's log π a slice of the
+    parameter (a graph to it under ``grad``), its entropy the buffer's."""
+    from trainer import policy, scale_passes
 
-    def __init__(self, model, batch, rows, cfg, *, grad, keep_graphs=False, asked=None):
-        from trainer import policy
+    T = batch.response_mask.shape[1]
+    layout = scale_passes.micro_batches(rows, batch.attention_mask, cfg.micro_batch_size, T, cfg.padding_free)
+    for j, _, t in layout:
+        with torch.set_grad_enabled(grad):
+            logp = model.logp[j, :t] * 1.0
+        yield policy.MicroBatch(j, t, logp, None, model.entropy[j, :t], None, len(layout))
 
-        self.model, self.grad, self.micro_batch = model, grad, policy.MicroBatch
-        self.layout = policy.micro_batches(
-            rows, batch.attention_mask, cfg.micro_batch_size, batch.response_mask.shape[1], cfg.padding_free
-        )
 
-    def __iter__(self):
-        for j, cols, t in self.layout:
-            with torch.set_grad_enabled(self.grad):
-                logp = self.model.logp[j, :t] * 1.0
-            yield self.micro_batch(j, cols, t, logp, None, self.model.entropy[j, :t])
+def method_of(cfg):
+    """The ``grpo.Method`` of ``cfg``: a comparison's config's (``comparisons.method``), or grpo.py's (GRPOConfig)."""
+    import comparisons
+    import grpo
 
-    def backward_prompts(self):
-        pass
+    return comparisons.method(cfg) if hasattr(cfg, "fipo") else grpo.paper_method(cfg)
+
+
+def run_forward(cfg):
+    """The passes a run of ``cfg`` takes: the scale path's where ``cfg`` turns it on (θ_old not fused), else plain."""
+    import grpo
+    from trainer import policy, scale_passes
+
+    return (
+        scale_passes.forward(cfg, False)
+        if scale_passes.chosen(cfg)
+        else policy.Forward(grpo.old_logprobs, grpo.micro_batches)
+    )
+
+
+def step_parts(cfg, forward=None):
+    """The ``run_setup.StepParts`` of ``cfg`` (a GRPOConfig, or a comparison's config): its method's loss stage and
+    surrogate settings, ``forward`` (None: the run's, ``run_forward``)."""
+    from trainer import run_setup
+
+    method = method_of(cfg)
+    forward = forward or run_forward(cfg)
+    return run_setup.StepParts(forward, method.loss_stage, method.loss_settings.from_config(cfg), None)
+
+
+def comparison_config(**flags):
+    """A config of ``python -m comparisons`` (grpo.py's flags and the comparisons') with ``flags``."""
+    import comparisons
+
+    return comparisons.config_class()(**flags)
 
 
 @pytest.fixture
-def loss_stage(monkeypatch):
+def loss_stage():
     """``loss_stage(logp, delta, adv, entropy=None, mask=None, ref_logp=None, keep=None, **flags)``: one mini-batch
-    (every row) of the trainer's loss stage (``grpo.LOSS_STAGES``, from the flags), on a policy whose log π
-    ``logp`` [N, T] you
-    set (float64): θ_old's log π = ``logp − delta``, Ã = Â ``adv`` [N] on every valid token of ``mask`` (default:
-    all) or the token advantages ``adv`` [N, T], the entropies ``entropy`` [N, T] (default 0), ``keep`` [N, T] bool
-    the tokens a rule's ``select`` chose (DelTA's Q2; None: all), the flags those of ``grpo.GRPOConfig``
-    (max_completion_length T, no shared prompt). Returns (loss, ∂loss/∂log π [N, T], the
-    stage's statistic sums, the loss weights [N, T])."""
+    (every row) of the trainer's loss stage (its method's, from the flags: ``comparisons.method``), on a policy whose
+    log π ``logp`` [N, T] you set (float64): θ_old's log π = ``logp − delta``, Ã = Â ``adv`` [N] on every valid token
+    of ``mask`` (default: all) or the token advantages ``adv`` [N, T], the entropies ``entropy`` [N, T] (default 0),
+    ``keep`` [N, T] bool the tokens a rule's ``select`` chose (DelTA's Q2; None: all), the flags those of ``python -m
+    comparisons`` (max_completion_length T). Returns (loss, ∂loss/∂log π [N, T], the stage's statistic sums, the loss
+    weights [N, T])."""
     import dataclasses
 
     import grpo
     import rollout
-    from trainer import policy, run_setup
-
-    monkeypatch.setattr(policy, "Passes", _LogProbPasses)
+    from trainer import policy
 
     def run(logp, delta, adv, entropy=None, mask=None, ref_logp=None, keep=None, **flags):
         N, T = logp.shape
@@ -175,32 +201,31 @@ def loss_stage(monkeypatch):
             group_size=N,
         )
         model = _LogProbPolicy(logp, torch.zeros(N, T, dtype=logp.dtype) if entropy is None else entropy)
-        cfg = grpo.GRPOConfig(**{"max_completion_length": T, "shared_prompt": False, **flags})
+        cfg = comparison_config(**{"max_completion_length": T, **flags})
         if keep is not None:  # DelTA's Q2: its loss stage on the selected tokens
             cfg = dataclasses.replace(cfg, credit="delta", delta_select="top")
-        old = policy.ThetaOld(logp - delta, None, ref_logp, None)
+        old = policy.ThetaOld(logp - delta, None, ref_logp, {})
         token_adv = (adv[:, None] if adv.dim() == 1 else adv) * mask
         values = {} if keep is None else {"q2_selected": keep}
-        update = grpo.Update(batch, old, token_adv, mask, values)
-        stage = grpo.LOSS_STAGES[run_setup.loss_stage_name(cfg)]
-        loss, stats = stage.backward(model, update, torch.arange(N), cfg)
+        parts = step_parts(cfg, policy.Forward(None, _logprob_micro_batches))
+        update = grpo.Update(batch, old, token_adv, mask, values, parts)
+        loss, stats = parts.loss_stage.backward(model, update, torch.arange(N), cfg)
         weights = mask.clone() if update.loss_factor is None else update.loss_factor  # the default: 1 on each token
         return loss, model.logp.grad, stats, weights
 
     return run
 
 
-def backward(model, batch, old, token_adv, rows, cfg, selected=None):
-    """One mini-batch of the trainer's loss stage of ``cfg`` (``grpo.LOSS_STAGES``, chosen from the flags) on
-    ``rows``: (loss, statistic sums, each token's loss factor [N, T] (the loss mask where the stage has none)).
-    ``selected``: DelTA's Q2 tokens (its credit's ``q2_selected``)."""
+def backward(model, batch, old, token_adv, rows, cfg, selected=None, forward=None):
+    """One mini-batch of the trainer's loss stage of ``cfg`` (its method's, ``comparisons.method``) on ``rows``:
+    (loss, statistic sums, each token's loss factor [N, T] (the loss mask where the stage has none)). ``selected``:
+    DelTA's Q2 tokens (its credit's ``q2_selected``); ``forward``: the run's passes (None: the plain path's, or the
+    scale path's where ``cfg`` turns it on)."""
     import grpo
-    from trainer import run_setup
 
-    update = grpo.Update(
-        batch, old, token_adv, batch.response_mask, {} if selected is None else {"q2_selected": selected}
-    )
-    loss, stats = grpo.LOSS_STAGES[run_setup.loss_stage_name(cfg)].backward(model, update, rows, cfg)
+    values = {} if selected is None else {"q2_selected": selected}
+    update = grpo.Update(batch, old, token_adv, batch.response_mask, values, step_parts(cfg, forward))
+    loss, stats = update.parts.loss_stage.backward(model, update, rows, cfg)
     return loss, stats, batch.response_mask.clone() if update.loss_factor is None else update.loss_factor
 
 
@@ -234,3 +259,20 @@ def fipo_by_hand():
         return f, kept
 
     return by_hand
+
+
+def stages_4_and_5(model, tok, batch, cfg, adv, answers=None):
+    """Stages 4 and 5 of ``grpo.train_step`` under ``cfg`` (a GRPOConfig or a comparison's config): the run's parts
+    (``run_setup.step_parts``: the plain passes, or the scale path's where ``cfg`` turns it on), its credit function,
+    θ_old's pass and the credit's result. Returns (parts, credit, old, result)."""
+    import grpo
+    from trainer import credit_methods, policy, run_setup
+
+    method = method_of(cfg)
+    credit = method.credit(cfg, tok)
+    parts = run_setup.step_parts(cfg, credit, method, policy.Forward(grpo.old_logprobs, grpo.micro_batches))
+    old = parts.forward.old_logprobs(model, batch, cfg, credit.asks, None)
+    N = batch.response_mask.shape[0]
+    answers = answers or [""] * N
+    inputs = credit_methods.CreditInputs(batch, adv, old, answers, 0, batch.response_mask, adv, parts.forward)
+    return parts, credit, old, credit(model, inputs)

@@ -1,25 +1,26 @@
-"""Every default optimisation is exact on every architecture the trainer accepts, or turns itself off.
+"""Every optimisation of the scale path is exact on every architecture the trainer accepts, or turns itself off.
 
 One update (stage 4 θ_old, stage 5 DelTA's λ̄, stage 6 the gradient of the token-mean loss) of tiny random models of
-several architectures, with the trainer's defaults (--padding_free, --shared_prompt, --fuse_old_logprobs, after
-``policy.exact_optimisations`` has turned off what the model cannot take) and with every optimisation off (the plain
-padded update): the same old log-probs, λ̄, token advantages, loss and gradient, in float64 to 1e-10 relative
-(conftest.float64_model runs HF's float32 islands in float64 too; without that the bound would be float32's, since
-Qwen3, Llama, Mistral and Gemma-3 all compute their RMSNorm in float32 whatever the model's dtype). Where a model lacks
-a feature, the test also shows what the refusal prevents: forcing the optimisation on changes the log-probs.
+several architectures, on the scale path (--padding_free --shared_prompt --chunked_lm_head --fuse_old_logprobs, after
+``scale_passes.exact_optimisations`` has turned off what the model cannot take) and on the plain path (grpo.py's padded
+update, every optimisation off): the same old log-probs, λ̄, token advantages, loss and gradient, in float64 to 1e-10
+relative (conftest.float64_model runs HF's float32 islands in float64 too; without that the bound would be float32's,
+since Qwen3, Llama, Mistral and Gemma-3 all compute their RMSNorm in float32 whatever the model's dtype). Where a model
+lacks a feature, the test also shows what the refusal prevents: forcing the optimisation on changes the log-probs.
 """
 
 import pytest
 import torch
-from conftest import backward
+from conftest import backward, stages_4_and_5
 
 import grpo
 import rollout
-from trainer import memory_plan, policy
+from trainer import policy, scale_passes
 
 TOL = 1e-10
 WINDOW = 6  # a sliding window shorter than the prompts: where sliding-window attention differs from full attention
-OFF = dict(padding_free=False, shared_prompt=False, fuse_old_logprobs=False)
+OFF = dict(padding_free=False, shared_prompt=False, chunked_lm_head=False, fuse_old_logprobs=False)  # the plain path
+SCALE = dict(padding_free=True, shared_prompt=True, chunked_lm_head=True, fuse_old_logprobs=True)  # the scale path
 
 
 def _config(name, vocab):
@@ -123,27 +124,24 @@ def _one_update(model, tok, batch, **flags):
     """Stages 4-6 of ``grpo.py --credit delta`` with ``GRPOConfig(**flags)`` after ``exact_optimisations``: (old
     log-probs, λ̄, token advantages, loss, gradient, what exact_optimisations decided)."""
     cfg = grpo.GRPOConfig(credit="delta", max_completion_length=batch.response_mask.shape[1], **flags)
-    plan = policy.exact_optimisations(model, cfg, say=lambda *a: None)
+    plan = scale_passes.exact_optimisations(model, cfg, say=lambda *a: None)
     N = len(batch.response_mask)
     adv = grpo.group_advantages(
         torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0], dtype=torch.float64), batch.group_size
     )
-    credit = grpo.Credit(cfg, tok)
-    fused = memory_plan.updates_on_policy(cfg, N, processes=1)
     torch.manual_seed(3)  # the same dropout masks where the two runs make the same computation
-    theta_old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden(), None, training_forward=fused)
-    token_adv, _ = credit(model, batch, adv, theta_old, None)
+    parts, _, theta_old, result = stages_4_and_5(model, tok, batch, cfg, adv)
     model.zero_grad(set_to_none=True)
-    loss, _, _ = backward(model, batch, theta_old, token_adv, torch.arange(N), cfg)
+    loss, _, _ = backward(model, batch, theta_old, result.token_adv, torch.arange(N), cfg, forward=parts.forward)
     grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-    return theta_old.logp, credit.token_values.get("lambda_bar"), token_adv, loss, grad, plan
+    return theta_old.logp, result.token_values.get("lambda_bar"), result.token_adv, loss, grad, plan
 
 
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
-def test_defaults_give_the_plain_padded_update(arch, tokenizer, float64_model):
+def test_the_scale_path_gives_the_plain_padded_update(arch, tokenizer, float64_model):
     name, lora_dropout, refused = ARCHITECTURES[arch]
     model, batch = _model(name, lora_dropout, len(tokenizer), float64_model), _batch(tokenizer)
-    *default, plan = _one_update(model, tokenizer, batch)
+    *default, plan = _one_update(model, tokenizer, batch, **SCALE)
     *plain, _ = _one_update(model, tokenizer, batch, **OFF)
     assert {flag for flag, state in plan.items() if state != "on"} == refused, plan
     old0, lam0, adv0, loss0, g0 = plain
@@ -164,14 +162,14 @@ def test_sliding_window_models_refuse_the_shared_prompt_and_keep_padding_free(ar
     name, _, _ = ARCHITECTURES[arch]
     model, batch = _model(name, None, len(tokenizer), float64_model), _batch(tokenizer)
     said = []
-    cfg = grpo.GRPOConfig(credit="delta")
-    policy.exact_optimisations(model, cfg, said.append)
+    cfg = grpo.GRPOConfig(credit="delta", **SCALE)
+    scale_passes.exact_optimisations(model, cfg, said.append)
     assert any("--shared_prompt off" in s and "sliding_attention" in s for s in said), said
     N, T = batch.response_mask.shape
     logp = {}
     for forced in ("padding_free", "shared_prompt", None):
         flags = {**OFF, **({forced: True} if forced else {})}
-        passes = policy.Passes(model, batch, torch.arange(N), grpo.GRPOConfig(**flags), grad=False)
+        passes = scale_passes.Passes(model, batch, torch.arange(N), grpo.GRPOConfig(**flags), grad=False)
         out = torch.zeros(N, T, dtype=torch.float64)
         for mb in passes:
             out[mb.rows, : mb.t] = mb.logp

@@ -13,7 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from comparisons import baselines  # noqa: E402
-from trainer import policy  # noqa: E402
+from trainer import chunked_head  # noqa:E402
 
 F64 = torch.float64
 TOL = dict(rtol=0, atol=1e-9)
@@ -67,19 +67,19 @@ H_A = [[1.0201913367, 0.4983717768, 1.0883583966], [1.0376992061, 0.8280477897]]
 
 
 def entropy_example_a():
-    H = policy.entropy_from_logits(logits_example_a())
+    H = chunked_head.entropy_from_logits(logits_example_a())
     return torch.where(MASK, H, 0.0)
 
 
 def test_entropy_example_a_and_direct_formula():
-    H = policy.entropy_from_logits(logits_example_a())
+    H = chunked_head.entropy_from_logits(logits_example_a())
     assert H.dtype == F64 and H.shape == (2, 3)
     close(H[0], H_A[0])
     close(H[1, :2], H_A[1])
     # independent: −Σ p log p of softmax(z/T), here at T = 0.7
     z = logits_example_a() / 0.7
     p = torch.softmax(z, -1)
-    close(policy.entropy_from_logits(logits_example_a(), 0.7), -(p * torch.log(p)).sum(-1))
+    close(chunked_head.entropy_from_logits(logits_example_a(), 0.7), -(p * torch.log(p)).sum(-1))
 
 
 def test_entropy_chunks_dtypes_no_grad_and_views(monkeypatch):
@@ -87,15 +87,15 @@ def test_entropy_chunks_dtypes_no_grad_and_views(monkeypatch):
     z = torch.randn(3, 7, 11, generator=g, dtype=F64) * 3
     p = torch.softmax(z, -1)
     ref = -(p * torch.log(p)).sum(-1)
-    monkeypatch.setattr(policy, "_ENTROPY_CHUNK", 2)  # several chunks per row, the last one partial
-    close(policy.entropy_from_logits(z), ref)
-    close(policy.entropy_from_logits(z[:, 2:6]), ref[:, 2:6])  # a non-contiguous slice of the logits
-    close(policy.entropy_from_logits(z[0]), ref[0])  # [T, V]
-    close(policy.entropy_from_logits(z[0, 0]), ref[0, 0])  # [V]
+    monkeypatch.setattr(chunked_head, "_ENTROPY_CHUNK", 2)  # several chunks per row, the last one partial
+    close(chunked_head.entropy_from_logits(z), ref)
+    close(chunked_head.entropy_from_logits(z[:, 2:6]), ref[:, 2:6])  # a non-contiguous slice of the logits
+    close(chunked_head.entropy_from_logits(z[0]), ref[0])  # [T, V]
+    close(chunked_head.entropy_from_logits(z[0, 0]), ref[0, 0])  # [V]
     zg = z.clone().requires_grad_(True)
-    assert not policy.entropy_from_logits(zg).requires_grad
+    assert not chunked_head.entropy_from_logits(zg).requires_grad
     for dt in (torch.float32, torch.bfloat16):
-        out = policy.entropy_from_logits(z.to(dt))
+        out = chunked_head.entropy_from_logits(z.to(dt))
         assert out.dtype == torch.float32
         # against the exact entropy of the rounded logits; float32 bound: logsumexp and the V-term sum E_p[z]
         # each add at most ~V rounding errors of size eps·max|z| (softmax's own relative error included)
@@ -105,9 +105,9 @@ def test_entropy_chunks_dtypes_no_grad_and_views(monkeypatch):
         assert ((out.double() - (-(pr * torch.log(pr)).sum(-1))).abs() <= bound).all()
     # a −inf logit (a masked vocabulary entry) contributes 0, not NaN
     zi = torch.tensor([0.0, 0.0, -math.inf], dtype=F64)
-    close(policy.entropy_from_logits(zi), math.log(2.0))
+    close(chunked_head.entropy_from_logits(zi), math.log(2.0))
     with pytest.raises(ValueError, match="temperature"):
-        policy.entropy_from_logits(z, 0.0)
+        chunked_head.entropy_from_logits(z, 0.0)
 
 
 @pytest.mark.parametrize(

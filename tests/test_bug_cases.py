@@ -11,7 +11,7 @@ import torch
 import evaluate
 import grpo
 import rollout
-from trainer import policy
+from trainer import scale_passes
 
 
 def test_C16_group_of_one_gives_zero_advantage():
@@ -94,8 +94,8 @@ def test_C24_left_padding_with_absolute_positions(float64_model):
     pad_mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1]])
     resp = torch.ones(1, 3)
     with torch.no_grad():
-        alone = policy.token_logprobs(m, ids, torch.ones_like(ids), resp)
-        padded = policy.token_logprobs(m, pad_ids, pad_mask, resp)
+        alone = scale_passes.token_logprobs(m, ids, torch.ones_like(ids), resp)
+        padded = scale_passes.token_logprobs(m, pad_ids, pad_mask, resp)
         # without position ids (arange positions) the padded row is wrong: the bug this guards against
         wrong = torch.log_softmax(m(input_ids=pad_ids, attention_mask=pad_mask).logits[0, -4:-1], -1)
         wrong = wrong.gather(-1, pad_ids[0, -3:, None]).squeeze(-1)

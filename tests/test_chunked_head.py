@@ -1,10 +1,11 @@
-"""The LM head in chunks of positions (policy.ChunkedLMHead, used by policy.token_logprobs above
+"""The LM head in chunks of positions (chunked_head.ChunkedLMHead, used by scale_passes.token_logprobs above
 ``LOGITS_CHUNK_BYTES``) gives the unchunked computation: in float64 to 1e-10, values and gradients (the model body's
 included), on the six architectures of tests/test_architectures.py (Gemma-3 with its final soft-capping), through
 every pass that runs it: the training loss (grpo.LOSS_STAGES), θ_old's pass with h (DelTA), DelTA's streamed
 passes, CSCR's scoring passes, the Forking Tokens entropy. Budgets of a few positions force many chunks, the last one
 ragged. Models whose logits are not the head's output (Cohere's logit scale), or whose head is not a plain Linear
-(LoRA on lm_head), are refused by ``policy.lm_head`` and keep the unchunked path. The memory it holds: the live bytes
+(LoRA on lm_head), are refused by ``chunked_head.lm_head`` and keep the unchunked path. The memory it holds: the live
+bytes
 of the CPU allocator against memory_plan's chunk terms."""
 
 import pytest
@@ -13,7 +14,7 @@ from conftest import backward
 from test_architectures import _batch, _config
 
 import grpo
-from trainer import memory_plan, policy
+from trainer import chunked_head, grpo_config, memory_plan, policy, scale_passes
 
 TOL = 1e-10
 ARCHS = ["qwen3", "qwen3_sliding", "llama", "mistral", "gemma3", "tied"]
@@ -56,13 +57,13 @@ def test_token_logprobs_chunked_equals_unchunked(arch, tokenizer, float64_model)
     ``chunk_bytes=0`` (the micro-batch at once)."""
     V = len(tokenizer)
     model, batch = _model(arch, V, float64_model), _batch(tokenizer)
-    assert not isinstance(policy.lm_head(model), str)
+    assert not isinstance(chunked_head.lm_head(model), str)
     B, T = batch.response_mask.shape
     weights = torch.randn(B, T, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     runs = {}
     for positions in (0, 1, 5, 7):
         model.zero_grad(set_to_none=True)
-        lp, h, ent, *_ = policy.token_outputs(
+        lp, h, ent, *_ = scale_passes.token_outputs(
             model,
             batch.input_ids,
             batch.attention_mask,
@@ -88,11 +89,11 @@ def test_gemma_soft_capping_is_applied_per_chunk(tokenizer, float64_model):
     """Without the cap the log-probs differ: the test above would notice a chunk that skipped it."""
     V = len(tokenizer)
     model, batch = _model("gemma3", V, float64_model), _batch(tokenizer)
-    capped = policy.token_logprobs(
+    capped = scale_passes.token_logprobs(
         model, batch.input_ids, batch.attention_mask, batch.response_mask, chunk_bytes=_budget(V, 5)
     )
     model.config.final_logit_softcapping = None
-    plain = policy.token_logprobs(
+    plain = scale_passes.token_logprobs(
         model, batch.input_ids, batch.attention_mask, batch.response_mask, chunk_bytes=_budget(V, 5)
     )
     assert (capped - plain).abs().max() > 1e-2
@@ -107,8 +108,10 @@ def test_shared_prompt_pass_chunked(tokenizer, float64_model):
     runs = []
     for positions in (0, 4):
         model.zero_grad(set_to_none=True)
-        shared = policy.SharedPrompts(model, batch.input_ids, batch.attention_mask, rows, batch.response_mask.shape[1])
-        lp = policy.token_logprobs(
+        shared = scale_passes.SharedPrompts(
+            model, batch.input_ids, batch.attention_mask, rows, batch.response_mask.shape[1]
+        )
+        lp = scale_passes.token_logprobs(
             model,
             batch.input_ids,
             batch.attention_mask,
@@ -135,7 +138,7 @@ UPDATES = {
     "seq_mean_loss": ("grpo", {"loss_type": "grpo", "micro_batch_size": 3}),
     "dr_grpo_loss": ("grpo", {"loss_type": "dr_grpo"}),
     "sapo_loss": ("grpo", {"loss_type": "sapo"}),
-    "kl_reference": ("grpo", {"beta": 0.1}),  # the frozen reference's passes (policy.reference_logprobs)
+    "kl_reference": ("grpo", {"beta": 0.1}),  # the frozen reference's passes (scale_passes.reference_logprobs)
     "fipo": ("fipo", {}),
 }
 
@@ -162,14 +165,15 @@ def _update(model, tok, batch, credit, flags):
 @pytest.mark.parametrize("case", list(UPDATES))
 def test_every_pass_of_a_step_chunked(case, tokenizer, float64_model, monkeypatch):
     """One step's θ_old log-probs, token advantages (DelTA's λ̄ from h, CSCR's ℓ± from its scoring passes, Forking
-    Tokens' entropy mask), loss and gradient with ``policy.LOGITS_CHUNK_BYTES`` at 3 positions (every pass chunked,
+    Tokens' entropy mask), loss and gradient with ``scale_passes.LOGITS_CHUNK_BYTES`` at 3 positions (every pass
+    chunked,
     ragged) equal those at 0 (every pass unchunked)."""
     credit, flags = UPDATES[case]
     V = len(tokenizer)
     model, batch = _model("qwen3", V, float64_model), _batch(tokenizer)
     runs = []
     for budget in (0, _budget(V, 3)):
-        monkeypatch.setattr(policy, "LOGITS_CHUNK_BYTES", budget)
+        monkeypatch.setattr(scale_passes, "LOGITS_CHUNK_BYTES", budget)
         runs.append(_update(model, tokenizer, batch, credit, flags))
     (old0, adv0, loss0, g0), (old1, adv1, loss1, g1) = runs
     assert g0.abs().sum() > 0
@@ -187,15 +191,15 @@ def test_chunks_really_run(tokenizer, float64_model, monkeypatch):
     V = len(tokenizer)
     model, batch = _model("qwen3", V, float64_model), _batch(tokenizer)
     seen = []
-    apply = policy.ChunkedLMHead.apply
-    monkeypatch.setattr(policy.ChunkedLMHead, "apply", lambda h, *a: seen.append((len(h), a[4])) or apply(h, *a))
+    apply = chunked_head.ChunkedLMHead.apply
+    monkeypatch.setattr(chunked_head.ChunkedLMHead, "apply", lambda h, *a: seen.append((len(h), a[4])) or apply(h, *a))
     for positions in (0, 5):
-        policy.token_logprobs(
+        scale_passes.token_logprobs(
             model, batch.input_ids, batch.attention_mask, batch.response_mask, chunk_bytes=_budget(V, positions)
         ).sum().backward()
     assert seen == [(batch.response_mask.numel(), 5)] and batch.response_mask.numel() % 5
     seen.clear()  # the default budget: the toy's micro-batches (and these) fit in one chunk, the path of before
-    policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask)
+    scale_passes.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask)
     assert seen == []
 
 
@@ -223,24 +227,31 @@ def test_models_whose_logits_are_not_the_heads_output_keep_the_unchunked_path(to
             )
         )
     )
-    why = policy.lm_head(cohere)
+    why = chunked_head.lm_head(cohere)
     assert isinstance(why, str) and "CohereForCausalLM's logits are not its LM head's output" in why
     said = []
-    plan = policy.exact_optimisations(cohere, grpo.GRPOConfig(), said.append)
+    plan = scale_passes.exact_optimisations(cohere, grpo.GRPOConfig(), said.append)
     assert plan["chunked_lm_head"] == f"off: {why}" and said == [
         f"[exact] the LM head runs on a micro-batch's logits at once (not in chunks of positions): {why}"
     ]
     batch = _batch(tokenizer)
-    small = policy.token_logprobs(cohere, batch.input_ids, batch.attention_mask, batch.response_mask, chunk_bytes=1)
-    whole = policy.token_logprobs(cohere, batch.input_ids, batch.attention_mask, batch.response_mask, chunk_bytes=0)
+    small = scale_passes.token_logprobs(
+        cohere, batch.input_ids, batch.attention_mask, batch.response_mask, chunk_bytes=1
+    )
+    whole = scale_passes.token_logprobs(
+        cohere, batch.input_ids, batch.attention_mask, batch.response_mask, chunk_bytes=0
+    )
     assert torch.equal(small, whole)
 
     lora = policy.prepare_model(
         _model("qwen3", V, float64_model), grpo.GRPOConfig(use_peft=True, lora_target_modules="q_proj,lm_head")
     )
-    assert "not a bias-free nn.Linear" in policy.lm_head(lora)
+    assert "not a bias-free nn.Linear" in chunked_head.lm_head(lora)
     plain = policy.prepare_model(_model("qwen3", V, float64_model), grpo.GRPOConfig(use_peft=True))
-    assert policy.exact_optimisations(plain, grpo.GRPOConfig(use_peft=True), lambda *a: None)["chunked_lm_head"] == "on"
+    assert (
+        scale_passes.exact_optimisations(plain, grpo.GRPOConfig(use_peft=True), lambda *a: None)["chunked_lm_head"]
+        == "on"
+    )
 
 
 def _live_peak(fn):
@@ -265,7 +276,9 @@ def test_chunk_memory_against_the_plans_terms(dtype, chunk):
     h = torch.randn(n, H, dtype=dt, generator=gen).requires_grad_()
     y = torch.randint(0, V, (n,), generator=gen)
     box = {}
-    fwd = _live_peak(lambda: box.setdefault("lp", policy.ChunkedLMHead.apply(h, W, y, 0.7, None, chunk, False)[0]))
+    fwd = _live_peak(
+        lambda: box.setdefault("lp", chunked_head.ChunkedLMHead.apply(h, W, y, 0.7, None, chunk, False)[0])
+    )
     bwd = _live_peak(lambda: box.pop("lp").sum().backward())
     plan = memory_plan.chunked_head_bytes(chunk, V, H, c, trained=True)
     assert fwd == pytest.approx(plan["forward"] + 2 * 4 * n, rel=0.1)  # + log p and logsumexp [n] float32
@@ -295,10 +308,10 @@ def test_bf16_head_gradient_as_close_to_exact_as_the_unchunked_heads():
 
     def unchunked(weight):  # token_logprobs' path for logits that fit: the model's head, then float32
         z = torch.nn.functional.linear(h.to(weight.dtype), weight)
-        return policy._log_softmax_at(z.to(torch.promote_types(z.dtype, torch.float32)), y)[0]
+        return chunked_head.log_softmax_at(z.to(torch.promote_types(z.dtype, torch.float32)), y)[0]
 
     def chunked(weight):
-        return policy.ChunkedLMHead.apply(h, weight, y, 1.0, None, chunk, False)[0]
+        return chunked_head.ChunkedLMHead.apply(h, weight, y, 1.0, None, chunk, False)[0]
 
     exact = grad_w(unchunked, W.double())
     error = {
@@ -321,12 +334,12 @@ def test_a_head_in_a_wider_dtype_than_its_input():
     runs = []
     for chunk in (n, 7):
         w, x = W.clone().requires_grad_(), h.clone().requires_grad_()
-        lp, ent, _ = policy.ChunkedLMHead.apply(x, w, y, 0.7, 2.0, chunk, True)
+        lp, ent, _ = chunked_head.ChunkedLMHead.apply(x, w, y, 0.7, 2.0, chunk, True)
         (c * lp).sum().backward()
         runs.append((lp.detach(), ent, w.grad, x.grad))
     assert runs[0][0].dtype == runs[0][2].dtype == torch.float64 and runs[0][3].dtype == torch.float32
     whole = torch.nn.functional.linear(h.double(), W)
-    assert torch.equal(runs[0][0], policy._log_softmax_at((whole / 2).tanh() * 2 / 0.7, y)[0])
+    assert torch.equal(runs[0][0], chunked_head.log_softmax_at((whole / 2).tanh() * 2 / 0.7, y)[0])
     for a, b in zip(runs[0][:3], runs[1][:3]):
         _close(b, a)
     torch.testing.assert_close(runs[1][3], runs[0][3], rtol=2**-23, atol=0)  # dh rounded once to h's float32
@@ -379,17 +392,17 @@ def test_the_heads_check_is_per_config_not_per_class(build, scale, tokenizer, fl
     with 8.0 (0.125) must not inherit it: it is checked again, refused, and its log-probs and gradient at a budget
     of 5 positions equal the unchunked ones (float64, 1e-10). Keyed on the class alone, the second took the
     chunked path without its scale."""
-    monkeypatch.setattr(policy, "_HEAD_CHECKS", {})  # this process's earlier models of the class: not this test's
+    monkeypatch.setattr(chunked_head, "_HEAD_CHECKS", {})  # this process's earlier models of the class: not this test's
     V = len(tokenizer)
     batch = _batch(tokenizer)
-    assert not isinstance(policy.lm_head(float64_model(build(V, 1.0))), str)
+    assert not isinstance(chunked_head.lm_head(float64_model(build(V, 1.0))), str)
     model = float64_model(build(V, scale))
-    why = policy.lm_head(model)
+    why = chunked_head.lm_head(model)
     assert isinstance(why, str) and "logits are not its LM head's output" in why
     runs = []
     for positions in (0, 5):
         model.zero_grad(set_to_none=True)
-        lp = policy.token_logprobs(
+        lp = scale_passes.token_logprobs(
             model, batch.input_ids, batch.attention_mask, batch.response_mask, 0.7, chunk_bytes=_budget(V, positions)
         )
         lp.sum().backward()
@@ -423,19 +436,19 @@ def test_cast_lm_head_to_fp32(tokenizer):
     assert head.weight.dtype == torch.float32 and torch.equal(head.weight, bf16.get_output_embeddings().weight.float())
     assert {p.dtype for p in on.parameters() if p is not head.weight} == {torch.bfloat16}
     seen = {}
-    hook = policy._body(on).register_forward_hook(lambda m, a, out: seen.update(h=out[0]))
+    hook = chunked_head.model_body(on).register_forward_hook(lambda m, a, out: seen.update(h=out[0]))
     logits = on(input_ids=ids).logits
     hook.remove()
     assert seen["h"].dtype == torch.bfloat16 and logits.dtype == torch.float32
     assert torch.equal(logits, torch.nn.functional.linear(seen["h"].float(), head.weight))
     assert not torch.equal(logits, before.float())  # not the bf16 logits made float32 after the matmul
-    assert not isinstance(policy.lm_head(on), str)
-    lp = policy.token_logprobs(
+    assert not isinstance(chunked_head.lm_head(on), str)
+    lp = scale_passes.token_logprobs(
         on, batch.input_ids, batch.attention_mask, batch.response_mask, chunk_bytes=_budget(V, 5)
     )
     lp.sum().backward()
     assert lp.dtype == torch.float32 and head.weight.grad.dtype == torch.float32
-    assert policy._body(on).layers[0].mlp.down_proj.weight.grad.dtype == torch.bfloat16
+    assert chunked_head.model_body(on).layers[0].mlp.down_proj.weight.grad.dtype == torch.bfloat16
     ref = policy.reference_model(on, cfg)
     assert torch.equal(ref(input_ids=ids).logits, logits)
 
@@ -444,10 +457,10 @@ def test_cast_lm_head_to_fp32(tokenizer):
         policy.prepare_model(tied, cfg)
     lora = grpo.GRPOConfig(cast_lm_head_to_fp32=True, use_peft=True, lora_target_modules="q_proj, lm_head")
     with pytest.raises(SystemExit, match="--cast_lm_head_to_fp32 with LoRA on lm_head"):
-        grpo.check_config(lora)
+        grpo_config.check_config(lora)
     with pytest.raises(SystemExit, match="--cast_lm_head_to_fp32 runs in one process"):
-        grpo.check_config(grpo.GRPOConfig(cast_lm_head_to_fp32=True), world=2)
+        grpo_config.check_config(grpo.GRPOConfig(cast_lm_head_to_fp32=True), world=2)
 
 
 def test_plan_and_policy_share_the_chunk_budget():
-    assert memory_plan.LOGITS_CHUNK_BYTES == policy.LOGITS_CHUNK_BYTES
+    assert memory_plan.LOGITS_CHUNK_BYTES == scale_passes.LOGITS_CHUNK_BYTES

@@ -5,12 +5,12 @@ import json
 
 import pytest
 import torch
-from conftest import backward
+from conftest import backward, comparison_config, stages_4_and_5
 
 import grpo
 import rollout
 import toy
-from trainer import checkpoint, memory_plan, policy, run_setup
+from trainer import checkpoint, memory_plan, policy, run_setup, scale_passes
 
 
 def _run(tmp_path, model_path, credit, *extra):
@@ -108,11 +108,11 @@ def _stages_4_to_6(model, tok, rows, batch, **flags):
     (old log-probs, DelTA's h_t at the response tokens or None, token advantages, loss, gradient)."""
     N, mask = batch.input_ids.shape[0], batch.response_mask.bool()
     adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4), dtype=old_dtype(model)), 4)
-    cfg = grpo.GRPOConfig(dual_clip=10.0, max_completion_length=48, **flags)
-    credit = grpo.Credit(cfg, tok)
-    theta_old = grpo.old_logprobs(model, batch, cfg, need_hidden=credit.needs_hidden())
+    cfg = comparison_config(dual_clip=10.0, max_completion_length=48, **flags)
+    answers = [r["answer"] for r in rows for _ in range(4)]
+    _, _, theta_old, result = stages_4_and_5(model, tok, batch, cfg, adv, answers)
     old, hidden = theta_old.logp, theta_old.hidden
-    token_adv, _ = credit(model, batch, adv, theta_old, [r["answer"] for r in rows for _ in range(4)])
+    token_adv = result.token_adv
     # a perturbed "old" policy: ratios away from 1, so that every clip branch matters
     perturbed = old + 0.1 * torch.randn(old.shape, generator=torch.Generator().manual_seed(1)) * mask
     model.zero_grad(set_to_none=True)
@@ -185,28 +185,27 @@ def test_padding_free_micro_batches_cover_each_row_once_at_its_own_width(rollout
     N, T = batch.response_mask.shape
     lengths = batch.attention_mask.sum(1)
     for size in (0, 1, 3):
-        plan = policy.micro_batches(torch.arange(N), batch.attention_mask, size, T, padding_free=True)
+        plan = scale_passes.micro_batches(torch.arange(N), batch.attention_mask, size, T, padding_free=True)
         assert sorted(torch.cat([j for j, _, _ in plan]).tolist()) == list(range(N))
-        assert len(plan) == (min(policy.PADDING_FREE_BUCKETS, N) if size == 0 else -(-N // size))
+        assert len(plan) == (min(scale_passes.PADDING_FREE_BUCKETS, N) if size == 0 else -(-N // size))
         for j, cols, t in plan:  # no column is padding in every row of its micro-batch
             att = batch.attention_mask[j][:, cols]
             assert att[:, 0].any() and att[:, -1].any() and t == int(batch.attention_mask[j, -T:].sum(1).max())
             assert int(att.sum()) == int(lengths[j].sum())  # nothing real was cut
         widths = [cols.stop - cols.start for _, cols, _ in plan]
         assert sum(w * len(j) for w, (j, _, _) in zip(widths, plan)) <= N * batch.input_ids.shape[1]
-    plain = policy.micro_batches(torch.arange(N), batch.attention_mask, 2, T, padding_free=False)
+    plain = scale_passes.micro_batches(torch.arange(N), batch.attention_mask, 2, T, padding_free=False)
     assert [j.tolist() for j, _, _ in plain] == [[i, i + 1] for i in range(0, N, 2)]
 
 
 def _delta_credit(model, tok, batch, adv, **flags):
     """Stages 4-5 of DelTA on the fixture batch: (λ̄ [N, T], token advantages, stats, forward passes run)."""
-    cfg, calls = grpo.GRPOConfig(credit="delta", **flags), []
-    credit = grpo.Credit(cfg, tok)
+    cfg = grpo.GRPOConfig(credit="delta", **flags)
+    calls = []
     handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
-    theta_old = grpo.old_logprobs(model, batch, cfg, need_hidden=credit.needs_hidden())
-    token_adv, stats = credit(model, batch, adv, theta_old, None)
+    _, _, _, result = stages_4_and_5(model, tok, batch, cfg, adv)
     handle.remove()
-    return credit.token_values["lambda_bar"], token_adv, stats, len(calls)
+    return result.token_values["lambda_bar"], result.token_adv, result.stats, len(calls)
 
 
 @pytest.mark.parametrize("K", [0, 1, 2])
@@ -242,10 +241,10 @@ def test_delta_memory_efficient_equals_normal_in_trainer(rollout_batch, float64_
         torch.testing.assert_close(adv1, adv0, atol=TOL, rtol=TOL)
         for key in st0:
             assert st1[key] == pytest.approx(st0[key], rel=TOL, abs=TOL, nan_ok=True), key
-        # stage 4 (its micro-batches and one shared prompt pass), then the micro-batches again in each pass: one for
-        # the guard (one side empty), else K + 3 (2 for K = 0); the passes reuse one prompt pass's keys and values
+        # stage 4's micro-batches, then the micro-batches again in each pass: one for the guard (one side empty),
+        # else K + 3 (2 for K = 0)
         passes = 1 if rewards == "one_side" else (K + 3 if K else 2)
-        assert n1 == n0 + 1 + passes * (n0 - 1), (n1, n0, passes)
+        assert n1 == n0 + passes * n0, (n1, n0, passes)
 
 
 def test_delta_normal_stops_before_a_cache_that_does_not_fit(rollout_batch, monkeypatch):
@@ -275,22 +274,23 @@ def _one_step(model, tok, cfg, rows, out_dir, monkeypatch, from_training_forward
     if from_training_forward is not None:
         monkeypatch.setattr(memory_plan, "updates_on_policy", lambda *a, **k: from_training_forward)
     seen = {}
+    method = grpo.paper_method(cfg)
 
-    class SpyCredit(grpo.Credit):  # this run's hook only: records what stage 5 receives and returns
-        def __call__(self, model, batch, adv, old, answers, step=0, loss_mask=None, rewards=None):
-            seen.update(batch=batch, old_logp=old.logp.clone())
-            out = super().__call__(model, batch, adv, old, answers, step, loss_mask, rewards)
-            seen["token_adv"] = out[0].clone()
+    class SpyCredit(method.credit):  # this run's only: records what stage 5 receives and returns
+        def __call__(self, model, x):
+            seen.update(batch=x.batch, old_logp=x.old.logp.clone())
+            out = super().__call__(model, x)
+            seen["token_adv"] = out.token_adv.clone()
             return out
 
-    hook = SpyCredit(cfg, tok)
+    spy = SpyCredit(cfg, tok)
     run = checkpoint.RunFolder(str(out_dir), dataclasses.asdict(cfg))
     run.start(model, {"prompt_template": "none"})
-    actor = grpo.Actor(model, tok, policy.build_optimizer(model.parameters(), cfg), None)
-    source = grpo.PromptSource(
-        rows, rollout.PromptSampler(len(rows), 0), "none", rollout.stop_token_ids(tok, "none", model)
-    )
-    record = grpo.train_step(0, cfg, actor, source, hook, run)
+    actor = run_setup.Actor(model, tok, policy.build_optimizer(model.parameters(), cfg), None)
+    stop_ids = rollout.stop_token_ids(tok, "none", model)
+    source = run_setup.PromptSource(rows, rollout.PromptSampler(len(rows), 0), "none", stop_ids)
+    parts = run_setup.step_parts(cfg, spy, method, policy.Forward(grpo.old_logprobs, grpo.micro_batches))
+    record = grpo.train_step(0, cfg, actor, source, spy, run, parts)
     run.close()
     return record, [p.detach().clone() for p in model.parameters()], seen
 
@@ -307,12 +307,13 @@ def test_theta_old_from_the_training_forward_gives_the_same_update(
     model, tok = policy.load_model_and_tokenizer(toy_model_path)
     model = float64_model(model)
     rows = toy.make_split("train")[:8]
-    cfg = grpo.GRPOConfig(credit=credit, num_prompts_per_step=4, num_generations=4, max_completion_length=48)
+    scale = dict(padding_free=True, shared_prompt=True, chunked_lm_head=True, fuse_old_logprobs=True)
+    cfg = grpo.GRPOConfig(credit=credit, num_prompts_per_step=4, num_generations=4, max_completion_length=48, **scale)
     assert memory_plan.updates_on_policy(cfg, 16, processes=1)
-    assert not memory_plan.updates_on_policy(grpo.GRPOConfig(num_iterations=2), 16, processes=1)
-    assert not memory_plan.updates_on_policy(grpo.GRPOConfig(micro_batch_size=4), 16, processes=1)
-    assert not memory_plan.updates_on_policy(grpo.GRPOConfig(fuse_old_logprobs=False), 16, processes=1)
-    assert not memory_plan.updates_on_policy(grpo.GRPOConfig(beta=0.04), 16, processes=1)  # a KL reference
+    assert not memory_plan.updates_on_policy(dataclasses.replace(cfg, num_iterations=2), 16, processes=1)
+    assert not memory_plan.updates_on_policy(dataclasses.replace(cfg, micro_batch_size=4), 16, processes=1)
+    assert not memory_plan.updates_on_policy(grpo.GRPOConfig(), 16, processes=1)  # the flag is off by default
+    assert not memory_plan.updates_on_policy(dataclasses.replace(cfg, beta=0.04), 16, processes=1)  # a reference
     assert not memory_plan.updates_on_policy(cfg, 16, processes=1, reuses_old_forward=False)
     assert not memory_plan.updates_on_policy(cfg, 16, processes=2, credit_gathers_weights=True)
     assert memory_plan.updates_on_policy(cfg, 16, processes=1, credit_gathers_weights=True)
@@ -348,9 +349,9 @@ def test_dropout_takes_theta_old_and_credit_from_eval_mode(
                 p.copy_(0.05 * torch.randn(p.shape, generator=gen))
     rows, runs = toy.make_split("train")[:8], {}
     for name, flags, force in (
-        ("defaults", {}, None),
+        ("defaults", {"fuse_old_logprobs": True}, None),
         ("no_fuse", {"fuse_old_logprobs": False}, None),
-        ("forced", {}, True),
+        ("forced", {"fuse_old_logprobs": True}, True),
     ):
         cfg = grpo.GRPOConfig(
             credit=credit,
@@ -361,7 +362,7 @@ def test_dropout_takes_theta_old_and_credit_from_eval_mode(
             lora_dropout=0.5,
             **flags,
         )
-        plan = policy.exact_optimisations(model, cfg, say=lambda *a: None)
+        plan = scale_passes.exact_optimisations(model, cfg, say=lambda *a: None)
         assert plan["fuse_old_logprobs"].startswith("off") and "dropout" in plan["fuse_old_logprobs"]
         if force:
             cfg.fuse_old_logprobs = True
@@ -369,7 +370,7 @@ def test_dropout_takes_theta_old_and_credit_from_eval_mode(
     b = runs["defaults"]["batch"]
     model.eval()
     with torch.no_grad():
-        l0 = policy.token_logprobs(model, b.input_ids, b.attention_mask, b.response_mask)
+        l0 = scale_passes.token_logprobs(model, b.input_ids, b.attention_mask, b.response_mask)
     torch.testing.assert_close(runs["defaults"]["old_logp"], l0, atol=TOL, rtol=TOL)
     torch.testing.assert_close(runs["defaults"]["token_adv"], runs["no_fuse"]["token_adv"], atol=TOL, rtol=TOL)
     assert (runs["forced"]["old_logp"] - l0).abs().max() > 1e-3  # what the refusal prevents
@@ -412,7 +413,7 @@ def test_shared_prompt_runs_each_distinct_prompt_once_and_handles_one_token_prom
     for prompts in (["Compute 1+2.\n", "", "7", "Compute 12-3+4.\n"], ["", ""]):
         batch = rollout.generate(model, tok, prompts, 3, rollout.SamplingSettings(12, seed=5))
         N, T = batch.response_mask.shape
-        shared = policy.SharedPrompts(model, batch.input_ids, batch.attention_mask, torch.arange(N), T)
+        shared = scale_passes.SharedPrompts(model, batch.input_ids, batch.attention_mask, torch.arange(N), T)
         assert (
             shared.mask.shape[0] == len(set(prompts))
             and shared.mask.shape[1] == int(batch.attention_mask[:, :-T].sum(1).max()) - 1
@@ -421,7 +422,7 @@ def test_shared_prompt_runs_each_distinct_prompt_once_and_handles_one_token_prom
         grads, logps = [], []
         for s in (None, shared):
             model.zero_grad(set_to_none=True)
-            lp = policy.token_logprobs(
+            lp = scale_passes.token_logprobs(
                 model,
                 batch.input_ids,
                 batch.attention_mask,
@@ -439,23 +440,24 @@ def test_shared_prompt_runs_each_distinct_prompt_once_and_handles_one_token_prom
 
 def test_shared_prompt_is_off_where_it_would_not_be_exact(toy_model_path):
     """Off with --no-shared_prompt, gradient checkpointing (it replays forwards, and HF turns the cache off under it)
-    and dropout (the G responses would share their prompt's dropout mask), each with one logged line; on by default.
-    (The model features of every optimisation: tests/test_architectures.py.)"""
+    and dropout (the G responses would share their prompt's dropout mask), each with one logged line; on where the
+    flag is. (The model features of every optimisation: tests/test_architectures.py.)"""
     model, tok = policy.load_model_and_tokenizer(toy_model_path)
+    scale = dict(padding_free=True, shared_prompt=True, chunked_lm_head=True, fuse_old_logprobs=True)
 
     def decide(cfg, m=model):
         said = []
-        plan = policy.exact_optimisations(m, cfg, said.append)
+        plan = scale_passes.exact_optimisations(m, cfg, said.append)
         return plan["shared_prompt"], said
 
-    assert decide(grpo.GRPOConfig()) == ("on", [])
-    assert decide(grpo.GRPOConfig(shared_prompt=False)) == ("off: the flag", [])
-    plan, said = decide(grpo.GRPOConfig(gradient_checkpointing=True))
+    assert decide(grpo.GRPOConfig(**scale)) == ("on", [])
+    assert decide(grpo.GRPOConfig()) == ("off: the flag", [])  # the toy's default: the plain path
+    plan, said = decide(grpo.GRPOConfig(gradient_checkpointing=True, **scale))
     assert plan.startswith("off") and said == [
         "[exact] --shared_prompt off: it needs no gradient checkpointing: --gradient_checkpointing"
     ]
     lora = policy.prepare_model(model, grpo.GRPOConfig(use_peft=True, lora_dropout=0.1))
-    plan, said = decide(grpo.GRPOConfig(), lora)
+    plan, said = decide(grpo.GRPOConfig(**scale), lora)
     assert "train = eval: the model has dropout" in plan and len(said) == 3  # and padding-free, the fused stage 4
 
 
@@ -473,7 +475,12 @@ def test_shared_prompt_on_the_training_forward_gives_the_same_update(
     results = []
     for shared in (False, True):
         cfg = grpo.GRPOConfig(
-            credit="delta", num_prompts_per_step=4, num_generations=4, max_completion_length=48, shared_prompt=shared
+            credit="delta",
+            num_prompts_per_step=4,
+            num_generations=4,
+            max_completion_length=48,
+            shared_prompt=shared,
+            fuse_old_logprobs=True,
         )
         results.append(_one_step(copy.deepcopy(model), tok, cfg, rows, tmp_path / str(shared), monkeypatch, True))
     (r0, w0, s0), (r1, w1, s1) = results
@@ -492,16 +499,17 @@ def test_cscr_scoring_passes_share_each_privileged_prompt(rollout_batch, monkeyp
     model = float64_model(model)
     answers = [r["answer"] for r in rows for _ in range(4)]
     pairs = [cscr.build_condition_prompts(p, reference=a) for p, a in zip(batch.prompts, answers)]
-    built, original = [], policy.SharedPrompts
+    built, original = [], scale_passes.SharedPrompts
 
     class Spy(original):  # records the number of rows each prompt pass ran on
         def __init__(self, *args):
             super().__init__(*args)
             built.append(self.mask.shape[0])
 
-    monkeypatch.setattr(policy, "SharedPrompts", Spy)
+    monkeypatch.setattr(scale_passes, "SharedPrompts", Spy)
     out = []
-    for fn in (policy.token_logprobs, grpo.Credit(grpo.GRPOConfig(credit="cscr"), tok).method.scoring_logprobs):
+    shared = scale_passes.forward(grpo.GRPOConfig(credit="cscr", shared_prompt=True), False).scoring_logprobs
+    for fn in (scale_passes.token_logprobs, shared):
         out.append(cscr.condition_logprobs(model, tok, pairs, batch.response_ids, batch.response_mask, logprob_fn=fn))
     assert built == [len(rows), len(rows)]  # x + c+ then x + c−: one row per group, not per response
     for shared, full in zip(out[1], out[0]):
@@ -512,17 +520,22 @@ def test_cscr_scoring_passes_share_each_privileged_prompt(rollout_batch, monkeyp
 
 def test_cscr_standalone_logprob_fn_is_the_trainers(rollout_batch, float64_model):
     """cscr.py keeps its own log-prob function (``default_logprob_fn``) so that it runs without this project; it
-    must be the trainer's ``policy.token_logprobs`` (left padding, position ids, temperature), or a standalone
-    user's ℓ± would not match the trainer's ℓ0 (CSCR spec §4, "matching"). Float64: the same formula, 1e-10."""
+    must be the trainer's (grpo.py's plain ``token_outputs``; the scale path's ``token_logprobs``: left padding,
+    position ids, temperature), or a standalone user's ℓ± would not match the trainer's ℓ0 (CSCR spec §4,
+    "matching"). Float64: the same formula, 1e-10."""
     import cscr
 
     model, _, _, batch = rollout_batch
     model = float64_model(model)
     for temperature in (1.0, 0.7):
-        ours = policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask, temperature)
+        ours = scale_passes.token_logprobs(
+            model, batch.input_ids, batch.attention_mask, batch.response_mask, temperature
+        )
         theirs = cscr.default_logprob_fn(model, batch.input_ids, batch.attention_mask, batch.response_mask, temperature)
+        plain = grpo.token_outputs(model, batch.input_ids, batch.attention_mask, batch.response_mask, temperature)
         assert ours.dtype == torch.float64 and ours.abs().sum() > 0
         torch.testing.assert_close(theirs, ours, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(plain.logp, ours, rtol=1e-10, atol=1e-10)
 
 
 def test_cscr_diagnostics_scores_are_the_trainers(rollout_batch, float64_model):
@@ -548,10 +561,10 @@ def test_cscr_diagnostics_scores_are_the_trainers(rollout_batch, float64_model):
         list(zip(contexts["pos"], contexts["neg"])),
         batch.response_ids,
         batch.response_mask,
-        logprob_fn=grpo.Credit(cfg, tok).method.scoring_logprobs,
+        logprob_fn=scale_passes.forward(cfg, False).scoring_logprobs,
     )
     with torch.no_grad():
-        trainer["entropy"] = policy.token_outputs(
+        trainer["entropy"] = scale_passes.token_outputs(
             model, batch.input_ids, batch.attention_mask, batch.response_mask, asked=policy.Asked(entropy=True)
         ).entropy
     for name, expected in trainer.items():
@@ -567,11 +580,11 @@ def test_fused_stage_4_is_off_under_fsdp_for_a_credit_whose_passes_gather_the_we
 
     def fused(credit_name, distributed):
         monkeypatch.setattr(run_setup.distributed, "world_size", lambda: 2 if distributed else 1)
-        cfg = grpo.GRPOConfig(credit=credit_name, num_prompts_per_step=4, num_generations=4)
-        credit = grpo.Credit(cfg, None)
-        return run_setup.step_parts(cfg, 16, credit, grpo.LOSS_STAGES).fuse_old
+        cfg = grpo.GRPOConfig(credit=credit_name, num_prompts_per_step=4, num_generations=4, fuse_old_logprobs=True)
+        method = grpo.paper_method(cfg)
+        forward = run_setup.step_parts(cfg, method.credit(cfg, None), method, None).forward
+        return forward.old_logprobs.keywords["training_forward"]
 
-    grpo.register()
     assert fused("grpo", True) and fused("delta", True) and fused("cscr", False)
     assert not fused("cscr", True)
-    assert cscr_ablations.CscrAblationCredit(grpo.GRPOConfig(credit="cscr"), None).gathers_weights
+    assert cscr_ablations.CscrAblationCredit(comparison_config(credit="cscr"), None).gathers_weights

@@ -14,7 +14,7 @@ import evaluate
 import grpo
 import rollout
 import toy
-from trainer import checkpoint, policy, problems
+from trainer import checkpoint, grpo_config, policy, problems, scale_passes
 
 
 # ------------------------------------------------------------------------------------------------ advantages
@@ -127,78 +127,67 @@ def test_policy_loss_errors():
         grpo.policy_loss(old, old, ADV, MASK, grpo.LossSettings(beta=0.1))
 
 
-# ----------------------------------------------------------------------------------- the policy-loss registry
-@pytest.fixture
-def registry(monkeypatch):
-    """grpo.py's policy-loss registry, restored after the test (a loss registered here stays here)."""
-    monkeypatch.setattr(grpo, "POLICY_LOSSES", dict(grpo.POLICY_LOSSES))
-
-
+# --------------------------------------------------------------------------- a surrogate of one's own, --credit
 def _plain_pg(ratio, token_adv, settings):  # ℓ = −Ã·r: the unclipped policy gradient's surrogate
     return -token_adv * ratio, torch.zeros_like(ratio, dtype=torch.bool)
 
 
-def test_a_registered_loss_is_a_choice_of_the_flag_with_its_own_aggregation(registry):
-    """Issue #43 item 6: --loss_type's choices are the registry's when the parser is built; the loss is normalised
-    as registered (dapo: Σℓ / 5 tokens of the hand example, float64), not by Dr. GRPO's B·max_completion_length."""
-    assert "plain_pg" not in grpo.build_parser()._option_string_actions["--loss_type"].choices
-    grpo.POLICY_LOSSES["plain_pg"] = grpo.PolicyLoss(_plain_pg, "dapo")
-    assert grpo.build_parser().parse_args(["--loss_type", "plain_pg"]).loss_type == "plain_pg"
-    assert grpo.build_parser(defaults=False).parse_args(["--loss_type", "plain_pg"]).loss_type == "plain_pg"
-    grpo.check_config(grpo.GRPOConfig(loss_type="plain_pg"))  # accepted
+@dataclasses.dataclass(frozen=True)
+class PlainPG(grpo.LossSettings):  # a comparison's surrogate: a LossSettings whose surrogate replaces the clip
+    surrogate = staticmethod(_plain_pg)
+
+
+def test_a_surrogate_of_its_own_is_normalised_as_its_loss_type():
+    """A LossSettings subclass replaces the surrogate whole (comparisons/sapo.py's way); the loss is normalised as its
+    --loss_type says (dapo: Σℓ / 5 tokens of the hand example, float64; grpo: each row's mean, then their mean), not
+    by Dr. GRPO's B·max_completion_length."""
     d64 = torch.float64
     logp = torch.tensor([[0.3, -0.3, 0.05], [-0.4, 3.0, 0.0]], dtype=d64)
     old = torch.zeros(2, 3, dtype=d64)
-    loss, _ = grpo.policy_loss(
-        logp, old, ADV.to(d64), MASK.to(d64), grpo.LossSettings(loss_type="plain_pg", max_completion_length=3)
-    )
+    loss, _ = grpo.policy_loss(logp, old, ADV.to(d64), MASK.to(d64), PlainPG(loss_type="dapo", max_completion_length=3))
     hand = (-math.exp(0.3) - math.exp(-0.3) - math.exp(0.05) + 0.5 * math.exp(-0.4) + 0.5 * math.exp(3.0)) / 5
     assert loss.item() == pytest.approx(hand, rel=1e-12)  # Dr. GRPO's Σ / (2·3) was 5/6 of it
-    grpo.POLICY_LOSSES["plain_pg_seq"] = grpo.PolicyLoss(_plain_pg, "grpo")
-    seq, _ = grpo.policy_loss(logp, old, ADV.to(d64), MASK.to(d64), grpo.LossSettings(loss_type="plain_pg_seq"))
+    seq, _ = grpo.policy_loss(logp, old, ADV.to(d64), MASK.to(d64), PlainPG(loss_type="grpo"))
     rows = ((-math.exp(0.3) - math.exp(-0.3) - math.exp(0.05)) / 3, (0.5 * math.exp(-0.4) + 0.5 * math.exp(3.0)) / 2)
     assert seq.item() == pytest.approx(sum(rows) / 2, rel=1e-12)
 
 
-def test_a_loss_registered_without_its_aggregation_is_refused(registry):
-    with pytest.raises(TypeError, match="aggregation"):
-        grpo.PolicyLoss(_plain_pg)  # there is no default normaliser
-    for bad in (None, "token_mean", "bnpo"):
-        grpo.POLICY_LOSSES["odd_norm"] = grpo.PolicyLoss(_plain_pg, bad)
-        with pytest.raises(ValueError, match=r"loss 'odd_norm''s aggregation .* one of"):
-            grpo.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), ADV, MASK, grpo.LossSettings(loss_type="odd_norm"))
+def test_a_loss_type_without_a_normaliser_is_refused():
+    for bad in ("token_mean", "bnpo", "sapo"):  # (sapo's settings are comparisons/sapo.py's SapoSettings)
+        with pytest.raises(ValueError, match=r"aggregation None one of"):
+            grpo.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), ADV, MASK, PlainPG(loss_type=bad))
 
 
-def test_credit_choices_are_the_registrys_names_without_variants():
-    """--credit's choices are grpo.CREDIT_FUNCTIONS' keys less the variants ("delta/q2", ...), which the methods' own
-    flags choose; an unknown --credit from code stops in check_config, naming the choices."""
-    choices = grpo.flag_choices()
-    assert choices["credit"] == [name for name in grpo.CREDIT_FUNCTIONS if "/" not in name]
-    assert {"grpo", "delta", "cscr", "fipo"} <= set(choices["credit"])
-    assert {"delta/q2", "delta/ablation", "cscr/ablation"} <= set(grpo.CREDIT_FUNCTIONS)
-    with pytest.raises(SystemExit, match=r"^grpo.py: error: --credit 'nope' is not registered: one of grpo, delta"):
-        grpo.check_config(grpo.GRPOConfig(credit="nope"))
+def test_credit_choices_are_the_credit_functions():
+    """--credit's choices are grpo.CREDIT_FUNCTIONS' keys; the comparisons add theirs in their own parser (python -m
+    comparisons); an unknown --credit from code stops in check_config, naming the choices."""
+    choices = grpo_config.GRPOConfig.__dataclass_fields__["credit"].metadata["choices"]
+    assert choices == list(grpo.CREDIT_FUNCTIONS) == ["grpo", "delta", "cscr"]
+    with pytest.raises(SystemExit, match=r"^grpo.py: error: --credit 'nope': one of grpo, delta, cscr$"):
+        grpo_config.check_config(grpo.GRPOConfig(credit="nope"))
     with pytest.raises(SystemExit):
-        grpo.build_parser().parse_args(["--credit", "delta/q2"])
+        grpo_config.build_parser().parse_args(["--credit", "otb"])
+    extended = comparisons.config_class().__dataclass_fields__["credit"].metadata["choices"]
+    assert extended[:3] == choices and {"otb", "optimal_token_baseline", "fipo"} <= set(extended)
 
 
 def test_a_value_outside_a_flags_choices_in_code_stops_in_check_config():
     """A GRPOConfig made in code skips the parser: check_config refuses a value outside a flag's choices in one
     line, before anything loads (a bad --cscr_weight reached step 1 before, after the model and a rollout)."""
-    said = r"^grpo.py: error: --cscr_weight 'linear': one of exp, exp_abs, inverse, upweight, sign_aware"
+    said = r"^grpo.py: error: --cscr_weight 'linear': one of exp, exp_abs, inverse$"
     with pytest.raises(SystemExit, match=said):
-        grpo.check_config(grpo.GRPOConfig(credit="cscr", cscr_weight="linear"))
+        grpo_config.check_config(grpo.GRPOConfig(credit="cscr", cscr_weight="linear"))
     with pytest.raises(SystemExit, match=r"--delta_impl 'fast': one of normal, memory_efficient"):
-        grpo.check_config(grpo.GRPOConfig(credit="delta", delta_impl="fast"))
-    assert grpo.check_config(grpo.GRPOConfig()) == []
+        grpo_config.check_config(grpo.GRPOConfig(credit="delta", delta_impl="fast"))
+    assert grpo_config.check_config(grpo.GRPOConfig()) == []
 
 
 def test_an_unknown_loss_type_in_code_stops_before_any_model_loads(tmp_path, monkeypatch):
-    """GRPOConfig(loss_type="nope") (no parser in between): check_config names the field and the registered losses
-    in one line, before the run folder or any weights (it reached step 1 before, after loading and a rollout)."""
-    said = r"^grpo.py: error: --loss_type 'nope' is not registered: one of dapo, grpo, dr_grpo, sapo "
-    with pytest.raises(SystemExit, match=said + r"\(grpo.flag_choices\)$"):
-        grpo.check_config(grpo.GRPOConfig(loss_type="nope"))
+    """GRPOConfig(loss_type="nope") (no parser in between): check_config names the field and its choices in one
+    line, before the run folder or any weights (it reached step 1 before, after loading and a rollout)."""
+    said = r"^grpo.py: error: --loss_type 'nope': one of dapo, grpo, dr_grpo$"
+    with pytest.raises(SystemExit, match=said):
+        grpo_config.check_config(grpo.GRPOConfig(loss_type="nope"))
     loaded = []
     monkeypatch.setattr(policy, "build", lambda *a, **k: loaded.append(1))
     with pytest.raises(SystemExit, match=said):
@@ -239,8 +228,11 @@ def test_token_logprobs_left_padding_matches_naive(tiny, float64_model):
     )
     mask = torch.tensor([[1.0] * len(r) + [0.0] * (T - len(r)) for r in r_ids])
     with torch.no_grad():
-        out = policy.token_outputs(model, input_ids, attn, mask, temperature=0.7, asked=policy.Asked(hidden=True))
-        lp, hidden = out.logp, out.hidden
+        plain = grpo.token_outputs(model, input_ids, attn, mask, temperature=0.7, asked=policy.Asked(hidden=True))
+        scale = scale_passes.token_outputs(model, input_ids, attn, mask, 0.7, policy.Asked(hidden=True))
+        torch.testing.assert_close(scale.logp, plain.logp, atol=1e-10, rtol=1e-10)
+        torch.testing.assert_close(scale.hidden, plain.hidden, atol=1e-10, rtol=1e-10)
+        lp, hidden = plain.logp, plain.hidden
         for i, (p, r) in enumerate(zip(p_ids, r_ids)):
             naive = _naive_logprobs(model, [p + r], len(r), 0.7)[0]
             torch.testing.assert_close(lp[i, : len(r)], naive, atol=1e-10, rtol=1e-10)
@@ -429,7 +421,7 @@ def test_use_vllm_without_vllm_is_one_clear_line():
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vllm is installed here")
     with pytest.raises(SystemExit, match="--use_vllm needs vLLM.*tools/requirements-vllm.txt.*uninstall"):
-        grpo.check_config(grpo.GRPOConfig(use_vllm=True))
+        grpo_config.check_config(grpo.GRPOConfig(use_vllm=True))
 
 
 @pytest.mark.parametrize("scale", ["group", "none"])
@@ -442,7 +434,7 @@ def test_one_response_per_prompt_is_refused_under_either_scaling(scale):
         match=rf"^grpo.py: error: --num_generations 1 with --scale_rewards {scale} gives "
         r"every response advantage 0 .*use --num_generations >= 2$",
     ):
-        grpo.check_config(grpo.GRPOConfig(num_generations=1, scale_rewards=scale))
+        grpo_config.check_config(grpo.GRPOConfig(num_generations=1, scale_rewards=scale))
 
 
 def test_a_plan_for_another_machine_has_no_notes_of_this_one(monkeypatch):
@@ -453,9 +445,9 @@ def test_a_plan_for_another_machine_has_no_notes_of_this_one(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else object())
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg = grpo.GRPOConfig(use_vllm=True, vllm_enable_sleep_mode=True, dry_run=True)
-    here = grpo.check_config(cfg)
+    here = grpo_config.check_config(cfg)
     assert len(here) == 2 and "sleep mode" in here[0] and "--use_vllm needs vLLM" in here[1]
-    assert grpo.check_config(dataclasses.replace(cfg, gpu_memory_gb=80.0)) == []
+    assert grpo_config.check_config(dataclasses.replace(cfg, gpu_memory_gb=80.0)) == []
 
 
 # ------------------------------------------------------------------------------------------------ the first hour
@@ -646,11 +638,12 @@ def test_progress_bars_do_not_interleave(toy_model_path, tmp_path, capsys):
 
 
 def test_the_progress_bar_names_the_rule_from_the_flags(tiny_model_path, tmp_path, capsys):
-    label = lambda **kw: comparisons.label(grpo.GRPOConfig(**kw))  # noqa: E731
-    assert [label(), label(credit="delta"), label(credit="cscr"), label(credit="fipo")] == [
+    label = lambda **kw: comparisons.method(comparisons.config_class()(**kw)).label  # noqa: E731
+    assert [label(), label(credit="delta"), label(credit="cscr"), label(fipo=True), label(credit="fipo")] == [
         "grpo",
         "delta",
         "cscr",
+        "fipo",
         "fipo",
     ]
     assert [label(loss_type="sapo"), label(entropy_top_ratio=0.2), label(top_entropy_quantile=0.8)] == [
@@ -659,8 +652,8 @@ def test_the_progress_bar_names_the_rule_from_the_flags(tiny_model_path, tmp_pat
         "forking",
     ]
     assert label(loss_type="sapo", credit="delta") == "sapo+delta"
-    assert label(credit="delta", delta_select="top") == "delta Q2"
+    assert label(credit="delta", delta_select="top") == "delta-q2"
     for flags, name in ((["--loss_type", "sapo"], "GRPO[sapo]"), (["--entropy_top_ratio", "0.2"], "GRPO[forking]")):
-        grpo.main(["--model", tiny_model_path, "--output_dir", str(tmp_path / name), *TINY_RUN, *flags])
+        comparisons.main(["--model", tiny_model_path, "--output_dir", str(tmp_path / name), *TINY_RUN, *flags])
         err = capsys.readouterr().err
         assert f"{name}: 100%" in err and "GRPO[grpo]" not in err

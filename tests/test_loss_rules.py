@@ -7,13 +7,15 @@ import math
 
 import pytest
 import torch
-from conftest import backward
+from conftest import backward, comparison_config
 
+import comparisons
+import comparisons.forking_tokens
 import grpo
 import rollout
 import toy
 from comparisons import baselines, sapo
-from trainer import policy, run_setup
+from trainer import credit_methods, grpo_config, policy, run_setup
 
 D = torch.float64
 # Example A (docs/specs/delta.md §7; baselines.md §1): θ_old's log-probs, Δlog π, Â, the mask
@@ -73,8 +75,8 @@ def test_loss_settings_are_one_object():
     assert float(grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK)[0]) == float(
         grpo.policy_loss(OLD + DLOGP, OLD, ADV, MASK, grpo.LossSettings())[0]
     )  # None: the defaults
-    assert grpo.LossSettings.from_config(grpo.GRPOConfig(loss_type="sapo")).loss_type == "sapo"
-    assert grpo.LossSettings(loss_type="grpo").aggregation == "grpo"  # the loss's own normaliser
+    assert grpo.LossSettings.from_config(grpo.GRPOConfig(loss_type="grpo")).loss_type == "grpo"
+    assert grpo.LossSettings(loss_type="grpo").aggregation == "seq-mean-token-mean"  # the loss's own normaliser
     with pytest.raises(TypeError):
         grpo.policy_loss(OLD, OLD, ADV, MASK, epsilon=0.2)  # a field is the settings', not the function's
     with pytest.raises(TypeError):
@@ -82,7 +84,7 @@ def test_loss_settings_are_one_object():
 
 
 def _fipo_loss(logp, old, adv, mask, num_tokens):
-    cfg = grpo.GRPOConfig(credit="fipo", dual_clip=10.0)
+    cfg = comparison_config(fipo=True, dual_clip=10.0)
     token_adv = adv[:, None] * mask
     f, kept = baselines.fipo_weights(
         logp - old,
@@ -208,28 +210,31 @@ def toy_batch(toy_model_path):
 
 
 def _update(model, tok, batch, **flags):
-    """θ_old, the credit and one mini-batch's backward: (loss, gradient, credit, loss weights)."""
+    """θ_old, the credit and one mini-batch's backward, as grpo.train_step runs them with the flags' method and
+    passes (``python -m comparisons``' flags): (loss, gradient, the credit's token values, loss weights, stats)."""
     N = batch.response_mask.shape[0]
     adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4), dtype=next(model.parameters()).dtype), 4)
-    cfg = grpo.GRPOConfig(dual_clip=10.0, max_completion_length=40, **flags)
-    credit = grpo.Credit(cfg, tok)
-    fused = run_setup.step_parts(cfg, N, credit, grpo.LOSS_STAGES).fuse_old
-    old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden(), training_forward=fused)
-    token_adv, _ = credit(model, batch, adv, old, [""] * N)
+    cfg = comparison_config(dual_clip=10.0, max_completion_length=40, **flags)
+    method = comparisons.method(cfg)
+    credit = method.credit(cfg, tok)
+    parts = run_setup.step_parts(cfg, credit, method, policy.Forward(grpo.old_logprobs, grpo.micro_batches))
+    old = parts.forward.old_logprobs(model, batch, cfg, credit.asks, None)
+    inputs = credit_methods.CreditInputs(batch, adv, old, [""] * N, 0, batch.response_mask, adv, parts.forward)
+    result = credit(model, inputs)
     model.zero_grad(set_to_none=True)
-    loss, stats, weights = backward(
-        model, batch, old, token_adv, torch.arange(N), cfg, credit.token_values.get("q2_selected")
-    )
+    update = grpo.Update(batch, old, result.token_adv, batch.response_mask, result.token_values, parts)
+    loss, stats = parts.loss_stage.backward(model, update, torch.arange(N), cfg)
+    weights = batch.response_mask.clone() if update.loss_factor is None else update.loss_factor
     grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-    return loss, grad, credit, weights, stats
+    return loss, grad, result.token_values, weights, stats
 
 
 def test_fipo_is_dapo_on_the_first_mini_batch(toy_batch, float64_model):
     """At θ = θ_old (the fused training forward: the ratio is exactly 1) FIPO's weight is 1 and its update DAPO's."""
     model, tok, batch = toy_batch
     model = float64_model(model)
-    loss_f, g_f, _, w, stats = _update(model, tok, batch, credit="fipo")
-    loss_d, g_d, _, _, _ = _update(model, tok, batch, credit="grpo")
+    loss_f, g_f, _, w, stats = _update(model, tok, batch, fipo=True, fuse_old_logprobs=True)
+    loss_d, g_d, _, _, _ = _update(model, tok, batch, credit="grpo", fuse_old_logprobs=True)
     assert loss_f == loss_d and torch.equal(g_f, g_d) and g_d.abs().sum() > 0
     assert torch.equal(w, batch.response_mask.to(w.dtype)) and stats["fipo/dropped_frac"] == 0.0
 
@@ -277,9 +282,9 @@ def test_forking_tokens_keep_the_highest_entropies(toy_batch, float64_model):
 @pytest.mark.parametrize("which", ["top", "bottom", "random"])
 def test_delta_q2_selection_trains_on_half_the_tokens_by_lambda(toy_batch, which):
     model, tok, batch = toy_batch
-    loss, _, credit, w, _ = _update(model, tok, batch, credit="delta", delta_select=which)
+    loss, _, token_values, w, _ = _update(model, tok, batch, credit="delta", delta_select=which)
     valid = batch.response_mask.bool()
-    lam = credit.token_values["lambda_bar"]
+    lam = token_values["lambda_bar"]
     kept = w > 0  # the loss's tokens (Q2Selection's keep)
     assert int(kept.sum()) == math.ceil(0.5 * int(valid.sum()) - 1e-9) and not (kept & ~valid).any()
     if which == "top":
@@ -308,11 +313,13 @@ def test_delta_variants_give_one_lambda_under_both_implementations(toy_batch, fl
     adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4), dtype=D), 4)
     lam = {}
     for impl in ("normal", "memory_efficient"):
-        cfg = grpo.GRPOConfig(credit="delta", delta_impl=impl, **flags)
-        credit = grpo.Credit(cfg, tok)
-        old = grpo.old_logprobs(model, batch, cfg, credit.needs_hidden())
-        token_adv, _ = credit(model, batch, adv, old, [""] * N)
-        lam[impl] = credit.token_values["lambda_bar"]
+        cfg = comparison_config(credit="delta", delta_impl=impl, **flags)
+        credit = comparisons.method(cfg).credit(cfg, tok)
+        old = grpo.old_logprobs(model, batch, cfg, credit.asks)
+        forward = policy.Forward(grpo.old_logprobs, grpo.micro_batches)
+        result = credit(model, credit_methods.CreditInputs(batch, adv, old, [""] * N, 0, mask, adv, forward))
+        token_adv = result.token_adv
+        lam[impl] = result.token_values["lambda_bar"]
         valid = mask.bool() & (adv != 0)[:, None]
         assert (torch.sign(token_adv[valid]) == torch.sign(adv[:, None].expand_as(mask)[valid])).all()
     torch.testing.assert_close(lam["memory_efficient"], lam["normal"], rtol=1e-10, atol=1e-10)
@@ -428,7 +435,9 @@ def test_entropy_quantile_micro_batch_size_and_pools(loss_stage, loss_type):
         logp - delta,
         adv[:, None] * picked,
         mask,
-        grpo.POLICY_LOSSES[loss_type].settings(loss_type=loss_type, max_completion_length=3),
+        comparisons.method(comparison_config(loss_type=loss_type)).loss_settings(
+            loss_type=loss_type, max_completion_length=3
+        ),
     )  # Ã·m over every valid token: TRL's ℓ·m / |o_i|
     assert runs[0][0] == pytest.approx(float(want), rel=1e-13)
 
@@ -467,7 +476,7 @@ def test_fipo_applies_its_dual_clip_without_the_flag(loss_stage):
     adv = torch.tensor([-1.0], dtype=D)
     # f ≡ 1 (F = 0: token 0's Δ > log c is left out of the sum; its safety clip keeps 1); token 1: r = 1, ℓ = 1
     for flags in ({}, {"dual_clip": 10.0}):
-        loss, _, stats, _ = loss_stage(logp, delta, adv, credit="fipo", **flags)
+        loss, _, stats, _ = loss_stage(logp, delta, adv, fipo=True, **flags)
         assert loss == pytest.approx((10.0 + 1.0) / 2, abs=1e-12) and stats["fipo/dropped_frac"] == 0.0
     loss, _, _, _ = loss_stage(logp, delta, adv)
     assert loss == pytest.approx((12.0 + 1.0) / 2, abs=1e-12)
@@ -492,7 +501,7 @@ def test_fipo_drop_is_exact_at_every_micro_batch_size(toy_batch, float64_model, 
     token_adv = adv[:, None] * mask
 
     def update(**flags):
-        cfg = grpo.GRPOConfig(credit="fipo", loss_type=loss_type, max_completion_length=40, **flags)
+        cfg = comparison_config(fipo=True, loss_type=loss_type, max_completion_length=40, **flags)
         model.zero_grad(set_to_none=True)
         loss, _, weights = backward(model, batch, old, token_adv, torch.arange(N), cfg)
         return loss, torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]), weights
@@ -577,10 +586,12 @@ def test_the_kl_term_covers_every_valid_token_beside_a_token_rule(loss_stage, fl
 def test_fipo_with_a_kl_term_is_refused_in_one_line():
     """FIPO's sequence drop rescales the whole accumulated gradient after the last micro-batch (fipo_rescale), which
     would rescale the k3 term too: check_config refuses the pair before any model loads."""
-    with pytest.raises(SystemExit, match=r"^grpo.py: error: --credit fipo with --beta > 0: [^\n]*--beta 0[^\n]*$"):
-        grpo.check_config(grpo.GRPOConfig(credit="fipo", beta=0.01))
-    grpo.check_config(grpo.GRPOConfig(credit="fipo"))
-    grpo.check_config(grpo.GRPOConfig(entropy_top_ratio=0.2, beta=0.01))
+    with pytest.raises(SystemExit, match=r"^grpo.py: error: --fipo with --beta > 0: [^\n]*--beta 0[^\n]*$"):
+        grpo_config.check_config(comparison_config(fipo=True, beta=0.01))
+    with pytest.raises(SystemExit, match=r"^grpo.py: error: --fipo with --beta > 0"):
+        grpo_config.check_config(comparison_config(credit="fipo", beta=0.01))  # the old spelling
+    grpo_config.check_config(comparison_config(fipo=True))
+    grpo_config.check_config(comparison_config(entropy_top_ratio=0.2, beta=0.01))
 
 
 @pytest.mark.parametrize(
@@ -599,7 +610,8 @@ def test_a_comparison_at_its_neutral_setting_is_the_papers_loss_stage(toy_batch,
     twice moves them by ≥ 1/n)."""
     model, tok, batch = toy_batch
     model = float64_model(model)
-    assert run_setup.loss_stage_name(grpo.GRPOConfig(**flags)) != "default"  # the comparison's own stage runs
+    own = comparisons.method(comparison_config(**flags)).loss_stage.backward
+    assert own is not grpo.minibatch_backward  # the comparison's own stage runs
     loss_c, g_c, _, _, _ = _update(model, tok, batch, **flags)
     loss_p, g_p, _, _, _ = _update(model, tok, batch, credit="grpo")
     assert g_p.abs().sum() > 0
@@ -613,15 +625,18 @@ def test_forking_tokens_quantile_one_is_the_papers_loss_stage(toy_batch, float64
     model, tok, batch = toy_batch
     model = float64_model(model)
     N = batch.response_mask.shape[0]
-    cfg = grpo.GRPOConfig(dual_clip=10.0, max_completion_length=40, top_entropy_quantile=1.0)
+    cfg = comparison_config(dual_clip=10.0, max_completion_length=40, top_entropy_quantile=1.0)
     adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4), dtype=torch.float64), 4)
-    old = grpo.old_logprobs(model, batch, cfg, False)
+    old = grpo.old_logprobs(model, batch, cfg)
     token_adv = adv[:, None] * batch.response_mask.to(adv.dtype)
     results = []
-    for stage in ("forking", "default"):
+    forking = comparisons.forking_tokens.forking_backward
+    plain = policy.Forward(grpo.old_logprobs, grpo.micro_batches)
+    for backward_of in (forking, grpo.minibatch_backward):
         model.zero_grad(set_to_none=True)
-        update = grpo.Update(batch, old, token_adv, batch.response_mask, {})
-        loss, _ = grpo.LOSS_STAGES[stage].backward(model, update, torch.arange(N), cfg)
+        parts = run_setup.StepParts(plain, grpo.LossStage(backward_of), grpo.LossSettings.from_config(cfg), None)
+        update = grpo.Update(batch, old, token_adv, batch.response_mask, {}, parts)
+        loss, _ = backward_of(model, update, torch.arange(N), cfg)
         results.append((loss, torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])))
     (loss_f, g_f), (loss_d, g_d) = results
     assert g_d.abs().sum() > 0

@@ -19,6 +19,7 @@ sys.path.insert(0, str(ROOT))
 
 from grpo import GRPOConfig  # noqa: E402
 from trainer import memory_plan as mp  # noqa: E402
+from trainer import scale_passes  # noqa: E402
 
 DATA = ROOT / "trainer" / "model_configs" / "Qwen"  # the shipped configs (trainer/model_configs/README.md)
 ALL = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
@@ -187,8 +188,8 @@ def test_layer_activation_bytes_match_what_autograd_saves(dtype, lora, dropout, 
 
 
 def test_lm_head_keeps_one_float32_copy_of_each_rows_logits():
-    """policy.token_logprobs keeps, per response token, logsumexp's float32 input: 4·V bytes (the plan's 4·V·T)."""
-    from trainer import policy
+    """scale_passes.token_logprobs keeps, per response token, logsumexp's float32 input: 4·V bytes (the plan's
+    4·V·T)."""
 
     b, P, T, V, H = 2, 3, 7, 1000, 8
     W = torch.randn(V, H, dtype=torch.bfloat16)
@@ -203,7 +204,7 @@ def test_lm_head_keeps_one_float32_copy_of_each_rows_logits():
 
     ids, am = torch.randint(0, V, (b, P + T)), torch.ones(b, P + T, dtype=torch.long)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        policy.token_logprobs(model, ids, am, torch.ones(b, T))
+        scale_passes.token_logprobs(model, ids, am, torch.ones(b, T))
     floats = sum(n for n, dt in seen.values() if dt == torch.float32 and n >= T * V * 4)
     assert floats == b * T * V * 4
 
@@ -372,10 +373,10 @@ from tools.bench.memory import live_peak as _live_peak  # noqa: E402  (the alloc
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_lm_head_transients_against_live_bytes(dtype):
-    """policy.token_logprobs over a large vocabulary: the forward's peak is the kept float32 rows, one more row and
+    """scale_passes.token_logprobs over a large vocabulary: the forward's peak is the kept float32 rows, one more row
+    and
     the logits; the backward's, beside what is kept, the larger of three float32 row copies and two logits copies
     (memory_plan's backward_extra). Live bytes of the CPU allocator."""
-    from trainer import policy
 
     b, P, T, V, H = 2, 2, 50, 20_000, 8
     dt = getattr(torch, dtype)
@@ -385,7 +386,7 @@ def test_lm_head_transients_against_live_bytes(dtype):
     model = lambda **kw: SimpleNamespace(logits=hidden[:, -kw["logits_to_keep"] :] @ W.T)  # noqa: E731
     ids, am = torch.randint(0, V, (b, P + T)), torch.ones(b, P + T, dtype=torch.long)
     box = {}
-    fwd = _live_peak(lambda: box.setdefault("lp", policy.token_logprobs(model, ids, am, torch.ones(b, T))))
+    fwd = _live_peak(lambda: box.setdefault("lp", scale_passes.token_logprobs(model, ids, am, torch.ones(b, T))))
     bwd = _live_peak(lambda: box.pop("lp").sum().backward())
     assert fwd == pytest.approx(4 * b * T * V + 4 * T * V + c * b * (T + 1) * V, rel=0.03)
     assert bwd <= 1.03 * max(3 * 4 * T * V, 2 * c * b * (T + 1) * V)  # measured at or below it

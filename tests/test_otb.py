@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+import comparisons
 import grpo
 from comparisons import otb
-from trainer import policy
+from trainer import chunked_head, policy, scale_passes
 
 REPO = Path(__file__).resolve().parents[1]
 D = torch.float64
@@ -100,9 +101,10 @@ def test_credit_share_keeps_equal_reward_groups_apart():
 
 @pytest.mark.parametrize("chunked", [False, True])
 def test_sum_sq_prob_of_theta_olds_pass_is_the_log_sum_exp_formula(toy_model_path, float64_model, monkeypatch, chunked):
-    """Σ_v π_v² per token from θ_old's pass (``old_logprobs(..., token_stats=("sum_sq_prob",))``) equals, for a
-    float64 model, exp(logsumexp(2u) − 2·logsumexp(u)) of the full logits u = z/T (an independent formula), chunked
-    LM head and not, to 1e-10: float64 softmax and sums over V = the toy's vocabulary are ~V·2^-53 apart."""
+    """Σ_v π_v² per token from θ_old's pass (``old_logprobs(..., asked)`` with OTB's ``asks``) equals, for a float64
+    model, exp(logsumexp(2u) − 2·logsumexp(u)) of the full logits u = z/T (an independent formula), on the plain path
+    and on the scale path with the LM head in chunks, to 1e-10: float64 softmax and sums over V = the toy's
+    vocabulary are ~V·2^-53 apart."""
     import rollout
     import toy
 
@@ -110,13 +112,14 @@ def test_sum_sq_prob_of_theta_olds_pass_is_the_log_sum_exp_formula(toy_model_pat
     model = float64_model(model)
     rows = toy.make_split("train")[:3]
     batch = rollout.generate(model, tok, [r["problem"] + "\n" for r in rows], 2, rollout.SamplingSettings(24, seed=1))
-    cfg = grpo.GRPOConfig(temperature=0.7, micro_batch_size=2)
+    cfg = grpo.GRPOConfig(temperature=0.7, micro_batch_size=2, chunked_lm_head=chunked)
     calls = []
     if chunked:  # a few positions per chunk: the head runs in chunks (ChunkedLMHead)
-        monkeypatch.setattr(policy, "LOGITS_CHUNK_BYTES", 3 * model.config.vocab_size * 4)
-        apply = policy.ChunkedLMHead.apply
-        monkeypatch.setattr(policy.ChunkedLMHead, "apply", lambda *a: calls.append(1) or apply(*a))
-    old = grpo.old_logprobs(model, batch, cfg, token_stats=("sum_sq_prob",))
+        monkeypatch.setattr(scale_passes, "LOGITS_CHUNK_BYTES", 3 * model.config.vocab_size * 4)
+        apply = chunked_head.ChunkedLMHead.apply
+        monkeypatch.setattr(chunked_head.ChunkedLMHead, "apply", lambda *a: calls.append(1) or apply(*a))
+    old_logprobs = scale_passes.old_logprobs if chunked else grpo.old_logprobs
+    old = old_logprobs(model, batch, cfg, otb.OTBCredit.asks)
     assert bool(calls) == chunked
     with torch.no_grad():
         position_ids = (batch.attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -130,11 +133,12 @@ def test_sum_sq_prob_of_theta_olds_pass_is_the_log_sum_exp_formula(toy_model_pat
     assert float(want.max()) <= 1.0 and float((want * batch.response_mask).min()) >= 0.0
 
 
-def test_otb_is_a_credit_of_the_registry_under_both_names():
-    choices = grpo.flag_choices()["credit"]
-    assert {"otb", "optimal_token_baseline"} <= set(choices)
-    assert grpo.CREDIT_FUNCTIONS["otb"] is grpo.CREDIT_FUNCTIONS["optimal_token_baseline"] is otb.OTBCredit
-    assert grpo.Credit(grpo.GRPOConfig(credit="otb"), None).token_stats() == ("sum_sq_prob",)
+def test_otb_is_a_credit_of_the_comparisons_under_both_names():
+    config = comparisons.config_class()
+    assert {"otb", "optimal_token_baseline"} <= set(config.__dataclass_fields__["credit"].metadata["choices"])
+    credits = [comparisons.method(config(credit=name)).credit for name in ("otb", "optimal_token_baseline")]
+    assert credits == [otb.OTBCredit, otb.OTBCredit] and "otb" not in grpo.CREDIT_FUNCTIONS
+    assert list(otb.OTBCredit.asks.token_stats) == ["sum_sq_prob"]
 
 
 def test_no_line_of_the_core_files_names_otb():
@@ -144,7 +148,8 @@ def test_no_line_of_the_core_files_names_otb():
 
 
 def test_a_toy_run_with_otb_resumes_and_logs_its_credit(tmp_path, toy_model_path):
-    """``python grpo.py --credit otb``: two steps, then --resume to three; metrics.jsonl has OTB's lines and samples/
+    """``python -m comparisons --credit otb``: two steps, then --resume to three; metrics.jsonl has OTB's lines and
+    samples/
     each token's credit c (its own ``credit_share``), the resumed run's last line equals one run of three steps."""
     common = ["--credit", "otb", "--model", toy_model_path, "--eval_num_generations", "0", "--logging_steps", "1"]
     common += ["--num_prompts_per_step", "4", "--num_generations", "4", "--save_steps", "2"]
@@ -152,7 +157,9 @@ def test_a_toy_run_with_otb_resumes_and_logs_its_credit(tmp_path, toy_model_path
     part = tmp_path / "part"
 
     def run(*flags):
-        subprocess.run([sys.executable, "grpo.py", *common, *flags], cwd=REPO, check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "comparisons", *common, *flags], cwd=REPO, check=True, capture_output=True
+        )
 
     run("--max_steps", "3", "--output_dir", str(whole))
     run("--max_steps", "2", "--output_dir", str(part))
@@ -200,9 +207,9 @@ def test_the_sampler_weights_enter_w_as_verl_folds_them():
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0], dtype=D)
     sampler = logp + torch.randn(mask.shape, generator=torch.Generator().manual_seed(5), dtype=D) * 0.3
     cfg = grpo.GRPOConfig(credit="otb", num_generations=3, use_vllm=True, vllm_importance_sampling_correction=True)
-    old = policy.ThetaOld(logp, None, None, None, {"sum_sq_prob": sum_sq})
+    old = policy.ThetaOld(logp, None, None, {"sum_sq_prob": sum_sq})
     batch = SimpleNamespace(sampler_logprobs=sampler)
-    x = credit_methods.CreditInputs(batch, grpo.group_advantages(rewards, 3), old, None, 0, mask, rewards)
+    x = credit_methods.CreditInputs(batch, grpo.group_advantages(rewards, 3), old, None, 0, mask, rewards, None)
     result = otb.OTBCredit(cfg)(None, x)
     rho = sampler_mismatch.importance_weights(logp, sampler, mask, cfg.vllm_importance_sampling_mode, 3.0, None)
     assert not torch.equal(rho * mask, mask)  # the weights are not all 1

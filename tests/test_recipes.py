@@ -14,7 +14,7 @@ import torch
 
 import grpo
 import toy
-from trainer import recipes
+from trainer import grpo_config, recipes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -39,8 +39,8 @@ def test_overlong_buffer_not_shorter_than_the_budget_is_refused():
             match=rf"^grpo.py: error: --overlong_buffer_len {buffer} must be >= 0 and "
             r"shorter than --max_completion_length 8 \(verl asserts the same\)$",
         ):
-            grpo.check_config(grpo.GRPOConfig(max_completion_length=8, overlong_buffer_len=buffer))
-    grpo.check_config(grpo.GRPOConfig(max_completion_length=8, overlong_buffer_len=7))
+            grpo_config.check_config(grpo.GRPOConfig(max_completion_length=8, overlong_buffer_len=buffer))
+    grpo_config.check_config(grpo.GRPOConfig(max_completion_length=8, overlong_buffer_len=7))
 
 
 # ------------------------------------------------------------------------------------------------ recipes
@@ -60,7 +60,7 @@ def test_a_flag_given_beats_the_recipe_and_the_toy_recipe_is_the_defaults():
     cfg = grpo.GRPOConfig(model="Qwen/Qwen3-8B-Base")
     given = set(
         vars(
-            grpo.build_parser(defaults=False).parse_args(
+            grpo_config.build_parser(defaults=False).parse_args(
                 [
                     "--model",
                     "Qwen/Qwen3-8B-Base",
@@ -387,8 +387,8 @@ def test_an_error_about_a_value_the_recipe_set_names_the_recipe(tmp_path):
 )
 def test_sampling_and_plan_flags_are_checked_before_anything_runs(flags, said):
     with pytest.raises(SystemExit, match="^grpo.py: error: " + re.escape(said)):
-        grpo.check_config(grpo.GRPOConfig(**flags))
-    grpo.check_config(grpo.GRPOConfig(eval_temperature=0.6, eval_top_p=0.7, plan_processes=8, dry_run=True))
+        grpo_config.check_config(grpo.GRPOConfig(**flags))
+    grpo_config.check_config(grpo.GRPOConfig(eval_temperature=0.6, eval_top_p=0.7, plan_processes=8, dry_run=True))
 
 
 def test_the_papers_recipe_samples_with_vllm_asleep_only_when_planned_for_gpus(monkeypatch):

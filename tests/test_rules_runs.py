@@ -6,6 +6,7 @@ import json
 import pytest
 
 import grpo
+from trainer import grpo_config
 
 RULES = {  # flags -> a metrics.jsonl key the rule logs (None: the rule's own keys are the loss's)
     "sapo": (["--loss_type", "sapo"], None),
@@ -69,7 +70,7 @@ def test_rule_runs_on_the_toy(toy_model_path, tmp_path, name):
 
 def test_help_lists_every_rule_flag(capsys):
     with pytest.raises(SystemExit):
-        grpo.build_parser().parse_args(["--help"])
+        grpo_config.build_parser().parse_args(["--help"])
     text = capsys.readouterr().out
     for flag in (
         "--loss_type",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import grpo
-from trainer import run_setup
+from trainer import grpo_config, run_setup
 from trainer import sampler_mismatch as sm
 
 # two responses of 3 and 2 tokens (the last position of row 1 is padding, its log-probs garbage)
@@ -114,7 +114,7 @@ def test_the_rule_is_chosen_once_and_the_flag_needs_vllm():
     adv = torch.ones(2, 3)
     assert run_setup.uncorrected(adv, None, None, None) == (adv, {})
     with pytest.raises(SystemExit, match="--vllm_importance_sampling_correction needs --use_vllm"):
-        grpo.check_config(grpo.GRPOConfig(vllm_importance_sampling_correction=True))
+        grpo_config.check_config(grpo.GRPOConfig(vllm_importance_sampling_correction=True))
 
     class Batch:
         response_mask, sampler_logprobs = MASK, SAMPLER

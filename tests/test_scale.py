@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import backward
+from conftest import backward, step_parts
 from safetensors.torch import load_file
 
 import grpo
 import rollout
 import toy
-from trainer import checkpoint, policy, run_setup
+from trainer import checkpoint, grpo_config, policy, run_setup, scale_passes
 
 ROOT = Path(__file__).resolve().parents[1]
 REWARDS = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0])  # two groups of 4, both signs in each
@@ -35,7 +35,7 @@ def fixed_batch(tiny_model_path):
 def _logp(model, batch):
     model.eval()
     with torch.no_grad():
-        return policy.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask)
+        return scale_passes.token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask)
 
 
 def _train_lora(tiny_model_path, batch, steps=2, **kw):
@@ -50,7 +50,7 @@ def _train_lora(tiny_model_path, batch, steps=2, **kw):
     ref = policy.reference_model(model, cfg)  # None unless beta > 0
     for step in range(steps):
         theta_old = grpo.old_logprobs(model, batch, cfg, ref_model=ref)
-        update = grpo.Update(batch, theta_old, token_adv, batch.response_mask, {})
+        update = grpo.Update(batch, theta_old, token_adv, batch.response_mask, {}, step_parts(cfg))
         _, norms, _, skipped = grpo.policy_update(model, opt, update, cfg, step)
         assert skipped == 0 and norms[0] > 0
     return model, tok, cfg, before
@@ -75,14 +75,14 @@ def test_loading_flags_dtype_attention_and_reference_on_cpu(tiny_model_path, fix
     with pytest.raises(ValueError, match="torch_dtype"):
         _load(tiny_model_path, dtype="int8")
     # the flags are generated from GRPOConfig; defaults keep the toy run unchanged
-    args = grpo.build_parser().parse_args([])
+    args = grpo_config.build_parser().parse_args([])
     assert (args.torch_dtype, args.attn_implementation, args.trust_remote_code, args.use_peft) == (
         "auto",
         "sdpa",
         False,
         False,
     )
-    args = grpo.build_parser().parse_args(
+    args = grpo_config.build_parser().parse_args(
         [
             "--use_peft",
             "--lora_r",
@@ -97,9 +97,9 @@ def test_loading_flags_dtype_attention_and_reference_on_cpu(tiny_model_path, fix
     cfg = grpo.GRPOConfig(**vars(args))
     assert cfg.use_peft and cfg.lora_r == 4 and cfg.gradient_checkpointing and cfg.ref_on_cpu and cfg.resume
     with pytest.raises(SystemExit, match="lora_r"):
-        grpo.check_config(grpo.GRPOConfig(use_peft=True, lora_r=0))
+        grpo_config.check_config(grpo.GRPOConfig(use_peft=True, lora_r=0))
     with pytest.raises(SystemExit):
-        grpo.build_parser().parse_args(["--torch_dtype", "int8"])
+        grpo_config.build_parser().parse_args(["--torch_dtype", "int8"])
     # full fine-tuning with --beta > 0 and --ref_on_cpu: a separate frozen copy loaded on the CPU
     cfg = grpo.GRPOConfig(model=str(tiny_model_path), beta=0.1, ref_on_cpu=True)
     ref = policy.reference_model(m32, cfg)
@@ -152,11 +152,11 @@ def test_peft_wrapper_keeps_hidden_hook_and_logits_to_keep(tiny_model_path, fixe
     plain, _ = _load(tiny_model_path)
     plain = float64_model(plain)  # the same function through peft's wrapper: float64, 1e-10 (conftest)
     inputs = (fixed_batch.input_ids, fixed_batch.attention_mask, fixed_batch.response_mask)
-    lp0, h0, *_ = policy.token_outputs(plain.eval(), *inputs, asked=policy.Asked(hidden=True))
+    lp0, h0, *_ = scale_passes.token_outputs(plain.eval(), *inputs, asked=policy.Asked(hidden=True))
     model, _ = _load(tiny_model_path)
     peft_model = policy.prepare_model(float64_model(model), grpo.GRPOConfig(use_peft=True)).eval()
     with torch.no_grad():  # a fresh adapter (B = 0) is the identity: same log-probs, same LM-head inputs
-        lp1, h1, *_ = policy.token_outputs(peft_model, *inputs, asked=policy.Asked(hidden=True))
+        lp1, h1, *_ = scale_passes.token_outputs(peft_model, *inputs, asked=policy.Asked(hidden=True))
         out = peft_model(input_ids=fixed_batch.input_ids, attention_mask=fixed_batch.attention_mask, logits_to_keep=5)
     torch.testing.assert_close(lp1, lp0.detach(), atol=1e-10, rtol=0)
     torch.testing.assert_close(h1, h0, atol=1e-10, rtol=0)
@@ -541,7 +541,7 @@ def test_lora_run_names_its_base_model_as_given_and_its_folder_loads(toy_model_p
     assert hasattr(model, "peft_config")  # the adapter is on
     base, _ = policy.load_model_and_tokenizer(toy_model_path)
     batch = rollout.generate(base, tok, ["Compute 1+2.\n"], 2, rollout.SamplingSettings(12))
-    trained = policy.token_logprobs(model.eval(), batch.input_ids, batch.attention_mask, batch.response_mask)
-    plain = policy.token_logprobs(base.eval(), batch.input_ids, batch.attention_mask, batch.response_mask)
+    trained = scale_passes.token_logprobs(model.eval(), batch.input_ids, batch.attention_mask, batch.response_mask)
+    plain = scale_passes.token_logprobs(base.eval(), batch.input_ids, batch.attention_mask, batch.response_mask)
     assert (trained - plain).abs().max() > 1e-4  # the adapter's update is there
     assert rollout.resolve_template("auto", str(out / "final")) == "none"

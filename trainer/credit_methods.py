@@ -98,19 +98,17 @@ class DeltaCredit(GRPOCredit):
         proxy = self.proxy(model)
         T = mask.shape[1]
         layout = [(slice(None), T)]  # the chunks' rows and widths: h kept by stage 4, one chunk
-        if x.old.hidden is None:  # streamed: the run's passes, h recomputed a micro-batch at a time at each call
-            rows = torch.arange(mask.shape[0])
-            passes = x.forward.micro_batches(
-                model, x.batch, rows, self.cfg, grad=False, asked=policy.Asked(hidden=True)
-            )
+        if x.old.hidden is None:  # streamed: h recomputed by the run's passes, a micro-batch at a time, at each call
             layout = []
+        rows = torch.arange(mask.shape[0])
+        asked = policy.Asked(hidden=True)
 
         def chunks():  # (v [b, t, H], Â [b], mask [b, t]) of each chunk, in order
             if x.old.hidden is not None:
                 yield proxy(x.old.hidden, x.old.logp, mask, ids), x.adv, mask
                 return
-            for mb in passes:
-                if len(layout) < mb.num_micro_batches:
+            for j, mb in enumerate(x.forward.micro_batches(model, x.batch, rows, self.cfg, grad=False, asked=asked)):
+                if j == len(layout):  # (the first pass)
                     layout.append((mb.rows, mb.t))
                 v = proxy(mb.hidden, mb.take(x.old.logp), mb.take(mask), mb.take(ids))
                 yield v, x.adv[mb.rows], mb.take(mask)
