@@ -65,7 +65,7 @@ def per_prompt_generate(model, tokenizer, prompts, num_generations, settings, ba
 
 def count_chunked_lm_head_calls(budget: int) -> None:
     """``scale_passes.LOGITS_CHUNK_BYTES`` set to ``budget`` (tests force the chunked LM head on the toy's small
-    vocabulary; the run adds ``--chunked_lm_head``), and each process writes how many micro-batches went through
+    vocabulary, in a run given ``--chunked_lm_head``), and each process writes how many micro-batches went through
     ``ChunkedLMHead`` to ``<output_dir>/chunked_lm_head_calls.<rank>`` when it exits."""
     import atexit
 
@@ -82,8 +82,6 @@ def count_chunked_lm_head_calls(budget: int) -> None:
 
 if __name__ == "__main__":
     rollout.generate = per_prompt_generate
-    argv = sys.argv[1:]
-    if os.environ.get("TEST_LOGITS_CHUNK_BYTES"):  # the LM head in chunks: the scale path's --chunked_lm_head
+    if os.environ.get("TEST_LOGITS_CHUNK_BYTES"):  # (with --chunked_lm_head: the scale path's chunked LM head)
         count_chunked_lm_head_calls(int(os.environ["TEST_LOGITS_CHUNK_BYTES"]))
-        argv += [] if "--chunked_lm_head" in argv else ["--chunked_lm_head"]
-    comparisons.main(argv)
+    comparisons.main(sys.argv[1:])
