@@ -1,24 +1,25 @@
-"""The repository a student opens is the design card (issue #44): six files at the top, four folders beside them,
-and imports that point one way.
+"""The repository a student opens is the design card: six files at the top, four folders beside them, and imports
+that point one way (issues #44, #52).
 
 Read from the source with ``ast``, nothing imported (``git ls-files`` only for what is tracked): every top-level
 ``*.py`` and every ``*.py`` under trainer/, comparisons/, toy/ and tools/, each ``import X`` / ``from X import ...``
-anywhere in the file (module level or inside a function) that names a project module. The rules:
+anywhere in the file (module level or inside a function) that names a project module. The rules, with no exception:
 
 * the top level holds only the method: grpo.py, delta.py, cscr.py, rollout.py, verify.py, evaluate.py;
 * delta.py, cscr.py and verify.py import no project module (they are copied into other trainers alone);
-* grpo.py reads as the method: it imports at most 8 project modules;
-* trainer/ (generic code) knows nothing of the toy, of a comparison or of a tool; comparisons/ imports no tool;
-  nothing but tools/ (and the tests) imports tools/;
-* no import circle; the model, the run folder and the data import nothing above them;
-* docs/layout.md holds the import floors as the code has them (``python tests/test_layout.py`` prints the block).
-
-Where today's code still breaks a rule, the arrow is named in an allow-list below (``*_TO_REMOVE``): each entry is an
-arrow that a named change removes, and an entry that no longer exists fails the test, so the lists only shrink.
+* grpo.py reads as the method: it imports at most 8 project modules, and ``import grpo`` loads at most 14;
+* the core (the six files and trainer/) imports nothing of comparisons/ or tools/, not even by a module name in a
+  string; trainer/ knows no toy and names no comparison's flag or statistic; comparisons/ imports no tool; nothing but
+  tools/ (and the tests) imports tools/;
+* no import circle, lazy imports included; the model, the run folder and the data import nothing above them;
+* the core trains without comparisons/ and tools/; a new credit method is its file and its name in one list.
 """
 
 import ast
 import functools
+import json
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -46,29 +47,6 @@ COPYABLE = {
 # loads), the hub check (asked by the model and the data alike).
 LEAVES = set(COPYABLE) | {"trainer.memory_plan", "trainer.hub"}
 
-# Arrows that break a rule today, each removed by a named change (an entry that no longer exists fails: delete it).
-# grpo.py's imports beyond the method: the loss-rule hooks become registries filled by the comparisons, the toy is
-# registered and the run set up in trainer/run_setup.py (the grpo.py restructuring of issue #44).
-GRPO_IMPORTS_TO_REMOVE: set[str] = set()  # done: grpo.py imports the methods, the verifier and trainer/ only
-# trainer/ -> comparisons/, tools/ or the toy: the run's setup (run_setup.py) keeps DelTA's frozen γ of an ablation in
-# checkpoints (delta_ablations.kept_gamma) and writes samples/summary.json with report.py (write_samples_summary).
-TRAINER_ARROWS_TO_REMOVE = {
-    # run_setup registers the comparisons and the toy into grpo.py's registries when a run starts (grpo.register):
-    # the one place where flags meet the comparisons' names; and its samples/ summary uses report.credit_lands
-    # (issue #44: the toy's truth and the credit summary belong where they are read, the report).
-    ("trainer.run_setup", "comparisons"),
-    ("trainer.run_setup", "toy"),
-    ("trainer.run_setup", "tools.report"),
-}
-# The one import circle: rollout.sample calls the vLLM engine, and trainer/vllm_engine.py builds rollout's Rollout
-# from rollout's SamplingSettings and build_rollout (issue #44's move of the engine). The floors leave this arrow out.
-CIRCLE_ARROWS_TO_REMOVE = {
-    ("trainer.vllm_engine", "rollout"),
-    # the comparisons import grpo (the functions they replace or reuse), and run_setup imports the comparisons to
-    # register them when a run starts (a lazy import of their modules; issue #44: break it by registering from the
-    # entry point)
-    ("trainer.run_setup", "comparisons"),
-}
 # Arrows that must not exist, directly or through other files (issue #33): the model (policy) knows no run folder,
 # report, evaluation, data or sampler; the run folder (checkpoint) no report page and no model code; the data
 # (problems) no model, sampler, run folder or evaluation.
@@ -96,7 +74,10 @@ FORBIDDEN = {
 # What grpo.py's run setup takes from evaluate.py: the held-out evaluation and its settings (its data comes from
 # trainer/problems.py).
 RUN_SETUP_USES_OF_EVALUATE = {"heldout", "EvalSettings"}
-FLOORS_FILE = "docs/layout.md"  # where the import floors block is written
+MAX_GRPO_LOADS = 14  # project modules ``import grpo`` loads
+CORE = SIX | {"trainer"}
+# What only a comparison names (its flags, its per-token statistic, its name): trainer/'s code names none of them
+COMPARISON_WORDS = ("sum_sq_prob", "entropy_top_ratio", "top_entropy_quantile", "fipo", "sapo", "delta_select", "otb")
 
 
 @functools.cache
@@ -146,15 +127,10 @@ def imports_of(path: Path, files: dict[str, Path]) -> set[str]:
     return found
 
 
-def import_graph(with_known_circle: bool = False) -> dict[str, set[str]]:
-    """``{module: the project modules it imports}`` (``imports_of``), for every project module; without the arrows of
-    ``CIRCLE_ARROWS_TO_REMOVE`` unless ``with_known_circle``."""
+def import_graph() -> dict[str, set[str]]:
+    """``{module: the project modules it imports}`` (``imports_of``), for every project module."""
     files = module_files()
-    graph = {name: imports_of(path, files) - {name} for name, path in files.items()}
-    if not with_known_circle:
-        for name, dep in CIRCLE_ARROWS_TO_REMOVE:
-            graph[name] = graph[name] - {dep}
-    return graph
+    return {name: imports_of(path, files) - {name} for name, path in files.items()}
 
 
 def third_party_roots(path: Path) -> set[str]:
@@ -210,56 +186,6 @@ def in_folder(name: str, *folders: str) -> bool:
     return any(name == f or name.startswith(f + ".") for f in folders)
 
 
-def floor_modules(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    """The modules the floors show: all but the scripts of tools/bench/ and tools/examples/, ``__main__`` files and
-    the folders' ``__init__`` files that import nothing and that nothing imports (docstrings only)."""
-    imported = set().union(*graph.values())
-    return {
-        name: deps
-        for name, deps in graph.items()
-        if not in_folder(name, "tools.bench", "tools.examples")
-        and not name.endswith(".__main__")
-        and (deps or name in imported or name not in FOLDERS)
-    }
-
-
-def floors(graph: dict[str, set[str]]) -> list[list[str]]:
-    """The modules by floor: floor 0 imports no project module, floor n only modules of floors < n (and at least one
-    of floor n - 1). Needs a graph without a circle."""
-    top = floor_modules(graph)
-    floor: dict[str, int] = {}
-    while len(floor) < len(top):
-        ready = [m for m in top if m not in floor and top[m] <= floor.keys()]
-        assert ready, "import circle among " + ", ".join(sorted(set(top) - floor.keys()))
-        for m in ready:
-            floor[m] = max((floor[d] + 1 for d in top[m]), default=0)
-    return [sorted(m for m in floor if floor[m] == n) for n in range(max(floor.values()) + 1)]
-
-
-def render_floors(graph: dict[str, set[str]], width: int = 116) -> str:
-    """The floors as a fenced block, top floor first: ``floor n  module: what it imports · ...``, wrapped at
-    ``width`` columns; floor 0 lists its modules only."""
-    lines = []
-    for n, names in reversed(list(enumerate(floors(graph)))):
-        items = (
-            [f"{' '.join(names)} (import no project module)"]
-            if n == 0
-            else [f"{m}: {' '.join(sorted(graph[m]))}" for m in names]
-        )
-        line = f"floor {n}  "
-        for item in items:
-            if line.strip() and not line.endswith("  ") and len(line) + 3 + len(item) > width:
-                lines.append(line)
-                line = " " * 9
-            for k, word in enumerate(item.split(" ")):  # a module that imports many wraps within its own list
-                if k and len(line) + 1 + len(word) > width:
-                    lines.append(line)
-                    line = " " * 11
-                line += word if line.endswith(" ") else (f" · {word}" if k == 0 else f" {word}")
-        lines.append(line)
-    return "\n".join(["```text", *lines, "```"])
-
-
 def _attributes_of(path: Path, module: str) -> set[str]:
     """The names ``path`` reads as ``module.<name>``."""
     tree = _tree(path)
@@ -307,45 +233,69 @@ def test_the_copyable_files_import_no_project_module_and_one_library():
     assert libraries == COPYABLE
 
 
-def test_grpo_imports_at_most_eight_project_modules():
-    imports = import_graph()["grpo"]
-    stale = GRPO_IMPORTS_TO_REMOVE - imports
-    assert not stale, f"grpo.py no longer imports {sorted(stale)}: delete them from GRPO_IMPORTS_TO_REMOVE"
-    counted = sorted(imports - GRPO_IMPORTS_TO_REMOVE)
-    assert len(counted) <= MAX_GRPO_IMPORTS, f"grpo.py imports {len(counted)} project modules: {counted}"
+def test_grpo_imports_at_most_eight_project_modules_and_loads_at_most_fourteen():
+    imports = sorted(import_graph()["grpo"])
+    assert len(imports) <= MAX_GRPO_IMPORTS, f"grpo.py imports {len(imports)} project modules: {imports}"
+    code = "import sys, grpo; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300, check=True
+    )
+    loaded = [m for m in out.stdout.split() if m in module_files() or m.split(".")[0] in module_files()]
+    assert len(loaded) <= MAX_GRPO_LOADS, f"import grpo loads {len(loaded)} project modules: {loaded}"
 
 
-def test_trainer_knows_no_comparison_no_tool_and_no_toy():
-    graph = import_graph(with_known_circle=True)
-    arrows = {
-        (name, dep)
-        for name, deps in graph.items()
-        if in_folder(name, "trainer")
-        for dep in deps
-        if in_folder(dep, "comparisons", "tools", "toy")
+def _core(name: str) -> bool:
+    return name in SIX or in_folder(name, "trainer")
+
+
+def test_the_core_imports_no_comparison_and_no_tool_not_even_by_name():
+    graph = import_graph()
+    arrows = sorted(
+        (n, d) for n, deps in graph.items() if _core(n) for d in deps if in_folder(d, "comparisons", "tools")
+    )
+    assert arrows == []
+    module_name = re.compile(r"^(comparisons|tools)(\.\w+)*$")  # a module named in a string (importlib, __import__)
+    named = {
+        path.relative_to(ROOT).as_posix(): sorted(value for value in _code_strings(path) if module_name.match(value))
+        for name, path in module_files().items()
+        if _core(name)
     }
-    stale = TRAINER_ARROWS_TO_REMOVE - arrows
-    assert not stale, f"these arrows are gone: delete them from TRAINER_ARROWS_TO_REMOVE: {sorted(stale)}"
-    assert sorted(arrows - TRAINER_ARROWS_TO_REMOVE) == []
+    assert {path: values for path, values in named.items() if values} == {}
+
+
+def test_trainer_knows_no_toy_and_names_no_comparisons_flag_or_statistic():
+    graph = import_graph()
+    assert (
+        sorted((n, d) for n, deps in graph.items() if in_folder(n, "trainer") for d in deps if in_folder(d, "toy"))
+        == []
+    )
+    found = {}
+    for name, path in module_files().items():
+        if not in_folder(name, "trainer"):
+            continue
+        words = {w.lower() for text in _code_strings(path) | _code_names(path) for w in re.findall(r"\w+", text)}
+        hits = sorted(set(COMPARISON_WORDS) & words)
+        if hits:
+            found[path.relative_to(ROOT).as_posix()] = hits
+    assert found == {}
 
 
 def test_comparisons_import_no_tool_and_only_tools_import_tools():
     graph = import_graph()
-    allowed = {name: deps - {d for n, d in TRAINER_ARROWS_TO_REMOVE if n == name} for name, deps in graph.items()}
-    from_comparisons = {  # through the arrows the trainer is still to lose (TRAINER_ARROWS_TO_REMOVE): none
-        name: sorted(d for d in reachable(allowed, name) if in_folder(d, "tools"))
+    from_comparisons = {
+        name: sorted(d for d in reachable(graph, name) if in_folder(d, "tools"))
         for name in graph
         if in_folder(name, "comparisons")
     }
     assert {name: deps for name, deps in from_comparisons.items() if deps} == {}
-    into_tools = {
+    into_tools = sorted(
         (name, dep)
         for name, deps in graph.items()
         if not in_folder(name, "tools")
         for dep in deps
         if in_folder(dep, "tools")
-    }
-    assert sorted(into_tools - TRAINER_ARROWS_TO_REMOVE) == []
+    )
+    assert into_tools == []
 
 
 def test_each_folder_says_what_it_holds_and_who_imports_it():
@@ -354,10 +304,7 @@ def test_each_folder_says_what_it_holds_and_who_imports_it():
         assert doc and "import" in doc, f"{folder}/__init__.py: a docstring saying what it holds and who imports it"
 
 
-def test_no_import_circle_but_the_known_one():
-    full = import_graph(with_known_circle=True)
-    stale = {(name, dep) for name, dep in CIRCLE_ARROWS_TO_REMOVE if dep not in full[name]}
-    assert not stale, f"these arrows are gone: delete them from CIRCLE_ARROWS_TO_REMOVE: {sorted(stale)}"
+def test_no_import_circle_lazy_imports_included():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 
@@ -424,18 +371,133 @@ def test_no_project_file_reads_a_private_name_of_the_copyable_modules():
     assert {path: names for path, names in private.items() if names} == {}
 
 
-def test_the_written_floors_are_the_codes():
-    graph = import_graph()
-    shown = floor_modules(graph)
-    levels = floors(graph)
-    for n, names in enumerate(levels):  # each module stands one floor above its highest import
-        for m in names:
-            assert all(any(d in lower for lower in levels[:n]) for d in shown[m])
-    block = render_floors(graph)
-    assert block in (ROOT / FLOORS_FILE).read_text(encoding="utf-8"), (
-        f"{FLOORS_FILE} does not hold the import floors as the code has them (python tests/test_layout.py):\n{block}"
+def _code_strings(path: Path) -> set[str]:
+    """The string constants of a file's code: every ``str`` literal but the docstrings (of the module, a class, a
+    function)."""
+    tree = _tree(path)
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+    }
+
+
+def _code_names(path: Path) -> set[str]:
+    """The identifiers of a file's code: names, attributes, arguments, functions and classes it defines."""
+    out = set()
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Name):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            out.add(node.attr)
+        elif isinstance(node, ast.arg):
+            out.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            out.add(node.name)
+        elif isinstance(node, ast.keyword) and node.arg:
+            out.add(node.arg)
+    return out
+
+
+def _copy(tmp_path: Path, leave_out=()) -> Path:
+    """The tracked files (``git ls-files``) copied into ``tmp_path``/repo, the folders ``leave_out`` left out."""
+    try:
+        listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True)
+    except (OSError, subprocess.CalledProcessError) as err:
+        pytest.skip(f"git ls-files failed ({err}): not a git checkout")
+    dest = tmp_path / "repo"
+    for rel in listed.stdout.splitlines():
+        if rel.split("/")[0] in leave_out or not (ROOT / rel).is_file():
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, dest / rel)
+    return dest
+
+
+TINY_RUN = ["--max_steps", "2", "--num_prompts_per_step", "4", "--num_generations", "4"]
+TINY_RUN += ["--max_completion_length", "24", "--eval_num_generations", "0", "--save_steps", "0"]
+
+
+@pytest.mark.parametrize("credit", ["grpo", "delta", "cscr"])
+def test_the_core_trains_without_comparisons_and_tools(tmp_path, credit):
+    """A copy of the repository without comparisons/ and tools/ trains the toy two steps with the paper's methods."""
+    repo = _copy(tmp_path, leave_out=("comparisons", "tools"))
+    out = tmp_path / "run"
+    command = [sys.executable, "grpo.py", "--credit", credit, *TINY_RUN, "--output_dir", str(out)]
+    done = subprocess.run(command, cwd=repo, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+NEW_METHOD = '''"""A token-credit method of one's own (tests/test_layout.py): Ã = Â·(1 + s·ramp), ramp from −1 at
+a response's first token to +1 at the batch's last position, s = --tilt_strength."""
+
+from dataclasses import dataclass
+
+import torch
+
+from trainer import credit_methods
+from trainer.grpo_config import flag
+
+MORE_CHOICES = {"credit": {"tilt": "Â tilted along the response (comparisons/tilt.py)"}}
+
+
+@dataclass
+class Flags:
+    tilt_strength: float = flag(0.0, "the tilt s of --credit tilt")
+
+
+def checks(cfg):
+    return [(abs(cfg.tilt_strength) >= 1, "--tilt_strength must be in (-1, 1)")]
+
+
+def replace(cfg, method):
+    return method._replace(credit=TiltCredit, label="tilt") if cfg.credit == "tilt" else method
+
+
+class TiltCredit(credit_methods.GRPOCredit):
+    def __call__(self, model, x):
+        ramp = torch.linspace(-1.0, 1.0, x.loss_mask.shape[1])
+        token_adv = x.adv[:, None] * (1 + self.cfg.tilt_strength * ramp) * x.loss_mask
+        return credit_methods.CreditResult(token_adv, {"tilt/strength": self.cfg.tilt_strength}, {})
+'''
+
+
+def test_a_new_credit_method_is_its_file_and_its_name_in_one_list(tmp_path):
+    """A new token-credit method with a flag of its own: its file in comparisons/ and its name in COMPARISONS; it trains
+    two steps with ``python -m comparisons``, its flag saved in config.json and its statistic logged, and the copy's
+    ``git status`` shows those two changes and nothing else (no document regenerated, no field added elsewhere)."""
+    repo = _copy(tmp_path)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "copy"]):
+        subprocess.run([*git, *args], cwd=repo, check=True, capture_output=True, timeout=120)
+    (repo / "comparisons" / "tilt.py").write_text(NEW_METHOD)
+    listing = repo / "comparisons" / "__init__.py"
+    text = listing.read_text()
+    assert text.count('COMPARISONS = ("') == 1
+    listing.write_text(text.replace('COMPARISONS = ("', 'COMPARISONS = ("tilt", ', 1))
+    status = subprocess.run([*git, "status", "--porcelain"], cwd=repo, capture_output=True, text=True, check=True)
+    assert sorted(status.stdout.splitlines()) == [" M comparisons/__init__.py", "?? comparisons/tilt.py"]
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "comparisons", "--credit", "tilt", "--tilt_strength", "0.5", *TINY_RUN]
+    done = subprocess.run([*command, "--output_dir", str(out)], cwd=repo, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((out / "config.json").read_text())["tilt_strength"] == 0.5
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 and all(line["tilt/strength"] == 0.5 for line in lines)
+    tests = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "tests/test_layout.py", "-k", "circle or core_imports or trainer_knows"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
-
-
-if __name__ == "__main__":  # the floors block, as docs/layout.md holds it
-    print(render_floors(import_graph()))
+    assert tests.returncode == 0, tests.stdout[-2000:]

@@ -19,7 +19,7 @@ import torch
 
 import rollout
 import verify
-from trainer import distributed, policy, scale_passes
+from trainer import distributed, policy
 
 # The modules a run needs once, before its loop (recipes, checks, data, run folder, memory plan, vLLM, evaluation),
 # are imported by the functions that use them: ``import grpo`` loads the step's modules only.
@@ -85,7 +85,7 @@ def step_parts(cfg, credit, method, plain: policy.Forward) -> StepParts:
     """What the flags choose for every step, once before the loop: the scale path's passes when one of its flags is
     on (trainer/scale_passes.py; θ_old from the training forward when memory_plan.updates_on_policy allows), else
     ``plain`` (grpo.py's); ``method``'s loss stage and surrogate settings; ``credit``: the run's credit function."""
-    from trainer import memory_plan
+    from trainer import memory_plan, scale_passes
 
     forward = plain
     if scale_passes.chosen(cfg):
@@ -178,7 +178,7 @@ def build_policy(cfg, run, say):
     --resume's AdamW and RNG states; the template, its stop tokens and --use_vllm's engine (after the policy is on the
     GPU: vLLM's memory check counts it). Returns (model, tokenizer, ref_model, optimizer, llm, template, stop_ids,
     trainer state or None, the optimisations on)."""
-    from trainer import vllm_engine
+    from trainer import scale_passes, vllm_engine
 
     model, tokenizer, ref_model, optimizer, compute_dtype = policy.build(cfg, say, load_weights=run.load_weights)
     state = run.load_optimizer(model, optimizer)
