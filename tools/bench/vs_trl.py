@@ -764,9 +764,9 @@ def main(argv=None) -> dict:
     print(table)
     print(
         f"\n{args.steps - 1} timed steps per run (step 1 excluded) × {args.rounds} rounds; medians over pooled "
-        f"steps; (a–b) = range of the per-round ratio. Same prompts in the same order for both trainers: "
+        f"steps; (a–b) = range of the per-round ratio. Same prompts in the same order for every trainer: "
         f"{'yes' if same_prompts else 'NO'}. Torch threads: ours "
-        f"{sorted({r['torch_threads'] for r in runs if r['trainer'] == 'ours'})}, TRL "
+        f"{sorted({r['torch_threads'] for r in runs if r['trainer'] != 'trl'})}, TRL "
         f"{sorted({x for r in runs if r['trainer'] == 'trl' for x in r['torch_threads']})}. "
         f"Evaluation: {before['problems']} held-out problems, greedy + {k} samples at temperature 1.0, seed "
         f"{args.eval_seed}."
