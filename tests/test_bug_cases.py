@@ -15,12 +15,12 @@ from trainer import scale_passes
 
 
 def test_C16_group_of_one_gives_zero_advantage():
-    a = grpo.group_advantages(torch.tensor([1.0]), group_size=1)
+    a = grpo.group_advantages(torch.tensor([1.0]), num_generations=1)
     assert torch.isfinite(a).all() and a.item() == 0.0
 
 
 def test_C17_advantages_are_per_contiguous_group():
-    a = grpo.group_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0]), group_size=2)
+    a = grpo.group_advantages(torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0, 0.0]), num_generations=2)
     assert torch.equal(a[2:], torch.zeros(4))
     assert a[0].item() == pytest.approx(0.7071058, abs=1e-6) and a[1].item() == pytest.approx(-0.7071058, abs=1e-6)
 

@@ -10,11 +10,12 @@ of the CPU allocator against memory_plan's chunk terms."""
 
 import pytest
 import torch
-from conftest import backward
+from conftest import backward, comparison_config
 from test_architectures import _batch, _config
 
+import comparisons
 import grpo
-from trainer import chunked_head, grpo_config, memory_plan, policy, scale_passes
+from trainer import chunked_head, credit_methods, grpo_config, memory_plan, policy, scale_passes
 
 TOL = 1e-10
 ARCHS = ["qwen3", "qwen3_sliding", "llama", "mistral", "gemma3", "tied"]
@@ -147,18 +148,20 @@ def _update(model, tok, batch, credit, flags):
     """Stages 4-6 (θ_old and the reference, the credit, one mini-batch's backward) as grpo.py runs them: (θ_old's
     log-probs, token advantages, loss, gradient)."""
     N = len(batch.response_mask)
-    cfg = grpo.GRPOConfig(
-        credit=credit, max_completion_length=batch.response_mask.shape[1], **{"fuse_old_logprobs": False, **flags}
+    cfg = comparison_config(
+        credit=credit, max_completion_length=batch.response_mask.shape[1], **{"chunked_lm_head": True, **flags}
     )
     adv = grpo.group_advantages(
         torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0], dtype=torch.float64), batch.group_size
     )
-    credit_fn, ref = grpo.Credit(cfg, tok), policy.reference_model(model, cfg)
-    fused = memory_plan.updates_on_policy(cfg, N, processes=1)
-    old = grpo.old_logprobs(model, batch, cfg, credit_fn.needs_hidden(), ref, training_forward=fused)
-    token_adv, _ = credit_fn(model, batch, adv, old, ["5"] * N)
+    credit_fn = comparisons.method(cfg).credit(cfg, tok)
+    ref = policy.reference_model(model, cfg)
+    forward = scale_passes.forward(cfg, False)  # the scale path, with --chunked_lm_head
+    old = forward.old_logprobs(model, batch, cfg, credit_fn.asks, ref)
+    inputs = credit_methods.CreditInputs(batch, adv, old, ["5"] * N, 0, batch.response_mask, adv, forward)
+    token_adv = credit_fn(model, inputs).token_adv
     model.zero_grad(set_to_none=True)
-    loss, _, _ = backward(model, batch, old, token_adv, torch.arange(N), cfg)
+    loss, _, _ = backward(model, batch, old, token_adv, torch.arange(N), cfg, forward=forward)
     return old.logp, token_adv, loss, _grads(model)
 
 
@@ -230,10 +233,10 @@ def test_models_whose_logits_are_not_the_heads_output_keep_the_unchunked_path(to
     why = chunked_head.lm_head(cohere)
     assert isinstance(why, str) and "CohereForCausalLM's logits are not its LM head's output" in why
     said = []
-    plan = scale_passes.exact_optimisations(cohere, grpo.GRPOConfig(), said.append)
-    assert plan["chunked_lm_head"] == f"off: {why}" and said == [
-        f"[exact] the LM head runs on a micro-batch's logits at once (not in chunks of positions): {why}"
-    ]
+    cfg = grpo.GRPOConfig(chunked_lm_head=True)
+    plan = scale_passes.exact_optimisations(cohere, cfg, said.append)
+    assert plan["chunked_lm_head"] == f"off: {why}" and said == [f"[exact] --chunked_lm_head off: {why}"]
+    assert not cfg.chunked_lm_head
     batch = _batch(tokenizer)
     small = scale_passes.token_logprobs(
         cohere, batch.input_ids, batch.attention_mask, batch.response_mask, chunk_bytes=1
@@ -249,7 +252,9 @@ def test_models_whose_logits_are_not_the_heads_output_keep_the_unchunked_path(to
     assert "not a bias-free nn.Linear" in chunked_head.lm_head(lora)
     plain = policy.prepare_model(_model("qwen3", V, float64_model), grpo.GRPOConfig(use_peft=True))
     assert (
-        scale_passes.exact_optimisations(plain, grpo.GRPOConfig(use_peft=True), lambda *a: None)["chunked_lm_head"]
+        scale_passes.exact_optimisations(plain, grpo.GRPOConfig(use_peft=True, chunked_lm_head=True), lambda *a: None)[
+            "chunked_lm_head"
+        ]
         == "on"
     )
 

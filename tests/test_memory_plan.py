@@ -249,7 +249,7 @@ def test_the_plan_fuses_stage_4_by_the_trainers_rule(c8):
     """The plan's stage 4 is the trainer's (memory_plan.updates_on_policy, one rule): fused for one update of one
     micro-batch; not for a loss stage with its own forward, nor, over processes, for a credit function whose passes
     gather the weights (CSCR's), as the registries say through ``traits``."""
-    cfg = GRPOConfig(num_prompts_per_step=16, num_generations=8, max_completion_length=1024)
+    cfg = GRPOConfig(num_prompts_per_step=16, num_generations=8, max_completion_length=1024, fuse_old_logprobs=True)
 
     def fused(processes=1, **traits):
         return mp.plan(c8, cfg, prompt_tokens=128, processes=processes, gpu_memory_gb=80, traits=traits).parts["fused"]
@@ -429,10 +429,9 @@ def test_nograd_layer_bytes_against_live_bytes(hidden, intermediate, masked):
 
 
 def test_the_plans_copies_of_project_constants_are_theirs():
-    """memory_plan.py imports no project module, so it copies policy's bucket count: the two must agree."""
-    from trainer import policy
-
-    assert mp.PADDING_FREE_BUCKETS == policy.PADDING_FREE_BUCKETS
+    """memory_plan.py imports no project module, so it copies the scale path's bucket count and chunk budget."""
+    assert mp.PADDING_FREE_BUCKETS == scale_passes.PADDING_FREE_BUCKETS
+    assert mp.LOGITS_CHUNK_BYTES == scale_passes.LOGITS_CHUNK_BYTES
 
 
 def test_sleep_mode_sizes_vllms_share_to_what_the_rollout_leaves_free(c8):

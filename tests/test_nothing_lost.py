@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+import comparisons
 import grpo
 import verify
 
@@ -97,7 +98,7 @@ def test_a_batch_without_signal_moves_nothing(toy_model_path, tmp_path, monkeypa
     momentum would move the weights); metrics.jsonl says so; CSCR's calibration waits for a batch with signal."""
     monkeypatch.setattr(verify, "grade_batch", lambda texts, answers, **kw: [(False, "ok")] * len(texts))
     out = tmp_path / "run"
-    grpo.main(["--model", toy_model_path, "--output_dir", str(out), "--weight_decay", "0.1", *BASE, *flags])
+    comparisons.main(["--model", toy_model_path, "--output_dir", str(out), "--weight_decay", "0.1", *BASE, *flags])
     from safetensors.torch import load_file
 
     start = load_file(os.path.join(toy_model_path, "model.safetensors"))
@@ -133,7 +134,7 @@ def test_every_step_line_has_the_same_keys_with_or_without_signal(toy_model_path
 
     monkeypatch.setattr(verify, "grade_batch", first_batch_flat)
     out = tmp_path / "run"
-    grpo.main(
+    comparisons.main(
         [
             "--model",
             toy_model_path,

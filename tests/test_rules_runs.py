@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-import grpo
+import comparisons
 from trainer import grpo_config
 
 RULES = {  # flags -> a metrics.jsonl key the rule logs (None: the rule's own keys are the loss's)
@@ -37,7 +37,7 @@ RULES = {  # flags -> a metrics.jsonl key the rule logs (None: the rule's own ke
 def test_rule_runs_on_the_toy(toy_model_path, tmp_path, name):
     flags, key = RULES[name]
     out = tmp_path / name
-    grpo.main(
+    comparisons.main(
         [
             "--model",
             toy_model_path,

@@ -6,7 +6,9 @@ import math
 
 import pytest
 import torch
+from conftest import comparison_config
 
+import comparisons
 import grpo
 from trainer import grpo_config, run_setup
 from trainer import sampler_mismatch as sm
@@ -81,7 +83,7 @@ def test_folding_the_weight_into_the_advantages_is_trls_loss_times_the_weight(lo
     sampler = old + 0.5 * torch.randn(B, T, generator=g, dtype=torch.float64)
     w = sm.importance_weights(old, sampler, mask, "token_mask", clip_max=1.5)  # zeros included
     assert (w[mask > 0] == 0).any() and (w[mask > 0] > 1).any()
-    settings = grpo.POLICY_LOSSES[loss["loss_type"]].settings(**loss)  # SAPO: its own settings
+    settings = comparisons.method(comparison_config(**loss)).loss_settings(**loss)  # SAPO: its own settings
     ours, _ = grpo.policy_loss(logp, old, adv * w, mask, settings, ref_logp=ref)
     beta = settings.beta
     plain = dataclasses.replace(settings, beta=0.0)
@@ -97,9 +99,9 @@ def test_folding_the_weight_into_the_advantages_is_trls_loss_times_the_weight(lo
                 w
             ) + beta * (torch.exp(d) - d - 1)  # TRL: ℓ·w, then + β·k3
     per_token = per_token * mask
-    if settings.aggregation == "dapo":
+    if settings.aggregation == "token-mean":
         trl = per_token.sum() / mask.sum()
-    elif settings.aggregation == "grpo":
+    elif settings.aggregation == "seq-mean-token-mean":
         trl = (per_token.sum(-1) / mask.sum(-1)).mean()
     else:
         trl = per_token.sum() / (B * settings.max_completion_length)
