@@ -248,7 +248,9 @@ def sampling_config(max_new_tokens: int, temperature: float, top_p: float, stop_
     # sampling-only fields are given only when sampling: transformers warns about them under greedy decoding
     truncation = dict(temperature=temperature, top_p=top_p, top_k=0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
     search = dict(do_sample=sample, num_beams=1, num_return_sequences=1, use_cache=True)
-    neutral = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0, renormalize_logits=False)
+    # no min_new_tokens (None, not 0): transformers turns 0 into min_length = the prompt's length and adds a
+    # MinLengthLogitsProcessor that never masks but copies the [B, V] logits at every token
+    neutral = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, renormalize_logits=False)
     ends = dict(max_new_tokens=max_new_tokens, eos_token_id=list(stop_ids), pad_token_id=pad_id)
     return GenerationConfig(**search, **(truncation if sample else {}), **neutral, remove_invalid_values=False, **ends)
 

@@ -130,12 +130,20 @@ def _quiet():
     warnings.filterwarnings("ignore")
 
 
+def _toy_rows(split: str) -> list[dict]:
+    """The toy's ``split`` rows; registers the toy's data first (a worker has not run grpo's registration)."""
+    import toy
+    from trainer import problems
+
+    toy.register_data()
+    return problems.load_problems("toy", split=split)
+
+
 def _evaluate(model, tokenizer, spec) -> dict:
     """The shared held-out evaluation (greedy + avg@k); returns the headline metrics and its seconds."""
     import evaluate
-    from trainer import problems
 
-    rows = problems.load_problems("toy", split="test")
+    rows = _toy_rows("test")
     if spec["eval_limit"]:
         rows = rows[: spec["eval_limit"]]
     t0 = time.perf_counter()
@@ -356,12 +364,11 @@ def run_trl(spec: dict) -> dict:
 
     import rollout
     import verify
-    from trainer import problems
 
     _quiet()
     torch.set_num_threads(spec["num_threads"])
     P, G, steps = spec["num_prompts_per_step"], spec["num_generations"], spec["steps"]
-    train_rows = problems.load_problems("toy", split="train")
+    train_rows = _toy_rows("train")
     order = rollout.PromptSampler(len(train_rows), spec["seed"]).take(P * steps)  # our trainer's exact order
     dataset = Dataset.from_list(
         [
