@@ -5,7 +5,7 @@
 ``[left-padded prompt | right-padded response]``, the response mask (which **includes** the EOS token, so the model
 is trained to stop; tiny-grpo's pad==eos bug dropped it), each response's finish reason and text. Rows are ordered
 group by group: rows ``g*G ... g*G+G-1`` are the G samples of prompt ``g``. ``sample``, a training step's rollout,
-calls it, or with ``--use_vllm`` the engine of trainer/vllm_engine.py (the same ``Rollout``, ``build_rollout``).
+calls it, or with ``--use_vllm`` the sampler of trainer/vllm_engine.py (the same ``Rollout``, ``build_rollout``).
 
 Both sample exactly the distribution the trainer scores (``SamplingSettings``: softmax(logits / T) cut to the top-p
 nucleus), every setting stated, never the checkpoint's ``generation_config.json`` (its ``repetition_penalty``, ``top_k``
@@ -22,8 +22,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-
-from trainer import vllm_engine
 
 # The prompt templates (anchors §C5; grpo_config.py): each gives a problem's text, the special tokens that end a
 # response besides EOS, and the stop *strings* (a base model runs on into an invented question: bug case C28).
@@ -248,7 +246,9 @@ def sampling_config(max_new_tokens: int, temperature: float, top_p: float, stop_
     # sampling-only fields are given only when sampling: transformers warns about them under greedy decoding
     truncation = dict(temperature=temperature, top_p=top_p, top_k=0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
     search = dict(do_sample=sample, num_beams=1, num_return_sequences=1, use_cache=True)
-    neutral = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0, renormalize_logits=False)
+    # no min_new_tokens (None, not 0): transformers turns 0 into min_length = the prompt's length and adds a
+    # MinLengthLogitsProcessor that never masks but copies the [B, V] logits at every token
+    neutral = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, renormalize_logits=False)
     ends = dict(max_new_tokens=max_new_tokens, eos_token_id=list(stop_ids), pad_token_id=pad_id)
     return GenerationConfig(**search, **(truncation if sample else {}), **neutral, remove_invalid_values=False, **ends)
 
@@ -342,24 +342,17 @@ def _generate_batches(model, enc, config, batch_size: int, progress: str) -> lis
 
 
 def sample(
-    model, tokenizer, prompts: list[str], num_generations: int, settings: SamplingSettings, llm=None, sleep_after=False
+    model, tokenizer, prompts: list[str], num_generations: int, settings: SamplingSettings, vllm_sampler=None
 ) -> Rollout:
-    """A training step's rollout from the *current* policy: the vLLM engine ``llm`` when one is given (the policy's
-    weights are pushed into it first; with ``sleep_after`` it then frees its memory for the update), else HF
-    ``generate``. Under FSDP2 both read the gathered full weights (distributed.py)."""
-
+    """A training step's rollout from the *current* policy: HF ``generate`` on the gathered weights (FSDP2,
+    distributed.py), or with ``--use_vllm`` ``vllm_sampler.rollout(model, tokenizer, prompts, num_generations,
+    settings)`` (trainer/vllm_engine.py's ``VllmSampler``: it pushes the policy's weights into its engine first)."""
     from trainer import distributed
 
-    if llm is None:
-        with distributed.gathered_weights(model):  # sampling runs a different number of forwards on each process
-            return generate(model, tokenizer, prompts, num_generations, settings)
-    # LoRA under FSDP2: the adapters are merged into the gathered base weights
-    with distributed.gathered_weights(model) if hasattr(model, "peft_config") else contextlib.nullcontext():
-        vllm_engine.sync_weights(model, llm)
-    batch = vllm_engine.generate(llm, tokenizer, prompts, num_generations, settings)
-    if sleep_after:
-        llm.sleep(level=2)  # drop its weights and KV cache for the update: the next sync_weights reloads them
-    return batch
+    if vllm_sampler is not None:
+        return vllm_sampler.rollout(model, tokenizer, prompts, num_generations, settings)
+    with distributed.gathered_weights(model):  # sampling runs a different number of forwards on each process
+        return generate(model, tokenizer, prompts, num_generations, settings)
 
 
 def encode_prompts(tokenizer, prompts: list[str], num_generations: int):

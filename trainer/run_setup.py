@@ -27,13 +27,13 @@ from trainer import distributed, policy
 
 class Actor(NamedTuple):
     """What a step works on beside its config (``prepare`` makes it once): the policy and what policy.build makes
-    beside it (``llm``: --use_vllm's engine, None: HF generate)."""
+    beside it (``vllm_sampler``: --use_vllm's engine in a vllm_engine.VllmSampler, None: HF generate)."""
 
     model: object
     tokenizer: object
     optimizer: object
     ref_model: object = None
-    llm: object = None
+    vllm_sampler: object = None
 
 
 class PromptSource(NamedTuple):
@@ -135,8 +135,10 @@ def prepare(cfg, given, world: int, method):
     dataset = preflight.check(cfg, dataset, world, notes, given, say, traits)
     if dataset is None:  # --dry_run: the resolved settings and the plan were printed
         return None
-    model, tokenizer, ref_model, optimizer, llm, template, stop_ids, state, optimisations = build_policy(cfg, run, say)
-    actor = Actor(model, tokenizer, optimizer, ref_model, llm)
+    model, tokenizer, ref_model, optimizer, vllm_sampler, template, stop_ids, state, optimisations = build_policy(
+        cfg, run, say
+    )
+    actor = Actor(model, tokenizer, optimizer, ref_model, vllm_sampler)
     source = PromptSource(dataset, rollout.PromptSampler(len(dataset), cfg.seed), template, stop_ids)
     heldout = HeldOut(cfg, model, tokenizer, eval_set, template, run)
     run.start(model, {"prompt_template": template, "num_processes": world, "optimisations": optimisations})
@@ -176,8 +178,8 @@ def open_run(cfg, rank: int, say, label: str):
 def build_policy(cfg, run, say):
     """The policy (LoRA, checkpointing), the frozen reference (--beta > 0), --resume's weights, sharding, AdamW, then
     --resume's AdamW and RNG states; the template, its stop tokens and --use_vllm's engine (after the policy is on the
-    GPU: vLLM's memory check counts it). Returns (model, tokenizer, ref_model, optimizer, llm, template, stop_ids,
-    trainer state or None, the optimisations on)."""
+    GPU: vLLM's memory check counts it) in its sampler. Returns (model, tokenizer, ref_model, optimizer,
+    vllm_sampler or None, template, stop_ids, trainer state or None, the optimisations on)."""
     from trainer import scale_passes, vllm_engine
 
     model, tokenizer, ref_model, optimizer, compute_dtype = policy.build(cfg, say, load_weights=run.load_weights)
@@ -185,21 +187,24 @@ def build_policy(cfg, run, say):
     optimisations = scale_passes.exact_optimisations(model, cfg, say)  # each one exact here, or off with a reason
     template = rollout.resolve_template(cfg.prompt_template, cfg.model, say, cfg.data)
     stop_ids = rollout.stop_token_ids(tokenizer, template, model)
-    llm = (
-        vllm_engine.create_engine(
-            policy.model_path(cfg.model),
-            gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-            enable_sleep_mode=cfg.vllm_enable_sleep_mode,
-            seed=cfg.seed,
-            trust_remote_code=cfg.trust_remote_code,
-            kv_cache_dtype=cfg.vllm_kv_cache_dtype,
-            sampler_logprobs=cfg.vllm_importance_sampling_correction,
-            dtype=str(compute_dtype or next(model.parameters()).dtype).removeprefix("torch."),
+    vllm_sampler = (
+        vllm_engine.VllmSampler(
+            vllm_engine.create_engine(
+                policy.model_path(cfg.model),
+                gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+                enable_sleep_mode=cfg.vllm_enable_sleep_mode,
+                seed=cfg.seed,
+                trust_remote_code=cfg.trust_remote_code,
+                kv_cache_dtype=cfg.vllm_kv_cache_dtype,
+                sampler_logprobs=cfg.vllm_importance_sampling_correction,
+                dtype=str(compute_dtype or next(model.parameters()).dtype).removeprefix("torch."),
+            ),
+            sleep_after=cfg.vllm_enable_sleep_mode,  # the engine sleeps from the end of a rollout to the next one
         )
         if cfg.use_vllm
         else None
     )
-    return model, tokenizer, ref_model, optimizer, llm, template, stop_ids, state, optimisations
+    return model, tokenizer, ref_model, optimizer, vllm_sampler, template, stop_ids, state, optimisations
 
 
 class HeldOut:
@@ -425,10 +430,7 @@ def rollout_batch(step, cfg, actor, source):
     seed = cfg.seed * 100_003 + step + 1_000_003 * distributed.rank()
     stops = (source.stop_ids, rollout.template_stop_strings(source.template))  # stop tokens, stop strings
     settings = rollout.SamplingSettings(cfg.max_completion_length, cfg.temperature, cfg.top_p, seed, *stops)
-    sleep = cfg.vllm_enable_sleep_mode  # (--use_vllm: the engine sleeps until the next rollout)
-    batch = rollout.sample(
-        actor.model, actor.tokenizer, prompts, cfg.num_generations, settings, llm=actor.llm, sleep_after=sleep
-    )
+    batch = rollout.sample(actor.model, actor.tokenizer, prompts, cfg.num_generations, settings, actor.vllm_sampler)
     return batch, answers, time.time() - t0
 
 

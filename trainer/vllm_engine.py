@@ -12,6 +12,9 @@ Old log-probs are *not* taken from the sampler (see the comment below). What cha
 and top-p); they serve only TRL's truncated IS weight θ_old / vLLM (sampler_mismatch.py), never as θ_old. Otherwise
 it is None.
 
+A training step samples through ``VllmSampler`` (the engine the trainer builds once, passed to ``rollout.sample``): it
+pushes the policy's weights first and, with ``--vllm_enable_sleep_mode``, puts the engine to sleep after.
+
 The engine (``create_engine``), why in-process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is set before the engine is
 built, so the engine core and its single worker run in this process and ``llm.collective_rpc(...)`` is a plain
 function call: ``sync_weights`` hands vLLM an iterator over the policy's own tensors (no pickling, no copy through a
@@ -36,9 +39,12 @@ start-up for the toy and gains nothing at that size; on a GPU vLLM's default (co
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 import rollout
+from trainer import distributed
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -507,3 +513,25 @@ def sync_weights(model, llm) -> int:
     if asleep:
         llm.wake_up(tags=["kv_cache"])
     return n
+
+
+class VllmSampler:
+    """``rollout.sample``'s vLLM backend (``--use_vllm``): ``llm``, an engine from ``create_engine``, made once by the
+    trainer; ``sleep_after`` (``--vllm_enable_sleep_mode``): free its weights and KV cache after each rollout."""
+
+    def __init__(self, llm, sleep_after: bool = False):
+        self.llm = llm
+        self.sleep_after = sleep_after
+
+    def rollout(self, model, tokenizer, prompts: list[str], num_generations: int, settings: rollout.SamplingSettings):
+        """A training step's ``rollout.Rollout`` from the *current* policy ``model``: its weights pushed into the
+        engine (``sync_weights``; LoRA under FSDP2: the adapters merged into the gathered base weights,
+        distributed.gathered_weights), then ``generate``; with ``sleep_after`` the engine then sleeps (level 2) for
+        the update, and the next ``sync_weights`` wakes and reloads it. Every process must call it together."""
+        peft = hasattr(model, "peft_config")
+        with distributed.gathered_weights(model) if peft else contextlib.nullcontext():
+            sync_weights(model, self.llm)
+        batch = generate(self.llm, tokenizer, prompts, num_generations, settings)
+        if self.sleep_after:
+            self.llm.sleep(level=2)  # drop its weights and KV cache for the update: the next sync_weights reloads them
+        return batch

@@ -139,14 +139,20 @@ def _quiet():
     warnings.filterwarnings("ignore")
 
 
-def _evaluate(model, tokenizer, spec) -> dict:
-    """The shared held-out evaluation (greedy + avg@k); returns the headline metrics and its seconds."""
-    import evaluate
+def _toy_rows(split: str) -> list[dict]:
+    """The toy's ``split`` rows; registers the toy's data first (a worker has not run grpo's registration)."""
     import toy
     from trainer import problems
 
-    toy.register()  # "toy" as a data source (a child that has not run grpo.train has not registered it)
-    rows = problems.load_problems("toy", split="test")
+    toy.register_data()
+    return problems.load_problems("toy", split=split)
+
+
+def _evaluate(model, tokenizer, spec) -> dict:
+    """The shared held-out evaluation (greedy + avg@k); returns the headline metrics and its seconds."""
+    import evaluate
+
+    rows = _toy_rows("test")
     if spec["eval_limit"]:
         rows = rows[: spec["eval_limit"]]
     t0 = time.perf_counter()
@@ -371,15 +377,12 @@ def run_trl(spec: dict) -> dict:
     from trl import GRPOTrainer
 
     import rollout
-    import toy
     import verify
-    from trainer import problems
 
     _quiet()
     torch.set_num_threads(spec["num_threads"])
-    toy.register()  # "toy" as a data source, as grpo.train registers it
     P, G, steps = spec["num_prompts_per_step"], spec["num_generations"], spec["steps"]
-    train_rows = problems.load_problems("toy", split="train")
+    train_rows = _toy_rows("train")
     order = rollout.PromptSampler(len(train_rows), spec["seed"]).take(P * steps)  # our trainer's exact order
     dataset = Dataset.from_list(
         [
