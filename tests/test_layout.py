@@ -50,15 +50,13 @@ LEAVES = set(COPYABLE) | {"trainer.memory_plan", "trainer.hub"}
 # grpo.py's imports beyond the method: the loss-rule hooks become registries filled by the comparisons, the toy is
 # registered and the run set up in trainer/run_setup.py (the grpo.py restructuring of issue #44).
 GRPO_IMPORTS_TO_REMOVE: set[str] = set()  # done: grpo.py imports the methods, the verifier and trainer/ only
-# trainer/ -> comparisons/, tools/ or the toy: the run's setup (run_setup.py) keeps DelTA's frozen γ of an ablation in
-# checkpoints (delta_ablations.kept_gamma) and writes samples/summary.json with report.py (write_samples_summary).
+# trainer/ -> comparisons/, tools/ or the toy: the run's setup (run_setup.py) registers the comparisons and the toy.
+# (samples/summary.json is trainer/samples_summary.py's, the toy's truth registered into it: no arrow to tools/.)
 TRAINER_ARROWS_TO_REMOVE = {
     # run_setup registers the comparisons and the toy into grpo.py's registries when a run starts (grpo.register):
-    # the one place where flags meet the comparisons' names; and its samples/ summary uses report.credit_lands
-    # (issue #44: the toy's truth and the credit summary belong where they are read, the report).
+    # the one place where flags meet the comparisons' names.
     ("trainer.run_setup", "comparisons"),
     ("trainer.run_setup", "toy"),
-    ("trainer.run_setup", "tools.report"),
 }
 # The one import circle: rollout.sample calls the vLLM engine, and trainer/vllm_engine.py builds rollout's Rollout
 # from rollout's SamplingSettings and build_rollout (issue #44's move of the engine). The floors leave this arrow out.
