@@ -174,9 +174,9 @@ def test_a_toy_run_with_otb_resumes_and_logs_its_credit(tmp_path, toy_model_path
 
 
 def test_the_report_keeps_equal_reward_groups_apart():
-    """report.credit_lands of an OTB run: rows with Â = 0 are counted apart, with the mean c (= Ã) of their credited
-    tokens; a step whose equal-reward rows carry no credit adds nothing (no empty step); other runs: None."""
-    from tools import report
+    """samples_summary.credit_lands of an OTB run: rows with Â = 0 are counted apart, with the mean c (= Ã) of their
+    credited tokens; a step whose equal-reward rows carry no credit adds nothing (no empty step); other runs: None."""
+    from trainer import samples_summary
 
     def row(adv, credit, reward=1.0):
         return {
@@ -189,11 +189,12 @@ def test_the_report_keeps_equal_reward_groups_apart():
         }
 
     rows = {1: [row(0.0, [0.0, 0.0]), row(0.5, [1.0, 1.0])], 2: [row(0.0, [0.0, 1.0, 1.0]), row(0.0, [1e-9, 0.0])]}
-    lands = report.credit_lands(report.Run("x", "x", "otb", {"credit": "otb"}, [], {}, rows))
+    lands = samples_summary.credit_lands(samples_summary.RunSamples("x", "x", "otb", {"credit": "otb"}, rows))
     assert lands["equal_reward"]["responses"] == 3
     assert lands["equal_reward"]["count"] == 2 and lands["equal_reward"]["mean"] == 1.0
     assert lands["equal_reward"]["per_step"] == [[2, 1.0, 2]]
-    assert report.credit_lands(report.Run("x", "x", "delta", {"credit": "delta"}, [], {}, rows))["equal_reward"] is None
+    delta = samples_summary.RunSamples("x", "x", "delta", {"credit": "delta"}, rows)
+    assert samples_summary.credit_lands(delta)["equal_reward"] is None
 
 
 def test_the_sampler_weights_enter_w_as_verl_folds_them():

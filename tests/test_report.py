@@ -22,7 +22,7 @@ import torch
 import comparisons
 import grpo
 from tools import report
-from trainer import checkpoint, grpo_config, run_setup
+from trainer import checkpoint, grpo_config, run_setup, samples_summary
 
 
 # ------------------------------------------------------------------------------------------------ page parsing
@@ -343,12 +343,14 @@ def test_a_bad_line_other_than_a_torn_last_one_is_an_error_naming_file_and_line(
     run = Path(_write_run(tmp_path / "bad", "grpo", [1], lambda s: _rows([[1.0]])))
     (run / "metrics.jsonl").write_text(text)
     message = "^" + re.escape(f"{run / 'metrics.jsonl'} line {line}: not a JSON object") + "$"
-    with pytest.raises(report.RunError, match=message):
+    with pytest.raises(samples_summary.RunError, match=message):
         report.load_run(str(run), say=None)
     (run / "metrics.jsonl").write_text('{"step": 1}\n')
     sample = run / "samples" / "step_000001.jsonl"
     sample.write_text(text.replace('{"step"', '{"prompt": "p", "response": "r", "reward": 1, "advantage": 0, "s"'))
-    with pytest.raises(report.RunError, match="^" + re.escape(f"{sample} line {line}: not a JSON object") + "$"):
+    with pytest.raises(
+        samples_summary.RunError, match="^" + re.escape(f"{sample} line {line}: not a JSON object") + "$"
+    ):
         report.load_run(str(run), say=None)
 
 
@@ -385,7 +387,7 @@ def test_steps_shown(three_runs, monkeypatch):
         report.pick_steps(runs, "7")
     with pytest.raises(ValueError, match="expected auto, all or step numbers"):
         report.pick_steps(runs, "last")
-    many = [report.Run("x", "x", "grpo", {}, [], {}, {s: _rows([[1.0] * 10]) for s in range(1, 101)})]
+    many = [report.Run("x", "x", "grpo", {}, {s: _rows([[1.0] * 10]) for s in range(1, 101)}, [], {})]
     monkeypatch.setattr(report, "TOKEN_BUDGET", 200)  # 1000 tokens logged: a fifth of the steps fit
     logged, shown = report.pick_steps(many, "auto")
     assert len(logged) == 100 and len(shown) == 20 and shown[0] == 1 and shown[-1] == 100
@@ -471,7 +473,7 @@ def test_credit_lands_of_a_step_whose_classes_are_empty():
         ],
         2: [_toy_row("\\boxed{7}", 0.0, -1.0, lambda k: 0.5 if k == 7 else 1.0)],
     }  # a prefix of 7 tokens
-    d = report.credit_lands(report.Run("x", "x", "delta", {"data": "toy"}, [], {}, rows))
+    d = samples_summary.credit_lands(samples_summary.RunSamples("x", "x", "delta", {"data": "toy"}, rows))
     prefix = d["classes"]["prefix"]
     assert prefix["count"] == 7 and [s for s, _, _ in prefix["per_step"]] == [2] and prefix["mean"] == 1.0
     assert d["classes"]["first_wrong"]["per_step"] == [[1, 2.0, 1], [2, 0.5, 1]]
@@ -480,7 +482,7 @@ def test_credit_lands_of_a_step_whose_classes_are_empty():
 def test_credit_lands_by_hand(toy_hand_runs):
     """Each class's mean credit, its per-step spread and count, and the AUROCs, against hand computation."""
     delta = report.load_run(toy_hand_runs[1])
-    d = report.credit_lands(delta)
+    d = samples_summary.credit_lands(delta)
     assert d["responses"] == {"correct": 2, "incorrect": 2, "no_wrong_token": 1, "no_gradient": 2, "not_toy": 0}
     expect = {  # mean over tokens, count, (per-step means)
         "first_wrong": (1.25, 2, [2.0, 0.5]),  # step 1: 2.0; step 2: 0.5
@@ -502,7 +504,7 @@ def test_credit_lands_by_hand(toy_hand_runs):
     assert [m for _, m, _ in fw["per_step"]] == pytest.approx([1.0, 0.125]) and fw["mean"] == pytest.approx(0.5625)
     assert [m for _, m, _ in dig["per_step"]] == pytest.approx([0.0, 0.75]) and dig["mean"] == pytest.approx(0.375)
     assert fw["count"] == dig["count"] == 2
-    g = report.credit_lands(report.load_run(toy_hand_runs[0]))  # GRPO: exactly 1 and exactly 0.5
+    g = samples_summary.credit_lands(report.load_run(toy_hand_runs[0]))  # GRPO: exactly 1 and exactly 0.5
     assert all(
         v["mean"] == v["step_min"] == v["step_max"] == 1.0 and v["step_std"] == 0.0 for v in g["classes"].values()
     )
@@ -510,9 +512,9 @@ def test_credit_lands_by_hand(toy_hand_runs):
 
 
 def test_auroc_is_mann_whitney_with_ties_as_half():
-    assert report.auroc([2.0], [1.0, 1.0, 3.0]) == pytest.approx(2 / 3)
-    assert report.auroc([1.0, 1.0], [1.0] * 5) == 0.5
-    assert report.auroc([1.0, 2.0], [1.0, 0.0]) == pytest.approx((1.5 + 2) / 4)
+    assert samples_summary.auroc([2.0], [1.0, 1.0, 3.0]) == pytest.approx(2 / 3)
+    assert samples_summary.auroc([1.0, 1.0], [1.0] * 5) == 0.5
+    assert samples_summary.auroc([1.0, 2.0], [1.0, 0.0]) == pytest.approx((1.5 + 2) / 4)
 
 
 def test_delta_tokens_by_hand():
@@ -538,14 +540,28 @@ def test_delta_tokens_by_hand():
         {"prompt": "p", "response": "aa", "reward": 0.0, "advantage": 0.0, "tokens": ["a", "a"], "credit": [9, 9]},
         {"prompt": "p", "response": "cc", "reward": 0.0, "advantage": -1.0, "tokens": ["c", "c"], "credit": [0, 0]},
     ]
-    run = report.Run("d", "d", "delta", {}, [], {}, {1: rows})
-    view = report.delta_tokens(run, min_count=2, top=5)
+    run = samples_summary.RunSamples("d", "d", "delta", {}, {1: rows})
+    view = samples_summary.delta_tokens(run, min_count=2, top=5)
     pos, neg = view["pos"], view["neg"]
     assert [t for t, _, _ in pos["highest"]] == ["a", "b"] and [t for t, _, _ in pos["lowest"]] == ["b", "a"]
     assert [(m, n) for _, m, n in pos["highest"]] == [(pytest.approx(1.1), 2), (pytest.approx(0.8), 2)]
     assert (pos["tokens"], pos["distinct"], pos["listed"]) == (5, 3, 2)  # "c" (once) left out
     assert neg["highest"] == neg["lowest"] == [["c", pytest.approx(1.2), 2]]
     assert (neg["tokens"], neg["distinct"], neg["listed"]) == (3, 2, 1)
+
+
+def test_samples_summary_is_the_pages_numbers_of_the_run_alone(toy_hand_runs, tmp_path):
+    """samples/summary.json (samples_summary.write_samples_summary, which run_setup.finish calls without tools/): the
+    numbers report.py writes to <page>.json for that run alone, the toy's truth computed from the rows as the page
+    does; a GRPO run off the toy gets none (no file)."""
+    written = samples_summary.write_samples_summary(toy_hand_runs[1])
+    on_file = json.loads((Path(toy_hand_runs[1]) / "samples" / "summary.json").read_text())
+    page_numbers = report.build_report([report.load_run(toy_hand_runs[1])])[1]["numbers"]
+    assert on_file == json.loads(json.dumps(written)) == json.loads(json.dumps(page_numbers))
+    assert set(on_file["where_the_credit_lands"]) == set(on_file["delta_tokens"]) == {"delta"}
+    off_toy = _write_run(tmp_path / "plain", "grpo", [1], lambda s: _rows([[1.0, 1.0], [1.0]]))
+    assert samples_summary.write_samples_summary(off_toy) == {}
+    assert not (Path(off_toy) / "samples" / "summary.json").exists()
 
 
 def test_report_shows_where_the_credit_lands(toy_hand_runs, tmp_path):
@@ -562,7 +578,7 @@ def test_report_shows_where_the_credit_lands(toy_hand_runs, tmp_path):
     numbers = json.loads((tmp_path / "report.json").read_text())
     assert set(numbers["where_the_credit_lands"]) == {"grpo", "delta"} and set(numbers["delta_tokens"]) == {"delta"}
     assert numbers["where_the_credit_lands"]["delta"] == json.loads(
-        json.dumps(report.credit_lands(report.load_run(toy_hand_runs[1])))
+        json.dumps(samples_summary.credit_lands(report.load_run(toy_hand_runs[1])))
     )
     grpo_row = numbers["where_the_credit_lands"]["grpo"]
     assert {k: v["mean"] for k, v in grpo_row["classes"].items()} == dict.fromkeys(
@@ -721,7 +737,7 @@ def test_rule_name_of_an_older_config_is_its_credit(credit):
     assert set(NEW_KEYS) <= set(_config()) and "credit" in old and "delta_k" in old
     assert report.rule_name(old) == credit
     assert report.symbol(old, credit) == report.SYMBOL[credit]
-    assert report.rule_name({}) == "" and report.Run("x", "x", credit, {}, [], {}, {}).rule == credit
+    assert report.rule_name({}) == "" and report.Run("x", "x", credit, {}, {}, [], {}).rule == credit
 
 
 def test_symbol_of_each_rule():
@@ -775,8 +791,9 @@ def test_report_names_each_run_by_its_rule(tmp_path):
         assert f"{name} <small>{rule} · {sym} · " in text  # the histogram's caption
         assert f'<b>{name}</b> <small class="muted">{rule}</small></td>' in text  # "Where the credit lands"
         assert {t["title"].split("=")[0] for t in page.tokens if t["run"] == name} == {sym}
-        assert numbers["where_the_credit_lands"][name]["rule"] == rule
-    assert set(numbers["delta_tokens"]) == {"run_d"}  # λ̄ is the credit of run_d only
+        assert name in numbers["where_the_credit_lands"]
+    # DelTA's token view for the runs whose credit is λ̄ (Q2's: of the tokens its mask keeps)
+    assert set(numbers["delta_tokens"]) == {"run_d", "run_q2"}
     assert "<b>FIPO</b>" in text and "<b>Masked rules</b>" in text  # the legend explains both
 
 

@@ -168,7 +168,7 @@ def test_register_fills_the_generic_modules_registries():
     """toy.register (conftest calls it, as every entry point does) adds the toy to registries that name no toy:
     the model folder, the data, the auto template and recipe, the recipe check; and the truth of a response."""
     import rollout
-    from trainer import policy, problems, recipes
+    from trainer import policy, problems, recipes, samples_summary
 
     toy.register()
     toy.register()  # again: nothing doubles
@@ -184,3 +184,4 @@ def test_register_fills_the_generic_modules_registries():
         "result_digits": [7],
     }
     assert toy.logged_truth("no problem here", ["a"]) is None
+    assert samples_summary.TRUTH["toy"] is toy.logged_truth  # its truth, for samples/summary.json and the report

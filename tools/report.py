@@ -11,19 +11,21 @@ with the exact value on hover. Runs sampled with the same seed log the same prom
 a prompt stand next to each other (the prompt text is the key). Above them: one row per run (held-out accuracy before
 and after, reward, length), the credit's distribution per run (histograms on one scale) and the curves of
 ``metrics.jsonl`` (reward, held-out accuracy, length, DelTA's λ̄ statistics, CSCR's weight statistics) as small
-multiples. For runs on the toy, whose responses' truth is known (``toy.logged_truth``, computed here from each samples/
-row's prompt and tokens): "Where the credit lands", the mean credit of an incorrect response's first wrong token, of the
-shared prefix before it and of the tokens after it, and of a correct response's result digits and its other tokens, with
-the AUROCs of the credit at picking out those tokens, and the first wrong token marked in the token view; for DelTA
-runs, the tokens with the highest and lowest mean λ̄ per side. These numbers also go to ``<page>.json`` next to the page
-(report.html -> report.json).
+multiples. For runs on the toy, whose responses' truth is known (``toy.logged_truth``, computed from each samples/
+row's prompt and tokens when it is read): "Where the credit lands", the mean credit of an incorrect response's first
+wrong token, of the shared prefix before it and of the tokens after it, and of a correct response's result digits and
+its other tokens, with the AUROCs of the credit at picking out those tokens, and the first wrong token marked in the
+token view; for DelTA runs, the tokens with the highest and lowest mean λ̄ per side. These numbers are
+trainer/samples_summary.py's (``truth_numbers``; its ``write_samples_summary`` writes one finished run's
+samples/summary.json); the page draws them and writes them to ``<page>.json`` next to it (report.html -> report.json).
 
 The page is self-contained: inline CSS and SVG, no script, style or font from the network, so it can be mailed or
 attached to an issue. Hover values are ``title`` attributes (no JavaScript). A folder that is not a run, or a run
 whose files cannot be read, is named in one line and left out; the other runs are still reported.
 Left out on purpose: interactive zoom and filtering (the curves are for reading, TensorBoard or wandb via
 ``grpo.py --report_to`` for exploring), and responses of steps beyond a size budget (``--steps all`` shows them).
-Read next: trainer/run_setup.py ``write_samples`` (what samples/ holds), docs/report.md.
+Read next: trainer/run_setup.py ``write_samples`` (what samples/ holds), trainer/samples_summary.py (the numbers),
+docs/report.md.
 """
 
 from __future__ import annotations
@@ -34,29 +36,29 @@ from pathlib import Path as _Path
 _sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))
 
 import argparse
-import glob
 import html
 import json
 import math
 import os
 import re
-import statistics
 import sys
 import time
 from dataclasses import dataclass
 
-# The credit c = Ã_{i,t} / Â_i of each --credit, as hovered (FIPO: its future-KL weight f, Â·f/Â); a rule that masks
-# tokens out of the loss (Forking Tokens, DelTA's Q2) shows "c" (``symbol``).
-SYMBOL = {"grpo": "c", "delta": "λ̄", "cscr": "w̃", "fipo": "f", "otb": "c", "optimal_token_baseline": "c"}
-# The credits whose Ã is no multiple of Â, which state each token's credit c themselves (samples/' ``credit``: their
-# ``credit_share``): verl's Optimal Token Baseline, c = Ã / (r_i − mean_g r), and Ã itself where the rewards are equal
-OWN_CREDIT = ("otb", "optimal_token_baseline")
+import toy
+from trainer import samples_summary
+
 RUN_COLOURS = ["#0072b2", "#009e73", "#cc79a7", "#e69f00", "#56b4e9", "#d55e00", "#555555"]  # Okabe-Ito
 # The token scale (ColorBrewer PuOr): purple = less than the sequence advantage, orange = more, white = exactly Â.
 LESS = ["#ffffff", "#e7e4f1", "#c9c3e0", "#a79dce", "#8073ac", "#5e3f96", "#3f1f73"]
 MORE = ["#ffffff", "#fdebd3", "#fdd19c", "#f9ae5d", "#e6862a", "#c0620f", "#8f4206"]
 LEVELS = 12  # colour classes per side; the exact value is in each token's title
 TOKEN_BUDGET = 120_000  # --steps auto: show every logged step while the page holds at most this many tokens
+
+
+# The credit c = Ã_{i,t} / Â_i of each --credit, as hovered (FIPO: its future-KL weight f, Â·f/Â); a rule that masks
+# tokens out of the loss (Forking Tokens, DelTA's Q2) shows "c" (``symbol``).
+SYMBOL = {"grpo": "c", "delta": "λ̄", "cscr": "w̃", "fipo": "f", "otb": "c", "optimal_token_baseline": "c"}
 
 
 def credit_of(config: dict) -> str:
@@ -140,19 +142,13 @@ def symbol(config: dict, credit: str) -> str:
     return "c" if _masks(config, credit) else SYMBOL.get(credit, "credit")
 
 
-class RunError(ValueError):
-    """A folder that cannot be reported, with the one line that says why."""
-
-
 @dataclass
-class Run:
-    path: str
-    name: str
-    credit: str  # credit_of(config.json's config): grpo, delta, cscr, fipo, otb, ..., or "" when unknown
-    config: dict  # config.json's "config" (the flags)
+class Run(samples_summary.RunSamples):
+    """A run folder as the page reads it: its logged samples (path, name, credit, config, samples:
+    ``samples_summary.RunSamples``) and its curves and summary."""
+
     metrics: list[dict]  # metrics.jsonl: training steps and evaluations
     summary: dict  # summary.json (absent while a run is in progress: {})
-    samples: dict[int, list[dict]]  # step -> the logged responses (samples/step_*.jsonl)
 
     @property
     def rule(self) -> str:
@@ -165,39 +161,19 @@ class Run:
 
 
 # --- Reading the run folders ----------------------------------------------------------------------------------
-def _read_jsonl(path: str) -> tuple[list[dict], str]:
-    """The JSON objects of a jsonl file, and ``""`` or one line saying what was left out: a torn last line (no
-    newline at its end and not valid JSON: a run still writing it, or one killed mid-write) is left out,
-    since jsonl files are appended a line at a time. Raises RunError naming the file and line for any other line
-    that is not a JSON object (blank lines are skipped)."""
-    rows = []
-    with open(path, "rb") as f:  # bytes: a torn line may end inside a UTF-8 character
-        lines = f.readlines()
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line.decode("utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            if n == len(lines) and not line.endswith(b"\n"):  # half a line: the writer has not finished it
-                return rows, f"{path} line {n}: left out a torn last line ({len(line)} bytes, no newline)"
-            row = None
-        if not isinstance(row, dict):
-            raise RunError(f"{path} line {n}: not a JSON object")
-        rows.append(row)
-    return rows, ""
-
-
 def load_run(path: str, say=print) -> Run:
     """One run folder of grpo.py (``--output_dir``). A torn last line of metrics.jsonl or of a samples file (a run
-    in progress, or killed mid-write) is left out and named in one line (``say``). Raises RunError: not a folder,
-    no metrics.jsonl, any other line that is not JSON, a logged response without its fields or whose ``tokens``
-    and ``credit`` differ in length."""
+    in progress, or killed mid-write) is left out and named in one line (``say``). The truth of each logged response
+    of a run on a task that registered one (the toy's) is added to its row (``samples_summary.add_truth``). Raises
+    samples_summary.RunError: not a folder, no metrics.jsonl, any other line that is not JSON, a logged response
+    without its fields or whose ``tokens`` and ``credit`` differ in length."""
     if not os.path.isdir(path):
-        raise RunError(f"{path}: " + ("a file, not a run folder" if os.path.exists(path) else "no such folder"))
+        raise samples_summary.RunError(
+            f"{path}: " + ("a file, not a run folder" if os.path.exists(path) else "no such folder")
+        )
     if not os.path.isfile(os.path.join(path, "metrics.jsonl")):
-        raise RunError(f"{path}: not a run folder of grpo.py (it has no metrics.jsonl)")
-    metrics, torn = _read_jsonl(os.path.join(path, "metrics.jsonl"))
+        raise samples_summary.RunError(f"{path}: not a run folder of grpo.py (it has no metrics.jsonl)")
+    metrics, torn = samples_summary.read_jsonl(os.path.join(path, "metrics.jsonl"))
     left_out = [torn] if torn else []
     docs = {}
     for name in ("config.json", "summary.json"):
@@ -207,46 +183,22 @@ def load_run(path: str, say=print) -> Run:
         except FileNotFoundError:
             docs[name] = {}
         except json.JSONDecodeError as e:
-            raise RunError(f"{os.path.join(path, name)}: not JSON ({e})") from None
-    samples = {}
-    for file in sorted(glob.glob(os.path.join(path, "samples", "step_*.jsonl"))):
-        m = re.fullmatch(r"step_(\d+)\.jsonl", os.path.basename(file))
-        rows, torn = _read_jsonl(file) if m else ([], "")
-        left_out += [torn] if torn else []
-        for n, row in enumerate(rows, 1):
-            missing = [k for k in ("prompt", "response", "reward", "advantage") if k not in row]
-            if missing:
-                raise RunError(f"{file} line {n}: no {missing[0]!r}")
-            if "tokens" in row and len(row["tokens"]) != len(row.get("credit", ())):
-                raise RunError(f"{file} line {n}: 'tokens' and 'credit' differ in length")
-        if rows:
-            samples[int(m.group(1))] = rows
+            raise samples_summary.RunError(f"{os.path.join(path, name)}: not JSON ({e})") from None
+    samples, torn_samples = samples_summary.read_samples(path)
+    left_out += torn_samples
     if left_out:  # one line for the run, however many of its files were torn
         say(f"report.py: {'; '.join(left_out)} (a run in progress or killed mid-write): the rest is reported")
     config = docs["config.json"].get("config", {})
-    if config.get("data") == "toy":
-        add_toy_truth(samples)
+    samples_summary.add_truth(samples, config.get("data"))
     return Run(
-        path,
-        os.path.basename(os.path.normpath(path)),
-        credit_of(config),
-        config,
-        metrics,
-        docs["summary.json"],
-        samples,
+        path=path,
+        name=os.path.basename(os.path.normpath(path)),
+        credit=credit_of(config),
+        config=config,
+        samples=samples,
+        metrics=metrics,
+        summary=docs["summary.json"],
     )
-
-
-def add_toy_truth(samples: dict) -> None:
-    """Each logged toy response's truth (``toy.logged_truth``: its first wrong token, its result digits), from the
-    row's prompt and tokens, under ``truth`` (a row that has one, from a run folder of an older grpo.py, keeps it)."""
-    import toy
-
-    for rows in samples.values():
-        for row in rows:
-            truth = toy.logged_truth(row["prompt"], row["tokens"]) if "tokens" in row and "truth" not in row else None
-            if truth is not None:
-                row["truth"] = truth
 
 
 def load_runs(paths: list[str], say=print) -> list[Run]:
@@ -256,7 +208,7 @@ def load_runs(paths: list[str], say=print) -> list[Run]:
     for path in paths:
         try:
             run = load_run(path, say=say)
-        except (RunError, OSError) as e:
+        except (samples_summary.RunError, OSError) as e:
             say(f"report.py: skipping {e}")
             continue
         if not run.samples:
@@ -636,7 +588,7 @@ def _first_wrong(run: Run, row: dict) -> int | None:
     """The first wrong token of an incorrect response whose truth was logged (a toy run's), else None."""
     if row["reward"] > 0:
         return None
-    truth = logged_truth(row)
+    truth = samples_summary.logged_truth(row)
     return truth["first_wrong"] if truth else None
 
 
@@ -687,163 +639,7 @@ def step_section(step: int, runs: list[Run], colours: dict, R: float, is_open: b
     )
 
 
-# --- Where the credit lands: the credit against the toy's truth (toy.response_truth) ----------------------------
-# The token classes, in the table's order: (key, heading, the responses they belong to).
-CLASSES = [
-    ("first_wrong", "first wrong token", "incorrect"),
-    ("prefix", "shared prefix before it", "incorrect"),
-    ("after", "after it", "incorrect"),
-    ("result_digits", "result digits", "correct"),
-    ("other", "other tokens", "correct"),
-]
-# DelTA's token view lists a token only when it occurs at least this often on a side of the run. Measured on a default
-# 60-step toy run, λ̄ of one token has a std of 0.05-0.15 from place to place, so the mean of 20 has a standard
-# error of 0.01-0.03, small against the ~0.1 between a side's highest and lowest listed means; rarer tokens would
-# fill the two ends with noise.
-MIN_TOKEN_COUNT = 20
-TOP_TOKENS = 8  # DelTA's token view: how many highest and lowest tokens per side
-
-
-def has_truth(run: Run) -> bool:
-    """A run whose samples/ rows carry their truth (``logged_truth``): a run on the built-in toy task."""
-    return any("truth" in row for rows in run.samples.values() for row in rows)
-
-
-def auroc(pos: list[float], neg: list[float]) -> float:
-    """The Mann–Whitney AUROC: the probability that a score drawn from ``pos`` exceeds one drawn from ``neg``,
-    ties counting 1/2 (so all-equal scores give exactly 0.5): U / (|pos|·|neg|) (Mann & Whitney 1947; Hanley &
-    McNeil 1982). Raises ZeroDivisionError when a list is empty."""
-    wins = sum((p > q) + 0.5 * (p == q) for p in pos for q in neg)
-    return wins / (len(pos) * len(neg))
-
-
-def logged_truth(row: dict) -> dict | None:
-    """A toy response's truth (``add_toy_truth``: ``toy.logged_truth``): ``{"first_wrong": token index | None,
-    "result_digits": [token indices]}``, or None: none known (no tokens, no toy problem, not a toy run)."""
-    return row.get("truth") if "tokens" in row else None
-
-
-def token_classes(row: dict) -> tuple[str, dict[str, list[int]]]:
-    """(kind, {class key: token indices}) of one logged toy response (``CLASSES``).
-
-    kind: ``correct`` (reward > 0: its result digits and other tokens), ``incorrect`` (its first wrong token, the
-    shared prefix before it, the tokens after it), or, with no classes, ``no_gradient`` (Â = 0, or every credit 0:
-    left out of the loss by --mask_truncated_completions), ``no_wrong_token`` (incorrect, yet a prefix of a correct
-    solution: it ran out of tokens before writing anything wrong), ``not_toy`` (no tokens, or no toy problem).
-    """
-    if not row.get("advantage") or not any(row.get("credit", ())):
-        return "no_gradient", {}
-    truth = logged_truth(row)
-    if truth is None:
-        return "not_toy", {}
-    n = len(row["tokens"])
-    if row["reward"] > 0:
-        digits = set(truth["result_digits"])
-        return "correct", {"result_digits": sorted(digits), "other": [i for i in range(n) if i not in digits]}
-    k = truth["first_wrong"]
-    if k is None:
-        return "no_wrong_token", {}
-    return "incorrect", {"first_wrong": [k], "prefix": list(range(k)), "after": list(range(k + 1, n))}
-
-
-def _over_steps(by_step: dict[int, list[float]]) -> dict:
-    """Pooled mean of every value (each token or response once), count, and the spread of the per-step means:
-    min, max and population std over the steps that have a value; ``per_step``: [step, mean, count]."""
-    vals = [v for s in sorted(by_step) for v in by_step[s]]
-    if not vals:
-        return {"mean": None, "count": 0, "step_min": None, "step_max": None, "step_std": None, "per_step": []}
-    per_step = [[s, sum(v) / len(v), len(v)] for s, v in sorted(by_step.items())]
-    means = [m for _, m, _ in per_step]
-    return {
-        "mean": sum(vals) / len(vals),
-        "count": len(vals),
-        "step_min": min(means),
-        "step_max": max(means),
-        "step_std": statistics.pstdev(means),
-        "per_step": per_step,
-    }
-
-
-def credit_lands(run: Run) -> dict:
-    """The numbers of "Where the credit lands" for one toy run, from every logged step (rows with Â ≠ 0 only).
-
-    ``classes``: per class of ``CLASSES``, the credit c = Ã_{i,t}/Â_i of its tokens (``_over_steps``: mean over
-    tokens, count = tokens, spread of the per-step means). ``auroc``: ``first_wrong``, per incorrect response the
-    Mann–Whitney AUROC of c at telling its first wrong token from its other tokens (higher c = more of Â_i, which
-    for Â_i < 0 is more of the penalty: AUROC > 0.5 means the first wrong token is penalised more than the rest);
-    ``result_digits``, per correct response the AUROC of c at telling its result digits from its other tokens; each
-    averaged over responses (``_over_steps``, count = responses; a response without a token of either kind is left
-    out). ``responses``: how many logged responses were of each kind (``token_classes``). ``equal_reward``: the
-    rows with Â_i = 0 (a group whose rewards are all equal), kept apart: how many there are, how many of their
-    tokens carry credit (|c| > 1e-6; only a credit whose Ã is no multiple of Â gives them any, OTB's zero tail,
-    where its c is Ã itself: comparisons/otb.py ``credit_share``) and those tokens' mean c; None for the other runs.
-    """
-    by_class = {key: {} for key, _, _ in CLASSES}
-    aurocs = {"first_wrong": {}, "result_digits": {}}
-    kinds = dict.fromkeys(("correct", "incorrect", "no_wrong_token", "no_gradient", "not_toy"), 0)
-    apart = {"responses": 0, "credited_tokens": {}} if run.credit in OWN_CREDIT else None
-    for step, rows in sorted(run.samples.items()):
-        for row in rows:
-            if apart is not None and not row.get("advantage") and "credit" in row:
-                apart["responses"] += 1
-                credited = [c for c in row["credit"] if abs(c) > 1e-6]
-                if credited:  # (_over_steps: a step's list is never empty)
-                    apart["credited_tokens"].setdefault(step, []).extend(credited)
-            kind, classes = token_classes(row)
-            kinds[kind] += 1
-            c = row.get("credit", ())
-            for key, idx in classes.items():
-                if idx:  # a first wrong token at 0 has no shared prefix, a last one nothing after it
-                    by_class[key].setdefault(step, []).extend(c[i] for i in idx)
-            if classes:
-                key = "first_wrong" if kind == "incorrect" else "result_digits"
-                chosen = set(classes[key])
-                pos = [c[i] for i in chosen]
-                neg = [x for i, x in enumerate(c) if i not in chosen]
-                if pos and neg:
-                    aurocs[key].setdefault(step, []).append(auroc(pos, neg))
-    return {
-        "credit": run.credit,
-        "rule": run.rule,
-        "path": run.path,
-        "classes": {k: _over_steps(v) for k, v in by_class.items()},
-        "auroc": {k: _over_steps(v) for k, v in aurocs.items()},
-        "responses": kinds,
-        "equal_reward": apart and {"responses": apart["responses"], **_over_steps(apart["credited_tokens"])},
-    }
-
-
-def delta_tokens(run: Run, min_count: int = MIN_TOKEN_COUNT, top: int = TOP_TOKENS) -> dict:
-    """DelTA's token view: the paper's token clouds of high- and low-λ tokens (docs/specs/delta.md §5, "Token
-    clouds") as a table, of λ̄ = λ·N/Σλ (what samples/ logs; the same order as λ within a batch). Per side (``pos``:
-    Â_i > 0, ``neg``: Â_i < 0), the ``top`` tokens (decoded text) with the highest and the lowest mean λ̄ over every
-    logged step of the run, each as [token, mean λ̄, count]; only tokens seen at least ``min_count`` times on that
-    side count (``MIN_TOKEN_COUNT``); ties in the mean go by the token's text.
-    λ̄_{i,t} of a row is its credit c (Ã_{i,t} = Â_i·λ̄_{i,t}); rows with Â_i = 0 (no side) and rows left out of the
-    loss (every credit 0) are not counted. Also per side: ``tokens`` (occurrences), ``distinct``, ``listed``."""
-    out = {}
-    for side, sign in (("pos", 1), ("neg", -1)):
-        lam_bar = {}
-        for rows in run.samples.values():
-            for row in rows:
-                if "tokens" in row and (row.get("advantage") or 0) * sign > 0 and any(row["credit"]):
-                    for tok, c in zip(row["tokens"], row["credit"]):
-                        lam_bar.setdefault(tok, []).append(c)
-        kept = sorted(
-            ((sum(v) / len(v), len(v), t) for t, v in lam_bar.items() if len(v) >= min_count),
-            key=lambda x: (-x[0], x[2]),
-        )
-        low = sorted(kept, key=lambda x: (x[0], x[2]))
-        out[side] = {
-            "highest": [[t, m, n] for m, n, t in kept[:top]],
-            "lowest": [[t, m, n] for m, n, t in low[:top]],
-            "tokens": sum(map(len, lam_bar.values())),
-            "distinct": len(lam_bar),
-            "listed": len(kept),
-        }
-    return out
-
-
+# --- Where the credit lands and DelTA's tokens: samples_summary's numbers drawn ---------------------------------
 def _stat_cell(stat: dict) -> str:
     """A table cell: the mean in bold, below it the per-step min–max and the count; the std in the title."""
     if stat["mean"] is None:
@@ -869,13 +665,13 @@ def credit_lands_section(runs: list[Run], colours: dict, lands: dict[str, dict])
         rows.append(
             f'<tr><td class="lrun"><span class="chip" style="background:{colours[run.name]}"></span>'
             f"<b>{html.escape(run.name)}</b>{credit}</td>"
-            + "".join(_stat_cell(d["classes"][key]) for key, _, _ in CLASSES)
+            + "".join(_stat_cell(d["classes"][key]) for key, _, _ in samples_summary.CLASSES)
             + "".join(_stat_cell(d["auroc"][key]) for key in ("first_wrong", "result_digits"))
             + f'<td class="num" title="{k["no_wrong_token"]} incorrect with no wrong token (a prefix of a '
             f'correct solution): counted, not classed">{k["incorrect"]} incorrect · {k["correct"]} correct'
             f"</td></tr>"
         )
-    heads = "".join(f"<th>{html.escape(h)}<br><small>{side}</small></th>" for _, h, side in CLASSES)
+    heads = "".join(f"<th>{html.escape(h)}<br><small>{side}</small></th>" for _, h, side in samples_summary.CLASSES)
     table = (
         f'<table class="runs lands"><thead><tr><th>run</th>{heads}<th>AUROC first wrong<br><small>incorrect'
         f"</small></th><th>AUROC result digits<br><small>correct</small></th><th>responses<br><small>with Â ≠ 0"
@@ -943,7 +739,7 @@ def delta_tokens_section(runs: list[Run], colours: dict, views: dict[str, dict])
                 )
             parts.append(
                 f'<div><p><b>{label}</b> <small class="muted">{v["tokens"]:,} tokens, {v["listed"]} of '
-                f"{v['distinct']} distinct seen ≥ {MIN_TOKEN_COUNT} times</small></p>"
+                f"{v['distinct']} distinct seen ≥ {samples_summary.MIN_TOKEN_COUNT} times</small></p>"
                 f'<div class="pair">{"".join(cols)}</div></div>'
             )
         figs.append(
@@ -1036,7 +832,7 @@ def legend(runs: list[Run], R: float) -> str:
             "<p><b>Masked rules</b> (Forking Tokens, DelTA's Q2): c is 0 on the tokens the loss leaves "
             "out (darkest purple) and the rule's weight on the others.</p>"
         )
-    if any(has_truth(run) for run in runs):
+    if any(samples_summary.has_truth(run) for run in runs):
         lines.append(
             '<p><b style="color:#d1242f">Red underline</b> (toy runs): an incorrect response\'s first wrong '
             'token, where it is no longer a prefix of any correct solution (see "Where the credit '
@@ -1068,7 +864,7 @@ def build_report(runs: list[Run], steps: str = "auto", scale: float | None = Non
         for k in range(-LEVELS, LEVELS + 1)
     )
     sections = [step_section(s, runs, colours, R, s in (shown[0], shown[-1])) for s in shown]
-    numbers = truth_numbers(runs)
+    numbers = samples_summary.truth_numbers(runs)
     why = f"--steps {html.escape(steps)}" if steps != "auto" else "a size budget; <code>--steps all</code> shows all"
     note = "" if len(shown) == len(logged) else f" <small>{len(shown)} of {len(logged)} logged steps ({why})</small>"
     names = ", ".join(html.escape(run.name) for run in runs)
@@ -1105,53 +901,6 @@ def build_report(runs: list[Run], steps: str = "auto", scale: float | None = Non
     return page, info
 
 
-def truth_numbers(runs: list[Run]) -> dict:
-    """What ``<page>.json`` holds: ``where_the_credit_lands`` (``credit_lands`` of each toy run) and
-    ``delta_tokens`` (``delta_tokens`` of each delta run), by run name; with the definitions in words. Empty when
-    no run is on the toy or DelTA."""
-    lands = {run.name: credit_lands(run) for run in runs if has_truth(run) and run.samples}
-    views = {run.name: delta_tokens(run) for run in runs if run.symbol == "λ̄" and run.samples}
-    if not lands and not views:
-        return {}
-    return {
-        "definitions": {
-            "credit": "c = Ã_{i,t}/Â_i per token (GRPO 1, DelTA λ̄, CSCR w̃, FIPO f; 0 where a mask leaves the token "
-            "out of the loss); OTB, whose Ã is no multiple of Â: c = Ã_{i,t}/(r_i − mean_g r); only rows with Â_i ≠ 0",
-            "equal_reward": "rows with Â_i = 0 kept apart (OTB runs only): responses, and the mean c (= Ã there) of "
-            "their tokens with |c| > 1e-6 (count: those tokens)",
-            "rule": "report.rule_name of the run's config.json: the comparison rule (tools/bench/reproduce.py's RULES)",
-            "classes": "incorrect responses: first_wrong (toy.first_wrong_token), prefix (before it), after (after it);"
-            " "
-            "correct responses (reward > 0): result_digits (toy.result_digits), other",
-            "mean": "over every token (classes) or response (auroc) of every logged step; count: tokens or responses",
-            "spread": "step_min, step_max, step_std (population std) of the per-step means; "
-            "per_step: [step, mean, count]",
-            "auroc": "per response, Mann–Whitney AUROC (ties 1/2) of c: the class's tokens against the response's "
-            "other "
-            "tokens (higher c = more of Â_i; for Â_i < 0 more penalty), averaged over responses",
-            "delta_tokens": f"per side (pos: Â_i > 0, neg: Â_i < 0) the {TOP_TOKENS} tokens with the highest / lowest "
-            "mean "
-            f"λ̄ (= c) over the run, [token, mean, count], tokens seen ≥ {MIN_TOKEN_COUNT} times",
-        },
-        "where_the_credit_lands": lands,
-        "delta_tokens": views,
-    }
-
-
-def write_samples_summary(path: str) -> dict:
-    """samples/summary.json of the run folder ``path``: ``truth_numbers`` of that run alone (DelTA's highest and
-    lowest mean λ̄ tokens; on the toy, where the credit lands), so that one run's numbers need no page. Nothing is
-    written for a run without samples/ or without such numbers (a GRPO run off the toy). grpo.py's ``train`` calls it
-    on process 0 once the run has finished (checkpoint.RunFolder.finish). Returns the numbers ({} when none)."""
-    if not os.path.isdir(os.path.join(path, "samples")):
-        return {}
-    numbers = truth_numbers([load_run(path)])
-    if numbers:
-        with open(os.path.join(path, "samples", "summary.json"), "w") as f:
-            json.dump(numbers, f, indent=1)
-    return numbers
-
-
 def truth_sections(runs: list[Run], colours: dict, numbers: dict) -> str:
     """The page's sections on ``truth_numbers``: "Where the credit lands" (toy runs) and DelTA's token view."""
     out = ""
@@ -1165,7 +914,8 @@ def truth_sections(runs: list[Run], colours: dict, numbers: dict) -> str:
     if views:
         out += (
             f'<h2 id="delta-tokens">DelTA\'s tokens <small>highest and lowest mean λ̄ over the run, per side, '
-            f"tokens seen ≥ {MIN_TOKEN_COUNT} times</small></h2>{delta_tokens_section(runs, colours, views)}"
+            f"tokens seen ≥ {samples_summary.MIN_TOKEN_COUNT} times</small></h2>"
+            f"{delta_tokens_section(runs, colours, views)}"
         )
     return out
 
@@ -1216,6 +966,7 @@ def main(argv=None) -> str:
     )
     args = ap.parse_args(argv)
     args.output = args.output or default_output(args.runs)
+    toy.register_data()  # the toy's truth of a logged response (samples_summary.TRUTH): "Where the credit lands"
     t0 = time.time()
     runs = load_runs(args.runs, say=lambda line: print(line, file=sys.stderr))
     if not runs:

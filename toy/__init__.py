@@ -28,15 +28,16 @@ Why a toy? So the whole RLVR pipeline (sample -> verify -> advantage -> credit -
   model is decided here only, by ``model_folder``.
 * The truth of any sampled response is computable (``response_truth``): its first wrong token (where it is no
   longer a prefix of any correct solution the grammar allows, ``correct_solutions``), the shared prefix before it,
-  its result digits. report.py measures the token credit against it ("Where the credit lands").
+  its result digits. trainer/samples_summary.py measures the token credit against it ("Where the credit lands", in
+  samples/summary.json and report.py's page).
 
 Command line: ``python -m toy`` prints the folder ``--model toy`` loads (building it if needed);
 ``python -m toy --write_data DIR`` writes the two splits as jsonl.
 
 ``register`` (and ``register_data``, the data alone, without torch) adds the toy to the generic modules, which name
 no toy: ``--model toy`` (policy.py), ``--data toy`` / ``--benchmarks toy`` (problems.py), the ``auto`` prompt template
-and recipe (rollout.py, recipes.py) and its truth in each samples/ row (checkpoint.py, read by report.py). Each entry
-point (grpo.py, evaluate.py, the tools) calls it once; importing this file loads no torch and no other project file.
+and recipe (rollout.py, recipes.py), the truth of a logged response (samples_summary.py). Each entry point
+(grpo.py, evaluate.py, the tools) calls it once; importing this file loads no torch and no other project file.
 
 Left out on purpose: any other toy task or size, and the check that a rebuild still scores like the shipped model,
 which loads and evaluates both: ``tools/bench/toy_rebuild.py``, read next; ``compare_weights`` is its first step.
@@ -490,8 +491,9 @@ def compare_weights(built: str | os.PathLike, shipped: str | os.PathLike = SHIPP
 # What the toy adds to the generic modules: each entry point (grpo.py, evaluate.py, the tools) calls ``register``
 # ----------------------------------------------------------------------------------------------------------
 def logged_truth(prompt: str, tokens: list[str]) -> dict | None:
-    """A logged response's truth (``response_truth``), as report.py reads it from a samples/ row's prompt and tokens:
-    ``{"first_wrong": index | None, "result_digits": [indices]}``; None: the prompt holds no toy problem."""
+    """A logged response's truth (``response_truth``) from a samples/ row's prompt and tokens, as samples_summary.py
+    reads it (``register_data``): ``{"first_wrong": index | None, "result_digits": [indices]}``; None: the prompt
+    holds no toy problem."""
     try:
         truth = response_truth(prompt, tokens)
     except ValueError:
@@ -530,16 +532,18 @@ def _check_recipe(name: str, cfg) -> str | None:
 
 
 def register_data() -> None:
-    """``--data toy`` / ``--benchmarks toy``: the toy task's splits in problems.py (loads no torch)."""
-    from trainer import problems
+    """``--data toy`` / ``--benchmarks toy``: the toy task's splits in problems.py, and the truth of a logged response
+    of a toy run in samples_summary.py (``logged_truth``: samples/summary.json, report.py's page); loads no torch."""
+    from trainer import problems, samples_summary
 
     problems.register_source("toy", load_split)
+    samples_summary.register_truth("toy", logged_truth)
 
 
 def register() -> None:
     """The toy in every generic module, once per process (again is harmless): ``--model toy`` (policy.py: the
-    folder ``ensure_toy_model`` returns), its data (``register_data``), its prompt template and recipe for ``auto``
-    (rollout.py, recipes.py). (Its truth of a logged response is report.py's: ``logged_truth``.)"""
+    folder ``ensure_toy_model`` returns), its data and the truth of its logged responses (``register_data``), its
+    prompt template and recipe for ``auto`` (rollout.py, recipes.py)."""
     import rollout
     from trainer import policy, recipes
 

@@ -5,8 +5,8 @@ A run folder (``--output_dir``) holds::
     config.json          the flags, prompt template, versions (written at the start; read back by --resume)
     metrics.jsonl        one JSON line per step and per evaluation (also sent to the --report_to trackers)
     samples/step_*.jsonl a few logged groups per step, token by token with each token's credit (report.py)
-    samples/summary.json at the end: report.py's numbers of those samples (DelTA's tokens, on the toy where the
-                         credit lands), written by report.write_samples_summary
+    samples/summary.json at the end: the numbers of those samples (DelTA's tokens, on the toy where the credit
+                         lands), written by samples_summary.write_samples_summary
     tensorboard/         event files, with --report_to tensorboard
     checkpoint-<step>/   resumable: weights or LoRA adapter, tokenizer, run_info.json, optimizer.pt, rng_state.pt,
                          trainer_state.json (written last: its presence marks the folder complete)
@@ -799,8 +799,8 @@ class RunFolder:
         """Write ``final/`` and summary.json; every process calls it and waits for process 0. ``final/`` is the model
         (``save_pretrained``); with ``optimizer`` and the trainer ``state`` (its ``step`` the run's last) it is also a
         checkpoint, so that ``--resume`` of a finished run has nothing to redo (AdamW's moments: twice the trainable
-        weights, float32). samples/summary.json is the reader's: report.py's ``write_samples_summary``, which the
-        trainer calls after this."""
+        weights, float32). samples/summary.json is the reader's: samples_summary's ``write_samples_summary``,
+        which the trainer calls after this."""
         if optimizer is None:
             save_model(model, tokenizer, os.path.join(self.path, "final"), self.model_info)
         else:

@@ -318,13 +318,13 @@ def run_steps(cfg, run, start_step, heldout, train_step, save_checkpoint, label:
 
 def finish(run, actor, summary, state) -> None:
     """final/ (save_pretrained, and resumable: AdamW's state and the trainer's ``state``), summary.json, and
-    samples/summary.json: report.py's numbers of this run's logged samples. Ctrl-C: one line on the folder."""
+    samples/summary.json: samples_summary's numbers of this run's logged samples. Ctrl-C: one line on the folder."""
     try:
         run.finish(actor.model, actor.tokenizer, summary, actor.optimizer, state)
         if run.main:
-            from tools import report  # (H4: moves into trainer/)
+            from trainer import samples_summary
 
-            report.write_samples_summary(run.path)
+            samples_summary.write_samples_summary(run.path)
     except KeyboardInterrupt:
         raise KeyboardInterrupt(run.interrupted_note()) from None
 

@@ -14,7 +14,7 @@ the records were made, so that every run of a row takes the path its records too
 default now, gives the same figures to rounding, not bit for bit); 60 steps of 16 × 8, one run at a time by
 default. Its figures are what the command prints at its end (held-out avg@8 and greedy before and after,
 ``summary.json``) and the credit's AUROCs at the toy's first wrong token and result digits (``samples/summary.json``,
-``report.credit_lands``).
+``trainer.samples_summary.credit_lands``).
 
     python tools/bench/reproduce.py --rules delta --seeds 0,1,2   # run a row's seeds, merge them into the record
     python tools/bench/reproduce.py --check delta --seed 0         # rerun one recorded run, compare (exit 1: differs;
@@ -398,7 +398,7 @@ def save_record(path: Path, record: dict) -> None:
     record["figures"] = {
         "avg8_*, greedy_*": "held-out avg@8 and greedy accuracy before/after training, as the command prints them",
         "gain": "100 × (avg8_after − avg8_before), points",
-        "auroc_*": "report.credit_lands: the credit's AUROC at the first wrong token / result digits",
+        "auroc_*": "samples_summary.credit_lands: the credit's AUROC at the first wrong token / result digits",
     }
     write_json(str(path), record)
 
