@@ -2,7 +2,8 @@
 before any weights load (preflight, memory_plan), the model and its optimised passes (policy), torchrun/FSDP2
 (distributed), the vLLM engine (vllm_engine), the sampler correction (sampler_mismatch), checkpoints and the run
 folder (checkpoint), the loop's setup and bookkeeping (run_setup), data loading (problems, hub), evaluate.py's
-resumable responses files (responses_file), the shipped model configs (trainer/model_configs/), and the credit
+resumable runner and responses files (responses_file) and its flags, results folder and tables (eval_results), the
+shipped model configs (trainer/model_configs/), and the credit
 functions (credit_methods), which wire the methods' pure maths (delta.py, cscr.py) to the model's passes: DelTA's
 chunks of h_t, CSCR's privileged prompts, scoring passes and once-per-run λ calibration. No formula of a paper is here.
 
