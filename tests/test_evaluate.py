@@ -1,7 +1,8 @@
-"""evaluate.py and the benchmarks it reads (problems.py: loaders and name resolution, the Hugging Face mapping with a
-fake `datasets`), protocol presets, metrics and the question-weighted overall row by hand, markdown/--compare output,
-resuming an interrupted run on a tiny random model, and DelTA's seven benchmarks (--benchmarks delta_paper: its Table 1
-layout and question-weighted Avg., by hand and end to end on the toy)."""
+"""evaluate.py, its command's flags, results folder and tables (trainer/eval_results.py), its resumable runner
+(trainer/responses_file.py) and the benchmarks it reads (problems.py: loaders and name resolution, the Hugging Face
+mapping with a fake `datasets`), protocol presets, metrics and the question-weighted overall row by hand,
+markdown/--compare output, resuming an interrupted run on a tiny random model, and DelTA's seven benchmarks
+(--benchmarks delta_paper: its Table 1 layout and question-weighted Avg., by hand and end to end on the toy)."""
 
 import json
 import math
@@ -14,7 +15,7 @@ import pytest
 import evaluate
 import rollout
 import toy
-from trainer import hub, policy, problems, responses_file
+from trainer import eval_results, hub, policy, problems, responses_file
 
 DATA = Path(__file__).resolve().parents[1] / "data"  # the benchmarks the repository ships
 COUNTS = {
@@ -259,12 +260,12 @@ def test_presets_and_explicit_overrides():
 
 
 def test_cli_flags_default_to_none_so_presets_apply():
-    args = evaluate.build_parser().parse_args(["--protocol", "delta", "--top_p", "0.9"])
+    args = eval_results.build_parser(evaluate.PROTOCOLS).parse_args(["--protocol", "delta", "--top_p", "0.9"])
     flags = {k: getattr(args, k) for k in evaluate.DEFAULT_SETTINGS}
     assert flags["top_p"] == 0.9 and all(v is None for k, v in flags.items() if k != "top_p")
     s = evaluate.resolve_settings(args.protocol, **flags)
     assert (s["top_p"], s["num_samples"], s["max_new_tokens"]) == (0.9, 16, 30000)
-    assert evaluate.build_parser().parse_args(["--no-greedy"]).greedy is False
+    assert eval_results.build_parser(evaluate.PROTOCOLS).parse_args(["--no-greedy"]).greedy is False
 
 
 @pytest.mark.parametrize(
@@ -415,7 +416,7 @@ def test_delta_paper_table_by_hand():
     table = evaluate.delta_paper_table(res)
     assert table["metric"] == "avg@16" and table["questions"] == 213 and table["notes"] == []
     assert table["avg"] == pytest.approx(60.5001 / 213)
-    lines = evaluate.format_delta_paper_table(table).splitlines()
+    lines = eval_results.format_delta_paper_table(table).splitlines()
     assert lines == [
         "| Model | Metric | AIME24 | AIME25 | AIME26 | HMMT25 Feb | HMMT25 Nov | HMMT26 Feb | Brumo25 | Avg. |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -426,7 +427,7 @@ def test_delta_paper_table_by_hand():
     small = _paper_results([2] * 7, [0.5] * 7, evaluate.resolve_settings("delta", num_samples=2))
     small["benchmarks"] = {b: {"num_problems": 2, "avg@2": 0.5} for b in problems.DELTA_PAPER}
     assert (
-        evaluate.format_delta_paper_table(evaluate.delta_paper_table(small)).splitlines()[-1]
+        eval_results.format_delta_paper_table(evaluate.delta_paper_table(small)).splitlines()[-1]
         == "Not DelTA's evaluation: 14 questions, not DelTA's 213; num_samples 2 (delta: 16)."
     )
     del res["benchmarks"]["brumo25"]
@@ -474,7 +475,7 @@ def _result(model, math500, aime24, temperature=1.0):
 
 
 def test_markdown_table():
-    table = evaluate.format_table(_result("m", (0.5, 0.25), (0.1, 0.0)))
+    table = eval_results.format_table(_result("m", (0.5, 0.25), (0.1, 0.0)))
     lines = table.splitlines()
     assert lines[0].startswith("| benchmark | problems | greedy | avg@4 | mean len (sample) |")
     assert lines[2] == "| math500 | 400 | 50.0 | 25.0 | 300.0 | 900 | 5.0 | 90.0 | 1 | 3 |"
@@ -497,24 +498,26 @@ def test_compare_prints_both_and_the_difference(tmp_path, capsys):
     assert "model: base vs delta" in out and "temperature: 1.0 vs 0.6" in out
 
 
-def test_compare_with_different_benchmark_sets_uses_shared_overall():
+def test_compare_with_different_benchmark_sets_uses_shared_overall(tmp_path):
     a = _result("a", (0.5, 0.25), (0.1, 0.0))
     b = _result("b", (0.6, 0.2), (0.0, 0.05))
     del b["benchmarks"]["aime24"]
-    out = evaluate.format_compare(a, b)
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    out = evaluate.compare_results_files(str(tmp_path / "a.json"), str(tmp_path / "b.json"))
     assert "| aime24 | 30 | 10.0 | – | – |" in out
     assert "| **overall (shared)** | 400 | 50.0 | 60.0 | +10.0 |" in out
 
 
 def test_plot_is_skipped_without_matplotlib(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    assert evaluate.plot_results(_result("m", (0.5, 0.2), (0.1, 0.0)), tmp_path) == []
+    assert eval_results.plot_results(_result("m", (0.5, 0.2), (0.1, 0.0)), tmp_path) == []
     assert list(tmp_path.iterdir()) == []
 
 
 def test_plot_writes_one_png_per_benchmark_and_overall(tmp_path):
     pytest.importorskip("matplotlib")
-    paths = evaluate.plot_results(_result("m", (0.5, 0.2), (0.1, 0.0)), tmp_path)
+    paths = eval_results.plot_results(_result("m", (0.5, 0.2), (0.1, 0.0)), tmp_path)
     assert sorted(Path(p).name for p in paths) == ["aime24.png", "math500.png", "overall.png"]
     assert all(Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
 
@@ -786,7 +789,7 @@ def test_default_folder_keeps_each_settings_and_model_apart(tmp_path, tiny_model
     first = evaluate.main(argv + ["--benchmarks", str(tmp_path / "a.jsonl")])
     evaluate.main(argv + ["--benchmarks", str(tmp_path / "b.jsonl")])  # same settings: the same folder, kept
     other = evaluate.main(argv + ["--benchmarks", str(tmp_path / "a.jsonl"), "--temperature", "0.5"])
-    slug = evaluate._model_slug(tiny_model_path)  # the folder's last two parts, e.g. "tiny0-model"
+    slug = eval_results.model_slug(tiny_model_path)  # the folder's last two parts, e.g. "tiny0-model"
     assert slug == "-".join(Path(tiny_model_path).parts[-2:])
     assert sorted(p.name for p in (tmp_path / "eval_results").iterdir()) == sorted(
         f"{slug}-{r['settings_hash'][:8]}" for r in (first, other)
@@ -867,7 +870,8 @@ def test_a_checkpoint_of_a_run_is_set_beside_the_trainers_figures(toy_model_path
         f"greedy {res['greedy']:.3f}."
     ) in out
     assert f"one standard deviation of avg@2 over 16 responses is {(p * (1 - p) / 16) ** 0.5:.3f}" in out
-    assert evaluate.trainer_figures(toy_model_path, {"benchmarks": {"toy": res}}, {"num_samples": 2}) == []  # no run
+    no_run = eval_results.trainer_figures(toy_model_path, {"benchmarks": {"toy": res}}, {"num_samples": 2}, None)
+    assert no_run == []
 
 
 def test_a_trained_run_is_evaluated_as_the_trainer_evaluates_it(toy_model_path, tmp_path, counting_generate, capsys):

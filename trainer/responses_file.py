@@ -1,8 +1,18 @@
-"""A benchmark's graded responses as a resumable jsonl file (evaluate.py's ``run_benchmark``): records tagged with a
-hash of the settings that drew them and the key of their chunk of problems, appended one chunk per synced write, a
-torn last line cut before appending, read back by (mode, chunk), rewritten in file order at the end. The chunks and
-their seeds are functions of the data and the seed alone, so a resumed run draws what an uninterrupted one draws.
-Imported by evaluate.py; imports no project module.
+"""A benchmark's graded responses as a resumable jsonl file, and the resumable runner that fills it (``run_benchmark``,
+evaluate.py's benchmarks): records tagged with a hash of the settings that drew them and the key of their chunk of
+problems, appended one chunk per synced write, a torn last line cut before appending, read back by (mode, chunk),
+rewritten in file order at the end.
+
+Resuming: a rerun of the same command reuses every (mode, chunk) that is complete and draws the rest, each chunk
+whole; a rerun with other settings is refused (``--overwrite`` starts again). The chunks (problems sorted by length,
+then cut into ``--chunk_size``) and their seeds (a hash of seed, benchmark, mode and chunk index) are functions of the
+data and the seed alone, so an interrupted and resumed run writes the same responses as an uninterrupted one, wherever
+it was interrupted (exact on the CPU; on a GPU as deterministic as its kernels). A response depends on its chunk-mates
+(batch padding, a shared random stream), so the chunk and batch sizes are part of the settings. ``--sampling
+trainer``: one chunk per mode, every problem in file order with the seed itself, as the trainer's evaluation draws.
+
+Imported by evaluate.py and trainer/eval_results.py; imports no project module (the responses are drawn by the
+function evaluate.py hands to ``run_benchmark``).
 """
 
 from __future__ import annotations
@@ -10,8 +20,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 
 def settings_hash(generation: dict) -> str:
@@ -144,3 +155,82 @@ def rewrite_in_file_order(path: Path, records: list[dict], rows: list[dict]) -> 
     with open(tmp, "w", encoding="utf-8") as f:
         f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
     os.replace(tmp, path)
+
+
+# How responses are drawn (evaluate.py's --sampling), with the settings hash's name of each rule. "chunks": problems
+# sorted by length, cut into chunks of chunk_size, each drawn with its own seed (chunk_seed), resumed chunk by chunk.
+# "trainer": as the trainer's held-out evaluation (evaluate.heldout): rows in file order, one chunk per mode drawn with
+# the seed itself, resumed mode by mode. A trained run's checkpoint defaults to "trainer", anything else to "chunks".
+CHUNKING = {"chunks": "by-length", "trainer": "trainer"}
+SAMPLINGS = ("chunks", "trainer")
+
+
+class ChunkPlan(NamedTuple):
+    """How :func:`run_benchmark` cuts and seeds a benchmark's responses: the ``modes`` ((mode, responses per problem)
+    pairs, evaluate.modes), the base ``seed``, the ``sampling`` rule (:data:`SAMPLINGS`) and its ``chunk_size``."""
+
+    modes: list[tuple[str, int]]
+    seed: int
+    sampling: str = "chunks"
+    chunk_size: int = 32
+
+
+def run_benchmark(
+    name: str,
+    rows: list[dict],
+    plan: ChunkPlan,
+    saved: ResponsesFile,
+    draw: Callable[[list[dict], str, int], list[dict]],
+    progress: bool = True,
+) -> tuple[list[dict], int]:
+    """Draw, grade and save the responses of benchmark ``name``, resuming from ``saved.path``.
+
+    For each mode and chunk (:func:`make_chunks`; with ``plan.sampling == "trainer"`` one chunk of every row in file
+    order): if the file holds all its records (same settings hash and chunk key) they are reused; otherwise
+    ``draw(chunk rows, mode, seed)`` (evaluate.generate_records: the graded records, in order) draws it whole, with
+    :func:`chunk_seed` (or ``plan.seed`` itself for "trainer"), and the records are appended at once. At the end the
+    file is rewritten in file order with exactly this run's records. On Ctrl-C, says where the responses so far are.
+
+    Returns (records in file order, number reused from the file). Raises ValueError: the file holds other settings.
+    """
+    from tqdm import tqdm
+
+    path = Path(saved.path)
+    found = load_responses(path, saved.run_hash, overwrite=saved.overwrite)
+    cut_torn_tail(path)  # appending onto a torn half-line would merge (and lose) the first new record
+    chunks = [rows] if plan.sampling == "trainer" else make_chunks(rows, plan.chunk_size)
+    total = sum(n * len(rows) for _, n in plan.modes)
+    bar = tqdm(total=total, desc=name, unit="resp", disable=not progress, dynamic_ncols=True, mininterval=1.0)
+    records = []
+    reused = 0
+    try:
+        for mode, n in plan.modes:
+            for index, chunk in enumerate(chunks):
+                key = chunk_key(index, chunk)
+                have = found.get((mode, key), {})
+                wanted = [(r["id"], s) for r in chunk for s in range(n)]
+                if all(w in have for w in wanted):  # complete: reuse
+                    records += [have[w] for w in wanted]
+                    reused += len(wanted)
+                else:  # missing or partial: draw the whole chunk (same seed, same batch -> same responses)
+                    seed = plan.seed if plan.sampling == "trainer" else chunk_seed(plan.seed, name, mode, index)
+                    new = draw(chunk, mode, seed)
+                    for rec in new:
+                        rec.update(chunk=key, settings_hash=saved.run_hash)
+                    append_records(path, new)
+                    records += new
+                bar.set_postfix_str(mode)
+                bar.update(len(wanted))
+    except KeyboardInterrupt:
+        bar.close()  # before the message, not over it
+        print(f"\ninterrupted: the responses so far are in {path}; rerun the same command to resume", file=sys.stderr)
+        raise
+    finally:
+        bar.close()
+    rewrite_in_file_order(path, records, rows)
+    if reused:  # said, so that a run of saved responses is never mistaken for a new one
+        print(
+            f"[reused] {name}: {reused} of {len(records)} responses from {path} (the same settings; --resample "
+            "generates them anew)"
+        )
+    return records, reused
