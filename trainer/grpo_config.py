@@ -195,8 +195,8 @@ class GRPOConfig:
         "memory independent of the batch)",
         ["normal", "memory_efficient"],
     )
-    # DelTA's ablations (docs/specs/baselines.md §6; docs/reproduce.md): each one swaps one step of delta.py for its
-    # function in delta_ablations.py (steps_from_flags, proxy_from_flags), chosen once when the run starts
+    # DelTA's ablations (docs/specs/baselines.md §6; docs/reproduce.md): each one passes its function in
+    # delta_ablations.py for one of delta.py's (functions_from_flags, proxy_from_flags), chosen once when the run starts
     delta_scores: str = _f(
         "contrastive",
         "DelTA margins: contrastive (Sec. 3.2) or within_side (−‖v − μ_own‖²)",
