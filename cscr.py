@@ -11,52 +11,46 @@ correct, c-: it is incorrect) [S].  In the order of this file (m: response mask,
     §3 prompts       x + c+,  x + c-                                                  build_condition_prompts
     §4 scoring       ℓ0_t = log π(y_t | x, y_<t) (θ_old's pass),  ℓ±_t under x + c±    condition_logprobs
     §4 sensitivity   Δ±_t = ℓ±_t - ℓ0_t,  s_t = max(|Δ+_t|, |Δ-_t|)  (nats) [S2]      sensitivity
-    §5 weights       w_t = max(w_min, exp(-α·max(0, s_t - λ)))  [S2]                  credit_log_weights
+    §5 weights       w_t = max(w_min, exp(-α·max(0, s_t - λ)))  [S2]                  sensitivity_weights
     §5 renormalise   w̃_t = w_t / w̄_i,  w̄_i = (1/L_i) Σ_t m_t w_t  (per sequence [S2])  per_sequence
     §5 reallocation  Ã_i,t = Â_i · w̃_t · m_t                                          cscr_token_advantages
     §5 calibration   λ = a quantile of s over the first batch, then frozen            calibrate_threshold
 
 so sign(Ã_i,t) = sign(Â_i) and Σ_t Ã_i,t = L_i·Â_i: the verifier's direction and the credit budget are kept [S].
 
-inferred [I]                   argument                  default; alternatives
-wording of c+ / c- (§3)        template                  "verdict" (A); "reference" (B), "answer" (C)
-where the note goes (§3)       marker, turn_end, anchor  the end of the last user turn (ChatML)
-scorer (§4)                    logprob_fn, temperature   θ_old in eval mode at the sampling temperature
-aggregation of Δ± (§4)         Settings.mode             "max" [S2]; "mean", "common"
-weight map (§5)                Settings.weight           "exp" [S2]; "exp_abs" w = exp(-α·s), "inverse" 1/(1 + α·s)
-α; floor w_min (§5)            Settings.alpha, w_min     1.0; 0.0 (spec §5 suggests 0.1)
-renormalisation scope (§5)     (none)                    per sequence [S2]; group, batch: cscr_ablations.py
-threshold λ, nats (§5)         threshold                 0.2, or calibrate_threshold(quantile 0.8)
+Our reading [I], each an argument defaulting to the spec's: the notes' wording (``template``: "verdict" A; "reference"
+B, "answer" C) and place (``marker``, ``turn_end``, ``anchor``: the end of the last user turn, ChatML); the scorer
+(``logprob_fn``, ``temperature``: θ_old, eval mode, the sampling temperature); ``Settings``: Δ± -> s (``mode`` "max"
+[S2]; "mean", "common"), the map (``weight`` "exp" [S2]; "exp_abs" exp(-α·s), "inverse" 1/(1 + α·s)), ``alpha`` 1,
+``w_min`` 0 (spec §5 suggests 0.1); λ (``threshold`` 0.2 nats, or ``calibrate_threshold``); w̄ per sequence [S2].
 
-Left out: the loss (the trainer's surrogate with Ã, spec §6); full-vocabulary shifts (cscr_diagnostics.py); the §9
-ablations (comparisons/cscr_ablations.py: these steps, one replaced). Read next: trainer/credit_methods.py (CscrCredit).
+§5's weights and renormalisation are ``CscrFunctions``' fields, one argument ``functions`` (None: the paper's; the
+§9 ablations': comparisons/cscr_ablations.py). Left out: the loss (the trainer's surrogate with Ã, spec §6);
+full-vocabulary shifts (cscr_diagnostics.py). Read next: trainer/credit_methods.py (CscrCredit).
 
-Usage from any trainer (``model`` in eval mode; ``prompts``: the B rollout prompt texts x; ``response_ids``,
-``response_mask``: [B, T] right-padded responses; ``adv``: [B] advantages Â; ℓ0 may be your old-log-prob pass)::
+Usage from any trainer (``import cscr``; ``model`` in eval mode; ``prompts``: the B rollout prompt texts x;
+``response_ids``, ``loss_mask``: [B, T] right-padded responses; ``adv``: Â [B]; ℓ0 may be your old-log-prob pass;
+options to the last two: ``threshold=0.5, settings=cscr.Settings(alpha=2.0, w_min=0.1)``; ``python cscr.py`` runs it
+on a tiny random Qwen3).  TOKENISATION RULE: prompts are tokenised by ``tokenizer(prompt)``, as the rollout's x::
 
-    import cscr, torch
-
-    inputs = cscr.scoring_inputs(tokenizer, prompts, response_ids, response_mask)  # [x | y] rows [B, P + T]
+    inputs = cscr.scoring_inputs(tokenizer, prompts, response_ids, loss_mask)  # [x | y] rows [B, P + T]
     with torch.no_grad():
-        old_logp = cscr.default_logprob_fn(model, *inputs, response_mask, 1.0)    # ℓ0 = log π(y_t | x, y_<t) [B, T]
-    pairs = [cscr.build_condition_prompts(x) for x in prompts]                      # (x + c+, x + c-) per response
-    lp_pos, lp_neg = cscr.condition_logprobs(model, tokenizer, pairs, response_ids, response_mask)  # ℓ+, ℓ- [B, T]
-    token_adv = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, response_mask)           # Ã [B, T]
-    stats = cscr.cscr_stats(adv, old_logp, lp_pos, lp_neg, response_mask)  # to log (floats): w̄, w̃, s, ...
-
-Options: ``threshold=0.5, settings=cscr.Settings(alpha=2.0, w_min=0.1)`` (to both).  TOKENISATION RULE: prompts are
-tokenised by ``tokenizer(prompt)`` (special tokens included), as the rollout's x; else pass token ids.
+        old_logp = cscr.default_logprob_fn(model, *inputs, loss_mask, 1.0)  # ℓ0 = log π(y_t | x, y_<t) [B, T]
+    pairs = [cscr.build_condition_prompts(x) for x in prompts]  # (x + c+, x + c-) per response
+    lp_pos, lp_neg = cscr.condition_logprobs(model, tokenizer, pairs, response_ids, loss_mask)  # ℓ+, ℓ- [B, T]
+    token_adv = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, loss_mask)  # Ã [B, T]
+    stats = cscr.cscr_stats(adv, old_logp, lp_pos, lp_neg, loss_mask)  # to log (floats): w̄, w̃, s, ...
 """
 
 import inspect
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 
 # ---- Spec §3: the privileged prompts x + c+, x + c- ---------------------------------------------------------------
-# [I] Our wording (no template text was available), in minimal pairs: the notes differ only in the verdict, so what is
-# common to "being handed privileged outcome information" cancels.  {reference}, {answer}: str.replace'd (LaTeX-safe).
+# [I] Our wording (no template text was available), minimal pairs: the notes differ only in the verdict, so what is
+# common to "being handed privileged outcome information" cancels; {reference}, {answer}: str.replace'd (LaTeX-safe).
 _VERIFIED = "Note: a verifier has already checked the response that follows.\nVerdict: "
 _VERDICT = _VERIFIED + "the final answer of this response is "
 _REFERENCE = "Here is the reference answer to this problem.\nCorrect final answer: {reference}\n\n"
@@ -69,6 +63,7 @@ CONDITION_TEMPLATES = {  # spec §3's rows A (primary), B (OPSD-style reference 
 }
 MARKER = "<|im_start|>assistant"  # the default: ChatML's (Qwen's) assistant header
 TURN_END = "<|im_end|>"  # the default: ChatML's end-of-turn token
+WEIGHT_MAPS = ("exp", "exp_abs", "inverse")  # ``Settings.weight``: spec §5's maps s -> w (``sensitivity_weights``)
 
 
 def condition_notes(template):
@@ -111,8 +106,7 @@ def build_condition_prompts(
     Each ends as ``prompt`` does (the response ids are reused): the note goes after the last ``anchor``, else at the
     end of the last user turn before ``marker`` (Llama-3: ``"<|start_header_id|>assistant"``, ``"<|eot_id|>"``), else
     on its own line before the trailing whitespace or the last line.  ``template``: a CONDITION_TEMPLATES name (B needs
-    the gold ``reference``, C ``response_answer``), A/B/C or ``(note_pos, note_neg)``.  Raises ValueError: unknown
-    template, missing value, ``anchor`` not found."""
+    ``reference``, C ``response_answer``), A/B/C or ``(note_pos, note_neg)``.  Raises ValueError: unknown template."""
     if not isinstance(prompt, str):
         raise ValueError(f"prompt must be a str, got {type(prompt).__name__}")
     name, notes = condition_notes(template)  # (c+, c-)
@@ -124,12 +118,11 @@ def build_condition_prompts(
     return tuple(_insert_note(prompt, n, marker, turn_end, anchor) for n in notes)
 
 
-# ---- Spec §4, §6 step 2: ℓ0, ℓ+, ℓ- of the fixed responses (no-grad prefill passes) ------------------------------
-def _as_mask(response_mask):
-    """[B, T] bool view of a bool/float 0-1 response mask."""
-    if not torch.is_tensor(response_mask):
-        raise ValueError("response_mask must be a torch.Tensor")
-    return response_mask if response_mask.dtype == torch.bool else response_mask != 0
+# ---- Spec §4, §6 step 2: ℓ0, ℓ+, ℓ- of the fixed responses (no-grad prefill passes), the sensitivity s ------------
+def _as_mask(mask):  # [B, T] bool view of a bool/float 0-1 mask (response_mask, loss_mask)
+    if not torch.is_tensor(mask):
+        raise ValueError(f"the mask must be a torch.Tensor, got {type(mask).__name__}")
+    return mask if mask.dtype == torch.bool else mask != 0
 
 
 def default_logprob_fn(model, input_ids, attention_mask, response_mask, temperature):
@@ -156,8 +149,8 @@ def default_logprob_fn(model, input_ids, attention_mask, response_mask, temperat
 
 def scoring_inputs(tokenizer, prompts, response_ids, response_mask):
     """``(input_ids, attention_mask)`` [B, P + T] (long) scoring the responses [B, T] after the B ``prompts`` (str, by
-    THE TOKENISATION RULE, or ids), for x (ℓ0) and x + c± (ℓ±) alike: each prompt left-padded to the longest (P) with
-    the pad id, its response as given (padded slots: the pad id, mask 0).  Raises ValueError: no pad token, no token."""
+    THE TOKENISATION RULE, or ids), for x (ℓ0) and x + c± (ℓ±) alike: prompts left-padded with the pad id to the
+    longest (P), responses as given (padding: the pad id, mask 0).  Raises ValueError: no pad token, no token."""
     pad_id = getattr(tokenizer, "pad_token_id", None)
     if pad_id is None:
         raise ValueError("tokenizer.pad_token_id must be set (e.g. tokenizer.pad_token = tokenizer.eos_token)")
@@ -183,10 +176,10 @@ def condition_logprobs(
     model, tokenizer, prompt_pairs, response_ids, response_mask, temperature=1.0, micro_batch_size=None, logprob_fn=None
 ):
     """(lp_pos, lp_neg) = (ℓ+, ℓ-) [B, T] (nats; float32, float64 for a float64 model; 0 off the mask): each fixed
-    response scored after its x + c+ and its x + c- (``prompt_pairs``: B pairs of ``build_condition_prompts``); [S]
-    re-scored under two opposing outcome conditions; spec §4: no grad, eval mode (restored afterwards).  A row without
-    a valid token is not scored (pass ``mask * (adv != 0)[:, None]``); ``micro_batch_size``: rows per pass (None: all);
-    ``logprob_fn``: the trainer's, of ``default_logprob_fn``'s signature.  Raises ValueError: shapes, temperature."""
+    response scored after its x + c+ and its x + c- (``prompt_pairs``: ``build_condition_prompts``'); spec §4: no
+    grad, eval mode (restored afterwards).  A row without a valid token is not scored (pass the credited tokens);
+    ``micro_batch_size``: rows per pass (None: all); ``logprob_fn``: ``default_logprob_fn``'s signature.  Raises
+    ValueError: shapes, temperature."""
     m = _as_mask(response_mask)
     shapes = torch.is_tensor(response_ids) and m.dim() == 2 and m.shape == response_ids.shape
     if not (shapes and len(prompt_pairs) == len(m) and temperature > 0):
@@ -215,27 +208,26 @@ def condition_logprobs(
     return lps[0], lps[1]
 
 
-# ---- Spec §4: the per-token counterfactual sensitivity -----------------------------------------------------------
-def condition_shifts(old_logp, lp_pos, lp_neg, response_mask):
+def condition_shifts(old_logp, lp_pos, lp_neg, loss_mask):
     """``(shift_pos, shift_neg, m)``: spec §4's likelihood shifts Δ± = ℓ± - ℓ0 [B, T] (nats; no gradient; the
     log-probs' dtype, at least float32; padding set to 0 BEFORE subtracting, so no NaN) and the bool mask."""
-    m = _as_mask(response_mask)
+    m = _as_mask(loss_mask)
     for name, lp in (("old_logp", old_logp), ("lp_pos", lp_pos), ("lp_neg", lp_neg)):
         if not torch.is_tensor(lp) or lp.dim() != 2 or lp.shape != m.shape:
-            raise ValueError(f"{name} must be a [B, T] tensor of the response_mask's shape {tuple(m.shape)}")
+            raise ValueError(f"{name} must be a [B, T] tensor of the loss_mask's shape {tuple(m.shape)}")
     dt = torch.promote_types(old_logp.dtype, lp_pos.dtype)
     dt = torch.promote_types(torch.promote_types(dt, lp_neg.dtype), torch.float32)  # at least float32
     l0, l_pos, l_neg = (torch.where(m, lp.detach().to(dt), 0.0) for lp in (old_logp, lp_pos, lp_neg))
     return l_pos - l0, l_neg - l0, m  # Δ+ = ℓ+ - ℓ0, Δ- = ℓ- - ℓ0
 
 
-def sensitivity(old_logp, lp_pos, lp_neg, response_mask, mode="max"):
+def sensitivity(old_logp, lp_pos, lp_neg, loss_mask, mode="max"):
     """The per-token counterfactual sensitivity s_t [B, T] (nats, >= 0, 0 on padding, no gradient; spec §4) from ℓ0,
     ℓ+, ℓ- [B, T]: [S2] "the maximum of the likelihood shifts under the two conditions", s = max(|Δ+|, |Δ-|) on the
     sampled token [I]; ``mode`` "mean" (|Δ+| + |Δ-|)/2 or "common" |Δ+ + Δ-|/2 (the polarity-free part) [I]."""
     if mode not in ("max", "mean", "common"):
         raise ValueError(f"mode must be max, mean or common, got {mode!r}")
-    shift_pos, shift_neg, m = condition_shifts(old_logp, lp_pos, lp_neg, response_mask)
+    shift_pos, shift_neg, m = condition_shifts(old_logp, lp_pos, lp_neg, loss_mask)
     if mode == "max":
         s = torch.maximum(shift_pos.abs(), shift_neg.abs())
     elif mode == "mean":
@@ -246,102 +238,87 @@ def sensitivity(old_logp, lp_pos, lp_neg, response_mask, mode="max"):
 
 
 # ---- Spec §5: the weights as log w [B, T] (w̃ = w / w̄ exact when every w underflows), renormalised, calibrated --
-def exp_weight(s, threshold, alpha):
-    """[S2] exponential down-weighting above λ (the default): log w = -α·max(0, s - λ), w = 1 up to λ."""
-    return -alpha * (s - threshold).clamp(min=0.0)
-
-
-def exp_abs_weight(s, alpha):
-    """[I] spec §5's alternative w = exp(-α·s), no threshold: log w = -α·s."""
-    return -alpha * s
-
-
-def inverse_weight(s, alpha):
-    """[I] spec §5's alternative w = 1 / (1 + α·s), no threshold: log w = -log(1 + α·s)."""
-    return -torch.log1p(alpha * s)
-
-
-WEIGHT_MAPS = {"exp": exp_weight, "exp_abs": exp_abs_weight, "inverse": inverse_weight}  # ``Settings.weight``
-
-
-def sensitivity_weights(s, threshold, settings):
+def sensitivity_weights(s, shift_pos, adv, threshold, settings):
     """The weight step: log w_t [B, T] of s [B, T] (nats) by the map ``settings.weight``, α = ``settings.alpha``, λ =
-    ``threshold`` (nats; "exp" only)."""
-    if settings.weight == "exp":
-        return exp_weight(s, threshold, settings.alpha)
-    return WEIGHT_MAPS[settings.weight](s, settings.alpha)  # the spec's alternatives [I]: no λ
+    ``threshold`` (nats; "exp" only); Δ+ ``shift_pos`` [B, T] and Â ``adv`` [B] unread (an ablation reads them)."""
+    if settings.weight == "exp":  # [S2] down-weighting above λ: w = exp(-α·max(0, s - λ)), 1 up to λ
+        return -settings.alpha * (s - threshold).clamp(min=0.0)
+    if settings.weight == "exp_abs":  # [I] the spec's alternative w = exp(-α·s), no threshold
+        return -settings.alpha * s
+    return -torch.log1p(settings.alpha * s)  # "inverse" [I]: the spec's alternative w = 1 / (1 + α·s), no threshold
 
 
-def per_sequence(log_w, tokens):
-    """w̃_t = w_t / w̄_i [B, T], w̄_i = (1/L_i) Σ_t w_t over row i's ``tokens`` ([B, T] bool; 0 elsewhere), from log w
-    (spec §5 [S2]: within each sequence); each row's largest w divided out first (w̃ unchanged): w̄_i > 0 always."""
-    log_w_max = torch.where(tokens, log_w, -math.inf).amax(1, keepdim=True)  # [B, 1]
-    w = torch.where(tokens, torch.exp(log_w - log_w_max), 0.0)  # w_t / max_t w_t, in (0, 1]
-    w_bar = w.sum(1, keepdim=True) / tokens.sum(1, keepdim=True).clamp(min=1)  # w̄_i, on the same scale
-    return torch.where(tokens, w / w_bar, 0.0)
+def per_sequence(log_w, credited):
+    """The renormalisation: w̃_t = w_t / w̄_i [B, T], w̄_i = (1/L_i) Σ_t w_t over row i's ``credited`` tokens ([B, T]
+    bool; 0 elsewhere), from log w (spec §5 [S2]: within each sequence); each row's largest w divided out first."""
+    log_w_max = torch.where(credited, log_w, -math.inf).amax(1, keepdim=True)  # [B, 1]
+    w = torch.where(credited, torch.exp(log_w - log_w_max), 0.0)  # w_t / max_t w_t, in (0, 1]
+    w_bar = w.sum(1, keepdim=True) / credited.sum(1, keepdim=True).clamp(min=1)  # w̄_i, on the same scale
+    return torch.where(credited, w / w_bar, 0.0)
 
 
-class Settings(NamedTuple):
-    """What ``cscr_token_advantages`` keeps fixed for a run (spec §4-§5 [I]; defaults: the spec's)."""
-
+class Settings(NamedTuple):  # what a run keeps fixed (spec §4-§5 [I]; defaults: the spec's)
     alpha: float = 1.0  # α >= 0, the decay strength (spec §5; 0 gives GRPO)
     w_min: float = 0.0  # the weight floor in [0, 1] (spec §5 suggests 0.1; 0 in the §8 example)
     mode: str = "max"  # Δ± -> s (spec §4): "max" [S2], "mean", "common"
     weight: str = "exp"  # s -> log w (spec §5): "exp" [S2]; "exp_abs", "inverse" [I]
 
 
-def credit_log_weights(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, settings=None):
-    """log w_t [B, T] (spec §4-§5, no gradient): s_t of ``old_logp``, ``lp_pos``, ``lp_neg`` = ℓ0, ℓ+, ℓ- [B, T] (nats)
-    by ``settings.mode``, weighted by the map ``settings.weight`` at λ = ``threshold`` (nats), floored: w = max(w_min,
-    w); ``adv``: Â [B].  Raises ValueError: shapes; settings out of range; not finite on a valid token (large α)."""
+class CscrFunctions(NamedTuple):  # the replaceable steps of §5 (defaults: the paper's), one argument ``functions``
+    weights: Callable = sensitivity_weights  # (s, shift_pos, adv, threshold, settings) -> log w [B, T]
+    renormalise: Callable = per_sequence  # (log_w, credited) -> w̃ [B, T]
+
+
+def credit_log_weights(adv, old_logp, lp_pos, lp_neg, loss_mask, threshold=0.2, settings=None, functions=None):
+    """log w_t [B, T] (spec §4-§5, no gradient): s_t of ℓ0, ℓ+, ℓ- [B, T] (nats) by ``settings.mode``, weighted by
+    ``functions.weights`` (None: the paper's, ``settings.weight``'s map) at λ = ``threshold`` (nats), floored: w =
+    max(w_min, w); ``adv``: Â [B].  Raises ValueError: shapes; settings out of range; not finite (large α)."""
     settings = settings or Settings()
+    functions = functions or CscrFunctions()
     if not (torch.is_tensor(adv) and adv.dim() == 1 and torch.is_tensor(old_logp) and len(adv) == len(old_logp)):
         raise ValueError(f"adv must be a [B] tensor, B = old_logp's rows; got adv shape {getattr(adv, 'shape', None)}")
     ok = math.isfinite(settings.alpha) and settings.alpha >= 0 and 0 <= settings.w_min <= 1
     if not (ok and settings.weight in WEIGHT_MAPS):  # (sensitivity checks the mode)
         raise ValueError(f"Settings needs a finite alpha >= 0, w_min in [0, 1], a weight in {list(WEIGHT_MAPS)}")
     with torch.no_grad():
-        s = sensitivity(old_logp, lp_pos, lp_neg, response_mask, settings.mode)  # spec §4: max(|Δ+_t|, |Δ-_t|)
-        m = _as_mask(response_mask).to(s.device)
+        s = sensitivity(old_logp, lp_pos, lp_neg, loss_mask, settings.mode)  # spec §4: max(|Δ+_t|, |Δ-_t|)
+        shift_pos, _, m = condition_shifts(old_logp, lp_pos, lp_neg, loss_mask)  # Δ+ = ℓ+ - ℓ0
+        m = m.to(s.device)
         if not torch.isfinite(s[m]).all():
-            raise ValueError("old_logp, lp_pos and lp_neg must be finite on valid (response_mask) tokens")
-        log_w = sensitivity_weights(s, threshold, settings)  # spec §5: log w_t
+            raise ValueError("old_logp, lp_pos and lp_neg must be finite on valid (loss_mask) tokens")
+        adv = adv.detach().to(device=s.device, dtype=s.dtype)
+        log_w = functions.weights(s, shift_pos, adv, threshold, settings)  # spec §5: log w_t
         floored = log_w.clamp(min=math.log(settings.w_min)) if settings.w_min > 0 else log_w  # against concentration
         if not torch.isfinite(floored[m]).all():
             raise ValueError(f"alpha = {settings.alpha} times s overflows (log w not finite): lower it, or w_min > 0")
         return floored
 
 
-def cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, settings=None):
-    """CSCR's token advantages Ã [B, T] (spec §5; the log-probs' dtype, at least float32; 0 on padding): [S] the
-    credit of highly sensitive tokens moved to the others, keeping the credit budget and the verifier's direction:
-    sign(Ã_i,t) = sign(Â_i) and Σ_t Ã_i,t = L_i·Â_i, exactly even when every w underflows; α = 0, all s <= λ or
-    Â_i = 0 give GRPO.  Arguments as ``credit_log_weights`` (a row with Â_i = 0 needs no log-probs)."""
+def cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, loss_mask, threshold=0.2, settings=None, functions=None):
+    """CSCR's token advantages Ã [B, T] (spec §5; the log-probs' dtype, at least float32; 0 on padding): [S] the credit
+    of sensitive tokens moved to the others, keeping the verifier's direction sign(Ã_i,t) = sign(Â_i) and the budget
+    Σ_t Ã_i,t = L_i·Â_i (exactly); α = 0, all s <= λ or Â_i = 0 give GRPO.  Arguments as ``credit_log_weights``."""
+    functions = functions or CscrFunctions()
     with torch.no_grad():
-        log_w = credit_log_weights(adv, old_logp, lp_pos, lp_neg, response_mask, threshold, settings)  # spec §5
+        log_w = credit_log_weights(adv, old_logp, lp_pos, lp_neg, loss_mask, threshold, settings, functions)
         adv = adv.detach().to(log_w)
-        tokens = _as_mask(response_mask).to(log_w.device) & (adv != 0)[:, None]  # the tokens that carry credit
-        w_tilde = per_sequence(log_w, tokens)  # spec §5: w̃_t = w_t / w̄_i, w̄_i = (1/L_i) Σ_t m_t w_t
-        return torch.where(tokens, adv[:, None] * w_tilde, 0.0)  # Ã_i,t = Â_i · w̃_t · m_t
+        credited = _as_mask(loss_mask).to(log_w.device) & (adv != 0)[:, None]  # the tokens that carry credit
+        w_tilde = functions.renormalise(log_w, credited)  # spec §5: w̃_t = w_t / w̄_i, w̄_i = (1/L_i) Σ_t m_t w_t
+        return torch.where(credited, adv[:, None] * w_tilde, 0.0)  # Ã_i,t = Â_i · w̃_t · m_t
 
 
-def cscr_stats(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, settings=None):
-    """What a trainer logs of ``cscr_token_advantages`` (same arguments): ``weight_stats`` of its s, log w and w̃."""
+def cscr_stats(adv, old_logp, lp_pos, lp_neg, loss_mask, threshold=0.2, settings=None, functions=None):
+    """What a trainer logs of ``cscr_token_advantages`` (same arguments), floats over the credited tokens (valid, Â ≠ 0)
+    of s, w, w̃ (spec §5: keep 1/w̄ <~ 1.3, the effective-token fraction mean_i (Σw)² / (L Σw²) >~ 0.85)."""
     settings = settings or Settings()
-    log_w = credit_log_weights(adv, old_logp, lp_pos, lp_neg, response_mask, threshold, settings)
-    s = sensitivity(old_logp, lp_pos, lp_neg, response_mask, settings.mode)
-    tokens = _as_mask(response_mask).to(log_w.device) & (adv.detach().to(log_w) != 0)[:, None]
-    return weight_stats(adv, s, log_w, per_sequence(log_w, tokens), response_mask)
-
-
-def weight_stats(adv, s, log_w, w_tilde, response_mask):
-    """Floats over the valid tokens of rows with Â ≠ 0 of s, log w and w̃ [B, T] (spec §5: keep 1/w̄ <~ 1.3; the
-    effective-token fraction, mean over rows of (Σw)² / (L Σw²), >~ 0.85); ``adv`` Â [B]."""
+    functions = functions or CscrFunctions()
+    log_w = credit_log_weights(adv, old_logp, lp_pos, lp_neg, loss_mask, threshold, settings, functions)
+    s = sensitivity(old_logp, lp_pos, lp_neg, loss_mask, settings.mode)
     adv = adv.detach().to(log_w)
-    m = _as_mask(response_mask).to(s.device)
+    m = _as_mask(loss_mask).to(s.device)
     rows = (adv != 0) & m.any(1)  # the rows that carry credit, and their valid tokens:
-    tokens = m & rows[:, None]
-    n = int(tokens.sum())
+    credited = m & rows[:, None]
+    n = int(credited.sum())
     w = torch.where(m, torch.exp(log_w), 0.0)  # unscaled w
     L = m[rows].sum(1).double()
     w_bar = w[rows].double().sum(1) / L
@@ -352,13 +329,13 @@ def weight_stats(adv, s, log_w, w_tilde, response_mask):
         return float(x[sel].double().sum() / int(sel.sum())) if int(sel.sum()) else 0.0
 
     return {
-        "cscr/w_mean": mean(w, tokens),
-        "cscr/frac_w_lt_1": mean((w < 1).to(w.dtype), tokens),
-        "cscr/w_tilde_max": float(w_tilde[tokens].max()) if n else 0.0,
+        "cscr/w_mean": mean(w, credited),
+        "cscr/frac_w_lt_1": mean((w < 1).to(w.dtype), credited),
+        "cscr/w_tilde_max": float(functions.renormalise(log_w, credited)[credited].max()) if n else 0.0,
         "cscr/eff_token_frac": float((w_r.sum(1) ** 2 / (L * (w_r**2).sum(1))).mean()) if n else 0.0,
         "cscr/w_bar_mean": float(w_bar.mean()) if n else 0.0,
         "cscr/inv_w_bar_max": (float((1.0 / w_bar).max()) if float(w_bar.min()) > 0 else math.inf) if n else 0.0,
-        "cscr/s_mean": mean(s, tokens),
+        "cscr/s_mean": mean(s, credited),
         "cscr/s_pos_mean": mean(s, m & (adv > 0)[:, None]),
         "cscr/s_neg_mean": mean(s, m & (adv < 0)[:, None]),
         "cscr/num_tokens": float(n),
@@ -378,3 +355,26 @@ def calibrate_threshold(s, response_mask, quantile=0.8):
     lo = int(math.floor(pos))
     hi = min(lo + 1, s_sorted.numel() - 1)
     return float(s_sorted[lo] + (pos - lo) * (s_sorted[hi] - s_sorted[lo]))
+
+
+if __name__ == "__main__":  # the header's example on a tiny random Qwen3 (transformers: imported here only)
+    from transformers import ByT5Tokenizer, Qwen3Config, Qwen3ForCausalLM
+
+    import cscr
+
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=384, hidden_size=32, intermediate_size=64, num_hidden_layers=2, initializer_range=0.05)
+    model = Qwen3ForCausalLM(Qwen3Config(**sizes, num_attention_heads=4, num_key_value_heads=2, head_dim=8)).eval()
+    tokenizer = ByT5Tokenizer()  # a byte per token: a tokenizer without files
+    prompts = ["Compute 7+5.\n", "Compute 7+5.\n", "Compute 12+30.\n", "Compute 12+30.\n"]
+    response_ids = torch.randint(3, 259, (4, 6))
+    loss_mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [1, 1, 0, 0, 0, 0]])
+    adv = torch.tensor([0.7, -0.7, 0.7, -0.7])
+    inputs = cscr.scoring_inputs(tokenizer, prompts, response_ids, loss_mask)  # [x | y] rows [B, P + T]
+    with torch.no_grad():
+        old_logp = cscr.default_logprob_fn(model, *inputs, loss_mask, 1.0)  # ℓ0 = log π(y_t | x, y_<t) [B, T]
+    pairs = [cscr.build_condition_prompts(x) for x in prompts]  # (x + c+, x + c-) per response
+    lp_pos, lp_neg = cscr.condition_logprobs(model, tokenizer, pairs, response_ids, loss_mask)  # ℓ+, ℓ- [B, T]
+    token_adv = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, loss_mask)  # Ã [B, T]
+    stats = cscr.cscr_stats(adv, old_logp, lp_pos, lp_neg, loss_mask)  # to log (floats): w̄, w̃, s, ...
+    print(f"token_adv {token_adv}\nstats {stats}")

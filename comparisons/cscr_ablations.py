@@ -1,13 +1,14 @@
-"""CSCR's ablations (spec §9): cscr.py's weights with one step replaced, each a whole function of that step's place.
+"""CSCR's ablations (spec §9): each a whole function in the place of one step of cscr.py's credit.
 
-cscr.py holds the paper's method; a run that compares against it replaces one step of ``cscr_token_advantages``,
-chosen once when the run starts (``choose``, from ``--cscr_weight`` and ``--cscr_scope``, through plain dicts), and
-``ablated_token_advantages`` / ``ablated_stats`` run cscr.py's steps (their lines repeated) with it in that place::
+cscr.py holds the paper's method; a run that compares against it replaces one of its replaceable steps (the fields of
+``cscr.CscrFunctions``), chosen once when the run starts (``choose``, from ``--cscr_weight`` and ``--cscr_scope``,
+through plain dicts), and passes them as the ``functions`` argument of cscr.py's ``cscr_token_advantages``,
+``credit_log_weights`` and ``cscr_stats``::
 
-    weight_step   (s, shift_pos, adv, threshold, settings) -> log w     the paper's: papers_weight_step
+    weights       (s, shift_pos, adv, threshold, settings) -> log w     the paper's: cscr.sensitivity_weights
         upweight      §9.3: the sensitive tokens get MORE credit
         sign_aware    §9.1: RLSD's direction weight
-    renormalise   (log_w, tokens) -> w̃                                  the paper's: cscr.per_sequence
+    renormalise   (log_w, credited) -> w̃                                the paper's: cscr.per_sequence
         per_group     §5 "scope", §9.3: one w̄ per group of rows
         per_batch     §9.3: one w̄ for the whole batch
 
@@ -17,7 +18,9 @@ The strength ablation (§9.2) is the α / λ sweep of the paper's map (no code h
 ``exp_abs`` and ``inverse`` are cscr.py's options (``Settings.weight``).  Usage (λ = 0.2)::
 
     ablation = cscr_ablations.choose("upweight")
-    token_adv = cscr_ablations.ablated_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, 0.2, ablation)
+    token_adv = cscr.cscr_token_advantages(
+        adv, old_logp, lp_pos, lp_neg, loss_mask, 0.2, ablation.settings, functions=ablation.functions
+    )
 
 Imports torch, cscr.py and trainer/credit_methods.py (``CscrAblationCredit``).
 """
@@ -25,7 +28,7 @@ Imports torch, cscr.py and trainer/credit_methods.py (``CscrAblationCredit``).
 import functools
 import math
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 
@@ -35,14 +38,14 @@ from trainer.grpo_config import flag
 
 
 def upweight(s, shift_pos, adv, threshold, settings):
-    """Spec §9.3 [I] (SC-GRPO/RLSD-like), in place of ``papers_weight_step``: log w = +α·max(0, s - λ) [B, T]
+    """Spec §9.3 [I] (SC-GRPO/RLSD-like), in place of ``cscr.sensitivity_weights``: log w = +α·max(0, s - λ) [B, T]
     (α = ``settings.alpha``, λ = ``threshold``, nats), so w >= 1 and w_min has no effect; w itself may overflow to inf,
     the log-space renormalisation stays finite.  Δ+ and Â unread.  α = 0 gives GRPO."""
     return settings.alpha * (s - threshold).clamp(min=0.0)
 
 
 def sign_aware(s, shift_pos, adv, threshold, settings, eps=0.2, mix=0.5):
-    """Spec §9.1, the direction ablation, in place of ``papers_weight_step``, in RLSD's form (arXiv 2604.03128;
+    """Spec §9.1, the direction ablation, in place of ``cscr.sensitivity_weights``, in RLSD's form (arXiv 2604.03128;
     ε_w = 0.2, mix = 0.5 as in the RLCSD repo's RLSD config): log w [B, T] of w = (1 - mix) + mix·clip(exp(sign(Â_i)·
     Δ+_t), 1 - ε_w, 1 + ε_w), trusting the direction of the c+ shift Δ+ [B, T] (nats) under Â [B] (s, λ, α unread).
     The clip is taken on the exponent (exp is monotone), so w >= 1 - mix·ε_w > 0; mix = 0 or ε_w = 0 gives GRPO.
@@ -51,32 +54,27 @@ def sign_aware(s, shift_pos, adv, threshold, settings, eps=0.2, mix=0.5):
     return torch.log((1.0 - mix) + mix * torch.exp(exponent))
 
 
-def per_group(log_w, tokens, group_size):
-    """One w̄ per group of ``group_size`` contiguous rows (spec §5 "scope", §9.3 [I]), over the group's ``tokens``:
-    ``cscr.per_sequence`` with each group's rows laid end to end.  Raises ValueError: group_size does not divide B."""
-    B = tokens.shape[0]
+def per_group(log_w, credited, group_size):
+    """One w̄ per group of ``group_size`` contiguous rows (spec §5 "scope", §9.3 [I]), over the group's ``credited``
+    tokens: ``cscr.per_sequence`` with each group's rows laid end to end.  Raises ValueError: group_size does not
+    divide B."""
+    B = credited.shape[0]
     if not (isinstance(group_size, int) and group_size >= 1 and B % group_size == 0):
         raise ValueError(f"group_size must be a positive int dividing B = {B} for the group scope, got {group_size!r}")
     n = B // group_size  # groups; reshape(n, -1) puts the tokens of one group in one row
-    return cscr.per_sequence(log_w.reshape(n, -1), tokens.reshape(n, -1)).reshape(tokens.shape)
+    return cscr.per_sequence(log_w.reshape(n, -1), credited.reshape(n, -1)).reshape(credited.shape)
 
 
-def per_batch(log_w, tokens):
+def per_batch(log_w, credited):
     """One w̄ for the whole batch (spec §9.3 [I]): ``per_group`` with one group."""
-    return per_group(log_w, tokens, tokens.shape[0])
+    return per_group(log_w, credited, credited.shape[0])
 
 
 class Ablation(NamedTuple):
-    """What ``choose`` picks once for a run: cscr.py's options, the weight step and the renormalisation."""
+    """What ``choose`` picks once for a run: cscr.py's options and its functions, one step in an ablation's place."""
 
     settings: cscr.Settings  # α, w_min, the aggregation of Δ±, the map (the paper's weight step reads it)
-    weight_step: Callable  # (s, shift_pos, adv, threshold, settings) -> log w [B, T]
-    renormalise: Callable  # (log_w, tokens) -> w̃ [B, T]
-
-
-def papers_weight_step(s, shift_pos, adv, threshold, settings):
-    """``cscr.sensitivity_weights`` in the ablations' signature (Δ+ and Â unread)."""
-    return cscr.sensitivity_weights(s, threshold, settings)
+    functions: cscr.CscrFunctions  # the weight step and the renormalisation
 
 
 def choose(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign_mix=0.5, **settings) -> Ablation:
@@ -85,9 +83,9 @@ def choose(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign_m
     step's place, its parameters bound; the paper's renormalisation (``cscr.per_sequence``) or one above.  Called
     once, when a run starts.  Raises ValueError: an unknown name, sign_eps outside [0, 1) or sign_mix outside [0, 1]."""
     weights = {  # --cscr_weight: (the map of cscr.Settings, the weight step)
-        "exp": ("exp", papers_weight_step),
-        "exp_abs": ("exp_abs", papers_weight_step),
-        "inverse": ("inverse", papers_weight_step),
+        "exp": ("exp", cscr.sensitivity_weights),
+        "exp_abs": ("exp_abs", cscr.sensitivity_weights),
+        "inverse": ("inverse", cscr.sensitivity_weights),
         "upweight": ("exp", upweight),
         "sign_aware": ("exp", functools.partial(sign_aware, eps=sign_eps, mix=sign_mix)),
     }
@@ -103,54 +101,8 @@ def choose(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign_m
     if not (0.0 <= sign_eps < 1.0 and 0.0 <= sign_mix <= 1.0):
         raise ValueError(f"sign_eps must be in [0, 1) and sign_mix in [0, 1], got {sign_eps!r} and {sign_mix!r}")
     weight_map, weight_step = weights[weight]
-    return Ablation(cscr.Settings(**settings, weight=weight_map), weight_step, scopes[scope])
-
-
-def ablated_log_weights(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, ablation: Ablation | None = None):
-    """``cscr.credit_log_weights``, its lines repeated, with ``ablation.weight_step`` in the place of the paper's weight
-    step: log w [B, T] (nats, floored by w_min); the arguments as there (λ = ``threshold``, nats; ``ablation``:
-    ``choose``'s, default the paper's steps).  Raises cscr.credit_log_weights' ValueErrors."""
-    ablation = ablation or choose()
-    settings = ablation.settings
-    if not (torch.is_tensor(adv) and adv.dim() == 1 and torch.is_tensor(old_logp) and len(adv) == len(old_logp)):
-        raise ValueError(f"adv must be a [B] tensor, B = old_logp's rows; got adv shape {getattr(adv, 'shape', None)}")
-    ok = math.isfinite(settings.alpha) and settings.alpha >= 0 and 0 <= settings.w_min <= 1
-    if not (ok and settings.weight in cscr.WEIGHT_MAPS):  # (sensitivity checks the mode)
-        raise ValueError(f"Settings needs a finite alpha >= 0, w_min in [0, 1], a weight in {list(cscr.WEIGHT_MAPS)}")
-    with torch.no_grad():
-        s = cscr.sensitivity(old_logp, lp_pos, lp_neg, response_mask, settings.mode)  # spec §4
-        shift_pos, _, m = cscr.condition_shifts(old_logp, lp_pos, lp_neg, response_mask)  # Δ+ = ℓ+ - ℓ0
-        m = m.to(s.device)
-        if not torch.isfinite(s[m]).all():
-            raise ValueError("old_logp, lp_pos and lp_neg must be finite on valid (response_mask) tokens")
-        adv = adv.detach().to(device=s.device, dtype=s.dtype)
-        log_w = ablation.weight_step(s, shift_pos, adv, threshold, settings)  # the ablation's log w_t
-        floored = log_w.clamp(min=math.log(settings.w_min)) if settings.w_min > 0 else log_w  # w = max(w_min, w)
-        if not torch.isfinite(floored[m]).all():
-            raise ValueError(f"alpha = {settings.alpha} times s overflows (log w not finite): lower it, or w_min > 0")
-        return floored
-
-
-def ablated_token_advantages(
-    adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, ablation: Ablation | None = None
-):
-    """``cscr.cscr_token_advantages`` with the ablation's steps: Ã = Â·w̃ [B, T] (0 on padding and where Â = 0)."""
-    ablation = ablation or choose()
-    with torch.no_grad():
-        log_w = ablated_log_weights(adv, old_logp, lp_pos, lp_neg, response_mask, threshold, ablation)
-        adv = adv.detach().to(log_w)
-        tokens = (response_mask != 0).to(log_w.device) & (adv != 0)[:, None]  # the tokens that carry credit
-        w_tilde = ablation.renormalise(log_w, tokens)  # the ablation's w̃
-        return torch.where(tokens, adv[:, None] * w_tilde, 0.0)
-
-
-def ablated_stats(adv, old_logp, lp_pos, lp_neg, response_mask, threshold=0.2, ablation: Ablation | None = None):
-    """``cscr.cscr_stats`` of ``ablated_token_advantages`` (same arguments): ``cscr.weight_stats``."""
-    ablation = ablation or choose()
-    log_w = ablated_log_weights(adv, old_logp, lp_pos, lp_neg, response_mask, threshold, ablation)
-    s = cscr.sensitivity(old_logp, lp_pos, lp_neg, response_mask, ablation.settings.mode)
-    tokens = (response_mask != 0).to(log_w.device) & (adv.detach().to(log_w) != 0)[:, None]
-    return cscr.weight_stats(adv, s, log_w, ablation.renormalise(log_w, tokens), response_mask)
+    functions = cscr.CscrFunctions(weights=weight_step, renormalise=scopes[scope])
+    return Ablation(cscr.Settings(**settings, weight=weight_map), functions)
 
 
 def ablation_from_flags(cfg) -> Ablation:
@@ -175,11 +127,7 @@ class CscrAblationCredit(credit_methods.CscrCredit):
         super().__init__(cfg, tokenizer)
         self.ablation = ablation_from_flags(cfg)
         self.settings = self.ablation.settings  # α, w_min, the aggregation and the map the ablation runs with
-
-    def reallocate(self, adv, old_logp, lp_pos, lp_neg, mask):  # CscrCredit's, with the ablation's steps
-        token_adv = ablated_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.ablation)
-        stats = ablated_stats(adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.ablation)
-        return token_adv, stats
+        self.functions = self.ablation.functions  # CscrCredit passes them to cscr.py
 
 
 # --- The flags, their checks and the choice (python -m comparisons) ----------------------------------------------

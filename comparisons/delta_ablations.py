@@ -1,22 +1,22 @@
 """DelTA's ablations (docs/specs/baselines.md §6, "spec §6"; DelTA Sec. 5, App. F), beside delta.py, which holds the
-paper's method alone. Each is a short function with the signature of the one step of DelTA's λ̄ it swaps (a field of
-``DeltaSteps``); ``ablated_coefficients_chunked`` is delta.py's ``delta_coefficients_chunked`` with those steps in place
-of the paper's (its loop repeated here, so that delta.py names no ablation), so every ablation runs on the in-memory
-and on the streamed batch alike; a trainer chooses them once when the run starts (``steps_from_flags``,
-``proxy_from_flags``: grpo.py's flags; ``DeltaAblationCredit``). Usage:
+paper's method alone. Each is a short function with the signature of the one part of DelTA's λ̄ it replaces (a field
+of ``delta.DeltaFunctions``), passed through the ``functions`` argument of delta.py's ``delta_coefficients`` and
+``delta_coefficients_chunked`` (delta.py names no ablation), so every ablation runs on the whole batch and on the
+streamed one alike; a trainer chooses them once when the run starts (``functions_from_flags``, ``proxy_from_flags``:
+grpo.py's flags; ``DeltaAblationCredit``). Usage:
 
-    steps = delta_ablations.DeltaSteps(assign=delta_ablations.hard_assignment)  # hard 0/1 α, the rest the paper's
-    lam_bar = delta_ablations.ablated_coefficients(v, adv, mask, steps=steps)
+    functions = delta.DeltaFunctions(assign=delta_ablations.hard_assignment)  # hard 0/1 α, the rest the paper's
+    lam_bar = delta.delta_coefficients(v, adv, loss_mask, functions=functions).lam_bar
 
-  step (DeltaSteps)  the paper's (delta.py)   the ablation (here)
-  score              contrastive_margins      within_side_scores: Δ := −‖v − μ_own‖² (DelTA Q1)
-  temperature        adaptive_temperature     FrozenTemperature: γ± of the first batch (γ⁽⁰⁾), or given, kept
-  assign             soft_assignment          hard_assignment: α = 1[Δ > 0]
-  coefficients       bounded_coefficients     raw_coefficients: λ = α*
-  normalize          self_normalization       no_normalization: λ̄ := λ
-  (the proxy)        proxy_vectors            topk_proxy_vectors: W_y − Σ_{top-K} p̃_j W_j (TopKProxy for a trainer)
-  (λ̄ itself)         delta_coefficients       random_coefficients: λ uniform in [λ_min, λ_max] (App. F's control)
-"w/o refinement" is ``K=0`` and the λ range ``lam_min``/``lam_max``: arguments of ``delta_coefficients``.
+  field (DeltaFunctions)  the paper's (delta.py)   the ablation (here)
+  score                   contrastive_margins      within_side_scores: Δ := −‖v − μ_own‖² (DelTA Q1)
+  temperature             adaptive_temperature     FrozenTemperature: γ± of the first batch (γ⁽⁰⁾), or given, kept
+  assign                  soft_assignment          hard_assignment: α = 1[Δ > 0]
+  coefficients            bounded_coefficients     raw_coefficients: λ = α*
+  normalize               self_normalization       no_normalization: λ̄ := λ
+  (the proxy)             proxy_vectors            topk_proxy_vectors: W_y − Σ_{top-K} p̃_j W_j (TopKProxy, a trainer's)
+  (λ̄ itself)              delta_coefficients       random_coefficients: λ uniform in [λ_min, λ_max] (App. F's control)
+"w/o refinement" is ``K=0`` and the λ range ``lam_min``/``lam_max``: arguments of ``delta.delta_coefficients``.
 Left out: Q2's token selection (Sec. 5.2), a mask of the loss, not of λ̄: baselines.select_tokens.
 """
 
@@ -26,13 +26,13 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass
-from typing import Callable, NamedTuple, Optional
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 import delta
-from trainer import credit_methods, distributed
+from trainer import credit_methods, distributed, policy
 from trainer.grpo_config import flag
 
 
@@ -52,7 +52,7 @@ def hard_assignment(margin: Tensor, gamma_pos: Tensor, gamma_neg: Tensor, adv: T
 class FrozenTemperature:
     """``temperature`` of "w/o adaptive γ" (spec §6 fixed_gamma, frozen_first_batch): ``gamma`` = (γ₊, γ₋) floats > 0
     used at every refinement of every batch; None: the first γ± measured (the first batch with both sides, its γ⁽⁰⁾)
-    is kept from then on. A trainer keeps one per run and saves ``gamma`` in its checkpoints."""
+    is kept from then on. A trainer keeps one per run (in its ``functions``) and saves ``gamma`` in its checkpoints."""
 
     def __init__(self, gamma: Optional[tuple] = None):
         try:
@@ -63,11 +63,12 @@ class FrozenTemperature:
             raise ValueError(f"gamma must be None or a pair (gamma_pos, gamma_neg) of finite floats > 0, got {gamma!r}")
         self.gamma = None if gamma is None else tuple(float(g) for g in gamma)
 
-    def __call__(self, sum_margin: Tensor, sum_margin2: Tensor, count: Tensor) -> Tensor:
-        # the sums of P's and Nn's margins [2] each -> (γ₊, γ₋) used [2] float64: the kept ones (the first: measured)
+    def __call__(self, margins_pos: delta.MarginSums, margins_neg: delta.MarginSums) -> tuple:
+        # the sums of P's and Nn's margins -> (γ₊, γ₋) used, float64 0-dim: the kept ones (the first: measured)
         if self.gamma is None:
-            self.gamma = tuple(float(g) for g in delta.adaptive_temperature(sum_margin, sum_margin2, count))
-        return torch.tensor(self.gamma, dtype=torch.float64)
+            self.gamma = tuple(float(g) for g in delta.adaptive_temperature(margins_pos, margins_neg))
+        device = margins_pos.total.device
+        return tuple(torch.tensor(g, dtype=torch.float64, device=device) for g in self.gamma)
 
 
 def raw_coefficients(assign: Tensor, adv: Tensor, mask: Tensor, lam_min: float, lam_max: float) -> Tensor:
@@ -82,7 +83,7 @@ def no_normalization(n_valid: Tensor, Z: Tensor) -> Tensor:
 
 def random_coefficients(
     adv: Tensor,
-    response_mask: Tensor,
+    loss_mask: Tensor,
     lam_min: float = 0.8,
     lam_max: float = 1.2,
     u: Optional[Tensor] = None,
@@ -90,26 +91,24 @@ def random_coefficients(
     normalize: bool = True,
 ) -> Tensor:
     """The random-coefficient control (App. F "sampled randomly from the same bounded range … same coefficient
-    normalization"; spec §6 random), in place of ``delta.delta_coefficients`` (it needs no v): λ = λ_min + (λ_max −
+    normalization"; spec §6 random), in place of ``delta.delta_coefficients``' λ̄ (it needs no v): λ = λ_min + (λ_max −
     λ_min)·u, u ~ U(0, 1) per token, λ_min where Â = 0, 0 on padding, then λ̄ = λ·N/Z (``normalize``) and the one-side
-    guard, as DelTA's. adv Â [B]; response_mask [B, T]; u [B, T] in [0, 1] (tests), else drawn with ``generator``
+    guard, as DelTA's. adv Â [B]; loss_mask [B, T]; u [B, T] in [0, 1] (tests), else drawn with ``generator``
     at every call. Returns λ̄ [B, T], float32 (float64 if Â or u is). Raises ValueError on bad shapes, a non-0/1
     mask, non-finite Â, u outside [0, 1], not 0 <= lam_min <= lam_max."""
-    B, T = response_mask.shape if response_mask.dim() == 2 else (-1, -1)
+    B, T = loss_mask.shape if loss_mask.dim() == 2 else (-1, -1)
     if B < 0 or tuple(adv.shape) != (B,):
-        raise ValueError(
-            f"adv must be [B] and response_mask [B, T], got {tuple(adv.shape)}, {tuple(response_mask.shape)}"
-        )
+        raise ValueError(f"adv must be [B] and loss_mask [B, T], got {tuple(adv.shape)}, {tuple(loss_mask.shape)}")
     if u is not None and tuple(u.shape) != (B, T):
         raise ValueError(f"u must be [B, T] = [{B}, {T}], got {tuple(u.shape)}")
     if not 0 <= lam_min <= lam_max < math.inf or lam_max <= 0:
         raise ValueError(f"need 0 <= lam_min <= lam_max (finite, > 0), got lam_min={lam_min}, lam_max={lam_max}")
-    if not bool(torch.isfinite(adv).all()) or not bool(((response_mask == 0) | (response_mask == 1)).all()):
-        raise ValueError("adv must be finite and response_mask 0/1")
+    if not bool(torch.isfinite(adv).all()) or not bool(((loss_mask == 0) | (loss_mask == 1)).all()):
+        raise ValueError("adv must be finite and loss_mask 0/1")
     dtype = torch.float64 if torch.float64 in (adv.dtype, getattr(u, "dtype", None)) else torch.float32
     with torch.no_grad():
-        dev = response_mask.device
-        mask = (response_mask != 0).to(dtype)  # [B, T]
+        dev = loss_mask.device
+        mask = (loss_mask != 0).to(dtype)  # [B, T]
         if u is None:
             u = torch.rand(mask.shape, generator=generator, dtype=dtype, device=generator.device if generator else dev)
         u = u.detach().to(device=dev, dtype=dtype)
@@ -125,23 +124,23 @@ def random_coefficients(
 
 
 def topk_proxy_vectors(
-    hidden: Tensor, token_ids: Tensor, response_mask: Tensor, lm_head_weight: Tensor, K: int, temperature: float = 1.0
+    hidden: Tensor, token_ids: Tensor, loss_mask: Tensor, lm_head_weight: Tensor, K: int, temperature: float = 1.0
 ) -> Tensor:
     """The top-K hidden-gradient proxy (App. F; spec §6 delta_topk_proxy) in place of ``delta.proxy_vectors``:
     v_t = W_{y_t} − Σ_{j ∈ top-K(z_t/T)} p̃_t(j)·W_j, an approximation of ∇_h log p(y_t) = W_{y_t} − Σ_j p_t(j)·W_j.
 
     z_t = h_t Wᵀ are the logits, p̃_t the softmax of z_t/T renormalised over the K largest (y_t need not be among
     them). K = V gives the exact ∇_h log p(y_t) (without T ≠ 1's 1/T, as ``proxy_vectors``). hidden: [B, T, H]
-    LM-head inputs; token_ids: [B, T] sampled y_t; response_mask: [B, T] bool or 0/1; lm_head_weight: W [V, H] (no
+    LM-head inputs; token_ids: [B, T] sampled y_t; loss_mask: [B, T] bool or 0/1; lm_head_weight: W [V, H] (no
     bias); K in [1, V]; temperature T > 0 (the rollout's). Returns v [B, T, H], float32 (float64 if ``hidden`` or W
     is), detached, 0 on padding. Memory: W in the working dtype (V·H·4 B: 2.5 GB for Qwen3-8B), the output, and one
     block of valid tokens' logits and K gathered rows of W (``delta.ROW_BLOCK_BYTES``), never [B, T, V]. Raises
     ValueError on bad shapes, a non-0/1 mask, K not in [1, V], T not > 0, a token id outside [0, V)."""
     shape = tuple(getattr(hidden, "shape", ()))
-    if len(shape) != 3 or tuple(token_ids.shape) != shape[:2] or tuple(response_mask.shape) != shape[:2]:
+    if len(shape) != 3 or tuple(token_ids.shape) != shape[:2] or tuple(loss_mask.shape) != shape[:2]:
         raise ValueError(
-            f"hidden must be [B, T, H] and token_ids, response_mask [B, T], got {shape}, "
-            f"{tuple(token_ids.shape)}, {tuple(response_mask.shape)}"
+            f"hidden must be [B, T, H] and token_ids, loss_mask [B, T], got {shape}, "
+            f"{tuple(token_ids.shape)}, {tuple(loss_mask.shape)}"
         )
     if not isinstance(lm_head_weight, Tensor) or lm_head_weight.dim() != 2 or lm_head_weight.shape[1] != shape[2]:
         raise ValueError(
@@ -155,11 +154,11 @@ def topk_proxy_vectors(
         raise ValueError(f"temperature must be finite and > 0, got {temperature!r}")
     if token_ids.dtype.is_floating_point or token_ids.dtype == torch.bool:
         raise ValueError(f"token_ids must be an integer tensor, got {token_ids.dtype}")
-    if not bool(((response_mask == 0) | (response_mask == 1)).all()):
-        raise ValueError("response_mask must contain only 0/1 (or be bool)")
+    if not bool(((loss_mask == 0) | (loss_mask == 1)).all()):
+        raise ValueError("loss_mask must contain only 0/1 (or be bool)")
     dtype = torch.float64 if torch.float64 in (hidden.dtype, lm_head_weight.dtype) else torch.float32
     with torch.no_grad():
-        b_idx, t_idx = (response_mask != 0).to(hidden.device).nonzero(as_tuple=True)  # the valid tokens, [n] each
+        b_idx, t_idx = (loss_mask != 0).to(hidden.device).nonzero(as_tuple=True)  # the valid tokens, [n] each
         ids = token_ids.to(hidden.device)[b_idx, t_idx]
         if ids.numel() and not bool(((ids >= 0) & (ids < V)).all()):
             raise ValueError(f"token_ids must lie in [0, V) = [0, {V}) on valid tokens")
@@ -200,70 +199,8 @@ def paper_proxy(hidden, old_logp, mask, token_ids=None, lm_head_weight=None):
     return delta.proxy_vectors(hidden, old_logp, mask)
 
 
-# --- DelTA's λ̄ with steps swapped: delta.py's loop, its lines repeated so that delta.py holds the paper's alone ------
-class DeltaSteps(NamedTuple):
-    """The steps of DelTA's λ̄ an ablation swaps (``ablated_coefficients_chunked``), each a function of the signature
-    shown; the defaults are the paper's (delta.py's), with which the result is ``delta.delta_coefficients_chunked``'s
-    bit for bit (tests/test_delta_ablations.py)."""
-
-    score: Callable = delta.contrastive_margins  # (dist_pos, dist_neg, adv) -> margin Δ [b, T]
-    temperature: Callable = delta.adaptive_temperature  # (Σ Δ, Σ Δ², count) of P and Nn, [2] each -> (γ₊, γ₋) [2]
-    assign: Callable = delta.soft_assignment  # (margin, gamma_pos, gamma_neg, adv) -> α [b, T]
-    coefficients: Callable = delta.bounded_coefficients  # (assign, adv, mask, lam_min, lam_max) -> λ [b, T]
-    normalize: Callable = delta.self_normalization  # (n_valid, Z) -> the float64 scale of λ̄ = λ·scale
-
-
-def ablated_coefficients(v: Tensor, adv: Tensor, response_mask: Tensor, K=1, lam_min=0.8, lam_max=1.2, *, steps=None):
-    """``ablated_coefficients_chunked`` on one chunk, as ``delta.delta_coefficients``: λ̄ [B, T]."""
-    return ablated_coefficients_chunked([(v, adv, response_mask)], K, lam_min, lam_max, steps).lam_bar[0]
-
-
-def ablated_coefficients_chunked(chunks, K=1, lam_min=0.8, lam_max=1.2, steps=None, pool=None) -> delta.DeltaResult:
-    """``delta.delta_coefficients_chunked`` (the same arguments, ``DeltaResult`` and errors) with ``steps``' functions
-    in place of the paper's (a ``DeltaSteps``; None: the paper's); its lines repeated, its helpers delta.py's."""
-    if isinstance(K, bool) or not isinstance(K, int) or K < 0 or not 0 <= lam_min <= lam_max < math.inf or lam_max <= 0:
-        raise ValueError(f"need an int K >= 0 and 0 <= lam_min <= lam_max < inf; got {K!r}, {lam_min!r}, {lam_max!r}")
-    steps = DeltaSteps() if steps is None else steps
-    batch = delta.Chunks(chunks)
-    with torch.no_grad():
-        # Step 0 (Eq. 2–3): per side Σ|Â|·v and the advantage mass M± = Σ|Â|; the valid tokens on P, on Nn, in all.
-        sums = delta.pooled_sums((delta.centroid_sums(v, adv, mask) for _, v, adv, mask in batch.read()), pool)
-        if not (sums["n_pos"] > 0 and sums["n_neg"] > 0):  # guard (spec §6): no discriminator without both sides
-            return delta.DeltaResult([mask.clone() for _, mask in batch.kept], batch.kept, sums, pool)
-        mu = delta.centroids(sums, batch.dtype)  # (μ₊⁽⁰⁾, μ₋⁽⁰⁾), [H] each
-        # Step 1: the margins Δ⁽⁰⁾ at μ⁽⁰⁾, [b, t] per chunk (kept to the end: one float per token).
-        margin = [steps.score(*delta.squared_distances(v, mu), adv) for _, v, adv, _ in batch.read()]
-        # Step 2: γ±⁽⁰⁾ from the sums of each side's margins (the paper's: their std).
-        parts = [delta.margin_moments(margin_j, adv, mask) for margin_j, (adv, mask) in zip(margin, batch.kept)]
-        moments = delta.pooled_sums(parts, pool)
-        gamma = steps.temperature(*moments["margins"])  # (γ₊, γ₋) [2]
-        for k in range(K):  # Step 3: the K refinements, one pass over the chunks each
-            parts = []
-            for j, v, adv, mask in batch.read():
-                if k > 0:  # Δ⁽ᵏ⁾ at μ⁽ᵏ⁾ (Δ⁽⁰⁾ is step 1's)
-                    margin[j] = steps.score(*delta.squared_distances(v, mu), adv)
-                assign = steps.assign(margin[j], *gamma, adv)  # α⁽ᵏ⁾ = σ(Δ⁽ᵏ⁾/γ⁽ᵏ⁾)
-                sums_j = delta.centroid_sums(v, adv, mask, assign)
-                parts.append({**sums_j, **delta.margin_moments(margin[j], adv, mask)})
-            sums_k = delta.pooled_sums(parts, pool)
-            mu = delta.centroids(sums_k, batch.dtype, mu)  # μ±⁽ᵏ⁺¹⁾ with weights |Â|·α⁽ᵏ⁾
-            gamma = steps.temperature(*sums_k["margins"])  # lagged (App. H): γ⁽ᵏ⁺¹⁾ of Δ⁽ᵏ⁾, at μ⁽ᵏ⁾
-        if K > 0:  # the final margins, at μ⁽ᴷ⁾ (K = 0: step 1's, at μ⁽⁰⁾)
-            margin = [steps.score(*delta.squared_distances(v, mu), adv) for _, v, adv, _ in batch.read()]
-        # Steps 4–5: α* = σ(Δ/γ⁽ᴷ⁾), λ = λ_min + (λ_max − λ_min)·α*; Â = 0 responses λ_min, padding 0.
-        lam = [
-            steps.coefficients(steps.assign(margin_j, *gamma, adv), adv, mask, lam_min, lam_max)
-            for margin_j, (adv, mask) in zip(margin, batch.kept)
-        ]
-        # Step 6 (Eq. 8): λ̄ = λ·N/max(Z, ε), one scale over every chunk (and process); N counts Â = 0 tokens too.
-        Z = delta.pooled_sums(({"Z": lam_j.sum(dtype=torch.float64)} for lam_j in lam), pool)["Z"]
-        scale = steps.normalize(sums["n_valid"], Z)
-        lam_bar = [lam_j * scale.to(lam_j.dtype) for lam_j in lam]
-        return delta.DeltaResult(lam_bar, batch.kept, {**sums, **moments}, pool, mu, gamma, scale)
-
-
-# grpo.py's flag values -> (the DeltaSteps field, the function swapped in); any other value is the paper's step
-FLAG_STEPS = {
+# grpo.py's flag values -> (the DeltaFunctions field, the function in its place); any other value: the paper's
+FLAG_FUNCTIONS = {
     ("delta_scores", "within_side"): ("score", within_side_scores),
     ("delta_assignment", "hard"): ("assign", hard_assignment),
     ("delta_coefficients", "raw"): ("coefficients", raw_coefficients),
@@ -271,13 +208,13 @@ FLAG_STEPS = {
 }
 
 
-def steps_from_flags(cfg) -> DeltaSteps:
-    """DelTA's steps for grpo.py's --delta_* flags, chosen once when the run starts: the paper's, each ablation flag's
-    step swapped in (``FLAG_STEPS``; --delta_gamma frozen: a fresh ``FrozenTemperature``)."""
-    swaps = dict(step for (flag, value), step in FLAG_STEPS.items() if getattr(cfg, flag) == value)
+def functions_from_flags(cfg) -> delta.DeltaFunctions:
+    """DelTA's functions for grpo.py's --delta_* flags, chosen once when the run starts: the paper's, each ablation
+    flag's function in its place (``FLAG_FUNCTIONS``; --delta_gamma frozen: a fresh ``FrozenTemperature``)."""
+    swaps = dict(field for (flag, value), field in FLAG_FUNCTIONS.items() if getattr(cfg, flag) == value)
     if cfg.delta_gamma == "frozen":
         swaps["temperature"] = FrozenTemperature()
-    return DeltaSteps(**swaps)
+    return delta.DeltaFunctions(**swaps)
 
 
 def proxy_from_flags(cfg):
@@ -295,38 +232,33 @@ def proxy_for(proxy, model, full_weight=lambda w: w):
     return functools.partial(proxy, lm_head_weight=full_weight(model.get_output_embeddings().weight))
 
 
-def kept_gamma(steps: DeltaSteps):
-    """--delta_gamma frozen's kept (γ₊, γ₋) of ``steps`` (``steps_from_flags``), which checkpoints save; else None."""
-    return getattr(steps.temperature, "gamma", None)
+def kept_gamma(functions: delta.DeltaFunctions):
+    """--delta_gamma frozen's kept (γ₊, γ₋) of ``functions`` (``functions_from_flags``), which checkpoints save; else
+    None."""
+    return getattr(functions.temperature, "gamma", None)
 
 
-def keep_gamma(steps: DeltaSteps, gamma) -> None:
-    """--resume: give ``steps``' ``FrozenTemperature`` the (γ₊, γ₋) the run had frozen (None, or no such step: a
-    no-op)."""
-    if gamma and hasattr(steps.temperature, "gamma"):
-        steps.temperature.gamma = tuple(gamma)
+def keep_gamma(functions: delta.DeltaFunctions, gamma) -> None:
+    """--resume: give ``functions``' ``FrozenTemperature`` the (γ₊, γ₋) the run had frozen (None, or no such
+    function: a no-op)."""
+    if gamma and hasattr(functions.temperature, "gamma"):
+        functions.temperature.gamma = tuple(gamma)
 
 
 class DeltaAblationCredit(credit_methods.DeltaCredit):
-    """credit_methods.DeltaCredit with the ablations of the --delta_* flags, chosen once (``steps_from_flags``,
+    """credit_methods.DeltaCredit with the ablations of the --delta_* flags, chosen once (``functions_from_flags``,
     ``proxy_from_flags``; --delta_coefficients random: App. F's control, λ uniform in [λ_min, λ_max], no v, drawn
     from a generator seeded by (seed, step, process)). Its state: --delta_gamma frozen's γ±."""
 
     def __init__(self, cfg, tokenizer=None):
         super().__init__(cfg, tokenizer)
-        self.steps = steps_from_flags(cfg)
+        self.functions = functions_from_flags(cfg)  # DeltaCredit passes them to delta.py
         self.chosen_proxy = proxy_from_flags(cfg)
         if cfg.delta_coefficients == "random":  # no v: no h_t
-            self.needs = ()
+            self.asks = policy.Asked()
 
     def proxy(self, model):
         return proxy_for(self.chosen_proxy, model, distributed.full_weight)
-
-    def coefficients(self, chunks) -> delta.DeltaResult:  # DeltaCredit's, with the flags' steps
-        cfg = self.cfg
-        return ablated_coefficients_chunked(
-            chunks, cfg.delta_k, cfg.delta_lam_min, cfg.delta_lam_max, self.steps, self.pool
-        )
 
     def lam_bar(self, model, x):
         cfg = self.cfg
@@ -339,10 +271,10 @@ class DeltaAblationCredit(credit_methods.DeltaCredit):
         return lam_bar, {}
 
     def state_dict(self) -> dict:
-        return {"delta_gamma": kept_gamma(self.steps)}
+        return {"delta_gamma": kept_gamma(self.functions)}
 
     def load_state_dict(self, state: dict) -> None:
-        keep_gamma(self.steps, state.get("delta_gamma"))
+        keep_gamma(self.functions, state.get("delta_gamma"))
 
 
 # --- The flags, their checks and the choice (python -m comparisons) ----------------------------------------------

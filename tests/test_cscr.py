@@ -178,7 +178,7 @@ F64_MAPS = dict(rtol=1e-14, atol=0.0)
 @pytest.mark.parametrize("weight,hand", [("exp_abs", EXP_ABS_HAND), ("inverse", INVERSE_HAND)])
 def test_alternative_weight_maps_by_hand(weight, hand):
     s = torch.tensor([S_HAND], dtype=torch.float64)
-    w = torch.exp(cscr.WEIGHT_MAPS[weight](s, 2.0))
+    w = torch.exp(cscr.sensitivity_weights(s, None, None, 0.5, cscr.Settings(alpha=2.0, weight=weight)))
     torch.testing.assert_close(w, torch.tensor([hand], dtype=torch.float64), **F64_MAPS)
     # the same through the weight step and credit_log_weights: ℓ0 = 0, ℓ+ = −s, ℓ− = 0 give the sensitivity s; the
     # threshold (0.5 here, between the s values) does not enter
@@ -271,8 +271,8 @@ def test_budget_exact_when_every_weight_underflows():
 def test_scope_ablations():
     A, lp0, lp_pos, lp_neg, m = random_batch(B=8, T=10, seed=3)
     seq = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m)
-    ablated = lambda scope, size=None: cscr_ablations.ablated_token_advantages(  # noqa: E731
-        A, lp0, lp_pos, lp_neg, m, 0.2, cscr_ablations.choose(scope=scope, group_size=size)
+    ablated = lambda scope, size=None: cscr.cscr_token_advantages(  # noqa: E731
+        A, lp0, lp_pos, lp_neg, m, 0.2, functions=cscr_ablations.choose(scope=scope, group_size=size).functions
     )
     assert torch.equal(seq, ablated("sequence"))  # the paper's steps: cscr.py's, bit for bit
     assert torch.allclose(seq, ablated("group", 1), atol=1e-12)
@@ -302,13 +302,13 @@ def test_argument_validation():
         cscr.cscr_token_advantages(A, lp0, lp_pos[:, :3], lp_neg, m)
     with pytest.raises(ValueError, match="adv shape"):
         cscr.cscr_token_advantages(A[:3], lp0, lp_pos, lp_neg, m)
-    with pytest.raises(ValueError, match="response_mask"):
+    with pytest.raises(ValueError, match="loss_mask"):
         cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m[:, :2])
     with pytest.raises(ValueError, match="weight"):
         cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=cscr.Settings(weight="linear"))
     with pytest.raises(ValueError, match="group_size"):
-        cscr_ablations.ablated_token_advantages(
-            A, lp0, lp_pos, lp_neg, m, 0.2, cscr_ablations.choose("exp", "group", 3)
+        cscr.cscr_token_advantages(
+            A, lp0, lp_pos, lp_neg, m, 0.2, functions=cscr_ablations.choose("exp", "group", 3).functions
         )
     bad = lp0.clone()
     bad[0, 0] = float("nan")
@@ -569,7 +569,23 @@ def usage_example():
         if line.strip() and not line.startswith("    "):
             break
         lines.append(line)
-    return textwrap.dedent("\n".join(lines))
+    return textwrap.dedent("\n".join(lines)).strip("\n") + "\n"
+
+
+def test_python_cscr_py_runs_the_header_example():
+    """``python cscr.py`` runs the header's usage example, line for line (after its tiny Qwen3 and byte tokenizer are
+    built), and prints Ã and the statistics."""
+    import ast
+    import subprocess
+
+    source = Path(cscr.__file__).read_text(encoding="utf-8")
+    main = [n for n in ast.parse(source).body if isinstance(n, ast.If)]
+    assert len(main) == 1 and ast.unparse(main[0].test) == "__name__ == '__main__'"
+    body = textwrap.dedent("\n".join(source.splitlines()[main[0].body[0].lineno - 1 : main[0].end_lineno]))
+    assert usage_example() in body  # verbatim: the example is what the script runs
+    out = subprocess.run([sys.executable, "cscr.py"], cwd=Path(cscr.__file__).parent, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "token_adv" in out.stdout and "'cscr/num_tokens': 18.0" in out.stdout
 
 
 def test_header_usage_example_runs(toy_tiny, float64_model):
@@ -593,11 +609,13 @@ def test_header_usage_example_runs(toy_tiny, float64_model):
     lp0 = cscr.default_logprob_fn(model, batch.input_ids, batch.attention_mask, batch.response_mask, 1.0)
     advantages = torch.tensor([1.0, -1.0, 0.5, 0.0], dtype=torch.float64)
     ns = {
+        "cscr": cscr,
+        "torch": torch,
         "model": model,
         "tokenizer": tokenizer,
         "prompts": batch.prompts,
         "response_ids": batch.response_ids,
-        "response_mask": batch.response_mask,
+        "loss_mask": batch.response_mask,
         "adv": advantages,
     }
     exec(code, ns)
@@ -622,8 +640,9 @@ def test_credit_log_weights_by_hand():
     """The formulas the trainer uses (cscr_token_advantages works in logs) against hand values: the paper's map, and
     credit_log_weights (ℓ0 = 0, ℓ+ = −s, ℓ− = 0: the sensitivity s) with its floor w_min."""
     s = torch.tensor([[0.1, 0.2, 1.2]], dtype=torch.float64)
-    assert cscr.exp_weight(s, 0.2, 1.0).tolist() == [[0.0, 0.0, -1.0]]  # −α·max(0, s − λ)
-    assert cscr.exp_weight(s, 0.2, 2.0).tolist() == [[0.0, 0.0, -2.0]]
+    weights = lambda alpha: cscr.sensitivity_weights(s, None, None, 0.2, cscr.Settings(alpha=alpha))  # noqa: E731
+    assert weights(1.0).tolist() == [[0.0, 0.0, -1.0]]  # −α·max(0, s − λ)
+    assert weights(2.0).tolist() == [[0.0, 0.0, -2.0]]
     zeros = torch.zeros_like(s)
     one = torch.ones(1, dtype=torch.float64)
     mask = torch.tensor([[True, True, True]])

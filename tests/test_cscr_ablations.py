@@ -1,6 +1,6 @@
 """Tests for cscr_ablations.py, the spec §9 ablations beside cscr.py (upweight, sign_aware, per_group, per_batch),
 hand-computed in float64; each is asked for by its flag's name through ``cscr_ablations.choose``, as grpo.py does:
-a whole function in place of cscr.py's weight step or renormalisation.
+a whole function in place of cscr.py's weight step or renormalisation, passed in cscr.py's ``functions`` argument.
 
 Inputs: the spec §8 example (one response of 8 tokens, lambda = 0.2) and a 4-row batch of two groups written here.
 """
@@ -36,18 +36,38 @@ def settings(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign
     return cscr_ablations.choose(weight, scope, group_size, sign_eps, sign_mix, **kw)
 
 
+def token_advantages(adv, old_logp, lp_pos, lp_neg, loss_mask, threshold=0.2, ablation=None):
+    """cscr.py's Ã with an ``Ablation``'s settings and functions (default: ``choose()``, the paper's)."""
+    ablation = ablation or settings()
+    return cscr.cscr_token_advantages(
+        adv, old_logp, lp_pos, lp_neg, loss_mask, threshold, ablation.settings, ablation.functions
+    )
+
+
+def ablated_log_weights(adv, old_logp, lp_pos, lp_neg, loss_mask, threshold, ablation):
+    """cscr.py's log w with an ``Ablation``'s settings and functions."""
+    return cscr.credit_log_weights(
+        adv, old_logp, lp_pos, lp_neg, loss_mask, threshold, ablation.settings, ablation.functions
+    )
+
+
+def ablated_stats(adv, old_logp, lp_pos, lp_neg, loss_mask, threshold, ablation):
+    """cscr.py's logged statistics with an ``Ablation``'s settings and functions."""
+    return cscr.cscr_stats(adv, old_logp, lp_pos, lp_neg, loss_mask, threshold, ablation.settings, ablation.functions)
+
+
 def log_weights(s, weight, alpha=1.0, w_min=0.0):
-    """log w [1, 8] of the sensitivities s [1, 8] under ``weight``: ablated_log_weights with ℓ0 = 0, ℓ+ = −s, ℓ− = 0
+    """log w [1, 8] of the sensitivities s [1, 8] under ``weight``: credit_log_weights with ℓ0 = 0, ℓ+ = −s, ℓ− = 0
     (so the sensitivity is s, and Δ+ = −s), Â = 1, λ = 0.2."""
     zeros = torch.zeros_like(s)
-    return cscr_ablations.ablated_log_weights(
+    return ablated_log_weights(
         torch.ones(1, dtype=F64), zeros, -s, zeros, torch.ones(1, 8), 0.2, settings(weight, alpha=alpha, w_min=w_min)
     )
 
 
 def spec8(A, **kw):
     t = lambda x: torch.tensor([x], dtype=F64)  # noqa: E731
-    return cscr_ablations.ablated_token_advantages(
+    return token_advantages(
         torch.tensor([A], dtype=F64),
         t(LP0),
         t(LP_POS),
@@ -72,12 +92,12 @@ def test_upweight_spec8_by_hand():
     close(spec8(1.0, alpha=2.0, weight="upweight"), normalised(w2, 1.0))
     # the down-weighting default on the same inputs (w = 1 / the up-weights), for contrast: opposite reallocation
     close(spec8(1.0), normalised([1 / x for x in w], 1.0))
-    # w_min has no effect (w >= 1); ablated_log_weights gives the un-normalised log w
+    # w_min has no effect (w >= 1); credit_log_weights gives the un-normalised log w
     close(spec8(1.0, weight="upweight", w_min=0.5), normalised(w, 1.0))
     s = cscr.sensitivity(*(torch.tensor([x], dtype=F64) for x in (LP0, LP_POS, LP_NEG)), torch.ones(1, 8))
     close(torch.exp(log_weights(s, "upweight"))[0], w)
     close(log_weights(s, "upweight", w_min=0.5)[0], [1.2, 0, 0.7, 0, 0, 0, 0, 0.3])
-    # the step itself, in place of papers_weight_step (Δ+ and Â unread)
+    # the step itself, in place of cscr.sensitivity_weights (Δ+ and Â unread)
     close(cscr_ablations.upweight(s, None, None, 0.2, cscr.Settings(alpha=2.0))[0], [2.4, 0, 1.4, 0, 0, 0, 0, 0.6])
 
 
@@ -126,7 +146,7 @@ SIGN = [[1.1, 1.0, 1.1], [1.0, 0.9], [1.0, 0.5 + 0.5 * math.exp(0.1), 1.1]]  # "
 
 
 def batch(weight, scope="sequence", **kw):
-    return cscr_ablations.ablated_token_advantages(
+    return token_advantages(
         ADV,
         OLD,
         POS,
@@ -178,7 +198,7 @@ def test_signs_and_per_sequence_budget_on_random_batches(weight, seed):
     mask = torch.arange(T)[None] < torch.randint(1, T + 1, (B, 1), generator=g)
     old, pos, neg = (-torch.rand(B, T, generator=g, dtype=F64) * 3 for _ in range(3))
     for scope in ("sequence", "group", "batch"):
-        out = cscr_ablations.ablated_token_advantages(
+        out = token_advantages(
             adv,
             old,
             pos,
@@ -203,21 +223,15 @@ def test_alpha_zero_mix_zero_eps_zero_give_grpo():
     for scope in ("sequence", "group", "batch"):
         kw = dict(scope=scope, group_size=2 if scope == "group" else None)
         close(
-            cscr_ablations.ablated_token_advantages(
-                ADV, OLD, POS, NEG, MASK, ablation=settings("upweight", alpha=0.0, **kw)
-            ),
+            token_advantages(ADV, OLD, POS, NEG, MASK, ablation=settings("upweight", alpha=0.0, **kw)),
             grpo,
         )
         close(
-            cscr_ablations.ablated_token_advantages(
-                ADV, OLD, POS, NEG, MASK, ablation=settings("sign_aware", sign_mix=0.0, **kw)
-            ),
+            token_advantages(ADV, OLD, POS, NEG, MASK, ablation=settings("sign_aware", sign_mix=0.0, **kw)),
             grpo,
         )
         close(
-            cscr_ablations.ablated_token_advantages(
-                ADV, OLD, POS, NEG, MASK, ablation=settings("sign_aware", sign_eps=0.0, **kw)
-            ),
+            token_advantages(ADV, OLD, POS, NEG, MASK, ablation=settings("sign_aware", sign_eps=0.0, **kw)),
             grpo,
         )
 
@@ -228,9 +242,9 @@ def test_upweight_stays_finite_when_the_weights_overflow():
     pos = torch.tensor([[-3.0, -0.1, -1.0, 0.0], [-2.9, -3.0, 0.0, 0.0]])
     adv = torch.tensor([1.0, -1.0])
     mask = torch.ones(2, 4)
-    log_w = cscr_ablations.ablated_log_weights(adv, old, pos, pos, mask, 0.2, settings("upweight", alpha=60.0))
+    log_w = ablated_log_weights(adv, old, pos, pos, mask, 0.2, settings("upweight", alpha=60.0))
     assert torch.isinf(torch.exp(log_w)).any()
-    out = cscr_ablations.ablated_token_advantages(adv, old, pos, pos, mask, ablation=settings("upweight", alpha=60.0))
+    out = token_advantages(adv, old, pos, pos, mask, ablation=settings("upweight", alpha=60.0))
     assert torch.isfinite(out).all()
     # float32 bound: each A_i,t (<= 4) carries ~2 roundings (w / w_bar, A·w̃), the 4-term sum 3 more
     bound = (4 * 2 + 3) * 4 * torch.finfo(torch.float32).eps
@@ -254,18 +268,16 @@ def test_errors():
 def test_choose_names_each_rule_once_and_binds_its_parameters():
     """The flags' names -> an Ablation: the spec's maps as cscr.py's option in the paper's weight step, the ablations'
     functions from cscr_ablations.py, their parameters bound (the run chooses once, in grpo.Credit)."""
-    paper = cscr_ablations.papers_weight_step
-    assert cscr_ablations.choose() == cscr_ablations.Ablation(cscr.Settings(), paper, cscr.per_sequence)
+    assert cscr_ablations.choose() == cscr_ablations.Ablation(cscr.Settings(), cscr.CscrFunctions())  # the paper's
+    assert cscr.CscrFunctions() == (cscr.sensitivity_weights, cscr.per_sequence)
     assert cscr_ablations.choose("inverse", "batch", alpha=2.0) == cscr_ablations.Ablation(
-        cscr.Settings(alpha=2.0, weight="inverse"), paper, cscr_ablations.per_batch
+        cscr.Settings(alpha=2.0, weight="inverse"), cscr.CscrFunctions(renormalise=cscr_ablations.per_batch)
     )
-    assert cscr_ablations.choose("upweight").weight_step is cscr_ablations.upweight
+    assert cscr_ablations.choose("upweight").functions.weights is cscr_ablations.upweight
     chosen = cscr_ablations.choose("sign_aware", "group", 2, sign_eps=0.1, sign_mix=0.3, w_min=0.1)
-    assert chosen.weight_step.func is cscr_ablations.sign_aware and chosen.weight_step.keywords == {
-        "eps": 0.1,
-        "mix": 0.3,
-    }
-    assert chosen.renormalise.keywords == {"group_size": 2} and chosen.settings.w_min == 0.1
+    weights = chosen.functions.weights
+    assert weights.func is cscr_ablations.sign_aware and weights.keywords == {"eps": 0.1, "mix": 0.3}
+    assert chosen.functions.renormalise.keywords == {"group_size": 2} and chosen.settings.w_min == 0.1
     with pytest.raises(ValueError, match="weight must be one of"):
         cscr_ablations.choose("linear")
     with pytest.raises(ValueError, match="scope one of"):
@@ -285,9 +297,10 @@ def test_grpo_credit_takes_the_rules_its_flags_name():
     )
     ablation = grpo.Credit(cfg, None).method.ablation
     assert (ablation.settings.alpha, ablation.settings.w_min, ablation.settings.mode) == (2.0, 0.0, "max")
-    assert ablation.weight_step.func is cscr_ablations.sign_aware
-    assert ablation.weight_step.keywords == {"eps": 0.1, "mix": 0.5}
-    assert ablation.renormalise.func is cscr_ablations.per_group and ablation.renormalise.keywords == {"group_size": 4}
+    assert ablation.functions.weights.func is cscr_ablations.sign_aware
+    assert ablation.functions.weights.keywords == {"eps": 0.1, "mix": 0.5}
+    renormalise = ablation.functions.renormalise
+    assert renormalise.func is cscr_ablations.per_group and renormalise.keywords == {"group_size": 4}
     assert grpo.Credit(grpo.GRPOConfig(credit="cscr"), None).method.settings == cscr.Settings()
     # the spec §5 maps are cscr.py's options: the method's own credit function takes them, no ablation
     method = grpo.Credit(grpo.GRPOConfig(credit="cscr", cscr_weight="inverse"), None).method
@@ -295,15 +308,38 @@ def test_grpo_credit_takes_the_rules_its_flags_name():
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
-def test_the_ablated_weights_repeat_cscr_pys_lines(dtype):
-    """ablated_log_weights repeats cscr.credit_log_weights' lines with the weight step swapped: with the paper's
-    step (every map, α, w_min) the same log w bit for bit, and the same one-line errors on bad input."""
+def test_the_default_functions_are_the_papers_and_a_passed_function_is_used(dtype):
+    """cscr.py's ``functions``: None and ``CscrFunctions()`` (what ``choose`` gives for the spec's maps) are the
+    paper's, bit for bit (every map, α, w_min: log w, Ã, the statistics); a function in a field is the one called
+    (the weight step with Δ+ and Â, the renormalisation with log w and the credited tokens), and the errors are
+    the same one-line ones with an ablation's functions."""
     x = [t.to(dtype) for t in (ADV, OLD, POS, NEG)]
     for weight in ("exp", "exp_abs", "inverse"):
         for alpha, w_min in ((1.0, 0.0), (3.0, 0.1)):
             ablation = settings(weight, alpha=alpha, w_min=w_min)
+            assert ablation.functions == cscr.CscrFunctions()
             want = cscr.credit_log_weights(*x, MASK, 0.2, ablation.settings)
-            assert torch.equal(cscr_ablations.ablated_log_weights(*x, MASK, 0.2, ablation), want), (weight, alpha)
+            assert torch.equal(ablated_log_weights(*x, MASK, 0.2, ablation), want), (weight, alpha)
+            want_adv = cscr.cscr_token_advantages(*x, MASK, 0.2, ablation.settings)
+            assert torch.equal(token_advantages(*x, MASK, 0.2, ablation), want_adv)
+            assert ablated_stats(*x, MASK, 0.2, ablation) == cscr.cscr_stats(*x, MASK, 0.2, ablation.settings)
+    seen = {}
+
+    def weights(s, shift_pos, adv, threshold, settings):  # the paper's, recording what it is given
+        seen["weights"] = (shift_pos, adv)
+        return cscr.sensitivity_weights(s, shift_pos, adv, threshold, settings)
+
+    def renormalise(log_w, credited):  # the paper's, recording the credited tokens
+        seen["credited"] = credited
+        return cscr.per_sequence(log_w, credited)
+
+    functions = cscr.CscrFunctions(weights, renormalise)
+    got = cscr.cscr_token_advantages(*x, MASK, 0.2, functions=functions)
+    assert torch.equal(got, cscr.cscr_token_advantages(*x, MASK, 0.2))
+    assert torch.equal(seen["weights"][0], cscr.condition_shifts(*x[1:], MASK)[0]) and torch.equal(
+        seen["weights"][1], x[0]
+    )
+    assert torch.equal(seen["credited"], MASK & (x[0] != 0)[:, None])
     nan = x[1].clone()
     nan[0, 0] = float("nan")
     bad = [
@@ -317,13 +353,13 @@ def test_the_ablated_weights_repeat_cscr_pys_lines(dtype):
         with pytest.raises(ValueError) as want:
             cscr.credit_log_weights(*args, mask, threshold, cscr.Settings(**kw))
         with pytest.raises(ValueError) as got:
-            cscr_ablations.ablated_log_weights(*args, mask, threshold, settings(**kw))
+            ablated_log_weights(*args, mask, threshold, settings("upweight", **kw))
         assert str(got.value) == str(want.value)
 
 
 def test_the_ablation_credit_reallocates_with_its_ablation():
-    """CscrAblationCredit (what --cscr_weight upweight|sign_aware and --cscr_scope group|batch choose) replaces
-    CscrCredit.reallocate: its Ã and statistics are ablated_token_advantages' and ablated_stats', not the paper's."""
+    """CscrAblationCredit (what --cscr_weight upweight|sign_aware and --cscr_scope group|batch choose) passes its
+    ablation's functions to cscr.py: its Ã and statistics are cscr.py's with them, not the paper's."""
     import grpo
 
     paper = grpo.CREDIT_FUNCTIONS["cscr"](grpo.GRPOConfig(credit="cscr", num_generations=2), None)
@@ -340,6 +376,7 @@ def test_the_ablation_credit_reallocates_with_its_ablation():
         token_adv, stats = method.reallocate(ADV, OLD, POS, NEG, MASK)
         ablation = cscr_ablations.ablation_from_flags(cfg)
         args = (ADV, OLD, POS, NEG, MASK, cfg.cscr_threshold, ablation)
-        assert torch.equal(token_adv, cscr_ablations.ablated_token_advantages(*args)), flags
-        assert stats == cscr_ablations.ablated_stats(*args), flags
+        assert method.functions is method.ablation.functions, flags  # what CscrCredit passes to cscr.py
+        assert torch.equal(token_adv, token_advantages(*args)), flags
+        assert stats == ablated_stats(*args), flags
         assert not torch.equal(token_adv, paper_adv), flags

@@ -79,8 +79,7 @@ def inputs(dtype):
 
 def call(x, old_keywords, return_stats=True):
     """The old call ``cscr_token_advantages(*x, **old_keywords)`` in today's API: cscr.py's ``cscr_token_advantages``
-    and ``cscr_stats`` for its own options, cscr_ablations.py's ``ablated_token_advantages`` and ``ablated_stats`` for
-    an ablation."""
+    and ``cscr_stats`` with its own options, and for an ablation the functions ``cscr_ablations.choose`` gives."""
     kw = dict(old_keywords)
     threshold = kw.pop("threshold", 0.2)
     ablation = cscr_ablations.choose(
@@ -91,14 +90,13 @@ def call(x, old_keywords, return_stats=True):
         kw.pop("sign_mix", 0.5),
         **kw,
     )  # alpha, w_min, mode
-    args = (x["adv"], x["old_logp"], x["lp_pos"], x["lp_neg"], x["mask"], threshold)
-    papers = ablation.weight_step is cscr_ablations.papers_weight_step and ablation.renormalise is cscr.per_sequence
-    if papers:  # cscr.py's own (its options), else the ablation's steps (comparisons/cscr_ablations.py)
-        token_adv = cscr.cscr_token_advantages(*args, ablation.settings)
-        stats = cscr.cscr_stats(*args, ablation.settings)
-    else:
-        token_adv = cscr_ablations.ablated_token_advantages(*args, ablation)
-        stats = cscr_ablations.ablated_stats(*args, ablation)
+    args = (x["adv"], x["old_logp"], x["lp_pos"], x["lp_neg"], x["mask"], threshold, ablation.settings)
+    if ablation.functions == cscr.CscrFunctions():  # cscr.py's own (its options), no functions passed
+        token_adv = cscr.cscr_token_advantages(*args)
+        stats = cscr.cscr_stats(*args)
+    else:  # an ablation's functions (comparisons/cscr_ablations.py)
+        token_adv = cscr.cscr_token_advantages(*args, ablation.functions)
+        stats = cscr.cscr_stats(*args, ablation.functions)
     return (token_adv, stats) if return_stats else token_adv
 
 
@@ -160,8 +158,8 @@ def test_sensitivity_weights_and_threshold_are_bit_identical(dtype):
         if weight in CHANGED_MAPS:
             continue
         ablation = cscr_ablations.choose(weight, alpha=alpha, w_min=w_min)  # the map, or the up-weighting ablation
-        log_w = cscr_ablations.ablated_log_weights(x["adv"], *logps, 0.2, ablation)
-        if ablation.weight_step is cscr_ablations.papers_weight_step:  # cscr.py's own, the same
+        log_w = cscr.credit_log_weights(x["adv"], *logps, 0.2, ablation.settings, ablation.functions)
+        if ablation.functions == cscr.CscrFunctions():  # cscr.py's own, the same without functions passed
             assert torch.equal(cscr.credit_log_weights(x["adv"], *logps, 0.2, ablation.settings), log_w)
         assert torch.equal(log_w, OLD.credit_log_weights(s, 0.2, alpha, w_min, weight)), weight
         assert torch.equal(

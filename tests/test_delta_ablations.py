@@ -1,5 +1,6 @@
-"""Tests for DelTA's ablations (docs/specs/baselines.md §6, "spec §6"): delta_ablations.py's steps, each swapped
-into delta.delta_coefficients (in memory and streamed), random_coefficients and topk_proxy_vectors.
+"""Tests for DelTA's ablations (docs/specs/baselines.md §6, "spec §6"): delta_ablations.py's functions, each passed
+to delta.delta_coefficients and delta_coefficients_chunked in its field of ``functions``, random_coefficients and
+topk_proxy_vectors.
 
 Values: spec §6's table on its Example B (spec §1), its top-K values on delta.md §7's Example A; the loss column
 is recomputed here by an independent dual-clip DAPO token-mean (not grpo.py's); random data is checked against an
@@ -18,12 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import delta  # noqa: E402
 from comparisons import delta_ablations  # noqa: E402
-from comparisons.delta_ablations import (  # noqa: E402
-    ablated_coefficients,
-    ablated_coefficients_chunked,
-    random_coefficients,
-    topk_proxy_vectors,
-)
+from comparisons.delta_ablations import random_coefficients, topk_proxy_vectors  # noqa: E402
 from trainer import credit_methods  # noqa: E402
 
 F64 = torch.float64
@@ -104,26 +100,31 @@ def np_reference(
     return lam * mask.sum() / max(lam.sum(), eps) if normalize else lam
 
 
-def with_steps(kw):
+def with_functions(kw):
     """The reference's keywords (spec §6's names) as delta_coefficients' call: K and the λ range as they are, each
-    ablation as the step delta_ablations.py swaps in (``gamma``: a ``FrozenTemperature`` holding it)."""
+    ablation as the function delta_ablations.py passes in its field (``gamma``: a ``FrozenTemperature`` holding it)."""
     swaps = {
         ("scores", "within_side"): ("score", delta_ablations.within_side_scores),
         ("assignment", "hard"): ("assign", delta_ablations.hard_assignment),
         ("coefficients", "raw"): ("coefficients", delta_ablations.raw_coefficients),
         ("normalize", False): ("normalize", delta_ablations.no_normalization),
     }
-    steps = dict(swaps[key, value] for key, value in kw.items() if (key, value) in swaps)
+    functions = dict(swaps[key, value] for key, value in kw.items() if (key, value) in swaps)
     if kw.get("gamma") is not None:
-        steps["temperature"] = delta_ablations.FrozenTemperature(kw["gamma"])
+        functions["temperature"] = delta_ablations.FrozenTemperature(kw["gamma"])
     rest = {key: value for key, value in kw.items() if key in ("K", "lam_min", "lam_max")}
-    return {**rest, "steps": delta_ablations.DeltaSteps(**steps)}
+    return {**rest, "functions": delta.DeltaFunctions(**functions)}
+
+
+def coefficients(v, adv, mask, **kw):
+    """λ̄ [B, T] of the whole batch (``delta.delta_coefficients``)."""
+    return delta.delta_coefficients(v, adv, mask, **kw).lam_bar
 
 
 def with_stats(v, adv, mask, **kw):
-    """λ̄ [B, T] and the logged statistics (``delta.delta_stats``) of the batch (v, Â, mask) as one chunk."""
-    result = ablated_coefficients_chunked([(v, adv, mask)], **kw)
-    return result.lam_bar[0], delta.delta_stats(result)
+    """λ̄ [B, T] and the logged statistics (``delta.delta_stats``) of the whole batch (v, Â, mask)."""
+    result = delta.delta_coefficients(v, adv, mask, **kw)
+    return result.lam_bar, delta.delta_stats(result, adv, mask)
 
 
 def stream(v, adv, mask, sizes, **kw):
@@ -135,9 +136,9 @@ def stream(v, adv, mask, sizes, **kw):
         chunks.append((v[s : s + n, :L], adv[s : s + n], mask[s : s + n, :L]))
         s += n
     assert s == v.shape[0]
-    result = ablated_coefficients_chunked(chunks, **with_steps(kw))
+    result = delta.delta_coefficients_chunked(chunks, **with_functions(kw))
     lam = torch.cat([torch.nn.functional.pad(x, (0, v.shape[1] - x.shape[1])) for x in result.lam_bar])
-    return (lam, delta.delta_stats(result)) if kw.get("return_stats") else lam
+    return (lam, delta.delta_stats(result._replace(lam_bar=lam), adv, mask)) if kw.get("return_stats") else lam
 
 
 def random_batch(seed, B=12, T=8, H=5, group=4):
@@ -313,8 +314,8 @@ def expected(rows):
 def coefficients_of(impl, v, adv, mask, **kw):
     if impl == "batch":
         if kw.get("return_stats"):
-            return with_stats(v, adv, mask, **with_steps(kw))
-        return ablated_coefficients(v, adv, mask, **with_steps(kw))
+            return with_stats(v, adv, mask, **with_functions(kw))
+        return coefficients(v, adv, mask, **with_functions(kw))
     return stream(v, adv, mask, [1, v.shape[0] - 1], **kw)
 
 
@@ -422,7 +423,7 @@ def test_random_coefficients_zero_advantage_rows_draws_and_range():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_variants_match_reference_stream_and_invariants(kw, seed):
     v, adv, mask = random_batch(seed)
-    lb = ablated_coefficients(v, adv, mask, **with_steps(kw))
+    lb = coefficients(v, adv, mask, **with_functions(kw))
     ref = torch.tensor(np_reference(v.numpy(), adv.numpy(), mask.numpy(), **kw), dtype=F64)
     torch.testing.assert_close(lb, ref, atol=1e-10, rtol=0)
     for sizes in ([5, 7], [4, 1, 3, 4]):  # uneven chunks, each cut to its own length
@@ -445,9 +446,9 @@ def test_variants_stream_from_hidden_and_old_logp(kw):
     def chunks():  # v made afresh in each pass, as the trainer does
         return ((delta.proxy_vectors(v[s], logp[s], mask[s]), adv[s], mask[s]) for s in (slice(0, 6), slice(6, None)))
 
-    lb = torch.cat(ablated_coefficients_chunked(chunks, **with_steps(kw)).lam_bar)
+    lb = torch.cat(delta.delta_coefficients_chunked(chunks, **with_functions(kw)).lam_bar)
     torch.testing.assert_close(
-        lb, ablated_coefficients(delta.proxy_vectors(v, logp, mask), adv, mask, **with_steps(kw)), atol=1e-10, rtol=0
+        lb, coefficients(delta.proxy_vectors(v, logp, mask), adv, mask, **with_functions(kw)), atol=1e-10, rtol=0
     )
 
 
@@ -456,7 +457,7 @@ def test_variants_stream_from_hidden_and_old_logp(kw):
 def test_one_side_empty_gives_ones_for_every_variant(kw, case):
     v, adv, mask = random_batch(4)
     adv = {"no_negative": adv.clamp(min=0), "no_positive": adv.clamp(max=0), "all_zero": adv * 0}[case]
-    lb, st = with_stats(v, adv, mask, **with_steps(kw))
+    lb, st = with_stats(v, adv, mask, **with_functions(kw))
     assert torch.equal(lb, mask) and st["delta/fallback"] == 1.0
     assert math.isnan(st["delta/gamma0_pos"]) and math.isnan(st["delta/gamma0_neg"])
     assert torch.equal(stream(v, adv, mask, [6, 6], **kw), mask)
@@ -478,22 +479,43 @@ def test_hard_assignment_keeps_a_centroid_without_positive_scores(impl):
         assert st["delta/mu_neg_norm"] == pytest.approx(mu0, abs=1e-12)
 
 
-def test_the_ablated_loop_with_the_papers_steps_is_delta_py():
-    """ablated_coefficients_chunked repeats delta.py's loop: with the paper's steps (the default ``DeltaSteps``) its
-    λ̄ and statistics are delta.delta_coefficients_chunked's bit for bit, in float32 and float64, for K = 0, 1, 2, one
-    chunk and streamed uneven chunks, a batch with one side only (the guard), and with a pool (a sum of one rank)."""
+def test_the_default_functions_are_the_papers_and_an_ablations_function_is_used():
+    """``functions`` None and ``DeltaFunctions()`` (the paper's) give delta.py's λ̄ and statistics bit for bit, in
+    float32 and float64, for K = 0, 1, 2, the whole batch and chunks (a list, a callable, a pool), a batch with one
+    side only (the guard); a function in a field is the one called, as often as the paper's (1 + K temperatures)."""
     for seed, dtype, K in ((6, torch.float32, 0), (6, torch.float32, 1), (8, F64, 1), (9, F64, 2)):
         v, adv, mask = (x.to(dtype) for x in random_batch(seed))
-        one_side = (v, adv.clamp(min=0), mask)
+        for batch in ((v, adv, mask), (v, adv.clamp(min=0), mask)):
+            want = delta.delta_coefficients(*batch, K)
+            got = delta.delta_coefficients(*batch, K, functions=delta.DeltaFunctions())
+            assert torch.equal(got.lam_bar, want.lam_bar) and got.lam_bar.dtype == dtype
+            assert str(delta.delta_stats(got, *batch[1:])) == str(delta.delta_stats(want, *batch[1:]))
         streamed = [(v[:5], adv[:5], mask[:5]), (v[5:], adv[5:], mask[5:])]
-        for chunks in ([(v, adv, mask)], [one_side], streamed, lambda: iter(streamed)):
+        for chunks in ([(v, adv, mask)], streamed, lambda: iter(streamed)):
             for pool in (None, lambda t: t):
-                want = delta.delta_coefficients_chunked(chunks, K, 0.8, 1.2, pool)
-                got = ablated_coefficients_chunked(chunks, K, 0.8, 1.2, delta_ablations.DeltaSteps(), pool)
+                want = delta.delta_coefficients_chunked(chunks, K, pool=pool)
+                got = delta.delta_coefficients_chunked(chunks, K, pool=pool, functions=delta.DeltaFunctions())
                 assert all(torch.equal(x, y) for x, y in zip(got.lam_bar, want.lam_bar))
-                assert all(x.dtype == dtype for x in got.lam_bar)
-                same_nan = {k: x for k, x in delta.delta_stats(got).items() if x == x}
-                assert same_nan == {k: x for k, x in delta.delta_stats(want).items() if x == x}
+    calls = []
+
+    def counted(margins_pos, margins_neg):  # the paper's temperature, counted
+        calls.append(1)
+        return delta.adaptive_temperature(margins_pos, margins_neg)
+
+    v, adv, mask = random_batch(10)
+    for K in (0, 2):
+        functions = delta.DeltaFunctions(temperature=counted, assign=delta_ablations.hard_assignment)
+        calls.clear()
+        got = delta.delta_coefficients(v, adv, mask, K, functions=functions).lam_bar
+        assert len(calls) == 1 + K
+        ref = np_reference(v.numpy(), adv.numpy(), mask.numpy(), K=K, assignment="hard")
+        torch.testing.assert_close(got, torch.tensor(ref, dtype=F64), atol=1e-10, rtol=0)
+        calls.clear()
+        chunked = delta.delta_coefficients_chunked(
+            [(v[:7], adv[:7], mask[:7]), (v[7:], adv[7:], mask[7:])], K, functions=functions
+        )
+        assert len(calls) == 1 + K
+        torch.testing.assert_close(torch.cat(chunked.lam_bar), got, atol=1e-10, rtol=0)
 
 
 def test_ablation_validation_errors():
@@ -501,8 +523,8 @@ def test_ablation_validation_errors():
     for gamma in (0.5, (0.5,), (0.5, -1.0), (0.5, float("nan")), ("a", "b")):
         with pytest.raises(ValueError, match="gamma"):
             delta_ablations.FrozenTemperature(gamma)
-    with pytest.raises(ValueError, match=r"\(v, adv, response_mask\) tuple"):  # the former (v, None, mask, Â) chunk
-        ablated_coefficients_chunked([(v[:6], None, mask[:6], adv[:6])])
+    with pytest.raises(ValueError, match=r"\(v, adv, loss_mask\) tuple"):  # the former (v, None, mask, Â) chunk
+        delta.delta_coefficients_chunked([(v[:6], None, mask[:6], adv[:6])])
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -605,8 +627,8 @@ def test_topk_proxy_dtype_grad_stream_and_errors():
         for i in range(2)
     ]
     v64 = topk_proxy_vectors(h, y, mask, W, 2)
-    streamed = torch.cat(ablated_coefficients_chunked(chunks).lam_bar)
-    torch.testing.assert_close(streamed, ablated_coefficients(v64, adv, mask), atol=1e-10, rtol=0)
+    streamed = torch.cat(delta.delta_coefficients_chunked(chunks).lam_bar)
+    torch.testing.assert_close(streamed, coefficients(v64, adv, mask), atol=1e-10, rtol=0)
     for K in (0, 4, 2.0, True):
         with pytest.raises(ValueError, match="K must"):
             topk_proxy_vectors(h, y, mask, W, K)
@@ -623,21 +645,22 @@ def test_topk_proxy_dtype_grad_stream_and_errors():
 
 
 # ----------------------------------------------------------------------------------------------------
-# Beside the method: the steps a run chooses once, state across steps, and delta.py naming none of them
+# Beside the method: the functions a run chooses once, state across steps, and delta.py naming none of them
 # ----------------------------------------------------------------------------------------------------
 def test_frozen_temperature_keeps_the_first_batchs_gamma0():
     """--delta_gamma frozen: the first batch with both sides freezes its γ±⁽⁰⁾ (at K = 1 its λ̄ is the default's,
     bit for bit: the lag makes γ⁽¹⁾ = γ⁽⁰⁾); a later batch uses it, as if it had been given; a batch with one side
     (the guard) measures nothing and freezes nothing."""
     frozen = delta_ablations.FrozenTemperature()
-    steps = delta_ablations.DeltaSteps(temperature=frozen)
+    functions = delta.DeltaFunctions(temperature=frozen)
     v1, adv1, mask1 = random_batch(21)
-    assert torch.equal(ablated_coefficients(v1, adv1.clamp(min=0), mask1, steps=steps), mask1) and frozen.gamma is None
-    lb1, st1 = with_stats(v1, adv1, mask1, steps=steps)
-    assert torch.equal(lb1, ablated_coefficients(v1, adv1, mask1))
+    assert torch.equal(coefficients(v1, adv1.clamp(min=0), mask1, functions=functions), mask1)
+    assert frozen.gamma is None
+    lb1, st1 = with_stats(v1, adv1, mask1, functions=functions)
+    assert torch.equal(lb1, coefficients(v1, adv1, mask1))
     assert frozen.gamma == (st1["delta/gamma0_pos"], st1["delta/gamma0_neg"])
     v2, adv2, mask2 = random_batch(22)
-    lb2, st2 = with_stats(v2, adv2, mask2, steps=steps)
+    lb2, st2 = with_stats(v2, adv2, mask2, functions=functions)
     assert (
         (st2["delta/gamma_pos"], st2["delta/gamma_neg"])
         == frozen.gamma
@@ -646,23 +669,24 @@ def test_frozen_temperature_keeps_the_first_batchs_gamma0():
     torch.testing.assert_close(
         lb2, torch.tensor(np_reference(v2.numpy(), adv2.numpy(), mask2.numpy(), gamma=frozen.gamma)), atol=1e-10, rtol=0
     )
-    assert not torch.allclose(lb2, ablated_coefficients(v2, adv2, mask2), atol=1e-4)
+    assert not torch.allclose(lb2, coefficients(v2, adv2, mask2), atol=1e-4)
 
 
-def test_steps_from_flags_swaps_one_step_per_ablation_flag():
+def test_functions_from_flags_puts_one_function_per_ablation_flag():
     from trainer.grpo_config import GRPOConfig
 
-    paper = delta_ablations.DeltaSteps()
-    assert delta_ablations.steps_from_flags(GRPOConfig(credit="delta")) == paper
+    paper = delta.DeltaFunctions()
+    assert delta_ablations.functions_from_flags(GRPOConfig(credit="delta")) == paper
     for flags, field, fn in (
         (dict(delta_scores="within_side"), "score", delta_ablations.within_side_scores),
         (dict(delta_assignment="hard"), "assign", delta_ablations.hard_assignment),
         (dict(delta_coefficients="raw"), "coefficients", delta_ablations.raw_coefficients),
         (dict(delta_normalize=False), "normalize", delta_ablations.no_normalization),
     ):
-        steps = delta_ablations.steps_from_flags(GRPOConfig(credit="delta", **flags))
-        assert getattr(steps, field) is fn and steps._replace(**{field: getattr(paper, field)}) == paper, flags
-    one, two = (delta_ablations.steps_from_flags(GRPOConfig(credit="delta", delta_gamma="frozen")) for _ in range(2))
+        functions = delta_ablations.functions_from_flags(GRPOConfig(credit="delta", **flags))
+        assert getattr(functions, field) is fn and functions._replace(**{field: getattr(paper, field)}) == paper, flags
+    frozen = GRPOConfig(credit="delta", delta_gamma="frozen")
+    one, two = (delta_ablations.functions_from_flags(frozen) for _ in range(2))
     assert isinstance(one.temperature, delta_ablations.FrozenTemperature) and one.temperature is not two.temperature
     assert delta_ablations.proxy_from_flags(GRPOConfig(credit="delta")) is delta_ablations.paper_proxy
     topk = delta_ablations.proxy_from_flags(GRPOConfig(credit="delta", delta_proxy="topk", delta_proxy_topk=7))
@@ -714,7 +738,7 @@ def test_delta_py_code_names_no_ablation():
 
 
 def test_trainer_keeps_frozen_gamma_in_the_ablations_object_and_resumes_it():
-    """grpo.Credit chooses the steps once; --delta_gamma frozen's state is the FrozenTemperature's, which the
+    """grpo.Credit chooses the functions once; --delta_gamma frozen's state is the FrozenTemperature's, which the
     checkpoint reads and --resume writes back (the credit's ``state_dict`` / ``load_state_dict``, through
     run_setup.trainer_state / restore); without the flag there is no state to set."""
     import grpo
@@ -722,24 +746,25 @@ def test_trainer_keeps_frozen_gamma_in_the_ablations_object_and_resumes_it():
     from trainer.grpo_config import GRPOConfig
 
     credit = grpo.Credit(GRPOConfig(credit="delta", delta_gamma="frozen"), None)
-    steps = credit.method.steps
+    functions = credit.method.functions
     assert isinstance(credit.method, delta_ablations.DeltaAblationCredit)
-    assert isinstance(steps.temperature, delta_ablations.FrozenTemperature)
+    assert isinstance(functions.temperature, delta_ablations.FrozenTemperature)
     assert credit.state_dict() == {"delta_gamma": None}
     credit.load_state_dict({"delta_gamma": [0.25, 0.5]})  # as read back from a checkpoint's JSON
-    assert delta_ablations.kept_gamma(steps) == (0.25, 0.5)
-    sums = torch.tensor([[1.0, 2.0], [5.0, 9.0], [1.0, 1.0]], dtype=F64)  # Σ Δ, Σ Δ², count of P, Nn: γ = 0 (ε)
-    assert torch.equal(steps.temperature(*sums), torch.tensor([0.25, 0.5], dtype=F64))
+    assert delta_ablations.kept_gamma(functions) == (0.25, 0.5)
+    one = torch.tensor(1.0, dtype=F64)
+    sums = (delta.MarginSums(one, one, one), delta.MarginSums(2 * one, 4 * one, one))  # one token each: γ = 0 (ε)
+    assert [float(gamma) for gamma in functions.temperature(*sums)] == [0.25, 0.5]
     sampler = type("Sampler", (), {"position": 3})()
     state = {**run_setup.trainer_state(sampler, credit), "step": 4}
     assert state["delta_gamma"] == (0.25, 0.5)
     again = grpo.Credit(GRPOConfig(credit="delta", delta_gamma="frozen"), None)
-    assert run_setup.restore(state, sampler, again) == 4 and delta_ablations.kept_gamma(again.method.steps) == (
+    assert run_setup.restore(state, sampler, again) == 4 and delta_ablations.kept_gamma(again.method.functions) == (
         0.25,
         0.5,
     )
     plain = grpo.Credit(GRPOConfig(credit="delta"), None)
     assert type(plain.method) is credit_methods.DeltaCredit and plain.state_dict() == {}  # the paper's: no state
-    assert not hasattr(plain.method, "steps")  # delta.py's own λ̄: no steps to swap
+    assert plain.method.functions == delta.DeltaFunctions()  # delta.py's own λ̄: the paper's functions
     assert not hasattr(delta.adaptive_temperature, "gamma")
     assert grpo.Credit(GRPOConfig(credit="delta", delta_coefficients="random"), None).needs_hidden() is False

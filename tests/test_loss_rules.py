@@ -367,7 +367,7 @@ def test_policy_loss_on_example_b_dapo_and_delta():
     dlogp = torch.tensor([[0.1, -0.2, 0.3, 0.0], [0.05, -0.1, 0.2, 0.0], [-0.3, 0.1, 0.0, 0.25]], dtype=D)
     old = torch.zeros(3, 4, dtype=D)
     dapo, _ = grpo.policy_loss(old + dlogp, old, adv, mask, grpo.LossSettings(dual_clip=10.0))
-    lam_bar = delta.delta_coefficients(v, adv, mask)
+    lam_bar = delta.delta_coefficients(v, adv, mask).lam_bar
     ours, _ = grpo.policy_loss(
         old + dlogp, old, delta.delta_token_advantages(adv, lam_bar, mask), mask, grpo.LossSettings(dual_clip=10.0)
     )

@@ -68,8 +68,10 @@ class GRPOCredit:
 
 class DeltaCredit(GRPOCredit):
     """--credit delta: Ã = Â·λ̄ (delta.py, spec §2.3), λ̄ over θ_old's proxies v (App. F) from h_t kept by stage 4
-    (--delta_impl normal, one chunk) or recomputed in each of its K + 3 passes (memory_efficient; spec §2.5); under
-    torchrun --delta_scope global sums its statistics over the processes (spec §2.4)."""
+    (--delta_impl normal: ``delta.delta_coefficients`` on the whole [N, T, H] batch) or recomputed in each of its
+    K + 3 passes (memory_efficient: ``delta.delta_coefficients_chunked``; spec §2.5); under torchrun --delta_scope
+    global the chunked form sums its statistics over the processes (spec §2.4). ``functions``: the paper's (an
+    ablation's: comparisons/delta_ablations.py)."""
 
     asks = policy.Asked(hidden=True)  # h_t kept by stage 4 (--delta_impl normal); none when streamed
     token_arrays = 1  # λ̄
@@ -79,6 +81,7 @@ class DeltaCredit(GRPOCredit):
         self.pool = distributed.all_reduce_sum if distributed.is_distributed() and cfg.delta_scope == "global" else None
         if cfg.delta_impl == "memory_efficient":  # h recomputed a micro-batch at a time, in each of its passes
             self.asks = policy.Asked()
+        self.functions = delta.DeltaFunctions()  # the paper's steps (an ablation's: comparisons/delta_ablations.py)
 
     def proxy(self, model):  # v_t (App. F): (h [b, t, H], old_logp, mask, token_ids [b, t]) -> v [b, t, H]
         return lambda hidden, old_logp, mask, token_ids: delta.proxy_vectors(hidden, old_logp, mask)
@@ -87,15 +90,19 @@ class DeltaCredit(GRPOCredit):
         lam_bar, stats = self.lam_bar(model, x)  # λ̄ [N, T]
         return CreditResult(delta.delta_token_advantages(x.adv, lam_bar, x.loss_mask), stats, {"lambda_bar": lam_bar})
 
-    def coefficients(self, chunks) -> delta.DeltaResult:  # λ̄ of the batch's chunks (v, Â, mask), spec §2.3
-        cfg = self.cfg
-        return delta.delta_coefficients_chunked(chunks, cfg.delta_k, cfg.delta_lam_min, cfg.delta_lam_max, self.pool)
-
     def lam_bar(self, model, x: CreditInputs):
-        """DelTA's λ̄ ``[N, T]`` and stats: ``delta.delta_coefficients_chunked`` over the batch's chunks."""
+        """DelTA's λ̄ ``[N, T]`` and stats: ``delta.delta_coefficients`` on θ_old's kept h (one process, or each its
+        own), else ``delta.delta_coefficients_chunked`` over the batch's chunks (h recomputed, or pooled)."""
+        cfg = self.cfg
         mask = x.loss_mask
         ids = x.batch.response_ids
         proxy = self.proxy(model)
+        if x.old.hidden is not None and self.pool is None:  # the whole batch: v [N, T, H]
+            v = proxy(x.old.hidden, x.old.logp, mask, ids)
+            result = delta.delta_coefficients(
+                v, x.adv, mask, cfg.delta_k, cfg.delta_lam_min, cfg.delta_lam_max, functions=self.functions
+            )
+            return result.lam_bar, delta.delta_stats(result, x.adv, mask)
         T = mask.shape[1]
         layout = [(slice(None), T)]  # the chunks' rows and widths: h kept by stage 4, one chunk
         if x.old.hidden is None:  # streamed: h recomputed by the run's passes, a micro-batch at a time, at each call
@@ -107,24 +114,28 @@ class DeltaCredit(GRPOCredit):
             if x.old.hidden is not None:
                 yield proxy(x.old.hidden, x.old.logp, mask, ids), x.adv, mask
                 return
-            for j, mb in enumerate(x.forward.micro_batches(model, x.batch, rows, self.cfg, grad=False, asked=asked)):
+            for j, mb in enumerate(x.forward.micro_batches(model, x.batch, rows, cfg, grad=False, asked=asked)):
                 if j == len(layout):  # (the first pass)
                     layout.append((mb.rows, mb.t))
                 v = proxy(mb.hidden, mb.take(x.old.logp), mb.take(mask), mb.take(ids))
                 yield v, x.adv[mb.rows], mb.take(mask)
 
-        result = self.coefficients(chunks if x.old.hidden is None else list(chunks()))
+        source = chunks if x.old.hidden is None else list(chunks())
+        result = delta.delta_coefficients_chunked(
+            source, cfg.delta_k, cfg.delta_lam_min, cfg.delta_lam_max, pool=self.pool, functions=self.functions
+        )
         lam_bar = torch.zeros(mask.shape, dtype=result.lam_bar[0].dtype)
         for (rows, t), part in zip(layout, result.lam_bar):
             lam_bar[rows, :t] = part.cpu()
-        stats = delta.delta_stats(result)
+        stats = delta.delta_stats(result._replace(lam_bar=lam_bar), x.adv, mask, self.pool)
         return lam_bar, distributed.pool_min_max(stats) if self.pool else stats  # extremes: per process
 
 
 class CscrCredit(GRPOCredit):
     """--credit cscr (spec §3–§5): the sensitivity s_t of θ_old's log-probs to a privileged note, w_t =
     max(w_min, exp(−α·max(0, s_t − λ))) (or a spec §5 alternative map: --cscr_weight exp_abs|inverse), Ã = Â·w /
-    mean_t(w); λ given, or calibrated once (its state)."""
+    mean_t(w); λ given, or calibrated once (its state). ``functions``: the paper's (an ablation's:
+    comparisons/cscr_ablations.py)."""
 
     gathers_weights = True  # its privileged scoring passes (memory_plan.updates_on_policy)
     token_arrays = 3  # ℓ+, ℓ−, s
@@ -134,14 +145,15 @@ class CscrCredit(GRPOCredit):
         self.settings = cscr.Settings(
             alpha=cfg.cscr_alpha, w_min=cfg.cscr_w_min, mode=cfg.cscr_mode, weight=cfg.cscr_weight
         )
+        self.functions = cscr.CscrFunctions()
         self.threshold = cfg.cscr_threshold
-        self.calibrated = False  # (--cscr_threshold_quantile: λ set from the first scored batch)
+        self.calibrated = False  # (--cscr_threshold_quantile: λ set from the first batch with credited tokens)
 
     def __call__(self, model, x: CreditInputs) -> CreditResult:
         cfg = self.cfg
         mask = x.loss_mask
         old_logp = x.old.logp
-        scored = mask.bool() & (x.adv != 0)[:, None]  # the tokens that carry credit: those of the rows with Â ≠ 0
+        credited = mask.bool() & (x.adv != 0)[:, None]  # the tokens that carry credit: those of the rows with Â ≠ 0
         # spec §3: the two privileged prompts x + c+, x + c− of every response
         pairs = [
             cscr.build_condition_prompts(
@@ -156,16 +168,16 @@ class CscrCredit(GRPOCredit):
                 self.tokenizer,
                 pairs,
                 x.batch.response_ids,
-                scored,
+                credited,
                 cfg.temperature,
                 micro_batch_size=cfg.micro_batch_size or None,
                 logprob_fn=x.forward.scoring_logprobs,  # None: cscr.py's plain pass
             )
         s = cscr.sensitivity(old_logp, lp_pos, lp_neg, mask, mode=cfg.cscr_mode)  # s_t = max(|Δ+|, |Δ−|)
         if cfg.cscr_threshold_quantile is not None and not self.calibrated:
-            # spec §5: λ = a quantile of s over the scored tokens (every process's) of the first batch that has any
+            # spec §5: λ = a quantile of s over the credited tokens (every process's) of the first batch that has any
             # (a batch whose every group has equal rewards has none, and no token it would weight), then frozen
-            s_all = torch.cat(distributed.all_gather_objects(s[scored].cpu()))[None]
+            s_all = torch.cat(distributed.all_gather_objects(s[credited].cpu()))[None]
             if s_all.numel():
                 self.threshold = cscr.calibrate_threshold(s_all, torch.ones_like(s_all), cfg.cscr_threshold_quantile)
                 self.calibrated = True
@@ -174,8 +186,10 @@ class CscrCredit(GRPOCredit):
         return CreditResult(token_adv, {**stats, "cscr/threshold": float(self.threshold)}, {"sensitivity": s})
 
     def reallocate(self, adv, old_logp, lp_pos, lp_neg, mask):  # spec §5: (Ã [N, T], its statistics)
-        token_adv = cscr.cscr_token_advantages(adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.settings)
-        stats = cscr.cscr_stats(adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.settings)
+        token_adv = cscr.cscr_token_advantages(
+            adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.settings, self.functions
+        )
+        stats = cscr.cscr_stats(adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.settings, self.functions)
         return token_adv, stats
 
     def state_dict(self) -> dict:

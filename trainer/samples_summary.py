@@ -67,7 +67,6 @@ class RunSamples:
     samples: dict[int, list[dict]]  # step -> the logged responses (samples/step_*.jsonl)
 
 
-
 # --- Reading samples/ -------------------------------------------------------------------------------------------
 def read_jsonl(path: str) -> tuple[list[dict], str]:
     """The JSON objects of a jsonl file, and ``""`` or one line saying what was left out: a torn last line (no

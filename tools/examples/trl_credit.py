@@ -21,7 +21,7 @@
 * TRL's loss keeps its own ratio (the training forward's log-probs, detached, when it skipped the old pass).
 
 Left out on purpose: pooling DelTA's statistics over processes (each process uses its own rows, as DelTA's
-official code does; ``delta.delta_coefficients(..., pool=all_reduce)`` pools them), CSCR's
+official code does; ``delta.delta_coefficients_chunked(..., pool=all_reduce)`` pools them), CSCR's
 threshold calibration (grpo.py ``--cscr_threshold_quantile``), conversational, multimodal and tool-calling prompts.
 
 Run on the toy (CPU): ``python tools/examples/trl_credit.py --credit delta`` trains with TRL and prints the held-out
@@ -55,7 +55,7 @@ from tools.examples.theta_old import old_logps_and_hidden  # noqa: E402  (θ_old
 
 class CreditGRPOTrainer(GRPOTrainer):
     """TRL's ``GRPOTrainer`` with token credit: ``credit`` "grpo" (TRL unchanged), "delta" (DelTA, ``delta_kwargs``
-    for ``delta.delta_coefficients_chunked``: K, lam_min, lam_max) or "cscr" (CSCR, ``cscr_template`` and
+    for ``delta.delta_coefficients``: K, lam_min, lam_max) or "cscr" (CSCR, ``cscr_template`` and
     ``cscr_kwargs`` for ``cscr.cscr_token_advantages`` and ``cscr.cscr_stats``: threshold, settings). The dataset's
     ``answer`` column is CSCR's ``reference``."""
 
@@ -86,9 +86,9 @@ class CreditGRPOTrainer(GRPOTrainer):
         )
         if self.credit == "delta":
             v = delta.proxy_vectors(h, old_logp, mask)  # DelTA App. F: v_t = (1 − p(y_t))·h_t
-            result = delta.delta_coefficients_chunked([(v, adv, mask)], **self.delta_kwargs)  # the batch: one chunk
-            stats = delta.delta_stats(result)
-            token_adv = delta.delta_token_advantages(adv, result.lam_bar[0], mask)  # Ã = Â·λ̄, over the whole batch
+            result = delta.delta_coefficients(v, adv, mask, **self.delta_kwargs)  # λ̄ of the whole batch
+            stats = delta.delta_stats(result, adv, mask)
+            token_adv = delta.delta_token_advantages(adv, result.lam_bar, mask)  # Ã = Â·λ̄, over the whole batch
         else:
             texts = self.processing_class.batch_decode(response_ids, skip_special_tokens=True)
             pairs = [

@@ -125,14 +125,15 @@ def delta_lambda_bar(module, data: DataProto, reduce_fn=None, return_hidden=Fals
         settings.get("micro_batch_size", 8),
         hidden=True,
     )
-    adv = b["seq_advantages"]
+    adv = b["seq_advantages"].to(h.device)
     # spec §2.5: the shard is one chunk; every statistic (centroid sums, margin moments, N, Z) is a sum, so the
     # all-reduce (``pool``) makes them the whole batch's (Eq. 2–3, App. H, Eq. 8): the one-process λ̄
     v = delta.proxy_vectors(h, logp, mask)  # DelTA App. F: v_t = (1 − p(y_t))·h_t
     keys = {k: settings[k] for k in DELTA_KEYS if k in settings}
-    result = delta.delta_coefficients_chunked([(v, adv.to(h.device), mask)], pool=reduce_fn, **keys)  # one chunk
-    stats = delta.delta_stats(result)
-    out = {"lam_bar": result.lam_bar[0], "log_probs_h": logp}
+    result = delta.delta_coefficients_chunked([(v, adv, mask)], pool=reduce_fn, **keys)  # the shard: one chunk
+    lam_bar = result.lam_bar[0]  # λ̄ [b, T]
+    stats = delta.delta_stats(result._replace(lam_bar=lam_bar), adv, mask, reduce_fn)
+    out = {"lam_bar": lam_bar, "log_probs_h": logp}
     if return_hidden:
         out["hidden"] = h
     return DataProto.from_dict(tensors=out, meta_info={"metrics": stats})  # verl's collect lists each rank's
