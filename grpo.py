@@ -11,18 +11,14 @@ One training step (``train_step``) is seven stages, in the order of the papers::
     7. log          metrics.jsonl, samples/                         run_setup.log_step
 
 In that order: the maths, the policy's log-probs (stages 4 and 6), one step (``train_step``), the loop (``train``).
-
-* Plain by default: stages 4 and 6 run a padded forward, log-softmax at the temperature, gather (``token_outputs``);
-  θ_old's pass is its own no-grad forward (``old_logprobs``). The 8B run's optimisations (padding-free micro-batches,
-  each prompt run once, the LM head in chunks, θ_old from the update's own forward) replace those functions whole,
-  chosen once by the scale recipes or their flags (trainer/scale_passes.py; ``--dry_run`` says which path).
-* With one update per rollout batch (the toy's default) the ratio is 1 at the update, so the clip never acts;
-  ``--num_mini_batches 4`` makes four updates of each batch, and the later ones clip.
-* ``--loss_type dapo`` is the token-mean over the mini-batch; with DelTA's λ̄ (mean 1 over the batch) it is DelTA's
-  Σλℓ / Σλ (Eq. 8), only approximately so per mini-batch, as in DelTA's code. KL to a frozen reference: off by default.
-* The papers' comparisons (comparisons/, ``python -m comparisons``) replace, they do not hook: each is a whole credit
-  function, loss stage or surrogate with the signature of the one it replaces, handed to ``train`` as a ``Method``.
-* Left out: entropy bonus, reward shaping beyond DAPO's overlong penalty, dynamic sampling, learning-rate schedules.
+Stages 4 and 6 run the plain computation (``token_outputs``: a padded forward, log-softmax, gather); the 8B run's
+optimisations replace them whole, chosen once by the scale recipes or their flags (trainer/scale_passes.py;
+``--dry_run`` says which path). One update per rollout batch (the toy's default) keeps the ratio at 1, so the clip
+never acts; ``--num_mini_batches 4`` makes four updates of each batch, and the later ones clip. ``--loss_type dapo``
+is the token-mean over the mini-batch: with DelTA's λ̄ (mean 1 over the batch) DelTA's Σλℓ / Σλ (Eq. 8), per
+mini-batch approximately, as in DelTA's code. The papers' comparisons (comparisons/, ``python -m comparisons``) are
+whole replacements handed to ``train`` as a ``Method``. Left out: entropy bonus, KL by default, dynamic sampling,
+learning-rate schedules, reward shaping beyond DAPO's overlong penalty.
 """
 
 from __future__ import annotations
@@ -35,8 +31,8 @@ if __name__ == "__main__":  # Ctrl-C while the imports below load: one line and 
     trainer.catch_ctrl_c_while_importing()
 
 import dataclasses
+import functools
 import time
-from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import torch
@@ -44,6 +40,7 @@ import torch
 import toy
 import verify
 from trainer import credit_methods, distributed, grpo_config, policy, run_setup
+from trainer.credit_methods import CscrCredit, DeltaCredit, GRPOCredit
 from trainer.grpo_config import GRPOConfig  # every flag (grpo_config.py): its parser and checks
 
 
@@ -51,17 +48,15 @@ from trainer.grpo_config import GRPOConfig  # every flag (grpo_config.py): its p
 def group_advantages(
     rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group", eps: float = 1e-6
 ) -> torch.Tensor:
-    """GRPO's Â_i = (r_i − mean_g) / (std_g + eps) (GRPO §4.1.2; DelTA spec §1), ``rewards`` ``[N]`` group by group
-    (G = ``num_generations`` rows each); ``scale_rewards="none"``: r − mean (Dr. GRPO). Returns ``[N]`` float32
-    (float64 for float64 rewards), exactly 0 for a group whose rewards are all equal (NeMo-RL #4161) and for a group of
-    one (TRL's; DelTA's code: Â = r)."""
-    if num_generations < 1 or rewards.dim() != 1 or rewards.numel() % num_generations:
+    """GRPO's Â_i = (r_i − mean_g) / (std_g + eps) (GRPO §4.1.2; DelTA spec §1) of ``rewards`` ``[N]``, G =
+    ``num_generations`` rows a group; ``scale_rewards="none"``: r − mean (Dr. GRPO). Returns ``[N]`` float32 (float64
+    for float64 rewards), exactly 0 in a group whose rewards are all equal (NeMo-RL #4161) or of one (TRL's)."""
+    whole_groups = num_generations >= 1 and rewards.dim() == 1 and rewards.numel() % num_generations == 0
+    if not whole_groups or scale_rewards not in ("group", "none"):
         raise ValueError(
-            f"rewards must be 1-D with a length divisible by num_generations={num_generations}, got shape "
-            f"{tuple(rewards.shape)}"
+            f"rewards {tuple(rewards.shape)} must be 1-D, whole groups of num_generations={num_generations}; "
+            f"scale_rewards 'group' or 'none', not {scale_rewards!r}"
         )
-    if scale_rewards not in ("group", "none"):
-        raise ValueError(f"scale_rewards must be 'group' or 'none', got {scale_rewards!r}")
     r = rewards.to(torch.promote_types(rewards.dtype, torch.float32)).view(-1, num_generations)
     centred = r - r.mean(-1, keepdim=True)
     if scale_rewards == "group" and num_generations > 1:
@@ -72,9 +67,8 @@ def group_advantages(
 
 
 def overlong_penalty(lengths: torch.Tensor, max_completion_length: int, buffer_len: int, factor=1.0) -> torch.Tensor:
-    """DAPO's soft overlong punishment (§3.4; verl's ``overlong_buffer``), added to the reward: R_length(o) =
-    min(0, ((L_max − L_cache) − |o|) / L_cache · factor), ``lengths`` ``[N]`` (EOS included), L_max =
-    ``max_completion_length``, L_cache = ``buffer_len`` (0: no shaping). Returns ``[N]`` float32 (≤ 0)."""
+    """DAPO's soft overlong punishment (§3.4), added to the reward: min(0, ((L_max − L_cache) − |o|) / L_cache ·
+    factor) of ``lengths`` ``[N]``, L_max = ``max_completion_length``, L_cache = ``buffer_len`` (0: none). ``[N]``."""
     if buffer_len == 0:
         return torch.zeros(lengths.shape)
     expected = max_completion_length - buffer_len  # L_max − L_cache
@@ -97,11 +91,10 @@ def clipped_surrogate(ratio, token_adv, settings: LossSettings):
 AGGREGATIONS = {"dapo": "token-mean", "grpo": "seq-mean-token-mean", "dr_grpo": "seq-mean-token-sum-norm"}
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class LossSettings:
-    """The surrogate's settings (``policy_loss``), as the flags of the same names give them (``from_config``):
-    ``aggregation``, the normaliser, is --loss_type's (``AGGREGATIONS``). ``surrogate``: the per-token loss, PPO's
-    clipped one (a comparison's subclass replaces it whole, with its own fields: comparisons/sapo.py)."""
+    """``policy_loss``'s settings, from the flags of the same names (``from_config``); ``aggregation`` is --loss_type's
+    normaliser; ``surrogate`` the per-token loss (a comparison's subclass replaces it: comparisons/sapo.py)."""
 
     epsilon: float = 0.2
     epsilon_high: float = 0.28
@@ -121,9 +114,8 @@ class LossSettings:
 
 
 class LossScope(NamedTuple):
-    """What a loss stage works out over its whole mini-batch for each micro-batch's loss: its tokens' and rows'
-    counts, and the k3 term's tokens (``valid_mask``, this micro-batch's; ``num_valid`` the mini-batch's count).
-    None: the micro-batch's own."""
+    """A mini-batch's counts for each of its micro-batch's losses (None: the micro-batch's own): tokens, rows, and the
+    k3 term's tokens (``valid_mask`` this micro-batch's, ``num_valid`` the mini-batch's count)."""
 
     num_tokens: float | None = None
     num_sequences: int | None = None
@@ -131,24 +123,23 @@ class LossScope(NamedTuple):
     num_valid: float | None = None
 
 
-CLIP_STATS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/dual_mean")
-POLICY_STATS = CLIP_STATS + ("kl", "num_tokens")  # policy_loss's statistics (surrogate_stats)
+# policy_loss's statistics (surrogate_stats), beside its token count "num_tokens"
+POLICY_STATS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/dual_mean", "kl")
 
 
 def policy_loss(logp, old_logp, token_adv, loss_mask, settings=None, *, ref_logp=None, scope=None):
-    """The loss (to minimise): ``settings.surrogate`` ℓ of ratio = exp(clamp(logp − old_logp, ±20)) on ``loss_mask``'s
-    tokens, + β·k3 (exp(ref − logp) − (ref − logp) − 1) on ``scope.valid_mask``'s (default: the same), each reduced by
+    """The loss to minimise: ``settings.surrogate`` ℓ of ratio = exp(clamp(logp − old_logp, ±20)) on ``loss_mask``'s
+    tokens + β·k3 (exp(ref − logp) − (ref − logp) − 1) on ``scope.valid_mask``'s (default: the same), each reduced by
     ``aggregate``. ``logp``, ``old_logp``, ``loss_mask``, ``ref_logp`` ``[B, T]`` (nats); ``token_adv`` Ã ``[B, T]`` or
-    Â ``[B]``; ``settings`` a ``LossSettings`` (None: the defaults); ``scope`` a ``LossScope``, the mini-batch's counts
-    for a micro-batch. Returns (loss, token-means of ``POLICY_STATS``)."""
+    Â ``[B]``. Returns (loss, token-means of ``POLICY_STATS``)."""
     settings = settings or LossSettings()
     scope = scope or LossScope()
     check_loss_inputs(logp, old_logp, token_adv, loss_mask, settings, ref_logp, scope)
     mask = loss_mask.to(logp.dtype)
     valid = mask if scope.valid_mask is None else scope.valid_mask.to(logp.dtype)
     adv = (token_adv[:, None] if token_adv.dim() == 1 else token_adv).to(logp.dtype).expand_as(logp)  # [B, T]
-    # padded positions may hold anything (e.g. -inf): zero them before exp so no NaN reaches the gradient
-    ratio = torch.exp(torch.where(mask > 0, logp - old_logp, torch.zeros_like(logp)).clamp(-20.0, 20.0))  # [B, T]
+    log_ratio = torch.where(mask > 0, logp - old_logp, torch.zeros_like(logp))  # 0 on padding (which may hold -inf)
+    ratio = torch.exp(log_ratio.clamp(-20.0, 20.0))  # [B, T]
     per_token, dual_active = settings.surrogate(ratio, adv, settings)  # [B, T]
     num_sequences = float(logp.shape[0] if scope.num_sequences is None else scope.num_sequences)
     max_len = settings.max_completion_length  # (seq-mean-token-sum-norm's normaliser)
@@ -163,30 +154,25 @@ def policy_loss(logp, old_logp, token_adv, loss_mask, settings=None, *, ref_logp
 
 
 def check_loss_inputs(logp, old_logp, token_adv, loss_mask, settings: LossSettings, ref_logp, scope: LossScope):
-    """``policy_loss``'s arguments, checked: a normaliser of AGGREGATIONS; ``[B, T]`` tensors and Ã ``[B]`` or
-    ``[B, T]``; ref_logp where beta > 0, valid_mask with num_valid, max_completion_length for dr_grpo's normaliser."""
+    """``policy_loss``'s arguments, checked: ``[B, T]`` tensors and Ã ``[B]`` or ``[B, T]``; ref_logp where beta > 0,
+    valid_mask with num_valid; an aggregation of AGGREGATIONS (dr_grpo's with max_completion_length)."""
     valid = loss_mask if scope.valid_mask is None else scope.valid_mask
-    adv_shape = tuple(token_adv.shape) + (1,) * (2 - token_adv.dim())
-    fits = logp.shape == old_logp.shape == loss_mask.shape == valid.shape and adv_shape[0] == logp.shape[0]
+    fits = logp.shape == old_logp.shape == loss_mask.shape == valid.shape and token_adv.shape[0] == logp.shape[0]
+    fits = fits and token_adv.shape[1:] in ((), logp.shape[1:])
     given = (settings.beta <= 0 or ref_logp is not None) and (scope.num_valid is None or scope.valid_mask is not None)
-    aggregation = settings.aggregation
-    normaliser = aggregation in AGGREGATIONS.values() and (
-        aggregation != "seq-mean-token-sum-norm" or settings.max_completion_length
-    )
-    if not (fits and token_adv.dim() in (1, 2) and adv_shape[1] in (1, logp.shape[1]) and given and normaliser):
+    norm = settings.aggregation
+    known = norm in AGGREGATIONS.values() and (norm != "seq-mean-token-sum-norm" or settings.max_completion_length)
+    if not (fits and given and known):
         raise ValueError(
-            f"policy_loss: logp {tuple(logp.shape)}, old_logp {tuple(old_logp.shape)}, loss_mask "
-            f"{tuple(loss_mask.shape)}, valid_mask {tuple(valid.shape)} [B, T], token_adv {tuple(token_adv.shape)} "
-            f"[B] or [B, T]; loss {settings.loss_type!r}'s aggregation {aggregation!r} one of "
-            f"{list(AGGREGATIONS.values())}; beta > 0 needs ref_logp, num_valid valid_mask, dr_grpo "
-            "max_completion_length"
+            f"policy_loss: logp {tuple(logp.shape)}, old_logp, loss_mask, valid_mask [B, T], token_adv "
+            f"{tuple(token_adv.shape)} [B] or [B, T]; --loss_type {settings.loss_type!r} one of {list(AGGREGATIONS)} "
+            "(dr_grpo: max_completion_length); beta > 0 needs ref_logp; num_valid needs valid_mask"
         )
 
 
 def aggregate(per_token, mask, aggregation: str, num_tokens, num_sequences: float, max_completion_length):
-    """``per_token`` ``[B, T]`` (0 outside ``mask``) reduced by one of AGGREGATIONS' normalisers: ``token-mean`` Σ /
-    Σmask (or ``num_tokens``, the mini-batch's count); ``seq-mean-token-mean`` Σ over the rows of each row's Σ / its
-    Σmask, / ``num_sequences``; ``seq-mean-token-sum-norm`` Σ / (num_sequences·max_completion_length). A scalar."""
+    """``per_token`` ``[B, T]`` (0 outside ``mask``) to a scalar: ``token-mean`` Σ / Σmask (or ``num_tokens``);
+    ``seq-mean-token-mean`` Σ_rows (row Σ / row Σmask) / num_sequences; ``seq-mean-token-sum-norm`` Σ / (rows·L_max)."""
     if aggregation == "token-mean":
         return per_token.sum() / max(float(mask.sum() if num_tokens is None else num_tokens), 1.0)
     if aggregation == "seq-mean-token-mean":
@@ -213,19 +199,13 @@ def surrogate_stats(ratio, adv, mask, settings: LossSettings, dual_active, kl, v
 
 # --- Stages 4 and 6: the policy's log-probs, the plain computation ---------------------------------------------
 def token_outputs(model, input_ids, attention_mask, response_mask, temperature: float, asked=policy.Asked()):
-    """One padded forward of rows laid out [left-padded prompt | right-padded response] (``input_ids``,
-    ``attention_mask`` ``[b, P + T]``, ``response_mask`` ``[b, T]``): log π(y_t | x, y_<t) ``[b, T]`` (nats, 0 on
-    padding), the log-softmax of the logits at the temperature at the sampled tokens, and what ``asked`` names of the
-    same forward. Positions count real tokens only, as generate() counts them. Returns a ``policy.TokenOutputs``."""
+    """One padded forward of rows [left-padded prompt | right-padded response] (``input_ids``, ``attention_mask``
+    ``[b, P + T]``, ``response_mask`` ``[b, T]``): log π(y_t | x, y_<t) ``[b, T]`` at the temperature (nats, 0 on
+    padding) and what ``asked`` names of the same forward, in a ``policy.TokenOutputs``."""
     T = response_mask.shape[1]
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        use_cache=False,
-        output_hidden_states=asked.hidden,
-    )
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # real tokens only, as generate() counts them
+    no_cache = dict(attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
+    out = model(input_ids, **no_cache, output_hidden_states=asked.hidden)
     logits = out.logits[:, -T - 1 : -1]  # [b, T, V]: position p predicts token p + 1
     u = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # z/T, float32 (float64 model)
     log_probs = torch.log_softmax(u, dim=-1)  # [b, T, V]
@@ -238,8 +218,8 @@ def token_outputs(model, input_ids, attention_mask, response_mask, temperature: 
 
 
 def micro_batches(model, batch, rows, cfg: GRPOConfig, grad: bool, asked=policy.Asked()):
-    """The plain pass over the rollout rows ``rows``: ``--micro_batch_size`` rows at a time (0: all), each as wide as
-    the batch; train mode with gradient (``grad``), else eval mode without. Yields a ``policy.MicroBatch`` each."""
+    """The plain pass over rollout rows ``rows``, --micro_batch_size at a time (0: all), with gradient in train mode
+    (``grad``) or without in eval mode: a ``policy.MicroBatch`` each, as wide as the batch."""
     device = next(model.parameters()).device
     T = batch.response_mask.shape[1]
     parts = rows.split(cfg.micro_batch_size or len(rows))
@@ -253,38 +233,28 @@ def micro_batches(model, batch, rows, cfg: GRPOConfig, grad: bool, asked=policy.
 
 @torch.no_grad()
 def old_logprobs(model, batch, cfg: GRPOConfig, asked=policy.Asked(), ref_model=None) -> policy.ThetaOld:
-    """Stage 4: θ_old's log-probs ``[N, T]``, its own no-grad, eval-mode forward of every row (``micro_batches``), with
-    what the credit function asks of the same pass (``asked``: h_t for DelTA) and, for --beta > 0, the frozen
-    reference's log-probs. Stage 6 runs its own forward, so each step's first update starts at ratio 1 (to rounding).
-    Returns a ``policy.ThetaOld`` on the host."""
+    """Stage 4: θ_old's log-probs ``[N, T]`` from its own no-grad forward (``micro_batches``), with what the credit
+    asks of the same pass (``asked``: h_t for DelTA) and, for --beta > 0, π_ref's. A ``policy.ThetaOld`` on the host."""
     rows = torch.arange(batch.response_mask.shape[0])
     outputs = list(micro_batches(model, batch, rows, cfg, grad=False, asked=asked))
     logp = torch.cat([mb.logp for mb in outputs]).cpu()
     hidden = torch.cat([mb.hidden for mb in outputs]).cpu() if asked.hidden else None
     stats = {name: torch.cat([mb.token_stats[name] for mb in outputs]).cpu() for name in asked.token_stats or {}}
-    ref_logp = None
-    if ref_model is not None:
-        ref_logp = torch.cat([mb.logp for mb in micro_batches(ref_model, batch, rows, cfg, grad=False)]).cpu()
+    ref_passes = micro_batches(ref_model, batch, rows, cfg, grad=False) if ref_model is not None else None
+    ref_logp = torch.cat([mb.logp for mb in ref_passes]).cpu() if ref_passes else None  # --beta > 0: π_ref's
     return policy.ThetaOld(logp, hidden, ref_logp, stats)
 
 
 # --- One step: rollout -> verify -> advantages -> θ_old -> credit -> update -> log ----------------------------
-# Stage 5's credit functions by --credit (trainer/credit_methods.py): Â [N] -> Ã [N, T], once per rollout batch, no
-# grad, from θ_old (DelTA spec §2.4; CSCR spec §4); a comparison's comes in a ``Method`` (python -m comparisons)
-CREDIT_FUNCTIONS = {
-    "grpo": credit_methods.GRPOCredit,
-    "delta": credit_methods.DeltaCredit,
-    "cscr": credit_methods.CscrCredit,
-}
+# Stage 5's credit functions by --credit (trainer/credit_methods.py): Â [N] -> Ã [N, T] from θ_old, no gradient
+CREDIT_FUNCTIONS = {"grpo": GRPOCredit, "delta": DeltaCredit, "cscr": CscrCredit}
 
 
-@dataclass
+@dataclasses.dataclass
 class Update:
-    """What stage 6 works on: the rollout, stage 4's ``ThetaOld``, ``update_adv`` ``[N, T]`` (stage 5's Ã, times the
-    sampler correction's weight where --vllm_importance_sampling_correction is on), the loss mask ``[N, T]`` (stage
-    3's), the credit's per-token values, the run's ``parts`` (its passes and the surrogate's settings);
-    ``loss_factor`` ``[N, T]``: each token's factor of the loss where a comparison's loss stage has one (it writes it,
-    for samples/; None: 1)."""
+    """What stage 6 works on: the rollout, stage 4's ``ThetaOld``, ``update_adv`` ``[N, T]`` (Ã, times the sampler
+    correction's weight under --vllm_importance_sampling_correction), the loss mask ``[N, T]``, the credit's per-token
+    values, the run's ``parts``; ``loss_factor`` ``[N, T]``: a comparison's loss stage's factor per token (None: 1)."""
 
     batch: object
     old: policy.ThetaOld
@@ -296,9 +266,7 @@ class Update:
 
 
 def train_step(step, cfg: GRPOConfig, actor, source, credit, run, parts: run_setup.StepParts) -> dict:
-    """One step: the seven stages of the module header (each process on its own whole groups); returns its metrics
-    record. ``credit``: the run's credit function; ``parts``: what the flags chose once (``run_setup.step_parts``)."""
-    model = actor.model
+    """One step, the seven stages of the module header (each process on its own whole groups): its metrics record."""
     begun = time.time()
     policy.reset_peak_memory()
     # 1. rollout: G responses per prompt; every process takes its own whole groups of the same prompt order
@@ -313,28 +281,25 @@ def train_step(step, cfg: GRPOConfig, actor, source, credit, run, parts: run_set
     adv = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
     loss_mask = run_setup.loss_mask(batch, cfg)
     # 4. θ_old: old_logprobs above (its own no-grad forward; + h_t for DelTA), or the scale path's (--dry_run says)
-    old = parts.forward.old_logprobs(model, batch, cfg, credit.asks, actor.ref_model)
+    old = parts.forward.old_logprobs(actor.model, batch, cfg, credit.asks, actor.ref_model)
     # 5. token advantages Ã_{i,t}: the credit function of --credit
     inputs = credit_methods.CreditInputs(batch, adv, old, answers, step, loss_mask, rewards, parts.forward)
-    result = credit(model, inputs)
+    result = credit(actor.model, inputs)
     # 6. update: num_iterations × num_mini_batches AdamW steps on Ã·w (w: sampler_mismatch's, 1 without)
     update_adv, sampling_stats = parts.correction(result.token_adv, old.logp, batch, loss_mask)
     update = Update(batch, old, update_adv, loss_mask, result.token_values, parts)
-    outcome = policy_update(model, actor.optimizer, update, cfg, step)
+    outcome = policy_update(actor.model, actor.optimizer, update, cfg, step)
     # 7. log: metrics.jsonl (pooled over processes) every step, samples/ every logging_steps
     logged = run_setup.StepLog(batch, rewards, correct, graded, lengths, adv, result.token_adv)
-    stats = {**result.stats, **sampling_stats}
-    record = run_setup.log_step(run, step, cfg, logged, outcome, stats, (begun, t_gen))
+    record = run_setup.log_step(run, step, cfg, logged, outcome, {**result.stats, **sampling_stats}, (begun, t_gen))
     run_setup.write_samples(run, step, cfg, actor.tokenizer, logged, update)
     return record
 
 
 def policy_update(model, optimizer, update: Update, cfg: GRPOConfig, step: int):
-    """Stage 6: ``num_iterations`` passes × ``num_mini_batches`` clipped AdamW steps (a non-finite one skipped), the
-    rows permuted by a generator seeded by (seed, step, pass), each mini-batch's gradient from the run's loss stage
-    (``update.parts.loss_stage``). Returns (Σ mini-batch losses, applied pre-clip gradient norms, token-weighted
-    statistic sums, skipped updates)."""
-    model.train()
+    """Stage 6: ``num_iterations`` passes × ``num_mini_batches`` clipped AdamW steps (a non-finite one skipped), rows
+    permuted by (seed, step, pass), each gradient from the run's loss stage. Returns (Σ mini-batch losses, applied
+    pre-clip gradient norms, token-weighted statistic sums, skipped updates)."""
     loss_stage = update.parts.loss_stage
     N = update.loss_mask.shape[0]
     mb_size = N // cfg.num_mini_batches
@@ -343,7 +308,8 @@ def policy_update(model, optimizer, update: Update, cfg: GRPOConfig, step: int):
     adv_mass = distributed.all_reduce_sum(torch.tensor([float(update.update_adv.abs().sum())], dtype=torch.float64))
     if adv_mass.item() == 0 and cfg.beta == 0:  # every advantage 0: no gradient, and an AdamW step would still move
         # the weights (decay, momentum): the weights and AdamW's state stay, each statistic 0.0 (same keys each line)
-        return 0.0, [], {**dict.fromkeys(POLICY_STATS + loss_stage.stat_names, 0.0), "no_signal": 1.0}, 0
+        zeros = dict.fromkeys(POLICY_STATS + ("num_tokens",) + loss_stage.stat_names, 0.0)
+        return 0.0, [], {**zeros, "no_signal": 1.0}, 0
     for epoch in range(cfg.num_iterations):
         perm = torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed + 7919 * step + epoch))
         for k in range(cfg.num_mini_batches):
@@ -362,9 +328,8 @@ def policy_update(model, optimizer, update: Update, cfg: GRPOConfig, step: int):
 
 
 def minibatch_backward(model, update: Update, rows, cfg: GRPOConfig):
-    """The paper's loss stage: accumulate the gradient of one mini-batch's loss (``rows``) on every valid token, a
-    micro-batch at a time, its normaliser counted once over the mini-batch and the processes (trl#3021); call on
-    zeroed gradients. Returns (loss, token-weighted ``policy_loss`` statistic sums)."""
+    """The paper's loss stage: the gradient of mini-batch ``rows``' loss, a micro-batch at a time, its normaliser
+    counted over the mini-batch and the processes (trl#3021). Returns (loss, token-weighted statistic sums)."""
     device = next(model.parameters()).device
     mask = update.loss_mask
     old = update.old
@@ -389,19 +354,17 @@ def minibatch_backward(model, update: Update, rows, cfg: GRPOConfig):
 
 
 class LossStage(NamedTuple):
-    """Stage 6's gradient of one mini-batch: ``backward(model, update, rows, cfg) -> (loss, statistic sums)``, the
-    statistics it adds to policy_loss's, and whether it may reuse stage 4's training forward (no forward of its own)."""
+    """Stage 6's gradient of one mini-batch, the statistics it adds to policy_loss's, and whether it may reuse stage
+    4's training forward (--fuse_old_logprobs)."""
 
-    backward: Callable = minibatch_backward
+    backward: Callable = minibatch_backward  # (model, update, rows, cfg) -> (loss, statistic sums)
     stat_names: tuple = ()
     reuses_old_forward: bool = True
 
 
 class Method(NamedTuple):
-    """What a run trains with, chosen once from its flags: stage 5's credit function (a class of
-    trainer/credit_methods.py's kind, made with ``(cfg, tokenizer)``), stage 6's loss stage, the surrogate's settings
-    class (``LossSettings`` or a subclass) and the progress bar's name. The paper's: ``paper_method``; a comparison's:
-    comparisons/ (``python -m comparisons``)."""
+    """What a run trains with, chosen once from its flags: stage 5's credit class (trainer/credit_methods.py's kind),
+    stage 6's loss stage, the surrogate's settings class and the run's name. ``paper_method``, or comparisons/'."""
 
     credit: type
     loss_stage: LossStage
@@ -416,10 +379,8 @@ def paper_method(cfg: GRPOConfig) -> Method:
 
 # --- The loop -------------------------------------------------------------------------------------------------
 def train(cfg: GRPOConfig, given: set[str] | None = None, method: Method | None = None) -> dict | None:
-    """Train as configured, under its recipe (``recipes.apply``: the recipe's settings not in ``given``, the flags
-    given), with ``method`` (None: ``paper_method``); returns the before/after evaluation and the last step's record
-    (None: --dry_run). --resume continues exactly (every random draw is seeded by the step); torchrun:
-    distributed.py."""
+    """Train under the recipe (the flags in ``given`` beat it) with ``method`` (None: the paper's): the evaluation
+    before and after and the last step's record (None: --dry_run)."""
     toy.register()  # --model toy, --data toy: the toy by its name (toy/__init__.py)
     method = method or paper_method(cfg)
     world = distributed.init_distributed()[1]
@@ -431,22 +392,15 @@ def train(cfg: GRPOConfig, given: set[str] | None = None, method: Method | None 
     start_step = run_setup.restore(state, source.sampler, credit)
     plain = policy.Forward(old_logprobs, micro_batches)  # the plain passes above; the scale path's replace them
     parts = run_setup.step_parts(cfg, credit, method, plain)
-    summary = run_setup.run_steps(
-        cfg,
-        run,
-        start_step,
-        heldout,
-        lambda step: train_step(step, cfg, actor, source, credit, run, parts),
-        lambda step: run_setup.save_checkpoint(run, step, actor, source, credit),
-        method.label,
-    )
+    one_step = functools.partial(train_step, cfg=cfg, actor=actor, source=source, credit=credit, run=run, parts=parts)
+    save = functools.partial(run_setup.save_checkpoint, run, actor=actor, source=source, credit=credit)
+    summary = run_setup.run_steps(cfg, run, start_step, heldout, one_step, save, method.label)
     run_setup.finish_run(cfg, run, summary, actor, source, credit)
     return summary  # (--use_vllm's engine is freed before the process group goes: distributed.close)
 
 
 def main(argv=None):
-    parser = grpo_config.build_parser(GRPOConfig)
-    cfg = GRPOConfig(**vars(parser.parse_args(argv)))
+    cfg = GRPOConfig(**vars(grpo_config.build_parser(GRPOConfig).parse_args(argv)))
     given = set(vars(grpo_config.build_parser(GRPOConfig, defaults=False).parse_args(argv)))  # beat the recipe's
     run_setup.run_command(train, cfg, given, paper_method(cfg))  # errors, Ctrl-C: one line; the closing line
 

@@ -311,24 +311,19 @@ def reset_peak_memory() -> bool:
     Returns whether the host counter was reset (elsewhere the peak is the process's lifetime peak, ru_maxrss)."""
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM, the peak resident set size, to the current one
-        return True
-    except OSError:
-        return False
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        return f.write("5") > 0  # resets VmHWM, the peak resident set size, to the current one
+    return False
 
 
 def peak_memory() -> dict:
     """Peak memory since ``reset_peak_memory``, in GB (10⁹ bytes): ``memory/peak_rss_gb`` (host, this process) and,
     on a GPU, ``memory/peak_gpu_allocated_gb`` (tensors) and ``memory/peak_gpu_reserved_gb`` (the allocator's)."""
-    kib = proc_status_kib("VmHWM")
-    if kib is None:
-        import resource
-        import sys
+    import resource
+    import sys
 
-        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // (1024 if sys.platform == "darwin" else 1)
-    out = {"memory/peak_rss_gb": kib * 1024 / 1e9}
+    lifetime_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // (1024 if sys.platform == "darwin" else 1)
+    out = {"memory/peak_rss_gb": (proc_status_kib("VmHWM") or lifetime_kib) * 1024 / 1e9}
     if torch.cuda.is_available():
         out["memory/peak_gpu_allocated_gb"] = torch.cuda.max_memory_allocated() / 1e9
         out["memory/peak_gpu_reserved_gb"] = torch.cuda.max_memory_reserved() / 1e9

@@ -369,11 +369,11 @@ def log_step(run, step: int, cfg, logged: StepLog, outcome, credit_stats: dict, 
     pooled_sums = distributed.all_reduce_sum(torch.tensor([token_sums[k] for k in keys], dtype=torch.float64))
     sums = dict(zip(keys, pooled_sums.tolist()))
     num_tokens = max(sums.pop("num_tokens", 1.0), 1.0)
-    counts = {k: v for k, v in verify.summarize(logged.graded).items() if k not in ("total", "correct")}
-    counted = distributed.all_reduce_sum(torch.tensor(list(counts.values()), dtype=torch.float64)).tolist()
+    reasons = [reason for _, reason in logged.graded]
+    counts = [float(reasons.count(reason)) for reason in verify.REASONS]  # every reason, a stable column each
+    counted = distributed.all_reduce_sum(torch.tensor(counts, dtype=torch.float64)).tolist()
     shaped = bool(cfg.overlong_buffer_len)  # else the reward is the verifier's own
-    correct = logged.correct if shaped else logged.rewards
-    mine = (logged.rewards.tolist(), logged.lengths.tolist(), logged.batch.finish_reasons, correct.tolist())
+    mine = (logged.rewards.tolist(), logged.lengths.tolist(), logged.batch.finish_reasons, logged.correct.tolist())
     parts = distributed.all_gather_objects(mine)
     r = torch.tensor([x for part in parts for x in part[0]])
     lengths = torch.tensor([x for part in parts for x in part[1]], dtype=torch.float)
@@ -391,7 +391,7 @@ def log_step(run, step: int, cfg, logged: StepLog, outcome, credit_stats: dict, 
         "completions/mean_length": lengths.mean().item(),
         "completions/clipped_ratio": finish.count("length") / len(r),
         **{k: v / num_tokens for k, v in sums.items()},
-        **{f"verify/{k}": int(v) for k, v in zip(counts, counted)},
+        **{f"verify/{k}": int(v) for k, v in zip(verify.REASONS, counted)},
         "loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
         "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),
         "skipped_updates": skipped,
