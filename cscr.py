@@ -342,11 +342,11 @@ def cscr_stats(adv, old_logp, lp_pos, lp_neg, loss_mask, threshold=0.2, settings
     }
 
 
-def calibrate_threshold(s, response_mask, quantile=0.8):
+def calibrate_threshold(s, loss_mask, quantile=0.8):
     """λ (float, nats): the ``quantile`` of s [B, T] over the valid tokens (spec §5 [I]: on the first rollout batch,
     then frozen; it suggests 0.8), interpolated as ``torch.quantile(s[mask], quantile)`` (by a sort: no size limit).
     Raises ValueError: quantile outside [0, 1]; s not of the mask's shape, or not finite; no valid token."""
-    m = _as_mask(response_mask)
+    m = _as_mask(loss_mask)
     s_valid = s.detach()[m].double() if torch.is_tensor(s) and s.shape == m.shape else None
     if s_valid is None or not 0.0 <= quantile <= 1.0 or not s_valid.numel() or not torch.isfinite(s_valid).all():
         raise ValueError(f"calibrate_threshold needs a quantile in [0, 1] and s finite on a valid token: {quantile}")

@@ -263,25 +263,25 @@ def delta_coefficients_chunked(chunks, K=1, lam_min=0.8, lam_max=1.2, *, pool=No
         # Step 0 (Eq. 2–3): each side's Σ|Â|·v and mass M± = Σ|Â| over every chunk (and process)
         sums_pos, sums_neg = pooled_sums([centroid_sums(v, adv, mask) for _, v, adv, mask in batch.read()], pool)
         if not (sums_pos.weight > 0 and sums_neg.weight > 0):  # guard (spec §6): no discriminator without both
-            return DeltaResult([mask.clone() for _, mask in batch.kept])  # the guard's result
+            return DeltaResult([mask.clone() for _, mask in batch.adv_masks])  # the guard's result
         mu_pos = centroid(sums_pos, batch.dtype)
         mu_neg = centroid(sums_neg, batch.dtype)
         # Step 1: the margins Δ⁽⁰⁾ at μ⁽⁰⁾, [b, t] per chunk (kept to the end: one float per token)
         margin = [_margins(v, adv, mu_pos, mu_neg, functions) for _, v, adv, _ in batch.read()]
-        advs = [adv for adv, _ in batch.kept]
+        advs = [adv for adv, _ in batch.adv_masks]
         # Step 2: γ±⁽⁰⁾ from the sums of each side's margins
-        parts = [margin_sums(margin_j, adv, mask) for margin_j, (adv, mask) in zip(margin, batch.kept)]
-        moments_pos, moments_neg = pooled_sums(parts, pool)
+        chunk_sums = [margin_sums(margin_j, adv, mask) for margin_j, (adv, mask) in zip(margin, batch.adv_masks)]
+        moments_pos, moments_neg = pooled_sums(chunk_sums, pool)
         gamma0_pos, gamma0_neg = adaptive_temperature(moments_pos, moments_neg)
         gamma_pos, gamma_neg = functions.temperature(moments_pos, moments_neg)
         for k in range(K):  # Step 3: the K refinements, one pass over the chunks each
-            parts = []
+            chunk_sums = []
             for j, v, adv, mask in batch.read():
                 if k > 0:  # Δ⁽ᵏ⁾ at μ⁽ᵏ⁾ (Δ⁽⁰⁾ is step 1's)
                     margin[j] = _margins(v, adv, mu_pos, mu_neg, functions)
                 assign = functions.assign(margin[j], gamma_pos, gamma_neg, adv)  # α⁽ᵏ⁾
-                parts.append(centroid_sums(v, adv, mask, assign) + margin_sums(margin[j], adv, mask))
-            sums_pos, sums_neg, moments_pos, moments_neg = pooled_sums(parts, pool)
+                chunk_sums.append(centroid_sums(v, adv, mask, assign) + margin_sums(margin[j], adv, mask))
+            sums_pos, sums_neg, moments_pos, moments_neg = pooled_sums(chunk_sums, pool)
             mu_pos = centroid(sums_pos, batch.dtype, mu_pos)  # μ±⁽ᵏ⁺¹⁾ with weights |Â|·α⁽ᵏ⁾
             mu_neg = centroid(sums_neg, batch.dtype, mu_neg)
             gamma_pos, gamma_neg = functions.temperature(moments_pos, moments_neg)  # lagged: of Δ⁽ᵏ⁾, at μ⁽ᵏ⁾
@@ -289,9 +289,11 @@ def delta_coefficients_chunked(chunks, K=1, lam_min=0.8, lam_max=1.2, *, pool=No
             margin = [_margins(v, adv, mu_pos, mu_neg, functions) for _, v, adv, _ in batch.read()]
         # Steps 4–5: α* = σ(Δ/γ⁽ᴷ⁾), λ = λ_min + (λ_max − λ_min)·α*
         assign = [functions.assign(margin_j, gamma_pos, gamma_neg, adv) for margin_j, adv in zip(margin, advs)]
-        lam = [functions.coefficients(a, adv, mask, lam_min, lam_max) for a, (adv, mask) in zip(assign, batch.kept)]
+        lam = [
+            functions.coefficients(a, adv, mask, lam_min, lam_max) for a, (adv, mask) in zip(assign, batch.adv_masks)
+        ]
         # Step 6 (Eq. 8): λ̄ = λ·n_valid/max(Z, ε), one scale over every chunk (and process)
-        n_valid = sum(mask.sum(dtype=torch.float64) for _, mask in batch.kept)
+        n_valid = sum(mask.sum(dtype=torch.float64) for _, mask in batch.adv_masks)
         Z = sum(lam_j.sum(dtype=torch.float64) for lam_j in lam)
         totals = _pooled(torch.stack([n_valid, Z]), pool)  # (n_valid, Z) of every process
         scale = functions.normalize(totals[0], totals[1])
@@ -300,13 +302,13 @@ def delta_coefficients_chunked(chunks, K=1, lam_min=0.8, lam_max=1.2, *, pool=No
 
 
 class Chunks:
-    """The chunks (v, Â, float mask), read once per pass (``read``: j, v, Â, mask); ``kept``: each chunk's (Â, mask)
+    """The chunks (v, Â, float mask), read per pass (``read``: j, v, Â, mask); ``adv_masks``: each chunk's (Â, mask)
     from the first pass, which the later ones must repeat. A list is validated once, here."""
 
     def __init__(self, chunks):
         if not callable(chunks) and iter(chunks) is chunks:
             raise ValueError("chunks must be a list or a callable returning a fresh iterable, not a one-shot iterator")
-        self.kept = []
+        self.adv_masks = []
         self.dtype = None  # the first chunk's working dtype, then every chunk's
         self.source = chunks
         self.given = None if callable(chunks) else [self._prepare(j, chunk) for j, chunk in enumerate(chunks)]
@@ -319,28 +321,28 @@ class Chunks:
         return prepared
 
     def read(self):
-        n = len(self.kept)
+        n = len(self.adv_masks)
         j = -1
         for j, chunk in enumerate(self.source() if self.given is None else self.given):
             v, adv, mask = self._prepare(j, chunk) if self.given is None else chunk
             if n == 0:  # the first pass keeps Â and the mask (a float per token), the later ones check them
-                self.kept.append((adv, mask))
-            elif j >= n or not (torch.equal(adv, self.kept[j][0]) and torch.equal(mask, self.kept[j][1])):
+                self.adv_masks.append((adv, mask))
+            elif j >= n or not (torch.equal(adv, self.adv_masks[j][0]) and torch.equal(mask, self.adv_masks[j][1])):
                 raise ValueError(f"chunks changed between passes (chunk {j}): adv, loss_mask or their number")
             yield j, v, adv, mask
-        if j + 1 != len(self.kept) or not self.kept:  # a later pass yielded fewer chunks, or none came
-            raise ValueError(f"chunks yielded {j + 1} chunks, expected {len(self.kept) or 'at least one'}")
+        if j + 1 != len(self.adv_masks) or not self.adv_masks:  # a later pass yielded fewer chunks, or none came
+            raise ValueError(f"chunks yielded {j + 1} chunks, expected {len(self.adv_masks) or 'at least one'}")
 
 
-def pooled_sums(parts: list, pool: Optional[Callable]) -> tuple:
-    """The chunks' float64 sums added, then over the processes (``pool``: one call; None: this process's): ``parts``
+def pooled_sums(chunk_sums: list, pool: Optional[Callable]) -> tuple:
+    """The chunks' float64 sums added, then over the processes (``pool``; None: this process): ``chunk_sums``
     holds per chunk a tuple of NamedTuples of tensors, alike; returns one such tuple (one chunk: its own values)."""
-    total = [tensor for group in parts[0] for tensor in group]
-    for part in parts[1:]:
+    total = [tensor for group in chunk_sums[0] for tensor in group]
+    for part in chunk_sums[1:]:
         total = [a + b for a, b in zip(total, (tensor for group in part for tensor in group))]
     flat = _pooled(torch.cat([tensor.reshape(-1) for tensor in total]), pool)  # the processes' sum
     rest = iter(flat.split([tensor.numel() for tensor in total]))
-    return tuple(type(group)(*(next(rest).view_as(tensor) for tensor in group)) for group in parts[0])
+    return tuple(type(group)(*(next(rest).view_as(tensor) for tensor in group)) for group in chunk_sums[0])
 
 
 def _margins(v: Tensor, adv: Tensor, mu_pos: Tensor, mu_neg: Tensor, functions: DeltaFunctions) -> Tensor:

@@ -222,13 +222,13 @@ def micro_batches(model, batch, rows, cfg: GRPOConfig, grad: bool, asked=policy.
     (``grad``) or without in eval mode: a ``policy.MicroBatch`` each, as wide as the batch."""
     device = next(model.parameters()).device
     T = batch.response_mask.shape[1]
-    parts = rows.split(cfg.micro_batch_size or len(rows))
+    row_groups = rows.split(cfg.micro_batch_size or len(rows))
     model.train(grad)
-    for j in parts:
+    for j in row_groups:
         inputs = (batch.input_ids[j].to(device), batch.attention_mask[j].to(device), batch.response_mask[j].to(device))
         with torch.set_grad_enabled(grad):
             out = token_outputs(model, *inputs, cfg.temperature, asked)
-        yield policy.MicroBatch(j, T, out.logp, out.hidden, out.entropy, out.token_stats, len(parts))
+        yield policy.MicroBatch(j, T, out.logp, out.hidden, out.entropy, out.token_stats, len(row_groups))
 
 
 @torch.no_grad()

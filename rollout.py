@@ -1,11 +1,11 @@
 """Rollouts: which prompts (``PromptSampler``; ``filter_overlong_prompts`` leaves out those over
 ``--max_prompt_length`` tokens), their templates, and sampling G responses per prompt.
 
-``generate`` samples with Hugging Face ``model.generate`` and returns a ``Rollout``: token ids laid out as
+``generate`` samples with Hugging Face ``model.generate`` and returns a ``RolloutBatch``: token ids laid out as
 ``[left-padded prompt | right-padded response]``, the response mask (which **includes** the EOS token, so the model
 is trained to stop; tiny-grpo's pad==eos bug dropped it), each response's finish reason and text. Rows are ordered
 group by group: rows ``g*G ... g*G+G-1`` are the G samples of prompt ``g``. ``sample``, a training step's rollout,
-calls it, or with ``--use_vllm`` the sampler of trainer/vllm_engine.py (the same ``Rollout``, ``build_rollout``).
+calls it, or with ``--use_vllm`` the sampler of trainer/vllm_engine.py (the same ``RolloutBatch``, ``build_rollout``).
 
 Both sample exactly the distribution the trainer scores (``SamplingSettings``: softmax(logits / T) cut to the top-p
 nucleus), every setting stated, never the checkpoint's ``generation_config.json`` (its ``repetition_penalty``, ``top_k``
@@ -96,7 +96,7 @@ def apply_template(problem: str, template: str) -> str:
 
 
 class PromptFilter(NamedTuple):
-    """filter_overlong_prompts' result: the rows kept (in order), how many were left out, the longest kept's tokens."""
+    """filter_overlong_prompts' result: the rows fitting (in order), how many were left out, the longest's tokens."""
 
     rows: list[dict]
     dropped: int
@@ -114,14 +114,14 @@ def filter_overlong_prompts(
     (``encode_prompts``: special tokens added as the tokenizer adds them, e.g. a BOS), ``batch_size`` prompts per
     tokenizer call. Every row is tokenised, also with no filter, so that ``longest`` is always known.
     Returns:
-        ``PromptFilter(rows, dropped, longest)``: the kept rows in their order, the number left out, and the token
-        count of the longest kept prompt (0 for no rows).
+        ``PromptFilter(rows, dropped, longest)``: the fitting rows in their order, the number left out, and the token
+        count of the longest fitting prompt (0 for no rows).
     Raises:
         ValueError: ``max_prompt_length`` < 0, an unknown template, or every row left out (naming the shortest).
     """
     if max_prompt_length < 0:
         raise ValueError(f"--max_prompt_length must be >= 0 (0 = no limit), got {max_prompt_length}")
-    kept = []
+    fitting = []
     longest = 0
     shortest = None
     for start in range(0, len(rows), batch_size):
@@ -131,14 +131,14 @@ def filter_overlong_prompts(
             shortest = len(ids) if shortest is None else min(shortest, len(ids))
             if max_prompt_length and len(ids) > max_prompt_length:
                 continue
-            kept.append(row)
+            fitting.append(row)
             longest = max(longest, len(ids))
-    if rows and not kept:
+    if rows and not fitting:
         raise ValueError(
             f"--max_prompt_length {max_prompt_length}: all {len(rows)} prompts are longer (the shortest "
             f"has {shortest} tokens under the template {template!r})"
         )
-    return PromptFilter(kept, len(rows) - len(kept), longest)
+    return PromptFilter(fitting, len(rows) - len(fitting), longest)
 
 
 def template_stop_strings(template: str) -> list[str]:
@@ -192,7 +192,7 @@ def stop_token_ids(tokenizer, template: str = "none", model=None) -> list[int]:
 
 
 @dataclass
-class Rollout:
+class RolloutBatch:
     """Sampled responses laid out for the trainer (N = num prompts × G rows, ordered group by group).
 
     Shapes: ``input_ids``/``attention_mask`` ``[N, P + T]`` (prompt left-padded to P, response right-padded to T);
@@ -207,7 +207,7 @@ class Rollout:
     finish_reasons: list[str]  # "stop" (ended with a stop token) or "length" (hit max_new_tokens)
     texts: list[str]  # decoded responses, special tokens removed
     prompts: list[str]  # the prompt text of each row
-    group_size: int
+    num_generations: int
     # vLLM's processed log-probs of the sampled tokens [N, T] float32, 0 on padding (N·T·4 bytes: 8.4 MB per process
     # of 256 × 20,480 at the papers' scale); None unless the engine returns them (--vllm_importance_sampling_correction)
     sampler_logprobs: torch.Tensor | None = None
@@ -286,7 +286,7 @@ class SamplingSettings(NamedTuple):
 @torch.no_grad()
 def generate(
     model, tokenizer, prompts: list[str], num_generations: int, settings: SamplingSettings, batch_size=None, progress=""
-) -> Rollout:
+) -> RolloutBatch:
     """Sample ``num_generations`` responses for each prompt with Hugging Face ``generate``.
 
     The distribution is ``sampling_config``'s and nothing else: the checkpoint's ``generation_config``
@@ -300,7 +300,7 @@ def generate(
         batch_size: rows per ``generate`` call (default: all at once).
         progress: a description: show a progress bar over the responses (tqdm, cleared when done).
     Returns:
-        a ``Rollout`` with N = len(prompts) * num_generations rows.
+        a ``RolloutBatch`` with N = len(prompts) * num_generations rows.
     Raises:
         ValueError: empty prompts, ``num_generations < 1`` or ``max_new_tokens < 1``.
     """
@@ -343,7 +343,7 @@ def _generate_batches(model, enc, config, batch_size: int, progress: str) -> lis
 
 def sample(
     model, tokenizer, prompts: list[str], num_generations: int, settings: SamplingSettings, vllm_sampler=None
-) -> Rollout:
+) -> RolloutBatch:
     """A training step's rollout from the *current* policy: HF ``generate`` on the gathered weights (FSDP2,
     distributed.py), or with ``--use_vllm`` ``vllm_sampler.rollout(model, tokenizer, prompts, num_generations,
     settings)`` (trainer/vllm_engine.py's ``VllmSampler``: it pushes the policy's weights into its engine first)."""
@@ -364,8 +364,8 @@ def encode_prompts(tokenizer, prompts: list[str], num_generations: int):
 
 def build_rollout(
     enc, response_ids: torch.Tensor, rows: list[str], G: int, tokenizer, settings: SamplingSettings, pad_id: int
-) -> Rollout:
-    """The ``Rollout`` of G responses per prompt from the left-padded prompt encoding and the raw response ids
+) -> RolloutBatch:
+    """The ``RolloutBatch`` of G responses per prompt from the left-padded prompt encoding and the raw response ids
     ``[N, T]`` (long, CPU), right-padded with ``pad_id``; ``settings.stop_ids`` resolved (not None).
 
     Shared by ``generate`` and ``vllm_engine.generate`` so the two backends cannot drift. A row that ran to the
@@ -380,7 +380,7 @@ def build_rollout(
         cut = cut_at_stop_strings(response_ids, response_mask, texts, tokenizer, settings.stop_strings)
         stopped = stopped | torch.tensor(cut, dtype=torch.bool)
         response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, pad_id))
-    return Rollout(
+    return RolloutBatch(
         input_ids=torch.cat([enc["input_ids"], response_ids], 1),
         attention_mask=torch.cat([enc["attention_mask"], response_mask.long()], 1),
         response_ids=response_ids,
@@ -389,5 +389,5 @@ def build_rollout(
         finish_reasons=["stop" if s else "length" for s in stopped.tolist()],
         texts=texts,
         prompts=rows,
-        group_size=G,
+        num_generations=G,
     )

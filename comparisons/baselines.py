@@ -3,7 +3,7 @@
 Spec: docs/specs/baselines.md ("spec §N"); DelTA: Zhang, Wu, Lin, arXiv 2605.21467, App. J (baseline settings).
 Each rule is what one row of Table 1 changes in the DAPO loop; the loss itself (verl's dual-clip token loss with
 ε_low = 0.2, ε_high = 0.28, c = 10, spec §1) stays the trainer's.  Names: Â ``adv`` (GRPO advantage, [B]),
-r ``ratio`` = exp(clamp(logπ_θ − logπ_old, ±20)), Δ ``log_ratio``, m ``response_mask`` ([B, T] bool or 0/1).
+r ``ratio`` = exp(clamp(logπ_θ − logπ_old, ±20)), Δ ``log_ratio``, m ``loss_mask`` ([B, T] bool or 0/1).
 
 * Forking Tokens (``dapo_ft``, spec §3): Wang et al., "Beyond the 80/20 Rule", arXiv 2506.01939; official code
   Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR @6f5dda6 (core_algos L53–88 ``get_global_entropy_top_mask``, dp_actor
@@ -64,13 +64,13 @@ __all__ = [
 _SCAN_CHUNK = 128  # FIPO scan block: a [128, 128] decay matrix, T / 128 sequential steps
 
 
-def _as_mask(response_mask, shape=None, name="scores"):
+def _as_mask(loss_mask, shape=None, name="scores"):
     """[B, T] bool view of a bool/float 0-1 response mask (shape-checked against ``shape``)."""
-    if not torch.is_tensor(response_mask):
-        raise ValueError("baselines.py: response_mask must be a torch.Tensor")
-    m = response_mask if response_mask.dtype == torch.bool else response_mask != 0
+    if not torch.is_tensor(loss_mask):
+        raise ValueError("baselines.py: loss_mask must be a torch.Tensor")
+    m = loss_mask if loss_mask.dtype == torch.bool else loss_mask != 0
     if shape is not None and m.shape != shape:
-        raise ValueError(f"baselines.py: response_mask shape {tuple(m.shape)} != {name} shape {tuple(shape)}")
+        raise ValueError(f"baselines.py: loss_mask shape {tuple(m.shape)} != {name} shape {tuple(shape)}")
     return m
 
 
@@ -124,15 +124,15 @@ def sapo_surrogate(ratio, token_adv, settings):
 # ---- spec §3: Forking Tokens (entropy, top-ρ masks) --------------------------------------------------------------
 
 
-def _valid_scores(scores, response_mask, fn):
+def _valid_scores(scores, loss_mask, fn):
     """(flat valid scores, flat mask) after the checks shared by the mask rules."""
     if not torch.is_tensor(scores) or scores.dim() != 2:
         raise ValueError(f"baselines.{fn}: scores must be a [B, T] tensor")
-    m = _as_mask(response_mask, scores.shape).to(scores.device)
+    m = _as_mask(loss_mask, scores.shape).to(scores.device)
     flat_m = m.reshape(-1)
     v = scores.detach().reshape(-1)[flat_m]
     if torch.isnan(v).any():
-        raise ValueError(f"baselines.{fn}: scores must not be NaN on valid (response_mask) tokens")
+        raise ValueError(f"baselines.{fn}: scores must not be NaN on valid (loss_mask) tokens")
     return v, flat_m
 
 
@@ -150,7 +150,7 @@ def _mask_from_ranks(order, k, flat_m, shape):
     return out.reshape(shape)
 
 
-def top_ratio_mask(scores, response_mask, ratio):
+def top_ratio_mask(scores, loss_mask, ratio):
     """The official Forking-Tokens mask: the k highest-scoring valid tokens of the pool (spec §3 "Exact rule").
 
     Source: FT core_algos L53–88 (``get_global_entropy_top_mask``): flatten the valid tokens of everything given (the
@@ -158,17 +158,17 @@ def top_ratio_mask(scores, response_mask, ratio):
     keeps none).  Ties are broken by index order in the row-major flattening (a stable descending sort; ``topk``
     leaves ties unspecified) [I].  Padding is never kept.
 
-    Args: scores [B, T] (e.g. the entropy H; padding values ignored); response_mask [B, T]; ratio ρ in (0, 1].
+    Args: scores [B, T] (e.g. the entropy H; padding values ignored); loss_mask [B, T]; ratio ρ in (0, 1].
     Returns bool [B, T] with exactly k True.  Raises ValueError: ρ outside (0, 1], shapes, NaN on valid tokens.
     """
     if not (isinstance(ratio, (int, float)) and 0.0 < ratio <= 1.0):
         raise ValueError(f"baselines.top_ratio_mask: ratio must be in (0, 1], got {ratio!r}")
-    v, flat_m = _valid_scores(scores, response_mask, "top_ratio_mask")
+    v, flat_m = _valid_scores(scores, loss_mask, "top_ratio_mask")
     order = torch.sort(v, descending=True, stable=True).indices
     return _mask_from_ranks(order, _keep_count(v.numel(), ratio), flat_m, scores.shape)
 
 
-def quantile_mask(scores, response_mask, quantile):
+def quantile_mask(scores, loss_mask, quantile):
     """TRL's ``top_entropy_quantile`` mask: valid tokens with score >= the (1 − ρ) quantile of the pool (spec §3 (a)).
 
     Source: TRL grpo_trainer L1396–1432 (``get_high_entropy_mask``): threshold = torch.quantile(valid scores, 1 − ρ)
@@ -176,12 +176,12 @@ def quantile_mask(scores, response_mask, quantile):
     every token).  The quantile is computed here with a sort in float64 (the same value as torch.quantile, without
     its input-size limit).  The pool is everything given; TRL gathers it over processes.  Padding is never kept.
 
-    Args: scores [B, T]; response_mask [B, T]; quantile ρ in [0, 1] (ρ = 1 keeps all valid tokens).
+    Args: scores [B, T]; loss_mask [B, T]; quantile ρ in [0, 1] (ρ = 1 keeps all valid tokens).
     Returns bool [B, T] (all False without valid tokens).  Raises ValueError: ρ outside [0, 1], shapes, NaN.
     """
     if not (isinstance(quantile, (int, float)) and 0.0 <= quantile <= 1.0):
         raise ValueError(f"baselines.quantile_mask: quantile must be in [0, 1], got {quantile!r}")
-    v, flat_m = _valid_scores(scores, response_mask, "quantile_mask")
+    v, flat_m = _valid_scores(scores, loss_mask, "quantile_mask")
     if v.numel() == 0:
         return torch.zeros_like(flat_m).reshape(scores.shape)
     s = torch.sort(v.double()).values
@@ -197,16 +197,16 @@ def quantile_mask(scores, response_mask, quantile):
 _WHICH = ("top", "bottom", "random")
 
 
-def forking_mask(entropy, response_mask, top_ratio=0.0, quantile=1.0):
+def forking_mask(entropy, loss_mask, top_ratio=0.0, quantile=1.0):
     """Forking Tokens' mask bool [B, T] over the pool given (spec §3): the top ⌈ρn⌉ valid tokens by entropy
     (``top_ratio`` ρ > 0: its code's rule, ``top_ratio_mask``), else those at or above the ``quantile`` 1 − ρ
     (TRL's ``top_entropy_quantile``, ``quantile_mask``)."""
     if top_ratio > 0:
-        return top_ratio_mask(entropy, response_mask, top_ratio)
-    return quantile_mask(entropy, response_mask, quantile)
+        return top_ratio_mask(entropy, loss_mask, top_ratio)
+    return quantile_mask(entropy, loss_mask, quantile)
 
 
-def select_tokens(scores, response_mask, fraction=0.5, which="top", generator=None):
+def select_tokens(scores, loss_mask, fraction=0.5, which="top", generator=None):
     """DelTA's Q2 selection: plain DAPO on a ``fraction`` of the valid tokens ranked by λ (spec §6 "Q2").
 
     Source: DelTA Sec. 5.2 (top / random / bottom 50% by the coefficient; results only in figures); the count and
@@ -215,7 +215,7 @@ def select_tokens(scores, response_mask, fraction=0.5, which="top", generator=No
     uniformly without replacement among the valid tokens (``torch.randperm`` with ``generator``; scores unused).
     The loss is then the mean over the kept tokens.
 
-    Args: scores [B, T] (λ or λ̄); response_mask [B, T]; fraction in (0, 1]; which; generator: torch.Generator or
+    Args: scores [B, T] (λ or λ̄); loss_mask [B, T]; fraction in (0, 1]; which; generator: torch.Generator or
     None.  Returns bool [B, T] with k = max(1, int(n·fraction + 0.9999)) True (none if n = 0).
     Raises ValueError: unknown ``which``, fraction outside (0, 1], shapes, NaN on valid tokens.
     """
@@ -224,10 +224,10 @@ def select_tokens(scores, response_mask, fraction=0.5, which="top", generator=No
     if not torch.is_tensor(scores):
         raise ValueError("baselines.select_tokens: scores must be a [B, T] tensor")
     if which != "random":
-        return top_ratio_mask(scores if which == "top" else -scores, response_mask, fraction)
+        return top_ratio_mask(scores if which == "top" else -scores, loss_mask, fraction)
     if not (isinstance(fraction, (int, float)) and 0.0 < fraction <= 1.0):
         raise ValueError(f"baselines.select_tokens: fraction must be in (0, 1], got {fraction!r}")
-    v, flat_m = _valid_scores(scores, response_mask, "select_tokens")
+    v, flat_m = _valid_scores(scores, loss_mask, "select_tokens")
     n = v.numel()
     order = torch.randperm(n, generator=generator, device=generator.device if generator is not None else "cpu")
     return _mask_from_ranks(order, _keep_count(n, fraction), flat_m, scores.shape)
@@ -259,7 +259,7 @@ def _discounted_future_sum(x, gamma, chunk=_SCAN_CHUNK):
 def future_kl_weights(
     log_ratio,
     adv,
-    response_mask,
+    loss_mask,
     decay_rate=32.0,
     clip=0.2,
     clip_high_only=True,
@@ -282,7 +282,7 @@ def future_kl_weights(
     F is a chunked reverse scan (O(T·128), no [T, T] matrix; the official code's block matmul is B·T² MAC and
     gives the same sum).  At Δ ≡ 0 (θ = θ_old, the first mini-batch) f ≡ 1 and FIPO is DAPO.
 
-    Args: log_ratio Δ [B, T] (nats; gradient ignored); adv Â [B] or [B, T]; response_mask [B, T]; decay_rate > 0
+    Args: log_ratio Δ [B, T] (nats; gradient ignored); adv Â [B] or [B, T]; loss_mask [B, T]; decay_rate > 0
     (tokens of half-life); clip ε_f >= 0; clip_high_only; safety_threshold (a ratio); log_c = log of verl's
     clip_ratio_c.  Returns f [B, T], float32 (float64 for float64 log_ratio), no gradient.
     Raises ValueError: decay_rate <= 0, clip < 0 (or >= 1 two-sided), shapes.
@@ -293,7 +293,7 @@ def future_kl_weights(
         raise ValueError(f"baselines.future_kl_weights: clip must be >= 0 (< 1 when two-sided), got {clip!r}")
     if not torch.is_tensor(log_ratio) or log_ratio.dim() != 2:
         raise ValueError("baselines.future_kl_weights: log_ratio must be a [B, T] tensor")
-    m = _as_mask(response_mask, log_ratio.shape, "log_ratio").to(log_ratio.device)
+    m = _as_mask(loss_mask, log_ratio.shape, "log_ratio").to(log_ratio.device)
     dt = torch.promote_types(log_ratio.dtype, torch.float32)
     with torch.no_grad():
         a = _row_values(adv, log_ratio.shape).to(log_ratio.device)
@@ -310,33 +310,33 @@ def future_kl_weights(
         return torch.where(m, f, torch.ones((), dtype=dt, device=d.device))
 
 
-def fipo_dropped_rows(log_ratio, adv, response_mask, log_c=math.log(10.0)):
+def fipo_dropped_rows(log_ratio, adv, loss_mask, log_c=math.log(10.0)):
     """FIPO's sequence drop: bool [B], True for a response with more than one dual-clipped token (spec §5).
 
     Source: official ``compute_policy_loss_future_kl`` (core_algos L1105–1120): a token is dual-clipped when Â < 0
     and r > c, i.e. Δ = clamp(log_ratio, ±20) > log c on a valid token; a row with two or more such tokens is
     removed from the loss and from its token-mean denominator (``mask & ~dropped[:, None]``).
 
-    Args: log_ratio Δ [B, T]; adv Â [B] or [B, T]; response_mask [B, T]; log_c = log clip_ratio_c.
+    Args: log_ratio Δ [B, T]; adv Â [B] or [B, T]; loss_mask [B, T]; log_c = log clip_ratio_c.
     Returns bool [B].  Raises ValueError: shapes.
     """
     if not torch.is_tensor(log_ratio) or log_ratio.dim() != 2:
         raise ValueError("baselines.fipo_dropped_rows: log_ratio must be a [B, T] tensor")
-    m = _as_mask(response_mask, log_ratio.shape, "log_ratio").to(log_ratio.device)
+    m = _as_mask(loss_mask, log_ratio.shape, "log_ratio").to(log_ratio.device)
     a = _row_values(adv, log_ratio.shape).to(log_ratio.device)
     dual = m & (a < 0) & (log_ratio.detach().clamp(-20.0, 20.0) > log_c)
     return dual.sum(1) > 1
 
 
-def fipo_weights(log_ratio, adv, response_mask, decay_rate=32.0, clip=0.2, safety_threshold=10.0, log_c=math.log(10.0)):
+def fipo_weights(log_ratio, adv, loss_mask, decay_rate=32.0, clip=0.2, safety_threshold=10.0, log_c=math.log(10.0)):
     """Both FIPO factors of one (micro-)batch as a trainer applies them (spec §5): ``(f, kept)``, f [B, T] from
-    ``future_kl_weights`` (clip-high only) and ``kept`` = ``response_mask`` (its dtype) without the responses
+    ``future_kl_weights`` (clip-high only) and ``kept`` = ``loss_mask`` (its dtype) without the responses
     ``fipo_dropped_rows`` drops. The loss takes Ã = Â·f over ``kept``, and a dropped response leaves its
-    denominator too (FIPO's code: ``response_mask & ~dropped`` into agg_loss, per micro-batch; grpo.py divides the
+    denominator too (FIPO's code: ``loss_mask & ~dropped`` into agg_loss, per micro-batch; grpo.py divides the
     mini-batch by its kept tokens, ``fipo.fipo_rescale``). ``log_ratio`` on padding is ignored (may be -inf).
     ``adv``: Â or Ã (only its sign is read), [B] or [B, T]."""
-    m = _as_mask(response_mask, log_ratio.shape, "log_ratio").to(log_ratio.device)
+    m = _as_mask(loss_mask, log_ratio.shape, "log_ratio").to(log_ratio.device)
     log_ratio = torch.where(m, log_ratio, torch.zeros((), dtype=log_ratio.dtype, device=log_ratio.device))
     f = future_kl_weights(log_ratio, adv, m, decay_rate, clip, True, safety_threshold, log_c)
     dropped = fipo_dropped_rows(log_ratio, adv, m, log_c)
-    return f, response_mask * (~dropped)[:, None].to(response_mask.dtype)
+    return f, loss_mask * (~dropped)[:, None].to(loss_mask.dtype)

@@ -54,14 +54,14 @@ def sign_aware(s, shift_pos, adv, threshold, settings, eps=0.2, mix=0.5):
     return torch.log((1.0 - mix) + mix * torch.exp(exponent))
 
 
-def per_group(log_w, credited, group_size):
-    """One w̄ per group of ``group_size`` contiguous rows (spec §5 "scope", §9.3 [I]), over the group's ``credited``
-    tokens: ``cscr.per_sequence`` with each group's rows laid end to end.  Raises ValueError: group_size does not
+def per_group(log_w, credited, num_generations):
+    """One w̄ per group of ``num_generations`` contiguous rows (spec §5 "scope", §9.3 [I]), over the group's ``credited``
+    tokens: ``cscr.per_sequence`` with each group's rows laid end to end.  Raises ValueError: num_generations does not
     divide B."""
     B = credited.shape[0]
-    if not (isinstance(group_size, int) and group_size >= 1 and B % group_size == 0):
-        raise ValueError(f"group_size must be a positive int dividing B = {B} for the group scope, got {group_size!r}")
-    n = B // group_size  # groups; reshape(n, -1) puts the tokens of one group in one row
+    if not (isinstance(num_generations, int) and num_generations >= 1 and B % num_generations == 0):
+        raise ValueError(f"the group scope needs num_generations, a positive int dividing B = {B}: {num_generations!r}")
+    n = B // num_generations  # groups; reshape(n, -1) puts the tokens of one group in one row
     return cscr.per_sequence(log_w.reshape(n, -1), credited.reshape(n, -1)).reshape(credited.shape)
 
 
@@ -77,7 +77,7 @@ class Ablation(NamedTuple):
     functions: cscr.CscrFunctions  # the weight step and the renormalisation
 
 
-def choose(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign_mix=0.5, **settings) -> Ablation:
+def choose(weight="exp", scope="sequence", num_generations=None, sign_eps=0.2, sign_mix=0.5, **settings) -> Ablation:
     """The ``Ablation`` of the names ``--cscr_weight`` and ``--cscr_scope`` take, with ``settings`` (alpha, w_min,
     mode): one of the spec's maps (``cscr.WEIGHT_MAPS``) in the paper's weight step, or an ablation above in that
     step's place, its parameters bound; the paper's renormalisation (``cscr.per_sequence``) or one above.  Called
@@ -91,7 +91,7 @@ def choose(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign_m
     }
     scopes = {
         "sequence": cscr.per_sequence,
-        "group": functools.partial(per_group, group_size=group_size),
+        "group": functools.partial(per_group, num_generations=num_generations),
         "batch": per_batch,
     }
     if weight not in weights or scope not in scopes:

@@ -44,12 +44,19 @@ def sum_sq_prob(u: torch.Tensor) -> torch.Tensor:
 
 
 def optimal_token_baseline(
-    rewards, loss_mask, old_logp, sum_sq_prob, group_size: int, sampler_weights=None, handle_zero_tail=True, eps=1e-8
+    rewards,
+    loss_mask,
+    old_logp,
+    sum_sq_prob,
+    num_generations: int,
+    sampler_weights=None,
+    handle_zero_tail=True,
+    eps=1e-8,
 ) -> torch.Tensor:
     """OTB's token advantages Ã ``[N, T]`` (reward units), verl 0.9.1 ``compute_optimal_token_baseline_advantage``
     read line by line. ``rewards`` r ``[N]`` (each response's outcome reward, placed at its last valid token),
     ``loss_mask`` m ``[N, T]`` 0/1, ``old_logp`` log π_θold(y_t) ``[N, T]`` (nats), ``sum_sq_prob`` Σ_v π_v² ``[N, T]``,
-    the rows grouped by prompt ``group_size`` at a time (grpo.py's batch layout; verl groups by ``index``: the same
+    the rows grouped by prompt ``num_generations`` at a time (grpo.py's batch layout; verl groups by ``index``: the same
     groups); ``sampler_weights`` ρ̄ ``[N, T]`` (verl's ``rollout_is_weights``) or None; ``handle_zero_tail`` and
     ``eps``: verl's arguments and defaults. A group of one response gets no baseline (Ã = G_t), as in verl. The
     comments cite core_algos.py of verl 0.9.1 by line (the function at l.872)."""
@@ -62,9 +69,9 @@ def optimal_token_baseline(
     if sampler_weights is not None:  # W scaled by ρ̄², the MSE-optimal baseline under truncated IS (l.933)
         w = w * sampler_weights.to(mask.dtype) ** 2
     energy = (w * mask).cumsum(-1)  # W_t = Σ_{j≤t} w_j m_j (l.937)
-    if group_size < 2:  # a single trajectory has no baseline (l.950)
+    if num_generations < 2:  # a single trajectory has no baseline (l.950)
         return returns * mask
-    shape = (N // group_size, group_size, T)
+    shape = (N // num_generations, num_generations, T)
     g_ret, g_energy, g_mask = returns.view(shape), energy.view(shape), mask.view(shape)
     numerator = (g_ret * g_energy * g_mask).sum(1)  # Σ_i G_t W_t m_t, [groups, T] (l.964)
     denominator = (g_energy * g_mask).sum(1) + eps  # (l.965)
@@ -79,13 +86,13 @@ def optimal_token_baseline(
     return (returns - baselines.view(N, T)) * mask  # Ã = (G_t − B*_t)·m
 
 
-def credit_share(token_adv, rewards, loss_mask, group_size: int) -> torch.Tensor:
+def credit_share(token_adv, rewards, loss_mask, num_generations: int) -> torch.Tensor:
     """The credit c ``[N, T]`` report.py reads for OTB, whose Ã is no multiple of Â: c = Ã_{i,t} / (r_i − mean_g r)
     (1 on every token where the baseline is the group's mean, as GRPO's Â without its scale) on the rows whose group's
     rewards differ; on a group whose rewards are all equal (Â = 0 there: report.py keeps them apart) c = Ã itself."""
-    r = rewards.to(token_adv.dtype).view(-1, group_size)
+    r = rewards.to(token_adv.dtype).view(-1, num_generations)
     centred = (r - r.mean(-1, keepdim=True)).view(-1)
-    spread = (r.max(-1).values > r.min(-1).values).repeat_interleave(group_size)
+    spread = (r.max(-1).values > r.min(-1).values).repeat_interleave(num_generations)
     usable = spread & (centred != 0)
     return torch.where(usable[:, None], token_adv / torch.where(usable, centred, 1.0)[:, None], token_adv) * loss_mask
 

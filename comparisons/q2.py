@@ -47,10 +47,10 @@ class Q2Credit(delta_ablations.DeltaAblationCredit):
         delta_result = super().__call__(model, x)
         c = self.cfg
         draw = torch.Generator().manual_seed(c.seed * 1_000_003 + x.step * 101 + distributed.rank())
-        lam_bar = delta_result.token_values["lambda_bar"]
+        lam_bar = delta_result.token_values["lam_bar"]
         selected = baselines.select_tokens(lam_bar, x.loss_mask, c.delta_select_fraction, c.delta_select, draw)
         stats = {**delta_result.stats, "delta/selected_frac": float(selected.sum() / x.loss_mask.sum())}
-        token_values = {"lambda_bar": lam_bar, "q2_selected": selected}
+        token_values = {"lam_bar": lam_bar, "q2_selected": selected}
         return credit_methods.CreditResult(x.adv[:, None] * x.loss_mask, stats, token_values)
 
 

@@ -189,7 +189,7 @@ def loss_stage():
     def run(logp, delta, adv, entropy=None, mask=None, ref_logp=None, keep=None, **flags):
         N, T = logp.shape
         mask = torch.ones(N, T, dtype=logp.dtype) if mask is None else mask.to(logp.dtype)
-        batch = rollout.Rollout(
+        batch = rollout.RolloutBatch(
             input_ids=torch.ones(N, T + 1, dtype=torch.long),
             attention_mask=torch.cat([torch.ones(N, 1), mask], 1).long(),
             response_ids=torch.ones(N, T, dtype=torch.long),
@@ -198,7 +198,7 @@ def loss_stage():
             finish_reasons=["stop"] * N,
             texts=[""] * N,
             prompts=[""] * N,
-            group_size=N,
+            num_generations=N,
         )
         model = _LogProbPolicy(logp, torch.zeros(N, T, dtype=logp.dtype) if entropy is None else entropy)
         cfg = comparison_config(**{"max_completion_length": T, **flags})

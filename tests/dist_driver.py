@@ -50,7 +50,7 @@ def per_prompt_generate(model, tokenizer, prompts, num_generations, settings, ba
     prompt_attn = cat(lambda r: _pad(r.attention_mask[:, : r.prompt_length], P, 0, True))
     response_ids = cat(lambda r: _pad(r.response_ids, T, pad, False))
     response_mask = cat(lambda r: _pad(r.response_mask, T, 0, False))
-    return rollout.Rollout(
+    return rollout.RolloutBatch(
         input_ids=torch.cat([prompt_ids, response_ids], 1),
         attention_mask=torch.cat([prompt_attn, response_mask.long()], 1),
         response_ids=response_ids,
@@ -59,7 +59,7 @@ def per_prompt_generate(model, tokenizer, prompts, num_generations, settings, ba
         finish_reasons=[f for r in parts for f in r.finish_reasons],
         texts=[t for r in parts for t in r.texts],
         prompts=[q for r in parts for q in r.prompts],
-        group_size=num_generations,
+        num_generations=num_generations,
     )
 
 

@@ -92,7 +92,7 @@ def _batch(tok, G=3):
         ids[i, P - len(p) : P + len(r)] = torch.tensor(p + r)
         attn[i, P - len(p) : P + len(r)] = 1
     mask = attn[:, P:].double()
-    return rollout.Rollout(
+    return rollout.RolloutBatch(
         input_ids=ids,
         attention_mask=attn,
         response_ids=ids[:, P:],
@@ -101,7 +101,7 @@ def _batch(tok, G=3):
         finish_reasons=["stop"] * N,
         texts=[""] * N,
         prompts=[p for p in prompts for _ in range(G)],
-        group_size=G,
+        num_generations=G,
     )
 
 
@@ -127,14 +127,14 @@ def _one_update(model, tok, batch, **flags):
     plan = scale_passes.exact_optimisations(model, cfg, say=lambda *a: None)
     N = len(batch.response_mask)
     adv = grpo.group_advantages(
-        torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0], dtype=torch.float64), batch.group_size
+        torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0], dtype=torch.float64), batch.num_generations
     )
     torch.manual_seed(3)  # the same dropout masks where the two runs make the same computation
     parts, _, theta_old, result = stages_4_and_5(model, tok, batch, cfg, adv)
     model.zero_grad(set_to_none=True)
     loss, _, _ = backward(model, batch, theta_old, result.token_adv, torch.arange(N), cfg, forward=parts.forward)
     grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
-    return theta_old.logp, result.token_values.get("lambda_bar"), result.token_adv, loss, grad, plan
+    return theta_old.logp, result.token_values.get("lam_bar"), result.token_adv, loss, grad, plan
 
 
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))

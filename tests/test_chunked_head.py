@@ -152,7 +152,7 @@ def _update(model, tok, batch, credit, flags):
         credit=credit, max_completion_length=batch.response_mask.shape[1], **{"chunked_lm_head": True, **flags}
     )
     adv = grpo.group_advantages(
-        torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0], dtype=torch.float64), batch.group_size
+        torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0], dtype=torch.float64), batch.num_generations
     )
     credit_fn = comparisons.method(cfg).credit(cfg, tok)
     ref = policy.reference_model(model, cfg)

@@ -61,7 +61,7 @@ def test_delta_end_to_end_logs_coefficients(toy_model_path, tmp_path, impl):
     assert live, "the toy should produce both positive and negative responses"
     for l in live:  # λ ∈ [0.8, 1.2] before a global rescale N/Z that stays close to 1
         assert 0.6 < l["delta/lam_pos_min"] <= l["delta/lam_pos_max"] < 1.6
-    assert any(len(s.get("lambda_bar", ())) == len(s["tokens"]) > 0 for s in samples)  # λ̄ per token
+    assert any(len(s.get("lam_bar", ())) == len(s["tokens"]) > 0 for s in samples)  # λ̄ per token
     # samples/summary.json, written at the end: DelTA's token table and, on the toy, where the credit lands
     summary = json.loads((tmp_path / "delta" / "samples" / "summary.json").read_text())
     view = summary["delta_tokens"]["delta"]
@@ -205,7 +205,7 @@ def _delta_credit(model, tok, batch, adv, **flags):
     handle = model.register_forward_pre_hook(lambda *a: calls.append(1))
     _, _, _, result = stages_4_and_5(model, tok, batch, cfg, adv)
     handle.remove()
-    return result.token_values["lambda_bar"], result.token_adv, result.stats, len(calls)
+    return result.token_values["lam_bar"], result.token_adv, result.stats, len(calls)
 
 
 @pytest.mark.parametrize("K", [0, 1, 2])

@@ -272,7 +272,7 @@ def test_scope_ablations():
     A, lp0, lp_pos, lp_neg, m = random_batch(B=8, T=10, seed=3)
     seq = cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m)
     ablated = lambda scope, size=None: cscr.cscr_token_advantages(  # noqa: E731
-        A, lp0, lp_pos, lp_neg, m, 0.2, functions=cscr_ablations.choose(scope=scope, group_size=size).functions
+        A, lp0, lp_pos, lp_neg, m, 0.2, functions=cscr_ablations.choose(scope=scope, num_generations=size).functions
     )
     assert torch.equal(seq, ablated("sequence"))  # the paper's steps: cscr.py's, bit for bit
     assert torch.allclose(seq, ablated("group", 1), atol=1e-12)
@@ -306,7 +306,7 @@ def test_argument_validation():
         cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m[:, :2])
     with pytest.raises(ValueError, match="weight"):
         cscr.cscr_token_advantages(A, lp0, lp_pos, lp_neg, m, settings=cscr.Settings(weight="linear"))
-    with pytest.raises(ValueError, match="group_size"):
+    with pytest.raises(ValueError, match="num_generations"):
         cscr.cscr_token_advantages(
             A, lp0, lp_pos, lp_neg, m, 0.2, functions=cscr_ablations.choose("exp", "group", 3).functions
         )

@@ -31,9 +31,9 @@ def close(actual, expected, **tol):
     torch.testing.assert_close(torch.as_tensor(actual, dtype=F64), torch.as_tensor(expected, dtype=F64), **(tol or TOL))
 
 
-def settings(weight="exp", scope="sequence", group_size=None, sign_eps=0.2, sign_mix=0.5, **kw):
+def settings(weight="exp", scope="sequence", num_generations=None, sign_eps=0.2, sign_mix=0.5, **kw):
     """The Ablation of the rules --cscr_weight and --cscr_scope name (and alpha, w_min, mode)."""
-    return cscr_ablations.choose(weight, scope, group_size, sign_eps, sign_mix, **kw)
+    return cscr_ablations.choose(weight, scope, num_generations, sign_eps, sign_mix, **kw)
 
 
 def token_advantages(adv, old_logp, lp_pos, lp_neg, loss_mask, threshold=0.2, ablation=None):
@@ -153,7 +153,7 @@ def batch(weight, scope="sequence", **kw):
         NEG,
         MASK,
         threshold=0.2,
-        ablation=settings(weight, scope, group_size=2 if scope == "group" else None, alpha=1.0, **kw),
+        ablation=settings(weight, scope, num_generations=2 if scope == "group" else None, alpha=1.0, **kw),
     )
 
 
@@ -204,7 +204,7 @@ def test_signs_and_per_sequence_budget_on_random_batches(weight, seed):
             pos,
             neg,
             mask,
-            ablation=settings(weight, scope, group_size=4 if scope == "group" else None, alpha=3.0),
+            ablation=settings(weight, scope, num_generations=4 if scope == "group" else None, alpha=3.0),
         )
         valid = mask & (adv != 0)[:, None]
         assert torch.equal(torch.sign(out[valid]), torch.sign(adv[:, None].expand(B, T)[valid]))
@@ -221,7 +221,7 @@ def test_signs_and_per_sequence_budget_on_random_batches(weight, seed):
 def test_alpha_zero_mix_zero_eps_zero_give_grpo():
     grpo = torch.where(MASK, ADV[:, None].expand(4, 3), 0.0)
     for scope in ("sequence", "group", "batch"):
-        kw = dict(scope=scope, group_size=2 if scope == "group" else None)
+        kw = dict(scope=scope, num_generations=2 if scope == "group" else None)
         close(
             token_advantages(ADV, OLD, POS, NEG, MASK, ablation=settings("upweight", alpha=0.0, **kw)),
             grpo,
@@ -277,7 +277,7 @@ def test_choose_names_each_rule_once_and_binds_its_parameters():
     chosen = cscr_ablations.choose("sign_aware", "group", 2, sign_eps=0.1, sign_mix=0.3, w_min=0.1)
     weights = chosen.functions.weights
     assert weights.func is cscr_ablations.sign_aware and weights.keywords == {"eps": 0.1, "mix": 0.3}
-    assert chosen.functions.renormalise.keywords == {"group_size": 2} and chosen.settings.w_min == 0.1
+    assert chosen.functions.renormalise.keywords == {"num_generations": 2} and chosen.settings.w_min == 0.1
     with pytest.raises(ValueError, match="weight must be one of"):
         cscr_ablations.choose("linear")
     with pytest.raises(ValueError, match="scope one of"):
@@ -300,7 +300,7 @@ def test_grpo_credit_takes_the_rules_its_flags_name():
     assert ablation.functions.weights.func is cscr_ablations.sign_aware
     assert ablation.functions.weights.keywords == {"eps": 0.1, "mix": 0.5}
     renormalise = ablation.functions.renormalise
-    assert renormalise.func is cscr_ablations.per_group and renormalise.keywords == {"group_size": 4}
+    assert renormalise.func is cscr_ablations.per_group and renormalise.keywords == {"num_generations": 4}
     assert grpo.Credit(grpo.GRPOConfig(credit="cscr"), None).method.settings == cscr.Settings()
     # the spec §5 maps are cscr.py's options: the method's own credit function takes them, no ablation
     method = grpo.Credit(grpo.GRPOConfig(credit="cscr", cscr_weight="inverse"), None).method

@@ -284,7 +284,7 @@ def test_delta_q2_selection_trains_on_half_the_tokens_by_lambda(toy_batch, which
     model, tok, batch = toy_batch
     loss, _, token_values, w, _ = _update(model, tok, batch, credit="delta", delta_select=which)
     valid = batch.response_mask.bool()
-    lam = token_values["lambda_bar"]
+    lam = token_values["lam_bar"]
     kept = w > 0  # the loss's tokens (Q2Selection's keep)
     assert int(kept.sum()) == math.ceil(0.5 * int(valid.sum()) - 1e-9) and not (kept & ~valid).any()
     if which == "top":
@@ -319,7 +319,7 @@ def test_delta_variants_give_one_lambda_under_both_implementations(toy_batch, fl
         forward = policy.Forward(grpo.old_logprobs, grpo.micro_batches)
         result = credit(model, credit_methods.CreditInputs(batch, adv, old, [""] * N, 0, mask, adv, forward))
         token_adv = result.token_adv
-        lam[impl] = result.token_values["lambda_bar"]
+        lam[impl] = result.token_values["lam_bar"]
         valid = mask.bool() & (adv != 0)[:, None]
         assert (torch.sign(token_adv[valid]) == torch.sign(adv[:, None].expand_as(mask)[valid])).all()
     torch.testing.assert_close(lam["memory_efficient"], lam["normal"], rtol=1e-10, atol=1e-10)

@@ -92,11 +92,11 @@ def _batch(tok, texts, finish, T):
         prompts=["p:"] * len(texts),
         texts=texts,
         finish_reasons=finish,
-        group_size=len(texts),
+        num_generations=len(texts),
     )
 
 
-@pytest.mark.parametrize("weight_name", ["lambda_bar", "sensitivity", None])
+@pytest.mark.parametrize("weight_name", ["lam_bar", "sensitivity", None])
 def test_samples_hold_tokens_and_credit(tmp_path, char_tokenizer, weight_name):
     """tokens: each response token decoded alone (EOS included); credit: Ã_{i,t}/Â_i on rows with Â ≠ 0; on
     Â = 0 rows DelTA's λ̄ (a multiplier of Â) or 1 (CSCR's sensitivity is not one; GRPO has no weights)."""
@@ -123,7 +123,7 @@ def test_samples_hold_tokens_and_credit(tmp_path, char_tokenizer, weight_name):
         ["9", " ", "9"],
     ]
     expect = [[0.8, 1.2, 1.0, 0.9, 1.1, 1.0], [1.1, 0.7], [0.9, 1.3, 1.05], [1.0, 1.0, 1.0]]
-    if weight_name != "lambda_bar":
+    if weight_name != "lam_bar":
         expect[2] = [1.0, 1.0, 1.0]  # Â = 0 and no multiplier to show: 1
     if weight_name is None:
         expect = [[1.0] * len(e) for e in expect]
@@ -846,7 +846,7 @@ def test_trainer_logs_each_credit_per_token(toy_runs):
     live = [r for r in by_credit["delta"] if r["advantage"]]
     assert live
     for r in live:  # Â·λ̄ / Â = λ̄: the credit is λ̄, token by token
-        assert r["lambda_bar"] == pytest.approx(r["credit"], abs=2e-4)
+        assert r["lam_bar"] == pytest.approx(r["credit"], abs=2e-4)
         assert r["token_advantages"] == pytest.approx([r["advantage"] * c for c in r["credit"]], abs=1e-3)
     cscr_live = [r for r in by_credit["cscr"] if r["advantage"]]
     assert cscr_live

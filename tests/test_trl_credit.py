@@ -37,7 +37,7 @@ def _grpo_credit(model, tokenizer, credit, inputs, out):
     # its response, as TRL's forward does (--shared_prompt gives the same to rounding: tests/test_credit_e2e.py)
     cfg = grpo.GRPOConfig(credit=credit)
     mask = out["completion_mask"].float()
-    batch = rollout.Rollout(
+    batch = rollout.RolloutBatch(
         input_ids=torch.cat([out["prompt_ids"], out["completion_ids"]], 1),
         attention_mask=torch.cat([out["prompt_mask"], out["completion_mask"]], 1),
         response_ids=out["completion_ids"],
@@ -46,7 +46,7 @@ def _grpo_credit(model, tokenizer, credit, inputs, out):
         finish_reasons=["stop"] * len(mask),
         texts=tokenizer.batch_decode(out["completion_ids"], skip_special_tokens=True),
         prompts=[x["prompt"] for x in inputs],
-        group_size=8,
+        num_generations=8,
     )
     adv = out["advantages"].clone()
     function = grpo.CREDIT_FUNCTIONS[credit](cfg, tokenizer)

@@ -211,7 +211,7 @@ def grpo_credit(model, tokenizer, credit, data, adv, logp, hidden):
     cfg = grpo.GRPOConfig(credit=credit, num_generations=N_GEN)  # the plain path: every prompt run with its response
     mask = b["response_mask"].to(torch.float64)
     prompt_mask = b["attention_mask"][:, : b["prompts"].shape[1]].bool()
-    batch = rollout.Rollout(
+    batch = rollout.RolloutBatch(
         input_ids=b["input_ids"],
         attention_mask=b["attention_mask"],
         response_ids=b["responses"],
@@ -220,7 +220,7 @@ def grpo_credit(model, tokenizer, credit, data, adv, logp, hidden):
         finish_reasons=["stop"] * len(mask),
         texts=tokenizer.batch_decode(b["responses"], skip_special_tokens=True),
         prompts=[tokenizer.decode(p[m]) for p, m in zip(b["prompts"], prompt_mask)],
-        group_size=N_GEN,
+        num_generations=N_GEN,
     )
     old = policy.ThetaOld(logp=logp, hidden=hidden, ref_logp=None, token_stats={})
     answers = [x["ground_truth"] for x in data.non_tensor_batch["reward_model"]]

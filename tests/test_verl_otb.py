@@ -4,7 +4,7 @@
 Marker ``verl`` (needs tools/requirements-verl.txt; left out of the default run; ``.ci/run`` runs ``pytest -m verl``
 in its own virtual environment). verl takes the reward per token (``token_level_rewards``: an outcome reward at the
 response's last valid token, 0 elsewhere), the mask, each row's prompt ``index``, θ_old's log-probs, Σ_v π_v² and the
-rollout IS weights ρ̄ (or None); ours takes r [N] and the rows grouped ``group_size`` at a time, as grpo.py's batch
+rollout IS weights ρ̄ (or None); ours takes r [N] and the rows grouped ``num_generations`` at a time, as grpo.py's batch
 is. Both compute in their inputs' dtype: float64 here, equal to 1e-12 (the same sums in the same order).
 """
 

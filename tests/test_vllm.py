@@ -488,7 +488,7 @@ def _assert_same_rollout(a, b):
     assert torch.equal(a.response_ids, b.response_ids)
     assert torch.equal(a.response_mask, b.response_mask)
     assert a.finish_reasons == b.finish_reasons and a.texts == b.texts and a.prompts == b.prompts
-    assert a.prompt_length == b.prompt_length and a.group_size == b.group_size
+    assert a.prompt_length == b.prompt_length and a.num_generations == b.num_generations
 
 
 def _vllm_scores(llm, ro):

@@ -539,7 +539,7 @@ def sample_trajectories(
     (``rollout.sample`` has none: it samples one step's batch at once).
 
     Returns:
-        (``rollout.Rollout`` with N = ``num_trajectories`` rows, its response columns trimmed to the longest kept
+        (``rollout.RolloutBatch`` with N = ``num_trajectories`` rows, its response columns trimmed to the longest kept
         response: ``response_ids`` [N, T] long, ``response_mask`` [N, T] bool; the N references, list of str).
     """
     order = torch.randperm(len(problems), generator=torch.Generator().manual_seed(seed)).tolist()
@@ -563,7 +563,7 @@ def grade(texts, references):
     """Step 2: the outcome of each response, by ``verify.grade_batch`` as grpo.py's stage 2 (last \\boxed{} only).
 
     Args:
-        texts: N response texts (``Rollout.texts``: special tokens removed, cut at stop strings).
+        texts: N response texts (``RolloutBatch.texts``: special tokens removed, cut at stop strings).
         references: N reference answers.
 
     Returns:

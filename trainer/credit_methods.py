@@ -88,7 +88,7 @@ class DeltaCredit(GRPOCredit):
 
     def __call__(self, model, x: CreditInputs) -> CreditResult:
         lam_bar, stats = self.lam_bar(model, x)  # λ̄ [N, T]
-        return CreditResult(delta.delta_token_advantages(x.adv, lam_bar, x.loss_mask), stats, {"lambda_bar": lam_bar})
+        return CreditResult(delta.delta_token_advantages(x.adv, lam_bar, x.loss_mask), stats, {"lam_bar": lam_bar})
 
     def lam_bar(self, model, x: CreditInputs):
         """DelTA's λ̄ ``[N, T]`` and stats: ``delta.delta_coefficients`` on θ_old's kept h (one process, or each its

@@ -374,11 +374,11 @@ def log_step(run, step: int, cfg, logged: StepLog, outcome, credit_stats: dict, 
     counted = distributed.all_reduce_sum(torch.tensor(counts, dtype=torch.float64)).tolist()
     shaped = bool(cfg.overlong_buffer_len)  # else the reward is the verifier's own
     mine = (logged.rewards.tolist(), logged.lengths.tolist(), logged.batch.finish_reasons, logged.correct.tolist())
-    parts = distributed.all_gather_objects(mine)
-    r = torch.tensor([x for part in parts for x in part[0]])
-    lengths = torch.tensor([x for part in parts for x in part[1]], dtype=torch.float)
-    finish = [x for part in parts for x in part[2]]
-    c = torch.tensor([x for part in parts for x in part[3]])
+    per_process = distributed.all_gather_objects(mine)
+    r = torch.tensor([x for part in per_process for x in part[0]])
+    lengths = torch.tensor([x for part in per_process for x in part[1]], dtype=torch.float)
+    finish = [x for part in per_process for x in part[2]]
+    c = torch.tensor([x for part in per_process for x in part[3]])
     groups = r.view(-1, cfg.num_generations)
     run.skipped_updates_total += skipped  # (kept across --resume)
     record = {
@@ -424,7 +424,7 @@ def log_record(run, record: dict, echo: str = "") -> dict:
 
 def rollout_batch(step, cfg, actor, source):
     """Stage 1: this process's whole groups of the step's prompts, G responses each (``rollout.sample``: HF or vLLM),
-    seeded by the step and the process. Returns (the ``rollout.Rollout``, each response's reference answer, seconds)."""
+    seeded by the step and the process. Returns (the ``rollout.RolloutBatch``, each response's reference, seconds)."""
     t0 = time.time()
     prompts, answers = prompts_of_step(cfg, source.sampler, source.dataset, source.template)
     seed = cfg.seed * 100_003 + step + 1_000_003 * distributed.rank()
@@ -476,7 +476,7 @@ def credit_shares(adv, token_adv, token_values):
     if "credit_share" in token_values:
         return token_values["credit_share"]
     share = token_adv / torch.where(adv == 0, 1.0, adv).to(token_adv.dtype)[:, None]
-    fill = token_values.get("lambda_bar", torch.ones_like(share))
+    fill = token_values.get("lam_bar", torch.ones_like(share))
     return torch.where((adv == 0)[:, None], fill.to(share.dtype), share)
 
 

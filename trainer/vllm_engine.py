@@ -1,6 +1,6 @@
-"""The vLLM rollout backend (``--use_vllm``): the same ``rollout.Rollout`` as HF ``generate``, from a vLLM engine
+"""The vLLM rollout backend (``--use_vllm``): the same ``rollout.RolloutBatch`` as HF ``generate``, from a vLLM engine
 colocated in the trainer's process (``create_engine``); ``sync_weights`` copies the policy into it after every
-optimizer step. It shares rollout.py's prompt encoding and the code that turns response ids into a ``Rollout``.
+optimizer step. It shares rollout.py's prompt encoding and the code that turns response ids into a ``RolloutBatch``.
 
 The engine samples exactly the distribution the trainer scores, softmax(logits / T) cut to the top-p nucleus: every
 setting that changes it is stated here (``_vllm_sampling_params``, vLLM's counterpart of ``rollout.sampling_config``),
@@ -8,7 +8,7 @@ never taken from the checkpoint's ``generation_config.json``.
 
 Old log-probs are *not* taken from the sampler (see the comment below). What changed (issue 40): with
 ``--vllm_importance_sampling_correction`` the engine is built with vLLM's ``logprobs_mode="processed_logprobs"`` and
-``generate`` returns the sampler's log-probs of the sampled tokens (``Rollout.sampler_logprobs``, after temperature
+``generate`` returns the sampler's log-probs of the sampled tokens (``RolloutBatch.sampler_logprobs``, after temperature
 and top-p); they serve only TRL's truncated IS weight θ_old / vLLM (sampler_mismatch.py), never as θ_old. Otherwise
 it is None.
 
@@ -95,7 +95,7 @@ def create_engine(
         max_model_len: longest prompt + response in tokens (default: the model's context length).
         sampler_logprobs: build the engine with ``logprobs_mode="processed_logprobs"`` (the log-softmax after
             temperature and top-p: the distribution it samples from); ``generate`` then returns the sampled
-            tokens' log-probs (``Rollout.sampler_logprobs``) for the IS correction (sampler_mismatch.py).
+            tokens' log-probs (``RolloutBatch.sampler_logprobs``) for the IS correction (sampler_mismatch.py).
         engine_kwargs: passed to ``vllm.LLM`` unchanged (e.g. ``trust_remote_code``: allow a hub repository's own
             tokenizer/model code, off by default; ``enforce_eager``, ``kv_cache_memory_bytes``, ``max_num_seqs``,
             ``tensor_parallel_size``).
@@ -208,7 +208,7 @@ def _vllm_sampling_params(
 
 @torch.no_grad()
 def generate(llm, tokenizer, prompts: list[str], num_generations: int, settings: rollout.SamplingSettings):
-    """Sample ``num_generations`` responses for each prompt with a vLLM engine; the same ``rollout.Rollout`` as
+    """Sample ``num_generations`` responses for each prompt with a vLLM engine; the same ``rollout.RolloutBatch`` as
     ``rollout.generate``.
 
     The prompts are tokenized by the HF ``tokenizer`` exactly as ``rollout.generate`` does (left padding, same special
@@ -236,7 +236,7 @@ def generate(llm, tokenizer, prompts: list[str], num_generations: int, settings:
         settings: ``rollout.SamplingSettings``; its ``stop_ids`` default to ``rollout.stop_token_ids(tokenizer)``
             (pass the trainer's list, which also holds the model's generation_config EOS ids).
     Returns:
-        a ``rollout.Rollout`` with N = len(prompts) * num_generations rows, group by group.
+        a ``rollout.RolloutBatch`` with N = len(prompts) * num_generations rows, group by group.
     Raises:
         ValueError: empty prompts, ``num_generations < 1``, ``max_new_tokens < 1``, or a prompt plus
             ``max_new_tokens`` longer than the engine's ``max_model_len`` (vLLM would cut the response short).
@@ -524,7 +524,7 @@ class VllmSampler:
         self.sleep_after = sleep_after
 
     def rollout(self, model, tokenizer, prompts: list[str], num_generations: int, settings: rollout.SamplingSettings):
-        """A training step's ``rollout.Rollout`` from the *current* policy ``model``: its weights pushed into the
+        """A training step's ``rollout.RolloutBatch`` from the *current* policy ``model``: its weights pushed into the
         engine (``sync_weights``; LoRA under FSDP2: the adapters merged into the gathered base weights,
         distributed.gathered_weights), then ``generate``; with ``sleep_after`` the engine then sleeps (level 2) for
         the update, and the next ``sync_weights`` wakes and reloads it. Every process must call it together."""

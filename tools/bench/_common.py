@@ -161,7 +161,7 @@ def install_patches(patches: dict) -> dict:
     never sampled, and ``rollout.template_stop_strings`` returns ``[]``: every response runs to exactly
     ``max_completion_length`` tokens (a random model otherwise emits EOS at random and lengths, hence costs,
     differ between runs). ``random_rewards`` (an int seed): ``verify.grade_batch`` returns, for each group of
-    ``group_size`` consecutive responses, exactly half correct (a seeded random choice per call), so every
+    ``num_generations`` consecutive responses, exactly half correct (a seeded random choice per call), so every
     group has reward spread, every response a non-zero advantage, and the DelTA/CSCR code paths do real work.
     """
     import grpo
@@ -183,7 +183,7 @@ def install_patches(patches: dict) -> dict:
             "max_completion_length tokens"
         )
     if patches.get("random_rewards") is not None:
-        seed, group = int(patches["random_rewards"]), int(patches["group_size"])
+        seed, group = int(patches["random_rewards"]), int(patches["num_generations"])
         calls = [0]
 
         def grade_batch(responses, references, timeout=None, num_workers=1):

@@ -496,7 +496,7 @@ def main(argv=None) -> dict:
         logging_steps=0,
         **_common.SCALE_PATH,  # the path of the recorded results (grpo.py's default then)
     )
-    patches = {"no_stop": True, "random_rewards": 0, "group_size": args.num_generations}
+    patches = {"no_stop": True, "random_rewards": 0, "num_generations": args.num_generations}
     runs = {(n, v): [] for n in sizes for v in VARIANTS}
     pool = _common.forkserver_pool(PRELOAD)
     try:

@@ -230,7 +230,7 @@ def main(argv=None) -> dict:
         logging_steps=0,
         **_common.SCALE_PATH,  # the path of the recorded results (grpo.py's default then)
     )
-    patches = {"no_stop": True, "random_rewards": 0, "group_size": args.num_generations}
+    patches = {"no_stop": True, "random_rewards": 0, "num_generations": args.num_generations}
     rows, t_start = [], time.time()
     pool = _common.forkserver_pool(_common.PRELOAD + ["peft"])
     try:

@@ -180,7 +180,7 @@ def update_only(spec: dict) -> dict:
         ids[i, P - p : P + t] = torch.tensor(prompts[i // G] + [4 + rng.randrange(vocab) for _ in range(t)])
         attn[i, P - p : P + t] = 1
     mask = attn[:, P:].float()
-    batch = rollout.Rollout(
+    batch = rollout.RolloutBatch(
         input_ids=ids,
         attention_mask=attn,
         response_ids=ids[:, P:],
@@ -189,7 +189,7 @@ def update_only(spec: dict) -> dict:
         finish_reasons=["stop"] * N,
         texts=[""] * N,
         prompts=[""] * N,
-        group_size=G,
+        num_generations=G,
     )
     rewards = torch.tensor([float(i % 2) for i in range(N)])  # half of each group correct
     adv = grpo.group_advantages(rewards, G)
@@ -584,7 +584,7 @@ def main(argv=None) -> dict:
                         output_dir=str(workdir / f"{size}_{length}_{credit}_r{r}"),
                         **_common.SCALE_PATH,  # the path of the recorded results (grpo.py's default then)
                     )
-                    patches = {"no_stop": True, "random_rewards": args.seed, "group_size": args.num_generations}
+                    patches = {"no_stop": True, "random_rewards": args.seed, "num_generations": args.num_generations}
                     res = pool.apply(_common.run_one, ({"config": cfg, "patches": patches},))
                     runs[(size, length, credit)].append(res)
                     st = res["steps"][1:]
