@@ -289,9 +289,7 @@ def delta_coefficients_chunked(chunks, K=1, lam_min=0.8, lam_max=1.2, *, pool=No
             margin = [_margins(v, adv, mu_pos, mu_neg, functions) for _, v, adv, _ in batch.read()]
         # Steps 4–5: α* = σ(Δ/γ⁽ᴷ⁾), λ = λ_min + (λ_max − λ_min)·α*
         assign = [functions.assign(margin_j, gamma_pos, gamma_neg, adv) for margin_j, adv in zip(margin, advs)]
-        lam = [
-            functions.coefficients(a, adv, mask, lam_min, lam_max) for a, (adv, mask) in zip(assign, batch.adv_masks)
-        ]
+        lam = [functions.coefficients(a, adv, m, lam_min, lam_max) for a, (adv, m) in zip(assign, batch.adv_masks)]
         # Step 6 (Eq. 8): λ̄ = λ·n_valid/max(Z, ε), one scale over every chunk (and process)
         n_valid = sum(mask.sum(dtype=torch.float64) for _, mask in batch.adv_masks)
         Z = sum(lam_j.sum(dtype=torch.float64) for lam_j in lam)
