@@ -246,7 +246,7 @@ class HeldOut:
 
 def trainer_state(sampler, credit) -> dict:
     """What a checkpoint keeps beside the weights: the data order, the credit's own state (``state_dict``: CSCR's
-    calibrated λ, DelTA's frozen γ)."""
+    calibrated λ, or an ablation's kept value)."""
     return {"sampler_position": sampler.position, **credit.state_dict()}
 
 
