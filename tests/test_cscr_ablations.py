@@ -285,9 +285,13 @@ def test_choose_names_each_rule_once_and_binds_its_parameters():
 
 
 def test_grpo_credit_takes_the_rules_its_flags_name():
-    import grpo
+    from conftest import comparison_config, method_of
 
-    cfg = grpo.GRPOConfig(
+    def credit_of(**flags):  # the run's credit function, as grpo.train makes it
+        cfg = comparison_config(**flags)
+        return method_of(cfg).credit(cfg, None)
+
+    credit = credit_of(
         credit="cscr",
         cscr_weight="sign_aware",
         cscr_scope="group",
@@ -295,16 +299,19 @@ def test_grpo_credit_takes_the_rules_its_flags_name():
         cscr_alpha=2.0,
         num_generations=4,
     )
-    ablation = grpo.Credit(cfg, None).method.ablation
+    ablation = credit.ablation
     assert (ablation.settings.alpha, ablation.settings.w_min, ablation.settings.mode) == (2.0, 0.0, "max")
     assert ablation.functions.weights.func is cscr_ablations.sign_aware
     assert ablation.functions.weights.keywords == {"eps": 0.1, "mix": 0.5}
     renormalise = ablation.functions.renormalise
     assert renormalise.func is cscr_ablations.per_group and renormalise.keywords == {"num_generations": 4}
-    assert grpo.Credit(grpo.GRPOConfig(credit="cscr"), None).method.settings == cscr.Settings()
+    assert credit.functions is ablation.functions  # what CscrCredit passes to cscr.py
+    assert credit_of(credit="cscr").settings == cscr.Settings()
     # the spec §5 maps are cscr.py's options: the method's own credit function takes them, no ablation
-    method = grpo.Credit(grpo.GRPOConfig(credit="cscr", cscr_weight="inverse"), None).method
-    assert type(method) is grpo.CREDIT_FUNCTIONS["cscr"] and method.settings == cscr.Settings(weight="inverse")
+    paper = credit_of(credit="cscr", cscr_weight="inverse")
+    import grpo
+
+    assert type(paper) is grpo.CREDIT_FUNCTIONS["cscr"] and paper.settings == cscr.Settings(weight="inverse")
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=str)
@@ -361,6 +368,7 @@ def test_the_ablation_credit_reallocates_with_its_ablation():
     """CscrAblationCredit (what --cscr_weight upweight|sign_aware and --cscr_scope group|batch choose) passes its
     ablation's functions to cscr.py: its Ã and statistics are cscr.py's with them, not the paper's."""
     import grpo
+    from conftest import comparison_config, method_of
 
     paper = grpo.CREDIT_FUNCTIONS["cscr"](grpo.GRPOConfig(credit="cscr", num_generations=2), None)
     paper_adv, _ = paper.reallocate(ADV, OLD, POS, NEG, MASK)
@@ -370,8 +378,8 @@ def test_the_ablation_credit_reallocates_with_its_ablation():
         {"cscr_scope": "group"},
         {"cscr_scope": "batch"},
     ):
-        cfg = grpo.GRPOConfig(credit="cscr", num_generations=2, **flags)
-        method = grpo.Credit(cfg, None).method
+        cfg = comparison_config(credit="cscr", num_generations=2, **flags)
+        method = method_of(cfg).credit(cfg, None)
         assert type(method) is cscr_ablations.CscrAblationCredit
         token_adv, stats = method.reallocate(ADV, OLD, POS, NEG, MASK)
         ablation = cscr_ablations.ablation_from_flags(cfg)

@@ -673,23 +673,23 @@ def test_frozen_temperature_keeps_the_first_batchs_gamma0():
 
 
 def test_functions_from_flags_puts_one_function_per_ablation_flag():
-    from trainer.grpo_config import GRPOConfig
+    from conftest import comparison_config  # grpo.py's flags and the ablations'
 
     paper = delta.DeltaFunctions()
-    assert delta_ablations.functions_from_flags(GRPOConfig(credit="delta")) == paper
+    assert delta_ablations.functions_from_flags(comparison_config(credit="delta")) == paper
     for flags, field, fn in (
         (dict(delta_scores="within_side"), "score", delta_ablations.within_side_scores),
         (dict(delta_assignment="hard"), "assign", delta_ablations.hard_assignment),
         (dict(delta_coefficients="raw"), "coefficients", delta_ablations.raw_coefficients),
         (dict(delta_normalize=False), "normalize", delta_ablations.no_normalization),
     ):
-        functions = delta_ablations.functions_from_flags(GRPOConfig(credit="delta", **flags))
+        functions = delta_ablations.functions_from_flags(comparison_config(credit="delta", **flags))
         assert getattr(functions, field) is fn and functions._replace(**{field: getattr(paper, field)}) == paper, flags
-    frozen = GRPOConfig(credit="delta", delta_gamma="frozen")
+    frozen = comparison_config(credit="delta", delta_gamma="frozen")
     one, two = (delta_ablations.functions_from_flags(frozen) for _ in range(2))
     assert isinstance(one.temperature, delta_ablations.FrozenTemperature) and one.temperature is not two.temperature
-    assert delta_ablations.proxy_from_flags(GRPOConfig(credit="delta")) is delta_ablations.paper_proxy
-    topk = delta_ablations.proxy_from_flags(GRPOConfig(credit="delta", delta_proxy="topk", delta_proxy_topk=7))
+    assert delta_ablations.proxy_from_flags(comparison_config(credit="delta")) is delta_ablations.paper_proxy
+    topk = delta_ablations.proxy_from_flags(comparison_config(credit="delta", delta_proxy="topk", delta_proxy_topk=7))
     assert topk.needs_lm_head and topk.K == 7
 
 
@@ -738,16 +738,19 @@ def test_delta_py_code_names_no_ablation():
 
 
 def test_trainer_keeps_frozen_gamma_in_the_ablations_object_and_resumes_it():
-    """grpo.Credit chooses the functions once; --delta_gamma frozen's state is the FrozenTemperature's, which the
-    checkpoint reads and --resume writes back (the credit's ``state_dict`` / ``load_state_dict``, through
+    """The run's credit function chooses the functions once; --delta_gamma frozen's state is the FrozenTemperature's,
+    which the checkpoint reads and --resume writes back (the credit's ``state_dict`` / ``load_state_dict``, through
     run_setup.trainer_state / restore); without the flag there is no state to set."""
-    import grpo
+    from conftest import comparison_config, method_of
     from trainer import run_setup
-    from trainer.grpo_config import GRPOConfig
 
-    credit = grpo.Credit(GRPOConfig(credit="delta", delta_gamma="frozen"), None)
-    functions = credit.method.functions
-    assert isinstance(credit.method, delta_ablations.DeltaAblationCredit)
+    def credit_of(**flags):  # the run's credit function, as grpo.train makes it
+        cfg = comparison_config(**flags)
+        return method_of(cfg).credit(cfg, None)
+
+    credit = credit_of(credit="delta", delta_gamma="frozen")
+    functions = credit.functions
+    assert isinstance(credit, delta_ablations.DeltaAblationCredit)
     assert isinstance(functions.temperature, delta_ablations.FrozenTemperature)
     assert credit.state_dict() == {"delta_gamma": None}
     credit.load_state_dict({"delta_gamma": [0.25, 0.5]})  # as read back from a checkpoint's JSON
@@ -758,13 +761,11 @@ def test_trainer_keeps_frozen_gamma_in_the_ablations_object_and_resumes_it():
     sampler = type("Sampler", (), {"position": 3})()
     state = {**run_setup.trainer_state(sampler, credit), "step": 4}
     assert state["delta_gamma"] == (0.25, 0.5)
-    again = grpo.Credit(GRPOConfig(credit="delta", delta_gamma="frozen"), None)
-    assert run_setup.restore(state, sampler, again) == 4 and delta_ablations.kept_gamma(again.method.functions) == (
-        0.25,
-        0.5,
-    )
-    plain = grpo.Credit(GRPOConfig(credit="delta"), None)
-    assert type(plain.method) is credit_methods.DeltaCredit and plain.state_dict() == {}  # the paper's: no state
-    assert plain.method.functions == delta.DeltaFunctions()  # delta.py's own λ̄: the paper's functions
+    again = credit_of(credit="delta", delta_gamma="frozen")
+    assert run_setup.restore(state, sampler, again) == 4
+    assert delta_ablations.kept_gamma(again.functions) == (0.25, 0.5)
+    plain = credit_of(credit="delta")
+    assert type(plain) is credit_methods.DeltaCredit and plain.state_dict() == {}  # the paper's: no state
+    assert plain.functions == delta.DeltaFunctions()  # delta.py's own λ̄: the paper's functions
     assert not hasattr(delta.adaptive_temperature, "gamma")
-    assert grpo.Credit(GRPOConfig(credit="delta", delta_coefficients="random"), None).needs_hidden() is False
+    assert credit_of(credit="delta", delta_coefficients="random").asks.hidden is False  # no v: no h_t

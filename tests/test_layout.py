@@ -498,14 +498,14 @@ def test_a_new_credit_method_is_its_file_and_its_name_in_one_list(tmp_path):
     listing = repo / "comparisons" / "__init__.py"
     text = listing.read_text()
     assert text.count('COMPARISONS = ("') == 1
-    listing.write_text(text.replace('COMPARISONS = ("', 'COMPARISONS = ("tilt", ', 1))
+    listing.write_text(text.replace('COMPARISONS = ("', 'COMPARISONS = ("tilt", "', 1))
     status = subprocess.run([*git, "status", "--porcelain"], cwd=repo, capture_output=True, text=True, check=True)
     assert sorted(status.stdout.splitlines()) == [" M comparisons/__init__.py", "?? comparisons/tilt.py"]
     out = tmp_path / "run"
     command = [sys.executable, "-m", "comparisons", "--credit", "tilt", "--tilt_strength", "0.5", *TINY_RUN]
     done = subprocess.run([*command, "--output_dir", str(out)], cwd=repo, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads((out / "config.json").read_text())["tilt_strength"] == 0.5
+    assert json.loads((out / "config.json").read_text())["config"]["tilt_strength"] == 0.5
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert len(lines) == 2 and all(line["tilt/strength"] == 0.5 for line in lines)
     tests = subprocess.run(

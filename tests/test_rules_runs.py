@@ -69,8 +69,15 @@ def test_rule_runs_on_the_toy(toy_model_path, tmp_path, name):
 
 
 def test_help_lists_every_rule_flag(capsys):
+    """``python -m comparisons --help`` names every comparison's flag and choice; grpo.py's help names none of them."""
+    import comparisons
+
     with pytest.raises(SystemExit):
         grpo_config.build_parser().parse_args(["--help"])
+    papers = capsys.readouterr().out
+    assert "--entropy_top_ratio" not in papers and "--delta_select" not in papers and "sapo" not in papers
+    with pytest.raises(SystemExit):
+        grpo_config.build_parser(comparisons.config_class()).parse_args(["--help"])
     text = capsys.readouterr().out
     for flag in (
         "--loss_type",
@@ -79,7 +86,7 @@ def test_help_lists_every_rule_flag(capsys):
         "--entropy_top_ratio",
         "--top_entropy_quantile",
         "--entropy_pool",
-        "fipo",
+        "--fipo",
         "--delta_scores",
         "--delta_assignment",
         "--delta_gamma",

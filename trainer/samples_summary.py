@@ -24,9 +24,6 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-# The credits whose Ã is no multiple of Â, which state each token's credit c themselves (samples/' ``credit``: their
-# ``credit_share``): verl's Optimal Token Baseline, c = Ã / (r_i − mean_g r), and Ã itself where the rewards are equal
-OWN_CREDIT = ("otb", "optimal_token_baseline")
 # The truth of a logged response for each task that knows it, by its --data name: ``TRUTH[data](prompt, tokens)`` ->
 # ``{"first_wrong": token index | None, "result_digits": [token indices]}``, or None (not one of its problems).
 TRUTH: dict[str, Callable[[str, list[str]], dict | None]] = {}
@@ -188,6 +185,12 @@ def _over_steps(by_step: dict[int, list[float]]) -> dict:
     }
 
 
+def states_own_credit(run: RunSamples) -> bool:
+    """Whether the run's credit function states each token's credit c itself, its Ã being no multiple of Â (its rows
+    carry ``credit_share``: run_setup.credit_shares; verl's Optimal Token Baseline, comparisons/otb.py)."""
+    return any("credit_share" in row for rows in run.samples.values() for row in rows)
+
+
 def credit_lands(run: RunSamples) -> dict:
     """The numbers of "Where the credit lands" for one run with truth (a toy run), from every logged step (rows with
     Â ≠ 0 only).
@@ -201,12 +204,13 @@ def credit_lands(run: RunSamples) -> dict:
     out). ``responses``: how many logged responses were of each kind (``token_classes``). ``equal_reward``: the
     rows with Â_i = 0 (a group whose rewards are all equal), kept apart: how many there are, how many of their
     tokens carry credit (|c| > 1e-6; only a credit whose Ã is no multiple of Â gives them any, OTB's zero tail,
-    where its c is Ã itself: comparisons/otb.py ``credit_share``) and those tokens' mean c; None for the other runs.
+    where its c is Ã itself) and those tokens' mean c, for a run whose credit states its own c (``states_own_credit``);
+    None for the other runs.
     """
     by_class = {key: {} for key, _, _ in CLASSES}
     aurocs = {"first_wrong": {}, "result_digits": {}}
     kinds = dict.fromkeys(("correct", "incorrect", "no_wrong_token", "no_gradient", "not_toy"), 0)
-    apart = {"responses": 0, "credited_tokens": {}} if run.credit in OWN_CREDIT else None
+    apart = {"responses": 0, "credited_tokens": {}} if states_own_credit(run) else None
     for step, rows in sorted(run.samples.items()):
         for row in rows:
             if apart is not None and not row.get("advantage") and "credit" in row:
@@ -281,9 +285,10 @@ def truth_numbers(runs: list[RunSamples]) -> dict:
         return {}
     return {
         "definitions": {
-            "credit": "c = Ã_{i,t}/Â_i per token (GRPO 1, DelTA λ̄, CSCR w̃, FIPO f; 0 where a mask leaves the token "
-            "out of the loss); OTB, whose Ã is no multiple of Â: c = Ã_{i,t}/(r_i − mean_g r); only rows with Â_i ≠ 0",
-            "equal_reward": "rows with Â_i = 0 kept apart (OTB runs only): responses, and the mean c (= Ã there) of "
+            "credit": "c = Ã_{i,t}/Â_i per token (GRPO 1, DelTA λ̄, CSCR w̃; 0 where a mask leaves the token out of the "
+            "loss); a credit whose Ã is no multiple of Â states its own c (credit_share); only rows with Â_i ≠ 0",
+            "equal_reward": "rows with Â_i = 0 kept apart (runs whose credit states its own c): responses, and the mean "
+            "c (= Ã there) of "
             "their tokens with |c| > 1e-6 (count: those tokens)",
             "classes": "incorrect responses: first_wrong (toy.first_wrong_token), prefix (before it), after (after it);"
             " "
