@@ -367,8 +367,9 @@ def test_the_default_functions_are_the_papers_and_a_passed_function_is_used(dtyp
 def test_the_ablation_credit_reallocates_with_its_ablation():
     """CscrAblationCredit (what --cscr_weight upweight|sign_aware and --cscr_scope group|batch choose) passes its
     ablation's functions to cscr.py: its Ã and statistics are cscr.py's with them, not the paper's."""
-    import grpo
     from conftest import comparison_config, method_of
+
+    import grpo
 
     paper = grpo.CREDIT_FUNCTIONS["cscr"](grpo.GRPOConfig(credit="cscr", num_generations=2), None)
     paper_adv, _ = paper.reallocate(ADV, OLD, POS, NEG, MASK)

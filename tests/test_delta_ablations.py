@@ -742,6 +742,7 @@ def test_trainer_keeps_frozen_gamma_in_the_ablations_object_and_resumes_it():
     which the checkpoint reads and --resume writes back (the credit's ``state_dict`` / ``load_state_dict``, through
     run_setup.trainer_state / restore); without the flag there is no state to set."""
     from conftest import comparison_config, method_of
+
     from trainer import run_setup
 
     def credit_of(**flags):  # the run's credit function, as grpo.train makes it
