@@ -287,9 +287,8 @@ def truth_numbers(runs: list[RunSamples]) -> dict:
         "definitions": {
             "credit": "c = Ã_{i,t}/Â_i per token (GRPO 1, DelTA λ̄, CSCR w̃; 0 where a mask leaves the token out of the "
             "loss); a credit whose Ã is no multiple of Â states its own c (credit_share); only rows with Â_i ≠ 0",
-            "equal_reward": "rows with Â_i = 0 kept apart (runs whose credit states its own c): responses, and the mean "
-            "c (= Ã there) of "
-            "their tokens with |c| > 1e-6 (count: those tokens)",
+            "equal_reward": "rows with Â_i = 0 kept apart (runs whose credit states its own c): responses, and the "
+            "mean c (= Ã there) of their tokens with |c| > 1e-6 (count: those tokens)",
             "classes": "incorrect responses: first_wrong (toy.first_wrong_token), prefix (before it), after (after it);"
             " "
             "correct responses (reward > 0): result_digits (toy.result_digits), other",
