@@ -14,7 +14,7 @@ both sides; DelTA re-weights the tokens. ``delta_coefficients`` runs spec §2.3'
   step 2  temperatures γ± = population std of each side's margins [``adaptive_temperature``]
   step 3  K refinements: α = σ(Δ/γ) [``soft_assignment``; App. G], centroids re-weighted by |Â|·α, γ lagged (App. H)
   step 4  final α* = σ(Δ/γ) at μ⁽ᴷ⁾;  step 5: λ = λ_min + (λ_max − λ_min)·α* [``bounded_coefficients``]
-  step 6  λ̄ = λ·n_valid/Z, Z = Σλ [``self_normalization``; Eq. 8]; Ã = Â·λ̄ [``delta_token_advantages``].
+  step 6  λ̄ = λ·n_valid/Z, Z = Σλ [``self_normalization``; Eq. 8];  step 7: Ã = Â·λ̄ [``delta_token_advantages``].
 Steps 1–6's functions are ``DeltaFunctions``' fields, one argument ``functions`` (None: the paper's; an ablation's:
 comparisons/delta_ablations.py). ``delta_coefficients_chunked`` is the 8B run's form: chunks, a list or a callable
 yielding them afresh (h recomputed a micro-batch at a time), each statistic a float64 sum over the chunks and, with
@@ -132,7 +132,7 @@ class DeltaResult(NamedTuple):  # λ̄ and what ``delta_stats`` reads; the defau
     guard: bool = True  # a side was empty: λ̄ ≡ 1 on valid tokens, no centroid, no margin
 
 
-# The whole batch: spec §3, one tensor per quantity ---------------------------------------------------------------
+# The whole batch: spec §2.3, one tensor per quantity -------------------------------------------------------------
 def delta_coefficients(v, adv, loss_mask, K=1, lam_min=0.8, lam_max=1.2, *, functions=None) -> DeltaResult:
     """λ̄, DelTA's normalised token coefficients of one rollout batch (spec §2.3 steps 0–6), no gradient. v: [B, T, H]
     proxies (``proxy_vectors``); adv: Â [B] (> 0: side P, < 0: Nn, = 0: neither, yet counted in n_valid and Z);

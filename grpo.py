@@ -16,9 +16,9 @@ optimisations replace them whole, chosen once by the scale recipes or their flag
 ``--dry_run`` says which path). One update per rollout batch (the toy's default) keeps the ratio at 1, so the clip
 never acts; ``--num_mini_batches 4`` makes four updates of each batch, and the later ones clip. ``--loss_type dapo``
 is the token-mean over the mini-batch: with DelTA's λ̄ (mean 1 over the batch) DelTA's Σλℓ / Σλ (Eq. 8), per
-mini-batch approximately, as in DelTA's code. The papers' comparisons (comparisons/, ``python -m comparisons``) are
-whole replacements handed to ``train`` as a ``Method``. Left out: entropy bonus, KL by default, dynamic sampling,
-learning-rate schedules, reward shaping beyond DAPO's overlong penalty.
+mini-batch approximately (DelTA's code: per micro-batch, spec §6). The papers' comparisons (comparisons/, ``python
+-m comparisons``) are whole replacements handed to ``train`` as a ``Method``. Left out: entropy bonus, KL by
+default, dynamic sampling, learning-rate schedules, reward shaping beyond DAPO's overlong penalty.
 """
 
 from __future__ import annotations
@@ -298,11 +298,11 @@ def train_step(step, cfg: GRPOConfig, actor, source, credit, run, parts: run_set
 
 def policy_update(model, optimizer, update: Update, cfg: GRPOConfig, step: int):
     """Stage 6: ``num_iterations`` passes × ``num_mini_batches`` clipped AdamW steps (a non-finite one skipped), rows
-    permuted by (seed, step, pass), each gradient from the run's loss stage. Returns (Σ mini-batch losses, applied
+    permuted by (seed, step, iteration), each gradient from the run's loss stage. Returns (Σ mini-batch losses, applied
     pre-clip gradient norms, token-weighted statistic sums, skipped updates)."""
     loss_stage = update.parts.loss_stage
     N = update.loss_mask.shape[0]
-    mb_size = N // cfg.num_mini_batches
+    mini_batch_rows = N // cfg.num_mini_batches
     loss_sum = 0.0
     grad_norms, sums, skipped = [], {}, 0
     adv_mass = distributed.all_reduce_sum(torch.tensor([float(update.update_adv.abs().sum())], dtype=torch.float64))
@@ -310,10 +310,12 @@ def policy_update(model, optimizer, update: Update, cfg: GRPOConfig, step: int):
         # the weights (decay, momentum): the weights and AdamW's state stay, each statistic 0.0 (same keys each line)
         zeros = dict.fromkeys(POLICY_STATS + ("num_tokens",) + loss_stage.stat_names, 0.0)
         return 0.0, [], {**zeros, "no_signal": 1.0}, 0
-    for epoch in range(cfg.num_iterations):
-        perm = torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed + 7919 * step + epoch))
+    for iteration in range(cfg.num_iterations):
+        perm = torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed + 7919 * step + iteration))
         for k in range(cfg.num_mini_batches):
-            rows = perm[k * mb_size : (k + 1) * mb_size] if cfg.num_mini_batches > 1 else torch.arange(N)
+            rows = (
+                perm[k * mini_batch_rows : (k + 1) * mini_batch_rows] if cfg.num_mini_batches > 1 else torch.arange(N)
+            )
             optimizer.zero_grad(set_to_none=True)
             loss, stats = loss_stage.backward(model, update, rows, cfg)
             loss = distributed.all_reduce_sum(torch.tensor(loss, dtype=torch.float64)).item()  # Σ over the processes
@@ -341,10 +343,10 @@ def minibatch_backward(model, update: Update, rows, cfg: GRPOConfig):
     sums = {}
     for mb in passes:
         at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
-        adv = at(update.update_adv)
+        update_adv = at(update.update_adv)
         ref_logp = at(old.ref_logp)
         loss, stats = policy_loss(
-            mb.logp, at(old.logp), adv, at(mask), update.parts.loss_settings, ref_logp=ref_logp, scope=scope
+            mb.logp, at(old.logp), update_adv, at(mask), update.parts.loss_settings, ref_logp=ref_logp, scope=scope
         )
         loss.backward()
         loss_total += loss.item()

@@ -51,7 +51,7 @@ DELTA_PAPER = {
     "overlong_penalty_factor": 1.0,  # DAPO's overlong reward shaping, as run_DelTA.sh
     "max_steps": 220,  # 8B (300 for 14B)
     "torch_dtype": "float32",  # master weights (FSDP2 computes in bf16 under torchrun)
-    "delta_impl": "memory_efficient",  # normal would keep h of 2,048 × 20,480 tokens: 687 GB at H = 4,096
+    "delta_impl": "memory_efficient",  # normal would keep h of 2,048 rows × 20,480 tokens: 687 GB at H = 4,096
     "gradient_checkpointing": True,  # the official run's (with param/optimizer offload, sequence parallel 4)
     "micro_batch_size": 1,  # rows of up to 22,528 tokens per forward (verl: dynamic, by tokens)
     # the scale path (trainer/scale_passes.py): each the plain path's numbers to rounding, each off where inexact
@@ -197,9 +197,9 @@ class GRPOConfig:
     delta_lam_max: float = flag(1.2, "DelTA λ_max")
     delta_impl: str = flag(
         "normal",
-        "where DelTA's chunks come from: the batch's h kept from θ_old's pass (normal) or "
-        "micro-batches whose h is recomputed in each of K + 3 passes (memory_efficient; "
-        "memory independent of the batch)",
+        "where DelTA's h comes from: kept from θ_old's pass for the whole batch (normal) or recomputed a "
+        "micro-batch at a time in each of K + 3 passes (memory_efficient; memory independent of the batch). "
+        "(Not the official code's names: both of ours compute ‖v − μ‖² directly, its 'Normal'; spec §2.5)",
         ["normal", "memory_efficient"],
     )
     delta_scope: str = flag(

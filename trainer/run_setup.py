@@ -439,7 +439,7 @@ def write_samples(run, step: int, cfg, tokenizer, logged: StepLog, update) -> No
     line per response: ``prompt``, ``response``, ``reward``, ``advantage`` (Â_i), ``finish_reason``; ``tokens`` (each
     decoded on its own, EOS included) and ``credit`` (``credit_shares``, × the loss's own factor where a comparison's
     loss stage has one; 0 for a response --mask_truncated_completions left out of the loss). Where Â_i ≠ 0, each of
-    the credit's per-token values under its name (``update.token_values``: ``lambda_bar`` λ̄, CSCR's ``sensitivity``
+    the credit's per-token values under its name (``update.token_values``: ``lam_bar`` λ̄, CSCR's ``sensitivity``
     s), then ``token_advantages`` (Ã), one number per token of ``tokens``. report.py reads them (and computes the
     toy's truth from ``prompt`` and ``tokens``)."""
     if distributed.rank() != 0 or not cfg.logging_steps or (step + 1) % cfg.logging_steps:
