@@ -114,8 +114,8 @@ def self_normalization(n_valid: Tensor, Z: Tensor) -> Tensor:
 
 class DeltaFunctions(NamedTuple):  # the replaceable parts of λ̄ (defaults: the paper's, above): ``functions``
     score: Callable = contrastive_margins  # (dist_pos, dist_neg, adv) -> margin Δ [b, T]
-    temperature: Callable = adaptive_temperature  # (MarginSums of P, of Nn) -> (γ₊, γ₋), float64 0-dim
-    assign: Callable = soft_assignment  # (margin, gamma_pos, gamma_neg, adv) -> α [b, T]
+    gamma: Callable = adaptive_temperature  # (MarginSums of P, of Nn) -> (γ₊, γ₋), float64 0-dim
+    assignment: Callable = soft_assignment  # (margin, gamma_pos, gamma_neg, adv) -> α [b, T]
     coefficients: Callable = bounded_coefficients  # (assign, adv, mask, lam_min, lam_max) -> λ [b, T]
     normalize: Callable = self_normalization  # (n_valid, Z) -> the float64 scale of λ̄ = λ·scale
 
@@ -151,19 +151,19 @@ def delta_coefficients(v, adv, loss_mask, K=1, lam_min=0.8, lam_max=1.2, *, func
         margin = functions.score(squared_distance(v, mu_pos), squared_distance(v, mu_neg), adv)  # Step 1: Δ⁽⁰⁾ [B, T]
         moments_pos, moments_neg = margin_sums(margin, adv, mask)  # Step 2: γ±⁽⁰⁾ of each side's margins
         gamma0_pos, gamma0_neg = adaptive_temperature(moments_pos, moments_neg)
-        gamma_pos, gamma_neg = functions.temperature(moments_pos, moments_neg)
+        gamma_pos, gamma_neg = functions.gamma(moments_pos, moments_neg)
         for k in range(K):  # Step 3: the K refinements
             if k > 0:  # Δ⁽ᵏ⁾ at μ⁽ᵏ⁾ (Δ⁽⁰⁾ is step 1's)
                 margin = functions.score(squared_distance(v, mu_pos), squared_distance(v, mu_neg), adv)
-            assign = functions.assign(margin, gamma_pos, gamma_neg, adv)  # α⁽ᵏ⁾ = σ(Δ⁽ᵏ⁾/γ⁽ᵏ⁾)
+            assign = functions.assignment(margin, gamma_pos, gamma_neg, adv)  # α⁽ᵏ⁾ = σ(Δ⁽ᵏ⁾/γ⁽ᵏ⁾)
             sums_pos, sums_neg = centroid_sums(v, adv, mask, assign)  # weights |Â|·α⁽ᵏ⁾
             mu_pos = centroid(sums_pos, v.dtype, mu_pos)  # μ±⁽ᵏ⁺¹⁾
             mu_neg = centroid(sums_neg, v.dtype, mu_neg)
             moments_pos, moments_neg = margin_sums(margin, adv, mask)
-            gamma_pos, gamma_neg = functions.temperature(moments_pos, moments_neg)  # lagged: of Δ⁽ᵏ⁾, at μ⁽ᵏ⁾
+            gamma_pos, gamma_neg = functions.gamma(moments_pos, moments_neg)  # lagged: of Δ⁽ᵏ⁾, at μ⁽ᵏ⁾
         if K > 0:  # Step 4: the final margins, at μ⁽ᴷ⁾ (K = 0: step 1's, at μ⁽⁰⁾)
             margin = functions.score(squared_distance(v, mu_pos), squared_distance(v, mu_neg), adv)
-        assign = functions.assign(margin, gamma_pos, gamma_neg, adv)  # α* = σ(Δ/γ⁽ᴷ⁾)
+        assign = functions.assignment(margin, gamma_pos, gamma_neg, adv)  # α* = σ(Δ/γ⁽ᴷ⁾)
         lam = functions.coefficients(assign, adv, mask, lam_min, lam_max)  # Step 5: λ = λ_min + (λ_max − λ_min)·α*
         # Step 6 (Eq. 8): λ̄ = λ·n_valid/max(Z, ε), n_valid counting the Â = 0 tokens too
         scale = functions.normalize(mask.sum(dtype=torch.float64), lam.sum(dtype=torch.float64))
@@ -273,22 +273,22 @@ def delta_coefficients_chunked(chunks, K=1, lam_min=0.8, lam_max=1.2, *, pool=No
         chunk_sums = [margin_sums(margin_j, adv, mask) for margin_j, (adv, mask) in zip(margin, batch.adv_masks)]
         moments_pos, moments_neg = pooled_sums(chunk_sums, pool)
         gamma0_pos, gamma0_neg = adaptive_temperature(moments_pos, moments_neg)
-        gamma_pos, gamma_neg = functions.temperature(moments_pos, moments_neg)
+        gamma_pos, gamma_neg = functions.gamma(moments_pos, moments_neg)
         for k in range(K):  # Step 3: the K refinements, one pass over the chunks each
             chunk_sums = []
             for j, v, adv, mask in batch.read():
                 if k > 0:  # Δ⁽ᵏ⁾ at μ⁽ᵏ⁾ (Δ⁽⁰⁾ is step 1's)
                     margin[j] = _margins(v, adv, mu_pos, mu_neg, functions)
-                assign = functions.assign(margin[j], gamma_pos, gamma_neg, adv)  # α⁽ᵏ⁾
+                assign = functions.assignment(margin[j], gamma_pos, gamma_neg, adv)  # α⁽ᵏ⁾
                 chunk_sums.append(centroid_sums(v, adv, mask, assign) + margin_sums(margin[j], adv, mask))
             sums_pos, sums_neg, moments_pos, moments_neg = pooled_sums(chunk_sums, pool)
             mu_pos = centroid(sums_pos, batch.dtype, mu_pos)  # μ±⁽ᵏ⁺¹⁾ with weights |Â|·α⁽ᵏ⁾
             mu_neg = centroid(sums_neg, batch.dtype, mu_neg)
-            gamma_pos, gamma_neg = functions.temperature(moments_pos, moments_neg)  # lagged: of Δ⁽ᵏ⁾, at μ⁽ᵏ⁾
+            gamma_pos, gamma_neg = functions.gamma(moments_pos, moments_neg)  # lagged: of Δ⁽ᵏ⁾, at μ⁽ᵏ⁾
         if K > 0:  # Step 4: the final margins, at μ⁽ᴷ⁾
             margin = [_margins(v, adv, mu_pos, mu_neg, functions) for _, v, adv, _ in batch.read()]
         # Steps 4–5: α* = σ(Δ/γ⁽ᴷ⁾), λ = λ_min + (λ_max − λ_min)·α*
-        assign = [functions.assign(margin_j, gamma_pos, gamma_neg, adv) for margin_j, adv in zip(margin, advs)]
+        assign = [functions.assignment(margin_j, gamma_pos, gamma_neg, adv) for margin_j, adv in zip(margin, advs)]
         lam = [functions.coefficients(a, adv, m, lam_min, lam_max) for a, (adv, m) in zip(assign, batch.adv_masks)]
         # Step 6 (Eq. 8): λ̄ = λ·n_valid/max(Z, ε), one scale over every chunk (and process)
         n_valid = sum(mask.sum(dtype=torch.float64) for _, mask in batch.adv_masks)

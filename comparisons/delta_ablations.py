@@ -5,13 +5,13 @@ of ``delta.DeltaFunctions``), passed through the ``functions`` argument of delta
 streamed one alike; a trainer chooses them once when the run starts (``functions_from_flags``, ``proxy_from_flags``:
 grpo.py's flags; ``DeltaAblationCredit``). Usage:
 
-    functions = delta.DeltaFunctions(assign=delta_ablations.hard_assignment)  # hard 0/1 α, the rest the paper's
+    functions = delta.DeltaFunctions(assignment=delta_ablations.hard_assignment)  # hard 0/1 α, the rest the paper's
     lam_bar = delta.delta_coefficients(v, adv, loss_mask, functions=functions).lam_bar
 
   field (DeltaFunctions)  the paper's (delta.py)   the ablation (here)
   score                   contrastive_margins      within_side_scores: Δ := −‖v − μ_own‖² (DelTA Q1)
-  temperature             adaptive_temperature     FrozenTemperature: γ± of the first batch (γ⁽⁰⁾), or given, kept
-  assign                  soft_assignment          hard_assignment: α = 1[Δ > 0]
+  gamma                   adaptive_temperature     FrozenTemperature: γ± of the first batch (γ⁽⁰⁾), or given, kept
+  assignment              soft_assignment          hard_assignment: α = 1[Δ > 0]
   coefficients            bounded_coefficients     raw_coefficients: λ = α*
   normalize               self_normalization       no_normalization: λ̄ := λ
   (the proxy)             proxy_vectors            topk_proxy_vectors: W_y − Σ_{top-K} p̃_j W_j (TopKProxy, a trainer's)
@@ -50,7 +50,7 @@ def hard_assignment(margin: Tensor, gamma_pos: Tensor, gamma_neg: Tensor, adv: T
 
 
 class FrozenTemperature:
-    """``temperature`` of "w/o adaptive γ" (spec §6 fixed_gamma, frozen_first_batch): ``gamma`` = (γ₊, γ₋) floats > 0
+    """``gamma`` of "w/o adaptive γ" (spec §6 fixed_gamma, frozen_first_batch): ``gamma`` = (γ₊, γ₋) floats > 0
     used at every refinement of every batch; None: the first γ± measured (the first batch with both sides, its γ⁽⁰⁾)
     is kept from then on. A trainer keeps one per run (in its ``functions``) and saves ``gamma`` in its checkpoints."""
 
@@ -202,7 +202,7 @@ def paper_proxy(hidden, old_logp, mask, token_ids=None, lm_head_weight=None):
 # grpo.py's flag values -> (the DeltaFunctions field, the function in its place); any other value: the paper's
 FLAG_FUNCTIONS = {
     ("delta_scores", "within_side"): ("score", within_side_scores),
-    ("delta_assignment", "hard"): ("assign", hard_assignment),
+    ("delta_assignment", "hard"): ("assignment", hard_assignment),
     ("delta_coefficients", "raw"): ("coefficients", raw_coefficients),
     ("delta_normalize", False): ("normalize", no_normalization),
 }
@@ -213,7 +213,7 @@ def functions_from_flags(cfg) -> delta.DeltaFunctions:
     flag's function in its place (``FLAG_FUNCTIONS``; --delta_gamma frozen: a fresh ``FrozenTemperature``)."""
     swaps = dict(field for (flag, value), field in FLAG_FUNCTIONS.items() if getattr(cfg, flag) == value)
     if cfg.delta_gamma == "frozen":
-        swaps["temperature"] = FrozenTemperature()
+        swaps["gamma"] = FrozenTemperature()
     return delta.DeltaFunctions(**swaps)
 
 
@@ -235,14 +235,14 @@ def proxy_for(proxy, model, full_weight=lambda w: w):
 def kept_gamma(functions: delta.DeltaFunctions):
     """--delta_gamma frozen's kept (γ₊, γ₋) of ``functions`` (``functions_from_flags``), which checkpoints save; else
     None."""
-    return getattr(functions.temperature, "gamma", None)
+    return getattr(functions.gamma, "gamma", None)
 
 
 def keep_gamma(functions: delta.DeltaFunctions, gamma) -> None:
     """--resume: give ``functions``' ``FrozenTemperature`` the (γ₊, γ₋) the run had frozen (None, or no such
     function: a no-op)."""
-    if gamma and hasattr(functions.temperature, "gamma"):
-        functions.temperature.gamma = tuple(gamma)
+    if gamma and hasattr(functions.gamma, "gamma"):
+        functions.gamma.gamma = tuple(gamma)
 
 
 class DeltaAblationCredit(credit_methods.DeltaCredit):

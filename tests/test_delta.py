@@ -1002,13 +1002,13 @@ def former_functions(kw):
     ablation keyword as the function delta_ablations.py passes in its place (``functions``)."""
     swaps = {
         "scores": ("score", delta_ablations.within_side_scores),
-        "assignment": ("assign", delta_ablations.hard_assignment),
+        "assignment": ("assignment", delta_ablations.hard_assignment),
         "coefficients": ("coefficients", delta_ablations.raw_coefficients),
         "normalize": ("normalize", delta_ablations.no_normalization),
     }
     functions = dict(swaps[key] for key in kw if key in swaps)
     if "gamma" in kw:
-        functions["temperature"] = delta_ablations.FrozenTemperature(kw["gamma"])
+        functions["gamma"] = delta_ablations.FrozenTemperature(kw["gamma"])
     given = {key: kw[key] for key in ("K", "lam_min", "lam_max") if key in kw}
     return {**given, "functions": delta.DeltaFunctions(**functions)} if functions else given  # none: the paper's
 

@@ -105,13 +105,13 @@ def with_functions(kw):
     ablation as the function delta_ablations.py passes in its field (``gamma``: a ``FrozenTemperature`` holding it)."""
     swaps = {
         ("scores", "within_side"): ("score", delta_ablations.within_side_scores),
-        ("assignment", "hard"): ("assign", delta_ablations.hard_assignment),
+        ("assignment", "hard"): ("assignment", delta_ablations.hard_assignment),
         ("coefficients", "raw"): ("coefficients", delta_ablations.raw_coefficients),
         ("normalize", False): ("normalize", delta_ablations.no_normalization),
     }
     functions = dict(swaps[key, value] for key, value in kw.items() if (key, value) in swaps)
     if kw.get("gamma") is not None:
-        functions["temperature"] = delta_ablations.FrozenTemperature(kw["gamma"])
+        functions["gamma"] = delta_ablations.FrozenTemperature(kw["gamma"])
     rest = {key: value for key, value in kw.items() if key in ("K", "lam_min", "lam_max")}
     return {**rest, "functions": delta.DeltaFunctions(**functions)}
 
@@ -504,7 +504,7 @@ def test_the_default_functions_are_the_papers_and_an_ablations_function_is_used(
 
     v, adv, mask = random_batch(10)
     for K in (0, 2):
-        functions = delta.DeltaFunctions(temperature=counted, assign=delta_ablations.hard_assignment)
+        functions = delta.DeltaFunctions(gamma=counted, assignment=delta_ablations.hard_assignment)
         calls.clear()
         got = delta.delta_coefficients(v, adv, mask, K, functions=functions).lam_bar
         assert len(calls) == 1 + K
@@ -652,7 +652,7 @@ def test_frozen_temperature_keeps_the_first_batchs_gamma0():
     bit for bit: the lag makes γ⁽¹⁾ = γ⁽⁰⁾); a later batch uses it, as if it had been given; a batch with one side
     (the guard) measures nothing and freezes nothing."""
     frozen = delta_ablations.FrozenTemperature()
-    functions = delta.DeltaFunctions(temperature=frozen)
+    functions = delta.DeltaFunctions(gamma=frozen)
     v1, adv1, mask1 = random_batch(21)
     assert torch.equal(coefficients(v1, adv1.clamp(min=0), mask1, functions=functions), mask1)
     assert frozen.gamma is None
@@ -679,7 +679,7 @@ def test_functions_from_flags_puts_one_function_per_ablation_flag():
     assert delta_ablations.functions_from_flags(comparison_config(credit="delta")) == paper
     for flags, field, fn in (
         (dict(delta_scores="within_side"), "score", delta_ablations.within_side_scores),
-        (dict(delta_assignment="hard"), "assign", delta_ablations.hard_assignment),
+        (dict(delta_assignment="hard"), "assignment", delta_ablations.hard_assignment),
         (dict(delta_coefficients="raw"), "coefficients", delta_ablations.raw_coefficients),
         (dict(delta_normalize=False), "normalize", delta_ablations.no_normalization),
     ):
@@ -687,7 +687,7 @@ def test_functions_from_flags_puts_one_function_per_ablation_flag():
         assert getattr(functions, field) is fn and functions._replace(**{field: getattr(paper, field)}) == paper, flags
     frozen = comparison_config(credit="delta", delta_gamma="frozen")
     one, two = (delta_ablations.functions_from_flags(frozen) for _ in range(2))
-    assert isinstance(one.temperature, delta_ablations.FrozenTemperature) and one.temperature is not two.temperature
+    assert isinstance(one.gamma, delta_ablations.FrozenTemperature) and one.gamma is not two.gamma
     assert delta_ablations.proxy_from_flags(comparison_config(credit="delta")) is delta_ablations.paper_proxy
     topk = delta_ablations.proxy_from_flags(comparison_config(credit="delta", delta_proxy="topk", delta_proxy_topk=7))
     assert topk.needs_lm_head and topk.K == 7
@@ -752,13 +752,13 @@ def test_trainer_keeps_frozen_gamma_in_the_ablations_object_and_resumes_it():
     credit = credit_of(credit="delta", delta_gamma="frozen")
     functions = credit.functions
     assert isinstance(credit, delta_ablations.DeltaAblationCredit)
-    assert isinstance(functions.temperature, delta_ablations.FrozenTemperature)
+    assert isinstance(functions.gamma, delta_ablations.FrozenTemperature)
     assert credit.state_dict() == {"delta_gamma": None}
     credit.load_state_dict({"delta_gamma": [0.25, 0.5]})  # as read back from a checkpoint's JSON
     assert delta_ablations.kept_gamma(functions) == (0.25, 0.5)
     one = torch.tensor(1.0, dtype=F64)
     sums = (delta.MarginSums(one, one, one), delta.MarginSums(2 * one, 4 * one, one))  # one token each: γ = 0 (ε)
-    assert [float(gamma) for gamma in functions.temperature(*sums)] == [0.25, 0.5]
+    assert [float(gamma) for gamma in functions.gamma(*sums)] == [0.25, 0.5]
     sampler = type("Sampler", (), {"position": 3})()
     state = {**run_setup.trainer_state(sampler, credit), "step": 4}
     assert state["delta_gamma"] == (0.25, 0.5)
