@@ -6,7 +6,7 @@ digests of the full PDF [S2]; the rest is our reading [I], an option whose defau
 
 GRPO gives every token of response i its advantage Â_i.  CSCR re-scores each sampled response, fixed, with the
 rollout's weights θ_old and no gradient, under two privileged prompts of opposite polarity (c+: the response is
-correct, c-: it is incorrect) [S].  In the order of this file (m: response mask, L_i = Σ_t m_t)::
+correct, c-: it is incorrect) [S].  In the order of this file (m: the loss mask, L_i = Σ_t m_t)::
 
     §3 prompts       x + c+,  x + c-                                                  build_condition_prompts
     §4 scoring       ℓ0_t = log π(y_t | x, y_<t) (θ_old's pass),  ℓ±_t under x + c±    condition_logprobs
@@ -173,17 +173,17 @@ def scoring_inputs(tokenizer, prompts, response_ids, response_mask):
 
 
 def condition_logprobs(
-    model, tokenizer, prompt_pairs, response_ids, response_mask, temperature=1.0, micro_batch_size=None, logprob_fn=None
+    model, tokenizer, prompt_pairs, response_ids, credited, temperature=1.0, micro_batch_size=None, logprob_fn=None
 ):
     """(lp_pos, lp_neg) = (ℓ+, ℓ-) [B, T] (nats; float32, float64 for a float64 model; 0 off the mask): each fixed
     response scored after its x + c+ and its x + c- (``prompt_pairs``: ``build_condition_prompts``'); spec §4: no
-    grad, eval mode (restored afterwards).  A row without a valid token is not scored (pass the credited tokens);
-    ``micro_batch_size``: rows per pass (None: all); ``logprob_fn``: ``default_logprob_fn``'s signature.  Raises
-    ValueError: shapes, temperature."""
-    m = _as_mask(response_mask)
+    grad, eval mode (restored afterwards), on the ``credited`` tokens [B, T] (the loss mask's in rows with Â ≠ 0; a
+    row without one is not scored); ``micro_batch_size``: rows per pass (None: all); ``logprob_fn``:
+    ``default_logprob_fn``'s signature.  Raises ValueError: shapes, temperature."""
+    m = _as_mask(credited)
     shapes = torch.is_tensor(response_ids) and m.dim() == 2 and m.shape == response_ids.shape
     if not (shapes and len(prompt_pairs) == len(m) and temperature > 0):
-        raise ValueError("need two prompts per response, response_ids of the response_mask's shape, temperature > 0")
+        raise ValueError("need two prompts per response, response_ids of the credited mask's shape, temperature > 0")
     rows = m.any(1).cpu().nonzero().flatten()  # the rows with a valid token
     size = micro_batch_size or max(len(rows), 1)
     param = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
