@@ -113,7 +113,7 @@ def apply(cfg, given: set[str] | None = None, say=None):
         if "data" in overrides:
             say(
                 f"[data] --data {out.data}: the {name} recipe's default (the shipped MATH training set); the paper "
-                f"trains on DeepMath-103K (README: how to fetch it and pass --data)"
+                f"trains on DeepMath-103K (data/README.md: how to fetch it and pass --data)"
             )
     return out
 

@@ -32,8 +32,8 @@ token's d_t is 0 (weight 1, no correction; a sequence mode's sum leaves it out) 
 leave it out, instead of a NaN weight that would skip the whole update (``importance_weights``, ``mismatch_stats``).
 Line numbers below are those of trl 1.16.0's ``trl/trainer/grpo_trainer.py``.
 
-Left out: TRL's ``tool_mask`` (no tool calls here), verl's other rollout corrections (its ``rollout_is``
-geometric-mean modes).
+Left out: TRL's ``tool_mask`` (no tool calls here) and verl's rejection sampling of mismatched responses
+(``rollout_rs``), which drops responses instead of re-weighting their tokens.
 """
 
 from __future__ import annotations
