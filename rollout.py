@@ -49,7 +49,7 @@ class PromptSampler:
 
 
 # Rules an entry point adds for ``--prompt_template auto`` (``register_auto_template``): ``rule(model, data)`` gives
-# ``(template, why)`` for a model it knows, else None (toy.py's ``register``: the toy reads bare prompts, ``none``).
+# ``(template, why)`` for a model it knows, else None (``toy.register``: the toy reads bare prompts, ``none``).
 AUTO_TEMPLATES: list = []
 
 
