@@ -50,11 +50,11 @@ from pathlib import Path
 GB = 1e9  # docs/scaling.md's unit
 
 # Host copies of N·T·H·4 bytes that DelTA's --delta_impl normal holds at stage 5's peak, its cache included
-# (credit_methods.DeltaCredit.lam_bar -> delta.proxy_vectors -> delta.delta_coefficients): stage 4's h_t cache and the proxies v,
-# which proxy_vectors masks in place and delta_coefficients reads as they are (+0.0 on padding: no masked copy);
-# v − μ and its square exist one row block at a time (delta.ROW_BLOCK_BYTES = 16 MiB of v, or one response's
-# T·H·4 when larger). Beyond them: that block and [N, T] tensors (1/H of a copy each). Measured above the cache at
-# 64 and 256 MiB of h: 1.28 and 1.075 copies where v + a block gives 1.25 and 1.0625 (4.0 before the blocks;
+# (credit_methods.DeltaCredit.lam_bar -> delta.proxy_vectors -> delta.delta_coefficients): stage 4's h_t cache and the
+# proxies v, which proxy_vectors masks in place and delta_coefficients reads as they are (+0.0 on padding: no masked
+# copy); v − μ and its square exist one row block at a time (delta.ROW_BLOCK_BYTES = 16 MiB of v, or one response's
+# T·H·4 when larger). Beyond them: that block and [N, T] tensors (1/H of a copy each). Measured above the cache at 64
+# and 256 MiB of h: 1.28 and 1.075 copies where v + a block gives 1.25 and 1.0625 (4.0 before the blocks;
 # tools/bench/memory.py --only stage5, docs/scaling.md). check_delta_cache counts the two copies.
 DELTA_NORMAL_HOST_COPIES = 2  # the plan (stage 5's host peak) and check_delta_cache count these
 # The most of the host memory available to a process that one allocation's peak may take (check_host_memory):
