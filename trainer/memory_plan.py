@@ -635,9 +635,10 @@ def plan(
     longest prompt in tokens. ``gpu_memory_gb``: plan for a GPU of that size (None: the local GPU, else the CPU
     is the device and host memory its size: ``host_memory_gb`` or MemAvailable). When it does not fit,
     ``suggestions`` holds the first flag sets that do, each re-planned (``suggest``). Raises ValueError (one line)
-    for a config it cannot plan or settings that cannot run (grpo.check_config's divisibility). ``traits``: what the
-    flags' credit function and loss stage are (``Settings.credit_gathers_weights``, ``reuses_old_forward``: preflight
-    reads them from grpo.py's registries; None: the defaults, GRPO's)."""
+    for a config it cannot plan or settings that cannot run (grpo_config.check_config's divisibility). ``traits``:
+    what the run's credit function and loss stage are (``Settings.credit_gathers_weights``, ``reuses_old_forward``:
+    run_setup.prepare reads them from the run's ``grpo.Method`` and preflight passes them on; None: the defaults,
+    GRPO's)."""
     s = Settings.from_cfg(cfg, traits)
     sh = Shapes.from_config(model_config)
     gpu = gpu_memory_gb is not None or _cuda()
