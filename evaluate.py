@@ -408,7 +408,7 @@ def main(argv=None):
     )
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
-    toy.register()  # "toy" as a model, a benchmark and --prompt_template auto's rule (toy.py), from here on
+    toy.register()  # "toy" as a model, a benchmark and --prompt_template auto's rule (toy/), from here on
     benches = problems.resolve_benchmarks(args.benchmarks, args.data_dir)
     data = eval_results.load_rows(benches, args.data_dir, args.limit)  # a bad row stops before the model loads
     model, tokenizer = eval_results.load_model(args.model, args.num_threads)

@@ -49,7 +49,7 @@ class PromptSampler:
 
 
 # Rules an entry point adds for ``--prompt_template auto`` (``register_auto_template``): ``rule(model, data)`` gives
-# ``(template, why)`` for a model it knows, else None (toy.py's ``register``: the toy reads bare prompts, ``none``).
+# ``(template, why)`` for a model it knows, else None (``toy.register``: the toy reads bare prompts, ``none``).
 AUTO_TEMPLATES: list = []
 
 
@@ -234,11 +234,12 @@ def sampling_config(max_new_tokens: int, temperature: float, top_p: float, stop_
     """The ``transformers.GenerationConfig`` every HF rollout and evaluation samples with, built from scratch.
 
     It states the whole distribution: softmax(logits / T) cut to the top-``top_p`` nucleus (``temperature == 0``:
-    greedy), what the trainer scores (``policy.token_logprobs``, the same T). Every other field that changes it is
-    neutral: no repetition, n-gram or length penalty, no min-p / typical / epsilon / eta / top-h / top-k truncation,
-    no banned, suppressed, biased or forced token, no minimum length (it would forbid EOS), no beam search, watermark
-    or classifier-free guidance; unset (None) fields are off, as ``generate`` runs with this config alone
-    (``generation_config_set_aside``). A response ends on ``stop_ids`` or after ``max_new_tokens`` tokens, only.
+    greedy), what the trainer scores (``grpo.token_outputs`` or ``scale_passes.token_logprobs``, the same T). Every
+    other field that changes it is neutral: no repetition, n-gram or length penalty, no min-p / typical / epsilon / eta
+    / top-h / top-k truncation, no banned, suppressed, biased or forced token, no minimum length (it would forbid EOS),
+    no beam search, watermark or classifier-free guidance; unset (None) fields are off, as ``generate`` runs with this
+    config alone (``generation_config_set_aside``). A response ends on ``stop_ids`` or after ``max_new_tokens`` tokens,
+    only.
     """
     from transformers import GenerationConfig
 

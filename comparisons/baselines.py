@@ -8,7 +8,7 @@ r ``ratio`` = exp(clamp(logπ_θ − logπ_old, ±20)), Δ ``log_ratio``, m ``lo
 * Forking Tokens (``dapo_ft``, spec §3): Wang et al., "Beyond the 80/20 Rule", arXiv 2506.01939; official code
   Shenzhi-Wang/Beyond-the-80-20-Rule-RLVR @6f5dda6 (core_algos L53–88 ``get_global_entropy_top_mask``, dp_actor
   L439–461).  DAPO on the top ρ = 20% of valid tokens by the policy entropy H = −Σ p log p of softmax(z/T),
-  loss = mean over the kept tokens.  H from the forward (``policy.entropy_from_logits``), ``top_ratio_mask``
+  loss = mean over the kept tokens.  H from the forward (``chunked_head.entropy_from_logits``), ``top_ratio_mask``
   (the official k = max(1, int(n·ρ + 0.9999)) rule), ``quantile_mask`` (TRL's ``top_entropy_quantile``:
   H >= quantile 1 − ρ, ties all kept; TRL keeps the all-token normaliser, spec §3 (c)).
 * SAPO (``sapo``, spec §4): Gao et al. (Qwen), arXiv 2511.20347; verl ``compute_policy_loss_sapo`` (volcengine/verl
@@ -32,7 +32,7 @@ aggregations and where each rule runs (the pool, the micro-batch: spec §1 "hook
 
 How a trainer calls each, in one line (``logits`` [B, T, V] of the current forward, ``lam`` DelTA's λ [B, T])::
 
-    keep = baselines.top_ratio_mask(policy.entropy_from_logits(logits, temp), mask, 0.2)   # FT: loss over keep
+    keep = baselines.top_ratio_mask(chunked_head.entropy_from_logits(logits, temp), mask, 0.2)  # FT: loss over keep
     f = baselines.sapo_gate(ratio, adv)                                      # SAPO: loss = −f·Â, seq-mean-token-mean
     token_adv = adv[:, None] * baselines.future_kl_weights(logp - old_logp, adv, mask)        # FIPO: Ã = Â·f
     mask = mask & ~baselines.fipo_dropped_rows(logp - old_logp, adv, mask)[:, None]           # FIPO: sequence drop

@@ -106,8 +106,8 @@ def choose(weight="exp", scope="sequence", num_generations=None, sign_eps=0.2, s
 
 
 def ablation_from_flags(cfg) -> Ablation:
-    """grpo.py's CSCR options as an ``Ablation``: α, w_min, the aggregation, and the weight step and renormalisation
-    that ``--cscr_weight`` / ``--cscr_scope`` name (``choose``), once per run."""
+    """The CSCR options (grpo.py's and ``Flags``') as an ``Ablation``: α, w_min, the aggregation, and the weight
+    step and renormalisation that ``--cscr_weight`` / ``--cscr_scope`` name (``choose``), once per run."""
     return choose(
         cfg.cscr_weight,
         cfg.cscr_scope,

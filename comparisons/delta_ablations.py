@@ -3,7 +3,7 @@ paper's method alone. Each is a short function with the signature of the one par
 of ``delta.DeltaFunctions``), passed through the ``functions`` argument of delta.py's ``delta_coefficients`` and
 ``delta_coefficients_chunked`` (delta.py names no ablation), so every ablation runs on the whole batch and on the
 streamed one alike; a trainer chooses them once when the run starts (``functions_from_flags``, ``proxy_from_flags``:
-grpo.py's flags; ``DeltaAblationCredit``). Usage:
+the flags of ``python -m comparisons``, ``Flags``; ``DeltaAblationCredit``). Usage:
 
     functions = delta.DeltaFunctions(assignment=delta_ablations.hard_assignment)  # hard 0/1 α, the rest the paper's
     lam_bar = delta.delta_coefficients(v, adv, loss_mask, functions=functions).lam_bar
@@ -209,8 +209,9 @@ FLAG_FUNCTIONS = {
 
 
 def functions_from_flags(cfg) -> delta.DeltaFunctions:
-    """DelTA's functions for grpo.py's --delta_* flags, chosen once when the run starts: the paper's, each ablation
-    flag's function in its place (``FLAG_FUNCTIONS``; --delta_gamma frozen: a fresh ``FrozenTemperature``)."""
+    """DelTA's functions for the --delta_* ablation flags (``Flags``, ``python -m comparisons``), chosen once when
+    the run starts: the paper's, each ablation flag's function in its place (``FLAG_FUNCTIONS``; --delta_gamma
+    frozen: a fresh ``FrozenTemperature``)."""
     swaps = dict(field for (flag, value), field in FLAG_FUNCTIONS.items() if getattr(cfg, flag) == value)
     if cfg.delta_gamma == "frozen":
         swaps["gamma"] = FrozenTemperature()
@@ -218,8 +219,8 @@ def functions_from_flags(cfg) -> delta.DeltaFunctions:
 
 
 def proxy_from_flags(cfg):
-    """The proxy step for grpo.py's --delta_proxy: ``paper_proxy`` (hidden) or ``TopKProxy`` (topk, with
-    --delta_proxy_topk and the rollout's --temperature)."""
+    """The proxy step for --delta_proxy (``python -m comparisons``): ``paper_proxy`` (hidden) or ``TopKProxy``
+    (topk, with --delta_proxy_topk and the rollout's --temperature)."""
     return TopKProxy(cfg.delta_proxy_topk, cfg.temperature) if cfg.delta_proxy == "topk" else paper_proxy
 
 

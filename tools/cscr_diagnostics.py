@@ -45,14 +45,14 @@ or from Python: ``report = diagnose(model, tokenizer, problems, answers, 400, pr
 ``diagnostics(old_logp, lp_pos, lp_neg, response_mask, correct)`` on log-probs you already have.
 
 Imports torch and, for the study and its CLI, the project's modules that do each job for the trainer: rollout
-(templates, sampling, stop tokens and strings), verify (grading, the answer of template C), problems
-(``load_problems``: jsonl, benchmark names, the toy), policy (``load_model_and_tokenizer``: the toy, folders, hub
-ids, dtype; ``token_logprobs``: the trainer's log-probs, the one function on every scoring path) and cscr
-(condition prompts, the scoring inputs, sensitivity, weights); matplotlib only inside the plots.  toy.py is
-reached only through problems/policy.  Left out on purpose: training (CSCR itself is cscr.py, the trainer
-grpo.py); the vLLM sampler and top-k sampling (the trainer's HF distribution, softmax(logits / T) cut to top-p,
-is the one studied); confidence intervals and repeated seeds; the RLCSD-style differential signal (spec §4, "not
-CSCR").  Read next: spec §7, ``cscr.py``, and ``tests/test_cscr_diagnostics.py`` (the spec §8 toy numbers).
+(templates, sampling, stop tokens and strings), verify (grading, the answer of template C), problems (``load_problems``:
+jsonl, benchmark names, the toy), policy (``load_model_and_tokenizer``: the toy, folders, hub ids, dtype), scale_passes
+(``token_outputs``: the trainer's log-probs, the one function on every scoring path) and cscr (condition prompts, the
+scoring inputs, sensitivity, weights); matplotlib only inside the plots.  toy/ is reached through problems/policy once
+the CLI's ``toy.register()`` added it.  Left out on purpose: training (CSCR itself is cscr.py, the trainer grpo.py); the
+vLLM sampler and top-k sampling (the trainer's HF distribution, softmax(logits / T) cut to top-p, is the one studied);
+confidence intervals and repeated seeds; the RLCSD-style differential signal (spec §4, "not CSCR").  Read next: spec §7,
+``cscr.py``, and ``tests/test_cscr_diagnostics.py`` (the spec §8 toy numbers).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The built-in toy: a verifiable arithmetic task and a tiny Qwen3 "base model" (toy/model/), no download needed.
 
 Imported by the entry points alone (grpo.py, evaluate.py, the tools) and the tests, each of which calls
-``toy.register()`` once before it runs (``register``, below); the generic code (trainer/, rollout.py) names no toy.
+``toy.register()`` (or ``register_data``, the data alone) once before it runs (``register``, below); the generic
+code (trainer/, rollout.py) names no toy.
 
 Why a toy? So the whole RLVR pipeline (sample -> verify -> advantage -> credit -> clipped surrogate) runs on a
 2-core CPU in minutes, through exactly the code paths a real model uses:

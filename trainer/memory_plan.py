@@ -15,10 +15,11 @@ docs/scaling.md's arithmetic as one function. GB = 10⁹ bytes. The stages (grpo
 * 6. update: weights, gradients, AdamW, one micro-batch's activations (all of them when stage 4's are reused), the
   shared prompt's kept activations, the LM head's float32 copy, the backward pass's working set.
 
-Every pass holds the LM head's logits as policy.token_logprobs does: a micro-batch's float32 logits b·T·V·4 when
-they fit in ``LOGITS_CHUNK_BYTES``, else one chunk of positions at a time (``chunked_head_bytes``).
+Every pass holds the LM head's logits as scale_passes.token_logprobs does: a micro-batch's float32 logits b·T·V·4,
+or, under ``--chunked_lm_head`` where they exceed ``LOGITS_CHUNK_BYTES``, one chunk of positions at a time
+(``chunked_head_bytes``).
 
-Every activation byte count is derived from the model's shapes and the code path (policy.token_logprobs over HF's
+Every activation byte count is derived from the model's shapes and the code path (scale_passes.token_logprobs over HF's
 Qwen3 decoder layer: q/k/v/o projections, RMSNorms, rotary, SDPA, SwiGLU MLP; peft's LoRA layers), tensor by tensor
 as autograd saves them (``layer_activation_bytes``); tests/test_memory_plan.py measures the saved tensors of real
 layers and finds these counts to the byte. docs/scaling.md's earlier measured figures (8B per layer per token: full
@@ -49,11 +50,11 @@ from pathlib import Path
 GB = 1e9  # docs/scaling.md's unit
 
 # Host copies of N·T·H·4 bytes that DelTA's --delta_impl normal holds at stage 5's peak, its cache included
-# (grpo.Credit._delta -> delta.proxy_vectors -> delta.delta_coefficients): stage 4's h_t cache and the proxies v,
-# which proxy_vectors masks in place and delta_coefficients reads as they are (+0.0 on padding: no masked copy);
-# v − μ and its square exist one row block at a time (delta.ROW_BLOCK_BYTES = 16 MiB of v, or one response's
-# T·H·4 when larger). Beyond them: that block and [N, T] tensors (1/H of a copy each). Measured above the cache at
-# 64 and 256 MiB of h: 1.28 and 1.075 copies where v + a block gives 1.25 and 1.0625 (4.0 before the blocks;
+# (credit_methods.DeltaCredit.lam_bar -> delta.proxy_vectors -> delta.delta_coefficients): stage 4's h_t cache and the
+# proxies v, which proxy_vectors masks in place and delta_coefficients reads as they are (+0.0 on padding: no masked
+# copy); v − μ and its square exist one row block at a time (delta.ROW_BLOCK_BYTES = 16 MiB of v, or one response's
+# T·H·4 when larger). Beyond them: that block and [N, T] tensors (1/H of a copy each). Measured above the cache at 64
+# and 256 MiB of h: 1.28 and 1.075 copies where v + a block gives 1.25 and 1.0625 (4.0 before the blocks;
 # tools/bench/memory.py --only stage5, docs/scaling.md). check_delta_cache counts the two copies.
 DELTA_NORMAL_HOST_COPIES = 2  # the plan (stage 5's host peak) and check_delta_cache count these
 # The most of the host memory available to a process that one allocation's peak may take (check_host_memory):
@@ -89,9 +90,10 @@ MIN_VLLM_SEQUENCES = 4
 # tools/bench/gpu_check.py records the prediction beside the measured peak for the day a GPU is lent.
 CUDA_CONTEXT_GB = 0.6
 CUDA_ALLOCATOR_SLACK = 0.05
-PADDING_FREE_BUCKETS = 8  # policy.PADDING_FREE_BUCKETS (copied: this module imports no project file)
-# policy.LOGITS_CHUNK_BYTES (copied): a micro-batch whose b·T float32 logits exceed it goes through the LM head
-# LOGITS_CHUNK_BYTES // (V·4) positions at a time (policy.ChunkedLMHead; 441 at V = 151,936)
+PADDING_FREE_BUCKETS = 8  # grpo_config.PADDING_FREE_BUCKETS (copied: this module imports no project file)
+# scale_passes.LOGITS_CHUNK_BYTES (copied): under --chunked_lm_head a micro-batch whose b·T float32 logits exceed it
+# goes through the LM head LOGITS_CHUNK_BYTES // (V·4) positions at a time (chunked_head.ChunkedLMHead; 441 at
+# V = 151,936)
 LOGITS_CHUNK_BYTES = 256 * 2**20
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -339,7 +341,7 @@ def gradient_flow_bytes(sh: Shapes, c: int, lora: tuple | None = None) -> int:
 
 
 def chunked_head_bytes(chunk: int, V: int, H: int, c: int, trained: bool) -> dict:
-    """policy.ChunkedLMHead's working set, ``chunk`` positions at a time, in bytes (c: the compute dtype's bytes).
+    """chunked_head.ChunkedLMHead's working set, ``chunk`` positions at a time, in bytes (c: the compute dtype's bytes).
     Forward: a chunk's logits z/τ in float32 and logsumexp's temporary, 2·4·chunk·V (bf16: its z, 2·chunk·V, is
     freed before logsumexp runs). Backward: the chunk's float32 logits, turned in place into ∂/∂z, and their bf16
     copy for dh's matmul (c = 2), plus, when the head is trained, W's gradient summed chunk by chunk in float32,
@@ -633,9 +635,10 @@ def plan(
     longest prompt in tokens. ``gpu_memory_gb``: plan for a GPU of that size (None: the local GPU, else the CPU
     is the device and host memory its size: ``host_memory_gb`` or MemAvailable). When it does not fit,
     ``suggestions`` holds the first flag sets that do, each re-planned (``suggest``). Raises ValueError (one line)
-    for a config it cannot plan or settings that cannot run (grpo.check_config's divisibility). ``traits``: what the
-    flags' credit function and loss stage are (``Settings.credit_gathers_weights``, ``reuses_old_forward``: preflight
-    reads them from grpo.py's registries; None: the defaults, GRPO's)."""
+    for a config it cannot plan or settings that cannot run (grpo_config.check_config's divisibility). ``traits``:
+    what the run's credit function and loss stage are (``Settings.credit_gathers_weights``, ``reuses_old_forward``:
+    run_setup.prepare reads them from the run's ``grpo.Method`` and preflight passes them on; None: the defaults,
+    GRPO's)."""
     s = Settings.from_cfg(cfg, traits)
     sh = Shapes.from_config(model_config)
     gpu = gpu_memory_gb is not None or _cuda()
@@ -689,14 +692,14 @@ def _plan(
         largest = max(V * H, H * sh.intermediate)
     opt_temp = 0 if gpu else 2 * largest * tb  # CUDA: fused AdamW; CPU: sqrt(v) and its quotient, per tensor
     ref = n_params * cw / n if s.beta > 0 and full else 0  # the frozen copy (LoRA: the adapter disabled)
-    # the default optimisations, off where they would not be exact (policy.exact_optimisations)
+    # the scale path's optimisations (their flags), off where they would not be exact (scale_passes.exact_optimisations)
     dropout = peft and s.lora_dropout > 0
     padding_free = s.padding_free and not dropout
     shared = s.shared_prompt and not s.gradient_checkpointing and not dropout and n == 1 and sh.full_attention
     mini = N // s.num_mini_batches
     fuse = not dropout and updates_on_policy(s, N, n, s.reuses_old_forward, s.credit_gathers_weights)
 
-    def rows(k: int) -> int:  # rows per micro-batch of a pass over k rows (policy.micro_batches)
+    def rows(k: int) -> int:  # rows per micro-batch of a pass over k rows (scale_passes.micro_batches)
         return (
             min(s.micro_batch_size, k)
             if s.micro_batch_size
@@ -720,7 +723,7 @@ def _plan(
         extra = 2 * c * sh.head_dim * Sq + (4 * H + 4 + (c * H if full else 0)) * Sq  # cos/sin, final norm
         if chunked(b):  # ChunkedLMHead keeps h (the final norm's output: its whole storage when it needs no copy),
             extra += c * H * Sq + 12 * T  # and per position logsumexp (4 B) and the token id (8 B)
-        else:  # the LM head's input (as above), logsumexp's float32 logits (policy.token_logprobs)
+        else:  # the LM head's input (as above), logsumexp's float32 logits (scale_passes.token_logprobs)
             extra += (c * H * Sq if full else 0) + 4 * V * T
         extra += Sq * S if masked(b) else 0  # the bool mask
         return core + extra
@@ -732,7 +735,7 @@ def _plan(
             head_fwd = b * (T + 1) * V * c + T * V * 4  # the logits (c) and one row's second float32 copy
             head_bwd = max(3 * T * V * 4, 2 * b * (T + 1) * V * c)  # one row's float32 gradients; the logits' two
         flow = b * Sq * gradient_flow_bytes(sh, c, lora) + (b * layer(b) if s.gradient_checkpointing else 0)
-        return max(head_fwd, head_bwd, flow)  # (measured: the LM head, policy.token_logprobs, exactly)
+        return max(head_fwd, head_bwd, flow)  # (measured: the LM head, scale_passes.token_logprobs, exactly)
 
     def nograd(b, q=Sq, kv=S):  # one micro-batch's no-grad forward: a layer at a time, then the LM head
         return b * nograd_layer_bytes(sh, c=c, q_tokens=q, kv_tokens=kv, masked=masked(b), lora=lora) + (

@@ -1,6 +1,6 @@
 """The policy model of grpo.py: loading it, wrapping it for training, and the pieces that live next to it.
 
-* ``load_model_and_tokenizer``: ``from_pretrained`` of a registered name (``MODELS``: ``"toy"``, toy.py), a local
+* ``load_model_and_tokenizer``: ``from_pretrained`` of a registered name (``MODELS``: ``"toy"``, toy/), a local
   folder or a hub id, in the dtype and on the device asked for; the tokenizer pads on the left;
 * ``prepare_model``: the float32 LM head (``cast_lm_head_to_fp32``), gradient checkpointing and LoRA adapters (peft);
 * ``reference_model``: the frozen initial policy for the k3 KL term (``--beta > 0``);
@@ -31,7 +31,7 @@ import torch
 from trainer import distributed
 
 # Named models an entry point adds (``register_model``): ``--model name`` loads the folder ``MODELS[name]()`` returns
-# (toy.py's ``register`` adds ``toy``). A function, not a path: the folder may be built on first use.
+# (``toy.register`` adds ``toy``). A function, not a path: the folder may be built on first use.
 MODELS: dict = {}
 
 
@@ -63,7 +63,7 @@ def load_model_and_tokenizer(
 ):
     """Load a causal LM and its tokenizer with ``from_pretrained``: ``"toy"``, a local folder or a hub id.
 
-    ``"toy"`` resolves to the toy model's folder (toy.py), then goes through exactly the same ``from_pretrained``
+    ``"toy"`` resolves to the toy model's folder (toy/), then goes through exactly the same ``from_pretrained``
     path. A folder holding a LoRA adapter (``adapter_config.json``, e.g. a ``--use_peft`` run's ``final/``) loads
     its base model (``base_model_name_or_path``, which may be ``toy``) with the adapter on top. A hub id is looked
     up in the local cache first; a download is tried only when the hub answers (``hub.require_hub``). The tokenizer

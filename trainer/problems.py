@@ -3,7 +3,7 @@ names the repository ships, and the checks every row passes before anything else
 
 * ``load_problems``: a jsonl file, a parquet file (read batch by batch, only its used columns), a folder of shards,
   a training set's name (``data/train/<name>.jsonl``), a benchmark name, or a registered task's ``train`` /
-  ``test`` split (``register_source``: the toy's, toy.py); grpo.py's ``--data`` / ``--eval_data``, evaluate.py's
+  ``test`` split (``register_source``: the toy's, toy/); grpo.py's ``--data`` / ``--eval_data``, evaluate.py's
   and cscr_diagnostics.py's problems;
 * ``--data_problem_field`` / ``--data_answer_field``: the fields of a file's rows that hold the problem and the
   answer (DeepMath: ``question`` / ``final_answer``), renamed to ``problem`` / ``answer``;
@@ -29,7 +29,7 @@ import verify
 from trainer import hub
 
 # Generated tasks an entry point adds (``register_source``): ``--data name`` / ``--benchmarks name`` read
-# ``SOURCES[name](split)`` (toy.py's ``register_data`` adds ``toy``: its ``train`` and held-out ``test`` splits).
+# ``SOURCES[name](split)`` (``toy.register_data`` adds ``toy``: its ``train`` and held-out ``test`` splits).
 SOURCES: dict = {}
 
 
@@ -167,7 +167,7 @@ def load_problems(
     answer_field: str = "answer",
 ) -> list[dict]:
     """Problems as ``{id, problem, answer, source}`` rows: a jsonl or parquet file, a folder of shards, a benchmark
-    name, or a registered task (``SOURCES``: the toy, once toy.py's ``register_data`` ran).
+    name, or a registered task (``SOURCES``: the toy, once ``toy.register_data`` ran).
 
     ``source`` is resolved in this order: a name of ``SOURCES`` (that task's ``split``); an existing file: ``*.parquet``
     is read with pyarrow, any other file as jsonl (one JSON object per line with string ``problem`` and

@@ -1,7 +1,7 @@
 """Recipes: the settings of grpo.py that belong together, as named tables of overrides of ``GRPOConfig``.
 
 A recipe is one short table. ``--recipe auto`` (the default) takes a model's own recipe when an entry point
-registered one (``register``: toy.py's ``toy`` for the toy model, ``--model toy`` or a folder holding the toy's
+registered one (``register``: toy/'s ``toy`` for the toy model, ``--model toy`` or a folder holding the toy's
 ``toy_info.json``) and ``delta_paper`` for any other model. A flag given on the command line beats the recipe;
 config.json records the recipe and every resolved value, and ``--resume`` compares resolved values
 (checkpoint.check_resume_config).
@@ -50,7 +50,7 @@ def on_gpus(cfg) -> bool:
     return torch.cuda.is_available() or (cfg.dry_run and cfg.gpu_memory_gb is not None)
 
 
-# What an entry point adds (toy.py's ``register``): ``AUTO_RECIPES``, rules ``rule(model) -> recipe name | None`` for
+# What an entry point adds (``toy.register``): ``AUTO_RECIPES``, rules ``rule(model) -> recipe name | None`` for
 # ``--recipe auto`` (the toy's: ``toy`` for the toy model), and ``CHECKS``, ``check(name, cfg) -> error | None`` on
 # the resolved config under recipe ``name`` (the toy's: no paper recipe on the toy's data).
 AUTO_RECIPES: list = []

@@ -28,10 +28,11 @@ import torch
 from trainer import chunked_head, distributed, policy
 from trainer.grpo_config import PADDING_FREE_BUCKETS
 
-# The LM head in chunks of positions: a micro-batch whose b·T response positions hold more than this many bytes of
-# float32 logits (b·T·V·4) goes through the head LOGITS_CHUNK_BYTES // (V·4) positions at a time (441 at Qwen3's
-# V = 151,936), never holding its [b, T, V] logits (12.4 GB for one 20,480-token row); one that fits runs the
-# model's own head over all its positions at once, as before. Tests set it smaller to force several chunks.
+# The LM head in chunks of positions (--chunked_lm_head; off: never): a micro-batch whose b·T response positions hold
+# more than this many bytes of float32 logits (b·T·V·4) goes through the head LOGITS_CHUNK_BYTES // (V·4) positions at a
+# time (441 at Qwen3's V = 151,936), never holding its [b, T, V] logits (12.4 GB for one 20,480-token row); one that
+# fits runs the model's own head over all its positions at once, as before. Tests set it smaller to force several
+# chunks.
 LOGITS_CHUNK_BYTES = 256 * 2**20
 
 

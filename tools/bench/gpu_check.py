@@ -377,7 +377,7 @@ def toy_runs(check: Check, part: str, extra_flags: list[str], limit_key: str) ->
     reported, with the command that prepares it."""
     import toy
 
-    root = toy_cache_root(check.args)  # --toy_cache: that folder's build; else toy.py's rule (toy/model/, else cache)
+    root = toy_cache_root(check.args)  # --toy_cache: that folder's build; else toy/'s rule (toy/model/, else cache)
     model_dir = toy.cache_dir(root) if root else toy.model_folder()
     tiny = check.args.tiny
     size = (

@@ -136,7 +136,7 @@ def longest_prompt_tokens(model_path: str) -> int:
     import toy
     from trainer import problems
 
-    toy.register_data()  # problems.load_problems("toy") reads the toy's split once toy.py registered it
+    toy.register_data()  # problems.load_problems("toy") reads the toy's split once toy/ registered it
     tok = AutoTokenizer.from_pretrained(model_path)
     return max(
         len(tok(rollout.apply_template(r["problem"], "none"))["input_ids"])

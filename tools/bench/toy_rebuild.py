@@ -1,4 +1,4 @@
-"""The toy's rebuild check (.ci/run): does toy.py's recipe still make the shipped toy/model/?
+"""The toy's rebuild check (.ci/run): does toy/'s recipe still make the shipped toy/model/?
 
 ``python tools/bench/toy_rebuild.py [--output DIR]`` reruns ``toy.build_toy_model`` (seed 0, ``toy.WARMUP``, one thread:
 about 7 minutes on one CPU core) into ``--output`` (default: a temporary folder) and compares the result with the
@@ -6,12 +6,12 @@ shipped ``toy/model/``: identical weights where the platform allows it (``toy.co
 held-out greedy accuracy and avg@8 (the 200 test problems, the trainer's evaluation ``evaluate.evaluate_rows``, seed
 12345) within ``REBUILD_TOLERANCE`` points; exit status 1 if not, or if the two models hold different tensors.
 
-Why here, not in toy.py: comparing accuracies loads and evaluates both models (policy.py, evaluate.py), and policy.py
-imports toy.py to resolve ``--model toy``; toy.py imports no project module, so the check sits at the top of the
-stack, beside the other scripts that run the project rather than make it up.
+Why here, not in toy/: comparing accuracies loads and evaluates both models (policy.py, evaluate.py); toy/ imports
+project modules only inside ``register`` (to add itself to the generic ones) and never evaluate.py, so the check sits
+at the top of the stack, beside the other scripts that run the project rather than make it up.
 
 Left out on purpose: replacing toy/model/ with the rebuild (copy the --output folder by hand, then bump
-``toy.TOY_VERSION`` if the recipe changed). Read next: toy.py (the recipe), evaluate.py (the evaluation).
+``toy.TOY_VERSION`` if the recipe changed). Read next: toy/__init__.py (the recipe), evaluate.py (the evaluation).
 """
 
 from __future__ import annotations

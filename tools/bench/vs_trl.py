@@ -140,7 +140,8 @@ def _quiet():
 
 
 def _toy_rows(split: str) -> list[dict]:
-    """The toy's ``split`` rows; registers the toy's data first (a worker has not run grpo's registration)."""
+    """The toy's ``split`` rows; registers the toy's data first (a worker has not run ``toy.register``, which
+    grpo.train calls)."""
     import toy
     from trainer import problems
 
