@@ -35,9 +35,9 @@ def entropy_from_logits(logits, temperature=1.0):
     Raises ValueError: temperature <= 0, logits not a floating tensor with at least one dimension.
     """
     if not (isinstance(temperature, (int, float)) and temperature > 0):
-        raise ValueError(f"policy.entropy_from_logits: temperature must be > 0, got {temperature!r}")
+        raise ValueError(f"chunked_head.entropy_from_logits: temperature must be > 0, got {temperature!r}")
     if not torch.is_tensor(logits) or logits.dim() < 1 or not logits.is_floating_point():
-        raise ValueError("policy.entropy_from_logits: logits must be a floating [..., V] tensor")
+        raise ValueError("chunked_head.entropy_from_logits: logits must be a floating [..., V] tensor")
     dt = torch.promote_types(logits.dtype, torch.float32)
     x = logits.detach()
     # [R, T, V] without a copy for the usual [B, T, V] (a slice along T of the full logits included)

@@ -3,8 +3,8 @@ generated from it (``build_parser``) and the checks of every value (``check_conf
 is created or any weights load, each failing in one line that names the flag (and the recipe that set it).
 
 Held apart from grpo.py so that the trainer opens on the method (TRL keeps ``GRPOConfig`` in its own file too);
-grpo.py re-exports ``GRPOConfig`` and wraps the other two, handing them its registries' names (``choices``: the
-policy losses and the credit functions, which this file cannot import). Which settings belong together is
+grpo.py imports ``GRPOConfig`` and ``build_parser``; ``python -m comparisons`` adds its files' ``Flags`` to the same
+class (``comparisons.config_class``), whose ``checks`` run with these. Which settings belong together is
 recipes.py's business (``--recipe``), what the values cost in memory memory_plan.py's. Left out on purpose: config
 files (YAML/TOML: one flag per setting, and config.json in the run folder records every resolved value),
 environment-variable overrides.
