@@ -302,7 +302,7 @@ def policy_update(model, optimizer, update: Update, cfg: GRPOConfig, step: int):
     pre-clip gradient norms, token-weighted statistic sums, skipped updates)."""
     loss_stage = update.parts.loss_stage
     N = update.loss_mask.shape[0]
-    mini_batch_rows = N // cfg.num_mini_batches
+    size = N // cfg.num_mini_batches  # rows per mini-batch
     loss_sum = 0.0
     grad_norms, sums, skipped = [], {}, 0
     adv_mass = distributed.all_reduce_sum(torch.tensor([float(update.update_adv.abs().sum())], dtype=torch.float64))
@@ -313,9 +313,7 @@ def policy_update(model, optimizer, update: Update, cfg: GRPOConfig, step: int):
     for iteration in range(cfg.num_iterations):
         perm = torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed + 7919 * step + iteration))
         for k in range(cfg.num_mini_batches):
-            rows = (
-                perm[k * mini_batch_rows : (k + 1) * mini_batch_rows] if cfg.num_mini_batches > 1 else torch.arange(N)
-            )
+            rows = perm[k * size : (k + 1) * size] if cfg.num_mini_batches > 1 else torch.arange(N)
             optimizer.zero_grad(set_to_none=True)
             loss, stats = loss_stage.backward(model, update, rows, cfg)
             loss = distributed.all_reduce_sum(torch.tensor(loss, dtype=torch.float64)).item()  # Σ over the processes
