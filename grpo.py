@@ -231,18 +231,20 @@ def micro_batches(model, batch, rows, cfg: GRPOConfig, grad: bool, asked=policy.
         yield policy.MicroBatch(j, T, out.logp, out.hidden, out.entropy, out.token_stats, len(row_groups))
 
 
-@torch.no_grad()
-def old_logprobs(model, batch, cfg: GRPOConfig, asked=policy.Asked(), ref_model=None) -> policy.ThetaOld:
-    """Stage 4: θ_old's log-probs ``[N, T]`` from its own no-grad forward (``micro_batches``), with what the credit
-    asks of the same pass (``asked``: h_t for DelTA) and, for --beta > 0, π_ref's. A ``policy.ThetaOld`` on the host."""
+def old_logprobs(model, batch, cfg: GRPOConfig, asked=policy.Asked(), ref_model=None, training_forward=False):
+    """Stage 4: θ_old's log-probs ``[N, T]`` from its own no-grad forward (``micro_batches``), or with
+    ``training_forward`` (one update of one micro-batch, --fuse_old_logprobs: run_setup.step_parts) from the update's
+    own forward, as TRL does; with what the credit asks of the same pass (``asked``: h_t for DelTA) and, for --beta > 0,
+    π_ref's. A ``policy.ThetaOld`` on the host."""
     rows = torch.arange(batch.response_mask.shape[0])
-    outputs = list(micro_batches(model, batch, rows, cfg, grad=False, asked=asked))
-    logp = torch.cat([mb.logp for mb in outputs]).cpu()
+    # training_forward: stage 6's forward now, its log-probs detached as θ_old's, its graph kept for the update
+    outputs = list(micro_batches(model, batch, rows, cfg, grad=training_forward, asked=asked))
+    logp = torch.cat([mb.logp.detach() for mb in outputs]).cpu()
     hidden = torch.cat([mb.hidden for mb in outputs]).cpu() if asked.hidden else None
     stats = {name: torch.cat([mb.token_stats[name] for mb in outputs]).cpu() for name in asked.token_stats or {}}
     ref_passes = micro_batches(ref_model, batch, rows, cfg, grad=False) if ref_model is not None else None
     ref_logp = torch.cat([mb.logp for mb in ref_passes]).cpu() if ref_passes else None  # --beta > 0: π_ref's
-    return policy.ThetaOld(logp, hidden, ref_logp, stats)
+    return policy.ThetaOld(logp, hidden, ref_logp, stats, outputs if training_forward else None)
 
 
 # --- One step: rollout -> verify -> advantages -> θ_old -> credit -> update -> log ----------------------------

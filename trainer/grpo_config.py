@@ -270,15 +270,18 @@ class GRPOConfig:
         "rows per forward/backward (0: the whole mini-batch, with --padding_free in "
         f"{PADDING_FREE_BUCKETS} length-sorted parts); gradients are identical",
     )
+    fuse_old_logprobs: bool = flag(
+        True,
+        "θ_old's log-probs from the update's own forward where one update of one micro-batch uses the batch, as TRL "
+        "does (one forward fewer, the same update; off where the model has dropout); --no-fuse_old_logprobs: θ_old's "
+        "own no-grad forward",
+    )
     # the scale path (trainer/scale_passes.py): off for the toy (the plain passes of grpo.py), on in the scale recipes
     padding_free: bool = flag(False, "micro-batches of similar length, each cut to its own longest row (same loss)")
     shared_prompt: bool = flag(
         False, "run each group's prompt once, its keys/values read by its G responses (same loss)"
     )
     chunked_lm_head: bool = flag(False, "the LM head a chunk of positions at a time: no [b, T, V] logits (same loss)")
-    fuse_old_logprobs: bool = flag(
-        False, "one update per batch: θ_old's log-probs from the training forward (one forward fewer, same update)"
-    )
     epsilon: float = flag(0.2, "lower clip ε_low: ratio ≥ 1−ε for negative advantages")
     epsilon_high: float = flag(0.28, "upper clip ε_high: ratio ≤ 1+ε_high for positive advantages (DAPO)")
     dual_clip: float | None = flag(None, "dual-clip constant c for negative advantages (e.g. 10)")

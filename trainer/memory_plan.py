@@ -371,7 +371,7 @@ class Settings:
     padding_free: bool = False
     shared_prompt: bool = False
     chunked_lm_head: bool = False
-    fuse_old_logprobs: bool = False
+    fuse_old_logprobs: bool = True
     num_prompts_per_step: int = 16
     num_generations: int = 8
     num_mini_batches: int = 1

@@ -7,6 +7,7 @@ metrics.jsonl record and its samples/. Infrastructure only: no formula of the me
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -83,16 +84,17 @@ class StepParts(NamedTuple):
 
 def step_parts(cfg, credit, method, plain: policy.Forward) -> StepParts:
     """What the flags choose for every step, once before the loop: the scale path's passes when one of its flags is
-    on (trainer/scale_passes.py; θ_old from the training forward when memory_plan.updates_on_policy allows), else
-    ``plain`` (grpo.py's); ``method``'s loss stage and surrogate settings; ``credit``: the run's credit function."""
+    on (trainer/scale_passes.py), else ``plain`` (grpo.py's); on either, θ_old from the update's own forward where
+    memory_plan.updates_on_policy allows (--fuse_old_logprobs: one update of one micro-batch); ``method``'s loss stage
+    and surrogate settings; ``credit``: the run's credit function."""
     from trainer import memory_plan, scale_passes
 
-    forward = plain
+    processes = distributed.world_size()
+    num_rows = cfg.num_prompts_per_step // processes * cfg.num_generations  # this process's rows
+    reuses = method.loss_stage.reuses_old_forward
+    fuse_old = memory_plan.updates_on_policy(cfg, num_rows, processes, reuses, credit.gathers_weights)
+    forward = plain._replace(old_logprobs=functools.partial(plain.old_logprobs, training_forward=fuse_old))
     if scale_passes.chosen(cfg):
-        processes = distributed.world_size()
-        num_rows = cfg.num_prompts_per_step // processes * cfg.num_generations  # this process's rows
-        reuses = method.loss_stage.reuses_old_forward
-        fuse_old = memory_plan.updates_on_policy(cfg, num_rows, processes, reuses, credit.gathers_weights)
         forward = scale_passes.forward(cfg, fuse_old)
     return StepParts(forward, method.loss_stage, method.loss_settings.from_config(cfg), sampler_correction(cfg))
 

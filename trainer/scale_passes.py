@@ -510,11 +510,11 @@ def scoring_logprobs(shared_prompt: bool, chunk_bytes, model, input_ids, attenti
     return token_logprobs(model, input_ids, attention_mask, loss_mask, temperature, (shared, rows), chunk_bytes)
 
 
-FLAGS = ("padding_free", "shared_prompt", "chunked_lm_head", "fuse_old_logprobs")  # the scale path's
+FLAGS = ("padding_free", "shared_prompt", "chunked_lm_head")  # the scale path's (--fuse_old_logprobs: either path's)
 
 
 def chosen(cfg) -> bool:
-    """Whether the run takes the scale path: any of its four flags on (the plain path: all off, the toy's default)."""
+    """Whether the run takes the scale path: any of its three flags on (the plain path: all off, the toy's default)."""
     return any(getattr(cfg, flag) for flag in FLAGS)
 
 
@@ -523,12 +523,10 @@ def paths(cfg) -> list[str]:
     if chosen(cfg):
         on = ", ".join(f"--{flag}" for flag in FLAGS if getattr(cfg, flag))
         passes = f"the scale path (trainer/scale_passes.py: {on})"
-        old = passes + (
-            ", θ_old from the update's forward where one update uses the batch" if cfg.fuse_old_logprobs else ""
-        )
     else:
         passes = "the plain path (grpo.py: padded micro-batches, log-softmax at the temperature, gather)"
-        old = "the plain path (grpo.old_logprobs: its own no-grad forward)"
+    fused = ", from the update's own forward where one update of one micro-batch uses the batch (--fuse_old_logprobs)"
+    old = passes + (fused if cfg.fuse_old_logprobs else ", its own no-grad forward (--no-fuse_old_logprobs)")
     streamed = cfg.delta_impl == "memory_efficient"
     delta = "streamed, h recomputed a micro-batch at a time" if streamed else "the whole batch at once (h kept)"
     return [f"stage 4, θ_old: {old}", f"stage 5, DelTA: {delta}", f"stage 6, update: {passes}"]
