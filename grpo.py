@@ -11,14 +11,15 @@ One training step (``train_step``) is seven stages, in the order of the papers::
     7. log          metrics.jsonl, samples/                         run_setup.log_step
 
 In that order: the maths, the policy's log-probs (stages 4 and 6), one step (``train_step``), the loop (``train``).
-Stages 4 and 6 run the plain computation (``token_outputs``: a padded forward, log-softmax, gather); the 8B run's
-optimisations replace them whole, chosen once by the scale recipes or their flags (trainer/scale_passes.py;
-``--dry_run`` says which path). One update per rollout batch (the toy's default) keeps the ratio at 1, so the clip
-never acts; ``--num_mini_batches 4`` makes four updates of each batch, and the later ones clip. ``--loss_type dapo``
-is the token-mean over the mini-batch: with DelTA's λ̄ (mean 1 over the batch) DelTA's Σλℓ / Σλ (Eq. 8), per
-mini-batch approximately (DelTA's code: per micro-batch, spec §6). The papers' comparisons (comparisons/, ``python
--m comparisons``) are whole replacements handed to ``train`` as a ``Method``. Left out: entropy bonus, KL by
-default, dynamic sampling, learning-rate schedules, reward shaping beyond DAPO's overlong penalty.
+Stages 4 and 6 run the plain computation (``token_outputs``: a padded forward, log-softmax, gather; with one update
+per batch θ_old's log-probs are the update's own, detached, as TRL takes them); the 8B run's optimisations replace
+them whole, chosen once by the scale recipes or their flags (trainer/scale_passes.py; ``--dry_run`` says which path).
+One update per rollout batch (the toy's default) keeps the ratio at 1, so the clip never acts; ``--num_mini_batches
+4`` makes four updates of each batch, and the later ones clip. ``--loss_type dapo`` is the token-mean over the
+mini-batch: with DelTA's λ̄ (mean 1 over the batch) DelTA's Σλℓ / Σλ (Eq. 8), per mini-batch approximately (DelTA's
+code: per micro-batch, spec §6). The papers' comparisons (comparisons/, ``python -m comparisons``) are whole
+replacements handed to ``train`` as a ``Method``. Left out: entropy bonus, KL by default, dynamic sampling,
+learning-rate schedules, reward shaping beyond DAPO's overlong penalty.
 """
 
 from __future__ import annotations
@@ -282,7 +283,7 @@ def train_step(step, cfg: GRPOConfig, actor, source, credit, run, parts: run_set
     # 3. group advantages Â_i (GRPO); the loss mask [N, T] (--mask_truncated_completions: no truncated response)
     adv = group_advantages(rewards, cfg.num_generations, cfg.scale_rewards)
     loss_mask = run_setup.loss_mask(batch, cfg)
-    # 4. θ_old: old_logprobs above (its own no-grad forward; + h_t for DelTA), or the scale path's (--dry_run says)
+    # 4. θ_old: old_logprobs above (+ h_t for DelTA; one update: the update's forward, as TRL), or the scale path's
     old = parts.forward.old_logprobs(actor.model, batch, cfg, credit.asks, actor.ref_model)
     # 5. token advantages Ã_{i,t}: the credit function of --credit
     inputs = credit_methods.CreditInputs(batch, adv, old, answers, step, loss_mask, rewards, parts.forward)
