@@ -206,8 +206,8 @@ def token_outputs(model, input_ids, attention_mask, response_mask, temperature: 
     T = response_mask.shape[1]
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)  # real tokens only, as generate() counts them
     no_cache = dict(attention_mask=attention_mask, position_ids=position_ids, use_cache=False)
-    out = model(input_ids, **no_cache, logits_to_keep=T + 1, output_hidden_states=asked.hidden)  # the head: last T + 1
-    logits = out.logits[:, :-1]  # [b, T, V]: position p predicts token p + 1
+    out = model(input_ids, **no_cache, output_hidden_states=asked.hidden)
+    logits = out.logits[:, -T - 1 : -1]  # [b, T, V]: position p predicts token p + 1
     u = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # z/temperature, float32 or float64
     log_probs = torch.log_softmax(u, dim=-1)  # [b, T, V]
     logp = log_probs.gather(-1, input_ids[:, -T:, None]).squeeze(-1) * response_mask  # [b, T]
