@@ -2,7 +2,7 @@
 
 The former code runs here, beside today's, on the same torch kernels: tests/frozen/cscr_71d7a89.py is cscr.py at
 commit 71d7a89 byte for byte (tests/frozen/README.md), with its keyword API (``cscr_token_advantages(...,
-threshold=, alpha=, w_min=, mode=, weight=, scope=, num_generations=, sign_eps=, sign_mix=, return_stats=True)``).
+threshold=, alpha=, w_min=, mode=, weight=, scope=, group_size=, sign_eps=, sign_mix=, return_stats=True)``).
 Bits recorded on another CPU would not do: torch's kernel sets (ATEN_CPU_CAPABILITY) round exp and sums differently.
 The inputs: random float32 and float64 tensors (8 rows of 6 tokens: padding with -inf / NaN garbage, a row with
 Â = 0, a row whose every weight underflows at α = 30). Each case keeps its old keywords; ``call`` says how the same
@@ -43,10 +43,10 @@ CASES = [
     ("upweight_60", {"weight": "upweight", "alpha": 60.0, "w_min": 0.5}),
     ("sign_aware", {"weight": "sign_aware"}),
     ("sign_aware_args", {"weight": "sign_aware", "sign_eps": 0.1, "sign_mix": 0.3, "w_min": 0.95, "mode": "mean"}),
-    ("group", {"scope": "group", "num_generations": 4}),
+    ("group", {"scope": "group", "group_size": 4}),
     ("batch", {"scope": "batch"}),
-    ("group_alpha_30", {"scope": "group", "num_generations": 2, "alpha": 30.0}),
-    ("upweight_group", {"weight": "upweight", "scope": "group", "num_generations": 4}),
+    ("group_alpha_30", {"scope": "group", "group_size": 2, "alpha": 30.0}),
+    ("upweight_group", {"weight": "upweight", "scope": "group", "group_size": 4}),
     ("sign_aware_batch", {"weight": "sign_aware", "scope": "batch"}),
     ("inverse_batch", {"weight": "inverse", "scope": "batch", "mode": "common", "threshold": 0.1}),
 ]
@@ -85,7 +85,7 @@ def call(x, old_keywords, return_stats=True):
     ablation = cscr_ablations.choose(
         kw.pop("weight", "exp"),
         kw.pop("scope", "sequence"),
-        kw.pop("num_generations", None),
+        kw.pop("group_size", None),
         kw.pop("sign_eps", 0.2),
         kw.pop("sign_mix", 0.5),
         **kw,

@@ -154,7 +154,7 @@ def test_a_surrogate_of_its_own_is_normalised_as_its_loss_type():
 
 def test_a_loss_type_without_a_normaliser_is_refused():
     for bad in ("token_mean", "bnpo", "sapo"):  # (sapo's settings are comparisons/sapo.py's SapoSettings)
-        with pytest.raises(ValueError, match=r"aggregation None one of"):
+        with pytest.raises(ValueError, match=r"--loss_type '\w+' one of \['dapo', 'grpo', 'dr_grpo'\]"):
             grpo.policy_loss(torch.zeros(2, 3), torch.zeros(2, 3), ADV, MASK, PlainPG(loss_type=bad))
 
 

@@ -189,11 +189,13 @@ def test_the_report_keeps_equal_reward_groups_apart():
         }
 
     rows = {1: [row(0.0, [0.0, 0.0]), row(0.5, [1.0, 1.0])], 2: [row(0.0, [0.0, 1.0, 1.0]), row(0.0, [1e-9, 0.0])]}
+    rows[1][1]["credit_share"] = [1.0, 1.0]  # OTB states its own c (run_setup.write_samples: its token values)
     lands = samples_summary.credit_lands(samples_summary.RunSamples("x", "x", "otb", {"credit": "otb"}, rows))
     assert lands["equal_reward"]["responses"] == 3
     assert lands["equal_reward"]["count"] == 2 and lands["equal_reward"]["mean"] == 1.0
     assert lands["equal_reward"]["per_step"] == [[2, 1.0, 2]]
-    delta = samples_summary.RunSamples("x", "x", "delta", {"credit": "delta"}, rows)
+    plain = {step: [{k: v for k, v in r.items() if k != "credit_share"} for r in rs] for step, rs in rows.items()}
+    delta = samples_summary.RunSamples("x", "x", "delta", {"credit": "delta"}, plain)  # c = Ã/Â: no share stated
     assert samples_summary.credit_lands(delta)["equal_reward"] is None
 
 
