@@ -17,6 +17,10 @@ statistic of θ_old's pass, ``sum_sq_prob``); unlike DelTA it changes the baseli
 ``handle_zero_tail`` (verl's default) the longest response's tokens beyond the group's second-longest get a zero
 baseline, so a group whose rewards are all equal still moves there (Ã = r_i on that tail).
 
+Under --mask_truncated_completions a truncated response is off the loss mask, so it leaves the baseline entirely
+(m = 0 in B*_t's sums) and gets Ã = 0, while GRPO's Â still counts its reward in the group's mean. A group of one
+(--num_generations 1, which GRPO's credit refuses) has no baseline: Ã = r on every valid token, as verl.
+
 Left out: verl's multi-turn variant (``tir_optimal_token_baseline``) and per-token rewards (ours is an outcome reward);
 the TRL and verl drop-ins (tools/examples/) take delta and cscr only (in verl, OTB is verl's own ``adv_estimator``).
 """
@@ -103,6 +107,7 @@ class OTBCredit(credit_methods.GRPOCredit):
     (the update's Ã is then corrected as every credit's is: run_setup.sampler_correction). No state."""
 
     asks = policy.Asked(token_stats={"sum_sq_prob": sum_sq_prob})  # θ_old's Σ_v π_v² [N, T], from its pass
+    min_generations = 1  # a group of one has no baseline: Ã = r on every token, as verl
 
     @torch.no_grad()
     def __call__(self, model, x: credit_methods.CreditInputs) -> credit_methods.CreditResult:

@@ -425,16 +425,19 @@ def test_use_vllm_without_vllm_is_one_clear_line():
 
 
 @pytest.mark.parametrize("scale", ["group", "none"])
-def test_one_response_per_prompt_is_refused_under_either_scaling(scale):
+@pytest.mark.parametrize("num_generations", [0, 1])
+def test_a_group_below_two_is_refused_once_at_its_real_bound(scale, num_generations):
     """G = 1: Â = r − mean of a group of one = 0 for every response, scaled or not (group_advantages), so the run
-    would train its steps on zero advantages; refused before anything runs, in one line naming both flags."""
+    would train its steps on zero advantages; G = 0 and G = 1 are refused before anything runs with the same line,
+    which names the real bound (2) and the credit (a credit defined on a group of one declares it: OTB)."""
     assert torch.equal(grpo.group_advantages(torch.tensor([1.0, 0.0, 1.0]), 1, scale), torch.zeros(3))
     with pytest.raises(
         SystemExit,
-        match=rf"^grpo.py: error: --num_generations 1 with --scale_rewards {scale} gives "
-        r"every response advantage 0 .*use --num_generations >= 2$",
+        match=r"^grpo.py: error: --num_generations must be >= 2 with --credit delta: a group of one gives "
+        r"every response advantage 0",
     ):
-        grpo_config.check_config(grpo.GRPOConfig(num_generations=1, scale_rewards=scale))
+        grpo_config.check_config(grpo.GRPOConfig(credit="delta", num_generations=num_generations, scale_rewards=scale))
+    assert grpo_config.check_config(grpo.GRPOConfig(num_generations=1), min_generations=1) == []
 
 
 def test_a_plan_for_another_machine_has_no_notes_of_this_one(monkeypatch):

@@ -219,3 +219,17 @@ def test_the_sampler_weights_enter_w_as_verl_folds_them():
     want = otb.optimal_token_baseline(rewards, mask, logp, sum_sq, 3, rho)
     torch.testing.assert_close(result.token_adv, want, rtol=0, atol=0)
     assert not torch.equal(want, otb.optimal_token_baseline(rewards, mask, logp, sum_sq, 3))
+
+
+def test_otb_runs_a_group_of_one_as_verl_does(tmp_path, toy_model_path):
+    """--num_generations 1: GRPO's Â is 0 there (refused for --credit grpo, delta, cscr), OTB's baseline is absent and
+    Ã = r on every valid token (verl, l.950); ``python -m comparisons --credit otb --num_generations 1`` trains."""
+    rewards = torch.tensor([1.0, 0.0, 1.0])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    got = otb.optimal_token_baseline(rewards, mask, torch.zeros(3, 3), torch.ones(3, 3), 1)
+    assert torch.equal(got, rewards[:, None] * mask)
+    flags = ["--credit", "otb", "--model", toy_model_path, "--num_generations", "1", "--num_prompts_per_step", "4"]
+    flags += ["--max_steps", "1", "--eval_num_generations", "0", "--output_dir", str(tmp_path / "run")]
+    subprocess.run([sys.executable, "-m", "comparisons", *flags], cwd=REPO, check=True, capture_output=True)
+    line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert line["step"] == 1 and line["otb/abs_token_adv_mean"] > 0

@@ -363,7 +363,8 @@ class _Parser(argparse.ArgumentParser):
         return super().parse_known_args(joined, namespace)
 
     def error(self, message):  # one line, like every other bad input (argparse would print the 45-line usage first)
-        raise SystemExit(f"{self.prog}: error: {message}{self.suggest(message)} ({self.prog} --help lists the flags)")
+        command = f"python {self.prog}" if self.prog.endswith(".py") else self.prog
+        raise SystemExit(f"{self.prog}: error: {message}{self.suggest(message)} ({command} --help lists the flags)")
 
     def suggest(self, message: str) -> str:
         """``; did you mean --num_generations?`` for each unknown flag of argparse's "unrecognized arguments: ..."
@@ -379,7 +380,7 @@ class _Parser(argparse.ArgumentParser):
         return "".join(f"; did you mean {match[0]} (not {flag})?" for flag, match in close if match)
 
 
-def build_parser(config=None, defaults: bool = True, description: str = "", prog: str = "python grpo.py"):
+def build_parser(config=None, defaults: bool = True, description: str = "", prog: str = "grpo.py"):
     """argparse flags generated from the dataclass ``config`` (None: ``GRPOConfig``; a comparison's config adds its
     flags, python -m comparisons) (name, type, default, help, choices), in ``HELP_GROUPS``; a bad flag or value stops
     with one line. ``defaults=False``: flags not given are absent from the parsed namespace (``main``)."""
@@ -387,7 +388,7 @@ def build_parser(config=None, defaults: bool = True, description: str = "", prog
     about = (
         "GRPO with token-level credit assignment (GRPO, DelTA, CSCR): the trainer, read top to bottom as the method."
     )
-    usage = f"{prog} [--flag value ...]  (the flags below, by group)"
+    usage = f"{'python ' if prog.endswith('.py') else ''}{prog} [--flag value ...]  (the flags below, by group)"
     ap = _Parser(prog=prog, usage=usage, description=description or about, epilog=help_text())
     own = {f.name for f in dataclasses.fields(GRPOConfig)}
     origin = {  # a comparison's flag -> its file
@@ -412,12 +413,13 @@ def build_parser(config=None, defaults: bool = True, description: str = "", prog
     return ap
 
 
-def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None) -> list[str]:
+def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None, min_generations: int = 2) -> list:
     """Reject settings that cannot work, with a one-line message naming the flag (and the recipe that set it, for a
     flag not in ``given``) (``SystemExit``). Under ``--dry_run`` the checks of this machine (vLLM installed, a GPU
     present) are returned as notes of the plan, unless ``--gpu_memory_gb`` plans for another machine (then none).
-    A comparison's config (python -m comparisons) adds its own checks (``checks``: functions of ``cfg`` returning
-    (failed, message) pairs), run with these."""
+    ``min_generations``: the smallest group the run's credit function is defined on (its ``min_generations``; GRPO's
+    advantage needs two). A comparison's config (python -m comparisons) adds its own checks (``checks``: functions of
+    ``cfg`` returning (failed, message) pairs), run with these."""
     rows = cfg.num_prompts_per_step // max(world, 1) * cfg.num_generations  # one process's rollout rows
     problems = [
         *[  # a GRPOConfig made in code skips the parser's choices: the same check, before anything loads
@@ -428,11 +430,10 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None)
             for f in dataclasses.fields(cfg)
             if "choices" in f.metadata
         ],
-        (cfg.num_generations < 1, "--num_generations must be >= 1"),
         (
-            cfg.num_generations == 1,
-            f"--num_generations 1 with --scale_rewards {cfg.scale_rewards} gives every "
-            "response advantage 0 (a group of one: r − mean = 0, and nothing to scale); use --num_generations >= 2",
+            cfg.num_generations < min_generations,
+            f"--num_generations must be >= {min_generations} with --credit {cfg.credit}"
+            + (": a group of one gives every response advantage 0 (r − mean = 0)" if min_generations > 1 else ""),
         ),
         *[
             (getattr(cfg, n) < 1, f"--{n} must be >= 1")
