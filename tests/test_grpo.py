@@ -65,6 +65,16 @@ def _loss(**kw):
     return grpo.policy_loss(old + LOG_RATIO, old, ADV, MASK, grpo.LossSettings(epsilon=0.2, epsilon_high=0.28, **kw))
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_reward_that_is_not_finite_is_refused_naming_its_row(bad):
+    """A NaN or ±inf reward (a reward function's) would turn its whole group's Â into NaN: refused in one line that
+    names the row and the value, never returned as NaN advantages."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, bad, 1.0, 0.0])
+    with pytest.raises(ValueError, match=rf"^rewards \(6,\) must be finite \(row 3 is {bad}\),"):
+        grpo.group_advantages(rewards, 3)
+    assert torch.isfinite(grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), 2)).all()
+
+
 def test_policy_loss_dapo_both_clips():
     loss, stats = _loss(loss_type="dapo")
     assert loss.item() == pytest.approx((sum(ROW1) + sum(ROW2)) / 5, abs=1e-6)
