@@ -34,6 +34,7 @@ Read next: grpo.py ``train``, which calls these.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -153,6 +154,20 @@ def _new_tmp_dir(path: str) -> str:
     raise FileExistsError(f"cannot make a temporary folder beside {path}")
 
 
+@contextlib.contextmanager
+def _writing(path: str):
+    """A new temporary sibling of ``path`` to write into (``_new_tmp_dir``), renamed into place when the block ends,
+    or removed when it raises: an exception or Ctrl-C inside a save leaves no ``.tmp-*`` folder in this process (a
+    killed process's are swept when the run folder is next opened)."""
+    tmp = _new_tmp_dir(path)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _replace_dir(tmp, path)
+
+
 def _follow_umask(folder: str) -> None:
     """Give every file under ``folder`` its folder's mode without the execute bits (0644 under umask 022): the
     safetensors writer makes model.safetensors 0600 whatever the umask. The folder's own mode (``_new_tmp_dir``'s
@@ -229,10 +244,9 @@ def save_model(model, tokenizer, path: str, info: dict | None = None) -> None:
     sd = distributed.gathered_model_state(model)
     if distributed.rank() != 0:
         return
-    tmp = _new_tmp_dir(path)
-    _save_model_folder(tmp, model, tokenizer, sd, info)
-    _follow_umask(tmp)
-    _replace_dir(tmp, path)
+    with _writing(path) as tmp:
+        _save_model_folder(tmp, model, tokenizer, sd, info)
+        _follow_umask(tmp)
 
 
 def _save_model_folder(folder: str, model, tokenizer, state_dict: dict | None, info: dict | None) -> None:
@@ -281,17 +295,16 @@ def save_checkpoint(path: str, model, tokenizer, optimizer, state: dict, info: d
     optim_sd = distributed.full_optimizer_state(model, optimizer)
     if distributed.rank() != 0:
         return
-    tmp = _new_tmp_dir(path)
-    _save_model_folder(tmp, model, tokenizer, model_sd, info)
-    _follow_umask(tmp)  # now, before the optimizer's long write: a save stopped there leaves no 0600 model file
-    torch.save(optim_sd, os.path.join(tmp, "optimizer.pt"))  # this and the next files: open()'s umask modes
     rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save(rng, os.path.join(tmp, "rng_state.pt"))
-    with open(os.path.join(tmp, TRAINER_STATE), "w") as f:  # last: its presence marks the folder complete
-        json.dump(state, f, indent=1)
-    _replace_dir(tmp, path)
+    with _writing(path) as tmp:
+        _save_model_folder(tmp, model, tokenizer, model_sd, info)
+        _follow_umask(tmp)  # now, before the optimizer's long write: a save stopped there leaves no 0600 model file
+        torch.save(optim_sd, os.path.join(tmp, "optimizer.pt"))  # this and the next files: open()'s umask modes
+        torch.save(rng, os.path.join(tmp, "rng_state.pt"))
+        with open(os.path.join(tmp, TRAINER_STATE), "w") as f:  # last: its presence marks the folder complete
+            json.dump(state, f, indent=1)
 
 
 def _load_full_weights(model, folder: str) -> None:
