@@ -377,6 +377,21 @@ def load_checkpoint(path: str, model, optimizer, use_peft: bool) -> dict:
     return state
 
 
+def changed_settings(path: str, config: dict) -> list[str]:
+    """The training settings of ``config`` that differ from the run's ``config.json`` at ``path`` (none when it is
+    missing or unreadable), each ``--flag old -> new``; the flags a --resume may change are left out."""
+    try:
+        with open(path) as f:
+            old = json.load(f).get("config", {})
+    except (OSError, ValueError):
+        return []
+    return [
+        f"--{k} {old[k]!r} -> {config[k]!r}"
+        for k in sorted(config)
+        if k in old and k not in RESUME_MAY_CHANGE and old[k] != config[k]
+    ]
+
+
 def check_resume_config(path: str, config: dict) -> None:
     """Refuse to resume a run with different training settings (its metrics.jsonl would mix two runs).
 
@@ -385,15 +400,7 @@ def check_resume_config(path: str, config: dict) -> None:
     Raises:
         ValueError: naming each changed flag with its old and new value.
     """
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        old = json.load(f).get("config", {})
-    changed = [
-        f"--{k} {old[k]!r} -> {config[k]!r}"
-        for k in sorted(config)
-        if k in old and k not in RESUME_MAY_CHANGE and old[k] != config[k]
-    ]
+    changed = changed_settings(path, config)
     if changed:
         raise ValueError(
             f"--resume with settings that differ from {path}: {', '.join(changed)}; resume with the "
@@ -570,6 +577,13 @@ class RunFolder:
                     f"({self._listed(self._foreign(earlier) or earlier)}) and no checkpoint to resume: "
                     f"--overwrite_output_dir deletes them all and starts again, or choose another "
                     f"--output_dir"
+                )
+            changed = changed_settings(os.path.join(path, "config.json"), config)
+            if changed:  # --resume would refuse these settings: name only what works
+                raise ValueError(
+                    f"{path} already holds a run with other settings ({', '.join(changed[:3])}"
+                    f"{', ...' if len(changed) > 3 else ''}): choose another --output_dir, or --overwrite_output_dir "
+                    "to delete it and start again"
                 )
             raise ValueError(
                 f"{path} already holds a run ({self._listed(earlier)}): pass --resume to continue it, or "
