@@ -368,6 +368,14 @@ def test_a_folder_with_a_checkpoint_or_foreign_files_is_still_refused_and_the_no
     (folder / "checkpoint-2" / "trainer_state.json").write_text('{"step": 2}')
     with pytest.raises(ValueError, match="already holds a run .*pass --resume"):
         checkpoint.RunFolder(str(folder), {}, say=lambda *a: None)
+    # other settings: --resume would refuse them, so the refusal offers only what works
+    (folder / "config.json").write_text(json.dumps({"config": {"save_steps": 2, "num_mini_batches": 1}}))
+    with pytest.raises(ValueError) as e:
+        checkpoint.RunFolder(str(folder), {"save_steps": 2, "num_mini_batches": 4}, say=lambda *a: None)
+    assert str(e.value) == (
+        f"{folder} already holds a run with other settings (--num_mini_batches 1 -> 4): choose another --output_dir, "
+        "or --overwrite_output_dir to delete it and start again"
+    )
     run = checkpoint.RunFolder(str(folder), {"resume": False, "overwrite_output_dir": True}, say=lambda *a: None)
     assert run.interrupted_note() == (
         f"{folder / 'checkpoint-2'} holds step 2: the same command with --resume "
