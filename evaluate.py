@@ -414,6 +414,7 @@ def main(argv=None):
     model, tokenizer = eval_results.load_model(args.model, args.num_threads)
     template = rollout.resolve_template(args.prompt_template, args.model, print)
     stop_ids = rollout.stop_token_ids(tokenizer, template, model)
+    eval_results.check_context(model, tokenizer, data, template, settings["max_new_tokens"], args.protocol)
     chunking = responses_file.CHUNKING[settings["sampling"]]
     generation = {"model": args.model, "prompt_template": template, "stop_ids": stop_ids, "chunking": chunking}
     run_hash = responses_file.settings_hash({**generation, **{k: settings[k] for k in DEFAULT_SETTINGS}})

@@ -33,6 +33,7 @@ if __name__ == "__main__":  # Ctrl-C while the imports below load: one line and 
 
 import dataclasses
 import functools
+import math
 import time
 from typing import Callable, NamedTuple
 
@@ -51,12 +52,14 @@ def group_advantages(
 ) -> torch.Tensor:
     """GRPO's Â_i = (r_i − mean_g) / (std_g + eps) (GRPO §4.1.2; DelTA spec §1) of ``rewards`` ``[N]``, G =
     ``num_generations`` rows a group; ``scale_rewards="none"``: r − mean (Dr. GRPO). Returns ``[N]`` float32 (float64
-    for float64 rewards), exactly 0 in a group whose rewards are all equal (NeMo-RL #4161) or of one (TRL's)."""
+    for float64 rewards), exactly 0 in a group whose rewards are all equal (NeMo-RL #4161) or of one (TRL's). A reward
+    that is not finite is refused, naming its row: it would make its whole group's Â NaN."""
     whole_groups = num_generations >= 1 and rewards.dim() == 1 and rewards.numel() % num_generations == 0
-    if not whole_groups or scale_rewards not in ("group", "none"):
+    if not (whole_groups and torch.isfinite(rewards).all()) or scale_rewards not in ("group", "none"):
+        bad = [f"row {i} is {r}" for i, r in enumerate(rewards.flatten().tolist()) if not math.isfinite(r)]
         raise ValueError(
-            f"rewards {tuple(rewards.shape)} must be 1-D, whole groups of num_generations={num_generations}; "
-            f"scale_rewards 'group' or 'none', not {scale_rewards!r}"
+            f"rewards {tuple(rewards.shape)} must be finite ({', '.join(bad[:3]) or 'they are'}), 1-D, whole groups of "
+            f"num_generations={num_generations}; scale_rewards 'group' or 'none' (given: {scale_rewards!r})"
         )
     r = rewards.to(torch.promote_types(rewards.dtype, torch.float32)).view(-1, num_generations)
     centred = r - r.mean(-1, keepdim=True)

@@ -19,6 +19,7 @@ import dataclasses
 import importlib
 
 # The comparisons, in the order their ``replace`` is applied (a credit first, then what wraps the loss)
+PROG = "python -m comparisons"  # the command line's name in its help and errors
 COMPARISONS = ("cscr_ablations", "delta_ablations", "q2", "otb", "fipo", "forking_tokens", "sapo")
 
 
@@ -91,6 +92,6 @@ def main(argv=None) -> None:
 
     config = config_class()
     about = "grpo.py's trainer with the papers' comparisons (comparisons/): grpo.py's flags and theirs."
-    cfg = config(**vars(grpo_config.build_parser(config, description=about).parse_args(argv)))
-    given = set(vars(grpo_config.build_parser(config, defaults=False).parse_args(argv)))  # beat the recipe's
+    cfg = config(**vars(grpo_config.build_parser(config, description=about, prog=PROG).parse_args(argv)))
+    given = set(vars(grpo_config.build_parser(config, defaults=False, prog=PROG).parse_args(argv)))  # beat the recipe's
     run_setup.run_command(grpo.train, cfg, given, method(cfg))

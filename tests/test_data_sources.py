@@ -170,6 +170,41 @@ def test_a_bad_row_in_a_shard_names_the_shard_row_and_field(tmp_path):
     assert f"{shards / 'train-00002-of-00003.jsonl'}:1: field 'final_answer' is missing" in str(e.value)
 
 
+def test_a_reference_blank_after_normalisation_or_a_repeated_id_is_refused_at_load(tmp_path):
+    """What the grader or the results would meet later, refused when the file is read, naming its file, line and
+    field: a reference that normalises to nothing (``$$``, ``\\quad``: verify.normalize_reference refuses it), an id
+    that an earlier row has (its first line named)."""
+    rows = [dict(r) for r in ROWS[:4]]
+    rows[1]["answer"] = "$$"
+    rows[3]["answer"] = "\\quad"
+    path = write_jsonl(tmp_path / "blank.jsonl", rows)
+    with pytest.raises(ValueError) as e:
+        problems.load_problems(str(path))
+    assert str(e.value).splitlines() == [
+        f"2 bad row(s) in {path}:",
+        f"{path}:2: field 'answer' '$$' is blank after normalisation (verify.normalize_reference)",
+        f"{path}:4: field 'answer' '\\\\quad' is blank after normalisation (verify.normalize_reference)",
+    ]
+    twice = write_jsonl(tmp_path / "twice.jsonl", [ROWS[0], ROWS[1], {**ROWS[2], "id": "r0"}])
+    with pytest.raises(ValueError) as e:
+        problems.load_problems(str(twice))
+    assert str(e.value).splitlines() == [f"1 bad row(s) in {twice}:", f"{twice}:3: field 'id' 'r0' repeats {twice}:1"]
+    assert [r["id"] for r in problems.load_problems(str(write_jsonl(tmp_path / "ok.jsonl", ROWS)))] == [
+        r["id"] for r in ROWS
+    ]
+
+
+def test_grpo_refuses_a_repeated_held_out_id_before_any_weights_load(tmp_path):
+    """``grpo.py --eval_data`` with a repeated id stops at the data, before the model loads (no ``Loading weights``,
+    no run folder)."""
+    held_out = write_jsonl(tmp_path / "held_out.jsonl", [ROWS[0], ROWS[0]])
+    out = tmp_path / "run"
+    flags = ["--eval_data", str(held_out), "--output_dir", str(out), "--max_steps", "1"]
+    done = subprocess.run([sys.executable, "grpo.py", *flags], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and f"{held_out}:2: field 'id' 'r0' repeats {held_out}:1" in done.stderr
+    assert "Loading weights" not in done.stderr + done.stdout and not out.exists()
+
+
 @needs_pyarrow
 def test_a_missing_column_is_one_line_naming_the_columns(tmp_path):
     path = write_parquet(tmp_path / "dm.parquet", deepmath_rows(2))

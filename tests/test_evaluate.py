@@ -1084,3 +1084,19 @@ def test_delta_paper_table_end_to_end_on_the_toy(toy_model_path, tmp_path, count
     assert rollout.apply_template(last[0]["problem"], "none") in [p for c in counting_generate for p in c["prompts"]]
     assert hmmt.read_text().splitlines(keepends=True) == lines
     assert json.loads((out / "delta_paper.json").read_text()) == paper
+
+
+def test_a_budget_beyond_the_models_context_is_refused_before_any_generation(tmp_path, toy_model_path):
+    """DelTA's protocol (30,000 new tokens) on the toy (a 128-position context, AIME prompts longer than that):
+    one line naming the model's context, the longest prompt, the protocol's budget and the flag that changes it,
+    before any generation, and no results folder left behind."""
+    out = tmp_path / "results"
+    argv = ["--model", toy_model_path, "--benchmarks", "aime25", "--protocol", "delta", "--output_dir", str(out)]
+    with pytest.raises(
+        ValueError,
+        match=r"^the model's context is 128 positions; the prompt of aime25 problem \S+ "
+        r"has \d+ tokens and --protocol delta's --max_new_tokens is 30000: \d+ > 128 \(lower "
+        r"--max_new_tokens",
+    ):
+        evaluate.main(argv)
+    assert not out.exists()

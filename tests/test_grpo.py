@@ -65,6 +65,16 @@ def _loss(**kw):
     return grpo.policy_loss(old + LOG_RATIO, old, ADV, MASK, grpo.LossSettings(epsilon=0.2, epsilon_high=0.28, **kw))
 
 
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_reward_that_is_not_finite_is_refused_naming_its_row(bad):
+    """A NaN or ±inf reward (a reward function's) would turn its whole group's Â into NaN: refused in one line that
+    names the row and the value, never returned as NaN advantages."""
+    rewards = torch.tensor([1.0, 0.0, 0.0, bad, 1.0, 0.0])
+    with pytest.raises(ValueError, match=rf"^rewards \(6,\) must be finite \(row 3 is {bad}\),"):
+        grpo.group_advantages(rewards, 3)
+    assert torch.isfinite(grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), 2)).all()
+
+
 def test_policy_loss_dapo_both_clips():
     loss, stats = _loss(loss_type="dapo")
     assert loss.item() == pytest.approx((sum(ROW1) + sum(ROW2)) / 5, abs=1e-6)
@@ -425,16 +435,19 @@ def test_use_vllm_without_vllm_is_one_clear_line():
 
 
 @pytest.mark.parametrize("scale", ["group", "none"])
-def test_one_response_per_prompt_is_refused_under_either_scaling(scale):
+@pytest.mark.parametrize("num_generations", [0, 1])
+def test_a_group_below_two_is_refused_once_at_its_real_bound(scale, num_generations):
     """G = 1: Â = r − mean of a group of one = 0 for every response, scaled or not (group_advantages), so the run
-    would train its steps on zero advantages; refused before anything runs, in one line naming both flags."""
+    would train its steps on zero advantages; G = 0 and G = 1 are refused before anything runs with the same line,
+    which names the real bound (2) and the credit (a credit defined on a group of one declares it: OTB)."""
     assert torch.equal(grpo.group_advantages(torch.tensor([1.0, 0.0, 1.0]), 1, scale), torch.zeros(3))
     with pytest.raises(
         SystemExit,
-        match=rf"^grpo.py: error: --num_generations 1 with --scale_rewards {scale} gives "
-        r"every response advantage 0 .*use --num_generations >= 2$",
+        match=r"^grpo.py: error: --num_generations must be >= 2 with --credit delta: a group of one gives "
+        r"every response advantage 0",
     ):
-        grpo_config.check_config(grpo.GRPOConfig(num_generations=1, scale_rewards=scale))
+        grpo_config.check_config(grpo.GRPOConfig(credit="delta", num_generations=num_generations, scale_rewards=scale))
+    assert grpo_config.check_config(grpo.GRPOConfig(num_generations=1), min_generations=1) == []
 
 
 def test_a_plan_for_another_machine_has_no_notes_of_this_one(monkeypatch):

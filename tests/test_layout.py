@@ -80,7 +80,17 @@ RUN_SETUP_USES_OF_EVALUATE = {"heldout", "EvalSettings"}
 MAX_GRPO_LOADS = 14  # project modules ``import grpo`` loads
 CORE = SIX | {"trainer"}
 # What only a comparison names (its flags, its per-token statistic, its name): trainer/'s code names none of them
-COMPARISON_WORDS = ("sum_sq_prob", "entropy_top_ratio", "top_entropy_quantile", "fipo", "sapo", "delta_select", "otb")
+COMPARISON_WORDS = (
+    "sum_sq_prob",
+    "mass_off_argmax",
+    "sum_sq_off_argmax",
+    "entropy_top_ratio",
+    "top_entropy_quantile",
+    "fipo",
+    "sapo",
+    "delta_select",
+    "otb",
+)
 
 
 @functools.cache

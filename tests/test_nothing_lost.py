@@ -368,6 +368,14 @@ def test_a_folder_with_a_checkpoint_or_foreign_files_is_still_refused_and_the_no
     (folder / "checkpoint-2" / "trainer_state.json").write_text('{"step": 2}')
     with pytest.raises(ValueError, match="already holds a run .*pass --resume"):
         checkpoint.RunFolder(str(folder), {}, say=lambda *a: None)
+    # other settings: --resume would refuse them, so the refusal offers only what works
+    (folder / "config.json").write_text(json.dumps({"config": {"save_steps": 2, "num_mini_batches": 1}}))
+    with pytest.raises(ValueError) as e:
+        checkpoint.RunFolder(str(folder), {"save_steps": 2, "num_mini_batches": 4}, say=lambda *a: None)
+    assert str(e.value) == (
+        f"{folder} already holds a run with other settings (--num_mini_batches 1 -> 4): choose another --output_dir, "
+        "or --overwrite_output_dir to delete it and start again"
+    )
     run = checkpoint.RunFolder(str(folder), {"resume": False, "overwrite_output_dir": True}, say=lambda *a: None)
     assert run.interrupted_note() == (
         f"{folder / 'checkpoint-2'} holds step 2: the same command with --resume "
@@ -449,15 +457,20 @@ def test_a_stale_old_copy_whose_checkpoint_is_missing_is_put_back(tmp_path):
 @pytest.mark.parametrize("umask", [0o022, 0o027, 0o077], ids=["022", "027", "077"])
 def test_a_stopped_saves_files_follow_the_umask(tiny, tmp_path, umask):
     """Issue #43 item 7: the files of a save's temporary folder follow the umask (the safetensors writer makes
-    model.safetensors 0600 whatever the umask): a save stopped while writing the optimizer state leaves a folder of
-    0777 & ~umask and files of 0666 & ~umask."""
+    model.safetensors 0600 whatever the umask): when a save is stopped while writing the optimizer state (a killed
+    process leaves the folder as it is then), its folder is 0777 & ~umask and its files 0666 & ~umask. In this
+    process the stop then removes the folder (issue #53)."""
     from trainer import checkpoint
 
     model, tok = tiny
     real_save = torch.save
+    seen = {}
 
     def stop_at_the_optimizer(obj, f, *a, **kw):
         if str(f).endswith("optimizer.pt"):
+            folder = os.path.dirname(str(f))
+            seen[folder] = os.stat(folder).st_mode & 0o777
+            seen.update({name: os.stat(os.path.join(folder, name)).st_mode & 0o777 for name in os.listdir(folder)})
             raise KeyboardInterrupt("Ctrl-C during the save")
         return real_save(obj, f, *a, **kw)
 
@@ -471,9 +484,41 @@ def test_a_stopped_saves_files_follow_the_umask(tiny, tmp_path, umask):
     finally:
         torch.save = real_save
         os.umask(old)
-    (tmp,) = tmp_path.glob("checkpoint-1.tmp-*")
-    assert tmp.stat().st_mode & 0o777 == 0o777 & ~umask
-    files = [f for f in tmp.rglob("*") if f.is_file()]
-    assert any(f.name == "model.safetensors" for f in files)
-    for f in files:
-        assert f.stat().st_mode & 0o777 == 0o666 & ~umask, f
+    folders = [k for k in seen if os.path.isabs(k)]
+    assert len(folders) == 1 and ".tmp-" in folders[0] and seen.pop(folders[0]) == 0o777 & ~umask
+    assert "model.safetensors" in seen and set(seen.values()) == {0o666 & ~umask}, seen
+    assert list(tmp_path.iterdir()) == []  # the stopped save removed its own folder
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, RuntimeError])
+@pytest.mark.parametrize("save", ["checkpoint", "final"])
+def test_a_save_stopped_in_this_process_removes_its_temporary_folder(tiny, tmp_path, stop, save):
+    """An exception or Ctrl-C inside a save (a notebook, a wrapper that calls grpo.main again) removes its own
+    ``<name>.tmp-*`` folder in the same process: the run folder then lists what it held before, and the earlier
+    complete copy of the folder being replaced stays whole."""
+    from trainer import checkpoint
+
+    model, tok = tiny
+    optimizer = torch.optim.AdamW(model.parameters())
+    target = tmp_path / ("checkpoint-1" if save == "checkpoint" else "final")
+
+    def save_it():
+        if save == "checkpoint":
+            checkpoint.save_checkpoint(str(target), model, tok, optimizer, {"step": 1})
+        else:
+            checkpoint.save_model(model, tok, str(target))
+
+    save_it()  # the earlier, complete copy
+    listing = sorted(p.name for p in tmp_path.rglob("*"))
+    real_save_pretrained = type(tok).save_pretrained
+
+    def stop_in_the_tokenizer(self, *a, **kw):
+        raise stop("stopped while saving")
+
+    type(tok).save_pretrained = stop_in_the_tokenizer
+    try:
+        with pytest.raises(stop):
+            save_it()
+    finally:
+        type(tok).save_pretrained = real_save_pretrained
+    assert sorted(p.name for p in tmp_path.rglob("*")) == listing

@@ -100,11 +100,13 @@ def test_credit_share_keeps_equal_reward_groups_apart():
 
 
 @pytest.mark.parametrize("chunked", [False, True])
-def test_sum_sq_prob_of_theta_olds_pass_is_the_log_sum_exp_formula(toy_model_path, float64_model, monkeypatch, chunked):
-    """Σ_v π_v² per token from θ_old's pass (``old_logprobs(..., asked)`` with OTB's ``asks``) equals, for a float64
-    model, exp(logsumexp(2u) − 2·logsumexp(u)) of the full logits u = z/T (an independent formula), on the plain path
-    and on the scale path with the LM head in chunks, to 1e-10: float64 softmax and sums over V = the toy's
-    vocabulary are ~V·2^-53 apart."""
+def test_otbs_statistics_of_theta_olds_pass_are_the_log_sum_exp_formulas(
+    toy_model_path, float64_model, monkeypatch, chunked
+):
+    """OTB's statistics from θ_old's pass (``old_logprobs(..., asked)`` with OTB's ``asks``), the mass and the sum of
+    squares off the argmax, equal, for a float64 model, 1 − exp(max u − logsumexp(u)) and exp(logsumexp(2u) −
+    2·logsumexp(u)) − π_max² of the full logits u = z/T (independent formulas), on the plain path and on the scale path
+    with the LM head in chunks, to 1e-10: float64 softmax and sums over V = the toy's vocabulary are ~V·2^-53 apart."""
     import rollout
     import toy
 
@@ -126,11 +128,13 @@ def test_sum_sq_prob_of_theta_olds_pass_is_the_log_sum_exp_formula(toy_model_pat
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=position_ids).logits
     T = batch.response_mask.shape[1]
     u = logits[:, -(T + 1) : -1].to(D) / cfg.temperature
-    want = torch.exp(torch.logsumexp(2 * u, -1) - 2 * torch.logsumexp(u, -1)) * batch.response_mask
-    got = old.token_stats["sum_sq_prob"]
-    assert got.dtype == D and got.shape == want.shape
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
-    assert float(want.max()) <= 1.0 and float((want * batch.response_mask).min()) >= 0.0
+    p_max = torch.exp(u.amax(-1) - torch.logsumexp(u, -1))
+    sum_sq = torch.exp(torch.logsumexp(2 * u, -1) - 2 * torch.logsumexp(u, -1))
+    for name, want in (("mass_off_argmax", 1 - p_max), ("sum_sq_off_argmax", sum_sq - p_max**2)):
+        got = old.token_stats[name]
+        assert got.dtype == D and got.shape == want.shape, name
+        torch.testing.assert_close(got, want * batch.response_mask, rtol=0, atol=1e-10)
+    assert float(sum_sq.max()) <= 1.0 and float((sum_sq * batch.response_mask).min()) >= 0.0
 
 
 def test_otb_is_a_credit_of_the_comparisons_under_both_names():
@@ -138,7 +142,7 @@ def test_otb_is_a_credit_of_the_comparisons_under_both_names():
     assert {"otb", "optimal_token_baseline"} <= set(config.__dataclass_fields__["credit"].metadata["choices"])
     credits = [comparisons.method(config(credit=name)).credit for name in ("otb", "optimal_token_baseline")]
     assert credits == [otb.OTBCredit, otb.OTBCredit] and "otb" not in grpo.CREDIT_FUNCTIONS
-    assert list(otb.OTBCredit.asks.token_stats) == ["sum_sq_prob"]
+    assert list(otb.OTBCredit.asks.token_stats) == ["mass_off_argmax", "sum_sq_off_argmax"]
 
 
 def test_no_line_of_the_core_files_names_otb():
@@ -210,12 +214,57 @@ def test_the_sampler_weights_enter_w_as_verl_folds_them():
     rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0], dtype=D)
     sampler = logp + torch.randn(mask.shape, generator=torch.Generator().manual_seed(5), dtype=D) * 0.3
     cfg = grpo.GRPOConfig(credit="otb", num_generations=3, use_vllm=True, vllm_importance_sampling_correction=True)
-    old = policy.ThetaOld(logp, None, None, {"sum_sq_prob": sum_sq})
+    p = torch.exp(logp)
+    m = torch.where(p > 0.5, 1 - p, torch.full_like(p, 0.4))  # θ_old's mass off the argmax (π_j > 1/2: it is y)
+    stats = {"mass_off_argmax": m, "sum_sq_off_argmax": sum_sq - (1 - m) ** 2}  # Σπ² = (1 − m)² + s
+    old = policy.ThetaOld(logp, None, None, stats)
     batch = SimpleNamespace(sampler_logprobs=sampler)
     x = credit_methods.CreditInputs(batch, grpo.group_advantages(rewards, 3), old, None, 0, mask, rewards, None)
     result = otb.OTBCredit(cfg)(None, x)
     rho = sampler_mismatch.importance_weights(logp, sampler, mask, cfg.vllm_importance_sampling_mode, 3.0, None)
     assert not torch.equal(rho * mask, mask)  # the weights are not all 1
-    want = otb.optimal_token_baseline(rewards, mask, logp, sum_sq, 3, rho)
+    w = otb.score_norm_sq(logp, stats["mass_off_argmax"], stats["sum_sq_off_argmax"])
+    want = otb.optimal_token_baseline(rewards, mask, logp, None, 3, rho, w=w)
     torch.testing.assert_close(result.token_adv, want, rtol=0, atol=0)
-    assert not torch.equal(want, otb.optimal_token_baseline(rewards, mask, logp, sum_sq, 3))
+    assert not torch.equal(want, otb.optimal_token_baseline(rewards, mask, logp, None, 3, w=w))
+    torch.testing.assert_close(
+        want, otb.optimal_token_baseline(rewards, mask, logp, sum_sq, 3, rho), rtol=0, atol=1e-12
+    )
+
+
+def test_otb_runs_a_group_of_one_as_verl_does(tmp_path, toy_model_path):
+    """--num_generations 1: GRPO's Â is 0 there (refused for --credit grpo, delta, cscr), OTB's baseline is absent and
+    Ã = r on every valid token (verl, l.950); ``python -m comparisons --credit otb --num_generations 1`` trains."""
+    rewards = torch.tensor([1.0, 0.0, 1.0])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    got = otb.optimal_token_baseline(rewards, mask, torch.zeros(3, 3), torch.ones(3, 3), 1)
+    assert torch.equal(got, rewards[:, None] * mask)
+    flags = ["--credit", "otb", "--model", toy_model_path, "--num_generations", "1", "--num_prompts_per_step", "4"]
+    flags += ["--max_steps", "1", "--eval_num_generations", "0", "--output_dir", str(tmp_path / "run")]
+    subprocess.run([sys.executable, "-m", "comparisons", *flags], cwd=REPO, check=True, capture_output=True)
+    line = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert line["step"] == 1 and line["otb/abs_token_adv_mean"] > 0
+
+
+@pytest.mark.parametrize("gap", [1e-3, 1e-6, 3e-8])
+def test_w_cannot_cancel_where_theta_old_is_almost_certain(gap):
+    """w_j = 1 − 2π_j + Σπ², from a float32 pass's statistics, at π_j within ``gap`` of 1: ``score_norm_sq`` equals
+    the float64 value (1 − π_j)² + Σ_{v≠j} π_v² to a relative 1e-5 (derived: softmax over V = 8 in float32 gives each
+    π_v to ~(V + 3)·2^-24 relative; m² + s compounds it at most 4 times: 4·11·6e-8 ≈ 2.6e-6), where verl's form of the
+    same float32 numbers is off by more than w itself at gap 1e-6 and below; for π_j ≤ 1/2 it is verl's form."""
+    V = 8
+    top = math.log((1 - gap) / gap * (V - 1))  # π_max = 1 − gap when the other V − 1 logits are 0
+    u = torch.tensor([[top, 0.0, 0.5, -0.5, 0.25, -1.0, 0.1, -0.2], [0.0, 0.2, -0.1, 0.3, 0.0, 0.1, -0.3, 0.05]])
+    u32 = u.to(torch.float32)
+    y = torch.tensor([0, 3])  # row 0: the near-certain token; row 1: a token of π ≤ 1/2
+    logp32 = torch.log_softmax(u32, -1).gather(-1, y[:, None]).squeeze(-1)
+    w32 = otb.score_norm_sq(logp32, otb.mass_off_argmax(u32), otb.sum_sq_off_argmax(u32))
+    p64 = torch.softmax(u.to(D), -1)
+    py = p64.gather(-1, y[:, None]).squeeze(-1)
+    want = (1 - py) ** 2 + p64.scatter(-1, y[:, None], 0.0).square().sum(-1)  # (1 − π_j)² + Σ_{v≠j} π_v², float64
+    torch.testing.assert_close(w32.to(D), want, rtol=1e-5, atol=0)
+    verl32 = 1 - 2 * torch.exp(logp32) + otb.sum_sq_prob(u32)
+    if gap <= 1e-6:
+        assert abs(float(verl32[0]) - float(want[0])) >= 0.5 * float(want[0])  # cancelled: off by half of w or more
+    w64 = otb.score_norm_sq(torch.log(py), 1 - p64.amax(-1), p64.square().sum(-1) - p64.amax(-1) ** 2)
+    assert float(w64[1]) == float(1 - 2 * py[1] + p64[1].square().sum())  # π ≤ 1/2: verl's form, bit for bit

@@ -34,6 +34,7 @@ Read next: grpo.py ``train``, which calls these.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -153,6 +154,20 @@ def _new_tmp_dir(path: str) -> str:
     raise FileExistsError(f"cannot make a temporary folder beside {path}")
 
 
+@contextlib.contextmanager
+def _writing(path: str):
+    """A new temporary sibling of ``path`` to write into (``_new_tmp_dir``), renamed into place when the block ends,
+    or removed when it raises: an exception or Ctrl-C inside a save leaves no ``.tmp-*`` folder in this process (a
+    killed process's are swept when the run folder is next opened)."""
+    tmp = _new_tmp_dir(path)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _replace_dir(tmp, path)
+
+
 def _follow_umask(folder: str) -> None:
     """Give every file under ``folder`` its folder's mode without the execute bits (0644 under umask 022): the
     safetensors writer makes model.safetensors 0600 whatever the umask. The folder's own mode (``_new_tmp_dir``'s
@@ -229,10 +244,9 @@ def save_model(model, tokenizer, path: str, info: dict | None = None) -> None:
     sd = distributed.gathered_model_state(model)
     if distributed.rank() != 0:
         return
-    tmp = _new_tmp_dir(path)
-    _save_model_folder(tmp, model, tokenizer, sd, info)
-    _follow_umask(tmp)
-    _replace_dir(tmp, path)
+    with _writing(path) as tmp:
+        _save_model_folder(tmp, model, tokenizer, sd, info)
+        _follow_umask(tmp)
 
 
 def _save_model_folder(folder: str, model, tokenizer, state_dict: dict | None, info: dict | None) -> None:
@@ -281,17 +295,16 @@ def save_checkpoint(path: str, model, tokenizer, optimizer, state: dict, info: d
     optim_sd = distributed.full_optimizer_state(model, optimizer)
     if distributed.rank() != 0:
         return
-    tmp = _new_tmp_dir(path)
-    _save_model_folder(tmp, model, tokenizer, model_sd, info)
-    _follow_umask(tmp)  # now, before the optimizer's long write: a save stopped there leaves no 0600 model file
-    torch.save(optim_sd, os.path.join(tmp, "optimizer.pt"))  # this and the next files: open()'s umask modes
     rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save(rng, os.path.join(tmp, "rng_state.pt"))
-    with open(os.path.join(tmp, TRAINER_STATE), "w") as f:  # last: its presence marks the folder complete
-        json.dump(state, f, indent=1)
-    _replace_dir(tmp, path)
+    with _writing(path) as tmp:
+        _save_model_folder(tmp, model, tokenizer, model_sd, info)
+        _follow_umask(tmp)  # now, before the optimizer's long write: a save stopped there leaves no 0600 model file
+        torch.save(optim_sd, os.path.join(tmp, "optimizer.pt"))  # this and the next files: open()'s umask modes
+        torch.save(rng, os.path.join(tmp, "rng_state.pt"))
+        with open(os.path.join(tmp, TRAINER_STATE), "w") as f:  # last: its presence marks the folder complete
+            json.dump(state, f, indent=1)
 
 
 def _load_full_weights(model, folder: str) -> None:
@@ -364,6 +377,21 @@ def load_checkpoint(path: str, model, optimizer, use_peft: bool) -> dict:
     return state
 
 
+def changed_settings(path: str, config: dict) -> list[str]:
+    """The training settings of ``config`` that differ from the run's ``config.json`` at ``path`` (none when it is
+    missing or unreadable), each ``--flag old -> new``; the flags a --resume may change are left out."""
+    try:
+        with open(path) as f:
+            old = json.load(f).get("config", {})
+    except (OSError, ValueError):
+        return []
+    return [
+        f"--{k} {old[k]!r} -> {config[k]!r}"
+        for k in sorted(config)
+        if k in old and k not in RESUME_MAY_CHANGE and old[k] != config[k]
+    ]
+
+
 def check_resume_config(path: str, config: dict) -> None:
     """Refuse to resume a run with different training settings (its metrics.jsonl would mix two runs).
 
@@ -372,15 +400,7 @@ def check_resume_config(path: str, config: dict) -> None:
     Raises:
         ValueError: naming each changed flag with its old and new value.
     """
-    if not os.path.exists(path):
-        return
-    with open(path) as f:
-        old = json.load(f).get("config", {})
-    changed = [
-        f"--{k} {old[k]!r} -> {config[k]!r}"
-        for k in sorted(config)
-        if k in old and k not in RESUME_MAY_CHANGE and old[k] != config[k]
-    ]
+    changed = changed_settings(path, config)
     if changed:
         raise ValueError(
             f"--resume with settings that differ from {path}: {', '.join(changed)}; resume with the "
@@ -557,6 +577,13 @@ class RunFolder:
                     f"({self._listed(self._foreign(earlier) or earlier)}) and no checkpoint to resume: "
                     f"--overwrite_output_dir deletes them all and starts again, or choose another "
                     f"--output_dir"
+                )
+            changed = changed_settings(os.path.join(path, "config.json"), config)
+            if changed:  # --resume would refuse these settings: name only what works
+                raise ValueError(
+                    f"{path} already holds a run with other settings ({', '.join(changed[:3])}"
+                    f"{', ...' if len(changed) > 3 else ''}): choose another --output_dir, or --overwrite_output_dir "
+                    "to delete it and start again"
                 )
             raise ValueError(
                 f"{path} already holds a run ({self._listed(earlier)}): pass --resume to continue it, or "

@@ -51,6 +51,7 @@ class GRPOCredit:
     asks = policy.Asked()  # what it reads of θ_old's pass beside log p (h_t, per-token statistics)
     gathers_weights = False  # whether its own passes of the model need the whole weights (FSDP: no fused stage 4)
     token_arrays = 0  # the float32 [N, T] arrays it keeps beside Ã (memory_plan.py counts them)
+    min_generations = 2  # the smallest group it is defined on: Â of a group of one is r − mean = 0
 
     def __init__(self, cfg: GRPOConfig, tokenizer=None):
         self.cfg = cfg

@@ -154,6 +154,30 @@ def load_model(name: str, num_threads: int | None):
     return model, tokenizer
 
 
+def check_context(model, tokenizer, data: dict, template: str, max_new_tokens: int, protocol) -> None:
+    """Refuse, in one line and before any generation, a setting whose longest prompt (after ``template``) plus
+    ``max_new_tokens`` exceeds the model's context (``config.max_position_embeddings``; a model without one is not
+    checked): the model's context, the longest prompt, the protocol's budget and the flag that changes it."""
+    import rollout
+
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if not context or not any(data.values()):
+        return
+    lengths = {
+        (name, row["id"]): len(tokenizer(rollout.apply_template(row["problem"], template))["input_ids"])
+        for name, rows in data.items()
+        for row in rows
+    }
+    (name, problem), longest = max(lengths.items(), key=lambda item: item[1])
+    if longest + max_new_tokens > context:
+        budget = f"--protocol {protocol}'s" if protocol else "the"
+        raise ValueError(
+            f"the model's context is {context} positions; the prompt of {name} problem {problem} has {longest} "
+            f"tokens and {budget} --max_new_tokens is {max_new_tokens}: {longest + max_new_tokens} > {context} (lower "
+            "--max_new_tokens, or evaluate a model with a longer context: --protocol delta is for a real model)"
+        )
+
+
 def trained_run(model: str) -> dict | None:
     """The flags of the grpo.py run ``model`` is a checkpoint of (``<run>/final`` or ``<run>/checkpoint-<step>``:
     ``<run>/config.json``'s ``config``, with ``num_processes`` added), or None for any other model."""

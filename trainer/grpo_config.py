@@ -18,6 +18,8 @@ import difflib
 import importlib.util
 import math
 import re
+import sys
+import textwrap
 from dataclasses import dataclass, field
 
 import torch
@@ -81,6 +83,11 @@ ONE_GPU_CHANGES = {
 DELTA_ONE_GPU = {**DELTA_PAPER, **ONE_GPU_CHANGES}
 
 RECIPES = {"toy": {}, "delta_paper": DELTA_PAPER, "delta_one_gpu": DELTA_ONE_GPU}
+# What a recipe adds when the run is on GPUs or a dry run plans for them (recipes.on_gpus): the paper's rollouts came
+# from a fast engine (SGLang in DelTA's run_DelTA.sh); ours is a colocated vLLM that sleeps during the update, its
+# share sized by the plan. A CPU run of the recipe keeps HF generate (vLLM's CPU backend has no sleep mode). No IS
+# correction for the sampler–trainer mismatch (--vllm_importance_sampling_correction stays off): DelTA's code has none.
+ON_GPUS = {"delta_paper": {"use_vllm": True, "vllm_enable_sleep_mode": True}}
 
 
 def name_the_recipe(message: str, cfg, given: set[str] | None) -> str:
@@ -106,8 +113,8 @@ def help_text() -> str:
         )
 
     return (
-        f"recipes (--recipe): toy: the defaults above; delta_paper: {flags(DELTA_PAPER)}; delta_one_gpu: "
-        f"delta_paper with {flags(ONE_GPU_CHANGES)}"
+        f"recipes (--recipe): toy: the defaults above; delta_paper: {flags(DELTA_PAPER)}, and on GPUs "
+        f"{flags(ON_GPUS['delta_paper'])}; delta_one_gpu: delta_paper with {flags(ONE_GPU_CHANGES)}"
     )
 
 
@@ -319,12 +326,48 @@ class GRPOConfig:
         return []
 
 
+# --help's groups, as TRL's and verl's configs group their settings: the first flag of each group -> its title (the
+# flags follow GRPOConfig's order); a comparison's flags (python -m comparisons) are grouped by their file
+HELP_GROUPS = {
+    "recipe": "recipe, model, data and prompt template",
+    "torch_dtype": "model loading, LoRA and memory",
+    "credit": "credit assignment (--credit, then each method's flags)",
+    "num_generations": "rollout (and DAPO's overlong reward shaping)",
+    "vllm_importance_sampling_correction": "the sampler-trainer mismatch (vLLM rollouts)",
+    "max_steps": "optimisation",
+    "padding_free": "the scale path (trainer/scale_passes.py; on in the scale recipes)",
+    "epsilon": "loss: clipped surrogate, KL, advantage",
+    "eval_num_generations": "evaluation, logging and checkpoints",
+    "dry_run": "the memory plan (--dry_run)",
+}
+# A negative number in any form (-1, -0.5, -.5, -1e-4, -1E+3): argparse takes only -1 and -0.5 as a flag's value
+NEGATIVE_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|-inf")
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    def _split_lines(self, text, width):  # a long default (a list of module names) is never broken mid-word
+        return textwrap.wrap(text, width, break_long_words=False, break_on_hyphens=False)
+
+
 class _Parser(argparse.ArgumentParser):
     def __init__(self, **kw):  # no prefixes: a mistyped --no-padding_fre is an error, not --no-padding_free
-        super().__init__(allow_abbrev=False, **kw)
+        super().__init__(allow_abbrev=False, formatter_class=_HelpFormatter, **kw)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, with a negative number after a flag read as its value (``--learning_rate -1e-4`` is
+        ``--learning_rate=-1e-4``, then checked by check_config like any value)."""
+        words = list(sys.argv[1:] if args is None else args)
+        joined = []
+        for word in words:
+            if joined and NEGATIVE_NUMBER.fullmatch(word) and joined[-1].startswith("--") and "=" not in joined[-1]:
+                joined[-1] = f"{joined[-1]}={word}"
+            else:
+                joined.append(word)
+        return super().parse_known_args(joined, namespace)
 
     def error(self, message):  # one line, like every other bad input (argparse would print the 45-line usage first)
-        raise SystemExit(f"grpo.py: error: {message}{self.suggest(message)} (python grpo.py --help lists the flags)")
+        command = f"python {self.prog}" if self.prog.endswith(".py") else self.prog
+        raise SystemExit(f"{self.prog}: error: {message}{self.suggest(message)} ({command} --help lists the flags)")
 
     def suggest(self, message: str) -> str:
         """``; did you mean --num_generations?`` for each unknown flag of argparse's "unrecognized arguments: ..."
@@ -340,31 +383,46 @@ class _Parser(argparse.ArgumentParser):
         return "".join(f"; did you mean {match[0]} (not {flag})?" for flag, match in close if match)
 
 
-def build_parser(config=None, defaults: bool = True, description: str = "") -> argparse.ArgumentParser:
+def build_parser(config=None, defaults: bool = True, description: str = "", prog: str = "grpo.py"):
     """argparse flags generated from the dataclass ``config`` (None: ``GRPOConfig``; a comparison's config adds its
-    flags, python -m comparisons) (name, type, default, help, choices); a bad flag or value stops with one line.
-    ``defaults=False``: flags not given are absent from the parsed namespace (``main``)."""
+    flags, python -m comparisons) (name, type, default, help, choices), in ``HELP_GROUPS``; a bad flag or value stops
+    with one line. ``defaults=False``: flags not given are absent from the parsed namespace (``main``)."""
+    config = config or GRPOConfig
     about = (
         "GRPO with token-level credit assignment (GRPO, DelTA, CSCR): the trainer, read top to bottom as the method."
     )
-    ap = _Parser(description=description or about, epilog=help_text())
-    for f in dataclasses.fields(config or GRPOConfig):
+    usage = f"{'python ' if prog.endswith('.py') else ''}{prog} [--flag value ...]  (the flags below, by group)"
+    ap = _Parser(prog=prog, usage=usage, description=description or about, epilog=help_text())
+    own = {f.name for f in dataclasses.fields(GRPOConfig)}
+    origin = {  # a comparison's flag -> its file
+        f.name: base.__module__.replace(".", "/") + ".py"
+        for base in config.__mro__
+        if dataclasses.is_dataclass(base) and base is not config and base is not GRPOConfig
+        for f in dataclasses.fields(base)
+    }
+    fields = sorted(dataclasses.fields(config), key=lambda f: f.name not in own)  # grpo.py's, then the comparisons'
+    group = ap
+    for f in fields:
+        title = HELP_GROUPS.get(f.name) if f.name in own else origin.get(f.name)
+        if title and title != getattr(group, "title", None):
+            group = ap.add_argument_group(title)
         kind = (f.type if isinstance(f.type, str) else f.type.__name__).split("|")[0].strip()  # "float | None"
         kw = dict(default=f.default if defaults else argparse.SUPPRESS, **f.metadata)  # help, choices
         kw["help"] += " (default: %(default)s)" if f.default not in ("", None) else ""  # empty: the help says
         if kind == "bool":
-            ap.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, **kw)
+            group.add_argument(f"--{f.name}", action=argparse.BooleanOptionalAction, **kw)
         else:
-            ap.add_argument(f"--{f.name}", type={"int": int, "float": float, "str": str}[kind], **kw)
+            group.add_argument(f"--{f.name}", type={"int": int, "float": float, "str": str}[kind], **kw)
     return ap
 
 
-def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None) -> list[str]:
+def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None, min_generations: int = 2) -> list:
     """Reject settings that cannot work, with a one-line message naming the flag (and the recipe that set it, for a
     flag not in ``given``) (``SystemExit``). Under ``--dry_run`` the checks of this machine (vLLM installed, a GPU
     present) are returned as notes of the plan, unless ``--gpu_memory_gb`` plans for another machine (then none).
-    A comparison's config (python -m comparisons) adds its own checks (``checks``: functions of ``cfg`` returning
-    (failed, message) pairs), run with these."""
+    ``min_generations``: the smallest group the run's credit function is defined on (its ``min_generations``; GRPO's
+    advantage needs two). A comparison's config (python -m comparisons) adds its own checks (``checks``: functions of
+    ``cfg`` returning (failed, message) pairs), run with these."""
     rows = cfg.num_prompts_per_step // max(world, 1) * cfg.num_generations  # one process's rollout rows
     problems = [
         *[  # a GRPOConfig made in code skips the parser's choices: the same check, before anything loads
@@ -375,11 +433,10 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None)
             for f in dataclasses.fields(cfg)
             if "choices" in f.metadata
         ],
-        (cfg.num_generations < 1, "--num_generations must be >= 1"),
         (
-            cfg.num_generations == 1,
-            f"--num_generations 1 with --scale_rewards {cfg.scale_rewards} gives every "
-            "response advantage 0 (a group of one: r − mean = 0, and nothing to scale); use --num_generations >= 2",
+            cfg.num_generations < min_generations,
+            f"--num_generations must be >= {min_generations} with --credit {cfg.credit}"
+            + (": a group of one gives every response advantage 0 (r − mean = 0)" if min_generations > 1 else ""),
         ),
         *[
             (getattr(cfg, n) < 1, f"--{n} must be >= 1")

@@ -500,24 +500,18 @@ class MemoryPlan:
         return f"does not fit: {where}{why}; fits with: {fix}"
 
     def vllm_line(self) -> str:
-        """One line on vLLM's share: who chose it, the sequences its KV cache holds at once, and what holds more:
-        an FP8 KV cache (``--vllm_kv_cache_dtype fp8``, one byte per element) and tensor parallelism over 2 GPUs,
-        which halves each GPU's copy of vLLM's weights (its KV cache is split too, but the engine then serves the
-        rows of 2 processes: per process the same bytes per sequence)."""
+        """One line on vLLM's share: who chose it, the sequences its KV cache holds at once, and the grpo.py flag that
+        holds more: an FP8 KV cache (``--vllm_kv_cache_dtype fp8``, one byte per element)."""
         p = self.parts
         budget, one, c = p["vllm_kv_budget"], p["vllm_sequence_bytes"], p["compute_bytes"]
         who = "sized by the plan (sleep mode)" if p["vllm_sized"] else "as given"
-        more = []
-        if c > 1 and one % c == 0 and p["kv_per_token"] * p["row_tokens"] == one:  # not fp8 already
-            more.append(f"--vllm_kv_cache_dtype fp8 holds {int(budget // (one // c)):,}")
-        more.append(
-            f"tensor parallel over 2 GPUs (vLLM's tensor_parallel_size, not a grpo.py flag) holds "
-            f"{int((budget + p['vllm_weights'] / 2) // one):,}"
-        )
-        return (
+        line = (
             f"vLLM: --vllm_gpu_memory_utilization {p['vllm_share']:.2f} {who}, KV cache {budget / GB:.1f} GB: "
-            f"{_sequences(p['vllm_sequences'])} at once; more: " + "; ".join(more)
+            f"{_sequences(p['vllm_sequences'])} at once"
         )
+        if c > 1 and one % c == 0 and p["kv_per_token"] * p["row_tokens"] == one:  # not fp8 already
+            line += f"; more: --vllm_kv_cache_dtype fp8 holds {int(budget // (one // c)):,}"
+        return line
 
     def table(self) -> str:
         """A short fixed-width table (at most 12 lines): one line per stage, the fixed parts, the verdict."""

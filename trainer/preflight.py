@@ -108,10 +108,14 @@ def check(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] |
     verdict = the_plan.verdict()
     context = model_config.get("max_position_embeddings")
     if context and longest + cfg.max_completion_length > context:  # RoPE runs on past it, but the model never saw it
-        notes.append(
-            f"prompts of up to {longest} tokens + --max_completion_length {cfg.max_completion_length} exceed "
-            f"the model's max_position_embeddings {context}"
+        beyond = (
+            f"the model's context is {context} positions (max_position_embeddings); prompts of up to {longest} "
+            f"tokens + --max_completion_length {cfg.max_completion_length} exceed it (lower --max_completion_length "
+            "or --max_prompt_length)"
         )
+        if not cfg.dry_run:
+            raise ValueError(beyond)
+        notes.append(beyond)
     if the_plan.device == "CPU" and not the_plan.fits:
         verdict += "; planned for this machine's host memory (no GPU here: --gpu_memory_gb plans for one)"
     if not the_plan.fits and cfg.recipe == "delta_paper" and given is not None and "recipe" not in given:

@@ -133,6 +133,29 @@ def _row_errors(row, label: str, fields: tuple[str, str] = REQUIRED_FIELDS) -> l
                 else "not a string"
             )
             errors.append(f"{label}: field '{key}' is {what}")
+        elif key == fields[1] and not _graded(value):  # the grader would refuse it at the first step that samples it
+            errors.append(f"{label}: field '{key}' {value!r} is blank after normalisation (verify.normalize_reference)")
+    return errors
+
+
+def _graded(reference: str) -> bool:
+    """Whether verify.py can grade against ``reference`` (it is not blank once normalised: ``$$``, ``\\quad``)."""
+    try:
+        verify.normalize_reference(reference)
+    except ValueError:
+        return False
+    return True
+
+
+def _repeated_ids(rows: list[dict], labels: list[str]) -> list[str]:
+    """One message per row whose ``id`` an earlier row has (``file:line: field 'id' ... repeats file:line``): a
+    problem's responses and results are kept by its id."""
+    first = {}
+    errors = []
+    for row, label in zip(rows, labels):
+        if row["id"] in first:
+            errors.append(f"{label}: field 'id' {row['id']!r} repeats {first[row['id']]}")
+        first.setdefault(row["id"], label)
     return errors
 
 
@@ -147,7 +170,10 @@ def _raise_if_bad(errors: list[str], rows: list, where) -> None:
 
 def _check_rows(rows: list, where: str) -> list[dict]:
     """Validate ``{problem, answer}`` rows (numbers become strings); one ValueError listing every bad row."""
-    errors = [e for i, row in enumerate(rows) for e in _row_errors(row, f"{where}[{i}]")]
+    labels = [f"{where}[{i}]" for i in range(len(rows))]
+    errors = [e for row, label in zip(rows, labels) for e in _row_errors(row, label)]
+    if not errors and all(isinstance(row.get("id"), str) for row in rows):
+        errors = _repeated_ids(rows, labels)
     _raise_if_bad(errors, rows, where)
     return rows
 
@@ -245,14 +271,16 @@ def _data_files(folder: Path) -> list[Path]:
 
 
 def _load_files(paths: list[Path], fields: tuple[str, str], where: Path) -> list[dict]:
-    """The rows of every file in ``paths``, in order, all checked first; one ValueError for the bad ones."""
-    rows, errors = [], []
+    """The rows of every file in ``paths``, in order, all checked first (ids unique over them all); one ValueError
+    for the bad ones."""
+    rows, errors, labels = [], [], []
     for path in paths:
         read = _read_parquet if path.suffix == ".parquet" else _read_jsonl
-        more_rows, more_errors = read(path, fields)
+        more_rows, more_errors, more_labels = read(path, fields)
         rows += more_rows
         errors += more_errors
-    _raise_if_bad(errors, rows, where)
+        labels += more_labels
+    _raise_if_bad(errors + _repeated_ids(rows, labels), rows, where)
     return rows
 
 
@@ -270,9 +298,10 @@ def _missing_column(path: Path, fields: tuple[str, str], present, listing: str, 
             raise ValueError(f"{flag} {field}: no such {noun} in {path} ({listing})")
 
 
-def _read_jsonl(path: Path, fields: tuple[str, str] = REQUIRED_FIELDS) -> tuple[list[dict], list[str]]:
-    """The rows of a jsonl file and the messages of its bad lines (``file:line: ...``)."""
+def _read_jsonl(path: Path, fields: tuple[str, str] = REQUIRED_FIELDS) -> tuple[list[dict], list[str], list[str]]:
+    """The rows of a jsonl file, the messages of its bad lines (``file:line: ...``) and each row's ``file:line``."""
     rows, errors, seen, first = [], [], set(), None
+    labels = []
     with open(path, encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -292,13 +321,14 @@ def _read_jsonl(path: Path, fields: tuple[str, str] = REQUIRED_FIELDS) -> tuple[
             row["id"] = str(row["id"])
             row.setdefault("source", path.stem)
             rows.append(row)
+            labels.append(f"{path}:{lineno}")
     if len(rows) > 1 and len(seen) < len(set(fields)):  # a field of no row: the wrong name, not bad rows
         _missing_column(path, fields, seen, f"fields of its first row: {', '.join(first) or 'none'}", "field")
-    return rows, errors
+    return rows, errors, labels
 
 
-def _read_parquet(path: Path, fields: tuple[str, str]) -> tuple[list[dict], list[str]]:
-    """The rows of a parquet file and the messages of its bad rows (``file: row i: ...``, i from 0).
+def _read_parquet(path: Path, fields: tuple[str, str]) -> tuple[list[dict], list[str], list[str]]:
+    """The rows of a parquet file, the messages of its bad rows (``file: row i: ...``, i from 0) and each row's label.
 
     Read with pyarrow (imported here) one record batch of 4096 rows at a time and only in the columns used: the
     file's other columns are never decompressed, one batch's Arrow buffers are held at a time, and the Python strings
@@ -329,7 +359,7 @@ def _read_parquet(path: Path, fields: tuple[str, str]) -> tuple[list[dict], list
                 }
             )
             i += 1
-    return rows, errors
+    return rows, errors, [f"{path}: row {j}" for j in range(len(rows))]
 
 
 # ----------------------------------------------------------------------------------------------------------

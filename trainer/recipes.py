@@ -29,17 +29,12 @@ import dataclasses
 from trainer.grpo_config import (  # noqa: F401
     DELTA_ONE_GPU,
     DELTA_PAPER,
+    ON_GPUS,
     ONE_GPU_CHANGES,
     RECIPES,
     help_text,
     name_the_recipe,
 )
-
-# What a recipe adds when the run is on GPUs or a dry run plans for them (``on_gpus``): the paper's rollouts came from
-# a fast engine (SGLang in DelTA's run_DelTA.sh); ours is a colocated vLLM that sleeps during the update, its share
-# sized by the plan. A CPU run of the recipe keeps HF generate (vLLM's CPU backend has no sleep mode). No IS
-# correction for the sampler–trainer mismatch (--vllm_importance_sampling_correction stays off): DelTA's code has none.
-ON_GPUS = {"delta_paper": {"use_vllm": True, "vllm_enable_sleep_mode": True}}
 
 
 def on_gpus(cfg) -> bool:

@@ -120,7 +120,8 @@ def prepare(cfg, given, world: int, method):
     say = tqdm.write if distributed.rank() == 0 else (lambda *a, **k: None)
     policy.model_path(cfg.model)  # a folder that does not exist: one line before anything else is said
     cfg = recipes.apply(cfg, given, say)
-    notes = grpo_config.check_config(cfg, cfg.plan_processes or world if cfg.dry_run else world, given)
+    processes = cfg.plan_processes or world if cfg.dry_run else world
+    notes = grpo_config.check_config(cfg, processes, given, method.credit.min_generations)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     dataset, eval_set = load_data(cfg, say)  # data first: a bad row stops the run before any model loads
