@@ -99,3 +99,34 @@ def test_help_lists_every_rule_flag(capsys):
         "--cscr_scope",
     ):
         assert flag in text
+
+
+def test_help_reads_in_groups_with_a_short_usage_and_whole_defaults(capsys):
+    """``--help`` (issue #53): a usage line of its own (not every flag), the flags in groups as TRL's and verl's
+    configs group them, a comparison's flags under its file (python -m comparisons), each default printed whole (a
+    list of module names is not broken mid-word), and the recipes' GPU additions in the epilog."""
+    import comparisons
+
+    with pytest.raises(SystemExit):
+        grpo_config.build_parser().parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert text.splitlines()[0] == "usage: python grpo.py [--flag value ...]  (the flags below, by group)"
+    for title in grpo_config.HELP_GROUPS.values():
+        assert f"\n{title}:\n" in text, title
+    assert "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)" in text.replace("\n", " ").replace("  ", "")
+    assert "and on GPUs --use_vllm" in " ".join(text.split())
+    with pytest.raises(SystemExit):
+        grpo_config.build_parser(comparisons.config_class(), prog=comparisons.PROG).parse_args(["--help"])
+    text = capsys.readouterr().out
+    assert text.startswith("usage: python -m comparisons [--flag value ...]")
+    assert "\ncomparisons/fipo.py:\n" in text and "\ncomparisons/delta_ablations.py:\n" in text
+
+
+@pytest.mark.parametrize("value", ["-1e-4", "-1E-4", "-.5", "-1.5e+2", "-2"])
+def test_a_negative_number_in_any_form_is_a_flags_value(value):
+    """``--learning_rate -1e-4`` is the value -1e-4 (argparse alone reads a negative number in exponent form as a
+    flag: "expected one argument"), then checked by the project's own rules like any value."""
+    parsed = grpo_config.build_parser().parse_args(["--learning_rate", value, "--seed", "-3"])
+    assert parsed.learning_rate == float(value) and parsed.seed == -3
+    with pytest.raises(SystemExit, match="--learning_rate"):
+        grpo_config.check_config(grpo_config.GRPOConfig(learning_rate=float(value)))
