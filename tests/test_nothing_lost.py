@@ -522,3 +522,12 @@ def test_a_save_stopped_in_this_process_removes_its_temporary_folder(tiny, tmp_p
     finally:
         type(tok).save_pretrained = real_save_pretrained
     assert sorted(p.name for p in tmp_path.rglob("*")) == listing
+
+
+def test_a_budget_beyond_the_models_context_stops_before_the_run_folder(tmp_path):
+    """grpo.py with a response budget beyond the toy's 128-position context: one line naming the context and the
+    flag, before any weights load, and no run folder left."""
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit, match=r"the model's context is 128 positions .*--max_completion_length 200 exceed"):
+        grpo.main(["--max_completion_length", "200", "--output_dir", str(out)])
+    assert not out.exists()

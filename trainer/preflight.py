@@ -79,6 +79,8 @@ def check(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] |
     delta_cache = cfg.credit == "delta" and cfg.delta_impl == "normal" and not cfg.dry_run
     if quick and cfg.use_vllm and cfg.vllm_gpu_memory_utilization is None:  # the toy: vLLM's default share
         cfg.vllm_gpu_memory_utilization = memory_plan.VLLM_DEFAULT_SHARE
+    if quick:  # the toy's prompts are not measured here: its context against the response budget alone
+        _check_context(cfg, None, memory_plan.read_model_config(cfg.model).get("max_position_embeddings"), notes)
     if quick and not delta_cache:
         return rows  # and it prints what it always printed
     model_config = memory_plan.read_model_config(
@@ -106,16 +108,7 @@ def check(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] |
         model_config, cfg, prompt_tokens=longest, processes=processes, gpu_memory_gb=cfg.gpu_memory_gb, traits=traits
     )
     verdict = the_plan.verdict()
-    context = model_config.get("max_position_embeddings")
-    if context and longest + cfg.max_completion_length > context:  # RoPE runs on past it, but the model never saw it
-        beyond = (
-            f"the model's context is {context} positions (max_position_embeddings); prompts of up to {longest} "
-            f"tokens + --max_completion_length {cfg.max_completion_length} exceed it (lower --max_completion_length "
-            "or --max_prompt_length)"
-        )
-        if not cfg.dry_run:
-            raise ValueError(beyond)
-        notes.append(beyond)
+    _check_context(cfg, longest, model_config.get("max_position_embeddings"), notes)
     if the_plan.device == "CPU" and not the_plan.fits:
         verdict += "; planned for this machine's host memory (no GPU here: --gpu_memory_gb plans for one)"
     if not the_plan.fits and cfg.recipe == "delta_paper" and given is not None and "recipe" not in given:
@@ -154,3 +147,19 @@ def check(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] |
     if not is_toy:
         say(verdict)
     return rows
+
+
+def _check_context(cfg, longest: int | None, context: int | None, notes: list[str]) -> None:
+    """Refuse (a note under --dry_run) prompts of up to ``longest`` tokens (None: not measured, at least one) +
+    --max_completion_length beyond the model's ``context`` (max_position_embeddings; None: not checked): RoPE runs on
+    past it, but the model never saw it, and sampling would stop at the model's limit."""
+    if not context or (longest or 1) + cfg.max_completion_length <= context:
+        return
+    prompts = f"prompts of up to {longest} tokens" if longest else "a prompt"
+    beyond = (
+        f"the model's context is {context} positions (max_position_embeddings); {prompts} + --max_completion_length "
+        f"{cfg.max_completion_length} exceed it (lower --max_completion_length or --max_prompt_length)"
+    )
+    if not cfg.dry_run:
+        raise ValueError(beyond)
+    notes.append(beyond)
