@@ -295,24 +295,26 @@ def _one_step(model, tok, cfg, rows, out_dir, monkeypatch, from_training_forward
     return record, [p.detach().clone() for p in model.parameters()], seen
 
 
+@pytest.mark.parametrize("path", ["plain", "scale"])
 @pytest.mark.parametrize("credit", ["grpo", "delta", "cscr"])
 def test_theta_old_from_the_training_forward_gives_the_same_update(
-    toy_model_path, tmp_path, monkeypatch, credit, float64_model
+    toy_model_path, tmp_path, monkeypatch, credit, path, float64_model
 ):
-    """Stage 4's branch (θ_old's log-probs taken from the training forward, which stage 6 then reuses) makes the
-    same AdamW update, token advantages and statistics as the separate no-grad pass. In float64: AdamW's first step
-    is about lr·sign(g), so a float32 gradient entry near 0 could flip and move its weight by 2·lr."""
+    """Stage 4's branch (θ_old's log-probs taken from the training forward, which stage 6 then reuses: TRL's way, on
+    the plain path by default, and the scale path's) makes the same AdamW update, token advantages and statistics as
+    the separate no-grad pass. In float64: AdamW's first step is about lr·sign(g), so a float32 gradient entry near 0
+    could flip and move its weight by 2·lr."""
     import copy
 
     model, tok = policy.load_model_and_tokenizer(toy_model_path)
     model = float64_model(model)
     rows = toy.make_split("train")[:8]
-    scale = dict(padding_free=True, shared_prompt=True, chunked_lm_head=True, fuse_old_logprobs=True)
+    scale = dict(padding_free=True, shared_prompt=True, chunked_lm_head=True) if path == "scale" else {}
     cfg = grpo.GRPOConfig(credit=credit, num_prompts_per_step=4, num_generations=4, max_completion_length=48, **scale)
-    assert memory_plan.updates_on_policy(cfg, 16, processes=1)
+    assert memory_plan.updates_on_policy(cfg, 16, processes=1)  # --fuse_old_logprobs: on by default
     assert not memory_plan.updates_on_policy(dataclasses.replace(cfg, num_iterations=2), 16, processes=1)
     assert not memory_plan.updates_on_policy(dataclasses.replace(cfg, micro_batch_size=4), 16, processes=1)
-    assert not memory_plan.updates_on_policy(grpo.GRPOConfig(), 16, processes=1)  # the flag is off by default
+    assert not memory_plan.updates_on_policy(dataclasses.replace(cfg, fuse_old_logprobs=False), 16, processes=1)
     assert not memory_plan.updates_on_policy(dataclasses.replace(cfg, beta=0.04), 16, processes=1)  # a reference
     assert not memory_plan.updates_on_policy(cfg, 16, processes=1, reuses_old_forward=False)
     assert not memory_plan.updates_on_policy(cfg, 16, processes=2, credit_gathers_weights=True)
@@ -582,7 +584,8 @@ def test_fused_stage_4_is_off_under_fsdp_for_a_credit_whose_passes_gather_the_we
         monkeypatch.setattr(run_setup.distributed, "world_size", lambda: 2 if distributed else 1)
         cfg = grpo.GRPOConfig(credit=credit_name, num_prompts_per_step=4, num_generations=4, fuse_old_logprobs=True)
         method = grpo.paper_method(cfg)
-        forward = run_setup.step_parts(cfg, method.credit(cfg, None), method, None).forward
+        plain = policy.Forward(grpo.old_logprobs, grpo.micro_batches)
+        forward = run_setup.step_parts(cfg, method.credit(cfg, None), method, plain).forward
         return forward.old_logprobs.keywords["training_forward"]
 
     assert fused("grpo", True) and fused("delta", True) and fused("cscr", False)

@@ -498,7 +498,7 @@ def test_condition_logprobs_errors(tiny):
         cscr.condition_logprobs(model, tok, [("a\n", "b\n")], ids, mask)
     with pytest.raises(ValueError, match="temperature"):
         cscr.condition_logprobs(model, tok, [("a\n", "b\n")] * 2, ids, mask, temperature=0.0)
-    with pytest.raises(ValueError, match="response_mask"):
+    with pytest.raises(ValueError, match="credited mask"):
         cscr.condition_logprobs(model, tok, [("a\n", "b\n")] * 2, ids, mask[:, :2])
 
 

@@ -1007,8 +1007,9 @@ def _paper_cells(line):
 
 
 def test_delta_paper_table_end_to_end_on_the_toy(toy_model_path, tmp_path, counting_generate, capsys):
-    """--benchmarks delta_paper --protocol delta on the toy: the shipped files (2 problems each) print and write
-    DelTA's Table 1 layout; then seven files of toy problems of uneven sizes (the toy solves some), whose Avg. is
+    """--benchmarks delta_paper --protocol delta on the toy: the shipped files are refused (their prompts exceed the
+    toy's context); two toy problems under each name print and write DelTA's Table 1 layout; then seven files of toy
+    problems of uneven sizes (the toy solves some), whose Avg. is
     checked against the question-weighted average of the per-benchmark numbers, computed here; a rerun reuses every
     chunk, an interrupted one regenerates only what is missing, and both give the same table."""
     head = "| Model | Metric | AIME24 | AIME25 | AIME26 | HMMT25 Feb | HMMT25 Nov | HMMT26 Feb | Brumo25 | Avg. |"
@@ -1027,7 +1028,15 @@ def test_delta_paper_table_end_to_end_on_the_toy(toy_model_path, tmp_path, count
         "1",
     ]
     out = tmp_path / "shipped"
-    res = evaluate.main(base + ["--max_new_tokens", "8", "--limit", "2", "--output_dir", str(out)])
+    with pytest.raises(ValueError, match="the model's context is 128 positions"):  # the shipped AIME prompts: too long
+        evaluate.main(base + ["--max_new_tokens", "8", "--limit", "2", "--output_dir", str(out)])
+    assert not out.exists()
+    two = tmp_path / "two"  # two toy problems under each of the seven names
+    two.mkdir()
+    rows = iter(toy.make_split("test", n=14))
+    for name in problems.DELTA_PAPER:
+        (two / f"{name}.jsonl").write_text("".join(json.dumps(next(rows)) + "\n" for _ in range(2)))
+    res = evaluate.main(base + ["--max_new_tokens", "8", "--data_dir", str(two), "--output_dir", str(out)])
     printed = capsys.readouterr().out
     # the protocol's values, except the two flags given
     assert {k: res["settings"][k] for k in ("num_samples", "temperature", "top_p", "max_new_tokens", "greedy")} == {

@@ -298,7 +298,8 @@ def test_checkpoint_roundtrip_restores_weights_optimizer_rng(tiny_model_path, tm
     with pytest.raises(ValueError, match="use_peft"):
         checkpoint.load_checkpoint(str(tmp_path / "checkpoint-7"), model2, opt2, use_peft=True)
 
-    # a save killed half-way leaves only a .tmp folder: ignored, the earlier checkpoint stays the latest
+    # a save stopped half-way removes its .tmp folder (in this process; a killed one's is swept at the next start):
+    # the earlier checkpoint stays the latest
     real_save = torch.save
 
     def crash_on_optimizer(obj, f, *a, **kw):
@@ -312,7 +313,7 @@ def test_checkpoint_roundtrip_restores_weights_optimizer_rng(tiny_model_path, tm
             checkpoint.save_checkpoint(str(tmp_path / "checkpoint-9"), model, tok, opt, {**state, "step": 9})
     finally:
         torch.save = real_save
-    assert not (tmp_path / "checkpoint-9").exists() and list(tmp_path.glob("checkpoint-9.tmp-*"))
+    assert not (tmp_path / "checkpoint-9").exists() and not list(tmp_path.glob("checkpoint-9.tmp-*"))
     (tmp_path / "checkpoint-11").mkdir()  # no completion marker
     shutil.copy(tmp_path / "checkpoint-7" / "optimizer.pt", tmp_path / "checkpoint-11")
     assert checkpoint.latest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-7")
