@@ -161,6 +161,8 @@ def test_another_model_gets_the_paper_recipe_for_every_flag_not_given(toy_model_
     shutil.copytree(toy_model_path, model)
     (model / "toy_info.json").unlink()
     assert not toy.is_toy_model(str(model))
+    config_path = model / "config.json"  # MATH's templated prompts run past the toy's 128 positions (preflight's check)
+    config_path.write_text(json.dumps({**json.loads(config_path.read_text()), "max_position_embeddings": 512}))
     out = tmp_path / "run"
     argv = [
         "--model",
