@@ -535,8 +535,9 @@ def test_reproduce_commands_and_the_record():
     from trainer import grpo_config, scale_passes
 
     reproduce = _reproduce()
-    assert [f.removeprefix("--") for f in _common.SCALE_FLAGS] == list(scale_passes.FLAGS)
-    assert _common.SCALE_PATH == dict.fromkeys(scale_passes.FLAGS, True)
+    # the scale path's flags and --fuse_old_logprobs (on by default now, on either path): the records' settings
+    assert [f.removeprefix("--") for f in _common.SCALE_FLAGS] == [*scale_passes.FLAGS, "fuse_old_logprobs"]
+    assert _common.SCALE_PATH == dict.fromkeys([*scale_passes.FLAGS, "fuse_old_logprobs"], True)
     assert reproduce.command(["--credit", "delta"], 3) == [
         *("python", "grpo.py", "--credit", "delta", "--num_mini_batches", "4"),
         *_common.SCALE_FLAGS,
