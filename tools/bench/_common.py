@@ -5,8 +5,8 @@
   a timing subclass of the run's credit function, CPU time) and the peak memory of the run; optional
   benchmark-only patches (``spec["patches"]``) that force every response to the full completion length and replace
   the verifier by seeded random rewards (scaling.py: random-init models).
-* ``SCALE_FLAGS`` / ``SCALE_PATH``: the scale path's three flags (trainer/scale_passes.py) and --fuse_old_logprobs, grpo.py's defaults when
-  the recorded results (results/) were made; the scripts' runs keep them unless told otherwise.
+* ``SCALE_FLAGS`` / ``SCALE_PATH``: the scale path's three flags (trainer/scale_passes.py) and --fuse_old_logprobs,
+  grpo.py's defaults when the recorded results (results/) were made; the scripts' runs keep them unless told otherwise.
 * ``plan_traits(credit)``: what ``memory_plan.plan`` reads of a credit function, as the trainer hands it.
 * ``PeakMemory``: the peak resident-set increase of this process over a block (CPU) or the CUDA peak.
 * ``prepare_toy_model``: a private snapshot of the toy model (the shipped toy/model/, or a benchmark-only build).
