@@ -149,12 +149,13 @@ def test_two_processes_resume(toy_model_path, tmp_path):
 def test_two_processes_chunked_lm_head(toy_model_path, tmp_path):
     """The LM head in chunks of positions under FSDP2 (its weight gathered by the root module's forward, inside which
     ChunkedLMHead runs; its gradient reduce-scattered with the root's): with a budget of 10 positions (the toy's
-    V = 100) every pass of 2 DelTA steps is chunked, on 2 processes as on 1, and both end where the unchunked single
-    process does (1e-5, test_two_processes_equal_one_process's bound: float32 sums in another order)."""
+    V = 100) every pass of 2 DelTA steps is chunked, on 2 processes as on 1, and both end where the single process with
+    the default budget (the whole head at once) does (1e-5, test_two_processes_equal_one_process's bound: float32 sums
+    in another order; the padded path's sums differ more, and AdamW's first step turns a sign into 2·lr)."""
     chunked = {"TEST_LOGITS_CHUNK_BYTES": str(10 * 100 * 4)}
-    plain = _run(tmp_path / "plain", toy_model_path, 1, "--credit", "delta")
-    one = _run(tmp_path / "one", toy_model_path, 1, "--credit", "delta", env=chunked)
-    two = _run(tmp_path / "two", toy_model_path, 2, "--credit", "delta", env=chunked)
+    plain = _run(tmp_path / "plain", toy_model_path, 1, "--credit", "delta", "--chunked_lm_head")  # the whole head
+    one = _run(tmp_path / "one", toy_model_path, 1, "--credit", "delta", "--chunked_lm_head", env=chunked)
+    two = _run(tmp_path / "two", toy_model_path, 2, "--credit", "delta", "--chunked_lm_head", env=chunked)
     calls = {(run.name, f.name): int(f.read_text()) for run in (one, two) for f in run.glob("chunked_lm_head_calls.*")}
     assert len(calls) == 3 and min(calls.values()) > 0, calls
     w0, w1, w2 = _weights(plain / "final"), _weights(one / "final"), _weights(two / "final")
