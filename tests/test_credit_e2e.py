@@ -380,6 +380,7 @@ def test_dropout_takes_theta_old_and_credit_from_eval_mode(
 
 
 # ------------------------------------------------------------------------------------- --shared_prompt (policy.py)
+@pytest.mark.slow
 @pytest.mark.parametrize("credit", ["grpo", "delta", "cscr"])
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
 def test_shared_prompt_gives_the_unshared_log_probs_and_gradient(rollout_batch, float64_model, credit, loss_type):

@@ -572,6 +572,7 @@ def usage_example():
     return textwrap.dedent("\n".join(lines)).strip("\n") + "\n"
 
 
+@pytest.mark.slow
 def test_python_cscr_py_runs_the_header_example():
     """``python cscr.py`` runs the header's usage example, line for line (after its tiny Qwen3 and byte tokenizer are
     built), and prints Ã and the statistics."""

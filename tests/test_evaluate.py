@@ -800,6 +800,7 @@ def test_default_folder_keeps_each_settings_and_model_apart(tmp_path, tiny_model
     assert "[template] none (--prompt_template)" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(tmp_path):
     """evaluate.py's errors read like grpo.py's: one line, no traceback (missing data folder, --compare on missing
     files, a model folder that does not exist)."""
@@ -874,6 +875,7 @@ def test_a_checkpoint_of_a_run_is_set_beside_the_trainers_figures(toy_model_path
     assert no_run == []
 
 
+@pytest.mark.slow
 def test_a_trained_run_is_evaluated_as_the_trainer_evaluates_it(toy_model_path, tmp_path, counting_generate, capsys):
     """One checkpoint, one number: evaluate.py on <run>/final (no flag) draws what grpo.py's held-out evaluation
     (evaluate.heldout) drew, with the run's held-out settings, seed + 12345 and the trainer's batches (200 problems x

@@ -451,6 +451,7 @@ TINY_RUN = ["--max_steps", "2", "--num_prompts_per_step", "4", "--num_generation
 TINY_RUN += ["--max_completion_length", "24", "--eval_num_generations", "0", "--save_steps", "0"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("credit", ["grpo", "delta", "cscr"])
 def test_the_core_trains_without_comparisons_and_tools(tmp_path, credit):
     """A copy of the repository without comparisons/ and tools/ trains the toy two steps with the paper's methods."""
@@ -496,6 +497,7 @@ class TiltCredit(credit_methods.GRPOCredit):
 '''
 
 
+@pytest.mark.slow
 def test_a_new_credit_method_is_its_file_and_its_name_in_one_list(tmp_path):
     """A new token-credit method with a flag of its own: its file in comparisons/ and its name in COMPARISONS; it trains
     two steps with ``python -m comparisons``, its flag saved in config.json and its statistic logged, and the copy's

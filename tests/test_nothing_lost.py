@@ -64,6 +64,7 @@ def test_a_run_that_stops_before_its_first_step_leaves_nothing(toy_model_path, t
     assert len(_lines(out)) == 4  # eval 0, steps 1 and 2, eval 2
 
 
+@pytest.mark.slow
 def test_resume_of_a_finished_run_does_nothing_and_loses_no_row(toy_model_path, tmp_path, capsys):
     out = tmp_path / "run"
     grpo.main(["--model", toy_model_path, "--output_dir", str(out), *BASE])
@@ -244,6 +245,7 @@ def test_saved_folders_follow_the_umask(tiny, tmp_path, umask, folder_mode):
     assert checkpoint.latest_checkpoint(str(tmp_path)) == str(tmp_path / "checkpoint-1")
 
 
+@pytest.mark.slow
 def test_ctrl_c_after_step_1_prints_one_line_and_the_plain_command_starts_again(toy_model_path, tmp_path, capsys):
     """Ctrl-C in a terminal (SIGINT to the whole process group: the trainer and its grading workers) after step 1,
     before the first checkpoint: exit status 130, one line on stderr and no traceback from any process; the folder

@@ -151,6 +151,7 @@ def test_no_line_of_the_core_files_names_otb():
         assert "otb" not in text and "optimal_token" not in text and "optimal token" not in text, name
 
 
+@pytest.mark.slow
 def test_a_toy_run_with_otb_resumes_and_logs_its_credit(tmp_path, toy_model_path):
     """``python -m comparisons --credit otb``: two steps, then --resume to three; metrics.jsonl has OTB's lines and
     samples/
@@ -232,6 +233,7 @@ def test_the_sampler_weights_enter_w_as_verl_folds_them():
     )
 
 
+@pytest.mark.slow
 def test_otb_runs_a_group_of_one_as_verl_does(tmp_path, toy_model_path):
     """--num_generations 1: GRPO's Â is 0 there (refused for --credit grpo, delta, cscr), OTB's baseline is absent and
     Ã = r on every valid token (verl, l.950); ``python -m comparisons --credit otb --num_generations 1`` trains."""

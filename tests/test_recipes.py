@@ -155,6 +155,7 @@ def test_describe_names_where_each_value_came_from():
 
 
 # ------------------------------------------------------------------------------------------------ end to end
+@pytest.mark.slow
 def test_another_model_gets_the_paper_recipe_for_every_flag_not_given(toy_model_path, tmp_path):
     """The toy's folder without its toy_info.json is, to the trainer, another model: delta_paper."""
     model = tmp_path / "another"

@@ -367,6 +367,7 @@ def _weights(folder):
     ],
     ids=["full-cscr", "lora-delta"],
 )
+@pytest.mark.slow
 def test_resume_reproduces_the_uninterrupted_run(toy_model_path, tmp_path, monkeypatch, variant):
     eval_file = tmp_path / "eval.jsonl"
     eval_file.write_text("".join(json.dumps(r) + "\n" for r in toy.make_split("test")[:4]))
