@@ -788,8 +788,10 @@ def test_importance_sampling_correction_on_the_toy_logs_trls_metrics(toy_model_p
         credit,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # OTB is a comparison: it trains through `python -m comparisons`, grpo.py's flags plus the comparisons' own
+    entry = ["grpo.py"] if credit == "grpo" else ["-m", "comparisons"]
     proc = subprocess.run(
-        [sys.executable, "grpo.py", *flags], env=env, capture_output=True, text=True, timeout=600, cwd=root
+        [sys.executable, *entry, *flags], env=env, capture_output=True, text=True, timeout=600, cwd=root
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out / "metrics.jsonl") as f:
