@@ -631,3 +631,4 @@ def test_vs_trl_smallest():
     assert set(res["summary"]) == {"ours", "ours_scale", "trl"} and res["same_prompts"] is True
     assert [r["trainer"] for r in res["runs"]] == ["ours", "trl", "ours_scale"]
     assert "ours, the scale path (--padding_free --shared_prompt --chunked_lm_head" in res["table_markdown"]
+    assert {"speed", "speed_default", "speed_met", "speed_default_met"} <= set(res["goals"])
