@@ -236,10 +236,11 @@ def micro_batches(model, batch, rows, cfg: GRPOConfig, grad: bool, asked=policy.
 
 
 def old_logprobs(model, batch, cfg: GRPOConfig, asked=policy.Asked(), ref_model=None, training_forward=False):
-    """Stage 4: θ_old's log-probs ``[N, T]`` from its own no-grad forward (``micro_batches``), or with
-    ``training_forward`` (one update of one micro-batch, --fuse_old_logprobs: run_setup.step_parts) from the update's
-    own forward, as TRL does; with what the credit asks of the same pass (``asked``: h_t for DelTA) and, for --beta > 0,
-    π_ref's. A ``policy.ThetaOld`` on the host."""
+    """Stage 4: θ_old's log-probs ``[N, T]`` from its own no-grad, eval-mode forward (``micro_batches``), or with
+    ``training_forward`` from the update's own forward, detached, as TRL does: the toy's default, chosen once by
+    run_setup.step_parts (--fuse_old_logprobs, one update of one micro-batch, β = 0; off where the model has dropout,
+    so train mode computes what eval mode would); with what the credit asks of the same pass (``asked``: h_t for
+    DelTA) and, for --beta > 0, π_ref's. A ``policy.ThetaOld`` on the host."""
     rows = torch.arange(batch.response_mask.shape[0])
     # training_forward: stage 6's forward now, its log-probs detached as θ_old's, its graph kept for the update
     outputs = list(micro_batches(model, batch, rows, cfg, grad=training_forward, asked=asked))

@@ -89,6 +89,21 @@ def test_cscr_end_to_end_logs_weights(toy_model_path, tmp_path):
     assert sum(summary["where_the_credit_lands"]["cscr"]["responses"].values()) == len(samples)
 
 
+def test_cscr_says_once_when_its_weights_leave_the_moderate_band(capsys):
+    """spec §5's band (1/w̄ ≲ 1.3, effective-token fraction ≳ 0.85): one line the first time a step leaves it, none
+    within it or for a batch with no credited token (statistics 0)."""
+    from trainer.credit_methods import CscrCredit
+
+    credit = CscrCredit(grpo.GRPOConfig(credit="cscr"))
+    credit.warn_if_strong({"cscr/inv_w_bar_max": 0.0, "cscr/eff_token_frac": 0.0}, 0)  # no credited token
+    credit.warn_if_strong({"cscr/inv_w_bar_max": 1.2, "cscr/eff_token_frac": 0.9}, 1)  # within
+    assert capsys.readouterr().out == ""
+    credit.warn_if_strong({"cscr/inv_w_bar_max": 1.74, "cscr/eff_token_frac": 0.74}, 2)
+    credit.warn_if_strong({"cscr/inv_w_bar_max": 1.9, "cscr/eff_token_frac": 0.7}, 3)
+    out = capsys.readouterr().out
+    assert out.count("[cscr]") == 1 and "step 3: max 1/w̄ 1.74" in out and "0.74" in out
+
+
 # ---------------------------------------------------------------------------------------- micro-batch invariance
 @pytest.fixture(scope="module")
 def rollout_batch(toy_model_path):

@@ -149,6 +149,7 @@ class CscrCredit(GRPOCredit):
         self.functions = cscr.CscrFunctions()
         self.threshold = cfg.cscr_threshold
         self.calibrated = False  # (--cscr_threshold_quantile: λ set from the first batch with credited tokens)
+        self.warned = False  # (beyond spec §5's "moderate" band: said once a run)
 
     def __call__(self, model, x: CreditInputs) -> CreditResult:
         cfg = self.cfg
@@ -184,6 +185,7 @@ class CscrCredit(GRPOCredit):
                 self.calibrated = True
         # spec §5: w_t = max(w_min, exp(−α·max(0, s_t − λ))) (the map of --cscr_weight), Ã_{i,t} = Â_i·w_t / mean_t(w)
         token_adv, stats = self.reallocate(x.adv, old_logp, lp_pos, lp_neg, mask)
+        self.warn_if_strong(stats, x.step)
         return CreditResult(token_adv, {**stats, "cscr/threshold": float(self.threshold)}, {"sensitivity": s})
 
     def reallocate(self, adv, old_logp, lp_pos, lp_neg, mask):  # spec §5: (Ã [N, T], its statistics)
@@ -192,6 +194,22 @@ class CscrCredit(GRPOCredit):
         )
         stats = cscr.cscr_stats(adv, old_logp, lp_pos, lp_neg, mask, self.threshold, self.settings, self.functions)
         return token_adv, stats
+
+    def warn_if_strong(self, stats: dict, step: int) -> None:
+        """One line, once a run, when the weights leave spec §5's "moderate" band (1/w̄ ≲ 1.3, effective-token
+        fraction ≳ 0.85): the budget concentrates on few tokens, the regime the spec links to collapse."""
+        inv_w_bar = stats["cscr/inv_w_bar_max"]
+        effective = stats["cscr/eff_token_frac"]
+        if self.warned or (inv_w_bar <= 1.3 and effective >= 0.85) or effective == 0.0:
+            return
+        self.warned = True
+        from tqdm import tqdm
+
+        tqdm.write(
+            f"[cscr] step {step + 1}: max 1/w̄ {inv_w_bar:.2f} (spec §5: ≲ 1.3), effective-token fraction "
+            f"{effective:.2f} (≳ 0.85): stronger than the spec's moderate down-weighting; a smaller --cscr_alpha or "
+            "a larger --cscr_threshold weights less (docs/results.md, CSCR on the toy: s is large almost everywhere)"
+        )
 
     def state_dict(self) -> dict:
         return {"cscr_threshold": float(self.threshold), "cscr_calibrated": self.calibrated}

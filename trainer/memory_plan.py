@@ -516,8 +516,9 @@ class MemoryPlan:
     def table(self) -> str:
         """A short fixed-width table (at most 12 lines): one line per stage, the fixed parts, the verdict."""
         p = self.parts
+        size = f"{p['parameters'] / 1e9:.2f} B" if p["parameters"] >= 1e8 else f"{p['parameters'] / 1e6:.2f} M"
         head = (
-            f"memory plan: {self.model}, {p['parameters'] / 1e9:.2f} B parameters, {self.processes} "
+            f"memory plan: {self.model}, {size} parameters, {self.processes} "
             f"{'process' if self.processes == 1 else 'processes'} on a {self.device} of {self.device_gb:.1f} GB"
         )
         lines = [head, f"{'stage':<12}{'device GB':>10}{'host GB':>9}  what"]

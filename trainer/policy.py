@@ -439,7 +439,8 @@ class ThetaOld(NamedTuple):
     v beside it) would pass its share of the host's memory (memory_plan.check_delta_cache), once, before any weights
     load; the paper's recipe streams h instead; ``ref_logp`` ``[N, T]`` (--beta > 0, else None); ``token_stats``
     {name: ``[N, T]``} (N·T·4 bytes each), the statistics the credit function asked for; ``training_forward``: the
-    scale path's training forward, which stage 6 reuses (--fuse_old_logprobs), or None."""
+    training forward (either path's) that stage 6 reuses when one update of one micro-batch uses the batch
+    (--fuse_old_logprobs, the default; memory_plan.updates_on_policy), or None."""
 
     logp: torch.Tensor
     hidden: torch.Tensor | None
