@@ -203,6 +203,8 @@ class CscrCredit(GRPOCredit):
         if self.warned or (inv_w_bar <= 1.3 and effective >= 0.85) or effective == 0.0:
             return
         self.warned = True
+        if distributed.rank() != 0:  # (this process's statistics; process 0 speaks for the run)
+            return
         from tqdm import tqdm
 
         tqdm.write(
