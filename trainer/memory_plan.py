@@ -644,7 +644,8 @@ def plan(
     host = (
         host_memory_gb if host_memory_gb is not None else (host_available_bytes() / GB if _cuda() or not gpu else None)
     )
-    name = Path(str(model_config.get("_name_or_path") or model_config.get("model_type") or "model")).name
+    path = Path(str(model_config.get("_name_or_path") or model_config.get("model_type") or "model"))
+    name = path.name if path.name != "model" else f"{path.parent.name}/model"  # (the toy's folder: toy/model)
     out = _plan(sh, s, prompt_tokens, processes, gpu, gpu_memory_gb if gpu else host, host, name)
     if not out.fits:
         out.suggestions = suggest(sh, s, prompt_tokens, processes, gpu, out.device_gb, host, name)
