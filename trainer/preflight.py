@@ -79,13 +79,13 @@ def check(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] |
     delta_cache = cfg.credit == "delta" and cfg.delta_impl == "normal" and not cfg.dry_run
     if quick and cfg.use_vllm and cfg.vllm_gpu_memory_utilization is None:  # the toy: vLLM's default share
         cfg.vllm_gpu_memory_utilization = memory_plan.VLLM_DEFAULT_SHARE
-    if quick:  # the toy's prompts are not measured here: its context against the response budget alone
-        _check_context(cfg, None, memory_plan.read_model_config(cfg.model).get("max_position_embeddings"), notes)
-    if quick and not delta_cache:
-        return rows  # and it prints what it always printed
     model_config = memory_plan.read_model_config(
         cfg.model, cfg.trust_remote_code, before_download=lambda: hub.require_hub(cfg.model, fix=_plan_fix(cfg))
     )
+    if quick:  # the toy's prompts are not measured here: its context against the response budget alone
+        _check_context(cfg, None, model_config.get("max_position_embeddings"), notes)
+    if quick and not delta_cache:
+        return rows  # and it prints what it always printed
     shipped = memory_plan.shipped_config(cfg.model)
     if (
         cfg.dry_run and shipped and model_config.get("_name_or_path") == str(shipped)
