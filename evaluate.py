@@ -9,14 +9,15 @@ Metrics (per benchmark; accuracies are fractions in [0, 1], lengths in tokens, E
   problems, for n samples of which c are correct; k = 1, 2, 4, ..., n (n itself included); k > n is refused.
 * ``<mode>/mean_length``, ``max_length``, ``truncation_rate`` (responses that hit ``max_new_tokens``), ``boxed_rate``
   and the grader's failure counts ``<mode>/<reason>`` (verify.REASONS), for mode ``greedy`` and ``sample``.
-* **overall**: every metric averaged over benchmarks weighted by their number of problems (:func:`weighted_average`,
-  as the DelTA paper averages); counts are summed and the max length is the max.
+* **overall**: every metric averaged over benchmarks weighted by their number of problems, as the DelTA paper
+  averages (``eval_results.overall_metrics``); counts are summed and the max length is the max.
 
 Protocols (``--protocol``; a flag given beats the preset, the preset beats the defaults: :func:`resolve_settings`):
 ``delta``, DelTA's evaluation (docs/specs/delta.md, section 5): avg@16 at temperature 1.0, top-p 0.7, up to 30,000 new
-tokens, no greedy pass; with ``--benchmarks delta_paper``, also the row of its Table 1 (:func:`delta_paper_table`).
-``greedy``: one greedy response per problem. A checkpoint of a grpo.py run (``<run>/final``) defaults to the run's
-held-out evaluation (:func:`run_settings`), drawn as :func:`heldout` draws it: the very responses the run logged.
+tokens, no greedy pass; with ``--benchmarks delta_paper``, also the row of its Table 1
+(``eval_results.delta_paper_table``). ``greedy``: one greedy response per problem. A checkpoint of a grpo.py run
+(``<run>/final``) defaults to the run's held-out evaluation (:func:`run_settings`), drawn as :func:`heldout` draws it:
+the very responses the run logged.
 
 Left out: the resumable runner (trainer/responses_file.py: chunks, seeds, responses files), the results folder, its
 tables and charts (trainer/eval_results.py, with the flags); docs/evaluation.md tells the whole command. Imported by
@@ -45,10 +46,6 @@ import toy
 import verify
 from trainer import eval_results, problems, responses_file
 
-# The column headers of DelTA's Table 1 (the benchmarks of problems.DELTA_PAPER, in its order; delta.md, section 5).
-DELTA_PAPER_COLUMNS = dict(
-    zip(problems.DELTA_PAPER, ("AIME24", "AIME25", "AIME26", "HMMT25 Feb", "HMMT25 Nov", "HMMT26 Feb", "Brumo25"))
-)
 # Generation settings: explicit flag > protocol preset > a trained run's held-out settings (run_settings) > these.
 DEFAULT_SETTINGS = dict(
     num_samples=8, temperature=1.0, top_p=1.0, max_new_tokens=64, greedy=True, seed=0, batch_size=256, chunk_size=32
@@ -197,80 +194,6 @@ def compute_metrics(
             if reason not in ("total", "correct", "ok"):
                 out[f"{mode}/{reason}"] = count
     return out
-
-
-def weighted_average(values) -> float:
-    """``sum_b n_b * v_b / sum_b n_b`` of ``(n_b, v_b)`` pairs: per-benchmark values (an accuracy, a length) weighted by
-    their question counts n_b (ints >= 1). The DelTA paper's "Avg" (docs/specs/delta.md section 5: each Avg of its Table
-    1 is reproduced with n = 30 per benchmark and 33 for HMMT26 Feb). Raises ValueError: no pairs, or a bad n_b."""
-    values = list(values)
-    if not values:
-        raise ValueError("weighted_average needs at least one (questions, value) pair")
-    bad = [n for n, _ in values if isinstance(n, bool) or not isinstance(n, int) or n < 1]
-    if bad:
-        raise ValueError(f"question counts must be ints >= 1, got {bad}")
-    return sum(n * v for n, v in values) / sum(n for n, _ in values)
-
-
-def overall_metrics(benchmarks: dict[str, dict]) -> dict:
-    """The overall row: the metrics present in every benchmark, weighted by their number of problems
-    (:func:`weighted_average`), counts (``num_problems``, grader failures) summed, ``*/max_length`` the max.
-
-    Raises ValueError: no benchmarks, or a benchmark without ``num_problems`` >= 1.
-    """
-    if not benchmarks:
-        raise ValueError("overall_metrics needs at least one benchmark")
-    for name, m in benchmarks.items():
-        if not isinstance(m.get("num_problems"), int) or m["num_problems"] < 1:
-            raise ValueError(f"benchmark {name!r} has no num_problems >= 1")
-    first = next(iter(benchmarks.values()))
-    numeric = [
-        k
-        for k in first
-        if all(isinstance(m.get(k), (int, float)) and not isinstance(m[k], bool) for m in benchmarks.values())
-    ]
-    out = {}
-    for k in numeric:
-        values = [(m["num_problems"], m[k]) for m in benchmarks.values()]
-        if k == "num_problems" or k.split("/")[-1] in verify.REASONS:  # counts
-            out[k] = sum(v for _, v in values)
-        elif k.endswith("/max_length"):
-            out[k] = max(v for _, v in values)
-        else:
-            out[k] = weighted_average(values)
-    return out
-
-
-def delta_paper_table(results: dict) -> dict | None:
-    """This run as a row of DelTA's Table 1 (docs/specs/delta.md, section 5; laid out by eval_results), or None
-    without all seven of ``problems.DELTA_PAPER``: ``{"model", "protocol", "metric", "columns", "benchmarks": {name:
-    {"column", "questions", "accuracy"}}, "questions", "avg", "notes"}``, the accuracy avg@n (greedy without samples),
-    "avg" their question-weighted average, "notes" where the run is not DelTA's evaluation (questions, settings)."""
-    b = results["benchmarks"]
-    if not all(name in b for name in problems.DELTA_PAPER):
-        return None
-    settings = results.get("settings", {})
-    n = settings.get("num_samples", 0)
-    metric = f"avg@{n}" if n else "greedy"
-    cells = {
-        name: {"column": DELTA_PAPER_COLUMNS[name], "questions": b[name]["num_problems"], "accuracy": b[name][metric]}
-        for name in problems.DELTA_PAPER
-    }
-    total = sum(c["questions"] for c in cells.values())
-    questions = problems.DELTA_PAPER_QUESTIONS
-    notes = [f"{total} questions, not DelTA's {questions}"] if total != questions else []
-    delta = PROTOCOLS["delta"]
-    notes += [f"{k} {settings[k]} (delta: {v})" for k, v in delta.items() if k in settings and settings[k] != v]
-    return {
-        "model": results.get("model"),
-        "protocol": results.get("protocol"),
-        "metric": metric,
-        "columns": [DELTA_PAPER_COLUMNS[name] for name in problems.DELTA_PAPER],
-        "benchmarks": cells,
-        "questions": total,
-        "avg": weighted_average((c["questions"], c["accuracy"]) for c in cells.values()),
-        "notes": notes,
-    }
 
 
 # ---- Generation + grading --------------------------------------------------------------------------------------------
@@ -426,8 +349,10 @@ def main(argv=None):
     t_start = time.time()
     _evaluate_benchmarks(results, model, tokenizer, benches, data, args)
     results["benchmarks"] = {**earlier, **results["benchmarks"]}  # the folder's other benchmarks, same settings
-    results["overall"] = overall_metrics(results["benchmarks"])
-    paper = delta_paper_table(results)  # the seven of --benchmarks delta_paper, here or earlier in this folder
+    results["overall"] = eval_results.overall_metrics(results["benchmarks"])
+    paper = eval_results.delta_paper_table(
+        results, PROTOCOLS["delta"]
+    )  # the seven of --benchmarks delta_paper, here or earlier in this folder
     if paper is not None:
         results["delta_paper"] = paper
     results["run"]["seconds"]["total"] = round(time.time() - t_start, 2)
@@ -482,7 +407,9 @@ def compare_results_files(path_a: str, path_b: str) -> str:
     a = eval_results.load_results(path_a)
     b = eval_results.load_results(path_b)
     shared = [name for name in a["benchmarks"] if name in b["benchmarks"]]
-    overall = [overall_metrics({name: r["benchmarks"][name] for name in shared}) if shared else {} for r in (a, b)]
+    overall = [
+        eval_results.overall_metrics({name: r["benchmarks"][name] for name in shared}) if shared else {} for r in (a, b)
+    ]
     table = eval_results.format_compare(a, b, overall)
     print(f"A = {path_a} ({a.get('model')})\nB = {path_b} ({b.get('model')})\n")
     print(table)

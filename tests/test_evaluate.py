@@ -372,19 +372,19 @@ def test_overall_is_question_count_weighted():
         "sample/mean_length": 10.0,
         "only_here": 1.0,
     }
-    o = evaluate.overall_metrics({"x": x, "y": y})
+    o = eval_results.overall_metrics({"x": x, "y": y})
     assert o["greedy"] == pytest.approx((30 * 0.5 + 10 * 0.1) / 40)  # 0.4, not the plain mean 0.3
     assert o["avg@4"] == pytest.approx(0.3)  # not the plain mean 0.4
     assert o["sample/mean_length"] == pytest.approx(40.0)
     assert o["sample/max_length"] == 300 and o["sample/timeout"] == 3 and o["num_problems"] == 40
     assert "only_here" not in o
     with pytest.raises(ValueError):
-        evaluate.overall_metrics({})
+        eval_results.overall_metrics({})
 
 
 def test_weighted_average_by_hand_and_on_deltas_table_1():
-    assert evaluate.weighted_average([(30, 0.5), (33, 0.0)]) == pytest.approx(15 / 63)  # plain mean: 0.25
-    assert evaluate.weighted_average([(1, 2.0), (3, 6.0)]) == pytest.approx(5.0)  # (2 + 18) / 4
+    assert eval_results.weighted_average([(30, 0.5), (33, 0.0)]) == pytest.approx(15 / 63)  # plain mean: 0.25
+    assert eval_results.weighted_average([(1, 2.0), (3, 6.0)]) == pytest.approx(5.0)  # (2 + 18) / 4
     # DelTA's Table 1 (docs/specs/delta.md, section 5), Qwen3-8B and -14B DelTA rows, 30 questions each and 33 for
     # HMMT26 Feb: by hand 8B (179.37 * 30 + 20.27 * 33) / 213 = 6050.01 / 213 = 28.4038; 14B 8499.87 / 213 = 39.9055.
     # The paper rounds every cell to 0.005, so its Avg and the average of its cells differ by at most 0.01.
@@ -393,12 +393,12 @@ def test_weighted_average_by_hand_and_on_deltas_table_1():
         [56.87, 37.92, 45.21, 26.04, 32.92, 26.89, 54.79],
     )
     n = [30, 30, 30, 30, 30, 33, 30]
-    assert evaluate.weighted_average(zip(n, cols_8b)) == pytest.approx(6050.01 / 213, abs=1e-12)
-    assert evaluate.weighted_average(zip(n, cols_8b)) == pytest.approx(28.40, abs=0.01)
-    assert evaluate.weighted_average(zip(n, cols_14b)) == pytest.approx(39.91, abs=0.01)
+    assert eval_results.weighted_average(zip(n, cols_8b)) == pytest.approx(6050.01 / 213, abs=1e-12)
+    assert eval_results.weighted_average(zip(n, cols_8b)) == pytest.approx(28.40, abs=0.01)
+    assert eval_results.weighted_average(zip(n, cols_14b)) == pytest.approx(39.91, abs=0.01)
     for bad in ([], [(0, 0.5)], [(2.0, 0.5)]):
         with pytest.raises(ValueError):
-            evaluate.weighted_average(bad)
+            eval_results.weighted_average(bad)
 
 
 def _paper_results(counts, accs, settings=None):
@@ -413,7 +413,7 @@ def _paper_results(counts, accs, settings=None):
 
 def test_delta_paper_table_by_hand():
     res = _paper_results([30, 30, 30, 30, 30, 33, 30], [0.4313, 0.2646, 0.2812, 0.1833, 0.1854, 0.2027, 0.4479])
-    table = evaluate.delta_paper_table(res)
+    table = eval_results.delta_paper_table(res, evaluate.PROTOCOLS["delta"])
     assert table["metric"] == "avg@16" and table["questions"] == 213 and table["notes"] == []
     assert table["avg"] == pytest.approx(60.5001 / 213)
     lines = eval_results.format_delta_paper_table(table).splitlines()
@@ -427,11 +427,13 @@ def test_delta_paper_table_by_hand():
     small = _paper_results([2] * 7, [0.5] * 7, evaluate.resolve_settings("delta", num_samples=2))
     small["benchmarks"] = {b: {"num_problems": 2, "avg@2": 0.5} for b in problems.DELTA_PAPER}
     assert (
-        eval_results.format_delta_paper_table(evaluate.delta_paper_table(small)).splitlines()[-1]
+        eval_results.format_delta_paper_table(
+            eval_results.delta_paper_table(small, evaluate.PROTOCOLS["delta"])
+        ).splitlines()[-1]
         == "Not DelTA's evaluation: 14 questions, not DelTA's 213; num_samples 2 (delta: 16)."
     )
     del res["benchmarks"]["brumo25"]
-    assert evaluate.delta_paper_table(res) is None
+    assert eval_results.delta_paper_table(res, evaluate.PROTOCOLS["delta"]) is None
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -470,7 +472,7 @@ def _result(model, math500, aime24, temperature=1.0):
         "prompt_template": "qwen_math",
         "settings": {"temperature": temperature, "num_samples": 4},
         "benchmarks": b,
-        "overall": evaluate.overall_metrics(b),
+        "overall": eval_results.overall_metrics(b),
     }
 
 

@@ -4,10 +4,11 @@ benchmarks; the benchmarks an earlier run with the same settings left there are 
 prints (one row per benchmark and the overall row; DelTA's Table 1 row laid out as the paper prints it; ``--compare``:
 two results side by side), and, for a checkpoint of a grpo.py run, the figures the run logged beside this evaluation's.
 
-Every number comes from evaluate.py (its metrics, the overall row, DelTA's Table 1 row and average, a run's held-out
-settings) and is handed in: nothing here computes an accuracy. Imported by evaluate.py (which this module does not
-import: no circle); imports trainer/checkpoint.py (library versions), policy.py (the model), problems.py (the rows)
-and responses_file.py (the sampling rules).
+Each benchmark's metrics come from evaluate.py and are handed in: nothing here computes an accuracy. Over benchmarks
+it averages them, weighted by their questions (``overall_metrics``; ``delta_paper_table``: DelTA's Table 1 row and
+its "Avg"). Imported by evaluate.py (which this module does not import: no circle); imports verify.py (the grader's
+reasons, counted), trainer/checkpoint.py (library versions), policy.py (the model), problems.py (the rows) and
+responses_file.py (the sampling rules).
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ import json
 import os
 from pathlib import Path
 
+import verify
 from trainer import checkpoint, policy, problems, responses_file
+
+# The column headers of DelTA's Table 1 (the benchmarks of problems.DELTA_PAPER, in its order; delta.md, section 5).
+DELTA_PAPER_COLUMNS = dict(
+    zip(problems.DELTA_PAPER, ("AIME24", "AIME25", "AIME26", "HMMT25 Feb", "HMMT25 Nov", "HMMT26 Feb", "Brumo25"))
+)
 
 
 # ---- The command's flags and what it loads ---------------------------------------------------------------------------
@@ -191,6 +198,83 @@ def trained_run(model: str) -> dict | None:
         return None
 
 
+# ---- Over benchmarks: the overall row and DelTA's Table 1 row (question-weighted averages of evaluate.py's metrics) --
+def weighted_average(values) -> float:
+    """``sum_b n_b * v_b / sum_b n_b`` of ``(n_b, v_b)`` pairs: per-benchmark values (an accuracy, a length) weighted by
+    their question counts n_b (ints >= 1). The DelTA paper's "Avg" (docs/specs/delta.md section 5: each Avg of its Table
+    1 is reproduced with n = 30 per benchmark and 33 for HMMT26 Feb). Raises ValueError: no pairs, or a bad n_b."""
+    values = list(values)
+    if not values:
+        raise ValueError("weighted_average needs at least one (questions, value) pair")
+    bad = [n for n, _ in values if isinstance(n, bool) or not isinstance(n, int) or n < 1]
+    if bad:
+        raise ValueError(f"question counts must be ints >= 1, got {bad}")
+    return sum(n * v for n, v in values) / sum(n for n, _ in values)
+
+
+def overall_metrics(benchmarks: dict[str, dict]) -> dict:
+    """The overall row: the metrics present in every benchmark, weighted by their number of problems
+    (:func:`weighted_average`), counts (``num_problems``, grader failures) summed, ``*/max_length`` the max.
+
+    Raises ValueError: no benchmarks, or a benchmark without ``num_problems`` >= 1.
+    """
+    if not benchmarks:
+        raise ValueError("overall_metrics needs at least one benchmark")
+    for name, m in benchmarks.items():
+        if not isinstance(m.get("num_problems"), int) or m["num_problems"] < 1:
+            raise ValueError(f"benchmark {name!r} has no num_problems >= 1")
+    first = next(iter(benchmarks.values()))
+    numeric = [
+        k
+        for k in first
+        if all(isinstance(m.get(k), (int, float)) and not isinstance(m[k], bool) for m in benchmarks.values())
+    ]
+    out = {}
+    for k in numeric:
+        values = [(m["num_problems"], m[k]) for m in benchmarks.values()]
+        if k == "num_problems" or k.split("/")[-1] in verify.REASONS:  # counts
+            out[k] = sum(v for _, v in values)
+        elif k.endswith("/max_length"):
+            out[k] = max(v for _, v in values)
+        else:
+            out[k] = weighted_average(values)
+    return out
+
+
+def delta_paper_table(results: dict, delta_protocol: dict) -> dict | None:
+    """This run as a row of DelTA's Table 1 (docs/specs/delta.md, section 5; laid out by ``format_delta_paper_table``;
+    ``delta_protocol``: evaluate.PROTOCOLS["delta"], the settings a note names where the run's differ), or None
+    without all seven of ``problems.DELTA_PAPER``: ``{"model", "protocol", "metric", "columns", "benchmarks": {name:
+    {"column", "questions", "accuracy"}}, "questions", "avg", "notes"}``, the accuracy avg@n (greedy without samples),
+    "avg" their question-weighted average, "notes" where the run is not DelTA's evaluation (questions, settings)."""
+    b = results["benchmarks"]
+    if not all(name in b for name in problems.DELTA_PAPER):
+        return None
+    settings = results.get("settings", {})
+    n = settings.get("num_samples", 0)
+    metric = f"avg@{n}" if n else "greedy"
+    cells = {
+        name: {"column": DELTA_PAPER_COLUMNS[name], "questions": b[name]["num_problems"], "accuracy": b[name][metric]}
+        for name in problems.DELTA_PAPER
+    }
+    total = sum(c["questions"] for c in cells.values())
+    questions = problems.DELTA_PAPER_QUESTIONS
+    notes = [f"{total} questions, not DelTA's {questions}"] if total != questions else []
+    notes += [
+        f"{k} {settings[k]} (delta: {v})" for k, v in delta_protocol.items() if k in settings and settings[k] != v
+    ]
+    return {
+        "model": results.get("model"),
+        "protocol": results.get("protocol"),
+        "metric": metric,
+        "columns": [DELTA_PAPER_COLUMNS[name] for name in problems.DELTA_PAPER],
+        "benchmarks": cells,
+        "questions": total,
+        "avg": weighted_average((c["questions"], c["accuracy"]) for c in cells.values()),
+        "notes": notes,
+    }
+
+
 # ---- The results folder ----------------------------------------------------------------------------------------------
 def new_results(args: argparse.Namespace, template: str, settings: dict, run_hash: str) -> dict:
     """results.json before any benchmark: the model, protocol, template, ``settings`` (the generation settings, the
@@ -337,7 +421,7 @@ def format_table(results: dict) -> str:
 
 
 def format_delta_paper_table(table: dict) -> str:
-    """An ``evaluate.delta_paper_table`` laid out as DelTA's Table 1: a header ``Model | Metric | AIME24 | ... |
+    """A ``delta_paper_table`` laid out as DelTA's Table 1: a header ``Model | Metric | AIME24 | ... |
     Brumo25 | Avg.``, the run's row (accuracies in %, two decimals, as the paper prints them) and a ``questions`` row
     (the counts the average is weighted by); its notes, if any, under the table."""
     head = ["Model", "Metric"] + table["columns"] + ["Avg."]
@@ -363,7 +447,7 @@ def format_compare(a: dict, b: dict, overall: list[dict], label_a: str = "A", la
     """Two results side by side: for each accuracy metric both have, A, B and B − A (points) per benchmark.
 
     Benchmarks in only one of the two are listed with "–"; ``overall``: the two overall rows over the benchmarks both
-    hold (evaluate.overall_metrics), labelled "overall (shared)" when the two sets differ. Settings that differ are
+    hold (overall_metrics), labelled "overall (shared)" when the two sets differ. Settings that differ are
     listed under the table.
     """
     cols = [c for c in _acc_columns(a) if c in _acc_columns(b)]

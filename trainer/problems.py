@@ -44,7 +44,7 @@ REQUIRED_FIELDS = ("problem", "answer")
 # The eight benchmark files of data/, in the order they are reported (``--benchmarks all``).
 BENCHMARKS = ("aime24", "aime25", "amc23", "math500", "minerva", "olympiadbench", "gsm8k", "hmmt_feb25")
 # DelTA's seven benchmarks in the column order of its Table 1 (``--benchmarks delta_paper``; docs/specs/delta.md,
-# section 5; evaluate.py's DELTA_PAPER_COLUMNS: the table's column headers). aime26, hmmt_nov25, hmmt_feb26 (33
+# section 5; eval_results.DELTA_PAPER_COLUMNS: the table's column headers). aime26, hmmt_nov25, hmmt_feb26 (33
 # problems) and brumo25 are MathArena's sets, CC BY-NC-SA 4.0 (data/README.md, "Evaluation sets added for the DelTA
 # protocol").
 DELTA_PAPER = ("aime24", "aime25", "aime26", "hmmt_feb25", "hmmt_nov25", "hmmt_feb26", "brumo25")
