@@ -18,8 +18,9 @@ One update per rollout batch (the toy's default) keeps the ratio at 1, so the cl
 4`` makes four updates of each batch, and the later ones clip. ``--loss_type dapo`` is the token-mean over the
 mini-batch: with DelTA's λ̄ (mean 1 over the batch) DelTA's Σλℓ / Σλ (Eq. 8), per mini-batch approximately (DelTA's
 code: per micro-batch, spec §6). The papers' comparisons (comparisons/, ``python -m comparisons``) are whole
-replacements handed to ``train`` as a ``Method``. Left out: entropy bonus, KL by default, dynamic sampling,
-learning-rate schedules, reward shaping beyond DAPO's overlong penalty.
+replacements, or their own micro-batch loss for ``minibatch_backward``, handed to ``train`` as a ``Method``. Left
+out: entropy bonus, KL by default, dynamic sampling, learning-rate schedules, reward shaping beyond DAPO's overlong
+penalty.
 """
 
 from __future__ import annotations
@@ -47,9 +48,7 @@ from trainer.grpo_config import GRPOConfig  # every flag (grpo_config.py): its p
 
 
 # --- The maths: pure functions on tensors ---------------------------------------------------------------------
-def group_advantages(
-    rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group", eps: float = 1e-6
-) -> torch.Tensor:
+def group_advantages(rewards: torch.Tensor, num_generations: int, scale_rewards: str = "group", eps: float = 1e-6):
     """GRPO's Â_i = (r_i − mean_g) / (std_g + eps) (GRPO §4.1.2; DelTA spec §1) of ``rewards`` ``[N]``, G =
     ``num_generations`` rows a group; ``scale_rewards="none"``: r − mean (Dr. GRPO). Returns ``[N]`` float32 (float64
     for float64 rewards), exactly 0 in a group whose rewards are all equal (NeMo-RL #4161) or of one (TRL's). A reward
@@ -65,8 +64,7 @@ def group_advantages(
     centred = r - r.mean(-1, keepdim=True)
     if scale_rewards == "group" and num_generations > 1:
         centred = centred / (r.std(-1, keepdim=True, unbiased=True) + eps)
-    # exact zeros where the group has no spread (or only one member)
-    flat = (r.max(-1, keepdim=True).values - r.min(-1, keepdim=True).values) == 0
+    flat = (r.max(-1, keepdim=True).values - r.min(-1, keepdim=True).values) == 0  # no spread (or one member): Â = 0
     return torch.where(flat, torch.zeros_like(centred), centred).view(-1)
 
 
@@ -186,8 +184,7 @@ def aggregate(per_token, mask, aggregation: str, num_tokens, num_sequences: floa
 
 @torch.no_grad()
 def surrogate_stats(ratio, adv, mask, settings: LossSettings, dual_active, kl, valid) -> dict:
-    """Token-means over ``mask`` of the clipped fractions (ratio < 1−ε with Ã < 0; > 1+ε_high with Ã > 0) and the dual
-    clip, and k3's over ``valid`` (the tokens of its term)."""
+    """Token-means over ``mask``: clipped (ratio < 1−ε, Ã < 0; > 1+ε_high, Ã > 0), dual-clipped; k3 over ``valid``."""
     n = mask.sum().clamp(min=1.0)
     low = ((ratio < 1.0 - settings.epsilon) & (adv < 0)).to(mask.dtype) * mask
     high = ((ratio > 1.0 + settings.epsilon_high) & (adv > 0)).to(mask.dtype) * mask
@@ -245,9 +242,7 @@ def old_logprobs(model, batch, cfg: GRPOConfig, asked=policy.Asked(), ref_model=
     # training_forward: stage 6's forward now, its log-probs detached as θ_old's, its graph kept for the update
     outputs = list(micro_batches(model, batch, rows, cfg, grad=training_forward, asked=asked))
     logp = torch.cat([mb.logp.detach() for mb in outputs]).cpu()
-    # h [N, T, H] (DelTA's --delta_impl normal): 137 GB at 2,048 × 4,096 × 4,096 in float32, so bounded before any
-    # weights load (preflight: memory_plan.check_delta_cache refuses it above its share of host memory; the scale
-    # recipes stream h instead, --delta_impl memory_efficient)
+    # h [N, T, H] (DelTA's --delta_impl normal): 137 GB at the papers' scale, bounded before any weights load (ThetaOld)
     hidden = torch.cat([mb.hidden for mb in outputs]).cpu() if asked.hidden else None
     stats = {name: torch.cat([mb.token_stats[name] for mb in outputs]).cpu() for name in asked.token_stats or {}}
     ref_passes = micro_batches(ref_model, batch, rows, cfg, grad=False) if ref_model is not None else None
@@ -316,17 +311,16 @@ def policy_update(model, optimizer, update: Update, cfg: GRPOConfig, step: int):
     loss_sum = 0.0
     grad_norms, sums, skipped = [], {}, 0
     adv_mass = distributed.all_reduce_sum(torch.tensor([float(update.update_adv.abs().sum())], dtype=torch.float64))
-    if adv_mass.item() == 0 and cfg.beta == 0:  # every advantage 0: no gradient, and an AdamW step would still move
-        # the weights (decay, momentum): the weights and AdamW's state stay, each statistic 0.0 (same keys each line)
-        zeros = dict.fromkeys(POLICY_STATS + ("num_tokens",) + loss_stage.stat_names, 0.0)
+    if adv_mass.item() == 0 and cfg.beta == 0:  # no gradient: no AdamW step either (decay, momentum would move θ)
+        zeros = dict.fromkeys(POLICY_STATS + ("num_tokens",) + loss_stage.stat_names, 0.0)  # the same keys each line
         return 0.0, [], {**zeros, "no_signal": 1.0}, 0
     for iteration in range(cfg.num_iterations):
         perm = torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed + 7919 * step + iteration))
         for k in range(cfg.num_mini_batches):
             rows = perm[k * size : (k + 1) * size] if cfg.num_mini_batches > 1 else torch.arange(N)
             optimizer.zero_grad(set_to_none=True)
-            loss, stats = loss_stage.backward(model, update, rows, cfg)
-            loss = distributed.all_reduce_sum(torch.tensor(loss, dtype=torch.float64)).item()  # Σ over the processes
+            local_loss, stats = loss_stage.backward(model, update, rows, cfg)
+            loss = distributed.all_reduce_sum(torch.tensor(local_loss, dtype=torch.float64)).item()  # Σ over processes
             loss_sum += loss
             sums.update({name: sums.get(name, 0.0) + value for name, value in stats.items()})
             grad_norm = policy.clip_and_step(model, optimizer, loss, cfg.max_grad_norm, step)
@@ -337,25 +331,32 @@ def policy_update(model, optimizer, update: Update, cfg: GRPOConfig, step: int):
     return loss_sum, grad_norms, sums, skipped
 
 
-def minibatch_backward(model, update: Update, rows, cfg: GRPOConfig):
-    """The paper's loss stage: the gradient of mini-batch ``rows``' loss, a micro-batch at a time, its normaliser
-    counted over the mini-batch and the processes (trl#3021). Returns (loss, token-weighted statistic sums)."""
-    device = next(model.parameters()).device
-    mask = update.loss_mask
-    old = update.old
+def minibatch_scope(mask, rows) -> LossScope:
+    """Mini-batch ``rows``' counts over the processes (trl#3021), its losses' normaliser: ``mask``'s tokens, rows."""
     counts = distributed.all_reduce_sum(torch.tensor([mask[rows].sum().item(), float(len(rows))], dtype=torch.float64))
-    scope = LossScope(num_tokens=counts[0].item(), num_sequences=int(counts[1].item()))
+    return LossScope(num_tokens=counts[0].item(), num_sequences=int(counts[1].item()))
+
+
+def surrogate_loss(mb: policy.MicroBatch, update: Update, scope: LossScope):
+    """The paper's loss of micro-batch ``mb``: ``policy_loss`` on its rows of ``update``, over ``scope``'s counts."""
+    old_logp = mb.part(update.old.logp)
+    adv = mb.part(update.update_adv)
+    mask = mb.part(update.loss_mask)
+    ref_logp = mb.part(update.old.ref_logp)
+    return policy_loss(mb.logp, old_logp, adv, mask, update.parts.loss_settings, ref_logp=ref_logp, scope=scope)
+
+
+def minibatch_backward(model, update, rows, cfg, micro_loss=surrogate_loss, scope=None, asked=policy.Asked()):
+    """The paper's loss stage: mini-batch ``rows``' gradient, a micro-batch at a time, ``micro_loss(mb, update, scope)``
+    each (``scope``: its counts; None: the loss mask's); a comparison passes its own. (Σ losses, token-weighted sums)"""
+    scope = minibatch_scope(update.loss_mask, rows) if scope is None else scope
     # the training forward over these rows (the scale path's --fuse_old_logprobs: stage 4's, when it was this one)
-    passes = old.training_forward or update.parts.forward.micro_batches(model, update.batch, rows, cfg, grad=True)
+    forward = update.parts.forward
+    passes = update.old.training_forward or forward.micro_batches(model, update.batch, rows, cfg, True, asked)
     loss_total = 0.0
     sums = {}
     for mb in passes:
-        at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
-        update_adv = at(update.update_adv)
-        ref_logp = at(old.ref_logp)
-        loss, stats = policy_loss(
-            mb.logp, at(old.logp), update_adv, at(mask), update.parts.loss_settings, ref_logp=ref_logp, scope=scope
-        )
+        loss, stats = micro_loss(mb, update, scope)
         loss.backward()
         loss_total += loss.item()
         for key, v in stats.items():  # token-weighted: Σ / Σ num_tokens is the step's token-mean
@@ -364,8 +365,7 @@ def minibatch_backward(model, update: Update, rows, cfg: GRPOConfig):
 
 
 class LossStage(NamedTuple):
-    """Stage 6's gradient of one mini-batch, the statistics it adds to policy_loss's, and whether it may reuse stage
-    4's training forward (--fuse_old_logprobs)."""
+    """Stage 6's gradient of a mini-batch, its statistics beside policy_loss's, if it may reuse stage 4's forward."""
 
     backward: Callable = minibatch_backward  # (model, update, rows, cfg) -> (loss, statistic sums)
     stat_names: tuple = ()

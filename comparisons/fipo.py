@@ -9,6 +9,7 @@ code, which always applies its dual clip c (clip_ratio_c = 10; log c is its filt
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -68,62 +69,42 @@ def replace(cfg, method: grpo.Method) -> grpo.Method:
 
 
 def fipo_backward(model, update, rows, cfg):
-    """``grpo.minibatch_backward`` with FIPO's weight f and its kept tokens per micro-batch (from its training
-    forward), then ``fipo_rescale`` for the dropped ones. Returns (loss, statistic sums)."""
-    device = next(model.parameters()).device
-    dual_clip = cfg.dual_clip or 10.0
-    settings = dataclasses.replace(update.parts.loss_settings, dual_clip=dual_clip)
-    valid = update.loss_mask
-    old = update.old
-    counts = distributed.all_reduce_sum(
-        torch.tensor([valid[rows].sum().item(), valid[rows].sum().item(), float(len(rows))], dtype=torch.float64)
-    )
-    scope = grpo.LossScope(counts[0].item(), int(counts[2].item()), None, counts[1].item())
+    """``grpo.minibatch_backward`` with ``fipo_loss`` (FIPO's weight f and its kept tokens per micro-batch, from its
+    training forward), then ``fipo_rescale`` for the dropped ones. Returns (loss, statistic sums)."""
+    settings = dataclasses.replace(update.parts.loss_settings, dual_clip=cfg.dual_clip or 10.0)
     dropped = torch.zeros(2, dtype=torch.float64)  # the mini-batch's dropped tokens and responses
     if update.loss_factor is None:
         update.loss_factor = torch.zeros_like(update.update_adv)
-    passes = old.training_forward or update.parts.forward.micro_batches(model, update.batch, rows, cfg, grad=True)
-    loss_total, sums = 0.0, {}
-    for mb in passes:
-        at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
-        adv_t, old_t, valid_t = at(update.update_adv), at(old.logp), at(valid)
-        f, kept = baselines.fipo_weights(
-            mb.logp.detach() - old_t,
-            adv_t,
-            valid_t,
-            cfg.fipo_decay_rate,
-            cfg.fipo_clip,
-            cfg.fipo_safety_threshold,
-            math.log(dual_clip),
-        )
-        own = {
-            "fipo/f_mean": float((f * kept).sum() / kept.sum().clamp(min=1.0)),
-            "fipo/dropped_frac": float((valid_t - kept).sum() / valid_t.sum().clamp(min=1.0)),
-        }
-        dropped += torch.tensor(
-            [
-                float((valid_t - kept).sum()),  # its tokens, and the responses
-                float(((valid_t.sum(-1) > 0) & (kept.sum(-1) == 0)).sum()),
-            ],
-            dtype=torch.float64,
-        )
-        update.loss_factor[mb.rows, : mb.t] = (kept * f).cpu().to(update.loss_factor.dtype)
-        loss, stats = grpo.policy_loss(
-            mb.logp,
-            old_t,
-            adv_t * f,
-            kept,
-            settings,
-            ref_logp=at(old.ref_logp),
-            scope=scope._replace(valid_mask=valid_t),
-        )
-        loss.backward()
-        loss_total += loss.item()
-        for key, v in {**stats, **own}.items():  # token-weighted: Σ / Σ num_tokens is the step's token-mean
-            sums[key] = sums.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
+    counts = grpo.minibatch_scope(update.loss_mask, rows)
+    scope = counts._replace(num_valid=counts.num_tokens)  # every valid token is the loss's and the k3 term's
+    micro_loss = functools.partial(fipo_loss, cfg=cfg, settings=settings, dropped=dropped)
+    loss_total, sums = grpo.minibatch_backward(model, update, rows, cfg, micro_loss, scope)
     per_token = settings.aggregation == "token-mean"
     n = scope.num_tokens if per_token else float(scope.num_sequences)
     return loss_total * fipo_rescale(model, per_token, n, distributed.all_reduce_sum(dropped)), sums
+
+
+def fipo_loss(mb, update, scope, cfg, settings, dropped):
+    """FIPO's loss of micro-batch ``mb``: the surrogate on Â·f over its kept tokens (``baselines.fipo_weights`` of
+    its log-ratio), its dropped tokens and responses added to ``dropped``. Returns (loss, statistics)."""
+    adv_t = mb.part(update.update_adv)
+    old_t = mb.part(update.old.logp)
+    valid_t = mb.part(update.loss_mask)
+    log_c = math.log(settings.dual_clip)
+    f, kept = baselines.fipo_weights(
+        mb.logp.detach() - old_t, adv_t, valid_t, cfg.fipo_decay_rate, cfg.fipo_clip, cfg.fipo_safety_threshold, log_c
+    )
+    own = {
+        "fipo/f_mean": float((f * kept).sum() / kept.sum().clamp(min=1.0)),
+        "fipo/dropped_frac": float((valid_t - kept).sum() / valid_t.sum().clamp(min=1.0)),
+    }
+    dropped_responses = ((valid_t.sum(-1) > 0) & (kept.sum(-1) == 0)).sum()
+    dropped.add_(torch.tensor([float((valid_t - kept).sum()), float(dropped_responses)], dtype=torch.float64))
+    update.loss_factor[mb.rows, : mb.t] = (kept * f).cpu().to(update.loss_factor.dtype)
+    scope_t = scope._replace(valid_mask=valid_t)
+    ref_logp = mb.part(update.old.ref_logp)
+    loss, stats = grpo.policy_loss(mb.logp, old_t, adv_t * f, kept, settings, ref_logp=ref_logp, scope=scope_t)
+    return loss, {**stats, **own}
 
 
 def fipo_rescale(model, per_token: bool, n: float, dropped: torch.Tensor) -> float:

@@ -8,6 +8,7 @@ Its flags (``Flags``) and loss stages are chosen once, by ``replace`` (python -m
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -87,84 +88,60 @@ def minibatch_pool(model, batch, valid, rows, cfg, forward: policy.Forward):
 
 
 def forking_backward(model, update, rows, cfg):
-    """``grpo.minibatch_backward`` on the mini-batch pool's tokens: --entropy_top_ratio, the surrogate on the picked
-    tokens and their count; --top_entropy_quantile, ℓ × the mask (on Ã: each surrogate here is 0 at Ã = 0, so
-    ℓ(m·Ã) = m·ℓ(Ã)) over every valid token's count. Returns (loss, statistic sums)."""
-    device = next(model.parameters()).device
-    settings = update.parts.loss_settings
-    quantile = cfg.top_entropy_quantile < 1
+    """``grpo.minibatch_backward`` on the mini-batch pool's tokens (``picked_loss``): --entropy_top_ratio, the
+    surrogate on the picked tokens and their count; --top_entropy_quantile, ℓ × the mask (on Ã: each surrogate here is
+    0 at Ã = 0, so ℓ(m·Ã) = m·ℓ(Ã)) over every valid token's count. Returns (loss, statistic sums)."""
     picked = minibatch_pool(model, update.batch, update.loss_mask, rows, cfg, update.parts.forward)
     valid = update.loss_mask
-    old = update.old
-    mask = valid if quantile else valid * picked  # the tokens of the surrogate
-    counts = distributed.all_reduce_sum(
-        torch.tensor([mask[rows].sum().item(), valid[rows].sum().item(), float(len(rows))], dtype=torch.float64)
-    )
-    scope = grpo.LossScope(counts[0].item(), int(counts[2].item()), None, counts[1].item())
+    mask = valid if cfg.top_entropy_quantile < 1 else valid * picked  # the tokens of the surrogate (their count)
     if update.loss_factor is None:
         update.loss_factor = torch.zeros_like(update.update_adv)
-    passes = old.training_forward or update.parts.forward.micro_batches(model, update.batch, rows, cfg, grad=True)
-    loss_total, sums = 0.0, {}
-    for mb in passes:
-        at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
-        adv_t, valid_t, mask_t, picked_t = at(update.update_adv), at(valid), at(mask), at(picked)
-        weight = picked_t.to(adv_t.dtype) if quantile else 1.0  # TRL: ℓ × the mask
-        update.loss_factor[mb.rows, : mb.t] = (mask_t * weight).cpu().to(update.loss_factor.dtype)
-        loss, stats = grpo.policy_loss(
-            mb.logp,
-            at(old.logp),
-            adv_t * weight,
-            mask_t,
-            settings,
-            ref_logp=at(old.ref_logp),
-            scope=scope._replace(valid_mask=valid_t),
-        )
-        loss.backward()
-        loss_total += loss.item()
-        kept = {"forking/kept_frac": float((valid_t * picked_t).sum() / valid_t.sum().clamp(min=1.0))}
-        for key, v in {**stats, **kept}.items():  # token-weighted: Σ / Σ num_tokens is the step's token-mean
-            sums[key] = sums.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
-    return loss_total, sums
+    scope = grpo.minibatch_scope(mask, rows)._replace(num_valid=grpo.minibatch_scope(valid, rows).num_tokens)
+    micro_loss = lambda mb, update, scope: picked_loss(mb, update, scope, mb.part(picked), cfg)  # noqa: E731
+    return grpo.minibatch_backward(model, update, rows, cfg, micro_loss, scope)
 
 
 def forking_micro_backward(model, update, rows, cfg):
-    """``grpo.minibatch_backward`` with each micro-batch's own pool (its training forward's entropies):
-    --entropy_top_ratio, the surrogate on its picked tokens, each micro-batch's mean over its picked tokens divided
-    by the number of micro-batches (Forking Tokens' code); --top_entropy_quantile, ℓ × the mask over every valid
-    token's count. Returns (loss, statistic sums)."""
-    device = next(model.parameters()).device
-    settings = update.parts.loss_settings
-    quantile = cfg.top_entropy_quantile < 1
-    valid = update.loss_mask
-    old = update.old
-    counts = distributed.all_reduce_sum(torch.tensor([valid[rows].sum().item(), float(len(rows))], dtype=torch.float64))
-    n_valid, n_seq = counts[0].item(), int(counts[1].item())
+    """``grpo.minibatch_backward`` with each micro-batch's own pool (``micro_pool_loss``: its training forward's
+    entropies). Returns (loss, statistic sums)."""
     if update.loss_factor is None:
         update.loss_factor = torch.zeros_like(update.update_adv)
-    asked = policy.Asked(entropy=True)
-    passes = update.parts.forward.micro_batches(model, update.batch, rows, cfg, grad=True, asked=asked)
-    loss_total, sums = 0.0, {}
-    for mb in passes:
-        at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
-        adv_t, valid_t = at(update.update_adv), at(valid)
-        picked = picked_tokens(mb.entropy.to(valid_t.device), valid_t, cfg)
-        weight = picked.to(adv_t.dtype) if quantile else 1.0
-        mask_t = valid_t if quantile else valid_t * picked
-        # its own count: this micro-batch's picked tokens, times the micro-batches summed (Forking Tokens' code)
-        n_tok = n_valid if quantile else max(float(mask_t.sum()), 1.0) * mb.num_micro_batches * distributed.world_size()
-        update.loss_factor[mb.rows, : mb.t] = (mask_t * weight).cpu().to(update.loss_factor.dtype)
-        loss, stats = grpo.policy_loss(
-            mb.logp,
-            at(old.logp),
-            adv_t * weight,
-            mask_t,
-            settings,
-            ref_logp=at(old.ref_logp),
-            scope=grpo.LossScope(n_tok, n_seq, valid_t, n_valid),
-        )
-        loss.backward()
-        loss_total += loss.item()
-        kept = {"forking/kept_frac": float((valid_t * picked).sum() / valid_t.sum().clamp(min=1.0))}
-        for key, v in {**stats, **kept}.items():  # token-weighted: Σ / Σ num_tokens is the step's token-mean
-            sums[key] = sums.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
-    return loss_total, sums
+    micro_loss = functools.partial(micro_pool_loss, cfg=cfg)
+    return grpo.minibatch_backward(model, update, rows, cfg, micro_loss, asked=policy.Asked(entropy=True))
+
+
+def micro_pool_loss(mb, update, scope, cfg):
+    """``picked_loss`` on micro-batch ``mb``'s own pool: --entropy_top_ratio, the surrogate on its picked tokens, its
+    mean over them divided by the number of micro-batches (Forking Tokens' code); --top_entropy_quantile, ℓ × the
+    mask over every valid token's count (``scope``'s: the mini-batch's valid tokens and rows)."""
+    valid_t = mb.part(update.loss_mask)
+    picked = picked_tokens(mb.entropy.to(valid_t.device), valid_t, cfg)
+    # its own count: this micro-batch's picked tokens, times the micro-batches summed (Forking Tokens' code)
+    own_count = max(float((valid_t * picked).sum()), 1.0) * mb.num_micro_batches * distributed.world_size()
+    n_tok = scope.num_tokens if cfg.top_entropy_quantile < 1 else own_count
+    return picked_loss(mb, update, grpo.LossScope(n_tok, scope.num_sequences, None, scope.num_tokens), picked, cfg)
+
+
+def picked_loss(mb, update, scope, picked, cfg):
+    """The surrogate of micro-batch ``mb`` on its ``picked`` tokens ``[b, t]`` bool (--top_entropy_quantile: on every
+    valid token, ℓ × the mask, TRL's), normalised by ``scope``; the k3 term over every valid token. Returns (loss,
+    statistics)."""
+    quantile = cfg.top_entropy_quantile < 1
+    adv_t = mb.part(update.update_adv)
+    valid_t = mb.part(update.loss_mask)
+    weight = picked.to(adv_t.dtype) if quantile else 1.0  # TRL: ℓ × the mask
+    mask_t = valid_t if quantile else valid_t * picked
+    update.loss_factor[mb.rows, : mb.t] = (mask_t * weight).cpu().to(update.loss_factor.dtype)
+    old = update.old
+    scope_t = scope._replace(valid_mask=valid_t)
+    loss, stats = grpo.policy_loss(
+        mb.logp,
+        mb.part(old.logp),
+        adv_t * weight,
+        mask_t,
+        update.parts.loss_settings,
+        ref_logp=mb.part(old.ref_logp),
+        scope=scope_t,
+    )
+    kept = {"forking/kept_frac": float((valid_t * picked).sum() / valid_t.sum().clamp(min=1.0))}
+    return loss, {**stats, **kept}

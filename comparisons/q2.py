@@ -6,6 +6,7 @@ k3 term over every valid token). Its flags: ``Flags``; chosen once by ``replace`
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -55,36 +56,24 @@ class Q2Credit(delta_ablations.DeltaAblationCredit):
 
 
 def q2_backward(model, update, rows, cfg):
-    """``grpo.minibatch_backward`` with the surrogate on the selected tokens (and their count). Returns (loss,
-    statistic sums)."""
-    device = next(model.parameters()).device
-    settings = update.parts.loss_settings
+    """``grpo.minibatch_backward`` with ``q2_loss``: the surrogate on the selected tokens and their count, the k3 term
+    over every valid token's. Returns (loss, statistic sums)."""
     valid = update.loss_mask
-    old = update.old
     mask = valid * update.token_values["q2_selected"]  # the tokens of the surrogate
-    counts = distributed.all_reduce_sum(
-        torch.tensor([mask[rows].sum().item(), valid[rows].sum().item(), float(len(rows))], dtype=torch.float64)
-    )
-    scope = grpo.LossScope(counts[0].item(), int(counts[2].item()), None, counts[1].item())
     if update.loss_factor is None:
         update.loss_factor = torch.zeros_like(update.update_adv)
-    passes = old.training_forward or update.parts.forward.micro_batches(model, update.batch, rows, cfg, grad=True)
-    loss_total, sums = 0.0, {}
-    for mb in passes:
-        at = lambda x: mb.take(x).to(device) if x is not None else None  # noqa: E731  (this micro-batch's part)
-        mask_t = at(mask)
-        update.loss_factor[mb.rows, : mb.t] = mask_t.cpu().to(update.loss_factor.dtype)
-        loss, stats = grpo.policy_loss(
-            mb.logp,
-            at(old.logp),
-            at(update.update_adv),
-            mask_t,
-            settings,
-            ref_logp=at(old.ref_logp),
-            scope=scope._replace(valid_mask=at(valid)),
-        )
-        loss.backward()
-        loss_total += loss.item()
-        for key, v in stats.items():  # token-weighted: Σ / Σ num_tokens is the step's token-mean
-            sums[key] = sums.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
-    return loss_total, sums
+    scope = grpo.minibatch_scope(mask, rows)._replace(num_valid=grpo.minibatch_scope(valid, rows).num_tokens)
+    return grpo.minibatch_backward(model, update, rows, cfg, functools.partial(q2_loss, mask=mask), scope)
+
+
+def q2_loss(mb, update, scope, mask):
+    """``grpo.surrogate_loss`` of micro-batch ``mb`` on its part of ``mask`` (its factor kept for samples/)."""
+    mask_t = mb.part(mask)
+    update.loss_factor[mb.rows, : mb.t] = mask_t.cpu().to(update.loss_factor.dtype)
+    old = update.old
+    adv = mb.part(update.update_adv)
+    scope_t = scope._replace(valid_mask=mb.part(update.loss_mask))
+    settings = update.parts.loss_settings
+    return grpo.policy_loss(
+        mb.logp, mb.part(old.logp), adv, mask_t, settings, ref_logp=mb.part(old.ref_logp), scope=scope_t
+    )

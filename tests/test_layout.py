@@ -12,7 +12,8 @@ anywhere in the file (module level or inside a function) that names a project mo
   string; trainer/ knows no toy and names no comparison's flag or statistic; comparisons/ imports no tool; nothing but
   tools/ (and the tests) imports tools/;
 * no import circle, lazy imports included; the model, the run folder and the data import nothing above them;
-* the core trains without comparisons/ and tools/; a new credit method is its file and its name in one list.
+* the core trains without comparisons/ and tools/; a new credit method is its file and its name in one list;
+* stage 6's micro-batch loop is written once (``grpo.minibatch_backward``): a comparison passes its loss to it.
 """
 
 import ast
@@ -384,6 +385,27 @@ def test_problems_loads_no_model_code():
             seen.add(dep)
             todo.append(dep)
     assert sorted(({"torch", "transformers"} & loaded) | ({"trainer.policy", "rollout"} & seen)) == []
+
+
+def test_the_update_loop_is_written_once():
+    """Stage 6's micro-batch loop (forward, loss, ``loss.backward()``) is ``grpo.minibatch_backward``'s alone: a
+    comparison's loss stage passes its micro-batch loss to it (``micro_loss``), it does not copy the loop. Calls
+    ``x.backward()`` with no argument in grpo.py and comparisons/, by the function they sit in."""
+    found = []
+    for name, path in module_files().items():
+        if name != "grpo" and not in_folder(name, "comparisons"):
+            continue
+        for fn in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            calls = [
+                c
+                for c in ast.walk(fn)
+                if isinstance(c, ast.Call) and isinstance(c.func, ast.Attribute) and c.func.attr == "backward"
+            ]
+            if any(not c.args and not c.keywords for c in calls):
+                found.append(f"{name}.{fn.name}")
+    assert found == ["grpo.minibatch_backward"]
 
 
 def test_no_project_file_reads_a_private_name_of_the_copyable_modules():

@@ -333,13 +333,13 @@ def peak_memory() -> dict:
 def clip_and_step(model, optimizer, loss: float, max_grad_norm: float, step: int) -> float | None:
     """Clip the accumulated gradient to ``max_grad_norm`` (0: no clipping) and apply the optimizer; returns the
     pre-clip norm, or None (the gradient discarded, with a warning) when the loss or the norm is not finite."""
-    from tqdm import tqdm
-
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm or float("inf"))
     if hasattr(grad_norm, "full_tensor"):  # FSDP2: the global norm as a DTensor
         grad_norm = grad_norm.full_tensor()
     if not (math.isfinite(loss) and torch.isfinite(grad_norm)):  # both global: every process agrees
         optimizer.zero_grad(set_to_none=True)  # a non-finite loss or gradient never reaches the weights
+        from tqdm import tqdm
+
         tqdm.write(f"[warn] step {step + 1}: non-finite loss or gradient norm, update skipped")
         return None
     optimizer.step()
@@ -430,6 +430,10 @@ class MicroBatch(NamedTuple):
     def take(self, x: torch.Tensor) -> torch.Tensor:
         """This micro-batch's part of a batch-wide ``[N, T, ...]`` tensor: rows ``rows``, the first ``t`` columns."""
         return x[self.rows, : self.t]
+
+    def part(self, x: torch.Tensor | None) -> torch.Tensor | None:
+        """``take`` on this micro-batch's device (None: None): its part of a loss's input."""
+        return None if x is None else self.take(x).to(self.logp.device)
 
 
 class ThetaOld(NamedTuple):
