@@ -233,6 +233,30 @@ def _dry_run(capsys, *argv):
     return capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    "argv, fused",
+    [
+        ([], True),  # the toy's default: one update of one micro-batch, β = 0
+        (["--num_mini_batches", "4"], False),
+        (["--micro_batch_size", "4"], False),
+        (["--beta", "0.04"], False),
+        (["--no-fuse_old_logprobs"], False),
+        (["--entropy_top_ratio", "0.2", "--entropy_pool", "micro"], False),  # a loss stage with its own forward
+        (["--entropy_top_ratio", "0.2"], True),
+    ],
+)
+def test_dry_run_names_the_theta_old_pass_the_run_takes(capsys, argv, fused):
+    """--dry_run's stage-4 line is the run's choice (memory_plan.updates_on_policy, as run_setup.step_parts), not the
+    --fuse_old_logprobs flag alone: a flag that does not apply says so."""
+    import comparisons
+
+    main = comparisons.main if "--entropy_top_ratio" in argv else grpo.main
+    assert main(["--credit", "grpo", *argv, "--dry_run"]) is None
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("[path] stage 4"))
+    assert ("from the update's own forward" in line) == fused
+    assert ("--fuse_old_logprobs: only for one update" in line) == (not fused and "--no-fuse_old_logprobs" not in argv)
+
+
 def test_dry_run_of_the_papers_recipe_on_one_80gb_gpu_says_it_does_not_fit_and_what_does(config_only, capsys):
     out = _dry_run(capsys, "--credit", "delta", "--model", config_only, "--gpu_memory_gb", "80")
     assert "[recipe] delta_paper (auto: a real model)" in out and "--learning_rate 1e-06 (recipe)" in out

@@ -131,7 +131,7 @@ def check(cfg, rows: list[dict], world: int, notes: list[str], given: set[str] |
     if cfg.dry_run:
         print("[dry_run] resolved settings (those that differ from the toy's defaults):")
         print("\n".join("  " + line for line in recipes.describe(cfg, given, type(cfg)())))
-        for line in scale_passes.paths(cfg):
+        for line in scale_passes.paths(cfg, the_plan.parts["fused"]):
             print(f"[path] {line}")
         for note in notes:
             print(f"[note] {note}")

@@ -518,15 +518,20 @@ def chosen(cfg) -> bool:
     return any(getattr(cfg, flag) for flag in FLAGS)
 
 
-def paths(cfg) -> list[str]:
-    """Which path each stage of a step takes under ``cfg``, one line each (--dry_run prints them)."""
+def paths(cfg, fused: bool) -> list[str]:
+    """Which path each stage of a step takes under ``cfg``, one line each (--dry_run prints them); ``fused``: stage 4
+    takes the update's own forward (the plan's memory_plan.updates_on_policy, as run_setup.step_parts chooses)."""
     if chosen(cfg):
         on = ", ".join(f"--{flag}" for flag in FLAGS if getattr(cfg, flag))
         passes = f"the scale path (trainer/scale_passes.py: {on})"
     else:
         passes = "the plain path (grpo.py: padded micro-batches, log-softmax at the temperature, gather)"
-    fused = ", from the update's own forward where one update of one micro-batch uses the batch (--fuse_old_logprobs)"
-    old = passes + (fused if cfg.fuse_old_logprobs else ", its own no-grad forward (--no-fuse_old_logprobs)")
+    if fused:
+        old = passes + ", from the update's own forward, detached (--fuse_old_logprobs: one update of one micro-batch)"
+    elif cfg.fuse_old_logprobs:  # on, where it does not apply (memory_plan.updates_on_policy)
+        old = passes + ", its own no-grad forward (--fuse_old_logprobs: only for one update of one micro-batch, β = 0)"
+    else:
+        old = passes + ", its own no-grad forward (--no-fuse_old_logprobs)"
     streamed = cfg.delta_impl == "memory_efficient"
     delta = "streamed, h recomputed a micro-batch at a time" if streamed else "the whole batch at once (h kept)"
     return [f"stage 4, θ_old: {old}", f"stage 5, DelTA: {delta}", f"stage 6, update: {passes}"]
