@@ -143,5 +143,5 @@ def picked_loss(mb, update, scope, picked, cfg):
         ref_logp=mb.part(old.ref_logp),
         scope=scope_t,
     )
-    kept = {"forking/kept_frac": float((valid_t * picked).sum() / valid_t.sum().clamp(min=1.0))}
-    return loss, {**stats, **kept}
+    own = {"forking/kept_frac": float((valid_t * picked).sum() / valid_t.sum().clamp(min=1.0))}
+    return loss, {**stats, **own}
