@@ -52,7 +52,9 @@ class Q2Credit(delta_ablations.DeltaAblationCredit):
         selected = baselines.select_tokens(lam_bar, x.loss_mask, c.delta_select_fraction, c.delta_select, draw)
         stats = {**delta_result.stats, "delta/selected_frac": float(selected.sum() / x.loss_mask.sum())}
         token_values = {"lam_bar": lam_bar, "q2_selected": selected}
-        return credit_methods.CreditResult(x.adv[:, None] * x.loss_mask, stats, token_values)
+        # Ã = Â on the selected tokens, 0 on the rest (they leave the loss): a selection of only Â = 0 tokens is no
+        # signal, and grpo.policy_update takes no AdamW step on it, as on any batch whose Ã is 0 everywhere
+        return credit_methods.CreditResult(x.adv[:, None] * x.loss_mask * selected, stats, token_values)
 
 
 def q2_backward(model, update, rows, cfg):

@@ -293,6 +293,31 @@ def test_delta_q2_selection_trains_on_half_the_tokens_by_lambda(toy_batch, which
         assert lam[kept].max() <= lam[valid & ~kept].min()
 
 
+def test_delta_q2_credits_only_the_selected_tokens_and_no_signal_takes_no_step(toy_batch):
+    """Q2's Ã is Â on its selected tokens and 0 on the rest; where every selected token has Â = 0 (the bottom of the
+    ranking: DelTA gives the Â = 0 responses' tokens λ_min) the update sees no signal and takes no AdamW step."""
+    model, tok, batch = toy_batch
+    N = batch.response_mask.shape[0]
+    rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0] * (N // 8))  # every other group has Â = 0
+    adv = grpo.group_advantages(rewards, 4)
+    cfg = comparison_config(max_completion_length=40, credit="delta", delta_select="bottom", delta_select_fraction=0.1)
+    method = comparisons.method(cfg)
+    credit = method.credit(cfg, tok)
+    parts = run_setup.step_parts(cfg, credit, method, policy.Forward(grpo.old_logprobs, grpo.micro_batches))
+    old = parts.forward.old_logprobs(model, batch, cfg, credit.asks, None)
+    inputs = credit_methods.CreditInputs(batch, adv, old, [""] * N, 0, batch.response_mask, rewards, parts.forward)
+    result = credit(model, inputs)
+    selected = result.token_values["q2_selected"]
+    assert selected.any() and (adv[:, None].expand_as(selected)[selected] == 0).all()  # the bottom: Â = 0 tokens
+    torch.testing.assert_close(result.token_adv, adv[:, None] * batch.response_mask * selected, rtol=0, atol=0)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    update = grpo.Update(batch, old, result.token_adv, batch.response_mask, result.token_values, parts)
+    loss_sum, grad_norms, sums, skipped = grpo.policy_update(model, optimizer, update, cfg, step=0)
+    assert sums["no_signal"] == 1.0 and grad_norms == [] and loss_sum == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
 @pytest.mark.parametrize(
     "flags",
     [
