@@ -122,9 +122,9 @@ def check_pass_ks(ks, n: int) -> list[int]:
 
 
 def run_settings(cfg: dict) -> dict:
-    """The generation settings of a run's held-out evaluation (grpo.py's ``run_eval`` -> :func:`heldout`), from its
-    flags ``cfg``: greedy and avg@``eval_num_generations`` at ``eval_temperature`` / ``eval_top_p`` (default: the
-    training ones), up to ``max_completion_length`` tokens, seed = the run's + 12345, :data:`HELDOUT_BATCH_SIZE`."""
+    """The generation settings of a run's held-out evaluation (trainer/run_setup.HeldOut's, and ``--run``'s here),
+    from its flags ``cfg``: greedy and avg@``eval_num_generations`` at ``eval_temperature`` / ``eval_top_p`` (default:
+    the training ones), up to ``max_completion_length`` tokens, seed = the run's + :data:`HELDOUT_SEED_OFFSET`."""
     out = {"greedy": True, "seed": cfg.get("seed", 0) + HELDOUT_SEED_OFFSET, "batch_size": HELDOUT_BATCH_SIZE}
     pick = {
         "temperature": ("eval_temperature", "temperature"),

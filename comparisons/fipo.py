@@ -3,8 +3,9 @@ log-ratio (``baselines.fipo_weights``), under ``--fipo`` (python -m comparisons;
 spelling). FIPO is a token credit, Â·f, but f reads the current θ's log-ratio, which only the update's own training
 forward has: so it lives in the loss stage, and stage 5's credit is GRPO's Â on every token. A response
 with more than one dual-clipped token leaves the numerator here and the denominator in ``fipo_rescale``, as in FIPO's
-code, which always applies its dual clip c (clip_ratio_c = 10; log c is its filter's bound too). Not with --beta > 0
-(check_config): the rescale scales the whole gradient, and the k3 term over every valid token must not be rescaled."""
+code, which always applies its dual clip c (clip_ratio_c = 10; log c is its filter's bound too). Only with --loss_type
+dapo, the token-mean the rescale counts in, and not with --beta > 0 (check_config): the rescale scales the whole
+gradient, and the k3 term over every valid token must not be rescaled."""
 
 from __future__ import annotations
 
@@ -72,21 +73,19 @@ def fipo_backward(model, update, rows, cfg):
     """``grpo.minibatch_backward`` with ``fipo_loss`` (FIPO's weight f and its kept tokens per micro-batch, from its
     training forward), then ``fipo_rescale`` for the dropped ones. Returns (loss, statistic sums)."""
     settings = dataclasses.replace(update.parts.loss_settings, dual_clip=cfg.dual_clip or 10.0)
-    dropped = torch.zeros(2, dtype=torch.float64)  # the mini-batch's dropped tokens and responses
+    dropped = torch.zeros(1, dtype=torch.float64)  # the mini-batch's dropped tokens
     if update.loss_factor is None:
         update.loss_factor = torch.zeros_like(update.update_adv)
-    counts = grpo.minibatch_scope(update.loss_mask, rows)
-    scope = counts._replace(num_valid=counts.num_tokens)  # every valid token is the loss's and the k3 term's
+    scope = grpo.minibatch_scope(update.loss_mask, rows)  # its valid tokens: the loss's normaliser (token-mean)
     micro_loss = functools.partial(fipo_loss, cfg=cfg, settings=settings, dropped=dropped)
     loss_total, sums = grpo.minibatch_backward(model, update, rows, cfg, micro_loss, scope)
-    per_token = settings.aggregation == "token-mean"
-    n = scope.num_tokens if per_token else float(scope.num_sequences)
-    return loss_total * fipo_rescale(model, per_token, n, distributed.all_reduce_sum(dropped)), sums
+    return loss_total * fipo_rescale(model, scope.num_tokens, float(distributed.all_reduce_sum(dropped))), sums
 
 
 def fipo_loss(mb, update, scope, cfg, settings, dropped):
     """FIPO's loss of micro-batch ``mb``: the surrogate on Â·f over its kept tokens (``baselines.fipo_weights`` of
-    its log-ratio), its dropped tokens and responses added to ``dropped``. Returns (loss, statistics)."""
+    its log-ratio), normalised by the mini-batch's valid tokens (``scope``), its dropped tokens added to ``dropped``.
+    Returns (loss, statistics)."""
     adv_t = mb.part(update.update_adv)
     old_t = mb.part(update.old.logp)
     valid_t = mb.part(update.loss_mask)
@@ -98,30 +97,26 @@ def fipo_loss(mb, update, scope, cfg, settings, dropped):
         "fipo/f_mean": float((f * kept).sum() / kept.sum().clamp(min=1.0)),
         "fipo/dropped_frac": float((valid_t - kept).sum() / valid_t.sum().clamp(min=1.0)),
     }
-    dropped_responses = ((valid_t.sum(-1) > 0) & (kept.sum(-1) == 0)).sum()
-    dropped.add_(torch.tensor([float((valid_t - kept).sum()), float(dropped_responses)], dtype=torch.float64))
+    dropped.add_(float((valid_t - kept).sum()))
     update.loss_factor[mb.rows, : mb.t] = (kept * f).cpu().to(update.loss_factor.dtype)
-    scope_t = scope._replace(valid_mask=valid_t)
-    ref_logp = mb.part(update.old.ref_logp)
-    loss, stats = grpo.policy_loss(mb.logp, old_t, adv_t * f, kept, settings, ref_logp=ref_logp, scope=scope_t)
+    loss, stats = grpo.policy_loss(mb.logp, old_t, adv_t * f, kept, settings, scope=scope)
     return loss, {**stats, **own}
 
 
-def fipo_rescale(model, per_token: bool, n: float, dropped: torch.Tensor) -> float:
+def fipo_rescale(model, n: float, dropped: float) -> float:
     """FIPO's sequence drop in the denominator (spec §5: its code masks a dropped response out of both): the
-    mini-batch's loss was divided by its whole count ``n`` (tokens when ``per_token``, else responses), so every
-    accumulated gradient is scaled by n / (n − dropped) of that unit.
+    mini-batch's loss was divided by its ``n`` valid tokens (DAPO's token-mean, the one --loss_type --fipo takes), so
+    every accumulated gradient is scaled by n / (n − ``dropped``), the dropped tokens summed over the processes.
 
     Rescaling, not counting: the drop is known only from the current θ's log-ratio, which each micro-batch's own
     training forward gives; counting it before the first backward would take a no-grad forward of the mini-batch
     more (the update's largest cost) and a second, possibly differently rounded, decision. Gradient accumulation is
     linear, so the scaled sum equals dividing each micro-batch by n − dropped, at every micro-batch size (tested in
-    float64). ``dropped`` [2]: tokens, responses (summed over processes). Returns the factor (1.0: nothing dropped).
+    float64). Returns the factor (1.0: nothing dropped).
     """
-    d = float(dropped[0]) if per_token else float(dropped[1])
-    if d == 0:
+    if dropped == 0:
         return 1.0
-    factor = max(n, 1.0) / max(n - d, 1.0)  # a mini-batch all dropped has no loss left: nothing to divide
+    factor = max(n, 1.0) / max(n - dropped, 1.0)  # a mini-batch all dropped has no loss left: nothing to divide
     with torch.no_grad():
         for param in model.parameters():
             if param.grad is not None:

@@ -229,11 +229,7 @@ class HeldOut:
         cfg = self.cfg
         if not self.rows or not cfg.eval_num_generations:
             return {}
-        temperature = cfg.temperature if cfg.eval_temperature is None else cfg.eval_temperature  # paper: T 1.0
-        top_p = cfg.top_p if cfg.eval_top_p is None else cfg.eval_top_p  # paper: top-p 0.7
-        settings = evaluate.EvalSettings(
-            cfg.eval_num_generations, temperature, top_p, cfg.max_completion_length, seed=cfg.seed + 12345
-        )
+        settings = evaluate.EvalSettings(**evaluate.run_settings(vars(cfg)))  # the run's held-out settings, one rule
         with policy.oom_guard(f"the evaluation at step {step}"):
             record = {
                 "step": step,
