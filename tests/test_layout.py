@@ -75,9 +75,9 @@ FORBIDDEN = {
         "grpo",
     },
 }
-# What grpo.py's run setup takes from evaluate.py: the held-out evaluation and its settings (its data comes from
-# trainer/problems.py).
-RUN_SETUP_USES_OF_EVALUATE = {"heldout", "EvalSettings"}
+# What grpo.py's run setup takes from evaluate.py: the held-out evaluation, its settings and a run's (``run_settings``);
+# its data comes from trainer/problems.py.
+RUN_SETUP_USES_OF_EVALUATE = {"heldout", "EvalSettings", "run_settings"}
 MAX_GRPO_LOADS = 14  # project modules ``import grpo`` loads
 CORE = SIX | {"trainer"}
 # What only a comparison names (its flags, its per-token statistic, its name): trainer/'s code names none of them
