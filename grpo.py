@@ -194,6 +194,7 @@ def surrogate_stats(ratio, adv, mask, settings: LossSettings, dual_active, kl, v
         "clip_ratio/region_mean": ((low + high).sum() / n).item(),
         "clip_ratio/dual_mean": ((dual_active.to(mask.dtype) * mask).sum() / n).item(),
         "kl": ((kl * valid).sum() / valid.sum().clamp(min=1.0)).item() if kl is not None else 0.0,
+        "n:kl": valid.sum().item(),  # the count k3's mean is over (minibatch_backward weighs it by this)
         "num_tokens": mask.sum().item(),
     }
 
@@ -304,22 +305,21 @@ def train_step(step, cfg: GRPOConfig, actor, source, credit, run, parts: run_set
 def policy_update(model, optimizer, update: Update, cfg: GRPOConfig, step: int):
     """Stage 6: ``num_iterations`` passes × ``num_mini_batches`` clipped AdamW steps (a non-finite one skipped), rows
     permuted by (seed, step, iteration), each gradient from the run's loss stage. Returns (Σ mini-batch losses, applied
-    pre-clip gradient norms, token-weighted statistic sums, skipped updates)."""
-    loss_stage = update.parts.loss_stage
+    pre-clip gradient norms, statistic sums as minibatch_backward's, skipped updates)."""
     N = update.loss_mask.shape[0]
     size = N // cfg.num_mini_batches  # rows per mini-batch
     loss_sum = 0.0
     grad_norms, sums, skipped = [], {}, 0
     adv_mass = distributed.all_reduce_sum(torch.tensor([float(update.update_adv.abs().sum())], dtype=torch.float64))
     if adv_mass.item() == 0 and cfg.beta == 0:  # no gradient: no AdamW step either (decay, momentum would move θ)
-        zeros = dict.fromkeys(POLICY_STATS + ("num_tokens",) + loss_stage.stat_names, 0.0)  # the same keys each line
+        zeros = dict.fromkeys(POLICY_STATS + ("num_tokens",) + update.parts.loss_stage.stat_names, 0.0)
         return 0.0, [], {**zeros, "no_signal": 1.0}, 0
     for iteration in range(cfg.num_iterations):
         perm = torch.randperm(N, generator=torch.Generator().manual_seed(cfg.seed + 7919 * step + iteration))
         for k in range(cfg.num_mini_batches):
             rows = perm[k * size : (k + 1) * size] if cfg.num_mini_batches > 1 else torch.arange(N)
             optimizer.zero_grad(set_to_none=True)
-            local_loss, stats = loss_stage.backward(model, update, rows, cfg)
+            local_loss, stats = update.parts.loss_stage.backward(model, update, rows, cfg)
             loss = distributed.all_reduce_sum(torch.tensor(local_loss, dtype=torch.float64)).item()  # Σ over processes
             loss_sum += loss
             sums.update({name: sums.get(name, 0.0) + value for name, value in stats.items()})
@@ -347,8 +347,8 @@ def surrogate_loss(mb: policy.MicroBatch, update: Update, scope: LossScope):
 
 
 def minibatch_backward(model, update, rows, cfg, micro_loss=surrogate_loss, scope=None, asked=policy.Asked()):
-    """The paper's loss stage: mini-batch ``rows``' gradient, a micro-batch at a time, ``micro_loss(mb, update, scope)``
-    each (``scope``: its counts; None: the loss mask's); a comparison passes its own. (Σ losses, token-weighted sums)"""
+    """The paper's loss stage: mini-batch ``rows``' gradient, ``micro_loss(mb, update, scope)`` a micro-batch at a time
+    (a comparison passes its own). Returns (Σ losses, each statistic's Σ mean·count and Σ count, log_step's means)."""
     scope = minibatch_scope(update.loss_mask, rows) if scope is None else scope
     # the training forward over these rows (the scale path's --fuse_old_logprobs: stage 4's, when it was this one)
     forward = update.parts.forward
@@ -359,8 +359,9 @@ def minibatch_backward(model, update, rows, cfg, micro_loss=surrogate_loss, scop
         loss, stats = micro_loss(mb, update, scope)
         loss.backward()
         loss_total += loss.item()
-        for key, v in stats.items():  # token-weighted: Σ / Σ num_tokens is the step's token-mean
-            sums[key] = sums.get(key, 0.0) + (v * stats["num_tokens"] if key != "num_tokens" else v)
+        for key, v in stats.items():  # a mean times its count ("n:" + key, else num_tokens); a count as it is
+            count = 1.0 if key == "num_tokens" or key.startswith("n:") else stats.get("n:" + key, stats["num_tokens"])
+            sums[key] = sums.get(key, 0.0) + v * count
     return loss_total, sums
 
 
@@ -373,8 +374,7 @@ class LossStage(NamedTuple):
 
 
 class Method(NamedTuple):
-    """What a run trains with, chosen once from its flags: stage 5's credit class (trainer/credit_methods.py's kind),
-    stage 6's loss stage, the surrogate's settings class and the run's name. ``paper_method``, or comparisons/'."""
+    """A run's method, chosen once from its flags: credit class, loss stage, surrogate settings class, name."""
 
     credit: type
     loss_stage: LossStage

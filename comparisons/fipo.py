@@ -95,7 +95,8 @@ def fipo_loss(mb, update, scope, cfg, settings, dropped):
     )
     own = {
         "fipo/f_mean": float((f * kept).sum() / kept.sum().clamp(min=1.0)),
-        "fipo/dropped_frac": float((valid_t - kept).sum() / valid_t.sum().clamp(min=1.0)),
+        "fipo/dropped_frac": float((valid_t - kept).sum()) / max(float(valid_t.sum()), 1.0),  # counts: exact
+        "n:fipo/dropped_frac": float(valid_t.sum()),  # a share of the valid tokens (f_mean: of the loss's, kept)
     }
     dropped.add_(float((valid_t - kept).sum()))
     update.loss_factor[mb.rows, : mb.t] = (kept * f).cpu().to(update.loss_factor.dtype)

@@ -143,5 +143,8 @@ def picked_loss(mb, update, scope, picked, cfg):
         ref_logp=mb.part(old.ref_logp),
         scope=scope_t,
     )
-    own = {"forking/kept_frac": float((valid_t * picked).sum() / valid_t.sum().clamp(min=1.0))}
+    own = {
+        "forking/kept_frac": float((valid_t * picked).sum()) / max(float(valid_t.sum()), 1.0),  # counts: exact
+        "n:forking/kept_frac": float(valid_t.sum()),  # a share of the valid tokens, not of the loss's
+    }
     return loss, {**stats, **own}

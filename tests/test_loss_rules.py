@@ -229,6 +229,26 @@ def _update(model, tok, batch, **flags):
     return loss, grad, result.token_values, weights, stats
 
 
+@pytest.mark.parametrize("flag", [{"entropy_top_ratio": 0.2}, {"top_entropy_quantile": 0.2}])
+def test_a_statistic_is_a_mean_over_its_own_tokens_at_every_micro_batch_size(toy_batch, float64_model, flag):
+    """minibatch_backward weighs each statistic by the tokens it is a mean over (``"n:" + name``, else the loss's
+    tokens) and log_step divides by the same sum, so a mini-batch's statistic does not depend on how its rows are
+    split: Forking Tokens' kept share is over the valid tokens, which its loss mask (the picked ones) does not count
+    (weighted by the picked tokens, a micro-batch with fewer of them counted less). Float64 model, the shares from
+    exact counts: 1e-10 relative, as above."""
+    model, tok, batch = toy_batch
+    model = float64_model(model)
+    means = []
+    for mbs in (0, 3):
+        *_, sums = _update(model, tok, batch, micro_batch_size=mbs, **flag)
+        counts = {key[2:]: sums[key] for key in sums if key.startswith("n:")}
+        means.append({k: v / max(counts.get(k, sums["num_tokens"]), 1.0) for k, v in sums.items() if k[:2] != "n:"})
+    valid = batch.response_mask.bool()
+    assert sums["n:forking/kept_frac"] == int(valid.sum())
+    for key in means[0]:
+        assert means[1][key] == pytest.approx(means[0][key], rel=1e-10, abs=1e-14), key
+
+
 def test_fipo_is_dapo_on_the_first_mini_batch(toy_batch, float64_model):
     """At θ = θ_old (the fused training forward: the ratio is exactly 1) FIPO's weight is 1 and its update DAPO's."""
     model, tok, batch = toy_batch
@@ -420,7 +440,7 @@ def test_entropy_quantile_keeps_every_token_in_the_normaliser(loss_stage, pool, 
     assert loss == pytest.approx(value, abs=1e-15)
     torch.testing.assert_close(grad, torch.tensor([[-0.5, 0.0]], dtype=D), rtol=0, atol=1e-15)
     assert torch.equal(w, torch.tensor([[1.0, 0.0]], dtype=D))
-    assert stats["forking/kept_frac"] / stats["num_tokens"] == 0.5  # the stage's statistics are token-weighted sums
+    assert stats["forking/kept_frac"] / stats["n:forking/kept_frac"] == 0.5  # Σ mean·count over Σ its count
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "sapo", "dapo"])
@@ -601,11 +621,10 @@ def test_the_kl_term_covers_every_valid_token_beside_a_token_rule(loss_stage, fl
     k3, k3_grad = _k3_term(logp, ref, mask, loss_type)
     assert loss == pytest.approx(loss0 + beta * k3, rel=1e-12, abs=1e-14)
     torch.testing.assert_close(grad, grad0 + beta * k3_grad, rtol=1e-12, atol=1e-14)
-    if flags.get("micro_batch_size", 0) == 0:  # one micro-batch: the logged kl is k3's mean over the valid tokens
-        d = ref - logp
-        assert stats["kl"] / stats["num_tokens"] == pytest.approx(
-            float(((torch.exp(d) - d - 1) * mask).sum() / mask.sum()), rel=1e-12
-        )
+    d = ref - logp  # the logged kl: k3's mean over the valid tokens, at every micro-batch size (its count "n:kl")
+    assert stats["kl"] / stats["n:kl"] == pytest.approx(
+        float(((torch.exp(d) - d - 1) * mask).sum() / mask.sum()), rel=1e-12
+    )
 
 
 def test_fipo_with_a_kl_term_is_refused_in_one_line():

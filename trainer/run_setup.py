@@ -359,9 +359,10 @@ def step_peak() -> dict:  # this step's peak host RSS (and GPU memory), the larg
 def log_step(run, step: int, cfg, logged: StepLog, outcome, credit_stats: dict, times) -> dict:
     """Stage 7: metrics.jsonl's line of a step, every process's responses pooled: the rewards (group by group), the
     verifier's 0/1 (``accuracy``; ``overlong/penalty_mean`` when DAPO's shaping is on), lengths and finish reasons,
-    the grader's counts; the token-means of the update's statistics (``outcome``: policy_update's Σ losses, grad
-    norms, token-weighted sums, skipped updates); the credit's statistics, the step's peak memory and times (``times``:
-    the step's start, the rollout's seconds). Every process must call it."""
+    the grader's counts; the update's statistics, each the mean over its own tokens (``outcome``: policy_update's Σ
+    losses, grad norms, each statistic's Σ mean·count and its count's Σ, ``"n:" + name`` or num_tokens, skipped
+    updates); the credit's statistics, the step's peak memory and times (``times``: the step's start, the rollout's
+    seconds). Every process must call it."""
     loss_sum, grad_norms, token_sums, skipped = outcome
     no_signal = token_sums.pop("no_signal", 0.0)  # no update: its statistics 0.0 (policy_update)
     keys = sorted(token_sums)
@@ -371,7 +372,6 @@ def log_step(run, step: int, cfg, logged: StepLog, outcome, credit_stats: dict, 
     reasons = [reason for _, reason in logged.graded]
     counts = [float(reasons.count(reason)) for reason in verify.REASONS]  # every reason, a stable column each
     counted = distributed.all_reduce_sum(torch.tensor(counts, dtype=torch.float64)).tolist()
-    shaped = bool(cfg.overlong_buffer_len)  # else the reward is the verifier's own
     mine = (logged.rewards.tolist(), logged.lengths.tolist(), logged.batch.finish_reasons, logged.correct.tolist())
     per_process = distributed.all_gather_objects(mine)
     r = torch.tensor([x for part in per_process for x in part[0]])
@@ -385,11 +385,11 @@ def log_step(run, step: int, cfg, logged: StepLog, outcome, credit_stats: dict, 
         "reward": r.mean().item(),
         "reward_std": r.std().item() if len(r) > 1 else 0.0,
         "accuracy": c.mean().item(),
-        **({"overlong/penalty_mean": (r - c).mean().item()} if shaped else {}),
+        **({"overlong/penalty_mean": (r - c).mean().item()} if cfg.overlong_buffer_len else {}),  # (r: shaped)
         "frac_reward_zero_std": (groups.max(-1).values == groups.min(-1).values).float().mean().item(),
         "completions/mean_length": lengths.mean().item(),
         "completions/clipped_ratio": finish.count("length") / len(r),
-        **{k: v / num_tokens for k, v in sums.items()},
+        **{k: v / max(sums.get("n:" + k, num_tokens), 1.0) for k, v in sums.items() if not k.startswith("n:")},
         **{f"verify/{k}": int(v) for k, v in zip(verify.REASONS, counted)},
         "loss": loss_sum / (cfg.num_iterations * cfg.num_mini_batches),
         "grad_norm": sum(grad_norms) / max(len(grad_norms), 1),

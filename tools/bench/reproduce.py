@@ -11,10 +11,10 @@ A row's toy run is ``python grpo.py <the row's flags> --num_mini_batches 4 --pad
 where a flag is a comparison's, ``entry_point``): four mini-batches per step, the paper's setting (with one, FIPO is
 DAPO and Forking Tokens rank θ_old's entropies), and the scale path (trainer/scale_passes.py), grpo.py's default when
 the records were made, so that every run of a row takes the path its records took (the plain path, grpo.py's
-default now, gives the same figures to rounding, not bit for bit); 60 steps of 16 × 8, one run at a time by
-default. Its figures are what the command prints at its end (held-out avg@8 and greedy before and after,
-``summary.json``) and the credit's AUROCs at the toy's first wrong token and result digits (``samples/summary.json``,
-``trainer.samples_summary.credit_lands``).
+default now, rounds otherwise in float32: its 60-step figures drift from the record's, docs/reproduce.md); 60 steps
+of 16 × 8, one run at a time by default. Its figures are what the command prints at its end (held-out avg@8 and
+greedy before and after, ``summary.json``) and the credit's AUROCs at the toy's first wrong token and result digits
+(``samples/summary.json``, ``trainer.samples_summary.credit_lands``).
 
     python tools/bench/reproduce.py --rules delta --seeds 0,1,2   # run a row's seeds, merge them into the record
     python tools/bench/reproduce.py --check delta --seed 0         # rerun one recorded run, compare (exit 1: differs;
