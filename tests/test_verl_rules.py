@@ -206,12 +206,13 @@ def test_micro_batch_normalisers(verl):
     assert own == pytest.approx(0.75, abs=1e-15)
 
 
-@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
-def test_fipo_drop_equals_verl_agg_loss_on_the_kept_mask(verl, loss_stage, fipo_by_hand, loss_type):
-    """FIPO's code: the dual-clip loss (c = 10) on Ã = Â·f, aggregated by verl's ``agg_loss`` over
-    ``response_mask & ~dropped``. The loss stage with --fipo (no --dual_clip) at micro_batch_size 1 gives
-    verl's value and gradient on the whole mini-batch, issue #38 item 2's rows among others. verl's side takes f and
-    the drop from spec §5 by hand (conftest ``fipo_by_hand``), not from baselines.py, which the stage uses."""
+def test_fipo_drop_equals_verl_agg_loss_on_the_kept_mask(verl, loss_stage, fipo_by_hand):
+    """FIPO's code: the dual-clip loss (c = 10) on Ã = Â·f, aggregated by verl's ``agg_loss`` (token-mean: --fipo
+    takes --loss_type dapo only, check_config) over ``response_mask & ~dropped``. The loss stage with --fipo (no
+    --dual_clip) at micro_batch_size 1 gives verl's value and gradient on the whole mini-batch, issue #38 item 2's rows
+    among others. verl's side takes f and the drop from spec §5 by hand (conftest ``fipo_by_hand``), not from
+    baselines.py, which the stage uses."""
+    loss_type = "dapo"
     core_algos, config = verl
     logp, delta, _, mask = _batch(3)
     delta = 0.1 * delta
