@@ -7,9 +7,10 @@ is trained to stop; tiny-grpo's pad==eos bug dropped it), each response's finish
 group by group: rows ``g*G ... g*G+G-1`` are the G samples of prompt ``g``. ``sample``, a training step's rollout,
 calls it, or with ``--use_vllm`` the sampler of trainer/vllm_engine.py (the same ``RolloutBatch``, ``build_rollout``).
 
-Both sample exactly the distribution the trainer scores (``SamplingSettings``: softmax(logits / T) cut to the top-p
-nucleus), every setting stated, never the checkpoint's ``generation_config.json`` (its ``repetition_penalty``, ``top_k``
-or ``min_p`` would make every update off-policy). Old log-probs are recomputed by the trainer, not the sampler's.
+Both sample softmax(logits / T) cut to the top-p nucleus (``SamplingSettings``), every setting stated, never the
+checkpoint's ``generation_config.json`` (its ``repetition_penalty``, ``top_k`` or ``min_p`` would make every update
+off-policy). The trainer scores softmax(logits / T) uncut, recomputing the old log-probs: the sampled distribution at
+``--top_p 1`` (the default); below it the update is off-policy on the cut tokens, as TRL's and verl's (a run says so).
 """
 
 from __future__ import annotations
@@ -234,7 +235,7 @@ def sampling_config(max_new_tokens: int, temperature: float, top_p: float, stop_
     """The ``transformers.GenerationConfig`` every HF rollout and evaluation samples with, built from scratch.
 
     It states the whole distribution: softmax(logits / T) cut to the top-``top_p`` nucleus (``temperature == 0``:
-    greedy), what the trainer scores (``grpo.token_outputs`` or ``scale_passes.token_logprobs``, the same T). Every
+    greedy); the trainer scores it uncut at the same T (``grpo.token_outputs``): the same distribution at top_p 1. Every
     other field that changes it is neutral: no repetition, n-gram or length penalty, no min-p / typical / epsilon / eta
     / top-h / top-k truncation, no banned, suppressed, biased or forced token, no minimum length (it would forbid EOS),
     no beam search, watermark or classifier-free guidance; unset (None) fields are off, as ``generate`` runs with this

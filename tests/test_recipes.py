@@ -257,6 +257,16 @@ def test_dry_run_names_the_theta_old_pass_the_run_takes(capsys, argv, fused):
     assert ("--fuse_old_logprobs: only for one update" in line) == (not fused and "--no-fuse_old_logprobs" not in argv)
 
 
+def test_a_nucleus_below_one_is_said_once_to_make_the_update_off_policy(capsys):
+    """The rollout samples the top-p nucleus, the trainer scores softmax(z/T) uncut (rollout.py's header): below 1 a
+    run says so, in one line, before anything loads; at 1 (the default) it says nothing."""
+    out = _dry_run(capsys, "--top_p", "0.9")
+    assert [x for x in out.splitlines() if x.startswith("[warn] --top_p")] == [
+        "[warn] --top_p 0.9: sampled from the nucleus, scored uncut: each update is off-policy there"
+    ]
+    assert "[warn] --top_p" not in _dry_run(capsys)
+
+
 def test_dry_run_of_the_papers_recipe_on_one_80gb_gpu_says_it_does_not_fit_and_what_does(config_only, capsys):
     out = _dry_run(capsys, "--credit", "delta", "--model", config_only, "--gpu_memory_gb", "80")
     assert "[recipe] delta_paper (auto: a real model)" in out and "--learning_rate 1e-06 (recipe)" in out

@@ -122,6 +122,8 @@ def prepare(cfg, given, world: int, method):
     cfg = recipes.apply(cfg, given, say)
     processes = cfg.plan_processes or world if cfg.dry_run else world
     notes = grpo_config.check_config(cfg, processes, given, method.credit.min_generations)
+    if cfg.top_p < 1:  # rollout.py's module docstring
+        say(f"[warn] --top_p {cfg.top_p}: sampled from the nucleus, scored uncut: each update is off-policy there")
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
     dataset, eval_set = load_data(cfg, say)  # data first: a bad row stops the run before any model loads
