@@ -278,7 +278,7 @@ def train_step(step, cfg: GRPOConfig, actor, source, credit, run, parts: run_set
     # 1. rollout: G responses per prompt; every process takes its own whole groups of the same prompt order
     batch, answers, t_gen = run_setup.rollout_batch(step, cfg, actor, source)
     # 2. verify: binary reward, every grader failure counted; DAPO's overlong shaping adds R_length ≤ 0 (§3.4)
-    graded = verify.grade_batch(batch.texts, answers)
+    graded = verify.grade_batch(batch.texts, answers, cfg.grade_timeout, cfg.grade_workers)
     lengths = batch.response_lengths  # as sampled
     correct = torch.tensor([float(ok) for ok, _ in graded])
     shaping = overlong_penalty(lengths, cfg.max_completion_length, cfg.overlong_buffer_len, cfg.overlong_penalty_factor)

@@ -97,7 +97,7 @@ def test_resume_of_a_finished_run_does_nothing_and_loses_no_row(toy_model_path, 
 def test_a_batch_without_signal_moves_nothing(toy_model_path, tmp_path, monkeypatch, flags):
     """Every group's rewards equal: every advantage is 0, so the optimizer step is skipped (weight decay and AdamW's
     momentum would move the weights); metrics.jsonl says so; CSCR's calibration waits for a batch with signal."""
-    monkeypatch.setattr(verify, "grade_batch", lambda texts, answers, **kw: [(False, "ok")] * len(texts))
+    monkeypatch.setattr(verify, "grade_batch", lambda texts, answers, *a, **kw: [(False, "ok")] * len(texts))
     out = tmp_path / "run"
     comparisons.main(["--model", toy_model_path, "--output_dir", str(out), "--weight_decay", "0.1", *BASE, *flags])
     from safetensors.torch import load_file
@@ -129,9 +129,9 @@ def test_every_step_line_has_the_same_keys_with_or_without_signal(toy_model_path
     (a tracker's columns get no holes); where no update ran its statistics are 0.0 and no_signal 1, else 0."""
     grade, calls = verify.grade_batch, []
 
-    def first_batch_flat(texts, answers, **kw):
+    def first_batch_flat(texts, answers, *args, **kw):
         calls.append(len(texts))
-        return [(False, "ok")] * len(texts) if len(calls) == 1 else grade(texts, answers, **kw)
+        return [(False, "ok")] * len(texts) if len(calls) == 1 else grade(texts, answers, *args, **kw)
 
     monkeypatch.setattr(verify, "grade_batch", first_batch_flat)
     out = tmp_path / "run"

@@ -414,11 +414,18 @@ def test_an_error_about_a_value_the_recipe_set_names_the_recipe(tmp_path):
 @pytest.mark.parametrize(
     "flags, said",
     [
-        (dict(temperature=0.0), "--temperature must be > 0 and --top_p in (0, 1]"),
-        (dict(top_p=1.5), "--temperature must be > 0 and --top_p in (0, 1]"),
-        (dict(eval_temperature=-1.0), "--eval_temperature must be > 0 and --eval_top_p in (0, 1]"),
-        (dict(eval_top_p=0.0), "--eval_temperature must be > 0 and --eval_top_p in (0, 1]"),
-        (dict(overlong_penalty_factor=-1.0), "--gpu_memory_gb must be > 0 and --overlong_penalty_factor >= 0"),
+        (dict(temperature=0.0), "--temperature 0.0 must be > 0"),
+        (dict(top_p=1.5), "--top_p 1.5 must be in (0, 1]"),
+        (dict(eval_temperature=-1.0), "--eval_temperature -1.0 must be > 0"),
+        (dict(eval_top_p=0.0), "--eval_top_p 0.0 must be in (0, 1]"),
+        (dict(overlong_penalty_factor=-1.0), "--overlong_penalty_factor -1.0 must be >= 0"),
+        (dict(gpu_memory_gb=0.0), "--gpu_memory_gb 0.0 must be > 0"),
+        (dict(epsilon=1.0), "--epsilon 1.0 must be in [0, 1)"),
+        (dict(epsilon_high=-0.1), "--epsilon_high -0.1 must be >= 0"),
+        (dict(cscr_w_min=1.5), "--cscr_w_min 1.5 must be in [0, 1]"),
+        (dict(cscr_threshold_quantile=0.0), "--cscr_threshold_quantile 0.0 must be in (0, 1]"),
+        (dict(grade_workers=0), "--grade_workers 0 must be >= 1"),
+        (dict(grade_timeout=0.0), "--grade_timeout 0.0 must be > 0 seconds"),
         (dict(plan_processes=8), "--plan_processes 8 plans a torchrun of that many: use it with --dry_run"),
     ],
 )

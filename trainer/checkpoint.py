@@ -72,6 +72,7 @@ TMP_SAVE = re.compile(r"(checkpoint-\d+|final)\.tmp-(?:(\d+)-[0-9a-f]+|old-(\d+)
 # else decides the updates.
 RESUME_MAY_CHANGE = {
     "resume",
+    "grade_workers",
     "max_steps",
     "save_steps",
     "logging_steps",

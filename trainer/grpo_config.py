@@ -233,6 +233,8 @@ class GRPOConfig:
         0, "DAPO's overlong penalty: 0 to -factor over the budget's last N tokens (0 = off)"
     )
     overlong_penalty_factor: float = flag(1.0, "DAPO's overlong penalty at --max_completion_length")
+    grade_workers: int = flag(1, "worker processes grading a step's responses (verify.py's pool)")
+    grade_timeout: float = flag(5.0, "seconds to grade one response; past it the reward is 0 ('timeout')")
     temperature: float = flag(1.0, "sampling temperature; the trainer's log-probs use the same temperature")
     top_p: float = flag(1.0, "nucleus sampling mass")
     use_vllm: bool = flag(False, "sample with vLLM colocated in this process (tools/requirements-vllm.txt)")
@@ -332,7 +334,7 @@ HELP_GROUPS = {
     "recipe": "recipe, model, data and prompt template",
     "torch_dtype": "model loading, LoRA and memory",
     "credit": "credit assignment (--credit, then each method's flags)",
-    "num_generations": "rollout (and DAPO's overlong reward shaping)",
+    "num_generations": "rollout and its reward (DAPO's overlong shaping, the grader)",
     "vllm_importance_sampling_correction": "the sampler-trainer mismatch (vLLM rollouts)",
     "max_steps": "optimisation",
     "padding_free": "the scale path (trainer/scale_passes.py; on in the scale recipes)",
@@ -471,11 +473,10 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None,
                 "cscr_alpha",
             )
         ],
+        (not 0 <= cfg.cscr_w_min <= 1, f"--cscr_w_min {cfg.cscr_w_min} must be in [0, 1]"),
         (
-            not 0 <= cfg.cscr_w_min <= 1
-            or cfg.cscr_threshold_quantile is not None
-            and not 0 < cfg.cscr_threshold_quantile <= 1,
-            "--cscr_w_min must be in [0, 1] and --cscr_threshold_quantile in (0, 1]",
+            cfg.cscr_threshold_quantile is not None and not 0 < cfg.cscr_threshold_quantile <= 1,
+            f"--cscr_threshold_quantile {cfg.cscr_threshold_quantile} must be in (0, 1]",
         ),
         (
             not -float("inf") < cfg.cscr_threshold < float("inf") or not cfg.cscr_alpha < float("inf"),
@@ -486,24 +487,22 @@ def check_config(cfg: GRPOConfig, world: int = 1, given: set[str] | None = None,
             f"--overlong_buffer_len {cfg.overlong_buffer_len} must be >= 0 and shorter than --max_completion_length "
             f"{cfg.max_completion_length} (verl asserts the same)",
         ),
-        (
-            cfg.gpu_memory_gb is not None and cfg.gpu_memory_gb <= 0 or cfg.overlong_penalty_factor < 0,
-            "--gpu_memory_gb must be > 0 and --overlong_penalty_factor >= 0",
-        ),
+        (cfg.gpu_memory_gb is not None and cfg.gpu_memory_gb <= 0, f"--gpu_memory_gb {cfg.gpu_memory_gb} must be > 0"),
+        (cfg.overlong_penalty_factor < 0, f"--overlong_penalty_factor {cfg.overlong_penalty_factor} must be >= 0"),
+        (cfg.grade_workers < 1, f"--grade_workers {cfg.grade_workers} must be >= 1"),
+        (not cfg.grade_timeout > 0, f"--grade_timeout {cfg.grade_timeout} must be > 0 seconds"),
         (
             cfg.plan_processes not in (0, world) and not cfg.dry_run,
             f"--plan_processes {cfg.plan_processes} plans "
             f"a torchrun of that many: use it with --dry_run (this run has {world} process(es))",
         ),
-        *[
-            (not (t > 0 and 0 < p <= 1), f"--{n}temperature must be > 0 and --{n}top_p in (0, 1]")
-            for n, t, p in (
-                ("", cfg.temperature, cfg.top_p),
-                ("eval_", _or(cfg.eval_temperature, 1), _or(cfg.eval_top_p, 1)),
-            )
-        ],
+        (not cfg.temperature > 0, f"--temperature {cfg.temperature} must be > 0"),
+        (not 0 < cfg.top_p <= 1, f"--top_p {cfg.top_p} must be in (0, 1]"),
+        (not _or(cfg.eval_temperature, 1) > 0, f"--eval_temperature {cfg.eval_temperature} must be > 0"),
+        (not 0 < _or(cfg.eval_top_p, 1) <= 1, f"--eval_top_p {cfg.eval_top_p} must be in (0, 1]"),
         (cfg.learning_rate <= 0, f"--learning_rate must be > 0, got {cfg.learning_rate}"),
-        (not (0 <= cfg.epsilon < 1) or cfg.epsilon_high < 0, "--epsilon must be in [0, 1) and --epsilon_high >= 0"),
+        (not 0 <= cfg.epsilon < 1, f"--epsilon {cfg.epsilon} must be in [0, 1)"),
+        (cfg.epsilon_high < 0, f"--epsilon_high {cfg.epsilon_high} must be >= 0"),
         (cfg.dual_clip is not None and cfg.dual_clip <= 1, "--dual_clip must be > 1 (verl uses 3, DelTA 10)"),
         (
             cfg.delta_lam_min > cfg.delta_lam_max or cfg.delta_lam_min < 0 or cfg.delta_k < 0,
