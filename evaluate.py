@@ -26,7 +26,6 @@ trainer/run_setup.py (:func:`heldout`, :class:`EvalSettings`) and tools/; import
 Command line::
 
     python evaluate.py --model toy --benchmarks toy
-    python evaluate.py --model toy --benchmarks all --protocol greedy --max_new_tokens 64
     python evaluate.py --model Qwen/Qwen3-8B-Base --benchmarks math500,aime24 --protocol delta --batch_size 64
     python evaluate.py --model Qwen/Qwen3-8B-Base --benchmarks delta_paper --protocol delta     # DelTA's Table 1
     python evaluate.py --model runs/delta/final --benchmarks toy     # the trainer's held-out evaluation, exactly
@@ -201,7 +200,8 @@ class EvalSettings(NamedTuple):
     """What an evaluation draws: ``num_samples`` sampled responses per problem (0: none) at ``temperature`` /
     ``top_p`` and, with ``greedy``, one greedy response, each of up to ``max_new_tokens`` tokens, seeded by ``seed``,
     ``batch_size`` rows per generate call, ended by ``stop_ids`` (None: :func:`rollout.stop_token_ids` with the model
-    and template). The defaults are the trainer's held-out evaluation's (:func:`heldout`)."""
+    and template). The defaults are the trainer's held-out evaluation's but the seed (the run's + HELDOUT_SEED_OFFSET:
+    :func:`run_settings`)."""
 
     num_samples: int = 8
     temperature: float = 1.0
@@ -326,9 +326,7 @@ def main(argv=None):
         return compare_results_files(*args.compare)
     settings = _settings_from_flags(args)
     n = settings["num_samples"]
-    pass_ks = (
-        check_pass_ks([int(k) for k in args.pass_k.split(",") if k.strip()], n) if args.pass_k else default_pass_ks(n)
-    )
+    pass_ks = check_pass_ks(args.pass_k, n) if args.pass_k else default_pass_ks(n)
     if args.limit is not None and args.limit < 1:
         raise ValueError(f"--limit must be >= 1, got {args.limit}")
     toy.register()  # "toy" as a model, a benchmark and --prompt_template auto's rule (toy/), from here on

@@ -294,6 +294,8 @@ def test_pass_k_list_and_refusal_of_k_above_n():
         evaluate.check_pass_ks([1, 8], 4)
     with pytest.raises(ValueError, match="num_samples=4"):  # refused before any model is loaded
         evaluate.main(["--benchmarks", "toy", "--num_samples", "4", "--pass_k", "2,8", "--model", "no-such-model"])
+    with pytest.raises(SystemExit, match="argument --pass_k: '1,a': comma-separated integers"):  # names the flag
+        evaluate.main(["--benchmarks", "toy", "--pass_k", "1,a"])
 
 
 # ------------------------------------------------------------------------------------------------------

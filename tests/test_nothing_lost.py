@@ -214,8 +214,10 @@ def test_a_missing_data_file_lists_the_training_sets_too(tmp_path):
         r"training sets: math_train; or toy\)",
     ):
         problems.load_problems("nosuch")
-    with pytest.raises(SystemExit, match="training sets: math_train"):  # the trainer's one line, before any model
-        grpo.main(["--data", str(tmp_path / "nosuch.jsonl"), "--output_dir", str(tmp_path / "run")])
+    with pytest.raises(SystemExit, match="^grpo.py: error: --data: data file not found: .*training sets: math_train"):
+        grpo.main(["--data", str(tmp_path / "nosuch.jsonl"), "--output_dir", str(tmp_path / "run")])  # before a model
+    with pytest.raises(SystemExit, match="^grpo.py: error: --eval_data: data file not found"):  # the flag named
+        grpo.main(["--eval_data", str(tmp_path / "nosuch.jsonl"), "--output_dir", str(tmp_path / "run")])
     assert not (tmp_path / "run").exists()
 
 

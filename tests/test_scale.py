@@ -286,7 +286,8 @@ def test_checkpoint_roundtrip_restores_weights_optimizer_rng(tiny_model_path, tm
     opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-3)
     random.seed(0)
     torch.manual_seed(0)
-    assert checkpoint.load_checkpoint(str(tmp_path / "checkpoint-7"), model2, opt2, use_peft=False) == state
+    assert checkpoint.load_checkpoint_weights(str(tmp_path / "checkpoint-7"), model2, use_peft=False) == state
+    checkpoint.load_checkpoint_optimizer(str(tmp_path / "checkpoint-7"), model2, opt2)
     assert random.random() == expected[0] and torch.equal(torch.rand(3), expected[1])
     for p, q in zip(model.parameters(), model2.parameters()):
         assert torch.equal(p, q)
@@ -296,7 +297,7 @@ def test_checkpoint_roundtrip_restores_weights_optimizer_rng(tiny_model_path, tm
         for k in s1["state"][i]:
             assert torch.equal(torch.as_tensor(s1["state"][i][k]), torch.as_tensor(s2["state"][i][k]))
     with pytest.raises(ValueError, match="use_peft"):
-        checkpoint.load_checkpoint(str(tmp_path / "checkpoint-7"), model2, opt2, use_peft=True)
+        checkpoint.load_checkpoint_weights(str(tmp_path / "checkpoint-7"), model2, use_peft=True)
 
     # a save stopped half-way removes its .tmp folder (in this process; a killed one's is swept at the next start):
     # the earlier checkpoint stays the latest

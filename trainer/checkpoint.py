@@ -370,14 +370,6 @@ def load_checkpoint_optimizer(path: str, model, optimizer) -> None:
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
-def load_checkpoint(path: str, model, optimizer, use_peft: bool) -> dict:
-    """``load_checkpoint_weights`` then ``load_checkpoint_optimizer`` (one process); returns the trainer state.
-    Under torchrun the weights are loaded before sharding and the optimizer after (grpo.py ``train``)."""
-    state = load_checkpoint_weights(path, model, use_peft)
-    load_checkpoint_optimizer(path, model, optimizer)
-    return state
-
-
 def changed_settings(path: str, config: dict) -> list[str]:
     """The training settings of ``config`` that differ from the run's ``config.json`` at ``path`` (none when it is
     missing or unreadable), each ``--flag old -> new``; the flags a --resume may change are left out."""

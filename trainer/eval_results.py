@@ -51,6 +51,13 @@ def help_text(protocols: dict) -> str:
     )
 
 
+def _ks(text: str) -> list[int]:  # --pass_k's type: argparse names the flag when a k is not an integer
+    try:
+        return [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated integers, e.g. 1,8") from None
+
+
 def build_parser(protocols: dict) -> argparse.ArgumentParser:
     """evaluate.py's flags; ``protocols``: its presets (evaluate.PROTOCOLS, the choices of ``--protocol``)."""
     ap = _Parser(
@@ -134,7 +141,7 @@ def _add_generation_flags(ap: argparse.ArgumentParser) -> None:
         "--seed: its very responses; resumes mode by mode). Default: trainer for a trained run's "
         "checkpoint without --protocol, else chunks",
     )
-    ap.add_argument("--pass_k", default=None, help="comma-separated ks for pass@k (default 1,2,4,...,n)")
+    ap.add_argument("--pass_k", type=_ks, default=None, help="comma-separated ks for pass@k (default 1,2,4,...,n)")
 
 
 def load_rows(benches: list[tuple[str, str]], data_dir, limit: int | None) -> dict[str, list[dict]]:

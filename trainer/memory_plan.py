@@ -464,10 +464,6 @@ class MemoryPlan:
         return max(s.device_gb for s in self.stages) + self.reserve_gb
 
     @property
-    def host_peak_gb(self) -> float:
-        return max(s.host_gb for s in self.stages)
-
-    @property
     def peak_stage(self) -> str:
         return max(self.stages, key=lambda s: s.device_gb).name
 

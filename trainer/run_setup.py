@@ -152,13 +152,11 @@ def prepare(cfg, given, world: int, method):
 
 def load_data(cfg, say):
     """The training rows and the held-out rows (the toy's test split by default for the toy; [] when off, said)."""
-    from trainer import problems
 
-    rows = problems.load_problems(
-        cfg.data, split="train", problem_field=cfg.data_problem_field, answer_field=cfg.data_answer_field
-    )
+    fields = dict(problem_field=cfg.data_problem_field, answer_field=cfg.data_answer_field)
+    rows = _load_problems("--data", cfg.data, split="train", **fields)
     eval_source = cfg.eval_data or ("toy" if cfg.data == "toy" else "")  # the toy's held-out split by default
-    eval_rows = problems.load_problems(eval_source, split="test") if eval_source else []
+    eval_rows = _load_problems("--eval_data", eval_source, split="test") if eval_source else []
     if not eval_rows or not cfg.eval_num_generations:  # said once: the closing line then names no accuracy
         why = (
             "--eval_num_generations 0; pass K >= 1"
@@ -167,6 +165,16 @@ def load_data(cfg, say):
         )
         say(f"[eval] off: {why} for a held-out accuracy before and after training")
     return rows, eval_rows
+
+
+def _load_problems(flag: str, source: str, **kwargs) -> list[dict]:
+    """``problems.load_problems(source, **kwargs)``, a missing file named by the flag that gave it."""
+    from trainer import problems
+
+    try:
+        return problems.load_problems(source, **kwargs)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{flag}: {e}") from None
 
 
 def open_run(cfg, rank: int, say, label: str):

@@ -208,7 +208,7 @@ def main(argv=None) -> dict:
     import toy
     from trainer import policy
 
-    toy.register()  # --model toy, the toy's data: the built-in toy in the repository's generic modules (toy.py)
+    toy.register()  # --model toy, the toy's data: the built-in toy in the repository's generic modules (toy/)
 
     args = build_parser().parse_args(argv)
     model, tokenizer = policy.load_model_and_tokenizer("toy")
