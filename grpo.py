@@ -348,7 +348,7 @@ def surrogate_loss(mb: policy.MicroBatch, update: Update, scope: LossScope):
 
 def minibatch_backward(model, update, rows, cfg, micro_loss=surrogate_loss, scope=None, asked=policy.Asked()):
     """The paper's loss stage: mini-batch ``rows``' gradient, ``micro_loss(mb, update, scope)`` a micro-batch at a time
-    (a comparison passes its own). Returns (Σ losses, each statistic's Σ mean·count and Σ count, log_step's means)."""
+    (a comparison passes its own). Returns (Σ losses, the sums of each statistic × its count and of each count)."""
     scope = minibatch_scope(update.loss_mask, rows) if scope is None else scope
     # the training forward over these rows (the scale path's --fuse_old_logprobs: stage 4's, when it was this one)
     forward = update.parts.forward

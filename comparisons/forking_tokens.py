@@ -97,8 +97,13 @@ def forking_backward(model, update, rows, cfg):
     if update.loss_factor is None:
         update.loss_factor = torch.zeros_like(update.update_adv)
     scope = grpo.minibatch_scope(mask, rows)._replace(num_valid=grpo.minibatch_scope(valid, rows).num_tokens)
-    micro_loss = lambda mb, update, scope: picked_loss(mb, update, scope, mb.part(picked), cfg)  # noqa: E731
+    micro_loss = functools.partial(pooled_loss, picked=picked, cfg=cfg)
     return grpo.minibatch_backward(model, update, rows, cfg, micro_loss, scope)
+
+
+def pooled_loss(mb, update, scope, picked, cfg):
+    """``picked_loss`` on micro-batch ``mb``'s part of the mini-batch pool's ``picked`` tokens ``[N, T]``."""
+    return picked_loss(mb, update, scope, mb.part(picked), cfg)
 
 
 def forking_micro_backward(model, update, rows, cfg):
