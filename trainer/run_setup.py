@@ -395,7 +395,7 @@ def log_step(run, step: int, cfg, logged: StepLog, outcome, credit_stats: dict, 
         "reward": r.mean().item(),
         "reward_std": r.std().item() if len(r) > 1 else 0.0,
         "accuracy": c.mean().item(),
-        **({"overlong/penalty_mean": (r - c).mean().item()} if cfg.overlong_buffer_len else {}),  # (r: shaped)
+        **({"overlong/penalty_mean": (r - c).mean().item()} if cfg.overlong_buffer_len else {}),  # r − c: the shaping
         "frac_reward_zero_std": (groups.max(-1).values == groups.min(-1).values).float().mean().item(),
         "completions/mean_length": lengths.mean().item(),
         "completions/clipped_ratio": finish.count("length") / len(r),
