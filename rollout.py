@@ -360,8 +360,7 @@ def sample(
 def encode_prompts(tokenizer, prompts: list[str], num_generations: int):
     """The N = len(prompts) × G prompt rows (group by group) and their left-padded encoding (both backends)."""
     rows = [p for p in prompts for _ in range(num_generations)]
-    tokenizer.padding_side = "left"
-    return rows, tokenizer(rows, return_tensors="pt", padding=True)
+    return rows, tokenizer(rows, return_tensors="pt", padding=True, padding_side="left")  # the tokenizer unchanged
 
 
 def build_rollout(

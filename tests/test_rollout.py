@@ -219,3 +219,15 @@ def test_sampling_config_states_the_distribution():
     assert all(getattr(sample, k) is None for k in off)
     greedy = rollout.sampling_config(7, 0.0, 0.95, [2], 0)
     assert greedy.do_sample is False and greedy.num_beams == 1
+
+
+def test_prompts_are_left_padded_and_the_tokenizer_is_left_as_it_was(tiny):
+    """Both backends' prompt rows: group by group, left-padded (the response follows the prompt's last token), without
+    changing the caller's tokenizer (its ``padding_side`` stays what it was)."""
+    _, tokenizer = tiny
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.padding_side = "right"
+    rows, enc = rollout.encode_prompts(tokenizer, ["1+1=", "12+13="], 2)
+    assert rows == ["1+1=", "1+1=", "12+13=", "12+13="]
+    assert tokenizer.padding_side == "right"
+    assert enc["attention_mask"][:, -1].all() and not enc["attention_mask"][0, 0]  # the pad on the left
