@@ -209,18 +209,25 @@ def toy_batch(toy_model_path):
     return model, tok, batch
 
 
+def _credit(model, tok, batch, adv, rewards, **flags):
+    """Stages 4 and 5 as grpo.train_step runs them with the flags' method and passes (``python -m comparisons``'
+    flags): (cfg, the step's parts, θ_old, the credit's result)."""
+    N = batch.response_mask.shape[0]
+    cfg = comparison_config(max_completion_length=40, **flags)
+    method = comparisons.method(cfg)
+    credit = method.credit(cfg, tok)
+    parts = run_setup.step_parts(cfg, credit, method, policy.Forward(grpo.old_logprobs, grpo.micro_batches))
+    old = parts.forward.old_logprobs(model, batch, cfg, credit.asks, None)
+    inputs = credit_methods.CreditInputs(batch, adv, old, [""] * N, 0, batch.response_mask, rewards, parts.forward)
+    return cfg, parts, old, credit(model, inputs)
+
+
 def _update(model, tok, batch, **flags):
     """θ_old, the credit and one mini-batch's backward, as grpo.train_step runs them with the flags' method and
     passes (``python -m comparisons``' flags): (loss, gradient, the credit's token values, loss weights, stats)."""
     N = batch.response_mask.shape[0]
     adv = grpo.group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (N // 4), dtype=next(model.parameters()).dtype), 4)
-    cfg = comparison_config(dual_clip=10.0, max_completion_length=40, **flags)
-    method = comparisons.method(cfg)
-    credit = method.credit(cfg, tok)
-    parts = run_setup.step_parts(cfg, credit, method, policy.Forward(grpo.old_logprobs, grpo.micro_batches))
-    old = parts.forward.old_logprobs(model, batch, cfg, credit.asks, None)
-    inputs = credit_methods.CreditInputs(batch, adv, old, [""] * N, 0, batch.response_mask, adv, parts.forward)
-    result = credit(model, inputs)
+    cfg, parts, old, result = _credit(model, tok, batch, adv, adv, **{"dual_clip": 10.0, **flags})
     model.zero_grad(set_to_none=True)
     update = grpo.Update(batch, old, result.token_adv, batch.response_mask, result.token_values, parts)
     loss, stats = parts.loss_stage.backward(model, update, torch.arange(N), cfg)
@@ -320,13 +327,8 @@ def test_delta_q2_credits_only_the_selected_tokens_and_no_signal_takes_no_step(t
     N = batch.response_mask.shape[0]
     rewards = torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 0.0, 1.0] * (N // 8))  # every other group has Â = 0
     adv = grpo.group_advantages(rewards, 4)
-    cfg = comparison_config(max_completion_length=40, credit="delta", delta_select="bottom", delta_select_fraction=0.1)
-    method = comparisons.method(cfg)
-    credit = method.credit(cfg, tok)
-    parts = run_setup.step_parts(cfg, credit, method, policy.Forward(grpo.old_logprobs, grpo.micro_batches))
-    old = parts.forward.old_logprobs(model, batch, cfg, credit.asks, None)
-    inputs = credit_methods.CreditInputs(batch, adv, old, [""] * N, 0, batch.response_mask, rewards, parts.forward)
-    result = credit(model, inputs)
+    flags = dict(credit="delta", delta_select="bottom", delta_select_fraction=0.1)
+    cfg, parts, old, result = _credit(model, tok, batch, adv, rewards, **flags)
     selected = result.token_values["q2_selected"]
     assert selected.any() and (adv[:, None].expand_as(selected)[selected] == 0).all()  # the bottom: Â = 0 tokens
     torch.testing.assert_close(result.token_adv, adv[:, None] * batch.response_mask * selected, rtol=0, atol=0)
