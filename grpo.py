@@ -243,7 +243,7 @@ def old_logprobs(model, batch, cfg: GRPOConfig, asked=policy.Asked(), ref_model=
     # training_forward: stage 6's forward now, its log-probs detached as θ_old's, its graph kept for the update
     outputs = list(micro_batches(model, batch, rows, cfg, grad=training_forward, asked=asked))
     logp = torch.cat([mb.logp.detach() for mb in outputs]).cpu()
-    # h [N, T, H] (DelTA's --delta_impl normal): 137 GB at the papers' scale, bounded before any weights load (ThetaOld)
+    # h [N, T, H]: 137 GB at the papers' scale; preflight refuses it past its host-memory share (the recipes stream h)
     hidden = torch.cat([mb.hidden for mb in outputs]).cpu() if asked.hidden else None
     stats = {name: torch.cat([mb.token_stats[name] for mb in outputs]).cpu() for name in asked.token_stats or {}}
     ref_passes = micro_batches(ref_model, batch, rows, cfg, grad=False) if ref_model is not None else None
