@@ -6,6 +6,7 @@ k3 term over every valid token). Its flags: ``Flags``; chosen once by ``replace`
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -69,13 +70,8 @@ def q2_backward(model, update, rows, cfg):
 
 
 def q2_loss(mb, update, scope, mask):
-    """``grpo.surrogate_loss`` of micro-batch ``mb`` on its part of ``mask`` (its factor kept for samples/)."""
-    mask_t = mb.part(mask)
-    update.loss_factor[mb.rows, : mb.t] = mask_t.cpu().to(update.loss_factor.dtype)
-    old = update.old
-    adv = mb.part(update.update_adv)
-    scope_t = scope._replace(valid_mask=mb.part(update.loss_mask))
-    settings = update.parts.loss_settings
-    return grpo.policy_loss(
-        mb.logp, mb.part(old.logp), adv, mask_t, settings, ref_logp=mb.part(old.ref_logp), scope=scope_t
-    )
+    """``grpo.surrogate_loss`` of micro-batch ``mb`` with ``mask`` ``[N, T]`` (the selected valid tokens) for the loss
+    mask and the k3 term over the valid tokens; its factor kept for samples/."""
+    update.loss_factor[mb.rows, : mb.t] = mb.take(mask).to(update.loss_factor.dtype)
+    selected = dataclasses.replace(update, loss_mask=mask)
+    return grpo.surrogate_loss(mb, selected, scope._replace(valid_mask=mb.part(update.loss_mask)))
