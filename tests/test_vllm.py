@@ -349,7 +349,7 @@ import rollout, toy
 from trainer import policy
 from trainer import vllm_engine
 
-def main(path):
+def main(path, out_dir):
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     model, tok = policy.load_model_and_tokenizer(path, device="cpu")
@@ -373,15 +373,16 @@ def main(path):
         vllm_engine.sync_weights(model, llm)
     total = torch.tensor([rank + 1.0])
     dist.all_reduce(total)
-    print(f"RESULT rank={rank} backend={backend} same={all(same)} changed={texts[0] != texts[1]} "
-          f"allreduce={total.item()}", flush=True)
+    with open(f"{out_dir}/rank{rank}.txt", "w") as f:  # a file per rank: the ranks' stdout writes may interleave
+        f.write(f"RESULT rank={rank} backend={backend} same={all(same)} changed={texts[0] != texts[1]} "
+                f"allreduce={total.item()}")
     del llm
     gc.collect()  # the engine's shutdown also destroys the process group
     if dist.is_initialized():
         dist.destroy_process_group()
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])
 """
 
 
@@ -407,14 +408,15 @@ def test_one_engine_per_rank_under_torchrun(toy_model_path, tmp_path):
             "2",
             str(driver),
             toy_model_path,
+            str(tmp_path),
         ],
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
-    results = sorted(line for line in proc.stdout.splitlines() if line.startswith("RESULT"))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    results = sorted(path.read_text() for path in tmp_path.glob("rank*.txt"))
     assert results == [
         f"RESULT rank={r} backend=external_launcher same=True changed=True allreduce=3.0" for r in (0, 1)
     ], proc.stdout[-2000:]
