@@ -18,7 +18,7 @@ import torch
 
 import grpo
 from comparisons import baselines
-from trainer import credit_methods, distributed
+from trainer import credit_methods, distributed, policy
 from trainer.grpo_config import flag
 
 STATS = ("fipo/f_mean", "fipo/dropped_frac")
@@ -74,8 +74,6 @@ def fipo_backward(model, update, rows, cfg):
     training forward), then ``fipo_rescale`` for the dropped ones. Returns (loss, statistic sums)."""
     settings = dataclasses.replace(update.parts.loss_settings, dual_clip=cfg.dual_clip or 10.0)
     dropped = torch.zeros(1, dtype=torch.float64)  # the mini-batch's dropped tokens
-    if update.loss_factor is None:
-        update.loss_factor = torch.zeros_like(update.update_adv)
     scope = grpo.minibatch_scope(update.loss_mask, rows)  # its valid tokens: the loss's normaliser (token-mean)
     micro_loss = functools.partial(fipo_loss, cfg=cfg, settings=settings, dropped=dropped)
     loss_total, sums = grpo.minibatch_backward(model, update, rows, cfg, micro_loss, scope)
@@ -99,7 +97,7 @@ def fipo_loss(mb, update, scope, cfg, settings, dropped):
         "n:fipo/dropped_frac": float(valid_t.sum()),  # a share of the valid tokens (f_mean: of the loss's, kept)
     }
     dropped.add_(float((valid_t - kept).sum()))
-    update.loss_factor[mb.rows, : mb.t] = (kept * f).cpu().to(update.loss_factor.dtype)
+    policy.keep_loss_factor(update, mb, kept * f)
     loss, stats = grpo.policy_loss(mb.logp, old_t, adv_t * f, kept, settings, scope=scope)
     return loss, {**stats, **own}
 

@@ -94,8 +94,6 @@ def forking_backward(model, update, rows, cfg):
     picked = minibatch_pool(model, update.batch, update.loss_mask, rows, cfg, update.parts.forward)
     valid = update.loss_mask
     mask = valid if cfg.top_entropy_quantile < 1 else valid * picked  # the tokens of the surrogate (their count)
-    if update.loss_factor is None:
-        update.loss_factor = torch.zeros_like(update.update_adv)
     scope = grpo.minibatch_scope(mask, rows)._replace(num_valid=grpo.minibatch_scope(valid, rows).num_tokens)
     micro_loss = functools.partial(pooled_loss, picked=picked, cfg=cfg)
     return grpo.minibatch_backward(model, update, rows, cfg, micro_loss, scope)
@@ -109,8 +107,6 @@ def pooled_loss(mb, update, scope, picked, cfg):
 def forking_micro_backward(model, update, rows, cfg):
     """``grpo.minibatch_backward`` with each micro-batch's own pool (``micro_pool_loss``: its training forward's
     entropies). Returns (loss, statistic sums)."""
-    if update.loss_factor is None:
-        update.loss_factor = torch.zeros_like(update.update_adv)
     micro_loss = functools.partial(micro_pool_loss, cfg=cfg)
     return grpo.minibatch_backward(model, update, rows, cfg, micro_loss, asked=policy.Asked(entropy=True))
 
@@ -136,7 +132,7 @@ def picked_loss(mb, update, scope, picked, cfg):
     valid_t = mb.part(update.loss_mask)
     weight = picked.to(adv_t.dtype) if quantile else 1.0  # TRL: ℓ × the mask
     mask_t = valid_t if quantile else valid_t * picked
-    update.loss_factor[mb.rows, : mb.t] = (mask_t * weight).cpu().to(update.loss_factor.dtype)
+    policy.keep_loss_factor(update, mb, mask_t * weight)
     old = update.old
     scope_t = scope._replace(valid_mask=valid_t)
     loss, stats = grpo.policy_loss(

@@ -14,7 +14,7 @@ import torch
 
 import grpo
 from comparisons import baselines, delta_ablations
-from trainer import credit_methods, distributed
+from trainer import credit_methods, distributed, policy
 from trainer.grpo_config import flag
 
 
@@ -63,8 +63,6 @@ def q2_backward(model, update, rows, cfg):
     over every valid token's. Returns (loss, statistic sums)."""
     valid = update.loss_mask
     mask = valid * update.token_values["q2_selected"]  # the tokens of the surrogate
-    if update.loss_factor is None:
-        update.loss_factor = torch.zeros_like(update.update_adv)
     scope = grpo.minibatch_scope(mask, rows)._replace(num_valid=grpo.minibatch_scope(valid, rows).num_tokens)
     return grpo.minibatch_backward(model, update, rows, cfg, functools.partial(q2_loss, mask=mask), scope)
 
@@ -72,6 +70,6 @@ def q2_backward(model, update, rows, cfg):
 def q2_loss(mb, update, scope, mask):
     """``grpo.surrogate_loss`` of micro-batch ``mb`` with ``mask`` ``[N, T]`` (the selected valid tokens) for the loss
     mask and the k3 term over the valid tokens; its factor kept for samples/."""
-    update.loss_factor[mb.rows, : mb.t] = mb.take(mask).to(update.loss_factor.dtype)
+    policy.keep_loss_factor(update, mb, mb.take(mask))
     selected = dataclasses.replace(update, loss_mask=mask)
     return grpo.surrogate_loss(mb, selected, scope._replace(valid_mask=mb.part(update.loss_mask)))

@@ -436,6 +436,14 @@ class MicroBatch(NamedTuple):
         return None if x is None else self.take(x).to(self.logp.device)
 
 
+def keep_loss_factor(update, mb: MicroBatch, factor: torch.Tensor) -> None:
+    """Write micro-batch ``mb``'s loss factor ``factor`` ``[b, t]`` into ``update.loss_factor`` ``[N, T]`` (a field
+    of grpo.Update: samples/ shows the credit times it), created by the first call as zeros like ``update_adv``."""
+    if update.loss_factor is None:
+        update.loss_factor = torch.zeros_like(update.update_adv)
+    update.loss_factor[mb.rows, : mb.t] = factor.to(update.loss_factor)
+
+
 class ThetaOld(NamedTuple):
     """θ_old, as grpo.py's stage 4 leaves it for stages 5 and 6, on the host (N responses × T tokens, hidden size H;
     at the papers' scale 2,048 × 4,096, H = 4,096): ``logp`` ``[N, T]`` N·T·4 bytes (34 MB); ``hidden`` ``[N, T, H]``
