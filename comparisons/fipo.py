@@ -91,12 +91,14 @@ def fipo_loss(mb, update, scope, cfg, settings, dropped):
     f, kept = baselines.fipo_weights(
         mb.logp.detach() - old_t, adv_t, valid_t, cfg.fipo_decay_rate, cfg.fipo_clip, cfg.fipo_safety_threshold, log_c
     )
+    num_dropped = float((valid_t - kept).sum())
+    num_valid = float(valid_t.sum())
     own = {
         "fipo/f_mean": float((f * kept).sum() / kept.sum().clamp(min=1.0)),
-        "fipo/dropped_frac": float((valid_t - kept).sum()) / max(float(valid_t.sum()), 1.0),  # counts: exact
-        "n:fipo/dropped_frac": float(valid_t.sum()),  # a share of the valid tokens (f_mean: of the loss's, kept)
+        "fipo/dropped_frac": num_dropped / max(num_valid, 1.0),  # counts: exact
+        "n:fipo/dropped_frac": num_valid,  # a share of the valid tokens (f_mean: of the loss's, kept)
     }
-    dropped.add_(float((valid_t - kept).sum()))
+    dropped.add_(num_dropped)
     policy.keep_loss_factor(update, mb, kept * f)
     loss, stats = grpo.policy_loss(mb.logp, old_t, adv_t * f, kept, settings, scope=scope)
     return loss, {**stats, **own}

@@ -144,8 +144,9 @@ def picked_loss(mb, update, scope, picked, cfg):
         ref_logp=mb.part(old.ref_logp),
         scope=scope_t,
     )
+    num_valid = float(valid_t.sum())
     own = {
-        "forking/kept_frac": float((valid_t * picked).sum()) / max(float(valid_t.sum()), 1.0),  # counts: exact
-        "n:forking/kept_frac": float(valid_t.sum()),  # a share of the valid tokens, not of the loss's
+        "forking/kept_frac": float((valid_t * picked).sum()) / max(num_valid, 1.0),  # counts: exact
+        "n:forking/kept_frac": num_valid,  # a share of the valid tokens, not of the loss's
     }
     return loss, {**stats, **own}
