@@ -152,7 +152,6 @@ def prepare(cfg, given, world: int, method):
 
 def load_data(cfg, say):
     """The training rows and the held-out rows (the toy's test split by default for the toy; [] when off, said)."""
-
     fields = dict(problem_field=cfg.data_problem_field, answer_field=cfg.data_answer_field)
     rows = _load_problems("--data", cfg.data, split="train", **fields)
     eval_source = cfg.eval_data or ("toy" if cfg.data == "toy" else "")  # the toy's held-out split by default
